@@ -1,0 +1,3 @@
+"""attnserve: contextualized embeddings and attention maps, served."""
+
+__version__ = "0.1.0"

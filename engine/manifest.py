@@ -1,0 +1,103 @@
+"""manifest.json: what an artifact directory holds, checked file by file before use."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnserve.errors import ArtifactError
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class GraphVariant:
+    name: str  # "embeddings", "embeddings_fused", "embeddings_int8", "embeddings_fp16", "attention"
+    file: str
+    sha256: str
+    precision: str  # "fp32", "int8" or "fp16"
+    fused: bool  # attention fused into onnxruntime's Attention op
+    outputs: tuple[str, ...]
+    parity: dict = field(default_factory=dict)  # errors against PyTorch measured at export
+
+
+@dataclass(frozen=True)
+class Manifest:
+    directory: Path
+    model: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    vocab_size: int
+    max_seq_length: int
+    pooling: str
+    normalize: bool  # the checkpoint's own pipeline L2-normalises
+    tokenizer: str
+    tokenizer_sha256: str
+    variants: dict[str, GraphVariant]
+    tools: dict
+
+    def path(self, name: str) -> Path:
+        return self.directory / name
+
+    def to_json(self) -> dict:
+        return {
+            "format_version": FORMAT_VERSION, "model": self.model, "hidden_size": self.hidden_size,
+            "num_layers": self.num_layers, "num_heads": self.num_heads, "vocab_size": self.vocab_size,
+            "max_seq_length": self.max_seq_length, "pooling": self.pooling, "normalize": self.normalize,
+            "tokenizer": {"file": self.tokenizer, "sha256": self.tokenizer_sha256},
+            "variants": {name: {"file": v.file, "sha256": v.sha256, "precision": v.precision, "fused": v.fused,
+                                "outputs": list(v.outputs), "parity": v.parity}
+                         for name, v in self.variants.items()},
+            "tools": self.tools,
+        }
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _check_file(directory: Path, name: str, expected: str) -> None:
+    path = directory / name
+    if not path.is_file():
+        raise ArtifactError(f"artifact file missing: {path} (re-run `attnserve export`)")
+    if sha256_of(path) != expected:
+        raise ArtifactError(f"artifact file changed since export (sha256 mismatch): {path}")
+
+
+def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
+    """Read manifest.json and (by default) check the sha256 of every file it lists."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise ArtifactError(f"no {MANIFEST} in {directory}: not an artifact directory (make one with `attnserve export`)")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        if raw.get("format_version") != FORMAT_VERSION:
+            raise ArtifactError(f"{path}: format_version {raw.get('format_version')} is not {FORMAT_VERSION}; re-export")
+        variants = {
+            name: GraphVariant(name, v["file"], v["sha256"], v["precision"], bool(v["fused"]),
+                               tuple(v["outputs"]), dict(v.get("parity", {})))
+            for name, v in raw["variants"].items()
+        }
+        manifest = Manifest(
+            directory, str(raw["model"]), int(raw["hidden_size"]), int(raw["num_layers"]), int(raw["num_heads"]),
+            int(raw["vocab_size"]), int(raw["max_seq_length"]), str(raw["pooling"]), bool(raw["normalize"]),
+            str(raw["tokenizer"]["file"]), str(raw["tokenizer"]["sha256"]), variants, dict(raw.get("tools", {})),
+        )
+    except ArtifactError:
+        raise
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ArtifactError(f"{path} is unreadable or incomplete: {type(e).__name__}: {e}") from None
+    if check_hashes:
+        _check_file(directory, manifest.tokenizer, manifest.tokenizer_sha256)
+        for v in variants.values():
+            _check_file(directory, v.file, v.sha256)
+    return manifest

@@ -1,0 +1,99 @@
+"""Build an artifact directory: graphs, tokenizer and a manifest that serving checks before use.
+
+The directory is assembled beside its destination and renamed into place only
+after every variant has passed verification, so a failed or interrupted
+export never leaves a half-built directory under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from attnserve import __version__
+from attnserve.engine.manifest import MANIFEST, GraphVariant, Manifest, sha256_of
+from attnserve.engine.tokenizer import TextTokenizer
+from attnserve.errors import ArtifactError
+from attnserve.model.checkpoint import Checkpoint, load_encoder
+from attnserve.model.encoder import SentenceEncoder
+
+from .optimize import convert_fp16, fuse_attention, quantize_int8
+from .torch_to_onnx import export_graph
+from .verify import TOLERANCES, Reference, verify
+
+# name -> (file, precision, fused, outputs)
+VARIANTS = {
+    "embeddings": ("embeddings.onnx", "fp32", False, ("last_hidden_state", "sentence_embedding")),
+    "embeddings_fused": ("embeddings_fused.onnx", "fp32", True, ("last_hidden_state", "sentence_embedding")),
+    "embeddings_int8": ("embeddings_int8.onnx", "int8", True, ("last_hidden_state", "sentence_embedding")),
+    "embeddings_fp16": ("embeddings_fp16.onnx", "fp16", True, ("last_hidden_state", "sentence_embedding")),
+    "attention": ("attention.onnx", "fp32", False, ("last_hidden_state", "sentence_embedding", "attentions")),
+}
+
+
+def _tool_versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import tokenizers
+    import torch
+
+    return {"attnserve": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__, "tokenizers": tokenizers.__version__,
+            "python": platform.python_version()}
+
+
+def _claim_destination(out: Path) -> None:
+    """Refuse to replace anything that is not an artifact directory (or empty)."""
+    if out.exists() and not (out.is_dir() and ((out / MANIFEST).exists() or not any(out.iterdir()))):
+        raise ArtifactError(f"{out} exists and is not an artifact directory; refusing to overwrite it")
+
+
+def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)
+                    ) -> Manifest:
+    out = Path(out)
+    _claim_destination(out)
+    start = time.perf_counter()
+    encoder = load_encoder(ckpt)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work = out.parent / f".{out.name}.building-{os.getpid()}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+    except OSError as e:
+        raise ArtifactError(f"cannot write artifacts under {out.parent}: {e.strerror}") from None
+    try:
+        log(f"exporting {ckpt.name} ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size}) to ONNX")
+        export_graph(SentenceEncoder(encoder, ckpt.pooling), work / VARIANTS["embeddings"][0])
+        export_graph(SentenceEncoder(encoder, ckpt.pooling, output_attentions=True), work / VARIANTS["attention"][0])
+        counts = fuse_attention(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fused"][0], ckpt.config)
+        log(f"fused attention: {counts.get('Attention', 0)} Attention nodes for {ckpt.config.num_layers} layers")
+        quantize_int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0])
+        convert_fp16(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fp16"][0], ckpt.config)
+        shutil.copyfile(ckpt.tokenizer_file, work / "tokenizer.json")
+
+        tokenizer = TextTokenizer(work / "tokenizer.json", ckpt.max_seq_length, ckpt.config.vocab_size)
+        reference = Reference(encoder, ckpt.pooling, tokenizer)
+        variants = {}
+        for name, (file, precision, fused, outputs) in VARIANTS.items():
+            parity = verify(work / file, precision, reference)
+            log(f"verified {file:24s} {TOLERANCES[precision].describe(parity[TOLERANCES[precision].metric])}")
+            variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, fused, outputs, parity)
+        manifest = Manifest(
+            out, ckpt.name, ckpt.config.hidden_size, ckpt.config.num_layers, ckpt.config.num_heads,
+            ckpt.config.vocab_size, ckpt.max_seq_length, ckpt.pooling, ckpt.normalize,
+            "tokenizer.json", sha256_of(work / "tokenizer.json"), variants, _tool_versions())
+        (work / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
+        _claim_destination(out)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(work, out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    log(f"wrote {out} in {time.perf_counter() - start:.1f}s")
+    return manifest

@@ -1,0 +1,172 @@
+"""A BERT-family Transformer encoder, written out in full.
+
+Reading order: config, embeddings, multi-head self-attention, feed-forward,
+one encoder layer, the stack, then pooling. The code follows the original
+BERT layout (post-LayerNorm) so that BERT-family checkpoints (MiniLM, BGE,
+E5, GTE) load into it key for key; see checkpoint.py for the key map.
+
+Shapes: B batch, T sequence, H hidden, nh heads, hs head size (H // nh),
+F feed-forward size, L layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class EncoderConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 384
+    num_layers: int = 6
+    num_heads: int = 12
+    intermediate_size: int = 1536
+    # Positions are learned, so this is a hard ceiling on sequence length.
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    # BERT checkpoints use 1e-12; a different eps changes outputs at ~1e-6.
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+
+    def __post_init__(self) -> None:
+        assert self.hidden_size % self.num_heads == 0, "hidden_size must divide evenly into heads"
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+# A large negative added to the scores of padded keys. exp() of it underflows
+# to exactly 0 in fp32, so padded keys get exactly zero attention weight.
+# -10000 (not finfo.min) keeps the graph finite when converted to fp16, and
+# it is the constant onnxruntime's attention fusion recognises.
+MASK_VALUE = -10000.0
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        T = input_ids.shape[1]
+        positions = torch.arange(T, device=input_ids.device).unsqueeze(0)  # (1, T)
+        # Single-segment encoding: every token has type 0.
+        x = self.word(input_ids) + self.position(positions) + self.token_type.weight[0]  # (B, T, H)
+        return self.norm(x)
+
+
+class MultiHeadSelfAttention(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.nh, self.hs = cfg.num_heads, cfg.head_size
+        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)  # W_O
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, H = x.shape
+        return x.view(B, T, self.nh, self.hs).permute(0, 2, 1, 3)  # (B, nh, T, hs)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, T, H); key_mask: (B, 1, 1, T) additive, 0 for real keys and MASK_VALUE for padding."""
+        B, T, H = x.shape
+        q = self.split_heads(self.query(x))  # (B, nh, T, hs)
+        k = self.split_heads(self.key(x))  # (B, nh, T, hs)
+        v = self.split_heads(self.value(x))  # (B, nh, T, hs)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.hs)  # (B, nh, T, T)
+        scores = scores + key_mask  # padded keys -> MASK_VALUE, broadcast over heads and queries
+        probs = F.softmax(scores, dim=-1)  # (B, nh, T, T), each row sums to 1
+        context = torch.matmul(probs, v)  # (B, nh, T, hs)
+        context = context.permute(0, 2, 1, 3).contiguous().view(B, T, H)  # heads concatenated: (B, T, H)
+        return self.out(context), probs
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.up = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # BERT's "gelu" is the exact erf form, not the tanh approximation.
+        return self.down(F.gelu(self.up(x)))  # (B, T, H)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.attention = MultiHeadSelfAttention(cfg)
+        self.attention_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.feed_forward = FeedForward(cfg)
+        self.output_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Post-LN, as in BERT: the residual sum is normalised, not the sublayer input.
+        attended, probs = self.attention(x, key_mask)
+        x = self.attention_norm(x + attended)  # (B, T, H)
+        x = self.output_norm(x + self.feed_forward(x))  # (B, T, H)
+        return x, probs
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: EncoderConfig):
+        super().__init__()
+        self.config = cfg
+        self.embeddings = Embeddings(cfg)
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_layers))
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """input_ids, attention_mask: (B, T) int64, mask 1 for real tokens and 0 for padding.
+
+        Returns last_hidden_state (B, T, H) and, if asked, every layer's
+        attention probabilities stacked as (L, B, nh, T, T).
+        """
+        x = self.embeddings(input_ids)  # (B, T, H)
+        key_mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * MASK_VALUE  # (B, 1, 1, T)
+        attentions = []
+        for layer in self.layers:
+            x, probs = layer(x, key_mask)
+            if output_attentions:
+                attentions.append(probs)
+        return x, (torch.stack(attentions) if output_attentions else None)
+
+
+POOLING_MODES = ("mean", "cls")
+
+
+def pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """(B, T, H), (B, T) -> (B, H): the sentence embedding, padding excluded."""
+    if mode == "cls":
+        return last_hidden_state[:, 0]
+    assert mode == "mean", f"unknown pooling mode {mode!r}"
+    weights = attention_mask.unsqueeze(-1).to(last_hidden_state.dtype)  # (B, T, 1)
+    summed = (last_hidden_state * weights).sum(dim=1)  # (B, H)
+    return summed / weights.sum(dim=1).clamp(min=1e-9)
+
+
+class SentenceEncoder(nn.Module):
+    """The encoder plus the checkpoint's pooling: the module that is exported to ONNX."""
+
+    def __init__(self, encoder: Encoder, pooling: str, output_attentions: bool = False):
+        super().__init__()
+        assert pooling in POOLING_MODES, f"pooling must be one of {POOLING_MODES}"
+        self.encoder, self.pooling, self.output_attentions = encoder, pooling, output_attentions
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        hidden, attentions = self.encoder(input_ids, attention_mask, self.output_attentions)
+        sentence = pool(hidden, attention_mask, self.pooling)  # (B, H), not normalised
+        if self.output_attentions:
+            return hidden, sentence, attentions
+        return hidden, sentence
