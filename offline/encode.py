@@ -1,0 +1,131 @@
+"""`attnserve encode`: a file of texts -> a Parquet file of sentence embeddings, in input order.
+
+The input is streamed in chunks; each chunk is batched by length inside the
+engine and written as one row group. The output is written beside its final
+name and renamed into place only when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from attnserve.engine.engine import EncodeStats, Engine
+from attnserve.errors import InvalidInputError
+
+from .readers import InputFile, Record
+
+
+@dataclass
+class EncodeJob:
+    input: Path
+    output: Path
+    normalize: bool | None = None  # None: as the checkpoint's pipeline does
+    text_column: str = "text"
+    id_column: str = "id"
+    chunk_rows: int = 8192  # rows tokenized, encoded and written together; bounds memory
+    progress: bool = True
+
+
+def output_schema(id_type: type, hidden_size: int, metadata: dict) -> pa.Schema:
+    return pa.schema(
+        [
+            pa.field("id", pa.int64() if id_type is int else pa.string(), nullable=False),
+            pa.field("embedding", pa.list_(pa.float32(), hidden_size), nullable=False),
+            pa.field("num_tokens", pa.int32(), nullable=False),
+            pa.field("truncated", pa.bool_(), nullable=False),
+        ],
+        metadata={"attnserve": json.dumps(metadata)},
+    )
+
+
+def _tokenize(engine: Engine, source: InputFile, records: list[Record]):
+    labels = [f"{source.path}: {r.where}" for r in records]
+    texts = [r for r in records if r.text is not None]
+    if len(texts) == len(records):
+        return engine.tokenizer.encode_texts([r.text for r in records], labels=labels)
+    # Mixed text and token-id rows (JSONL): each kind through its own path, then back in row order.
+    by_row = {}
+    for kind in ("text", "token_ids"):
+        idx = [i for i, r in enumerate(records) if getattr(r, kind) is not None]
+        if not idx:
+            continue
+        encode = engine.tokenizer.encode_texts if kind == "text" else engine.tokenizer.encode_ids
+        for i, tokenized in zip(idx, encode([getattr(records[i], kind) for i in idx], labels=[labels[i] for i in idx])):
+            by_row[i] = tokenized
+    return [by_row[i] for i in range(len(records))]
+
+
+def _open_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return pq.ParquetWriter(path, schema)
+    except (OSError, pa.ArrowException) as e:
+        reason = getattr(e, "strerror", None) or str(e)
+        raise InvalidInputError(f"cannot write output {path.parent / path.name.lstrip('.')}: {reason}") from None
+
+
+def encode_file(engine: Engine, job: EncodeJob) -> EncodeStats:
+    """Encode job.input into job.output; returns the totals for the summary line."""
+    from tqdm import tqdm
+
+    source = InputFile(job.input, job.text_column, job.id_column)
+    total = source.count_rows()
+    if job.output.is_dir():
+        raise InvalidInputError(f"output {job.output} is a directory; give a .parquet file name")
+    partial = job.output.with_name(f".{job.output.name}.partial")
+    normalize = engine.manifest.normalize if job.normalize is None else job.normalize
+    metadata = {"model": engine.manifest.model, "precision": engine.precision, "pooling": engine.manifest.pooling,
+                "normalize": normalize, "input": str(job.input)}
+    stats, writer, start = EncodeStats(), None, time.perf_counter()
+    bar = tqdm(total=total, unit="text", disable=not job.progress, dynamic_ncols=True, desc="encode")
+    try:
+        for records in source.chunks(job.chunk_rows):
+            inputs = _tokenize(engine, source, records)
+            encoded = engine.encode_tokenized(inputs, normalize=normalize)
+            if writer is None:  # the id type is known once the first rows are read
+                writer = _open_writer(partial, output_schema(source.id_type or int, engine.manifest.hidden_size,
+                                                             metadata))
+            writer.write_table(pa.Table.from_arrays(
+                [pa.array([r.id for r in records], type=writer.schema.field("id").type),
+                 pa.FixedSizeListArray.from_arrays(encoded.embeddings.reshape(-1), engine.manifest.hidden_size),
+                 pa.array(encoded.num_tokens), pa.array(encoded.truncated)],
+                schema=writer.schema))
+            stats.add(encoded.stats)
+            bar.update(len(records))
+            bar.set_postfix(tokens_per_s=f"{stats.tokens / (time.perf_counter() - start):.0f}", refresh=False)
+        if writer is None:
+            raise InvalidInputError(f"{job.input}: no rows to encode")
+        writer.close()
+        writer = None
+        os.replace(partial, job.output)
+    except OSError as e:
+        raise InvalidInputError(f"cannot write output {job.output}: {e.strerror}") from None
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+        if partial.exists():
+            partial.unlink()
+    stats.seconds = time.perf_counter() - start
+    return stats
+
+
+def summary_line(stats: EncodeStats, output: Path) -> str:
+    rate = stats.tokens / stats.seconds if stats.seconds else 0.0
+    return (f"encoded {stats.texts} texts, {stats.tokens} tokens in {stats.seconds:.2f}s: "
+            f"{rate:.0f} tokens/s, padding {stats.padding_fraction:.1%} -> {output}")
+
+
+def read_embeddings(path: Path) -> np.ndarray:
+    """(N, H) float32 from an output file: a convenience for tests and notebooks."""
+    table = pq.read_table(path, columns=["embedding"])
+    column = table.column("embedding").combine_chunks()
+    return column.values.to_numpy().reshape(len(table), -1)
