@@ -85,7 +85,8 @@ def encode_file(engine: Engine, job: EncodeJob) -> EncodeStats:
     metadata = {"model": engine.manifest.model, "precision": engine.precision, "pooling": engine.manifest.pooling,
                 "normalize": normalize, "input": str(job.input)}
     stats, writer, start = EncodeStats(), None, time.perf_counter()
-    bar = tqdm(total=total, unit="text", disable=not job.progress, dynamic_ncols=True, desc="encode")
+    # disable=None: a bar on a terminal only, never in logs or pipes.
+    bar = tqdm(total=total, unit="text", disable=None if job.progress else True, dynamic_ncols=True, desc="encode")
     try:
         for records in source.chunks(job.chunk_rows):
             inputs = _tokenize(engine, source, records)

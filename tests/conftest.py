@@ -1,0 +1,88 @@
+"""Shared fixtures: the real default checkpoint, its PyTorch encoder, and artifacts exported once per run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnserve.default_model import DEFAULT_MODEL_NAME, default_checkpoint_dir
+
+# Varied on purpose: unicode in several scripts, punctuation runs, emoji, and
+# texts far past max_seq_length (256) so truncation is exercised.
+VARIED_TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Ünïcödé: naïve café, façade, Straße, smørrebrød — and “quotes”.",
+    "東京は日本の首都です。北京是中国的首都。",
+    "Привет, как дела? مرحبا بالعالم",
+    "What?!... Really;; (yes) [no] {maybe} <tag> #hash @user $100 50% 🙂🚀",
+    "a",
+    " ".join(f"word{i} and more text" for i in range(150)),  # ~600 tokens: truncated
+    "short " * 300,  # one word piece repeated past the limit
+]
+
+
+@pytest.fixture(scope="session")
+def checkpoint():
+    from attnserve.model.checkpoint import read_checkpoint
+
+    return read_checkpoint(default_checkpoint_dir(), DEFAULT_MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
+def encoder(checkpoint):
+    from attnserve.model.checkpoint import load_encoder
+
+    return load_encoder(checkpoint)
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory, checkpoint) -> Path:
+    """Exported once per test run, through the same code path as `attnserve export` (verification included).
+
+    ATTNSERVE_TEST_ARTIFACTS reuses a directory across local runs; CI always exports afresh.
+    """
+    reuse = os.environ.get("ATTNSERVE_TEST_ARTIFACTS")
+    if reuse and (Path(reuse) / "manifest.json").exists():
+        return Path(reuse)
+    from attnserve.export.artifacts import build_artifacts
+
+    out = Path(reuse) if reuse else tmp_path_factory.mktemp("artifacts") / "minilm"
+    build_artifacts(checkpoint, out, log=lambda m: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def engine(artifacts):
+    from attnserve.engine.engine import Engine
+
+    return Engine.from_directory(artifacts, attention=True)
+
+
+@pytest.fixture
+def artifacts_copy(artifacts, tmp_path) -> Path:
+    """A private copy for tests that damage files."""
+    dst = tmp_path / "artifacts"
+    shutil.copytree(artifacts, dst)
+    return dst
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The real console entry point in a fresh process, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "attnserve.cli", *map(str, args)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})},
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode != 0, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("attnserve: ")]
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]

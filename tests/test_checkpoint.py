@@ -1,0 +1,79 @@
+"""Checkpoint loading fails loudly, naming the file and the problem."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from attnserve.errors import CheckpointError
+from attnserve.model.checkpoint import key_map, load_encoder, read_checkpoint
+
+from .conftest import assert_one_line_error, run_cli
+
+
+@pytest.fixture
+def checkpoint_copy(checkpoint, tmp_path):
+    dst = tmp_path / "ckpt"
+    shutil.copytree(checkpoint.directory, dst)
+    return dst
+
+
+def test_key_map_covers_every_parameter(encoder, checkpoint):
+    assert sorted(key_map(checkpoint.config).values()) == sorted(encoder.state_dict())
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(CheckpointError, match="not found"):
+        read_checkpoint(tmp_path / "nope")
+
+
+def test_pickle_weights_are_refused(checkpoint_copy):
+    (checkpoint_copy / "model.safetensors").rename(checkpoint_copy / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="only model.safetensors"):
+        read_checkpoint(checkpoint_copy)
+
+
+def test_corrupt_weights(checkpoint_copy):
+    (checkpoint_copy / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(CheckpointError, match="corrupt weights"):
+        load_encoder(read_checkpoint(checkpoint_copy))
+
+
+def test_missing_and_unexpected_keys(checkpoint_copy):
+    tensors = load_file(checkpoint_copy / "model.safetensors")
+    tensors["encoder.layer.9.extra.weight"] = tensors.pop("encoder.layer.3.output.dense.weight")
+    save_file(tensors, checkpoint_copy / "model.safetensors")
+    with pytest.raises(CheckpointError) as e:
+        load_encoder(read_checkpoint(checkpoint_copy))
+    assert "encoder.layer.3.output.dense.weight" in str(e.value) and "encoder.layer.9.extra.weight" in str(e.value)
+
+
+def test_prefixed_task_checkpoint_loads(checkpoint_copy, encoder):
+    # BertForX checkpoints prefix keys with "bert." and add a head; the encoder part must still load.
+    tensors = {f"bert.{k}": v for k, v in load_file(checkpoint_copy / "model.safetensors").items()}
+    save_file(tensors, checkpoint_copy / "model.safetensors")
+    loaded = load_encoder(read_checkpoint(checkpoint_copy))
+    assert all((a == b).all() for a, b in zip(loaded.state_dict().values(), encoder.state_dict().values()))
+
+
+def test_unsupported_architecture(checkpoint_copy):
+    config = json.loads((checkpoint_copy / "config.json").read_text())
+    config["model_type"] = "gpt2"
+    (checkpoint_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="model_type 'gpt2'"):
+        read_checkpoint(checkpoint_copy)
+
+
+def test_cli_export_of_a_missing_checkpoint_is_one_line(tmp_path):
+    assert_one_line_error(run_cli("export", "--checkpoint", tmp_path / "missing", "--out", tmp_path / "a"),
+                          "checkpoint directory not found")
+
+
+def test_cli_export_of_a_corrupt_checkpoint_is_one_line(checkpoint_copy, tmp_path):
+    (checkpoint_copy / "model.safetensors").write_bytes(b"not safetensors at all")
+    result = run_cli("export", "--checkpoint", checkpoint_copy, "--out", tmp_path / "a")
+    assert_one_line_error(result, "corrupt weights")
+    assert not (tmp_path / "a").exists()

@@ -1,0 +1,148 @@
+"""`attnserve encode` as a user runs it: real files in, real Parquet out, one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from attnserve.offline.encode import read_embeddings
+
+from .conftest import VARIED_TEXTS, assert_one_line_error, run_cli
+
+SUBCOMMANDS = ["export", "encode"]
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_every_subcommand_has_help(command):
+    result = run_cli(command, "--help")
+    assert result.returncode == 0 and "usage: attnserve " + command in result.stdout
+
+
+def test_bad_flag_value_is_one_line(artifacts, tmp_path):
+    (tmp_path / "in.txt").write_text("hello\n")
+    result = run_cli("encode", tmp_path / "in.txt", "-o", tmp_path / "o.parquet", "--artifacts", artifacts,
+                     env={"ATTNSERVE_MAX_BATCH_TOKENS": "lots"})
+    assert_one_line_error(result, "ATTNSERVE_MAX_BATCH_TOKENS: 'lots' is not a valid int")
+
+
+def _encode(artifacts, src, out, *extra):
+    result = run_cli("encode", src, "-o", out, "--artifacts", artifacts, "--no-progress", *extra)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_txt_input_gives_rows_in_order_equal_to_the_engine(artifacts, engine, tmp_path):
+    src = tmp_path / "texts.txt"
+    src.write_text("\n".join(VARIED_TEXTS) + "\n", encoding="utf-8")
+    result = _encode(artifacts, src, tmp_path / "out.parquet")
+    summary = result.stdout.strip().splitlines()[-1]
+    assert summary.startswith(f"encoded {len(VARIED_TEXTS)} texts, ") and "tokens/s, padding" in summary
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.column_names == ["id", "embedding", "num_tokens", "truncated"]
+    assert table.schema.field("embedding").type == pa.list_(pa.float32(), 384)
+    assert table.column("id").to_pylist() == list(range(len(VARIED_TEXTS)))
+    expected = engine.encode(VARIED_TEXTS)
+    assert np.abs(read_embeddings(tmp_path / "out.parquet") - expected.embeddings).max() <= 1e-6
+    assert table.column("num_tokens").to_pylist() == expected.num_tokens.tolist()
+    assert table.column("truncated").to_pylist() == [False] * 6 + [True, True]
+    assert not list(tmp_path.glob(".*partial"))
+
+
+def test_jsonl_with_ids_and_token_ids(artifacts, engine, tmp_path):
+    rows = [{"id": "a", "text": "first text"}, {"id": "b", "token_ids": [101, 7592, 2088, 102]},
+            {"id": "c", "text": "third"}]
+    src = tmp_path / "rows.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    _encode(artifacts, src, tmp_path / "out.parquet", "--no-normalize")
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.column("id").to_pylist() == ["a", "b", "c"]
+    got = read_embeddings(tmp_path / "out.parquet")
+    assert np.abs(got[1] - engine.encode(["hello world"], normalize=False).embeddings[0]).max() <= 1e-5
+
+
+def test_parquet_input_with_a_chosen_text_column(artifacts, engine, tmp_path):
+    texts = [f"document number {i} " * (i % 7 + 1) for i in range(50)]
+    pq.write_table(pa.table({"body": texts, "id": list(range(100, 150))}), tmp_path / "in.parquet")
+    _encode(artifacts, tmp_path / "in.parquet", tmp_path / "out.parquet", "--text-column", "body",
+            "--chunk-rows", "16")  # several chunks: order must hold across them
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.column("id").to_pylist() == list(range(100, 150))
+    assert np.abs(read_embeddings(tmp_path / "out.parquet") - engine.encode(texts).embeddings).max() <= 1e-5
+
+
+def test_int8_precision_is_close_to_fp32(artifacts, tmp_path):
+    src = tmp_path / "texts.txt"
+    src.write_text("\n".join(VARIED_TEXTS) + "\n")
+    _encode(artifacts, src, tmp_path / "fp32.parquet")
+    _encode(artifacts, src, tmp_path / "int8.parquet", "--precision", "int8")
+    cosine = (read_embeddings(tmp_path / "fp32.parquet") * read_embeddings(tmp_path / "int8.parquet")).sum(1)
+    assert cosine.min() >= 0.97
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("good\n\nafter a blank line\n", "line 2: empty text"),
+    ("ok\n   \n", "line 2: empty text"),
+])
+def test_empty_text_fails_with_its_line(artifacts, tmp_path, content, fragment):
+    (tmp_path / "in.txt").write_text(content)
+    result = run_cli("encode", tmp_path / "in.txt", "-o", tmp_path / "o.parquet", "--artifacts", artifacts)
+    assert_one_line_error(result, fragment)
+    assert not (tmp_path / "o.parquet").exists() and not list(tmp_path.glob(".*partial"))
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ('{"token_ids": [101, 30522, 102]}', "line 2: token id 30522 is out of range [0, 30522)"),
+    ('{"text": "x"', "line 2: invalid JSON"),
+    ('{"title": "no text"}', "line 2: needs exactly one of 'text' or 'token_ids'"),
+    ('{"text": 5}', "line 2: 'text' must be a string"),
+])
+def test_bad_jsonl_rows_fail_with_their_line(artifacts, tmp_path, line, fragment):
+    (tmp_path / "in.jsonl").write_text('{"text": "fine"}\n' + line + "\n")
+    result = run_cli("encode", tmp_path / "in.jsonl", "-o", tmp_path / "o.parquet", "--artifacts", artifacts)
+    assert_one_line_error(result, fragment)
+
+
+def test_missing_artifacts(tmp_path):
+    (tmp_path / "in.txt").write_text("hello\n")
+    result = run_cli("encode", tmp_path / "in.txt", "-o", tmp_path / "o.parquet", "--artifacts", tmp_path / "none")
+    assert_one_line_error(result, "not an artifact directory")
+
+
+def test_tampered_artifacts(artifacts_copy, tmp_path):
+    (tmp_path / "in.txt").write_text("hello\n")
+    with open(artifacts_copy / "tokenizer.json", "a") as f:
+        f.write(" ")
+    result = run_cli("encode", tmp_path / "in.txt", "-o", tmp_path / "o.parquet", "--artifacts", artifacts_copy)
+    assert_one_line_error(result, "sha256 mismatch", "tokenizer.json")
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda p: None, "no such file"),
+    (lambda p: p.mkdir(), "not a regular file"),
+    (lambda p: p.write_bytes(b"caf\xe9 latin-1\n"), "not UTF-8 text"),
+])
+def test_unreadable_text_input(artifacts, tmp_path, make, fragment):
+    src = tmp_path / "in.txt"
+    make(src)
+    result = run_cli("encode", src, "-o", tmp_path / "o.parquet", "--artifacts", artifacts)
+    assert_one_line_error(result, fragment)
+
+
+def test_corrupt_parquet_and_unknown_format(artifacts, tmp_path):
+    (tmp_path / "in.parquet").write_bytes(b"PAR1 this is not parquet")
+    assert_one_line_error(run_cli("encode", tmp_path / "in.parquet", "-o", tmp_path / "o.parquet",
+                                  "--artifacts", artifacts), "not a readable Parquet file")
+    (tmp_path / "in.csv").write_text("a,b\n")
+    assert_one_line_error(run_cli("encode", tmp_path / "in.csv", "-o", tmp_path / "o.parquet",
+                                  "--artifacts", artifacts), "unknown input format '.csv'")
+
+
+def test_unwritable_output(artifacts, tmp_path):
+    (tmp_path / "in.txt").write_text("hello\n")
+    (tmp_path / "file").write_text("a file, not a folder")
+    result = run_cli("encode", tmp_path / "in.txt", "-o", tmp_path / "file" / "o.parquet", "--artifacts", artifacts)
+    assert_one_line_error(result, "cannot write output")

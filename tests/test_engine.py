@@ -1,0 +1,130 @@
+"""The shared engine: artifact checks, input validation, batching by length, and results equal to PyTorch."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from attnserve.config import EngineConfig
+from attnserve.engine.batching import pad, plan_batches
+from attnserve.engine.engine import Engine
+from attnserve.engine.manifest import load_manifest
+from attnserve.errors import ArtifactError, ConfigError, InvalidInputError
+from attnserve.model.encoder import pool
+
+from .conftest import VARIED_TEXTS
+
+
+def test_engine_equals_pytorch_in_any_batch_composition(engine, encoder):
+    inputs = engine.tokenizer.encode_texts(VARIED_TEXTS)
+    together = engine.encode_tokenized(inputs, normalize=False).embeddings
+    for i, x in enumerate(inputs):
+        alone = engine.encode_tokenized([x], normalize=False).embeddings[0]
+        assert np.abs(together[i] - alone).max() <= 1e-5
+        with torch.no_grad():
+            hidden, _ = encoder(torch.from_numpy(x.ids[None]), torch.ones(1, len(x), dtype=torch.int64))
+        assert np.abs(alone - pool(hidden, torch.ones(1, len(x)), "mean")[0].numpy()).max() <= 1e-4
+
+
+def test_normalisation_follows_the_model_unless_asked(engine):
+    default = engine.encode(["hello world"]).embeddings
+    raw = engine.encode(["hello world"], normalize=False).embeddings
+    assert np.isclose(np.linalg.norm(default), 1.0, atol=1e-6) and not np.isclose(np.linalg.norm(raw), 1.0)
+
+
+def test_attention_graph_rows_sum_to_one_and_padding_gets_zero(engine):
+    inputs = engine.tokenizer.encode_texts(["tiny", "a considerably longer input sentence for this batch"])
+    out = engine.run(inputs, attention=True)
+    L, B, nh, T, _ = out.attentions.shape
+    assert (L, B, nh) == (6, 2, 12)
+    np.testing.assert_allclose(out.attentions.sum(-1), 1.0, atol=1e-5)
+    short = len(inputs[0])
+    assert np.count_nonzero(out.attentions[:, 0, :, :, short:]) == 0
+
+
+def test_plan_batches_respects_budget_and_covers_every_input():
+    rng = np.random.default_rng(0)
+    # The benchmark's mix, 2000 texts: half short, a third medium, the rest long up to max_seq_length.
+    lengths = np.concatenate([rng.integers(6, 23, 1000), rng.integers(23, 80, 700), rng.integers(80, 257, 300)])
+    batches = plan_batches(lengths, max_batch_tokens=2048, max_batch_size=64)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(lengths)))
+    cells = 0
+    for batch in batches:
+        assert len(batch) <= 64 and lengths[batch].max() * len(batch) <= 2048
+        cells += lengths[batch].max() * len(batch)
+    assert (cells - lengths.sum()) / cells < 0.05  # sorting keeps padding small
+    assert plan_batches([5000, 3], 2048, 8)[0].tolist() == [0]  # over budget alone: a batch of its own
+
+
+def test_pad_masks_exactly_the_padding():
+    ids, mask = pad([np.array([1, 2, 3]), np.array([4])])
+    assert ids.tolist() == [[1, 2, 3], [4, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t"])
+def test_empty_text_is_invalid(engine, text):
+    with pytest.raises(InvalidInputError, match="input 1: empty text"):
+        engine.tokenizer.encode_texts(["fine", text])
+
+
+def test_token_ids_are_range_checked(engine):
+    with pytest.raises(InvalidInputError, match=r"token id 30522 is out of range \[0, 30522\)"):
+        engine.tokenizer.encode_ids([[101, 30522, 102]])
+    with pytest.raises(InvalidInputError, match="out of range"):
+        engine.tokenizer.encode_ids([[101, -1, 102]])
+    with pytest.raises(InvalidInputError, match="empty token id list"):
+        engine.tokenizer.encode_ids([[]])
+
+
+def test_overlong_input_without_truncation_is_invalid(engine):
+    with pytest.raises(InvalidInputError, match="longer than max_seq_length 256"):
+        engine.tokenizer.encode_texts(["word " * 300], truncate=False)
+    with pytest.raises(InvalidInputError, match="exceed max_seq_length"):
+        engine.tokenizer.encode_ids([[7] * 300], truncate=False)
+    (x,) = engine.tokenizer.encode_ids([[7] * 300])
+    assert len(x) == 256 and x.truncated
+
+
+def test_missing_artifact_directory(tmp_path):
+    with pytest.raises(ArtifactError, match="not an artifact directory"):
+        load_manifest(tmp_path)
+
+
+def test_missing_artifact_file(artifacts_copy):
+    (artifacts_copy / "embeddings_int8.onnx").unlink()
+    with pytest.raises(ArtifactError, match="artifact file missing: .*embeddings_int8.onnx"):
+        load_manifest(artifacts_copy)
+
+
+def test_tampered_artifact_file(artifacts_copy):
+    with open(artifacts_copy / "embeddings_fused.onnx", "r+b") as f:
+        f.seek(-16, 2)
+        f.write(b"\x00" * 16)
+    with pytest.raises(ArtifactError, match="sha256 mismatch.*embeddings_fused.onnx"):
+        load_manifest(artifacts_copy)
+
+
+def test_corrupt_manifest(artifacts_copy):
+    (artifacts_copy / "manifest.json").write_text(json.dumps({"format_version": 1, "model": "x"}))
+    with pytest.raises(ArtifactError, match="unreadable or incomplete"):
+        load_manifest(artifacts_copy)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8", "fp16"])
+def test_every_precision_runs_on_cpu(artifacts, engine, precision):
+    other = Engine.from_directory(artifacts, EngineConfig(precision=precision, provider="cpu"))
+    got = other.encode(VARIED_TEXTS).embeddings
+    want = engine.encode(VARIED_TEXTS).embeddings
+    assert (got * want).sum(1).min() >= (0.97 if precision == "int8" else 0.999)
+
+
+def test_cuda_requested_without_cuda_is_a_config_error(artifacts):
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this machine has the CUDA provider")
+    with pytest.raises(ConfigError, match="no CUDA provider"):
+        Engine.from_directory(artifacts, EngineConfig(provider="cuda"))

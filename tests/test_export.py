@@ -1,0 +1,82 @@
+"""The artifact directory: manifest, fused and quantised graphs, dynamic shapes, and verification failures."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from attnserve.engine.batching import pad
+from attnserve.engine.session import CPU, open_session
+from attnserve.errors import ExportVerificationError
+from attnserve.export.optimize import op_counts
+from attnserve.export.verify import TOLERANCES, Reference, shape_grid, verify
+from attnserve.model.encoder import pool
+
+
+def test_manifest_records_model_variants_and_parity(artifacts):
+    manifest = json.loads((artifacts / "manifest.json").read_text())
+    assert manifest["model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert (manifest["hidden_size"], manifest["num_layers"], manifest["num_heads"]) == (384, 6, 12)
+    assert (manifest["vocab_size"], manifest["max_seq_length"], manifest["pooling"]) == (30522, 256, "mean")
+    assert set(manifest["variants"]) == {"embeddings", "embeddings_fused", "embeddings_int8", "embeddings_fp16",
+                                         "attention"}
+    for name, variant in manifest["variants"].items():
+        assert (artifacts / variant["file"]).is_file() and len(variant["sha256"]) == 64
+        tolerance = TOLERANCES[variant["precision"]]
+        assert tolerance.holds(variant["parity"][tolerance.metric]), name
+    assert manifest["variants"]["attention"]["parity"]["max_padded_key_weight"] == 0.0
+    assert {"torch", "onnx", "onnxruntime", "tokenizers"} <= set(manifest["tools"])
+
+
+def test_fused_graph_has_one_attention_node_per_layer(artifacts):
+    counts = op_counts(onnx.load(str(artifacts / "embeddings_fused.onnx"), load_external_data=False))
+    assert counts.get("Attention") == 6
+    plain = op_counts(onnx.load(str(artifacts / "embeddings.onnx"), load_external_data=False))
+    assert "Attention" not in plain and plain.get("Softmax") == 6
+
+
+def test_int8_and_fp16_graphs_are_what_they_claim(artifacts):
+    int8 = onnx.load(str(artifacts / "embeddings_int8.onnx"))
+    int8_types = {init.data_type for init in int8.graph.initializer}
+    assert onnx.TensorProto.INT8 in int8_types
+    assert "QAttention" in op_counts(int8) or "DynamicQuantizeMatMul" in op_counts(int8) or "MatMulInteger" in op_counts(int8)
+    fp16 = onnx.load(str(artifacts / "embeddings_fp16.onnx"))
+    assert onnx.TensorProto.FLOAT16 in {init.data_type for init in fp16.graph.initializer}
+    # Inputs and outputs keep their declared types: int64 in, fp32 out.
+    assert [o.type.tensor_type.elem_type for o in fp16.graph.output] == [onnx.TensorProto.FLOAT] * 2
+
+
+@pytest.mark.parametrize("variant", ["embeddings.onnx", "embeddings_fused.onnx", "attention.onnx"])
+def test_graphs_run_at_shapes_never_used_in_export(artifacts, encoder, variant):
+    session = open_session(artifacts / variant, CPU)
+    used = set(shape_grid(256)) | {(2, 8)}  # the verification grid and the tracing shape
+    rng = np.random.default_rng(7)
+    for batch, seq in [(23, 97), (3, 255), (31, 5), (1, 200)]:
+        assert (batch, seq) not in used
+        lengths = rng.integers(1, seq + 1, size=batch)
+        lengths[0] = seq
+        ids, mask = pad([rng.integers(1000, 30522, size=n) for n in lengths])
+        outputs = session.run(None, {"input_ids": ids, "attention_mask": mask})
+        with torch.no_grad():
+            hidden, _ = encoder(torch.from_numpy(ids), torch.from_numpy(mask))
+            sentence = pool(hidden, torch.from_numpy(mask), "mean").numpy()
+        real = mask.astype(bool)
+        assert outputs[0].shape == (batch, seq, 384) and outputs[1].shape == (batch, 384)
+        assert np.abs(outputs[0] - hidden.numpy())[real].max() <= 1e-4
+        assert np.abs(outputs[1] - sentence).max() <= 1e-4
+        if variant == "attention.onnx":
+            assert outputs[2].shape == (6, batch, 12, seq, seq)
+
+
+def test_verification_fails_with_a_clear_message(artifacts, encoder, checkpoint):
+    from attnserve.engine.tokenizer import TextTokenizer
+
+    tokenizer = TextTokenizer(artifacts / "tokenizer.json", 256, 30522)
+    reference = Reference(encoder, checkpoint.pooling, tokenizer, n_texts=32)
+    # The int8 graph is close, but nowhere near fp32's 1e-4: held to fp32's tolerance it must fail.
+    with pytest.raises(ExportVerificationError, match=r"embeddings_int8.onnx \(fp32\) fails parity.*<= 0.0001"):
+        verify(artifacts / "embeddings_int8.onnx", "fp32", reference)
