@@ -20,7 +20,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         from attnserve.export.artifacts import build_artifacts
         from attnserve.model.checkpoint import read_checkpoint
     except ImportError as e:
-        raise AttnserveError(f"export needs the export extra ({e.name} is missing): pip install 'attnserve[export]'")
+        raise AttnserveError(f"export needs the export extra ({e.name} is missing): pip install 'attnserve[export]'") from None
     if args.checkpoint:
         ckpt = read_checkpoint(args.checkpoint, args.name)
     else:

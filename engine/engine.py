@@ -63,6 +63,9 @@ class Encoded:
 class Engine:
     def __init__(self, manifest: Manifest, config: EngineConfig, attention: bool = False):
         self.manifest, self.config = manifest, config
+        if config.max_batch_tokens < manifest.max_seq_length:
+            raise ConfigError(
+                f"max_batch_tokens {config.max_batch_tokens} is below max_seq_length {manifest.max_seq_length}")
         self.provider = resolve_provider(config.provider)
         self.precision = config.precision if config.precision != "auto" else (
             "fp16" if self.provider == CUDA else "fp32")
@@ -76,9 +79,6 @@ class Engine:
         self._attention_lock = threading.Lock()
         if attention:
             self._open_attention_session()
-        if config.max_batch_tokens < manifest.max_seq_length:
-            raise ConfigError(
-                f"max_batch_tokens {config.max_batch_tokens} is below max_seq_length {manifest.max_seq_length}")
 
     @classmethod
     def from_directory(cls, directory: str | Path, config: EngineConfig | None = None, attention: bool = False

@@ -1,0 +1,422 @@
+"""Offline encoding benchmark: `attnserve encode` against the hardware and against sentence-transformers.
+
+Everything is measured side by side in one run on the same mixed-length
+corpus (bench/corpus.py), and the results are read as ratios, since absolute
+tokens/s depend on the machine:
+
+  MatMul peak      onnxruntime's own fp32 MatMul on 2048x2048 matrices (one-node
+                   ONNX graph, CPU provider, default threads): best of several
+                   repetitions after warm-up. It is the FLOP/s ceiling for MFU.
+  encode fp32/int8 the real `attnserve encode` command in a subprocess (with --provider
+                   cpu and --artifacts set to the directory the other runs use);
+                   tokens/s and padding are parsed from its summary line, so they
+                   cover what the command times: reading, tokenizing, batching, the
+                   model, writing. Nothing is warmed up: this is the command as run.
+  sentence-transformers
+                   SentenceTransformer(...).encode(texts, batch_size=32) on the same
+                   texts; only that call is timed (it tokenizes too), after a short
+                   warm-up encode.
+  engine arrival-order
+                   the engine with fixed batches of 32 in input order (no length
+                   sorting); tokenizing and encoding are timed, after a short warm-up.
+
+tokens/s counts real tokens (no padding) after truncation at max_seq_length,
+as the engine's tokenizer gives them, divided by wall seconds. All runs use
+the CPU provider. Each run happens once per round, in reversed order every
+other round to spread machine noise, and each run's best round is reported.
+
+MFU = achieved FLOP/s of `attnserve encode` fp32 / MatMul peak, with achieved
+FLOP = sum over texts of len*L*(8H^2 + 4HF + 4*len*H): the Q, K, V and output
+projections, the two feed-forward matmuls, and QK^T and PV, at 2 FLOP per
+multiply-add; embeddings, layer norms, softmax and pooling are left out.
+
+The script exits 0 whether or not targets are met (it measures, it does not
+test); an error in a run (e.g. the command fails) exits non-zero.
+
+    ATTNSERVE_CACHE=/tmp/cache python bench/bench_encode.py --texts 2000 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+try:
+    from corpus import mixed_length_corpus  # run as a script: bench/ is on sys.path
+except ImportError:
+    from bench.corpus import mixed_length_corpus  # run as `python -m bench.bench_encode`
+
+MATMUL_N = 2048
+BATCH_SIZE = 32  # sentence-transformers' default, and the arrival-order engine's batch
+WARMUP_TEXTS = 8
+
+# The summary line of `attnserve encode` (offline/encode.py: summary_line).
+SUMMARY = re.compile(r"encoded (\d+) texts, (\d+) tokens in ([\d.]+)s: ([\d.]+) tokens/s, padding ([\d.]+)% -> ")
+
+# These would reach the CLI runs but not the in-process engine; dropping them keeps every run on
+# the shipped defaults, so the runs differ only in what the benchmark means to compare.
+TUNING_ENV = ("ATTNSERVE_PRECISION", "ATTNSERVE_PROVIDER", "ATTNSERVE_THREADS",
+              "ATTNSERVE_MAX_BATCH_TOKENS", "ATTNSERVE_MAX_BATCH_SIZE")
+
+TARGETS = {  # name: (comparison, bound, bound as shown)
+    "mfu": (">=", 0.80, "0.80"),
+    "fp32_vs_st": (">=", 1.8, "1.8x"),
+    "int8_vs_fp32": (">=", 1.3, "1.3x"),
+    "int8_cosine_mean": (">=", 0.99, "0.99"),
+    "int8_cosine_p1": (">=", 0.98, "0.98"),
+    "padding_fp32": ("<=", 0.05, "5%"),
+}
+
+
+class BenchError(Exception):
+    pass
+
+
+def log(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+# --- measurements -------------------------------------------------------------------------------
+
+
+class MatMulPeak:
+    """fp32 FLOP/s of onnxruntime's MatMul: the kernel the encoder's projections run on."""
+
+    def __init__(self, n: int = MATMUL_N):
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+
+        shape = [n, n]
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["a", "b"], ["c"])], "matmul",
+            [helper.make_tensor_value_info("a", TensorProto.FLOAT, shape),
+             helper.make_tensor_value_info("b", TensorProto.FLOAT, shape)],
+            [helper.make_tensor_value_info("c", TensorProto.FLOAT, shape)])
+        # onnxruntime rejects the IR version that the newest onnx writes by default.
+        model = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 13)])
+        self.session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        rng = np.random.default_rng(0)
+        self.feed = {"a": rng.standard_normal(shape, dtype=np.float32),
+                     "b": rng.standard_normal(shape, dtype=np.float32)}
+        self.flop = 2 * n**3
+
+    def measure(self, warmup: int = 2, repeats: int = 5) -> dict:
+        for _ in range(warmup):
+            self.session.run(None, self.feed)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            self.session.run(None, self.feed)
+            best = min(best, time.perf_counter() - start)
+        return {"flop_per_s": self.flop / best, "seconds": best}
+
+
+def cli_encode(corpus: Path, output: Path, precision: str, artifacts: Path) -> dict:
+    cmd = [sys.executable, "-m", "attnserve.cli", "encode", str(corpus), "-o", str(output),
+           "--precision", precision, "--no-progress", "--provider", "cpu", "--artifacts", str(artifacts)]
+    env = {k: v for k, v in os.environ.items() if k not in TUNING_ENV}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise BenchError(f"`{shlex.join(cmd)}` exited with {proc.returncode}:\n{proc.stderr.rstrip()}")
+    lines = proc.stdout.strip().splitlines()
+    match = SUMMARY.match(lines[-1]) if lines else None
+    if match is None:
+        raise BenchError(f"`{shlex.join(cmd)}` printed no summary line:\n{proc.stdout}{proc.stderr}")
+    for line in proc.stderr.strip().splitlines():  # its banner names the graph it ran
+        log(f"  {line}")
+    texts, tokens, seconds, rate, padding = match.groups()
+    return {"texts": int(texts), "tokens": int(tokens), "seconds": float(seconds),
+            "tokens_per_s": float(rate), "padding": float(padding) / 100}
+
+
+def st_encode(model, texts: list[str], tokens: int) -> tuple[dict, np.ndarray]:
+    model.encode(texts[:WARMUP_TEXTS], batch_size=BATCH_SIZE, show_progress_bar=False)
+    start = time.perf_counter()
+    embeddings = model.encode(texts, batch_size=BATCH_SIZE, show_progress_bar=False)
+    seconds = time.perf_counter() - start
+    # Its padding is not reported: it batches by its own (character-length) order.
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "padding": None}, embeddings
+
+
+def engine_arrival_order(engine, texts: list[str]) -> dict:
+    engine.encode(texts[:WARMUP_TEXTS])
+    start = time.perf_counter()
+    encoded = engine.encode_tokenized(engine.tokenizer.encode_texts(texts), sort_by_length=False)
+    seconds = time.perf_counter() - start
+    stats = encoded.stats
+    return {"tokens": stats.tokens, "seconds": seconds, "tokens_per_s": stats.tokens / seconds,
+            "padding": stats.padding_fraction}
+
+
+# --- model arithmetic and quality ---------------------------------------------------------------
+
+
+def intermediate_size(hidden: int, layers: int) -> tuple[int, str]:
+    """F from the default checkpoint's config.json when it is the served model; else 4H (BERT's ratio)."""
+    from attnserve.default_model import default_checkpoint_dir
+    from attnserve.errors import CheckpointError
+
+    try:
+        path = default_checkpoint_dir() / "config.json"
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (CheckpointError, OSError, json.JSONDecodeError) as e:
+        return 4 * hidden, f"4H (no checkpoint config: {e})"
+    if config.get("hidden_size") != hidden or config.get("num_hidden_layers") != layers:
+        return 4 * hidden, f"4H ({path} describes another model)"
+    return int(config["intermediate_size"]), str(path)
+
+
+def model_flop(lengths: np.ndarray, layers: int, hidden: int, ffn: int) -> float:
+    n = lengths.astype(np.float64)
+    return float(np.sum(n * layers * (8 * hidden**2 + 4 * hidden * ffn + 4 * n * hidden)))
+
+
+def pq_num_tokens(path: Path) -> np.ndarray:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path, columns=["num_tokens"]).column("num_tokens").to_numpy().astype(np.int64)
+
+
+def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+    b = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
+    return np.sum(a * b, axis=1)
+
+
+def cosine_summary(cos: np.ndarray) -> dict:
+    return {"mean": float(cos.mean()), "p1": float(np.percentile(cos, 1)), "min": float(cos.min())}
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def table(rows: list[tuple[str, str, str, str]]) -> str:
+    header = ("run", "tokens/s", "padding", "vs fp32")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    fmt = lambda r: " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([fmt(header), "-+-".join("-" * w for w in widths), *map(fmt, rows)])
+
+
+def target_line(label: str, key: str, value: float | None, shown: str) -> tuple[str, dict]:
+    op, bound, shown_bound = TARGETS[key]
+    passed = None if value is None else value >= bound if op == ">=" else value <= bound
+    verdict = "skipped" if passed is None else "PASS" if passed else "MISS"
+    line = f"{label:<30} {shown if value is not None else '-':>8}   target {op} {shown_bound:<5} {verdict}"
+    return line, {"value": value, "target": f"{op} {bound}", "pass": passed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--texts", type=int, default=2000, help="corpus size (default 2000)")
+    parser.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of every measurement; best is kept (default 2)")
+    parser.add_argument("--artifacts", help="artifact directory (default: as `attnserve encode` resolves it)")
+    parser.add_argument("--workdir", help="where the corpus and output Parquet files go, and stay "
+                                          "(default: a temporary directory, removed at the end)")
+    parser.add_argument("--skip-st", action="store_true", help="skip sentence-transformers")
+    parser.add_argument("--json", help="also write every number to this JSON file")
+    args = parser.parse_args(argv)
+    if args.texts < 1 or args.rounds < 1:
+        parser.error("--texts and --rounds must be positive")
+    try:
+        if args.workdir:
+            Path(args.workdir).mkdir(parents=True, exist_ok=True)
+            return run(args, Path(args.workdir))
+        with tempfile.TemporaryDirectory(prefix="bench_encode-") as tmp:
+            return run(args, Path(tmp))
+    except BenchError as e:
+        print(f"bench_encode: error: {e}", file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace, workdir: Path) -> int:
+    import onnxruntime
+
+    from attnserve import __version__
+    from attnserve.config import EngineConfig
+    from attnserve.default_model import resolve_artifacts
+    from attnserve.engine.engine import Engine
+    from attnserve.errors import AttnserveError
+    from attnserve.offline.encode import read_embeddings
+
+    ignored = [k for k in TUNING_ENV if os.environ.get(k)]
+    if ignored:
+        log(f"ignoring {', '.join(ignored)}: every run uses the default settings")
+
+    # --- setup: nothing here is timed
+    try:
+        artifacts = resolve_artifacts(args.artifacts or os.environ.get("ATTNSERVE_ARTIFACTS"))
+        engine = Engine.from_directory(
+            artifacts, EngineConfig(max_batch_size=BATCH_SIZE, precision="fp32", provider="cpu"))
+    except AttnserveError as e:
+        raise BenchError(str(e)) from None
+    manifest = engine.manifest
+    layers, hidden = manifest.num_layers, manifest.hidden_size
+    ffn, ffn_source = intermediate_size(hidden, layers)
+
+    log(f"corpus: {args.texts} texts, seed {args.seed}")
+    texts = mixed_length_corpus(args.texts, args.seed)
+    corpus = workdir / "corpus.txt"
+    corpus.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    tokenized = engine.tokenizer.encode_texts(texts)
+    lengths = np.array([len(x) for x in tokenized], dtype=np.int64)
+    tokens = int(lengths.sum())
+    truncated = sum(x.truncated for x in tokenized)
+    flop = model_flop(lengths, layers, hidden, ffn)
+    flop_per_token = flop / tokens
+
+    versions = {"python": platform.python_version(), "attnserve": __version__,
+                "onnxruntime": onnxruntime.__version__, "numpy": np.__version__}
+    st_model = None
+    if not args.skip_st:
+        log("loading sentence-transformers")
+        import sentence_transformers
+        import torch
+        import transformers
+        from sentence_transformers import SentenceTransformer
+
+        from attnserve.default_model import default_checkpoint_dir
+
+        versions.update({"sentence_transformers": sentence_transformers.__version__,
+                         "transformers": transformers.__version__, "torch": torch.__version__})
+        st_model = SentenceTransformer(str(default_checkpoint_dir()), device="cpu")
+        if st_model.max_seq_length != manifest.max_seq_length:
+            log(f"warning: sentence-transformers truncates at {st_model.max_seq_length}, the engine at "
+                f"{manifest.max_seq_length}: its tokens/s counts the engine's tokens")
+        # Its own count of real tokens, to confirm both sides see the same token stream.
+        st_tokens = int(st_model.preprocess(texts)["attention_mask"].sum())
+    peak = MatMulPeak()
+
+    fp32_out, int8_out = workdir / "encode_fp32.parquet", workdir / "encode_int8.parquet"
+    runs = {
+        "matmul": peak.measure,
+        "fp32": lambda: cli_encode(corpus, fp32_out, "fp32", artifacts),
+        "int8": lambda: cli_encode(corpus, int8_out, "int8", artifacts),
+        "arrival": lambda: engine_arrival_order(engine, texts),
+    }
+    st_embeddings = None
+    if st_model is not None:
+        def st_run():
+            nonlocal st_embeddings
+            result, st_embeddings = st_encode(st_model, texts, tokens)
+            return result
+        runs["st"] = st_run
+
+    rounds: list[dict] = []
+    for r in range(args.rounds):
+        order = list(runs) if r % 2 == 0 else list(reversed(runs))
+        results = {}
+        for name in order:
+            log(f"round {r + 1}/{args.rounds}: {name}")
+            results[name] = runs[name]()
+            shown = (f"{results[name]['flop_per_s'] / 1e9:.1f} GFLOP/s" if name == "matmul"
+                     else f"{results[name]['tokens_per_s']:.0f} tokens/s")
+            log(f"  {shown}")
+        rounds.append(results)
+
+    best = {name: max((rd[name] for rd in rounds),
+                      key=lambda x: x["flop_per_s"] if name == "matmul" else x["tokens_per_s"])
+            for name in runs}
+
+    # The FLOP count rests on token counts; a mismatch with what the command encoded would void MFU.
+    fp32_tokens = pq_num_tokens(fp32_out)
+    if best["fp32"]["tokens"] != tokens or not np.array_equal(fp32_tokens, lengths):
+        raise BenchError(f"token counts disagree: the engine's tokenizer gives {tokens}, `attnserve encode` "
+                         f"reported {best['fp32']['tokens']} and wrote {int(fp32_tokens.sum())}")
+    if st_model is not None and st_tokens != tokens:
+        log(f"warning: sentence-transformers tokenizes the corpus into {st_tokens} tokens, the engine {tokens}")
+
+    int8_cos = cosine_summary(row_cosines(read_embeddings(int8_out), read_embeddings(fp32_out)))
+    st_cos = cosine_summary(row_cosines(st_embeddings, read_embeddings(fp32_out))) if st_model else None
+
+    peak_flops = best["matmul"]["flop_per_s"]
+    ceiling = peak_flops / flop_per_token
+    fp32_rate = best["fp32"]["tokens_per_s"]
+    fp32_seconds = tokens / fp32_rate
+    achieved = flop / fp32_seconds
+    mfu = achieved / peak_flops
+    ratios = {"fp32_vs_st": fp32_rate / best["st"]["tokens_per_s"] if st_model else None,
+              "int8_vs_fp32": best["int8"]["tokens_per_s"] / fp32_rate,
+              "fp32_vs_arrival": fp32_rate / best["arrival"]["tokens_per_s"]}
+
+    # --- report
+    out = []
+    out.append(f"attnserve offline encoding benchmark: {manifest.model}, {args.texts} texts (seed {args.seed}), "
+               f"{args.rounds} round(s), best round per run")
+    out.append("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    threads = f", torch threads {torch.get_num_threads()}" if st_model else ""
+    out.append(f"cpu: {os.cpu_count()} logical cores{threads}; onnxruntime default threads; provider CPU")
+    out.append(f"artifacts: {artifacts}")
+    out.append(f"corpus: {tokens} tokens (mean {tokens / len(texts):.1f}, max {lengths.max()}), "
+               f"{truncated} truncated at max_seq_length {manifest.max_seq_length}"
+               + (f"; sentence-transformers max_seq_length {st_model.max_seq_length}, "
+                  f"its token count {st_tokens}" if st_model else ""))
+    out.append(f"model: L={layers} H={hidden} F={ffn} (F from {ffn_source}); "
+               f"{flop_per_token / 1e6:.2f} MFLOP/token over this corpus")
+    out.append("")
+
+    def row(label: str, result: dict) -> tuple[str, str, str, str]:
+        padding = "-" if result["padding"] is None else f"{result['padding']:.1%}"
+        return label, f"{result['tokens_per_s']:.0f}", padding, f"{result['tokens_per_s'] / fp32_rate:.2f}x"
+
+    rows = [(f"ceiling: MatMul {MATMUL_N}x{MATMUL_N} fp32 peak {peak_flops / 1e9:.1f} GFLOP/s",
+             f"{ceiling:.0f}", "-", f"{ceiling / fp32_rate:.2f}x"),
+            row("attnserve encode fp32", best["fp32"]),
+            row("attnserve encode int8", best["int8"])]
+    rows.append(row(f"sentence-transformers (batch {BATCH_SIZE})", best["st"]) if st_model
+                else ("sentence-transformers", "skipped", "-", "-"))
+    rows.append(row(f"engine arrival-order (batch {BATCH_SIZE})", best["arrival"]))
+    out.append(table(rows))
+    out.append("")
+    out.append(f"MFU fp32 encode: {achieved / 1e9:.1f} GFLOP/s achieved / {peak_flops / 1e9:.1f} GFLOP/s peak")
+    out.append(f"int8 vs fp32 cosine: mean {int8_cos['mean']:.5f}, p1 {int8_cos['p1']:.5f}, min {int8_cos['min']:.5f}")
+    if st_cos:
+        out.append(f"fp32 vs sentence-transformers cosine: mean {st_cos['mean']:.6f}, min {st_cos['min']:.6f}")
+    out.append("")
+    targets = {}
+    for label, key, value, shown in [
+        ("MFU (fp32 encode)", "mfu", mfu, f"{mfu:.3f}"),
+        ("fp32 vs sentence-transformers", "fp32_vs_st", ratios["fp32_vs_st"],
+         f"{ratios['fp32_vs_st']:.2f}x" if st_model else ""),
+        ("int8 vs fp32", "int8_vs_fp32", ratios["int8_vs_fp32"], f"{ratios['int8_vs_fp32']:.2f}x"),
+        ("int8 cosine mean", "int8_cosine_mean", int8_cos["mean"], f"{int8_cos['mean']:.4f}"),
+        ("int8 cosine p1", "int8_cosine_p1", int8_cos["p1"], f"{int8_cos['p1']:.4f}"),
+        ("padding (fp32 encode)", "padding_fp32", best["fp32"]["padding"], f"{best['fp32']['padding']:.1%}"),
+    ]:
+        line, targets[key] = target_line(label, key, value, shown)
+        out.append(line)
+    print("\n".join(out), flush=True)
+
+    if args.json:
+        report = {
+            "config": {"texts": args.texts, "seed": args.seed, "rounds": args.rounds, "batch_size": BATCH_SIZE,
+                       "matmul_n": MATMUL_N, "artifacts": str(artifacts), "model": manifest.model},
+            "versions": versions, "cpu_count": os.cpu_count(),
+            "corpus": {"tokens": tokens, "truncated": int(truncated), "max_seq_length": manifest.max_seq_length,
+                       "st_max_seq_length": st_model.max_seq_length if st_model else None,
+                       "st_tokens": st_tokens if st_model else None},
+            "model": {"layers": layers, "hidden": hidden, "intermediate": ffn, "intermediate_source": ffn_source,
+                      "flop": flop, "flop_per_token": flop_per_token},
+            "rounds": rounds, "best": best,
+            "peak_flop_per_s": peak_flops, "token_ceiling_per_s": ceiling,
+            "achieved_flop_per_s": achieved, "mfu": mfu, "ratios": ratios,
+            "cosine_int8_vs_fp32": int8_cos, "cosine_fp32_vs_st": st_cos, "targets": targets,
+        }
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
