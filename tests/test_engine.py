@@ -59,6 +59,16 @@ def test_plan_batches_respects_budget_and_covers_every_input():
     assert plan_batches([5000, 3], 2048, 8)[0].tolist() == [0]  # over budget alone: a batch of its own
 
 
+def test_plan_batches_splits_a_wide_length_range_when_inputs_are_few():
+    # 70 short texts of 6..28 tokens fit one budget, but as one batch they would be ~40% padding.
+    lengths = np.linspace(6, 28, 70).astype(int)
+    batches = plan_batches(lengths, max_batch_tokens=2048, max_batch_size=256)
+    cells = sum(lengths[b].max() * len(b) for b in batches)
+    assert len(batches) > 1 and (cells - lengths.sum()) / cells < 0.15
+    assert all(lengths[b].max() * len(b) <= 2048 for b in batches)
+    assert plan_batches([], 2048, 8) == []
+
+
 def test_pad_masks_exactly_the_padding():
     ids, mask = pad([np.array([1, 2, 3]), np.array([4])])
     assert ids.tolist() == [[1, 2, 3], [4, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
