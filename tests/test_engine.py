@@ -60,11 +60,12 @@ def test_plan_batches_respects_budget_and_covers_every_input():
 
 
 def test_plan_batches_splits_a_wide_length_range_when_inputs_are_few():
-    # 70 short texts of 6..28 tokens fit one budget, but as one batch they would be ~40% padding.
+    # 70 short texts of 6..28 tokens fit one budget, but as one batch they would be 39% padding;
+    # each split must save more padding than a run costs (BATCH_OVERHEAD_CELLS).
     lengths = np.linspace(6, 28, 70).astype(int)
     batches = plan_batches(lengths, max_batch_tokens=2048, max_batch_size=256)
     cells = sum(lengths[b].max() * len(b) for b in batches)
-    assert len(batches) > 1 and (cells - lengths.sum()) / cells < 0.15
+    assert len(batches) > 1 and (cells - lengths.sum()) / cells < 0.2
     assert all(lengths[b].max() * len(b) <= 2048 for b in batches)
     assert plan_batches([], 2048, 8) == []
 
