@@ -12,7 +12,7 @@ import torch
 from attnserve.engine.batching import pad
 from attnserve.engine.session import CPU, open_session
 from attnserve.errors import ExportVerificationError
-from attnserve.export.optimize import op_counts
+from attnserve.export.optimize import FIRST_FFN_DOWN, op_counts
 from attnserve.export.verify import TOLERANCES, Reference, shape_grid, verify
 from attnserve.model.encoder import pool
 
@@ -44,6 +44,11 @@ def test_int8_and_fp16_graphs_are_what_they_claim(artifacts):
     int8_types = {init.data_type for init in int8.graph.initializer}
     assert onnx.TensorProto.INT8 in int8_types
     assert "QAttention" in op_counts(int8) or "DynamicQuantizeMatMul" in op_counts(int8) or "MatMulInteger" in op_counts(int8)
+    # The first FFN down-projection stays fp32 (its activations carry outliers): a plain MatMul on fp32 weights.
+    kept = [n for n in int8.graph.node if n.name == FIRST_FFN_DOWN]
+    assert len(kept) == 1 and kept[0].op_type == "MatMul"
+    weights = {init.name: init.data_type for init in int8.graph.initializer}
+    assert weights[kept[0].input[1]] == onnx.TensorProto.FLOAT
     fp16 = onnx.load(str(artifacts / "embeddings_fp16.onnx"))
     assert onnx.TensorProto.FLOAT16 in {init.data_type for init in fp16.graph.initializer}
     # Inputs and outputs keep their declared types: int64 in, fp32 out.
