@@ -163,21 +163,6 @@ def engine_arrival_order(engine, texts: list[str]) -> dict:
 # --- model arithmetic and quality ---------------------------------------------------------------
 
 
-def intermediate_size(hidden: int, layers: int) -> tuple[int, str]:
-    """F from the default checkpoint's config.json when it is the served model; else 4H (BERT's ratio)."""
-    from attnserve.default_model import default_checkpoint_dir
-    from attnserve.errors import CheckpointError
-
-    try:
-        path = default_checkpoint_dir() / "config.json"
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (CheckpointError, OSError, json.JSONDecodeError) as e:
-        return 4 * hidden, f"4H (no checkpoint config: {e})"
-    if config.get("hidden_size") != hidden or config.get("num_hidden_layers") != layers:
-        return 4 * hidden, f"4H ({path} describes another model)"
-    return int(config["intermediate_size"]), str(path)
-
-
 def model_flop(lengths: np.ndarray, layers: int, hidden: int, ffn: int) -> float:
     n = lengths.astype(np.float64)
     return float(np.sum(n * layers * (8 * hidden**2 + 4 * hidden * ffn + 4 * n * hidden)))
@@ -264,7 +249,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         raise BenchError(str(e)) from None
     manifest = engine.manifest
     layers, hidden = manifest.num_layers, manifest.hidden_size
-    ffn, ffn_source = intermediate_size(hidden, layers)
+    ffn = manifest.intermediate_size
 
     log(f"corpus: {args.texts} texts, seed {args.seed}")
     texts = mixed_length_corpus(args.texts, args.seed)
@@ -368,7 +353,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
                f"{truncated} truncated at max_seq_length {manifest.max_seq_length}"
                + (f"; sentence-transformers max_seq_length {st_model.max_seq_length}, "
                   f"its token count {st_tokens}" if st_model else ""))
-    out.append(f"model: L={layers} H={hidden} F={ffn} (F from {ffn_source}); "
+    out.append(f"model: L={layers} H={hidden} F={ffn}; "
                f"{flop_per_token / 1e6:.2f} MFLOP/token over this corpus")
     out.append("")
 
@@ -412,7 +397,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             "corpus": {"tokens": tokens, "truncated": int(truncated), "max_seq_length": manifest.max_seq_length,
                        "st_max_seq_length": st_model.max_seq_length if st_model else None,
                        "st_tokens": st_tokens if st_model else None},
-            "model": {"layers": layers, "hidden": hidden, "intermediate": ffn, "intermediate_source": ffn_source,
+            "model": {"layers": layers, "hidden": hidden, "intermediate": ffn,
                       "flop": flop, "flop_per_token": flop_per_token},
             "rounds": rounds, "best": best,
             "peak_flop_per_s": peak_flops, "token_ceiling_per_s": ceiling,

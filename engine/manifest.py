@@ -31,6 +31,7 @@ class Manifest:
     hidden_size: int
     num_layers: int
     num_heads: int
+    intermediate_size: int
     vocab_size: int
     max_seq_length: int
     pooling: str
@@ -46,7 +47,8 @@ class Manifest:
     def to_json(self) -> dict:
         return {
             "format_version": FORMAT_VERSION, "model": self.model, "hidden_size": self.hidden_size,
-            "num_layers": self.num_layers, "num_heads": self.num_heads, "vocab_size": self.vocab_size,
+            "num_layers": self.num_layers, "num_heads": self.num_heads,
+            "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size,
             "max_seq_length": self.max_seq_length, "pooling": self.pooling, "normalize": self.normalize,
             "tokenizer": {"file": self.tokenizer, "sha256": self.tokenizer_sha256},
             "variants": {name: {"file": v.file, "sha256": v.sha256, "precision": v.precision, "fused": v.fused,
@@ -88,9 +90,12 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             for name, v in raw["variants"].items()
         }
         manifest = Manifest(
-            directory, str(raw["model"]), int(raw["hidden_size"]), int(raw["num_layers"]), int(raw["num_heads"]),
-            int(raw["vocab_size"]), int(raw["max_seq_length"]), str(raw["pooling"]), bool(raw["normalize"]),
-            str(raw["tokenizer"]["file"]), str(raw["tokenizer"]["sha256"]), variants, dict(raw.get("tools", {})),
+            directory=directory, model=str(raw["model"]), hidden_size=int(raw["hidden_size"]),
+            num_layers=int(raw["num_layers"]), num_heads=int(raw["num_heads"]),
+            intermediate_size=int(raw["intermediate_size"]), vocab_size=int(raw["vocab_size"]),
+            max_seq_length=int(raw["max_seq_length"]), pooling=str(raw["pooling"]), normalize=bool(raw["normalize"]),
+            tokenizer=str(raw["tokenizer"]["file"]), tokenizer_sha256=str(raw["tokenizer"]["sha256"]),
+            variants=variants, tools=dict(raw.get("tools", {})),
         )
     except ArtifactError:
         raise

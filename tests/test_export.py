@@ -21,6 +21,7 @@ def test_manifest_records_model_variants_and_parity(artifacts):
     manifest = json.loads((artifacts / "manifest.json").read_text())
     assert manifest["model"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert (manifest["hidden_size"], manifest["num_layers"], manifest["num_heads"]) == (384, 6, 12)
+    assert manifest["intermediate_size"] == 1536
     assert (manifest["vocab_size"], manifest["max_seq_length"], manifest["pooling"]) == (30522, 256, "mean")
     assert set(manifest["variants"]) == {"embeddings", "embeddings_fused", "embeddings_int8", "embeddings_fp16",
                                          "attention"}
