@@ -69,6 +69,9 @@ class Engine:
         self.provider = resolve_provider(config.provider)
         self.precision = config.precision if config.precision != "auto" else (
             "fp16" if self.provider == CUDA else "fp32")
+        if self.precision == "int8" and self.provider == CUDA:
+            # Dynamic int8 ops have CPU kernels only: on CUDA they would silently run on the CPU.
+            raise ConfigError("the int8 graph is for the CPU provider; on CUDA use fp16 or fp32")
         variant_name = EMBEDDINGS_VARIANT[self.precision]
         if variant_name not in manifest.variants:
             raise ArtifactError(f"{manifest.directory} has no {self.precision} graph ({variant_name}); re-export")
@@ -125,7 +128,7 @@ class Engine:
         for batch in batches:
             embeddings[batch] = self._sentence_embeddings([inputs[i] for i in batch])
             cells += int(lengths[batch].max()) * len(batch)
-        if normalize if normalize is not None else self.manifest.normalize:
+        if self.manifest.normalize if normalize is None else normalize:  # None: as the checkpoint does
             embeddings = l2_normalize(embeddings)
         stats = EncodeStats(len(inputs), int(lengths.sum()), cells, time.perf_counter() - start)
         truncated = np.fromiter((x.truncated for x in inputs), dtype=bool, count=len(inputs))
