@@ -102,8 +102,8 @@ def encode_file(engine: Engine, job: EncodeJob) -> EncodeStats:
             stats.add(encoded.stats)
             bar.update(len(records))
             bar.set_postfix(tokens_per_s=f"{stats.tokens / (time.perf_counter() - start):.0f}", refresh=False)
-        if writer is None:
-            raise InvalidInputError(f"{job.input}: no rows to encode")
+        if writer is None:  # an empty input (an empty partition, say) gives an empty output with the same schema
+            writer = _open_writer(partial, output_schema(source.id_type or int, engine.manifest.hidden_size, metadata))
         writer.close()
         writer = None
         os.replace(partial, job.output)
