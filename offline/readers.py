@@ -131,6 +131,8 @@ class InputFile:
         kind = int if value is None else type(value)
         if kind not in (int, str):
             raise InvalidInputError(f"{self.path}: {where}: id must be an integer or a string")
+        if kind is int and value is not None and not -(2**63) <= value < 2**63:
+            raise InvalidInputError(f"{self.path}: {where}: id {value} does not fit in a 64-bit integer")
         self.id_type = self.id_type or kind
         if kind is not self.id_type:
             raise InvalidInputError(

@@ -107,6 +107,7 @@ def test_empty_text_fails_with_its_line(artifacts, tmp_path, content, fragment):
     ('{"text": "x"', "line 2: invalid JSON"),
     ('{"title": "no text"}', "line 2: needs exactly one of 'text' or 'token_ids'"),
     ('{"text": 5}', "line 2: 'text' must be a string"),
+    ('{"id": 1180591620717411303424, "text": "x"}', "line 2: id 1180591620717411303424 does not fit"),
 ])
 def test_bad_jsonl_rows_fail_with_their_line(artifacts, tmp_path, line, fragment):
     (tmp_path / "in.jsonl").write_text('{"text": "fine"}\n' + line + "\n")
