@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 from attnserve import __version__
-from attnserve.config import EngineConfig, add_arguments, from_args
+from attnserve.config import ClientConfig, EngineConfig, ServerConfig, add_arguments, from_args
 from attnserve.errors import AttnserveError
 
 
@@ -48,14 +48,71 @@ def cmd_encode(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from attnserve.default_model import resolve_artifacts
+    from attnserve.server import logs
+    from attnserve.server.app import serve
+
+    engine_config, server_config = from_args(EngineConfig, args), from_args(ServerConfig, args)
+    logs.configure(args.log_level or "INFO", server_config.log_format)
+    artifacts = resolve_artifacts(engine_config.artifacts)
+    return asyncio.run(serve(engine_config, server_config, artifacts))
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    import json
+
+    from attnserve.client import Client
+
+    texts = [line.rstrip("\n") for line in sys.stdin] if args.texts == ["-"] else args.texts
+    with Client(config=from_args(ClientConfig, args)) as client:
+        results = client.encode(texts, normalize=args.normalize, pooling=args.pooling, truncate=args.truncate,
+                                token_embeddings=args.token_embeddings)
+    out = []
+    for text, r in zip(texts, results):
+        item = {"text": text, "num_tokens": r.num_tokens, "truncated": r.truncated,
+                "embedding": [round(float(x), 7) for x in r.sentence_embedding]}
+        if r.token_embeddings is not None:
+            item["tokens"] = r.tokens
+            item["token_embeddings"] = [[round(float(x), 7) for x in row] for row in r.token_embeddings]
+        out.append(item)
+    json.dump({"embeddings": out}, sys.stdout)
+    print()
+    return 0
+
+
+def cmd_attention(args: argparse.Namespace) -> int:
+    from attnserve.client import Client
+    from attnserve.client.plot import draw_attention
+
+    with Client(config=from_args(ClientConfig, args)) as client:
+        info = client.model_info()
+        if args.head is not None and not -info.num_heads <= args.head < info.num_heads:
+            raise AttnserveError(f"--head {args.head} does not exist; the model has {info.num_heads} heads")
+        result = client.attention(args.text, [args.layer], average_heads=args.head is None, truncate=True)
+    layer = args.layer % info.num_layers
+    if args.head is None:
+        weights, which = result.attentions[0, 0], f"mean of {info.num_heads} heads"
+    else:
+        weights, which = result.attentions[0, args.head], f"head {args.head % info.num_heads}"
+    title = f"{info.model}: layer {layer}, {which}" + (" (input truncated)" if result.truncated else "")
+    draw_attention(weights, result.tokens, title, Path(args.output))
+    print(f"wrote {args.output}: layer {layer}, {which}, {result.num_tokens} tokens")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attnserve", description="Contextualized embeddings and attention maps from a Transformer encoder.")
     parser.add_argument("--version", action="version", version=f"attnserve {__version__}")
-    parser.add_argument("--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default=None, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="default: INFO for serve, WARNING otherwise")
 
-    export = sub.add_parser("export", help="build the ONNX artifact directory from a checkpoint",
+    export = sub.add_parser("export", parents=[common], help="build the ONNX artifact directory from a checkpoint",
                             description="Export a BERT-family checkpoint to ONNX: embeddings graphs (fp32, fused, "
                                         "int8, fp16) and the attention graph, each verified against PyTorch.")
     export.add_argument("--checkpoint", help="directory with config.json, model.safetensors, tokenizer.json "
@@ -64,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--name", help="model name recorded in the manifest (default: the checkpoint's folder name)")
     export.set_defaults(func=cmd_export)
 
-    encode = sub.add_parser("encode", help="encode a .txt, .jsonl or .parquet file into Parquet embeddings",
+    encode = sub.add_parser("encode", parents=[common], help="encode a .txt, .jsonl or .parquet file into Parquet embeddings",
                             description="Offline batch encoding. Output columns: id, embedding, num_tokens, "
                                         "truncated; rows in input order.")
     encode.add_argument("input", help=".txt (one text per line), .jsonl ('text' or 'token_ids', optional 'id') "
@@ -78,13 +135,46 @@ def build_parser() -> argparse.ArgumentParser:
     encode.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_arguments(encode, EngineConfig)
     encode.set_defaults(func=cmd_encode)
+
+    serve = sub.add_parser("serve", parents=[common], help="serve embeddings and attention weights over gRPC",
+                           description="The attnserve.v1.Encoder gRPC service, with grpc.health.v1 health, server "
+                                       "reflection and Prometheus metrics. Inputs of concurrent requests are "
+                                       "batched by length. SIGTERM or SIGINT drains and exits 0.")
+    add_arguments(serve, EngineConfig)
+    add_arguments(serve, ServerConfig)
+    serve.set_defaults(func=cmd_serve)
+
+    embed = sub.add_parser("embed", parents=[common], help="client: embed texts on a running server, print JSON",
+                           description="Send texts to a running attnserve server and print their sentence "
+                                       "embeddings as JSON.")
+    embed.add_argument("texts", nargs="+", metavar="TEXT", help="texts to embed; a single - reads lines from stdin")
+    embed.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                       help="L2-normalise (default: as the model's own pipeline does)")
+    embed.add_argument("--pooling", choices=("default", "mean", "cls"), default="default",
+                       help="sentence pooling (default: the model's own)")
+    embed.add_argument("--truncate", action="store_true",
+                       help="cut texts longer than max_seq_length instead of failing")
+    embed.add_argument("--token-embeddings", action="store_true", help="also print per-token embeddings")
+    add_arguments(embed, ClientConfig)
+    embed.set_defaults(func=cmd_embed)
+
+    attention = sub.add_parser("attention", parents=[common], help="client: draw an attention heatmap of a text",
+                               description="Fetch one layer's attention weights for TEXT from a running server "
+                                           "and draw them as a heatmap labelled with its word pieces.")
+    attention.add_argument("text", help="the text (truncated at max_seq_length)")
+    attention.add_argument("--layer", type=int, default=-1, help="layer index; negative counts from the end "
+                                                                  "(default -1, the last)")
+    attention.add_argument("--head", type=int, default=None, help="head index (default: the mean of all heads)")
+    attention.add_argument("-o", "--output", required=True, help="image to write: .png, .svg or .pdf")
+    add_arguments(attention, ClientConfig)
+    attention.set_defaults(func=cmd_attention)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level or "WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     warnings.filterwarnings("ignore")  # library deprecation chatter is not for users of the CLI
     try:
         return args.func(args)

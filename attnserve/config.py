@@ -45,6 +45,68 @@ class EngineConfig:
             raise ConfigError("max_batch_tokens and max_batch_size must be positive")
 
 
+@dataclass
+class ServerConfig:
+    host: str = setting("0.0.0.0", "ATTNSERVE_HOST", "address to listen on")
+    port: int = setting(50051, "ATTNSERVE_PORT", "gRPC port; 0 picks a free one")
+    metrics_port: int = setting(
+        9000, "ATTNSERVE_METRICS_PORT", "Prometheus /metrics HTTP port; 0 picks a free one, -1 turns metrics off")
+    max_wait_ms: float = setting(
+        2.0, "ATTNSERVE_MAX_WAIT_MS",
+        "longest wait to fill a batch when the queue holds less than a full one (never when it holds one)")
+    # About 8 s of work for MiniLM on a 2-core CPU, and 64 clients x 4 inputs x 256 tokens:
+    # legitimate bursts fit, a flood is shed at once instead of queueing for minutes.
+    max_queue_tokens: int = setting(
+        65536, "ATTNSERVE_MAX_QUEUE_TOKENS", "tokens waiting in the queue; a request that does not fit gets "
+                                             "RESOURCE_EXHAUSTED at once")
+    max_inputs_per_request: int = setting(256, "ATTNSERVE_MAX_INPUTS_PER_REQUEST", "most inputs in one request")
+    max_request_bytes: int = setting(
+        4 * 1024 * 1024, "ATTNSERVE_MAX_REQUEST_BYTES", "largest request message accepted")
+    max_response_bytes: int = setting(
+        64 * 1024 * 1024, "ATTNSERVE_MAX_RESPONSE_BYTES",
+        "largest response message sent; a request whose reply would be larger is refused before it runs")
+    grace_seconds: float = setting(
+        20.0, "ATTNSERVE_GRACE_SECONDS", "on SIGTERM/SIGINT, how long requests in flight may take to finish")
+    tls_cert: str | None = setting(None, "ATTNSERVE_TLS_CERT", "PEM certificate chain: serve TLS")
+    tls_key: str | None = setting(None, "ATTNSERVE_TLS_KEY", "PEM private key of --tls-cert")
+    tls_client_ca: str | None = setting(
+        None, "ATTNSERVE_TLS_CLIENT_CA", "PEM CA bundle: require client certificates signed by it (mutual TLS)")
+    log_format: str = setting("json", "ATTNSERVE_LOG_FORMAT", "log lines as JSON objects or plain text",
+                              choices=("json", "text"))
+
+    def __post_init__(self) -> None:
+        for name in ("port", "max_queue_tokens", "max_inputs_per_request", "max_request_bytes",
+                     "max_response_bytes"):
+            if getattr(self, name) < (0 if name == "port" else 1):
+                raise ConfigError(f"{name} must be {'>= 0' if name == 'port' else 'positive'}, "
+                                  f"got {getattr(self, name)}")
+        if self.metrics_port < -1:
+            raise ConfigError(f"metrics_port must be >= -1, got {self.metrics_port}")
+        if self.max_wait_ms < 0 or self.grace_seconds < 0:
+            raise ConfigError("max_wait_ms and grace_seconds must be >= 0")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("TLS needs both --tls-cert and --tls-key")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ConfigError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+
+
+@dataclass
+class ClientConfig:
+    target: str = setting("localhost:50051", "ATTNSERVE_TARGET", "server address, host:port")
+    timeout: float = setting(60.0, "ATTNSERVE_TIMEOUT", "seconds before a call gives up (DEADLINE_EXCEEDED)")
+    tls: bool = setting(False, "ATTNSERVE_TLS", "connect with TLS (implied by --tls-ca or --tls-cert)")
+    tls_ca: str | None = setting(None, "ATTNSERVE_TLS_CA", "PEM CA bundle that signed the server's certificate "
+                                                           "(default: the system's roots)")
+    tls_cert: str | None = setting(None, "ATTNSERVE_TLS_CLIENT_CERT", "PEM client certificate, for mutual TLS")
+    tls_key: str | None = setting(None, "ATTNSERVE_TLS_CLIENT_KEY", "PEM private key of --tls-cert")
+
+    def __post_init__(self) -> None:
+        if self.timeout <= 0:
+            raise ConfigError(f"timeout must be positive, got {self.timeout}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("a client certificate needs both --tls-cert and --tls-key")
+
+
 def _parse(f: dataclasses.Field, raw: str, source: str) -> Any:
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     try:

@@ -1,0 +1,162 @@
+"""A small synchronous Python client for attnserve.v1.Encoder that returns numpy arrays.
+
+    from attnserve.client import Client
+
+    with Client("localhost:50051") as client:
+        vectors = client.embed(["a sentence", "another one"])        # (2, 384) float32
+        result = client.attention("The cat sat.", layers=[-1])        # .attentions (1, 12, T, T), .tokens
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import grpc
+import numpy as np
+
+from attnserve.config import ClientConfig
+from attnserve.errors import AttnserveError, ConfigError
+from attnserve.v1 import encoder_pb2 as pb
+from attnserve.v1 import encoder_pb2_grpc
+
+DTYPES = {pb.FLOAT32: np.dtype("<f4"), pb.FLOAT16: np.dtype("<f2")}
+POOLING = {None: pb.POOLING_DEFAULT, "default": pb.POOLING_DEFAULT, "mean": pb.MEAN, "cls": pb.CLS}
+
+Input = str | Sequence[int]  # a text, or token ids with special tokens included
+
+
+class RequestError(AttnserveError):
+    """The server answered with an error status; code is the grpc.StatusCode."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self.code, self.details = code, details
+
+
+@dataclass
+class EmbeddingResult:
+    sentence_embedding: np.ndarray  # (H,)
+    num_tokens: int
+    truncated: bool
+    tokens: list[str]  # word pieces, when token embeddings or attention were asked for
+    token_embeddings: np.ndarray | None = None  # (T, H)
+    attentions: np.ndarray | None = None  # (layers, heads or 1, T, T)
+
+
+def to_array(tensor: pb.Tensor) -> np.ndarray:
+    if tensor.dtype not in DTYPES:
+        raise AttnserveError(f"unknown tensor dtype {tensor.dtype} in the reply")
+    dtype = DTYPES[tensor.dtype]
+    shape = tuple(tensor.shape)
+    if len(tensor.data) != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
+        raise AttnserveError(f"reply tensor of shape {shape} carries {len(tensor.data)} bytes")
+    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+
+
+def to_result(embedding: pb.Embedding) -> EmbeddingResult:
+    return EmbeddingResult(
+        sentence_embedding=to_array(embedding.sentence_embedding),
+        num_tokens=embedding.num_tokens,
+        truncated=embedding.truncated,
+        tokens=list(embedding.tokens),
+        token_embeddings=to_array(embedding.token_embeddings) if embedding.HasField("token_embeddings") else None,
+        attentions=to_array(embedding.attentions) if embedding.HasField("attentions") else None,
+    )
+
+
+def make_request(inputs: Sequence[Input], *, normalize: bool | None = None, pooling: str | None = None,
+                 truncate: bool = False, token_embeddings: bool = False, attention_layers: Sequence[int] | None = None,
+                 average_heads: bool = False) -> pb.EmbedRequest:
+    """attention_layers None: no attention weights; [] : the last layer; negative indices count from the end."""
+    if isinstance(inputs, str):
+        raise TypeError("inputs must be a list of texts (or token id lists), not a single string")
+    if pooling not in POOLING:
+        raise ConfigError(f"pooling {pooling!r} is not one of default, mean, cls")
+    request = pb.EmbedRequest(pooling=POOLING[pooling], truncate=truncate, return_token_embeddings=token_embeddings)
+    if normalize is not None:
+        request.normalize = normalize
+    for item in inputs:
+        if isinstance(item, str):
+            request.inputs.add(text=item)
+        else:
+            request.inputs.add(token_ids=pb.TokenIds(ids=[int(i) for i in item]))
+    if attention_layers is not None:
+        request.attention.SetInParent()
+        request.attention.layers.extend(attention_layers)
+        request.attention.average_heads = average_heads
+    return request
+
+
+def channel_credentials(config: ClientConfig) -> grpc.ChannelCredentials | None:
+    if not (config.tls or config.tls_ca or config.tls_cert):
+        return None
+    try:
+        ca = Path(config.tls_ca).read_bytes() if config.tls_ca else None
+        key = Path(config.tls_key).read_bytes() if config.tls_key else None
+        cert = Path(config.tls_cert).read_bytes() if config.tls_cert else None
+    except OSError as e:
+        raise ConfigError(f"TLS file unreadable: {e.filename}: {e.strerror}") from None
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+# The server bounds its replies (max_response_bytes); the client takes whatever it is sent.
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+
+
+class Client:
+    def __init__(self, target: str | None = None, config: ClientConfig | None = None):
+        self.config = config or ClientConfig()
+        if target:
+            self.config.target = target
+        credentials = channel_credentials(self.config)
+        self._channel = (grpc.secure_channel(self.config.target, credentials, CHANNEL_OPTIONS) if credentials
+                         else grpc.insecure_channel(self.config.target, CHANNEL_OPTIONS))
+        self._stub = encoder_pb2_grpc.EncoderStub(self._channel)
+
+    def embed(self, inputs: Sequence[Input], *, normalize: bool | None = None, pooling: str | None = None,
+              truncate: bool = False, timeout: float | None = None) -> np.ndarray:
+        """Sentence embeddings, (N, H) float32, in input order. normalize None: as the model does."""
+        reply = self._call(self._stub.Embed, make_request(inputs, normalize=normalize, pooling=pooling,
+                                                          truncate=truncate), timeout)
+        return np.stack([to_array(e.sentence_embedding) for e in reply.embeddings])
+
+    def encode(self, inputs: Sequence[Input], timeout: float | None = None, **options) -> list[EmbeddingResult]:
+        """Everything the server returns per input; options as make_request takes them."""
+        reply = self._call(self._stub.Embed, make_request(inputs, **options), timeout)
+        return [to_result(e) for e in reply.embeddings]
+
+    def attention(self, text: Input, layers: Sequence[int] = (), *, average_heads: bool = False,
+                  truncate: bool = True, timeout: float | None = None) -> EmbeddingResult:
+        """Attention weights of one input: .attentions (layers, heads or 1, T, T), labelled by .tokens."""
+        return self.encode([text], timeout, attention_layers=list(layers), average_heads=average_heads,
+                           truncate=truncate)[0]
+
+    def embed_stream(self, batches: Iterable[Sequence[Input]], *, timeout: float | None = None, **options
+                     ) -> Iterator[np.ndarray]:
+        """One (n, H) array per batch, in order, over one EmbedStream call; batches in flight are pipelined."""
+        requests = (make_request(batch, **options) for batch in batches)
+        try:
+            for reply in self._stub.EmbedStream(requests, timeout=timeout or self.config.timeout):
+                yield np.stack([to_array(e.sentence_embedding) for e in reply.embeddings])
+        except grpc.RpcError as e:
+            raise RequestError(e.code(), e.details() or "") from None
+
+    def model_info(self, timeout: float | None = None) -> pb.ModelInfo:
+        return self._call(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+
+    def _call(self, method, request, timeout: float | None):
+        try:
+            return method(request, timeout=timeout or self.config.timeout)
+        except grpc.RpcError as e:
+            raise RequestError(e.code(), e.details() or "") from None
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,153 @@
+"""The grpc.aio server: encoder service, health, reflection, TLS, metrics, graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from attnserve.config import EngineConfig, ServerConfig
+from attnserve.engine.engine import Engine
+from attnserve.engine.tokenizer import TokenizedInput
+from attnserve.errors import ConfigError
+
+from .batcher import Batcher, BatcherLimits
+from .metrics import Metrics
+from .service import SERVICE_NAME, EncoderService, rpc_handlers
+
+log = logging.getLogger("attnserve.server")
+
+# Room for the reply's framing beyond max_response_bytes, which the request check estimates.
+RESPONSE_SLACK_BYTES = 1 << 20
+# Threads for tokenization and reply serialization (the event loop does neither).
+IO_THREADS = 4
+
+
+def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    if not config.tls_cert:
+        return None
+    try:
+        key, cert = Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes()
+        ca = Path(config.tls_client_ca).read_bytes() if config.tls_client_ca else None
+    except OSError as e:
+        raise ConfigError(f"TLS file unreadable: {e.filename}: {e.strerror}") from None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+def warm_up(engine: Engine) -> None:
+    """Run every graph once at a small and a full-budget shape, so the first request does not pay for it."""
+    budget = engine.config.max_batch_tokens
+    T = min(engine.manifest.max_seq_length, budget)
+    ids = np.full(T, 1000, dtype=np.int64)
+    for attention in (False, True):
+        for rows, length in ((1, 8), (max(1, min(budget // T, engine.config.max_batch_size)), T)):
+            if attention and rows > 1:
+                rows = 2  # the attention graph's outputs grow with T^2: a small batch warms it enough
+            engine.run([TokenizedInput(ids[:length], False)] * rows, attention=attention)
+
+
+class Server:
+    """One serving process: started by start(), stopped by stop(); `attnserve serve` runs serve()."""
+
+    def __init__(self, engine: Engine, config: ServerConfig):
+        self.engine, self.config = engine, config
+        self.metrics = Metrics()
+        self._inference = ThreadPoolExecutor(1, thread_name_prefix="attnserve-inference")
+        self._io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="attnserve-io")
+        self.health = health.aio.HealthServicer()
+        self.port = self.metrics_port = None
+        self._metrics_http = None
+        self._grpc: grpc.aio.Server | None = None
+        self.batcher: Batcher | None = None
+
+    async def start(self) -> None:
+        config, engine = self.config, self.engine
+        self.batcher = Batcher(engine.run, BatcherLimits(
+            engine.config.max_batch_tokens, engine.config.max_batch_size, config.max_queue_tokens,
+            config.max_wait_ms / 1e3), self.metrics, self._inference)
+        if config.max_queue_tokens < engine.manifest.max_seq_length:
+            raise ConfigError(f"max_queue_tokens {config.max_queue_tokens} cannot hold one input of "
+                              f"max_seq_length {engine.manifest.max_seq_length}")
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", config.max_request_bytes),
+            ("grpc.max_send_message_length", config.max_response_bytes + RESPONSE_SLACK_BYTES),
+            ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
+        ])
+        server.add_generic_rpc_handlers((rpc_handlers(EncoderService(
+            engine, self.batcher, config, self.metrics, self._io)),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        for service in ("", SERVICE_NAME):  # SERVING only after warm-up
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server)
+        address = f"{config.host}:{config.port}"
+        credentials = server_credentials(config)
+        try:
+            self.port = (server.add_secure_port(address, credentials) if credentials
+                         else server.add_insecure_port(address))
+        except RuntimeError as e:
+            raise ConfigError(f"cannot listen on {address}: {e}") from None
+        if not self.port:
+            raise ConfigError(f"cannot listen on {address} (in use, or not an address of this machine?)")
+        if config.metrics_port >= 0:
+            from prometheus_client import start_http_server
+
+            try:
+                self._metrics_http, _ = start_http_server(config.metrics_port, config.host,
+                                                          registry=self.metrics.registry)
+            except OSError as e:
+                raise ConfigError(f"cannot serve metrics on {config.host}:{config.metrics_port}: {e.strerror}") from None
+            self.metrics_port = self._metrics_http.server_port
+        self._grpc = server
+        await server.start()
+        self.batcher.start()
+        started = time.perf_counter()
+        await asyncio.get_running_loop().run_in_executor(self._inference, warm_up, engine)
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving", extra={"fields": {
+            "event": "serving", "model": engine.manifest.model, "provider": engine.provider,
+            "precision": engine.precision, "address": f"{config.host}:{self.port}", "tls": credentials is not None,
+            "mutual_tls": bool(config.tls_client_ca), "metrics_port": self.metrics_port,
+            "warm_up_ms": round((time.perf_counter() - started) * 1e3)}})
+
+    async def stop(self) -> None:
+        """Drain: NOT_SERVING first, then no new RPCs, then requests in flight finish within the grace period."""
+        log.info("draining", extra={"fields": {"event": "draining", "grace_seconds": self.config.grace_seconds}})
+        await self.health.enter_graceful_shutdown()
+        if self._grpc is not None:
+            await self._grpc.stop(self.config.grace_seconds)
+        if self.batcher is not None:
+            self.batcher.close()
+            await self.batcher.join()
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+        self._io.shutdown(wait=False)
+        self._inference.shutdown(wait=True)
+        log.info("stopped", extra={"fields": {"event": "stopped"}})
+
+
+async def serve(engine_config: EngineConfig, config: ServerConfig, artifacts: Path) -> int:
+    """Serve until SIGTERM or SIGINT, then drain and return 0."""
+    engine = Engine.from_directory(artifacts, engine_config, attention=True)
+    server = Server(engine, config)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    try:
+        await server.start()
+        await stopping.wait()
+    finally:
+        await server.stop()
+    return 0

@@ -1,0 +1,277 @@
+"""The batcher: the only owner of the queue.
+
+Every input of every request enters one queue (two lanes: inputs that asked
+for attention weights run the attention graph, the rest the fastest
+embeddings graph). One task owns it, as TEI's queue does: handlers only
+append and await their futures. The owner
+
+  1. waits until something is queued, then up to max_wait for a full batch,
+     measured from the oldest input's arrival, so nothing that already
+     waited through a running batch waits again;
+  2. drops inputs whose request was cancelled or whose deadline passed;
+  3. sorts the oldest waiting inputs of the oldest input's lane by length,
+     plans batches under the padded-token budget (max_len x n <=
+     max_batch_tokens, n <= max_batch_size) and runs the batch that holds the
+     oldest input, so long inputs cannot starve and padding stays small;
+  4. hands each caller its rows, or, if the run failed, an error to the
+     callers in that batch only.
+
+Admission is bounded in tokens: a request that does not fit gets
+QueueFullError at once, never a silent wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from attnserve.engine.batching import plan_batches
+from attnserve.engine.engine import BatchOutput
+from attnserve.engine.tokenizer import TokenizedInput
+from attnserve.errors import InvalidInputError
+
+from .errors import BatchFailedError, DeadlineExpiredError, QueueFullError, ShuttingDownError
+from .metrics import Metrics
+
+log = logging.getLogger("attnserve.batcher")
+
+# How many of the oldest waiting inputs one batch is planned from: enough to
+# find inputs of similar length, few enough that planning stays ~2 ms on the
+# event loop even when the queue holds thousands.
+PLAN_WINDOW = 256
+
+
+@dataclass(frozen=True)
+class BatcherLimits:
+    max_batch_tokens: int
+    max_batch_size: int
+    max_queue_tokens: int
+    max_wait_s: float
+
+
+@dataclass
+class RowOutput:
+    """One input's share of a batch: views into the batch's arrays, padding cut off."""
+
+    sentence_embedding: np.ndarray  # (H,) the model's pooling, not normalised
+    token_embeddings: np.ndarray  # (T, H)
+    attentions: np.ndarray | None  # (L, nh, T, T) when the attention graph ran
+
+
+@dataclass(eq=False)
+class _Request:
+    deadline: float | None  # time.monotonic() value
+    waiting: int  # its inputs still in the queue
+
+
+@dataclass(eq=False)
+class _Entry:
+    seq: int  # arrival order
+    input: TokenizedInput
+    attention: bool
+    request: _Request
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+RunBatch = Callable[[Sequence[TokenizedInput], bool], BatchOutput]
+
+
+class Batcher:
+    def __init__(self, run_batch: RunBatch, limits: BatcherLimits, metrics: Metrics, executor: Executor):
+        """run_batch is Engine.run; it is called in executor, one batch at a time."""
+        self._run_batch, self.limits, self._metrics, self._executor = run_batch, limits, metrics, executor
+        # Per lane (attention or not), insertion-ordered: the first entry is the oldest.
+        self._lanes: dict[bool, dict[int, _Entry]] = {False: {}, True: {}}
+        self._lane_tokens = {False: 0, True: 0}
+        self._queued_requests = 0
+        self._seq = itertools.count()
+        self._arrived = asyncio.Event()
+        self._closed = False
+        self._running = False
+        self._task: asyncio.Task | None = None
+
+    # --- the handlers' side -------------------------------------------------
+
+    @property
+    def queued_tokens(self) -> int:
+        return self._lane_tokens[False] + self._lane_tokens[True]
+
+    async def submit(self, inputs: Sequence[TokenizedInput], attention: bool, deadline: float | None
+                     ) -> list[RowOutput]:
+        """Queue one request's inputs and wait for their rows, in the order given.
+
+        Cancelling the awaiting task (client gone, deadline passed) drops the
+        inputs that have not run yet.
+        """
+        if self._closed:
+            raise ShuttingDownError("the server is shutting down; retry on another replica")
+        tokens = sum(len(x) for x in inputs)
+        capacity = self.limits.max_queue_tokens
+        if tokens > capacity:
+            raise InvalidInputError(
+                f"the request holds {tokens} tokens, more than the server's whole queue ({capacity}); split it")
+        if self.queued_tokens + tokens > capacity:
+            self._metrics.dropped.labels("queue_full").inc(len(inputs))
+            raise QueueFullError(
+                f"queue full: {self.queued_tokens} of {capacity} tokens waiting, this request needs {tokens}; "
+                "retry with backoff")
+        if deadline is not None and deadline <= time.monotonic():
+            raise DeadlineExpiredError("the deadline passed before the request was queued")
+        loop = asyncio.get_running_loop()
+        request = _Request(deadline, len(inputs))
+        entries = [_Entry(next(self._seq), x, attention, request, loop.create_future()) for x in inputs]
+        lane = self._lanes[attention]
+        for entry in entries:
+            lane[entry.seq] = entry
+            entry.future.add_done_callback(lambda _, entry=entry: self._remove(entry, "cancelled"))
+        self._lane_tokens[attention] += tokens
+        self._queued_requests += 1
+        self._update_gauges()
+        self._arrived.set()
+        try:
+            return list(await asyncio.gather(*(e.future for e in entries)))
+        except BaseException:
+            # Cancelled, or one input's batch failed: what has not run yet must not cost compute.
+            for entry in entries:
+                entry.future.cancel()
+            raise
+
+    # --- the owner ----------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._own_queue(), name="attnserve-batcher")
+
+    def close(self) -> None:
+        """Take no new requests; what is queued still runs."""
+        self._closed = True
+        self._arrived.set()
+
+    async def join(self) -> None:
+        """Wait until the queue is empty and the owner has stopped (after close)."""
+        if self._task is not None:
+            await self._task
+
+    async def _own_queue(self) -> None:
+        while True:
+            if not self._lanes[False] and not self._lanes[True]:
+                if self._closed:
+                    return
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            await self._wait_to_fill()
+            taken = self._take_batch()
+            if taken:
+                await self._run(taken)
+
+    def _oldest_lane(self) -> bool:
+        heads = [(next(iter(lane)), attention) for attention, lane in self._lanes.items() if lane]
+        return min(heads)[1]
+
+    def _full(self, attention: bool) -> bool:
+        return (self._lane_tokens[attention] >= self.limits.max_batch_tokens
+                or len(self._lanes[attention]) >= self.limits.max_batch_size)
+
+    async def _wait_to_fill(self) -> None:
+        while not self._closed and (self._lanes[False] or self._lanes[True]):
+            attention = self._oldest_lane()
+            if self._full(attention):
+                return
+            oldest = next(iter(self._lanes[attention].values()))
+            left = oldest.enqueued + self.limits.max_wait_s - time.monotonic()
+            if left <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except asyncio.TimeoutError:
+                return
+
+    def _take_batch(self) -> list[_Entry]:
+        """Remove and return the next batch: the oldest input and those of similar length."""
+        if not self._lanes[False] and not self._lanes[True]:
+            return []
+        lane = self._lanes[self._oldest_lane()]
+        now = time.monotonic()
+        candidates = []
+        for entry in list(itertools.islice(lane.values(), PLAN_WINDOW)):
+            deadline = entry.request.deadline
+            if deadline is not None and deadline <= now:
+                self._remove(entry, "deadline")
+                entry.future.set_exception(DeadlineExpiredError("the deadline passed while the request was queued"))
+            else:
+                candidates.append(entry)
+        if not candidates:
+            return []
+        lengths = np.fromiter((len(e.input) for e in candidates), dtype=np.int64, count=len(candidates))
+        plan = plan_batches(lengths, self.limits.max_batch_tokens, self.limits.max_batch_size)
+        # candidates[0] is the oldest: run the batch that holds it.
+        chosen = next(batch for batch in plan if 0 in batch)
+        taken = [candidates[i] for i in sorted(chosen)]
+        for entry in taken:
+            self._remove(entry, None)
+        return taken
+
+    def _remove(self, entry: _Entry, reason: str | None) -> None:
+        """Take an entry out of the queue, once; reason is why it will not run, None when it will."""
+        if self._lanes[entry.attention].pop(entry.seq, None) is None:
+            return
+        self._lane_tokens[entry.attention] -= len(entry.input)
+        entry.request.waiting -= 1
+        if entry.request.waiting == 0:
+            self._queued_requests -= 1
+        if reason is not None:
+            self._metrics.dropped.labels(reason).inc()
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        self._metrics.queue_tokens.set(self.queued_tokens)
+        self._metrics.queue_requests.set(self._queued_requests)
+
+    async def _run(self, batch: list[_Entry]) -> None:
+        attention = batch[0].attention
+        graph = "attention" if attention else "embeddings"
+        started = time.monotonic()
+        for entry in batch:
+            self._metrics.queue_seconds.observe(started - entry.enqueued)
+        inputs = [e.input for e in batch]
+        tokens = sum(len(x) for x in inputs)
+        cells = max(len(x) for x in inputs) * len(inputs)
+        try:
+            out = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._run_batch, inputs, attention)
+            if len(out.sentence_embedding) != len(batch):
+                raise RuntimeError(f"the session returned {len(out.sentence_embedding)} rows for {len(batch)} inputs")
+        except Exception as error:
+            self._metrics.failed_batches.inc()
+            log.error("batch failed", exc_info=error,
+                      extra={"fields": {"event": "batch_failed", "graph": graph, "size": len(batch), "tokens": tokens}})
+            failure = BatchFailedError(
+                f"the batch this request ran in failed ({type(error).__name__}); the server is still serving, "
+                "retry the request")
+            for entry in batch:
+                if not entry.future.done():
+                    entry.future.set_exception(failure)
+            return
+        seconds = time.monotonic() - started
+        self._metrics.observe_batch(graph, len(batch), tokens, cells, seconds)
+        log.debug("batch", extra={"fields": {
+            "event": "batch", "graph": graph, "size": len(batch), "tokens": tokens, "cells": cells,
+            "padding": round((cells - tokens) / cells, 4), "ms": round(seconds * 1e3, 2),
+            "queued_tokens": self.queued_tokens}})
+        for row, entry in enumerate(batch):
+            if entry.future.done():  # its request was cancelled while the batch ran
+                continue
+            n = len(entry.input)
+            entry.future.set_result(RowOutput(
+                out.sentence_embedding[row],
+                out.last_hidden_state[row, :n],
+                out.attentions[:, row, :, :n, :n] if out.attentions is not None else None))

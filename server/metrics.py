@@ -1,0 +1,52 @@
+"""Prometheus metrics, as DESIGN.md lists them, in a registry of the server's own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Seconds: from a sub-millisecond idle request to a queue that is shedding load.
+LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("attnserve_requests", "Requests answered, by method and status code",
+                                ["method", "code"], registry=r)
+        self.request_seconds = Histogram("attnserve_request_duration_seconds", "Total time of a request",
+                                         ["method"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_seconds = Histogram("attnserve_queue_duration_seconds",
+                                       "Time an input waited in the queue before its batch started",
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.inference_seconds = Histogram("attnserve_inference_duration_seconds",
+                                           "Time of one batch in onnxruntime", ["graph"],
+                                           buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("attnserve_batch_size", "Inputs in a batch", ["graph"],
+                                    buckets=SIZE_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("attnserve_batch_tokens", "Real tokens in a batch", ["graph"],
+                                      buckets=TOKEN_BUCKETS, registry=r)
+        self.tokens = Counter("attnserve_batch_tokens_computed", "Real tokens computed", registry=r)
+        self.cells = Counter("attnserve_batch_cells_computed",
+                             "Token cells computed, padding included (batch size x longest input)", registry=r)
+        self.padding_fraction = Gauge("attnserve_padding_fraction",
+                                      "Padded cells / all cells computed, since the server started", registry=r)
+        self.queue_requests = Gauge("attnserve_queue_depth_requests", "Requests with inputs waiting in the queue",
+                                    registry=r)
+        self.queue_tokens = Gauge("attnserve_queue_depth_tokens", "Tokens waiting in the queue", registry=r)
+        self.dropped = Counter("attnserve_inputs_dropped", "Inputs dropped before they ran, by reason",
+                               ["reason"], registry=r)
+        self.failed_batches = Counter("attnserve_batches_failed", "Batches whose session run failed", registry=r)
+        self._tokens_total = self._cells_total = 0  # the gauge's running ratio; counters are write-only
+
+    def observe_batch(self, graph: str, size: int, tokens: int, cells: int, seconds: float) -> None:
+        self.inference_seconds.labels(graph).observe(seconds)
+        self.batch_size.labels(graph).observe(size)
+        self.batch_tokens.labels(graph).observe(tokens)
+        self.tokens.inc(tokens)
+        self.cells.inc(cells)
+        self._tokens_total += tokens
+        self._cells_total += cells
+        self.padding_fraction.set((self._cells_total - self._tokens_total) / self._cells_total)

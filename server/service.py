@@ -1,0 +1,167 @@
+"""The attnserve.v1.Encoder servicer: validate -> batcher -> reply. No batching or model logic lives here.
+
+Tokenization and reply serialization run in a thread pool, never on the event
+loop; Embed and EmbedStream therefore hand grpc already-serialized bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import Executor
+from typing import AsyncIterator
+
+import grpc
+
+from attnserve import __version__
+from attnserve.config import ServerConfig
+from attnserve.engine.engine import Engine
+from attnserve.errors import AttnserveError
+from attnserve.v1 import encoder_pb2 as pb
+from attnserve.v1 import encoder_pb2_grpc
+
+from .batcher import Batcher
+from .errors import status_for
+from .metrics import Metrics
+from .requests import prepare
+from .responses import serialize_reply
+
+log = logging.getLogger("attnserve.server")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Encoder"].full_name  # "attnserve.v1.Encoder"
+
+# Requests of one stream in flight at once: enough to fill batches from a
+# single streaming client, bounded so a fast sender cannot queue without limit.
+STREAM_WINDOW = 64
+
+
+class EncoderService(encoder_pb2_grpc.EncoderServicer):
+    def __init__(self, engine: Engine, batcher: Batcher, config: ServerConfig, metrics: Metrics, executor: Executor):
+        self._engine, self._batcher, self._config = engine, batcher, config
+        self._metrics, self._executor = metrics, executor
+
+    async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> bytes:
+        start, code, tokens = time.perf_counter(), grpc.StatusCode.OK, 0
+        try:
+            reply, tokens = await self._embed(request, context)
+            return reply
+        except asyncio.CancelledError:
+            code = _cancel_code(context)
+            raise
+        except Exception as error:
+            code, message = status_for(error)
+            await context.abort(code, message)
+        finally:
+            self._record("Embed", code, start, len(request.inputs), tokens, context)
+
+    async def EmbedStream(self, requests: AsyncIterator[pb.EmbedRequest], context: grpc.aio.ServicerContext
+                          ) -> AsyncIterator[bytes]:
+        """Requests are taken as they come and run concurrently; replies go back in request order."""
+        start, code, answered, tokens = time.perf_counter(), grpc.StatusCode.OK, 0, 0
+        window: asyncio.Queue = asyncio.Queue(STREAM_WINDOW)
+
+        async def read() -> None:
+            index = 0
+            try:
+                async for request in requests:
+                    await window.put(asyncio.ensure_future(self._embed(request, context, f"request {index}: ")))
+                    index += 1
+                await window.put(None)
+            except Exception as error:  # the client's stream broke
+                await window.put(error)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (item := await window.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                reply, n = await item
+                tokens += n
+                answered += 1
+                yield reply
+        except asyncio.CancelledError:
+            code = _cancel_code(context)
+            raise
+        except Exception as error:
+            code, message = status_for(error)
+            await context.abort(code, message)
+        finally:
+            reader.cancel()
+            while not window.empty():
+                _discard(window.get_nowait())
+            self._record("EmbedStream", code, start, answered, tokens, context)
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
+        m, engine, config, limits = self._engine.manifest, self._engine, self._config, self._batcher.limits
+        self._metrics.requests.labels("GetModelInfo", "OK").inc()
+        return pb.ModelInfo(
+            model=m.model, hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
+            max_seq_length=m.max_seq_length, vocab_size=m.vocab_size, pooling=m.pooling, normalize=m.normalize,
+            provider=engine.provider, precision=engine.precision, version=__version__,
+            limits=pb.ServerLimits(
+                max_inputs_per_request=config.max_inputs_per_request, max_batch_tokens=limits.max_batch_tokens,
+                max_batch_size=limits.max_batch_size, max_queue_tokens=limits.max_queue_tokens,
+                max_request_bytes=config.max_request_bytes, max_response_bytes=config.max_response_bytes,
+                max_wait_ms=limits.max_wait_s * 1e3))
+
+    async def _embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext, label: str = ""
+                     ) -> tuple[bytes, int]:
+        """One request through tokenizer, batcher and serializer: (serialized reply, its token count)."""
+        loop = asyncio.get_running_loop()
+        engine = self._engine
+        try:
+            prepared = await loop.run_in_executor(
+                self._executor, prepare, request, engine.tokenizer, engine.manifest,
+                self._config.max_inputs_per_request, self._config.max_response_bytes)
+            remaining = context.time_remaining()
+            deadline = time.monotonic() + remaining if remaining is not None else None
+            rows = await self._batcher.submit(prepared.inputs, prepared.options.attention, deadline)
+        except AttnserveError as error:
+            if label:  # name the request of a stream
+                raise type(error)(f"{label}{error}") from None
+            raise
+        reply = await loop.run_in_executor(
+            self._executor, serialize_reply, rows, prepared.inputs, prepared.options, engine.tokenizer,
+            engine.manifest.model)
+        return reply, sum(len(x) for x in prepared.inputs)
+
+    def _record(self, method: str, code: grpc.StatusCode, start: float, inputs: int, tokens: int,
+                context: grpc.aio.ServicerContext) -> None:
+        seconds = time.perf_counter() - start
+        self._metrics.requests.labels(method, code.name).inc()
+        self._metrics.request_seconds.labels(method).observe(seconds)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("request", extra={"fields": {
+                "event": "request", "method": method, "code": code.name, "inputs": inputs, "tokens": tokens,
+                "ms": round(seconds * 1e3, 2), "peer": context.peer()}})
+
+
+def _cancel_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    remaining = context.time_remaining()
+    return grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
+
+
+def _discard(item) -> None:
+    """Cancel a stream's request that will not be answered, and collect its error so none is logged as lost."""
+    if isinstance(item, asyncio.Future):
+        if item.done() and not item.cancelled():
+            item.exception()
+        item.cancel()
+
+
+def _passthrough(reply: bytes) -> bytes:
+    return reply
+
+
+def rpc_handlers(service: EncoderService) -> grpc.GenericRpcHandler:
+    """Like the generated add_EncoderServicer_to_server, except that Embed and EmbedStream return bytes."""
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, {
+        "Embed": grpc.unary_unary_rpc_method_handler(
+            service.Embed, request_deserializer=pb.EmbedRequest.FromString, response_serializer=_passthrough),
+        "EmbedStream": grpc.stream_stream_rpc_method_handler(
+            service.EmbedStream, request_deserializer=pb.EmbedRequest.FromString, response_serializer=_passthrough),
+        "GetModelInfo": grpc.unary_unary_rpc_method_handler(
+            service.GetModelInfo, request_deserializer=pb.GetModelInfoRequest.FromString,
+            response_serializer=pb.ModelInfo.SerializeToString),
+    })
