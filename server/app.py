@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +28,9 @@ log = logging.getLogger("attnserve.server")
 
 # Room for the reply's framing beyond max_response_bytes, which the request check estimates.
 RESPONSE_SLACK_BYTES = 1 << 20
+# On shutdown, how long no new call must arrive before grpc's own stop (whose late arrivals get CANCELLED),
+# and the most time spent waiting for that quiet once the requests in flight are done.
+DRAIN_QUIET_SECONDS, DRAIN_QUIET_LIMIT_SECONDS = 0.5, 3.0
 # Threads for tokenization and reply serialization (the event loop does neither).
 IO_THREADS = 4
 
@@ -40,6 +44,19 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     except OSError as e:
         raise ConfigError(f"TLS file unreadable: {e.filename}: {e.strerror}") from None
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Bind-test the port first: grpc's own failure is a multi-line core log, not a message for a user."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc does: TIME_WAIT is no obstacle
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError as e:
+            raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
 def warm_up(engine: Engine) -> None:
@@ -67,9 +84,11 @@ class Server:
         self._metrics_http = None
         self._grpc: grpc.aio.Server | None = None
         self.batcher: Batcher | None = None
+        self._service: EncoderService | None = None
 
     async def start(self) -> None:
         config, engine = self.config, self.engine
+        credentials = server_credentials(config)  # unreadable TLS files fail before anything starts
         self.batcher = Batcher(engine.run, BatcherLimits(
             engine.config.max_batch_tokens, engine.config.max_batch_size, config.max_queue_tokens,
             config.max_wait_ms / 1e3), self.metrics, self._inference)
@@ -81,8 +100,8 @@ class Server:
             ("grpc.max_send_message_length", config.max_response_bytes + RESPONSE_SLACK_BYTES),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
         ])
-        server.add_generic_rpc_handlers((rpc_handlers(EncoderService(
-            engine, self.batcher, config, self.metrics, self._io)),))
+        self._service = EncoderService(engine, self.batcher, config, self.metrics, self._io)
+        server.add_generic_rpc_handlers((rpc_handlers(self._service),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         for service in ("", SERVICE_NAME):  # SERVING only after warm-up
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -90,7 +109,7 @@ class Server:
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server)
         address = f"{config.host}:{config.port}"
-        credentials = server_credentials(config)
+        check_port_free(config.host, config.port)
         try:
             self.port = (server.add_secure_port(address, credentials) if credentials
                          else server.add_insecure_port(address))
@@ -121,20 +140,44 @@ class Server:
             "warm_up_ms": round((time.perf_counter() - started) * 1e3)}})
 
     async def stop(self) -> None:
-        """Drain: NOT_SERVING first, then no new RPCs, then requests in flight finish within the grace period."""
-        log.info("draining", extra={"fields": {"event": "draining", "grace_seconds": self.config.grace_seconds}})
+        """Drain: NOT_SERVING, new requests refused, requests in flight finish within the grace period.
+
+        New requests are refused by the service (UNAVAILABLE, which clients retry elsewhere) while the
+        listener stays open, and grpc's own stop comes only once the service is idle: grpc cancels calls
+        that arrive during its shutdown with CANCELLED (grpc/grpc#41785), which clients do not retry.
+        """
+        grace = self.config.grace_seconds
+        log.info("draining", extra={"fields": {"event": "draining", "grace_seconds": grace}})
+        end = time.monotonic() + grace
         await self.health.enter_graceful_shutdown()
-        if self._grpc is not None:
-            await self._grpc.stop(self.config.grace_seconds)
         if self.batcher is not None:
             self.batcher.close()
+        if self._service is not None:
+            if await self._service.wait_quiet(grace, quiet=0.0):  # the requests in flight are done
+                left = end - time.monotonic()
+                await self._service.wait_quiet(min(DRAIN_QUIET_LIMIT_SECONDS, left), DRAIN_QUIET_SECONDS)
+            else:
+                log.warning("grace period over; cancelling the requests still in flight",
+                            extra={"fields": {"event": "grace_expired"}})
+        if self._grpc is not None:
+            await self._grpc.stop(max(0.0, end - time.monotonic()))
+        if self.batcher is not None:
             await self.batcher.join()
+        self._release()
+        log.info("stopped", extra={"fields": {"event": "stopped"}})
+
+    async def abandon(self) -> None:
+        """After a failed start: release what was taken, without a drain (nothing was served)."""
+        if self._grpc is not None:
+            await self._grpc.stop(0)
+        self._release()
+
+    def _release(self) -> None:
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
         self._io.shutdown(wait=False)
         self._inference.shutdown(wait=True)
-        log.info("stopped", extra={"fields": {"event": "stopped"}})
 
 
 async def serve(engine_config: EngineConfig, config: ServerConfig, artifacts: Path) -> int:
@@ -147,6 +190,10 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, artifacts: Pa
         loop.add_signal_handler(sig, stopping.set)
     try:
         await server.start()
+    except BaseException:
+        await server.abandon()
+        raise
+    try:
         await stopping.wait()
     finally:
         await server.stop()

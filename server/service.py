@@ -40,9 +40,44 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
     def __init__(self, engine: Engine, batcher: Batcher, config: ServerConfig, metrics: Metrics, executor: Executor):
         self._engine, self._batcher, self._config = engine, batcher, config
         self._metrics, self._executor = metrics, executor
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+        self._last_call = time.monotonic()
+
+    async def wait_quiet(self, timeout: float, quiet: float) -> bool:
+        """Until no Embed or EmbedStream call is in progress and none began for `quiet` seconds.
+
+        False if timeout passed first.
+        """
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._idle.wait(), left)
+            except asyncio.TimeoutError:
+                return False
+            since = time.monotonic() - self._last_call
+            if since >= quiet:
+                return True
+            await asyncio.sleep(min(quiet - since, max(0.0, end - time.monotonic())))
+
+    def _enter(self) -> None:
+        self._in_flight += 1
+        self._last_call = time.monotonic()
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> bytes:
         start, code, tokens = time.perf_counter(), grpc.StatusCode.OK, 0
+        self._enter()
         try:
             reply, tokens = await self._embed(request, context)
             return reply
@@ -53,6 +88,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
             code, message = status_for(error)
             await context.abort(code, message)
         finally:
+            self._leave()
             self._record("Embed", code, start, len(request.inputs), tokens, context)
 
     async def EmbedStream(self, requests: AsyncIterator[pb.EmbedRequest], context: grpc.aio.ServicerContext
@@ -71,6 +107,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
             except Exception as error:  # the client's stream broke
                 await window.put(error)
 
+        self._enter()
         reader = asyncio.ensure_future(read())
         try:
             while (item := await window.get()) is not None:
@@ -90,6 +127,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
             reader.cancel()
             while not window.empty():
                 _discard(window.get_nowait())
+            self._leave()
             self._record("EmbedStream", code, start, answered, tokens, context)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:

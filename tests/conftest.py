@@ -86,3 +86,22 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
     assert len(lines) == 1, result.stderr
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope="session")
+def server(artifacts, tmp_path_factory):
+    """One `attnserve serve` process shared by the tests that leave it as they found it."""
+    from tests.serving import ServerProcess
+
+    process = ServerProcess(artifacts, log_path=tmp_path_factory.mktemp("server") / "server.log")
+    try:
+        process.wait_serving()
+        yield process
+    finally:
+        assert process.terminate() == 0, process.log_tail()
+
+
+@pytest.fixture(scope="session")
+def stub(server):
+    with server.channel() as channel:
+        yield server.stub(channel)

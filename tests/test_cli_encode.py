@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import numpy as np
@@ -9,11 +10,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from attnserve.cli import build_parser
 from attnserve.offline.encode import read_embeddings
 
 from .conftest import VARIED_TEXTS, assert_one_line_error, run_cli
 
-SUBCOMMANDS = ["export", "encode"]
+SUBCOMMANDS = sorted(next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices)
+
+
+def test_the_commands_design_promises_exist():
+    assert {"export", "encode", "serve", "embed", "attention"} <= set(SUBCOMMANDS)
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)

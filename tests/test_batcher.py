@@ -1,0 +1,181 @@
+"""The batcher on its own, around the real engine: what it batches together, what it drops, what it refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from attnserve.engine.tokenizer import TokenizedInput
+from attnserve.server.batcher import Batcher, BatcherLimits
+from attnserve.server.errors import BatchFailedError, DeadlineExpiredError, QueueFullError, ShuttingDownError
+from attnserve.server.metrics import Metrics
+
+POISON = 4242  # a token id that makes the recording runner's batch fail
+
+
+class RecordingRunner:
+    """Engine.run, recording each batch's lengths; a batch holding POISON fails like a broken session would."""
+
+    def __init__(self, engine, gate: threading.Event | None = None):
+        self.engine, self.gate, self.batches = engine, gate, []
+
+    def __call__(self, inputs, attention):
+        if self.gate is not None:
+            self.gate.wait(30)
+        self.batches.append(([len(x) for x in inputs], attention))
+        if any(POISON in x.ids for x in inputs):
+            raise RuntimeError("simulated onnxruntime failure")
+        return self.engine.run(inputs, attention)
+
+
+def item(length: int, token: int = 1000) -> TokenizedInput:
+    return TokenizedInput(np.array([101] + [token] * (length - 2) + [102], dtype=np.int64), False)
+
+
+def run(engine, scenario, gate=None, **limits):
+    """scenario(batcher, runner) inside a fresh event loop with a started batcher."""
+    runner = RecordingRunner(engine, gate)
+    settings = dict(max_batch_tokens=2048, max_batch_size=256, max_queue_tokens=65536, max_wait_s=0.002)
+    settings.update(limits)
+
+    async def main():
+        with ThreadPoolExecutor(1) as executor:
+            batcher = Batcher(runner, BatcherLimits(**settings), Metrics(), executor)
+            batcher.start()
+            try:
+                return await scenario(batcher, runner)
+            finally:
+                if gate is not None:
+                    gate.set()
+                batcher.close()
+                await batcher.join()
+
+    return asyncio.run(main()), runner
+
+
+def test_rows_come_back_in_request_order_and_equal_a_lone_run(engine):
+    inputs = [item(n) for n in (5, 200, 17, 64, 3, 128)]
+
+    async def scenario(batcher, runner):
+        return await batcher.submit(inputs, attention=False, deadline=None)
+
+    rows, _ = run(engine, scenario)
+    for x, row in zip(inputs, rows):
+        alone = engine.run([x])
+        assert row.token_embeddings.shape == (len(x), 384)
+        np.testing.assert_allclose(row.sentence_embedding, alone.sentence_embedding[0], atol=1e-5)
+
+
+def test_concurrent_requests_are_batched_by_length(engine):
+    rng = np.random.default_rng(0)
+    lengths = rng.choice([6, 7, 8, 30, 31, 32, 120, 128], size=64)
+
+    async def scenario(batcher, runner):
+        return await asyncio.gather(*(batcher.submit([item(int(n))], False, None) for n in lengths))
+
+    _, runner = run(engine, scenario, max_wait_s=0.05)
+    sizes = [len(b) for b, _ in runner.batches]
+    assert sum(sizes) == 64 and len(sizes) < 16  # batched, not one by one
+    cells = sum(max(b) * len(b) for b, _ in runner.batches)
+    assert 1 - lengths.sum() / cells <= 0.05  # similar lengths went together
+    for batch, _ in runner.batches:
+        assert max(batch) * len(batch) <= 2048 and len(batch) <= 256
+
+
+def test_a_full_queue_does_not_wait_and_a_small_one_waits_at_most_max_wait(engine):
+    async def scenario(batcher, runner):
+        start = time.monotonic()
+        await batcher.submit([item(16)] * 4, False, None)  # 64 tokens: a full batch
+        full = time.monotonic() - start
+        start = time.monotonic()
+        await batcher.submit([item(8)], False, None)
+        return full, time.monotonic() - start
+
+    (full, small), _ = run(engine, scenario, max_wait_s=0.5, max_batch_tokens=64)
+    assert full < 0.25 and 0.5 <= small < 1.5
+
+
+def test_a_failed_batch_fails_only_its_callers(engine):
+    async def scenario(batcher, runner):
+        poisoned = batcher.submit([item(5, token=POISON)], False, None)
+        other_length = batcher.submit([item(250)], False, None)  # planned into a batch of its own
+        other_graph = batcher.submit([item(5)], True, None)  # the attention graph: another batch
+        results = await asyncio.gather(poisoned, other_length, other_graph, return_exceptions=True)
+        after = await batcher.submit([item(9)], False, None)  # still serving
+        return results, after
+
+    (results, after), runner = run(engine, scenario, max_wait_s=0.05)
+    assert isinstance(results[0], BatchFailedError) and "retry" in str(results[0])
+    assert results[1][0].sentence_embedding.shape == (384,)
+    assert results[2][0].attentions.shape == (6, 12, 5, 5)
+    assert after[0].sentence_embedding.shape == (384,)
+
+
+def test_cancelled_requests_are_dropped_before_they_cost_compute(engine):
+    gate = threading.Event()
+
+    async def scenario(batcher, runner):
+        blocker = asyncio.ensure_future(batcher.submit([item(256)] * 8, False, None))  # holds the session
+        await asyncio.sleep(0.05)
+        doomed = asyncio.ensure_future(batcher.submit([item(256)] * 40, False, None))
+        await asyncio.sleep(0.05)
+        doomed.cancel()
+        await asyncio.sleep(0.01)
+        queued_after_cancel = batcher.queued_tokens
+        gate.set()
+        await blocker
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        return queued_after_cancel
+
+    queued, runner = run(engine, scenario, gate=gate)
+    assert queued == 0
+    assert sum(len(b) for b, _ in runner.batches) == 8  # only the blocker's inputs ran
+
+
+def test_expired_deadline_drops_queued_inputs(engine):
+    gate = threading.Event()
+
+    async def scenario(batcher, runner):
+        blocker = asyncio.ensure_future(batcher.submit([item(256)] * 8, False, None))
+        await asyncio.sleep(0.05)
+        with pytest.raises(DeadlineExpiredError):
+            await batcher.submit([item(64)] * 4, False, time.monotonic() - 1)  # already past
+        late = asyncio.ensure_future(batcher.submit([item(64)] * 4, False, time.monotonic() + 0.05))
+        await asyncio.sleep(0.1)
+        gate.set()
+        await blocker
+        with pytest.raises(DeadlineExpiredError):
+            await late
+
+    _, runner = run(engine, scenario, gate=gate)
+    assert sum(len(b) for b, _ in runner.batches) == 8
+
+
+def test_queue_full_is_refused_at_once_and_close_refuses_new_work(engine):
+    gate = threading.Event()
+
+    async def scenario(batcher, runner):
+        running = asyncio.ensure_future(batcher.submit([item(256)] * 4, False, None))  # taken into the batch
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(batcher.submit([item(200)] * 4, False, None))  # 800 of 1024 tokens
+        await asyncio.sleep(0.01)
+        start = time.monotonic()
+        with pytest.raises(QueueFullError, match="queue full: 800 of 1024 tokens waiting"):
+            await batcher.submit([item(300)], False, None)
+        refused_in = time.monotonic() - start
+        fits = asyncio.ensure_future(batcher.submit([item(200)], False, None))  # 1000 of 1024: accepted
+        await asyncio.sleep(0)  # let it enter the queue
+        batcher.close()
+        with pytest.raises(ShuttingDownError):
+            await batcher.submit([item(5)], False, None)
+        gate.set()
+        return refused_in, [len(r) for r in await asyncio.gather(running, queued, fits)]
+
+    (refused_in, answered), _ = run(engine, scenario, gate=gate, max_queue_tokens=1024)
+    assert refused_in < 0.01 and answered == [4, 4, 1]  # everything accepted is answered, even after close

@@ -1,0 +1,73 @@
+"""The client commands, `attnserve embed` and `attnserve attention`, and serve's start-up errors, as users run them."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+from tests.conftest import assert_one_line_error, run_cli
+
+
+def test_embed_prints_json_equal_to_the_engine(server, engine):
+    texts = ["A first text.", "Ünïcödé and emoji 🙂 in a second."]
+    result = run_cli("embed", *texts, "--target", server.target)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)["embeddings"]
+    assert [o["text"] for o in out] == texts
+    np.testing.assert_allclose(np.array([o["embedding"] for o in out]), engine.encode(texts).embeddings, atol=1e-6)
+    assert [o["num_tokens"] for o in out] == engine.encode(texts).num_tokens.tolist()
+
+
+def test_embed_reads_stdin_and_passes_options(server, engine):
+    result = subprocess.run([sys.executable, "-m", "attnserve.cli", "embed", "-", "--target", server.target,
+                             "--no-normalize", "--token-embeddings"],
+                            input="one line\nanother line\n", capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)["embeddings"]
+    assert [o["text"] for o in out] == ["one line", "another line"]
+    assert out[0]["tokens"] == ["[CLS]", "one", "line", "[SEP]"]
+    assert np.array(out[0]["token_embeddings"]).shape == (4, 384)
+    assert abs(np.linalg.norm(out[0]["embedding"]) - 1.0) > 1e-3  # not normalised
+
+
+def test_attention_draws_a_labelled_heatmap(server, tmp_path):
+    for flags, label in ((["--layer", "2", "--head", "3"], "layer 2, head 3"),
+                         ([], "layer 5, mean of 12 heads")):
+        out = tmp_path / f"map{len(flags)}.png"
+        result = run_cli("attention", "The cat sat on the mat.", *flags, "-o", out, "--target", server.target)
+        assert result.returncode == 0, result.stderr
+        assert f"{label}, 9 tokens" in result.stdout
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+
+
+def test_client_errors_are_one_line(server, tmp_path):
+    assert_one_line_error(run_cli("embed", "", "--target", server.target), "INVALID_ARGUMENT", "input 0: empty text")
+    assert_one_line_error(run_cli("attention", "x", "--layer", "-7", "-o", tmp_path / "m.png", "--target",
+                                  server.target), "INVALID_ARGUMENT", "layer -7 does not exist")
+    assert_one_line_error(run_cli("attention", "x", "--head", "12", "-o", tmp_path / "m.png", "--target",
+                                  server.target), "--head 12 does not exist; the model has 12 heads")
+    assert_one_line_error(run_cli("attention", "x", "-o", tmp_path / "missing" / "m.png", "--target",
+                                  server.target), "cannot write")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    assert_one_line_error(run_cli("embed", "x", "--target", f"127.0.0.1:{closed_port}", "--timeout", "5"),
+                          "UNAVAILABLE")
+    assert_one_line_error(run_cli("embed", "x", "--timeout", "0"), "timeout must be positive")
+
+
+def test_serve_start_up_errors_are_one_line(artifacts, server, tmp_path):
+    busy = server.target.split(":")[1]
+    assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--port", busy, "--metrics-port", "-1"),
+                          f"cannot listen on 0.0.0.0:{busy}")
+    assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--port", "0", "--metrics-port",
+                                  str(server.metrics_port), "--host", "127.0.0.1"), "cannot serve metrics")
+    assert_one_line_error(run_cli("serve", "--artifacts", tmp_path / "nothing-here"), "nothing-here")
+    assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--max-queue-tokens", "100", "--port", "0",
+                                  "--metrics-port", "-1"), "max_queue_tokens 100 cannot hold one input")
+    assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--max-wait-ms", "soon"),
+                          "--max-wait-ms: 'soon' is not a valid float")

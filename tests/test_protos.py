@@ -1,0 +1,30 @@
+"""The generated gRPC code is exactly what protos/generate.py makes from protos/ today."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_generated_code_is_up_to_date():
+    result = subprocess.run([sys.executable, str(ROOT / "protos/generate.py"), "--check"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr + result.stdout
+
+
+def test_the_contract_of_design_md():
+    from attnserve.v1 import encoder_pb2 as pb
+
+    service = pb.DESCRIPTOR.services_by_name["Encoder"]
+    assert service.full_name == "attnserve.v1.Encoder"
+    methods = {m.name: (m.client_streaming, m.server_streaming) for m in service.methods}
+    assert methods == {"Embed": (False, False), "EmbedStream": (True, True), "GetModelInfo": (False, False)}
+    fields = {f.name: f.number for f in pb.EmbedRequest.DESCRIPTOR.fields}
+    assert fields == {"inputs": 1, "pooling": 2, "normalize": 3, "return_token_embeddings": 4, "attention": 5,
+                      "truncate": 6}
+    fields = {f.name: f.number for f in pb.Embedding.DESCRIPTOR.fields}
+    assert fields == {"sentence_embedding": 1, "token_embeddings": 2, "attentions": 3, "tokens": 4, "num_tokens": 5,
+                      "truncated": 6}

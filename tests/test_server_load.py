@@ -1,0 +1,151 @@
+"""The server under concurrent load: batching, backpressure, deadlines and draining on SIGTERM."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from attnserve.client.client import make_request
+from tests.serving import ServerProcess
+
+SAMPLE_WORDS = (Path(__file__).resolve().parent.parent / "export/data/sample_texts.txt").read_text().split()
+
+
+def mixed_texts(n: int, seed: int = 0) -> list[str]:
+    """Real words, lengths mixed as users send them: half short, a third medium, the rest long."""
+    rng = np.random.default_rng(seed)
+    texts = []
+    for _ in range(n):
+        low, high = [(4, 16), (17, 60), (61, 200)][rng.choice(3, p=[0.5, 0.35, 0.15])]
+        start, length = rng.integers(len(SAMPLE_WORDS)), rng.integers(low, high + 1)
+        texts.append(" ".join(SAMPLE_WORDS[(start + i) % len(SAMPLE_WORDS)] for i in range(length)))
+    return texts
+
+
+def call_codes(server: ServerProcess, requests: list, clients: int, timeout: float = 120) -> Counter:
+    """Send every request from `clients` concurrent callers, each with its own channel; count status codes."""
+    codes: Counter = Counter()
+    lock = threading.Lock()
+    shares = [requests[i::clients] for i in range(clients)]
+
+    def client(share):
+        with server.channel() as channel:
+            stub = server.stub(channel)
+            for request in share:
+                try:
+                    reply = stub.Embed(request, timeout=timeout)
+                    code = grpc.StatusCode.OK if len(reply.embeddings) == len(request.inputs) else "WRONG_COUNT"
+                except grpc.RpcError as e:
+                    code = e.code()
+                with lock:
+                    codes[code] += 1
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, shares))
+    return codes
+
+
+def delta(after: dict, before: dict, name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+def test_64_concurrent_clients_are_batched_by_length(server):
+    requests = [make_request([t], truncate=True) for t in mixed_texts(640)]
+    before = server.metrics()
+    codes = call_codes(server, requests, clients=64)
+    after = server.metrics()
+    assert codes == {grpc.StatusCode.OK: 640}
+    batches = delta(after, before, 'attnserve_batch_size_count{graph="embeddings"}')
+    inputs = delta(after, before, 'attnserve_batch_size_sum{graph="embeddings"}')
+    cells = delta(after, before, "attnserve_batch_cells_computed_total")
+    tokens = delta(after, before, "attnserve_batch_tokens_computed_total")
+    assert inputs == 640
+    assert inputs / batches > 1, f"mean batch size {inputs / batches}"
+    assert (cells - tokens) / cells <= 0.10, f"padding fraction {(cells - tokens) / cells:.3f}"
+    assert after["attnserve_padding_fraction"] <= 0.10
+    assert after["attnserve_queue_depth_tokens"] == 0 and after["attnserve_queue_depth_requests"] == 0
+
+
+def test_deadline_gives_deadline_exceeded_and_drops_the_queued_inputs(server, stub):
+    before = server.metrics()
+    request = make_request(["many words " * 200] * 64, truncate=True)  # 64 x 256 tokens: seconds of compute
+    with pytest.raises(grpc.RpcError) as error:
+        stub.Embed(request, timeout=0.3)
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    time.sleep(0.5)
+    after = server.metrics()
+    dropped = (delta(after, before, 'attnserve_inputs_dropped_total{reason="cancelled"}')
+               + delta(after, before, 'attnserve_inputs_dropped_total{reason="deadline"}'))
+    computed = delta(after, before, 'attnserve_batch_size_sum{graph="embeddings"}')
+    assert dropped + computed == 64 and dropped >= 32, (dropped, computed)  # most never cost compute
+    assert after["attnserve_queue_depth_tokens"] == 0
+    assert len(stub.Embed(make_request(["still serving"]), timeout=30).embeddings) == 1
+
+
+@pytest.fixture
+def small_queue_server(artifacts, tmp_path):
+    process = ServerProcess(artifacts, "--max-queue-tokens", "1024", log_path=tmp_path / "server.log")
+    try:
+        process.wait_serving()
+        yield process
+    finally:
+        assert process.terminate() == 0, process.log_tail()
+
+
+def test_overload_is_resource_exhausted_and_every_accepted_request_completes(small_queue_server):
+    server = small_queue_server
+    requests = [make_request(["load " * 60] * 4, truncate=True) for _ in range(96)]  # ~250 tokens each
+    codes = call_codes(server, requests, clients=32)
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    assert sum(codes.values()) == 96  # nothing unanswered
+    assert codes[grpc.StatusCode.RESOURCE_EXHAUSTED] > 0 and codes[grpc.StatusCode.OK] > 0, codes
+    metrics = server.metrics()
+    assert metrics['attnserve_requests_total{code="OK",method="Embed"}'] == codes[grpc.StatusCode.OK]
+    assert metrics['attnserve_requests_total{code="RESOURCE_EXHAUSTED",method="Embed"}'] == \
+        codes[grpc.StatusCode.RESOURCE_EXHAUSTED]
+    assert metrics['attnserve_batch_size_sum{graph="embeddings"}'] == 4 * codes[grpc.StatusCode.OK]
+
+
+def test_sigterm_under_load_drains_and_exits_0(artifacts, tmp_path):
+    server = ServerProcess(artifacts, log_path=tmp_path / "server.log")
+    server.wait_serving()
+    codes: Counter = Counter()
+    lock, stop = threading.Lock(), threading.Event()
+    texts = mixed_texts(64, seed=1)
+
+    def client(i):
+        with server.channel() as channel:
+            stub = server.stub(channel)
+            while not stop.is_set():
+                request = make_request(texts[i * 4:(i + 1) * 4], truncate=True)
+                try:
+                    stub.Embed(request, timeout=30)
+                    code = grpc.StatusCode.OK
+                except grpc.RpcError as e:
+                    code = e.code()
+                with lock:
+                    codes[code] += 1
+                if code != grpc.StatusCode.OK:
+                    return
+
+    with ThreadPoolExecutor(16) as pool:
+        clients = [pool.submit(client, i) for i in range(16)]
+        time.sleep(1.5)
+        started = time.monotonic()
+        returncode = server.terminate()
+        stop.set()
+        for c in clients:
+            c.result()
+    assert returncode == 0, server.log_tail()
+    assert time.monotonic() - started < 15
+    # In flight at SIGTERM: answered. After: refused as UNAVAILABLE. Nothing cut off half-way.
+    assert codes[grpc.StatusCode.OK] > 16 and set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, codes
+    log = Path(tmp_path / "server.log").read_text()
+    assert '"event": "draining"' in log and '"event": "stopped"' in log
