@@ -11,8 +11,9 @@ absolute tokens/s depend on the machine:
   serving   one real `attnserve serve` subprocess (fp32, CPU provider,
             defaults otherwise), started once for the whole run on free
             loopback ports. --concurrency clients (grpc.aio coroutines in this
-            process) each send their share of the corpus, one text per Embed
-            request with truncate=True, one request at a time. tokens/s counts
+            process) work through the corpus together, each taking the next
+            text when its previous reply is in: one text per Embed request,
+            truncate=True, one request in flight per client. tokens/s counts
             the num_tokens the server replies with, over the wall time from
             the first request to the last reply. Padding and mean batch size
             come from the server's Prometheus counters, as deltas over the load.
@@ -26,9 +27,12 @@ best round of each throughput run is reported, as in bench_encode.py, since
 the machine is noisy; the median over rounds is printed too.
 
 To show where serving time goes, the CPU seconds of the server process
-(/proc/<pid>/stat) and of this process (the clients) are taken over the load,
-and the server's own inference-time histogram gives how busy its single
-inference thread was.
+(/proc/<pid>/stat), of this process (the clients) and of the rest of the
+machine (/proc/stat: other processes, hypervisor steal) are taken over each
+run, and the ratio is split exactly into three factors: padding (cells
+computed per token), seconds per cell (offline wall vs. the server's time in
+onnxruntime, from its inference-time histogram) and how busy the server's
+single inference thread was.
 
 The script exits 0 whether or not targets are met (it measures, it does not
 test); an error (the server does not come up, a request fails, the server
@@ -104,6 +108,35 @@ def cpu_seconds(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_seconds() -> tuple[float, float]:
+    """(busy, steal) CPU seconds of the whole machine since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal ...; guest time is already inside user.
+    busy = sum(ticks[:8]) - ticks[3] - ticks[4] - ticks[7]
+    return busy / os.sysconf("SC_CLK_TCK"), ticks[7] / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """Cores used over an interval by this process, the server, and everything else on the machine.
+
+    The machine is shared: "others" (CPU that neither the benchmark nor its server used) and
+    "steal" (CPU the hypervisor gave to other guests) say how disturbed a measurement was.
+    """
+
+    def __init__(self, server_pid: int):
+        self.server_pid = server_pid
+        self.start = self._read()
+
+    def _read(self) -> tuple[float, float, float, float]:
+        return (cpu_seconds(), cpu_seconds(self.server_pid), *machine_seconds())
+
+    def cores(self, seconds: float) -> dict:
+        bench, server, busy, steal = (b - a for a, b in zip(self.start, self._read()))
+        return {"bench": bench / seconds, "server": server / seconds,
+                "others": max(0.0, busy - bench - server) / seconds, "steal": steal / seconds}
+
+
 # --- the server subprocess ----------------------------------------------------------------------
 
 
@@ -119,8 +152,10 @@ class ServerProcess:
         self.serving_event: dict | None = None
         self._serving = threading.Event()
         self.proc: subprocess.Popen | None = None
+        self.started = 0.0
 
     def start(self) -> None:
+        self.started = time.monotonic()
         env = {k: v for k, v in os.environ.items() if k not in tuning_env_names()}
         self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, env=env)
@@ -142,8 +177,13 @@ class ServerProcess:
     def stderr_tail(self) -> str:
         return "\n".join(f"  | {line}" for line in self.tail) or "  | (nothing)"
 
+    @property
+    def serving(self) -> bool:
+        return self._serving.is_set()
+
     def wait_serving(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        """Block until the server logs "serving" and its health check agrees; timeout counts from start()."""
+        deadline = self.started + timeout
         while not self._serving.wait(0.2):
             if self.proc.poll() is not None:
                 raise BenchError(f"the server exited with {self.proc.returncode} before serving; its stderr:\n"
@@ -175,9 +215,6 @@ class ServerProcess:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.serving_event['metrics_port']}/metrics"
 
-    def cpu_seconds(self) -> float:
-        return cpu_seconds(self.proc.pid)
-
     def stop(self) -> int | None:
         """SIGTERM, then wait for the drain; the exit status, or None if it had to be killed."""
         if self.proc is None or self.proc.poll() is not None:
@@ -205,6 +242,8 @@ class ServerCounters:
     inference_s: float = 0.0  # time batches spent in onnxruntime
     queued_inputs: float = 0.0
     queue_s: float = 0.0  # time inputs waited in the queue before their batch started
+    embed_requests: float = 0.0
+    embed_s: float = 0.0  # Embed requests' time in the server, from the handler's start to its reply
 
     def __sub__(self, other: "ServerCounters") -> "ServerCounters":
         return ServerCounters(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
@@ -227,20 +266,24 @@ def scrape(url: str) -> ServerCounters:
         batches=get("attnserve_batch_size_count", emb), batch_inputs=get("attnserve_batch_size_sum", emb),
         inference_s=get("attnserve_inference_duration_seconds_sum", emb),
         queued_inputs=get("attnserve_queue_duration_seconds_count"),
-        queue_s=get("attnserve_queue_duration_seconds_sum"))
+        queue_s=get("attnserve_queue_duration_seconds_sum"),
+        embed_requests=get("attnserve_request_duration_seconds_count", (("method", "Embed"),)),
+        embed_s=get("attnserve_request_duration_seconds_sum", (("method", "Embed"),)))
 
 
 # --- measurements -------------------------------------------------------------------------------
 
 
-def offline_round(engine, texts: list[str]) -> dict:
+def offline_round(engine, texts: list[str], server_pid: int) -> dict:
     """The whole Engine.encode call is timed: stats.seconds would leave out tokenizing, which serving pays."""
-    cpu0, start = cpu_seconds(), time.perf_counter()
+    cpu, start = CpuMeter(server_pid), time.perf_counter()
     encoded = engine.encode(texts, truncate=True)
-    seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu0
+    seconds = time.perf_counter() - start
+    cores = cpu.cores(seconds)
     stats = encoded.stats
     return {"tokens": stats.tokens, "seconds": seconds, "tokens_per_s": stats.tokens / seconds,
-            "padding": stats.padding_fraction, "cores_used": cpu / seconds}
+            "padding": stats.padding_fraction, "cells": stats.cells, "cores_used": cores["bench"],
+            "server_cores": cores["server"], "other_cores": cores["others"], "steal_cores": cores["steal"]}
 
 
 def embed_request(text: str):
@@ -260,11 +303,18 @@ class LoadTally:
     finished: list = dataclasses.field(default_factory=list)  # perf_counter() when each client ran out of work
 
 
-async def client_loop(stub, requests: list, tally: LoadTally) -> None:
-    """One client: its share of the corpus, one request at a time, as a synchronous caller would send it."""
+async def client_loop(stub, work, tally: LoadTally) -> None:
+    """One client: one request at a time, as a synchronous caller sends them, until the corpus runs out.
+
+    The clients draw their next text from one shared iterator (safe: they share one event loop)
+    rather than from fixed shares. With fixed shares of ~31 texts of random lengths, the first
+    client finished 25% of the wall time before the last one in a measured run, and that tail ran
+    with ever fewer requests in flight; a common pool keeps every client busy until the last
+    ~concurrency texts are out.
+    """
     import grpc
 
-    for request in requests:
+    for request in work:
         try:
             reply = await stub.Embed(request, timeout=REQUEST_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
@@ -282,21 +332,23 @@ async def load_async(server: ServerProcess, requests: list, concurrency: int, ch
     from attnserve.v1 import encoder_pb2_grpc
 
     # A local subchannel pool gives each channel its own TCP connection; without it, channels with
-    # equal arguments share one connection and --channels would change nothing.
+    # equal arguments share one connection and --channels would change nothing. Measured on the
+    # 2-core machine (2000 texts, 64 clients, same server, alternating): 1, 8 and 64 channels all
+    # gave 6500-6650 tokens/s, within the noise; the clients cost 0.022, 0.025 and 0.036 cores.
+    # Since the clients draw from one pool, how fairly a channel shares its streams cannot skew
+    # the total, so one channel, the cheapest, is the default.
     options = [("grpc.use_local_subchannel_pool", 1)]
     pool = [grpc.aio.insecure_channel(server.target, options=options) for _ in range(channels)]
     try:
         stubs = [encoder_pb2_grpc.EncoderStub(channel) for channel in pool]
         # Connect every channel and make one call on each: connection setup is not what is measured.
         await asyncio.gather(*(stub.Embed(embed_request(SHORT_TEXT), timeout=REQUEST_TIMEOUT_S) for stub in stubs))
-        # Client i takes texts i, i+concurrency, ...: every client gets the same mix of lengths.
-        shares = [requests[i::concurrency] for i in range(concurrency)]
-        tally = LoadTally()
-        before, server_cpu0, client_cpu0 = scrape(server.metrics_url), server.cpu_seconds(), cpu_seconds()
+        work, tally = iter(requests), LoadTally()
+        before, cpu = scrape(server.metrics_url), CpuMeter(server.proc.pid)
         start = time.perf_counter()
-        await asyncio.gather(*(client_loop(stubs[i % channels], share, tally) for i, share in enumerate(shares)))
+        await asyncio.gather(*(client_loop(stubs[i % channels], work, tally) for i in range(concurrency)))
         seconds = time.perf_counter() - start
-        server_cpu, client_cpu = server.cpu_seconds() - server_cpu0, cpu_seconds() - client_cpu0
+        cores = cpu.cores(seconds)
         delta = scrape(server.metrics_url) - before
     finally:
         await asyncio.gather(*(channel.close() for channel in pool))
@@ -309,11 +361,12 @@ async def load_async(server: ServerProcess, requests: list, concurrency: int, ch
         "server_tokens": delta.tokens,
         "padding": (delta.cells - delta.tokens) / delta.cells if delta.cells else None,
         "mean_batch_size": delta.batch_inputs / delta.batches if delta.batches else None,
-        "batches": delta.batches,
+        "batches": delta.batches, "cells": delta.cells, "inference_s": delta.inference_s,
         # One inference thread runs every batch: its busy share of the wall time bounds throughput.
         "inference_busy": delta.inference_s / seconds,
         "mean_queue_ms": 1e3 * delta.queue_s / delta.queued_inputs if delta.queued_inputs else None,
-        "server_cores": server_cpu / seconds, "client_cores": client_cpu / seconds,
+        "server_cores": cores["server"], "client_cores": cores["bench"], "other_cores": cores["others"],
+        "steal_cores": cores["steal"],
         # The tail: once the first client runs out of work, fewer than `concurrency` requests are in flight.
         "first_client_done_s": min(tally.finished) - start, "last_client_done_s": max(tally.finished) - start,
     }
@@ -323,8 +376,13 @@ def serving_round(server: ServerProcess, requests: list, concurrency: int, chann
     return asyncio.run(load_async(server, requests, concurrency, channels))
 
 
-def latency_round(server: ServerProcess, samples: int) -> list[float]:
-    """Milliseconds per sequential request of one short text, from a blocking client (the simplest caller)."""
+def latency_round(server: ServerProcess, samples: int) -> dict:
+    """Milliseconds per sequential request of one short text, from a blocking client (the simplest caller).
+
+    The server's metrics over the same requests say how much of that it spent in the handler, in
+    the queue (the batcher waits up to max_wait_ms for company) and in onnxruntime; the rest is
+    the client, gRPC and loopback.
+    """
     import grpc
 
     from attnserve.v1 import encoder_pb2_grpc
@@ -332,16 +390,23 @@ def latency_round(server: ServerProcess, samples: int) -> list[float]:
     request = embed_request(SHORT_TEXT)
     with grpc.insecure_channel(server.target) as channel:
         stub = encoder_pb2_grpc.EncoderStub(channel)
-        times = []
-        for i in range(LATENCY_WARMUP + samples):
+
+        def call() -> float:
             start = time.perf_counter()
             try:
                 stub.Embed(request, timeout=REQUEST_TIMEOUT_S)
             except grpc.RpcError as e:
                 raise BenchError(f"latency request failed: {e.code().name}: {e.details()}") from None
-            if i >= LATENCY_WARMUP:
-                times.append((time.perf_counter() - start) * 1e3)
-    return times
+            return (time.perf_counter() - start) * 1e3
+
+        for _ in range(LATENCY_WARMUP):
+            call()
+        before = scrape(server.metrics_url)
+        times = [call() for _ in range(samples)]
+        d = scrape(server.metrics_url) - before
+    return {"ms": times, "server_ms": {"handler": 1e3 * d.embed_s / d.embed_requests,
+                                       "queue": 1e3 * d.queue_s / d.queued_inputs,
+                                       "inference": 1e3 * d.inference_s / d.batches}}
 
 
 def percentiles(ms: list[float]) -> dict:
@@ -380,62 +445,91 @@ def target_line(label: str, key: str, value: float | None, shown: str) -> tuple[
     return line, {"value": value, "target": f"{op} {bound}", "pass": passed}
 
 
-def report(args, manifest, artifacts: Path, corpus: dict, rounds: list[dict], latency_ms: list[list[float]]
-           ) -> tuple[str, dict]:
-    best_offline = max((r["offline"] for r in rounds), key=lambda x: x["tokens_per_s"])
-    best_serving = max((r["serving"] for r in rounds), key=lambda x: x["tokens_per_s"])
-    ratio = best_serving["tokens_per_s"] / best_offline["tokens_per_s"]
-    median = {name: statistics.median(r[name]["tokens_per_s"] for r in rounds) for name in ("offline", "serving")}
-    # Latency: the round with the lowest p50 (the least disturbed by neighbours), and all samples pooled.
-    per_round = [percentiles(ms) for ms in latency_ms]
-    best_latency = min(per_round, key=lambda x: x["p50"])
-    pooled = percentiles([t for ms in latency_ms for t in ms])
+def summarize(rounds: list[dict], latency: list[dict]) -> dict:
+    best = {name: max((r[name] for r in rounds), key=lambda x: x["tokens_per_s"]) for name in ("offline", "serving")}
+    o, s = best["offline"], best["serving"]
+    # Tokens are equal on both sides, so the ratio splits exactly into three factors: cells computed
+    # per token (padding), seconds per cell, and the share of the wall the inference thread was busy.
+    per_cell = {"offline": o["seconds"] / o["cells"], "serving": s["inference_s"] / s["cells"]}
+    per_round = [percentiles(r["ms"]) | {"server_ms": r["server_ms"]} for r in latency]
+    return {
+        "best": best, "serving_vs_offline": s["tokens_per_s"] / o["tokens_per_s"],
+        "median_tokens_per_s": {name: statistics.median(r[name]["tokens_per_s"] for r in rounds) for name in best},
+        "factors": {"padding": (1 - s["padding"]) / (1 - o["padding"]),
+                    "seconds_per_cell": per_cell["offline"] / per_cell["serving"],
+                    "inference_busy": s["inference_busy"]},
+        "seconds_per_cell": per_cell,
+        # Latency: the round with the lowest p50 (the least disturbed by neighbours), and all samples pooled.
+        "latency_ms": {"best_round": min(per_round, key=lambda x: x["p50"]), "per_round": per_round,
+                       "pooled": percentiles([t for r in latency for t in r["ms"]])},
+    }
 
-    out = [f"attnserve serving benchmark: {manifest.model}, {args.texts} texts (seed {args.seed}), "
-           f"{args.concurrency} clients over {args.channels} channel(s), {args.rounds} round(s), best round per run",
-           "versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()),
-           f"cpu: {os.cpu_count()} logical cores; onnxruntime default threads; provider CPU, fp32, "
-           f"default batch limits on both sides",
-           f"artifacts: {artifacts}",
-           f"corpus: {args.texts} texts, {corpus['tokens']} tokens (mean {corpus['mean']:.1f}, max {corpus['max']}), "
-           f"{corpus['truncated']} truncated at max_seq_length {manifest.max_seq_length}",
-           ""]
+
+def header_lines(args, manifest, artifacts: Path, corpus: dict) -> list[str]:
+    return [f"attnserve serving benchmark: {manifest.model}, {args.texts} texts (seed {args.seed}), "
+            f"{args.concurrency} clients over {args.channels} channel(s), {args.rounds} round(s), best round per run",
+            "versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()),
+            f"cpu: {os.cpu_count()} logical cores; onnxruntime default threads; provider CPU, fp32, "
+            f"default batch limits on both sides",
+            f"artifacts: {artifacts}",
+            f"corpus: {args.texts} texts, {corpus['tokens']} tokens (mean {corpus['mean']:.1f}, max {corpus['max']}), "
+            f"{corpus['truncated']} truncated at max_seq_length {manifest.max_seq_length}"]
+
+
+def result_lines(args, corpus: dict, summary: dict) -> list[str]:
+    o, s = summary["best"]["offline"], summary["best"]["serving"]
+    median, f, cell = summary["median_tokens_per_s"], summary["factors"], summary["seconds_per_cell"]
+    latency, pooled = summary["latency_ms"]["best_round"], summary["latency_ms"]["pooled"]
 
     def row(label: str, result: dict) -> tuple[str, str, str, str]:
-        padding = "-" if result["padding"] is None else f"{result['padding']:.1%}"
-        return (label, f"{result['tokens_per_s']:.0f}", padding,
-                f"{result['tokens_per_s'] / best_offline['tokens_per_s']:.2f}x")
+        return (label, f"{result['tokens_per_s']:.0f}", f"{result['padding']:.1%}",
+                f"{result['tokens_per_s'] / o['tokens_per_s']:.2f}x")
 
-    out.append(table([row("offline Engine.encode", best_offline),
-                      row(f"serving, {args.concurrency} clients, 1 text/request", best_serving)]))
-    out.append(f"median of {args.rounds} round(s): offline {median['offline']:.0f}, serving {median['serving']:.0f} "
-               f"tokens/s ({median['serving'] / median['offline']:.2f}x)")
-    s = best_serving
-    out.append(f"serving (best round): {s['requests']} requests in {s['seconds']:.2f} s "
-               f"({s['requests_per_s']:.0f}/s); mean batch size {s['mean_batch_size']:.1f} over "
-               f"{s['batches']:.0f} batches; inference thread busy {s['inference_busy']:.0%} of wall; "
-               f"mean queue wait {s['mean_queue_ms']:.1f} ms")
-    out.append(f"cpu cores used: offline {best_offline['cores_used']:.2f}; serving: server "
-               f"{s['server_cores']:.2f} + clients {s['client_cores']:.2f}; clients done between "
-               f"{s['first_client_done_s']:.2f} and {s['last_client_done_s']:.2f} s")
-    out.append(f"latency, one {corpus['short_tokens']}-token request at a time on an idle server: "
-               f"p50 {best_latency['p50']:.2f} ms, p99 {best_latency['p99']:.2f} ms (best of {args.rounds} round(s) "
-               f"of {LATENCY_SAMPLES}); all {pooled['n']} samples: p50 {pooled['p50']:.2f} ms, "
-               f"p99 {pooled['p99']:.2f} ms")
-    out.append("")
-    targets = {}
+    return [
+        table([row("offline Engine.encode", o), row(f"serving, {args.concurrency} clients, 1 text/request", s)]),
+        f"median of {args.rounds} round(s): offline {median['offline']:.0f}, serving {median['serving']:.0f} "
+        f"tokens/s ({median['serving'] / median['offline']:.2f}x)",
+        f"serving (best round): {s['requests']} requests in {s['seconds']:.2f} s ({s['requests_per_s']:.0f}/s); "
+        f"mean batch size {s['mean_batch_size']:.1f} over {s['batches']:.0f} batches (offline: "
+        f"{args.texts / corpus['offline_batches']:.1f} over {corpus['offline_batches']}); mean queue wait "
+        f"{s['mean_queue_ms']:.0f} ms; clients ran out of work from {s['first_client_done_s']:.2f} s "
+        f"to {s['last_client_done_s']:.2f} s",
+        f"serving / offline {summary['serving_vs_offline']:.3f} = padding {f['padding']:.3f} x seconds per cell "
+        f"{f['seconds_per_cell']:.3f} (offline {cell['offline'] * 1e6:.0f} us, all included; serving "
+        f"{cell['serving'] * 1e6:.0f} us in the inference thread) x inference thread busy {f['inference_busy']:.3f}",
+        f"cores used (best rounds): offline: bench {o['cores_used']:.2f}, server {o['server_cores']:.2f}, "
+        f"other processes {o['other_cores']:.2f}, steal {o['steal_cores']:.2f}; serving: server "
+        f"{s['server_cores']:.2f}, clients {s['client_cores']:.2f}, other processes {s['other_cores']:.2f}, "
+        f"steal {s['steal_cores']:.2f}",
+        f"latency, one {corpus['short_tokens']}-token request at a time on an idle server: p50 "
+        f"{latency['p50']:.2f} ms, p99 {latency['p99']:.2f} ms (best of {args.rounds} round(s) of "
+        f"{LATENCY_SAMPLES}); all {pooled['n']} samples: p50 {pooled['p50']:.2f} ms, p99 {pooled['p99']:.2f} ms",
+        f"latency in the server (means, same round): handler {latency['server_ms']['handler']:.2f} ms, of which "
+        f"queue {latency['server_ms']['queue']:.2f} ms and inference {latency['server_ms']['inference']:.2f} ms",
+    ]
+
+
+def target_lines(summary: dict) -> tuple[list[str], dict]:
+    ratio, s = summary["serving_vs_offline"], summary["best"]["serving"]
+    p50 = summary["latency_ms"]["best_round"]["p50"]
+    lines, targets = [], {}
     for label, key, value, shown in [
         ("serving / offline tokens/s", "serving_vs_offline", ratio, f"{ratio:.2f}"),
-        ("latency p50 (short, idle)", "latency_p50_ms", best_latency["p50"], f"{best_latency['p50']:.2f} ms"),
-        ("padding under load", "padding_serving", s["padding"],
-         "-" if s["padding"] is None else f"{s['padding']:.1%}"),
+        ("latency p50 (short, idle)", "latency_p50_ms", p50, f"{p50:.2f} ms"),
+        ("padding under load", "padding_serving", s["padding"], f"{s['padding']:.1%}"),
     ]:
         line, targets[key] = target_line(label, key, value, shown)
-        out.append(line)
-    numbers = {"best": {"offline": best_offline, "serving": best_serving}, "median_tokens_per_s": median,
-               "serving_vs_offline": ratio, "latency_ms": {"best_round": best_latency, "pooled": pooled,
-                                                           "per_round": per_round}, "targets": targets}
-    return "\n".join(out), numbers
+        lines.append(line)
+    return lines, targets
+
+
+def report(args, manifest, artifacts: Path, corpus: dict, rounds: list[dict], latency: list[dict]
+           ) -> tuple[str, dict]:
+    """The printed report, and the numbers for --json."""
+    summary = summarize(rounds, latency)
+    targets, summary["targets"] = target_lines(summary)
+    out = [*header_lines(args, manifest, artifacts, corpus), "", *result_lines(args, corpus, summary), "", *targets]
+    return "\n".join(out), summary
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -467,9 +561,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from attnserve.config import EngineConfig
     from attnserve.default_model import resolve_artifacts
-    from attnserve.engine.engine import Engine
     from attnserve.errors import AttnserveError
 
     ignored = [k for k in tuning_env_names() if os.environ.get(k)]
@@ -483,52 +575,69 @@ def run(args: argparse.Namespace) -> int:
     server = ServerProcess(artifacts)
     log(f"starting `{' '.join(server.cmd[1:])}`")
     server.start()
-    output = numbers = None
     try:
-        # Set up the offline side while the server loads its graphs; nothing here is timed.
-        try:
-            engine = Engine.from_directory(artifacts, EngineConfig(precision="fp32", provider="cpu"))
-        except AttnserveError as e:
-            raise BenchError(str(e)) from None
-        texts = mixed_length_corpus(args.texts, args.seed)
-        tokenized = engine.tokenizer.encode_texts(texts, truncate=True)
-        lengths = np.array([len(x) for x in tokenized])
-        corpus = {"tokens": int(lengths.sum()), "mean": float(lengths.mean()), "max": int(lengths.max()),
-                  "truncated": sum(x.truncated for x in tokenized),
-                  "short_tokens": len(engine.tokenizer.encode_texts([SHORT_TEXT])[0])}
-        requests = [embed_request(t) for t in texts]  # built once: the clients should cost little CPU
-        engine.encode(texts[:8])  # warm-up; the server warms itself up before it says "serving"
-
+        # The offline side is set up while the server loads its graphs; nothing here is timed.
+        engine, texts, corpus = setup_offline(artifacts, args)
         server.wait_serving(args.start_timeout)
         log(f"server serving on {server.target}, metrics {server.metrics_url}")
-        rounds, latency_ms = [], []
-        for r in range(args.rounds):
-            tag = f"round {r + 1}/{args.rounds}"
-            offline = offline_round(engine, texts)
-            log(f"{tag}: offline {offline['tokens_per_s']:.0f} tokens/s")
-            serving = serving_round(server, requests, args.concurrency, args.channels)
-            log(f"{tag}: serving {serving['tokens_per_s']:.0f} tokens/s, mean batch {serving['mean_batch_size']:.1f}, "
-                f"server {serving['server_cores']:.2f} cores, clients {serving['client_cores']:.2f} cores")
-            check_tokens(corpus["tokens"], offline, serving)
-            latency_ms.append(latency_round(server, LATENCY_SAMPLES))
-            log(f"{tag}: latency p50 {np.percentile(latency_ms[-1], 50):.2f} ms")
-            rounds.append({"offline": offline, "serving": serving})
-        output, numbers = report(args, engine.manifest, artifacts, corpus, rounds, latency_ms)
-        numbers.update({"rounds": rounds, "corpus": corpus, "versions": versions(), "cpu_count": os.cpu_count(),
-                        "config": {k: v for k, v in vars(args).items() if k != "json"} | {
-                            "artifacts": str(artifacts), "model": engine.manifest.model}})
+        rounds, latency = measure(args, engine, texts, corpus, server)
+        output, numbers = report(args, engine.manifest, artifacts, corpus, rounds, latency)
     finally:
-        status = server.stop()
-        if status != 0:  # reported even when an error is on its way out
-            why = "did not exit within" if status is None else f"exited with {status} within"
-            print(f"bench_serve: error: the server {why} {STOP_TIMEOUT_S:.0f} s of SIGTERM; its stderr:\n"
-                  f"{server.stderr_tail()}", file=sys.stderr)
+        status = stop_server(server)
     print(output, flush=True)
     if args.json:
-        numbers["server_exit_status"] = status
+        numbers.update({"rounds": rounds, "corpus": corpus, "versions": versions(), "cpu_count": os.cpu_count(),
+                        "config": {k: v for k, v in vars(args).items() if k != "json"} | {
+                            "artifacts": str(artifacts), "model": engine.manifest.model},
+                        "server_exit_status": status})
         Path(args.json).write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
         log(f"wrote {args.json}")
     return 0 if status == 0 else 1
+
+
+def setup_offline(artifacts: Path, args: argparse.Namespace) -> tuple:
+    """The offline engine (warmed up), the corpus, and what the report says about the corpus."""
+    from attnserve.config import EngineConfig
+    from attnserve.engine.batching import plan_batches
+    from attnserve.engine.engine import Engine
+    from attnserve.errors import AttnserveError
+
+    try:
+        engine = Engine.from_directory(artifacts, EngineConfig(precision="fp32", provider="cpu"))
+    except AttnserveError as e:
+        raise BenchError(str(e)) from None
+    texts = mixed_length_corpus(args.texts, args.seed)
+    tokenized = engine.tokenizer.encode_texts(texts, truncate=True)
+    lengths = np.array([len(x) for x in tokenized])
+    corpus = {"tokens": int(lengths.sum()), "mean": float(lengths.mean()), "max": int(lengths.max()),
+              "truncated": sum(x.truncated for x in tokenized),
+              "short_tokens": len(engine.tokenizer.encode_texts([SHORT_TEXT])[0]),
+              # The batches Engine.encode runs, for the mean batch size the server's is compared with.
+              "offline_batches": len(plan_batches(lengths, engine.config.max_batch_tokens,
+                                                  engine.config.max_batch_size))}
+    engine.encode(texts[:8])  # warm-up; the server warms itself up before it says "serving"
+    return engine, texts, corpus
+
+
+def measure(args: argparse.Namespace, engine, texts: list[str], corpus: dict, server: ServerProcess
+            ) -> tuple[list[dict], list[dict]]:
+    """Every round: offline, serving, latency, each while the other side is idle."""
+    requests = [embed_request(t) for t in texts]  # built once: the clients should cost little CPU
+    rounds, latency = [], []
+    for r in range(args.rounds):
+        tag = f"round {r + 1}/{args.rounds}"
+        offline = offline_round(engine, texts, server.proc.pid)
+        log(f"{tag}: offline {offline['tokens_per_s']:.0f} tokens/s, other processes "
+            f"{offline['other_cores']:.2f} cores")
+        serving = serving_round(server, requests, args.concurrency, args.channels)
+        log(f"{tag}: serving {serving['tokens_per_s']:.0f} tokens/s, mean batch {serving['mean_batch_size']:.1f}, "
+            f"server {serving['server_cores']:.2f} cores, clients {serving['client_cores']:.2f}, "
+            f"other processes {serving['other_cores']:.2f}")
+        check_tokens(corpus["tokens"], offline, serving)
+        latency.append(latency_round(server, LATENCY_SAMPLES))
+        log(f"{tag}: latency p50 {np.percentile(latency[-1]['ms'], 50):.2f} ms")
+        rounds.append({"offline": offline, "serving": serving})
+    return rounds, latency
 
 
 def check_tokens(expected: int, offline: dict, serving: dict) -> None:
@@ -538,6 +647,18 @@ def check_tokens(expected: int, offline: dict, serving: dict) -> None:
               "the server's metrics": int(serving["server_tokens"])}
     if len(set(counts.values())) != 1:
         raise BenchError("token counts disagree: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+
+
+def stop_server(server: ServerProcess) -> int | None:
+    """SIGTERM must drain and exit 0; anything else is reported, even while an error is on its way out."""
+    # Only a server that got to serve has a drain to test: before that it has no SIGTERM handler yet.
+    tested = server.serving
+    status = server.stop()
+    if tested and status != 0:
+        why = f"was still running {STOP_TIMEOUT_S:.0f} s after" if status is None else f"exited {status} on"
+        print(f"bench_serve: error: the server {why} SIGTERM (expected: drain and exit 0); its stderr:\n"
+              f"{server.stderr_tail()}", file=sys.stderr)
+    return status if tested else 0
 
 
 if __name__ == "__main__":

@@ -43,7 +43,6 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-
         self._last_call = time.monotonic()
 
     async def wait_quiet(self, timeout: float, quiet: float) -> bool:
@@ -109,6 +108,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
 
         self._enter()
         reader = asyncio.ensure_future(read())
+        item = None
         try:
             while (item := await window.get()) is not None:
                 if isinstance(item, BaseException):
@@ -125,6 +125,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
             await context.abort(code, message)
         finally:
             reader.cancel()
+            _discard(item)  # the request being awaited when the stream ended early
             while not window.empty():
                 _discard(window.get_nowait())
             self._leave()
