@@ -25,13 +25,15 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, artifacts: Path, *flags: str, env: dict | None = None, log_path: Path | None = None):
+    def __init__(self, artifacts: Path | None, *flags: str, env: dict | None = None, log_path: Path | None = None):
+        """artifacts None: serve the default model from the cache, as `attnserve serve` alone does."""
         self.port, self.metrics_port = free_port(), free_port()
         self.target = f"localhost:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "attnserve.cli", "serve", "--artifacts", str(artifacts), "--host", "127.0.0.1",
+            [sys.executable, "-m", "attnserve.cli", "serve", *(["--artifacts", str(artifacts)] if artifacts else []),
+             "--host", "127.0.0.1",
              "--port", str(self.port), "--metrics-port", str(self.metrics_port), *flags],
             stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 

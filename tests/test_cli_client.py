@@ -71,3 +71,19 @@ def test_serve_start_up_errors_are_one_line(artifacts, server, tmp_path):
                                   "--metrics-port", "-1"), "max_queue_tokens 100 cannot hold one input")
     assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--max-wait-ms", "soon"),
                           "--max-wait-ms: 'soon' is not a valid float")
+
+
+def test_serve_without_artifacts_serves_the_default_model_from_the_cache(artifacts, tmp_path, monkeypatch):
+    from attnserve.default_model import DEFAULT_MODEL_NAME, artifacts_dir_for
+    from tests.serving import ServerProcess
+
+    monkeypatch.setenv("ATTNSERVE_CACHE", str(tmp_path / "cache"))
+    cached = artifacts_dir_for(DEFAULT_MODEL_NAME)
+    cached.parent.mkdir(parents=True)
+    cached.symlink_to(artifacts)  # as if an earlier run had built it there
+    server = ServerProcess(None, log_path=tmp_path / "server.log")
+    try:
+        server.wait_serving()
+        assert f'"address": "127.0.0.1:{server.port}"' in server.log_tail()
+    finally:
+        assert server.terminate() == 0, server.log_tail()
