@@ -55,8 +55,10 @@ import numpy as np
 
 try:
     from corpus import mixed_length_corpus  # run as a script: bench/ is on sys.path
+    from report import table, target_line
 except ImportError:
     from bench.corpus import mixed_length_corpus  # run as `python -m bench.bench_encode`
+    from bench.report import table, target_line
 
 MATMUL_N = 2048
 BATCH_SIZE = 32  # sentence-transformers' default, and the arrival-order engine's batch
@@ -185,21 +187,6 @@ def cosine_summary(cos: np.ndarray) -> dict:
 
 
 # --- report -------------------------------------------------------------------------------------
-
-
-def table(rows: list[tuple[str, str, str, str]]) -> str:
-    header = ("run", "tokens/s", "padding", "vs fp32")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-    fmt = lambda r: " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([fmt(header), "-+-".join("-" * w for w in widths), *map(fmt, rows)])
-
-
-def target_line(label: str, key: str, value: float | None, shown: str) -> tuple[str, dict]:
-    op, bound, shown_bound = TARGETS[key]
-    passed = None if value is None else value >= bound if op == ">=" else value <= bound
-    verdict = "skipped" if passed is None else "PASS" if passed else "MISS"
-    line = f"{label:<30} {shown if value is not None else '-':>8}   target {op} {shown_bound:<5} {verdict}"
-    return line, {"value": value, "target": f"{op} {bound}", "pass": passed}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,7 +355,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     rows.append(row(f"sentence-transformers (batch {BATCH_SIZE})", best["st"]) if st_model
                 else ("sentence-transformers", "skipped", "-", "-"))
     rows.append(row(f"engine arrival-order (batch {BATCH_SIZE})", best["arrival"]))
-    out.append(table(rows))
+    out.append(table(rows, "fp32"))
     out.append("")
     out.append(f"MFU fp32 encode: {achieved / 1e9:.1f} GFLOP/s achieved / {peak_flops / 1e9:.1f} GFLOP/s peak")
     out.append(f"int8 vs fp32 cosine: mean {int8_cos['mean']:.5f}, p1 {int8_cos['p1']:.5f}, min {int8_cos['min']:.5f}")
@@ -385,7 +372,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         ("int8 cosine p1", "int8_cosine_p1", int8_cos["p1"], f"{int8_cos['p1']:.4f}"),
         ("padding (fp32 encode)", "padding_fp32", best["fp32"]["padding"], f"{best['fp32']['padding']:.1%}"),
     ]:
-        line, targets[key] = target_line(label, key, value, shown)
+        line, targets[key] = target_line(TARGETS, label, key, value, shown)
         out.append(line)
     print("\n".join(out), flush=True)
 

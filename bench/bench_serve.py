@@ -65,8 +65,10 @@ import numpy as np
 
 try:
     from corpus import mixed_length_corpus  # run as a script: bench/ is on sys.path
+    from report import table, target_line
 except ImportError:
     from bench.corpus import mixed_length_corpus  # run as `python -m bench.bench_serve`
+    from bench.report import table, target_line
 
 SHORT_TEXT = "The quick brown fox jumps over the lazy dog."
 LATENCY_WARMUP = 10
@@ -430,21 +432,6 @@ def versions() -> dict:
     return out
 
 
-def table(rows: list[tuple[str, str, str, str]]) -> str:
-    header = ("run", "tokens/s", "padding", "vs offline")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-    fmt = lambda r: " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([fmt(header), "-+-".join("-" * w for w in widths), *map(fmt, rows)])
-
-
-def target_line(label: str, key: str, value: float | None, shown: str) -> tuple[str, dict]:
-    op, bound, shown_bound = TARGETS[key]
-    passed = None if value is None else value >= bound if op == ">=" else value <= bound
-    verdict = "skipped" if passed is None else "PASS" if passed else "MISS"
-    line = f"{label:<30} {shown if value is not None else '-':>8}   target {op} {shown_bound:<6} {verdict}"
-    return line, {"value": value, "target": f"{op} {bound}", "pass": passed}
-
-
 def summarize(rounds: list[dict], latency: list[dict]) -> dict:
     best = {name: max((r[name] for r in rounds), key=lambda x: x["tokens_per_s"]) for name in ("offline", "serving")}
     o, s = best["offline"], best["serving"]
@@ -486,7 +473,8 @@ def result_lines(args, corpus: dict, summary: dict) -> list[str]:
                 f"{result['tokens_per_s'] / o['tokens_per_s']:.2f}x")
 
     return [
-        table([row("offline Engine.encode", o), row(f"serving, {args.concurrency} clients, 1 text/request", s)]),
+        table([row("offline Engine.encode", o), row(f"serving, {args.concurrency} clients, 1 text/request", s)],
+              "offline"),
         f"median of {args.rounds} round(s): offline {median['offline']:.0f}, serving {median['serving']:.0f} "
         f"tokens/s ({median['serving'] / median['offline']:.2f}x)",
         f"serving (best round): {s['requests']} requests in {s['seconds']:.2f} s ({s['requests_per_s']:.0f}/s); "
@@ -518,7 +506,7 @@ def target_lines(summary: dict) -> tuple[list[str], dict]:
         ("latency p50 (short, idle)", "latency_p50_ms", p50, f"{p50:.2f} ms"),
         ("padding under load", "padding_serving", s["padding"], f"{s['padding']:.1%}"),
     ]:
-        line, targets[key] = target_line(label, key, value, shown)
+        line, targets[key] = target_line(TARGETS, label, key, value, shown)
         lines.append(line)
     return lines, targets
 
