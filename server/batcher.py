@@ -167,10 +167,22 @@ class Batcher:
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
-            await self._wait_to_fill()
-            taken = self._take_batch()
-            if taken:
-                await self._run(taken)
+            try:
+                await self._wait_to_fill()
+                taken = self._take_batch()
+                if taken:
+                    await self._run(taken)
+            except Exception as error:  # a bug here must not leave callers waiting forever
+                log.error("batcher error; failing the queued requests", exc_info=error,
+                          extra={"fields": {"event": "batcher_error"}})
+                self._fail_queued(BatchFailedError(f"the server's batcher failed ({type(error).__name__}); retry"))
+
+    def _fail_queued(self, error: Exception) -> None:
+        for lane in self._lanes.values():
+            for entry in list(lane.values()):
+                self._remove(entry, "error")
+                if not entry.future.done():
+                    entry.future.set_exception(error)
 
     def _oldest_lane(self) -> bool:
         heads = [(next(iter(lane)), attention) for attention, lane in self._lanes.items() if lane]

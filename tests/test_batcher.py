@@ -179,3 +179,25 @@ def test_queue_full_is_refused_at_once_and_close_refuses_new_work(engine):
 
     (refused_in, answered), _ = run(engine, scenario, gate=gate, max_queue_tokens=1024)
     assert refused_in < 0.01 and answered == [4, 4, 1]  # everything accepted is answered, even after close
+
+
+def test_a_batcher_bug_fails_the_queued_requests_instead_of_hanging(engine, monkeypatch):
+    import attnserve.server.batcher as batcher_module
+
+    real, calls = batcher_module.plan_batches, []
+
+    def planner_with_a_bug(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("a planner bug")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(batcher_module, "plan_batches", planner_with_a_bug)
+
+    async def scenario(batcher, runner):
+        with pytest.raises(BatchFailedError, match="batcher failed"):
+            await asyncio.wait_for(batcher.submit([item(8)], False, None), 10)
+        return await batcher.submit([item(8)], False, None)  # the owner lives on
+
+    rows, _ = run(engine, scenario)
+    assert rows[0].sentence_embedding.shape == (384,)
