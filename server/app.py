@@ -31,6 +31,8 @@ RESPONSE_SLACK_BYTES = 1 << 20
 # On shutdown, how long no new call must arrive before grpc's own stop (whose late arrivals get CANCELLED),
 # and the most time spent waiting for that quiet once the requests in flight are done.
 DRAIN_QUIET_SECONDS, DRAIN_QUIET_LIMIT_SECONDS = 0.5, 3.0
+# grpc's own stop, once attnserve's calls are done.
+STOP_GRACE_SECONDS = 1.0
 # Threads for tokenization and reply serialization (the event loop does neither).
 IO_THREADS = 4
 
@@ -153,6 +155,7 @@ class Server:
         if self.batcher is not None:
             self.batcher.close()
         if self._service is not None:
+            self._service.drain()
             if await self._service.wait_quiet(grace, quiet=0.0):  # the requests in flight are done
                 left = end - time.monotonic()
                 await self._service.wait_quiet(min(DRAIN_QUIET_LIMIT_SECONDS, left), DRAIN_QUIET_SECONDS)
@@ -160,7 +163,9 @@ class Server:
                 log.warning("grace period over; cancelling the requests still in flight",
                             extra={"fields": {"event": "grace_expired"}})
         if self._grpc is not None:
-            await self._grpc.stop(max(0.0, end - time.monotonic()))
+            # What is left holds no work: health Watch streams, which would otherwise keep the
+            # process for the whole grace period, and calls that arrived just now.
+            await self._grpc.stop(min(STOP_GRACE_SECONDS, max(0.0, end - time.monotonic())))
         if self.batcher is not None:
             await self.batcher.join()
         self._release()

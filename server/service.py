@@ -22,7 +22,7 @@ from attnserve.v1 import encoder_pb2 as pb
 from attnserve.v1 import encoder_pb2_grpc
 
 from .batcher import Batcher
-from .errors import status_for
+from .errors import ShuttingDownError, status_for
 from .metrics import Metrics
 from .requests import prepare
 from .responses import serialize_reply
@@ -44,6 +44,23 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
         self._idle = asyncio.Event()
         self._idle.set()
         self._last_call = time.monotonic()
+        self._draining = asyncio.Event()
+
+    def drain(self) -> None:
+        """Shutdown began: open streams answer what they hold, then end with UNAVAILABLE."""
+        self._draining.set()
+
+    async def _next(self, window: asyncio.Queue):
+        """The stream's next item, or ShuttingDownError once draining leaves nothing to answer."""
+        if not window.empty():
+            return window.get_nowait()
+        get, drain = asyncio.ensure_future(window.get()), asyncio.ensure_future(self._draining.wait())
+        await asyncio.wait((get, drain), return_when=asyncio.FIRST_COMPLETED)
+        drain.cancel()
+        if get.done():
+            return get.result()
+        get.cancel()
+        raise ShuttingDownError("the server is shutting down; reopen the stream on another replica")
 
     async def wait_quiet(self, timeout: float, quiet: float) -> bool:
         """Until no Embed or EmbedStream call is in progress and none began for `quiet` seconds.
@@ -110,7 +127,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
         reader = asyncio.ensure_future(read())
         item = None
         try:
-            while (item := await window.get()) is not None:
+            while (item := await self._next(window)) is not None:
                 if isinstance(item, BaseException):
                     raise item
                 reply, n = await item

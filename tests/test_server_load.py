@@ -149,3 +149,44 @@ def test_sigterm_under_load_drains_and_exits_0(artifacts, tmp_path):
     assert codes[grpc.StatusCode.OK] > 16 and set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, codes
     log = Path(tmp_path / "server.log").read_text()
     assert '"event": "draining"' in log and '"event": "stopped"' in log
+
+
+def test_open_streams_and_health_watchers_do_not_hold_up_shutdown(artifacts, tmp_path):
+    """An idle EmbedStream ends with UNAVAILABLE and a health watcher sees NOT_SERVING, well within the grace."""
+    import queue
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    server = ServerProcess(artifacts, log_path=tmp_path / "server.log")
+    server.wait_serving()
+    seen: list = []
+    requests: queue.Queue = queue.Queue()
+    requests.put(make_request(["one request, then the stream stays open"]))
+
+    def stream(channel):
+        try:
+            for _ in server.stub(channel).EmbedStream(iter(requests.get, None)):
+                seen.append("reply")
+        except grpc.RpcError as e:
+            seen.append(("stream", e.code()))
+
+    def watch(channel):
+        try:
+            for reply in health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest()):
+                seen.append(("health", reply.status))
+        except grpc.RpcError as e:
+            seen.append(("watch", e.code()))
+
+    with server.channel() as channel:
+        threads = [threading.Thread(target=f, args=(channel,), daemon=True) for f in (stream, watch)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        started = time.monotonic()
+        assert server.terminate() == 0, server.log_tail()
+        took = time.monotonic() - started
+        for t in threads:
+            t.join(10)
+    assert took < 5, f"shutdown took {took:.1f}s with a stream and a watcher open"
+    assert "reply" in seen and ("stream", grpc.StatusCode.UNAVAILABLE) in seen
+    assert ("health", health_pb2.HealthCheckResponse.NOT_SERVING) in seen
