@@ -7,7 +7,6 @@ name and renamed into place only when complete.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -20,7 +19,8 @@ import pyarrow.parquet as pq
 from attnserve.engine.engine import EncodeStats, Engine
 from attnserve.errors import InvalidInputError
 
-from .readers import InputFile, Record
+from .readers import InputFile
+from .rows import encode_records, output_schema
 
 
 @dataclass
@@ -32,35 +32,6 @@ class EncodeJob:
     id_column: str = "id"
     chunk_rows: int = 8192  # rows tokenized, encoded and written together; bounds memory
     progress: bool = True
-
-
-def output_schema(id_type: type, hidden_size: int, metadata: dict) -> pa.Schema:
-    return pa.schema(
-        [
-            pa.field("id", pa.int64() if id_type is int else pa.string(), nullable=False),
-            pa.field("embedding", pa.list_(pa.float32(), hidden_size), nullable=False),
-            pa.field("num_tokens", pa.int32(), nullable=False),
-            pa.field("truncated", pa.bool_(), nullable=False),
-        ],
-        metadata={"attnserve": json.dumps(metadata)},
-    )
-
-
-def _tokenize(engine: Engine, source: InputFile, records: list[Record]):
-    labels = [f"{source.path}: {r.where}" for r in records]
-    texts = [r for r in records if r.text is not None]
-    if len(texts) == len(records):
-        return engine.tokenizer.encode_texts([r.text for r in records], labels=labels)
-    # Mixed text and token-id rows (JSONL): each kind through its own path, then back in row order.
-    by_row = {}
-    for kind in ("text", "token_ids"):
-        idx = [i for i, r in enumerate(records) if getattr(r, kind) is not None]
-        if not idx:
-            continue
-        encode = engine.tokenizer.encode_texts if kind == "text" else engine.tokenizer.encode_ids
-        for i, tokenized in zip(idx, encode([getattr(records[i], kind) for i in idx], labels=[labels[i] for i in idx])):
-            by_row[i] = tokenized
-    return [by_row[i] for i in range(len(records))]
 
 
 def _open_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
@@ -89,17 +60,12 @@ def encode_file(engine: Engine, job: EncodeJob) -> EncodeStats:
     bar = tqdm(total=total, unit="text", disable=None if job.progress else True, dynamic_ncols=True, desc="encode")
     try:
         for records in source.chunks(job.chunk_rows):
-            inputs = _tokenize(engine, source, records)
-            encoded = engine.encode_tokenized(inputs, normalize=normalize)
             if writer is None:  # the id type is known once the first rows are read
                 writer = _open_writer(partial, output_schema(source.id_type or int, engine.manifest.hidden_size,
                                                              metadata))
-            writer.write_table(pa.Table.from_arrays(
-                [pa.array([r.id for r in records], type=writer.schema.field("id").type),
-                 pa.FixedSizeListArray.from_arrays(encoded.embeddings.reshape(-1), engine.manifest.hidden_size),
-                 pa.array(encoded.num_tokens), pa.array(encoded.truncated)],
-                schema=writer.schema))
-            stats.add(encoded.stats)
+            table, chunk_stats = encode_records(engine, str(source.path), records, normalize, writer.schema)
+            writer.write_table(table)
+            stats.add(chunk_stats)
             bar.update(len(records))
             bar.set_postfix(tokens_per_s=f"{stats.tokens / (time.perf_counter() - start):.0f}", refresh=False)
         if writer is None:  # an empty input (an empty partition, say) gives an empty output with the same schema
