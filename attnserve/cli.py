@@ -39,11 +39,22 @@ def cmd_encode(args: argparse.Namespace) -> int:
     config = from_args(EngineConfig, args)
     if args.chunk_rows < 1:
         raise AttnserveError(f"--chunk-rows must be positive, got {args.chunk_rows}")
-    engine = Engine.from_directory(resolve_artifacts(config.artifacts), config)
-    print(f"attnserve: {engine.describe()}", file=sys.stderr)
+    if args.server and args.engine != "local":
+        raise AttnserveError("--server sends the work to a running server; it does not combine with --engine ray")
     job = EncodeJob(Path(args.input), Path(args.output), args.normalize, args.text_column, args.id_column,
                     args.chunk_rows, progress=not args.no_progress)
-    stats = encode_file(engine, job)
+    if args.server:
+        from attnserve.offline.remote import encode_file_remote
+
+        stats = encode_file_remote(job, from_args(ClientConfig, argparse.Namespace(target=args.server)))
+    elif args.engine == "ray":
+        from attnserve.offline.ray_encode import encode_file_ray
+
+        stats = encode_file_ray(job, config, resolve_artifacts(config.artifacts), args.ray_address, args.ray_actors)
+    else:
+        engine = Engine.from_directory(resolve_artifacts(config.artifacts), config)
+        print(f"attnserve: {engine.describe()}", file=sys.stderr)
+        stats = encode_file(engine, job)
     print(summary_line(stats, job.output))
     return 0
 
@@ -133,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     encode.add_argument("--id-column", default="id", help="id field or column, if present (default: id)")
     encode.add_argument("--chunk-rows", type=int, default=8192, help="rows read and written together (default 8192)")
     encode.add_argument("--no-progress", action="store_true", help="no progress bar")
+    encode.add_argument("--engine", choices=("local", "ray"), default="local",
+                        help="local: this process; ray: Ray Data, one engine per actor (needs attnserve[ray])")
+    encode.add_argument("--ray-address", default=None,
+                        help="Ray cluster to join, e.g. ray://head:10001 (default: start a local Ray)")
+    encode.add_argument("--ray-actors", type=int, default=None,
+                        help="engine actors in the pool (default: one per 2 CPUs of the cluster)")
+    encode.add_argument("--server", metavar="HOST:PORT", default=None,
+                        help="encode through a running attnserve server over EmbedStream instead of in this process")
     add_arguments(encode, EngineConfig)
     encode.set_defaults(func=cmd_encode)
 
