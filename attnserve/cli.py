@@ -42,7 +42,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
     if args.server and args.engine != "local":
         raise AttnserveError("--server sends the work to a running server; it does not combine with --engine ray")
     job = EncodeJob(Path(args.input), Path(args.output), args.normalize, args.text_column, args.id_column,
-                    args.chunk_rows, progress=not args.no_progress)
+                    args.chunk_rows, progress=not args.no_progress, on_error=args.on_error, overwrite=args.overwrite)
     if args.server:
         from attnserve.offline.remote import encode_file_remote
 
@@ -55,7 +55,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
         engine = Engine.from_directory(resolve_artifacts(config.artifacts), config)
         print(f"attnserve: {engine.describe()}", file=sys.stderr)
         stats = encode_file(engine, job)
-    print(summary_line(stats, job.output))
+    print(summary_line(stats, job.output, job.errors_path if job.on_error == "skip" else None))
     return 0
 
 
@@ -144,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     encode.add_argument("--id-column", default="id", help="id field or column, if present (default: id)")
     encode.add_argument("--chunk-rows", type=int, default=8192, help="rows read and written together (default 8192)")
     encode.add_argument("--no-progress", action="store_true", help="no progress bar")
+    encode.add_argument("--on-error", choices=("fail", "skip"), default="fail",
+                        help="a bad row (invalid JSON, no text, empty text, duplicate id, token id out of range): "
+                             "fail the run naming its line (default), or skip it into OUTPUT.errors.jsonl")
+    encode.add_argument("--overwrite", action="store_true",
+                        help="discard an unfinished earlier run of OUTPUT instead of resuming it")
     encode.add_argument("--engine", choices=("local", "ray"), default="local",
                         help="local: this process; ray: Ray Data, one engine per actor (needs attnserve[ray])")
     encode.add_argument("--ray-address", default=None,

@@ -1,25 +1,28 @@
 """`attnserve encode`: a file of texts -> a Parquet file of sentence embeddings, in input order.
 
 The input is streamed in chunks; each chunk is batched by length inside the
-engine and written as one row group. The output is written beside its final
-name and renamed into place only when complete.
+engine and written as one Parquet part with a progress record (partial.py),
+so a killed run started again with the same arguments resumes where it
+stopped and ends with the same bytes. Bad rows are never dropped silently:
+by default the first one fails the run, naming its line; with on_error
+"skip" they go to a side file with the reason and the line, and are counted.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
+from attnserve import __version__
 from attnserve.engine.engine import EncodeStats, Engine
 from attnserve.errors import InvalidInputError
 
-from .readers import InputFile
+from .partial import PartialRun
+from .readers import InputFile, Record
 from .rows import encode_records, output_schema
 
 
@@ -32,63 +35,109 @@ class EncodeJob:
     id_column: str = "id"
     chunk_rows: int = 8192  # rows tokenized, encoded and written together; bounds memory
     progress: bool = True
+    on_error: str = "fail"  # "fail": the first bad row stops the run; "skip": bad rows go to errors_path
+    overwrite: bool = False  # start again instead of resuming an unfinished run
+
+    @property
+    def errors_path(self) -> Path:
+        return self.output.with_name(self.output.name.removesuffix(".parquet") + ".errors.jsonl")
 
 
-def _open_writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return pq.ParquetWriter(path, schema)
-    except (OSError, pa.ArrowException) as e:
-        reason = getattr(e, "strerror", None) or str(e)
-        raise InvalidInputError(f"cannot write output {path.parent / path.name.lstrip('.')}: {reason}") from None
+@dataclass
+class EncodeResult(EncodeStats):
+    skipped: int = 0  # bad rows set aside (on_error "skip")
+    resumed_rows: int = 0  # rows an earlier, interrupted run had already encoded
 
 
-def encode_file(engine: Engine, job: EncodeJob) -> EncodeStats:
-    """Encode job.input into job.output; returns the totals for the summary line."""
+class RowChecks:
+    """What the reader cannot know: token ids against the vocabulary, and ids seen before."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.seen: set = set()
+
+    def error(self, record: Record) -> str | None:
+        if record.error:
+            return record.error
+        if record.token_ids is not None:
+            if not record.token_ids:
+                return "empty token id list"
+            bad = [i for i in record.token_ids if not 0 <= i < self.vocab_size]
+            if bad:
+                return f"token id {bad[0]} is out of range [0, {self.vocab_size})"
+        if record.id in self.seen:
+            return f"duplicate id {record.id!r}"
+        self.seen.add(record.id)
+        return None
+
+
+def _fingerprint(engine: Engine, job: EncodeJob, normalize: bool) -> dict:
+    """What makes two runs the same run: a resumed run must match it exactly, or be refused."""
+    stat = job.input.stat()
+    return {"input": str(job.input.resolve()), "input_bytes": stat.st_size, "input_mtime_ns": stat.st_mtime_ns,
+            "text_column": job.text_column, "id_column": job.id_column, "chunk_rows": job.chunk_rows,
+            "on_error": job.on_error, "normalize": normalize, "model": engine.manifest.model,
+            "precision": engine.precision, "graph_sha256": engine.embeddings_variant.sha256,
+            "attnserve": __version__}
+
+
+def encode_file(engine: Engine, job: EncodeJob) -> EncodeResult:
+    """Encode job.input into job.output, resuming an unfinished run of the same job; returns the totals."""
     from tqdm import tqdm
 
     source = InputFile(job.input, job.text_column, job.id_column)
-    total = source.count_rows()
     if job.output.is_dir():
         raise InvalidInputError(f"output {job.output} is a directory; give a .parquet file name")
-    partial = job.output.with_name(f".{job.output.name}.partial")
     normalize = engine.manifest.normalize if job.normalize is None else job.normalize
+    run = PartialRun(job.output, _fingerprint(engine, job, normalize), job.overwrite)
     metadata = {"model": engine.manifest.model, "precision": engine.precision, "pooling": engine.manifest.pooling,
                 "normalize": normalize, "input": str(job.input)}
-    stats, writer, start = EncodeStats(), None, time.perf_counter()
+    checks, result, start = RowChecks(engine.manifest.vocab_size), EncodeResult(), time.perf_counter()
+    result.resumed_rows = run.rows_done
     # disable=None: a bar on a terminal only, never in logs or pipes.
-    bar = tqdm(total=total, unit="text", disable=None if job.progress else True, dynamic_ncols=True, desc="encode")
+    bar = tqdm(total=source.count_rows(), initial=run.rows_done, unit="text", disable=None if job.progress else True,
+               dynamic_ncols=True, desc="encode")
+    schema = None
     try:
-        for records in source.chunks(job.chunk_rows):
-            if writer is None:  # the id type is known once the first rows are read
-                writer = _open_writer(partial, output_schema(source.id_type or int, engine.manifest.hidden_size,
-                                                             metadata))
-            table, chunk_stats = encode_records(engine, str(source.path), records, normalize, writer.schema)
-            writer.write_table(table)
-            stats.add(chunk_stats)
+        for index, records in enumerate(source.chunks(job.chunk_rows)):
+            bad = [(r, reason) for r in records if (reason := checks.error(r))]  # checked on resume too: ids seen
+            schema = schema or output_schema(source.id_type or int, engine.manifest.hidden_size, metadata)
+            if index < run.chunks_done:
+                continue
+            if bad and job.on_error == "fail":
+                record, reason = bad[0]
+                raise InvalidInputError(f"{source.path}: {record.where}: {reason} (--on-error skip sets such rows aside)")
+            bad_rows = {r.row for r, _ in bad}
+            good = [r for r in records if r.row not in bad_rows] if bad else records
+            table, stats = encode_records(engine, str(source.path), good, normalize, schema)
+            run.write_chunk(index, table, len(records), [_error_line(r, reason) for r, reason in bad])
+            result.add(stats)
+            result.skipped += len(bad)
             bar.update(len(records))
-            bar.set_postfix(tokens_per_s=f"{stats.tokens / (time.perf_counter() - start):.0f}", refresh=False)
-        if writer is None:  # an empty input (an empty partition, say) gives an empty output with the same schema
-            writer = _open_writer(partial, output_schema(source.id_type or int, engine.manifest.hidden_size, metadata))
-        writer.close()
-        writer = None
-        os.replace(partial, job.output)
-    except OSError as e:
-        raise InvalidInputError(f"cannot write output {job.output}: {e.strerror}") from None
+            bar.set_postfix(tokens_per_s=f"{result.tokens / (time.perf_counter() - start):.0f}", refresh=False)
+        # An empty input (an empty partition, say) gives an empty output with the same schema.
+        schema = schema or output_schema(source.id_type or int, engine.manifest.hidden_size, metadata)
+        run.finish(schema, job.errors_path if job.on_error == "skip" else None)
     finally:
         bar.close()
-        if writer is not None:
-            writer.close()
-        if partial.exists():
-            partial.unlink()
-    stats.seconds = time.perf_counter() - start
-    return stats
+    result.seconds = time.perf_counter() - start
+    return result
 
 
-def summary_line(stats: EncodeStats, output: Path) -> str:
+def _error_line(record: Record, reason: str) -> dict:
+    where = {"line": record.row + 1} if record.where.startswith("line") else {"row": record.row}
+    return {**where, "reason": reason, "input": record.raw}
+
+
+def summary_line(stats: EncodeStats, output: Path, errors_path: Path | None = None) -> str:
     rate = stats.tokens / stats.seconds if stats.seconds else 0.0
-    return (f"encoded {stats.texts} texts, {stats.tokens} tokens in {stats.seconds:.2f}s: "
+    line = (f"encoded {stats.texts} texts, {stats.tokens} tokens in {stats.seconds:.2f}s: "
             f"{rate:.0f} tokens/s, padding {stats.padding_fraction:.1%} -> {output}")
+    if getattr(stats, "resumed_rows", 0):
+        line += f" (resumed after {stats.resumed_rows} rows)"
+    if errors_path is not None:
+        line += f"; skipped {getattr(stats, 'skipped', 0)} bad rows -> {errors_path}"
+    return line
 
 
 def read_embeddings(path: Path) -> np.ndarray:

@@ -4,6 +4,11 @@
 "token_ids") and an optional "id". .parquet: a text column and an optional id
 column. Rows are numbered from 0 in input order; a row's id is its "id" or,
 without one, its row number. Line numbers in errors count from 1.
+
+A row that cannot be used (bad JSON, no text, an empty text, a bad id) comes
+out as a Record with `error` set, so the caller decides: fail the run, or set
+the row aside. Problems of the whole file (unreadable, not UTF-8, not
+Parquet) raise InvalidInputError.
 """
 
 from __future__ import annotations
@@ -25,6 +30,12 @@ class Record:
     id: int | str
     text: str | None = None
     token_ids: list | None = None
+    error: str | None = None  # why this row cannot be encoded
+    raw: str | None = None  # the line as read, for a skipped-rows file
+
+
+class RowError(InvalidInputError):
+    """One row is unusable; the message names it."""
 
 
 class InputFile:
@@ -102,9 +113,13 @@ class InputFile:
                     line = line.rstrip("\n").removesuffix("\r")
                     where = f"line {row + 1}"
                     if self.format == "txt":
-                        yield Record(row, where, row, text=line)
+                        yield Record(row, where, row, text=line, error=None if line.strip() else "empty text",
+                                     raw=line)
                     else:
-                        yield self._json_record(row, where, line)
+                        try:
+                            yield self._json_record(row, where, line)
+                        except RowError as e:
+                            yield Record(row, where, row, error=str(e), raw=line)
         except UnicodeDecodeError as e:
             raise InvalidInputError(f"{self.path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         except OSError as e:
@@ -114,29 +129,30 @@ class InputFile:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise InvalidInputError(f"{self.path}: {where}: invalid JSON: {e.msg}") from None
+            raise RowError(f"invalid JSON: {e.msg}") from None
         if not isinstance(obj, dict):
-            raise InvalidInputError(f"{self.path}: {where}: expected a JSON object")
+            raise RowError("expected a JSON object")
         text, token_ids = obj.get(self.text_column), obj.get("token_ids")
         if (text is None) == (token_ids is None):
-            raise InvalidInputError(f"{self.path}: {where}: needs exactly one of {self.text_column!r} or 'token_ids'")
+            raise RowError(f"needs exactly one of {self.text_column!r} or 'token_ids'")
         if text is not None and not isinstance(text, str):
-            raise InvalidInputError(f"{self.path}: {where}: {self.text_column!r} must be a string")
+            raise RowError(f"{self.text_column!r} must be a string")
+        if text is not None and not text.strip():
+            raise RowError("empty text")
         if token_ids is not None and not (isinstance(token_ids, list) and all(
                 isinstance(i, int) and not isinstance(i, bool) for i in token_ids)):
-            raise InvalidInputError(f"{self.path}: {where}: 'token_ids' must be a list of integers")
-        return Record(row, where, self._id(obj.get(self.id_column), row, where), text, token_ids)
+            raise RowError("'token_ids' must be a list of integers")
+        return Record(row, where, self._id(obj.get(self.id_column), row), text, token_ids, raw=line)
 
-    def _id(self, value, row: int, where: str) -> int | str:
+    def _id(self, value, row: int) -> int | str:
         kind = int if value is None else type(value)
         if kind not in (int, str):
-            raise InvalidInputError(f"{self.path}: {where}: id must be an integer or a string")
+            raise RowError("id must be an integer or a string")
         if kind is int and value is not None and not -(2**63) <= value < 2**63:
-            raise InvalidInputError(f"{self.path}: {where}: id {value} does not fit in a 64-bit integer")
+            raise RowError(f"id {value} does not fit in a 64-bit integer")
+        if self.id_type is not None and kind is not self.id_type:
+            raise RowError(f"id {value!r} is not of the same type as the ids before it")
         self.id_type = self.id_type or kind
-        if kind is not self.id_type:
-            raise InvalidInputError(
-                f"{self.path}: {where}: id {value!r} is not of the same type as the ids before it")
         return row if value is None else value
 
     def _parquet_records(self) -> Iterator[Record]:
@@ -150,11 +166,10 @@ class InputFile:
                 ids = batch.column(self.id_column).to_pylist() if self.id_type else [None] * len(texts)
                 for text, id_ in zip(texts, ids):
                     where = f"row {row}"
-                    if text is None:
-                        raise InvalidInputError(f"{self.path}: {where}: missing text (null)")
-                    if self.id_type and id_ is None:
-                        raise InvalidInputError(f"{self.path}: {where}: missing id (null)")
-                    yield Record(row, where, row if id_ is None else id_, text=text)
+                    error = ("missing text (null)" if text is None else "empty text" if not text.strip()
+                             else "missing id (null)" if self.id_type and id_ is None else None)
+                    yield Record(row, where, row if id_ is None else id_, text=text, error=error,
+                                 raw=None if error is None else json.dumps({self.text_column: text, "id": id_}))
                     row += 1
         except (pa.ArrowException, OSError) as e:
             raise InvalidInputError(f"{self.path}: Parquet read failed at row {row}: {e}") from None

@@ -1,0 +1,126 @@
+"""`attnserve encode` for long runs: resume after kill -9 with identical output, and strict handling of bad rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tests.conftest import assert_one_line_error, run_cli
+from tests.test_server_load import mixed_texts
+
+
+def encode_command(*args) -> list[str]:
+    return [sys.executable, "-m", "attnserve.cli", "encode", *map(str, args), "--no-progress"]
+
+
+def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_run(artifacts, tmp_path):
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(mixed_texts(480, seed=3)) + "\n")
+    flags = ["--artifacts", artifacts, "--chunk-rows", "40"]
+    clean = run_cli("encode", source, "-o", tmp_path / "clean.parquet", *flags)
+    assert clean.returncode == 0, clean.stderr
+
+    out = tmp_path / "resumed.parquet"
+    progress = tmp_path / ".resumed.parquet.parts" / "progress.json"
+    process = subprocess.Popen(encode_command(source, "-o", out, *flags), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    end = time.monotonic() + 120
+    while time.monotonic() < end and process.poll() is None:
+        if progress.exists() and json.loads(progress.read_text())["chunks_done"] >= 3:
+            break
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    done = json.loads(progress.read_text())["chunks_done"]
+    assert 3 <= done < 12 and not out.exists()  # killed part-way; nothing under the final name
+
+    resumed = run_cli("encode", source, "-o", out, *flags)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"(resumed after {done * 40} rows)" in resumed.stdout
+    assert f"encoded {480 - done * 40} texts" in resumed.stdout  # the done chunks were not encoded again
+    assert out.read_bytes() == (tmp_path / "clean.parquet").read_bytes()
+    assert not progress.parent.exists()
+
+
+def test_other_arguments_over_an_unfinished_run_are_refused_and_overwrite_starts_again(artifacts, tmp_path):
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(mixed_texts(60, seed=4)) + "\n")
+    out = tmp_path / "out.parquet"
+    parts = tmp_path / ".out.parquet.parts"
+    parts.mkdir()
+    (parts / "progress.json").write_text(json.dumps({"fingerprint": {"chunk_rows": 7}, "chunks_done": 1,
+                                                     "rows_done": 7}))
+    refused = run_cli("encode", source, "-o", out, "--artifacts", artifacts, "--chunk-rows", "20")
+    assert_one_line_error(refused, "has an unfinished run with other arguments", "chunk_rows 7 -> 20", "--overwrite")
+    assert not out.exists()
+    fresh = run_cli("encode", source, "-o", out, "--artifacts", artifacts, "--chunk-rows", "20", "--overwrite")
+    assert fresh.returncode == 0, fresh.stderr
+    assert pq.read_table(out).num_rows == 60 and "resumed" not in fresh.stdout
+
+
+BAD_JSONL = "\n".join([
+    json.dumps({"id": 10, "text": "a good row"}),
+    "{not json",
+    json.dumps({"id": 11}),
+    json.dumps({"id": 12, "text": "   "}),
+    json.dumps({"id": 10, "text": "the same id again"}),
+    json.dumps({"id": 13, "token_ids": [101, 99999, 102]}),
+    json.dumps({"id": 14, "text": "another good row"}),
+]) + "\n"
+
+
+def test_bad_rows_fail_the_run_by_default_naming_the_line(artifacts, tmp_path):
+    source = tmp_path / "rows.jsonl"
+    source.write_text(BAD_JSONL)
+    result = run_cli("encode", source, "-o", tmp_path / "out.parquet", "--artifacts", artifacts)
+    assert_one_line_error(result, "rows.jsonl: line 2: invalid JSON", "--on-error skip")
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_skip_sets_bad_rows_aside_with_reason_and_line(artifacts, tmp_path):
+    source = tmp_path / "rows.jsonl"
+    source.write_text(BAD_JSONL)
+    out = tmp_path / "out.parquet"
+    result = run_cli("encode", source, "-o", out, "--artifacts", artifacts, "--on-error", "skip", "--chunk-rows", "3")
+    assert result.returncode == 0, result.stderr
+    assert "encoded 2 texts" in result.stdout and f"skipped 5 bad rows -> {tmp_path / 'out.errors.jsonl'}" in result.stdout
+    assert pq.read_table(out).column("id").to_pylist() == [10, 14]
+    errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
+    assert [(e["line"], e["reason"].split(":")[0]) for e in errors] == [
+        (2, "invalid JSON"), (3, "needs exactly one of 'text' or 'token_ids'"), (4, "empty text"),
+        (5, "duplicate id 10"), (6, "token id 99999 is out of range [0, 30522)")]
+    assert errors[0]["input"] == "{not json"
+
+
+def test_txt_and_parquet_bad_rows_are_named_too(artifacts, tmp_path):
+    (tmp_path / "in.txt").write_text("fine\n\nalso fine\n")
+    assert_one_line_error(run_cli("encode", tmp_path / "in.txt", "-o", tmp_path / "a.parquet", "--artifacts",
+                                  artifacts), "in.txt: line 2: empty text")
+    pq.write_table(pa.table({"text": ["ok", None, "ok too"], "id": ["a", "b", "a"]}), tmp_path / "in.parquet")
+    result = run_cli("encode", tmp_path / "in.parquet", "-o", tmp_path / "b.parquet", "--artifacts", artifacts,
+                     "--on-error", "skip")
+    assert result.returncode == 0, result.stderr
+    errors = [json.loads(line) for line in (tmp_path / "b.errors.jsonl").read_text().splitlines()]
+    assert [(e["row"], e["reason"]) for e in errors] == [(1, "missing text (null)"), (2, "duplicate id 'a'")]
+    assert pq.read_table(tmp_path / "b.parquet").column("id").to_pylist() == ["a"]
+
+
+def test_an_output_directory_that_cannot_be_written_is_a_clear_error(artifacts, tmp_path):
+    if os.geteuid() == 0:  # root writes anywhere: use a path under a regular file instead
+        blocked = tmp_path / "a-file"
+        blocked.write_text("")
+        out = blocked / "out.parquet"
+    else:
+        blocked = tmp_path / "read-only"
+        blocked.mkdir(mode=0o555)
+        out = blocked / "out.parquet"
+    (tmp_path / "in.txt").write_text("hello\n")
+    assert_one_line_error(run_cli("encode", tmp_path / "in.txt", "-o", out, "--artifacts", artifacts),
+                          "cannot write output")
