@@ -52,8 +52,9 @@ class EncodeResult(EncodeStats):
 class RowChecks:
     """What the reader cannot know: token ids against the vocabulary, and ids seen before."""
 
-    def __init__(self, vocab_size: int):
-        self.vocab_size = vocab_size
+    def __init__(self, vocab_size: int, track_ids: bool):
+        """track_ids False: every id is its row number (.txt, Parquet without an id column): none can repeat."""
+        self.vocab_size, self.track_ids = vocab_size, track_ids
         self.seen: set = set()
 
     def error(self, record: Record) -> str | None:
@@ -65,9 +66,10 @@ class RowChecks:
             bad = [i for i in record.token_ids if not 0 <= i < self.vocab_size]
             if bad:
                 return f"token id {bad[0]} is out of range [0, {self.vocab_size})"
-        if record.id in self.seen:
-            return f"duplicate id {record.id!r}"
-        self.seen.add(record.id)
+        if self.track_ids:
+            if record.id in self.seen:
+                return f"duplicate id {record.id!r}"
+            self.seen.add(record.id)
         return None
 
 
@@ -92,7 +94,8 @@ def encode_file(engine: Engine, job: EncodeJob) -> EncodeResult:
     run = PartialRun(job.output, _fingerprint(engine, job, normalize), job.overwrite)
     metadata = {"model": engine.manifest.model, "precision": engine.precision, "pooling": engine.manifest.pooling,
                 "normalize": normalize, "input": str(job.input)}
-    checks, result, start = RowChecks(engine.manifest.vocab_size), EncodeResult(), time.perf_counter()
+    track_ids = source.format == "jsonl" or (source.format == "parquet" and source.id_type is not None)
+    checks, result, start = RowChecks(engine.manifest.vocab_size, track_ids), EncodeResult(), time.perf_counter()
     result.resumed_rows = run.rows_done
     # disable=None: a bar on a terminal only, never in logs or pipes.
     bar = tqdm(total=source.count_rows(), initial=run.rows_done, unit="text", disable=None if job.progress else True,
