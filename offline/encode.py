@@ -47,6 +47,7 @@ class EncodeJob:
 class EncodeResult(EncodeStats):
     skipped: int = 0  # bad rows set aside (on_error "skip")
     resumed_rows: int = 0  # rows an earlier, interrupted run had already encoded
+    padding_known: bool = True  # False through a server, which batches out of sight
 
 
 class RowChecks:
@@ -134,8 +135,9 @@ def _error_line(record: Record, reason: str) -> dict:
 
 def summary_line(stats: EncodeStats, output: Path, errors_path: Path | None = None) -> str:
     rate = stats.tokens / stats.seconds if stats.seconds else 0.0
+    padding = f"{stats.padding_fraction:.1%}" if getattr(stats, "padding_known", True) else "n/a"
     line = (f"encoded {stats.texts} texts, {stats.tokens} tokens in {stats.seconds:.2f}s: "
-            f"{rate:.0f} tokens/s, padding {stats.padding_fraction:.1%} -> {output}")
+            f"{rate:.0f} tokens/s, padding {padding} -> {output}")
     if getattr(stats, "resumed_rows", 0):
         line += f" (resumed after {stats.resumed_rows} rows)"
     if errors_path is not None:

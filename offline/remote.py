@@ -300,7 +300,7 @@ class _RemoteRun:
         run = PartialRun(job.output, fingerprint, job.overwrite)
         metadata = {"model": info.model, "precision": info.precision, "pooling": info.pooling,
                     "normalize": normalize, "input": str(job.input), "server": self.target}
-        result, start = EncodeResult(), time.perf_counter()
+        result, start = EncodeResult(padding_known=False), time.perf_counter()
         result.resumed_rows = run.rows_done
         # disable=None: a bar on a terminal only, never in logs or pipes.
         bar = tqdm(total=source.count_rows(), initial=run.rows_done, unit="text",
