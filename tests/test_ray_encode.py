@@ -1,0 +1,237 @@
+"""`attnserve encode --engine ray`: a real local Ray, real weights, real files; the same bytes as the local engine.
+
+Ray starts once for the module (about 5 s) and the in-process runs share it; two tests run the
+real command in a subprocess, as a user does, for its summary line and its one-line errors.
+Skipped where the ray extra is not installed (pip install 'attnserve[ray]').
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from attnserve.config import EngineConfig
+from attnserve.errors import ArtifactError, AttnserveError, ConfigError, InvalidInputError
+from attnserve.offline.encode import EncodeJob, encode_file
+from attnserve.offline.partial import PartialRun
+from attnserve.offline import ray_encode
+from attnserve.offline.ray_encode import _attnserve_cause, _import_ray, _plan_actors, encode_file_ray
+
+from .conftest import VARIED_TEXTS, assert_one_line_error, run_cli
+from .test_server_load import mixed_texts
+
+# Ray Data's own DataContext trips its deprecation warnings when it copies itself.
+pytestmark = pytest.mark.filterwarnings("ignore:.*deprecated.*:DeprecationWarning")
+
+BAD_JSONL = "\n".join([
+    json.dumps({"id": "a", "text": "a good row"}),
+    json.dumps({"id": "b", "text": "   "}),
+    "{not json",
+    json.dumps({"id": "a", "text": "the same id again"}),
+    json.dumps({"id": "c", "token_ids": [101, 99999, 102]}),
+    json.dumps({"id": "d", "text": "another good row"}),
+]) + "\n"
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for the module: encode_file_ray joins it and leaves it running."""
+    pytest.importorskip("ray.data", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
+    import logging
+
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _both(artifacts, engine, src: Path, tmp_path: Path, ray_actors: int | None = None, **job) -> tuple[Path, Path]:
+    """The same job through the local engine and through Ray; returns (local output, ray output)."""
+    local, remote = tmp_path / "local.parquet", tmp_path / "ray.parquet"
+    encode_file(engine, EncodeJob(src, local, progress=False, **job))
+    stats = encode_file_ray(EncodeJob(src, remote, progress=False, **job), EngineConfig(), artifacts,
+                            ray_actors=ray_actors)
+    assert stats.texts == pq.read_table(remote).num_rows
+    return local, remote
+
+
+def assert_same_output(local: Path, remote: Path) -> None:
+    """Row for row: ids, embeddings (bit for bit), num_tokens, truncated, schema and metadata; then the bytes."""
+    expected, got = pq.read_table(local), pq.read_table(remote)
+    assert got.schema.equals(expected.schema, check_metadata=True)
+    for name in expected.column_names:
+        assert got.column(name).equals(expected.column(name)), name
+    assert remote.read_bytes() == local.read_bytes()
+    assert not list(remote.parent.glob(".*partial")) and not list(remote.parent.glob(".*parts"))
+
+
+def test_txt_equals_the_local_engine(local_ray, artifacts, engine, tmp_path):
+    src = tmp_path / "texts.txt"
+    src.write_text("\n".join(VARIED_TEXTS) + "\n", encoding="utf-8")
+    assert_same_output(*_both(artifacts, engine, src, tmp_path))
+    assert pq.read_table(tmp_path / "ray.parquet").column("truncated").to_pylist() == [False] * 6 + [True, True]
+
+
+def test_jsonl_with_ids_and_token_ids_equals_the_local_engine(local_ray, artifacts, engine, tmp_path):
+    rows = [{"id": "a", "text": "first text"}, {"id": "b", "token_ids": [101, 7592, 2088, 102]},
+            {"id": "c", "text": VARIED_TEXTS[2]}, {"id": "d", "token_ids": list(range(1000, 1300))}]
+    src = tmp_path / "rows.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert_same_output(*_both(artifacts, engine, src, tmp_path, normalize=False))
+    assert pq.read_table(tmp_path / "ray.parquet").column("id").to_pylist() == ["a", "b", "c", "d"]
+
+
+def test_parquet_in_several_chunks_on_two_actors_keeps_order(local_ray, artifacts, engine, tmp_path, monkeypatch):
+    texts = mixed_texts(90, seed=5)
+    pq.write_table(pa.table({"body": texts, "id": list(range(100, 190))}), tmp_path / "in.parquet", row_group_size=25)
+    seen, results = [], ray_encode._results
+
+    def spy(dataset):
+        for chunk in results(dataset):
+            seen.append((chunk["chunk"], chunk["actor_pid"]))
+            yield chunk
+
+    monkeypatch.setattr(ray_encode, "_results", spy)
+    # 13 chunks of 7 rows over 2 actors: chunks finish out of order, and must be written in order.
+    local, remote = _both(artifacts, engine, tmp_path / "in.parquet", tmp_path, ray_actors=2, text_column="body",
+                          chunk_rows=7)
+    assert [index for index, _ in seen] == list(range(13))
+    assert len({pid for _, pid in seen}) == 2  # both actors encoded chunks: Ray did not merge them into one block
+    assert_same_output(local, remote)
+    assert pq.read_table(remote).column("id").to_pylist() == list(range(100, 190))
+    assert pq.ParquetFile(remote).metadata.num_row_groups == 13  # one per chunk, as locally
+
+
+def test_bad_rows_set_aside_match_the_local_engine(local_ray, artifacts, engine, tmp_path):
+    src = tmp_path / "rows.jsonl"
+    src.write_text(BAD_JSONL)
+    assert_same_output(*_both(artifacts, engine, src, tmp_path, on_error="skip", chunk_rows=2))
+    assert (tmp_path / "ray.errors.jsonl").read_bytes() == (tmp_path / "local.errors.jsonl").read_bytes()
+    assert pq.read_table(tmp_path / "ray.parquet").column("id").to_pylist() == ["a", "d"]
+
+
+def test_empty_input_gives_an_empty_output_with_the_schema(local_ray, artifacts, engine, tmp_path):
+    src = tmp_path / "empty.txt"
+    src.write_text("")
+    local, remote = _both(artifacts, engine, src, tmp_path)
+    assert_same_output(local, remote)
+    table = pq.read_table(remote)
+    assert table.num_rows == 0 and table.column_names == ["id", "embedding", "num_tokens", "truncated"]
+    assert table.schema.field("embedding").type == pa.list_(pa.float32(), 384)
+
+
+def test_ray_resumes_an_interrupted_local_run_with_the_same_bytes(local_ray, artifacts, engine, tmp_path,
+                                                                  monkeypatch):
+    src = tmp_path / "texts.txt"
+    src.write_text("\n".join(mixed_texts(40, seed=6)) + "\n")
+    clean = tmp_path / "clean.parquet"
+    encode_file(engine, EncodeJob(src, clean, chunk_rows=8, progress=False))
+
+    write_chunk = PartialRun.write_chunk
+
+    def die_after_two_chunks(run, index, *args):
+        if index == 2:
+            raise KeyboardInterrupt  # as if killed: two chunks recorded, the rest not
+        write_chunk(run, index, *args)
+
+    out = tmp_path / "out.parquet"
+    monkeypatch.setattr(PartialRun, "write_chunk", die_after_two_chunks)
+    with pytest.raises(KeyboardInterrupt):
+        encode_file(engine, EncodeJob(src, out, chunk_rows=8, progress=False))
+    monkeypatch.undo()
+    stats = encode_file_ray(EncodeJob(src, out, chunk_rows=8, progress=False), EngineConfig(), artifacts)
+    assert (stats.resumed_rows, stats.texts) == (16, 24)
+    assert out.read_bytes() == clean.read_bytes()
+
+
+def test_the_command_prints_its_summary_and_writes_the_local_bytes(local_ray, artifacts, engine, tmp_path):
+    src = tmp_path / "texts.txt"
+    src.write_text("\n".join(mixed_texts(30, seed=7)) + "\n")
+    encode_file(engine, EncodeJob(src, tmp_path / "local.parquet", chunk_rows=10, progress=False))
+    # --ray-address: the command joins the module's Ray, as it would a cluster's, instead of starting its own.
+    result = run_cli("encode", src, "-o", tmp_path / "ray.parquet", "--artifacts", artifacts, "--no-progress",
+                     "--engine", "ray", "--ray-address", local_ray.get_runtime_context().gcs_address,
+                     "--ray-actors", "2", "--chunk-rows", "10")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("encoded 30 texts, ") and "tokens/s, padding" in result.stdout
+    assert not result.stderr.strip(), result.stderr  # Ray's console chatter stays in its log files
+    assert_same_output(tmp_path / "local.parquet", tmp_path / "ray.parquet")
+
+
+def test_the_command_names_a_bad_line_in_one_line_as_the_local_engine_does(local_ray, artifacts, engine, tmp_path):
+    src = tmp_path / "rows.jsonl"
+    src.write_text(BAD_JSONL.replace('"   "', '"fine"'))  # the first bad row is now line 3
+    with pytest.raises(InvalidInputError) as local_failure:
+        encode_file(engine, EncodeJob(src, tmp_path / "local.parquet", progress=False))
+    result = run_cli("encode", src, "-o", tmp_path / "out.parquet", "--artifacts", artifacts, "--engine", "ray",
+                     "--ray-address", local_ray.get_runtime_context().gcs_address)
+    assert_one_line_error(result, "rows.jsonl: line 3: invalid JSON", "--on-error skip")
+    assert result.stderr.strip() == f"attnserve encode: error: {local_failure.value}"
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_an_engine_that_cannot_open_in_an_actor_is_a_one_line_error(local_ray, artifacts_copy, tmp_path,
+                                                                    monkeypatch):
+    src = tmp_path / "texts.txt"
+    src.write_text("hello\n")
+    start_ray = ray_encode._start_ray
+
+    def start_then_break_the_artifacts(*args):
+        (artifacts_copy / "embeddings_fused.onnx").unlink()  # as on a cluster node without the file
+        return start_ray(*args)
+
+    monkeypatch.setattr(ray_encode, "_start_ray", start_then_break_the_artifacts)
+    with pytest.raises(ArtifactError, match="artifact file missing: .*embeddings_fused.onnx") as failure:
+        encode_file_ray(EncodeJob(src, tmp_path / "out.parquet", progress=False), EngineConfig(), artifacts_copy)
+    assert "\n" not in str(failure.value) and not (tmp_path / "out.parquet").exists()
+
+
+class FakeRay:
+    def __init__(self, cpus: int):
+        self.cpus = cpus
+
+    def cluster_resources(self) -> dict:
+        return {"CPU": float(self.cpus)}
+
+
+@pytest.mark.parametrize("cpus, threads, ray_actors, chunks, expected", [
+    (2, 0, None, 1, (1, 2, 2)),  # one actor with every core, as the local engine
+    (16, 0, None, 100, (8, 2, 2)),  # an actor per THREADS_PER_ACTOR cores
+    (16, 0, None, 3, (3, 5, 5)),  # fewer chunks than that: an actor per chunk, with more threads
+    (2, 0, 3, 9, (3, 1, 2 / 3)),  # more actors than cores: they share them rather than wait for them
+    (8, 1, None, 9, (8, 1, 1)),  # --threads 1: an actor per core
+    (8, 0, 2, 9, (2, 4, 4)),  # --ray-actors 2: the cores shared between them
+])
+def test_actor_plan(cpus, threads, ray_actors, chunks, expected):
+    assert _plan_actors(FakeRay(cpus), EngineConfig(threads=threads), ray_actors, chunks) == expected
+
+
+def test_an_error_raised_in_the_read_task_is_found_under_rays_wrapper():
+    pytest.importorskip("ray.data", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
+    from ray.exceptions import RayTaskError
+
+    original = InvalidInputError("rows.jsonl: not UTF-8 text (invalid start byte at byte 6)")
+    wrapped = RayTaskError("ReadReadChunks", "Traceback ...", original).as_instanceof_cause()
+    assert isinstance(wrapped, InvalidInputError)  # a wrapper of the same class, whose message is a traceback
+    assert _attnserve_cause(wrapped) is original
+    assert _attnserve_cause(RayTaskError("submit", "Traceback ...", KeyError(2)).as_instanceof_cause()) is None
+
+
+def test_without_ray_the_error_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    with pytest.raises(AttnserveError, match=r"--engine ray needs the ray extra: pip install 'attnserve\[ray\]'"):
+        _import_ray()
+
+
+def test_ray_actors_must_be_positive(artifacts, tmp_path):
+    pytest.importorskip("ray.data", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
+    (tmp_path / "in.txt").write_text("hello\n")
+    with pytest.raises(ConfigError, match="--ray-actors must be positive, got 0"):
+        encode_file_ray(EncodeJob(tmp_path / "in.txt", tmp_path / "o.parquet"), EngineConfig(), artifacts,
+                        ray_actors=0)
