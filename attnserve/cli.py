@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     encode.add_argument("--engine", choices=("local", "ray"), default="local",
                         help="local: this process; ray: Ray Data, one engine per actor (needs attnserve[ray])")
     encode.add_argument("--ray-address", default=None,
-                        help="Ray cluster to join, e.g. ray://head:10001 (default: start a local Ray)")
+                        help="Ray cluster to join: auto, or HEAD:6379 from one of its nodes (default: start a local Ray)")
     encode.add_argument("--ray-actors", type=int, default=None,
                         help="engine actors in the pool (default: one per 2 CPUs of the cluster)")
     encode.add_argument("--server", metavar="HOST:PORT", default=None,
