@@ -58,6 +58,10 @@ class RowChecks:
         self.vocab_size, self.track_ids = vocab_size, track_ids
         self.seen: set = set()
 
+    def bad(self, records: list[Record]) -> list[tuple[Record, str]]:
+        """Bad rows with their reasons. Run on every chunk, resumed ones too, so ids seen before are known."""
+        return [(r, reason) for r in records if (reason := self.error(r))]
+
     def error(self, record: Record) -> str | None:
         if record.error:
             return record.error
@@ -74,7 +78,19 @@ class RowChecks:
         return None
 
 
-def _fingerprint(engine: Engine, job: EncodeJob, normalize: bool) -> dict:
+def good_rows(source: InputFile, records: list[Record], bad: list[tuple[Record, str]], on_error: str
+              ) -> list[Record]:
+    """The chunk's rows to encode; on_error "fail": the first bad row stops the run, naming its line."""
+    if not bad:
+        return records
+    if on_error == "fail":
+        record, reason = bad[0]
+        raise InvalidInputError(f"{source.path}: {record.where}: {reason} (--on-error skip sets such rows aside)")
+    bad_rows = {r.row for r, _ in bad}
+    return [r for r in records if r.row not in bad_rows]
+
+
+def fingerprint(engine: Engine, job: EncodeJob, normalize: bool) -> dict:
     """What makes two runs the same run: a resumed run must match it exactly, or be refused."""
     stat = job.input.stat()
     return {"input": str(job.input.resolve()), "input_bytes": stat.st_size, "input_mtime_ns": stat.st_mtime_ns,
@@ -92,7 +108,7 @@ def encode_file(engine: Engine, job: EncodeJob) -> EncodeResult:
     if job.output.is_dir():
         raise InvalidInputError(f"output {job.output} is a directory; give a .parquet file name")
     normalize = engine.manifest.normalize if job.normalize is None else job.normalize
-    run = PartialRun(job.output, _fingerprint(engine, job, normalize), job.overwrite)
+    run = PartialRun(job.output, fingerprint(engine, job, normalize), job.overwrite)
     metadata = {"model": engine.manifest.model, "precision": engine.precision, "pooling": engine.manifest.pooling,
                 "normalize": normalize, "input": str(job.input)}
     track_ids = source.format == "jsonl" or (source.format == "parquet" and source.id_type is not None)
@@ -104,17 +120,13 @@ def encode_file(engine: Engine, job: EncodeJob) -> EncodeResult:
     schema = None
     try:
         for index, records in enumerate(source.chunks(job.chunk_rows)):
-            bad = [(r, reason) for r in records if (reason := checks.error(r))]  # checked on resume too: ids seen
+            bad = checks.bad(records)
             schema = schema or output_schema(source.id_type or int, engine.manifest.hidden_size, metadata)
             if index < run.chunks_done:
                 continue
-            if bad and job.on_error == "fail":
-                record, reason = bad[0]
-                raise InvalidInputError(f"{source.path}: {record.where}: {reason} (--on-error skip sets such rows aside)")
-            bad_rows = {r.row for r, _ in bad}
-            good = [r for r in records if r.row not in bad_rows] if bad else records
+            good = good_rows(source, records, bad, job.on_error)
             table, stats = encode_records(engine, str(source.path), good, normalize, schema)
-            run.write_chunk(index, table, len(records), [_error_line(r, reason) for r, reason in bad])
+            run.write_chunk(index, table, len(records), [error_line(r, reason) for r, reason in bad])
             result.add(stats)
             result.skipped += len(bad)
             bar.update(len(records))
@@ -128,7 +140,7 @@ def encode_file(engine: Engine, job: EncodeJob) -> EncodeResult:
     return result
 
 
-def _error_line(record: Record, reason: str) -> dict:
+def error_line(record: Record, reason: str) -> dict:
     where = {"line": record.row + 1} if record.where.startswith("line") else {"row": record.row}
     return {**where, "reason": reason, "input": record.raw}
 

@@ -32,7 +32,7 @@ from attnserve.config import EngineConfig
 from attnserve.engine.engine import Engine
 from attnserve.errors import AttnserveError, ConfigError, InvalidInputError
 
-from .encode import EncodeJob, EncodeResult, RowChecks, _error_line, _fingerprint
+from .encode import EncodeJob, EncodeResult, RowChecks, error_line, fingerprint, good_rows
 from .partial import PartialRun
 from .readers import InputFile
 from .rows import encode_records, output_schema
@@ -62,7 +62,7 @@ def encode_file_ray(job: EncodeJob, config: EngineConfig, artifacts_dir: Path, r
     if job.output.is_dir():
         raise InvalidInputError(f"output {job.output} is a directory; give a .parquet file name")
     normalize = engine.manifest.normalize if job.normalize is None else job.normalize
-    run = PartialRun(job.output, _fingerprint(engine, job, normalize), job.overwrite)
+    run = PartialRun(job.output, fingerprint(engine, job, normalize), job.overwrite)
     rows = source.count_rows()
     spec = _ChunkSpec(job, vocab_size=engine.manifest.vocab_size, chunks_done=run.chunks_done,
                       track_ids=source.format == "jsonl" or (source.format == "parquet" and source.id_type is not None))
@@ -282,17 +282,12 @@ class _ChunkDatasource(Datasource):
         source = InputFile(job.input, job.text_column, job.id_column)
         checks = RowChecks(spec.vocab_size, spec.track_ids)
         for index, records in enumerate(source.chunks(job.chunk_rows)):
-            bad = [(r, reason) for r in records if (reason := checks.error(r))]
+            bad = checks.bad(records)
             if index < spec.chunks_done:
                 continue
-            if bad and job.on_error == "fail":
-                record, reason = bad[0]
-                raise InvalidInputError(
-                    f"{source.path}: {record.where}: {reason} (--on-error skip sets such rows aside)")
-            bad_rows = {r.row for r, _ in bad}
-            good = [r for r in records if r.row not in bad_rows] if bad else records
+            good = good_rows(source, records, bad, job.on_error)
             yield _one_row(chunk=index, rows=len(records), records=pickle.dumps(good),
-                           errors=pickle.dumps([_error_line(r, reason) for r, reason in bad]))
+                           errors=pickle.dumps([error_line(r, reason) for r, reason in bad]))
 
 
 class _ChunkEncoder:

@@ -45,7 +45,7 @@ from attnserve.errors import AttnserveError, InvalidInputError
 from attnserve.v1 import encoder_pb2 as pb
 from attnserve.v1 import encoder_pb2_grpc
 
-from .encode import EncodeJob, EncodeResult, RowChecks, _error_line
+from .encode import EncodeJob, EncodeResult, RowChecks, error_line, good_rows
 from .partial import PartialRun
 from .readers import InputFile, Record
 from .rows import output_schema
@@ -214,19 +214,15 @@ class _RemoteRun:
         max_tokens = max(1, min(REQUEST_TOKENS, (limits.max_queue_tokens or 1 << 30) // WINDOW_QUEUE_SHARE))
         max_bytes = int((limits.max_request_bytes or 4 << 20) * REQUEST_BYTES_SHARE)
         for index, records in enumerate(source.chunks(self.job.chunk_rows)):
-            bad = [(r, reason) for r in records if (reason := checks.error(r))]  # on resumed chunks too: ids seen
+            bad = checks.bad(records)
             self.schema = self.schema or output_schema(source.id_type or int, info.hidden_size, metadata)
             if index < run.chunks_done:
                 continue
-            if bad and self.job.on_error == "fail":
-                record, reason = bad[0]
-                raise InvalidInputError(f"{source.path}: {record.where}: {reason}{SKIP_HINT}")
-            bad_rows = {r.row for r, _ in bad}
-            good = [r for r in records if r.row not in bad_rows] if bad else records
+            good = good_rows(source, records, bad, self.job.on_error)
             n = len(good)
             chunk = _Chunk(index, len(records), good, np.empty((n, info.hidden_size), np.float32),
                            np.empty(n, np.int32), np.empty(n, bool), np.ones(n, bool),
-                           [(r.row, _error_line(r, reason)) for r, reason in bad], n)
+                           [(r.row, error_line(r, reason)) for r, reason in bad], n)
             yield chunk
             estimates = [estimate_tokens(r) for r in good]
             order = sorted(range(n), key=estimates.__getitem__) if SORT_BY_LENGTH else range(n)
@@ -402,7 +398,7 @@ class _RemoteRun:
         chunk, position = request.chunk, request.rows.pop(i)
         record = chunk.records[position]
         chunk.keep[position] = False
-        chunk.errors.append((record.row, _error_line(record, reason)))
+        chunk.errors.append((record.row, error_line(record, reason)))
         chunk.left -= 1
         del request.message.inputs[i]
         if not request.rows:
