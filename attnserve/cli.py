@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 from attnserve import __version__
-from attnserve.config import ClientConfig, EngineConfig, ServerConfig, add_arguments, from_args
+from attnserve.config import ClientConfig, EngineConfig, LoadTestConfig, ServerConfig, add_arguments, from_args
 from attnserve.errors import AttnserveError
 
 
@@ -114,6 +114,30 @@ def cmd_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_health(args: argparse.Namespace) -> int:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from attnserve.client.client import open_channel
+
+    config = from_args(ClientConfig, args)
+    with open_channel(config) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=args.service),
+                                                              timeout=config.timeout)
+        except grpc.RpcError as e:
+            raise AttnserveError(f"{config.target}: {e.code().name}: {e.details()}") from None
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"{config.target}: {status}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    from attnserve.loadtest.run import run_loadtest
+
+    return run_loadtest(from_args(LoadTestConfig, args), from_args(ClientConfig, args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attnserve", description="Contextualized embeddings and attention maps from a Transformer encoder.")
@@ -192,6 +216,24 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("-o", "--output", required=True, help="image to write: .png, .svg or .pdf")
     add_arguments(attention, ClientConfig)
     attention.set_defaults(func=cmd_attention)
+
+    health = sub.add_parser("health", parents=[common], help="client: ask a server's gRPC health service",
+                            description="Ask the standard grpc.health.v1 service of a running server; exit 0 when "
+                                        "it is SERVING, 1 otherwise. For container health checks and scripts.")
+    health.add_argument("--service", default="", help="service name to ask about (default: the whole server)")
+    add_arguments(health, ClientConfig)
+    health.set_defaults(func=cmd_health)
+
+    loadtest = sub.add_parser(
+        "loadtest", parents=[common], help="client: closed- or open-loop load against a server or fleet",
+        description="Send Embed requests to TARGET, either keeping --concurrency requests in flight (closed loop) or "
+                    "starting --rate requests per second whatever the replies (open loop), for --duration seconds "
+                    "or --requests requests. Reports requests/s, tokens/s, latency p50/p90/p99/max and every "
+                    "status code; --json and --plot write it to files. SIGINT or SIGTERM stops the load early "
+                    "and still reports.")
+    add_arguments(loadtest, LoadTestConfig)
+    add_arguments(loadtest, ClientConfig)
+    loadtest.set_defaults(func=cmd_loadtest)
     return parser
 
 

@@ -59,6 +59,12 @@ class ServerConfig:
     max_queue_tokens: int = setting(
         65536, "ATTNSERVE_MAX_QUEUE_TOKENS", "tokens waiting in the queue; a request that does not fit gets "
                                              "RESOURCE_EXHAUSTED at once")
+    # Work queued in seconds rather than tokens: the same bound holds on a slow CPU and a fast GPU, and
+    # it is what an accepted request's latency is made of under overload.
+    max_queue_wait_ms: float = setting(
+        0.0, "ATTNSERVE_MAX_QUEUE_WAIT_MS",
+        "a request is refused with RESOURCE_EXHAUSTED when the work queued ahead of it would take longer than "
+        "this to run, estimated from measured batch times; 0: no limit but --max-queue-tokens")
     max_inputs_per_request: int = setting(256, "ATTNSERVE_MAX_INPUTS_PER_REQUEST", "most inputs in one request")
     max_request_bytes: int = setting(
         4 * 1024 * 1024, "ATTNSERVE_MAX_REQUEST_BYTES", "largest request message accepted")
@@ -67,6 +73,12 @@ class ServerConfig:
         "largest response message sent; a request whose reply would be larger is refused before it runs")
     grace_seconds: float = setting(
         20.0, "ATTNSERVE_GRACE_SECONDS", "on SIGTERM/SIGINT, how long requests in flight may take to finish")
+    # Clients resolve DNS again only when a connection closes: an age makes round_robin clients
+    # find replicas added by scaling.
+    max_connection_age: float = setting(
+        0.0, "ATTNSERVE_MAX_CONNECTION_AGE",
+        "seconds after which a client connection is asked to reconnect (GOAWAY), calls in flight finishing "
+        "first, so clients balancing over DNS find new replicas; 0: never")
     tls_cert: str | None = setting(None, "ATTNSERVE_TLS_CERT", "PEM certificate chain: serve TLS")
     tls_key: str | None = setting(None, "ATTNSERVE_TLS_KEY", "PEM private key of --tls-cert")
     tls_client_ca: str | None = setting(
@@ -82,8 +94,8 @@ class ServerConfig:
                                   f"got {getattr(self, name)}")
         if self.metrics_port < -1:
             raise ConfigError(f"metrics_port must be >= -1, got {self.metrics_port}")
-        if self.max_wait_ms < 0 or self.grace_seconds < 0:
-            raise ConfigError("max_wait_ms and grace_seconds must be >= 0")
+        if min(self.max_wait_ms, self.grace_seconds, self.max_queue_wait_ms, self.max_connection_age) < 0:
+            raise ConfigError("max_wait_ms, max_queue_wait_ms, max_connection_age and grace_seconds must be >= 0")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("TLS needs both --tls-cert and --tls-key")
         if self.tls_client_ca and not self.tls_cert:
@@ -92,7 +104,14 @@ class ServerConfig:
 
 @dataclass
 class ClientConfig:
-    target: str = setting("localhost:50051", "ATTNSERVE_TARGET", "server address, host:port")
+    target: str = setting(
+        "localhost:50051", "ATTNSERVE_TARGET",
+        "server address: host:port, or a gRPC target such as dns:///server:50051 (every address the name "
+        "resolves to) or ipv4:10.0.0.1:50051,10.0.0.2:50051")
+    # round_robin keeps a connection to every address a target resolves to and spreads calls over them;
+    # pick_first (gRPC's default) would send everything to one replica for the connection's life.
+    lb_policy: str = setting("round_robin", "ATTNSERVE_LB_POLICY", "how calls spread over the target's addresses",
+                             choices=("round_robin", "pick_first"))
     timeout: float = setting(60.0, "ATTNSERVE_TIMEOUT", "seconds before a call gives up (DEADLINE_EXCEEDED)")
     tls: bool = setting(False, "ATTNSERVE_TLS", "connect with TLS (implied by --tls-ca or --tls-cert)")
     tls_ca: str | None = setting(None, "ATTNSERVE_TLS_CA", "PEM CA bundle that signed the server's certificate "
@@ -105,6 +124,48 @@ class ClientConfig:
             raise ConfigError(f"timeout must be positive, got {self.timeout}")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("a client certificate needs both --tls-cert and --tls-key")
+
+
+@dataclass
+class LoadTestConfig:
+    concurrency: int = setting(
+        0, "ATTNSERVE_LOADTEST_CONCURRENCY",
+        "closed loop: requests kept in flight, each sent as soon as one is answered (32 unless --rate is given)")
+    rate: float = setting(
+        0.0, "ATTNSERVE_LOADTEST_RATE",
+        "open loop: requests started per second on a fixed schedule, answered or not, so a slow server "
+        "cannot slow the load down and hide its queueing")
+    duration: float = setting(
+        0.0, "ATTNSERVE_LOADTEST_DURATION", "seconds of measured load after --warmup (30 unless --requests is given)")
+    requests: int = setting(
+        0, "ATTNSERVE_LOADTEST_REQUESTS", "measured requests to send; with --duration, whichever comes first")
+    warmup: float = setting(0.0, "ATTNSERVE_LOADTEST_WARMUP", "seconds of load before measuring, left out of the report")
+    batch_size: int = setting(1, "ATTNSERVE_LOADTEST_BATCH_SIZE", "inputs per request")
+    input: str | None = setting(
+        None, "ATTNSERVE_LOADTEST_INPUT",
+        "inputs to send, in turn: .txt, .jsonl or .parquet as `encode` reads them (default: the mixed-length corpus)")
+    corpus_size: int = setting(2000, "ATTNSERVE_LOADTEST_CORPUS_SIZE", "texts in the mixed-length corpus")
+    seed: int = setting(0, "ATTNSERVE_LOADTEST_SEED", "seed of the mixed-length corpus")
+    truncate: bool = setting(
+        True, "ATTNSERVE_LOADTEST_TRUNCATE",
+        "ask the server to cut inputs longer than max_seq_length (with --no-truncate they get INVALID_ARGUMENT)")
+    wait_ready: float = setting(
+        0.0, "ATTNSERVE_LOADTEST_WAIT_READY", "seconds to wait for the target to report SERVING before the load starts")
+    json: str | None = setting(None, "ATTNSERVE_LOADTEST_JSON", "also write the report as JSON to this file (- : stdout)")
+    plot: str | None = setting(
+        None, "ATTNSERVE_LOADTEST_PLOT", "draw latency over time and a latency histogram into this PNG (needs matplotlib)")
+
+    def __post_init__(self) -> None:
+        if self.concurrency and self.rate:
+            raise ConfigError("give --concurrency (closed loop) or --rate (open loop), not both")
+        if min(self.concurrency, self.rate, self.duration, self.requests, self.warmup, self.wait_ready) < 0:
+            raise ConfigError("concurrency, rate, duration, requests, warmup and wait_ready must be >= 0")
+        if self.batch_size < 1 or self.corpus_size < 1:
+            raise ConfigError("batch_size and corpus_size must be positive")
+        if not self.rate and not self.concurrency:
+            self.concurrency = 32
+        if not self.duration and not self.requests:
+            self.duration = 30.0
 
 
 def _parse(f: dataclasses.Field, raw: str, source: str) -> Any:

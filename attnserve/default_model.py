@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from attnserve import __version__
 from attnserve.errors import ArtifactError, CheckpointError
@@ -50,6 +53,23 @@ def resolve_artifacts(artifacts: str | None) -> Path:
         raise ArtifactError(
             f"no --artifacts given and none built yet in {directory}; building them needs the export extra "
             f"({e.name} is missing): pip install 'attnserve[export]'") from None
-    print(f"attnserve: first run: building artifacts for {DEFAULT_MODEL_NAME} in {directory}", file=sys.stderr)
-    build_artifacts(read_checkpoint(default_checkpoint_dir(), DEFAULT_MODEL_NAME), directory)
+    # Several processes started together on an empty cache (replicas, a test's servers) build it
+    # once: the first holds the lock, the others wait and then find its manifest.
+    with _build_lock(directory):
+        if not (directory / "manifest.json").is_file():
+            print(f"attnserve: first run: building artifacts for {DEFAULT_MODEL_NAME} in {directory}",
+                  file=sys.stderr)
+            build_artifacts(read_checkpoint(default_checkpoint_dir(), DEFAULT_MODEL_NAME), directory)
     return directory
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(directory.parent / f".{directory.name}.lock", "a")
+    except OSError as e:
+        raise ArtifactError(f"cannot write the artifact cache {directory.parent}: {e.strerror}") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        yield

@@ -53,11 +53,11 @@ from pathlib import Path
 
 import numpy as np
 
+from attnserve.loadtest.corpus import mixed_length_corpus
+
 try:
-    from corpus import mixed_length_corpus  # run as a script: bench/ is on sys.path
-    from report import table, target_line
+    from report import table, target_line  # run as a script: bench/ is on sys.path
 except ImportError:
-    from bench.corpus import mixed_length_corpus  # run as `python -m bench.bench_encode`
     from bench.report import table, target_line
 
 MATMUL_N = 2048

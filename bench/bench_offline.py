@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
+from attnserve.loadtest.corpus import SAMPLE_TEXTS, mixed_length_corpus
+
 try:
-    from corpus import SAMPLE_TEXTS, mixed_length_corpus  # run as a script: bench/ is on sys.path
-    from report import table, target_line
+    from report import table, target_line  # run as a script: bench/ is on sys.path
 except ImportError:
-    from bench.corpus import SAMPLE_TEXTS, mixed_length_corpus  # run as `python -m bench.bench_offline`
     from bench.report import table, target_line
 
 SUMMARY = re.compile(r"encoded (\d+) texts, (\d+) tokens in ([\d.]+)s: ([\d.]+) tokens/s, padding ([\d.]+)% -> ")

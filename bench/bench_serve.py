@@ -63,11 +63,11 @@ from pathlib import Path
 
 import numpy as np
 
+from attnserve.loadtest.corpus import mixed_length_corpus
+
 try:
-    from corpus import mixed_length_corpus  # run as a script: bench/ is on sys.path
-    from report import table, target_line
+    from report import table, target_line  # run as a script: bench/ is on sys.path
 except ImportError:
-    from bench.corpus import mixed_length_corpus  # run as `python -m bench.bench_serve`
     from bench.report import table, target_line
 
 SHORT_TEXT = "The quick brown fox jumps over the lazy dog."
@@ -146,10 +146,12 @@ class ServerProcess:
     """One `attnserve serve` on 127.0.0.1; port 0 lets the server bind free ports itself (no race
     between finding a port and binding it), and its "serving" log line says which it got."""
 
-    def __init__(self, artifacts: Path):
+    def __init__(self, artifacts: Path, env: dict[str, str] | None = None):
+        """env: settings (ATTNSERVE_*) to run with instead of the defaults."""
         self.cmd = [sys.executable, "-m", "attnserve.cli", "serve", "--artifacts", str(artifacts),
                     "--provider", "cpu", "--precision", "fp32", "--host", "127.0.0.1", "--port", "0",
                     "--metrics-port", "0", "--log-format", "json", "--log-level", "INFO"]
+        self.env = env or {}
         self.tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self.serving_event: dict | None = None
         self._serving = threading.Event()
@@ -158,7 +160,7 @@ class ServerProcess:
 
     def start(self) -> None:
         self.started = time.monotonic()
-        env = {k: v for k, v in os.environ.items() if k not in tuning_env_names()}
+        env = {k: v for k, v in os.environ.items() if k not in tuning_env_names()} | self.env
         self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True, env=env)
         # stderr must be drained all along, or a chatty server would block on a full pipe.

@@ -105,14 +105,21 @@ def channel_credentials(config: ClientConfig) -> grpc.ChannelCredentials | None:
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 
+def open_channel(config: ClientConfig, aio: bool = False) -> grpc.Channel | grpc.aio.Channel:
+    """The one way attnserve's clients connect: TLS as configured, calls spread by config.lb_policy."""
+    credentials = channel_credentials(config)
+    module = grpc.aio if aio else grpc
+    options = [*CHANNEL_OPTIONS, ("grpc.lb_policy_name", config.lb_policy)]
+    return (module.secure_channel(config.target, credentials, options) if credentials
+            else module.insecure_channel(config.target, options))
+
+
 class Client:
     def __init__(self, target: str | None = None, config: ClientConfig | None = None):
         self.config = config or ClientConfig()
         if target:
             self.config.target = target
-        credentials = channel_credentials(self.config)
-        self._channel = (grpc.secure_channel(self.config.target, credentials, CHANNEL_OPTIONS) if credentials
-                         else grpc.insecure_channel(self.config.target, CHANNEL_OPTIONS))
+        self._channel = open_channel(self.config)
         self._stub = encoder_pb2_grpc.EncoderStub(self._channel)
 
     def embed(self, inputs: Sequence[Input], *, normalize: bool | None = None, pooling: str | None = None,

@@ -10,8 +10,8 @@ import numpy as np
 from attnserve.errors import AttnserveError
 
 
-def draw_attention(weights: np.ndarray, tokens: Sequence[str], title: str, path: Path) -> None:
-    """weights (T, T): row i is how token i attends to every token (query -> key)."""
+def pyplot():
+    """matplotlib.pyplot for drawing into files, or a clear error when the plot extra is missing."""
     try:
         import matplotlib
 
@@ -19,6 +19,25 @@ def draw_attention(weights: np.ndarray, tokens: Sequence[str], title: str, path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise AttnserveError("drawing needs matplotlib: pip install 'attnserve[plot]'") from None
+    return plt
+
+
+def save_figure(fig, path: Path) -> None:
+    """Write and close the figure; an unwritable path or unknown extension is one clear error."""
+    plt = pyplot()
+    try:
+        fig.savefig(path, dpi=100)
+    except OSError as e:
+        raise AttnserveError(f"cannot write {path}: {e.strerror}") from None
+    except ValueError as e:  # an extension matplotlib has no writer for
+        raise AttnserveError(f"cannot write {path}: {e}") from None
+    finally:
+        plt.close(fig)
+
+
+def draw_attention(weights: np.ndarray, tokens: Sequence[str], title: str, path: Path) -> None:
+    """weights (T, T): row i is how token i attends to every token (query -> key)."""
+    plt = pyplot()
     T = len(tokens)
     assert weights.shape == (T, T), (weights.shape, T)
     size = min(4 + 0.28 * T, 40)  # inches: labels stay legible up to the 256-token limit
@@ -31,11 +50,4 @@ def draw_attention(weights: np.ndarray, tokens: Sequence[str], title: str, path:
     ax.set_title(title)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=100)
-    except OSError as e:
-        raise AttnserveError(f"cannot write {path}: {e.strerror}") from None
-    except ValueError as e:  # an extension matplotlib has no writer for
-        raise AttnserveError(f"cannot write {path}: {e}") from None
-    finally:
-        plt.close(fig)
+    save_figure(fig, path)

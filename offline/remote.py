@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from attnserve import __version__
-from attnserve.client.client import CHANNEL_OPTIONS, channel_credentials
+from attnserve.client.client import open_channel
 from attnserve.config import ClientConfig
 from attnserve.engine.engine import EncodeStats
 from attnserve.errors import AttnserveError, InvalidInputError
@@ -179,9 +179,7 @@ class _Stream:
 class _RemoteRun:
     def __init__(self, job: EncodeJob, config: ClientConfig):
         self.job, self.config, self.target = job, config, config.target
-        credentials = channel_credentials(config)
-        self.channel = (grpc.secure_channel(self.target, credentials, CHANNEL_OPTIONS) if credentials
-                        else grpc.insecure_channel(self.target, CHANNEL_OPTIONS))
+        self.channel = open_channel(config)
         self.stub = encoder_pb2_grpc.EncoderStub(self.channel)
         self.schema: pa.Schema | None = None
 

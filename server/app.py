@@ -61,16 +61,23 @@ def check_port_free(host: str, port: int) -> None:
             raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
-def warm_up(engine: Engine) -> None:
-    """Run every graph once at a small and a full-budget shape, so the first request does not pay for it."""
+def warm_up(engine: Engine) -> list[tuple[bool, float, int]]:
+    """Run every graph once at a small and a full-budget shape, so the first request does not pay for it.
+
+    Returns (attention, seconds, tokens) of each graph's larger run: the batcher's first estimate of its speed.
+    """
     budget = engine.config.max_batch_tokens
     T = min(engine.manifest.max_seq_length, budget)
     ids = np.full(T, 1000, dtype=np.int64)
+    timings = []
     for attention in (False, True):
         for rows, length in ((1, 8), (max(1, min(budget // T, engine.config.max_batch_size)), T)):
             if attention and rows > 1:
                 rows = 2  # the attention graph's outputs grow with T^2: a small batch warms it enough
+            started = time.perf_counter()
             engine.run([TokenizedInput(ids[:length], False)] * rows, attention=attention)
+        timings.append((attention, time.perf_counter() - started, rows * length))
+    return timings
 
 
 class Server:
@@ -93,7 +100,7 @@ class Server:
         credentials = server_credentials(config)  # unreadable TLS files fail before anything starts
         self.batcher = Batcher(engine.run, BatcherLimits(
             engine.config.max_batch_tokens, engine.config.max_batch_size, config.max_queue_tokens,
-            config.max_wait_ms / 1e3), self.metrics, self._inference)
+            config.max_wait_ms / 1e3, config.max_queue_wait_ms / 1e3), self.metrics, self._inference)
         if config.max_queue_tokens < engine.manifest.max_seq_length:
             raise ConfigError(f"max_queue_tokens {config.max_queue_tokens} cannot hold one input of "
                               f"max_seq_length {engine.manifest.max_seq_length}")
@@ -101,6 +108,9 @@ class Server:
             ("grpc.max_receive_message_length", config.max_request_bytes),
             ("grpc.max_send_message_length", config.max_response_bytes + RESPONSE_SLACK_BYTES),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
+            *([("grpc.max_connection_age_ms", int(config.max_connection_age * 1e3)),
+               ("grpc.max_connection_age_grace_ms", int(config.grace_seconds * 1e3))]
+              if config.max_connection_age else []),
         ])
         self._service = EncoderService(engine, self.batcher, config, self.metrics, self._io)
         server.add_generic_rpc_handlers((rpc_handlers(self._service),))
@@ -132,7 +142,9 @@ class Server:
         await server.start()
         self.batcher.start()
         started = time.perf_counter()
-        await asyncio.get_running_loop().run_in_executor(self._inference, warm_up, engine)
+        timings = await asyncio.get_running_loop().run_in_executor(self._inference, warm_up, engine)
+        for attention, seconds, tokens in timings:
+            self.batcher.learn_rate(attention, seconds, tokens, tokens)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("serving", extra={"fields": {

@@ -16,8 +16,11 @@ append and await their futures. The owner
   4. hands each caller its rows, or, if the run failed, an error to the
      callers in that batch only.
 
-Admission is bounded in tokens: a request that does not fit gets
-QueueFullError at once, never a silent wait.
+Admission is bounded in tokens and, optionally, in time: a request gets
+QueueFullError at once, never a silent wait, when its tokens do not fit or
+when the work queued ahead of it would take longer than max_queue_wait to
+run. That time is estimated per lane from the seconds per token of recent
+batches, so the bound means the same on a slow CPU and a fast GPU.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ log = logging.getLogger("attnserve.batcher")
 # find inputs of similar length, few enough that planning stays ~2 ms on the
 # event loop even when the queue holds thousands.
 PLAN_WINDOW = 256
+# Weight of the newest batch in the running seconds-per-token estimate: a few batches
+# follow a change of load, one odd batch does not swing admission.
+RATE_WEIGHT = 0.2
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ class BatcherLimits:
     max_batch_size: int
     max_queue_tokens: int
     max_wait_s: float
+    max_queue_wait_s: float = 0.0  # 0: no time bound
 
 
 @dataclass
@@ -91,6 +98,7 @@ class Batcher:
         # Per lane (attention or not), insertion-ordered: the first entry is the oldest.
         self._lanes: dict[bool, dict[int, _Entry]] = {False: {}, True: {}}
         self._lane_tokens = {False: 0, True: 0}
+        self._seconds_per_token: dict[bool, float | None] = {False: None, True: None}
         self._queued_requests = 0
         self._seq = itertools.count()
         self._arrived = asyncio.Event()
@@ -104,6 +112,35 @@ class Batcher:
     def queued_tokens(self) -> int:
         return self._lane_tokens[False] + self._lane_tokens[True]
 
+    @property
+    def queued_seconds(self) -> float:
+        """Estimated time to run what is queued, from recent batches (0 for a lane not yet measured)."""
+        return sum(self._lane_tokens[a] * (self._seconds_per_token[a] or 0.0) for a in (False, True))
+
+    def learn_rate(self, attention: bool, seconds: float, tokens: int, cells: int) -> None:
+        """Fold one batch's time into its lane's seconds-per-token estimate (warm-up seeds it).
+
+        Only batches at least half the budget count once there is an estimate: a queue long enough
+        to matter drains in full batches, and a lone short input costs several times more per token.
+        """
+        old = self._seconds_per_token[attention]
+        if tokens <= 0 or (old is not None and cells < self.limits.max_batch_tokens // 2):
+            return
+        rate = seconds / tokens
+        self._seconds_per_token[attention] = rate if old is None else old + RATE_WEIGHT * (rate - old)
+
+    def check_room(self, n_inputs: int) -> None:
+        """Refuse a request before any work is spent on it: the server is draining, or the work queued
+        ahead would take longer than max_queue_wait to run."""
+        if self._closed:
+            raise ShuttingDownError("the server is shutting down; retry on another replica")
+        wait_limit = self.limits.max_queue_wait_s
+        if wait_limit and self.queued_seconds > wait_limit:
+            self._metrics.dropped.labels("queue_full").inc(n_inputs)
+            raise QueueFullError(
+                f"queue full: about {self.queued_seconds * 1e3:.0f} ms of work waiting, more than the server's "
+                f"limit of {wait_limit * 1e3:.0f} ms; retry with backoff")
+
     async def submit(self, inputs: Sequence[TokenizedInput], attention: bool, deadline: float | None
                      ) -> list[RowOutput]:
         """Queue one request's inputs and wait for their rows, in the order given.
@@ -111,8 +148,7 @@ class Batcher:
         Cancelling the awaiting task (client gone, deadline passed) drops the
         inputs that have not run yet.
         """
-        if self._closed:
-            raise ShuttingDownError("the server is shutting down; retry on another replica")
+        self.check_room(len(inputs))  # again: the queue changed while the request was tokenized
         tokens = sum(len(x) for x in inputs)
         capacity = self.limits.max_queue_tokens
         if tokens > capacity:
@@ -246,6 +282,7 @@ class Batcher:
 
     def _update_gauges(self) -> None:
         self._metrics.queue_tokens.set(self.queued_tokens)
+        self._metrics.queue_seconds_estimate.set(self.queued_seconds)
         self._metrics.queue_requests.set(self._queued_requests)
 
     async def _run(self, batch: list[_Entry]) -> None:
@@ -274,6 +311,7 @@ class Batcher:
                     entry.future.set_exception(failure)
             return
         seconds = time.monotonic() - started
+        self.learn_rate(attention, seconds, tokens, cells)
         self._metrics.observe_batch(graph, len(batch), tokens, cells, seconds)
         log.debug("batch", extra={"fields": {
             "event": "batch", "graph": graph, "size": len(batch), "tokens": tokens, "cells": cells,

@@ -36,6 +36,8 @@ class Metrics:
         self.queue_requests = Gauge("attnserve_queue_depth_requests", "Requests with inputs waiting in the queue",
                                     registry=r)
         self.queue_tokens = Gauge("attnserve_queue_depth_tokens", "Tokens waiting in the queue", registry=r)
+        self.queue_seconds_estimate = Gauge("attnserve_queue_depth_seconds",
+                                            "Estimated time to run the work waiting in the queue", registry=r)
         self.dropped = Counter("attnserve_inputs_dropped", "Inputs dropped before they ran, by reason",
                                ["reason"], registry=r)
         self.failed_batches = Counter("attnserve_batches_failed", "Batches whose session run failed", registry=r)

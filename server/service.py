@@ -159,7 +159,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
                 max_inputs_per_request=config.max_inputs_per_request, max_batch_tokens=limits.max_batch_tokens,
                 max_batch_size=limits.max_batch_size, max_queue_tokens=limits.max_queue_tokens,
                 max_request_bytes=config.max_request_bytes, max_response_bytes=config.max_response_bytes,
-                max_wait_ms=limits.max_wait_s * 1e3))
+                max_wait_ms=limits.max_wait_s * 1e3, max_queue_wait_ms=limits.max_queue_wait_s * 1e3))
 
     async def _embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext, label: str = ""
                      ) -> tuple[bytes, int]:
@@ -167,6 +167,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
         loop = asyncio.get_running_loop()
         engine = self._engine
         try:
+            self._batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
             prepared = await loop.run_in_executor(
                 self._executor, prepare, request, engine.tokenizer, engine.manifest,
                 self._config.max_inputs_per_request, self._config.max_response_bytes)

@@ -25,15 +25,18 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, artifacts: Path | None, *flags: str, env: dict | None = None, log_path: Path | None = None):
-        """artifacts None: serve the default model from the cache, as `attnserve serve` alone does."""
-        self.port, self.metrics_port = free_port(), free_port()
-        self.target = f"localhost:{self.port}"
+    def __init__(self, artifacts: Path | None, *flags: str, env: dict | None = None, log_path: Path | None = None,
+                 host: str = "127.0.0.1", port: int | None = None, metrics_port: int | None = None):
+        """artifacts None: serve the default model from the cache, as `attnserve serve` alone does.
+        port, metrics_port None: free ones."""
+        self.host = host
+        self.port, self.metrics_port = port or free_port(), metrics_port or free_port()
+        self.target = f"{'localhost' if host == '127.0.0.1' else host}:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(
             [sys.executable, "-m", "attnserve.cli", "serve", *(["--artifacts", str(artifacts)] if artifacts else []),
-             "--host", "127.0.0.1",
+             "--host", host,
              "--port", str(self.port), "--metrics-port", str(self.metrics_port), *flags],
             stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
@@ -68,7 +71,7 @@ class ServerProcess:
 
     def metrics(self) -> dict[str, float]:
         """Every sample of /metrics, keyed like 'name{label="v"}'."""
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).read().decode()
+        text = urllib.request.urlopen(f"http://{self.host}:{self.metrics_port}/metrics", timeout=5).read().decode()
         samples = {}
         for family in text_string_to_metric_families(text):
             for s in family.samples:

@@ -201,3 +201,37 @@ def test_a_batcher_bug_fails_the_queued_requests_instead_of_hanging(engine, monk
 
     rows, _ = run(engine, scenario)
     assert rows[0].sentence_embedding.shape == (384,)
+
+
+def test_a_time_bound_refuses_by_the_work_queued_ahead_not_the_request_size(engine):
+    gate = threading.Event()  # holds the first batch in the session, so what follows stays queued
+
+    async def scenario(batcher, runner):
+        batcher.learn_rate(False, seconds=0.5, tokens=1000, cells=2048)  # 0.5 ms a token, as warm-up would seed
+        running = asyncio.ensure_future(batcher.submit([item(8)], False, None))
+        await asyncio.sleep(0.05)
+        # An empty queue takes any request, however long it will run: 8 x 200 tokens ~ 0.8 s > the 0.5 s bound.
+        big = asyncio.ensure_future(batcher.submit([item(200)] * 8, False, None))
+        await asyncio.sleep(0.01)
+        assert batcher.queued_seconds == pytest.approx(0.8)
+        start = time.monotonic()
+        with pytest.raises(QueueFullError, match="about 800 ms of work waiting, more than the server's limit of 500"):
+            batcher.check_room(1)  # what the service asks before it tokenizes anything
+        with pytest.raises(QueueFullError, match="about 800 ms"):
+            await batcher.submit([item(5)], False, None)
+        refused_in = time.monotonic() - start
+        gate.set()
+        return refused_in, [len(r) for r in await asyncio.gather(running, big)]
+
+    (refused_in, answered), _ = run(engine, scenario, gate=gate, max_queue_wait_s=0.5)
+    assert refused_in < 0.01 and answered == [1, 8]
+
+
+def test_the_speed_estimate_follows_full_batches_only():
+    batcher = Batcher(lambda *a: None, BatcherLimits(2048, 256, 65536, 0.002, 1.0), Metrics(), None)
+    batcher.learn_rate(False, seconds=0.2, tokens=2000, cells=2048)  # the warm-up seed: 0.1 ms a token
+    batcher.learn_rate(False, seconds=0.01, tokens=10, cells=10)  # a lone short input: 1 ms a token, ignored
+    batcher._lane_tokens[False] = 1000
+    assert batcher.queued_seconds == pytest.approx(0.1)
+    batcher.learn_rate(False, seconds=0.4, tokens=2000, cells=2048)  # the machine got slower: 0.2 ms a token
+    assert batcher.queued_seconds == pytest.approx(0.1 + 0.2 * 0.1)

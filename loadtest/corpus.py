@@ -10,7 +10,7 @@ Each text is a contiguous window of words from export/data/sample_texts.txt
 vocabulary, scripts and punctuation are those of the committed real-text
 sample rather than synthetic tokens.
 
-    python bench/corpus.py 2000 -o corpus.txt   # one text per line
+    python -m attnserve.loadtest.corpus 2000 -o corpus.txt   # one text per line
 """
 
 from __future__ import annotations
