@@ -19,7 +19,7 @@ SUBCOMMANDS = sorted(next(a for a in build_parser()._actions if isinstance(a, ar
 
 
 def test_the_commands_design_promises_exist():
-    assert {"export", "encode", "serve", "embed", "attention"} <= set(SUBCOMMANDS)
+    assert {"export", "encode", "serve", "embed", "attention", "loadtest", "health"} <= set(SUBCOMMANDS)
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
