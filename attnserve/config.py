@@ -130,7 +130,7 @@ class ClientConfig:
 class LoadTestConfig:
     concurrency: int = setting(
         0, "ATTNSERVE_LOADTEST_CONCURRENCY",
-        "closed loop: requests kept in flight, each sent as soon as one is answered (32 unless --rate is given)")
+        "closed loop: requests kept in flight, each sent as soon as one is answered (64 unless --rate is given)")
     rate: float = setting(
         0.0, "ATTNSERVE_LOADTEST_RATE",
         "open loop: requests started per second on a fixed schedule, answered or not, so a slow server "
@@ -163,7 +163,7 @@ class LoadTestConfig:
         if self.batch_size < 1 or self.corpus_size < 1:
             raise ConfigError("batch_size and corpus_size must be positive")
         if not self.rate and not self.concurrency:
-            self.concurrency = 32
+            self.concurrency = 64
         if not self.duration and not self.requests:
             self.duration = 30.0
 
