@@ -130,7 +130,8 @@ class ClientConfig:
 class LoadTestConfig:
     concurrency: int = setting(
         0, "ATTNSERVE_LOADTEST_CONCURRENCY",
-        "closed loop: requests kept in flight, each sent as soon as one is answered (64 unless --rate is given)")
+        "closed loop: requests kept in flight, each sent as soon as one is answered, or after a backoff when it "
+        "was refused with RESOURCE_EXHAUSTED (64 unless --rate is given)")
     rate: float = setting(
         0.0, "ATTNSERVE_LOADTEST_RATE",
         "open loop: requests started per second on a fixed schedule, answered or not, so a slow server "

@@ -9,9 +9,12 @@ the compose file gives its `server` service (read from docker-compose.yml):
                 (one onnxruntime thread each on the 2-core machine), reached
                 the way compose's load test reaches them: client-side
                 round_robin over every address of the target; the same closed
-                loop. Its requests/s is the fleet's capacity;
-  open loop     the fleet at 0.8x and 2x that capacity: requests start on a
-                fixed schedule whatever the replies, so queueing shows.
+                loop. Its requests/s is the fleet's capacity. Both closed loops
+                run without the compose file's queue-time bound, so that they
+                measure computing, not refusing;
+  open loop     a fresh fleet with every compose setting, at 0.8x and 2x that
+                capacity: requests start on a fixed schedule whatever the
+                replies, so queueing shows.
 
 Every load is a real `attnserve loadtest --json -` subprocess. Each replica's
 own Prometheus counters say how the load spread and that every request sent
@@ -100,8 +103,6 @@ def measure(args, artifacts: Path, env: dict[str, str], count: int, loads: list[
     try:
         target = "ipv4:" + ",".join(r.target for r in replicas) if count > 1 else replicas[0].target
         for name, flags in loads:
-            if callable(flags):
-                flags = flags(results)
             before = answered(replicas)
             log(f"{count} replica(s): {name}: attnserve loadtest {' '.join(flags)}")
             report = loadtest(target, "--warmup", str(args.warmup), "--duration", str(args.duration), *flags)
@@ -158,10 +159,14 @@ def run(args: argparse.Namespace) -> int:
     single_env = {k: v for k, v in fleet_env.items() if k != "ATTNSERVE_THREADS"}  # the whole machine
     closed = ["--concurrency", str(args.concurrency)]
 
-    one = measure(args, artifacts, single_env, 1, [("closed", closed)])
-    rate = lambda share: lambda results: ["--rate", f"{results['closed']['requests_per_s'] * share:.2f}"]
-    two = measure(args, artifacts, fleet_env, 2, [("closed", closed), ("open 0.8x", rate(0.8)),
-                                                     ("open 2x", rate(2.0))])
+    # Capacity is what the replicas compute, measured with no queue-time bound: with one, the closed
+    # loop's streams would spend part of the run backing off from refusals instead of loading the server.
+    unbounded = {"ATTNSERVE_MAX_QUEUE_WAIT_MS": "0"}
+    one = measure(args, artifacts, single_env | unbounded, 1, [("closed", closed)])
+    two = measure(args, artifacts, fleet_env | unbounded, 2, [("closed", closed)])
+    capacity = two["closed"]["requests_per_s"]
+    rate = lambda share: ["--rate", f"{capacity * share:.2f}"]
+    two |= measure(args, artifacts, fleet_env, 2, [("open 0.8x", rate(0.8)), ("open 2x", rate(2.0))])
     runs = {"one replica, closed loop": one["closed"], "two replicas, closed loop": two["closed"],
             "two replicas, 0.8x capacity": two["open 0.8x"], "two replicas, 2x capacity": two["open 2x"]}
     for name, report in runs.items():
@@ -174,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"attnserve fleet benchmark: {one['closed']['model']}; {two['closed']['input']}; "
           f"{args.duration:g} s per load after {args.warmup:g} s of warm-up")
     print(f"server settings from docker-compose.yml{' and --set' if args.set else ''}: "
-          f"{' '.join(f'{k}={v}' for k, v in sorted(fleet_env.items()))} (one replica: default threads)")
+          f"{' '.join(f'{k}={v}' for k, v in sorted(fleet_env.items()))} (one replica: default threads; "
+          f"closed loops: ATTNSERVE_MAX_QUEUE_WAIT_MS=0)")
     print(f"two replicas reached as ipv4:A,B with lb_policy round_robin; cpu: {os.cpu_count()} logical cores\n")
     print(f"{'run':<24} {'offered':>13} {'ok req/s':>8} {'tokens/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'max ms':>8} {'shed':>6} {'other':>6}  per replica")

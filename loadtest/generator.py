@@ -20,6 +20,10 @@ import grpc
 from attnserve.v1 import encoder_pb2 as pb
 
 EMBED_METHOD = "/attnserve.v1.Encoder/Embed"
+# A closed-loop stream told RESOURCE_EXHAUSTED waits before its next request, as a client retrying with
+# backoff does (0.05 s, doubling up to 1 s, reset by a reply): without it, N streams would turn a full
+# queue into a flood of instant refusals and measure that instead of the server's capacity.
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.05, 1.0
 
 Call = Callable[[bytes, float], Awaitable[pb.EmbedResponse]]
 
@@ -99,8 +103,22 @@ class LoadGenerator:
         return True
 
     async def _stream(self) -> None:
+        backoff = 0.0
         while self._may_send(due := self._now()):
-            await self._one(due)
+            if await self._one(due) != "RESOURCE_EXHAUSTED":
+                backoff = 0.0
+                continue
+            backoff = min(BACKOFF_MAX_S, backoff * 2 or BACKOFF_FIRST_S)
+            if await self._sleep(backoff):
+                return
+
+    async def _sleep(self, seconds: float) -> bool:
+        """Sleep, or less if stop() comes first; whether it did."""
+        try:
+            await asyncio.wait_for(self._stop.wait(), seconds)
+            return True
+        except asyncio.TimeoutError:
+            return False
 
     async def _open_loop(self) -> None:
         interval = 1.0 / self.shape.rate
@@ -110,19 +128,15 @@ class LoadGenerator:
             if not self._may_send(due):
                 break
             delay = due - self._now()
-            if delay > 0:
-                try:  # a stop() wakes the schedule at once
-                    await asyncio.wait_for(self._stop.wait(), delay)
-                    break
-                except asyncio.TimeoutError:
-                    pass
+            if delay > 0 and await self._sleep(delay):
+                break
             task = asyncio.create_task(self._one(due))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)
         if in_flight:
             await asyncio.gather(*in_flight)
 
-    async def _one(self, due: float) -> None:
+    async def _one(self, due: float) -> str:
         request = self._requests[next(self._next) % len(self._requests)]
         sent = self._now()
         tokens = 0
@@ -134,3 +148,4 @@ class LoadGenerator:
         except Exception as error:  # counted, never dropped: every request sent has a line in the report
             code = f"CLIENT_ERROR ({type(error).__name__})"
         self.samples.append(Sample(due, sent, self._now(), code, tokens, due >= self.shape.warmup))
+        return code
