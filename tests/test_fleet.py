@@ -65,10 +65,10 @@ def fleet(artifacts, compose, tmp_path_factory):
     assert codes == [0, 0], [replica.log_tail() for replica in replicas]
 
 
-def embed_answers(replica: ServerProcess) -> int:
-    """Embed requests the replica answered, whatever their status."""
+def embed_answers(replica: ServerProcess, code: str = "") -> int:
+    """Embed requests the replica answered: with this status code, or whatever their status."""
     return int(sum(v for k, v in replica.metrics().items()
-                   if k.startswith("attnserve_requests_total{") and 'method="Embed"' in k))
+                   if k.startswith("attnserve_requests_total{") and 'method="Embed"' in k and f'code="{code}' in k))
 
 
 def run_loadtest_service(compose: dict, target: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -85,22 +85,24 @@ def run_loadtest_service(compose: dict, target: str, out: Path, *extra: str) -> 
 
 def test_the_compose_loadtest_spreads_over_both_replicas_and_loses_nothing(fleet, dns_server, compose, tmp_path):
     target = f"dns://127.0.0.1:{dns_server}/{SERVICE_NAME}:{fleet[0].port}"
-    before = [embed_answers(r) for r in fleet]
+    before = [(embed_answers(r), embed_answers(r, "OK")) for r in fleet]
     done = run_loadtest_service(compose, target, tmp_path, "--requests", str(REQUESTS))
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "loadtest.json").read_text())
-    served = [embed_answers(r) - b for r, b in zip(fleet, before)]
+    served = [embed_answers(r) - b for r, (b, _) in zip(fleet, before)]
+    served_ok = [embed_answers(r, "OK") - b for r, (_, b) in zip(fleet, before)]
 
     # Nothing lost: every request sent was answered, and the replicas counted exactly those.
     sent = report["requests"]["sent"]
     assert sent == REQUESTS and report["requests"]["answered"] == sent
     assert sum(report["codes"].values()) == sent
     assert sum(served) == sent + report["requests"]["warmup"], (served, report["requests"])
-    # A replica may shed under this burst; it may not fail otherwise.
+    # 64 streams overfill the compose fleet's 0.3 s queue bound: replicas shed, and may not fail otherwise.
     assert set(report["codes"]) <= {"OK", "RESOURCE_EXHAUSTED"}, report["codes"]
-    assert report["codes"]["OK"] >= sent // 2
-    # round_robin: each replica took about half.
+    assert report["codes"]["OK"] == sum(served_ok) >= sent // 5
+    # round_robin: each replica took about half, of the requests and of the work.
     assert min(served) >= 0.35 * sum(served), served
+    assert min(served_ok) >= 0.25 * sum(served_ok), served_ok
     assert report["tokens_per_s"] > 0 and report["latency_ms"]["p99"] >= report["latency_ms"]["p50"] > 0
 
     # The printed table and the picture a user reads.
