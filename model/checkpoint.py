@@ -66,8 +66,9 @@ def _encoder_config(raw: dict, path: Path) -> EncoderConfig:
     if raw.get("position_embedding_type", "absolute") != "absolute":
         raise CheckpointError(f"{path}: only absolute position embeddings are supported")
     architectures = raw.get("architectures") or []
-    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES] if isinstance(architectures, list) else [
-        architectures]
+    if not isinstance(architectures, list):
+        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
+    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
     if heads:
         raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
                               f"{' or '.join(ENCODER_ARCHITECTURES)})")
@@ -87,8 +88,12 @@ def _encoder_config(raw: dict, path: Path) -> EncoderConfig:
         )
     except KeyError as e:
         raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError, AssertionError) as e:
+    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
         raise CheckpointError(f"{path}: invalid config: {e}") from None
+    sizes = {k: v for k, v in vars(cfg).items() if k not in ("pad_token_id", "layer_norm_eps")}
+    if any(v < 1 for v in sizes.values()) or not cfg.layer_norm_eps > 0:
+        raise CheckpointError(f"{path}: invalid config: sizes must be positive and layer_norm_eps above 0, got {sizes}"
+                              f" and {cfg.layer_norm_eps}")
     return cfg
 
 

@@ -109,7 +109,8 @@ def _check_model_config(path: Path) -> None:
         raise _refuse(path, f"model_type {model_type!r} (only SentenceTransformer embedders are exported)")
     prompts = raw.get("prompts") or {}
     default = raw.get("default_prompt_name")
-    if default is not None and (not isinstance(prompts, dict) or prompts.get(default) != ""):
+    if default is not None and (not isinstance(default, str) or not isinstance(prompts, dict)
+                                or prompts.get(default) != ""):
         # encode() prepends the default prompt to every text (and fails if there is none by that
         # name); the export encodes texts as they come.
         raise _refuse(path, f"default_prompt_name {default!r}: encode() prepends its prompt to every text")
@@ -184,9 +185,11 @@ def _transformer(directory: Path, max_position_embeddings: int) -> tuple[int, st
 
 def _tokenizer_lowercases(path: Path) -> bool:
     """sentence-transformers' own test: a Lowercase normalizer, alone or in a Sequence."""
-    normalizer = _read_object(path).get("normalizer") or {}
-    parts = normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer]
-    return any(isinstance(p, dict) and p.get("type") == "Lowercase" for p in parts)
+    normalizer = _read_object(path).get("normalizer")
+    if not isinstance(normalizer, dict):
+        return False
+    parts = normalizer.get("normalizers") if normalizer.get("type") == "Sequence" else [normalizer]
+    return isinstance(parts, list) and any(isinstance(p, dict) and p.get("type") == "Lowercase" for p in parts)
 
 
 def _tokenizer_max_length(directory: Path, max_position_embeddings: int) -> int:
