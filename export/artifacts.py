@@ -24,6 +24,7 @@ from attnserve.model.checkpoint import Checkpoint, load_encoder
 from attnserve.model.encoder import SentenceEncoder
 
 from .optimize import convert_fp16, fuse_attention, quantize_int8
+from .tokenizer_parity import check_tokenizer
 from .torch_to_onnx import export_graph
 from .verify import TOLERANCES, Reference, verify
 
@@ -59,6 +60,7 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
     out = Path(out)
     _claim_destination(out)
     start = time.perf_counter()
+    check_tokenizer(ckpt)  # before any weight is loaded or graph traced: a refusal is quick
     encoder = load_encoder(ckpt)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -23,9 +23,10 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def _quiet():
-    """The optimizer logs every fusion pass, and the quantizer advises pre-processing on the root
-    logger; export prints its own summary and verifies accuracy itself."""
+def quiet():
+    """Libraries' chatter off: the optimizer logs every fusion pass, the quantizer advises pre-processing
+    on the root logger, transformers warns about tokenizer details; export prints its own summary and
+    checks what matters itself."""
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)
     try:
@@ -64,7 +65,7 @@ def fuse_attention(src: Path, dst: Path, cfg: EncoderConfig) -> dict[str, int]:
     Add + LayerNormalization it replaces (measured on the mixed-length corpus,
     2 cores: 7,751 tokens/s without it, 7,369 with it).
     """
-    with _quiet():
+    with quiet():
         model = _optimized(src, cfg, skip_layer_norm=False)
         model.save_model_to_file(str(dst))
     return op_counts(model.model)
@@ -73,7 +74,7 @@ def fuse_attention(src: Path, dst: Path, cfg: EncoderConfig) -> dict[str, int]:
 def convert_fp16(src: Path, dst: Path, cfg: EncoderConfig) -> dict[str, int]:
     """The fused graph in fp16 for the CUDA provider, SkipLayerNorm fused too (it pays on GPUs);
     inputs and outputs stay int64/fp32."""
-    with _quiet():
+    with quiet():
         model = _optimized(src, cfg, skip_layer_norm=True)
         model.convert_float_to_float16(keep_io_types=True)
         model.save_model_to_file(str(dst))
@@ -99,7 +100,7 @@ def quantize_int8(src: Path, dst: Path) -> dict[str, int]:
     keep_fp32 = [n.name for n in model.graph.node if n.name == FIRST_FFN_DOWN]
     if not keep_fp32:
         raise ExportVerificationError(f"{src.name}: no node {FIRST_FFN_DOWN!r} to keep in fp32")
-    with _quiet():
+    with quiet():
         quantize_dynamic(
             str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep_fp32,
             # The fused Attention op is from the com.microsoft domain, so shape

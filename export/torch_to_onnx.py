@@ -9,6 +9,8 @@ import torch
 
 from attnserve.model.encoder import SentenceEncoder
 
+from .token_ids import made_up_token_ids
+
 # Opset 17 has LayerNormalization as one op; every onnxruntime >= 1.14 runs it.
 OPSET = 17
 INPUTS = ("input_ids", "attention_mask")
@@ -22,7 +24,7 @@ def export_graph(module: SentenceEncoder, path: Path) -> None:
             "last_hidden_state": {0: "batch", 1: "sequence"}, "sentence_embedding": {0: "batch"},
             "attentions": {1: "batch", 3: "sequence", 4: "sequence"}}
     # Trace on a padded batch so that the mask path is live in the graph.
-    ids = torch.full((2, 8), 1000, dtype=torch.int64)
+    ids = torch.full((2, 8), made_up_token_ids(module.encoder.config.vocab_size)[0], dtype=torch.int64)
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0
     # The TorchScript exporter, not dynamo: its graph is the one onnxruntime's

@@ -19,6 +19,8 @@ from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ExportVerificationError
 from attnserve.model.encoder import Encoder, pool
 
+from .token_ids import made_up_token_ids
+
 SAMPLE_TEXTS = Path(__file__).parent / "data" / "sample_texts.txt"
 BATCH_SIZES = (1, 2, 5, 17)
 
@@ -57,13 +59,13 @@ class Reference:
 
     def __init__(self, encoder: Encoder, pooling: str, tokenizer: TextTokenizer, n_texts: int = 512, seed: int = 0):
         rng = np.random.default_rng(seed)
-        vocab = encoder.config.vocab_size
+        ids_from = made_up_token_ids(encoder.config.vocab_size)
         self.pooling = pooling
         self.cases = []  # (ids, mask, hidden, sentence, attentions)
         for batch, seq in shape_grid(tokenizer.max_seq_length):
             lengths = rng.integers(1, seq + 1, size=batch)
             lengths[rng.integers(batch)] = seq  # the batch really is `seq` long
-            ids, mask = pad([rng.integers(1000, vocab, size=n) for n in lengths])
+            ids, mask = pad([rng.integers(ids_from.start, ids_from.stop, size=n) for n in lengths])
             self.cases.append((ids, mask, *self._torch(encoder, ids, mask, attentions=True)))
         texts = [t for t in SAMPLE_TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()][:n_texts]
         self.text_inputs = tokenizer.encode_texts(texts)

@@ -3,21 +3,36 @@
 Only safetensors is read: a pickle checkpoint can run code on load. Weights are
 copied through an explicit key map, and any key that is missing, unexpected
 or of the wrong shape fails the load with the key's name.
+
+A checkpoint is exported only if its whole pipeline is one the export reproduces:
+a bare BERT encoder (config.json's architectures and the weights' heads say so)
+and the sentence-transformers pipeline that pipeline.py reads. Everything else
+is refused here, from metadata and the weights' header, before any weight is loaded.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from attnserve.errors import CheckpointError
 
-from .encoder import POOLING_MODES, Encoder, EncoderConfig
+from .encoder import Encoder, EncoderConfig
+from .pipeline import read_json, read_pipeline
 
 # Keys some checkpoints carry that the encoder does not use: BERT's NSP pooler
 # (sentence embeddings pool the hidden states instead) and a position-id buffer.
 IGNORED_KEYS = ("pooler.dense.weight", "pooler.dense.bias", "embeddings.position_ids")
+# Where an encoder's own keys live; a task model (BertForX) prefixes them with "bert.".
+ENCODER_PARTS = ("embeddings.", "encoder.", "pooler.")
+TASK_PREFIX = "bert."
+# The masked-LM head of a BertForMaskedLM checkpoint: used as an encoder, the head goes unused,
+# exactly as transformers' AutoModel (what sentence-transformers loads) leaves it.
+UNUSED_HEADS = ("cls.predictions.",)
+# Architectures whose encoder output is the checkpoint's own output: the bare encoder, and a
+# masked-LM model used as an encoder. Any other (ForSequenceClassification, ForQuestionAnswering,
+# ForPreTraining, ...) ends in a head whose output the export would silently drop.
+ENCODER_ARCHITECTURES = ("BertModel", "BertForMaskedLM")
 
 
 @dataclass(frozen=True)
@@ -28,6 +43,9 @@ class Checkpoint:
     pooling: str  # "mean" or "cls", as the sentence-transformers config says
     normalize: bool  # whether the checkpoint's pipeline ends in L2 normalisation
     max_seq_length: int  # inputs are truncated to this many tokens, specials included
+    # Where max_seq_length came from: "sentence_bert_config.json", or "tokenizer" (its model_max_length,
+    # capped at the model's positions), which the export checks against transformers' own tokenizer.
+    max_seq_length_from: str
 
     @property
     def weights_file(self) -> Path:
@@ -38,22 +56,24 @@ class Checkpoint:
         return self.directory / "tokenizer.json"
 
 
-def _read_json(path: Path) -> dict | list:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint file missing: {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint file unreadable: {path}: {e}") from None
-
-
 def _encoder_config(raw: dict, path: Path) -> EncoderConfig:
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
     if raw.get("model_type") != "bert":
         raise CheckpointError(f"{path}: model_type {raw.get('model_type')!r} is not supported (only 'bert')")
     if raw.get("hidden_act", "gelu") != "gelu":
         raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (only 'gelu')")
     if raw.get("position_embedding_type", "absolute") != "absolute":
         raise CheckpointError(f"{path}: only absolute position embeddings are supported")
+    architectures = raw.get("architectures") or []
+    if not isinstance(architectures, list):
+        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
+    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
+    if heads:
+        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
+                              f"{' or '.join(ENCODER_ARCHITECTURES)})")
+    if raw.get("is_decoder"):
+        raise CheckpointError(f"{path}: cannot reproduce is_decoder true (causal attention)")
     try:
         cfg = EncoderConfig(
             vocab_size=int(raw["vocab_size"]),
@@ -68,45 +88,58 @@ def _encoder_config(raw: dict, path: Path) -> EncoderConfig:
         )
     except KeyError as e:
         raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError, AssertionError) as e:
+    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
         raise CheckpointError(f"{path}: invalid config: {e}") from None
+    sizes = {k: v for k, v in vars(cfg).items() if k not in ("pad_token_id", "layer_norm_eps")}
+    if any(v < 1 for v in sizes.values()) or not cfg.layer_norm_eps > 0:
+        raise CheckpointError(f"{path}: invalid config: sizes must be positive and layer_norm_eps above 0, got {sizes}"
+                              f" and {cfg.layer_norm_eps}")
     return cfg
 
 
-def _pooling_and_normalize(directory: Path) -> tuple[str, bool]:
-    """Read sentence-transformers' modules.json; a bare BERT checkpoint means mean pooling, no normalisation."""
-    modules_file = directory / "modules.json"
-    modules = _read_json(modules_file) if modules_file.exists() else []
-    normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
-    pooling_dirs = [m.get("path", "") for m in modules if str(m.get("type", "")).endswith("Pooling")]
-    pooling_file = directory / (pooling_dirs[0] if pooling_dirs else "1_Pooling") / "config.json"
-    if not pooling_file.exists():
-        return "mean", normalize
-    raw = _read_json(pooling_file)
-    modes = [m for m in POOLING_MODES if raw.get(f"pooling_mode_{m}_tokens" if m == "mean" else "pooling_mode_cls_token")]
-    others = [k for k, v in raw.items() if k.startswith("pooling_mode_") and v and k not in (
-        "pooling_mode_mean_tokens", "pooling_mode_cls_token")]
-    if len(modes) != 1 or others:
-        raise CheckpointError(f"{pooling_file}: exactly one of mean or CLS pooling must be set")
-    return modes[0], normalize
+def _encoder_prefix(keys: list[str]) -> str:
+    return TASK_PREFIX if any(k.startswith(TASK_PREFIX) for k in keys) else ""
+
+
+def _head_keys(keys: list[str]) -> list[str]:
+    """Keys outside the encoder that are not an unused masked-LM head: the weights of a task head."""
+    prefix = _encoder_prefix(keys)
+    return [k for k in keys if not k.startswith(UNUSED_HEADS)
+            and not (k.startswith(prefix) and k.removeprefix(prefix).startswith(ENCODER_PARTS))]
+
+
+def _check_no_head(weights: Path) -> None:
+    """Read the safetensors header only (no tensor data) and refuse a checkpoint that carries a task head."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(weights), framework="numpy") as f:
+            keys = list(f.keys())
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"corrupt weights file {weights}: {e}") from None
+    heads = _head_keys(keys)
+    if heads:
+        modules = sorted({k.rsplit(".", 1)[0] for k in heads})
+        raise CheckpointError(f"{weights}: cannot reproduce the head {', '.join(m + '.*' for m in modules[:3])}"
+                              f"{'...' if len(modules) > 3 else ''} ({len(heads)} tensors outside the encoder)")
 
 
 def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoint:
-    """Read a checkpoint's metadata and check that every file serving needs is there."""
+    """Read a checkpoint's metadata, check that every file serving needs is there, and refuse what
+    the export cannot reproduce; no weights are loaded."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {directory}")
-    cfg = _encoder_config(_read_json(directory / "config.json"), directory / "config.json")
+    cfg = _encoder_config(read_json(directory / "config.json"), directory / "config.json")
     for required in ("model.safetensors", "tokenizer.json"):
         if not (directory / required).is_file():
             if required == "model.safetensors" and any(directory.glob("*.bin")):
                 raise CheckpointError(f"{directory}: only model.safetensors is accepted, not pickle .bin weights")
             raise CheckpointError(f"checkpoint file missing: {directory / required}")
-    pooling, normalize = _pooling_and_normalize(directory)
-    st_config = directory / "sentence_bert_config.json"
-    max_seq_length = int(_read_json(st_config).get("max_seq_length") or 0) if st_config.exists() else 0
-    max_seq_length = min(max_seq_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
-    return Checkpoint(directory, name or directory.name, cfg, pooling, normalize, max_seq_length)
+    pipeline = read_pipeline(directory, cfg.max_position_embeddings)
+    _check_no_head(directory / "model.safetensors")
+    return Checkpoint(directory, name or directory.name, cfg, pipeline.pooling, pipeline.normalize,
+                      pipeline.max_seq_length, pipeline.max_seq_length_from)
 
 
 def key_map(cfg: EncoderConfig) -> dict[str, str]:
@@ -144,9 +177,10 @@ def load_encoder(ckpt: Checkpoint) -> Encoder:
         tensors = load_file(str(ckpt.weights_file))
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"corrupt weights file {ckpt.weights_file}: {e}") from None
-    # Checkpoints saved from a task model (BertForX) prefix every key with "bert.".
-    if tensors and all(k.startswith("bert.") for k in tensors if not k.startswith(("cls.", "classifier."))):
-        tensors = {k.removeprefix("bert."): v for k, v in tensors.items() if k.startswith("bert.")}
+    # A masked-LM checkpoint prefixes the encoder's keys with "bert." and adds its (unused) head;
+    # read_checkpoint has refused any other head, so every other key must be the encoder's.
+    prefix = _encoder_prefix(list(tensors))
+    tensors = {k.removeprefix(prefix): v for k, v in tensors.items() if not k.startswith(UNUSED_HEADS)}
     mapping = key_map(ckpt.config)
     missing = sorted(set(mapping) - set(tensors))
     unexpected = sorted(set(tensors) - set(mapping) - set(IGNORED_KEYS))

@@ -77,3 +77,24 @@ def test_cli_export_of_a_corrupt_checkpoint_is_one_line(checkpoint_copy, tmp_pat
     result = run_cli("export", "--checkpoint", checkpoint_copy, "--out", tmp_path / "a")
     assert_one_line_error(result, "corrupt weights")
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("file,key,value", [
+    ("config.json", "num_attention_heads", 0),
+    ("config.json", "vocab_size", -5),
+    ("config.json", "architectures", "BertModel"),
+    ("config_sentence_transformers.json", "default_prompt_name", ["query"]),
+    ("sentence_bert_config.json", "max_seq_length", "256"),
+    ("1_Pooling/config.json", "pooling_mode", {"mean": True}),
+    ("tokenizer_config.json", "model_max_length", "long"),
+])
+def test_malformed_metadata_is_one_clear_error(checkpoint, tmp_path, file, key, value):
+    from .checkpoints import copy_checkpoint, edit_json
+
+    copy = copy_checkpoint(checkpoint.directory, tmp_path / "ckpt")
+    edit_json(copy / file, **{key: value})
+    if file == "tokenizer_config.json":  # read only when sentence_bert_config.json sets no length
+        edit_json(copy / "sentence_bert_config.json", max_seq_length=None)
+    with pytest.raises(CheckpointError) as e:
+        read_checkpoint(copy)
+    assert file.split("/")[-1] in str(e.value) and "\n" not in str(e.value)

@@ -1,0 +1,67 @@
+"""The engine's tokenizer (tokenizer.json) against the one sentence-transformers builds for the checkpoint.
+
+sentence-transformers tokenizes with transformers' AutoTokenizer, which does not always use
+tokenizer.json as it is: a BertTokenizer, for one, rebuilds its normalizer from tokenizer_config.json
+(do_lower_case, strip_accents, tokenize_chinese_chars) and keeps only the vocabulary. A checkpoint
+whose two files disagree would be served with other tokens than sentence-transformers uses, so the
+export compares them on real and awkward texts first, and refuses on the first difference.
+"""
+
+from __future__ import annotations
+
+from attnserve.engine.tokenizer import TextTokenizer
+from attnserve.errors import CheckpointError
+from attnserve.model.checkpoint import Checkpoint
+
+from .optimize import quiet
+from .verify import SAMPLE_TEXTS
+
+# Texts that tell tokenizer settings apart: case, accents, CJK, control characters, a word over
+# WordPiece's 100-character limit, and one far past any max_seq_length (truncation).
+PROBES = [
+    "Hello WORLD, HOW Are You?",
+    "Ünïcödé: naïve café, façade, Straße, smørrebrød, İstanbul, ΣΊΣΥΦΟΣ — and “quotes”.",
+    "東京は日本の首都です。北京是中国的首都。한국어 문장도 있습니다.",
+    "tab\tnew\nline\r\x00nul\x07bell\u200bzero-width\u00a0nbsp",
+    "a" * 120 + " " + "Supercalifragilisticexpialidocious" * 4,
+    " ".join(f"Word{i} and MORE text" for i in range(600)),
+]
+
+
+def _reference(ckpt: Checkpoint):
+    from transformers import AutoTokenizer
+
+    try:
+        with quiet():
+            return AutoTokenizer.from_pretrained(str(ckpt.directory), local_files_only=True)
+    except Exception as e:  # transformers raises many types here; each means the same to the user
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CheckpointError(f"{ckpt.directory}: transformers cannot load the checkpoint's tokenizer: "
+                              f"{type(e).__name__}: {first_line}") from None
+
+
+def check_tokenizer(ckpt: Checkpoint) -> None:
+    """Refuse unless tokenizer.json, truncated at max_seq_length, gives exactly sentence-transformers' token ids."""
+    reference = _reference(ckpt)
+    name = type(reference).__name__
+    if ckpt.max_seq_length_from == "tokenizer":
+        # sentence-transformers caps the tokenizer's model_max_length at the model's positions.
+        theirs = min(reference.model_max_length, ckpt.config.max_position_embeddings)
+        if theirs != ckpt.max_seq_length:
+            raise CheckpointError(f"{ckpt.directory}: cannot reproduce the tokenizer's length: transformers' "
+                                  f"{name} truncates at {theirs}, the export read {ckpt.max_seq_length}")
+    for side in ("padding_side", "truncation_side"):
+        if getattr(reference, side, "right") != "right":
+            raise CheckpointError(f"{ckpt.directory}: cannot reproduce {side} {getattr(reference, side)!r} "
+                                  "of the checkpoint's tokenizer (the engine pads and truncates on the right)")
+    texts = PROBES + [t for t in SAMPLE_TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
+    ours = TextTokenizer(ckpt.tokenizer_file, ckpt.max_seq_length, ckpt.config.vocab_size).encode_texts(texts)
+    with quiet():
+        expected = reference(texts, truncation="longest_first", max_length=ckpt.max_seq_length)["input_ids"]
+    for text, got, want in zip(texts, ours, expected):
+        got, want = got.ids.tolist(), list(want)
+        if got != want:
+            at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            raise CheckpointError(
+                f"{ckpt.tokenizer_file}: cannot reproduce the tokenizer sentence-transformers uses: on {text[:40]!r}, "
+                f"from token {at} tokenizer.json gives {got[at:at + 6]}, transformers' {name} {want[at:at + 6]}")

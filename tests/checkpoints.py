@@ -1,0 +1,90 @@
+"""Real checkpoint folders for the export's tests, made with the libraries' own classes.
+
+Tiny random-weight BERTs are saved by transformers (BertModel, BertForMaskedLM,
+BertForSequenceClassification), their WordPiece tokenizers built with `tokenizers`,
+and sentence-transformers pipelines saved by sentence-transformers itself. The
+default checkpoint is copied cheaply: its large files are linked, the small ones
+copied so that a test can change them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import string
+from pathlib import Path
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# Large files that no test changes: linked, not copied (all-MiniLM-L6-v2's weights are 90 MB).
+LINKED = ("model.safetensors", "tokenizer.json", "vocab.txt")
+
+
+def tiny_vocab(size: int) -> dict[str, int]:
+    """Special tokens, letters, their continuations, then two-letter pieces and continuations until `size`."""
+    pieces = list(string.ascii_lowercase) + [f"##{c}" for c in string.ascii_lowercase] + list(".,!?'-")
+    pairs = ["".join(p) for p in itertools.product(string.ascii_lowercase, repeat=2)]
+    pieces += itertools.islice(pairs + [f"##{p}" for p in pairs], max(0, size - len(SPECIALS) - len(pieces)))
+    tokens = (SPECIALS + pieces)[:size]
+    assert len(tokens) == size, f"cannot make a vocabulary of {size}"
+    return {t: i for i, t in enumerate(tokens)}
+
+
+def save_tiny_bert(directory: Path, vocab_size: int = 64, model_class: str = "BertModel", seed: int = 0) -> Path:
+    """A 2-layer, hidden-32 BERT with random weights and a lowercasing WordPiece tokenizer of `vocab_size`."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    vocab = tiny_vocab(vocab_size)
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    tokenizer.decoder = decoders.WordPiece()
+    config = transformers.BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+    torch.manual_seed(seed)
+    getattr(transformers, model_class)(config).save_pretrained(directory, safe_serialization=True)
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+        mask_token="[MASK]").save_pretrained(directory)
+    return directory
+
+
+def save_sentence_transformer(model_dir: Path, directory: Path, pooling: str = "mean", normalize: bool = True,
+                              max_seq_length: int | None = None) -> Path:
+    """sentence-transformers' own save of Transformer -> Pooling [-> Normalize] over `model_dir`."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    transformer = Transformer(str(model_dir), max_seq_length=max_seq_length)
+    modules = [transformer, Pooling(transformer.get_embedding_dimension(), pooling)]
+    SentenceTransformer(modules=modules + ([Normalize()] if normalize else []), device="cpu").save(str(directory))
+    return directory
+
+
+def copy_checkpoint(source: Path, directory: Path) -> Path:
+    """A copy whose small files can be changed; the large ones are links to the original."""
+    directory.mkdir(parents=True)
+    for item in source.iterdir():
+        if item.name in LINKED:
+            (directory / item.name).symlink_to(item)
+        elif item.is_dir():
+            shutil.copytree(item, directory / item.name)
+        else:
+            shutil.copyfile(item, directory / item.name)
+    return directory
+
+
+def edit_json(path: Path, **changes) -> None:
+    """Set (or, with None, remove) top-level keys of a JSON object file."""
+    raw = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    for key, value in changes.items():
+        if value is None:
+            raw.pop(key, None)
+        else:
+            raw[key] = value
+    path.write_text(json.dumps(raw, indent=2), encoding="utf-8")

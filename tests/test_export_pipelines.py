@@ -1,0 +1,83 @@
+"""Pipelines the export does reproduce, checked end to end against sentence-transformers itself.
+
+Tiny random-weight BERTs (2 layers, hidden 32) with vocabularies of 64 and exactly 1,000 tokens,
+saved as sentence-transformers pipelines by sentence-transformers: each is exported, verified,
+and its artifacts encode texts to what sentence-transformers' own `encode` gives.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnserve.engine.engine import Engine
+from attnserve.export.artifacts import build_artifacts
+from attnserve.model.checkpoint import read_checkpoint
+
+from .checkpoints import copy_checkpoint, edit_json, save_sentence_transformer, save_tiny_bert
+from .conftest import run_cli
+
+# Upper case, punctuation, pieces outside the tiny vocabularies, and texts past max_seq_length.
+TEXTS = ["hello world", "A LONGER sentence, with punctuation!", "café über naïve 42", "x",
+         "the quick brown fox jumps over the lazy dog " * 12]
+
+
+def sentence_transformers_encode(checkpoint: Path) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(checkpoint), device="cpu").encode(TEXTS)
+
+
+def test_vocabulary_of_64_exports_verifies_and_encodes_as_sentence_transformers(tmp_path):
+    # Saved by sentence-transformers 6: max_seq_length (48) lives in tokenizer_config.json, not in
+    # sentence_bert_config.json, and is below the model's 64 positions.
+    model = save_tiny_bert(tmp_path / "bert", vocab_size=64)
+    checkpoint = save_sentence_transformer(model, tmp_path / "st", "mean", normalize=True, max_seq_length=48)
+    out = tmp_path / "artifacts"
+    result = run_cli("export", "--checkpoint", checkpoint, "--out", out)
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["vocab_size"], manifest["max_seq_length"]) == (64, 48)
+    assert (manifest["pooling"], manifest["normalize"]) == ("mean", True)
+    assert "verified embeddings_int8.onnx" in result.stderr and "verified attention.onnx" in result.stderr
+
+    encoded = Engine.from_directory(out).encode(TEXTS)
+    assert encoded.truncated.tolist() == [False] * 4 + [True]
+    assert np.abs(encoded.embeddings - sentence_transformers_encode(checkpoint)).max() <= 1e-5
+
+
+def test_vocabulary_of_1000_masked_lm_with_cls_pooling_encodes_as_sentence_transformers(tmp_path):
+    # Exactly 1,000 ids: the made-up trace and check inputs used to start at id 1000. A masked-LM
+    # checkpoint carries its unused head (cls.predictions.*) and "bert."-prefixed keys.
+    model = save_tiny_bert(tmp_path / "bert", vocab_size=1000, model_class="BertForMaskedLM")
+    checkpoint = save_sentence_transformer(model, tmp_path / "st", "cls", normalize=False, max_seq_length=40)
+    ckpt = read_checkpoint(checkpoint)
+    assert (ckpt.pooling, ckpt.normalize, ckpt.max_seq_length) == ("cls", False, 40)
+    build_artifacts(ckpt, tmp_path / "artifacts", log=lambda m: None)
+    encoded = Engine.from_directory(tmp_path / "artifacts").encode(TEXTS)
+    assert np.abs(encoded.embeddings - sentence_transformers_encode(checkpoint)).max() <= 1e-5
+
+
+def test_a_bare_transformers_save_reads_as_sentence_transformers_loads_it(tmp_path):
+    # No modules.json: sentence-transformers builds Transformer + mean pooling, no normalisation,
+    # truncating at the tokenizer's length capped at the model's positions.
+    ckpt = read_checkpoint(save_tiny_bert(tmp_path / "bert", vocab_size=64))
+    assert (ckpt.pooling, ckpt.normalize, ckpt.max_seq_length, ckpt.max_seq_length_from) == ("mean", False, 64,
+                                                                                          "tokenizer")
+
+
+@pytest.mark.parametrize("file,changes", [
+    ("config_sentence_transformers.json", {"prompts": {"query": "query: ", "document": ""},
+                                           "similarity_fn_name": "dot"}),
+    ("config_sentence_transformers.json", {"prompts": {"query": ""}, "default_prompt_name": "query"}),
+    ("sentence_bert_config.json", {"unpad_inputs": False, "transformer_task": "feature-extraction"}),
+    ("1_Pooling/config.json", {"pooling_mode": ["mean"], "include_prompt": True}),
+], ids=["named prompts", "empty default prompt", "settings that change nothing", "one mode in a list"])
+def test_settings_that_leave_the_output_alone_are_accepted(checkpoint, tmp_path, file, changes):
+    copy = copy_checkpoint(checkpoint.directory, tmp_path / "ckpt")
+    edit_json(copy / file, **changes)
+    ckpt = read_checkpoint(copy)
+    assert (ckpt.pooling, ckpt.normalize, ckpt.max_seq_length) == ("mean", True, 256)
