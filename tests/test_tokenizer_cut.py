@@ -70,11 +70,11 @@ def long_texts(rng: random.Random, max_seq_length: int) -> list[str]:
     texts = [text_of_length(rng, n) for n in lengths for _ in range(3)]
     words = text_of_length(rng, 40 * max_seq_length)
     return texts + [
-        " " * (4 * last) + words,                                # whitespace, then the words
-        "\t\n\u3000\xa0 " * last + words,                        # mixed whitespace, then the words
+        " " * (last + 1) + words,                                # whitespace past the longest prefix, then words
+        "\t\n\u3000\xa0 " * (last // 5 + 1) + words,             # mixed whitespace, then the words
         "\x0b\x0c " * (2 * first) + words,                       # whitespace that BERT removes, joining words
-        "x" * (2 * last) + " " + words,                          # one giant word, then more
-        "ü" * (2 * last) + " " + words,                          # one that is not shortened
+        "x" * (last + 1) + " " + words,                          # one giant word, then more
+        "ü" * (last + 1) + " " + words,                          # one that is not shortened
         "".join(rng.choice(CJK) for _ in range(3 * first)),      # CJK without spaces
         "".join(rng.choice(EMOJI) for _ in range(3 * first)),    # emoji, joined and modified
         "".join(rng.choice("aeiou") + rng.choice(MARKS) * rng.randint(1, 4) for _ in range(3 * first)),
