@@ -11,6 +11,9 @@ from tokenizers import Tokenizer
 
 from attnserve.errors import ArtifactError, InvalidInputError
 
+from .shortening import exact_shortening
+from .stable_prefix import StablePrefix
+
 
 @dataclass(frozen=True)
 class TokenizedInput:
@@ -32,6 +35,10 @@ class TextTokenizer:
         # tokenizer, truncation at max_seq_length.
         self._tokenizer.no_padding()
         self._tokenizer.enable_truncation(max_seq_length)
+        # A long text is tokenized only as far as its first max_seq_length tokens reach (stable_prefix.py).
+        probe = Tokenizer.from_str(self._tokenizer.to_str())
+        probe.no_truncation()
+        self._prefix = StablePrefix(probe, max_seq_length, exact_shortening(probe))
         self.max_seq_length = max_seq_length
         self.vocab_size = vocab_size
 
@@ -42,9 +49,9 @@ class TextTokenizer:
         for text, label in zip(texts, labels):
             if not isinstance(text, str):
                 raise InvalidInputError(f"{label}: text must be a string, got {type(text).__name__}")
-            if not text.strip():
+            if not text or text.isspace():  # not text.strip(): no copy of a long text
                 raise InvalidInputError(f"{label}: empty text")
-        encodings = self._tokenizer.encode_batch(list(texts))
+        encodings = self._tokenizer.encode_batch([self._prefix.of(text) for text in texts])
         out = []
         for encoding, label in zip(encodings, labels):
             truncated = bool(encoding.overflowing)

@@ -1,0 +1,155 @@
+"""A long text is tokenized only as far as its first max_seq_length tokens reach, with the ids and `truncated` of
+the whole text, for BERT's WordPiece, byte-level BPE and Unigram tokenizers; and a 4 MiB text costs the server
+what max_seq_length allows, not what the text's length would."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from attnserve.client.client import make_request
+from attnserve.engine.shortening import exact_shortening
+from attnserve.engine.stable_prefix import FIRST_CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN, StablePrefix
+from attnserve.engine.tokenizer import TextTokenizer
+
+from .serving import ServerProcess
+from .text_mix import CJK, EMOJI, MARKS, text_of_length
+from .tiny_tokenizers import roberta_style, xlmr_style
+
+KINDS = ["wordpiece", "byte-level-bpe", "byte-level-bpe-nfc", "unigram"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_files(tmp_path_factory, artifacts) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("tokenizers")
+    return {"wordpiece": artifacts / "tokenizer.json",
+            "byte-level-bpe": roberta_style(out / "bbpe.json"),
+            "byte-level-bpe-nfc": roberta_style(out / "bbpe_nfc.json", nfc=True),
+            "unigram": xlmr_style(out / "unigram.json")}
+
+
+def whole(path: Path, max_seq_length: int, text: str) -> tuple[list[int], bool]:
+    """The reference: the whole text through the tokenizer, truncated as the engine truncates."""
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_seq_length)
+    encoding = tokenizer.encode(text)
+    return encoding.ids, bool(encoding.overflowing)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_prefix_called_stable_gives_the_whole_texts_ids(tokenizer_files, kind):
+    """The rule itself, at every cut: wherever a prefix is called stable, it encodes as the whole text does."""
+    path, rng, checked = tokenizer_files[kind], random.Random(0), 0
+    for max_seq_length in (4, 8):
+        probe = Tokenizer.from_file(str(path))
+        probe.no_padding()
+        stable = StablePrefix(probe, max_seq_length, None)
+        reference = Tokenizer.from_file(str(path))
+        reference.no_padding()
+        reference.enable_truncation(max_seq_length)
+        for _ in range(12):
+            text = text_of_length(rng, 160)
+            expected = reference.encode(text)
+            for n in range(1, len(text)):
+                if stable.is_stable(text[:n]):
+                    got = reference.encode(text[:n])
+                    assert (got.ids, bool(got.overflowing)) == (expected.ids, bool(expected.overflowing)), \
+                        (max_seq_length, text, n)
+                    checked += 1
+    assert checked > 500  # the cuts checked were many, not a lucky few
+
+
+def long_texts(rng: random.Random, max_seq_length: int) -> list[str]:
+    """Lengths around each threshold and far past the last, plus the shapes that defeat a naive cut."""
+    first, last = FIRST_CHARS_PER_TOKEN * max_seq_length, MAX_CHARS_PER_TOKEN * max_seq_length
+    lengths = [first - 1, first, first + 1, 2 * first + 3, 9 * first, last - 1, last + 1, 3 * last]
+    texts = [text_of_length(rng, n) for n in lengths for _ in range(3)]
+    words = text_of_length(rng, 40 * max_seq_length)
+    return texts + [
+        " " * (last + 1) + words,                                # whitespace past the longest prefix, then words
+        "\t\n\u3000\xa0 " * (last // 5 + 1) + words,             # mixed whitespace, then the words
+        "\x0b\x0c " * (2 * first) + words,                       # whitespace that BERT removes, joining words
+        "x" * (last + 1) + " " + words,                          # one giant word, then more
+        "ü" * (last + 1) + " " + words,                          # one that is not shortened
+        "".join(rng.choice(CJK) for _ in range(3 * first)),      # CJK without spaces
+        "".join(rng.choice(EMOJI) for _ in range(3 * first)),    # emoji, joined and modified
+        "".join(rng.choice("aeiou") + rng.choice(MARKS) * rng.randint(1, 4) for _ in range(3 * first)),
+        "[SEP]<mask><|end of text|>" * first,                    # added tokens all the way
+    ]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_long_texts_encode_as_the_whole_text(tokenizer_files, kind):
+    path, rng = tokenizer_files[kind], random.Random(1)
+    for max_seq_length in (8, 16):
+        ours = TextTokenizer(path, max_seq_length, 10**6)
+        texts = long_texts(rng, max_seq_length)
+        for text, got in zip(texts, ours.encode_texts(texts)):
+            assert (got.ids.tolist(), got.truncated) == whole(path, max_seq_length, text), text[:80]
+        cut = sum(len(ours._prefix.of(t)) < len(t) for t in texts)
+        assert cut >= len(texts) // 2  # most took the short way
+
+
+def test_minilm_at_its_own_limit(tokenizer_files):
+    path, rng = tokenizer_files["wordpiece"], random.Random(2)
+    ours = TextTokenizer(path, 256, 30522)
+    texts = [text_of_length(rng, n) for n in (2047, 2049, 3000, 5000, 20000)] + ["short " * 3000]
+    for text, got in zip(texts, ours.encode_texts(texts)):
+        assert (got.ids.tolist(), got.truncated) == whole(path, 256, text)
+        assert len(got) <= 256
+
+
+def test_shortening_only_where_no_token_id_changes(tokenizer_files):
+    bert = Tokenizer.from_file(str(tokenizer_files["wordpiece"]))
+    bert.no_padding()
+    shortening = exact_shortening(bert)
+    assert shortening.apply(" \t\n\r\xa0\u3000\u2003\u202f") == " "
+    for removed in "\x0b\x0c\x1c\x1f\x85":  # control characters to BERT: removed, which joins the words around
+        assert shortening.apply(removed * 2) == removed * 2
+    assert shortening.apply("a" * 10_000) == "a" * 101  # over max_input_chars_per_word (100): [UNK] either way
+    assert shortening.apply("é" * 500 + "Ω" * 500) == "é" * 500 + "Ω" * 500  # only ASCII letters and digits
+    rng = random.Random(3)
+    for _ in range(200):
+        text = text_of_length(rng, 600)
+        assert bert.encode(shortening.apply(text)).ids == bert.encode(text).ids
+    for kind in ("byte-level-bpe", "unigram"):  # whitespace is tokens there, and words are pieces
+        assert exact_shortening(Tokenizer.from_file(str(tokenizer_files[kind]))) is None
+
+
+def memory_mb(pid: int) -> dict[str, float]:
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return {k: int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM")}
+
+
+SERVER_GROWTH_BOUND_MB = 100
+
+
+def test_a_4_mib_text_costs_the_server_what_max_seq_length_allows(artifacts, tmp_path):
+    """Before: one such text grew the server by 2 GB, 1.2 GB of which it kept."""
+    rng = random.Random(4)
+    words = text_of_length(rng, 1 << 20)
+    texts = {"mixed": ((words * 8).encode()[: 4 << 20].decode(errors="ignore"), 256, True),
+             "spaces then words": (" " * ((4 << 20) - 5000) + words[:5000], 256, True),
+             "cjk": ("".join(rng.choice(CJK) for _ in range((4 << 20) // 3)), 256, True),
+             "one giant word": ("x" * (4 << 20), 3, False)}
+    server = ServerProcess(artifacts, "--max-request-bytes", str(8 << 20), log_path=tmp_path / "server.log")
+    try:
+        server.wait_serving()
+        with server.channel() as channel:
+            stub = server.stub(channel)
+            stub.Embed(make_request(["warm up"] * 8, truncate=True), timeout=60)
+            before = memory_mb(server.process.pid)
+            for name, (text, num_tokens, truncated) in texts.items():
+                (reply,) = stub.Embed(make_request([text], truncate=True), timeout=60).embeddings
+                assert (reply.num_tokens, reply.truncated) == (num_tokens, truncated)
+                after = memory_mb(server.process.pid)
+                print(f"{name}: {len(text.encode()) / 2**20:.1f} MiB; server RSS {before['VmRSS']:.0f} MB before, "
+                      f"{after['VmRSS']:.0f} MB after, peak {after['VmHWM']:.0f} MB")
+                assert after["VmRSS"] <= before["VmRSS"] + SERVER_GROWTH_BOUND_MB
+            assert after["VmHWM"] <= before["VmHWM"] + SERVER_GROWTH_BOUND_MB
+    finally:
+        server.terminate()

@@ -1,0 +1,52 @@
+"""Small tokenizers of other kinds than BERT's, trained in a second from an in-test corpus with the `tokenizers`
+library itself: byte-level BPE as RoBERTa builds it, and Unigram over Metaspace as XLM-R builds it."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors,
+                        trainers)
+
+from .text_mix import text_of_length
+
+# <mask> takes the whitespace before it, as RoBERTa's does; "<|end of text|>" is an added token of several words.
+SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", AddedToken("<mask>", lstrip=True, special=True), "<|end of text|>"]
+
+
+def corpus() -> list[str]:
+    rng = random.Random(1)
+    english = "the quick brown fox jumps over the lazy dog while tokenizers learn which pieces come often " * 20
+    return [english] + [text_of_length(rng, 400) for _ in range(200)]
+
+
+def roberta_style(out: Path, nfc: bool = False) -> Path:
+    """Byte-level BPE: whitespace becomes tokens ("Ġ"), offsets trimmed, <mask> takes the space before it."""
+    tokenizer = Tokenizer(models.BPE())
+    if nfc:
+        tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(corpus(), trainers.BpeTrainer(
+        vocab_size=600, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tokenizer.post_processor = processors.RobertaProcessing(
+        ("</s>", tokenizer.token_to_id("</s>")), ("<s>", tokenizer.token_to_id("<s>")), trim_offsets=True)
+    tokenizer.save(str(out))
+    return out
+
+
+def xlmr_style(out: Path) -> Path:
+    """Unigram over Metaspace ("▁word"), NFKC and runs of spaces made one, as XLM-R's tokenizer.json does."""
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(" {2,}"), " ")])
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    tokenizer.train_from_iterator(corpus(), trainers.UnigramTrainer(
+        vocab_size=2000, special_tokens=SPECIALS, unk_token="<unk>", show_progress=False))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", tokenizer.token_to_id("<s>")),
+                                              ("</s>", tokenizer.token_to_id("</s>"))])
+    tokenizer.save(str(out))
+    return out
