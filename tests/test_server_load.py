@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 
+from attnserve.client import error_details
 from attnserve.client.client import make_request
 from tests.serving import ServerProcess
 
@@ -29,8 +30,10 @@ def mixed_texts(n: int, seed: int = 0) -> list[str]:
     return texts
 
 
-def call_codes(server: ServerProcess, requests: list, clients: int, timeout: float = 120) -> Counter:
-    """Send every request from `clients` concurrent callers, each with its own channel; count status codes."""
+def call_codes(server: ServerProcess, requests: list, clients: int, timeout: float = 120,
+               errors: list | None = None) -> Counter:
+    """Send every request from `clients` concurrent callers, each with its own channel; count status codes.
+    errors: where to put the ErrorDetails of each failed call."""
     codes: Counter = Counter()
     lock = threading.Lock()
     shares = [requests[i::clients] for i in range(clients)]
@@ -44,6 +47,8 @@ def call_codes(server: ServerProcess, requests: list, clients: int, timeout: flo
                     code = grpc.StatusCode.OK if len(reply.embeddings) == len(request.inputs) else "WRONG_COUNT"
                 except grpc.RpcError as e:
                     code = e.code()
+                    if errors is not None:
+                        errors.append(error_details(e))
                 with lock:
                     codes[code] += 1
 
@@ -102,10 +107,14 @@ def small_queue_server(artifacts, tmp_path):
 def test_overload_is_resource_exhausted_and_every_accepted_request_completes(small_queue_server):
     server = small_queue_server
     requests = [make_request(["load " * 60] * 4, truncate=True) for _ in range(96)]  # ~250 tokens each
-    codes = call_codes(server, requests, clients=32)
+    errors: list = []
+    codes = call_codes(server, requests, clients=32, errors=errors)
     assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
     assert sum(codes.values()) == 96  # nothing unanswered
     assert codes[grpc.StatusCode.RESOURCE_EXHAUSTED] > 0 and codes[grpc.StatusCode.OK] > 0, codes
+    # Queue full, and when to retry: the estimated time until the queued work ahead has run, at least 50 ms.
+    assert {e.reason for e in errors} == {"QUEUE_FULL"}, errors
+    assert all(0.05 <= e.retry_delay < 60 and e.field is None for e in errors), errors
     metrics = server.metrics()
     assert metrics['attnserve_requests_total{code="OK",method="Embed"}'] == codes[grpc.StatusCode.OK]
     assert metrics['attnserve_requests_total{code="RESOURCE_EXHAUSTED",method="Embed"}'] == \
