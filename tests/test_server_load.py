@@ -84,11 +84,15 @@ def test_deadline_gives_deadline_exceeded_and_drops_the_queued_inputs(server, st
     with pytest.raises(grpc.RpcError) as error:
         stub.Embed(request, timeout=0.3)
     assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    time.sleep(0.5)
-    after = server.metrics()
-    dropped = (delta(after, before, 'attnserve_inputs_dropped_total{reason="cancelled"}')
-               + delta(after, before, 'attnserve_inputs_dropped_total{reason="deadline"}'))
-    computed = delta(after, before, 'attnserve_batch_size_sum{graph="embeddings"}')
+    end = time.monotonic() + 30
+    while True:  # until the batch that was running at the deadline is done (longer on a busy machine)
+        after = server.metrics()
+        dropped = (delta(after, before, 'attnserve_inputs_dropped_total{reason="cancelled"}')
+                   + delta(after, before, 'attnserve_inputs_dropped_total{reason="deadline"}'))
+        computed = delta(after, before, 'attnserve_batch_size_sum{graph="embeddings"}')
+        if dropped + computed == 64 or time.monotonic() > end:
+            break
+        time.sleep(0.1)
     assert dropped + computed == 64 and dropped >= 32, (dropped, computed)  # most never cost compute
     assert after["attnserve_queue_depth_tokens"] == 0
     assert len(stub.Embed(make_request(["still serving"]), timeout=30).embeddings) == 1
