@@ -12,7 +12,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from attnserve.config import EngineConfig, ServerConfig
@@ -21,6 +21,7 @@ from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import ConfigError
 
 from .batcher import Batcher, BatcherLimits
+from .health import HealthService
 from .metrics import Metrics
 from .service import SERVICE_NAME, EncoderService, rpc_handlers
 
@@ -88,7 +89,7 @@ class Server:
         self.metrics = Metrics()
         self._inference = ThreadPoolExecutor(1, thread_name_prefix="attnserve-inference")
         self._io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="attnserve-io")
-        self.health = health.aio.HealthServicer()
+        self.health = HealthService()
         self.port = self.metrics_port = None
         self._metrics_http = None
         self._grpc: grpc.aio.Server | None = None
@@ -174,9 +175,10 @@ class Server:
             else:
                 log.warning("grace period over; cancelling the requests still in flight",
                             extra={"fields": {"event": "grace_expired"}})
+        # Health watchers have seen NOT_SERVING: their streams end now, so grpc's stop has none to cancel.
+        await self.health.close(min(STOP_GRACE_SECONDS, max(0.0, end - time.monotonic())))
         if self._grpc is not None:
-            # What is left holds no work: health Watch streams, which would otherwise keep the
-            # process for the whole grace period, and calls that arrived just now.
+            # What is left holds no work: calls that arrived just now.
             await self._grpc.stop(min(STOP_GRACE_SECONDS, max(0.0, end - time.monotonic())))
         if self.batcher is not None:
             await self.batcher.join()
@@ -214,4 +216,13 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, artifacts: Pa
         await stopping.wait()
     finally:
         await server.stop()
+        await _let_calls_finish(STOP_GRACE_SECONDS)
     return 0
+
+
+async def _let_calls_finish(timeout: float) -> None:
+    """grpc's stop returns once its core holds no call, while the tasks of the calls it ended may still be
+    unwinding; the loop's end would cancel them, and grpc logs each such cancellation with a raw traceback."""
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    if others:
+        await asyncio.wait(others, timeout=timeout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -162,10 +163,13 @@ def test_sigterm_under_load_drains_and_exits_0(artifacts, tmp_path):
     assert codes[grpc.StatusCode.OK] > 16 and set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, codes
     log = Path(tmp_path / "server.log").read_text()
     assert '"event": "draining"' in log and '"event": "stopped"' in log
+    for line in log.splitlines():
+        json.loads(line)  # no raw traceback broke the JSON lines
 
 
 def test_open_streams_and_health_watchers_do_not_hold_up_shutdown(artifacts, tmp_path):
-    """An idle EmbedStream ends with UNAVAILABLE and a health watcher sees NOT_SERVING, well within the grace."""
+    """An idle EmbedStream ends with UNAVAILABLE and a health watcher sees NOT_SERVING, then UNAVAILABLE, well
+    within the grace; both say why in their details, and the log stays JSON lines (no traceback of theirs)."""
     import queue
 
     from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -181,14 +185,14 @@ def test_open_streams_and_health_watchers_do_not_hold_up_shutdown(artifacts, tmp
             for _ in server.stub(channel).EmbedStream(iter(requests.get, None)):
                 seen.append("reply")
         except grpc.RpcError as e:
-            seen.append(("stream", e.code()))
+            seen.append(("stream", e.code(), error_details(e).reason))
 
     def watch(channel):
         try:
             for reply in health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest()):
                 seen.append(("health", reply.status))
         except grpc.RpcError as e:
-            seen.append(("watch", e.code()))
+            seen.append(("watch", e.code(), error_details(e).reason))
 
     with server.channel() as channel:
         threads = [threading.Thread(target=f, args=(channel,), daemon=True) for f in (stream, watch)]
@@ -201,5 +205,13 @@ def test_open_streams_and_health_watchers_do_not_hold_up_shutdown(artifacts, tmp
         for t in threads:
             t.join(10)
     assert took < 5, f"shutdown took {took:.1f}s with a stream and a watcher open"
-    assert "reply" in seen and ("stream", grpc.StatusCode.UNAVAILABLE) in seen
-    assert ("health", health_pb2.HealthCheckResponse.NOT_SERVING) in seen
+    assert "reply" in seen and ("stream", grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN") in seen
+    health = [s for s in seen if s[0] in ("health", "watch")]
+    assert health == [("health", health_pb2.HealthCheckResponse.SERVING),
+                      ("health", health_pb2.HealthCheckResponse.NOT_SERVING),
+                      ("watch", grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN")], seen
+    lines = (tmp_path / "server.log").read_text().splitlines()
+    for line in lines:
+        json.loads(line)  # every line, or the JSON-lines log is broken
+    assert not any('"level": "error"' in line for line in lines), lines
+    assert '"event": "stopped"' in lines[-1]
