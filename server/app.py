@@ -24,6 +24,7 @@ from .batcher import Batcher, BatcherLimits
 from .health import HealthService
 from .metrics import Metrics
 from .service import SERVICE_NAME, EncoderService, rpc_handlers
+from .wire import RequestGuard, core_receive_limit
 
 log = logging.getLogger("attnserve.server")
 
@@ -105,8 +106,11 @@ class Server:
         if config.max_queue_tokens < engine.manifest.max_seq_length:
             raise ConfigError(f"max_queue_tokens {config.max_queue_tokens} cannot hold one input of "
                               f"max_seq_length {engine.manifest.max_seq_length}")
-        server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", config.max_request_bytes),
+        guard = RequestGuard(config.max_request_bytes, self._count_refused)
+        server = grpc.aio.server(interceptors=[guard], options=[
+            # max_request_bytes itself is enforced per message by the guard, which answers it; grpc's own
+            # limit, higher, only bounds what one message can take before that.
+            ("grpc.max_receive_message_length", core_receive_limit(config.max_request_bytes)),
             ("grpc.max_send_message_length", config.max_response_bytes + RESPONSE_SLACK_BYTES),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
             *([("grpc.max_connection_age_ms", int(config.max_connection_age * 1e3)),
@@ -184,6 +188,12 @@ class Server:
             await self.batcher.join()
         self._release()
         log.info("stopped", extra={"fields": {"event": "stopped"}})
+
+    def _count_refused(self, method: str, code: grpc.StatusCode) -> None:
+        """A call RequestGuard ended (a message over the size limit or not parsing), counted as the service counts."""
+        service, _, name = method.strip("/").rpartition("/")
+        if service == SERVICE_NAME:
+            self.metrics.requests.labels(name, code.name).inc()
 
     async def abandon(self) -> None:
         """After a failed start: release what was taken, without a drain (nothing was served)."""

@@ -121,7 +121,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
                 async for request in requests:
                     await window.put(asyncio.ensure_future(self._embed(request, context)))
                 await window.put(None)
-            except Exception as error:  # the client's stream broke
+            except Exception as error:  # a message refused (server/wire.py), or the client's stream broke
                 await window.put(error)
 
         self._enter()

@@ -96,8 +96,9 @@ def test_request_over_max_request_bytes_gets_a_clear_error(server, stub):
     request = make_request(["x" * (1 << 20)] * 5)  # 5 MiB of text, over the 4 MiB default
     with pytest.raises(grpc.RpcError) as error:
         stub.Embed(request, timeout=30)
-    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "larger than max" in error.value.details()
+    assert error_details(error.value) == ErrorDetails(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "the request message is 5.0 MiB, over this server's max_request_bytes "
+        "(4.0 MiB); send fewer or shorter inputs per request", reason="MESSAGE_TOO_LARGE")  # no RetryInfo: no retry
     assert server.health() == health_pb2.HealthCheckResponse.SERVING
 
 
