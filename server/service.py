@@ -22,6 +22,7 @@ from attnserve.v1 import encoder_pb2_grpc
 
 from .batcher import Batcher
 from .errors import ShuttingDownError, abort, status_for
+from .memory import MemoryReturn
 from .metrics import Metrics
 from .requests import prepare
 from .responses import serialize_reply
@@ -39,6 +40,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
     def __init__(self, engine: Engine, batcher: Batcher, config: ServerConfig, metrics: Metrics, executor: Executor):
         self._engine, self._batcher, self._config = engine, batcher, config
         self._metrics, self._executor = metrics, executor
+        self._memory = MemoryReturn(executor)
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -171,17 +173,22 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
         """One request through tokenizer, batcher and serializer: (serialized reply, its token count)."""
         loop = asyncio.get_running_loop()
         engine = self._engine
-        self._batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
-        prepared = await loop.run_in_executor(
-            self._executor, prepare, request, engine.tokenizer, engine.manifest,
-            self._config.max_inputs_per_request, self._config.max_response_bytes)
-        remaining = context.time_remaining()
-        deadline = time.monotonic() + remaining if remaining is not None else None
-        rows = await self._batcher.submit(prepared.inputs, prepared.options.attention, deadline)
-        reply = await loop.run_in_executor(
-            self._executor, serialize_reply, rows, prepared.inputs, prepared.options, engine.tokenizer,
-            engine.manifest.model)
-        return reply, sum(len(x) for x in prepared.inputs)
+        reply = b""
+        self._memory.busy()
+        try:
+            self._batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
+            prepared = await loop.run_in_executor(
+                self._executor, prepare, request, engine.tokenizer, engine.manifest,
+                self._config.max_inputs_per_request, self._config.max_response_bytes)
+            remaining = context.time_remaining()
+            deadline = time.monotonic() + remaining if remaining is not None else None
+            rows = await self._batcher.submit(prepared.inputs, prepared.options.attention, deadline)
+            reply = await loop.run_in_executor(
+                self._executor, serialize_reply, rows, prepared.inputs, prepared.options, engine.tokenizer,
+                engine.manifest.model)
+            return reply, sum(len(x) for x in prepared.inputs)
+        finally:
+            self._memory.done(len(reply))
 
     def _record(self, method: str, code: grpc.StatusCode, start: float, inputs: int, tokens: int,
                 context: grpc.aio.ServicerContext) -> None:
