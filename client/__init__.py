@@ -1,5 +1,6 @@
 """The Python client: `from attnserve.client import Client`."""
 
 from .client import Client, EmbeddingResult, RequestError
+from .status import ErrorDetails, error_details
 
-__all__ = ["Client", "EmbeddingResult", "RequestError"]
+__all__ = ["Client", "EmbeddingResult", "ErrorDetails", "RequestError", "error_details"]

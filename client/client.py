@@ -21,6 +21,8 @@ from attnserve.errors import AttnserveError, ConfigError
 from attnserve.v1 import encoder_pb2 as pb
 from attnserve.v1 import encoder_pb2_grpc
 
+from .status import ErrorDetails, error_details
+
 DTYPES = {pb.FLOAT32: np.dtype("<f4"), pb.FLOAT16: np.dtype("<f2")}
 POOLING = {None: pb.POOLING_DEFAULT, "default": pb.POOLING_DEFAULT, "mean": pb.MEAN, "cls": pb.CLS}
 
@@ -28,11 +30,17 @@ Input = str | Sequence[int]  # a text, or token ids with special tokens included
 
 
 class RequestError(AttnserveError):
-    """The server answered with an error status; code is the grpc.StatusCode."""
+    """The server answered with an error status: error_details holds its code, message and the structured
+    details the server attached (client/status.py: reason, the refused field and input, retry delay)."""
 
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(f"{code.name}: {details}")
-        self.code, self.details = code, details
+    def __init__(self, error_details: ErrorDetails):
+        super().__init__(f"{error_details.code.name}: {error_details.message}")
+        self.error_details = error_details
+        self.code, self.details = error_details.code, error_details.message
+
+    @classmethod
+    def from_rpc(cls, error: grpc.RpcError) -> "RequestError":
+        return cls(error_details(error))
 
 
 @dataclass
@@ -148,7 +156,7 @@ class Client:
             for reply in self._stub.EmbedStream(requests, timeout=timeout or self.config.timeout):
                 yield np.stack([to_array(e.sentence_embedding) for e in reply.embeddings])
         except grpc.RpcError as e:
-            raise RequestError(e.code(), e.details() or "") from None
+            raise RequestError.from_rpc(e) from None
 
     def model_info(self, timeout: float | None = None) -> pb.ModelInfo:
         return self._call(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
@@ -157,7 +165,7 @@ class Client:
         try:
             return method(request, timeout=timeout or self.config.timeout)
         except grpc.RpcError as e:
-            raise RequestError(e.code(), e.details() or "") from None
+            raise RequestError.from_rpc(e) from None
 
     def close(self) -> None:
         self._channel.close()

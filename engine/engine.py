@@ -94,8 +94,10 @@ class Engine:
                 variant = self.manifest.variants.get(ATTENTION_VARIANT)
                 if variant is None:
                     raise ArtifactError(f"{self.manifest.directory} has no attention graph; re-export")
+                # Its intermediates grow with tokens^2 per batch: an arena would keep a burst's peak (about
+                # 250 MB for MiniLM) for the process's life. Without it, runs measured no slower.
                 self._attention_session = open_session(
-                    self.manifest.path(variant.file), self.provider, self.config.threads)
+                    self.manifest.path(variant.file), self.provider, self.config.threads, arena=False)
         return self._attention_session
 
     def run(self, inputs: Sequence[TokenizedInput], attention: bool = False) -> BatchOutput:

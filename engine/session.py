@@ -31,12 +31,14 @@ def resolve_provider(requested: str) -> str:
     raise ConfigError(f"unknown provider {requested!r}: choose auto, cpu or cuda")
 
 
-def open_session(path: Path, provider: str, threads: int = 0):
+def open_session(path: Path, provider: str, threads: int = 0, arena: bool = True):
+    """arena False: no onnxruntime CPU memory arena, which otherwise keeps the largest run's memory for good."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3  # errors only: the provider-assignment warnings are expected
+    options.enable_cpu_mem_arena = arena
     if threads:
         options.intra_op_num_threads = threads
     providers = [provider, CPU] if provider == CUDA else [CPU]

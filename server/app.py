@@ -12,7 +12,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from attnserve.config import EngineConfig, ServerConfig
@@ -21,8 +21,10 @@ from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import ConfigError
 
 from .batcher import Batcher, BatcherLimits
+from .health import HealthService
 from .metrics import Metrics
 from .service import SERVICE_NAME, EncoderService, rpc_handlers
+from .wire import RequestGuard, core_receive_limit
 
 log = logging.getLogger("attnserve.server")
 
@@ -88,7 +90,7 @@ class Server:
         self.metrics = Metrics()
         self._inference = ThreadPoolExecutor(1, thread_name_prefix="attnserve-inference")
         self._io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="attnserve-io")
-        self.health = health.aio.HealthServicer()
+        self.health = HealthService()
         self.port = self.metrics_port = None
         self._metrics_http = None
         self._grpc: grpc.aio.Server | None = None
@@ -104,8 +106,11 @@ class Server:
         if config.max_queue_tokens < engine.manifest.max_seq_length:
             raise ConfigError(f"max_queue_tokens {config.max_queue_tokens} cannot hold one input of "
                               f"max_seq_length {engine.manifest.max_seq_length}")
-        server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", config.max_request_bytes),
+        guard = RequestGuard(config.max_request_bytes, self._count_refused)
+        server = grpc.aio.server(interceptors=[guard], options=[
+            # max_request_bytes itself is enforced per message by the guard, which answers it; grpc's own
+            # limit, higher, only bounds what one message can take before that.
+            ("grpc.max_receive_message_length", core_receive_limit(config.max_request_bytes)),
             ("grpc.max_send_message_length", config.max_response_bytes + RESPONSE_SLACK_BYTES),
             ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
             *([("grpc.max_connection_age_ms", int(config.max_connection_age * 1e3)),
@@ -174,14 +179,21 @@ class Server:
             else:
                 log.warning("grace period over; cancelling the requests still in flight",
                             extra={"fields": {"event": "grace_expired"}})
+        # Health watchers have seen NOT_SERVING: their streams end now, so grpc's stop has none to cancel.
+        await self.health.close(min(STOP_GRACE_SECONDS, max(0.0, end - time.monotonic())))
         if self._grpc is not None:
-            # What is left holds no work: health Watch streams, which would otherwise keep the
-            # process for the whole grace period, and calls that arrived just now.
+            # What is left holds no work: calls that arrived just now.
             await self._grpc.stop(min(STOP_GRACE_SECONDS, max(0.0, end - time.monotonic())))
         if self.batcher is not None:
             await self.batcher.join()
         self._release()
         log.info("stopped", extra={"fields": {"event": "stopped"}})
+
+    def _count_refused(self, method: str, code: grpc.StatusCode) -> None:
+        """A call RequestGuard ended (a message over the size limit or not parsing), counted as the service counts."""
+        service, _, name = method.strip("/").rpartition("/")
+        if service == SERVICE_NAME:
+            self.metrics.requests.labels(name, code.name).inc()
 
     async def abandon(self) -> None:
         """After a failed start: release what was taken, without a drain (nothing was served)."""
@@ -214,4 +226,13 @@ async def serve(engine_config: EngineConfig, config: ServerConfig, artifacts: Pa
         await stopping.wait()
     finally:
         await server.stop()
+        await _let_calls_finish(STOP_GRACE_SECONDS)
     return 0
+
+
+async def _let_calls_finish(timeout: float) -> None:
+    """grpc's stop returns once its core holds no call, while the tasks of the calls it ended may still be
+    unwinding; the loop's end would cancel them, and grpc logs each such cancellation with a raw traceback."""
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    if others:
+        await asyncio.wait(others, timeout=timeout)

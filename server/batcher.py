@@ -52,6 +52,9 @@ PLAN_WINDOW = 256
 # Weight of the newest batch in the running seconds-per-token estimate: a few batches
 # follow a change of load, one odd batch does not swing admission.
 RATE_WEIGHT = 0.2
+# The least retry delay a refused request is told (RetryInfo): the estimate of when the queue has room is 0
+# before a lane's speed is known, and a client retrying at once would only be refused again.
+MIN_RETRY_AFTER_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,12 @@ class Batcher:
             self._metrics.dropped.labels("queue_full").inc(n_inputs)
             raise QueueFullError(
                 f"queue full: about {self.queued_seconds * 1e3:.0f} ms of work waiting, more than the server's "
-                f"limit of {wait_limit * 1e3:.0f} ms; retry with backoff")
+                f"limit of {wait_limit * 1e3:.0f} ms; retry with backoff",
+                retry_after=self._seconds_until_room(self.queued_seconds - wait_limit))
+
+    def _seconds_until_room(self, seconds_of_work: float) -> float:
+        """The retry delay of a refused request: the estimated run time of the queued work that must go first."""
+        return max(MIN_RETRY_AFTER_S, seconds_of_work)
 
     async def submit(self, inputs: Sequence[TokenizedInput], attention: bool, deadline: float | None
                      ) -> list[RowOutput]:
@@ -153,12 +161,15 @@ class Batcher:
         capacity = self.limits.max_queue_tokens
         if tokens > capacity:
             raise InvalidInputError(
-                f"the request holds {tokens} tokens, more than the server's whole queue ({capacity}); split it")
+                f"the request holds {tokens} tokens, more than the server's whole queue ({capacity}); split it",
+                field="inputs")
         if self.queued_tokens + tokens > capacity:
             self._metrics.dropped.labels("queue_full").inc(len(inputs))
+            excess = self.queued_tokens + tokens - capacity
             raise QueueFullError(
                 f"queue full: {self.queued_tokens} of {capacity} tokens waiting, this request needs {tokens}; "
-                "retry with backoff")
+                "retry with backoff", retry_after=self._seconds_until_room(self.queued_seconds * excess
+                                                                          / max(1, self.queued_tokens)))
         if deadline is not None and deadline <= time.monotonic():
             raise DeadlineExpiredError("the deadline passed before the request was queued")
         loop = asyncio.get_running_loop()

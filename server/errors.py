@@ -1,45 +1,102 @@
-"""Every error a request can meet, and the one function that maps it to a gRPC status."""
+"""Every error a request can meet, and the one function that maps it to a gRPC status with its details.
+
+The errors carry what any front door needs (a `reason` of client/status.py REASONS, and for invalid input the
+`field` and `description`); only status_for speaks gRPC: the code, the human message, and the google.rpc
+details that client/status.py reads back (ErrorInfo, BadRequest for INVALID_ARGUMENT, RetryInfo for a full queue).
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import NoReturn
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
+from attnserve.client.status import DOMAIN, REASONS
 from attnserve.errors import AttnserveError, InvalidInputError
 
 log = logging.getLogger("attnserve.server")
 
 
 class QueueFullError(AttnserveError):
-    """The queue cannot take this request's tokens now; the client may retry later."""
+    """The queue cannot take this request's tokens now; the client may retry after `retry_after` seconds."""
+
+    reason = "QUEUE_FULL"
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ShuttingDownError(AttnserveError):
     """The server is draining and takes no new work."""
 
+    reason = "SHUTTING_DOWN"
+
 
 class DeadlineExpiredError(AttnserveError):
     """The request's deadline passed before its inputs could run."""
+
+    reason = "DEADLINE_EXCEEDED"
 
 
 class BatchFailedError(AttnserveError):
     """The batch this request's inputs ran in failed; other batches are unaffected."""
 
-
-_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
-    (InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT),
-    (QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (DeadlineExpiredError, grpc.StatusCode.DEADLINE_EXCEEDED),
-    (ShuttingDownError, grpc.StatusCode.UNAVAILABLE),
-    (BatchFailedError, grpc.StatusCode.INTERNAL),
-)
+    reason = "BATCH_FAILED"
 
 
-def status_for(error: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The status and message a client sees. Errors we did not expect are logged whole and told apart by name."""
-    for kind, code in _CODES:
-        if isinstance(error, kind):
-            return code, str(error)
-    log.error("unexpected error while serving a request", exc_info=error)
-    return grpc.StatusCode.INTERNAL, f"internal error ({type(error).__name__}); the server log has the details"
+class MalformedMessageError(InvalidInputError):
+    """The bytes of a request message do not parse as the method's request type."""
+
+    reason = "MALFORMED_MESSAGE"
+
+    def __init__(self, message: str):
+        super().__init__(message, field="")
+
+
+class MessageTooLargeError(AttnserveError):
+    """A request message is over max_request_bytes: the same request can never succeed."""
+
+    reason = "MESSAGE_TOO_LARGE"
+
+
+def status_for(error: BaseException, request_index: int | None = None) -> grpc.Status:
+    """The status a client sees for error; request_index: which request of a stream it answers.
+
+    Errors we did not expect are logged whole and told apart by name only.
+    """
+    if isinstance(error, AttnserveError) and error.reason in REASONS:
+        reason, message = error.reason, str(error)
+    else:
+        log.error("unexpected error while serving a request", exc_info=error)
+        reason, message = "INTERNAL", f"internal error ({type(error).__name__}); the server log has the details"
+    code = REASONS[reason]
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN)
+    if request_index is not None:
+        info.metadata["request_index"] = str(request_index)
+        message = f"request {request_index}: {message}"
+    details = [info]
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        field, description = getattr(error, "field", None), getattr(error, "description", message)
+        details.append(error_details_pb2.BadRequest(field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=field or "", description=description)]))
+    if isinstance(error, QueueFullError):
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromNanoseconds(round(error.retry_after * 1e9))
+        details.append(retry)
+    packed = []
+    for detail in details:
+        any_detail = any_pb2.Any()
+        any_detail.Pack(detail)
+        packed.append(any_detail)
+    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=packed))
+
+
+async def abort(context: grpc.aio.ServicerContext, status: grpc.Status) -> NoReturn:
+    """End the call with status, details included (raises grpc's AbortError, as context.abort does)."""
+    await context.abort(status.code, status.details, status.trailing_metadata)
+    raise AssertionError("context.abort returned")  # for type checkers: it always raises

@@ -1,4 +1,8 @@
-"""EmbedRequest -> validated, tokenized work, or an InvalidInputError that names the input and the problem."""
+"""EmbedRequest -> validated, tokenized work, or an InvalidInputError that names the input and the problem.
+
+Each error also carries the field of the request it is about (attnserve/errors.py): "inputs[3].text" where the
+message says "input 3".
+"""
 
 from __future__ import annotations
 
@@ -44,11 +48,11 @@ def prepare(request: pb.EmbedRequest, tokenizer: TextTokenizer, manifest: Manife
     """Check everything about a request that can be checked before it costs compute; tokenize it."""
     n = len(request.inputs)
     if n == 0:
-        raise InvalidInputError(f"no inputs: send 1 to {max_inputs} inputs")
+        raise _invalid("inputs", f"no inputs: send 1 to {max_inputs} inputs")
     if n > max_inputs:
-        raise InvalidInputError(f"too many inputs: {n}; this server takes at most {max_inputs} per request")
+        raise _invalid("inputs", f"too many inputs: {n}; this server takes at most {max_inputs} per request")
     if request.pooling not in POOLING:
-        raise InvalidInputError(f"pooling {request.pooling} is not one of POOLING_DEFAULT, MEAN, CLS")
+        raise _invalid("pooling", f"pooling {request.pooling} is not one of POOLING_DEFAULT, MEAN, CLS")
     options = ReplyOptions(
         pooling=POOLING[request.pooling],
         normalize=request.normalize if request.HasField("normalize") else manifest.normalize,
@@ -59,8 +63,8 @@ def prepare(request: pb.EmbedRequest, tokenizer: TextTokenizer, manifest: Manife
     inputs = _tokenize(request, tokenizer)
     reply_bytes = sum(_reply_bytes(len(x), options, manifest) for x in inputs)
     if reply_bytes > max_response_bytes:
-        raise InvalidInputError(
-            f"the reply would be about {reply_bytes / 2**20:.1f} MiB, over this server's max_response_bytes "
+        raise _invalid(
+            "", f"the reply would be about {reply_bytes / 2**20:.1f} MiB, over this server's max_response_bytes "
             f"({max_response_bytes / 2**20:.1f} MiB); ask for fewer inputs, fewer attention layers or average_heads")
     return PreparedRequest(inputs, options)
 
@@ -69,9 +73,9 @@ def _attention_layers(request: pb.EmbedRequest, num_layers: int) -> tuple[int, .
     layers = []
     for i, layer in enumerate(request.attention.layers or [-1]):
         if not -num_layers <= layer < num_layers:
-            raise InvalidInputError(
-                f"attention.layers[{i}]: layer {layer} does not exist; the model has {num_layers} layers "
-                f"(0..{num_layers - 1}, or -{num_layers}..-1 from the end)")
+            raise _invalid(
+                f"attention.layers[{i}]", f"layer {layer} does not exist; the model has {num_layers} layers "
+                f"(0..{num_layers - 1}, or -{num_layers}..-1 from the end)", label=f"attention.layers[{i}]")
         layers.append(layer % num_layers)
     return tuple(layers)
 
@@ -87,17 +91,35 @@ def _tokenize(request: pb.EmbedRequest, tokenizer: TextTokenizer) -> list[Tokeni
             ids.append(item.token_ids.ids)
             id_rows.append(row)
         else:
-            raise InvalidInputError(f"input {row}: neither text nor token_ids is set")
+            raise _invalid(f"inputs[{row}]", "neither text nor token_ids is set", label=f"input {row}")
     out: list[TokenizedInput | None] = [None] * len(request.inputs)
-    if texts:
-        encoded = tokenizer.encode_texts(texts, request.truncate, [f"input {r}" for r in text_rows])
-        for row, x in zip(text_rows, encoded):
-            out[row] = x
-    if ids:
-        encoded = tokenizer.encode_ids(ids, request.truncate, [f"input {r}" for r in id_rows])
-        for row, x in zip(id_rows, encoded):
+    for rows, kind, encode, items in ((text_rows, "text", tokenizer.encode_texts, texts),
+                                      (id_rows, "token_ids", tokenizer.encode_ids, ids)):
+        if not rows:
+            continue
+        labels = [f"input {r}" for r in rows]
+        try:
+            encoded = encode(items, request.truncate, labels)
+        except InvalidInputError as error:
+            raise _located(error, labels, [f"inputs[{r}].{kind}" for r in rows]) from None
+        for row, x in zip(rows, encoded):
             out[row] = x
     return out  # type: ignore[return-value]
+
+
+def _invalid(field: str, description: str, label: str | None = None) -> InvalidInputError:
+    """The error for field; its message names the place as the user reads it (label), then the problem."""
+    return InvalidInputError(f"{label}: {description}" if label else description, field=field,
+                             description=description)
+
+
+def _located(error: InvalidInputError, labels: list[str], fields: list[str]) -> InvalidInputError:
+    """The tokenizer names an input by the label it was given ("input 3: empty text"): add that input's field."""
+    message = str(error)
+    for label, field in zip(labels, fields):
+        if message.startswith(f"{label}: "):
+            return _invalid(field, message[len(label) + 2:], label)
+    return _invalid("inputs", message)
 
 
 def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest) -> int:

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from attnserve.engine.pooling import l2_normalize
+from attnserve.engine.pooling import l2_normalize, pool
 from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
 from attnserve.v1 import encoder_pb2 as pb
 
@@ -24,10 +24,9 @@ def embedding(row: RowOutput, item: TokenizedInput, options: ReplyOptions, token
               ) -> pb.Embedding:
     if options.pooling is None:
         sentence = row.sentence_embedding  # (H,) pooled in the graph, the model's own way
-    elif options.pooling == "mean":
-        sentence = row.token_embeddings.mean(axis=0)  # (T, H) -> (H,)
-    else:
-        sentence = row.token_embeddings[0]  # CLS
+    else:  # the row's padding is cut off already: all T tokens are real
+        T = len(row.token_embeddings)
+        sentence = pool(row.token_embeddings[None], np.array([T]), options.pooling)[0]  # (1, T, H) -> (H,)
     if options.normalize:
         sentence = l2_normalize(sentence)
     out = pb.Embedding(sentence_embedding=tensor(sentence), num_tokens=len(item), truncated=item.truncated)

@@ -17,12 +17,12 @@ import grpc
 from attnserve import __version__
 from attnserve.config import ServerConfig
 from attnserve.engine.engine import Engine
-from attnserve.errors import AttnserveError
 from attnserve.v1 import encoder_pb2 as pb
 from attnserve.v1 import encoder_pb2_grpc
 
 from .batcher import Batcher
-from .errors import ShuttingDownError, status_for
+from .errors import ShuttingDownError, abort, status_for
+from .memory import MemoryReturn
 from .metrics import Metrics
 from .requests import prepare
 from .responses import serialize_reply
@@ -40,6 +40,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
     def __init__(self, engine: Engine, batcher: Batcher, config: ServerConfig, metrics: Metrics, executor: Executor):
         self._engine, self._batcher, self._config = engine, batcher, config
         self._metrics, self._executor = metrics, executor
+        self._memory = MemoryReturn(executor)
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -101,33 +102,39 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
             code = _cancel_code(context)
             raise
         except Exception as error:
-            code, message = status_for(error)
-            await context.abort(code, message)
+            status = status_for(error)
+            code = status.code
+            await abort(context, status)
         finally:
             self._leave()
             self._record("Embed", code, start, len(request.inputs), tokens, context)
 
     async def EmbedStream(self, requests: AsyncIterator[pb.EmbedRequest], context: grpc.aio.ServicerContext
                           ) -> AsyncIterator[bytes]:
-        """Requests are taken as they come and run concurrently; replies go back in request order."""
+        """Requests are taken as they come and run concurrently; replies go back in request order.
+
+        An error ends the stream after the replies to the requests before it, naming the request it answers.
+        """
         start, code, answered, tokens = time.perf_counter(), grpc.StatusCode.OK, 0, 0
         window: asyncio.Queue = asyncio.Queue(STREAM_WINDOW)
 
         async def read() -> None:
-            index = 0
             try:
                 async for request in requests:
-                    await window.put(asyncio.ensure_future(self._embed(request, context, f"request {index}: ")))
-                    index += 1
+                    await window.put(asyncio.ensure_future(self._embed(request, context)))
                 await window.put(None)
-            except Exception as error:  # the client's stream broke
+            except Exception as error:  # a message refused (server/wire.py), or the client's stream broke
                 await window.put(error)
 
         self._enter()
         reader = asyncio.ensure_future(read())
-        item = None
+        item, index = None, None
         try:
-            while (item := await self._next(window)) is not None:
+            while True:
+                index = None  # draining while the stream is idle answers no request
+                if (item := await self._next(window)) is None:
+                    break
+                index = answered  # replies go in order: the item is the answered-th request
                 if isinstance(item, BaseException):
                     raise item
                 reply, n = await item
@@ -138,8 +145,9 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
             code = _cancel_code(context)
             raise
         except Exception as error:
-            code, message = status_for(error)
-            await context.abort(code, message)
+            status = status_for(error, index)
+            code = status.code
+            await abort(context, status)
         finally:
             reader.cancel()
             _discard(item)  # the request being awaited when the stream ended early
@@ -161,11 +169,12 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
                 max_request_bytes=config.max_request_bytes, max_response_bytes=config.max_response_bytes,
                 max_wait_ms=limits.max_wait_s * 1e3, max_queue_wait_ms=limits.max_queue_wait_s * 1e3))
 
-    async def _embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext, label: str = ""
-                     ) -> tuple[bytes, int]:
+    async def _embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> tuple[bytes, int]:
         """One request through tokenizer, batcher and serializer: (serialized reply, its token count)."""
         loop = asyncio.get_running_loop()
         engine = self._engine
+        reply = b""
+        self._memory.busy()
         try:
             self._batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
             prepared = await loop.run_in_executor(
@@ -174,14 +183,12 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
             remaining = context.time_remaining()
             deadline = time.monotonic() + remaining if remaining is not None else None
             rows = await self._batcher.submit(prepared.inputs, prepared.options.attention, deadline)
-        except AttnserveError as error:
-            if label:  # name the request of a stream
-                raise type(error)(f"{label}{error}") from None
-            raise
-        reply = await loop.run_in_executor(
-            self._executor, serialize_reply, rows, prepared.inputs, prepared.options, engine.tokenizer,
-            engine.manifest.model)
-        return reply, sum(len(x) for x in prepared.inputs)
+            reply = await loop.run_in_executor(
+                self._executor, serialize_reply, rows, prepared.inputs, prepared.options, engine.tokenizer,
+                engine.manifest.model)
+            return reply, sum(len(x) for x in prepared.inputs)
+        finally:
+            self._memory.done(len(reply))
 
     def _record(self, method: str, code: grpc.StatusCode, start: float, inputs: int, tokens: int,
                 context: grpc.aio.ServicerContext) -> None:

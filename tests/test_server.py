@@ -119,3 +119,12 @@ def test_reflection_lists_the_services(server):
                                                  timeout=10))
     names = {s.name for s in reply.list_services_response.service}
     assert {"attnserve.v1.Encoder", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= names
+
+
+def test_health_list_answers_every_service(server):
+    from grpc_health.v1 import health_pb2_grpc
+
+    with server.channel() as channel:
+        reply = health_pb2_grpc.HealthStub(channel).List(health_pb2.HealthListRequest(), timeout=10)
+    assert {name: s.status for name, s in reply.statuses.items()} == {
+        "": health_pb2.HealthCheckResponse.SERVING, "attnserve.v1.Encoder": health_pb2.HealthCheckResponse.SERVING}

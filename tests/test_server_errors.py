@@ -1,4 +1,5 @@
-"""Bad requests get INVALID_ARGUMENT (or the size limit's code) with a message naming the problem; the server stays up."""
+"""Bad requests get INVALID_ARGUMENT (or the size limit's code) with a message naming the problem and details
+that name it for a program (client/status.py); the server stays up."""
 
 from __future__ import annotations
 
@@ -6,41 +7,84 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
+from attnserve.client import Client, ErrorDetails, RequestError, error_details
 from attnserve.client.client import make_request
 from attnserve.v1 import encoder_pb2 as pb
 
 LONG = "word " * 400  # ~400 tokens, past max_seq_length 256
 
+# case: (request, the message, the BadRequest field, its description: the problem alone)
 BAD_REQUESTS = {
-    "no inputs": (pb.EmbedRequest(), "no inputs"),
-    "too many inputs": (make_request(["x"] * 257), "too many inputs: 257; this server takes at most 256"),
-    "an empty text": (make_request(["fine", "   "]), "input 1: empty text"),
+    "no inputs": (pb.EmbedRequest(), "no inputs", "inputs", "no inputs: send 1 to 256 inputs"),
+    "too many inputs": (make_request(["x"] * 257), "too many inputs: 257; this server takes at most 256", "inputs",
+                        "too many inputs: 257; this server takes at most 256 per request"),
+    "an empty text": (make_request(["fine", "   "]), "input 1: empty text", "inputs[1].text", "empty text"),
     "an unset input": (pb.EmbedRequest(inputs=[pb.Input(text="ok"), pb.Input()]),
-                       "input 1: neither text nor token_ids is set"),
-    "a token id past the vocabulary": (make_request([[101, 30522, 102]]), "input 0: token id 30522 is out of range"),
-    "a negative token id": (make_request(["ok", [101, -1, 102]]), "input 1: token id -1 is out of range"),
-    "an empty token id list": (make_request([[]]), "input 0: empty token id list"),
-    "an over-long text without truncate": (make_request(["short", LONG]), "input 1: longer than max_seq_length 256"),
-    "over-long token ids without truncate": (make_request([[100] * 300]), "input 0: 300 tokens exceed max_seq_length"),
-    "an unknown layer": (make_request(["x"], attention_layers=[6]), "attention.layers[0]: layer 6 does not exist"),
+                       "input 1: neither text nor token_ids is set", "inputs[1]", "neither text nor token_ids is set"),
+    "a token id past the vocabulary": (make_request([[101, 30522, 102]]), "input 0: token id 30522 is out of range",
+                                       "inputs[0].token_ids", "token id 30522 is out of range [0, 30522)"),
+    "a negative token id": (make_request(["ok", [101, -1, 102]]), "input 1: token id -1 is out of range",
+                            "inputs[1].token_ids", "token id -1 is out of range [0, 30522)"),
+    "an empty token id list": (make_request(["ok"] * 10 + [[]]), "input 10: empty token id list",
+                               "inputs[10].token_ids", "empty token id list"),
+    "an over-long text without truncate": (make_request(["short", LONG]), "input 1: longer than max_seq_length 256",
+                                           "inputs[1].text",
+                                           "longer than max_seq_length 256 tokens; allow truncation to cut it"),
+    "over-long token ids without truncate": (make_request([[100] * 300]), "input 0: 300 tokens exceed max_seq_length",
+                                             "inputs[0].token_ids",
+                                             "300 tokens exceed max_seq_length 256; allow truncation to cut it"),
+    "an unknown layer": (make_request(["x"], attention_layers=[6]), "attention.layers[0]: layer 6 does not exist",
+                         "attention.layers[0]",
+                         "layer 6 does not exist; the model has 6 layers (0..5, or -6..-1 from the end)"),
     "an unknown negative layer": (make_request(["x"], attention_layers=[-1, -7]),
-                                  "attention.layers[1]: layer -7 does not exist"),
-    "an unknown pooling": (pb.EmbedRequest(inputs=[pb.Input(text="x")], pooling=7), "pooling 7 is not one of"),
+                                  "attention.layers[1]: layer -7 does not exist", "attention.layers[1]",
+                                  "layer -7 does not exist; the model has 6 layers (0..5, or -6..-1 from the end)"),
+    "an unknown pooling": (pb.EmbedRequest(inputs=[pb.Input(text="x")], pooling=7), "pooling 7 is not one of",
+                           "pooling", "pooling 7 is not one of POOLING_DEFAULT, MEAN, CLS"),
     "a reply over max_response_bytes": (
         make_request([LONG] * 20, truncate=True, attention_layers=list(range(6))),
-        "the reply would be about 360.1 MiB, over this server's max_response_bytes (64.0 MiB)"),
+        "the reply would be about 360.1 MiB, over this server's max_response_bytes (64.0 MiB)", "",
+        "the reply would be about 360.1 MiB, over this server's max_response_bytes (64.0 MiB); ask for fewer inputs, "
+        "fewer attention layers or average_heads"),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD_REQUESTS))
 def test_bad_input_is_invalid_argument_and_the_server_stays_healthy(case, server, stub):
-    request, message = BAD_REQUESTS[case]
+    request, message, field, description = BAD_REQUESTS[case]
     with pytest.raises(grpc.RpcError) as error:
         stub.Embed(request, timeout=30)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
     assert message in error.value.details()
+    assert error_details(error.value) == ErrorDetails(
+        grpc.StatusCode.INVALID_ARGUMENT, error.value.details(), reason="INVALID_INPUT", field=field,
+        description=description)
     assert server.health() == health_pb2.HealthCheckResponse.SERVING
     assert len(stub.Embed(make_request(["still serving"]), timeout=30).embeddings) == 1
+
+
+def test_a_bad_request_in_a_stream_ends_it_after_the_replies_before_it_and_names_it(stub):
+    """Every bad-input case as the third request of an EmbedStream: two replies, then its error, request 2."""
+    for case, (request, message, field, description) in BAD_REQUESTS.items():
+        replies = []
+        with pytest.raises(grpc.RpcError) as error:
+            for reply in stub.EmbedStream(iter([make_request(["one"]), make_request(["two"]), request,
+                                                make_request(["never answered"])]), timeout=30):
+                replies.append(reply)
+        assert len(replies) == 2, case
+        details = error_details(error.value)
+        assert details.message.startswith("request 2: ") and message in details.message, (case, details)
+        assert (details.code, details.reason, details.request_index, details.field, details.description) == (
+            grpc.StatusCode.INVALID_ARGUMENT, "INVALID_INPUT", 2, field, description), case
+
+
+def test_the_client_raises_request_error_with_the_details(server):
+    with Client(server.target) as client:
+        with pytest.raises(RequestError) as error:
+            client.embed(["fine", "also fine", ""])
+    assert str(error.value) == "INVALID_ARGUMENT: input 2: empty text"
+    assert error.value.error_details.input_index == 2
+    assert (error.value.error_details.reason, error.value.error_details.description) == ("INVALID_INPUT", "empty text")
 
 
 def test_over_long_input_with_truncate_is_cut_and_marked(stub):
@@ -52,8 +96,9 @@ def test_request_over_max_request_bytes_gets_a_clear_error(server, stub):
     request = make_request(["x" * (1 << 20)] * 5)  # 5 MiB of text, over the 4 MiB default
     with pytest.raises(grpc.RpcError) as error:
         stub.Embed(request, timeout=30)
-    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "larger than max" in error.value.details()
+    assert error_details(error.value) == ErrorDetails(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "the request message is 5.0 MiB, over this server's max_request_bytes "
+        "(4.0 MiB); send fewer or shorter inputs per request", reason="MESSAGE_TOO_LARGE")  # no RetryInfo: no retry
     assert server.health() == health_pb2.HealthCheckResponse.SERVING
 
 

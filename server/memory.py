@@ -1,0 +1,66 @@
+"""Memory freed after large replies, handed back to the operating system once the server is idle.
+
+An attention reply is tens of MiB, built as numpy arrays, a protobuf message and its bytes. glibc's malloc keeps
+what they freed in its heaps for reuse, so after a burst of them the process stayed hundreds of MiB larger than
+it needs, for good; malloc_trim returns the free pages. It runs only when no request has been in progress for
+IDLE_SECONDS after at least TRIM_AFTER_BYTES of replies, so it costs nothing under load. Where there is no
+malloc_trim (musl, macOS, Windows) nothing is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+from concurrent.futures import Executor
+
+log = logging.getLogger("attnserve.server")
+
+# Replies built since the last trim before the next is worth a call: a few attention replies, or a
+# hundred thousand sentence embeddings.
+TRIM_AFTER_BYTES = 64 * 2**20
+# How long no request may be in progress first: a burst is over, not between two requests.
+IDLE_SECONDS = 1.0
+
+
+def _malloc_trim():
+    try:
+        trim = ctypes.CDLL(None).malloc_trim  # the process's own symbols: glibc's, where it is the libc
+    except (OSError, AttributeError, TypeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+MALLOC_TRIM = _malloc_trim()
+
+
+class MemoryReturn:
+    """The service calls busy() when a request starts and done(reply bytes) when it ends, on the event loop."""
+
+    def __init__(self, executor: Executor):
+        self._executor = executor  # malloc_trim walks the heaps: off the event loop
+        self._in_progress = 0
+        self._since_trim = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def busy(self) -> None:
+        self._in_progress += 1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def done(self, reply_bytes: int) -> None:
+        self._in_progress -= 1
+        self._since_trim += reply_bytes
+        if self._in_progress == 0 and self._since_trim >= TRIM_AFTER_BYTES and MALLOC_TRIM is not None:
+            self._timer = asyncio.get_running_loop().call_later(IDLE_SECONDS, self._trim)
+
+    def _trim(self) -> None:
+        self._timer = None
+        self._since_trim = 0
+        try:
+            asyncio.get_running_loop().run_in_executor(self._executor, MALLOC_TRIM, 0)
+        except RuntimeError:  # the executor is shut down: the server is stopping
+            return
+        log.debug("memory trimmed", extra={"fields": {"event": "memory_trimmed"}})
