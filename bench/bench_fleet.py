@@ -133,7 +133,8 @@ def row(name: str, r: dict) -> str:
     other = sum(n for c, n in codes.items() if c not in ("OK", "RESOURCE_EXHAUSTED"))
     offered = f"{r['rate']:.1f}/s" if r["rate"] else f"{r['concurrency']} in flight"
     return (f"{name:<24} {offered:>13} {r['requests_per_s']:>8.1f} {r['tokens_per_s']:>9.0f} "
-            f"{lat['p50']:>8.0f} {lat['p99']:>8.0f} {lat['max']:>8.0f} {shed:>6} {other:>6}  "
+            f"{lat['p50']:>8.0f} {lat['p99']:>8.0f} {lat['max']:>8.0f} {shed:>6} {other:>6} "
+            f"{r['requests']['retried']:>7}  "
             f"{'/'.join(map(str, r['per_replica']))}")
 
 
@@ -189,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
           f"closed loops: ATTNSERVE_MAX_QUEUE_WAIT_MS=0)")
     print(f"two replicas reached as ipv4:A,B with lb_policy round_robin; cpu: {os.cpu_count()} logical cores\n")
     print(f"{'run':<24} {'offered':>13} {'ok req/s':>8} {'tokens/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'max ms':>8} {'shed':>6} {'other':>6}  per replica")
+          f"{'max ms':>8} {'shed':>6} {'other':>6} {'retried':>7}  per replica")
     for name, report in runs.items():
         print(row(name, report))
     print(f"\nat 2x: {shed} of {two['open 2x']['requests']['sent']} requests shed with RESOURCE_EXHAUSTED; "
