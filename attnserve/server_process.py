@@ -32,7 +32,7 @@ CLI = (sys.executable, "-m", "attnserve.cli")
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now. Another process may take it before the server binds it; the server
-    then exits with "cannot listen on", which wait_serving reports at once with the server's log."""
+    then exits with "cannot listen on", which wait_serving reports within seconds, with the server's log."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -54,7 +54,6 @@ class ServerProcess:
         port, metrics_port None: free ones. launcher: the command that runs the attnserve CLI."""
         self.host = host
         self.port, self.metrics_port = port or free_port(host), metrics_port or free_port(host)
-        # localhost is the name the tests' TLS certificates carry.
         self.target = f"{'localhost' if host == '127.0.0.1' else host}:{self.port}"
         self.metrics_url = f"http://{host}:{self.metrics_port}/metrics"
         self.log_path = log_path
