@@ -115,21 +115,20 @@ def cmd_attention(args: argparse.Namespace) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
     from attnserve.client.client import open_channel
+    from attnserve.client.health import NotServing, wait_until_serving
 
     config = from_args(ClientConfig, args)
     with open_channel(config) as channel:
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=args.service),
-                                                              timeout=config.timeout)
-        except grpc.RpcError as e:
-            raise AttnserveError(f"{config.target}: {e.code().name}: {e.details()}") from None
-    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-    print(f"{config.target}: {status}")
-    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+            wait_until_serving(channel, config.target, 0, service=args.service, probe_seconds=config.timeout)
+        except NotServing as e:
+            if e.status is None:  # no answer: an error, not a status
+                raise
+            print(f"{config.target}: {e.status}")
+            return 1
+    print(f"{config.target}: SERVING")
+    return 0
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:

@@ -131,11 +131,11 @@ class LoadTestConfig:
     concurrency: int = setting(
         0, "ATTNSERVE_LOADTEST_CONCURRENCY",
         "closed loop: requests kept in flight, each sent as soon as one is answered, or after a backoff when it "
-        "was refused with RESOURCE_EXHAUSTED (64 unless --rate is given)")
+        "was refused with a retryable code such as UNAVAILABLE or RESOURCE_EXHAUSTED (64 unless --rate is given)")
     rate: float = setting(
         0.0, "ATTNSERVE_LOADTEST_RATE",
         "open loop: requests started per second on a fixed schedule, answered or not, so a slow server "
-        "cannot slow the load down and hide its queueing")
+        "cannot slow the load down and hide its queueing; a refused request is retried after a backoff")
     duration: float = setting(
         0.0, "ATTNSERVE_LOADTEST_DURATION", "seconds of measured load after --warmup (30 unless --requests is given)")
     requests: int = setting(

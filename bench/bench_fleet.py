@@ -39,11 +39,14 @@ import sys
 from pathlib import Path
 
 try:
-    from bench_serve import BenchError, ServerProcess, log, scrape  # run as a script: bench/ is on sys.path
+    from bench_serve import BenchError, log, scrape, start_server  # run as a script: bench/ is on sys.path
     from report import target_line
 except ImportError:
-    from bench.bench_serve import BenchError, ServerProcess, log, scrape  # run as `python -m bench.bench_fleet`
+    from bench.bench_serve import BenchError, log, scrape, start_server  # run as `python -m bench.bench_fleet`
     from bench.report import target_line
+
+from attnserve.errors import AttnserveError
+from attnserve.server_process import ServerProcess
 
 COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
 TARGETS = {"fleet": (">=", 0.9, "0.9x"), "p99": ("<=", 3.0, "3x")}
@@ -77,23 +80,26 @@ def loadtest(target: str, *flags: str) -> dict:
 
 
 def start_replicas(artifacts: Path, env: dict[str, str], count: int) -> list[ServerProcess]:
-    replicas = [ServerProcess(artifacts, env) for _ in range(count)]
-    for replica in replicas:
-        replica.start()
-    for replica in replicas:
-        replica.wait_serving(START_TIMEOUT_S)
+    replicas = [start_server(artifacts, env) for _ in range(count)]
+    try:
+        for replica in replicas:
+            replica.wait_serving(timeout=START_TIMEOUT_S)
+    except BaseException:
+        for replica in replicas:
+            replica.terminate()
+        raise
     return replicas
 
 
 def stop_replicas(replicas: list[ServerProcess]) -> None:
-    codes = [replica.stop() for replica in replicas]
+    codes = [replica.terminate() for replica in replicas]
     if any(code != 0 for code in codes):
         raise BenchError(f"replicas exited with {codes} after SIGTERM (expected 0)")
 
 
 def answered(replicas: list[ServerProcess]) -> list[int]:
     """Embed requests each replica has answered so far, any status."""
-    return [int(scrape(r.metrics_url).embed_requests) for r in replicas]
+    return [int(scrape(r).embed_requests) for r in replicas]
 
 
 def measure(args, artifacts: Path, env: dict[str, str], count: int, loads: list[tuple[str, list[str]]]) -> dict:
@@ -101,7 +107,7 @@ def measure(args, artifacts: Path, env: dict[str, str], count: int, loads: list[
     replicas = start_replicas(artifacts, env, count)
     results = {}
     try:
-        target = "ipv4:" + ",".join(r.target for r in replicas) if count > 1 else replicas[0].target
+        target = "ipv4:" + ",".join(f"{r.host}:{r.port}" for r in replicas) if count > 1 else replicas[0].target
         for name, flags in loads:
             before = answered(replicas)
             log(f"{count} replica(s): {name}: attnserve loadtest {' '.join(flags)}")
@@ -127,7 +133,8 @@ def row(name: str, r: dict) -> str:
     other = sum(n for c, n in codes.items() if c not in ("OK", "RESOURCE_EXHAUSTED"))
     offered = f"{r['rate']:.1f}/s" if r["rate"] else f"{r['concurrency']} in flight"
     return (f"{name:<24} {offered:>13} {r['requests_per_s']:>8.1f} {r['tokens_per_s']:>9.0f} "
-            f"{lat['p50']:>8.0f} {lat['p99']:>8.0f} {lat['max']:>8.0f} {shed:>6} {other:>6}  "
+            f"{lat['p50']:>8.0f} {lat['p99']:>8.0f} {lat['max']:>8.0f} {shed:>6} {other:>6} "
+            f"{r['requests']['retried']:>7}  "
             f"{'/'.join(map(str, r['per_replica']))}")
 
 
@@ -146,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stops the replicas
     try:
         return run(args)
-    except BenchError as e:
+    except (BenchError, AttnserveError) as e:  # AttnserveError: e.g. a replica did not come up
         print(f"bench_fleet: error: {e}", file=sys.stderr)
         return 1
 
@@ -183,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
           f"closed loops: ATTNSERVE_MAX_QUEUE_WAIT_MS=0)")
     print(f"two replicas reached as ipv4:A,B with lb_policy round_robin; cpu: {os.cpu_count()} logical cores\n")
     print(f"{'run':<24} {'offered':>13} {'ok req/s':>8} {'tokens/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'max ms':>8} {'shed':>6} {'other':>6}  per replica")
+          f"{'max ms':>8} {'shed':>6} {'other':>6} {'retried':>7}  per replica")
     for name, report in runs.items():
         print(row(name, report))
     print(f"\nat 2x: {shed} of {two['open 2x']['requests']['sent']} requests shed with RESOURCE_EXHAUSTED; "

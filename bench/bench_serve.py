@@ -1,7 +1,7 @@
 """Serving benchmark: `attnserve serve` under 64 concurrent clients against the offline engine.
 
 Everything is measured side by side in one run, on the same mixed-length
-corpus (bench/corpus.py) and the same artifacts, and read as ratios, since
+corpus (loadtest/corpus.py) and the same artifacts, and read as ratios, since
 absolute tokens/s depend on the machine:
 
   offline   Engine.encode(texts, truncate=True) in this process (fp32, CPU
@@ -54,16 +54,15 @@ import os
 import platform
 import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 
+from attnserve.errors import AttnserveError
 from attnserve.loadtest.corpus import mixed_length_corpus
+from attnserve.server_process import ServerProcess
 
 try:
     from report import table, target_line  # run as a script: bench/ is on sys.path
@@ -75,7 +74,8 @@ LATENCY_WARMUP = 10
 LATENCY_SAMPLES = 300
 REQUEST_TIMEOUT_S = 120.0  # per request; under full load a request waits for ~64 others at most
 STOP_TIMEOUT_S = 60.0  # the server drains for up to its grace period (20 s) after SIGTERM
-STDERR_TAIL_LINES = 40
+# The benchmarks' server: fp32 on the CPU provider, as the offline side runs.
+SERVER_FLAGS = ("--provider", "cpu", "--precision", "fp32")
 
 TARGETS = {  # name: (comparison, bound, bound as shown)
     "serving_vs_offline": (">=", 0.85, "0.85"),
@@ -97,6 +97,12 @@ def tuning_env_names() -> list[str]:
     from attnserve.config import EngineConfig, ServerConfig
 
     return [f.metadata["env"] for cls in (EngineConfig, ServerConfig) for f in dataclasses.fields(cls)]
+
+
+def start_server(artifacts: Path, env: dict[str, str] | None = None) -> ServerProcess:
+    """`attnserve serve` on free loopback ports with SERVER_FLAGS and the shipped defaults, whatever this
+    shell's ATTNSERVE_* settings say; env: settings to run with instead of the defaults."""
+    return ServerProcess(artifacts, *SERVER_FLAGS, env=dict.fromkeys(tuning_env_names()) | (env or {}))
 
 
 def cpu_seconds(pid: int | None = None) -> float:
@@ -139,99 +145,6 @@ class CpuMeter:
                 "others": max(0.0, busy - bench - server) / seconds, "steal": steal / seconds}
 
 
-# --- the server subprocess ----------------------------------------------------------------------
-
-
-class ServerProcess:
-    """One `attnserve serve` on 127.0.0.1; port 0 lets the server bind free ports itself (no race
-    between finding a port and binding it), and its "serving" log line says which it got."""
-
-    def __init__(self, artifacts: Path, env: dict[str, str] | None = None):
-        """env: settings (ATTNSERVE_*) to run with instead of the defaults."""
-        self.cmd = [sys.executable, "-m", "attnserve.cli", "serve", "--artifacts", str(artifacts),
-                    "--provider", "cpu", "--precision", "fp32", "--host", "127.0.0.1", "--port", "0",
-                    "--metrics-port", "0", "--log-format", "json", "--log-level", "INFO"]
-        self.env = env or {}
-        self.tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
-        self.serving_event: dict | None = None
-        self._serving = threading.Event()
-        self.proc: subprocess.Popen | None = None
-        self.started = 0.0
-
-    def start(self) -> None:
-        self.started = time.monotonic()
-        env = {k: v for k, v in os.environ.items() if k not in tuning_env_names()} | self.env
-        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True, env=env)
-        # stderr must be drained all along, or a chatty server would block on a full pipe.
-        threading.Thread(target=self._read_stderr, name="server-stderr", daemon=True).start()
-
-    def _read_stderr(self) -> None:
-        for line in self.proc.stderr:
-            line = line.rstrip("\n")
-            self.tail.append(line)
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # e.g. "attnserve serve: error: ..." is plain text
-            if isinstance(event, dict) and event.get("event") == "serving":
-                self.serving_event = event
-                self._serving.set()
-
-    def stderr_tail(self) -> str:
-        return "\n".join(f"  | {line}" for line in self.tail) or "  | (nothing)"
-
-    @property
-    def serving(self) -> bool:
-        return self._serving.is_set()
-
-    def wait_serving(self, timeout: float) -> None:
-        """Block until the server logs "serving" and its health check agrees; timeout counts from start()."""
-        deadline = self.started + timeout
-        while not self._serving.wait(0.2):
-            if self.proc.poll() is not None:
-                raise BenchError(f"the server exited with {self.proc.returncode} before serving; its stderr:\n"
-                                 f"{self.stderr_tail()}")
-            if time.monotonic() > deadline:
-                raise BenchError(f"the server did not log \"serving\" within {timeout:.0f} s; its stderr:\n"
-                                 f"{self.stderr_tail()}")
-        self._check_health(max(1.0, deadline - time.monotonic()))
-
-    def _check_health(self, timeout: float) -> None:
-        import grpc
-        from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-        with grpc.insecure_channel(self.target) as channel:
-            try:
-                reply = health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(), timeout=timeout, wait_for_ready=True)
-            except grpc.RpcError as e:
-                raise BenchError(f"health check failed: {e.code().name}: {e.details()}") from None
-        if reply.status != health_pb2.HealthCheckResponse.SERVING:
-            raise BenchError(f"the server logged \"serving\" but its health status is "
-                             f"{health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}")
-
-    @property
-    def target(self) -> str:
-        return self.serving_event["address"]
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.serving_event['metrics_port']}/metrics"
-
-    def stop(self) -> int | None:
-        """SIGTERM, then wait for the drain; the exit status, or None if it had to be killed."""
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return None
-
-
 # --- server metrics -----------------------------------------------------------------------------
 
 
@@ -253,26 +166,19 @@ class ServerCounters:
         return ServerCounters(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
 
 
-def scrape(url: str) -> ServerCounters:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        text = reply.read().decode("utf-8")
-    values = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+def scrape(server: ServerProcess) -> ServerCounters:
+    values = server.metrics()
     # A labelled histogram has no samples before its first observation: absent reads as 0.
-    emb = (("graph", "embeddings"),)
-    get = lambda name, labels=(): values.get((name, labels), 0.0)
+    emb, embed = '{graph="embeddings"}', '{method="Embed"}'
+    get = lambda name: values.get(name, 0.0)
     return ServerCounters(
         tokens=get("attnserve_batch_tokens_computed_total"), cells=get("attnserve_batch_cells_computed_total"),
-        batches=get("attnserve_batch_size_count", emb), batch_inputs=get("attnserve_batch_size_sum", emb),
-        inference_s=get("attnserve_inference_duration_seconds_sum", emb),
+        batches=get("attnserve_batch_size_count" + emb), batch_inputs=get("attnserve_batch_size_sum" + emb),
+        inference_s=get("attnserve_inference_duration_seconds_sum" + emb),
         queued_inputs=get("attnserve_queue_duration_seconds_count"),
         queue_s=get("attnserve_queue_duration_seconds_sum"),
-        embed_requests=get("attnserve_request_duration_seconds_count", (("method", "Embed"),)),
-        embed_s=get("attnserve_request_duration_seconds_sum", (("method", "Embed"),)))
+        embed_requests=get("attnserve_request_duration_seconds_count" + embed),
+        embed_s=get("attnserve_request_duration_seconds_sum" + embed))
 
 
 # --- measurements -------------------------------------------------------------------------------
@@ -348,12 +254,12 @@ async def load_async(server: ServerProcess, requests: list, concurrency: int, ch
         # Connect every channel and make one call on each: connection setup is not what is measured.
         await asyncio.gather(*(stub.Embed(embed_request(SHORT_TEXT), timeout=REQUEST_TIMEOUT_S) for stub in stubs))
         work, tally = iter(requests), LoadTally()
-        before, cpu = scrape(server.metrics_url), CpuMeter(server.proc.pid)
+        before, cpu = scrape(server), CpuMeter(server.process.pid)
         start = time.perf_counter()
         await asyncio.gather(*(client_loop(stubs[i % channels], work, tally) for i in range(concurrency)))
         seconds = time.perf_counter() - start
         cores = cpu.cores(seconds)
-        delta = scrape(server.metrics_url) - before
+        delta = scrape(server) - before
     finally:
         await asyncio.gather(*(channel.close() for channel in pool))
     if tally.errors:
@@ -405,9 +311,9 @@ def latency_round(server: ServerProcess, samples: int) -> dict:
 
         for _ in range(LATENCY_WARMUP):
             call()
-        before = scrape(server.metrics_url)
+        before = scrape(server)
         times = [call() for _ in range(samples)]
-        d = scrape(server.metrics_url) - before
+        d = scrape(server) - before
     return {"ms": times, "server_ms": {"handler": 1e3 * d.embed_s / d.embed_requests,
                                        "queue": 1e3 * d.queue_s / d.queued_inputs,
                                        "inference": 1e3 * d.inference_s / d.batches}}
@@ -545,14 +451,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return run(args)
-    except BenchError as e:
+    except (BenchError, AttnserveError) as e:  # AttnserveError: e.g. the server did not come up
         print(f"bench_serve: error: {e}", file=sys.stderr)
         return 1
 
 
 def run(args: argparse.Namespace) -> int:
     from attnserve.default_model import resolve_artifacts
-    from attnserve.errors import AttnserveError
 
     ignored = [k for k in tuning_env_names() if os.environ.get(k)]
     if ignored:
@@ -562,13 +467,12 @@ def run(args: argparse.Namespace) -> int:
     except AttnserveError as e:
         raise BenchError(str(e)) from None
 
-    server = ServerProcess(artifacts)
-    log(f"starting `{' '.join(server.cmd[1:])}`")
-    server.start()
+    server = start_server(artifacts)
+    log(f"started `{' '.join(server.command[1:])}`")
     try:
         # The offline side is set up while the server loads its graphs; nothing here is timed.
         engine, texts, corpus = setup_offline(artifacts, args)
-        server.wait_serving(args.start_timeout)
+        server.wait_serving(timeout=args.start_timeout)
         log(f"server serving on {server.target}, metrics {server.metrics_url}")
         rounds, latency = measure(args, engine, texts, corpus, server)
         output, numbers = report(args, engine.manifest, artifacts, corpus, rounds, latency)
@@ -616,7 +520,7 @@ def measure(args: argparse.Namespace, engine, texts: list[str], corpus: dict, se
     rounds, latency = [], []
     for r in range(args.rounds):
         tag = f"round {r + 1}/{args.rounds}"
-        offline = offline_round(engine, texts, server.proc.pid)
+        offline = offline_round(engine, texts, server.process.pid)
         log(f"{tag}: offline {offline['tokens_per_s']:.0f} tokens/s, other processes "
             f"{offline['other_cores']:.2f} cores")
         serving = serving_round(server, requests, args.concurrency, args.channels)
@@ -642,12 +546,12 @@ def check_tokens(expected: int, offline: dict, serving: dict) -> None:
 def stop_server(server: ServerProcess) -> int | None:
     """SIGTERM must drain and exit 0; anything else is reported, even while an error is on its way out."""
     # Only a server that got to serve has a drain to test: before that it has no SIGTERM handler yet.
-    tested = server.serving
-    status = server.stop()
+    tested = server.served
+    status = server.terminate(STOP_TIMEOUT_S)
     if tested and status != 0:
         why = f"was still running {STOP_TIMEOUT_S:.0f} s after" if status is None else f"exited {status} on"
-        print(f"bench_serve: error: the server {why} SIGTERM (expected: drain and exit 0); its stderr:\n"
-              f"{server.stderr_tail()}", file=sys.stderr)
+        print(f"bench_serve: error: the server {why} SIGTERM (expected: drain and exit 0); its log ends:\n"
+              f"{server.log_tail(40)}", file=sys.stderr)
     return status if tested else 0
 
 

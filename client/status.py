@@ -35,6 +35,10 @@ REASONS = {
     "BATCH_FAILED": grpc.StatusCode.INTERNAL,  # retry
     "INTERNAL": grpc.StatusCode.INTERNAL,
 }
+# Where the same request, sent again later, can succeed: by the server's reason when it gave one (see REASONS),
+# else by the code alone (the transport, a proxy, another server): codes that say "not now", not "not this".
+RETRYABLE_REASONS = frozenset({"QUEUE_FULL", "SHUTTING_DOWN", "BATCH_FAILED"})
+RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED})
 _INPUT_FIELD = re.compile(r"inputs\[(\d+)\]")
 
 
@@ -47,6 +51,12 @@ class ErrorDetails:
     field: str | None = None  # BadRequest: the path of the offending field in the request
     description: str | None = None  # BadRequest: the problem, without the path
     retry_delay: float | None = None  # RetryInfo: seconds to wait before retrying; None: do not retry as is
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the same request, sent again later, can succeed (DEADLINE_EXCEEDED is not: the deadline was
+        the caller's to spend)."""
+        return self.reason in RETRYABLE_REASONS if self.reason else self.code in RETRYABLE_CODES
 
     @property
     def input_index(self) -> int | None:

@@ -115,16 +115,11 @@ class Engine:
         ids, mask = pad([x.ids for x in inputs])
         return self._session.run(["sentence_embedding"], {"input_ids": ids, "attention_mask": mask})[0]
 
-    def encode_tokenized(self, inputs: Sequence[TokenizedInput], normalize: bool | None = None,
-                         sort_by_length: bool = True) -> Encoded:
+    def encode_tokenized(self, inputs: Sequence[TokenizedInput], normalize: bool | None = None) -> Encoded:
         """Sentence embeddings of many inputs, batched by length; rows come back in input order."""
         start = time.perf_counter()
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
-        if sort_by_length:
-            batches = plan_batches(lengths, self.config.max_batch_tokens, self.config.max_batch_size)
-        else:  # arrival order, fixed-size batches: the baseline the benchmark compares against
-            batches = [np.arange(i, min(i + self.config.max_batch_size, len(inputs)))
-                       for i in range(0, len(inputs), self.config.max_batch_size)]
+        batches = plan_batches(lengths, self.config.max_batch_tokens, self.config.max_batch_size)
         embeddings = np.empty((len(inputs), self.manifest.hidden_size), dtype=np.float32)
         cells = 0
         for batch in batches:

@@ -5,6 +5,23 @@ not from when it was sent: if the server (or this process) falls behind, the
 delay shows in the latencies instead of quietly lowering the offered load
 (coordinated omission). How late each request actually left is kept too, so
 the report can say when the generator itself could not keep up.
+
+A refused request (a retryable code: the target is down, draining or shedding)
+is retried as retry.py says, and neither loop ever sends again at once:
+
+  closed loop  the stream waits its backoff before its next send, the retry or,
+               once the request is given up, the next request. Without the
+               wait, N streams facing a stopped server would send as fast as
+               refusals come back (thousands per second) and measure that.
+  open loop    new requests keep their schedule, whatever the target does:
+               holding them back would hide the outage from the latencies, as
+               above, and the schedule already bounds their rate. A refused
+               request is retried after its own backoff, on top of the schedule
+               but bounded by the retry throttle, so a target that is down gets
+               the scheduled rate and a few retries, not a multiple of it.
+
+Every send is a sample of its own: retries are counted as sent and answered
+under their own status code, and flagged so the report can say how many.
 """
 
 from __future__ import annotations
@@ -17,13 +34,12 @@ from typing import Awaitable, Callable
 
 import grpc
 
+from attnserve.client.status import error_details
 from attnserve.v1 import encoder_pb2 as pb
 
+from .retry import MAX_ATTEMPTS, Backoff, RetryThrottle
+
 EMBED_METHOD = "/attnserve.v1.Encoder/Embed"
-# A closed-loop stream told RESOURCE_EXHAUSTED waits before its next request, as a client retrying with
-# backoff does (0.05 s, doubling up to 1 s, reset by a reply): without it, N streams would turn a full
-# queue into a flood of instant refusals and measure that instead of the server's capacity.
-BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.05, 1.0
 
 Call = Callable[[bytes, float], Awaitable[pb.EmbedResponse]]
 
@@ -38,6 +54,7 @@ class Sample:
     code: str  # the grpc status name; OK for a reply
     tokens: int  # real tokens the server computed for it (0 unless OK)
     measured: bool  # due after the warm-up
+    retry: bool  # a refused request sent again
 
     @property
     def latency(self) -> float:
@@ -67,6 +84,7 @@ class LoadGenerator:
         self._next = itertools.count()
         self._measured_sent = 0
         self._stop = asyncio.Event()
+        self._throttle = RetryThrottle()
         self._t0 = 0.0
 
     def stop(self) -> None:
@@ -88,6 +106,9 @@ class LoadGenerator:
     def _now(self) -> float:
         return time.perf_counter() - self._t0
 
+    def _next_request(self) -> bytes:
+        return self._requests[next(self._next) % len(self._requests)]
+
     def _may_send(self, due: float) -> bool:
         """Whether a request due at this time belongs to the run; counts it as measured if it does."""
         shape = self.shape
@@ -103,13 +124,23 @@ class LoadGenerator:
         return True
 
     async def _stream(self) -> None:
-        backoff = 0.0
-        while self._may_send(due := self._now()):
-            if await self._one(due) != "RESOURCE_EXHAUSTED":
-                backoff = 0.0
+        """One closed-loop stream: a request in flight, the next sent when it is answered, or after a backoff."""
+        backoff = Backoff()
+        request, attempts = None, 0
+        while True:
+            if request is None:
+                request, attempts = self._next_request(), 0
+            if not self._may_send(due := self._now()):
+                return
+            refused = await self._one(request, due, retry=attempts > 0)
+            attempts += 1
+            if not refused:
+                backoff.reset()
+                request = None
                 continue
-            backoff = min(BACKOFF_MAX_S, backoff * 2 or BACKOFF_FIRST_S)
-            if await self._sleep(backoff):
+            if attempts == MAX_ATTEMPTS or not self._throttle.allows_retry:
+                request = None  # given up: its refusals are counted; the stream still waits before the next
+            if await self._sleep(backoff.next()):
                 return
 
     async def _sleep(self, seconds: float) -> bool:
@@ -130,22 +161,36 @@ class LoadGenerator:
             delay = due - self._now()
             if delay > 0 and await self._sleep(delay):
                 break
-            task = asyncio.create_task(self._one(due))
+            task = asyncio.create_task(self._scheduled(self._next_request(), due))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)
         if in_flight:
             await asyncio.gather(*in_flight)
 
-    async def _one(self, due: float) -> str:
-        request = self._requests[next(self._next) % len(self._requests)]
+    async def _scheduled(self, request: bytes, due: float) -> None:
+        """One open-loop request, and its retries while it is refused, each due after its own backoff."""
+        backoff = Backoff()
+        for attempt in range(MAX_ATTEMPTS):
+            if attempt:
+                due = self._now() + backoff.next()
+                if await self._sleep(due - self._now()) or not self._may_send(due):
+                    return
+            if not await self._one(request, due, retry=attempt > 0) or not self._throttle.allows_retry:
+                return
+
+    async def _one(self, request: bytes, due: float, retry: bool) -> bool:
+        """Send once and record the answer; whether it was a refusal worth retrying."""
         sent = self._now()
-        tokens = 0
+        tokens, refused = 0, False
         try:
             reply = await self._call(request, self._timeout)
             code, tokens = "OK", sum(e.num_tokens for e in reply.embeddings)
+            self._throttle.succeeded()
         except grpc.aio.AioRpcError as error:
-            code = error.code().name
+            code, refused = error.code().name, error_details(error).retryable
+            if refused:
+                self._throttle.refused()
         except Exception as error:  # counted, never dropped: every request sent has a line in the report
             code = f"CLIENT_ERROR ({type(error).__name__})"
-        self.samples.append(Sample(due, sent, self._now(), code, tokens, due >= self.shape.warmup))
-        return code
+        self.samples.append(Sample(due, sent, self._now(), code, tokens, due >= self.shape.warmup, retry))
+        return refused

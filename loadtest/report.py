@@ -34,8 +34,9 @@ def _timeline(samples: list[Sample], start: float) -> list[dict]:
     rows = []
     for t, group in enumerate(bins):
         ok = np.array([s.latency for s in group if s.code == "OK"])
-        rows.append({"t": t, "sent": len(group), "ok": len(ok), "errors": len(group) - len(ok),
-                     "p50_ms": _latency_ms(ok)["p50"], "p99_ms": _latency_ms(ok)["p99"]})
+        rows.append({"t": t, "sent": len(group), "retried": sum(s.retry for s in group), "ok": len(ok),
+                     "errors": len(group) - len(ok), "p50_ms": _latency_ms(ok)["p50"],
+                     "p99_ms": _latency_ms(ok)["p99"]})
     return rows
 
 
@@ -59,8 +60,10 @@ def summarize(samples: list[Sample], shape: LoadShape, inputs_per_request: int) 
         "request_limit": shape.requests or None,
         "warmup_s": shape.warmup,
         "inputs_per_request": inputs_per_request,
+        # retried: how many of those sent were a refused request sent again (after a backoff).
         "requests": {"sent": len(measured), "answered": sum(codes.values()), "ok": len(ok),
-                     "errors": len(measured) - len(ok), "warmup": len(samples) - len(measured)},
+                     "errors": len(measured) - len(ok), "retried": sum(s.retry for s in measured),
+                     "warmup": len(samples) - len(measured)},
         "tokens": sum(s.tokens for s in ok),
         "codes": dict(codes.most_common()),
         "elapsed_s": round(elapsed, 3),
@@ -98,6 +101,7 @@ def format_table(report: dict) -> str:
         "",
         f"requests     {r['sent']} sent, {r['answered']} answered: {r['ok']} ok, {r['errors']} errors"
         + (f"  ({r['warmup']} more during warm-up, not counted)" if r["warmup"] else ""),
+        f"retried      {r['retried']} of those sent: refused requests sent again after a backoff",
         f"throughput   {_num(report['requests_per_s'])} requests/s, {_num(report['tokens_per_s'], 0)} tokens/s "
         f"over {report['elapsed_s']:.2f} s (sent {_num(report['sent_per_s'])} requests/s)",
         "latency (ok) " + "   ".join(f"p{p} {_ms(lat[f'p{p}'])}" for p in PERCENTILES) + f"   max {_ms(lat['max'])}",

@@ -7,14 +7,13 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve import __version__
 from attnserve.client.client import open_channel
+from attnserve.client.health import NotServing, wait_until_serving
 from attnserve.config import ClientConfig, LoadTestConfig
 from attnserve.errors import AttnserveError
 from attnserve.v1 import encoder_pb2 as pb
@@ -24,9 +23,8 @@ from .generator import LoadGenerator, LoadShape, Sample, embed_call
 from .report import format_table, summarize
 from .workload import build_workload
 
-# Asking whether the target serves (not the load's own --timeout): poll interval, and the least and most
-# one question may take.
-READY_POLL_SECONDS, PROBE_SECONDS, READY_TIMEOUT_SECONDS = 0.5, 2.0, 10.0
+# The model's description, asked once the target serves (not the load's own --timeout).
+MODEL_INFO_TIMEOUT_SECONDS = 10.0
 
 
 def check_writable(path: str | None, flag: str) -> None:
@@ -40,25 +38,13 @@ def check_writable(path: str | None, flag: str) -> None:
         raise AttnserveError(f"{flag} {path}: not writable by this user (uid {os.getuid()})")
 
 
-async def wait_until_serving(channel: grpc.aio.Channel, target: str, seconds: float) -> pb.ModelInfo:
-    """The model the target serves, once its health service says SERVING; seconds 0: ask once."""
-    health = health_pb2_grpc.HealthStub(channel)
-    end = time.monotonic() + seconds
-    last = "no answer"
-    while True:
-        probe = max(PROBE_SECONDS, min(end - time.monotonic(), READY_TIMEOUT_SECONDS))
+def wait_for_target(client: ClientConfig, seconds: float) -> None:
+    """Until the target's health service says SERVING; seconds 0: ask once."""
+    with open_channel(client) as channel:
         try:
-            status = await health.Check(health_pb2.HealthCheckRequest(), timeout=probe, wait_for_ready=seconds > 0)
-            if status.status == health_pb2.HealthCheckResponse.SERVING:
-                return await encoder_pb2_grpc.EncoderStub(channel).GetModelInfo(pb.GetModelInfoRequest(),
-                                                                                 timeout=READY_TIMEOUT_SECONDS)
-            last = health_pb2.HealthCheckResponse.ServingStatus.Name(status.status)
-        except grpc.aio.AioRpcError as error:
-            last = f"{error.code().name}: {error.details()}"
-        if time.monotonic() + READY_POLL_SECONDS >= end:
-            waited = f" after waiting {seconds:g} s" if seconds else " (--wait-ready waits for it)"
-            raise AttnserveError(f"{target} is not serving{waited}: {last}")
-        await asyncio.sleep(READY_POLL_SECONDS)
+            wait_until_serving(channel, client.target, seconds)
+        except NotServing as error:
+            raise NotServing(f"{error}{'' if seconds else ' (--wait-ready waits for it)'}", error.status) from None
 
 
 def load_shape(config: LoadTestConfig) -> LoadShape:
@@ -69,7 +55,11 @@ def load_shape(config: LoadTestConfig) -> LoadShape:
 async def run_load(config: LoadTestConfig, client: ClientConfig, requests: list[bytes]
                    ) -> tuple[pb.ModelInfo, list[Sample], bool]:
     async with open_channel(client, aio=True) as channel:
-        info = await wait_until_serving(channel, client.target, config.wait_ready)
+        try:  # also connects the channel, so that the first requests of the load do not pay for it
+            info = await encoder_pb2_grpc.EncoderStub(channel).GetModelInfo(pb.GetModelInfoRequest(),
+                                                                             timeout=MODEL_INFO_TIMEOUT_SECONDS)
+        except grpc.aio.AioRpcError as error:
+            raise AttnserveError(f"{client.target}: no model info: {error.code().name}: {error.details()}") from None
         generator = LoadGenerator(embed_call(channel), requests, load_shape(config), client.timeout)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):  # stop sending, then report what was sent
@@ -86,6 +76,7 @@ def run_loadtest(config: LoadTestConfig, client: ClientConfig) -> int:
 
         pyplot()  # a missing matplotlib is an error now, not after the run
     workload = build_workload(config)
+    wait_for_target(client, config.wait_ready)
     info, samples, stopped = asyncio.run(run_load(config, client, workload.requests))
     report = {"target": client.target, "model": f"{info.model}, {info.provider} {info.precision}",
               "input": workload.description, "lb_policy": client.lb_policy, "stopped_early": stopped,

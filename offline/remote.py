@@ -52,7 +52,7 @@ from .rows import output_schema
 
 # Inputs per request, and estimated tokens per request: a request ends at whichever comes first, so
 # requests of long texts stay small and replies keep flowing. Measured against a local `attnserve serve`
-# on the mixed-length corpus of bench/corpus.py (2-core CPU shared with other work, so wall-clock rates
+# on the mixed-length corpus of loadtest/corpus.py (2-core CPU shared with other work, so wall-clock rates
 # were noisy): 16, 64 and 128 inputs per request, and windows of 8, 32 and 64 requests, all gave the
 # same server padding (2.0-2.5%) and the same tokens per CPU-second (~3,000-3,200) within noise; the
 # client itself used under 1% of the CPU time. 64 keeps per-message overhead low without making a

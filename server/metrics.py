@@ -1,4 +1,4 @@
-"""Prometheus metrics, as DESIGN.md lists them, in a registry of the server's own."""
+"""Prometheus metrics, as the README's Metrics table lists them, in a registry of the server's own."""
 
 from __future__ import annotations
 

