@@ -16,13 +16,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from attnserve.config import EngineConfig
+from attnserve.engine.batching import plan_batches
 from attnserve.errors import ArtifactError, AttnserveError, ConfigError, InvalidInputError
-from attnserve.offline.encode import EncodeJob, encode_file
-from attnserve.offline.partial import PartialRun
+from attnserve.offline.encode import encode_file
+from attnserve.offline.job import EncodeJob
 from attnserve.offline import ray_encode
+from attnserve.offline.partial import PartialRun
 from attnserve.offline.ray_encode import _attnserve_cause, _import_ray, _plan_actors, encode_file_ray
 
 from .conftest import VARIED_TEXTS, assert_one_line_error, run_cli
+from .offline_helpers import RecordedProgress
 from .test_server_load import mixed_texts
 
 # Ray Data's own DataContext trips its deprecation warnings when it copies itself.
@@ -90,22 +93,46 @@ def test_jsonl_with_ids_and_token_ids_equals_the_local_engine(local_ray, artifac
 def test_parquet_in_several_chunks_on_two_actors_keeps_order(local_ray, artifacts, engine, tmp_path, monkeypatch):
     texts = mixed_texts(90, seed=5)
     pq.write_table(pa.table({"body": texts, "id": list(range(100, 190))}), tmp_path / "in.parquet", row_group_size=25)
-    seen, results = [], ray_encode._results
+    used, written, in_order = set(), [], ray_encode._in_order
 
-    def spy(dataset):
-        for chunk in results(dataset):
-            seen.append((chunk["chunk"], chunk["actor_pid"]))
-            yield chunk
+    class Watched:
+        """An actor handle that notes which actor each chunk is sent to."""
 
-    monkeypatch.setattr(ray_encode, "_results", spy)
+        def __init__(self, actor, index):
+            self.actor, self.index = actor, index
+
+        @property
+        def encode(self):
+            used.add(self.index)
+            return self.actor.encode
+
+    def spy(ray, actors, chunks, session):
+        assert len(actors) == 2
+        for done in in_order(ray, [Watched(a, i) for i, a in enumerate(actors)], chunks, session):
+            written.append(done.chunk.index)
+            yield done
+
+    monkeypatch.setattr(ray_encode, "_in_order", spy)
     # 13 chunks of 7 rows over 2 actors: chunks finish out of order, and must be written in order.
     local, remote = _both(artifacts, engine, tmp_path / "in.parquet", tmp_path, ray_actors=2, text_column="body",
                           chunk_rows=7)
-    assert [index for index, _ in seen] == list(range(13))
-    assert len({pid for _, pid in seen}) == 2  # both actors encoded chunks: Ray did not merge them into one block
+    assert written == list(range(13)) and used == {0, 1}  # both actors encoded chunks
     assert_same_output(local, remote)
     assert pq.read_table(remote).column("id").to_pylist() == list(range(100, 190))
     assert pq.ParquetFile(remote).metadata.num_row_groups == 13  # one per chunk, as locally
+
+
+def test_progress_moves_per_engine_batch_on_the_actors(local_ray, artifacts, engine, tmp_path):
+    src = tmp_path / "texts.txt"
+    texts = mixed_texts(60, seed=8)
+    src.write_text("\n".join(texts) + "\n")
+    progress = RecordedProgress()
+    config = EngineConfig(max_batch_size=8)
+    encode_file_ray(EncodeJob(src, tmp_path / "ray.parquet", chunk_rows=30, progress=False), config, artifacts,
+                    ray_actors=1, progress=progress)
+    expected = [len(batch) for chunk in (texts[:30], texts[30:]) for batch in plan_batches(
+        [len(t) for t in engine.tokenizer.encode_texts(chunk)], config.max_batch_tokens, 8)]
+    assert progress.total == 60 and progress.steps == expected and len(expected) >= 8
 
 
 def test_bad_rows_set_aside_match_the_local_engine(local_ray, artifacts, engine, tmp_path):
