@@ -28,7 +28,6 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -38,6 +37,7 @@ from .readers import Record
 
 PROGRESS = "progress.json"
 FORMAT = 2  # of progress.json; a record of another format is not trusted
+DIGEST_SLICE = 1 << 20  # characters of a text hashed at a time
 
 
 def input_digest(records: list[Record]) -> str:
@@ -45,10 +45,11 @@ def input_digest(records: list[Record]) -> str:
     digest = hashlib.sha256()
     for r in records:
         digest.update(repr((r.row, r.id, r.error, r.text is None)).encode())
-        if r.text is not None:
-            digest.update(r.text.encode("utf-8", "surrogatepass"))
-        elif r.token_ids is not None:
-            digest.update(np.asarray(r.token_ids, dtype=np.int64).tobytes())
+        if r.text is not None:  # in slices: a long text is never copied whole to be hashed
+            for start in range(0, len(r.text), DIGEST_SLICE):
+                digest.update(r.text[start:start + DIGEST_SLICE].encode("utf-8", "surrogatepass"))
+        elif r.token_ids is not None:  # any ints: a bad row may hold ids past int64
+            digest.update(repr(r.token_ids).encode())
         digest.update(b"\0")
     return digest.hexdigest()
 
@@ -206,9 +207,8 @@ class PartialRun:
                 return f"{name} is missing"
             except OSError as e:
                 return f"{name} is unreadable ({e.strerror})"
-            if len(data) != size:
-                return f"{name} is truncated ({len(data)} of {size} bytes)" if len(data) < size else \
-                    f"{name} has changed ({len(data)} bytes, not {size})"
+            if len(data) != size:  # truncated, or written over
+                return f"{name} is damaged ({len(data)} bytes, {size} written)"
             if _sha256(data) != sha:
                 return f"{name} is damaged (its sha256 does not match the progress record)"
         return None
@@ -242,8 +242,8 @@ class PartialRun:
 
     # --- writing -----------------------------------------------------------------------------------------
 
-    def _save(self) -> None:
-        record = {"format": FORMAT, "fingerprint": self.fingerprint, "chunks": self.chunks}
+    def _save(self, chunks: list[dict] | None = None) -> None:
+        record = {"format": FORMAT, "fingerprint": self.fingerprint, "chunks": self.chunks if chunks is None else chunks}
         _write_atomically(self.directory / PROGRESS, json.dumps(record, indent=1).encode())
 
     def _part(self, index: int) -> Path:
@@ -263,11 +263,12 @@ class PartialRun:
             _write_atomically(self._part(index), part)
             if errors:
                 _write_atomically(self._errors(index), skipped)
-            self.chunks.append({"rows": rows, "input_sha256": digest, "set_aside": len(errors),
-                                "part_bytes": len(part), "part_sha256": _sha256(part),
-                                "errors_bytes": len(skipped) if errors else None,
-                                "errors_sha256": _sha256(skipped) if errors else None})
-            self._save()
+            chunks = self.chunks + [{"rows": rows, "input_sha256": digest, "set_aside": len(errors),
+                                     "part_bytes": len(part), "part_sha256": _sha256(part),
+                                     "errors_bytes": len(skipped) if errors else None,
+                                     "errors_sha256": _sha256(skipped) if errors else None}]
+            self._save(chunks)
+            self.chunks = chunks  # only once recorded: what this run reports done is what a resumed run finds
         except OSError as e:
             raise InvalidInputError(f"cannot write output {self.output}: {e.strerror}") from None
 

@@ -11,9 +11,10 @@ a bad id) comes out as a Record with `error` set, so the caller decides: fail
 the run, or set the row aside. Problems of the whole file (unreadable, not
 Parquet) raise InvalidInputError.
 
-Memory: a line is read as bytes once, decoded once and parsed once; each copy
-is dropped before the next is made, and a good row keeps only its parsed text
-(not the line as well), so a line of L bytes costs about 3 L at its peak.
+Memory: a line is read into one buffer (_Lines), decoded once and parsed once;
+the bytes are dropped before the line is parsed, and a good row keeps only its
+parsed text (not the line as well), so a line of L bytes costs about 2-3 L at
+its peak and L once its record is made.
 """
 
 from __future__ import annotations
@@ -124,25 +125,34 @@ class InputFile:
             return
         try:
             with open(self.path, "rb") as f:
-                for row, line in enumerate(f):
-                    yield self._line_record(row, line)
+                lines = _Lines(f)
+                row = 0
+                while (data := lines.next()) is not None:
+                    line = self._decode(row, data)
+                    del data  # before the line is parsed: never the bytes, the line and its text at once
+                    record = line if isinstance(line, Record) else self._line_record(row, line)
+                    del line
+                    yield record
+                    row += 1
         except OSError as e:
             raise InvalidInputError(f"{self.path}: read failed: {e.strerror}") from None
 
-    def _line_record(self, row: int, data: bytes) -> Record:
-        """One line of a .txt or .jsonl file, as bytes with its end of line."""
-        where = f"line {row + 1}"
+    @staticmethod
+    def _decode(row: int, data: bytes | bytearray) -> str | Record:
+        """A line's text, without its end of line (or a byte-order mark); a Record if it is not UTF-8."""
         start = len(BOM) if row == 0 and data.startswith(BOM) else 0
         end = len(data) - data.endswith(b"\n")
         end -= end > start and data[end - 1 : end] == b"\r"
         try:
-            # A view, not a slice: the line is not copied before it is decoded.
-            line = str(memoryview(data)[start:end], "utf-8")
+            return str(memoryview(data)[start:end], "utf-8")  # a view, not a slice: no copy before decoding
         except UnicodeDecodeError as e:
-            shown = data[start:end].decode("utf-8", "backslashreplace")
-            return Record(row, where, row, error=f"not UTF-8 text ({e.reason} at byte {e.start} of the line)",
-                          raw=shown)
-        del data
+            shown = bytes(data[start:end]).decode("utf-8", "backslashreplace")
+            return Record(row, f"line {row + 1}", row, raw=shown,
+                          error=f"not UTF-8 text ({e.reason} at byte {e.start} of the line)")
+
+    def _line_record(self, row: int, line: str) -> Record:
+        """One line of a .txt or .jsonl file."""
+        where = f"line {row + 1}"
         if self.format == "txt":
             # The text is the line: raw is the same object, no copy.
             return Record(row, where, row, text=line, error="empty text" if _blank(line) else None, raw=line)
@@ -159,7 +169,7 @@ class InputFile:
         except RecursionError:
             raise RowError("invalid JSON: nested too deeply for the parser") from None
         except ValueError as e:  # an integer of more digits than Python converts, NaN, Infinity
-            raise RowError(f"invalid JSON: {e}") from None
+            raise RowError(f"invalid JSON: {str(e).split(';')[0]}") from None  # not Python's advice after ";"
         if not isinstance(obj, dict):
             raise RowError("expected a JSON object")
         text, token_ids = obj.get(self.text_column), obj.get("token_ids")
@@ -213,6 +223,38 @@ class InputFile:
                     row += 1
         except (pa.ArrowException, OSError) as e:
             raise InvalidInputError(f"{self.path}: Parquet read failed at row {row}: {e}") from None
+
+
+class _Lines:
+    """A binary file's lines, end of line included, each held once however long it is.
+
+    A file object's own readline gathers a long line in pieces and then joins them: two copies at once.
+    Here a line within one block is sliced out of it, and a longer one grows a single buffer. next()
+    keeps no reference to the line it returns, so the caller can free it before parsing it.
+    """
+
+    BLOCK = 1 << 20
+
+    def __init__(self, f):
+        self.f, self.block, self.start = f, b"", 0
+
+    def next(self) -> bytes | bytearray | None:
+        """The next line; None at the end of the file."""
+        long: bytearray | None = None
+        while True:
+            end = self.block.find(b"\n", self.start)
+            if end != -1:
+                piece, self.start = self.block[self.start:end + 1], end + 1
+                if long is None:
+                    return piece
+                long += piece
+                return long
+            if self.start < len(self.block):
+                long = long if long is not None else bytearray()
+                long += memoryview(self.block)[self.start:]
+            self.block, self.start = self.f.read(self.BLOCK), 0
+            if not self.block:
+                return long
 
 
 def _blank(text: str) -> bool:

@@ -8,6 +8,10 @@ Skipped where the ray extra is not installed (pip install 'attnserve[ray]').
 from __future__ import annotations
 
 import json
+import os
+import pty
+import select
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +29,7 @@ from attnserve.offline.partial import PartialRun
 from attnserve.offline.ray_encode import _attnserve_cause, _import_ray, _plan_actors, encode_file_ray
 
 from .conftest import VARIED_TEXTS, assert_one_line_error, run_cli
-from .offline_helpers import RecordedProgress
+from .offline_helpers import RecordedProgress, hostile_jsonl
 from .test_server_load import mixed_texts
 
 # Ray Data's own DataContext trips its deprecation warnings when it copies itself.
@@ -262,3 +266,44 @@ def test_ray_actors_must_be_positive(artifacts, tmp_path):
     with pytest.raises(ConfigError, match="--ray-actors must be positive, got 0"):
         encode_file_ray(EncodeJob(tmp_path / "in.txt", tmp_path / "o.parquet"), EngineConfig(), artifacts,
                         ray_actors=0)
+
+
+def test_hostile_rows_are_set_aside_as_the_local_engine_sets_them_aside(local_ray, artifacts, engine, tmp_path):
+    src = tmp_path / "rows.jsonl"
+    hostile_jsonl(src)
+    assert_same_output(*_both(artifacts, engine, src, tmp_path, on_error="skip", chunk_rows=10))
+    assert (tmp_path / "ray.errors.jsonl").read_bytes() == (tmp_path / "local.errors.jsonl").read_bytes()
+    with pytest.raises(InvalidInputError, match=r"rows.jsonl: line 2: invalid JSON: nested too deeply"):
+        encode_file_ray(EncodeJob(src, tmp_path / "failed.parquet", progress=False), EngineConfig(), artifacts)
+
+
+def test_a_run_on_a_terminal_leaves_no_escape_code_behind(artifacts, tmp_path):
+    """Starting a local Ray imports its CLI logger, which runs colorama.init(): its exit hook wrote ESC [0m to
+    the terminal after the summary line. The command starts its own Ray here, as a user's does (about 5 s)."""
+    pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
+    src = tmp_path / "texts.txt"
+    src.write_text("one text\nanother\n")
+    main, secondary = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "attnserve.cli", "encode", str(src), "-o", str(tmp_path / "o.parquet"),
+             "--artifacts", str(artifacts), "--no-progress", "--engine", "ray"],
+            stdout=secondary, stderr=secondary, env={**os.environ, "RAY_ADDRESS": ""})
+        os.close(secondary)
+        terminal = b""
+        while data := _read(main):
+            terminal += data
+        process.wait(timeout=60)
+    finally:
+        os.close(main)
+    assert process.returncode == 0, terminal
+    assert terminal.startswith(b"encoded 2 texts, ") and terminal.endswith(b"o.parquet\r\n"), terminal
+    assert b"\x1b" not in terminal
+
+
+def _read(fd: int) -> bytes:
+    ready, _, _ = select.select([fd], [], [], 120)
+    try:
+        return os.read(fd, 4096) if ready else b""
+    except OSError:  # the process closed the terminal
+        return b""
