@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     encode.add_argument("--overwrite", action="store_true",
                         help="discard an unfinished earlier run of OUTPUT instead of resuming it")
     encode.add_argument("--engine", choices=("local", "ray"), default="local",
-                        help="local: this process; ray: Ray Data, one engine per actor (needs attnserve[ray])")
+                        help="local: this process; ray: a pool of Ray actors, one engine each (needs attnserve[ray])")
     encode.add_argument("--ray-address", default=None,
                         help="Ray cluster to join: auto, or HEAD:6379 from one of its nodes (default: start a local Ray)")
     encode.add_argument("--ray-actors", type=int, default=None,

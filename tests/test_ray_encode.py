@@ -1,7 +1,8 @@
 """`attnserve encode --engine ray`: a real local Ray, real weights, real files; the same bytes as the local engine.
 
-Ray starts once for the module (about 5 s) and the in-process runs share it; two tests run the
-real command in a subprocess, as a user does, for its summary line and its one-line errors.
+Ray starts once for the module (about 5 s) and the in-process runs share it; three tests run the
+real command in a subprocess, as a user does, for its summary line, its one-line errors and what it
+leaves on a terminal (that one starts its own Ray, as a user's command does).
 Skipped where the ray extra is not installed (pip install 'attnserve[ray]').
 """
 
@@ -32,9 +33,6 @@ from .conftest import VARIED_TEXTS, assert_one_line_error, run_cli
 from .offline_helpers import RecordedProgress, hostile_jsonl
 from .test_server_load import mixed_texts
 
-# Ray Data's own DataContext trips its deprecation warnings when it copies itself.
-pytestmark = pytest.mark.filterwarnings("ignore:.*deprecated.*:DeprecationWarning")
-
 BAD_JSONL = "\n".join([
     json.dumps({"id": "a", "text": "a good row"}),
     json.dumps({"id": "b", "text": "   "}),
@@ -48,7 +46,7 @@ BAD_JSONL = "\n".join([
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray for the module: encode_file_ray joins it and leaves it running."""
-    pytest.importorskip("ray.data", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
+    pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
     import logging
 
     import ray
@@ -244,7 +242,7 @@ def test_actor_plan(cpus, threads, ray_actors, chunks, expected):
 
 
 def test_an_error_raised_in_the_read_task_is_found_under_rays_wrapper():
-    pytest.importorskip("ray.data", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
+    pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
     from ray.exceptions import RayTaskError
 
     original = InvalidInputError("rows.jsonl: not UTF-8 text (invalid start byte at byte 6)")
@@ -261,7 +259,7 @@ def test_without_ray_the_error_says_how_to_install_it(monkeypatch):
 
 
 def test_ray_actors_must_be_positive(artifacts, tmp_path):
-    pytest.importorskip("ray.data", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
+    pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
     (tmp_path / "in.txt").write_text("hello\n")
     with pytest.raises(ConfigError, match="--ray-actors must be positive, got 0"):
         encode_file_ray(EncodeJob(tmp_path / "in.txt", tmp_path / "o.parquet"), EngineConfig(), artifacts,
