@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as e:
         # An encode run says where it stopped and that the same command resumes.
-        print(f"attnserve {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        print(f"attnserve {args.command}: {str(e) or 'interrupted'}", file=sys.stderr)
         return 130
 
 

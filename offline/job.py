@@ -220,7 +220,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
             # An empty input (an empty partition, say) gives an empty output with the same schema.
             run.finish(schema or output_schema(source.id_type or int, facts.hidden_size, metadata))
         except KeyboardInterrupt:
-            raise EncodeInterrupted(f"interrupted after {run.rows_done} of {total} rows; the same command "
+            raise EncodeInterrupted(f"interrupted after {run.rows_recorded()} of {total} rows; the same command "
                                     "resumes after them") from None
         finally:
             progress.close()

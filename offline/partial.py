@@ -233,6 +233,15 @@ class PartialRun:
                                 "them are encoded again")
         return False
 
+    def rows_recorded(self) -> int:
+        """The rows of the finished chunks as the progress record has them: what a resumed run finds.
+
+        Read back, since an interrupt can land between writing the record and noting it here."""
+        try:
+            return sum(c["rows"] for c in json.loads((self.directory / PROGRESS).read_text())["chunks"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return self.rows_done
+
     def first_error(self, index: int) -> dict | None:
         """The first row a finished chunk set aside, from its skipped-rows part."""
         if not self.chunks[index]["set_aside"]:
