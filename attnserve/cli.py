@@ -33,8 +33,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_encode(args: argparse.Namespace) -> int:
     from attnserve.default_model import resolve_artifacts
-    from attnserve.engine.engine import Engine
-    from attnserve.offline.encode import EncodeJob, encode_file, summary_line
+    from attnserve.offline.job import EncodeJob, summary_line
 
     config = from_args(EngineConfig, args)
     if args.chunk_rows < 1:
@@ -52,6 +51,9 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
         stats = encode_file_ray(job, config, resolve_artifacts(config.artifacts), args.ray_address, args.ray_actors)
     else:
+        from attnserve.engine.engine import Engine
+        from attnserve.offline.encode import encode_file
+
         engine = Engine.from_directory(resolve_artifacts(config.artifacts), config)
         print(f"attnserve: {engine.describe()}", file=sys.stderr)
         stats = encode_file(engine, job)
@@ -169,11 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     encode.add_argument("--no-progress", action="store_true", help="no progress bar")
     encode.add_argument("--on-error", choices=("fail", "skip"), default="fail",
                         help="a bad row (invalid JSON, no text, empty text, duplicate id, token id out of range): "
-                             "fail the run naming its line (default), or skip it into OUTPUT.errors.jsonl")
+                             "fail the run naming its line (default), or skip it into OUT.errors.jsonl beside "
+                             "OUT.parquet")
     encode.add_argument("--overwrite", action="store_true",
                         help="discard an unfinished earlier run of OUTPUT instead of resuming it")
     encode.add_argument("--engine", choices=("local", "ray"), default="local",
-                        help="local: this process; ray: Ray Data, one engine per actor (needs attnserve[ray])")
+                        help="local: this process; ray: a pool of Ray actors, one engine each (needs attnserve[ray])")
     encode.add_argument("--ray-address", default=None,
                         help="Ray cluster to join: auto, or HEAD:6379 from one of its nodes (default: start a local Ray)")
     encode.add_argument("--ray-actors", type=int, default=None,
@@ -246,8 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     except AttnserveError as e:
         print(f"attnserve {args.command}: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"attnserve {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        # An encode run says where it stopped and that the same command resumes.
+        print(f"attnserve {args.command}: {str(e) or 'interrupted'}", file=sys.stderr)
         return 130
 
 

@@ -6,7 +6,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from attnserve.config import EngineConfig
 from attnserve.errors import ArtifactError, ConfigError
 
 from .batching import pad, plan_batches
-from .manifest import Manifest, load_manifest
+from .manifest import GraphVariant, Manifest, load_manifest
 from .pooling import l2_normalize
 from .session import CPU, CUDA, open_session, resolve_provider
 from .tokenizer import TextTokenizer, TokenizedInput
@@ -60,22 +60,26 @@ class Encoded:
     stats: EncodeStats = field(default_factory=EncodeStats)
 
 
+def embeddings_graph(manifest: Manifest, config: EngineConfig) -> tuple[str, str, GraphVariant]:
+    """(provider, precision, graph) that an engine with `config` runs, without opening a session."""
+    provider = resolve_provider(config.provider)
+    precision = config.precision if config.precision != "auto" else ("fp16" if provider == CUDA else "fp32")
+    if precision == "int8" and provider == CUDA:
+        # Dynamic int8 ops have CPU kernels only: on CUDA they would silently run on the CPU.
+        raise ConfigError("the int8 graph is for the CPU provider; on CUDA use fp16 or fp32")
+    variant_name = EMBEDDINGS_VARIANT[precision]
+    if variant_name not in manifest.variants:
+        raise ArtifactError(f"{manifest.directory} has no {precision} graph ({variant_name}); re-export")
+    return provider, precision, manifest.variants[variant_name]
+
+
 class Engine:
     def __init__(self, manifest: Manifest, config: EngineConfig, attention: bool = False):
         self.manifest, self.config = manifest, config
         if config.max_batch_tokens < manifest.max_seq_length:
             raise ConfigError(
                 f"max_batch_tokens {config.max_batch_tokens} is below max_seq_length {manifest.max_seq_length}")
-        self.provider = resolve_provider(config.provider)
-        self.precision = config.precision if config.precision != "auto" else (
-            "fp16" if self.provider == CUDA else "fp32")
-        if self.precision == "int8" and self.provider == CUDA:
-            # Dynamic int8 ops have CPU kernels only: on CUDA they would silently run on the CPU.
-            raise ConfigError("the int8 graph is for the CPU provider; on CUDA use fp16 or fp32")
-        variant_name = EMBEDDINGS_VARIANT[self.precision]
-        if variant_name not in manifest.variants:
-            raise ArtifactError(f"{manifest.directory} has no {self.precision} graph ({variant_name}); re-export")
-        self.embeddings_variant = manifest.variants[variant_name]
+        self.provider, self.precision, self.embeddings_variant = embeddings_graph(manifest, config)
         self.tokenizer = TextTokenizer(manifest.path(manifest.tokenizer), manifest.max_seq_length, manifest.vocab_size)
         self._session = open_session(manifest.path(self.embeddings_variant.file), self.provider, config.threads)
         self._attention_session = None
@@ -115,8 +119,11 @@ class Engine:
         ids, mask = pad([x.ids for x in inputs])
         return self._session.run(["sentence_embedding"], {"input_ids": ids, "attention_mask": mask})[0]
 
-    def encode_tokenized(self, inputs: Sequence[TokenizedInput], normalize: bool | None = None) -> Encoded:
-        """Sentence embeddings of many inputs, batched by length; rows come back in input order."""
+    def encode_tokenized(self, inputs: Sequence[TokenizedInput], normalize: bool | None = None,
+                         on_batch: Callable[[int], None] | None = None) -> Encoded:
+        """Sentence embeddings of many inputs, batched by length; rows come back in input order.
+
+        on_batch(n) is called after each batch of n inputs ran: progress for callers that show it."""
         start = time.perf_counter()
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
         batches = plan_batches(lengths, self.config.max_batch_tokens, self.config.max_batch_size)
@@ -125,6 +132,8 @@ class Engine:
         for batch in batches:
             embeddings[batch] = self._sentence_embeddings([inputs[i] for i in batch])
             cells += int(lengths[batch].max()) * len(batch)
+            if on_batch is not None:
+                on_batch(len(batch))
         if self.manifest.normalize if normalize is None else normalize:  # None: as the checkpoint does
             embeddings = l2_normalize(embeddings)
         stats = EncodeStats(len(inputs), int(lengths.sum()), cells, time.perf_counter() - start)

@@ -1,46 +1,38 @@
-"""`attnserve encode --engine ray`: the local encode job on Ray Data, one engine per actor.
+"""`attnserve encode --engine ray`: the chunk encoder that runs on a pool of Ray actors, one engine per actor.
 
-The unit of work is the local path's chunk (rows [k*chunk_rows, (k+1)*chunk_rows)),
-and each chunk travels through Ray Data as ONE row:
+The job driver (offline/job.py) reads and checks the input in this process, as for a local
+run, and hands over chunks; each chunk's inputs (texts or token ids, nothing else) go to an
+actor as the arguments of one call, through Ray's object store, so the actors may sit on any
+node of a cluster. An actor encodes the chunk with the code a local run uses
+(rows.encode_inputs): the same chunk gives the same bits, so the output is the same file,
+byte for byte, as a local run with the same --chunk-rows.
 
-    read_datasource(_ChunkDatasource)   the local reader and row checks, in one sequential
-                                        read task: {chunk, rows, records, errors} per chunk
-    map_batches(_ChunkEncoder)          an actor pool, one Engine per actor: the chunk's
-                                        output rows through encode_records
-    this process                        each chunk, in order, into the local path's
-                                        resumable parts (partial.py), then the output file
-
-Ray never splits or merges a row, so every chunk is batched exactly as the local
-engine batches it: the embeddings are the same bits and the output file the same
-bytes. Rows are numbered, ids typed, bad rows found (duplicate ids across the whole
-file included) and runs resumed exactly as locally, because the same code does it.
+Plain Ray actors and calls, no Ray Data: a chunk is the unit of work, and the driver keeps
+at most CHUNKS_PER_ACTOR chunks per actor in flight, so neither this process nor the object
+store ever holds more than that of the input. Each call is a streaming generator that yields
+a count per engine batch (the progress bar moves per batch) and then the chunk's result.
+Results are taken in input order.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
-import os
-import pickle
-import time
-import warnings
+import queue
+import sys
+import threading
+from collections import deque
 from pathlib import Path
-
-import pyarrow as pa
+from typing import Iterator
 
 from attnserve.config import EngineConfig
-from attnserve.engine.engine import Engine
-from attnserve.errors import AttnserveError, ConfigError, InvalidInputError
+from attnserve.engine.engine import Engine, embeddings_graph
+from attnserve.engine.manifest import load_manifest
+from attnserve.errors import AttnserveError, ConfigError
 
-from .encode import EncodeJob, EncodeResult, RowChecks, error_line, fingerprint, good_rows
-from .partial import PartialRun
-from .readers import InputFile
-from .rows import encode_records, output_schema
-
-try:
-    from ray.data import Datasource
-except ImportError:  # ray is an optional extra: without it encode_file_ray stops at _import_ray's install hint
-    Datasource = object
+from .job import Chunk, EncodedChunk, EncodeJob, EncodeResult, ModelFacts, Session, run_job
+from .rows import encode_inputs, inputs_of
 
 # onnxruntime threads per actor when neither --threads nor --ray-actors says. Measured on a 2-core
 # CPU, 2000 mixed-length texts in 8 chunks: 1 actor x 2 threads 4900-5300 tokens/s, 2 actors x 1
@@ -48,60 +40,59 @@ except ImportError:  # ray is an optional extra: without it encode_file_ray stop
 THREADS_PER_ACTOR = 2
 # How long the actor pool may take to start before the run gives up: a cluster without the CPUs asked for.
 ACTOR_START_TIMEOUT_S = 600
+# Chunks in flight per actor: the one it encodes and the next, already in its queue, so that it never
+# waits for this process between chunks. This bounds the input held here and in the object store.
+CHUNKS_PER_ACTOR = 2
 
 
 def encode_file_ray(job: EncodeJob, config: EngineConfig, artifacts_dir: Path, ray_address: str | None = None,
-                    ray_actors: int | None = None) -> EncodeResult:
-    """encode_file's job on Ray Data: the same output file, byte for byte, and the same errors."""
-    ray = _import_ray()
+                    ray_actors: int | None = None, **driver) -> EncodeResult:
+    """The local job on Ray: the same output file, byte for byte, and the same errors."""
+    _import_ray()
     if ray_actors is not None and ray_actors < 1:
         raise ConfigError(f"--ray-actors must be positive, got {ray_actors}")
-    # An engine here checks the artifacts and settings before Ray starts, and fixes what the actors run.
-    engine = Engine.from_directory(artifacts_dir, config)
-    source = InputFile(job.input, job.text_column, job.id_column)
-    if job.output.is_dir():
-        raise InvalidInputError(f"output {job.output} is a directory; give a .parquet file name")
-    normalize = engine.manifest.normalize if job.normalize is None else job.normalize
-    run = PartialRun(job.output, fingerprint(engine, job, normalize), job.overwrite)
-    rows = source.count_rows()
-    spec = _ChunkSpec(job, vocab_size=engine.manifest.vocab_size, chunks_done=run.chunks_done,
-                      track_ids=source.format == "jsonl" or (source.format == "parquet" and source.id_type is not None))
-    schema = output_schema(_id_type(source, job.chunk_rows), engine.manifest.hidden_size,
-                           {"model": engine.manifest.model, "precision": engine.precision,
-                            "pooling": engine.manifest.pooling, "normalize": normalize, "input": str(job.input)})
-    # The actors open the graph this engine opened; this process needs no engine of its own from here on.
-    config = dataclasses.replace(config, precision=engine.precision)
-    del engine
-
-    started = _start_ray(ray, ray_address)
-    try:
-        start = time.perf_counter()
-        chunks = -(-rows // job.chunk_rows) - run.chunks_done
-        actors, threads, cpus = _plan_actors(ray, config, ray_actors, chunks)
-        encoder = {"artifacts_dir": str(artifacts_dir), "config": dataclasses.replace(config, threads=threads),
-                   "source_label": str(source.path), "normalize": normalize, "schema": schema}
-        result = _write(_dataset(ray, spec, encoder, actors, cpus), job, run, schema, rows)
-        result.seconds = time.perf_counter() - start
-        return result
-    finally:
-        if started:
-            ray.shutdown()
+    return run_job(job, RayEncoder(config, artifacts_dir, ray_address, ray_actors), **driver)
 
 
 def _import_ray():
     try:
         import ray
-        import ray.data  # noqa: F401  (a bare ray lacks Ray Data; the extra installs ray[data])
     except ImportError:
         raise AttnserveError("--engine ray needs the ray extra: pip install 'attnserve[ray]'") from None
     return ray
 
 
-def _id_type(source: InputFile, chunk_rows: int) -> type:
-    """int or str, fixed as the local path fixes it: by the ids of the first chunk (read here for that)."""
-    if source.format == "jsonl":
-        next(iter(source.chunks(chunk_rows)), None)
-    return source.id_type or int
+class RayEncoder:
+    def __init__(self, config: EngineConfig, artifacts_dir: Path, address: str | None, actors: int | None):
+        # The manifest alone says what runs: no session opens in this process. Its graph files are
+        # checked (sha256) by each actor as it opens its engine.
+        self.manifest = load_manifest(artifacts_dir, check_hashes=False)
+        _, precision, self.graph = embeddings_graph(self.manifest, config)
+        self.config = dataclasses.replace(config, precision=precision)  # the actors run what is fingerprinted
+        self.artifacts_dir, self.address, self.actors = artifacts_dir, address, actors
+
+    def facts(self) -> ModelFacts:
+        m = self.manifest
+        return ModelFacts(m.model, m.hidden_size, m.vocab_size, m.max_seq_length, m.pooling, m.normalize,
+                          self.config.precision, self.graph.sha256)
+
+    def encode(self, chunks: Iterator[Chunk], session: Session) -> Iterator[EncodedChunk]:
+        ray = _import_ray()
+        started = _start_ray(ray, self.address)
+        actors: list = []
+        try:
+            count, threads, cpus = _plan_actors(ray, self.config, self.actors, session.chunks_left)
+            actor_class = ray.remote(num_cpus=cpus)(_EncoderActor)
+            config = dataclasses.replace(self.config, threads=threads)
+            actors = [actor_class.remote(str(self.artifacts_dir), config, session.normalize) for _ in range(count)]
+            _wait_ready(ray, actors)
+            yield from _in_order(ray, actors, chunks, session)
+        finally:
+            if started:
+                ray.shutdown()
+            else:  # a cluster we joined: leave it as we found it
+                for actor in actors:
+                    ray.kill(actor)
 
 
 def _start_ray(ray, address: str | None) -> bool:
@@ -112,18 +103,17 @@ def _start_ray(ray, address: str | None) -> bool:
         ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     except ConnectionError as e:
         raise ConfigError(f"cannot connect to Ray at {address}: {e}") from None
-    _quiet_ray_data()
+    _undo_colorama()
     return True
 
 
-def _quiet_ray_data() -> None:
-    """Ray Data narrates each execution on the console, errors included; its log file under /tmp/ray keeps it all.
-
-    A failure reaches the user once, as the one-line error that _results makes of it.
-    """
-    for handler in logging.getLogger("ray.data").handlers:
-        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-            handler.setLevel(logging.CRITICAL)
+def _undo_colorama() -> None:
+    """Ray's CLI logger, which ray.init imports, runs colorama.init(): colorama then wraps sys.stdout and
+    sys.stderr and, at exit, writes a reset code (ESC [0m) to the terminal after our last line. Undo both."""
+    initialise = sys.modules.get("colorama.initialise")
+    if initialise is not None:
+        atexit.unregister(initialise.reset_all)
+        initialise.deinit()
 
 
 def _plan_actors(ray, config: EngineConfig, ray_actors: int | None, chunks: int) -> tuple[int, int, float]:
@@ -142,94 +132,69 @@ def _plan_actors(ray, config: EngineConfig, ray_actors: int | None, chunks: int)
     return actors, threads, min(threads, cpus / actors)
 
 
-@dataclasses.dataclass(frozen=True)
-class _ChunkSpec:
-    """What the read task needs to read and check the input as the local path does."""
-
-    job: EncodeJob
-    vocab_size: int
-    chunks_done: int  # chunks an interrupted run finished: read and checked (ids seen), not sent
-    track_ids: bool
-
-
-def _dataset(ray, spec: _ChunkSpec, encoder: dict, actors: int, cpus: float):
-    # Reading is light next to encoding: it takes no CPU slot, so it never waits behind actors that hold them all.
-    # One read task, one output per chunk: Ray would otherwise split the read's output into empty blocks.
-    chunks = ray.data.read_datasource(_ChunkDatasource(spec), num_cpus=0, override_num_blocks=1)
-    context = chunks.context  # this dataset's own copy: other datasets of the process keep their settings
-    context.execution_options.preserve_order = True  # chunks come back in input order
-    # Every chunk its own block: Ray Data would merge the reader's rows into blocks of up to 128 MiB,
-    # and a block goes to one actor, so all chunks would be encoded one after another.
-    context.target_max_block_size = 1
-    # Start encoding once the whole pool is up, so that chunks spread over every actor from the first.
-    context.wait_for_min_actors_s = ACTOR_START_TIMEOUT_S
-    context.enable_progress_bars = False  # _write draws the local path's bar, per chunk written
-    context.print_on_execution_start = False
-    with warnings.catch_warnings():
-        # max_restarts is passed the only way Ray 2.60 takes it, which it reports as deprecated.
-        warnings.simplefilter("ignore")
-        return chunks.map_batches(
-            _ChunkEncoder,
-            fn_constructor_kwargs=encoder,
-            batch_size=1,  # one chunk per call
-            batch_format="pyarrow",
-            # A chunk is long work: the next one goes to whichever actor is free, so that none sits
-            # idle at the end while another still has a queue.
-            compute=ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=1),
-            num_cpus=cpus,
-            # A dead actor fails the run (which resumes) instead of restarting: a restart needs constructor
-            # arguments that Ray keeps in the object store, and Ray says so on stderr for every actor.
-            max_restarts=0,
-        )
+def _wait_ready(ray, actors: list) -> None:
+    """Every actor has opened its engine; its errors (artifacts missing on a node, say) are raised here."""
+    calls = [actor.ready.remote() for actor in actors]
+    _, waiting = ray.wait(calls, num_returns=len(calls), timeout=ACTOR_START_TIMEOUT_S)
+    if waiting:
+        raise ConfigError(f"Ray could not start {len(waiting)} of {len(actors)} actors within "
+                          f"{ACTOR_START_TIMEOUT_S} s: the cluster lacks the CPUs they ask for (fewer --ray-actors "
+                          "or --threads)")
+    for call in calls:
+        _get(ray, call)
 
 
-def _write(dataset, job: EncodeJob, run: PartialRun, schema: pa.Schema, rows: int) -> EncodeResult:
-    """Each encoded chunk, in order, into the run's parts; then the output file, as encode_file does."""
-    from tqdm import tqdm
+def _in_order(ray, actors: list, chunks: Iterator[Chunk], session: Session) -> Iterator[EncodedChunk]:
+    """Chunks to the least busy actor, at most CHUNKS_PER_ACTOR each in flight; results back in input order."""
+    busy = [0] * len(actors)
+    in_flight: deque = deque()  # (chunk, actor index, the call's generator of results), in input order
+    chunks = iter(chunks)
+    more = True
+    while True:
+        while more and len(in_flight) < CHUNKS_PER_ACTOR * len(actors):
+            chunk = next(chunks, None)
+            if chunk is None:
+                more = False
+                break
+            i = min(range(len(actors)), key=busy.__getitem__)
+            call = actors[i].encode.options(num_returns="streaming").remote(inputs_of(chunk.records))
+            busy[i] += 1
+            in_flight.append((chunk, i, call))
+        if not in_flight:
+            return
+        chunk, i, call = in_flight.popleft()
+        result = None
+        for ref in call:
+            item = _get(ray, ref)
+            if isinstance(item, int):
+                session.on_batch(item)
+            else:
+                result = item
+        busy[i] -= 1
+        embeddings, num_tokens, truncated, stats, refused = result
+        for position, reason in refused.items():
+            session.refuse(chunk.records[position], reason)
+        yield EncodedChunk(chunk, embeddings, num_tokens, truncated, stats, refused)
 
-    result = EncodeResult(resumed_rows=run.rows_done)
-    # disable=None: a bar on a terminal only, never in logs or pipes.
-    bar = tqdm(total=rows, initial=run.rows_done, unit="text", disable=None if job.progress else True,
-               dynamic_ncols=True, desc="encode")
-    start = time.perf_counter()
-    try:
-        for chunk in _results(dataset):
-            if chunk["error"]:
-                raise pickle.loads(chunk["error"])
-            if chunk["chunk"] != run.chunks_done:  # preserve_order broken: writing on would misplace rows
-                raise RuntimeError(f"Ray returned chunk {chunk['chunk']} where chunk {run.chunks_done} was due")
-            table = pa.ipc.open_stream(chunk["table"]).read_all()
-            run.write_chunk(chunk["chunk"], table, chunk["rows"], pickle.loads(chunk["errors"]))
-            result.add(pickle.loads(chunk["stats"]))
-            result.skipped += chunk["rows"] - len(table)
-            bar.update(chunk["rows"])
-            bar.set_postfix(tokens_per_s=f"{result.tokens / (time.perf_counter() - start):.0f}", refresh=False)
-        run.finish(schema, job.errors_path if job.on_error == "skip" else None)
-    finally:
-        bar.close()
-    return result
 
-
-def _results(dataset):
-    """The encoded chunks as dicts, in order; an AttnserveError raised in the read task comes out as itself."""
-    from ray.exceptions import GetTimeoutError, RayError
+def _get(ray, ref):
+    """ray.get, with attnserve's own errors raised as themselves (one line) and an actor's death as one line."""
+    from ray.exceptions import RayActorError, RayError
 
     try:
-        for block in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-            yield from block.to_pylist()
-    except GetTimeoutError:
-        raise ConfigError(f"Ray could not start the actors within {ACTOR_START_TIMEOUT_S} s: the cluster lacks the "
-                          "CPUs they ask for (fewer --ray-actors or --threads)") from None
+        return ray.get(ref)
+    except RayActorError as e:
+        raise AttnserveError(f"a Ray actor stopped while encoding ({type(e).__name__}); run the same command "
+                             "again to resume") from None
     except RayError as e:
         cause = _attnserve_cause(e)
         if cause is None:
             raise
-        # Ray Data appends its retry advice to the message, after a newline; attnserve's messages are one line.
-        raise type(cause)(str(cause).split("\n", 1)[0]) from None
+        raise type(cause)(str(cause)) from None
 
 
 def _attnserve_cause(error: BaseException | None) -> AttnserveError | None:
-    """The AttnserveError that a Ray error wraps (the read task's), if any.
+    """The AttnserveError that a Ray error wraps (an actor's), if any.
 
     Ray re-raises a task's exception as a class derived from both RayError and the original: its
     message is a traceback. The original, with its one-line message, is further down the chain.
@@ -245,89 +210,40 @@ def _attnserve_cause(error: BaseException | None) -> AttnserveError | None:
     return None
 
 
-class _ChunkDatasource(Datasource):
-    """The input file as one row per chunk to encode: {chunk, rows, records, errors}.
+class _EncoderActor:
+    """One engine; a chunk's inputs in, a count per batch and then the chunk's encoded rows out."""
 
-    One sequential read task, with the local reader and RowChecks: rows are numbered, ids
-    typed and bad rows found just as locally (a duplicate id anywhere in the file included),
-    and the first bad row fails the run with the local message. Records travel pickled, so
-    every value the reader accepted reaches the engine as it was. Reading is cheap next to
-    encoding: one reader keeps many actors busy.
-    """
-
-    def __init__(self, spec: _ChunkSpec):
-        super().__init__()
-        self.spec = spec
-
-    def get_name(self) -> str:
-        return "ReadChunks"
-
-    def estimate_inmemory_data_size(self) -> int:
-        return self.spec.job.input.stat().st_size
-
-    @property
-    def supports_distributed_reads(self) -> bool:
-        return False  # the input is a file on the machine that runs the command
-
-    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context=None):
-        from ray.data.block import BlockMetadata
-        from ray.data.datasource import ReadTask
-
-        metadata = BlockMetadata(num_rows=None, size_bytes=self.estimate_inmemory_data_size(), exec_stats=None,
-                                 input_files=[str(self.spec.job.input)])
-        return [ReadTask(self._read, metadata, per_task_row_limit=per_task_row_limit)]
-
-    def _read(self):
-        spec, job = self.spec, self.spec.job
-        source = InputFile(job.input, job.text_column, job.id_column)
-        checks = RowChecks(spec.vocab_size, spec.track_ids)
-        for index, records in enumerate(source.chunks(job.chunk_rows)):
-            bad = checks.bad(records)
-            if index < spec.chunks_done:
-                continue
-            good = good_rows(source, records, bad, job.on_error)
-            yield _one_row(chunk=index, rows=len(records), records=pickle.dumps(good),
-                           errors=pickle.dumps([error_line(r, reason) for r, reason in bad]))
-
-
-class _ChunkEncoder:
-    """The actor: one Engine; a chunk's records in, its output rows out (as Arrow IPC) with its stats."""
-
-    def __init__(self, artifacts_dir: str, config: EngineConfig, source_label: str, normalize: bool,
-                 schema: pa.Schema):
-        self.artifacts_dir, self.config = artifacts_dir, config
-        self.source_label, self.normalize, self.schema = source_label, normalize, schema
+    def __init__(self, artifacts_dir: str, config: EngineConfig, normalize: bool):
+        self.artifacts_dir, self.config, self.normalize = artifacts_dir, config, normalize
         self.engine: Engine | None = None
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        return pa.concat_tables([self._encode(chunk) for chunk in batch.to_pylist()])  # batch_size=1: one chunk
+    def ready(self) -> bool:
+        """Opens the engine; raised here, its errors reach the driver as themselves (a failed __init__ would not)."""
+        self.engine = Engine.from_directory(self.artifacts_dir, self.config)
+        return True
 
-    def _encode(self, chunk: dict) -> pa.Table:
-        """The chunk's output rows, or the AttnserveError that stopped them, for _write to raise.
+    def encode(self, inputs: list):
+        """Yields the rows of each batch as it runs, then (embeddings, num_tokens, truncated, stats, refused).
 
-        Raised here, the error would reach this process as a UserCodeException without it: its
-        cause does not survive the trip between processes, only a traceback's text does.
+        The engine runs in a thread of its own so that this generator can hand out the counts while it works.
         """
-        try:
-            if self.engine is None:  # opened by the first call: its errors are a call's errors too
-                self.engine = Engine.from_directory(self.artifacts_dir, self.config)
-            records = pickle.loads(chunk["records"])
-            table, stats = encode_records(self.engine, self.source_label, records, self.normalize, self.schema)
-        except AttnserveError as e:
-            return _chunk_result(chunk, error=pickle.dumps(e))
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as stream:
-            stream.write_table(table)
-        return _chunk_result(chunk, table=sink.getvalue().to_pybytes(), stats=pickle.dumps(stats))
+        counts: queue.SimpleQueue = queue.SimpleQueue()
+        outcome: list = []
 
+        def work() -> None:
+            try:
+                outcome.append(encode_inputs(self.engine, inputs, self.normalize, counts.put))
+            except BaseException as e:  # handed to the caller below, as if raised there
+                outcome.append(e)
+            finally:
+                counts.put(None)
 
-def _chunk_result(chunk: dict, table: bytes = b"", stats: bytes = b"", error: bytes = b"") -> pa.Table:
-    """One encoded chunk (table, stats), or its error: the same columns either way, for one schema."""
-    return _one_row(chunk=chunk["chunk"], rows=chunk["rows"], errors=chunk["errors"], table=table, stats=stats,
-                    error=error, actor_pid=os.getpid())
-
-
-def _one_row(**values) -> pa.Table:
-    """A one-row block: ints as int64, bytes as large_binary (a chunk can pass 2 GiB)."""
-    return pa.table({name: pa.array([value], pa.int64() if isinstance(value, int) else pa.large_binary())
-                     for name, value in values.items()})
+        thread = threading.Thread(target=work, name="attnserve-encode-chunk")
+        thread.start()
+        while (count := counts.get()) is not None:
+            yield count
+        thread.join()
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        encoded, refused = outcome[0]
+        yield encoded.embeddings, encoded.num_tokens, encoded.truncated, encoded.stats, refused

@@ -1,14 +1,21 @@
-"""Records -> output rows: the one function that local, Ray and server-backed encoding all go through."""
+"""Records -> output rows: the schema, the table, and the engine call that local and Ray encoding share."""
 
 from __future__ import annotations
 
 import json
+from typing import Callable, Sequence
 
+import numpy as np
 import pyarrow as pa
 
-from attnserve.engine.engine import EncodeStats, Engine
+from attnserve.engine.engine import Encoded, Engine
+from attnserve.engine.tokenizer import TokenizedInput
+from attnserve.errors import InvalidInputError
 
 from .readers import Record
+
+Input = str | list  # a text, or a list of token ids
+LABEL = "input"  # what the tokenizer's messages are prefixed with; cut off again to keep the reason alone
 
 
 def output_schema(id_type: type, hidden_size: int, metadata: dict) -> pa.Schema:
@@ -23,29 +30,49 @@ def output_schema(id_type: type, hidden_size: int, metadata: dict) -> pa.Schema:
     )
 
 
-def tokenize(engine: Engine, source_label: str, records: list[Record]):
-    """Text and token-id rows through their own paths, back in row order; errors name the file and line."""
-    labels = [f"{source_label}: {r.where}" for r in records]
-    if all(r.text is not None for r in records):
-        return engine.tokenizer.encode_texts([r.text for r in records], labels=labels)
-    by_row = {}
-    for kind in ("text", "token_ids"):
-        idx = [i for i, r in enumerate(records) if getattr(r, kind) is not None]
-        if not idx:
-            continue
-        encode = engine.tokenizer.encode_texts if kind == "text" else engine.tokenizer.encode_ids
-        for i, tokenized in zip(idx, encode([getattr(records[i], kind) for i in idx], labels=[labels[i] for i in idx])):
-            by_row[i] = tokenized
-    return [by_row[i] for i in range(len(records))]
-
-
-def encode_records(engine: Engine, source_label: str, records: list[Record], normalize: bool, schema: pa.Schema
-                   ) -> tuple[pa.Table, EncodeStats]:
-    """One chunk of records -> its output rows, in record order. Same chunk in, same bytes out."""
-    encoded = engine.encode_tokenized(tokenize(engine, source_label, records), normalize=normalize)
-    table = pa.Table.from_arrays(
+def output_table(schema: pa.Schema, records: Sequence[Record], embeddings: np.ndarray, num_tokens: np.ndarray,
+                 truncated: np.ndarray) -> pa.Table:
+    """The output rows of `records`, in their order: embeddings (N, H) float32, num_tokens (N,), truncated (N,)."""
+    return pa.Table.from_arrays(
         [pa.array([r.id for r in records], type=schema.field("id").type),
-         pa.FixedSizeListArray.from_arrays(encoded.embeddings.reshape(-1), engine.manifest.hidden_size),
-         pa.array(encoded.num_tokens), pa.array(encoded.truncated)],
+         pa.FixedSizeListArray.from_arrays(np.ascontiguousarray(embeddings, np.float32).reshape(-1),
+                                           schema.field("embedding").type.list_size),
+         pa.array(np.asarray(num_tokens, np.int32)), pa.array(np.asarray(truncated, bool))],
         schema=schema)
-    return table, encoded.stats
+
+
+def inputs_of(records: Sequence[Record]) -> list[Input]:
+    """What the model sees of each record: its text or its token ids."""
+    return [r.text if r.text is not None else r.token_ids for r in records]
+
+
+def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_batch: Callable[[int], None]
+                  ) -> tuple[Encoded, dict[int, str]]:
+    """One chunk's inputs through the engine, batched by length: (the encoded rows, {position: reason}).
+
+    The refused positions (inputs the tokenizer rejects) are left out of the encoded rows, which keep
+    the order of the rest. Same inputs in, same bits out: local and Ray runs both come through here.
+    """
+    try:
+        tokenized, refused = _tokenize(engine, inputs), {}
+    except InvalidInputError:  # rare: find the inputs it was, one by one, and encode the rest
+        tokenized, refused = [], {}
+        for i, item in enumerate(inputs):
+            try:
+                tokenized.extend(_tokenize(engine, [item]))
+            except InvalidInputError as e:
+                refused[i] = str(e).removeprefix(f"{LABEL}: ")
+    return engine.encode_tokenized(tokenized, normalize=normalize, on_batch=on_batch), refused
+
+
+def _tokenize(engine: Engine, inputs: Sequence[Input]) -> list[TokenizedInput]:
+    """Texts and token ids through their own paths, back in input order."""
+    if all(isinstance(x, str) for x in inputs):
+        return engine.tokenizer.encode_texts(inputs, labels=[LABEL] * len(inputs))
+    by_position: dict[int, TokenizedInput] = {}
+    for is_text, encode in ((True, engine.tokenizer.encode_texts), (False, engine.tokenizer.encode_ids)):
+        positions = [i for i, x in enumerate(inputs) if isinstance(x, str) == is_text]
+        if positions:
+            encoded = encode([inputs[i] for i in positions], labels=[LABEL] * len(positions))
+            by_position.update(zip(positions, encoded))
+    return [by_position[i] for i in range(len(inputs))]

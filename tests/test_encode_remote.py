@@ -8,6 +8,7 @@ the real server that forwards each request and fails the ones it is told to.
 
 from __future__ import annotations
 
+import datetime
 import fcntl
 import json
 import os
@@ -25,15 +26,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from attnserve.client.client import CHANNEL_OPTIONS
+from attnserve.client.status import DOMAIN
 from attnserve.config import ClientConfig
 from attnserve.errors import AttnserveError, InvalidInputError
+from attnserve.offline import job as job_module
 from attnserve.offline import remote
-from attnserve.offline.encode import EncodeJob, encode_file, read_embeddings
+from attnserve.offline.encode import encode_file, read_embeddings
+from attnserve.offline.job import EncodeJob
 from attnserve.v1 import encoder_pb2_grpc
 
 from .conftest import VARIED_TEXTS, assert_one_line_error, run_cli
+from .offline_helpers import RecordedProgress
 from .serving import free_port
 from .test_server_load import mixed_texts
 
@@ -149,9 +157,36 @@ def test_progress_bar_on_a_terminal_and_the_summary_line(server, tmp_path):
 # --- failures a healthy server does not produce on demand: a proxy in front of the real server -------------------
 
 
+def error_status(code: grpc.StatusCode, message: str, reason: str, request_index: int | None = None,
+                 field: str | None = None, description: str | None = None, retry_delay: float | None = None):
+    """A status with the structured details an attnserve server attaches (client/status.py's contract)."""
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN)
+    if request_index is not None:
+        info.metadata["request_index"] = str(request_index)
+    details = [info]
+    if field is not None:
+        details.append(error_details_pb2.BadRequest(field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=field, description=description)]))
+    if retry_delay is not None:
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromTimedelta(datetime.timedelta(seconds=retry_delay))
+        details.append(retry)
+    packed = []
+    for detail in details:
+        any_ = any_pb2.Any()
+        any_.Pack(detail)
+        packed.append(any_)
+    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=packed))
+
+
+def queue_full(index: int, retry_delay: float | None = None):
+    return error_status(grpc.StatusCode.RESOURCE_EXHAUSTED, f"request {index}: queue full: 65000 of 65536 tokens "
+                        "waiting", "QUEUE_FULL", index, retry_delay=retry_delay)
+
+
 class Proxy(encoder_pb2_grpc.EncoderServicer):
     """Forwards each request of a stream as one Embed to the real server; fail(stream, index, request) may
-    return (code, details) to end the stream there instead, as the real server ends it."""
+    return a status (error_status) to end the stream there instead, as the real server ends it."""
 
     def __init__(self, upstream: str, fail=None):
         self.fail = fail or (lambda stream, index, request: None)
@@ -172,7 +207,7 @@ class Proxy(encoder_pb2_grpc.EncoderServicer):
         for index, request in enumerate(requests):
             failure = self.fail(len(self.streams) - 1, index, request)
             if failure:
-                context.abort(*failure)
+                context.abort_with_status(failure)
             answered.append(len(request.inputs))
             yield self._stub.Embed(request, timeout=30)
 
@@ -212,11 +247,11 @@ def test_a_full_queue_is_retried_from_the_same_position_without_losing_or_repeat
     src.write_text("\n".join(mixed_texts(40, seed=10)) + "\n")
     local = local_encode(engine, src, tmp_path / "local.parquet", chunk_rows=25)
 
-    def queue_full(stream, index, request):  # stream 0 fails at request 3, stream 1 at once, then none
+    def fail(stream, index, request):  # stream 0 fails at request 3, stream 1 at once, then none
         if (stream, index) in ((0, 3), (1, 0)):
-            return grpc.StatusCode.RESOURCE_EXHAUSTED, f"request {index}: queue full: 65000 of 65536 tokens waiting"
+            return queue_full(index)
 
-    proxy = proxy_factory(queue_full)
+    proxy = proxy_factory(fail)
     stats = remote.encode_file_remote(remote_job(src, tmp_path / "remote.parquet", chunk_rows=25),
                                       ClientConfig(target=proxy.target))
     assert_same_output(tmp_path / "remote.parquet", local, proxy.target)
@@ -225,30 +260,76 @@ def test_a_full_queue_is_retried_from_the_same_position_without_losing_or_repeat
     assert stats.texts == 40 and stats.tokens == sum(local.column("num_tokens").to_pylist())
 
 
+def test_the_servers_retry_delay_is_waited_for(proxy_factory, small_requests, tmp_path, monkeypatch):
+    (tmp_path / "in.txt").write_text("one\ntwo\n")
+    slept = []
+    monkeypatch.setattr(remote.time, "sleep", slept.append)
+    proxy = proxy_factory(lambda stream, index, request: queue_full(index, retry_delay=1.5) if stream == 0 else None)
+    remote.encode_file_remote(remote_job(tmp_path / "in.txt", tmp_path / "o.parquet"),
+                              ClientConfig(target=proxy.target))
+    assert slept == [1.5]  # RetryInfo's delay, longer than our own first backoff (0.01 s here)
+    assert pq.read_table(tmp_path / "o.parquet").num_rows == 2
+
+
 def test_a_queue_that_stays_full_gives_up_with_one_line(proxy_factory, small_requests, tmp_path):
     (tmp_path / "in.txt").write_text("one\ntwo\n")
-    proxy = proxy_factory(lambda stream, index, request: (grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                                          f"request {index}: queue full"))
-    with pytest.raises(AttnserveError, match=r"is overloaded; gave up after 5 retries: request 0: queue full$"):
+    proxy = proxy_factory(lambda stream, index, request: queue_full(index))
+    with pytest.raises(AttnserveError, match=r"is overloaded; gave up after 5 retries: request 0: queue full: .*; "
+                                             r"the same command resumes$"):
         remote.encode_file_remote(remote_job(tmp_path / "in.txt", tmp_path / "o.parquet"),
                                   ClientConfig(target=proxy.target))
     assert len(proxy.streams) == remote.RETRIES + 1 and not (tmp_path / "o.parquet").exists()
+
+
+def test_a_message_too_large_is_not_retried(proxy_factory, small_requests, tmp_path):
+    (tmp_path / "in.txt").write_text("one\ntwo\nthree\n")
+    proxy = proxy_factory(lambda stream, index, request: error_status(
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "Received message larger than max (5000000 vs. 4194304)",
+        "MESSAGE_TOO_LARGE", index))
+    with pytest.raises(AttnserveError, match=r"refused a request of 3 rows from line \d on as too large"):
+        remote.encode_file_remote(remote_job(tmp_path / "in.txt", tmp_path / "o.parquet"),
+                                  ClientConfig(target=proxy.target))
+    assert len(proxy.streams) == 1  # never resent
+
+
+def test_a_resource_exhausted_without_details_is_not_retried(proxy_factory, small_requests, tmp_path):
+    """grpc's own size limit, or a proxy's, carries no reason: only the server's QUEUE_FULL is retried."""
+    (tmp_path / "in.txt").write_text("one\n")
+    proxy = proxy_factory(lambda stream, index, request: rpc_status.to_status(status_pb2.Status(
+        code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], message="request 0: queue full")))
+    with pytest.raises(AttnserveError, match="RESOURCE_EXHAUSTED: request 0: queue full$"):
+        remote.encode_file_remote(remote_job(tmp_path / "in.txt", tmp_path / "o.parquet"),
+                                  ClientConfig(target=proxy.target))
+    assert len(proxy.streams) == 1
 
 
 def refuse_empty_texts(stream, index, request):
     """As the real server refuses an empty text, for inputs that the client's own row checks let through."""
     for i, item in enumerate(request.inputs):
         if item.WhichOneof("content") == "text" and not item.text.strip():
-            return grpc.StatusCode.INVALID_ARGUMENT, f"request {index}: input {i}: empty text"
+            return error_status(grpc.StatusCode.INVALID_ARGUMENT, f"request {index}: input {i}: empty text",
+                                "INVALID_INPUT", index, field=f"inputs[{i}]", description="empty text")
 
 
 @pytest.fixture
 def no_client_checks(monkeypatch):
     """Rows the client would catch go to the server, as rows only the server can judge would."""
-    monkeypatch.setattr(remote.RowChecks, "error", lambda self, record: None)
+    monkeypatch.setattr(job_module.RowChecks, "error", lambda self, record: None)
+
+
+def test_an_input_the_server_refuses_is_named_by_its_line(proxy_factory, no_client_checks, small_requests,
+                                                          tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"text number {i}\n" for i in range(30)) + "   \n" + "the last one\n")
+    proxy = proxy_factory(refuse_empty_texts)
+    with pytest.raises(InvalidInputError) as error:
+        remote.encode_file_remote(remote_job(src, tmp_path / "o.parquet", chunk_rows=8),
+                                  ClientConfig(target=proxy.target))
+    assert str(error.value) == f"{src}: line 31: empty text (--on-error skip sets such rows aside)"
 
 
 def test_an_input_the_real_server_refuses_is_named_by_its_line(server, no_client_checks, tmp_path):
+    """Needs the server's structured error details (ErrorInfo, BadRequest): the grpcdoor branch."""
     src = tmp_path / "in.txt"
     src.write_text("".join(f"text number {i}\n" for i in range(30)) + "   \n" + "the last one\n")
     with pytest.raises(InvalidInputError) as error:
@@ -276,8 +357,18 @@ def test_skip_sets_a_refused_input_aside_and_keeps_the_rest(proxy_factory, engin
     assert [(e["line"], e["reason"]) for e in errors] == [(6, "empty text"), (23, "empty text")]
 
 
-def test_a_run_cut_off_by_the_server_resumes_after_its_written_chunks(proxy_factory, engine, small_requests,
-                                                                      tmp_path):
+def test_a_request_level_refusal_names_the_rows_of_the_request(proxy_factory, small_requests, tmp_path):
+    (tmp_path / "in.txt").write_text("one\ntwo\n")
+    proxy = proxy_factory(lambda stream, index, request: error_status(
+        grpc.StatusCode.INVALID_ARGUMENT, f"request {index}: pooling 7 is not known", "INVALID_INPUT", index,
+        field="pooling", description="pooling 7 is not known"))
+    with pytest.raises(AttnserveError, match=r"refused a request of 2 rows from line \d on: pooling 7 is not known$"):
+        remote.encode_file_remote(remote_job(tmp_path / "in.txt", tmp_path / "o.parquet"),
+                                  ClientConfig(target=proxy.target))
+
+
+def test_a_run_cut_off_by_a_draining_server_resumes_after_its_written_chunks(proxy_factory, engine, small_requests,
+                                                                            tmp_path):
     src = tmp_path / "texts.txt"
     src.write_text("\n".join(mixed_texts(48, seed=12)) + "\n")
     local = local_encode(engine, src, tmp_path / "local.parquet", chunk_rows=16)
@@ -285,15 +376,27 @@ def test_a_run_cut_off_by_the_server_resumes_after_its_written_chunks(proxy_fact
 
     def drain(stream, index, request):  # the replica goes away after 3 replies
         if cut["on"] and index == 3:
-            return grpc.StatusCode.UNAVAILABLE, "the server is shutting down; reopen the stream on another replica"
+            return error_status(grpc.StatusCode.UNAVAILABLE, "the server is shutting down; reopen the stream on "
+                                "another replica", "SHUTTING_DOWN", index)
 
     proxy = proxy_factory(drain)
     out = tmp_path / "remote.parquet"
-    with pytest.raises(AttnserveError, match="is unavailable: the server is shutting down"):
+    with pytest.raises(AttnserveError, match="is shutting down; the same command resumes$"):
         remote.encode_file_remote(remote_job(src, out, chunk_rows=16), ClientConfig(target=proxy.target))
     progress = json.loads((tmp_path / ".remote.parquet.parts" / "progress.json").read_text())
-    assert progress["chunks_done"] == 1 and not out.exists()  # 3 requests of 8: the first chunk of 16 is written
+    assert len(progress["chunks"]) == 1 and not out.exists()  # 3 requests of 8: the first chunk of 16 is written
     cut["on"] = False
     stats = remote.encode_file_remote(remote_job(src, out, chunk_rows=16), ClientConfig(target=proxy.target))
     assert stats.resumed_rows == 16 and stats.texts == 32
     assert_same_output(out, local, proxy.target)
+
+
+def test_progress_moves_per_reply(proxy_factory, small_requests, tmp_path):
+    src = tmp_path / "texts.txt"
+    src.write_text("\n".join(mixed_texts(40, seed=13)) + "\n")
+    proxy = proxy_factory()
+    progress = RecordedProgress()
+    remote.encode_file_remote(remote_job(src, tmp_path / "o.parquet", chunk_rows=20),
+                              ClientConfig(target=proxy.target), progress=progress)
+    answered = [n for stream in proxy.streams for n in stream]
+    assert progress.total == 40 and progress.steps == answered and len(answered) >= 5  # one step per reply

@@ -33,12 +33,12 @@ def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_run(artifacts, tmp_p
                                stderr=subprocess.DEVNULL)
     end = time.monotonic() + 120
     while time.monotonic() < end and process.poll() is None:
-        if progress.exists() and json.loads(progress.read_text())["chunks_done"] >= 3:
+        if progress.exists() and len(json.loads(progress.read_text())["chunks"]) >= 3:
             break
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     process.wait()
-    done = json.loads(progress.read_text())["chunks_done"]
+    done = len(json.loads(progress.read_text())["chunks"])
     assert 3 <= done < 12 and not out.exists()  # killed part-way; nothing under the final name
 
     resumed = run_cli("encode", source, "-o", out, *flags)
@@ -49,20 +49,85 @@ def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_run(artifacts, tmp_p
     assert not progress.parent.exists()
 
 
-def test_other_arguments_over_an_unfinished_run_are_refused_and_overwrite_starts_again(artifacts, tmp_path):
+def texts_with_a_bad_line(n: int, bad_line: int, seed: int) -> list[str]:
+    lines = mixed_texts(n, seed=seed)
+    lines[bad_line - 1] = "   "
+    return lines
+
+
+def test_other_arguments_over_an_unfinished_run_are_refused_in_words_and_overwrite_starts_again(artifacts, tmp_path):
     source = tmp_path / "texts.txt"
-    source.write_text("\n".join(mixed_texts(60, seed=4)) + "\n")
+    source.write_text("\n".join(texts_with_a_bad_line(100, 90, seed=4)) + "\n")
     out = tmp_path / "out.parquet"
-    parts = tmp_path / ".out.parquet.parts"
-    parts.mkdir()
-    (parts / "progress.json").write_text(json.dumps({"fingerprint": {"chunk_rows": 7}, "chunks_done": 1,
-                                                     "rows_done": 7}))
-    refused = run_cli("encode", source, "-o", out, "--artifacts", artifacts, "--chunk-rows", "20")
-    assert_one_line_error(refused, "has an unfinished run with other arguments", "chunk_rows 7 -> 20", "--overwrite")
+    failed = run_cli("encode", source, "-o", out, "--artifacts", artifacts, "--chunk-rows", "40")
+    assert_one_line_error(failed, "texts.txt: line 90: empty text")  # after two finished chunks of 40
+    refused = run_cli("encode", source, "-o", out, "--artifacts", artifacts, "--chunk-rows", "20", "--no-normalize")
+    assert_one_line_error(refused, "has an unfinished run (2 chunks, 80 rows done) with other settings: "
+                          "--chunk-rows was 40, now 20; --normalize was on, now off.", "--overwrite")
     assert not out.exists()
-    fresh = run_cli("encode", source, "-o", out, "--artifacts", artifacts, "--chunk-rows", "20", "--overwrite")
+    fresh = run_cli("encode", source, "-o", out, "--artifacts", artifacts, "--chunk-rows", "20", "--overwrite",
+                    "--on-error", "skip")
     assert fresh.returncode == 0, fresh.stderr
-    assert pq.read_table(out).num_rows == 60 and "resumed" not in fresh.stdout
+    assert pq.read_table(out).num_rows == 99 and "resumed" not in fresh.stdout
+
+
+def test_a_failed_first_chunk_leaves_nothing_to_protect(artifacts, tmp_path):
+    """New-user path: a bad row in the first chunk; any next step is taken, with no talk of the unfinished run."""
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(texts_with_a_bad_line(30, 7, seed=5)) + "\n")
+    out = tmp_path / "out.parquet"
+    assert_one_line_error(run_cli("encode", source, "-o", out, "--artifacts", artifacts), "line 7: empty text")
+    other = run_cli("encode", source, "-o", out, "--artifacts", artifacts, "--chunk-rows", "10", "--on-error", "skip")
+    assert other.returncode == 0 and "unfinished" not in other.stderr, other.stderr
+    assert pq.read_table(out).num_rows == 29
+
+
+def test_after_a_bad_row_stopped_the_run_skip_resumes_it(artifacts, tmp_path):
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(texts_with_a_bad_line(100, 90, seed=6)) + "\n")
+    flags = ["--artifacts", artifacts, "--chunk-rows", "40", "--on-error", "skip"]
+    clean = run_cli("encode", source, "-o", tmp_path / "clean.parquet", *flags)
+    assert clean.returncode == 0, clean.stderr
+    out = tmp_path / "out.parquet"
+    assert_one_line_error(run_cli("encode", source, "-o", out, "--artifacts", artifacts, "--chunk-rows", "40"),
+                          "line 90: empty text", "--on-error skip sets such rows aside")
+    resumed = run_cli("encode", source, "-o", out, *flags)  # as the message suggests
+    assert resumed.returncode == 0, resumed.stderr
+    assert "(resumed after 80 rows)" in resumed.stdout and "skipped 1 bad rows" in resumed.stdout
+    assert out.read_bytes() == (tmp_path / "clean.parquet").read_bytes()
+    assert (tmp_path / "out.errors.jsonl").read_text() == (tmp_path / "clean.errors.jsonl").read_text()
+
+
+def test_after_a_bad_row_stopped_the_run_fixing_the_file_resumes_it(artifacts, tmp_path):
+    source = tmp_path / "texts.txt"
+    lines = texts_with_a_bad_line(100, 90, seed=7)
+    source.write_text("\n".join(lines) + "\n")
+    out, flags = tmp_path / "out.parquet", ["--artifacts", artifacts, "--chunk-rows", "40"]
+    assert_one_line_error(run_cli("encode", source, "-o", out, *flags), "line 90: empty text")
+    lines[89] = "the line, fixed"
+    source.write_text("\n".join(lines) + "\n")
+    resumed = run_cli("encode", source, "-o", out, *flags)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "(resumed after 80 rows)" in resumed.stdout  # the finished chunks' rows did not change
+    clean = run_cli("encode", source, "-o", tmp_path / "clean.parquet", *flags)
+    assert out.read_bytes() == (tmp_path / "clean.parquet").read_bytes(), clean.stderr
+
+
+def test_rows_changed_inside_finished_chunks_are_encoded_again(artifacts, tmp_path):
+    source = tmp_path / "texts.txt"
+    lines = texts_with_a_bad_line(100, 90, seed=8)
+    source.write_text("\n".join(lines) + "\n")
+    out, flags = tmp_path / "out.parquet", ["--artifacts", artifacts, "--chunk-rows", "40"]
+    assert_one_line_error(run_cli("encode", source, "-o", out, *flags), "line 90: empty text")
+    lines[50], lines[89] = "an edit inside the second finished chunk", "the bad line, fixed"
+    source.write_text("\n".join(lines) + "\n")
+    resumed = run_cli("encode", source, "-o", out, *flags)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "attnserve: chunk 1 (from row 40): the input rows changed since the unfinished run: they and the rows " \
+           "after them are encoded again" in resumed.stderr
+    assert "(resumed after 40 rows)" in resumed.stdout
+    clean = run_cli("encode", source, "-o", tmp_path / "clean.parquet", *flags)
+    assert out.read_bytes() == (tmp_path / "clean.parquet").read_bytes(), clean.stderr
 
 
 BAD_JSONL = "\n".join([

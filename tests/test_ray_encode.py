@@ -1,13 +1,18 @@
 """`attnserve encode --engine ray`: a real local Ray, real weights, real files; the same bytes as the local engine.
 
-Ray starts once for the module (about 5 s) and the in-process runs share it; two tests run the
-real command in a subprocess, as a user does, for its summary line and its one-line errors.
+Ray starts once for the module (about 5 s) and the in-process runs share it; three tests run the
+real command in a subprocess, as a user does, for its summary line, its one-line errors and what it
+leaves on a terminal (that one starts its own Ray, as a user's command does).
 Skipped where the ray extra is not installed (pip install 'attnserve[ray]').
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pty
+import select
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,17 +21,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from attnserve.config import EngineConfig
+from attnserve.engine.batching import plan_batches
 from attnserve.errors import ArtifactError, AttnserveError, ConfigError, InvalidInputError
-from attnserve.offline.encode import EncodeJob, encode_file
-from attnserve.offline.partial import PartialRun
+from attnserve.offline.encode import encode_file
+from attnserve.offline.job import EncodeJob
 from attnserve.offline import ray_encode
+from attnserve.offline.partial import PartialRun
 from attnserve.offline.ray_encode import _attnserve_cause, _import_ray, _plan_actors, encode_file_ray
 
 from .conftest import VARIED_TEXTS, assert_one_line_error, run_cli
+from .offline_helpers import RecordedProgress, hostile_jsonl
 from .test_server_load import mixed_texts
-
-# Ray Data's own DataContext trips its deprecation warnings when it copies itself.
-pytestmark = pytest.mark.filterwarnings("ignore:.*deprecated.*:DeprecationWarning")
 
 BAD_JSONL = "\n".join([
     json.dumps({"id": "a", "text": "a good row"}),
@@ -41,7 +46,7 @@ BAD_JSONL = "\n".join([
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray for the module: encode_file_ray joins it and leaves it running."""
-    pytest.importorskip("ray.data", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
+    pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
     import logging
 
     import ray
@@ -90,22 +95,46 @@ def test_jsonl_with_ids_and_token_ids_equals_the_local_engine(local_ray, artifac
 def test_parquet_in_several_chunks_on_two_actors_keeps_order(local_ray, artifacts, engine, tmp_path, monkeypatch):
     texts = mixed_texts(90, seed=5)
     pq.write_table(pa.table({"body": texts, "id": list(range(100, 190))}), tmp_path / "in.parquet", row_group_size=25)
-    seen, results = [], ray_encode._results
+    used, written, in_order = set(), [], ray_encode._in_order
 
-    def spy(dataset):
-        for chunk in results(dataset):
-            seen.append((chunk["chunk"], chunk["actor_pid"]))
-            yield chunk
+    class Watched:
+        """An actor handle that notes which actor each chunk is sent to."""
 
-    monkeypatch.setattr(ray_encode, "_results", spy)
+        def __init__(self, actor, index):
+            self.actor, self.index = actor, index
+
+        @property
+        def encode(self):
+            used.add(self.index)
+            return self.actor.encode
+
+    def spy(ray, actors, chunks, session):
+        assert len(actors) == 2
+        for done in in_order(ray, [Watched(a, i) for i, a in enumerate(actors)], chunks, session):
+            written.append(done.chunk.index)
+            yield done
+
+    monkeypatch.setattr(ray_encode, "_in_order", spy)
     # 13 chunks of 7 rows over 2 actors: chunks finish out of order, and must be written in order.
     local, remote = _both(artifacts, engine, tmp_path / "in.parquet", tmp_path, ray_actors=2, text_column="body",
                           chunk_rows=7)
-    assert [index for index, _ in seen] == list(range(13))
-    assert len({pid for _, pid in seen}) == 2  # both actors encoded chunks: Ray did not merge them into one block
+    assert written == list(range(13)) and used == {0, 1}  # both actors encoded chunks
     assert_same_output(local, remote)
     assert pq.read_table(remote).column("id").to_pylist() == list(range(100, 190))
     assert pq.ParquetFile(remote).metadata.num_row_groups == 13  # one per chunk, as locally
+
+
+def test_progress_moves_per_engine_batch_on_the_actors(local_ray, artifacts, engine, tmp_path):
+    src = tmp_path / "texts.txt"
+    texts = mixed_texts(60, seed=8)
+    src.write_text("\n".join(texts) + "\n")
+    progress = RecordedProgress()
+    config = EngineConfig(max_batch_size=8)
+    encode_file_ray(EncodeJob(src, tmp_path / "ray.parquet", chunk_rows=30, progress=False), config, artifacts,
+                    ray_actors=1, progress=progress)
+    expected = [len(batch) for chunk in (texts[:30], texts[30:]) for batch in plan_batches(
+        [len(t) for t in engine.tokenizer.encode_texts(chunk)], config.max_batch_tokens, 8)]
+    assert progress.total == 60 and progress.steps == expected and len(expected) >= 8
 
 
 def test_bad_rows_set_aside_match_the_local_engine(local_ray, artifacts, engine, tmp_path):
@@ -213,7 +242,7 @@ def test_actor_plan(cpus, threads, ray_actors, chunks, expected):
 
 
 def test_an_error_raised_in_the_read_task_is_found_under_rays_wrapper():
-    pytest.importorskip("ray.data", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
+    pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
     from ray.exceptions import RayTaskError
 
     original = InvalidInputError("rows.jsonl: not UTF-8 text (invalid start byte at byte 6)")
@@ -230,8 +259,49 @@ def test_without_ray_the_error_says_how_to_install_it(monkeypatch):
 
 
 def test_ray_actors_must_be_positive(artifacts, tmp_path):
-    pytest.importorskip("ray.data", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
+    pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
     (tmp_path / "in.txt").write_text("hello\n")
     with pytest.raises(ConfigError, match="--ray-actors must be positive, got 0"):
         encode_file_ray(EncodeJob(tmp_path / "in.txt", tmp_path / "o.parquet"), EngineConfig(), artifacts,
                         ray_actors=0)
+
+
+def test_hostile_rows_are_set_aside_as_the_local_engine_sets_them_aside(local_ray, artifacts, engine, tmp_path):
+    src = tmp_path / "rows.jsonl"
+    hostile_jsonl(src)
+    assert_same_output(*_both(artifacts, engine, src, tmp_path, on_error="skip", chunk_rows=10))
+    assert (tmp_path / "ray.errors.jsonl").read_bytes() == (tmp_path / "local.errors.jsonl").read_bytes()
+    with pytest.raises(InvalidInputError, match=r"rows.jsonl: line 2: invalid JSON: nested too deeply"):
+        encode_file_ray(EncodeJob(src, tmp_path / "failed.parquet", progress=False), EngineConfig(), artifacts)
+
+
+def test_a_run_on_a_terminal_leaves_no_escape_code_behind(artifacts, tmp_path):
+    """Starting a local Ray imports its CLI logger, which runs colorama.init(): its exit hook wrote ESC [0m to
+    the terminal after the summary line. The command starts its own Ray here, as a user's does (about 5 s)."""
+    pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
+    src = tmp_path / "texts.txt"
+    src.write_text("one text\nanother\n")
+    main, secondary = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "attnserve.cli", "encode", str(src), "-o", str(tmp_path / "o.parquet"),
+             "--artifacts", str(artifacts), "--no-progress", "--engine", "ray"],
+            stdout=secondary, stderr=secondary, env={**os.environ, "RAY_ADDRESS": ""})
+        os.close(secondary)
+        terminal = b""
+        while data := _read(main):
+            terminal += data
+        process.wait(timeout=60)
+    finally:
+        os.close(main)
+    assert process.returncode == 0, terminal
+    assert terminal.startswith(b"encoded 2 texts, ") and terminal.endswith(b"o.parquet\r\n"), terminal
+    assert b"\x1b" not in terminal
+
+
+def _read(fd: int) -> bytes:
+    ready, _, _ = select.select([fd], [], [], 120)
+    try:
+        return os.read(fd, 4096) if ready else b""
+    except OSError:  # the process closed the terminal
+        return b""

@@ -1,0 +1,240 @@
+"""The one offline job driver: read -> check rows -> resume -> encode -> write -> progress -> finish.
+
+It stands over a chunk encoder (ChunkEncoder), of which there are three: the local engine
+(offline/encode.py), an actor pool on Ray (offline/ray_encode.py) and a running server
+(offline/remote.py). Everything else lives here, once: the input is read in chunks of
+job.chunk_rows rows and checked row by row (offline/checks.py); the output's integrity, its
+lock and the resumable parts are offline/partial.py's; each chunk the encoder gives back, in
+order, is written as a part; the progress bar moves as the encoder reports each batch; at
+the end the output is assembled and the totals returned for the summary line.
+
+An encoder gets each chunk's good rows and gives back, per chunk and in order, their
+embeddings, num_tokens and truncated, and the rows it could not encode (with the reason),
+which the driver fails on or sets aside, as it does the rows the checks found.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import closing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Protocol
+
+import numpy as np
+
+from attnserve import __version__
+from attnserve.engine.engine import EncodeStats
+
+from .checks import RowChecks, bad_row_error, error_line
+from .partial import PartialRun, input_digest
+from .readers import InputFile, Record
+from .rows import output_schema, output_table
+
+
+@dataclass
+class EncodeJob:
+    input: Path
+    output: Path
+    normalize: bool | None = None  # None: as the checkpoint's pipeline does
+    text_column: str = "text"
+    id_column: str = "id"
+    chunk_rows: int = 8192  # rows tokenized, encoded and written together; bounds memory
+    progress: bool = True
+    on_error: str = "fail"  # "fail": the first bad row stops the run; "skip": bad rows go to errors_path
+    overwrite: bool = False  # start again instead of resuming an unfinished run
+
+    @property
+    def errors_path(self) -> Path:
+        return self.output.with_name(self.output.name.removesuffix(".parquet") + ".errors.jsonl")
+
+
+@dataclass
+class EncodeResult(EncodeStats):
+    skipped: int = 0  # bad rows set aside (on_error "skip")
+    resumed_rows: int = 0  # rows an earlier, interrupted run had already encoded
+    padding_known: bool = True  # False through a server, which batches out of sight
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the driver needs to know of the model an encoder runs; read without running it."""
+
+    model: str
+    hidden_size: int
+    vocab_size: int
+    max_seq_length: int
+    pooling: str
+    normalize: bool  # the checkpoint's own pipeline L2-normalises
+    precision: str
+    graph_sha256: str | None = None  # the graph that runs, where this process can know it
+    server: str | None = None  # the server that encodes, if one does
+
+
+@dataclass(eq=False)
+class Chunk:
+    """One chunk of the input to encode."""
+
+    index: int
+    rows: int  # every row of the chunk, bad ones included
+    records: list[Record]  # the good rows, in input order: what the encoder encodes
+    bad: list[tuple[Record, str]]  # rows the checks set aside, with their reasons
+    digest: str  # of the chunk's input rows (partial.input_digest)
+
+
+@dataclass(eq=False)
+class EncodedChunk:
+    chunk: Chunk
+    embeddings: np.ndarray  # (n, H) float32: the rows of chunk.records not refused, in order
+    num_tokens: np.ndarray  # (n,)
+    truncated: np.ndarray  # (n,)
+    stats: EncodeStats
+    refused: dict[int, str] = field(default_factory=dict)  # position in chunk.records -> reason, set aside
+
+
+@dataclass
+class Session:
+    """What the driver hands an encoder for one run."""
+
+    chunks_left: int  # about how many chunks there are to encode (for sizing a pool)
+    normalize: bool
+    on_batch: Callable[[int], None]  # n rows were encoded: moves the progress bar
+    refuse: Callable[[Record, str], None]  # a row the encoder cannot encode: raises (on_error fail) or returns
+
+
+class ChunkEncoder(Protocol):
+    def facts(self) -> ModelFacts:
+        """The model, without encoding anything: checked before any work, and part of the run's fingerprint."""
+
+    def encode(self, chunks: Iterator[Chunk], session: Session) -> Iterator[EncodedChunk]:
+        """Every chunk, encoded, in the order given; reads ahead of what it gives back by a bounded amount.
+
+        The driver closes the iterator when it stops early; an encoder frees what it holds then."""
+
+
+class Progress(Protocol):
+    def start(self, total: int) -> None: ...
+
+    def advance(self, rows: int, tokens_per_s: float | None = None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Bar:
+    """The progress bar on a terminal (never in logs or pipes), moved per batch."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self._bar = enabled, None
+
+    def start(self, total: int) -> None:
+        from tqdm import tqdm
+
+        # disable=None: tqdm draws only on a terminal.
+        self._bar = tqdm(total=total, unit="text", disable=None if self.enabled else True, dynamic_ncols=True,
+                         desc="encode")
+
+    def advance(self, rows: int, tokens_per_s: float | None = None) -> None:
+        if tokens_per_s is not None:
+            self._bar.set_postfix(tokens_per_s=f"{tokens_per_s:.0f}", refresh=False)
+        self._bar.update(rows)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def notice_on_stderr(message: str) -> None:
+    print(f"attnserve: {message}", file=sys.stderr, flush=True)
+
+
+class EncodeInterrupted(KeyboardInterrupt):
+    """Ctrl-C: the message says how to resume."""
+
+
+def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = None,
+            notice: Callable[[str], None] = notice_on_stderr) -> EncodeResult:
+    """Encode job.input into job.output, resuming an unfinished run of the same job; returns the totals."""
+    source = InputFile(job.input, job.text_column, job.id_column)
+    facts = encoder.facts()
+    normalize = facts.normalize if job.normalize is None else job.normalize
+    errors_path = job.errors_path if job.on_error == "skip" else None
+    fingerprint = {"input": str(job.input.resolve()), "text_column": job.text_column, "id_column": job.id_column,
+                   "chunk_rows": job.chunk_rows, "normalize": normalize, "model": facts.model,
+                   "precision": facts.precision, "graph_sha256": facts.graph_sha256, "server": facts.server,
+                   "attnserve": __version__}
+    metadata = {"model": facts.model, "precision": facts.precision, "pooling": facts.pooling,
+                "normalize": normalize, "input": str(job.input), **({"server": facts.server} if facts.server else {})}
+    progress = progress or Bar(job.progress)
+    result, start = EncodeResult(padding_known=facts.server is None), time.perf_counter()
+    with PartialRun(job.output, job.input, errors_path, fingerprint, job.overwrite, notice) as run:
+        total = source.count_rows()
+        progress.start(total)
+        checks = RowChecks(facts.vocab_size, source.ids_can_repeat)
+        schema = None
+
+        def rate() -> float:
+            return result.tokens / max(time.perf_counter() - start, 1e-9)
+
+        def refuse(record: Record, reason: str) -> None:
+            if job.on_error == "fail":
+                raise bad_row_error(source.path, record.where, reason)
+
+        def chunks() -> Iterator[Chunk]:
+            """The chunks to encode; the finished ones are read and checked (ids seen), then passed over."""
+            nonlocal schema
+            for index, records in enumerate(source.chunks(job.chunk_rows)):
+                bad = checks.bad(records)
+                schema = schema or output_schema(source.id_type or int, facts.hidden_size, metadata)
+                digest = input_digest(records)
+                if run.trusts(index, digest):
+                    first = run.first_error(index)
+                    if job.on_error == "fail" and first is not None:  # set aside by a run with --on-error skip
+                        where = f"line {first['line']}" if "line" in first else f"row {first['row']}"
+                        raise bad_row_error(source.path, where, first["reason"])
+                    result.resumed_rows += len(records)
+                    progress.advance(len(records))
+                    continue
+                if bad and job.on_error == "fail":
+                    raise bad_row_error(source.path, bad[0][0].where, bad[0][1])
+                bad_rows = {r.row for r, _ in bad}
+                good = [r for r in records if r.row not in bad_rows] if bad else records
+                yield Chunk(index, len(records), good, bad, digest)
+
+        session = Session(chunks_left=max(1, -(-total // job.chunk_rows) - run.chunks_done), normalize=normalize,
+                          on_batch=progress.advance, refuse=refuse)
+        try:
+            with closing(encoder.encode(chunks(), session)) as encoded:
+                for done in encoded:
+                    chunk = done.chunk
+                    kept = chunk.records if not done.refused else \
+                        [r for i, r in enumerate(chunk.records) if i not in done.refused]
+                    table = output_table(schema, kept, done.embeddings, done.num_tokens, done.truncated)
+                    set_aside = chunk.bad + [(chunk.records[i], reason) for i, reason in done.refused.items()]
+                    set_aside.sort(key=lambda item: item[0].row)
+                    run.write_chunk(chunk.index, table, chunk.rows, [error_line(r, why) for r, why in set_aside],
+                                    chunk.digest)
+                    result.add(done.stats)
+                    result.skipped += len(set_aside)
+                    progress.advance(len(set_aside), rate())
+            # An empty input (an empty partition, say) gives an empty output with the same schema.
+            run.finish(schema or output_schema(source.id_type or int, facts.hidden_size, metadata))
+        except KeyboardInterrupt:
+            raise EncodeInterrupted(f"interrupted after {run.rows_recorded()} of {total} rows; the same command "
+                                    "resumes after them") from None
+        finally:
+            progress.close()
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def summary_line(stats: EncodeResult, output: Path, errors_path: Path | None = None) -> str:
+    rate = stats.tokens / stats.seconds if stats.seconds else 0.0
+    padding = f"{stats.padding_fraction:.1%}" if stats.padding_known else "n/a"
+    line = (f"encoded {stats.texts} texts, {stats.tokens} tokens in {stats.seconds:.2f}s: "
+            f"{rate:.0f} tokens/s, padding {padding} -> {output}")
+    if stats.resumed_rows:
+        line += f" (resumed after {stats.resumed_rows} rows)"
+    if errors_path is not None:
+        line += f"; skipped {stats.skipped} bad rows -> {errors_path}"
+    return line
