@@ -32,6 +32,16 @@ COPY deploy/image/prepare.sh /tmp/image/
 COPY ${CA_BUNDLE:-deploy/image/no-extra-ca.pem} /tmp/image/ca.pem
 RUN sh /tmp/image/prepare.sh /tmp/image/ca.pem && rm -rf /tmp/image
 
+# ---- requirements: what each image installs besides the project, from pyproject.toml ---------------------
+# Each list is copied into the stage that installs it, whose layer a change elsewhere in pyproject.toml (the
+# dev extra, the version) then leaves cached: Docker compares what is copied, not where it came from.
+FROM python AS requirements
+COPY pyproject.toml deploy/image/requirements.py /src/
+RUN mkdir /requirements \
+    && python /src/requirements.py /src/pyproject.toml cpu export > /requirements/export.txt \
+    && python /src/requirements.py /src/pyproject.toml cpu plot > /requirements/serve.txt \
+    && python /src/requirements.py /src/pyproject.toml gpu plot > /requirements/serve-gpu.txt
+
 # ---- build: one wheel of the project, so that every later stage installs the same files -----------------
 # Only what the wheel is built from (pyproject.toml's package-dir), so that no other file busts the cache.
 FROM python AS build
@@ -59,15 +69,14 @@ ENV ORT_DISABLE_TELEMETRY=1
 # resolves that pin to the CUDA build and gigabytes of nvidia-* wheels that an export on CPU never uses, so
 # torch comes from wheelhouse/ or else from TORCH_INDEX_URL, whose CPU build (2.13.0+cpu) pip prefers to
 # PyPI's 2.13.0 as the higher version.
-COPY pyproject.toml deploy/image/requirements.py /tmp/project/
+COPY --from=requirements /requirements/export.txt /tmp/requirements.txt
 COPY wheelhouse/ /tmp/wheelhouse/
-RUN python /tmp/project/requirements.py /tmp/project/pyproject.toml cpu export > /tmp/requirements.txt \
-    && set -- \
+RUN set -- \
     && if ! ls /tmp/wheelhouse/torch-*.whl >/dev/null 2>&1; then \
            set -- --extra-index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"; fi \
     && pip install --find-links /tmp/wheelhouse "$@" -r /tmp/requirements.txt \
     && python -c "import sys, torch; sys.exit(torch.version.cuda and 'torch is a CUDA build: see wheelhouse/')" \
-    && rm -rf /tmp/project /tmp/wheelhouse /tmp/requirements.txt
+    && rm -rf /tmp/wheelhouse /tmp/requirements.txt
 COPY --from=build /wheels /tmp/wheels
 RUN pip install --no-deps "$(echo /tmp/wheels/attnserve-*.whl)[cpu,export]"
 RUN attnserve export --out /artifacts/all-MiniLM-L6-v2
@@ -84,9 +93,8 @@ ENV PYTHONUNBUFFERED=1 \
     ORT_DISABLE_TELEMETRY=1 \
     ATTNSERVE_ARTIFACTS=/opt/attnserve/artifacts/all-MiniLM-L6-v2
 # `plot` for `attnserve loadtest --plot` and `attnserve attention`; no `export` extra, so no torch.
-COPY pyproject.toml deploy/image/requirements.py /tmp/project/
-RUN python /tmp/project/requirements.py /tmp/project/pyproject.toml cpu plot > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt && rm -rf /tmp/project /tmp/requirements.txt
+COPY --from=requirements /requirements/serve.txt /tmp/requirements.txt
+RUN pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
 COPY --from=build /wheels /tmp/wheels
 RUN pip install --no-deps "$(echo /tmp/wheels/attnserve-*.whl)[cpu,plot]" && rm -rf /tmp/wheels
 # Owned by root and read-only to the server: serving only reads them, after checking each file's sha256.
@@ -130,10 +138,8 @@ RUN apt-get update \
 COPY deploy/image/prepare.sh /tmp/image/
 COPY ${CA_BUNDLE:-deploy/image/no-extra-ca.pem} /tmp/image/ca.pem
 RUN sh /tmp/image/prepare.sh /tmp/image/ca.pem && rm -rf /tmp/image
-COPY pyproject.toml deploy/image/requirements.py /tmp/project/
-RUN python /tmp/project/requirements.py /tmp/project/pyproject.toml gpu plot > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt "onnxruntime-gpu==${ORT_GPU_VERSION}" \
-    && rm -rf /tmp/project /tmp/requirements.txt
+COPY --from=requirements /requirements/serve-gpu.txt /tmp/requirements.txt
+RUN pip install -r /tmp/requirements.txt "onnxruntime-gpu==${ORT_GPU_VERSION}" && rm /tmp/requirements.txt
 COPY --from=build /wheels /tmp/wheels
 RUN pip install --no-deps "$(echo /tmp/wheels/attnserve-*.whl)[gpu,plot]" && rm -rf /tmp/wheels
 COPY --from=export /artifacts /opt/attnserve/artifacts

@@ -12,8 +12,10 @@ from dockerfile_parse import DockerfileParser
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "Dockerfile"
-# The script every stage's requirements come from: `python .../requirements.py PYPROJECT EXTRA... > FILE`.
+# The script every stage's requirements come from: `python .../requirements.py PYPROJECT EXTRA... > FILE`,
+# run in the stage of that name.
 REQUIREMENTS_SCRIPT = "deploy/image/requirements.py"
+REQUIREMENTS_STAGE = "requirements"
 
 
 def substitute(text: str, values: dict[str, str | None]) -> str:
@@ -33,6 +35,7 @@ class Stage:
     base: str  # after substitution: an image, or the name of an earlier stage
     instructions: list[tuple[str, str]]
     parent: Stage | None = None  # the stage it is FROM, when it is one
+    requirements: dict[str, set[str]] = dataclasses.field(default_factory=dict)  # file -> extras, once read
 
     def values(self, instruction: str) -> list[str]:
         return [value for name, value in self.instructions if name == instruction]
@@ -80,14 +83,20 @@ class Stage:
     def pip_installs(self) -> list[str]:
         return [run for run in self.runs() if re.search(r"\bpip\b.*\binstall\b", run)]
 
+    def written_requirements(self) -> dict[str, set[str]]:
+        """The requirement files this stage writes with the script, and the extras of each."""
+        script = re.escape(Path(REQUIREMENTS_SCRIPT).name)
+        return {path: set(extras.split()) for run in self.runs()
+                for extras, path in re.findall(rf"{script}\s+\S+((?:\s+[\w-]+)*)\s*>\s*(\S+)", run)}
+
     def extras(self) -> set[str]:
-        """The extras of attnserve this stage installs: the requirements it installs, and its wheel's."""
+        """The extras of attnserve this stage installs: with the requirement files it copies in, and its wheel."""
         found = set()
         for run in self.pip_installs():
             for group in re.findall(r"attnserve-\*\.whl\)?\[([^\]]*)\]", run):
                 found |= {e.strip() for e in group.split(",")}
-            for args in re.findall(rf"{re.escape(Path(REQUIREMENTS_SCRIPT).name)}\s+\S+((?:\s+[\w-]+)*)\s*>", run):
-                found |= set(args.split())
+        for src, _ in self.copies_from(REQUIREMENTS_STAGE):
+            found |= self.requirements[src]
         return found
 
     def copies(self) -> list[tuple[str | None, list[str], str]]:
@@ -136,4 +145,7 @@ def read_dockerfile(path: Path = DOCKERFILE) -> Dockerfile:
         elif item["instruction"] != "COMMENT":
             assert current is not None, f"{item['instruction']} before the first FROM"
             current.instructions.append((item["instruction"], item["value"]))
+    written = stages[REQUIREMENTS_STAGE].written_requirements() if REQUIREMENTS_STAGE in stages else {}
+    for stage in stages.values():
+        stage.requirements = written
     return Dockerfile(global_args, stages)

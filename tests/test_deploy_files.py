@@ -8,13 +8,7 @@ serving from a process in which torch cannot be imported.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import dataclasses
 import importlib.metadata
-import io
-import json
-import os
 import re
 import shlex
 import subprocess
@@ -25,8 +19,7 @@ import pytest
 import yaml
 
 from attnserve import config as config_module
-from attnserve.cli import build_parser
-from attnserve.errors import ConfigError
+from tests.cli_contract import cli_error, configuration_errors, known_environment
 from tests.compose import compose_config, require_tool
 from tests.dockerfile import REQUIREMENTS_SCRIPT, Dockerfile, Stage, read_dockerfile
 
@@ -70,30 +63,6 @@ def seconds(duration: str | int | float) -> float:
 
 def flag(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else None
-
-
-def cli_error(argv: list[str]) -> str | None:
-    """None when the CLI's parser accepts argv; otherwise what it said."""
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            build_parser().parse_args(argv)
-    except SystemExit as e:
-        said = err.getvalue().strip().splitlines()
-        return f"`attnserve {shlex.join(argv)}`: {said[-1] if said else f'exit {e.code}'}"
-    return None
-
-
-def config_dataclasses() -> list[type]:
-    """Every dataclass in attnserve/config.py whose fields name environment variables."""
-    return [cls for cls in vars(config_module).values()
-            if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == config_module.__name__
-            and any("env" in f.metadata for f in dataclasses.fields(cls))]
-
-
-def known_environment() -> set[str]:
-    names = {f.metadata["env"] for cls in config_dataclasses() for f in dataclasses.fields(cls) if "env" in f.metadata}
-    return names | {"ATTNSERVE_CACHE"}  # default_model.py: where the default model's artifacts are cached
 
 
 # ---- the Dockerfile, by stage -----------------------------------------------------------------------------
@@ -285,22 +254,13 @@ def test_every_attnserve_variable_set_for_a_container_is_one_the_cli_reads(compo
     assert not unknown, "set but read by nothing:\n" + "\n".join(unknown)
 
 
-def test_every_container_environment_is_a_valid_configuration(compose_gpu, stages, monkeypatch):
+def test_every_container_environment_is_a_valid_configuration(compose_gpu, stages):
     """The image's ENV under the service's environment, read the way the CLI reads it (the dataclasses' checks
     included): a value the CLI would refuse at start is caught here."""
     for name, service in attnserve_services(compose_gpu).items():
         env = {**stages[service["build"]["target"]].env(), **service.get("environment", {})}
-        for key in list(os.environ):
-            if key.startswith("ATTNSERVE_"):
-                monkeypatch.delenv(key)
-        for key, value in env.items():
-            if key.startswith("ATTNSERVE_"):
-                monkeypatch.setenv(key, str(value))
-        for cls in config_dataclasses():
-            try:
-                config_module.from_args(cls, argparse.Namespace())
-            except ConfigError as e:
-                pytest.fail(f"compose {name}: {cls.__name__}: {e}", pytrace=False)
+        errors = configuration_errors(env)
+        assert not errors, f"compose {name}: {errors}"
 
 
 # ---- the Dockerfile ---------------------------------------------------------------------------------------
@@ -311,7 +271,7 @@ def pyproject() -> dict:
 
 
 def test_dockerfile_stages_build_one_wheel_and_export_once(stages):
-    assert {"python", "build", "export", "serve", "serve-gpu"} <= set(stages)
+    assert {"python", "requirements", "build", "export", "serve", "serve-gpu"} <= set(stages)
     assert any("pip wheel" in run and "--no-deps" in run for run in stages["build"].runs())
     for name in ("export", *SERVE_STAGES):
         stage = stages[name]
@@ -321,7 +281,8 @@ def test_dockerfile_stages_build_one_wheel_and_export_once(stages):
         installs = stage.pip_installs()
         wheel_at = next(i for i, run in enumerate(installs) if "attnserve-" in run)
         assert "--no-deps" in installs[wheel_at]
-        assert any(REQUIREMENTS_SCRIPT.rsplit("/", 1)[1] in run for run in installs[:wheel_at]), name
+        ((requirements, copied_to),) = stage.copies_from("requirements")
+        assert any(f"-r {copied_to}" in run for run in installs[:wheel_at]), name
     export = stages["export"]
     assert export.extras() == {"cpu", "export"}
     exports = [shlex.split(run) for run in export.runs() if run.startswith("attnserve export")]
@@ -339,8 +300,8 @@ def test_the_build_stage_copies_only_what_the_wheel_is_built_from(stages):
         if len(sources) == 1 and sources[0].endswith("/"):
             assert dst == sources[0], f"COPY {sources[0]} {dst}: a package folder keeps its name"
     for name, stage in stages.items():
-        if name != "build":
-            assert not {src for src in stage.context_files() if src not in ("pyproject.toml",)} & wanted, name
+        if name not in ("build", "requirements"):
+            assert not set(stage.context_files()) & wanted, f"{name} copies the sources; its cache would follow them"
 
 
 def test_torch_comes_from_the_wheelhouse_first_and_else_from_the_cpu_index(stages):
@@ -365,7 +326,7 @@ def test_every_stage_starts_with_the_ca_bundle_trusted_a_venv_and_the_user(stage
             assert "/opt/venv/bin" in stage.env()["PATH"].split(":")[0]
             prepared.append(name)
     assert sorted(prepared) == ["python", "serve-gpu"]
-    for name in ("build", "export", "serve"):
+    for name in ("requirements", "build", "export", "serve"):
         assert stages[name].lineage()[-1].name == "python", name
     assert stages["python"].base == "python:3.11-slim", "today's default base image"
     assert "BEGIN CERTIFICATE" not in (REPO / "deploy/image/no-extra-ca.pem").read_text()
