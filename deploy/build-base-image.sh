@@ -33,6 +33,7 @@ EOF
 }
 
 die() { echo "build-base-image.sh: $*" >&2; exit 2; }
+need_value() { [ -n "${2:-}" ] || die "$1 needs a value (see --help)"; }
 
 tag=attnserve-base:bookworm
 mirror=http://deb.debian.org/debian
@@ -42,11 +43,11 @@ ca_bundle=""
 if_missing=false
 while [ $# -gt 0 ]; do
     case "$1" in
-        --tag) tag="${2:?--tag needs a value}"; shift 2 ;;
-        --mirror) mirror="${2:?--mirror needs a URL}"; shift 2 ;;
-        --security-mirror) security_mirror="${2:?--security-mirror needs a URL or none}"; shift 2 ;;
-        --suite) suite="${2:?--suite needs a value}"; shift 2 ;;
-        --ca-bundle) ca_bundle="${2:?--ca-bundle needs a file}"; shift 2 ;;
+        --tag) need_value "$@"; tag="$2"; shift 2 ;;
+        --mirror) need_value "$@"; mirror="$2"; shift 2 ;;
+        --security-mirror) need_value "$@"; security_mirror="$2"; shift 2 ;;
+        --suite) need_value "$@"; suite="$2"; shift 2 ;;
+        --ca-bundle) need_value "$@"; ca_bundle="$2"; shift 2 ;;
         --if-missing) if_missing=true; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown argument: $1 (see --help)" ;;

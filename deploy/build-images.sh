@@ -35,6 +35,7 @@ EOF
 }
 
 die() { echo "build-images.sh: $*" >&2; exit 2; }
+need_value() { [ -n "${2:-}" ] || die "$1 needs a value (see --help)"; }
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 base_image=""
@@ -44,11 +45,11 @@ target=serve
 tag=""
 while [ $# -gt 0 ]; do
     case "$1" in
-        --base-image) base_image="${2:?--base-image needs an image}"; shift 2 ;;
-        --ca-bundle) ca_bundle="${2:?--ca-bundle needs a file}"; shift 2 ;;
-        --torch-wheel) torch_wheel="${2:?--torch-wheel needs a file}"; shift 2 ;;
-        --target) target="${2:?--target needs a stage}"; shift 2 ;;
-        --tag) tag="${2:?--tag needs a value}"; shift 2 ;;
+        --base-image) need_value "$@"; base_image="$2"; shift 2 ;;
+        --ca-bundle) need_value "$@"; ca_bundle="$2"; shift 2 ;;
+        --torch-wheel) need_value "$@"; torch_wheel="$2"; shift 2 ;;
+        --target) need_value "$@"; target="$2"; shift 2 ;;
+        --tag) need_value "$@"; tag="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown argument: $1 (see --help)" ;;
     esac
