@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import ssl
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.compose import ComposeProject, require_tool
 from tests.docker_engine import docker_engine
+from tests.k8s import env_of, manifests, port_named, server_container
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_IMAGE = "attnserve-base:bookworm"
@@ -163,3 +165,44 @@ def test_two_replicas_share_the_load_and_one_drains_under_it(images, tmp_path):
     assert report["codes"]["OK"] > 0 and report["mode"] == "closed" and report["target"] == "dns:///server:50051"
     assert all(n > 0 for n in ok_before_stop), ok_before_stop
     assert ok_after_stop > 0, "the remaining replica went on answering"
+
+
+def docker_memory(quantity: str) -> str:
+    """A Kubernetes memory quantity (2Gi, 512Mi) as docker run's --memory."""
+    number, unit = re.fullmatch(r"(\d+)(Gi|Mi)", quantity).groups()
+    return f"{number}{unit[0].lower()}"
+
+
+def test_the_kubernetes_container_spec_serves_in_docker(images):
+    """deploy/k8s/deployment.yaml's container as Docker can run it: its args, env, user, memory limit, a read-only
+    root with /tmp a fresh volume, no capabilities, no privilege escalation. Then the readiness probe's question
+    (the health service, SERVING) and a request, and the drain on SIGTERM. No cluster runs here."""
+    resources = manifests()
+    pod = resources["Deployment"]["spec"]["template"]["spec"]
+    container = server_container(resources)
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] and security["capabilities"]["drop"] == ["ALL"]
+    assert not security["allowPrivilegeEscalation"]
+    (tmp,) = [m["mountPath"] for m in container["volumeMounts"]]
+    argv = ["run", "--detach", "--read-only", "--tmpfs", tmp, "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges",
+            "--user", f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}",
+            "--memory", docker_memory(container["resources"]["limits"]["memory"])]
+    for name, value in env_of(container).items():
+        argv += ["--env", f"{name}={value}"]
+    name = docker(*argv, container["image"], *container["args"]).strip()
+    try:
+        port = port_named(container, "grpc")
+        wait_for(lambda: subprocess.run(["docker", "exec", name, "attnserve", "health", "--target",
+                                         f"localhost:{port}"], capture_output=True).returncode == 0,
+                 120, f"SERVING: {container_logs(name)[-2000:]}")
+        reply = json.loads(docker("exec", name, "attnserve", "embed", "A pod with a read-only root.",
+                                  "--target", f"localhost:{port}"))
+        assert reply, reply
+        docker("stop", "--time", str(pod["terminationGracePeriodSeconds"]), name, timeout=120)
+        state = json.loads(docker("inspect", "--format", "{{json .State}}", name))
+        logs = container_logs(name)
+        assert state["ExitCode"] == 0 and not state["OOMKilled"], logs[-3000:]
+        assert json_events(logs)[-1] == "stopped" and "Read-only file system" not in logs, logs[-3000:]
+    finally:
+        subprocess.run(["docker", "rm", "--force", name], capture_output=True, timeout=60)
