@@ -1,5 +1,6 @@
-"""The compose fleet for real, in Docker: the images built with deploy/'s scripts, two replicas and a load test
-started by docker-compose, one replica stopped under load, and everything removed after.
+"""Docker for real: the compose fleet (the images built with deploy/'s scripts, two replicas and a load test
+started by docker-compose, one replica stopped under load, everything removed after), deploy/k8s/'s container
+spec run by Docker, and the preparation every image starts with.
 
 The base image is built from Debian's archive (no Docker Hub needed) and kept between runs by its tag; the
 serving image is rebuilt from this tree, from the layer cache when nothing changed. Cold, the builds take about
@@ -206,3 +207,42 @@ def test_the_kubernetes_container_spec_serves_in_docker(images):
         assert json_events(logs)[-1] == "stopped" and "Read-only file system" not in logs, logs[-3000:]
     finally:
         subprocess.run(["docker", "rm", "--force", name], capture_output=True, timeout=60)
+
+
+def throwaway_ca_pem() -> str:
+    """A self-signed CA certificate, as a proxy's would be."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "attnserve test proxy CA")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+@pytest.mark.parametrize("ca", ["throwaway", "none"])
+def test_prepare_trusts_the_ca_bundle_for_openssl_and_pip_and_makes_the_venv_and_user(images, tmp_path, ca):
+    """deploy/image/prepare.sh, which every image's first stage runs, on the base image as it comes: with a
+    CA_BUNDLE the system bundle and pip trust it; with the default file nothing changes."""
+    pem = throwaway_ca_pem() if ca == "throwaway" else (REPO / "deploy/image/no-extra-ca.pem").read_text()
+    (tmp_path / "ca.pem").write_text(pem)
+    script = ("sh /in/prepare.sh /in/ca.pem > /dev/null && id attnserve && /opt/venv/bin/python -m pip config list"
+              " && cat /etc/ssl/certs/ca-certificates.crt")
+    out = docker("run", "--rm", "--network", "none", "-v", f"{REPO / 'deploy/image/prepare.sh'}:/in/prepare.sh:ro",
+                 "-v", f"{tmp_path / 'ca.pem'}:/in/ca.pem:ro", BASE_IMAGE, "sh", "-c", script, timeout=120)
+    assert "uid=10001(attnserve) gid=10001(attnserve)" in out
+    body = "".join(pem.splitlines()[1:-1])
+    if ca == "throwaway":
+        assert body in out.replace("\n", ""), "the CA is not in the system bundle"
+        assert "global.cert='/etc/ssl/certs/ca-certificates.crt'" in out
+    else:
+        assert "global.cert" not in out
