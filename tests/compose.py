@@ -34,18 +34,12 @@ def compose_config(*profiles: str, env: dict[str, str] | None = None) -> dict:
 
     The file's ${VARIABLES} take their defaults (or env's values), whatever this shell or a .env file sets.
     """
-    exe = require_tool("docker-compose", "Debian: apt-get install docker-compose")
-    variables = set(re.findall(r"\$\{(\w+)", COMPOSE_FILE.read_text()))
-    clean = {k: v for k, v in os.environ.items() if k not in variables and not k.startswith("COMPOSE_")}
-    with tempfile.TemporaryDirectory() as folder:
-        no_env_file = Path(folder) / "empty.env"  # docker-compose refuses /dev/null: "not a file"
-        no_env_file.write_text("")
-        command = [exe, "-f", str(COMPOSE_FILE), "--env-file", str(no_env_file),
-                   *(x for p in profiles for x in ("--profile", p))]
-        result = subprocess.run([*command, "config"], cwd=REPO, capture_output=True, text=True, timeout=60,
-                                env={**clean, **(env or {})})
-    assert result.returncode == 0, f"{shlex.join(command)} config:\n{result.stderr}"
-    return yaml.safe_load(result.stdout)
+    project = ComposeProject("attnserve-config", env or {})
+    try:
+        done = project.run(*(x for p in profiles for x in ("--profile", p)), "config", timeout=60)
+    finally:
+        project.close()
+    return yaml.safe_load(done.stdout)
 
 
 def environment(service: dict) -> dict[str, str]:
@@ -54,3 +48,38 @@ def environment(service: dict) -> dict[str, str]:
     if isinstance(env, list):
         env = dict(item.split("=", 1) for item in env)
     return {k: "" if v is None else str(v) for k, v in env.items()}
+
+
+class ComposeProject:
+    """docker-compose.yml run by docker-compose under a project name of its own, with only the variables given
+    (no .env file, none of this shell's), so that a test neither sees nor touches a user's stack."""
+
+    def __init__(self, name: str, env: dict[str, str]):
+        self.name = name
+        self.exe = require_tool("docker-compose", "Debian: apt-get install docker-compose")
+        variables = set(re.findall(r"\$\{(\w+)", COMPOSE_FILE.read_text()))
+        self.env = {**{k: v for k, v in os.environ.items() if k not in variables and not k.startswith("COMPOSE_")},
+                    **env}
+        self._folder = tempfile.TemporaryDirectory()
+        self.no_env_file = Path(self._folder.name) / "empty.env"
+        self.no_env_file.write_text("")
+
+    def run(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+        command = [self.exe, "-f", str(COMPOSE_FILE), "--env-file", str(self.no_env_file), "-p", self.name, *args]
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=self.env)
+        assert not check or done.returncode == 0, f"{shlex.join(command)}: exit {done.returncode}\n{done.stderr}"
+        return done
+
+    def containers(self, service: str | None = None, all_states: bool = True) -> list[str]:
+        """The project's containers (of one service), by name, in the order of their replica number."""
+        labels = [f"label=com.docker.compose.project={self.name}"]
+        if service:
+            labels.append(f"label=com.docker.compose.service={service}")
+        args = ["docker", "ps", "--format", "{{.Names}}", *(["-a"] if all_states else [])]
+        for label in labels:
+            args += ["--filter", label]
+        out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout.split()
+        return sorted(out, key=lambda n: int(n.rsplit("_", 1)[-1]) if n.rsplit("_", 1)[-1].isdigit() else 0)
+
+    def close(self) -> None:
+        self._folder.cleanup()

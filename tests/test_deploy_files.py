@@ -8,13 +8,7 @@ serving from a process in which torch cannot be imported.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import dataclasses
 import importlib.metadata
-import io
-import json
-import os
 import re
 import shlex
 import subprocess
@@ -23,12 +17,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dockerfile_parse import DockerfileParser
 
 from attnserve import config as config_module
-from attnserve.cli import build_parser
-from attnserve.errors import ConfigError
+from tests.cli_contract import cli_error, configuration_errors, known_environment
 from tests.compose import compose_config, require_tool
+from tests.dockerfile import REQUIREMENTS_SCRIPT, Dockerfile, Stage, read_dockerfile
 
 REPO = Path(__file__).resolve().parents[1]
 SERVE_STAGES = ("serve", "serve-gpu")
@@ -72,101 +65,16 @@ def flag(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else None
 
 
-def cli_error(argv: list[str]) -> str | None:
-    """None when the CLI's parser accepts argv; otherwise what it said."""
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            build_parser().parse_args(argv)
-    except SystemExit as e:
-        said = err.getvalue().strip().splitlines()
-        return f"`attnserve {shlex.join(argv)}`: {said[-1] if said else f'exit {e.code}'}"
-    return None
-
-
-def config_dataclasses() -> list[type]:
-    """Every dataclass in attnserve/config.py whose fields name environment variables."""
-    return [cls for cls in vars(config_module).values()
-            if isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__module__ == config_module.__name__
-            and any("env" in f.metadata for f in dataclasses.fields(cls))]
-
-
-def known_environment() -> set[str]:
-    names = {f.metadata["env"] for cls in config_dataclasses() for f in dataclasses.fields(cls) if "env" in f.metadata}
-    return names | {"ATTNSERVE_CACHE"}  # default_model.py: where the default model's artifacts are cached
-
-
 # ---- the Dockerfile, by stage -----------------------------------------------------------------------------
 
-@dataclasses.dataclass
-class Stage:
-    name: str
-    base: str
-    instructions: list[tuple[str, str]]
-
-    def values(self, instruction: str) -> list[str]:
-        return [value for name, value in self.instructions if name == instruction]
-
-    def env(self) -> dict[str, str]:
-        out = {}
-        for value in self.values("ENV"):
-            for token in shlex.split(value):
-                key, _, val = token.partition("=")
-                out[key] = val
-        return out
-
-    def exec_form(self, instruction: str) -> list[str]:
-        values = self.values(instruction)
-        assert values, f"stage {self.name} has no {instruction}"
-        argv = json.loads(values[-1])  # the exec form: no shell between Docker and the process
-        assert isinstance(argv, list), f"stage {self.name}: {instruction} is not in exec form"
-        return argv
-
-    def healthcheck(self) -> list[str]:
-        values = self.values("HEALTHCHECK")
-        assert values, f"stage {self.name} has no HEALTHCHECK"
-        match = re.search(r"\bCMD\s+(\[.*\])\s*$", values[-1])
-        assert match, f"stage {self.name}: HEALTHCHECK is not `CMD [exec form]`: {values[-1]}"
-        return json.loads(match.group(1))
-
-    def pip_installs(self) -> list[str]:
-        """The stage's `pip install` commands, with its ARGs' default values filled in."""
-        args = dict(value.partition("=")[::2] for value in self.values("ARG"))
-        return [re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), run)
-                for run in self.values("RUN") if re.search(r"\bpip\b.*\binstall\b", run)]
-
-    def extras(self) -> set[str]:
-        """The extras this stage installs attnserve with."""
-        found = set()
-        for run in self.pip_installs():
-            for group in re.findall(r"attnserve-\*\.whl\)?\[([^\]]*)\]", run):
-                found |= {e.strip() for e in group.split(",")}
-        return found
-
-    def copies_from(self, stage: str) -> list[tuple[str, str]]:
-        out = []
-        for value in self.values("COPY"):
-            tokens = shlex.split(value)
-            if f"--from={stage}" in tokens:
-                paths = [t for t in tokens if not t.startswith("--")]
-                out += [(src, paths[-1]) for src in paths[:-1]]
-        return out
+@pytest.fixture(scope="module")
+def dockerfile() -> Dockerfile:
+    return read_dockerfile()
 
 
 @pytest.fixture(scope="module")
-def stages() -> dict[str, Stage]:
-    parser = DockerfileParser(str(REPO / "Dockerfile"), cache_content=True)
-    out: dict[str, Stage] = {}
-    current = None
-    for item in parser.structure:
-        if item["instruction"] == "FROM":
-            words = item["value"].split()
-            assert len(words) == 3 and words[1].upper() == "AS", f"every stage is named: FROM {item['value']}"
-            current = out[words[2]] = Stage(words[2], words[0], [])
-        elif item["instruction"] != "COMMENT":
-            assert current is not None, f"{item['instruction']} before the first FROM"
-            current.instructions.append((item["instruction"], item["value"]))
-    return out
+def stages(dockerfile) -> dict[str, Stage]:
+    return dockerfile.stages
 
 
 # ---- docker-compose.yml -----------------------------------------------------------------------------------
@@ -198,15 +106,47 @@ def test_servers_are_replicated_healthchecked_and_reached_only_inside_the_networ
         assert seconds(service.get("stop_grace_period", "10s")) > grace
 
 
-def test_replicas_threads_load_shape_and_report_owner_follow_the_environment():
+def test_replicas_threads_load_shape_and_reports_follow_the_environment(tmp_path):
     config = compose_config(env={
         "SERVER_REPLICAS": "3", "ATTNSERVE_THREADS": "2", "LOADTEST_CONCURRENCY": "0", "LOADTEST_RATE": "50",
-        "LOADTEST_DURATION": "5", "REPORT_UID": "1234", "REPORT_GID": "5678"})
+        "LOADTEST_DURATION": "5", "REPORT_UID": "1234", "REPORT_GID": "5678", "REPORTS_DIR": str(tmp_path)})
     server, loadtest = config["services"]["server"], config["services"]["loadtest"]
     assert server["deploy"]["replicas"] == 3 and server["environment"]["ATTNSERVE_THREADS"] == "2"
     assert loadtest["environment"] == {"ATTNSERVE_LOADTEST_CONCURRENCY": "0", "ATTNSERVE_LOADTEST_RATE": "50",
                                        "ATTNSERVE_LOADTEST_DURATION": "5"}
     assert loadtest["user"] == "1234:5678"
+    assert f"{tmp_path}:/reports:rw" in loadtest["volumes"] or f"{tmp_path}:/reports" in loadtest["volumes"]
+
+
+def test_every_image_is_built_with_the_dockerfiles_source_arguments_from_the_environment(dockerfile):
+    """Compose passes each source argument through, and only by name: with no value in the file, so that the
+    Dockerfile's default holds where the shell sets none. Compose 1.29 then sends an empty value, so the
+    Dockerfile must read empty as its default: no `ARG NAME=default` for these, `${NAME:-default}` instead."""
+    sources = {"BASE_IMAGE", "TORCH_INDEX_URL", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "CA_BUNDLE"}
+    assert sources <= dockerfile.build_args()
+    raw = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    set_in_shell = {name: f"value-of-{name}" for name in sources}
+    config = compose_config("gpu", env=set_in_shell)
+    for name, service in attnserve_services(config).items():
+        assert service["build"]["args"] == set_in_shell, name
+        assert all("=" not in arg for arg in raw[name]["build"]["args"]), f"{name}: a value written in the file"
+    declared = {stage.name: stage.args() for stage in dockerfile.stages.values()}
+    defaults = [f"{stage}: ARG {arg}={default}" for stage, args in declared.items()
+                for arg, default in args.items() if arg in sources and default is not None]
+    defaults += [f"ARG {arg}={default}" for arg, default in dockerfile.global_args.items() if default is not None]
+    assert not defaults, f"compose's empty value would replace these defaults: {defaults}"
+    text = (REPO / "Dockerfile").read_text()
+    for name in ("BASE_IMAGE", "TORCH_INDEX_URL", "CA_BUNDLE"):
+        reads = re.findall(rf"\$\{{?{name}\b(:-[^}}]+)?", text)
+        assert reads and all(reads), f"{name}: read as $NAME or ${{NAME}}, not ${{{name}:-default}}"
+
+
+def test_the_load_test_container_has_no_server_health_check(compose_gpu, stages):
+    """The image's HEALTHCHECK asks localhost:50051; a load test's container would turn unhealthy."""
+    for name in ("loadtest", "loadtest-gpu"):
+        service = compose_gpu["services"][name]
+        assert stages[service["build"]["target"]].healthcheck()  # what it inherits
+        assert service["healthcheck"]["test"] == ["NONE"], f"{name} inherits the image's health check"
 
 
 def test_loadtest_waits_for_healthy_servers_balances_over_dns_and_writes_reports_to_the_host(compose_gpu):
@@ -261,8 +201,15 @@ def test_the_gpu_server_reserves_an_nvidia_gpu_and_runs_only_with_the_gpu_profil
                  if s.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices")}
     assert wants_gpu == {"server-gpu"}
     assert gpu["profiles"] == ["gpu"] and services["loadtest-gpu"]["profiles"] == ["gpu"]
-    assert active_services(compose_gpu, set()) == {"server", "loadtest", "prometheus"}
-    assert active_services(compose_gpu, {"gpu"}) == set(services)
+    assert active_services(compose_gpu, {"gpu"}) == {"server", "loadtest", "server-gpu", "loadtest-gpu"}
+    assert active_services(compose_gpu, {"gpu", "metrics"}) == set(services)
+
+
+def test_prometheus_runs_only_with_the_metrics_profile(compose_gpu):
+    """`up` must work where prom/prometheus cannot be pulled (no Docker Hub): the fleet and its load test alone."""
+    assert compose_gpu["services"]["prometheus"]["profiles"] == ["metrics"]
+    assert active_services(compose_gpu, set()) == {"server", "loadtest"}
+    assert active_services(compose_gpu, {"metrics"}) == {"server", "loadtest", "prometheus"}
 
 
 # ---- the commands the containers run, against the CLI -----------------------------------------------------
@@ -291,7 +238,7 @@ def test_every_command_a_compose_service_runs_exists_in_the_cli(compose_gpu, sta
         assert isinstance(command, list), f"{name}: command in exec form, not a shell string"
         commands[f"compose {name}: command"] = command
         test = service["healthcheck"]["test"] if "healthcheck" in service else None
-        if test:
+        if test and test != ["NONE"]:
             assert test[:2] == ["CMD", "attnserve"], f"{name}: healthcheck {test}"
             commands[f"compose {name}: healthcheck"] = test[2:]
     assert_cli_accepts(commands)
@@ -307,42 +254,95 @@ def test_every_attnserve_variable_set_for_a_container_is_one_the_cli_reads(compo
     assert not unknown, "set but read by nothing:\n" + "\n".join(unknown)
 
 
-def test_every_container_environment_is_a_valid_configuration(compose_gpu, stages, monkeypatch):
+def test_every_container_environment_is_a_valid_configuration(compose_gpu, stages):
     """The image's ENV under the service's environment, read the way the CLI reads it (the dataclasses' checks
     included): a value the CLI would refuse at start is caught here."""
     for name, service in attnserve_services(compose_gpu).items():
         env = {**stages[service["build"]["target"]].env(), **service.get("environment", {})}
-        for key in list(os.environ):
-            if key.startswith("ATTNSERVE_"):
-                monkeypatch.delenv(key)
-        for key, value in env.items():
-            if key.startswith("ATTNSERVE_"):
-                monkeypatch.setenv(key, str(value))
-        for cls in config_dataclasses():
-            try:
-                config_module.from_args(cls, argparse.Namespace())
-            except ConfigError as e:
-                pytest.fail(f"compose {name}: {cls.__name__}: {e}", pytrace=False)
+        errors = configuration_errors(env)
+        assert not errors, f"compose {name}: {errors}"
 
 
 # ---- the Dockerfile ---------------------------------------------------------------------------------------
 
+def pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
 def test_dockerfile_stages_build_one_wheel_and_export_once(stages):
-    assert {"build", "export", "serve", "serve-gpu"} <= set(stages)
-    assert any("pip wheel" in run and "--no-deps" in run for run in stages["build"].values("RUN"))
+    assert {"python", "requirements", "build", "export", "serve", "serve-gpu"} <= set(stages)
+    assert any("pip wheel" in run and "--no-deps" in run for run in stages["build"].runs())
     for name in ("export", *SERVE_STAGES):
         stage = stages[name]
         assert stage.copies_from("build"), f"{name} installs the build stage's wheel"
-        assert not any(shlex.split(v)[0] == "." for v in stage.values("COPY")), f"{name} copies the source tree"
+        assert "." not in stage.context_files(), f"{name} copies the source tree"
+        # The dependencies in a layer of their own, before the project's wheel, which adds no others.
+        installs = stage.pip_installs()
+        wheel_at = next(i for i, run in enumerate(installs) if "attnserve-" in run)
+        assert "--no-deps" in installs[wheel_at]
+        ((requirements, copied_to),) = stage.copies_from("requirements")
+        assert any(f"-r {copied_to}" in run for run in installs[:wheel_at]), name
     export = stages["export"]
-    installs = export.pip_installs()
-    torch_at = next(i for i, run in enumerate(installs) if re.search(r"\btorch==2\.13\.0\b", run))
-    assert "download.pytorch.org/whl/cpu" in installs[torch_at], "the CPU build of torch, not PyPI's CUDA one"
-    project_at = next(i for i, run in enumerate(installs) if "attnserve-" in run)
-    assert torch_at < project_at and export.extras() == {"cpu", "export"}
-    exports = [shlex.split(run) for run in export.values("RUN") if run.startswith("attnserve export")]
+    assert export.extras() == {"cpu", "export"}
+    exports = [shlex.split(run) for run in export.runs() if run.startswith("attnserve export")]
     assert len(exports) == 1 and flag(exports[0], "--out")
     assert not cli_error(exports[0][1:])
+
+
+def test_the_build_stage_copies_only_what_the_wheel_is_built_from(stages):
+    """So that a stray file in the tree (a report, a wheel, a test) does not invalidate the cache."""
+    setuptools = pyproject()["tool"]["setuptools"]
+    wanted = {"pyproject.toml", "README.md", *(f"{folder}/" for folder in setuptools["package-dir"].values())}
+    build = stages["build"]
+    assert set(build.context_files()) == wanted
+    for _, sources, dst in build.copies():
+        if len(sources) == 1 and sources[0].endswith("/"):
+            assert dst == sources[0], f"COPY {sources[0]} {dst}: a package folder keeps its name"
+    for name, stage in stages.items():
+        if name not in ("build", "requirements"):
+            assert not set(stage.context_files()) & wanted, f"{name} copies the sources; its cache would follow them"
+
+
+def test_torch_comes_from_the_wheelhouse_first_and_else_from_the_cpu_index(stages):
+    """The export stage is the only one that copies wheelhouse/ (190 MB of torch) and the only one with torch."""
+    copying = {name for name, stage in stages.items() if any(src.startswith("wheelhouse") for src in stage.context_files())}
+    assert copying == {"export"}
+    (install,) = [run for run in stages["export"].pip_installs() if "wheelhouse" in run]
+    # A torch wheel in the wheelhouse: no torch index at all (it may be unreachable). None: the CPU index.
+    assert re.search(r"if ! ls /tmp/wheelhouse/torch-\*\.whl", install)
+    assert '--extra-index-url "https://download.pytorch.org/whl/cpu"' in install, "the CPU build, not PyPI's CUDA one"
+    assert "--find-links /tmp/wheelhouse" in install
+    assert "torch.version.cuda" in install, "a CUDA build that slipped in fails the build"
+    assert re.search(r'"torch==[\d.]+"', (REPO / "pyproject.toml").read_text()), "torch is pinned where it is required"
+
+
+def test_every_stage_starts_with_the_ca_bundle_trusted_a_venv_and_the_user(stages):
+    prepared = []
+    for name, stage in stages.items():
+        if any("deploy/image/prepare.sh" in src for src in stage.context_files()):
+            (ca,) = [dst for _, sources, dst in stage.copies() if sources == ["deploy/image/no-extra-ca.pem"]]
+            assert any(run.startswith("sh /tmp/image/prepare.sh") and run.split()[2] == ca for run in stage.runs())
+            assert "/opt/venv/bin" in stage.env()["PATH"].split(":")[0]
+            prepared.append(name)
+    assert sorted(prepared) == ["python", "serve-gpu"]
+    for name in ("requirements", "build", "export", "serve"):
+        assert stages[name].lineage()[-1].name == "python", name
+    assert stages["python"].base == "python:3.11-slim", "today's default base image"
+    assert "BEGIN CERTIFICATE" not in (REPO / "deploy/image/no-extra-ca.pem").read_text()
+
+
+def test_the_requirements_script_prints_pyprojects_requirements(tmp_path):
+    project = pyproject()["project"]
+    script = REPO / REQUIREMENTS_SCRIPT
+    done = subprocess.run([sys.executable, script, REPO / "pyproject.toml", "cpu", "plot"], capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    expected = project["dependencies"] + project["optional-dependencies"]["cpu"] + project["optional-dependencies"]["plot"]
+    assert done.stdout.splitlines() == expected
+    done = subprocess.run([sys.executable, script, REPO / "pyproject.toml", "cpu", "nonsense"], capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 1 and done.stderr.strip().endswith("has no extra nonsense"), done.stderr
 
 
 @pytest.mark.parametrize("name", SERVE_STAGES)
@@ -408,18 +408,22 @@ def dockerignore_excludes(path: str, patterns: list[str]) -> bool:
     return excluded
 
 
-def test_dockerignore_keeps_everything_the_wheel_is_built_from():
-    tomllib = pytest.importorskip("tomllib")
+def test_dockerignore_keeps_what_the_stages_copy_and_leaves_out_the_rest(stages):
     patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.lstrip().startswith("#")]
-    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    needed = ["pyproject.toml", "README.md", "export/data/sample_texts.txt"]
-    for folder in setuptools["package-dir"].values():
-        needed += [p.relative_to(REPO).as_posix() for p in (REPO / folder).rglob("*")
+    needed = []
+    for source in {src for stage in stages.values() for src in stage.context_files()}:
+        path = REPO / source
+        assert path.exists(), f"the Dockerfile copies {source}, which is not in the repository"
+        needed += [p.relative_to(REPO).as_posix() for p in ([path] if path.is_file() else path.rglob("*"))
                    if p.is_file() and "__pycache__" not in p.parts]
+    assert "export/data/sample_texts.txt" in needed and "deploy/image/requirements.py" in needed
     excluded = [path for path in needed if dockerignore_excludes(path, patterns)]
     assert not excluded, f".dockerignore leaves out of the build: {excluded}"
-    assert dockerignore_excludes("tests/conftest.py", patterns) and dockerignore_excludes(".git/HEAD", patterns)
+    assert not dockerignore_excludes("wheelhouse/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", patterns)
+    for stray in ("tests/conftest.py", ".git/HEAD", ".venv/bin/python", "dist/attnserve-0.1.0-py3-none-any.whl",
+                  "reports/loadtest.json", "deploy/prometheus.yml"):
+        assert dockerignore_excludes(stray, patterns), stray
 
 
 # ---- serving needs no torch -------------------------------------------------------------------------------

@@ -1,0 +1,39 @@
+"""deploy/k8s/'s resources, read for the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
+# kustomize's own file, not a Kubernetes resource.
+KUSTOMIZATION = "kustomization.yaml"
+
+
+def manifest_files() -> list[Path]:
+    return [path for path in sorted(K8S.glob("*.yaml")) if path.name != KUSTOMIZATION]
+
+
+def manifests() -> dict[str, dict]:
+    """Every resource, by kind (one of each), with the file it is in under "_file"."""
+    out = {}
+    for path in manifest_files():
+        for doc in yaml.safe_load_all(path.read_text()):
+            assert doc["kind"] not in out, f"two {doc['kind']}s"
+            out[doc["kind"]] = doc | {"_file": path.name}
+    return out
+
+
+def server_container(resources: dict[str, dict]) -> dict:
+    (only,) = resources["Deployment"]["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def env_of(container: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", [])}
+
+
+def port_named(container: dict, name: str) -> int:
+    (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == name]
+    return port
