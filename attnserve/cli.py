@@ -121,7 +121,7 @@ def cmd_health(args: argparse.Namespace) -> int:
     from attnserve.client.health import NotServing, wait_until_serving
 
     config = from_args(ClientConfig, args)
-    with open_channel(config) as channel:
+    with open_channel(config, health_checked=False) as channel:  # it asks for the health itself
         try:
             wait_until_serving(channel, config.target, 0, service=args.service, probe_seconds=config.timeout)
         except NotServing as e:

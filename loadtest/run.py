@@ -40,7 +40,7 @@ def check_writable(path: str | None, flag: str) -> None:
 
 def wait_for_target(client: ClientConfig, seconds: float) -> None:
     """Until the target's health service says SERVING; seconds 0: ask once."""
-    with open_channel(client) as channel:
+    with open_channel(client, health_checked=False) as channel:  # it asks for the health itself
         try:
             wait_until_serving(channel, client.target, seconds)
         except NotServing as error:
