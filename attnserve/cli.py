@@ -20,7 +20,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         from attnserve.export.artifacts import build_artifacts
         from attnserve.model.checkpoint import read_checkpoint
     except ImportError as e:
-        raise AttnserveError(f"export needs the export extra ({e.name} is missing): pip install 'attnserve[export]'") from None
+        raise AttnserveError(f"export needs the export extra ({e.name} is missing): "
+                             "pip install 'attnserve[export]'") from None
     if args.checkpoint:
         ckpt = read_checkpoint(args.checkpoint, args.name)
     else:
@@ -84,7 +85,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
         results = client.encode(texts, normalize=args.normalize, pooling=args.pooling, truncate=args.truncate,
                                 token_embeddings=args.token_embeddings)
     out = []
-    for text, r in zip(texts, results):
+    for text, r in zip(texts, results, strict=True):
         item = {"text": text, "num_tokens": r.num_tokens, "truncated": r.truncated,
                 "embedding": [round(float(x), 7) for x in r.sentence_embedding]}
         if r.token_embeddings is not None:
@@ -157,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--name", help="model name recorded in the manifest (default: the checkpoint's folder name)")
     export.set_defaults(func=cmd_export)
 
-    encode = sub.add_parser("encode", parents=[common], help="encode a .txt, .jsonl or .parquet file into Parquet embeddings",
+    encode = sub.add_parser("encode", parents=[common],
+                            help="encode a .txt, .jsonl or .parquet file into Parquet embeddings",
                             description="Offline batch encoding. Output columns: id, embedding, num_tokens, "
                                         "truncated; rows in input order.")
     encode.add_argument("input", help=".txt (one text per line), .jsonl ('text' or 'token_ids', optional 'id') "
@@ -178,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     encode.add_argument("--engine", choices=("local", "ray"), default="local",
                         help="local: this process; ray: a pool of Ray actors, one engine each (needs attnserve[ray])")
     encode.add_argument("--ray-address", default=None,
-                        help="Ray cluster to join: auto, or HEAD:6379 from one of its nodes (default: start a local Ray)")
+                        help="Ray cluster to join: auto, or HEAD:6379 from one of its nodes "
+                             "(default: start a local Ray)")
     encode.add_argument("--ray-actors", type=int, default=None,
                         help="engine actors in the pool (default: one per 2 CPUs of the cluster)")
     encode.add_argument("--server", metavar="HOST:PORT", default=None,

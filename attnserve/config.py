@@ -140,7 +140,8 @@ class LoadTestConfig:
         0.0, "ATTNSERVE_LOADTEST_DURATION", "seconds of measured load after --warmup (30 unless --requests is given)")
     requests: int = setting(
         0, "ATTNSERVE_LOADTEST_REQUESTS", "measured requests to send; with --duration, whichever comes first")
-    warmup: float = setting(0.0, "ATTNSERVE_LOADTEST_WARMUP", "seconds of load before measuring, left out of the report")
+    warmup: float = setting(0.0, "ATTNSERVE_LOADTEST_WARMUP",
+                            "seconds of load before measuring, left out of the report")
     batch_size: int = setting(1, "ATTNSERVE_LOADTEST_BATCH_SIZE", "inputs per request")
     input: str | None = setting(
         None, "ATTNSERVE_LOADTEST_INPUT",
@@ -152,9 +153,11 @@ class LoadTestConfig:
         "ask the server to cut inputs longer than max_seq_length (with --no-truncate they get INVALID_ARGUMENT)")
     wait_ready: float = setting(
         0.0, "ATTNSERVE_LOADTEST_WAIT_READY", "seconds to wait for the target to report SERVING before the load starts")
-    json: str | None = setting(None, "ATTNSERVE_LOADTEST_JSON", "also write the report as JSON to this file (- : stdout)")
+    json: str | None = setting(None, "ATTNSERVE_LOADTEST_JSON",
+                               "also write the report as JSON to this file (- : stdout)")
     plot: str | None = setting(
-        None, "ATTNSERVE_LOADTEST_PLOT", "draw latency over time and a latency histogram into this PNG (needs matplotlib)")
+        None, "ATTNSERVE_LOADTEST_PLOT",
+        "draw latency over time and a latency histogram into this PNG (needs matplotlib)")
 
     def __post_init__(self) -> None:
         if self.concurrency and self.rate:

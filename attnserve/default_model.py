@@ -7,8 +7,8 @@ import fcntl
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from attnserve import __version__
 from attnserve.errors import ArtifactError, CheckpointError

@@ -15,8 +15,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc

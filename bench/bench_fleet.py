@@ -112,7 +112,7 @@ def measure(args, artifacts: Path, env: dict[str, str], count: int, loads: list[
             before = answered(replicas)
             log(f"{count} replica(s): {name}: attnserve loadtest {' '.join(flags)}")
             report = loadtest(target, "--warmup", str(args.warmup), "--duration", str(args.duration), *flags)
-            report["per_replica"] = [b - a for a, b in zip(before, answered(replicas))]
+            report["per_replica"] = [b - a for a, b in zip(before, answered(replicas), strict=True)]
             results[name] = report
     finally:
         stop_replicas(replicas)

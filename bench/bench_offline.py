@@ -48,7 +48,7 @@ def short_texts(n: int, seed: int = 0) -> list[str]:
     words = SAMPLE_TEXTS.read_text().split()
     rng = np.random.default_rng(seed)
     starts, lengths = rng.integers(0, len(words), n), rng.integers(4, 13, n)
-    return [" ".join(words[(s + i) % len(words)] for i in range(k)) for s, k in zip(starts, lengths)]
+    return [" ".join(words[(s + i) % len(words)] for i in range(k)) for s, k in zip(starts, lengths, strict=True)]
 
 
 def encode(source: Path, out: Path, artifacts: str | None, *flags: str) -> dict:

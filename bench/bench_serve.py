@@ -140,7 +140,7 @@ class CpuMeter:
         return (cpu_seconds(), cpu_seconds(self.server_pid), *machine_seconds())
 
     def cores(self, seconds: float) -> dict:
-        bench, server, busy, steal = (b - a for a, b in zip(self.start, self._read()))
+        bench, server, busy, steal = (b - a for a, b in zip(self.start, self._read(), strict=True))
         return {"bench": bench / seconds, "server": server / seconds,
                 "others": max(0.0, busy - bench - server) / seconds, "steal": steal / seconds}
 
@@ -162,8 +162,9 @@ class ServerCounters:
     embed_requests: float = 0.0
     embed_s: float = 0.0  # Embed requests' time in the server, from the handler's start to its reply
 
-    def __sub__(self, other: "ServerCounters") -> "ServerCounters":
-        return ServerCounters(*(a - b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other))))
+    def __sub__(self, other: ServerCounters) -> ServerCounters:
+        pairs = zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)
+        return ServerCounters(*(a - b for a, b in pairs))
 
 
 def scrape(server: ServerProcess) -> ServerCounters:

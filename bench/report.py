@@ -7,7 +7,8 @@ def table(rows: list[tuple[str, str, str, str]], baseline: str) -> str:
     """Rows of (run, tokens/s, padding, ratio); the last column is headed 'vs <baseline>'."""
     header = ("run", "tokens/s", "padding", f"vs {baseline}")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-    fmt = lambda r: " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    def fmt(r):
+        return " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
     return "\n".join([fmt(header), "-+-".join("-" * w for w in widths), *map(fmt, rows)])
 
 

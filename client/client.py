@@ -10,9 +10,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import grpc
 import numpy as np
@@ -40,7 +40,7 @@ class RequestError(AttnserveError):
         self.code, self.details = error_details.code, error_details.message
 
     @classmethod
-    def from_rpc(cls, error: grpc.RpcError) -> "RequestError":
+    def from_rpc(cls, error: grpc.RpcError) -> RequestError:
         return cls(error_details(error))
 
 
@@ -191,7 +191,7 @@ class Client:
     def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -8,7 +8,7 @@ The one place that reads the health protocol on the client side: `attnserve heal
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -45,7 +45,7 @@ class EncodeStats:
     def padding_fraction(self) -> float:
         return (self.cells - self.tokens) / self.cells if self.cells else 0.0
 
-    def add(self, other: "EncodeStats") -> None:
+    def add(self, other: EncodeStats) -> None:
         self.texts += other.texts
         self.tokens += other.tokens
         self.cells += other.cells
@@ -89,7 +89,7 @@ class Engine:
 
     @classmethod
     def from_directory(cls, directory: str | Path, config: EngineConfig | None = None, attention: bool = False
-                       ) -> "Engine":
+                       ) -> Engine:
         return cls(load_manifest(directory), config or EngineConfig(), attention)
 
     def _open_attention_session(self):

@@ -79,11 +79,13 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
-        raise ArtifactError(f"no {MANIFEST} in {directory}: not an artifact directory (make one with `attnserve export`)")
+        raise ArtifactError(f"no {MANIFEST} in {directory}: not an artifact directory "
+                            "(make one with `attnserve export`)")
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         if raw.get("format_version") != FORMAT_VERSION:
-            raise ArtifactError(f"{path}: format_version {raw.get('format_version')} is not {FORMAT_VERSION}; re-export")
+            raise ArtifactError(f"{path}: format_version {raw.get('format_version')} is not {FORMAT_VERSION}; "
+                                "re-export")
         variants = {
             name: GraphVariant(name, v["file"], v["sha256"], v["precision"], bool(v["fused"]),
                                tuple(v["outputs"]), dict(v.get("parity", {})))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -46,14 +46,14 @@ class TextTokenizer:
                      ) -> list[TokenizedInput]:
         """labels name each input in errors ("input 3", "line 17"); the batch runs in the tokenizers thread pool."""
         labels = labels or [f"input {i}" for i in range(len(texts))]
-        for text, label in zip(texts, labels):
+        for text, label in zip(texts, labels, strict=True):
             if not isinstance(text, str):
                 raise InvalidInputError(f"{label}: text must be a string, got {type(text).__name__}")
             if not text or text.isspace():  # not text.strip(): no copy of a long text
                 raise InvalidInputError(f"{label}: empty text")
         encodings = self._tokenizer.encode_batch([self._prefix.of(text) for text in texts])
         out = []
-        for encoding, label in zip(encodings, labels):
+        for encoding, label in zip(encodings, labels, strict=True):
             truncated = bool(encoding.overflowing)
             if truncated and not truncate:
                 raise InvalidInputError(
@@ -66,7 +66,7 @@ class TextTokenizer:
         """Pre-tokenized inputs are taken as they are (special tokens included), after range checks."""
         labels = labels or [f"input {i}" for i in range(len(sequences))]
         out = []
-        for seq, label in zip(sequences, labels):
+        for seq, label in zip(sequences, labels, strict=True):
             try:
                 ids = np.asarray(seq, dtype=np.int64)
             except (TypeError, ValueError, OverflowError):

@@ -13,8 +13,8 @@ import platform
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from attnserve import __version__
 from attnserve.engine.manifest import MANIFEST, GraphVariant, Manifest, sha256_of

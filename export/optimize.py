@@ -13,7 +13,6 @@ import onnx
 from attnserve.errors import ExportVerificationError
 from attnserve.model.encoder import EncoderConfig
 
-
 # The TorchScript exporter names nodes after module paths (model/encoder.py).
 FIRST_FFN_DOWN = "/encoder/layers.0/feed_forward/down/MatMul"
 

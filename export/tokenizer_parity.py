@@ -58,10 +58,10 @@ def check_tokenizer(ckpt: Checkpoint) -> None:
     ours = TextTokenizer(ckpt.tokenizer_file, ckpt.max_seq_length, ckpt.config.vocab_size).encode_texts(texts)
     with quiet():
         expected = reference(texts, truncation="longest_first", max_length=ckpt.max_seq_length)["input_ids"]
-    for text, got, want in zip(texts, ours, expected):
+    for text, got, want in zip(texts, ours, expected, strict=True):
         got, want = got.ids.tolist(), list(want)
         if got != want:
-            at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
             raise CheckpointError(
                 f"{ckpt.tokenizer_file}: cannot reproduce the tokenizer sentence-transformers uses: on {text[:40]!r}, "
                 f"from token {at} tokenizer.json gives {got[at:at + 6]}, transformers' {name} {want[at:at + 6]}")

@@ -48,11 +48,11 @@ def mixed_length_corpus(n_texts: int, seed: int = 0) -> list[str]:
     pool = word_pool()
     rng = np.random.default_rng(seed)
     lengths = np.concatenate([rng.integers(lo, hi + 1, size=count)
-                              for count, (_, lo, hi) in zip(bucket_counts(n_texts), BUCKETS)])
+                              for count, (_, lo, hi) in zip(bucket_counts(n_texts), BUCKETS, strict=True)])
     lengths = rng.permutation(lengths)
     starts = rng.integers(0, len(pool), size=n_texts)
     doubled = pool + pool  # a window that runs off the end wraps to the start
-    return [" ".join(doubled[s : s + n]) for s, n in zip(starts.tolist(), lengths.tolist())]
+    return [" ".join(doubled[s : s + n]) for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,8 +25,8 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -146,7 +146,7 @@ class PartialRun:
             self.close()
             raise
 
-    def __enter__(self) -> "PartialRun":
+    def __enter__(self) -> PartialRun:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -252,7 +252,8 @@ class PartialRun:
     # --- writing -----------------------------------------------------------------------------------------
 
     def _save(self, chunks: list[dict] | None = None) -> None:
-        record = {"format": FORMAT, "fingerprint": self.fingerprint, "chunks": self.chunks if chunks is None else chunks}
+        record = {"format": FORMAT, "fingerprint": self.fingerprint,
+                  "chunks": self.chunks if chunks is None else chunks}
         _write_atomically(self.directory / PROGRESS, json.dumps(record, indent=1).encode())
 
     def _part(self, index: int) -> Path:

@@ -23,8 +23,8 @@ import queue
 import sys
 import threading
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from attnserve.config import EngineConfig
 from attnserve.engine.engine import Engine, embeddings_graph

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from attnserve.errors import InvalidInputError
 
@@ -86,7 +86,8 @@ class InputFile:
         names = pf.schema_arrow.names
         if self.text_column not in names:
             raise InvalidInputError(
-                f"{self.path}: no column {self.text_column!r} (columns: {', '.join(names)}); choose one with --text-column")
+                f"{self.path}: no column {self.text_column!r} (columns: {', '.join(names)}); "
+                "choose one with --text-column")
         kind = pf.schema_arrow.field(self.text_column).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
             raise InvalidInputError(f"{self.path}: column {self.text_column!r} is {kind}, not text")
@@ -208,7 +209,7 @@ class InputFile:
             for batch in self._parquet.iter_batches(batch_size=8192, columns=columns):
                 texts = _strings(batch.column(self.text_column))
                 ids = _strings(batch.column(self.id_column)) if self.id_type else [None] * len(texts)
-                for text, id_ in zip(texts, ids):
+                for text, id_ in zip(texts, ids, strict=True):
                     where = f"row {row}"
                     error = ("missing text (null)" if text is None else
                              "text is not valid UTF-8" if isinstance(text, _Invalid) else

@@ -25,8 +25,8 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import grpc
 import numpy as np

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -74,5 +74,5 @@ def _tokenize(engine: Engine, inputs: Sequence[Input]) -> list[TokenizedInput]:
         positions = [i for i, x in enumerate(inputs) if isinstance(x, str) == is_text]
         if positions:
             encoded = encode([inputs[i] for i in positions], labels=[LABEL] * len(positions))
-            by_position.update(zip(positions, encoded))
+            by_position.update(zip(positions, encoded, strict=True))
     return [by_position[i] for i in range(len(inputs))]

@@ -141,7 +141,8 @@ class Server:
                 self._metrics_http, _ = start_http_server(config.metrics_port, config.host,
                                                           registry=self.metrics.registry)
             except OSError as e:
-                raise ConfigError(f"cannot serve metrics on {config.host}:{config.metrics_port}: {e.strerror}") from None
+                raise ConfigError(
+                    f"cannot serve metrics on {config.host}:{config.metrics_port}: {e.strerror}") from None
             self.metrics_port = self._metrics_http.server_port
         self._grpc = server
         await server.start()

@@ -29,9 +29,9 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 

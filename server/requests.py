@@ -102,7 +102,7 @@ def _tokenize(request: pb.EmbedRequest, tokenizer: TextTokenizer) -> list[Tokeni
             encoded = encode(items, request.truncate, labels)
         except InvalidInputError as error:
             raise _located(error, labels, [f"inputs[{r}].{kind}" for r in rows]) from None
-        for row, x in zip(rows, encoded):
+        for row, x in zip(rows, encoded, strict=True):
             out[row] = x
     return out  # type: ignore[return-value]
 
@@ -116,7 +116,7 @@ def _invalid(field: str, description: str, label: str | None = None) -> InvalidI
 def _located(error: InvalidInputError, labels: list[str], fields: list[str]) -> InvalidInputError:
     """The tokenizer names an input by the label it was given ("input 3: empty text"): add that input's field."""
     message = str(error)
-    for label, field in zip(labels, fields):
+    for label, field in zip(labels, fields, strict=True):
         if message.startswith(f"{label}: "):
             return _invalid(field, message[len(label) + 2:], label)
     return _invalid("inputs", message)

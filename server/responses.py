@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -45,5 +45,5 @@ def embedding(row: RowOutput, item: TokenizedInput, options: ReplyOptions, token
 def serialize_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], options: ReplyOptions,
                     tokenizer: TextTokenizer, model: str) -> bytes:
     reply = pb.EmbedResponse(model=model)
-    reply.embeddings.extend(embedding(r, x, options, tokenizer) for r, x in zip(rows, inputs))
+    reply.embeddings.extend(embedding(r, x, options, tokenizer) for r, x in zip(rows, inputs, strict=True))
     return reply.SerializeToString()

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import Executor
-from typing import AsyncIterator
 
 import grpc
 

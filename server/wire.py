@@ -18,8 +18,8 @@ can take before it reaches us.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
-from typing import Awaitable, Callable
 
 import grpc
 from google.protobuf.message import DecodeError

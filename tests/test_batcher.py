@@ -65,7 +65,7 @@ def test_rows_come_back_in_request_order_and_equal_a_lone_run(engine):
         return await batcher.submit(inputs, attention=False, deadline=None)
 
     rows, _ = run(engine, scenario)
-    for x, row in zip(inputs, rows):
+    for x, row in zip(inputs, rows, strict=True):
         alone = engine.run([x])
         assert row.token_embeddings.shape == (len(x), 384)
         np.testing.assert_allclose(row.sentence_embedding, alone.sentence_embedding[0], atol=1e-5)

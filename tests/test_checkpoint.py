@@ -56,7 +56,7 @@ def test_prefixed_task_checkpoint_loads(checkpoint_copy, encoder):
     tensors = {f"bert.{k}": v for k, v in load_file(checkpoint_copy / "model.safetensors").items()}
     save_file(tensors, checkpoint_copy / "model.safetensors")
     loaded = load_encoder(read_checkpoint(checkpoint_copy))
-    assert all((a == b).all() for a, b in zip(loaded.state_dict().values(), encoder.state_dict().values()))
+    assert all((a == b).all() for a, b in zip(loaded.state_dict().values(), encoder.state_dict().values(), strict=True))
 
 
 def test_unsupported_architecture(checkpoint_copy):

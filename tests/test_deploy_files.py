@@ -306,7 +306,8 @@ def test_the_build_stage_copies_only_what_the_wheel_is_built_from(stages):
 
 def test_torch_comes_from_the_wheelhouse_first_and_else_from_the_cpu_index(stages):
     """The export stage is the only one that copies wheelhouse/ (190 MB of torch) and the only one with torch."""
-    copying = {name for name, stage in stages.items() if any(src.startswith("wheelhouse") for src in stage.context_files())}
+    copying = {name for name, stage in stages.items()
+               if any(src.startswith("wheelhouse") for src in stage.context_files())}
     assert copying == {"export"}
     (install,) = [run for run in stages["export"].pip_installs() if "wheelhouse" in run]
     # A torch wheel in the wheelhouse: no torch index at all (it may be unreachable). None: the CPU index.
@@ -338,7 +339,8 @@ def test_the_requirements_script_prints_pyprojects_requirements(tmp_path):
     done = subprocess.run([sys.executable, script, REPO / "pyproject.toml", "cpu", "plot"], capture_output=True,
                           text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    expected = project["dependencies"] + project["optional-dependencies"]["cpu"] + project["optional-dependencies"]["plot"]
+    extras = project["optional-dependencies"]
+    expected = project["dependencies"] + extras["cpu"] + extras["plot"]
     assert done.stdout.splitlines() == expected
     done = subprocess.run([sys.executable, script, REPO / "pyproject.toml", "cpu", "nonsense"], capture_output=True,
                           text=True, timeout=30)

@@ -59,7 +59,8 @@ def run_script(*argv: str, timeout: float) -> None:
     started = time.monotonic()
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHON": sys.executable})
-    assert done.returncode == 0, f"{' '.join(argv)}: exit {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, \
+        f"{' '.join(argv)}: exit {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     print(f"{' '.join(argv)}: {time.monotonic() - started:.0f} s; {done.stdout.strip().splitlines()[-1]}")
 
 

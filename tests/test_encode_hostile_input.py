@@ -62,7 +62,7 @@ def test_the_command_sets_every_hostile_row_aside_and_encodes_the_rest(artifacts
     assert f"skipped {len(bad)} bad rows" in result.stdout
     got = skipped(tmp_path / "local.errors.jsonl")
     assert [line for line, _ in got] == [line for line, _ in bad]
-    assert all(fragment in reason for (_, fragment), (_, reason) in zip(bad, got))
+    assert all(fragment in reason for (_, fragment), (_, reason) in zip(bad, got, strict=True))
     good = len(HOSTILE_ROWS) + 1
     assert pq.read_table(out).num_rows == good and read_embeddings(out).shape == (good, 384)
 

@@ -135,7 +135,8 @@ def test_an_unreadable_progress_record_starts_the_run_again(engine, texts_file, 
     (tmp_path / ".out.parquet.parts" / "progress.json").write_text('{"format": 2, "fingerp')
     notices = []
     stats = encode_file(engine, job, notice=notices.append)
-    assert notices == [f"the progress record of the unfinished run ({tmp_path / '.out.parquet.parts' / 'progress.json'})"
+    progress = tmp_path / ".out.parquet.parts" / "progress.json"
+    assert notices == [f"the progress record of the unfinished run ({progress})"
                        " is unreadable: encoding from the start"]
     assert stats.resumed_rows == 0 and stats.texts == 99
 

@@ -155,7 +155,8 @@ def test_skip_sets_bad_rows_aside_with_reason_and_line(artifacts, tmp_path):
     out = tmp_path / "out.parquet"
     result = run_cli("encode", source, "-o", out, "--artifacts", artifacts, "--on-error", "skip", "--chunk-rows", "3")
     assert result.returncode == 0, result.stderr
-    assert "encoded 2 texts" in result.stdout and f"skipped 5 bad rows -> {tmp_path / 'out.errors.jsonl'}" in result.stdout
+    assert "encoded 2 texts" in result.stdout
+    assert f"skipped 5 bad rows -> {tmp_path / 'out.errors.jsonl'}" in result.stdout
     assert pq.read_table(out).column("id").to_pylist() == [10, 14]
     errors = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
     assert [(e["line"], e["reason"].split(":")[0]) for e in errors] == [

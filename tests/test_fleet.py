@@ -89,8 +89,8 @@ def test_the_compose_loadtest_spreads_over_both_replicas_and_loses_nothing(fleet
     done = run_loadtest_service(compose, target, tmp_path, "--requests", str(REQUESTS))
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "loadtest.json").read_text())
-    served = [embed_answers(r) - b for r, (b, _) in zip(fleet, before)]
-    served_ok = [embed_answers(r, "OK") - b for r, (_, b) in zip(fleet, before)]
+    served = [embed_answers(r) - b for r, (b, _) in zip(fleet, before, strict=True)]
+    served_ok = [embed_answers(r, "OK") - b for r, (_, b) in zip(fleet, before, strict=True)]
 
     # Nothing lost: every request sent was answered, and the replicas counted exactly those.
     sent = report["requests"]["sent"]

@@ -23,9 +23,9 @@ import pytest
 from attnserve.config import EngineConfig
 from attnserve.engine.batching import plan_batches
 from attnserve.errors import ArtifactError, AttnserveError, ConfigError, InvalidInputError
+from attnserve.offline import ray_encode
 from attnserve.offline.encode import encode_file
 from attnserve.offline.job import EncodeJob
-from attnserve.offline import ray_encode
 from attnserve.offline.partial import PartialRun
 from attnserve.offline.ray_encode import _attnserve_cause, _import_ray, _plan_actors, encode_file_ray
 

@@ -94,7 +94,7 @@ def test_embed_stream_answers_in_order(stub, engine):
     batches = [[f"stream item {i}", "x " * (5 + 40 * (i % 4))] for i in range(30)]  # lengths vary, so order is tested
     replies = list(stub.EmbedStream((make_request(b, truncate=True) for b in batches), timeout=60))
     assert len(replies) == len(batches)
-    for batch, reply in zip(batches, replies):
+    for batch, reply in zip(batches, replies, strict=True):
         got = np.stack([to_array(e.sentence_embedding) for e in reply.embeddings])
         np.testing.assert_allclose(got, engine.encode(batch).embeddings, atol=2e-6)
 

@@ -88,7 +88,7 @@ def test_long_texts_encode_as_the_whole_text(tokenizer_files, kind):
     for max_seq_length in (8, 16):
         ours = TextTokenizer(path, max_seq_length, 10**6)
         texts = long_texts(rng, max_seq_length)
-        for text, got in zip(texts, ours.encode_texts(texts)):
+        for text, got in zip(texts, ours.encode_texts(texts), strict=True):
             assert (got.ids.tolist(), got.truncated) == whole(path, max_seq_length, text), text[:80]
         cut = sum(len(ours._prefix.of(t)) < len(t) for t in texts)
         assert cut >= len(texts) // 2  # most took the short way
@@ -98,7 +98,7 @@ def test_minilm_at_its_own_limit(tokenizer_files):
     path, rng = tokenizer_files["wordpiece"], random.Random(2)
     ours = TextTokenizer(path, 256, 30522)
     texts = [text_of_length(rng, n) for n in (2047, 2049, 3000, 5000, 20000)] + ["short " * 3000]
-    for text, got in zip(texts, ours.encode_texts(texts)):
+    for text, got in zip(texts, ours.encode_texts(texts), strict=True):
         assert (got.ids.tolist(), got.truncated) == whole(path, 256, text)
         assert len(got) <= 256
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors,
-                        trainers)
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from .text_mix import text_of_length
 

@@ -8,6 +8,7 @@ again. pyproject.toml stays the only place they are written.
 """
 
 import sys
+
 import tomllib
 
 path, *extras = sys.argv[1:]
