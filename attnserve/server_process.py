@@ -116,7 +116,7 @@ class ServerProcess:
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines the server wrote (stdout and stderr)."""
-        if self._log.closed:
+        if self.log_path is not None and self._log.closed:  # only a named log is closed (terminate)
             text = Path(self.log_path).read_text(errors="replace")
         else:  # pread: the server shares this file's offset, and moving it (seek) would misplace its next writes
             text = os.pread(self._log.fileno(), os.fstat(self._log.fileno()).st_size, 0).decode(errors="replace")

@@ -13,7 +13,7 @@ import numpy as np
 BATCH_OVERHEAD_CELLS = 64
 
 
-def plan_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int) -> list[np.ndarray]:
+def plan_batches(lengths: Sequence[int] | np.ndarray, max_batch_tokens: int, max_batch_size: int) -> list[np.ndarray]:
     """Indices of each batch, longest inputs first.
 
     Inputs are sorted by length, then cut into contiguous runs that minimise

@@ -33,10 +33,10 @@ WORD_CHARACTERS = "A-Za-z0-9"
 
 @dataclass(frozen=True)
 class Shortening:
-    pattern: re.Pattern  # the runs to shorten: group "space", whitespace; group "word", letters and digits
+    pattern: re.Pattern[str]  # the runs to shorten: group "space", whitespace; group "word", letters and digits
     word_chars: int  # how many characters a run of letters and digits keeps
 
-    def replace(self, run: re.Match) -> str:
+    def replace(self, run: re.Match[str]) -> str:
         """What a run becomes; a run of letters and digits keeps its beginning."""
         return " " if run.lastgroup == "space" else run.group()[: self.word_chars]
 

@@ -66,18 +66,24 @@ class StablePrefix:
     def _shortened_prefix(self, text: str, size: int) -> tuple[str, bool]:
         """The first `size` characters of the shortened text, never copying more of the text than that, and
         whether they are all of it."""
+        shortening = self._shortening
+        if shortening is None:
+            return text[:size], len(text) <= size
         pieces, length, pos = [], 0, 0
         while length < size and pos < len(text):
             stop = pos + size - length
             # A run long enough to shorten that starts before `stop` is found within one more character; one
             # that is not found there is cut by `stop` where its shortening would keep it.
-            run = self._shortening.pattern.search(text, pos, stop + 1) if self._shortening else None
-            if run is None:
+            found = shortening.pattern.search(text, pos, stop + 1)
+            if found is None:
                 pieces.append(text[pos:stop])
                 length, pos = length + len(pieces[-1]), min(stop, len(text))
             else:
-                run = self._shortening.pattern.match(text, run.start())  # all of it, past stop + 1
-                pieces += [text[pos:run.start()], self._shortening.replace(run)]
+                run = shortening.pattern.match(text, found.start())  # all of it, past stop + 1
+                # It matches where the search found it: the pattern is runs of characters, with no look-ahead
+                # that the text past stop + 1 could defeat.
+                assert run is not None
+                pieces += [text[pos:run.start()], shortening.replace(run)]
                 length, pos = length + run.start() - pos + len(pieces[-1]), run.end()
         return "".join(pieces)[:size], pos >= len(text) and length <= size
 

@@ -71,9 +71,9 @@ class Reference:
         self.text_inputs = tokenizer.encode_texts(texts)
         self.text_batches = plan_batches([len(x) for x in self.text_inputs], 4096, 64)
         self.text_sentences = np.empty((len(texts), encoder.config.hidden_size), dtype=np.float32)
-        for batch in self.text_batches:
-            ids, mask = pad([self.text_inputs[i].ids for i in batch])
-            self.text_sentences[batch] = self._torch(encoder, ids, mask, attentions=False)[1]
+        for rows in self.text_batches:
+            ids, mask = pad([self.text_inputs[i].ids for i in rows])
+            self.text_sentences[rows] = self._torch(encoder, ids, mask, attentions=False)[1]
 
     def _torch(self, encoder: Encoder, ids: np.ndarray, mask: np.ndarray, attentions: bool):
         with torch.no_grad():

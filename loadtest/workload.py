@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def read_inputs(path: str) -> list[Input]:
         for record in chunk:
             if record.error:
                 raise InvalidInputError(f"{path}: {record.where}: {record.error}")
-            items.append(record.text if record.text is not None else record.token_ids)
+            items.append(record.input)
     if not items:
         raise InvalidInputError(f"{path}: no inputs to send")
     return items
@@ -36,7 +37,7 @@ def read_inputs(path: str) -> list[Input]:
 
 def build_workload(config: LoadTestConfig) -> Workload:
     if config.input is None:
-        inputs: list[Input] = mixed_length_corpus(config.corpus_size, config.seed)
+        inputs: Sequence[Input] = mixed_length_corpus(config.corpus_size, config.seed)
         where = f"mixed-length corpus ({len(inputs)} texts, seed {config.seed})"
     else:
         inputs = read_inputs(config.input)

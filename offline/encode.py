@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,7 @@ class LocalEncoder:
     def facts(self) -> ModelFacts:
         return engine_facts(self.engine)
 
-    def encode(self, chunks: Iterator[Chunk], session: Session) -> Iterator[EncodedChunk]:
+    def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
         for chunk in chunks:
             encoded, refused = encode_inputs(self.engine, inputs_of(chunk.records), session.normalize,
                                              session.on_batch)

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from .checks import RowChecks, bad_row_error, error_line
 from .partial import PartialRun, input_digest
 from .readers import InputFile, Record
 from .rows import output_schema, output_table
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 
 @dataclass
@@ -108,10 +111,10 @@ class ChunkEncoder(Protocol):
     def facts(self) -> ModelFacts:
         """The model, without encoding anything: checked before any work, and part of the run's fingerprint."""
 
-    def encode(self, chunks: Iterator[Chunk], session: Session) -> Iterator[EncodedChunk]:
+    def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
         """Every chunk, encoded, in the order given; reads ahead of what it gives back by a bounded amount.
 
-        The driver closes the iterator when it stops early; an encoder frees what it holds then."""
+        The driver closes the generator when it stops early; an encoder frees what it holds then."""
 
 
 class Progress(Protocol):
@@ -126,7 +129,8 @@ class Bar:
     """The progress bar on a terminal (never in logs or pipes), moved per batch."""
 
     def __init__(self, enabled: bool):
-        self.enabled, self._bar = enabled, None
+        self.enabled = enabled
+        self._bar: tqdm | None = None  # made by start(): tqdm draws as soon as it is made
 
     def start(self, total: int) -> None:
         from tqdm import tqdm
@@ -136,6 +140,7 @@ class Bar:
                          desc="encode")
 
     def advance(self, rows: int, tokens_per_s: float | None = None) -> None:
+        assert self._bar is not None, "start() comes first"  # run_job starts the progress before any row
         if tokens_per_s is not None:
             self._bar.set_postfix(tokens_per_s=f"{tokens_per_s:.0f}", refresh=False)
         self._bar.update(rows)

@@ -23,7 +23,7 @@ import queue
 import sys
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 from attnserve.config import EngineConfig
@@ -76,7 +76,7 @@ class RayEncoder:
         return ModelFacts(m.model, m.hidden_size, m.vocab_size, m.max_seq_length, m.pooling, m.normalize,
                           self.config.precision, self.graph.sha256)
 
-    def encode(self, chunks: Iterator[Chunk], session: Session) -> Iterator[EncodedChunk]:
+    def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
         ray = _import_ray()
         started = _start_ray(ray, self.address)
         actors: list = []
@@ -163,7 +163,7 @@ def _in_order(ray, actors: list, chunks: Iterator[Chunk], session: Session) -> I
         if not in_flight:
             return
         chunk, i, call = in_flight.popleft()
-        result = None
+        result: tuple | None = None  # the call's last item, after a count per batch
         for ref in call:
             item = _get(ray, ref)
             if isinstance(item, int):
@@ -171,6 +171,8 @@ def _in_order(ray, actors: list, chunks: Iterator[Chunk], session: Session) -> I
             else:
                 result = item
         busy[i] -= 1
+        # The actor's generator ends with the result or raises, which _get raises here: never with neither.
+        assert result is not None
         embeddings, num_tokens, truncated, stats, refused = result
         for position, reason in refused.items():
             session.refuse(chunk.records[position], reason)
@@ -227,12 +229,14 @@ class _EncoderActor:
 
         The engine runs in a thread of its own so that this generator can hand out the counts while it works.
         """
+        engine = self.engine
+        assert engine is not None, "ready() opens the engine first"  # the driver waits for it (_wait_ready)
         counts: queue.SimpleQueue = queue.SimpleQueue()
         outcome: list = []
 
         def work() -> None:
             try:
-                outcome.append(encode_inputs(self.engine, inputs, self.normalize, counts.put))
+                outcome.append(encode_inputs(engine, inputs, self.normalize, counts.put))
             except BaseException as e:  # handed to the caller below, as if raised there
                 outcome.append(e)
             finally:

@@ -33,6 +33,8 @@ BOM = b"\xef\xbb\xbf"
 # encoded as UTF-8, so the tokenizer, protobuf and Arrow would each fail on it in their own way.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
+Input = str | list[int]  # a text, or token ids with special tokens included
+
 
 @dataclass(frozen=True)
 class Record:
@@ -40,9 +42,17 @@ class Record:
     where: str  # "line 12" or "row 11", for messages
     id: int | str
     text: str | None = None
-    token_ids: list | None = None
+    token_ids: list[int] | None = None
     error: str | None = None  # why this row cannot be encoded
     raw: str | None = None  # the line as read, kept only where the row is set aside as it was read
+
+    @property
+    def input(self) -> Input:
+        """What the model sees: the text or the token ids, of which a good row (no error) has exactly one."""
+        if self.text is not None:
+            return self.text
+        assert self.token_ids is not None, f"{self.where} has no input: {self.error}"
+        return self.token_ids
 
 
 class RowError(InvalidInputError):

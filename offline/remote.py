@@ -25,7 +25,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -86,9 +86,8 @@ def estimate_tokens(record: Record) -> int:
     English word pieces average over 4 characters, so this errs high for the window's budget; CJK text and
     punctuation runs come closer to 1 per character, which the server's own queue limit then catches.
     """
-    if record.token_ids is not None:
-        return len(record.token_ids)
-    return 2 + len(record.text) // 3
+    item = record.input
+    return 2 + len(item) // 3 if isinstance(item, str) else len(item)
 
 
 def _one_line(text: str) -> str:
@@ -119,7 +118,7 @@ class _Request:
     pending: _Pending
     rows: list[int]  # positions in chunk.records, in the request's input order
     tokens: int  # estimated, after truncation: what the request costs the server's queue
-    message: pb.EmbedRequest = field(repr=False, default=None)
+    message: pb.EmbedRequest = field(repr=False)
 
 
 class _Stream:
@@ -284,7 +283,7 @@ class ServerEncoder:
 
     # --- the run --------------------------------------------------------------------------------------
 
-    def encode(self, chunks: Iterator[Chunk], session: Session) -> Iterator[EncodedChunk]:
+    def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
         info = self.info
         items = self._requests(chunks, session)
         waiting: deque[_Pending] = deque()  # read and not yet handed back, in input order
@@ -407,9 +406,8 @@ class ServerEncoder:
 
 def _item_size(record: Record) -> int:
     """Bytes a row adds to a request, about: its UTF-8 text (or 10 per token id) and some framing."""
-    if record.text is None:
-        return 16 + 10 * len(record.token_ids)
-    return 16 + len(record.text.encode("utf-8"))
+    item = record.input
+    return 16 + (len(item.encode("utf-8")) if isinstance(item, str) else 10 * len(item))
 
 
 def encode_file_remote(job: EncodeJob, config: ClientConfig, **driver) -> EncodeResult:

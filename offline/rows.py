@@ -12,9 +12,8 @@ from attnserve.engine.engine import Encoded, Engine
 from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import InvalidInputError
 
-from .readers import Record
+from .readers import Input, Record
 
-Input = str | list  # a text, or a list of token ids
 LABEL = "input"  # what the tokenizer's messages are prefixed with; cut off again to keep the reason alone
 
 
@@ -43,7 +42,7 @@ def output_table(schema: pa.Schema, records: Sequence[Record], embeddings: np.nd
 
 def inputs_of(records: Sequence[Record]) -> list[Input]:
     """What the model sees of each record: its text or its token ids."""
-    return [r.text if r.text is not None else r.token_ids for r in records]
+    return [r.input for r in records]
 
 
 def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_batch: Callable[[int], None]
@@ -53,10 +52,11 @@ def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_b
     The refused positions (inputs the tokenizer rejects) are left out of the encoded rows, which keep
     the order of the rest. Same inputs in, same bits out: local and Ray runs both come through here.
     """
+    refused: dict[int, str] = {}
     try:
-        tokenized, refused = _tokenize(engine, inputs), {}
+        tokenized = _tokenize(engine, inputs)
     except InvalidInputError:  # rare: find the inputs it was, one by one, and encode the rest
-        tokenized, refused = [], {}
+        tokenized = []
         for i, item in enumerate(inputs):
             try:
                 tokenized.extend(_tokenize(engine, [item]))
@@ -67,12 +67,11 @@ def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_b
 
 def _tokenize(engine: Engine, inputs: Sequence[Input]) -> list[TokenizedInput]:
     """Texts and token ids through their own paths, back in input order."""
-    if all(isinstance(x, str) for x in inputs):
-        return engine.tokenizer.encode_texts(inputs, labels=[LABEL] * len(inputs))
-    by_position: dict[int, TokenizedInput] = {}
-    for is_text, encode in ((True, engine.tokenizer.encode_texts), (False, engine.tokenizer.encode_ids)):
-        positions = [i for i, x in enumerate(inputs) if isinstance(x, str) == is_text]
-        if positions:
-            encoded = encode([inputs[i] for i in positions], labels=[LABEL] * len(positions))
-            by_position.update(zip(positions, encoded, strict=True))
+    texts = {i: x for i, x in enumerate(inputs) if isinstance(x, str)}
+    encoded_texts = engine.tokenizer.encode_texts(list(texts.values()), labels=[LABEL] * len(texts))
+    if len(texts) == len(inputs):
+        return encoded_texts
+    id_lists = {i: x for i, x in enumerate(inputs) if not isinstance(x, str)}
+    encoded_ids = engine.tokenizer.encode_ids(list(id_lists.values()), labels=[LABEL] * len(id_lists))
+    by_position = dict(zip(texts, encoded_texts, strict=True)) | dict(zip(id_lists, encoded_ids, strict=True))
     return [by_position[i] for i in range(len(inputs))]
