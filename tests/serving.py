@@ -26,18 +26,22 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(self, artifacts: Path | None, *flags: str, env: dict | None = None, log_path: Path | None = None,
-                 host: str = "127.0.0.1", port: int | None = None, metrics_port: int | None = None):
+                 host: str = "127.0.0.1", port: int | None = None, metrics_port: int | None = None,
+                 http_port: int | None = None):
         """artifacts None: serve the default model from the cache, as `attnserve serve` alone does.
-        port, metrics_port None: free ones."""
+        port, metrics_port, http_port None: free ones."""
         self.host = host
         self.port, self.metrics_port = port or free_port(), metrics_port or free_port()
+        self.http_port = http_port or free_port()
         self.target = f"{'localhost' if host == '127.0.0.1' else host}:{self.port}"
+        self.http_url = f"http://{f'[{host}]' if ':' in host else host}:{self.http_port}"
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(
             [sys.executable, "-m", "attnserve.cli", "serve", *(["--artifacts", str(artifacts)] if artifacts else []),
              "--host", host,
-             "--port", str(self.port), "--metrics-port", str(self.metrics_port), *flags],
+             "--port", str(self.port), "--metrics-port", str(self.metrics_port), "--http-port", str(self.http_port),
+             *flags],
             stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
     def wait_serving(self, credentials: grpc.ChannelCredentials | None = None, timeout: float = 120) -> None:

@@ -483,7 +483,7 @@ def test_serve_answers_in_a_process_where_torch_cannot_be_imported(artifacts, tm
         """ServerProcess's checks and shutdown, around `attnserve serve` with the export extra unimportable."""
 
         def __init__(self, artifacts: Path, log_path: Path):
-            self.port, self.metrics_port = free_port(), free_port()
+            self.port, self.metrics_port, self.http_port = free_port(), free_port(), free_port()
             self.target = f"localhost:{self.port}"
             self.log_path = log_path
             self._log = open(log_path, "w")
@@ -491,7 +491,8 @@ def test_serve_answers_in_a_process_where_torch_cannot_be_imported(artifacts, tm
                        "from attnserve.cli import main; sys.exit(main())")
             self.process = subprocess.Popen(
                 [sys.executable, "-c", blocked, "serve", "--artifacts", str(artifacts), "--host", "127.0.0.1",
-                 "--port", str(self.port), "--metrics-port", str(self.metrics_port)],
+                 "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+                 "--http-port", str(self.http_port)],
                 stdout=self._log, stderr=subprocess.STDOUT, cwd=log_path.parent)
 
     server = TorchlessServer(artifacts, tmp_path / "server.log")
