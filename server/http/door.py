@@ -86,11 +86,13 @@ class HttpDoor:
                     raise (MethodNotAllowedError(f"{request.method} is not allowed on {request.path}")
                            if isinstance(match.http_exception, web.HTTPMethodNotAllowed)
                            else RouteNotFoundError(f"no route {request.path}; /openapi.json lists them"))
-                if not route.open:
-                    self._keys.check(request.headers.get("Authorization"))
-                    self._core.check_open()
-                with self._core.in_flight():
+                if route.open:  # not counted: a balancer's health checks must not hold up the drain
                     response = await handler(request)
+                else:
+                    self._keys.check(request.headers.get("Authorization"))
+                    with self._core.in_flight():  # refusals too: the drain waits for late arrivals to stop
+                        self._core.check_open()
+                        response = await handler(request)
             except asyncio.CancelledError:
                 status = CLIENT_CLOSED
                 raise

@@ -107,10 +107,12 @@ def http_error(error: BaseException, style: str, names: WireNames | None = None)
         headers["WWW-Authenticate"] = "Bearer"
     if reason == "SHUTTING_DOWN":
         headers["Connection"] = "close"  # a kept-alive client reconnects, to another replica
+    field = getattr(error, "field", None) or None
+    wire_field = names(field) if names and field else field
+    if field and message.startswith(f"{field}: "):  # a message that names the field names it as the route does
+        message = f"{wire_field}{message[len(field):]}"
     if style == OPENAI:
-        param = getattr(error, "field", None)
-        body = {"error": {"message": message, "type": _OPENAI_TYPE.get(status, "server_error"),
-                          "param": (names(param) if names else param) if param else None,
+        body = {"error": {"message": message, "type": _OPENAI_TYPE.get(status, "server_error"), "param": wire_field,
                           "code": _OPENAI_CODE.get(reason, reason.lower())}}
     else:
         body = {"error": message, "error_type": _TEI_TYPE[reason]}
