@@ -48,7 +48,8 @@ class HttpDoor:
         bodies = BodyReader(executor, config.max_request_bytes)
         self.routes: list[Route] = [*OpenAIRoutes(core, bodies).routes(), *TeiRoutes(core, bodies).routes(),
                                     *AttentionRoutes(core, bodies).routes(),
-                                    Route("GET", "/openapi.json", self._openapi, OPENAI, "this description")]
+                                    Route("GET", "/openapi.json", self._openapi, OPENAI, "this description",
+                                          reply_schema={"type": "object"})]
         self._spec = dumps(openapi_spec(self.routes, core.info, keys.required))
         self._by_handler = {route.handler: route for route in self.routes}
         self.app = web.Application(client_max_size=config.max_request_bytes, middlewares=[self._middleware])

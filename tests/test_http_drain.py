@@ -1,0 +1,94 @@
+"""SIGTERM drains HTTP as it drains gRPC: /health turns 503, new requests get 503, the requests in flight finish,
+and the process exits 0; HTTP and gRPC load share one batcher meanwhile."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import httpx
+
+from attnserve.client.client import make_request
+from tests.serving import ServerProcess
+from tests.test_server_load import mixed_texts
+
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def test_sigterm_under_http_and_grpc_load_drains_and_exits_0(artifacts, tmp_path):
+    server = ServerProcess(artifacts, log_path=tmp_path / "server.log")
+    server.wait_serving()
+    codes: Counter = Counter()
+    answers: dict = {i: [] for i in range(16)}  # each client's codes, in order
+    health: list = []
+    lock, stop = threading.Lock(), threading.Event()
+    texts = mixed_texts(64, seed=2)
+
+    def http_client(i):
+        with httpx.Client(base_url=server.http_url, timeout=30) as client:  # one kept-alive connection
+            while not stop.is_set():
+                try:
+                    reply = client.post("/v1/embeddings", json={"input": texts[i * 4:(i + 1) * 4], "model": MODEL,
+                                                                "truncate": True})
+                    code = reply.status_code
+                    if code == 200:
+                        assert len(reply.json()["data"]) == 4
+                    else:
+                        assert reply.json()["error"]["code"] == "shutting_down", reply.text
+                except httpx.TransportError as e:  # a request cut off: must not happen
+                    code = type(e).__name__
+                with lock:
+                    codes["http", code] += 1
+                    answers[i].append(code)
+                if code != 200:
+                    return
+
+    def grpc_client(i):
+        with server.channel() as channel:
+            stub = server.stub(channel)
+            while not stop.is_set():
+                try:
+                    stub.Embed(make_request(texts[i * 4:(i + 1) * 4], truncate=True), timeout=30)
+                    code = "OK"
+                except grpc.RpcError as e:
+                    code = e.code().name
+                with lock:
+                    codes["grpc", code] += 1
+                    answers[i].append(code)
+                if code != "OK":
+                    return
+
+    def poll_health():
+        while True:
+            try:
+                health.append(httpx.get(f"{server.http_url}/health", timeout=5).status_code)
+            except httpx.TransportError:
+                return  # the listener closed: the process is stopping
+            time.sleep(0.02)
+
+    with ThreadPoolExecutor(17) as pool:
+        clients = [pool.submit(http_client, i) for i in range(12)] + [pool.submit(grpc_client, i) for i in range(12, 16)]
+        poller = pool.submit(poll_health)
+        time.sleep(2.0)
+        started = time.monotonic()
+        returncode = server.terminate()
+        stop.set()
+        for c in clients:
+            c.result()
+        poller.result()
+    assert returncode == 0, server.log_tail()
+    assert time.monotonic() - started < 15
+    # In flight at SIGTERM: answered. After: refused with 503 (UNAVAILABLE over gRPC). Nothing cut off.
+    assert set(codes) <= {("http", 200), ("http", 503), ("grpc", "OK"), ("grpc", "UNAVAILABLE")}, codes
+    for i, sequence in answers.items():  # each client's first request went out before SIGTERM
+        ok, refused = (200, 503) if i < 12 else ("OK", "UNAVAILABLE")
+        assert len(sequence) >= 2 and set(sequence[:-1]) == {ok} and sequence[-1] == refused, (i, sequence)
+    assert health[0] == 200 and 503 in health and health[health.index(503):] == [503] * (len(health) - health.index(503))
+    lines = (tmp_path / "server.log").read_text().splitlines()
+    for line in lines:
+        json.loads(line)
+    assert '"event": "draining"' in lines[-2] and '"event": "stopped"' in lines[-1]
