@@ -92,3 +92,39 @@ def test_sigterm_under_http_and_grpc_load_drains_and_exits_0(artifacts, tmp_path
     for line in lines:
         json.loads(line)
     assert '"event": "draining"' in lines[-2] and '"event": "stopped"' in lines[-1]
+
+
+def dropped_or_computed(server, before: dict, n: int) -> tuple[float, float]:
+    """Inputs dropped unrun and inputs computed since `before`, once they add up to n (the batch that was
+    running when the request ended finishes first)."""
+    from tests.test_server_load import delta
+
+    end = time.monotonic() + 30
+    while True:
+        after = server.metrics()
+        dropped = sum(delta(after, before, f'attnserve_inputs_dropped_total{{reason="{r}"}}')
+                      for r in ("cancelled", "deadline"))
+        computed = delta(after, before, 'attnserve_batch_size_sum{graph="embeddings"}')
+        if dropped + computed >= n or time.monotonic() > end:
+            return dropped, computed
+        time.sleep(0.1)
+
+
+def test_a_timeout_is_504_and_a_client_gone_drops_its_queued_inputs(server):
+    body = {"inputs": ["many words " * 200] * 64, "truncate": True}  # 64 x 256 tokens: seconds of compute
+    before = server.metrics()
+    reply = httpx.post(f"{server.http_url}/embed", json=body, headers={"X-Request-Timeout": "0.3"}, timeout=60)
+    assert reply.status_code == 504 and reply.json() == {
+        "error": "the request's X-Request-Timeout passed before it was answered", "error_type": "Overloaded"}
+    dropped, computed = dropped_or_computed(server, before, 64)
+    assert dropped + computed == 64 and dropped >= 32, (dropped, computed)  # most never cost compute
+
+    before = server.metrics()
+    try:
+        httpx.post(f"{server.http_url}/embed", json=body, timeout=0.3)  # the client gives up and disconnects
+    except httpx.TimeoutException:
+        pass
+    dropped, computed = dropped_or_computed(server, before, 64)
+    assert dropped + computed == 64 and dropped >= 32, (dropped, computed)
+    assert server.metrics()['attnserve_requests_total{code="499",method="/embed",protocol="http"}'] >= 1
+    assert httpx.get(f"{server.http_url}/health", timeout=10).status_code == 200
