@@ -9,7 +9,7 @@ to its own wire names; the message names the place as a user reads it ("input 3:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from attnserve.engine.manifest import Manifest
@@ -91,10 +91,10 @@ class ReplyOptions:
 class PreparedRequest:
     inputs: list[TokenizedInput]
     options: ReplyOptions
-    tokens: int = field(init=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tokens", sum(len(x) for x in self.inputs))
+    @property
+    def tokens(self) -> int:
+        return sum(len(x) for x in self.inputs)
 
 
 def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest, limits: RequestLimits,
