@@ -194,6 +194,9 @@ def test_api_keys_on_both_protocols(server):
     refused = run_cli("embed", "x", "--target", server.target, env={"ATTNSERVE_API_KEY": "sk-wrong"})
     assert refused.returncode == 1 and refused.stderr.strip() == "attnserve embed: error: UNAUTHENTICATED: invalid API key"
     assert run_cli("health", "--target", server.target).returncode == 0  # health needs no key
+    loadtest = run_cli("loadtest", "--target", server.target, "--api-key", KEY, "--requests", "6",
+                       "--concurrency", "2", "--json", "-")
+    assert loadtest.returncode == 0 and json.loads(loadtest.stdout)["codes"] == {"OK": 6}, loadtest.stdout
     metrics = server.metrics()
     assert metrics['attnserve_requests_total{code="UNAUTHENTICATED",method="Embed",protocol="grpc"}'] >= 4
     assert metrics['attnserve_requests_total{code="401",method="/info",protocol="http"}'] == 3
