@@ -130,6 +130,10 @@ def test_the_messages_say_what_is_wrong(server):
     _, _, body = curl(server, "/v1/embeddings", {"input": [[101, POISON, 102]], "model": MODEL})
     assert json.loads(body)["error"]["message"] == (
         "the batch this request ran in failed (RuntimeError); the server is still serving, retry the request")
+    status, _, body = curl(server, "/v1/embeddings", {"input": "x", "model": MODEL}, headers=("X-Request-Timeout: soon",))
+    assert status == 400 and json.loads(body)["error"] == {
+        "message": "X-Request-Timeout: 'soon' is not a positive number of seconds", "type": "invalid_request_error",
+        "param": "X-Request-Timeout", "code": "invalid_input"}
 
 
 def test_overload_is_429_with_retry_after_and_the_sdk_raises_rate_limit_error(server):
