@@ -66,7 +66,7 @@ def test_token_ids_and_truncation(server, engine):
     (dict(inputs=TEXT, heads=[0, -13]), "heads[1]", "heads[1]: head -13 does not exist; the model has 12 heads"),
     (dict(inputs=TEXT, layers=["last"]), "layers[0]", "layers[0]: input should be a valid integer"),
     (dict(inputs=["word " * 300] * 20, truncate=True, layers=list(range(6))), None,
-     "the reply would be about 1170.1 MiB"),  # 20 x 6 x 12 x 256 x 256 floats as JSON text: 3.25x gRPC's
+     "the reply would be about 1260.1 MiB"),  # 20 x 6 x 12 x 256 x 256 floats as JSON text: 3.5x gRPC's
     (dict(inputs=TEXT, model="gpt-4"), "model", "the model 'gpt-4' does not exist here"),
 ])
 def test_bad_requests_name_the_field(server, body, param, message):
