@@ -46,7 +46,8 @@ def cmd_encode(args: argparse.Namespace) -> int:
     if args.server:
         from attnserve.offline.remote import encode_file_remote
 
-        stats = encode_file_remote(job, from_args(ClientConfig, argparse.Namespace(target=args.server)))
+        stats = encode_file_remote(job, from_args(ClientConfig, argparse.Namespace(target=args.server,
+                                                                                  api_key=args.api_key)))
     elif args.engine == "ray":
         from attnserve.offline.ray_encode import encode_file_ray
 
@@ -186,13 +187,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="engine actors in the pool (default: one per 2 CPUs of the cluster)")
     encode.add_argument("--server", metavar="HOST:PORT", default=None,
                         help="encode through a running attnserve server over EmbedStream instead of in this process")
+    encode.add_argument("--api-key", default=None,
+                        help="the --server's API key (env ATTNSERVE_API_KEY)")
     add_arguments(encode, EngineConfig)
     encode.set_defaults(func=cmd_encode)
 
-    serve = sub.add_parser("serve", parents=[common], help="serve embeddings and attention weights over gRPC",
+    serve = sub.add_parser("serve", parents=[common], help="serve embeddings and attention weights over gRPC and HTTP",
                            description="The attnserve.v1.Encoder gRPC service, with grpc.health.v1 health, server "
-                                       "reflection and Prometheus metrics. Inputs of concurrent requests are "
-                                       "batched by length. SIGTERM or SIGINT drains and exits 0.")
+                                       "reflection and Prometheus metrics, and on --http-port the OpenAI- and "
+                                       "TEI-compatible HTTP routes and /v1/attention. Inputs of concurrent "
+                                       "requests of both are batched by length. SIGTERM or SIGINT drains and "
+                                       "exits 0.")
     add_arguments(serve, EngineConfig)
     add_arguments(serve, ServerConfig)
     serve.set_defaults(func=cmd_serve)

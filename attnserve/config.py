@@ -17,8 +17,15 @@ from attnserve.errors import ConfigError
 T = TypeVar("T")
 
 
-def setting(default: Any, env: str, help: str, choices: tuple[str, ...] | None = None) -> Any:
-    return field(default=default, metadata={"env": env, "help": help, "choices": choices})
+def setting(default: Any, env: str, help: str, choices: tuple[str, ...] | None = None, *,
+            env_separator: str | None = None, secret: bool = False) -> Any:
+    """A field that is also a flag and an environment variable.
+
+    A tuple field's flag is repeatable; its environment variable is one value, or several split at env_separator.
+    A secret is left out of the dataclass's repr, so it never reaches a log.
+    """
+    return field(default=default, repr=not secret,
+                 metadata={"env": env, "help": help, "choices": choices, "env_separator": env_separator})
 
 
 @dataclass
@@ -65,7 +72,9 @@ class ServerConfig:
         0.0, "ATTNSERVE_MAX_QUEUE_WAIT_MS",
         "a request is refused with RESOURCE_EXHAUSTED when the work queued ahead of it would take longer than "
         "this to run, estimated from measured batch times; 0: no limit but --max-queue-tokens")
-    max_inputs_per_request: int = setting(256, "ATTNSERVE_MAX_INPUTS_PER_REQUEST", "most inputs in one request")
+    # LangChain sends up to 1,000 inputs a request, LlamaIndex 100. The queue is bounded in tokens, so a large
+    # request is only more work, not more risk.
+    max_inputs_per_request: int = setting(2048, "ATTNSERVE_MAX_INPUTS_PER_REQUEST", "most inputs in one request")
     max_request_bytes: int = setting(
         4 * 1024 * 1024, "ATTNSERVE_MAX_REQUEST_BYTES", "largest request message accepted")
     max_response_bytes: int = setting(
@@ -85,6 +94,20 @@ class ServerConfig:
         None, "ATTNSERVE_TLS_CLIENT_CA", "PEM CA bundle: require client certificates signed by it (mutual TLS)")
     log_format: str = setting("json", "ATTNSERVE_LOG_FORMAT", "log lines as JSON objects or plain text",
                               choices=("json", "text"))
+    http_port: int = setting(
+        8080, "ATTNSERVE_HTTP_PORT",
+        "HTTP port (OpenAI- and TEI-compatible routes) on the same host, TLS and batcher; 0 picks a free one, "
+        "-1 turns HTTP off")
+    served_model_name: tuple[str, ...] = setting(
+        (), "ATTNSERVE_SERVED_MODEL_NAME",
+        "another name the OpenAI routes accept for the model (repeatable; comma-separated in the environment)",
+        env_separator=",")
+    api_key: tuple[str, ...] = setting(
+        (), "ATTNSERVE_API_KEY",
+        "require this key (repeatable): `Authorization: Bearer KEY` on every HTTP route but /health, the same "
+        "value in the `authorization` metadata of every gRPC method but health", secret=True)
+    api_key_file: str | None = setting(
+        None, "ATTNSERVE_API_KEY_FILE", "file of API keys, one per line, added to --api-key")
 
     def __post_init__(self) -> None:
         for name in ("port", "max_queue_tokens", "max_inputs_per_request", "max_request_bytes",
@@ -92,14 +115,38 @@ class ServerConfig:
             if getattr(self, name) < (0 if name == "port" else 1):
                 raise ConfigError(f"{name} must be {'>= 0' if name == 'port' else 'positive'}, "
                                   f"got {getattr(self, name)}")
-        if self.metrics_port < -1:
-            raise ConfigError(f"metrics_port must be >= -1, got {self.metrics_port}")
+        for name in ("metrics_port", "http_port"):
+            if getattr(self, name) < -1:
+                raise ConfigError(f"{name} must be >= -1, got {getattr(self, name)}")
+        ports = [p for p in (self.port, self.http_port, self.metrics_port) if p > 0]
+        if len(ports) != len(set(ports)):
+            raise ConfigError(f"port, http_port and metrics_port must differ, got {self.port}, {self.http_port} and "
+                              f"{self.metrics_port}")
         if min(self.max_wait_ms, self.grace_seconds, self.max_queue_wait_ms, self.max_connection_age) < 0:
             raise ConfigError("max_wait_ms, max_queue_wait_ms, max_connection_age and grace_seconds must be >= 0")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("TLS needs both --tls-cert and --tls-key")
         if self.tls_client_ca and not self.tls_cert:
             raise ConfigError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+        if any(not name.strip() for name in self.served_model_name):
+            raise ConfigError("--served-model-name must not be empty")
+        if any(not key.strip() for key in self.api_key):
+            raise ConfigError("--api-key must not be empty")
+
+    def api_keys(self) -> tuple[str, ...]:
+        """Every key a request may present: --api-key and the lines of --api-key-file."""
+        if not self.api_key_file:
+            return self.api_key
+        try:
+            lines = open(self.api_key_file, encoding="utf-8").read().splitlines()
+        except OSError as e:
+            raise ConfigError(f"API key file unreadable: {self.api_key_file}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"API key file is not UTF-8 text: {self.api_key_file}") from None
+        from_file = tuple(line.strip() for line in lines if line.strip())
+        if not from_file:
+            raise ConfigError(f"API key file holds no key: {self.api_key_file}")
+        return self.api_key + from_file
 
 
 @dataclass
@@ -118,6 +165,8 @@ class ClientConfig:
                                                            "(default: the system's roots)")
     tls_cert: str | None = setting(None, "ATTNSERVE_TLS_CLIENT_CERT", "PEM client certificate, for mutual TLS")
     tls_key: str | None = setting(None, "ATTNSERVE_TLS_CLIENT_KEY", "PEM private key of --tls-cert")
+    api_key: str | None = setting(
+        None, "ATTNSERVE_API_KEY", "the server's API key, sent as `authorization: Bearer KEY`", secret=True)
 
     def __post_init__(self) -> None:
         if self.timeout <= 0:
@@ -172,8 +221,12 @@ class LoadTestConfig:
             self.duration = 30.0
 
 
+def _kind(f: dataclasses.Field) -> str:
+    return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+
+
 def _parse(f: dataclasses.Field, raw: str, source: str) -> Any:
-    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    kind = _kind(f)
     try:
         if kind.startswith("int"):
             return int(raw)
@@ -196,9 +249,12 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         help_text = f"{f.metadata['help']} (env {f.metadata['env']}; default {f.default})"
-        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        kind = _kind(f)
         if kind.startswith("bool"):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif kind.startswith("tuple"):
+            parser.add_argument(flag, action="append", default=None, metavar=f.name.upper(),
+                                help=f"{f.metadata['help']} (env {f.metadata['env']})")
         else:
             parser.add_argument(flag, default=None, choices=f.metadata.get("choices"), metavar=f.name.upper()
                                 if not f.metadata.get("choices") else None, help=help_text)
@@ -209,7 +265,13 @@ def from_args(cls: type[T], args: argparse.Namespace) -> T:
     for f in dataclasses.fields(cls):
         flag_value = getattr(args, f.name, None)
         env_value = os.environ.get(f.metadata["env"])
-        if flag_value is not None:
+        if _kind(f).startswith("tuple"):  # strings only: names and keys
+            if flag_value is not None:
+                values[f.name] = tuple(flag_value)
+            elif env_value not in (None, ""):
+                separator = f.metadata["env_separator"]
+                values[f.name] = tuple(v.strip() for v in env_value.split(separator)) if separator else (env_value,)
+        elif flag_value is not None:
             values[f.name] = flag_value if isinstance(flag_value, bool) else _parse(
                 f, str(flag_value), "--" + f.name.replace("_", "-"))
         elif env_value not in (None, ""):

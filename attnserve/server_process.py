@@ -47,20 +47,25 @@ class ServerProcess:
 
     def __init__(self, artifacts: Path | None, *flags: str, env: dict[str, str | None] | None = None,
                  log_path: Path | None = None, host: str = "127.0.0.1", port: int | None = None,
-                 metrics_port: int | None = None, launcher: Sequence[str] = CLI, cwd: Path | None = None):
+                 metrics_port: int | None = None, http_port: int | None = None, launcher: Sequence[str] = CLI,
+                 cwd: Path | None = None):
         """artifacts None: serve the default model from the cache, as `attnserve serve` alone does.
         env: variables set on top of this process's environment; None unsets one (e.g. ATTNSERVE_THREADS).
         log_path None: the server's output goes to an anonymous temporary file, still read by log_tail().
-        port, metrics_port None: free ones. launcher: the command that runs the attnserve CLI."""
+        port, metrics_port, http_port None: free ones (http_port -1: no HTTP door). launcher: the command that
+        runs the attnserve CLI."""
         self.host = host
         self.port, self.metrics_port = port or free_port(host), metrics_port or free_port(host)
         self.target = f"{'localhost' if host == '127.0.0.1' else host}:{self.port}"
         self.metrics_url = f"http://{host}:{self.metrics_port}/metrics"
+        self.http_port = http_port or free_port(host)
+        self.http_url = f"http://{f'[{host}]' if ':' in host else host}:{self.http_port}"
         self.log_path = log_path
         self._log = open(log_path, "w+b") if log_path else tempfile.TemporaryFile()
         self.served = False  # wait_serving() saw it serve: only then has it a drain to test
         self.command = [*launcher, "serve", *(["--artifacts", str(artifacts)] if artifacts else []), "--host", host,
-                        "--port", str(self.port), "--metrics-port", str(self.metrics_port), *flags]
+                        "--port", str(self.port), "--metrics-port", str(self.metrics_port),
+                        "--http-port", str(self.http_port), *flags]
         environment = {**os.environ, **(env or {})}
         self.started = time.monotonic()
         self.process = subprocess.Popen(

@@ -22,10 +22,12 @@ from attnserve.errors import AttnserveError, ConfigError
 from attnserve.v1 import encoder_pb2 as pb
 from attnserve.v1 import encoder_pb2_grpc
 
+from .auth import AioApiKeyInterceptor, ApiKeyInterceptor
 from .status import ErrorDetails, error_details
 
 DTYPES = {pb.FLOAT32: np.dtype("<f4"), pb.FLOAT16: np.dtype("<f2")}
 POOLING = {None: pb.POOLING_DEFAULT, "default": pb.POOLING_DEFAULT, "mean": pb.MEAN, "cls": pb.CLS}
+TRUNCATION_DIRECTION = {"right": pb.TRUNCATE_RIGHT, "left": pb.TRUNCATE_LEFT}
 
 Input = str | Sequence[int]  # a text, or token ids with special tokens included
 
@@ -76,16 +78,23 @@ def to_result(embedding: pb.Embedding) -> EmbeddingResult:
 
 
 def make_request(inputs: Sequence[Input], *, normalize: bool | None = None, pooling: str | None = None,
-                 truncate: bool = False, token_embeddings: bool = False, attention_layers: Sequence[int] | None = None,
-                 average_heads: bool = False) -> pb.EmbedRequest:
-    """attention_layers None: no attention weights; [] : the last layer; negative indices count from the end."""
+                 truncate: bool = False, truncation_direction: str = "right", dimensions: int | None = None,
+                 token_embeddings: bool = False, attention_layers: Sequence[int] | None = None,
+                 attention_heads: Sequence[int] = (), average_heads: bool = False) -> pb.EmbedRequest:
+    """attention_layers None: no attention weights; [] : the last layer; negative indices count from the end.
+    attention_heads: () every head. dimensions: keep the first N of the sentence embedding, then normalise."""
     if isinstance(inputs, str):
         raise TypeError("inputs must be a list of texts (or token id lists), not a single string")
     if pooling not in POOLING:
         raise ConfigError(f"pooling {pooling!r} is not one of default, mean, cls")
-    request = pb.EmbedRequest(pooling=POOLING[pooling], truncate=truncate, return_token_embeddings=token_embeddings)
+    if truncation_direction not in TRUNCATION_DIRECTION:
+        raise ConfigError(f"truncation_direction {truncation_direction!r} is not one of right, left")
+    request = pb.EmbedRequest(pooling=POOLING[pooling], truncate=truncate, return_token_embeddings=token_embeddings,
+                              truncation_direction=TRUNCATION_DIRECTION[truncation_direction])
     if normalize is not None:
         request.normalize = normalize
+    if dimensions is not None:
+        request.dimensions = dimensions
     for item in inputs:
         if isinstance(item, str):
             request.inputs.add(text=item)
@@ -94,6 +103,7 @@ def make_request(inputs: Sequence[Input], *, normalize: bool | None = None, pool
     if attention_layers is not None:
         request.attention.SetInParent()
         request.attention.layers.extend(attention_layers)
+        request.attention.heads.extend(attention_heads)
         request.attention.average_heads = average_heads
     return request
 
@@ -132,30 +142,38 @@ def service_config(lb_policy: str, health_checked: bool) -> str:
 
 def open_channel(config: ClientConfig, aio: bool = False, health_checked: bool = True
                  ) -> grpc.Channel | grpc.aio.Channel:
-    """The one way attnserve's clients connect: TLS as configured, calls spread by config.lb_policy.
+    """The one way attnserve's clients connect: TLS as configured, calls spread by config.lb_policy, the API key
+    (config.api_key) on every call.
 
     health_checked False: every address gets calls whatever its health says, for the calls that ask it.
     """
     credentials = channel_credentials(config)
-    module = grpc.aio if aio else grpc
     options = [*CHANNEL_OPTIONS, ("grpc.service_config", service_config(config.lb_policy, health_checked))]
-    return (module.secure_channel(config.target, credentials, options) if credentials
-            else module.insecure_channel(config.target, options))
+    if aio:
+        interceptors = [AioApiKeyInterceptor(config.api_key)] if config.api_key else None
+        return (grpc.aio.secure_channel(config.target, credentials, options, interceptors=interceptors)
+                if credentials else grpc.aio.insecure_channel(config.target, options, interceptors=interceptors))
+    channel = (grpc.secure_channel(config.target, credentials, options) if credentials
+               else grpc.insecure_channel(config.target, options))
+    return grpc.intercept_channel(channel, ApiKeyInterceptor(config.api_key)) if config.api_key else channel
 
 
 class Client:
-    def __init__(self, target: str | None = None, config: ClientConfig | None = None):
+    def __init__(self, target: str | None = None, config: ClientConfig | None = None, api_key: str | None = None):
+        """api_key: the server's key (default: config.api_key, from ATTNSERVE_API_KEY in the CLI)."""
         self.config = config or ClientConfig()
         if target:
             self.config.target = target
+        if api_key:
+            self.config.api_key = api_key
         self._channel = open_channel(self.config)
         self._stub = encoder_pb2_grpc.EncoderStub(self._channel)
 
     def embed(self, inputs: Sequence[Input], *, normalize: bool | None = None, pooling: str | None = None,
-              truncate: bool = False, timeout: float | None = None) -> np.ndarray:
-        """Sentence embeddings, (N, H) float32, in input order. normalize None: as the model does."""
+              truncate: bool = False, dimensions: int | None = None, timeout: float | None = None) -> np.ndarray:
+        """Sentence embeddings, (N, H or dimensions) float32, in input order. normalize None: as the model does."""
         reply = self._call(self._stub.Embed, make_request(inputs, normalize=normalize, pooling=pooling,
-                                                          truncate=truncate), timeout)
+                                                          truncate=truncate, dimensions=dimensions), timeout)
         return np.stack([to_array(e.sentence_embedding) for e in reply.embeddings])
 
     def encode(self, inputs: Sequence[Input], timeout: float | None = None, **options) -> list[EmbeddingResult]:

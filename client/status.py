@@ -28,6 +28,8 @@ REASONS = {
     "INVALID_INPUT": grpc.StatusCode.INVALID_ARGUMENT,  # an input or option of the request
     "MALFORMED_MESSAGE": grpc.StatusCode.INVALID_ARGUMENT,  # bytes that do not parse as the request message
     "MESSAGE_TOO_LARGE": grpc.StatusCode.RESOURCE_EXHAUSTED,  # over max_request_bytes: retrying cannot help
+    "REQUEST_TOO_LARGE": grpc.StatusCode.INVALID_ARGUMENT,  # more tokens than the whole queue holds: split it
+    "MODEL_NOT_FOUND": grpc.StatusCode.NOT_FOUND,  # a model name the server does not serve (HTTP routes only)
     "QUEUE_FULL": grpc.StatusCode.RESOURCE_EXHAUSTED,  # retry later (RetryInfo says when)
     "UNAUTHENTICATED": grpc.StatusCode.UNAUTHENTICATED,
     "DEADLINE_EXCEEDED": grpc.StatusCode.DEADLINE_EXCEEDED,

@@ -1,4 +1,5 @@
-"""The grpc.aio server: encoder service, health, reflection, TLS, metrics, graceful stop."""
+"""One serving process: the gRPC door (encoder service, health, reflection) and the HTTP door over one core and
+one batcher, with TLS, API keys, metrics and a graceful stop shared by both."""
 
 from __future__ import annotations
 
@@ -19,11 +20,17 @@ from attnserve.config import EngineConfig, ServerConfig
 from attnserve.engine.engine import Engine
 from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import ConfigError
+from attnserve.export.token_ids import made_up_token_ids
 
+from .auth import ApiKeys
+from .auth_grpc import ApiKeyInterceptor
 from .batcher import Batcher, BatcherLimits
+from .core import Core
 from .health import HealthService
+from .http.door import HttpDoor
 from .metrics import Metrics
-from .service import SERVICE_NAME, EncoderService, rpc_handlers
+from .service import PROTOCOL, SERVICE_NAME, EncoderService, rpc_handlers
+from .tls import grpc_credentials, http_ssl_context
 from .wire import RequestGuard, core_receive_limit
 
 log = logging.getLogger("attnserve.server")
@@ -37,17 +44,6 @@ DRAIN_QUIET_SECONDS, DRAIN_QUIET_LIMIT_SECONDS = 0.5, 3.0
 STOP_GRACE_SECONDS = 1.0
 # Threads for tokenization and reply serialization (the event loop does neither).
 IO_THREADS = 4
-
-
-def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
-    if not config.tls_cert:
-        return None
-    try:
-        key, cert = Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes()
-        ca = Path(config.tls_client_ca).read_bytes() if config.tls_client_ca else None
-    except OSError as e:
-        raise ConfigError(f"TLS file unreadable: {e.filename}: {e.strerror}") from None
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -70,7 +66,7 @@ def warm_up(engine: Engine) -> list[tuple[bool, float, int]]:
     """
     budget = engine.config.max_batch_tokens
     T = min(engine.manifest.max_seq_length, budget)
-    ids = np.full(T, 1000, dtype=np.int64)
+    ids = np.full(T, made_up_token_ids(engine.manifest.vocab_size)[0], dtype=np.int64)  # in any vocabulary
     timings = []
     for attention in (False, True):
         for rows, length in ((1, 8), (max(1, min(budget // T, engine.config.max_batch_size)), T)):
@@ -91,23 +87,27 @@ class Server:
         self._inference = ThreadPoolExecutor(1, thread_name_prefix="attnserve-inference")
         self._io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="attnserve-io")
         self.health = HealthService()
-        self.port = self.metrics_port = None
+        self.port = self.metrics_port = self.http_port = None
         self._metrics_http = None
         self._grpc: grpc.aio.Server | None = None
+        self._http: HttpDoor | None = None
         self.batcher: Batcher | None = None
-        self._service: EncoderService | None = None
+        self.core: Core | None = None
 
     async def start(self) -> None:
         config, engine = self.config, self.engine
-        credentials = server_credentials(config)  # unreadable TLS files fail before anything starts
+        # Unreadable TLS files or API keys fail before anything starts.
+        credentials, http_ssl, keys = grpc_credentials(config), http_ssl_context(config), ApiKeys(config.api_keys())
         self.batcher = Batcher(engine.run, BatcherLimits(
             engine.config.max_batch_tokens, engine.config.max_batch_size, config.max_queue_tokens,
             config.max_wait_ms / 1e3, config.max_queue_wait_ms / 1e3), self.metrics, self._inference)
         if config.max_queue_tokens < engine.manifest.max_seq_length:
             raise ConfigError(f"max_queue_tokens {config.max_queue_tokens} cannot hold one input of "
                               f"max_seq_length {engine.manifest.max_seq_length}")
+        self.core = Core(engine, self.batcher, config, self._io)
         guard = RequestGuard(config.max_request_bytes, self._count_refused)
-        server = grpc.aio.server(interceptors=[guard], options=[
+        # The key is checked first: a call without one is refused before its bytes are parsed.
+        server = grpc.aio.server(interceptors=[ApiKeyInterceptor(keys, self._count_refused), guard], options=[
             # max_request_bytes itself is enforced per message by the guard, which answers it; grpc's own
             # limit, higher, only bounds what one message can take before that.
             ("grpc.max_receive_message_length", core_receive_limit(config.max_request_bytes)),
@@ -117,8 +117,7 @@ class Server:
                ("grpc.max_connection_age_grace_ms", int(config.grace_seconds * 1e3))]
               if config.max_connection_age else []),
         ])
-        self._service = EncoderService(engine, self.batcher, config, self.metrics, self._io)
-        server.add_generic_rpc_handlers((rpc_handlers(self._service),))
+        server.add_generic_rpc_handlers((rpc_handlers(EncoderService(self.core, self.metrics)),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         for service in ("", SERVICE_NAME):  # SERVING only after warm-up
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -127,6 +126,8 @@ class Server:
             server)
         address = f"{config.host}:{config.port}"
         check_port_free(config.host, config.port)
+        if config.http_port >= 0:
+            check_port_free(config.host, config.http_port)
         try:
             self.port = (server.add_secure_port(address, credentials) if credentials
                          else server.add_insecure_port(address))
@@ -144,6 +145,12 @@ class Server:
                 raise ConfigError(
                     f"cannot serve metrics on {config.host}:{config.metrics_port}: {e.strerror}") from None
             self.metrics_port = self._metrics_http.server_port
+        if config.http_port >= 0:
+            self._http = HttpDoor(self.core, self.metrics, keys, config, self._io)
+            try:
+                self.http_port = await self._http.start(config.host, config.http_port, http_ssl, STOP_GRACE_SECONDS)
+            except OSError as e:
+                raise ConfigError(f"cannot listen for HTTP on {config.host}:{config.http_port}: {e.strerror}") from None
         self._grpc = server
         await server.start()
         self.batcher.start()
@@ -153,18 +160,19 @@ class Server:
             self.batcher.learn_rate(attention, seconds, tokens, tokens)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self.core.warmed_up()
         log.info("serving", extra={"fields": {
             "event": "serving", "model": engine.manifest.model, "provider": engine.provider,
-            "precision": engine.precision, "address": f"{config.host}:{self.port}", "tls": credentials is not None,
-            "mutual_tls": bool(config.tls_client_ca), "metrics_port": self.metrics_port,
-            "warm_up_ms": round((time.perf_counter() - started) * 1e3)}})
+            "precision": engine.precision, "address": f"{config.host}:{self.port}", "http_port": self.http_port,
+            "tls": credentials is not None, "mutual_tls": bool(config.tls_client_ca), "api_keys": keys.required,
+            "metrics_port": self.metrics_port, "warm_up_ms": round((time.perf_counter() - started) * 1e3)}})
 
     async def stop(self) -> None:
         """Drain: NOT_SERVING, new requests refused, requests in flight finish within the grace period.
 
-        New requests are refused by the service (UNAVAILABLE, which clients retry elsewhere) while the
-        listener stays open, and grpc's own stop comes only once the service is idle: grpc cancels calls
-        that arrive during its shutdown with CANCELLED (grpc/grpc#41785), which clients do not retry.
+        New requests are refused by both doors (UNAVAILABLE, HTTP 503: clients retry elsewhere) while the
+        listeners stay open, and the doors stop only once the core is idle: grpc cancels calls that arrive
+        during its shutdown with CANCELLED (grpc/grpc#41785), which clients do not retry.
         """
         grace = self.config.grace_seconds
         log.info("draining", extra={"fields": {"event": "draining", "grace_seconds": grace}})
@@ -172,11 +180,11 @@ class Server:
         await self.health.enter_graceful_shutdown()
         if self.batcher is not None:
             self.batcher.close()
-        if self._service is not None:
-            self._service.drain()
-            if await self._service.wait_quiet(grace, quiet=0.0):  # the requests in flight are done
+        if self.core is not None:
+            self.core.drain()
+            if await self.core.wait_quiet(grace, quiet=0.0):  # the requests in flight are done
                 left = end - time.monotonic()
-                await self._service.wait_quiet(min(DRAIN_QUIET_LIMIT_SECONDS, left), DRAIN_QUIET_SECONDS)
+                await self.core.wait_quiet(min(DRAIN_QUIET_LIMIT_SECONDS, left), DRAIN_QUIET_SECONDS)
             else:
                 log.warning("grace period over; cancelling the requests still in flight",
                             extra={"fields": {"event": "grace_expired"}})
@@ -185,6 +193,8 @@ class Server:
         if self._grpc is not None:
             # What is left holds no work: calls that arrived just now.
             await self._grpc.stop(min(STOP_GRACE_SECONDS, max(0.0, end - time.monotonic())))
+        if self._http is not None:
+            await self._http.stop()
         if self.batcher is not None:
             await self.batcher.join()
         self._release()
@@ -194,12 +204,14 @@ class Server:
         """A call RequestGuard ended (a message over the size limit or not parsing), counted as the service counts."""
         service, _, name = method.strip("/").rpartition("/")
         if service == SERVICE_NAME:
-            self.metrics.requests.labels(name, code.name).inc()
+            self.metrics.observe_request(PROTOCOL, name, code.name)
 
     async def abandon(self) -> None:
         """After a failed start: release what was taken, without a drain (nothing was served)."""
         if self._grpc is not None:
             await self._grpc.stop(0)
+        if self._http is not None:
+            await self._http.stop()
         self._release()
 
     def _release(self) -> None:

@@ -38,9 +38,8 @@ import numpy as np
 from attnserve.engine.batching import plan_batches
 from attnserve.engine.engine import BatchOutput
 from attnserve.engine.tokenizer import TokenizedInput
-from attnserve.errors import InvalidInputError
 
-from .errors import BatchFailedError, DeadlineExpiredError, QueueFullError, ShuttingDownError
+from .errors import BatchFailedError, DeadlineExpiredError, QueueFullError, RequestTooLargeError, ShuttingDownError
 from .metrics import Metrics
 
 log = logging.getLogger("attnserve.batcher")
@@ -160,8 +159,9 @@ class Batcher:
         tokens = sum(len(x) for x in inputs)
         capacity = self.limits.max_queue_tokens
         if tokens > capacity:
-            raise InvalidInputError(
-                f"the request holds {tokens} tokens, more than the server's whole queue ({capacity}); split it",
+            raise RequestTooLargeError(
+                f"the request holds {tokens} tokens, more than the server's whole queue holds "
+                f"(max_queue_tokens {capacity}), so it can never be taken; split it into smaller requests",
                 field="inputs")
         if self.queued_tokens + tokens > capacity:
             self._metrics.dropped.labels("queue_full").inc(len(inputs))

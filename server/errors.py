@@ -3,6 +3,7 @@
 The errors carry what any front door needs (a `reason` of client/status.py REASONS, and for invalid input the
 `field` and `description`); only status_for speaks gRPC: the code, the human message, and the google.rpc
 details that client/status.py reads back (ErrorInfo, BadRequest for INVALID_ARGUMENT, RetryInfo for a full queue).
+The HTTP door maps the same errors to its statuses in server/http/errors.py.
 """
 
 from __future__ import annotations
@@ -62,6 +63,26 @@ class MessageTooLargeError(AttnserveError):
     """A request message is over max_request_bytes: the same request can never succeed."""
 
     reason = "MESSAGE_TOO_LARGE"
+
+
+class RequestTooLargeError(InvalidInputError):
+    """A request holds more tokens than the whole queue can: the same request can never succeed, unlike a
+    request refused because the queue is full now."""
+
+    reason = "REQUEST_TOO_LARGE"
+
+
+class UnauthenticatedError(AttnserveError):
+    """No API key, or not one of the server's."""
+
+    reason = "UNAUTHENTICATED"
+
+
+class ModelNotFoundError(AttnserveError):
+    """A request names a model this server does not serve (the HTTP routes that take a model name)."""
+
+    reason = "MODEL_NOT_FOUND"
+    field = "model"
 
 
 def status_for(error: BaseException, request_index: int | None = None) -> grpc.Status:

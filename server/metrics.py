@@ -14,10 +14,12 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.requests = Counter("attnserve_requests", "Requests answered, by method and status code",
-                                ["method", "code"], registry=r)
+        # protocol: "grpc" or "http"; method: the gRPC method's name or the HTTP route ("/v1/embeddings");
+        # code: the gRPC status code's name or the HTTP status.
+        self.requests = Counter("attnserve_requests", "Requests answered, by protocol, method and status code",
+                                ["protocol", "method", "code"], registry=r)
         self.request_seconds = Histogram("attnserve_request_duration_seconds", "Total time of a request",
-                                         ["method"], buckets=LATENCY_BUCKETS, registry=r)
+                                         ["protocol", "method"], buckets=LATENCY_BUCKETS, registry=r)
         self.queue_seconds = Histogram("attnserve_queue_duration_seconds",
                                        "Time an input waited in the queue before its batch started",
                                        buckets=LATENCY_BUCKETS, registry=r)
@@ -42,6 +44,12 @@ class Metrics:
                                ["reason"], registry=r)
         self.failed_batches = Counter("attnserve_batches_failed", "Batches whose session run failed", registry=r)
         self._tokens_total = self._cells_total = 0  # the gauge's running ratio; counters are write-only
+
+    def observe_request(self, protocol: str, method: str, code: str, seconds: float | None = None) -> None:
+        """One request answered; seconds None: not timed (refused before it began)."""
+        self.requests.labels(protocol, method, code).inc()
+        if seconds is not None:
+            self.request_seconds.labels(protocol, method).observe(seconds)
 
     def observe_batch(self, graph: str, size: int, tokens: int, cells: int, seconds: float) -> None:
         self.inference_seconds.labels(graph).observe(seconds)

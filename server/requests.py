@@ -1,31 +1,81 @@
-"""EmbedRequest -> validated, tokenized work, or an InvalidInputError that names the input and the problem.
+"""The protocol-neutral requests every front door hands the core, and every rule and limit that applies to them.
 
-Each error also carries the field of the request it is about (attnserve/errors.py): "inputs[3].text" where the
-message says "input 3".
+A door (gRPC in service.py, HTTP in http/) translates its wire format into these dataclasses and nothing else;
+prepare() checks what can be checked before a request costs compute and tokenizes it, raising an
+InvalidInputError that names the input and the problem. Each error also carries the field it is about, as a
+neutral path ("inputs[3].text", "inputs", "pooling", "dimensions", "attention.layers[1]") that a door may rename
+to its own wire names; the message names the place as a user reads it ("input 3: empty text").
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from attnserve.engine.manifest import Manifest
-from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
+from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, Token, TokenizedInput
 from attnserve.errors import InvalidInputError
-from attnserve.v1 import encoder_pb2 as pb
 
-POOLING = {pb.POOLING_DEFAULT: None, pb.MEAN: "mean", pb.CLS: "cls"}
+# "default" is the model's own pooling, as its graph computes it.
+POOLINGS = ("default", "mean", "cls")
+
+# An input is a text, token ids (special tokens included), or None where the wire format allows neither.
+Input = str | Sequence[int] | None
 
 # Per-embedding overhead of a reply beyond its arrays: tags, lengths, shapes.
 EMBEDDING_OVERHEAD_BYTES = 64
 
 
 @dataclass(frozen=True)
+class AttentionOptions:
+    layers: Sequence[int] = ()  # empty: the last layer; negative indices count from the end
+    heads: Sequence[int] = ()  # empty: every head; negative indices count from the end
+    average_heads: bool = False  # average over the chosen heads: the heads axis has size 1
+
+
+@dataclass(frozen=True)
+class EncodeRequest:
+    inputs: Sequence[Input]
+    pooling: str | int = "default"  # one of POOLINGS; a door passes an unknown wire value on as it is
+    normalize: bool | None = None  # None: as the model's own pipeline does
+    truncate: bool = False  # False: an input longer than max_seq_length is refused
+    truncation_direction: str = "right"  # one of TRUNCATION_DIRECTIONS
+    dimensions: int | None = None  # keep the first N dimensions of the sentence embedding (before normalising)
+    token_embeddings: bool = False
+    attention: AttentionOptions | None = None  # None: no attention weights
+    prompt_name: str | None = None  # a prompt of the model's to put before each text; the models served have none
+
+
+@dataclass(frozen=True)
+class TokenizeRequest:
+    texts: Sequence[str]
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    ids: Sequence[Sequence[int]]
+    skip_special_tokens: bool = True
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """The server's limits on one request (ServerConfig)."""
+
+    max_inputs: int
+    max_response_bytes: int
+
+
+@dataclass(frozen=True)
 class ReplyOptions:
     pooling: str | None  # None: the model's own, as the graph computes it
     normalize: bool
+    dimensions: int | None  # None: all of them
     token_embeddings: bool
     attention_layers: tuple[int, ...] | None  # non-negative indices, in the order asked; None: no attention
-    average_heads: bool
+    attention_heads: tuple[int, ...] | None = None  # non-negative indices; None: every head
+    average_heads: bool = False
 
     @property
     def attention(self) -> bool:
@@ -42,53 +92,106 @@ class PreparedRequest:
     inputs: list[TokenizedInput]
     options: ReplyOptions
 
+    @property
+    def tokens(self) -> int:
+        return sum(len(x) for x in self.inputs)
 
-def prepare(request: pb.EmbedRequest, tokenizer: TextTokenizer, manifest: Manifest, max_inputs: int,
-            max_response_bytes: int) -> PreparedRequest:
-    """Check everything about a request that can be checked before it costs compute; tokenize it."""
-    n = len(request.inputs)
+
+def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest, limits: RequestLimits,
+            float_bytes: float) -> PreparedRequest:
+    """Check everything about a request that can be checked before it costs compute; tokenize it.
+
+    float_bytes: what one float of the reply costs on the door's wire (4 in binary), for the reply size limit.
+    """
+    check_count(len(request.inputs), limits.max_inputs)
+    _check_prompt(request.prompt_name)
+    if request.pooling not in POOLINGS:
+        raise _invalid("pooling", f"pooling {request.pooling} is not one of {', '.join(POOLINGS)}")
+    if request.truncation_direction not in TRUNCATION_DIRECTIONS:
+        raise _invalid("truncation_direction", f"truncation_direction {request.truncation_direction!r} is not one "
+                                               f"of {', '.join(TRUNCATION_DIRECTIONS)}")
+    hidden = manifest.hidden_size
+    if request.dimensions is not None and not 1 <= request.dimensions <= hidden:
+        raise _invalid("dimensions", f"dimensions {request.dimensions} is out of range: this model's embeddings "
+                                     f"have {hidden} (ask for 1 to {hidden})")
+    attention = request.attention
+    options = ReplyOptions(
+        pooling=None if request.pooling == "default" else request.pooling,
+        normalize=manifest.normalize if request.normalize is None else request.normalize,
+        dimensions=request.dimensions,
+        token_embeddings=request.token_embeddings,
+        attention_layers=None if attention is None else _indices(
+            attention.layers or [-1], manifest.num_layers, "layer", "attention.layers"),
+        attention_heads=None if attention is None or not attention.heads else _indices(
+            attention.heads, manifest.num_heads, "head", "attention.heads"),
+        average_heads=attention is not None and attention.average_heads,
+    )
+    inputs = _tokenize(request, tokenizer)
+    reply_bytes = sum(_reply_bytes(len(x), options, manifest, float_bytes) for x in inputs)
+    if reply_bytes > limits.max_response_bytes:
+        raise _invalid(
+            "", f"the reply would be about {reply_bytes / 2**20:.1f} MiB, over this server's max_response_bytes "
+            f"({limits.max_response_bytes / 2**20:.1f} MiB); ask for fewer inputs, fewer attention layers or "
+            "average_heads")
+    return PreparedRequest(inputs, options)
+
+
+def check_count(n: int, max_inputs: int) -> None:
     if n == 0:
         raise _invalid("inputs", f"no inputs: send 1 to {max_inputs} inputs")
     if n > max_inputs:
         raise _invalid("inputs", f"too many inputs: {n}; this server takes at most {max_inputs} per request")
-    if request.pooling not in POOLING:
-        raise _invalid("pooling", f"pooling {request.pooling} is not one of POOLING_DEFAULT, MEAN, CLS")
-    options = ReplyOptions(
-        pooling=POOLING[request.pooling],
-        normalize=request.normalize if request.HasField("normalize") else manifest.normalize,
-        token_embeddings=request.return_token_embeddings,
-        attention_layers=_attention_layers(request, manifest.num_layers) if request.HasField("attention") else None,
-        average_heads=request.attention.average_heads,
-    )
-    inputs = _tokenize(request, tokenizer)
-    reply_bytes = sum(_reply_bytes(len(x), options, manifest) for x in inputs)
-    if reply_bytes > max_response_bytes:
-        raise _invalid(
-            "", f"the reply would be about {reply_bytes / 2**20:.1f} MiB, over this server's max_response_bytes "
-            f"({max_response_bytes / 2**20:.1f} MiB); ask for fewer inputs, fewer attention layers or average_heads")
-    return PreparedRequest(inputs, options)
 
 
-def _attention_layers(request: pb.EmbedRequest, num_layers: int) -> tuple[int, ...]:
-    layers = []
-    for i, layer in enumerate(request.attention.layers or [-1]):
-        if not -num_layers <= layer < num_layers:
-            raise _invalid(
-                f"attention.layers[{i}]", f"layer {layer} does not exist; the model has {num_layers} layers "
-                f"(0..{num_layers - 1}, or -{num_layers}..-1 from the end)", label=f"attention.layers[{i}]")
-        layers.append(layer % num_layers)
-    return tuple(layers)
+def prepare_tokenize(request: TokenizeRequest, tokenizer: TextTokenizer, limits: RequestLimits) -> list[list[Token]]:
+    """Every token of each text, whole; the texts are checked as any text input is."""
+    check_count(len(request.texts), limits.max_inputs)
+    _check_prompt(request.prompt_name)
+    return _labelled(lambda labels: tokenizer.token_spans(request.texts, request.add_special_tokens, labels),
+                     len(request.texts))
 
 
-def _tokenize(request: pb.EmbedRequest, tokenizer: TextTokenizer) -> list[TokenizedInput]:
+def prepare_decode(request: DecodeRequest, tokenizer: TextTokenizer, limits: RequestLimits) -> list[str]:
+    """The text of each id list; the ids are checked as token-id inputs are."""
+    check_count(len(request.ids), limits.max_inputs)
+    return _labelled(lambda labels: tokenizer.decode(request.ids, request.skip_special_tokens, labels),
+                     len(request.ids))
+
+
+def _check_prompt(name: str | None) -> None:
+    # export refuses checkpoints with a default prompt (model/pipeline.py): no model served has prompts.
+    if name is not None:
+        raise _invalid("prompt_name", f"prompt_name {name!r} does not exist: the model has no prompts")
+
+
+def _labelled(call, n: int):
+    """Run a tokenizer call that names the inputs "input i" in its errors, adding the input's field to an error."""
+    labels = [f"input {i}" for i in range(n)]
+    try:
+        return call(labels)
+    except InvalidInputError as error:
+        raise _located(error, labels, [f"inputs[{i}]" for i in range(n)]) from None
+
+
+def _indices(asked: Sequence[int], size: int, what: str, field: str) -> tuple[int, ...]:
+    """Indices into an axis of `size`, negative ones counting from the end, as non-negative indices."""
+    out = []
+    for i, index in enumerate(asked):
+        if not -size <= index < size:
+            raise _invalid(f"{field}[{i}]", f"{what} {index} does not exist; the model has {size} {what}s "
+                                            f"(0..{size - 1}, or -{size}..-1 from the end)", label=f"{field}[{i}]")
+        out.append(index % size)
+    return tuple(out)
+
+
+def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer) -> list[TokenizedInput]:
     texts, text_rows, ids, id_rows = [], [], [], []
     for row, item in enumerate(request.inputs):
-        kind = item.WhichOneof("content")
-        if kind == "text":
-            texts.append(item.text)
+        if isinstance(item, str):
+            texts.append(item)
             text_rows.append(row)
-        elif kind == "token_ids":
-            ids.append(item.token_ids.ids)
+        elif item is not None:
+            ids.append(item)
             id_rows.append(row)
         else:
             raise _invalid(f"inputs[{row}]", "neither text nor token_ids is set", label=f"input {row}")
@@ -99,7 +202,7 @@ def _tokenize(request: pb.EmbedRequest, tokenizer: TextTokenizer) -> list[Tokeni
             continue
         labels = [f"input {r}" for r in rows]
         try:
-            encoded = encode(items, request.truncate, labels)
+            encoded = encode(items, request.truncate, labels, request.truncation_direction)
         except InvalidInputError as error:
             raise _located(error, labels, [f"inputs[{r}].{kind}" for r in rows]) from None
         for row, x in zip(rows, encoded, strict=True):
@@ -122,13 +225,15 @@ def _located(error: InvalidInputError, labels: list[str], fields: list[str]) -> 
     return _invalid("inputs", message)
 
 
-def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest) -> int:
-    hidden, heads = manifest.hidden_size, manifest.num_heads
-    size = EMBEDDING_OVERHEAD_BYTES + 4 * hidden
+def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest, float_bytes: float) -> int:
+    hidden = manifest.hidden_size
+    heads = len(options.attention_heads) if options.attention_heads else manifest.num_heads
+    floats = options.dimensions or hidden
     if options.token_embeddings:
-        size += 4 * tokens * hidden
+        floats += tokens * hidden
     if options.attention:
-        size += 4 * len(options.attention_layers) * (1 if options.average_heads else heads) * tokens * tokens
+        floats += len(options.attention_layers) * (1 if options.average_heads else heads) * tokens * tokens
+    size = EMBEDDING_OVERHEAD_BYTES + float_bytes * floats
     if options.tokens:
         size += 8 * tokens  # a word piece and its tag, on average
-    return size
+    return int(size)

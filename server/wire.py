@@ -67,8 +67,8 @@ class RequestGuard(grpc.aio.ServerInterceptor):
         def deserialize(raw: bytes):
             if len(raw) > limit:
                 return Refused(MessageTooLargeError(
-                    f"the request message is {_size(len(raw))}, over this server's max_request_bytes "
-                    f"({_size(limit)}); send fewer or shorter inputs per request"))
+                    f"the request message is {human_size(len(raw))}, over this server's max_request_bytes "
+                    f"({human_size(limit)}); send fewer or shorter inputs per request"))
             if parse is None:
                 return raw
             try:
@@ -156,5 +156,5 @@ def _require_async(behavior: Callable, method: str) -> None:
         raise TypeError(f"{method}: the server serves asyncio handlers only, got {behavior!r}")
 
 
-def _size(n: int) -> str:
+def human_size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"

@@ -65,7 +65,13 @@ def test_serve_start_up_errors_are_one_line(artifacts, server, tmp_path):
     assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--port", busy, "--metrics-port", "-1"),
                           f"cannot listen on 0.0.0.0:{busy}")
     assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--port", "0", "--metrics-port",
-                                  str(server.metrics_port), "--host", "127.0.0.1"), "cannot serve metrics")
+                                  str(server.metrics_port), "--http-port", "0", "--host", "127.0.0.1"),
+                          "cannot serve metrics")
+    assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--port", "0", "--metrics-port", "-1",
+                                  "--http-port", str(server.http_port), "--host", "127.0.0.1"),
+                          f"cannot listen on 127.0.0.1:{server.http_port}")
+    assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--port", "9999", "--http-port", "9999"),
+                          "port, http_port and metrics_port must differ")
     assert_one_line_error(run_cli("serve", "--artifacts", tmp_path / "nothing-here"), "nothing-here")
     assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--max-queue-tokens", "100", "--port", "0",
                                   "--metrics-port", "-1"), "max_queue_tokens 100 cannot hold one input")

@@ -24,7 +24,9 @@ def test_the_contract_of_design_md():
     assert methods == {"Embed": (False, False), "EmbedStream": (True, True), "GetModelInfo": (False, False)}
     fields = {f.name: f.number for f in pb.EmbedRequest.DESCRIPTOR.fields}
     assert fields == {"inputs": 1, "pooling": 2, "normalize": 3, "return_token_embeddings": 4, "attention": 5,
-                      "truncate": 6}
+                      "truncate": 6, "dimensions": 7, "truncation_direction": 8}  # 7, 8: added with the HTTP door
+    fields = {f.name: f.number for f in pb.AttentionOptions.DESCRIPTOR.fields}
+    assert fields == {"layers": 1, "average_heads": 2, "heads": 3}
     fields = {f.name: f.number for f in pb.Embedding.DESCRIPTOR.fields}
     assert fields == {"sentence_embedding": 1, "token_embeddings": 2, "attentions": 3, "tokens": 4, "num_tokens": 5,
                       "truncated": 6}

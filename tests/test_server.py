@@ -24,7 +24,7 @@ def test_serving_after_warm_up_and_model_info(server, stub):
         "sentence-transformers/all-MiniLM-L6-v2", 384, 6, 12)
     assert (info.max_seq_length, info.vocab_size, info.pooling, info.normalize) == (256, 30522, "mean", True)
     assert (info.provider, info.precision) == ("CPUExecutionProvider", "fp32")
-    assert info.limits.max_inputs_per_request == 256 and info.limits.max_batch_tokens == 2048
+    assert info.limits.max_inputs_per_request == 2048 and info.limits.max_batch_tokens == 2048
     assert info.limits.max_queue_tokens == 65536 and info.limits.max_request_bytes == 4 * 2**20
 
 

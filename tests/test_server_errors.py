@@ -15,9 +15,9 @@ LONG = "word " * 400  # ~400 tokens, past max_seq_length 256
 
 # case: (request, the message, the BadRequest field, its description: the problem alone)
 BAD_REQUESTS = {
-    "no inputs": (pb.EmbedRequest(), "no inputs", "inputs", "no inputs: send 1 to 256 inputs"),
-    "too many inputs": (make_request(["x"] * 257), "too many inputs: 257; this server takes at most 256", "inputs",
-                        "too many inputs: 257; this server takes at most 256 per request"),
+    "no inputs": (pb.EmbedRequest(), "no inputs", "inputs", "no inputs: send 1 to 2048 inputs"),
+    "too many inputs": (make_request(["x"] * 2049), "too many inputs: 2049; this server takes at most 2048", "inputs",
+                        "too many inputs: 2049; this server takes at most 2048 per request"),
     "an empty text": (make_request(["fine", "   "]), "input 1: empty text", "inputs[1].text", "empty text"),
     "an unset input": (pb.EmbedRequest(inputs=[pb.Input(text="ok"), pb.Input()]),
                        "input 1: neither text nor token_ids is set", "inputs[1]", "neither text nor token_ids is set"),
@@ -40,7 +40,18 @@ BAD_REQUESTS = {
                                   "attention.layers[1]: layer -7 does not exist", "attention.layers[1]",
                                   "layer -7 does not exist; the model has 6 layers (0..5, or -6..-1 from the end)"),
     "an unknown pooling": (pb.EmbedRequest(inputs=[pb.Input(text="x")], pooling=7), "pooling 7 is not one of",
-                           "pooling", "pooling 7 is not one of POOLING_DEFAULT, MEAN, CLS"),
+                           "pooling", "pooling 7 is not one of default, mean, cls"),
+    "dimensions above the hidden size": (make_request(["x"], dimensions=385), "dimensions 385 is out of range",
+                                         "dimensions", "dimensions 385 is out of range: this model's embeddings have "
+                                                       "384 (ask for 1 to 384)"),
+    "dimensions below 1": (make_request(["x"], dimensions=0), "dimensions 0 is out of range", "dimensions",
+                           "dimensions 0 is out of range: this model's embeddings have 384 (ask for 1 to 384)"),
+    "an unknown head": (make_request(["x"], attention_layers=[-1], attention_heads=[0, 12]),
+                        "attention.heads[1]: head 12 does not exist", "attention.heads[1]",
+                        "head 12 does not exist; the model has 12 heads (0..11, or -12..-1 from the end)"),
+    "an unknown truncation direction": (pb.EmbedRequest(inputs=[pb.Input(text="x")], truncation_direction=5),
+                                        "truncation_direction 5 is not one of right, left", "truncation_direction",
+                                        "truncation_direction 5 is not one of right, left"),
     "a reply over max_response_bytes": (
         make_request([LONG] * 20, truncate=True, attention_layers=list(range(6))),
         "the reply would be about 360.1 MiB, over this server's max_response_bytes (64.0 MiB)", "",
@@ -103,8 +114,8 @@ def test_request_over_max_request_bytes_gets_a_clear_error(server, stub):
 
 
 def test_errors_are_counted_by_code(server, stub):
-    before = server.metrics().get('attnserve_requests_total{code="INVALID_ARGUMENT",method="Embed"}', 0)
+    before = server.metrics().get('attnserve_requests_total{code="INVALID_ARGUMENT",method="Embed",protocol="grpc"}', 0)
     with pytest.raises(grpc.RpcError):
         stub.Embed(make_request([""]), timeout=30)
-    after = server.metrics()['attnserve_requests_total{code="INVALID_ARGUMENT",method="Embed"}']
+    after = server.metrics()['attnserve_requests_total{code="INVALID_ARGUMENT",method="Embed",protocol="grpc"}']
     assert after == before + 1

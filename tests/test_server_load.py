@@ -121,8 +121,8 @@ def test_overload_is_resource_exhausted_and_every_accepted_request_completes(sma
     assert {e.reason for e in errors} == {"QUEUE_FULL"}, errors
     assert all(0.05 <= e.retry_delay < 60 and e.field is None for e in errors), errors
     metrics = server.metrics()
-    assert metrics['attnserve_requests_total{code="OK",method="Embed"}'] == codes[grpc.StatusCode.OK]
-    assert metrics['attnserve_requests_total{code="RESOURCE_EXHAUSTED",method="Embed"}'] == \
+    assert metrics['attnserve_requests_total{code="OK",method="Embed",protocol="grpc"}'] == codes[grpc.StatusCode.OK]
+    assert metrics['attnserve_requests_total{code="RESOURCE_EXHAUSTED",method="Embed",protocol="grpc"}'] == \
         codes[grpc.StatusCode.RESOURCE_EXHAUSTED]
     assert metrics['attnserve_batch_size_sum{graph="embeddings"}'] == 4 * codes[grpc.StatusCode.OK]
 

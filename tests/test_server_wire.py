@@ -112,7 +112,7 @@ def test_grpc_still_refuses_a_message_over_its_own_higher_limit(server, stub):
 
 
 def test_refused_messages_are_counted_by_code(server):
-    metric = 'attnserve_requests_total{code="INVALID_ARGUMENT",method="Embed"}'
+    metric = 'attnserve_requests_total{code="INVALID_ARGUMENT",method="Embed",protocol="grpc"}'
     before = server.metrics().get(metric, 0)
     with server.channel() as channel:
         call_raw(channel, "/attnserve.v1.Encoder/Embed", [CORRUPT["a field cut short"]])

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import ssl
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -59,6 +61,13 @@ def pki(tmp_path_factory) -> dict[str, str]:
             "client_cert": client_cert}
 
 
+def ssl_context(ca: str, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=ca)
+    if cert:
+        context.load_cert_chain(cert, key)
+    return context
+
+
 def _serve(artifacts, tmp_path, pki, *extra):
     process = ServerProcess(artifacts, "--tls-cert", pki["server_cert"], "--tls-key", pki["server_key"],
                             "--metrics-port", "-1", *extra, log_path=tmp_path / "server.log")
@@ -78,6 +87,12 @@ def test_tls_works_and_a_plaintext_client_is_refused(artifacts, tmp_path, pki):
         # The CLI client takes the same flags.
         result = run_cli("embed", "over TLS from the CLI", "--target", server.target, "--tls-ca", pki["ca"])
         assert result.returncode == 0, result.stderr
+        # HTTP is served over TLS from the same files.
+        https = server.http_url.replace("http://127.0.0.1", "https://localhost")
+        assert httpx.post(f"{https}/embed", json={"inputs": "over https"}, verify=ssl_context(pki["ca"]),
+                          timeout=30).status_code == 200
+        with pytest.raises(httpx.TransportError):
+            httpx.post(f"{server.http_url}/embed", json={"inputs": "in the clear"}, timeout=5)
     finally:
         assert server.terminate() == 0, server.log_tail()
 
@@ -94,6 +109,13 @@ def test_mutual_tls_requires_a_client_certificate(artifacts, tmp_path, pki):
             with pytest.raises(RequestError) as error:
                 anonymous.embed(["no client certificate"])
         assert error.value.code == grpc.StatusCode.UNAVAILABLE
+        # And over HTTP: the same client CA.
+        https = server.http_url.replace("http://127.0.0.1", "https://localhost")
+        mutual = ssl_context(pki["ca"], pki["client_cert"], pki["client_key"])
+        assert httpx.post(f"{https}/embed", json={"inputs": "mutual TLS"}, verify=mutual, timeout=30).status_code == 200
+        with pytest.raises(httpx.TransportError):
+            httpx.post(f"{https}/embed", json={"inputs": "no client certificate"}, verify=ssl_context(pki["ca"]),
+                       timeout=5)
     finally:
         assert server.terminate() == 0, server.log_tail()
 

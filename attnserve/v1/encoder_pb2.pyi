@@ -7,6 +7,11 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class TruncationDirection(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRUNCATE_RIGHT: _ClassVar[TruncationDirection]
+    TRUNCATE_LEFT: _ClassVar[TruncationDirection]
+
 class Pooling(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     POOLING_DEFAULT: _ClassVar[Pooling]
@@ -18,6 +23,8 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_UNSPECIFIED: _ClassVar[DType]
     FLOAT32: _ClassVar[DType]
     FLOAT16: _ClassVar[DType]
+TRUNCATE_RIGHT: TruncationDirection
+TRUNCATE_LEFT: TruncationDirection
 POOLING_DEFAULT: Pooling
 MEAN: Pooling
 CLS: Pooling
@@ -26,20 +33,24 @@ FLOAT32: DType
 FLOAT16: DType
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("inputs", "pooling", "normalize", "return_token_embeddings", "attention", "truncate")
+    __slots__ = ("inputs", "pooling", "normalize", "return_token_embeddings", "attention", "truncate", "dimensions", "truncation_direction")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     POOLING_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     RETURN_TOKEN_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATION_DIRECTION_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedCompositeFieldContainer[Input]
     pooling: Pooling
     normalize: bool
     return_token_embeddings: bool
     attention: AttentionOptions
     truncate: bool
-    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., return_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionOptions, _Mapping]] = ..., truncate: _Optional[bool] = ...) -> None: ...
+    dimensions: int
+    truncation_direction: TruncationDirection
+    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., return_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionOptions, _Mapping]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ...) -> None: ...
 
 class Input(_message.Message):
     __slots__ = ("text", "token_ids")
@@ -56,12 +67,14 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AttentionOptions(_message.Message):
-    __slots__ = ("layers", "average_heads")
+    __slots__ = ("layers", "average_heads", "heads")
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     AVERAGE_HEADS_FIELD_NUMBER: _ClassVar[int]
+    HEADS_FIELD_NUMBER: _ClassVar[int]
     layers: _containers.RepeatedScalarFieldContainer[int]
     average_heads: bool
-    def __init__(self, layers: _Optional[_Iterable[int]] = ..., average_heads: _Optional[bool] = ...) -> None: ...
+    heads: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, layers: _Optional[_Iterable[int]] = ..., average_heads: _Optional[bool] = ..., heads: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("shape", "dtype", "data")

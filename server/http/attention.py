@@ -1,0 +1,59 @@
+"""attnserve's own route: POST /v1/attention, the attention weights of texts or token ids, labelled with their
+word pieces, as nested lists or base64 with their shape. The attention explorer calls it.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..core import Core
+from ..replies import EncodeReply
+from ..requests import AttentionOptions, EncodeRequest
+from .bodies import AttentionBody, AttentionReply
+from .errors import OPENAI, WireNames
+from .inputs import inputs_of
+from .route import Route
+from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response, within
+
+NAMES = WireNames({"attention.": ""})
+
+
+def to_core(body: AttentionBody) -> EncodeRequest:
+    return EncodeRequest(
+        inputs=inputs_of(body.inputs), truncate=body.truncate, truncation_direction=body.truncation_direction.lower(),
+        attention=AttentionOptions(layers=body.layers, heads=body.heads, average_heads=body.average_heads))
+
+
+def render(reply: EncodeReply, model: str, base64_format: bool, num_heads: int) -> bytes:
+    options = reply.options
+    heads = list(options.attention_heads) if options.attention_heads is not None else list(range(num_heads))
+    return dumps({
+        "object": "list",
+        "model": model,
+        "data": [{"index": i, "tokens": item.tokens, "num_tokens": item.num_tokens, "truncated": item.truncated,
+                  "layers": list(options.attention_layers),
+                  "heads": heads,
+                  "shape": list(item.attentions.shape), "attentions": floats(item.attentions, base64_format)}
+                 for i, item in enumerate(reply.inputs)],
+        "usage": {"prompt_tokens": reply.tokens, "total_tokens": reply.tokens},
+    })
+
+
+class AttentionRoutes:
+    def __init__(self, core: Core, bodies: BodyReader):
+        self._core, self._bodies = core, bodies
+
+    def routes(self) -> list[Route]:
+        return [Route("POST", "/v1/attention", self.attention, OPENAI,
+                      "attention weights [layers, heads or 1, tokens, tokens] with the word pieces", AttentionBody,
+                      AttentionReply, names=NAMES)]
+
+    async def attention(self, request: web.Request) -> web.Response:
+        body, core_request = await self._bodies.read(request, AttentionBody, lambda b: (b, to_core(b)))
+        model = self._core.info.model if body.model is None else body.model
+        self._core.check_model(model)
+        base64_format, until = body.encoding_format == "base64", deadline(request)
+        reply, _ = await within(self._core.encode(
+            core_request, until, lambda r: render(r, model, base64_format, self._core.info.num_heads),
+            BASE64_FLOAT_BYTES if base64_format else JSON_FLOAT_BYTES), until)
+        return json_response(reply)

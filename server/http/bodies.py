@@ -1,0 +1,219 @@
+"""The JSON bodies of the HTTP routes, as pydantic models: what parses a request, and what /openapi.json
+describes (openapi.py builds the spec from these same classes, so the description cannot drift from the parser).
+
+Models are strict: a string is not a number, a number is not a boolean. OpenAI's route and attnserve's own
+refuse unknown fields, as OpenAI's API does; TEI's routes ignore them, as TEI does (its clients send fields that
+some routes do not take: tei-client sends `normalize` to /embed_all). The reply models are for the description
+only: replies are written with orjson straight from numpy (replies.py in this package), and the tests check them
+against these.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from attnserve.errors import InvalidInputError
+
+from ..errors import MalformedMessageError
+
+# A text, texts, one input's token ids (special tokens included) or several inputs' token ids.
+Inputs = Union[str, list[str], list[int], list[list[int]]]
+INPUTS_FORMS = "a string, a list of strings, a list of token ids or a list of lists of token ids"
+TruncationDirection = Literal["Right", "Left", "right", "left"]
+EncodingFormat = Literal["float", "base64"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class _TeiBody(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+# --- OpenAI -----------------------------------------------------------------
+
+class OpenAIEmbeddingsBody(_Strict):
+    input: Inputs = Field(description=f"{INPUTS_FORMS}; token ids include the special tokens ([CLS] ... [SEP])")
+    model: str = Field(description="the served model's name or one of its --served-model-name aliases")
+    encoding_format: EncodingFormat | None = Field(
+        None, description="float (the default) or base64: the little-endian float32 bytes of each vector")
+    dimensions: int | None = Field(None, description="keep the first N dimensions, then L2-normalise")
+    user: str | None = Field(None, description="accepted and ignored")
+    truncate: bool = Field(False, description="attnserve's: cut inputs longer than max_seq_length instead of "
+                                              "refusing them")
+
+
+class OpenAIEmbedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="floats, or base64 of little-endian float32")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = Field(description="tokens the model saw, special tokens included")
+    total_tokens: int
+
+
+class OpenAIEmbeddingsReply(BaseModel):
+    object: Literal["list"]
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: Usage
+
+
+class OpenAIModel(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class OpenAIModelList(BaseModel):
+    object: Literal["list"]
+    data: list[OpenAIModel]
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIError(BaseModel):
+    error: OpenAIErrorDetail
+
+
+# --- text-embeddings-inference ----------------------------------------------
+
+class TeiEmbedBody(_TeiBody):
+    inputs: Inputs
+    normalize: bool = True
+    truncate: bool | None = Field(None, description="false or unset: an input over max_seq_length is refused")
+    truncation_direction: TruncationDirection = "Right"
+    dimensions: int | None = None
+    prompt_name: str | None = Field(None, description="must be unset: the model has no prompts")
+
+
+class TeiEmbedAllBody(_TeiBody):
+    inputs: Inputs
+    truncate: bool | None = None
+    truncation_direction: TruncationDirection = "Right"
+    prompt_name: str | None = None
+
+
+class TeiTokenizeBody(_TeiBody):
+    inputs: str | list[str]
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+
+class TeiDecodeBody(_TeiBody):
+    ids: list[int] | list[list[int]]
+    skip_special_tokens: bool = True
+
+
+class TeiToken(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None = Field(description="character offset into the input; null for a special token")
+    stop: int | None
+
+
+class TeiEmbeddingModel(BaseModel):
+    pooling: str
+
+
+class TeiModelType(BaseModel):
+    embedding: TeiEmbeddingModel
+
+
+class TeiInfo(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    model_id: str
+    model_sha: str | None
+    model_dtype: str
+    model_type: TeiModelType
+    max_concurrent_requests: int | None
+    max_input_length: int
+    max_batch_tokens: int
+    max_batch_requests: int | None
+    max_client_batch_size: int
+    auto_truncate: bool
+    tokenization_workers: int | None
+    version: str
+    sha: str | None
+    docker_label: str | None
+
+
+class TeiError(BaseModel):
+    error: str
+    error_type: str
+
+
+# --- attnserve's own --------------------------------------------------------
+
+class AttentionBody(_Strict):
+    inputs: Inputs = Field(description=INPUTS_FORMS)
+    model: str | None = Field(None, description="if given, the served model's name or an alias")
+    layers: list[int] = Field(default_factory=list, description="layers in this order; empty: the last; "
+                                                                "negative indices count from the end")
+    heads: list[int] = Field(default_factory=list, description="heads in this order; empty: every head")
+    average_heads: bool = Field(False, description="average the chosen heads: the heads axis has size 1")
+    truncate: bool = False
+    truncation_direction: TruncationDirection = "Right"
+    encoding_format: EncodingFormat = Field(
+        "float", description="float: nested lists; base64: the little-endian float32 bytes, row-major in `shape`")
+
+
+class AttentionMap(BaseModel):
+    index: int
+    tokens: list[str] = Field(description="the word pieces, special tokens included: the labels of both axes")
+    num_tokens: int
+    truncated: bool
+    layers: list[int] = Field(description="the layers returned, as non-negative indices")
+    heads: list[int] | None = Field(description="the heads returned or averaged")
+    shape: list[int] = Field(description="[layers, heads or 1, tokens, tokens]; each row sums to 1")
+    attentions: list | str
+
+
+class AttentionReply(BaseModel):
+    object: Literal["list"]
+    model: str
+    data: list[AttentionMap]
+    usage: Usage
+
+
+# --- parsing ----------------------------------------------------------------
+
+_UNION_FORMS = {Inputs: INPUTS_FORMS, Union[str, list[str]]: "a string or a list of strings",
+                Union[list[int], list[list[int]]]: "a list of token ids or a list of lists of token ids"}
+
+
+def parse(model: type[BaseModel], body: bytes) -> BaseModel:
+    """The body as `model`, or a MalformedMessageError / InvalidInputError naming the field and the problem."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise _error(model, e.errors(include_url=False)[0]) from None
+
+
+def _error(model: type[BaseModel], first: dict) -> Exception:
+    kind, loc = first["type"], first["loc"]
+    if kind == "json_invalid":
+        return MalformedMessageError(f"the body is not JSON: {first['msg'].removeprefix('Invalid JSON: ')}")
+    if not loc:
+        return MalformedMessageError("the body must be a JSON object")
+    name = str(loc[0])
+    annotation = model.model_fields[name].annotation if name in model.model_fields else None
+    if annotation in _UNION_FORMS:  # one message for the union, rather than one per form it failed to be
+        field, problem = name, f"must be {_UNION_FORMS[annotation]}"
+    else:
+        field = name + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc[1:])
+        problem = {"missing": "required", "extra_forbidden": "not a field of this route"}.get(
+            kind, first["msg"][0].lower() + first["msg"][1:])
+    return InvalidInputError(f"{field}: {problem}", field=field, description=problem)

@@ -1,0 +1,120 @@
+"""Every error an HTTP request can meet -> its HTTP status, headers and body: the HTTP door's one mapping, as
+server/errors.py status_for is the gRPC door's.
+
+The status comes from the error's protocol-neutral `reason` alone (HTTP_STATUS). The body takes the envelope of
+the route's family: OpenAI's `{"error": {"message", "type", "param", "code"}}` on /v1/*, TEI's
+`{"error", "error_type"}` on TEI's routes. `param` is the field the error names, in the route's own wire names.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import orjson
+
+from attnserve.errors import AttnserveError
+
+from ..errors import QueueFullError
+
+log = logging.getLogger("attnserve.server")
+
+OPENAI, TEI = "openai", "tei"
+
+HTTP_STATUS = {
+    "INVALID_INPUT": 400,  # an input or option of the request
+    "MALFORMED_MESSAGE": 400,  # a body that is not JSON, or not of the route's shape
+    "UNAUTHENTICATED": 401,
+    "MODEL_NOT_FOUND": 404,
+    "NOT_FOUND": 404,  # no such route
+    "METHOD_NOT_ALLOWED": 405,
+    "MESSAGE_TOO_LARGE": 413,  # a body over max_request_bytes
+    "REQUEST_TOO_LARGE": 413,  # more tokens than the whole queue holds: never, unlike QUEUE_FULL
+    "QUEUE_FULL": 429,  # retry after Retry-After
+    "BATCH_FAILED": 500,  # retry
+    "INTERNAL": 500,
+    "SHUTTING_DOWN": 503,  # retry on another replica
+    "NOT_SERVING": 503,  # /health before warm-up and while draining
+    "DEADLINE_EXCEEDED": 504,
+}
+
+# OpenAI's error types by status class, and TEI's error_type by reason.
+_OPENAI_TYPE = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+                405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+_OPENAI_CODE = {"UNAUTHENTICATED": "invalid_api_key"}  # else the reason in lower case: "model_not_found"
+_TEI_TYPE = {"INVALID_INPUT": "Validation", "MALFORMED_MESSAGE": "Validation", "MESSAGE_TOO_LARGE": "Validation",
+             "REQUEST_TOO_LARGE": "Validation", "UNAUTHENTICATED": "Unauthorized", "MODEL_NOT_FOUND": "NotFound",
+             "NOT_FOUND": "NotFound", "METHOD_NOT_ALLOWED": "MethodNotAllowed", "QUEUE_FULL": "Overloaded",
+             "DEADLINE_EXCEEDED": "Overloaded", "SHUTTING_DOWN": "Unhealthy", "NOT_SERVING": "Unhealthy",
+             "BATCH_FAILED": "Backend",
+             "INTERNAL": "Backend"}
+
+
+class RouteNotFoundError(AttnserveError):
+    reason = "NOT_FOUND"
+
+
+class MethodNotAllowedError(AttnserveError):
+    reason = "METHOD_NOT_ALLOWED"
+
+
+class NotServingError(AttnserveError):
+    reason = "NOT_SERVING"
+
+
+@dataclass(frozen=True)
+class WireNames:
+    """How a route's family names the core's neutral fields: a prefix replaced ("inputs" -> "input",
+    "attention." -> ""); and in JSON an input is its text or its ids, so ".text" and ".token_ids" go."""
+
+    prefixes: dict[str, str] = field(default_factory=dict)
+
+    def __call__(self, neutral: str) -> str:
+        for old, new in self.prefixes.items():
+            if neutral.startswith(old):
+                neutral = new + neutral[len(old):]
+                break
+        for kind in (".text", ".token_ids"):
+            if neutral.endswith(kind):
+                return neutral[: -len(kind)]
+        return neutral
+
+
+@dataclass(frozen=True)
+class HttpError:
+    status: int
+    body: bytes
+    headers: dict[str, str]
+
+
+def http_error(error: BaseException, style: str, names: WireNames | None = None) -> HttpError:
+    """The status, headers and body a client sees for error on a route of `style` (OPENAI or TEI).
+
+    Errors we did not expect are logged whole and told apart by name only.
+    """
+    if isinstance(error, AttnserveError) and error.reason in HTTP_STATUS:
+        reason, message = error.reason, str(error)
+    else:
+        log.error("unexpected error while serving a request", exc_info=error)
+        reason, message = "INTERNAL", f"internal error ({type(error).__name__}); the server log has the details"
+    status = HTTP_STATUS[reason]
+    headers = {}
+    if isinstance(error, QueueFullError):
+        # Retry-After is whole seconds; the openai SDK reads retry-after-ms first, to the millisecond.
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
+        headers["retry-after-ms"] = str(max(1, round(error.retry_after * 1e3)))
+    if reason == "UNAUTHENTICATED":
+        headers["WWW-Authenticate"] = "Bearer"
+    if reason == "SHUTTING_DOWN":
+        headers["Connection"] = "close"  # a kept-alive client reconnects, to another replica
+    field = getattr(error, "field", None) or None
+    wire_field = names(field) if names and field else field
+    if field and message.startswith(f"{field}: "):  # a message that names the field names it as the route does
+        message = f"{wire_field}{message[len(field):]}"
+    if style == OPENAI:
+        body = {"error": {"message": message, "type": _OPENAI_TYPE.get(status, "server_error"), "param": wire_field,
+                          "code": _OPENAI_CODE.get(reason, reason.lower())}}
+    else:
+        body = {"error": message, "error_type": _TEI_TYPE[reason]}
+    return HttpError(status, orjson.dumps(body), headers)

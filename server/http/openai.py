@@ -1,0 +1,74 @@
+"""OpenAI's embeddings API over the core: POST /v1/embeddings (also /embeddings), GET /v1/models[/{id}].
+
+Embeddings are L2-normalised, as OpenAI's are; `dimensions` keeps the first N dimensions before that
+(Matryoshka). `usage` counts the tokens the model saw, special tokens included.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from ..core import Core
+from ..replies import EncodeReply
+from ..requests import EncodeRequest
+from .bodies import OpenAIEmbeddingsBody, OpenAIEmbeddingsReply, OpenAIModel, OpenAIModelList
+from .errors import OPENAI, WireNames
+from .inputs import inputs_of
+from .route import Route
+from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response, within
+
+NAMES = WireNames({"inputs": "input"})
+OWNER = "attnserve"
+
+
+def to_core(body: OpenAIEmbeddingsBody) -> EncodeRequest:
+    return EncodeRequest(inputs=inputs_of(body.input), normalize=True, truncate=body.truncate,
+                         dimensions=body.dimensions)
+
+
+def render(reply: EncodeReply, model: str, base64_format: bool) -> bytes:
+    return dumps({
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": floats(row, base64_format)}
+                 for i, row in enumerate(reply.embeddings)],
+        "model": model,
+        "usage": {"prompt_tokens": reply.tokens, "total_tokens": reply.tokens},
+    })
+
+
+class OpenAIRoutes:
+    def __init__(self, core: Core, bodies: BodyReader):
+        self._core, self._bodies = core, bodies
+        self._created = int(time.time())
+
+    def routes(self) -> list[Route]:
+        embeddings = dict(handler=self.embeddings, style=OPENAI, body=OpenAIEmbeddingsBody,
+                          reply=OpenAIEmbeddingsReply, names=NAMES)
+        return [
+            Route("POST", "/v1/embeddings", summary="OpenAI's embeddings API", **embeddings),
+            Route("POST", "/embeddings", summary="OpenAI's embeddings API (without /v1)", **embeddings),
+            Route("GET", "/v1/models", self.models, OPENAI, "the model's names", reply=OpenAIModelList),
+            Route("GET", "/v1/models/{id:.+}", self.model, OPENAI, "one of the model's names", reply=OpenAIModel),
+        ]
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body, core_request = await self._bodies.read(request, OpenAIEmbeddingsBody, lambda b: (b, to_core(b)))
+        self._core.check_model(body.model)
+        base64_format, until = body.encoding_format == "base64", deadline(request)
+        reply, _ = await within(self._core.encode(
+            core_request, until, lambda r: render(r, body.model, base64_format),
+            BASE64_FLOAT_BYTES if base64_format else JSON_FLOAT_BYTES), until)
+        return json_response(reply)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return json_response(dumps({"object": "list", "data": [self._model(name) for name in self._core.info.names]}))
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["id"]
+        self._core.check_model(name)
+        return json_response(dumps(self._model(name)))
+
+    def _model(self, name: str) -> dict:
+        return {"id": name, "object": "model", "created": self._created, "owned_by": OWNER}

@@ -1,0 +1,25 @@
+"""One HTTP route: what the door registers, the middleware consults and /openapi.json describes."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from pydantic import BaseModel
+
+from .errors import WireNames
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str  # "GET" or "POST"
+    path: str  # aiohttp's pattern, also the `method` label of the request metrics: "/v1/models/{id}"
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    style: str  # the error envelope: errors.OPENAI or errors.TEI
+    summary: str
+    body: type[BaseModel] | None = None  # the JSON body it takes
+    reply: type[BaseModel] | None = None  # its 200 reply, for the description; None: see reply_schema
+    reply_schema: dict | None = None  # a 200 reply that is no model (a JSON list)
+    names: WireNames = field(default_factory=WireNames)
+    open: bool = False  # answered without an API key and while draining: /health

@@ -1,0 +1,108 @@
+"""text-embeddings-inference's routes over the core, in TEI's request and reply shapes, so that TEI's clients work
+unchanged: POST /embed (also POST /, as TEI answers it for an embedding model), /embed_all, /tokenize, /decode;
+GET /info and /health.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..core import Core
+from ..replies import EncodeReply
+from ..requests import DecodeRequest, EncodeRequest, TokenizeRequest
+from .bodies import TeiDecodeBody, TeiEmbedAllBody, TeiEmbedBody, TeiInfo, TeiTokenizeBody
+from .errors import TEI, NotServingError
+from .inputs import inputs_of
+from .route import Route
+from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response, within
+
+# TEI names the dtype in full.
+DTYPE = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
+
+
+def _list_of(schema: dict) -> dict:
+    return {"type": "array", "items": schema}
+
+
+_FLOATS = _list_of({"type": "number"})
+
+
+def embed_request(body: TeiEmbedBody) -> EncodeRequest:
+    return EncodeRequest(inputs=inputs_of(body.inputs), normalize=body.normalize, truncate=bool(body.truncate),
+                         truncation_direction=body.truncation_direction.lower(), dimensions=body.dimensions,
+                         prompt_name=body.prompt_name)
+
+
+def embed_all_request(body: TeiEmbedAllBody) -> EncodeRequest:
+    return EncodeRequest(inputs=inputs_of(body.inputs), truncate=bool(body.truncate),
+                         truncation_direction=body.truncation_direction.lower(), token_embeddings=True,
+                         prompt_name=body.prompt_name)
+
+
+def render_embeddings(reply: EncodeReply) -> bytes:
+    return dumps(floats(reply.embeddings, False))  # (N, D) as N lists
+
+
+def render_token_embeddings(reply: EncodeReply) -> bytes:
+    return dumps([floats(item.token_embeddings, False) for item in reply.inputs])  # N of (T, H)
+
+
+class TeiRoutes:
+    def __init__(self, core: Core, bodies: BodyReader):
+        self._core, self._bodies = core, bodies
+
+    def routes(self) -> list[Route]:
+        embed = dict(handler=self.embed, style=TEI, body=TeiEmbedBody, reply_schema=_list_of(_FLOATS))
+        return [
+            Route("POST", "/embed", summary="sentence embeddings (TEI)", **embed),
+            Route("POST", "/", summary="sentence embeddings (TEI's route for an embedding model)", **embed),
+            Route("POST", "/embed_all", self.embed_all, TEI, "token embeddings, [tokens, hidden] per input (TEI)",
+                  TeiEmbedAllBody, reply_schema=_list_of(_list_of(_FLOATS))),
+            Route("POST", "/tokenize", self.tokenize, TEI, "every token of each whole text, with its characters (TEI)",
+                  TeiTokenizeBody, reply_schema=_list_of(_list_of({"$ref": "#/components/schemas/TeiToken"}))),
+            Route("POST", "/decode", self.decode, TEI, "token ids back to text (TEI)", TeiDecodeBody,
+                  reply_schema=_list_of({"type": "string"})),
+            Route("GET", "/info", self.info, TEI, "the model and the server's limits (TEI)", reply=TeiInfo),
+            Route("GET", "/health", self.health, TEI, "200 (no body) when serving; 503 before warm-up and while "
+                                                       "draining", open=True),
+        ]
+
+    async def embed(self, request: web.Request) -> web.Response:
+        core_request = await self._bodies.read(request, TeiEmbedBody, embed_request)
+        until = deadline(request)
+        reply, _ = await within(self._core.encode(core_request, until, render_embeddings, JSON_FLOAT_BYTES), until)
+        return json_response(reply)
+
+    async def embed_all(self, request: web.Request) -> web.Response:
+        core_request = await self._bodies.read(request, TeiEmbedAllBody, embed_all_request)
+        until = deadline(request)
+        reply, _ = await within(self._core.encode(core_request, until, render_token_embeddings, JSON_FLOAT_BYTES),
+                                until)
+        return json_response(reply)
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        core_request = await self._bodies.read(request, TeiTokenizeBody, lambda b: TokenizeRequest(
+            [b.inputs] if isinstance(b.inputs, str) else b.inputs, b.add_special_tokens, b.prompt_name))
+        return json_response(dumps(await self._core.tokenize(core_request)))  # Token dataclasses, as TEI's
+
+    async def decode(self, request: web.Request) -> web.Response:
+        core_request = await self._bodies.read(request, TeiDecodeBody, lambda b: DecodeRequest(
+            [b.ids] if b.ids and isinstance(b.ids[0], int) else b.ids, b.skip_special_tokens))
+        return json_response(dumps(await self._core.decode(core_request)))
+
+    async def info(self, request: web.Request) -> web.Response:
+        info = self._core.info
+        return json_response(dumps({
+            "model_id": info.model, "model_sha": None, "model_dtype": DTYPE.get(info.precision, info.precision),
+            "model_type": {"embedding": {"pooling": info.pooling}},
+            "max_concurrent_requests": None,  # no such limit: the queue is bounded in tokens
+            "max_input_length": info.max_seq_length, "max_batch_tokens": info.max_batch_tokens,
+            "max_batch_requests": info.max_batch_size, "max_client_batch_size": info.max_inputs_per_request,
+            "auto_truncate": False, "tokenization_workers": None,
+            "version": info.version, "sha": None, "docker_label": None}))
+
+    async def health(self, request: web.Request) -> web.Response:
+        if not self._core.serving:
+            raise NotServingError("the server is shutting down" if self._core.draining.is_set()
+                                  else "the server is warming up")
+        return web.Response(status=200)

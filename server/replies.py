@@ -1,0 +1,66 @@
+"""Rows from the batcher -> the protocol-neutral reply: pooled, cut to `dimensions`, normalised, attention chosen.
+
+Built off the event loop, in the same thread-pool job as the door's serialization of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnserve.engine.pooling import l2_normalize, pool
+from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
+
+from .batcher import RowOutput
+from .requests import ReplyOptions
+
+
+@dataclass
+class EncodedInput:
+    num_tokens: int  # special tokens included, after truncation
+    truncated: bool
+    tokens: list[str] | None  # the word pieces, when token embeddings or attention were asked for
+    token_embeddings: np.ndarray | None  # (T, H) float32
+    attentions: np.ndarray | None  # (layers, heads or 1, T, T) float32, each row summing to 1
+
+
+@dataclass
+class EncodeReply:
+    embeddings: np.ndarray  # (N, D) float32: D is `dimensions`, or the hidden size
+    inputs: list[EncodedInput]  # one per input, in request order
+    tokens: int  # all inputs' tokens: what the request cost
+    options: ReplyOptions  # what was asked, resolved: attention layers and heads as non-negative indices
+
+
+def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], options: ReplyOptions,
+                tokenizer: TextTokenizer) -> EncodeReply:
+    if options.pooling is None:
+        sentences = np.stack([row.sentence_embedding for row in rows])  # (N, H) pooled in the graph
+    else:  # each row's padding is cut off already: all T tokens are real
+        sentences = np.stack([pool(row.token_embeddings[None], np.array([len(row.token_embeddings)]),
+                                   options.pooling)[0] for row in rows])  # (1, T, H) -> (H,) each
+    if options.dimensions is not None:
+        sentences = sentences[:, : options.dimensions]  # (N, D): Matryoshka, cut before normalising
+    if options.normalize:
+        sentences = l2_normalize(sentences)
+    return EncodeReply(np.ascontiguousarray(sentences, dtype=np.float32),
+                       [_encoded(row, item, options, tokenizer) for row, item in zip(rows, inputs, strict=True)],
+                       sum(len(x) for x in inputs), options)
+
+
+def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokenizer: TextTokenizer
+             ) -> EncodedInput:
+    attentions = None
+    if options.attention:
+        attentions = row.attentions[list(options.attention_layers)]  # (layers, nh, T, T)
+        if options.attention_heads is not None:
+            attentions = attentions[:, list(options.attention_heads)]  # (layers, heads, T, T)
+        if options.average_heads:
+            attentions = attentions.mean(axis=1, keepdims=True)  # (layers, 1, T, T)
+    return EncodedInput(
+        num_tokens=len(item), truncated=item.truncated,
+        tokens=tokenizer.tokens(item.ids) if options.tokens else None,
+        token_embeddings=row.token_embeddings if options.token_embeddings else None,
+        attentions=attentions)

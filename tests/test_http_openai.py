@@ -1,0 +1,135 @@
+"""The OpenAI embeddings API, called by the clients users have: the official `openai` SDK and LangChain's
+OpenAIEmbeddings, against a real `attnserve serve` process; vectors checked against the offline engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import openai
+import pytest
+
+from attnserve.engine.pooling import l2_normalize
+from tests.conftest import VARIED_TEXTS
+from tests.test_server_load import mixed_texts
+
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+TEXTS = [t for t in VARIED_TEXTS if len(t) < 200]  # within max_seq_length: OpenAI's API does not truncate
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
+
+
+def vectors(reply) -> np.ndarray:
+    assert [d.index for d in reply.data] == list(range(len(reply.data)))
+    return np.array([d.embedding for d in reply.data], dtype=np.float32)
+
+
+@pytest.mark.parametrize("encoding_format", [openai.NOT_GIVEN, "float"])  # the SDK asks for base64 by default
+def test_a_list_of_texts_equals_the_offline_engine_normalised(client, engine, encoding_format):
+    reply = client.embeddings.create(input=TEXTS, model=MODEL, encoding_format=encoding_format)
+    offline = engine.encode(TEXTS, normalize=True)
+    got = vectors(reply)
+    np.testing.assert_allclose(got, offline.embeddings, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    assert reply.model == MODEL and reply.object == "list"
+    assert reply.usage.prompt_tokens == reply.usage.total_tokens == int(offline.num_tokens.sum())
+
+
+def test_a_single_string(client, engine):
+    reply = client.embeddings.create(input="The quick brown fox jumps over the lazy dog.", model=MODEL)
+    [offline] = engine.encode(["The quick brown fox jumps over the lazy dog."]).embeddings
+    np.testing.assert_allclose(vectors(reply)[0], offline, atol=1e-5)
+    assert reply.usage.prompt_tokens == 12
+
+
+@pytest.mark.parametrize("encoding_format", [openai.NOT_GIVEN, "float"])
+def test_dimensions_keep_the_first_n_then_normalise(client, engine, encoding_format):
+    reply = client.embeddings.create(input=TEXTS[:3], model=MODEL, dimensions=64, encoding_format=encoding_format)
+    raw = engine.encode(TEXTS[:3], normalize=False).embeddings
+    got = vectors(reply)
+    assert got.shape == (3, 64)
+    np.testing.assert_allclose(got, l2_normalize(raw[:, :64]), atol=1e-5)
+
+
+def test_token_id_inputs_one_and_many(client, engine):
+    ids = [x.ids.tolist() for x in engine.tokenizer.encode_texts(TEXTS[:2])]
+    offline = engine.encode(TEXTS[:2]).embeddings
+    many = client.embeddings.create(input=ids, model=MODEL, encoding_format="float")
+    one = client.embeddings.create(input=ids[1], model=MODEL)
+    np.testing.assert_allclose(vectors(many), offline, atol=1e-5)
+    np.testing.assert_allclose(vectors(one)[0], offline[1], atol=1e-5)
+    assert many.usage.prompt_tokens == len(ids[0]) + len(ids[1]) and one.usage.prompt_tokens == len(ids[1])
+
+
+def test_served_model_aliases_and_the_models_list(artifacts, tmp_path):
+    from tests.serving import ServerProcess
+
+    server = ServerProcess(artifacts, "--served-model-name", "minilm", "--served-model-name", "text-embedding-3-small",
+                           log_path=tmp_path / "server.log")
+    try:
+        server.wait_serving()
+        with openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0) as c:
+            assert [m.id for m in c.models.list()] == [MODEL, "minilm", "text-embedding-3-small"]
+            assert c.models.retrieve(MODEL).id == MODEL and c.models.retrieve("minilm").owned_by == "attnserve"
+            a = c.embeddings.create(input="aliases name one model", model="text-embedding-3-small")
+            b = c.embeddings.create(input="aliases name one model", model=MODEL)
+            assert a.model == "text-embedding-3-small"
+            np.testing.assert_array_equal(vectors(a), vectors(b))
+            with pytest.raises(openai.NotFoundError):
+                c.models.retrieve("gpt-4")
+    finally:
+        assert server.terminate() == 0, server.log_tail()
+
+
+def test_errors_arrive_as_the_sdks_typed_exceptions(client):
+    with pytest.raises(openai.NotFoundError) as error:
+        client.embeddings.create(input="x", model="text-embedding-3-small")
+    assert error.value.code == "model_not_found" and error.value.param == "model"
+    cases = {  # what is sent: (param, message)
+        "empty text": (dict(input=["fine", "  "]), "input[1]", "input 1: empty text"),
+        "no inputs": (dict(input=[]), "input", "no inputs: send 1 to 2048 inputs"),
+        "too many inputs": (dict(input=["x"] * 2049), "input",
+                            "too many inputs: 2049; this server takes at most 2048 per request"),
+        "token id out of range": (dict(input=[[101, 30522, 102]]), "input[0]",
+                                  "input 0: token id 30522 is out of range [0, 30522)"),
+        "over-long": (dict(input=["word " * 300]), "input[0]",
+                      "input 0: longer than max_seq_length 256 tokens; allow truncation to cut it"),
+        "dimensions above the hidden size": (dict(input="x", dimensions=385), "dimensions",
+                                             "dimensions 385 is out of range: this model's embeddings have 384 "
+                                             "(ask for 1 to 384)"),
+        "dimensions 0": (dict(input="x", dimensions=0), "dimensions", "dimensions 0 is out of range"),
+        "a bad encoding_format": (dict(input="x", encoding_format="int8"), "encoding_format",
+                                  "encoding_format: input should be 'float' or 'base64'"),
+        "an unknown field": (dict(input="x", extra_body={"temperature": 1}), "temperature",
+                             "temperature: not a field of this route"),
+        "a mixed input": (dict(input=["x", 5]), "input", "input: must be a string, a list of strings, a list of "
+                                                         "token ids or a list of lists of token ids"),
+    }
+    for case, (kwargs, param, message) in cases.items():
+        with pytest.raises(openai.BadRequestError) as error:
+            client.embeddings.create(model=MODEL, **kwargs)
+        assert error.value.param == param and error.value.code in ("invalid_input",), case
+        assert error.value.body["message"].startswith(message), (case, error.value.body)
+
+
+def test_truncate_is_attnserves_extension(client, engine):
+    long = "word " * 300
+    reply = client.embeddings.create(input=long, model=MODEL, extra_body={"truncate": True})
+    np.testing.assert_allclose(vectors(reply)[0], engine.encode([long]).embeddings[0], atol=1e-5)
+    assert reply.usage.prompt_tokens == 256
+
+
+def test_langchain_embed_documents_on_1000_texts_and_embed_query(server, engine):
+    from langchain_openai import OpenAIEmbeddings
+
+    # check_embedding_ctx_length=False: else LangChain sends tiktoken ids, which a BERT vocabulary cannot read.
+    embeddings = OpenAIEmbeddings(model=MODEL, base_url=f"{server.http_url}/v1", api_key="unused",
+                                  check_embedding_ctx_length=False, max_retries=0)
+    texts = [" ".join(t.split()[:12]) for t in mixed_texts(1000, seed=3)]
+    documents = np.array(embeddings.embed_documents(texts), dtype=np.float32)
+    query = np.array(embeddings.embed_query("what does the fox jump over?"), dtype=np.float32)
+    assert documents.shape == (1000, 384)
+    np.testing.assert_allclose(documents, engine.encode(texts).embeddings, atol=1e-5)
+    np.testing.assert_allclose(query, engine.encode(["what does the fox jump over?"]).embeddings[0], atol=1e-5)

@@ -1,0 +1,100 @@
+"""/openapi.json: a valid OpenAPI 3.1 description of exactly the routes served, whose schemas the real replies
+and errors satisfy."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from jsonschema import Draft202012Validator
+from openapi_spec_validator import validate
+
+SERVED = {("post", "/v1/embeddings"), ("post", "/embeddings"), ("get", "/v1/models"), ("get", "/v1/models/{id}"),
+          ("post", "/embed"), ("post", "/"), ("post", "/embed_all"), ("post", "/tokenize"), ("post", "/decode"),
+          ("get", "/info"), ("get", "/health"), ("post", "/v1/attention"), ("get", "/openapi.json")}
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+# A request per route, and what it answers.
+CALLS = [
+    ("post", "/v1/embeddings", {"input": ["a", "b"], "model": MODEL}),
+    ("post", "/v1/embeddings", {"input": "a", "model": MODEL, "encoding_format": "base64", "dimensions": 8}),
+    ("post", "/embeddings", {"input": [[101, 102]], "model": MODEL}),
+    ("get", "/v1/models", None),
+    ("get", f"/v1/models/{MODEL}", None),
+    ("post", "/embed", {"inputs": "a"}),
+    ("post", "/", {"inputs": ["a", "b"]}),
+    ("post", "/embed_all", {"inputs": "a b"}),
+    ("post", "/tokenize", {"inputs": ["a b", "c"]}),
+    ("post", "/decode", {"ids": [[101, 102], [7592]]}),
+    ("get", "/info", None),
+    ("get", "/health", None),
+    ("post", "/v1/attention", {"inputs": "a b", "heads": [1]}),
+    ("post", "/v1/attention", {"inputs": ["a b"], "average_heads": True, "encoding_format": "base64"}),
+    ("get", "/openapi.json", None),
+]
+ERRORS = [
+    ("post", "/v1/embeddings", {"input": "", "model": MODEL}, 400),
+    ("post", "/v1/embeddings", {"input": "a", "model": "nope"}, 404),
+    ("get", "/v1/models/nope", None, 404),
+    ("post", "/embed", b"not json", 400),
+    ("post", "/tokenize", {"inputs": 5}, 400),
+    ("post", "/v1/attention", {"inputs": "a", "layers": [9]}, 400),
+    ("get", "/nowhere", None, 404),
+    ("get", "/v1/nowhere", None, 404),
+    ("delete", "/embed", None, 405),
+]
+
+
+@pytest.fixture(scope="module")
+def spec(server) -> dict:
+    reply = httpx.get(f"{server.http_url}/openapi.json", timeout=30)
+    assert reply.status_code == 200 and reply.headers["content-type"] == "application/json"
+    return reply.json()
+
+
+def schema_of(spec: dict, method: str, route: str, status: str) -> dict | None:
+    content = spec["paths"][route][method]["responses"][status].get("content")
+    if content is None:
+        return None
+    return {**content["application/json"]["schema"], "components": spec["components"]}
+
+
+def route_of(spec: dict, path: str) -> str:
+    return "/v1/models/{id}" if path.startswith("/v1/models/") else path
+
+
+def call(server, method: str, path: str, body) -> httpx.Response:
+    if isinstance(body, bytes):
+        return httpx.request(method, f"{server.http_url}{path}", content=body, timeout=60)
+    return httpx.request(method, f"{server.http_url}{path}", json=body, timeout=60)
+
+
+def test_a_valid_openapi_31_description_of_exactly_the_routes_served(spec):
+    validate(spec)
+    assert spec["openapi"] == "3.1.0"
+    listed = {(method, path) for path, methods in spec["paths"].items() for method in methods}
+    assert listed == SERVED
+    assert "security" not in spec  # this server takes no API key
+
+
+def test_every_route_answers_as_described(server, spec):
+    answered = set()
+    for method, path, body in CALLS:
+        reply = call(server, method, path, body)
+        assert reply.status_code == 200, (path, reply.text)
+        route = route_of(spec, path)
+        answered.add((method, route))
+        schema = schema_of(spec, method, route, "200")
+        if schema is None:
+            assert reply.content == b""
+        else:
+            Draft202012Validator(schema).validate(reply.json())
+    assert answered == SERVED
+
+
+def test_every_error_answers_as_described(server, spec):
+    for method, path, body, status in ERRORS:
+        reply = call(server, method, path, body)
+        assert reply.status_code == status, (path, reply.text)
+        route = route_of(spec, path)
+        if (method, route) not in SERVED:  # no such route: the envelope of its family
+            route, method = ("/v1/embeddings", "post") if path.startswith("/v1/") else ("/embed", "post")
+        Draft202012Validator(schema_of(spec, method, route, "default")).validate(reply.json())
