@@ -108,6 +108,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
             raise AttnserveError(f"--head {args.head} does not exist; the model has {info.num_heads} heads")
         result = client.attention(args.text, [args.layer], average_heads=args.head is None, truncate=True)
     layer = args.layer % info.num_layers
+    assert result.attentions is not None  # Client.attention raises when the reply has none
     if args.head is None:
         weights, which = result.attentions[0, 0], f"mean of {info.num_heads} heads"
     else:

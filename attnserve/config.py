@@ -10,11 +10,14 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from attnserve.errors import ConfigError
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance  # typeshed's protocol of a dataclass; not importable at run time
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def setting(default: Any, env: str, help: str, choices: tuple[str, ...] | None = None, *,
@@ -261,7 +264,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
 
 
 def from_args(cls: type[T], args: argparse.Namespace) -> T:
-    values = {}
+    values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         flag_value = getattr(args, f.name, None)
         env_value = os.environ.get(f.metadata["env"])

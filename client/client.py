@@ -25,7 +25,7 @@ from attnserve.v1 import encoder_pb2_grpc
 from .auth import AioApiKeyInterceptor, ApiKeyInterceptor
 from .status import ErrorDetails, error_details
 
-DTYPES = {pb.FLOAT32: np.dtype("<f4"), pb.FLOAT16: np.dtype("<f2")}
+DTYPES: dict[int, np.dtype] = {pb.FLOAT32: np.dtype("<f4"), pb.FLOAT16: np.dtype("<f2")}
 POOLING = {None: pb.POOLING_DEFAULT, "default": pb.POOLING_DEFAULT, "mean": pb.MEAN, "cls": pb.CLS}
 TRUNCATION_DIRECTION = {"right": pb.TRUNCATE_RIGHT, "left": pb.TRUNCATE_LEFT}
 
@@ -184,8 +184,11 @@ class Client:
     def attention(self, text: Input, layers: Sequence[int] = (), *, average_heads: bool = False,
                   truncate: bool = True, timeout: float | None = None) -> EmbeddingResult:
         """Attention weights of one input: .attentions (layers, heads or 1, T, T), labelled by .tokens."""
-        return self.encode([text], timeout, attention_layers=list(layers), average_heads=average_heads,
-                           truncate=truncate)[0]
+        result = self.encode([text], timeout, attention_layers=list(layers), average_heads=average_heads,
+                             truncate=truncate)[0]
+        if result.attentions is None:  # a reply without them (from another server) is no answer to this
+            raise AttnserveError("the server's reply carries no attention weights")
+        return result
 
     def embed_stream(self, batches: Iterable[Sequence[Input]], *, timeout: float | None = None, **options
                      ) -> Iterator[np.ndarray]:

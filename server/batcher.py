@@ -26,6 +26,7 @@ batches, so the bound means the same on a slow CPU and a fast GPU.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -178,7 +179,7 @@ class Batcher:
         lane = self._lanes[attention]
         for entry in entries:
             lane[entry.seq] = entry
-            entry.future.add_done_callback(lambda _, entry=entry: self._remove(entry, "cancelled"))
+            entry.future.add_done_callback(functools.partial(self._cancelled, entry))
         self._lane_tokens[attention] += tokens
         self._queued_requests += 1
         self._update_gauges()
@@ -278,6 +279,10 @@ class Batcher:
         for entry in taken:
             self._remove(entry, None)
         return taken
+
+    def _cancelled(self, entry: _Entry, future: asyncio.Future) -> None:
+        """An entry's future is done: if it still waits in the queue, its request was cancelled."""
+        self._remove(entry, "cancelled")
 
     def _remove(self, entry: _Entry, reason: str | None) -> None:
         """Take an entry out of the queue, once; reason is why it will not run, None when it will."""

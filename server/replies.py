@@ -53,7 +53,9 @@ def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], opt
 def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokenizer: TextTokenizer
              ) -> EncodedInput:
     attentions = None
-    if options.attention:
+    if options.attention_layers is not None:  # options.attention, spelled so that mypy sees the layers are set
+        # A request for attention queues in the attention lane, whose batches run the graph that returns them.
+        assert row.attentions is not None
         attentions = row.attentions[list(options.attention_layers)]  # (layers, nh, T, T)
         if options.attention_heads is not None:
             attentions = attentions[:, list(options.attention_heads)]  # (layers, heads, T, T)

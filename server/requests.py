@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from attnserve.engine.manifest import Manifest
 from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, Token, TokenizedInput
@@ -39,7 +40,7 @@ class EncodeRequest:
     pooling: str | int = "default"  # one of POOLINGS; a door passes an unknown wire value on as it is
     normalize: bool | None = None  # None: as the model's own pipeline does
     truncate: bool = False  # False: an input longer than max_seq_length is refused
-    truncation_direction: str = "right"  # one of TRUNCATION_DIRECTIONS
+    truncation_direction: str | int = "right"  # one of TRUNCATION_DIRECTIONS; a door passes an unknown wire value on
     dimensions: int | None = None  # keep the first N dimensions of the sentence embedding (before normalising)
     token_embeddings: bool = False
     attention: AttentionOptions | None = None  # None: no attention weights
@@ -126,7 +127,7 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
             attention.heads, manifest.num_heads, "head", "attention.heads"),
         average_heads=attention is not None and attention.average_heads,
     )
-    inputs = _tokenize(request, tokenizer)
+    inputs = _tokenize(request, tokenizer, request.truncation_direction)  # a str now: checked above
     reply_bytes = sum(_reply_bytes(len(x), options, manifest, float_bytes) for x in inputs)
     if reply_bytes > limits.max_response_bytes:
         raise _invalid(
@@ -184,7 +185,7 @@ def _indices(asked: Sequence[int], size: int, what: str, field: str) -> tuple[in
     return tuple(out)
 
 
-def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer) -> list[TokenizedInput]:
+def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, direction: str) -> list[TokenizedInput]:
     texts, text_rows, ids, id_rows = [], [], [], []
     for row, item in enumerate(request.inputs):
         if isinstance(item, str):
@@ -196,13 +197,13 @@ def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer) -> list[Tokenize
         else:
             raise _invalid(f"inputs[{row}]", "neither text nor token_ids is set", label=f"input {row}")
     out: list[TokenizedInput | None] = [None] * len(request.inputs)
-    for rows, kind, encode, items in ((text_rows, "text", tokenizer.encode_texts, texts),
-                                      (id_rows, "token_ids", tokenizer.encode_ids, ids)):
+    for rows, kind, encode in ((text_rows, "text", partial(tokenizer.encode_texts, texts)),
+                               (id_rows, "token_ids", partial(tokenizer.encode_ids, ids))):
         if not rows:
             continue
         labels = [f"input {r}" for r in rows]
         try:
-            encoded = encode(items, request.truncate, labels, request.truncation_direction)
+            encoded = encode(request.truncate, labels, direction)
         except InvalidInputError as error:
             raise _located(error, labels, [f"inputs[{r}].{kind}" for r in rows]) from None
         for row, x in zip(rows, encoded, strict=True):
@@ -231,7 +232,7 @@ def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest, float_b
     floats = options.dimensions or hidden
     if options.token_embeddings:
         floats += tokens * hidden
-    if options.attention:
+    if options.attention_layers is not None:  # options.attention, spelled so that mypy sees the layers are set
         floats += len(options.attention_layers) * (1 if options.average_heads else heads) * tokens * tokens
     size = EMBEDDING_OVERHEAD_BYTES + float_bytes * floats
     if options.tokens:

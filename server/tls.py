@@ -17,6 +17,7 @@ from attnserve.errors import ConfigError
 def grpc_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     if not config.tls_cert:
         return None
+    assert config.tls_key is not None  # ServerConfig refuses a certificate without its key
     try:
         key, cert = Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes()
         ca = Path(config.tls_client_ca).read_bytes() if config.tls_client_ca else None

@@ -26,15 +26,19 @@ def to_core(body: AttentionBody) -> EncodeRequest:
 
 def render(reply: EncodeReply, model: str, base64_format: bool, num_heads: int) -> bytes:
     options = reply.options
+    assert options.attention_layers is not None  # to_core always asks for attention
+    layers = list(options.attention_layers)
     heads = list(options.attention_heads) if options.attention_heads is not None else list(range(num_heads))
+    data = []
+    for i, item in enumerate(reply.inputs):
+        assert item.attentions is not None  # every input of a request for attention has them (replies.py)
+        data.append({"index": i, "tokens": item.tokens, "num_tokens": item.num_tokens, "truncated": item.truncated,
+                     "layers": layers, "heads": heads,
+                     "shape": list(item.attentions.shape), "attentions": floats(item.attentions, base64_format)})
     return dumps({
         "object": "list",
         "model": model,
-        "data": [{"index": i, "tokens": item.tokens, "num_tokens": item.num_tokens, "truncated": item.truncated,
-                  "layers": list(options.attention_layers),
-                  "heads": heads,
-                  "shape": list(item.attentions.shape), "attentions": floats(item.attentions, base64_format)}
-                 for i, item in enumerate(reply.inputs)],
+        "data": data,
         "usage": {"prompt_tokens": reply.tokens, "total_tokens": reply.tokens},
     })
 

@@ -10,9 +10,10 @@ against these.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
 from attnserve.errors import InvalidInputError
 
@@ -23,6 +24,7 @@ Inputs = Union[str, list[str], list[int], list[list[int]]]
 INPUTS_FORMS = "a string, a list of strings, a list of token ids or a list of lists of token ids"
 TruncationDirection = Literal["Right", "Left", "right", "left"]
 EncodingFormat = Literal["float", "base64"]
+Body = TypeVar("Body", bound=BaseModel)  # a route's body model: parse() returns that class, not BaseModel
 
 
 class _Strict(BaseModel):
@@ -190,11 +192,12 @@ class AttentionReply(BaseModel):
 
 # --- parsing ----------------------------------------------------------------
 
-_UNION_FORMS = {Inputs: INPUTS_FORMS, Union[str, list[str]]: "a string or a list of strings",
-                Union[list[int], list[list[int]]]: "a list of token ids or a list of lists of token ids"}
+_UNION_FORMS: dict[object, str] = {  # keyed by the annotation: typing's union forms
+    Inputs: INPUTS_FORMS, Union[str, list[str]]: "a string or a list of strings",
+    Union[list[int], list[list[int]]]: "a list of token ids or a list of lists of token ids"}
 
 
-def parse(model: type[BaseModel], body: bytes) -> BaseModel:
+def parse(model: type[Body], body: bytes) -> Body:
     """The body as `model`, or a MalformedMessageError / InvalidInputError naming the field and the problem."""
     try:
         return model.model_validate_json(body)
@@ -202,7 +205,7 @@ def parse(model: type[BaseModel], body: bytes) -> BaseModel:
         raise _error(model, e.errors(include_url=False)[0]) from None
 
 
-def _error(model: type[BaseModel], first: dict) -> Exception:
+def _error(model: type[BaseModel], first: ErrorDetails) -> Exception:
     kind, loc = first["type"], first["loc"]
     if kind == "json_invalid":
         return MalformedMessageError(f"the body is not JSON: {first['msg'].removeprefix('Invalid JSON: ')}")

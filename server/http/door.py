@@ -79,7 +79,8 @@ class HttpDoor:
         start, status = time.perf_counter(), 500
         match = request.match_info
         route = None if match.http_exception is not None else self._by_handler.get(match.handler)
-        label = match.route.resource.canonical if route is not None else UNMATCHED
+        resource = match.route.resource  # None only for aiohttp's own routes (404, 405), which match no Route
+        label = resource.canonical if route is not None and resource is not None else UNMATCHED
         style = route.style if route is not None else OPENAI if request.path.startswith("/v1/") else TEI
         try:
             try:

@@ -112,6 +112,7 @@ def http_error(error: BaseException, style: str, names: WireNames | None = None)
     wire_field = names(field) if names and field else field
     if field and message.startswith(f"{field}: "):  # a message that names the field names it as the route does
         message = f"{wire_field}{message[len(field):]}"
+    body: dict[str, object]
     if style == OPENAI:
         body = {"error": {"message": message, "type": _OPENAI_TYPE.get(status, "server_error"), "param": wire_field,
                           "code": _OPENAI_CODE.get(reason, reason.lower())}}

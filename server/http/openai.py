@@ -44,11 +44,13 @@ class OpenAIRoutes:
         self._created = int(time.time())
 
     def routes(self) -> list[Route]:
-        embeddings = dict(handler=self.embeddings, style=OPENAI, body=OpenAIEmbeddingsBody,
-                          reply=OpenAIEmbeddingsReply, names=NAMES)
+        def embeddings(path: str, summary: str) -> Route:
+            return Route("POST", path, self.embeddings, OPENAI, summary, OpenAIEmbeddingsBody, OpenAIEmbeddingsReply,
+                         names=NAMES)
+
         return [
-            Route("POST", "/v1/embeddings", summary="OpenAI's embeddings API", **embeddings),
-            Route("POST", "/embeddings", summary="OpenAI's embeddings API (without /v1)", **embeddings),
+            embeddings("/v1/embeddings", "OpenAI's embeddings API"),
+            embeddings("/embeddings", "OpenAI's embeddings API (without /v1)"),
             Route("GET", "/v1/models", self.models, OPENAI, "the model's names", reply=OpenAIModelList),
             Route("GET", "/v1/models/{id:.+}", self.model, OPENAI, "one of the model's names", reply=OpenAIModel),
         ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode
 
 from ..core import ModelInfo
 from .bodies import OpenAIError, TeiError, TeiToken
@@ -19,7 +20,7 @@ _PARAMETER = re.compile(r"\{(\w+)(?::[^}]*)?\}")  # aiohttp's "{id:.+}" is OpenA
 def openapi_spec(routes: list[Route], info: ModelInfo, keys_required: bool) -> dict:
     schemas: dict[str, dict] = {}
 
-    def ref(model: type[BaseModel], mode: str) -> dict:
+    def ref(model: type[BaseModel], mode: JsonSchemaMode) -> dict:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}", mode=mode)
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
@@ -31,10 +32,10 @@ def openapi_spec(routes: list[Route], info: ModelInfo, keys_required: bool) -> d
         path = _PARAMETER.sub(r"{\1}", route.path)
         error = ref(OpenAIError if route.style == OPENAI else TeiError, "serialization")
         reply = ref(route.reply, "serialization") if route.reply else route.reply_schema
-        ok = {"description": "OK"}
+        ok: dict[str, object] = {"description": "OK"}
         if reply is not None:
             ok["content"] = {"application/json": {"schema": reply}}
-        operation = {
+        operation: dict[str, object] = {
             "summary": route.summary,
             "operationId": f"{route.method.lower()}_{_operation_name(path)}",
             "responses": {"200": ok, "default": {"description": "an error: its status is in the README's table",
@@ -50,7 +51,7 @@ def openapi_spec(routes: list[Route], info: ModelInfo, keys_required: bool) -> d
         if route.open:
             operation["security"] = []
         paths.setdefault(path, {})[route.method.lower()] = operation
-    spec = {
+    spec: dict[str, object] = {
         "openapi": OPENAPI_VERSION,
         "info": {"title": "attnserve", "version": info.version,
                  "description": f"{info.model}: OpenAI- and text-embeddings-inference-compatible embeddings, and "

@@ -39,12 +39,21 @@ def embed_all_request(body: TeiEmbedAllBody) -> EncodeRequest:
                          prompt_name=body.prompt_name)
 
 
+def _id_lists(ids: list) -> list[list[int]]:
+    """One input's token ids, or several inputs' (TeiDecodeBody has checked the form; this tells them apart)."""
+    return [ids] if ids and isinstance(ids[0], int) else ids
+
+
 def render_embeddings(reply: EncodeReply) -> bytes:
     return dumps(floats(reply.embeddings, False))  # (N, D) as N lists
 
 
 def render_token_embeddings(reply: EncodeReply) -> bytes:
-    return dumps([floats(item.token_embeddings, False) for item in reply.inputs])  # N of (T, H)
+    arrays = []
+    for item in reply.inputs:
+        assert item.token_embeddings is not None  # embed_all_request asks for them
+        arrays.append(floats(item.token_embeddings, False))  # (T, H)
+    return dumps(arrays)  # N of (T, H)
 
 
 class TeiRoutes:
@@ -52,10 +61,12 @@ class TeiRoutes:
         self._core, self._bodies = core, bodies
 
     def routes(self) -> list[Route]:
-        embed = dict(handler=self.embed, style=TEI, body=TeiEmbedBody, reply_schema=_list_of(_FLOATS))
+        def embed(path: str, summary: str) -> Route:
+            return Route("POST", path, self.embed, TEI, summary, TeiEmbedBody, reply_schema=_list_of(_FLOATS))
+
         return [
-            Route("POST", "/embed", summary="sentence embeddings (TEI)", **embed),
-            Route("POST", "/", summary="sentence embeddings (TEI's route for an embedding model)", **embed),
+            embed("/embed", "sentence embeddings (TEI)"),
+            embed("/", "sentence embeddings (TEI's route for an embedding model)"),
             Route("POST", "/embed_all", self.embed_all, TEI, "token embeddings, [tokens, hidden] per input (TEI)",
                   TeiEmbedAllBody, reply_schema=_list_of(_list_of(_FLOATS))),
             Route("POST", "/tokenize", self.tokenize, TEI, "every token of each whole text, with its characters (TEI)",
@@ -87,7 +98,7 @@ class TeiRoutes:
 
     async def decode(self, request: web.Request) -> web.Response:
         core_request = await self._bodies.read(request, TeiDecodeBody, lambda b: DecodeRequest(
-            [b.ids] if b.ids and isinstance(b.ids[0], int) else b.ids, b.skip_special_tokens))
+            _id_lists(b.ids), b.skip_special_tokens))
         return json_response(dumps(await self._core.decode(core_request)))
 
     async def info(self, request: web.Request) -> web.Response:

@@ -15,13 +15,12 @@ from typing import TypeVar
 import numpy as np
 import orjson
 from aiohttp import web
-from pydantic import BaseModel
 
 from attnserve.errors import InvalidInputError
 
 from ..errors import DeadlineExpiredError, MessageTooLargeError
 from ..wire import human_size
-from .bodies import parse
+from .bodies import Body, parse
 
 T = TypeVar("T")
 
@@ -46,7 +45,7 @@ class BodyReader:
     def __init__(self, executor: Executor, max_bytes: int):
         self._executor, self.max_bytes = executor, max_bytes
 
-    async def read(self, request: web.Request, model: type[BaseModel], translate: Callable[[BaseModel], T]) -> T:
+    async def read(self, request: web.Request, model: type[Body], translate: Callable[[Body], T]) -> T:
         """The body parsed as `model` and translated by `translate` (the route's JSON -> the core's request)."""
         try:
             body = await request.read()
