@@ -170,7 +170,7 @@ class ServerCounters:
 def scrape(server: ServerProcess) -> ServerCounters:
     values = server.metrics()
     # A labelled histogram has no samples before its first observation: absent reads as 0.
-    emb, embed = '{graph="embeddings"}', '{method="Embed"}'
+    emb, embed = '{graph="embeddings"}', '{method="Embed",protocol="grpc"}'
     get = lambda name: values.get(name, 0.0)
     return ServerCounters(
         tokens=get("attnserve_batch_tokens_computed_total"), cells=get("attnserve_batch_cells_computed_total"),

@@ -86,7 +86,7 @@ def replica_metrics(container: str) -> dict[str, float]:
 
 
 def embed_ok(container: str) -> float:
-    return replica_metrics(container).get("attnserve_requests_total{code=OK,method=Embed}", 0.0)
+    return replica_metrics(container).get("attnserve_requests_total{code=OK,method=Embed,protocol=grpc}", 0.0)
 
 
 def json_events(logs: str) -> list[str]:

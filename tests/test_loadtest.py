@@ -80,7 +80,7 @@ def test_health_of_an_unreachable_target_is_one_line():
 
 
 def answered_ok(server: ServerProcess) -> int:
-    return int(server.metrics().get('attnserve_requests_total{code="OK",method="Embed"}', 0))
+    return int(server.metrics().get('attnserve_requests_total{code="OK",method="Embed",protocol="grpc"}', 0))
 
 
 def load_until_the_server_stops(artifacts, tmp_path, *load: str) -> tuple[dict, str]:
