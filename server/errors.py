@@ -9,6 +9,7 @@ The HTTP door maps the same errors to its statuses in server/http/errors.py.
 from __future__ import annotations
 
 import logging
+from collections.abc import Container
 from typing import NoReturn
 
 import grpc
@@ -85,16 +86,21 @@ class ModelNotFoundError(AttnserveError):
     field = "model"
 
 
+def reason_and_message(error: BaseException, known: Container[str]) -> tuple[str, str]:
+    """The reason and the human message a client of either door sees. Errors we did not expect (a reason the
+    door does not know, or no AttnserveError at all) are logged whole and told apart by name only."""
+    if isinstance(error, AttnserveError) and error.reason in known:
+        return error.reason, str(error)
+    log.error("unexpected error while serving a request", exc_info=error)
+    return "INTERNAL", f"internal error ({type(error).__name__}); the server log has the details"
+
+
 def status_for(error: BaseException, request_index: int | None = None) -> grpc.Status:
     """The status a client sees for error; request_index: which request of a stream it answers.
 
     Errors we did not expect are logged whole and told apart by name only.
     """
-    if isinstance(error, AttnserveError) and error.reason in REASONS:
-        reason, message = error.reason, str(error)
-    else:
-        log.error("unexpected error while serving a request", exc_info=error)
-        reason, message = "INTERNAL", f"internal error ({type(error).__name__}); the server log has the details"
+    reason, message = reason_and_message(error, REASONS)
     code = REASONS[reason]
     info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN)
     if request_index is not None:

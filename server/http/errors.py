@@ -8,7 +8,6 @@ the route's family: OpenAI's `{"error": {"message", "type", "param", "code"}}` o
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 
@@ -16,9 +15,7 @@ import orjson
 
 from attnserve.errors import AttnserveError
 
-from ..errors import QueueFullError
-
-log = logging.getLogger("attnserve.server")
+from ..errors import QueueFullError, reason_and_message
 
 OPENAI, TEI = "openai", "tei"
 
@@ -93,11 +90,7 @@ def http_error(error: BaseException, style: str, names: WireNames | None = None)
 
     Errors we did not expect are logged whole and told apart by name only.
     """
-    if isinstance(error, AttnserveError) and error.reason in HTTP_STATUS:
-        reason, message = error.reason, str(error)
-    else:
-        log.error("unexpected error while serving a request", exc_info=error)
-        reason, message = "INTERNAL", f"internal error ({type(error).__name__}); the server log has the details"
+    reason, message = reason_and_message(error, HTTP_STATUS)
     status = HTTP_STATUS[reason]
     headers = {}
     if isinstance(error, QueueFullError):
