@@ -81,7 +81,12 @@ class HttpTarget:
 
     @property
     def authority(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"{netloc(self.host)}:{self.port}"
+
+
+def netloc(address: str) -> str:
+    """An address as a URL has it: an IPv6 one in brackets."""
+    return f"[{address}]" if ":" in address else address
 
 
 def _is_address(host: str) -> bool:
@@ -163,16 +168,12 @@ class HttpSender:
     def __init__(self, session: aiohttp.ClientSession, target: HttpTarget, addresses: list[str],
                  client: ClientConfig):
         self._session, self._target = session, target
-        self._bases = itertools.cycle([f"{target.scheme}://{self._netloc(a)}:{target.port}" for a in addresses])
+        self._bases = itertools.cycle([f"{target.scheme}://{netloc(a)}:{target.port}" for a in addresses])
         self._server_hostname = None if _is_address(target.host) or target.scheme == "http" else target.host
         self.headers = {"Host": target.authority, "Content-Type": "application/json"}
         if client.api_key:
             self.headers["Authorization"] = f"Bearer {client.api_key}"
         self._timeouts: dict[float, tuple[aiohttp.ClientTimeout, dict[str, str]]] = {}
-
-    @staticmethod
-    def _netloc(address: str) -> str:
-        return f"[{address}]" if ":" in address else address
 
     async def get(self, base: str, path: str, timeout: float) -> tuple[int, bytes]:
         async with self._session.get(base + path, headers=self.headers, server_hostname=self._server_hostname,
