@@ -143,9 +143,10 @@ def test_two_replicas_share_the_load_and_one_drains_under_it(images, tmp_path):
         assert exit_code == 0, report_text
         ok_after_stop = embed_ok(staying) - ok_before_stop[0]
 
-        # A short load over the HTTP door too, as LOADTEST_PROTOCOL=http runs it, to the replica still up.
-        http = project.run("run", "--rm", "--no-deps", "-T", "-e", "ATTNSERVE_LOADTEST_PROTOCOL=http", "loadtest",
-                           "loadtest", "--target", "http://server:8080", "--wait-ready", "30", "--requests", "40",
+        # A short load over the HTTP door too, to the replica still up. The flag, not `run -e`: docker-compose
+        # 1.29 keeps the service's own ATTNSERVE_LOADTEST_PROTOCOL over one given to `run -e` (measured).
+        http = project.run("run", "--rm", "--no-deps", "-T", "loadtest", "loadtest", "--protocol", "http",
+                           "--target", "http://server:8080", "--wait-ready", "30", "--requests", "40",
                            "--concurrency", "4", "--json", "-", timeout=180)
         http_report = json.loads(http.stdout)
     finally:
