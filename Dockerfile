@@ -100,7 +100,7 @@ RUN pip install --no-deps "$(echo /tmp/wheels/attnserve-*.whl)[cpu,plot]" && rm 
 # Owned by root and read-only to the server: serving only reads them, after checking each file's sha256.
 COPY --from=export /artifacts /opt/attnserve/artifacts
 USER 10001:10001
-EXPOSE 50051 9000
+EXPOSE 50051 8080 9000
 # The gRPC health protocol, SERVING only after the graphs are warmed up; the start period covers the warm-up.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
     CMD ["attnserve", "health", "--target", "localhost:50051"]
@@ -144,7 +144,7 @@ COPY --from=build /wheels /tmp/wheels
 RUN pip install --no-deps "$(echo /tmp/wheels/attnserve-*.whl)[gpu,plot]" && rm -rf /tmp/wheels
 COPY --from=export /artifacts /opt/attnserve/artifacts
 USER 10001:10001
-EXPOSE 50051 9000
+EXPOSE 50051 8080 9000
 HEALTHCHECK --interval=10s --timeout=5s --start-period=120s --retries=3 \
     CMD ["attnserve", "health", "--target", "localhost:50051"]
 ENTRYPOINT ["attnserve"]

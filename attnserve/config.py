@@ -194,6 +194,14 @@ class LoadTestConfig:
         0, "ATTNSERVE_LOADTEST_REQUESTS", "measured requests to send; with --duration, whichever comes first")
     warmup: float = setting(0.0, "ATTNSERVE_LOADTEST_WARMUP",
                             "seconds of load before measuring, left out of the report")
+    protocol: str = setting(
+        "grpc", "ATTNSERVE_LOADTEST_PROTOCOL",
+        "grpc: the Embed method; http: OpenAI's POST /v1/embeddings, TARGET then http(s)://host:port or host:port "
+        "(the server's --http-port)", choices=("grpc", "http"))
+    encoding_format: str = setting(
+        "base64", "ATTNSERVE_LOADTEST_ENCODING_FORMAT",
+        "over http: the vectors as base64 of float32 (what the openai SDK asks for) or as JSON floats",
+        choices=("base64", "float"))
     batch_size: int = setting(1, "ATTNSERVE_LOADTEST_BATCH_SIZE", "inputs per request")
     input: str | None = setting(
         None, "ATTNSERVE_LOADTEST_INPUT",

@@ -1,4 +1,4 @@
-"""Serving benchmark: `attnserve serve` under 64 concurrent clients against the offline engine.
+"""Serving benchmark: `attnserve serve` under 64 concurrent clients, over gRPC and HTTP, against the offline engine.
 
 Everything is measured side by side in one run, on the same mixed-length
 corpus (loadtest/corpus.py) and the same artifacts, and read as ratios, since
@@ -17,12 +17,20 @@ absolute tokens/s depend on the machine:
             the num_tokens the server replies with, over the wall time from
             the first request to the last reply. Padding and mean batch size
             come from the server's Prometheus counters, as deltas over the load.
+  http      the same load through the same server's HTTP door: OpenAI's
+            POST /v1/embeddings, one text per request, `encoding_format`
+            base64 (what the openai SDK asks for) and then float, from
+            --concurrency aiohttp coroutines over a pool of as many
+            keep-alive connections; tokens/s counts the replies'
+            usage.prompt_tokens.
   latency   one short text, sent sequentially from one (synchronous) client to
-            the otherwise idle server after a few warm-up calls; every
-            round adds LATENCY_SAMPLES samples.
+            the otherwise idle server after a few warm-up calls, over gRPC and
+            over HTTP (http.client, one keep-alive connection, base64); every
+            round adds LATENCY_SAMPLES samples of each.
 
-Each round runs offline, then serving, then latency; while one runs the other
-side is idle (the server stays up but gets no requests during offline). The
+Each round runs offline, then serving over gRPC, HTTP base64 and HTTP float,
+then latency over both; while one runs the rest is idle (the server stays up
+but gets no requests during offline). The
 best round of each throughput run is reported, as in bench_encode.py, since
 the machine is noisy; the median over rounds is printed too.
 
@@ -81,7 +89,14 @@ TARGETS = {  # name: (comparison, bound, bound as shown)
     "serving_vs_offline": (">=", 0.85, "0.85"),
     "latency_p50_ms": ("<=", 10.0, "10 ms"),
     "padding_serving": ("<=", 0.10, "10%"),
+    "http_base64_vs_grpc": (">=", 0.90, "0.90"),
+    "http_float_vs_grpc": (">=", 0.80, "0.80"),
+    "http_latency_over_grpc_ms": ("<=", 2.0, "2 ms"),
 }
+# The serving runs: how the clients reach the server. "serving" (gRPC) is the one compared with offline.
+SERVING_RUNS = {"serving": "gRPC Embed", "http_base64": "HTTP /v1/embeddings base64",
+                "http_float": "HTTP /v1/embeddings float"}
+EMBEDDINGS_PATH = "/v1/embeddings"
 
 
 class BenchError(Exception):
@@ -167,10 +182,12 @@ class ServerCounters:
         return ServerCounters(*(a - b for a, b in pairs))
 
 
-def scrape(server: ServerProcess) -> ServerCounters:
+def scrape(server: ServerProcess, http: bool = False) -> ServerCounters:
+    """The counters; the request ones those of gRPC's Embed, or with http, of POST /v1/embeddings."""
     values = server.metrics()
     # A labelled histogram has no samples before its first observation: absent reads as 0.
-    emb, embed = '{graph="embeddings"}', '{method="Embed",protocol="grpc"}'
+    emb = '{graph="embeddings"}'
+    embed = f'{{method="{EMBEDDINGS_PATH}",protocol="http"}}' if http else '{method="Embed",protocol="grpc"}'
     get = lambda name: values.get(name, 0.0)
     return ServerCounters(
         tokens=get("attnserve_batch_tokens_computed_total"), cells=get("attnserve_batch_cells_computed_total"),
@@ -263,9 +280,15 @@ async def load_async(server: ServerProcess, requests: list, concurrency: int, ch
         delta = scrape(server) - before
     finally:
         await asyncio.gather(*(channel.close() for channel in pool))
+    return load_result(tally, delta, seconds, cores, start, len(requests))
+
+
+def load_result(tally: LoadTally, delta: ServerCounters, seconds: float, cores: dict, start: float,
+                sent: int) -> dict:
+    """One load's numbers, whichever door it went through; a failed request fails the benchmark."""
     if tally.errors:
         shown = "; ".join(f"{n} x {code} (first: {tally.first_error[code]})" for code, n in tally.errors.items())
-        raise BenchError(f"{sum(tally.errors.values())} of {len(requests)} requests failed: {shown}")
+        raise BenchError(f"{sum(tally.errors.values())} of {sent} requests failed: {shown}")
     return {
         "tokens": tally.tokens, "requests": tally.replies, "seconds": seconds,
         "tokens_per_s": tally.tokens / seconds, "requests_per_s": tally.replies / seconds,
@@ -276,6 +299,8 @@ async def load_async(server: ServerProcess, requests: list, concurrency: int, ch
         # One inference thread runs every batch: its busy share of the wall time bounds throughput.
         "inference_busy": delta.inference_s / seconds,
         "mean_queue_ms": 1e3 * delta.queue_s / delta.queued_inputs if delta.queued_inputs else None,
+        # A request's time in the server, from its handler's start to its reply (queue and inference included).
+        "mean_handler_ms": 1e3 * delta.embed_s / delta.embed_requests if delta.embed_requests else None,
         "server_cores": cores["server"], "client_cores": cores["bench"], "other_cores": cores["others"],
         "steal_cores": cores["steal"],
         # The tail: once the first client runs out of work, fewer than `concurrency` requests are in flight.
@@ -283,8 +308,63 @@ async def load_async(server: ServerProcess, requests: list, concurrency: int, ch
     }
 
 
+def openai_body(text: str, model: str, encoding_format: str) -> bytes:
+    import orjson
+
+    return orjson.dumps({"input": text, "model": model, "encoding_format": encoding_format, "truncate": True})
+
+
+async def http_client_loop(session, url: str, work, tally: LoadTally) -> None:
+    """One HTTP client, as client_loop: one request at a time from the shared work, until it runs out."""
+    import orjson
+
+    headers = {"Content-Type": "application/json"}
+    for body in work:
+        async with session.post(url, data=body, headers=headers) as reply:
+            answer = await reply.read()
+            status = reply.status
+        if status != 200:
+            tally.errors[str(status)] += 1
+            tally.first_error.setdefault(str(status), answer[:300].decode(errors="replace"))
+            continue
+        tally.replies += 1
+        tally.tokens += orjson.loads(answer)["usage"]["prompt_tokens"]
+    tally.finished.append(time.perf_counter())
+
+
+async def load_http_async(server: ServerProcess, bodies: list[bytes], concurrency: int) -> dict:
+    import aiohttp
+
+    url = server.http_url + EMBEDDINGS_PATH
+    # A keep-alive connection per client, as over gRPC the clients share a connection that is already up.
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as session:
+        warm = LoadTally()  # open every connection first: connection setup is not what is measured
+        await asyncio.gather(*(http_client_loop(session, url, iter(bodies[i:i + 1]), warm)
+                               for i in range(concurrency)))
+        work, tally = iter(bodies), LoadTally()
+        before, cpu = scrape(server, http=True), CpuMeter(server.process.pid)
+        start = time.perf_counter()
+        await asyncio.gather(*(http_client_loop(session, url, work, tally) for _ in range(concurrency)))
+        seconds = time.perf_counter() - start
+        cores = cpu.cores(seconds)
+        delta = scrape(server, http=True) - before
+    return load_result(tally, delta, seconds, cores, start, len(bodies))
+
+
 def serving_round(server: ServerProcess, requests: list, concurrency: int, channels: int) -> dict:
     return asyncio.run(load_async(server, requests, concurrency, channels))
+
+
+def http_serving_round(server: ServerProcess, bodies: list[bytes], concurrency: int) -> dict:
+    return asyncio.run(load_http_async(server, bodies, concurrency))
+
+
+def server_split(before: ServerCounters, after: ServerCounters) -> dict:
+    d = after - before
+    return {"handler": 1e3 * d.embed_s / d.embed_requests, "queue": 1e3 * d.queue_s / d.queued_inputs,
+            "inference": 1e3 * d.inference_s / d.batches}
 
 
 def latency_round(server: ServerProcess, samples: int) -> dict:
@@ -314,14 +394,43 @@ def latency_round(server: ServerProcess, samples: int) -> dict:
             call()
         before = scrape(server)
         times = [call() for _ in range(samples)]
-        d = scrape(server) - before
-    return {"ms": times, "server_ms": {"handler": 1e3 * d.embed_s / d.embed_requests,
-                                       "queue": 1e3 * d.queue_s / d.queued_inputs,
-                                       "inference": 1e3 * d.inference_s / d.batches}}
+        split = server_split(before, scrape(server))
+    return {"ms": times, "server_ms": split}
+
+
+def http_latency_round(server: ServerProcess, samples: int, model: str) -> dict:
+    """latency_round over HTTP: the same short text to /v1/embeddings (base64) on one keep-alive connection
+    from the standard library's blocking client."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    url = urlsplit(server.http_url)
+    body = openai_body(SHORT_TEXT, model, "base64")
+    headers = {"Content-Type": "application/json"}
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=REQUEST_TIMEOUT_S)
+    try:
+        def call() -> float:
+            start = time.perf_counter()
+            connection.request("POST", EMBEDDINGS_PATH, body, headers)
+            reply = connection.getresponse()
+            answer = reply.read()
+            if reply.status != 200:
+                raise BenchError(f"HTTP latency request failed: {reply.status}: {answer[:300]!r}")
+            return (time.perf_counter() - start) * 1e3
+
+        for _ in range(LATENCY_WARMUP):
+            call()
+        before = scrape(server, http=True)
+        times = [call() for _ in range(samples)]
+        split = server_split(before, scrape(server, http=True))
+    finally:
+        connection.close()
+    return {"ms": times, "server_ms": split}
 
 
 def percentiles(ms: list[float]) -> dict:
-    return {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "n": len(ms)}
+    return {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "mean": float(np.mean(ms)),
+            "n": len(ms)}
 
 
 # --- report -------------------------------------------------------------------------------------
@@ -333,7 +442,7 @@ def versions() -> dict:
     from attnserve import __version__
 
     out = {"python": platform.python_version(), "attnserve": __version__, "onnxruntime": onnxruntime.__version__}
-    for dist in ("grpcio", "protobuf", "prometheus_client", "numpy"):
+    for dist in ("grpcio", "aiohttp", "orjson", "protobuf", "prometheus_client", "numpy"):
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -341,23 +450,37 @@ def versions() -> dict:
     return out
 
 
+def latency_summary(latency: list[dict]) -> dict:
+    # The round with the lowest p50 (the least disturbed by neighbours), and all samples pooled.
+    per_round = [percentiles(r["ms"]) | {"server_ms": r["server_ms"]} for r in latency]
+    return {"best_round": min(per_round, key=lambda x: x["p50"]), "per_round": per_round,
+            "pooled": percentiles([t for r in latency for t in r["ms"]])}
+
+
 def summarize(rounds: list[dict], latency: list[dict]) -> dict:
-    best = {name: max((r[name] for r in rounds), key=lambda x: x["tokens_per_s"]) for name in ("offline", "serving")}
+    names = ("offline", *SERVING_RUNS)
+    best = {name: max((r[name] for r in rounds), key=lambda x: x["tokens_per_s"]) for name in names}
     o, s = best["offline"], best["serving"]
     # Tokens are equal on both sides, so the ratio splits exactly into three factors: cells computed
     # per token (padding), seconds per cell, and the share of the wall the inference thread was busy.
     per_cell = {"offline": o["seconds"] / o["cells"], "serving": s["inference_s"] / s["cells"]}
-    per_round = [percentiles(r["ms"]) | {"server_ms": r["server_ms"]} for r in latency]
+    # HTTP against gRPC: best against best, and the median of the ratios within a round (measured minutes
+    # apart, so under about the same disturbance from the machine's other users).
+    http_vs_grpc = {name: {"best": best[name]["tokens_per_s"] / s["tokens_per_s"],
+                           "median": statistics.median(r[name]["tokens_per_s"] / r["serving"]["tokens_per_s"]
+                                                       for r in rounds)}
+                    for name in ("http_base64", "http_float")}
+    latency_ms = {protocol: latency_summary([r[protocol] for r in latency]) for protocol in ("grpc", "http")}
     return {
         "best": best, "serving_vs_offline": s["tokens_per_s"] / o["tokens_per_s"],
+        "http_vs_grpc": http_vs_grpc,
         "median_tokens_per_s": {name: statistics.median(r[name]["tokens_per_s"] for r in rounds) for name in best},
         "factors": {"padding": (1 - s["padding"]) / (1 - o["padding"]),
                     "seconds_per_cell": per_cell["offline"] / per_cell["serving"],
                     "inference_busy": s["inference_busy"]},
         "seconds_per_cell": per_cell,
-        # Latency: the round with the lowest p50 (the least disturbed by neighbours), and all samples pooled.
-        "latency_ms": {"best_round": min(per_round, key=lambda x: x["p50"]), "per_round": per_round,
-                       "pooled": percentiles([t for r in latency for t in r["ms"]])},
+        "latency_ms": latency_ms,
+        "http_latency_over_grpc_ms": latency_ms["http"]["best_round"]["p50"] - latency_ms["grpc"]["best_round"]["p50"],
     }
 
 
@@ -375,17 +498,21 @@ def header_lines(args, manifest, artifacts: Path, corpus: dict) -> list[str]:
 def result_lines(args, corpus: dict, summary: dict) -> list[str]:
     o, s = summary["best"]["offline"], summary["best"]["serving"]
     median, f, cell = summary["median_tokens_per_s"], summary["factors"], summary["seconds_per_cell"]
-    latency, pooled = summary["latency_ms"]["best_round"], summary["latency_ms"]["pooled"]
 
     def row(label: str, result: dict) -> tuple[str, str, str, str]:
         return (label, f"{result['tokens_per_s']:.0f}", f"{result['padding']:.1%}",
                 f"{result['tokens_per_s'] / o['tokens_per_s']:.2f}x")
 
-    return [
-        table([row("offline Engine.encode", o), row(f"serving, {args.concurrency} clients, 1 text/request", s)],
-              "offline"),
-        f"median of {args.rounds} round(s): offline {median['offline']:.0f}, serving {median['serving']:.0f} "
-        f"tokens/s ({median['serving'] / median['offline']:.2f}x)",
+    rows = [row("offline Engine.encode", o)]
+    rows += [row(f"{label}, {args.concurrency} clients, 1 text/request", summary["best"][name])
+             for name, label in SERVING_RUNS.items()]
+    lines = [
+        table(rows, "offline"),
+        f"median of {args.rounds} round(s), tokens/s: " + ", ".join(
+            f"{name} {median[name]:.0f}" for name in ("offline", *SERVING_RUNS)),
+        "HTTP / gRPC tokens/s: " + ", ".join(
+            f"{name} {r['best']:.3f} (best rounds), {r['median']:.3f} (median of per-round ratios)"
+            for name, r in summary["http_vs_grpc"].items()),
         f"serving (best round): {s['requests']} requests in {s['seconds']:.2f} s ({s['requests_per_s']:.0f}/s); "
         f"mean batch size {s['mean_batch_size']:.1f} over {s['batches']:.0f} batches (offline: "
         f"{args.texts / corpus['offline_batches']:.1f} over {corpus['offline_batches']}); mean queue wait "
@@ -395,25 +522,45 @@ def result_lines(args, corpus: dict, summary: dict) -> list[str]:
         f"{f['seconds_per_cell']:.3f} (offline {cell['offline'] * 1e6:.0f} us, all included; serving "
         f"{cell['serving'] * 1e6:.0f} us in the inference thread) x inference thread busy {f['inference_busy']:.3f}",
         f"cores used (best rounds): offline: bench {o['cores_used']:.2f}, server {o['server_cores']:.2f}, "
-        f"other processes {o['other_cores']:.2f}, steal {o['steal_cores']:.2f}; serving: server "
-        f"{s['server_cores']:.2f}, clients {s['client_cores']:.2f}, other processes {s['other_cores']:.2f}, "
-        f"steal {s['steal_cores']:.2f}",
-        f"latency, one {corpus['short_tokens']}-token request at a time on an idle server: p50 "
-        f"{latency['p50']:.2f} ms, p99 {latency['p99']:.2f} ms (best of {args.rounds} round(s) of "
-        f"{LATENCY_SAMPLES}); all {pooled['n']} samples: p50 {pooled['p50']:.2f} ms, p99 {pooled['p99']:.2f} ms",
-        f"latency in the server (means, same round): handler {latency['server_ms']['handler']:.2f} ms, of which "
-        f"queue {latency['server_ms']['queue']:.2f} ms and inference {latency['server_ms']['inference']:.2f} ms",
+        f"other processes {o['other_cores']:.2f}, steal {o['steal_cores']:.2f}",
     ]
+    # Where each door's time goes: the server's CPU and the load generator's per request, the inference
+    # thread's busy share and the time a request spent in the server.
+    for name, label in SERVING_RUNS.items():
+        r = summary["best"][name]
+        per_request = {side: 1e3 * r[f"{side}_cores"] / r["requests_per_s"] for side in ("server", "client")}
+        lines.append(
+            f"  {label}: server {r['server_cores']:.2f} cores ({per_request['server']:.2f} ms CPU/request), "
+            f"clients {r['client_cores']:.2f} cores ({per_request['client']:.2f} ms CPU/request), "
+            f"other processes {r['other_cores']:.2f}, steal {r['steal_cores']:.2f}; inference "
+            f"thread busy {r['inference_busy']:.3f}; mean batch {r['mean_batch_size']:.1f}; in the server "
+            f"{r['mean_handler_ms']:.0f} ms/request (queue {r['mean_queue_ms']:.0f} ms)")
+    for protocol in ("grpc", "http"):
+        latency, pooled = summary["latency_ms"][protocol]["best_round"], summary["latency_ms"][protocol]["pooled"]
+        lines += [
+            f"latency over {protocol}, one {corpus['short_tokens']}-token request at a time on an idle server: p50 "
+            f"{latency['p50']:.2f} ms, p99 {latency['p99']:.2f} ms (best of {args.rounds} round(s) of "
+            f"{LATENCY_SAMPLES}); all {pooled['n']} samples: p50 {pooled['p50']:.2f} ms, p99 {pooled['p99']:.2f} ms",
+            f"  in the server (means, same round): handler {latency['server_ms']['handler']:.2f} ms, of which "
+            f"queue {latency['server_ms']['queue']:.2f} ms and inference {latency['server_ms']['inference']:.2f} ms; "
+            f"outside it (client, protocol, loopback) {latency['mean'] - latency['server_ms']['handler']:.2f} ms "
+            f"of the mean {latency['mean']:.2f} ms"]
+    return lines
 
 
 def target_lines(summary: dict) -> tuple[list[str], dict]:
     ratio, s = summary["serving_vs_offline"], summary["best"]["serving"]
-    p50 = summary["latency_ms"]["best_round"]["p50"]
+    p50 = summary["latency_ms"]["grpc"]["best_round"]["p50"]
+    http = {name: r["best"] for name, r in summary["http_vs_grpc"].items()}
+    over = summary["http_latency_over_grpc_ms"]
     lines, targets = [], {}
     for label, key, value, shown in [
         ("serving / offline tokens/s", "serving_vs_offline", ratio, f"{ratio:.2f}"),
         ("latency p50 (short, idle)", "latency_p50_ms", p50, f"{p50:.2f} ms"),
         ("padding under load", "padding_serving", s["padding"], f"{s['padding']:.1%}"),
+        ("HTTP base64 / gRPC tokens/s", "http_base64_vs_grpc", http["http_base64"], f"{http['http_base64']:.2f}"),
+        ("HTTP float / gRPC tokens/s", "http_float_vs_grpc", http["http_float"], f"{http['http_float']:.2f}"),
+        ("HTTP p50 - gRPC p50 (idle)", "http_latency_over_grpc_ms", over, f"{over:+.2f} ms"),
     ]:
         line, targets[key] = target_line(TARGETS, label, key, value, shown)
         lines.append(line)
@@ -516,29 +663,39 @@ def setup_offline(artifacts: Path, args: argparse.Namespace) -> tuple:
 
 def measure(args: argparse.Namespace, engine, texts: list[str], corpus: dict, server: ServerProcess
             ) -> tuple[list[dict], list[dict]]:
-    """Every round: offline, serving, latency, each while the other side is idle."""
-    requests = [embed_request(t) for t in texts]  # built once: the clients should cost little CPU
+    """Every round: offline, serving over gRPC, HTTP base64, HTTP float, latency over both, each while the
+    rest is idle, so that a disturbance of the machine falls on all of them alike."""
+    # Built once: the clients should cost little CPU.
+    requests = [embed_request(t) for t in texts]
+    model = engine.manifest.model
+    bodies = {fmt: [openai_body(t, model, fmt) for t in texts] for fmt in ("base64", "float")}
     rounds, latency = [], []
     for r in range(args.rounds):
         tag = f"round {r + 1}/{args.rounds}"
         offline = offline_round(engine, texts, server.process.pid)
         log(f"{tag}: offline {offline['tokens_per_s']:.0f} tokens/s, other processes "
             f"{offline['other_cores']:.2f} cores")
-        serving = serving_round(server, requests, args.concurrency, args.channels)
-        log(f"{tag}: serving {serving['tokens_per_s']:.0f} tokens/s, mean batch {serving['mean_batch_size']:.1f}, "
-            f"server {serving['server_cores']:.2f} cores, clients {serving['client_cores']:.2f}, "
-            f"other processes {serving['other_cores']:.2f}")
-        check_tokens(corpus["tokens"], offline, serving)
-        latency.append(latency_round(server, LATENCY_SAMPLES))
-        log(f"{tag}: latency p50 {np.percentile(latency[-1]['ms'], 50):.2f} ms")
-        rounds.append({"offline": offline, "serving": serving})
+        runs = {"offline": offline, "serving": serving_round(server, requests, args.concurrency, args.channels)}
+        for fmt in ("base64", "float"):
+            runs[f"http_{fmt}"] = http_serving_round(server, bodies[fmt], args.concurrency)
+        for name in SERVING_RUNS:
+            run = runs[name]
+            log(f"{tag}: {name} {run['tokens_per_s']:.0f} tokens/s, mean batch {run['mean_batch_size']:.1f}, "
+                f"server {run['server_cores']:.2f} cores, clients {run['client_cores']:.2f}, "
+                f"other processes {run['other_cores']:.2f}")
+            check_tokens(corpus["tokens"], offline, name, run)
+        latency.append({"grpc": latency_round(server, LATENCY_SAMPLES),
+                        "http": http_latency_round(server, LATENCY_SAMPLES, model)})
+        log(f"{tag}: latency p50 grpc {np.percentile(latency[-1]['grpc']['ms'], 50):.2f} ms, "
+            f"http {np.percentile(latency[-1]['http']['ms'], 50):.2f} ms")
+        rounds.append(runs)
     return rounds, latency
 
 
-def check_tokens(expected: int, offline: dict, serving: dict) -> None:
+def check_tokens(expected: int, offline: dict, name: str, serving: dict) -> None:
     """Both sides must have computed the same tokens, or their tokens/s are not comparable."""
     counts = {"this process's tokenizer": expected, "offline Engine.encode": offline["tokens"],
-              "the server's replies (num_tokens)": serving["tokens"],
+              f"the server's replies ({name})": serving["tokens"],
               "the server's metrics": int(serving["server_tokens"])}
     if len(set(counts.values())) != 1:
         raise BenchError("token counts disagree: " + ", ".join(f"{k} {v}" for k, v in counts.items()))

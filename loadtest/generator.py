@@ -22,6 +22,9 @@ is retried as retry.py says, and neither loop ever sends again at once:
 
 Every send is a sample of its own: retries are counted as sent and answered
 under their own status code, and flagged so the report can say how many.
+
+The generator knows no protocol: a Call (grpc_call.py, http_call.py) sends a
+request's bytes and says what came back as an Answer.
 """
 
 from __future__ import annotations
@@ -32,16 +35,22 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import grpc
-
-from attnserve.client.status import error_details
-from attnserve.v1 import encoder_pb2 as pb
-
 from .retry import MAX_ATTEMPTS, Backoff, RetryThrottle
 
-EMBED_METHOD = "/attnserve.v1.Encoder/Embed"
 
-Call = Callable[[bytes, float], Awaitable[pb.EmbedResponse]]
+@dataclass(frozen=True)
+class Answer:
+    """What one send came back with, in the protocol's own words."""
+
+    code: str  # gRPC: the status name (OK, UNAVAILABLE); HTTP: the status ("200", "429") or what failed to connect
+    ok: bool
+    tokens: int = 0  # real tokens the server computed (0 unless ok)
+    refused: bool = False  # a retryable answer: the same request sent later can succeed
+    retry_after: float | None = None  # the server's own wait before a retry (RetryInfo, Retry-After), if it gave one
+
+
+# Sends a serialized request with a timeout in seconds; never raises for an answer the server or network gave.
+Call = Callable[[bytes, float], Awaitable[Answer]]
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,8 @@ class Sample:
     due: float  # when it was scheduled (open loop) or sent (closed loop)
     sent: float
     done: float
-    code: str  # the grpc status name; OK for a reply
+    code: str  # Answer.code
+    ok: bool
     tokens: int  # real tokens the server computed for it (0 unless OK)
     measured: bool  # due after the warm-up
     retry: bool  # a refused request sent again
@@ -68,13 +78,6 @@ class LoadShape:
     duration: float  # measured seconds; 0: bounded by requests only
     requests: int  # measured requests; 0: bounded by duration only
     warmup: float
-
-
-def embed_call(channel: grpc.aio.Channel) -> Call:
-    """Embed with the request already serialized, so the generator spends its time waiting, not encoding."""
-    method = channel.unary_unary(EMBED_METHOD, request_serializer=None,
-                                 response_deserializer=pb.EmbedResponse.FromString)
-    return lambda request, timeout: method(request, timeout=timeout)
 
 
 class LoadGenerator:
@@ -132,15 +135,15 @@ class LoadGenerator:
                 request, attempts = self._next_request(), 0
             if not self._may_send(due := self._now()):
                 return
-            refused = await self._one(request, due, retry=attempts > 0)
+            answer = await self._one(request, due, retry=attempts > 0)
             attempts += 1
-            if not refused:
+            if not answer.refused:
                 backoff.reset()
                 request = None
                 continue
             if attempts == MAX_ATTEMPTS or not self._throttle.allows_retry:
                 request = None  # given up: its refusals are counted; the stream still waits before the next
-            if await self._sleep(backoff.next()):
+            if await self._sleep(backoff.next(answer.retry_after)):
                 return
 
     async def _sleep(self, seconds: float) -> bool:
@@ -169,28 +172,28 @@ class LoadGenerator:
 
     async def _scheduled(self, request: bytes, due: float) -> None:
         """One open-loop request, and its retries while it is refused, each due after its own backoff."""
-        backoff = Backoff()
+        backoff, retry_after = Backoff(), None
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
-                due = self._now() + backoff.next()
+                due = self._now() + backoff.next(retry_after)
                 if await self._sleep(due - self._now()) or not self._may_send(due):
                     return
-            if not await self._one(request, due, retry=attempt > 0) or not self._throttle.allows_retry:
+            answer = await self._one(request, due, retry=attempt > 0)
+            if not answer.refused or not self._throttle.allows_retry:
                 return
+            retry_after = answer.retry_after
 
-    async def _one(self, request: bytes, due: float, retry: bool) -> bool:
-        """Send once and record the answer; whether it was a refusal worth retrying."""
+    async def _one(self, request: bytes, due: float, retry: bool) -> Answer:
+        """Send once and record the answer."""
         sent = self._now()
-        tokens, refused = 0, False
         try:
-            reply = await self._call(request, self._timeout)
-            code, tokens = "OK", sum(e.num_tokens for e in reply.embeddings)
-            self._throttle.succeeded()
-        except grpc.aio.AioRpcError as error:
-            code, refused = error.code().name, error_details(error).retryable
-            if refused:
-                self._throttle.refused()
+            answer = await self._call(request, self._timeout)
         except Exception as error:  # counted, never dropped: every request sent has a line in the report
-            code = f"CLIENT_ERROR ({type(error).__name__})"
-        self.samples.append(Sample(due, sent, self._now(), code, tokens, due >= self.shape.warmup, retry))
-        return refused
+            answer = Answer(f"CLIENT_ERROR ({type(error).__name__})", ok=False)
+        if answer.ok:
+            self._throttle.succeeded()
+        elif answer.refused:
+            self._throttle.refused()
+        self.samples.append(Sample(due, sent, self._now(), answer.code, answer.ok, answer.tokens,
+                                   due >= self.shape.warmup, retry))
+        return answer

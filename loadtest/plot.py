@@ -17,13 +17,13 @@ def draw_latency(samples: list[Sample], report: dict, path: Path) -> None:
     plt = pyplot()
     measured = [s for s in samples if s.measured]
     start = report["warmup_s"]
-    ok = [s for s in measured if s.code == "OK"]
+    ok = [s for s in measured if s.ok]
     fig, (over_time, histogram) = plt.subplots(2, 1, figsize=(11, 8))
 
     if ok:
         over_time.scatter([s.due - start for s in ok], [s.latency * 1e3 for s in ok], s=4, alpha=0.35,
                           color="tab:blue", label="ok", rasterized=True)
-    for code, color in zip(sorted({s.code for s in measured} - {"OK"}), ERROR_COLORS * 4, strict=False):
+    for code, color in zip(sorted({s.code for s in measured if not s.ok}), ERROR_COLORS * 4, strict=False):
         failed = [s for s in measured if s.code == code]
         over_time.scatter([s.due - start for s in failed], [max(s.latency * 1e3, 1e-3) for s in failed], s=6,
                           marker="x", alpha=0.5, color=color, label=code.lower(), rasterized=True)

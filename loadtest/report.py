@@ -33,7 +33,7 @@ def _timeline(samples: list[Sample], start: float) -> list[dict]:
         bins[int(s.due - start)].append(s)
     rows = []
     for t, group in enumerate(bins):
-        ok = np.array([s.latency for s in group if s.code == "OK"])
+        ok = np.array([s.latency for s in group if s.ok])
         rows.append({"t": t, "sent": len(group), "retried": sum(s.retry for s in group), "ok": len(ok),
                      "errors": len(group) - len(ok), "p50_ms": _latency_ms(ok)["p50"],
                      "p99_ms": _latency_ms(ok)["p99"]})
@@ -45,7 +45,7 @@ def summarize(samples: list[Sample], shape: LoadShape, inputs_per_request: int) 
     measured = [s for s in samples if s.measured]
     start = shape.warmup
     elapsed = max((s.done for s in measured), default=start) - start
-    ok = [s for s in measured if s.code == "OK"]
+    ok = [s for s in measured if s.ok]
     codes = Counter(s.code for s in measured)
     latencies = np.array([s.latency for s in ok])
     lag = np.array([s.sent - s.due for s in measured])
@@ -95,7 +95,7 @@ def format_table(report: dict) -> str:
     bound = " and ".join(x for x in (f"{report['duration_s']:g} s" if report["duration_s"] else "",
                                      f"{report['request_limit']} requests" if report["request_limit"] else "") if x)
     lines = [
-        f"attnserve loadtest: {report['target']} ({report['model']})",
+        f"attnserve loadtest: {report['target']} ({report['model']}) over {report['route']}",
         f"load: {load} for {bound}" + (f" after {report['warmup_s']:g} s of warm-up" if report["warmup_s"] else "")
         + f"; {report['inputs_per_request']} input(s) per request from the {report['input']}",
         "",

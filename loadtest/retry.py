@@ -2,7 +2,8 @@
 
 A request answered with a retryable code (client/status.py: ErrorDetails.retryable, e.g. UNAVAILABLE or
 RESOURCE_EXHAUSTED, never INVALID_ARGUMENT) is sent again, the same bytes, after a backoff: 50 ms, doubling
-up to 1 s, each randomized by +-20% so that streams refused together do not all come back together. A
+up to 1 s, each randomized by +-20% so that streams refused together do not all come back together; where the
+server said how long to wait (gRPC's RetryInfo, HTTP's Retry-After), at least that, within the same 1 s cap. A
 request is sent at most MAX_ATTEMPTS times. While most recent answers are refusals (a target that is down
 or shedding), a RetryThrottle stops the retries, as gRPC's retry throttling does, so that an outage is not
 answered with a multiple of the load: the waiting still applies, only the extra sends stop.
@@ -26,9 +27,12 @@ class Backoff:
         self._rng = rng or random.Random()
         self._delay = 0.0
 
-    def next(self) -> float:
+    def next(self, server_wait: float | None = None) -> float:
+        """The wait; server_wait: what the server asked for, honoured up to the cap (a load test that slept
+        out a long Retry-After would measure its own sleep)."""
         self._delay = min(BACKOFF_MAX_S, self._delay * 2 or BACKOFF_FIRST_S)
-        return self._delay * self._rng.uniform(1 - BACKOFF_JITTER, 1 + BACKOFF_JITTER)
+        wait = self._delay * self._rng.uniform(1 - BACKOFF_JITTER, 1 + BACKOFF_JITTER)
+        return max(wait, min(server_wait or 0.0, BACKOFF_MAX_S))
 
     def reset(self) -> None:
         self._delay = 0.0

@@ -7,24 +7,21 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-import grpc
-
 from attnserve import __version__
-from attnserve.client.client import open_channel
-from attnserve.client.health import NotServing, wait_until_serving
+from attnserve.client.client import Input
 from attnserve.config import ClientConfig, LoadTestConfig
 from attnserve.errors import AttnserveError
-from attnserve.v1 import encoder_pb2 as pb
-from attnserve.v1 import encoder_pb2_grpc
 
-from .generator import LoadGenerator, LoadShape, Sample, embed_call
+from .generator import LoadGenerator, LoadShape, Sample
+from .grpc_call import grpc_target
+from .http_call import http_target
 from .report import format_table, summarize
 from .workload import build_workload
 
-# The model's description, asked once the target serves (not the load's own --timeout).
-MODEL_INFO_TIMEOUT_SECONDS = 10.0
+TARGETS = {"grpc": grpc_target, "http": http_target}
 
 
 def check_writable(path: str | None, flag: str) -> None:
@@ -38,34 +35,22 @@ def check_writable(path: str | None, flag: str) -> None:
         raise AttnserveError(f"{flag} {path}: not writable by this user (uid {os.getuid()})")
 
 
-def wait_for_target(client: ClientConfig, seconds: float) -> None:
-    """Until the target's health service says SERVING; seconds 0: ask once."""
-    with open_channel(client, health_checked=False) as channel:  # it asks for the health itself
-        try:
-            wait_until_serving(channel, client.target, seconds)
-        except NotServing as error:
-            raise NotServing(f"{error}{'' if seconds else ' (--wait-ready waits for it)'}", error.status) from None
-
-
 def load_shape(config: LoadTestConfig) -> LoadShape:
     return LoadShape(0 if config.rate else config.concurrency, config.rate, config.duration, config.requests,
                      config.warmup)
 
 
-async def run_load(config: LoadTestConfig, client: ClientConfig, requests: list[bytes]
-                   ) -> tuple[pb.ModelInfo, list[Sample], bool]:
-    async with open_channel(client, aio=True) as channel:
-        try:  # also connects the channel, so that the first requests of the load do not pay for it
-            info = await encoder_pb2_grpc.EncoderStub(channel).GetModelInfo(pb.GetModelInfoRequest(),
-                                                                             timeout=MODEL_INFO_TIMEOUT_SECONDS)
-        except grpc.aio.AioRpcError as error:
-            raise AttnserveError(f"{client.target}: no model info: {error.code().name}: {error.details()}") from None
-        generator = LoadGenerator(embed_call(channel), requests, load_shape(config), client.timeout)
+async def run_load(config: LoadTestConfig, client: ClientConfig, batches: Sequence[Sequence[Input]]
+                   ) -> tuple[dict, list[Sample], bool]:
+    """Wait for the target, then load it; what it is (for the report), every sample, whether a signal stopped it."""
+    async with TARGETS[config.protocol](config, client) as target:
+        requests = [target.serialize(batch) for batch in batches]
+        generator = LoadGenerator(target.call, requests, load_shape(config), client.timeout)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):  # stop sending, then report what was sent
             loop.add_signal_handler(sig, generator.stop)
         samples = await generator.run()
-    return info, samples, generator.stopped_early
+    return {"model": target.model, "protocol": config.protocol, "route": target.route}, samples, generator.stopped_early
 
 
 def run_loadtest(config: LoadTestConfig, client: ClientConfig) -> int:
@@ -76,11 +61,10 @@ def run_loadtest(config: LoadTestConfig, client: ClientConfig) -> int:
 
         pyplot()  # a missing matplotlib is an error now, not after the run
     workload = build_workload(config)
-    wait_for_target(client, config.wait_ready)
-    info, samples, stopped = asyncio.run(run_load(config, client, workload.requests))
-    report = {"target": client.target, "model": f"{info.model}, {info.provider} {info.precision}",
-              "input": workload.description, "lb_policy": client.lb_policy, "stopped_early": stopped,
-              **summarize(samples, load_shape(config), workload.inputs_per_request), "attnserve_version": __version__}
+    about, samples, stopped = asyncio.run(run_load(config, client, workload.batches))
+    report = {"target": client.target, **about, "input": workload.description, "lb_policy": client.lb_policy,
+              "stopped_early": stopped, **summarize(samples, load_shape(config), workload.inputs_per_request),
+              "attnserve_version": __version__}
     if config.json == "-":
         json.dump(report, sys.stdout, indent=2)
         print()

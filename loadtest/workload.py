@@ -1,4 +1,5 @@
-"""What the load test sends: the mixed-length corpus or a user's file, as requests serialized once."""
+"""What the load test sends: the mixed-length corpus or a user's file, cut into the inputs of each request
+(serialized once, by the protocol's Target, before the load)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnserve.client.client import Input, make_request
+from attnserve.client.client import Input
 from attnserve.config import LoadTestConfig
 from attnserve.errors import InvalidInputError
 
@@ -15,7 +16,7 @@ from .corpus import mixed_length_corpus
 
 @dataclass(frozen=True)
 class Workload:
-    requests: list[bytes]  # serialized EmbedRequests, sent in turn
+    batches: list[list[Input]]  # each request's inputs, sent in turn
     inputs_per_request: int
     description: str
 
@@ -45,6 +46,5 @@ def build_workload(config: LoadTestConfig) -> Workload:
     n, size = len(inputs), config.batch_size
     # Consecutive inputs, wrapping at the end: every input is sent once per pass over the list.
     count = -(-n // size)
-    requests = [make_request([inputs[(i * size + j) % n] for j in range(size)], truncate=config.truncate
-                             ).SerializeToString() for i in range(count)]
-    return Workload(requests, size, where)
+    batches = [[inputs[(i * size + j) % n] for j in range(size)] for i in range(count)]
+    return Workload(batches, size, where)

@@ -89,8 +89,9 @@ class ModelNotFoundError(AttnserveError):
 def reason_and_message(error: BaseException, known: Container[str]) -> tuple[str, str]:
     """The reason and the human message a client of either door sees. Errors we did not expect (a reason the
     door does not know, or no AttnserveError at all) are logged whole and told apart by name only."""
-    if isinstance(error, AttnserveError) and error.reason in known:
-        return error.reason, str(error)
+    reason = error.reason if isinstance(error, AttnserveError) else None
+    if reason is not None and reason in known:
+        return reason, str(error)
     log.error("unexpected error while serving a request", exc_info=error)
     return "INTERNAL", f"internal error ({type(error).__name__}); the server log has the details"
 

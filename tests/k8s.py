@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import yaml
@@ -16,12 +17,15 @@ def manifest_files() -> list[Path]:
 
 
 def manifests() -> dict[str, dict]:
-    """Every resource, by kind (one of each), with the file it is in under "_file"."""
+    """Every resource, with the file it is in under "_file": by kind where a kind has one resource
+    ("Deployment"), by kind and name where it has several ("Service/attnserve-grpc")."""
+    docs = [doc | {"_file": path.name} for path in manifest_files() for doc in yaml.safe_load_all(path.read_text())]
+    kinds = Counter(doc["kind"] for doc in docs)
     out = {}
-    for path in manifest_files():
-        for doc in yaml.safe_load_all(path.read_text()):
-            assert doc["kind"] not in out, f"two {doc['kind']}s"
-            out[doc["kind"]] = doc | {"_file": path.name}
+    for doc in docs:
+        key = doc["kind"] if kinds[doc["kind"]] == 1 else f"{doc['kind']}/{doc['metadata']['name']}"
+        assert key not in out, f"two {key}s"
+        out[key] = doc
     return out
 
 

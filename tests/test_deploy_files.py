@@ -96,7 +96,9 @@ def test_servers_are_replicated_healthchecked_and_reached_only_inside_the_networ
     for name in ("server", "server-gpu"):
         service = compose_gpu["services"][name]
         assert "ports" not in service, f"{name}: replicas would collide on a published port"
-        assert {"50051", "9000"} <= set(map(str, service.get("expose", [])))
+        ports = config_module.ServerConfig.port, config_module.ServerConfig.http_port, \
+            config_module.ServerConfig.metrics_port
+        assert set(map(str, ports)) <= set(map(str, service.get("expose", []))), "gRPC, HTTP and metrics reachable"
         test = service["healthcheck"]["test"]
         assert test[0] == "CMD" and test[1:3] == ["attnserve", "health"], test
         assert test[1:] == stages[service["build"]["target"]].healthcheck(), "compose and image check alike"
@@ -113,9 +115,22 @@ def test_replicas_threads_load_shape_and_reports_follow_the_environment(tmp_path
     server, loadtest = config["services"]["server"], config["services"]["loadtest"]
     assert server["deploy"]["replicas"] == 3 and server["environment"]["ATTNSERVE_THREADS"] == "2"
     assert loadtest["environment"] == {"ATTNSERVE_LOADTEST_CONCURRENCY": "0", "ATTNSERVE_LOADTEST_RATE": "50",
-                                       "ATTNSERVE_LOADTEST_DURATION": "5"}
+                                       "ATTNSERVE_LOADTEST_DURATION": "5", "ATTNSERVE_LOADTEST_PROTOCOL": "grpc"}
     assert loadtest["user"] == "1234:5678"
     assert f"{tmp_path}:/reports:rw" in loadtest["volumes"] or f"{tmp_path}:/reports" in loadtest["volumes"]
+
+
+def test_the_load_test_goes_over_http_to_the_http_port_when_asked():
+    """LOADTEST_PROTOCOL=http with LOADTEST_TARGET: a command the CLI takes, aimed at the servers' HTTP port."""
+    port = config_module.ServerConfig.http_port
+    config = compose_config(env={"LOADTEST_PROTOCOL": "http", "LOADTEST_TARGET": f"http://server:{port}"})
+    loadtest = config["services"]["loadtest"]
+    assert loadtest["environment"]["ATTNSERVE_LOADTEST_PROTOCOL"] == "http"
+    argv = loadtest["command"]
+    assert flag(argv, "--target") == f"http://server:{port}" and not cli_error(argv)
+    assert str(port) in map(str, config["services"]["server"]["expose"])
+    protocol = config_module.LoadTestConfig.__dataclass_fields__["protocol"]
+    assert protocol.metadata["env"] == "ATTNSERVE_LOADTEST_PROTOCOL" and "http" in protocol.metadata["choices"]
 
 
 def test_every_image_is_built_with_the_dockerfiles_source_arguments_from_the_environment(dockerfile):
@@ -294,7 +309,7 @@ def test_the_build_stage_copies_only_what_the_wheel_is_built_from(stages):
     """So that a stray file in the tree (a report, a wheel, a test) does not invalidate the cache."""
     setuptools = pyproject()["tool"]["setuptools"]
     folders = {f"{folder}/" for folder in setuptools["package-dir"].values()}
-    # A package inside another package's folder (server/http/) comes with that folder's COPY.
+    # A subpackage (server/http/) comes with its parent's folder (server/).
     folders = {f for f in folders if not any(f != other and f.startswith(other) for other in folders)}
     wanted = {"pyproject.toml", "README.md", *folders}
     build = stages["build"]

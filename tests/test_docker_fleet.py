@@ -142,6 +142,13 @@ def test_two_replicas_share_the_load_and_one_drains_under_it(images, tmp_path):
         report_text = container_logs(loadtest)
         assert exit_code == 0, report_text
         ok_after_stop = embed_ok(staying) - ok_before_stop[0]
+
+        # A short load over the HTTP door too, to the replica still up. The flag, not `run -e`: docker-compose
+        # 1.29 keeps the service's own ATTNSERVE_LOADTEST_PROTOCOL over one given to `run -e` (measured).
+        http = project.run("run", "--rm", "--no-deps", "-T", "loadtest", "loadtest", "--protocol", "http",
+                           "--target", "http://server:8080", "--wait-ready", "30", "--requests", "40",
+                           "--concurrency", "4", "--json", "-", timeout=180)
+        http_report = json.loads(http.stdout)
     finally:
         left_behind = []
         try:
@@ -167,6 +174,9 @@ def test_two_replicas_share_the_load_and_one_drains_under_it(images, tmp_path):
     assert report["codes"]["OK"] > 0 and report["mode"] == "closed" and report["target"] == "dns:///server:50051"
     assert all(n > 0 for n in ok_before_stop), ok_before_stop
     assert ok_after_stop > 0, "the remaining replica went on answering"
+    r = http_report["requests"]
+    assert http_report["protocol"] == "http" and r["sent"] == r["answered"] == 40, http_report
+    assert set(http_report["codes"]) <= {"200", "429"} and http_report["codes"]["200"] > 0, http_report["codes"]
 
 
 def docker_memory(quantity: str) -> str:

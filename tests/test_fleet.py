@@ -52,10 +52,10 @@ def fleet(artifacts, compose, tmp_path_factory):
     service = compose["server"]
     assert service["deploy"]["replicas"] >= 2
     env = {k: v for k, v in environment(service).items() if k.startswith("ATTNSERVE_")}
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, http_port = free_port(), free_port(), free_port()
     logs = tmp_path_factory.mktemp("fleet")
     replicas = [ServerProcess(artifacts, env=env, host=host, port=port, metrics_port=metrics_port,
-                              log_path=logs / f"{host}.log") for host in REPLICA_HOSTS]
+                              http_port=http_port, log_path=logs / f"{host}.log") for host in REPLICA_HOSTS]
     try:
         for replica in replicas:
             replica.wait_serving()
@@ -65,10 +65,12 @@ def fleet(artifacts, compose, tmp_path_factory):
     assert codes == [0, 0], [replica.log_tail() for replica in replicas]
 
 
-def embed_answers(replica: ServerProcess, code: str = "") -> int:
-    """Embed requests the replica answered: with this status code, or whatever their status."""
+def embed_answers(replica: ServerProcess, code: str = "", method: str = "Embed") -> int:
+    """Embed requests (or those of another method or HTTP route) the replica answered: with this status code,
+    or whatever their status."""
     return int(sum(v for k, v in replica.metrics().items()
-                   if k.startswith("attnserve_requests_total{") and 'method="Embed"' in k and f'code="{code}' in k))
+                   if k.startswith("attnserve_requests_total{") and f'method="{method}"' in k
+                   and f'code="{code}' in k))
 
 
 def run_loadtest_service(compose: dict, target: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -137,3 +139,20 @@ def test_an_open_loop_reports_every_request_by_code(fleet, dns_server, tmp_path)
     assert requests["sent"] - requests["retried"] == 120 and sum(report["codes"].values()) == requests["sent"]
     assert abs(report["sent_per_s"] - 40) < 4
     assert time.monotonic() - started < 60
+
+
+def test_over_http_the_compose_loadtest_spreads_over_both_replicas(fleet, dns_server, compose, tmp_path):
+    """The same service over the HTTP door: the name resolved to both addresses, requests to each in turn."""
+    route = "/v1/embeddings"
+    target = f"dns://127.0.0.1:{dns_server}/{SERVICE_NAME}:{fleet[0].http_port}"
+    before = [embed_answers(r, method=route) for r in fleet]
+    done = run_loadtest_service(compose, target, tmp_path, "--requests", "120", "--protocol", "http")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "loadtest.json").read_text())
+    served = [embed_answers(r, method=route) - b for r, b in zip(fleet, before, strict=True)]
+    r = report["requests"]
+    assert r["sent"] == 120 and r["answered"] == sum(report["codes"].values()) == r["sent"]
+    assert sum(served) == r["sent"] + r["warmup"], (served, r)
+    assert set(report["codes"]) <= {"200", "429"}, report["codes"]
+    assert report["route"] == f"http (base64), round robin over 2 address(es) of {SERVICE_NAME}"
+    assert min(served) >= 0.4 * sum(served), served

@@ -40,7 +40,8 @@ def test_every_manifest_passes_the_kubernetes_schema(path, version):
 
 
 def test_the_kinds_an_operator_needs_are_there(k8s):
-    assert {"Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"} <= set(k8s)
+    assert {"Deployment", "Service/attnserve-grpc", "Service/attnserve-http", "PodDisruptionBudget",
+            "HorizontalPodAutoscaler"} <= set(k8s)
 
 
 def test_kustomization_applies_every_manifest(k8s):
@@ -74,13 +75,20 @@ def test_ports_probes_and_services_agree_with_the_servers_flags(k8s, container):
     assert annotations["prometheus.io/path"] == "/metrics"
     # The Service: headless (DNS answers every ready pod, for client-side round_robin), on the port clients dial
     # in compose too, to a port the container names.
-    service = k8s["Service"]["spec"]
+    service = k8s["Service/attnserve-grpc"]["spec"]
     assert service["clusterIP"] == "None" and not service.get("publishNotReadyAddresses")
     (port,) = service["ports"]
     assert port["port"] == grpc_port and port_named(container, port["targetPort"]) == grpc_port
     assert port["appProtocol"] == "grpc"
     compose_target = compose_config()["services"]["loadtest"]["command"]
     assert f":{port['port']}" in compose_target[compose_target.index("--target") + 1]
+    # The HTTP door: a normal ClusterIP Service (HTTP/1.1 connections balance well) to the port serve listens on.
+    http_port = int(env.get("ATTNSERVE_HTTP_PORT", ServerConfig.http_port))
+    http = k8s["Service/attnserve-http"]["spec"]
+    assert http.get("type", "ClusterIP") == "ClusterIP" and http.get("clusterIP") != "None"
+    (port,) = http["ports"]
+    assert port_named(container, "http") == http_port and port_named(container, port["targetPort"]) == http_port
+    assert port["appProtocol"] == "http"
 
 
 def test_every_selector_finds_the_deployments_pods(k8s):
@@ -88,7 +96,8 @@ def test_every_selector_finds_the_deployments_pods(k8s):
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     selectors = {
         "Deployment": deployment["spec"]["selector"]["matchLabels"],
-        "Service": k8s["Service"]["spec"]["selector"],
+        "Service/attnserve-grpc": k8s["Service/attnserve-grpc"]["spec"]["selector"],
+        "Service/attnserve-http": k8s["Service/attnserve-http"]["spec"]["selector"],
         "PodDisruptionBudget": k8s["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"],
     }
     for kind, selector in selectors.items():
