@@ -102,19 +102,31 @@ def status_for(error: BaseException, request_index: int | None = None) -> grpc.S
     Errors we did not expect are logged whole and told apart by name only.
     """
     reason, message = reason_and_message(error, REASONS)
-    code = REASONS[reason]
+    if request_index is not None:
+        message = f"request {request_index}: {message}"
+    bad_request = REASONS[reason] == grpc.StatusCode.INVALID_ARGUMENT
+    return detailed_status(
+        REASONS[reason], message, reason, request_index,
+        field=(getattr(error, "field", None) or "") if bad_request else None,
+        description=getattr(error, "description", message) if bad_request else None,
+        retry_delay=error.retry_after if isinstance(error, QueueFullError) else None)
+
+
+def detailed_status(code: grpc.StatusCode, message: str, reason: str, request_index: int | None = None,
+                    field: str | None = None, description: str | None = None,
+                    retry_delay: float | None = None) -> grpc.Status:
+    """A status with the google.rpc details of client/status.py's contract: ErrorInfo always, BadRequest when a
+    field is given, RetryInfo when a retry delay is."""
     info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN)
     if request_index is not None:
         info.metadata["request_index"] = str(request_index)
-        message = f"request {request_index}: {message}"
-    details = [info]
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        field, description = getattr(error, "field", None), getattr(error, "description", message)
+    details: list = [info]
+    if field is not None:
         details.append(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=field or "", description=description)]))
-    if isinstance(error, QueueFullError):
+            error_details_pb2.BadRequest.FieldViolation(field=field, description=description)]))
+    if retry_delay is not None:
         retry = error_details_pb2.RetryInfo()
-        retry.retry_delay.FromNanoseconds(round(error.retry_after * 1e9))
+        retry.retry_delay.FromNanoseconds(round(retry_delay * 1e9))
         details.append(retry)
     packed = []
     for detail in details:

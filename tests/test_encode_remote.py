@@ -8,7 +8,6 @@ the real server that forwards each request and fails the ones it is told to.
 
 from __future__ import annotations
 
-import datetime
 import fcntl
 import json
 import os
@@ -26,18 +25,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from google.protobuf import any_pb2
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import status_pb2
 from grpc_status import rpc_status
 
 from attnserve.client.client import CHANNEL_OPTIONS
-from attnserve.client.status import DOMAIN
 from attnserve.config import ClientConfig
 from attnserve.errors import AttnserveError, InvalidInputError
 from attnserve.offline import job as job_module
 from attnserve.offline import remote
 from attnserve.offline.encode import encode_file, read_embeddings
 from attnserve.offline.job import EncodeJob
+from attnserve.server.errors import detailed_status
 from attnserve.v1 import encoder_pb2_grpc
 
 from .conftest import VARIED_TEXTS, assert_one_line_error, run_cli
@@ -157,26 +155,8 @@ def test_progress_bar_on_a_terminal_and_the_summary_line(server, tmp_path):
 # --- failures a healthy server does not produce on demand: a proxy in front of the real server -------------------
 
 
-def error_status(code: grpc.StatusCode, message: str, reason: str, request_index: int | None = None,
-                 field: str | None = None, description: str | None = None, retry_delay: float | None = None):
-    """A status with the structured details an attnserve server attaches (client/status.py's contract)."""
-    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN)
-    if request_index is not None:
-        info.metadata["request_index"] = str(request_index)
-    details = [info]
-    if field is not None:
-        details.append(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=field, description=description)]))
-    if retry_delay is not None:
-        retry = error_details_pb2.RetryInfo()
-        retry.retry_delay.FromTimedelta(datetime.timedelta(seconds=retry_delay))
-        details.append(retry)
-    packed = []
-    for detail in details:
-        any_ = any_pb2.Any()
-        any_.Pack(detail)
-        packed.append(any_)
-    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=packed))
+# The server's own builder of statuses with details, for the failures the proxy fakes.
+error_status = detailed_status
 
 
 def queue_full(index: int, retry_delay: float | None = None):
