@@ -16,6 +16,7 @@ from attnserve.errors import ArtifactError, ConfigError
 from .batching import pad, plan_batches
 from .manifest import GraphVariant, Manifest, load_manifest
 from .pooling import l2_normalize
+from .prompts import apply_prompt
 from .session import CPU, CUDA, open_session, resolve_provider
 from .tokenizer import TextTokenizer, TokenizedInput
 
@@ -30,7 +31,7 @@ class BatchOutput:
 
     lengths: np.ndarray  # (B,) real token counts
     last_hidden_state: np.ndarray  # (B, T, H), padded positions are not meaningful
-    sentence_embedding: np.ndarray  # (B, H), the model's pooling, not normalised
+    sentence_embedding: np.ndarray  # (B, D), the model's pipeline up to its final normalisation, not normalised
     attentions: np.ndarray | None = None  # (L, B, nh, T, T) when the attention graph ran
 
 
@@ -54,7 +55,7 @@ class EncodeStats:
 
 @dataclass
 class Encoded:
-    embeddings: np.ndarray  # (N, H) float32, in input order
+    embeddings: np.ndarray  # (N, D) float32 (D: manifest.embedding_size), in input order
     num_tokens: np.ndarray  # (N,) int32
     truncated: np.ndarray  # (N,) bool
     stats: EncodeStats = field(default_factory=EncodeStats)
@@ -127,7 +128,7 @@ class Engine:
         start = time.perf_counter()
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
         batches = plan_batches(lengths, self.config.max_batch_tokens, self.config.max_batch_size)
-        embeddings = np.empty((len(inputs), self.manifest.hidden_size), dtype=np.float32)
+        embeddings = np.empty((len(inputs), self.manifest.embedding_size), dtype=np.float32)
         cells = 0
         for batch in batches:
             embeddings[batch] = self._sentence_embeddings([inputs[i] for i in batch])
@@ -140,7 +141,11 @@ class Engine:
         truncated = np.fromiter((x.truncated for x in inputs), dtype=bool, count=len(inputs))
         return Encoded(embeddings, lengths.astype(np.int32), truncated, stats)
 
-    def encode(self, texts: Sequence[str], normalize: bool | None = None, truncate: bool = True) -> Encoded:
+    def encode(self, texts: Sequence[str], normalize: bool | None = None, truncate: bool = True,
+               prompt_name: str | None = None, prompt: str | None = None) -> Encoded:
+        """Sentence embeddings of texts, each after its prompt (engine/prompts.py: the checkpoint's default
+        prompt when neither prompt_name nor prompt is given)."""
+        texts = apply_prompt(self.manifest, texts, prompt_name, prompt)
         return self.encode_tokenized(self.tokenizer.encode_texts(texts, truncate=truncate), normalize)
 
     def describe(self) -> str:

@@ -11,6 +11,8 @@ from attnserve.errors import ArtifactError
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
+# The poolings a request may choose instead of the model's own (the server pools the token embeddings itself).
+REQUEST_POOLINGS = ("mean", "cls")
 
 
 @dataclass(frozen=True)
@@ -34,12 +36,25 @@ class Manifest:
     intermediate_size: int
     vocab_size: int
     max_seq_length: int
-    pooling: str
+    pooling: str  # the graph's pooling: a mode of engine/pooling.py's POOLING_MODES, or several joined by "+"
     normalize: bool  # the checkpoint's own pipeline L2-normalises
     tokenizer: str
     tokenizer_sha256: str
     variants: dict[str, GraphVariant]
     tools: dict
+    # The size of sentence_embedding: hidden_size, unless a Dense module or several pooling modes change it.
+    embedding_size: int
+    # The fields below came later: optional on read (load_manifest), so that older artifact directories load.
+    modules: tuple[str, ...] = ()  # the pipeline in short words: ("Transformer(bert)", "Pooling(mean)", "Normalize")
+    prompts: dict[str, str] = field(default_factory=dict)  # the checkpoint's named prompts
+    default_prompt_name: str | None = None  # the prompt put before a text that a caller gives none for
+
+    @property
+    def poolable_at_request_time(self) -> bool:
+        """Whether pooling the token embeddings at request time (mean or cls) gives what the graph would with
+        that pooling: its sentence embedding is one such pooling, with nothing after it but normalisation."""
+        after = [m for m in self.modules if not m.startswith(("Transformer(", "Pooling("))]
+        return self.pooling in REQUEST_POOLINGS and all(m == "Normalize" for m in after)
 
     def path(self, name: str) -> Path:
         return self.directory / name
@@ -54,7 +69,8 @@ class Manifest:
             "variants": {name: {"file": v.file, "sha256": v.sha256, "precision": v.precision, "fused": v.fused,
                                 "outputs": list(v.outputs), "parity": v.parity}
                          for name, v in self.variants.items()},
-            "tools": self.tools,
+            "tools": self.tools, "embedding_size": self.embedding_size, "modules": list(self.modules),
+            "prompts": self.prompts, "default_prompt_name": self.default_prompt_name,
         }
 
 
@@ -98,6 +114,10 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             max_seq_length=int(raw["max_seq_length"]), pooling=str(raw["pooling"]), normalize=bool(raw["normalize"]),
             tokenizer=str(raw["tokenizer"]["file"]), tokenizer_sha256=str(raw["tokenizer"]["sha256"]),
             variants=variants, tools=dict(raw.get("tools", {})),
+            embedding_size=int(raw.get("embedding_size") or raw["hidden_size"]),
+            modules=tuple(str(m) for m in raw.get("modules", ())),
+            prompts={str(k): str(v) for k, v in raw.get("prompts", {}).items()},
+            default_prompt_name=None if raw.get("default_prompt_name") is None else str(raw["default_prompt_name"]),
         )
     except ArtifactError:
         raise

@@ -22,6 +22,7 @@ from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ArtifactError
 from attnserve.model.checkpoint import Checkpoint, load_encoder
 from attnserve.model.encoder import SentenceEncoder
+from attnserve.model.head import load_head
 
 from .optimize import convert_fp16, fuse_attention, quantize_int8
 from .tokenizer_parity import check_tokenizer
@@ -62,6 +63,7 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
     start = time.perf_counter()
     check_tokenizer(ckpt)  # before any weight is loaded or graph traced: a refusal is quick
     encoder = load_encoder(ckpt)
+    head = load_head(ckpt.directory, ckpt.pipeline)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         work = out.parent / f".{out.name}.building-{os.getpid()}"
@@ -70,9 +72,10 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
     except OSError as e:
         raise ArtifactError(f"cannot write artifacts under {out.parent}: {e.strerror}") from None
     try:
-        log(f"exporting {ckpt.name} ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size}) to ONNX")
-        export_graph(SentenceEncoder(encoder, ckpt.pooling), work / VARIANTS["embeddings"][0])
-        export_graph(SentenceEncoder(encoder, ckpt.pooling, output_attentions=True), work / VARIANTS["attention"][0])
+        log(f"exporting {ckpt.name} ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size}; "
+            f"{' -> '.join(ckpt.modules)}) to ONNX")
+        export_graph(SentenceEncoder(encoder, head), work / VARIANTS["embeddings"][0])
+        export_graph(SentenceEncoder(encoder, head, output_attentions=True), work / VARIANTS["attention"][0])
         counts = fuse_attention(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fused"][0], ckpt.config)
         log(f"fused attention: {counts.get('Attention', 0)} Attention nodes for {ckpt.config.num_layers} layers")
         quantize_int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0])
@@ -80,7 +83,7 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
         shutil.copyfile(ckpt.tokenizer_file, work / "tokenizer.json")
 
         tokenizer = TextTokenizer(work / "tokenizer.json", ckpt.max_seq_length, ckpt.config.vocab_size)
-        reference = Reference(encoder, ckpt.pooling, tokenizer)
+        reference = Reference(encoder, head, ckpt.embedding_size, tokenizer)
         variants = {}
         for name, (file, precision, fused, outputs) in VARIANTS.items():
             parity = verify(work / file, precision, reference)
@@ -91,7 +94,9 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
             num_heads=ckpt.config.num_heads, intermediate_size=ckpt.config.intermediate_size,
             vocab_size=ckpt.config.vocab_size, max_seq_length=ckpt.max_seq_length, pooling=ckpt.pooling,
             normalize=ckpt.normalize, tokenizer="tokenizer.json", tokenizer_sha256=sha256_of(work / "tokenizer.json"),
-            variants=variants, tools=_tool_versions(),
+            variants=variants, tools=_tool_versions(), embedding_size=ckpt.embedding_size,
+            modules=tuple(ckpt.modules), prompts=dict(ckpt.pipeline.prompts),
+            default_prompt_name=ckpt.pipeline.default_prompt_name,
         )
         (work / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
         _claim_destination(out)

@@ -17,7 +17,7 @@ INPUTS = ("input_ids", "attention_mask")
 
 
 def export_graph(module: SentenceEncoder, path: Path) -> None:
-    """Write the graph: inputs (B, T) int64; outputs last_hidden_state (B, T, H), sentence_embedding (B, H)
+    """Write the graph: inputs (B, T) int64; outputs last_hidden_state (B, T, H), sentence_embedding (B, D)
     and, for the attention graph, attentions (L, B, nh, T, T)."""
     outputs = ["last_hidden_state", "sentence_embedding"] + (["attentions"] if module.output_attentions else [])
     axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},

@@ -17,7 +17,8 @@ from attnserve.engine.batching import pad, plan_batches
 from attnserve.engine.session import CPU, open_session
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ExportVerificationError
-from attnserve.model.encoder import Encoder, pool
+from attnserve.model.encoder import Encoder
+from attnserve.model.head import SentenceHead
 
 from .token_ids import made_up_token_ids
 
@@ -57,10 +58,11 @@ def shape_grid(max_seq_length: int) -> list[tuple[int, int]]:
 class Reference:
     """PyTorch outputs on the check inputs, computed once and shared by every variant."""
 
-    def __init__(self, encoder: Encoder, pooling: str, tokenizer: TextTokenizer, n_texts: int = 512, seed: int = 0):
+    def __init__(self, encoder: Encoder, head: SentenceHead, embedding_size: int, tokenizer: TextTokenizer,
+                 n_texts: int = 512, seed: int = 0):
         rng = np.random.default_rng(seed)
         ids_from = made_up_token_ids(encoder.config.vocab_size)
-        self.pooling = pooling
+        self.head = head
         self.cases = []  # (ids, mask, hidden, sentence, attentions)
         for batch, seq in shape_grid(tokenizer.max_seq_length):
             lengths = rng.integers(1, seq + 1, size=batch)
@@ -70,7 +72,7 @@ class Reference:
         texts = [t for t in SAMPLE_TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()][:n_texts]
         self.text_inputs = tokenizer.encode_texts(texts)
         self.text_batches = plan_batches([len(x) for x in self.text_inputs], 4096, 64)
-        self.text_sentences = np.empty((len(texts), encoder.config.hidden_size), dtype=np.float32)
+        self.text_sentences = np.empty((len(texts), embedding_size), dtype=np.float32)
         for rows in self.text_batches:
             ids, mask = pad([self.text_inputs[i].ids for i in rows])
             self.text_sentences[rows] = self._torch(encoder, ids, mask, attentions=False)[1]
@@ -79,7 +81,7 @@ class Reference:
         with torch.no_grad():
             m = torch.from_numpy(mask)
             hidden, att = encoder(torch.from_numpy(ids), m, output_attentions=attentions)
-            sentence = pool(hidden, m, self.pooling)
+            sentence = self.head(hidden, m)
         return hidden.numpy(), sentence.numpy(), (att.numpy() if attentions else None)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from attnserve.errors import CheckpointError
 
 from .encoder import Encoder, EncoderConfig
-from .pipeline import read_json, read_pipeline
+from .pipeline import Pipeline, read_json, read_pipeline
 
 # Keys some checkpoints carry that the encoder does not use: BERT's NSP pooler
 # (sentence embeddings pool the hidden states instead) and a position-id buffer.
@@ -40,12 +40,38 @@ class Checkpoint:
     directory: Path
     name: str
     config: EncoderConfig
-    pooling: str  # "mean" or "cls", as the sentence-transformers config says
-    normalize: bool  # whether the checkpoint's pipeline ends in L2 normalisation
-    max_seq_length: int  # inputs are truncated to this many tokens, specials included
-    # Where max_seq_length came from: "sentence_bert_config.json", or "tokenizer" (its model_max_length,
-    # capped at the model's positions), which the export checks against transformers' own tokenizer.
-    max_seq_length_from: str
+    pipeline: Pipeline  # the sentence-transformers modules after the encoder, the prompts, max_seq_length
+
+    @property
+    def pooling(self) -> str:
+        """The manifest's name of the pooling: "mean", "cls", or several modes joined by "+"."""
+        return self.pipeline.pooling_name
+
+    @property
+    def normalize(self) -> bool:
+        """Whether the checkpoint's pipeline ends in L2 normalisation."""
+        return self.pipeline.normalize
+
+    @property
+    def max_seq_length(self) -> int:
+        """Inputs are truncated to this many tokens, specials included."""
+        return self.pipeline.max_seq_length
+
+    @property
+    def max_seq_length_from(self) -> str:
+        """Where max_seq_length came from: "sentence_bert_config.json", or "tokenizer" (its model_max_length,
+        capped at the model's positions), which the export checks against transformers' own tokenizer."""
+        return self.pipeline.max_seq_length_from
+
+    @property
+    def embedding_size(self) -> int:
+        """The size of the sentence embedding: the hidden size, times the pooling modes, or a Dense's output."""
+        return self.pipeline.embedding_size(self.config.hidden_size)
+
+    @property
+    def modules(self) -> list[str]:
+        """The whole pipeline in short words, for the manifest and the export's log."""
+        return self.pipeline.modules("bert")  # _encoder_config reads the bert family only
 
     @property
     def weights_file(self) -> Path:
@@ -136,10 +162,9 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
             if required == "model.safetensors" and any(directory.glob("*.bin")):
                 raise CheckpointError(f"{directory}: only model.safetensors is accepted, not pickle .bin weights")
             raise CheckpointError(f"checkpoint file missing: {directory / required}")
-    pipeline = read_pipeline(directory, cfg.max_position_embeddings)
+    pipeline = read_pipeline(directory, cfg.max_position_embeddings, cfg.hidden_size)
     _check_no_head(directory / "model.safetensors")
-    return Checkpoint(directory, name or directory.name, cfg, pipeline.pooling, pipeline.normalize,
-                      pipeline.max_seq_length, pipeline.max_seq_length_from)
+    return Checkpoint(directory, name or directory.name, cfg, pipeline)
 
 
 def key_map(cfg: EncoderConfig) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """A BERT-family Transformer encoder, written out in full.
 
 Reading order: config, embeddings, multi-head self-attention, feed-forward,
-one encoder layer, the stack, then pooling. The code follows the original
+one encoder layer, the stack, then the sentence encoder that adds the pooling head (head.py). The code follows the original
 BERT layout (post-LayerNorm) so that BERT-family checkpoints (MiniLM, BGE,
 E5, GTE) load into it key for key; see checkpoint.py for the key map.
 
@@ -143,30 +143,16 @@ class Encoder(nn.Module):
         return x, (torch.stack(attentions) if output_attentions else None)
 
 
-POOLING_MODES = ("mean", "cls")
-
-
-def pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """(B, T, H), (B, T) -> (B, H): the sentence embedding, padding excluded."""
-    if mode == "cls":
-        return last_hidden_state[:, 0]
-    assert mode == "mean", f"unknown pooling mode {mode!r}"
-    weights = attention_mask.unsqueeze(-1).to(last_hidden_state.dtype)  # (B, T, 1)
-    summed = (last_hidden_state * weights).sum(dim=1)  # (B, H)
-    return summed / weights.sum(dim=1).clamp(min=1e-9)
-
-
 class SentenceEncoder(nn.Module):
-    """The encoder plus the checkpoint's pooling: the module that is exported to ONNX."""
+    """The encoder plus the checkpoint's sentence head (model/head.py): the module that is exported to ONNX."""
 
-    def __init__(self, encoder: Encoder, pooling: str, output_attentions: bool = False):
+    def __init__(self, encoder: Encoder, head: nn.Module, output_attentions: bool = False):
         super().__init__()
-        assert pooling in POOLING_MODES, f"pooling must be one of {POOLING_MODES}"
-        self.encoder, self.pooling, self.output_attentions = encoder, pooling, output_attentions
+        self.encoder, self.head, self.output_attentions = encoder, head, output_attentions
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         hidden, attentions = self.encoder(input_ids, attention_mask, self.output_attentions)
-        sentence = pool(hidden, attention_mask, self.pooling)  # (B, H), not normalised
+        sentence = self.head(hidden, attention_mask)  # (B, D), not normalised
         if self.output_attentions:
             return hidden, sentence, attentions
         return hidden, sentence

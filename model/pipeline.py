@@ -1,14 +1,15 @@
 """A checkpoint's sentence-transformers pipeline, read the way sentence-transformers (6.2) reads it, or refused.
 
-The export reproduces exactly one pipeline: the BERT encoder (Transformer), mean or CLS pooling
-(Pooling) and an optional L2 normalisation (Normalize), with the tokenizer truncating at
-max_seq_length. Every file sentence-transformers reads is checked here: modules.json, each module's
-config, config_sentence_transformers.json and the Transformer's sentence_bert_config.json. Anything
-that would make sentence-transformers' output differ from that pipeline (another module such as
-Dense, another pooling mode, a default prompt, truncate_dim, a Transformer setting the export does
-not apply...) is refused with one line naming it, rather than exported silently wrong. Settings
-that cannot change the output (similarity_fn_name, unpad_inputs, named prompts that only apply when
-a caller asks for them) are accepted.
+The export reproduces the pipelines Transformer -> Pooling -> (Dense | Normalize)*: the encoder, any of
+Pooling's modes alone or several concatenated, then Dense layers (with their activation) and L2
+normalisations in any order, with the tokenizer truncating at max_seq_length. The checkpoint's prompts
+and default prompt are read and kept, to be put before texts as sentence-transformers' encode() does
+(engine/prompts.py). Every file sentence-transformers reads is checked here: modules.json, each module's
+config, config_sentence_transformers.json and the Transformer's sentence_bert_config.json. Anything that
+would make sentence-transformers' output differ from what the export runs (another module, Pooling's
+include_prompt false, truncate_dim, a custom activation, pickle weights, a Transformer setting the export
+does not apply...) is refused with one line naming it, rather than exported silently wrong. Settings
+that cannot change the output (similarity_fn_name, unpad_inputs) are accepted.
 
 Without modules.json, sentence-transformers builds Transformer + mean pooling and reads none of
 these files; so does this reader.
@@ -23,7 +24,7 @@ from typing import Any
 
 from attnserve.errors import CheckpointError
 
-from .encoder import POOLING_MODES
+from attnserve.engine.pooling import POOLING_MODES
 
 # Pooling's legacy boolean keys, in the order sentence-transformers concatenates their outputs.
 LEGACY_POOLING_KEYS = {
@@ -56,14 +57,64 @@ TRANSFORMER_FIXED = {
 TRANSFORMER_FREE = {"unpad_inputs", "max_seq_length", "do_lower_case"}
 # A tokenizer with no model_max_length has transformers' "unlimited" one; the model's positions cap it.
 UNLIMITED = 10**30
+# Dense's activation_function: torch.nn classes built without arguments (sentence-transformers imports the
+# class a "torch." path names and calls it), that the ONNX export writes as one standard op each.
+DENSE_ACTIVATIONS = ("Identity", "Tanh", "ReLU", "GELU", "Sigmoid", "SiLU", "LeakyReLU", "ELU")
+DENSE_DEFAULT_ACTIVATION = "Tanh"  # sentence-transformers' default when the config names none
+DENSE_KEYS = {"in_features", "out_features", "bias", "activation_function", "module_input_name",
+              "module_output_name", "use_residual"}
+DENSE_WEIGHTS = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class Dense:
+    """A Dense module: linear (+ residual) then activation, over the sentence embedding."""
+
+    folder: str  # relative to the checkpoint; its DENSE_WEIGHTS hold linear.weight/.bias (and residual.weight)
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str  # one of DENSE_ACTIVATIONS
+    use_residual: bool  # add the input (projected without bias when the sizes differ) after the activation
+
+    def describe(self) -> str:
+        return (f"Dense({self.in_features}->{self.out_features}, {self.activation.lower()}"
+                f"{'' if self.bias else ', no bias'}{', residual' if self.use_residual else ''})")
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """L2 normalisation of the sentence embedding."""
+
+    def describe(self) -> str:
+        return "Normalize"
 
 
 @dataclass(frozen=True)
 class Pipeline:
-    pooling: str  # one of POOLING_MODES: "mean" or "cls"
-    normalize: bool  # the pipeline ends in L2 normalisation
+    pooling: tuple[str, ...]  # POOLING_MODES, concatenated in this order
+    # The modules after Pooling that the graph runs, in order: Dense, and Normalize where a Dense follows it.
+    after_pooling: tuple[Dense | Normalize, ...]
+    normalize: bool  # the pipeline ends in L2 normalisation (left out of the graph: the engine applies it)
     max_seq_length: int  # inputs are truncated to this many tokens, specials included
     max_seq_length_from: str  # "sentence_bert_config.json" or "tokenizer": the export checks the latter
+    prompts: dict[str, str]  # config_sentence_transformers.json's named prompts
+    default_prompt_name: str | None  # the prompt put before every text a caller gives no prompt for
+
+    @property
+    def pooling_name(self) -> str:
+        """The manifest's name of the pooling: "mean", or "cls+mean" for several modes concatenated."""
+        return "+".join(self.pooling)
+
+    def embedding_size(self, hidden_size: int) -> int:
+        """The size of the sentence embedding the pipeline gives."""
+        dense = [m for m in self.after_pooling if isinstance(m, Dense)]
+        return dense[-1].out_features if dense else len(self.pooling) * hidden_size
+
+    def modules(self, family: str) -> list[str]:
+        """The pipeline in short words, for the manifest: ["Transformer(bert)", "Pooling(mean)", "Normalize"]."""
+        return ([f"Transformer({family})", f"Pooling({self.pooling_name})"] + [m.describe() for m in self.after_pooling]
+                + (["Normalize"] if self.normalize else []))
 
 
 def read_json(path: Path) -> Any:
@@ -86,36 +137,55 @@ def _refuse(path: Path, what: str) -> CheckpointError:
     return CheckpointError(f"{path}: cannot reproduce {what}")
 
 
-def read_pipeline(directory: Path, max_position_embeddings: int) -> Pipeline:
+def read_pipeline(directory: Path, max_position_embeddings: int, hidden_size: int) -> Pipeline:
     modules_file = directory / "modules.json"
     if not modules_file.exists():
-        return Pipeline("mean", False, _tokenizer_max_length(directory, max_position_embeddings), "tokenizer")
-    _check_model_config(directory / "config_sentence_transformers.json")
-    pooling, normalize = _modules(modules_file)
+        return Pipeline(("mean",), (), False, _tokenizer_max_length(directory, max_position_embeddings),
+                        "tokenizer", {}, None)
+    prompts, default_prompt_name = _model_config(directory / "config_sentence_transformers.json")
+    pooling_folder, after = _modules(modules_file)
     max_seq_length, length_from = _transformer(directory, max_position_embeddings)
-    mode = _pooling(directory / pooling / "config.json")
-    if normalize is not None:
-        _normalize(directory / normalize / "config.json")
-    return Pipeline(mode, normalize is not None, max_seq_length, length_from)
+    modes = _pooling(directory / pooling_folder / "config.json")
+    size = len(modes) * hidden_size
+    head: list[Dense | Normalize] = []
+    for name, folder in after:
+        if name == "Dense":
+            dense = _dense(directory, folder, size)
+            head.append(dense)
+            size = dense.out_features
+        else:
+            _normalize(directory / folder / "config.json")
+            head.append(Normalize())
+    # Trailing normalisations are the engine's (it L2-normalises unless a request says otherwise).
+    trailing = 0
+    while trailing < len(head) and isinstance(head[len(head) - 1 - trailing], Normalize):
+        trailing += 1
+    return Pipeline(modes, tuple(head[:len(head) - trailing]), trailing > 0, max_seq_length, length_from,
+                    prompts, default_prompt_name)
 
 
-def _check_model_config(path: Path) -> None:
-    """config_sentence_transformers.json: only settings that leave `encode()`'s output alone."""
+def _model_config(path: Path) -> tuple[dict[str, str], str | None]:
+    """config_sentence_transformers.json: its prompts and default prompt; refuses what changes encode()'s output
+    otherwise."""
     if not path.exists():
-        return
+        return {}, None
     raw = _read_object(path)
     model_type = raw.get("model_type", "SentenceTransformer")
     if model_type != "SentenceTransformer":
         raise _refuse(path, f"model_type {model_type!r} (only SentenceTransformer embedders are exported)")
-    prompts = raw.get("prompts") or {}
-    default = raw.get("default_prompt_name")
-    if default is not None and (not isinstance(default, str) or not isinstance(prompts, dict)
-                                or prompts.get(default) != ""):
-        # encode() prepends the default prompt to every text (and fails if there is none by that
-        # name); the export encodes texts as they come.
-        raise _refuse(path, f"default_prompt_name {default!r}: encode() prepends its prompt to every text")
     if raw.get("truncate_dim") is not None:
+        # encode() cuts the embeddings after the pipeline's Normalize, leaving them short of unit length.
         raise _refuse(path, f"truncate_dim {raw['truncate_dim']!r}: embeddings cut to fewer dimensions")
+    prompts = raw.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(k, str) and (v is None or isinstance(v, str))
+                                                for k, v in prompts.items()):
+        raise CheckpointError(f"{path}: prompts must map names to prompt strings, got {prompts!r}")
+    prompts = {name: text or "" for name, text in prompts.items()}  # sentence-transformers reads null as ""
+    default = raw.get("default_prompt_name")
+    if default is not None and (not isinstance(default, str) or default not in prompts):
+        raise CheckpointError(f"{path}: default_prompt_name {default!r} is not one of the prompts "
+                              f"({', '.join(prompts) or 'there are none'})")
+    return prompts, default
 
 
 def _module_kind(entry: Any, path: Path, position: int) -> tuple[str, str]:
@@ -132,25 +202,25 @@ def _module_kind(entry: Any, path: Path, position: int) -> tuple[str, str]:
     return name, folder
 
 
-def _modules(path: Path) -> tuple[str, str | None]:
-    """modules.json must be Transformer (at the root) -> Pooling [-> Normalize]; returns the last two's folders."""
+def _modules(path: Path) -> tuple[str, list[tuple[str, str]]]:
+    """modules.json must be Transformer (at the root) -> Pooling -> (Dense | Normalize)*: returns Pooling's
+    folder and the (class name, folder) of each module after it."""
     raw = read_json(path)
     if not isinstance(raw, list) or not raw:
         raise CheckpointError(f"{path}: expected a non-empty list of modules")
     kinds = [_module_kind(entry, path, i) for i, entry in enumerate(raw)]
-    expected = ("Transformer", "Pooling", "Normalize")
     for i, (name, folder) in enumerate(kinds):
-        if name not in expected:
+        if name not in ("Transformer", "Pooling", "Dense", "Normalize"):
             raise _refuse(path, f"module {folder or raw[i].get('name', i)!r} of type {raw[i]['type']} "
-                                f"(only Transformer, Pooling and Normalize are exported)")
-        if i >= len(expected) or name != expected[i]:
+                                f"(only Transformer, Pooling, Dense and Normalize are exported)")
+        if (name == "Transformer") != (i == 0) or (name == "Pooling") != (i == 1):
             order = " -> ".join(n for n, _ in kinds)
-            raise _refuse(path, f"the module order {order} (only Transformer -> Pooling [-> Normalize])")
+            raise _refuse(path, f"the module order {order} (only Transformer -> Pooling, then Dense and Normalize)")
     if len(kinds) < 2:
         raise _refuse(path, "a pipeline without a Pooling module (it has no sentence embedding)")
     if kinds[0][1] != "":
         raise _refuse(path, f"a Transformer in the subfolder {kinds[0][1]!r} (only one at the checkpoint's root)")
-    return kinds[1][1], (kinds[2][1] if len(kinds) == 3 else None)
+    return kinds[1][1], kinds[2:]
 
 
 def _transformer(directory: Path, max_position_embeddings: int) -> tuple[int, str]:
@@ -202,7 +272,7 @@ def _tokenizer_max_length(directory: Path, max_position_embeddings: int) -> int:
     return int(min(length, max_position_embeddings))
 
 
-def _pooling(path: Path) -> str:
+def _pooling(path: Path) -> tuple[str, ...]:
     """Pooling's config, read as sentence-transformers 6 reads it (pooling_mode, else the legacy booleans)."""
     raw = _read_object(path)
     unknown = sorted(set(raw) - POOLING_KEYS)
@@ -218,13 +288,56 @@ def _pooling(path: Path) -> str:
         if not modes:
             # sentence-transformers 6 falls back to mean here; earlier versions pooled nothing.
             raise _refuse(path, "a Pooling config with no pooling mode set")
-    if len(modes) > 1:
-        raise _refuse(path, f"pooling modes {' + '.join(modes)} concatenated (only one of mean or cls)")
-    if modes[0] not in POOLING_MODES:
-        raise _refuse(path, f"pooling mode {modes[0]!r} (only mean or cls)")
+    unknown_modes = [m for m in modes if m not in POOLING_MODES]
+    if unknown_modes:
+        raise CheckpointError(f"{path}: pooling mode {unknown_modes[0]!r} is not one of {', '.join(POOLING_MODES)}")
     if raw.get("include_prompt", True) is not True:
+        # The pooling would leave out the prompt's tokens, a count the graph is not given.
         raise _refuse(path, "include_prompt false (prompt tokens left out of the pooling)")
-    return modes[0]
+    return tuple(modes)
+
+
+def _dense(directory: Path, folder: str, in_size: int) -> Dense:
+    """A Dense module's config, read as sentence-transformers reads it, and its weights file checked."""
+    path = directory / folder / "config.json"
+    raw = _read_object(path)
+    # Keys sentence-transformers does not know it drops (a warning); they cannot change its output.
+    kwargs = {k: v for k, v in raw.items() if k in DENSE_KEYS}
+    for key in ("in_features", "out_features"):
+        value = kwargs.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise CheckpointError(f"{path}: {key} must be a positive integer, got {value!r}")
+    for key in ("bias", "use_residual"):
+        if not isinstance(kwargs.get(key, key == "bias"), bool):
+            raise CheckpointError(f"{path}: {key} must be true or false, got {kwargs[key]!r}")
+    source = kwargs.get("module_input_name", "sentence_embedding")
+    target = kwargs.get("module_output_name") or source
+    if (source, target) != ("sentence_embedding", "sentence_embedding"):
+        raise _refuse(path, f"a Dense from {source!r} to {target!r} (only the sentence embedding in place)")
+    if kwargs["in_features"] != in_size:
+        raise CheckpointError(f"{path}: in_features {kwargs['in_features']} but the embedding before it has "
+                              f"{in_size} dimensions")
+    activation = _activation(path, kwargs.get("activation_function"))
+    weights = directory / folder / DENSE_WEIGHTS
+    if not weights.is_file():
+        if any((directory / folder).glob("*.bin")):
+            raise CheckpointError(f"{directory / folder}: only {DENSE_WEIGHTS} is accepted, not pickle .bin weights")
+        raise CheckpointError(f"checkpoint file missing: {weights}")
+    return Dense(folder, kwargs["in_features"], kwargs["out_features"], kwargs.get("bias", True), activation,
+                 kwargs.get("use_residual", False))
+
+
+def _activation(path: Path, reference: Any) -> str:
+    """The torch.nn class a Dense config names ("torch.nn.modules.activation.Tanh"), one of DENSE_ACTIVATIONS."""
+    if reference is None:
+        return DENSE_DEFAULT_ACTIVATION
+    if not isinstance(reference, str):
+        raise CheckpointError(f"{path}: activation_function must be a class path, got {reference!r}")
+    name = reference.rsplit(".", 1)[-1]
+    if not reference.startswith("torch.nn.") or name not in DENSE_ACTIVATIONS:
+        # sentence-transformers itself runs Tanh instead of a class outside torch unless trusted with its code.
+        raise _refuse(path, f"the activation {reference} (only torch.nn {', '.join(DENSE_ACTIVATIONS)})")
+    return name
 
 
 def _normalize(path: Path) -> None:

@@ -66,7 +66,7 @@ class ModelFacts:
     """What the driver needs to know of the model an encoder runs; read without running it."""
 
     model: str
-    hidden_size: int
+    embedding_size: int  # the size of each sentence embedding
     vocab_size: int
     max_seq_length: int
     pooling: str
@@ -191,7 +191,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
             nonlocal schema
             for index, records in enumerate(source.chunks(job.chunk_rows)):
                 bad = checks.bad(records)
-                schema = schema or output_schema(source.id_type or int, facts.hidden_size, metadata)
+                schema = schema or output_schema(source.id_type or int, facts.embedding_size, metadata)
                 digest = input_digest(records)
                 if run.trusts(index, digest):
                     first = run.first_error(index)
@@ -224,7 +224,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                     result.skipped += len(set_aside)
                     progress.advance(len(set_aside), rate())
             # An empty input (an empty partition, say) gives an empty output with the same schema.
-            run.finish(schema or output_schema(source.id_type or int, facts.hidden_size, metadata))
+            run.finish(schema or output_schema(source.id_type or int, facts.embedding_size, metadata))
         except KeyboardInterrupt:
             raise EncodeInterrupted(f"interrupted after {run.rows_recorded()} of {total} rows; the same command "
                                     "resumes after them") from None

@@ -73,7 +73,7 @@ class RayEncoder:
 
     def facts(self) -> ModelFacts:
         m = self.manifest
-        return ModelFacts(m.model, m.hidden_size, m.vocab_size, m.max_seq_length, m.pooling, m.normalize,
+        return ModelFacts(m.model, m.embedding_size, m.vocab_size, m.max_seq_length, m.pooling, m.normalize,
                           self.config.precision, self.graph.sha256)
 
     def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:

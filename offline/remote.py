@@ -80,6 +80,11 @@ log = logging.getLogger("attnserve.offline.remote")
 _END = object()
 
 
+def embedding_size(info: pb.ModelInfo) -> int:
+    """The size of the server's sentence embeddings; a server older than the field sends 0: its hidden size."""
+    return info.embedding_size or info.hidden_size
+
+
 def estimate_tokens(record: Record) -> int:
     """Tokens a row takes before truncation, without the tokenizer: ~1 per 3 characters, plus 2 special.
 
@@ -189,7 +194,7 @@ class ServerEncoder:
 
     def facts(self) -> ModelFacts:
         i = self.info
-        return ModelFacts(i.model, i.hidden_size, i.vocab_size, i.max_seq_length, i.pooling, i.normalize,
+        return ModelFacts(i.model, embedding_size(i), i.vocab_size, i.max_seq_length, i.pooling, i.normalize,
                           i.precision, server=self.target)
 
     # --- errors ----------------------------------------------------------------------------------------
@@ -238,7 +243,7 @@ class ServerEncoder:
         max_bytes = int((limits.max_request_bytes or 4 << 20) * REQUEST_BYTES_SHARE)
         for chunk in chunks:
             good, n = chunk.records, len(chunk.records)
-            pending = _Pending(chunk, np.empty((n, info.hidden_size), np.float32), np.empty(n, np.int32),
+            pending = _Pending(chunk, np.empty((n, embedding_size(info)), np.float32), np.empty(n, np.int32),
                                np.empty(n, bool), n)
             yield pending
             estimates = [estimate_tokens(r) for r in good]
@@ -364,7 +369,7 @@ class ServerEncoder:
                 in_flight -= request.tokens
                 failures = 0
                 window = min(full_window, window + info.max_seq_length)
-                self._take(reply, request, info.hidden_size)
+                self._take(reply, request, embedding_size(info))
                 session.on_batch(len(request.rows))
         finally:
             stream.cancel()
@@ -383,18 +388,18 @@ class ServerEncoder:
         if not request.rows:
             pending.popleft()
 
-    def _take(self, reply: pb.EmbedResponse, request: _Request, hidden: int) -> None:
+    def _take(self, reply: pb.EmbedResponse, request: _Request, size: int) -> None:
         """One reply into its chunk's arrays."""
         n, embeddings = len(request.rows), reply.embeddings
         if len(embeddings) != n or any(e.sentence_embedding.dtype != pb.FLOAT32 for e in embeddings):
             raise AttnserveError(f"server {self.target} sent a malformed reply: {len(embeddings)} embeddings "
                                  f"for {n} inputs, or not float32")
         data = b"".join(e.sentence_embedding.data for e in embeddings)
-        if len(data) != 4 * n * hidden:
+        if len(data) != 4 * n * size:
             raise AttnserveError(f"server {self.target} sent a malformed reply: {len(data)} bytes of embeddings "
-                                 f"for {n} inputs of size {hidden}")
+                                 f"for {n} inputs of size {size}")
         pending, rows = request.pending, request.rows
-        pending.embeddings[rows] = np.frombuffer(data, dtype="<f4").reshape(n, hidden)
+        pending.embeddings[rows] = np.frombuffer(data, dtype="<f4").reshape(n, size)
         num_tokens = [e.num_tokens for e in embeddings]
         pending.num_tokens[rows] = num_tokens
         pending.truncated[rows] = [e.truncated for e in embeddings]

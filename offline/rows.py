@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from attnserve.engine.engine import Encoded, Engine
+from attnserve.engine.prompts import apply_prompt
 from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import InvalidInputError
 
@@ -17,11 +18,11 @@ from .readers import Input, Record
 LABEL = "input"  # what the tokenizer's messages are prefixed with; cut off again to keep the reason alone
 
 
-def output_schema(id_type: type, hidden_size: int, metadata: dict) -> pa.Schema:
+def output_schema(id_type: type, embedding_size: int, metadata: dict) -> pa.Schema:
     return pa.schema(
         [
             pa.field("id", pa.int64() if id_type is int else pa.string(), nullable=False),
-            pa.field("embedding", pa.list_(pa.float32(), hidden_size), nullable=False),
+            pa.field("embedding", pa.list_(pa.float32(), embedding_size), nullable=False),
             pa.field("num_tokens", pa.int32(), nullable=False),
             pa.field("truncated", pa.bool_(), nullable=False),
         ],
@@ -31,7 +32,7 @@ def output_schema(id_type: type, hidden_size: int, metadata: dict) -> pa.Schema:
 
 def output_table(schema: pa.Schema, records: Sequence[Record], embeddings: np.ndarray, num_tokens: np.ndarray,
                  truncated: np.ndarray) -> pa.Table:
-    """The output rows of `records`, in their order: embeddings (N, H) float32, num_tokens (N,), truncated (N,)."""
+    """The output rows of `records`, in their order: embeddings (N, D) float32, num_tokens (N,), truncated (N,)."""
     return pa.Table.from_arrays(
         [pa.array([r.id for r in records], type=schema.field("id").type),
          pa.FixedSizeListArray.from_arrays(np.ascontiguousarray(embeddings, np.float32).reshape(-1),
@@ -68,7 +69,8 @@ def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_b
 def _tokenize(engine: Engine, inputs: Sequence[Input]) -> list[TokenizedInput]:
     """Texts and token ids through their own paths, back in input order."""
     texts = {i: x for i, x in enumerate(inputs) if isinstance(x, str)}
-    encoded_texts = engine.tokenizer.encode_texts(list(texts.values()), labels=[LABEL] * len(texts))
+    prompted = apply_prompt(engine.manifest, list(texts.values()))  # the checkpoint's default prompt, if any
+    encoded_texts = engine.tokenizer.encode_texts(prompted, labels=[LABEL] * len(texts))
     if len(texts) == len(inputs):
         return encoded_texts
     id_lists = {i: x for i, x in enumerate(inputs) if not isinstance(x, str)}

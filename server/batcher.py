@@ -70,7 +70,7 @@ class BatcherLimits:
 class RowOutput:
     """One input's share of a batch: views into the batch's arrays, padding cut off."""
 
-    sentence_embedding: np.ndarray  # (H,) the model's pooling, not normalised
+    sentence_embedding: np.ndarray  # (D,) the model's pipeline up to its final normalisation, not normalised
     token_embeddings: np.ndarray  # (T, H)
     attentions: np.ndarray | None  # (L, nh, T, T) when the attention graph ran
 

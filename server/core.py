@@ -48,6 +48,7 @@ class ModelInfo:
     model: str
     names: tuple[str, ...]  # the model's name and the aliases a request may use for it
     hidden_size: int
+    embedding_size: int  # of each sentence embedding: differs from hidden_size with Dense or several poolings
     num_layers: int
     num_heads: int
     max_seq_length: int
@@ -74,7 +75,7 @@ class Core:
         m, batch = engine.manifest, batcher.limits
         self.info = ModelInfo(
             model=m.model, names=tuple(dict.fromkeys((m.model, *config.served_model_name))),
-            hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
+            hidden_size=m.hidden_size, embedding_size=m.embedding_size, num_layers=m.num_layers, num_heads=m.num_heads,
             max_seq_length=m.max_seq_length, vocab_size=m.vocab_size, pooling=m.pooling, normalize=m.normalize,
             provider=engine.provider, precision=engine.precision, version=__version__,
             max_inputs_per_request=config.max_inputs_per_request, max_batch_tokens=batch.max_batch_tokens,

@@ -28,7 +28,7 @@ class EncodedInput:
 
 @dataclass
 class EncodeReply:
-    embeddings: np.ndarray  # (N, D) float32: D is `dimensions`, or the hidden size
+    embeddings: np.ndarray  # (N, D) float32: D is `dimensions`, or the model's embedding_size
     inputs: list[EncodedInput]  # one per input, in request order
     tokens: int  # all inputs' tokens: what the request cost
     options: ReplyOptions  # what was asked, resolved: attention layers and heads as non-negative indices
@@ -37,7 +37,7 @@ class EncodeReply:
 def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], options: ReplyOptions,
                 tokenizer: TextTokenizer) -> EncodeReply:
     if options.pooling is None:
-        sentences = np.stack([row.sentence_embedding for row in rows])  # (N, H) pooled in the graph
+        sentences = np.stack([row.sentence_embedding for row in rows])  # (N, D) the graph's pipeline
     else:  # each row's padding is cut off already: all T tokens are real
         sentences = np.stack([pool(row.token_embeddings[None], np.array([len(row.token_embeddings)]),
                                    options.pooling)[0] for row in rows])  # (1, T, H) -> (H,) each

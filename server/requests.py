@@ -13,12 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from attnserve.engine.manifest import Manifest
+from attnserve.engine.manifest import REQUEST_POOLINGS, Manifest
+from attnserve.engine.prompts import resolve_prompt
 from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, Token, TokenizedInput
 from attnserve.errors import InvalidInputError
 
 # "default" is the model's own pooling, as its graph computes it.
-POOLINGS = ("default", "mean", "cls")
+POOLINGS = ("default", *REQUEST_POOLINGS)
 
 # An input is a text, token ids (special tokens included), or None where the wire format allows neither.
 Input = str | Sequence[int] | None
@@ -44,7 +45,7 @@ class EncodeRequest:
     dimensions: int | None = None  # keep the first N dimensions of the sentence embedding (before normalising)
     token_embeddings: bool = False
     attention: AttentionOptions | None = None  # None: no attention weights
-    prompt_name: str | None = None  # a prompt of the model's to put before each text; the models served have none
+    prompt_name: str | None = None  # a prompt of the model's to put before each text; None: its default prompt
 
 
 @dataclass(frozen=True)
@@ -105,19 +106,25 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     float_bytes: what one float of the reply costs on the door's wire (4 in binary), for the reply size limit.
     """
     check_count(len(request.inputs), limits.max_inputs)
-    _check_prompt(request.prompt_name)
+    prompt = resolve_prompt(manifest, request.prompt_name)
     if request.pooling not in POOLINGS:
         raise _invalid("pooling", f"pooling {request.pooling} is not one of {', '.join(POOLINGS)}")
+    # The model's own pooling comes from its graph; another is computed from the token embeddings, which
+    # gives what the model would with that pooling only when nothing but normalisation follows its pooling.
+    pooling = None if request.pooling in ("default", manifest.pooling) else request.pooling
+    if pooling is not None and not manifest.poolable_at_request_time:
+        raise _invalid("pooling", f"pooling {pooling} is not available for this model: its pipeline is "
+                                  f"{' -> '.join(manifest.modules)}; ask for the default pooling")
     if request.truncation_direction not in TRUNCATION_DIRECTIONS:
         raise _invalid("truncation_direction", f"truncation_direction {request.truncation_direction!r} is not one "
                                                f"of {', '.join(TRUNCATION_DIRECTIONS)}")
-    hidden = manifest.hidden_size
-    if request.dimensions is not None and not 1 <= request.dimensions <= hidden:
+    size = manifest.embedding_size
+    if request.dimensions is not None and not 1 <= request.dimensions <= size:
         raise _invalid("dimensions", f"dimensions {request.dimensions} is out of range: this model's embeddings "
-                                     f"have {hidden} (ask for 1 to {hidden})")
+                                     f"have {size} (ask for 1 to {size})")
     attention = request.attention
     options = ReplyOptions(
-        pooling=None if request.pooling == "default" else request.pooling,
+        pooling=pooling,
         normalize=manifest.normalize if request.normalize is None else request.normalize,
         dimensions=request.dimensions,
         token_embeddings=request.token_embeddings,
@@ -127,7 +134,7 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
             attention.heads, manifest.num_heads, "head", "attention.heads"),
         average_heads=attention is not None and attention.average_heads,
     )
-    inputs = _tokenize(request, tokenizer, request.truncation_direction)  # a str now: checked above
+    inputs = _tokenize(request, tokenizer, request.truncation_direction, prompt)  # a str now: checked above
     reply_bytes = sum(_reply_bytes(len(x), options, manifest, float_bytes) for x in inputs)
     if reply_bytes > limits.max_response_bytes:
         raise _invalid(
@@ -160,7 +167,7 @@ def prepare_decode(request: DecodeRequest, tokenizer: TextTokenizer, limits: Req
 
 
 def _check_prompt(name: str | None) -> None:
-    # export refuses checkpoints with a default prompt (model/pipeline.py): no model served has prompts.
+    # Tokenize does not take prompts (yet): encoding does (engine/prompts.py).
     if name is not None:
         raise _invalid("prompt_name", f"prompt_name {name!r} does not exist: the model has no prompts")
 
@@ -185,11 +192,13 @@ def _indices(asked: Sequence[int], size: int, what: str, field: str) -> tuple[in
     return tuple(out)
 
 
-def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, direction: str) -> list[TokenizedInput]:
+def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, direction: str, prompt: str
+              ) -> list[TokenizedInput]:
+    """Texts (each after the prompt) and token ids through their own paths, back in request order."""
     texts, text_rows, ids, id_rows = [], [], [], []
     for row, item in enumerate(request.inputs):
         if isinstance(item, str):
-            texts.append(item)
+            texts.append(prompt + item)
             text_rows.append(row)
         elif item is not None:
             ids.append(item)
@@ -227,11 +236,10 @@ def _located(error: InvalidInputError, labels: list[str], fields: list[str]) -> 
 
 
 def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest, float_bytes: float) -> int:
-    hidden = manifest.hidden_size
     heads = len(options.attention_heads) if options.attention_heads else manifest.num_heads
-    floats = options.dimensions or hidden
+    floats = options.dimensions or manifest.embedding_size
     if options.token_embeddings:
-        floats += tokens * hidden
+        floats += tokens * manifest.hidden_size
     if options.attention_layers is not None:  # options.attention, spelled so that mypy sees the layers are set
         floats += len(options.attention_layers) * (1 if options.average_heads else heads) * tokens * tokens
     size = EMBEDDING_OVERHEAD_BYTES + float_bytes * floats

@@ -173,7 +173,8 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
         info = self._core.info
         self._metrics.observe_request(PROTOCOL, "GetModelInfo", "OK")
         return pb.ModelInfo(
-            model=info.model, hidden_size=info.hidden_size, num_layers=info.num_layers, num_heads=info.num_heads,
+            model=info.model, hidden_size=info.hidden_size, embedding_size=info.embedding_size,
+            num_layers=info.num_layers, num_heads=info.num_heads,
             max_seq_length=info.max_seq_length, vocab_size=info.vocab_size, pooling=info.pooling,
             normalize=info.normalize, provider=info.provider, precision=info.precision, version=info.version,
             limits=pb.ServerLimits(

@@ -8,7 +8,7 @@ import torch
 
 from attnserve.engine.batching import pad
 from attnserve.engine.tokenizer import TextTokenizer
-from attnserve.model.encoder import pool
+from attnserve.model.pooling import pool
 
 from .conftest import VARIED_TEXTS
 

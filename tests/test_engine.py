@@ -13,7 +13,7 @@ from attnserve.engine.batching import pad, plan_batches
 from attnserve.engine.engine import Engine
 from attnserve.engine.manifest import load_manifest
 from attnserve.errors import ArtifactError, ConfigError, InvalidInputError
-from attnserve.model.encoder import pool
+from attnserve.model.pooling import pool
 
 from .conftest import VARIED_TEXTS
 

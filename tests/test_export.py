@@ -14,7 +14,7 @@ from attnserve.engine.session import CPU, open_session
 from attnserve.errors import ExportVerificationError
 from attnserve.export.optimize import FIRST_FFN_DOWN, op_counts
 from attnserve.export.verify import TOLERANCES, Reference, shape_grid, verify
-from attnserve.model.encoder import pool
+from attnserve.model.pooling import pool
 
 
 def test_manifest_records_model_variants_and_parity(artifacts):
@@ -81,9 +81,11 @@ def test_graphs_run_at_shapes_never_used_in_export(artifacts, encoder, variant):
 
 def test_verification_fails_with_a_clear_message(artifacts, encoder, checkpoint):
     from attnserve.engine.tokenizer import TextTokenizer
+    from attnserve.model.head import load_head
 
     tokenizer = TextTokenizer(artifacts / "tokenizer.json", 256, 30522)
-    reference = Reference(encoder, checkpoint.pooling, tokenizer, n_texts=32)
+    reference = Reference(encoder, load_head(checkpoint.directory, checkpoint.pipeline), checkpoint.embedding_size,
+                          tokenizer, n_texts=32)
     # The int8 graph is close, but nowhere near fp32's 1e-4: held to fp32's tolerance it must fail.
     with pytest.raises(ExportVerificationError, match=r"embeddings_int8.onnx \(fp32\) fails parity.*<= 0.0001"):
         verify(artifacts / "embeddings_int8.onnx", "fp32", reference)

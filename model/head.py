@@ -1,0 +1,87 @@
+"""The sentence-transformers modules after the encoder, in torch: Pooling, then Dense and Normalize in order.
+
+The module the export traces ends here, before a trailing Normalize (the engine applies that one, so that
+a request can ask for the embedding unnormalised). Dense weights come from the module's model.safetensors
+only (a pickle file can run code on load), through the same loud key checks as the encoder's.
+Shapes: B batch, T sequence, H hidden, D the sentence embedding's size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from attnserve.errors import CheckpointError
+
+from .pipeline import DENSE_WEIGHTS, Dense, Normalize, Pipeline
+from .pooling import Pooling
+
+
+class DenseLayer(nn.Module):
+    """sentence-transformers' Dense: activation(linear(x)) (+ x, projected without bias when sizes differ)."""
+
+    def __init__(self, spec: Dense):
+        super().__init__()
+        self.linear = nn.Linear(spec.in_features, spec.out_features, bias=spec.bias)
+        self.activation = getattr(nn, spec.activation)()
+        self.use_residual = spec.use_residual
+        self.residual = (nn.Linear(spec.in_features, spec.out_features, bias=False)
+                         if spec.use_residual and spec.in_features != spec.out_features else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, in) -> (B, out)"""
+        out = self.activation(self.linear(x))
+        if self.use_residual:
+            out = out + (x if self.residual is None else self.residual(x))
+        return out
+
+
+class L2Normalize(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(x, p=2.0, dim=-1)  # eps 1e-12, as sentence-transformers' Normalize
+
+
+class SentenceHead(nn.Module):
+    """(B, T, H) hidden states, (B, T) mask -> (B, D): the pipeline's sentence embedding, not normalised."""
+
+    def __init__(self, pipeline: Pipeline):
+        super().__init__()
+        self.pooling = Pooling(pipeline.pooling)
+        self.modules_after = nn.ModuleList(DenseLayer(m) if isinstance(m, Dense) else L2Normalize()
+                                           for m in pipeline.after_pooling)
+
+    def forward(self, last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        x = self.pooling(last_hidden_state, attention_mask)  # (B, len(modes) * H)
+        for module in self.modules_after:
+            x = module(x)
+        return x
+
+
+def load_head(directory: Path, pipeline: Pipeline) -> SentenceHead:
+    """The head with each Dense module's weights loaded from its folder."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    head = SentenceHead(pipeline)
+    for spec, layer in zip(pipeline.after_pooling, head.modules_after, strict=True):
+        if not isinstance(spec, Dense):
+            assert isinstance(spec, Normalize)
+            continue
+        path = directory / spec.folder / DENSE_WEIGHTS
+        try:
+            tensors = load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"corrupt weights file {path}: {e}") from None
+        own = layer.state_dict()
+        if set(tensors) != set(own):
+            raise CheckpointError(f"{path}: keys do not match {spec.describe()} (expected {sorted(own)}, "
+                                  f"found {sorted(tensors)})")
+        for key, tensor in tensors.items():
+            if tensor.shape != own[key].shape:
+                raise CheckpointError(f"{path}: {key} has shape {tuple(tensor.shape)}, expected "
+                                      f"{tuple(own[key].shape)}")
+        layer.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
+    return head.eval()
