@@ -66,6 +66,29 @@ def save_sentence_transformer(model_dir: Path, directory: Path, pooling: str = "
     return directory
 
 
+def save_pipeline(model_dir: Path, directory: Path, after_transformer, max_seq_length: int | None = None,
+                  **model_options) -> Path:
+    """sentence-transformers' own save of Transformer -> after_transformer(embedding dimension) over `model_dir`;
+    model_options (prompts, default_prompt_name) go to SentenceTransformer."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Transformer
+
+    transformer = Transformer(str(model_dir), max_seq_length=max_seq_length)
+    modules = [transformer, *after_transformer(transformer.get_embedding_dimension())]
+    SentenceTransformer(modules=modules, device="cpu", **model_options).save(str(directory))
+    return directory
+
+
+def add_module(ckpt: Path, position: int, folder: str, module) -> None:
+    """Save a sentence-transformers module into ckpt/folder and insert it into modules.json at `position`."""
+    (ckpt / folder).mkdir()
+    module.save(str(ckpt / folder))
+    modules = json.loads((ckpt / "modules.json").read_text())
+    kind = f"sentence_transformers.models.{type(module).__name__}"
+    modules.insert(position, {"idx": position, "name": str(position), "path": folder, "type": kind})
+    (ckpt / "modules.json").write_text(json.dumps(modules))
+
+
 def copy_checkpoint(source: Path, directory: Path) -> Path:
     """A copy whose small files can be changed; the large ones are links to the original."""
     directory.mkdir(parents=True)

@@ -1,0 +1,139 @@
+"""The sentence-transformers modules after the encoder, exported and checked against sentence-transformers itself.
+
+Real folders saved by sentence-transformers' own classes over all-MiniLM-L6-v2's weights (max_seq_length 32,
+which keeps each export to seconds): every Pooling mode at once, concatenated; Dense layers (random weights,
+saved by Dense.save) with a Normalize between them and one at the end; named and default prompts. Each is
+exported through `build_artifacts` (verified as `attnserve export` verifies) and encodes texts to what
+`SentenceTransformer(folder).encode` gives: cosine >= 0.99999 and max abs <= 1e-4.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attnserve.engine.engine import Engine
+from attnserve.engine.pooling import POOLING_MODES
+from attnserve.engine.pooling import pool as numpy_pool
+from attnserve.errors import InvalidInputError
+from attnserve.export.artifacts import build_artifacts
+from attnserve.model.checkpoint import read_checkpoint
+from attnserve.model.pooling import pool as torch_pool
+
+from .checkpoints import save_pipeline
+from .conftest import VARIED_TEXTS
+
+# Past 32 tokens (truncated), unicode, one letter: the varied texts, and a few short ones.
+TEXTS = VARIED_TEXTS + ["hello world", "query: already prompted", "A LONGER sentence, with punctuation!"]
+PROMPTS = {"query": "query: ", "passage": "passage: ", "empty": ""}
+MAX_SEQ_LENGTH = 32
+
+
+def assert_parity(ours: np.ndarray, theirs: np.ndarray) -> None:
+    assert ours.shape == theirs.shape
+    cosine = (ours * theirs).sum(-1) / (np.linalg.norm(ours, axis=-1) * np.linalg.norm(theirs, axis=-1))
+    assert cosine.min() >= 0.99999, cosine.min()
+    assert np.abs(ours - theirs).max() <= 1e-4, np.abs(ours - theirs).max()
+
+
+@pytest.mark.parametrize("mode", POOLING_MODES)
+def test_each_pooling_mode_agrees_in_torch_numpy_and_sentence_transformers(mode):
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    rng = np.random.default_rng(0)
+    lengths = np.array([1, 9, 5, 3])
+    hidden = rng.normal(size=(4, 9, 16)).astype(np.float32)  # (B, T, H), padding rows random too
+    mask = (np.arange(9)[None, :] < lengths[:, None]).astype(np.int64)  # (B, T) right padding
+    theirs = Pooling(16, mode)({"token_embeddings": torch.from_numpy(hidden),
+                                "attention_mask": torch.from_numpy(mask)})["sentence_embedding"].numpy()
+    ours_torch = torch_pool(torch.from_numpy(hidden), torch.from_numpy(mask), mode).numpy()
+    ours_numpy = numpy_pool(hidden, lengths, mode)
+    assert ours_numpy.dtype == np.float32
+    np.testing.assert_allclose(ours_torch, theirs, atol=1e-6, rtol=1e-6)
+    np.testing.assert_allclose(ours_numpy, theirs, atol=1e-6, rtol=1e-6)
+
+
+def build(checkpoint: Path, out: Path) -> Engine:
+    build_artifacts(read_checkpoint(checkpoint), out, log=lambda m: None)
+    return Engine.from_directory(out)
+
+
+@pytest.fixture(scope="module")
+def every_pooling(checkpoint, tmp_path_factory) -> tuple[Path, Engine]:
+    """MiniLM with all six pooling modes concatenated, no Normalize, and prompts with a default."""
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    folder = save_pipeline(checkpoint.directory, tmp_path_factory.mktemp("pooling") / "st",
+                           lambda size: [Pooling(size, POOLING_MODES)], MAX_SEQ_LENGTH,
+                           prompts=PROMPTS, default_prompt_name="query")
+    return folder, build(folder, folder.parent / "artifacts")
+
+
+@pytest.fixture(scope="module")
+def dense(checkpoint, tmp_path_factory) -> tuple[Path, Engine]:
+    """MiniLM -> mean -> Dense(384->256, tanh) -> Normalize -> Dense(256->128, identity, residual) -> Normalize."""
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling
+
+    torch.manual_seed(0)
+    folder = save_pipeline(checkpoint.directory, tmp_path_factory.mktemp("dense") / "st", lambda size: [
+        Pooling(size, "mean"), Dense(size, 256), Normalize(),
+        Dense(256, 128, activation_function=torch.nn.Identity(), use_residual=True), Normalize()], MAX_SEQ_LENGTH)
+    return folder, build(folder, folder.parent / "artifacts")
+
+
+def sentence_transformers(folder: Path):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(folder), device="cpu")
+
+
+def test_every_pooling_mode_concatenated_encodes_as_sentence_transformers(every_pooling):
+    folder, engine = every_pooling
+    manifest = engine.manifest
+    assert (manifest.hidden_size, manifest.embedding_size, manifest.normalize) == (384, 6 * 384, False)
+    assert manifest.pooling == "cls+max+mean+mean_sqrt_len_tokens+weightedmean+lasttoken"
+    assert manifest.modules == ("Transformer(bert)", f"Pooling({manifest.pooling})")
+    ours = engine.encode(TEXTS).embeddings  # the default prompt, "query: ", before each text
+    theirs = sentence_transformers(folder).encode(TEXTS)
+    for i, mode in enumerate(POOLING_MODES):
+        part = slice(i * 384, (i + 1) * 384)
+        assert_parity(ours[:, part], theirs[:, part]), mode
+
+
+def test_prompts_are_kept_and_applied_as_sentence_transformers_applies_them(every_pooling):
+    folder, engine = every_pooling
+    raw = json.loads((engine.manifest.directory / "manifest.json").read_text())
+    # sentence-transformers saves its own empty "document" prompt beside the model's.
+    assert (raw["prompts"], raw["default_prompt_name"]) == ({**PROMPTS, "document": ""}, "query")
+    model = sentence_transformers(folder)
+    default = engine.encode(TEXTS).embeddings
+    assert_parity(default, model.encode(TEXTS))
+    assert_parity(default, engine.encode(TEXTS, prompt_name="query").embeddings)
+    passage = engine.encode(TEXTS, prompt_name="passage").embeddings
+    assert_parity(passage, model.encode(TEXTS, prompt_name="passage"))
+    assert_parity(engine.encode(TEXTS, prompt="custom: ").embeddings, model.encode(TEXTS, prompt="custom: "))
+    assert_parity(engine.encode(TEXTS, prompt_name="empty").embeddings, model.encode(TEXTS, prompt_name="empty"))
+    assert np.abs(default - passage).max() > 1e-2  # the prompt really changes the embedding
+    with pytest.raises(InvalidInputError, match="prompt_name 'missing' does not exist: the model's prompts are "
+                                                "'document', 'empty', 'passage', 'query'"):
+        engine.encode(TEXTS, prompt_name="missing")
+
+
+def test_dense_layers_and_normalize_in_between_encode_as_sentence_transformers(dense):
+    folder, engine = dense
+    manifest = engine.manifest
+    assert (manifest.hidden_size, manifest.embedding_size, manifest.normalize, manifest.pooling) == (
+        384, 128, True, "mean")
+    assert manifest.modules == ("Transformer(bert)", "Pooling(mean)", "Dense(384->256, tanh)", "Normalize",
+                                "Dense(256->128, identity, residual)", "Normalize")
+    encoded = engine.encode(TEXTS)
+    assert encoded.embeddings.shape == (len(TEXTS), 128)
+    assert_parity(encoded.embeddings, sentence_transformers(folder).encode(TEXTS))
+    # The graph stops before the trailing Normalize: asked not to normalise, the engine gives the vector before it.
+    raw = engine.encode(TEXTS, normalize=False).embeddings
+    assert np.abs(np.linalg.norm(raw, axis=1) - 1).max() > 1e-3
+    np.testing.assert_allclose(raw / np.linalg.norm(raw, axis=1, keepdims=True), encoded.embeddings, atol=1e-6)
