@@ -1,8 +1,8 @@
 """Checkpoints whose pipeline the export cannot reproduce are refused, in one line, before any tracing.
 
 Each case is a real checkpoint folder: all-MiniLM-L6-v2 with one thing changed the way a real
-checkpoint would have it (a Dense module saved by sentence-transformers' own Dense class, another
-pooling mode, a head in config.json...), or a tiny random-weight model saved by transformers.
+checkpoint would have it (a Dense module saved by sentence-transformers' own Dense class with an
+activation the export cannot write, a head in config.json...), or a tiny random-weight model saved by transformers.
 `attnserve export` must exit non-zero with exactly one line naming what it cannot reproduce, and
 leave no output directory behind.
 """
@@ -17,30 +17,29 @@ import pytest
 from attnserve.errors import CheckpointError
 from attnserve.model.checkpoint import read_checkpoint
 
-from .checkpoints import copy_checkpoint, edit_json, save_tiny_bert
+from .checkpoints import add_module, copy_checkpoint, edit_json, save_tiny_bert
 from .conftest import assert_one_line_error, run_cli
 
 
-def add_dense(ckpt: Path) -> None:
-    """all-MiniLM-L6-v2 + Dense(384 -> 256) before Normalize, as sentence-transformers saves it."""
-    import torch
-    from sentence_transformers.sentence_transformer.modules import Dense
+def add_dense(position: int = 2, in_features: int = 384, **changes):
+    """all-MiniLM-L6-v2 + a Dense module saved by sentence-transformers' Dense, then its config changed."""
+    def change(ckpt: Path) -> None:
+        import torch
+        from sentence_transformers.sentence_transformer.modules import Dense
 
-    torch.manual_seed(0)
-    (ckpt / "2_Dense").mkdir()
-    Dense(384, 256).save(str(ckpt / "2_Dense"))
-    modules = json.loads((ckpt / "modules.json").read_text())
-    modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
-    (ckpt / "modules.json").write_text(json.dumps(modules))
+        torch.manual_seed(0)
+        add_module(ckpt, position, "2_Dense", Dense(in_features, 256))
+        edit_json(ckpt / "2_Dense" / "config.json", **changes)
+    return change
+
+
+def dense_with_pickle_weights(ckpt: Path) -> None:
+    add_dense()(ckpt)
+    (ckpt / "2_Dense" / "model.safetensors").rename(ckpt / "2_Dense" / "pytorch_model.bin")
 
 
 def pooling(**changes):
     return lambda ckpt: edit_json(ckpt / "1_Pooling" / "config.json", **changes)
-
-
-def legacy_modes(*modes: str):
-    keys = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens", "max": "pooling_mode_max_tokens"}
-    return pooling(**{key: mode in modes for mode, key in keys.items()})
 
 
 def reorder_normalize_first(ckpt: Path) -> None:
@@ -50,13 +49,16 @@ def reorder_normalize_first(ckpt: Path) -> None:
 
 # (case, change to all-MiniLM-L6-v2, fragments the one error line must hold)
 CASES = [
-    ("dense module", add_dense, ["2_Dense", "Dense", "only Transformer, Pooling and Normalize"]),
-    ("max pooling", legacy_modes("max"), ["pooling mode 'max'"]),
-    ("mean_sqrt_len_tokens", pooling(pooling_mode="mean_sqrt_len_tokens"), ["'mean_sqrt_len_tokens'"]),
-    ("weightedmean", pooling(pooling_mode="weightedmean"), ["'weightedmean'"]),
-    ("lasttoken", pooling(pooling_mode="lasttoken"), ["'lasttoken'"]),
-    ("cls and mean at once", legacy_modes("cls", "mean"), ["cls + mean"]),
-    ("several modes, new style", pooling(pooling_mode=["mean", "max"]), ["mean + max"]),
+    ("dense with a custom activation", add_dense(activation_function="my_package.Swish"),
+     ["2_Dense", "the activation my_package.Swish"]),
+    ("dense with a torch activation that takes arguments", add_dense(activation_function="torch.nn.Softmax"),
+     ["the activation torch.nn.Softmax"]),
+    ("dense with pickle weights", dense_with_pickle_weights, ["2_Dense", "not pickle .bin weights"]),
+    ("dense over token embeddings", add_dense(module_input_name="token_embeddings"),
+     ["a Dense from 'token_embeddings'"]),
+    ("dense of the wrong size", add_dense(in_features=128), ["in_features 128", "384 dimensions"]),
+    ("dense before pooling", add_dense(position=1), ["Transformer -> Dense -> Pooling -> Normalize"]),
+    ("an unknown pooling mode", pooling(pooling_mode="median"), ["pooling mode 'median' is not one of"]),
     ("include_prompt false", pooling(include_prompt=False), ["include_prompt false"]),
     ("normalize before pooling", reorder_normalize_first, ["Transformer -> Normalize -> Pooling"]),
     ("classifier architecture",
@@ -65,8 +67,9 @@ CASES = [
     ("roberta model type", lambda c: edit_json(c / "config.json", model_type="roberta"), ["model_type 'roberta'"]),
     ("a cross-encoder pipeline", lambda c: edit_json(c / "config_sentence_transformers.json",
                                                      model_type="CrossEncoder"), ["model_type 'CrossEncoder'"]),
-    ("default prompt", lambda c: edit_json(c / "config_sentence_transformers.json", prompts={"query": "query: "},
-                                           default_prompt_name="query"), ["default_prompt_name 'query'"]),
+    ("a default prompt that is not one of the prompts",
+     lambda c: edit_json(c / "config_sentence_transformers.json", prompts={"query": "query: "},
+                         default_prompt_name="passage"), ["default_prompt_name 'passage' is not one of", "query"]),
     ("truncate_dim", lambda c: edit_json(c / "config_sentence_transformers.json", truncate_dim=128),
      ["truncate_dim 128"]),
     ("do_lower_case", lambda c: edit_json(c / "sentence_bert_config.json", do_lower_case=True), ["do_lower_case"]),
