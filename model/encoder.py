@@ -1,7 +1,8 @@
 """A BERT-family Transformer encoder, written out in full.
 
 Reading order: config, embeddings, multi-head self-attention, feed-forward,
-one encoder layer, the stack, then the sentence encoder that adds the pooling head (head.py). The code follows the original
+one encoder layer, the stack, then the sentence encoder that adds the
+sentence-transformers modules after it (head.py). The code follows the original
 BERT layout (post-LayerNorm) so that BERT-family checkpoints (MiniLM, BGE,
 E5, GTE) load into it key for key; see checkpoint.py for the key map.
 

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnserve.errors import CheckpointError
-
 from attnserve.engine.pooling import POOLING_MODES
+from attnserve.errors import CheckpointError
 
 # Pooling's legacy boolean keys, in the order sentence-transformers concatenates their outputs.
 LEGACY_POOLING_KEYS = {

@@ -137,3 +137,72 @@ def test_dense_layers_and_normalize_in_between_encode_as_sentence_transformers(d
     raw = engine.encode(TEXTS, normalize=False).embeddings
     assert np.abs(np.linalg.norm(raw, axis=1) - 1).max() > 1e-3
     np.testing.assert_allclose(raw / np.linalg.norm(raw, axis=1, keepdims=True), encoded.embeddings, atol=1e-6)
+
+
+def test_a_server_serves_the_pipelines_embeddings_and_refuses_another_pooling(dense, tmp_path):
+    import grpc
+
+    from attnserve.client.client import make_request, to_result
+    from attnserve.v1 import encoder_pb2 as pb
+
+    from .serving import ServerProcess
+
+    _, engine = dense
+    process = ServerProcess(engine.manifest.directory, log_path=tmp_path / "server.log")
+    try:
+        process.wait_serving()
+        with process.channel() as channel:
+            stub = process.stub(channel)
+            info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+            assert (info.hidden_size, info.embedding_size, info.pooling, info.normalize) == (384, 128, "mean", True)
+
+            def embed(**options) -> np.ndarray:
+                reply = stub.Embed(make_request(TEXTS, truncate=True, **options), timeout=60)
+                return np.stack([to_result(e).sentence_embedding for e in reply.embeddings])
+
+            np.testing.assert_allclose(embed(), engine.encode(TEXTS).embeddings, atol=2e-6)
+            np.testing.assert_allclose(embed(pooling="mean"), embed(), atol=0)  # the model's own: the graph's
+            assert embed(dimensions=64).shape == (len(TEXTS), 64)
+            for options, message in (({"pooling": "cls"}, "pooling cls is not available for this model: its "
+                                       "pipeline is Transformer(bert) -> Pooling(mean) -> Dense(384->256, tanh)"),
+                                     ({"dimensions": 129}, "this model's embeddings have 128 (ask for 1 to 128)")):
+                with pytest.raises(grpc.RpcError) as error:
+                    embed(**options)
+                assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert message in error.value.details(), error.value.details()
+    finally:
+        assert process.terminate() == 0, process.log_tail()
+
+
+def test_request_time_pooling_is_refused_where_the_model_pools_otherwise(every_pooling, artifacts):
+    from attnserve.engine.manifest import load_manifest
+    from attnserve.server.requests import EncodeRequest, RequestLimits, prepare
+
+    _, engine = every_pooling
+    limits = RequestLimits(max_inputs=8, max_response_bytes=2**20)
+    with pytest.raises(InvalidInputError, match="pooling mean is not available for this model") as error:
+        prepare(EncodeRequest(["a"], pooling="mean"), engine.tokenizer, engine.manifest, limits, 4)
+    assert error.value.field == "pooling"
+    # An artifact directory exported before the manifest had `modules` keeps its request-time poolings.
+    minilm = load_manifest(artifacts)
+    assert minilm.poolable_at_request_time and minilm.embedding_size == minilm.hidden_size == 384
+    with pytest.raises(InvalidInputError, match="prompt_name 'query' does not exist: the model has no prompts"):
+        prepare(EncodeRequest(["a"], prompt_name="query"), engine.tokenizer, minilm, limits, 4)
+    prepared = prepare(EncodeRequest(["a"], prompt_name="passage"), engine.tokenizer, engine.manifest, limits, 4)
+    assert engine.tokenizer.tokens(prepared.inputs[0].ids) == ["[CLS]", "passage", ":", "a", "[SEP]"]
+
+
+def test_offline_encoding_writes_the_pipelines_size_with_the_default_prompt(every_pooling, tmp_path):
+    from attnserve.offline.encode import read_embeddings
+
+    from .conftest import run_cli
+
+    folder, engine = every_pooling
+    texts = [t for t in TEXTS if "\n" not in t]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    result = run_cli("encode", tmp_path / "in.txt", "-o", tmp_path / "out.parquet", "--artifacts",
+                     engine.manifest.directory, "--no-progress")
+    assert result.returncode == 0, result.stderr
+    written = read_embeddings(tmp_path / "out.parquet")
+    assert written.shape == (len(texts), 6 * 384)
+    assert_parity(written, sentence_transformers(folder).encode(texts))
