@@ -17,7 +17,7 @@ from attnserve.engine.engine import Engine
 from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import read_checkpoint
 
-from .checkpoints import copy_checkpoint, edit_json, save_sentence_transformer, save_tiny_bert
+from .checkpoints import copy_checkpoint, edit_json, save_pipeline, save_sentence_transformer, save_tiny_bert
 from .conftest import run_cli
 
 # Upper case, punctuation, pieces outside the tiny vocabularies, and texts past max_seq_length.
@@ -58,6 +58,27 @@ def test_vocabulary_of_1000_masked_lm_with_cls_pooling_encodes_as_sentence_trans
     assert (ckpt.pooling, ckpt.normalize, ckpt.max_seq_length) == ("cls", False, 40)
     build_artifacts(ckpt, tmp_path / "artifacts", log=lambda m: None)
     encoded = Engine.from_directory(tmp_path / "artifacts").encode(TEXTS)
+    assert np.abs(encoded.embeddings - sentence_transformers_encode(checkpoint)).max() <= 1e-5
+
+
+def test_every_dense_activation_with_and_without_bias_encodes_as_sentence_transformers(tmp_path):
+    # One Dense per activation the export writes, in a chain after two concatenated poolings (2 x 32 -> 64).
+    import torch
+    from sentence_transformers.sentence_transformer.modules import Dense, Pooling
+
+    from attnserve.model.pipeline import DENSE_ACTIVATIONS
+
+    model = save_tiny_bert(tmp_path / "bert", vocab_size=64)
+    torch.manual_seed(0)
+    dense = [Dense(64 if i == 0 else 48, 48, bias=i % 2 == 1, activation_function=getattr(torch.nn, name)())
+             for i, name in enumerate(DENSE_ACTIVATIONS)]
+    checkpoint = save_pipeline(model, tmp_path / "st", lambda size: [Pooling(size, ["max", "lasttoken"]), *dense],
+                               max_seq_length=48)
+    ckpt = read_checkpoint(checkpoint)
+    assert [m.split(",")[1].strip(" )") for m in ckpt.modules[2:]] == [a.lower() for a in DENSE_ACTIVATIONS]
+    build_artifacts(ckpt, tmp_path / "artifacts", log=lambda m: None)
+    encoded = Engine.from_directory(tmp_path / "artifacts").encode(TEXTS)
+    assert encoded.embeddings.shape == (len(TEXTS), 48)
     assert np.abs(encoded.embeddings - sentence_transformers_encode(checkpoint)).max() <= 1e-5
 
 
