@@ -97,7 +97,8 @@ class TeiEmbedBody(_TeiBody):
     truncate: bool | None = Field(None, description="false or unset: an input over max_seq_length is refused")
     truncation_direction: TruncationDirection = "Right"
     dimensions: int | None = None
-    prompt_name: str | None = Field(None, description="must be unset: the model has no prompts")
+    prompt_name: str | None = Field(None, description="one of the model's prompts, put before each text; unset: "
+                                                      "the model's default prompt, if it has one")
 
 
 class TeiEmbedAllBody(_TeiBody):
