@@ -18,6 +18,7 @@ from attnserve.engine.session import CPU, open_session
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ExportVerificationError
 from attnserve.model.encoder import Encoder, pool
+from attnserve.model.modernbert import ModernBertEncoder
 
 from .token_ids import made_up_token_ids
 
@@ -57,7 +58,8 @@ def shape_grid(max_seq_length: int) -> list[tuple[int, int]]:
 class Reference:
     """PyTorch outputs on the check inputs, computed once and shared by every variant."""
 
-    def __init__(self, encoder: Encoder, pooling: str, tokenizer: TextTokenizer, n_texts: int = 512, seed: int = 0):
+    def __init__(self, encoder: Encoder | ModernBertEncoder, pooling: str, tokenizer: TextTokenizer,
+                 n_texts: int = 512, seed: int = 0):
         rng = np.random.default_rng(seed)
         ids_from = made_up_token_ids(encoder.config.vocab_size)
         self.pooling = pooling
@@ -75,7 +77,7 @@ class Reference:
             ids, mask = pad([self.text_inputs[i].ids for i in rows])
             self.text_sentences[rows] = self._torch(encoder, ids, mask, attentions=False)[1]
 
-    def _torch(self, encoder: Encoder, ids: np.ndarray, mask: np.ndarray, attentions: bool):
+    def _torch(self, encoder: Encoder | ModernBertEncoder, ids: np.ndarray, mask: np.ndarray, attentions: bool):
         with torch.no_grad():
             m = torch.from_numpy(mask)
             hidden, att = encoder(torch.from_numpy(ids), m, output_attentions=attentions)

@@ -39,7 +39,7 @@ ENCODER_ARCHITECTURES = ("BertModel", "BertForMaskedLM")
 
 @dataclass(frozen=True)
 class WeightNames:
-    """Where a family's checkpoints keep the encoder's weights, and the keys they carry that the encoder does not use."""
+    """Where a family's checkpoints keep the encoder's weights, and the keys they carry that it does not use."""
     task_prefix: str
     encoder_parts: tuple[str, ...]
     unused_heads: tuple[str, ...]

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+if TYPE_CHECKING:  # modernbert.py imports this file; its encoder has the same forward as Encoder
+    from .modernbert import ModernBertEncoder
 
 
 @dataclass
@@ -159,7 +163,7 @@ def pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor, mode: st
 class SentenceEncoder(nn.Module):
     """The encoder plus the checkpoint's pooling: the module that is exported to ONNX."""
 
-    def __init__(self, encoder: Encoder, pooling: str, output_attentions: bool = False):
+    def __init__(self, encoder: Encoder | ModernBertEncoder, pooling: str, output_attentions: bool = False):
         super().__init__()
         assert pooling in POOLING_MODES, f"pooling must be one of {POOLING_MODES}"
         self.encoder, self.pooling, self.output_attentions = encoder, pooling, output_attentions

@@ -72,6 +72,9 @@ class RotaryEmbedding(nn.Module):
     positions, exactly as transformers computes them (fp32 angles), and sliced to T in the graph. A table also
     keeps the angles exact in the fp16 graph, where position * frequency would lose whole radians."""
 
+    cos: torch.Tensor  # (P, hs), P the model's positions
+    sin: torch.Tensor  # (P, hs)
+
     def __init__(self, cfg: ModernBertConfig, theta: float):
         super().__init__()
         hs = cfg.head_size

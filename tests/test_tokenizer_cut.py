@@ -1,6 +1,6 @@
 """A long text is tokenized only as far as its first max_seq_length tokens reach, with the ids and `truncated` of
-the whole text, for BERT's WordPiece, byte-level BPE (RoBERTa's and ModernBERT's) and Unigram tokenizers; and a 4 MiB text costs the server
-what max_seq_length allows, not what the text's length would."""
+the whole text, for BERT's WordPiece, byte-level BPE (RoBERTa's and ModernBERT's) and Unigram tokenizers; and a
+4 MiB text costs the server what max_seq_length allows, not what the text's length would."""
 
 from __future__ import annotations
 
