@@ -207,3 +207,30 @@ def test_engine_attention_maps_over_padding(exported):
     assert np.count_nonzero(out.attentions[:, 0, :, :, len(inputs[0]):]) == 0
     distance = np.abs(np.arange(40)[None, :] - np.arange(40)[:, None])
     assert np.count_nonzero(out.attentions[1:3, 1][..., distance > 4]) == 0
+
+
+def test_served_with_attention_maps_like_bert(exported, tmp_path):
+    """A real `attnserve serve` over the ModernBERT artifacts: the offline engine's embeddings, and attention maps
+    (the same weights as the verified attention graph) labelled with the byte-level BPE's tokens."""
+    from attnserve.client.client import make_request, to_result
+
+    from .serving import ServerProcess
+
+    engine = Engine.from_directory(exported[0], attention=True)
+    server = ServerProcess(exported[0], log_path=tmp_path / "server.log")
+    try:
+        server.wait_serving()
+        with server.channel() as channel:
+            reply = server.stub(channel).Embed(make_request(TEXTS[-2:], attention_layers=[0, 1, -1], truncate=True), timeout=60)
+        results = [to_result(e) for e in reply.embeddings]
+    finally:
+        assert server.terminate() == 0, server.log_tail()
+    np.testing.assert_allclose(np.stack([r.sentence_embedding for r in results]),
+                               engine.encode(TEXTS[-2:]).embeddings, atol=2e-6)
+    for text, result in zip(TEXTS[-2:], results, strict=True):
+        inputs = engine.tokenizer.encode_texts([text])
+        reference = engine.run(inputs, attention=True).attentions[:, 0]  # (L, nh, T, T)
+        T = len(inputs[0])
+        assert result.attentions.shape == (3, 4, T, T) and len(result.tokens) == T
+        assert result.tokens[0] == "[CLS]" and result.tokens[-1] == "[SEP]"
+        np.testing.assert_allclose(result.attentions, reference[[0, 1, 3]], atol=1e-5)
