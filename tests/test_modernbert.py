@@ -221,7 +221,8 @@ def test_served_with_attention_maps_like_bert(exported, tmp_path):
     try:
         server.wait_serving()
         with server.channel() as channel:
-            reply = server.stub(channel).Embed(make_request(TEXTS[-2:], attention_layers=[0, 1, -1], truncate=True), timeout=60)
+            request = make_request(TEXTS[-2:], attention_layers=[0, 1, -1], truncate=True)
+            reply = server.stub(channel).Embed(request, timeout=60)
         results = [to_result(e) for e in reply.embeddings]
     finally:
         assert server.terminate() == 0, server.log_tail()
