@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.modernbert import GLOBAL, LOCAL, ModernBertEncoder
 
 from .checkpoints import edit_json, save_sentence_transformer, save_tiny_modernbert
+from .conftest import assert_one_line_error, run_cli
 
 MAX_SEQ_LENGTH = 40
 # Padded batches from 1 token to past max_seq_length; each row's length is its own.
@@ -144,6 +146,26 @@ def test_masked_lm_checkpoint_loads_its_encoder_and_a_classifier_is_refused(tmp_
     edit_json(classifier / "config.json", architectures=["ModernBertModel"])  # the head's weights still say so
     with pytest.raises(CheckpointError, match=r"cannot reproduce the head classifier\.\*"):
         read_checkpoint(classifier)
+
+
+def test_biases_where_the_config_asks_for_them(tmp_path):
+    model = save_tiny_modernbert(tmp_path / "biased", seed=2, norm_bias=True, attention_bias=True, mlp_bias=True)
+    encoder = load_encoder(read_checkpoint(model))
+    assert sum(name.endswith(".bias") for name, _ in encoder.named_parameters()) == 2 + 4 * 6 - 1  # layer 0: no norm
+    ids, mask = padded_batch((30, 11), encoder.config.vocab_size, encoder.config.pad_token_id, seed=0)
+    with torch.no_grad():
+        got, _ = encoder(ids, mask)
+        want = transformers_model(model, "eager")(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert float((got - want).abs()[mask.bool()].max()) <= 1e-4
+
+
+def test_export_refuses_in_one_line(model_dir, tmp_path):
+    checkpoint = tmp_path / "scaled"
+    shutil.copytree(model_dir, checkpoint)
+    edit_json(checkpoint / "config.json", rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    assert_one_line_error(run_cli("export", "--checkpoint", checkpoint, "--out", tmp_path / "out"),
+                          "cannot reproduce rope_scaling")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("change, fragment", [
