@@ -1,4 +1,5 @@
-"""BERT-family checkpoints (config.json + model.safetensors + tokenizer.json) -> Encoder.
+"""BERT-family checkpoints (config.json + model.safetensors + tokenizer.json) -> Encoder, or ModernBertEncoder
+for a ModernBERT checkpoint (model_type "modernbert": its config reader and key map are in modernbert.py).
 
 Only safetensors is read: a pickle checkpoint can run code on load. Weights are
 copied through an explicit key map, and any key that is missing, unexpected
@@ -75,7 +76,8 @@ def _encoder_config(raw: dict, path: Path) -> EncoderConfig:
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
     if raw.get("model_type") != "bert":
-        raise CheckpointError(f"{path}: model_type {raw.get('model_type')!r} is not supported (only 'bert')")
+        raise CheckpointError(f"{path}: model_type {raw.get('model_type')!r} is not supported (only 'bert' or "
+                              f"'{modernbert.MODEL_TYPE}')")
     if raw.get("hidden_act", "gelu") != "gelu":
         raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (only 'gelu')")
     if raw.get("position_embedding_type", "absolute") != "absolute":
