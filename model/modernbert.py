@@ -52,6 +52,8 @@ class ModernBertConfig:
     mlp_bias: bool = False
     pad_token_id: int = 0
     model_type: ClassVar[str] = MODEL_TYPE
+    # No token types: the graphs take token_type_ids only where a family has more than one.
+    type_vocab_size: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         assert self.hidden_size % self.num_heads == 0, "hidden_size must divide evenly into heads"
