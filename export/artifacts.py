@@ -24,7 +24,7 @@ from attnserve.model.checkpoint import Checkpoint, load_encoder
 from attnserve.model.encoder import SentenceEncoder
 from attnserve.model.head import load_head
 
-from .optimize import convert_fp16, fuse_attention, quantize_int8
+from .optimize import convert_fp16, describe_fusions, fuse_attention, fused_attention_nodes, quantize_int8
 from .tokenizer_parity import check_tokenizer
 from .torch_to_onnx import export_graph
 from .verify import TOLERANCES, Reference, verify
@@ -77,9 +77,16 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
         export_graph(SentenceEncoder(encoder, head), work / VARIANTS["embeddings"][0])
         export_graph(SentenceEncoder(encoder, head, output_attentions=True), work / VARIANTS["attention"][0])
         counts = fuse_attention(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fused"][0], ckpt.config)
-        log(f"fused attention: {counts.get('Attention', 0)} Attention nodes for {ckpt.config.num_layers} layers")
+        log(f"fused attention: {fused_attention_nodes(counts)} Attention nodes for {ckpt.config.num_layers} layers")
+        # Where the optimizer cannot fuse attention (ModernBERT's rotary attention), the "fused" variants hold
+        # its other fusions; the manifest then says fused: false for them, and the log what they hold.
+        attention_fused = fused_attention_nodes(counts) == ckpt.config.num_layers
         quantize_int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0])
-        convert_fp16(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fp16"][0], ckpt.config)
+        fp16_counts = convert_fp16(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fp16"][0],
+                                   ckpt.config)
+        if not attention_fused:
+            log(f"attention left unfused; the fused graph holds {describe_fusions(counts)}, "
+                f"the fp16 graph {describe_fusions(fp16_counts)}")
         shutil.copyfile(ckpt.tokenizer_file, work / "tokenizer.json")
 
         tokenizer = TextTokenizer(work / "tokenizer.json", ckpt.max_seq_length, ckpt.config.vocab_size)
@@ -88,7 +95,8 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
         for name, (file, precision, fused, outputs) in VARIANTS.items():
             parity = verify(work / file, precision, reference)
             log(f"verified {file:24s} {TOLERANCES[precision].describe(parity[TOLERANCES[precision].metric])}")
-            variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, fused, outputs, parity)
+            variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, fused and attention_fused,
+                                          outputs, parity)
         manifest = Manifest(
             directory=out, model=ckpt.name, hidden_size=ckpt.config.hidden_size, num_layers=ckpt.config.num_layers,
             num_heads=ckpt.config.num_heads, intermediate_size=ckpt.config.intermediate_size,

@@ -19,6 +19,7 @@ from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ExportVerificationError
 from attnserve.model.encoder import Encoder
 from attnserve.model.head import SentenceHead
+from attnserve.model.modernbert import ModernBertEncoder
 
 from .token_ids import made_up_token_ids
 
@@ -58,7 +59,7 @@ def shape_grid(max_seq_length: int) -> list[tuple[int, int]]:
 class Reference:
     """PyTorch outputs on the check inputs, computed once and shared by every variant."""
 
-    def __init__(self, encoder: Encoder, head: SentenceHead, embedding_size: int, tokenizer: TextTokenizer,
+    def __init__(self, encoder: Encoder | ModernBertEncoder, head: SentenceHead, embedding_size: int, tokenizer: TextTokenizer,
                  n_texts: int = 512, seed: int = 0):
         rng = np.random.default_rng(seed)
         ids_from = made_up_token_ids(encoder.config.vocab_size)
@@ -77,7 +78,7 @@ class Reference:
             ids, mask = pad([self.text_inputs[i].ids for i in rows])
             self.text_sentences[rows] = self._torch(encoder, ids, mask, attentions=False)[1]
 
-    def _torch(self, encoder: Encoder, ids: np.ndarray, mask: np.ndarray, attentions: bool):
+    def _torch(self, encoder: Encoder | ModernBertEncoder, ids: np.ndarray, mask: np.ndarray, attentions: bool):
         with torch.no_grad():
             m = torch.from_numpy(mask)
             hidden, att = encoder(torch.from_numpy(ids), m, output_attentions=attentions)

@@ -1,4 +1,5 @@
-"""BERT-family checkpoints (config.json + model.safetensors + tokenizer.json) -> Encoder.
+"""BERT-family checkpoints (config.json + model.safetensors + tokenizer.json) -> Encoder, or ModernBertEncoder
+for a ModernBERT checkpoint (model_type "modernbert": its config reader and key map are in modernbert.py).
 
 Only safetensors is read: a pickle checkpoint can run code on load. Weights are
 copied through an explicit key map, and any key that is missing, unexpected
@@ -17,7 +18,9 @@ from pathlib import Path
 
 from attnserve.errors import CheckpointError
 
+from . import modernbert
 from .encoder import Encoder, EncoderConfig
+from .modernbert import ModernBertConfig, ModernBertEncoder
 from .pipeline import Pipeline, read_json, read_pipeline
 
 # Keys some checkpoints carry that the encoder does not use: BERT's NSP pooler
@@ -36,10 +39,23 @@ ENCODER_ARCHITECTURES = ("BertModel", "BertForMaskedLM")
 
 
 @dataclass(frozen=True)
+class WeightNames:
+    """Where a family's checkpoints keep the encoder's weights, and the keys they carry that it does not use."""
+    task_prefix: str
+    encoder_parts: tuple[str, ...]
+    unused_heads: tuple[str, ...]
+    ignored: tuple[str, ...]
+
+
+BERT_WEIGHTS = WeightNames(TASK_PREFIX, ENCODER_PARTS, UNUSED_HEADS, IGNORED_KEYS)
+MODERNBERT_WEIGHTS = WeightNames(modernbert.TASK_PREFIX, modernbert.ENCODER_PARTS, modernbert.UNUSED_HEADS, ())
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     directory: Path
     name: str
-    config: EncoderConfig
+    config: EncoderConfig | ModernBertConfig
     pipeline: Pipeline  # the sentence-transformers modules after the encoder, the prompts, max_seq_length
 
     @property
@@ -71,7 +87,7 @@ class Checkpoint:
     @property
     def modules(self) -> list[str]:
         """The whole pipeline in short words, for the manifest and the export's log."""
-        return self.pipeline.modules("bert")  # _encoder_config reads the bert family only
+        return self.pipeline.modules(getattr(self.config, "model_type", "bert"))
 
     @property
     def weights_file(self) -> Path:
@@ -86,7 +102,8 @@ def _encoder_config(raw: dict, path: Path) -> EncoderConfig:
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
     if raw.get("model_type") != "bert":
-        raise CheckpointError(f"{path}: model_type {raw.get('model_type')!r} is not supported (only 'bert')")
+        raise CheckpointError(f"{path}: model_type {raw.get('model_type')!r} is not supported (only 'bert' or "
+                              f"'{modernbert.MODEL_TYPE}')")
     if raw.get("hidden_act", "gelu") != "gelu":
         raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (only 'gelu')")
     if raw.get("position_embedding_type", "absolute") != "absolute":
@@ -123,18 +140,22 @@ def _encoder_config(raw: dict, path: Path) -> EncoderConfig:
     return cfg
 
 
-def _encoder_prefix(keys: list[str]) -> str:
-    return TASK_PREFIX if any(k.startswith(TASK_PREFIX) for k in keys) else ""
+def _weight_names(cfg: EncoderConfig | ModernBertConfig) -> WeightNames:
+    return MODERNBERT_WEIGHTS if isinstance(cfg, ModernBertConfig) else BERT_WEIGHTS
 
 
-def _head_keys(keys: list[str]) -> list[str]:
+def _encoder_prefix(keys: list[str], names: WeightNames) -> str:
+    return names.task_prefix if any(k.startswith(names.task_prefix) for k in keys) else ""
+
+
+def _head_keys(keys: list[str], names: WeightNames) -> list[str]:
     """Keys outside the encoder that are not an unused masked-LM head: the weights of a task head."""
-    prefix = _encoder_prefix(keys)
-    return [k for k in keys if not k.startswith(UNUSED_HEADS)
-            and not (k.startswith(prefix) and k.removeprefix(prefix).startswith(ENCODER_PARTS))]
+    prefix = _encoder_prefix(keys, names)
+    return [k for k in keys if not k.startswith(names.unused_heads)
+            and not (k.startswith(prefix) and k.removeprefix(prefix).startswith(names.encoder_parts))]
 
 
-def _check_no_head(weights: Path) -> None:
+def _check_no_head(weights: Path, names: WeightNames) -> None:
     """Read the safetensors header only (no tensor data) and refuse a checkpoint that carries a task head."""
     from safetensors import SafetensorError, safe_open
 
@@ -143,7 +164,7 @@ def _check_no_head(weights: Path) -> None:
             keys = list(f.keys())
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"corrupt weights file {weights}: {e}") from None
-    heads = _head_keys(keys)
+    heads = _head_keys(keys, names)
     if heads:
         modules = sorted({k.rsplit(".", 1)[0] for k in heads})
         raise CheckpointError(f"{weights}: cannot reproduce the head {', '.join(m + '.*' for m in modules[:3])}"
@@ -156,14 +177,17 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {directory}")
-    cfg = _encoder_config(read_json(directory / "config.json"), directory / "config.json")
+    raw = read_json(directory / "config.json")
+    # Each family reads its own config; a ModernBERT config is no BERT config with extra fields.
+    is_modernbert = isinstance(raw, dict) and raw.get("model_type") == modernbert.MODEL_TYPE
+    cfg = (modernbert.read_config if is_modernbert else _encoder_config)(raw, directory / "config.json")
     for required in ("model.safetensors", "tokenizer.json"):
         if not (directory / required).is_file():
             if required == "model.safetensors" and any(directory.glob("*.bin")):
                 raise CheckpointError(f"{directory}: only model.safetensors is accepted, not pickle .bin weights")
             raise CheckpointError(f"checkpoint file missing: {directory / required}")
     pipeline = read_pipeline(directory, cfg.max_position_embeddings, cfg.hidden_size)
-    _check_no_head(directory / "model.safetensors")
+    _check_no_head(directory / "model.safetensors", _weight_names(cfg))
     return Checkpoint(directory, name or directory.name, cfg, pipeline)
 
 
@@ -193,7 +217,7 @@ def key_map(cfg: EncoderConfig) -> dict[str, str]:
     return keys
 
 
-def load_encoder(ckpt: Checkpoint) -> Encoder:
+def load_encoder(ckpt: Checkpoint) -> Encoder | ModernBertEncoder:
     """Build the Encoder and copy the checkpoint's weights into it, under loud checks."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -204,18 +228,21 @@ def load_encoder(ckpt: Checkpoint) -> Encoder:
         raise CheckpointError(f"corrupt weights file {ckpt.weights_file}: {e}") from None
     # A masked-LM checkpoint prefixes the encoder's keys with "bert." and adds its (unused) head;
     # read_checkpoint has refused any other head, so every other key must be the encoder's.
-    prefix = _encoder_prefix(list(tensors))
-    tensors = {k.removeprefix(prefix): v for k, v in tensors.items() if not k.startswith(UNUSED_HEADS)}
-    mapping = key_map(ckpt.config)
+    names = _weight_names(ckpt.config)
+    prefix = _encoder_prefix(list(tensors), names)
+    tensors = {k.removeprefix(prefix): v for k, v in tensors.items() if not k.startswith(names.unused_heads)}
+    cfg = ckpt.config
+    mapping = modernbert.key_map(cfg) if isinstance(cfg, ModernBertConfig) else key_map(cfg)
     missing = sorted(set(mapping) - set(tensors))
-    unexpected = sorted(set(tensors) - set(mapping) - set(IGNORED_KEYS))
+    unexpected = sorted(set(tensors) - set(mapping) - set(names.ignored))
     if missing or unexpected:
+        family = "ModernBERT" if isinstance(cfg, ModernBertConfig) else "BERT"
         raise CheckpointError(
-            f"{ckpt.weights_file}: keys do not match a {ckpt.config.num_layers}-layer BERT encoder "
+            f"{ckpt.weights_file}: keys do not match a {ckpt.config.num_layers}-layer {family} encoder "
             f"(missing: {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected: {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})"
         )
-    encoder = Encoder(ckpt.config)
+    encoder = ModernBertEncoder(cfg) if isinstance(cfg, ModernBertConfig) else Encoder(cfg)
     own = encoder.state_dict()
     assert len(own) == len(mapping), "key map and Encoder disagree on the parameter count"
     for theirs, ours in mapping.items():

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+if TYPE_CHECKING:  # modernbert.py imports this file; its encoder has the same forward as Encoder
+    from .modernbert import ModernBertEncoder
 
 
 @dataclass
@@ -147,7 +151,7 @@ class Encoder(nn.Module):
 class SentenceEncoder(nn.Module):
     """The encoder plus the checkpoint's sentence head (model/head.py): the module that is exported to ONNX."""
 
-    def __init__(self, encoder: Encoder, head: nn.Module, output_attentions: bool = False):
+    def __init__(self, encoder: Encoder | ModernBertEncoder, head: nn.Module, output_attentions: bool = False):
         super().__init__()
         self.encoder, self.head, self.output_attentions = encoder, head, output_attentions
 

@@ -1,7 +1,8 @@
 """Real checkpoint folders for the export's tests, made with the libraries' own classes.
 
 Tiny random-weight BERTs are saved by transformers (BertModel, BertForMaskedLM,
-BertForSequenceClassification), their WordPiece tokenizers built with `tokenizers`,
+BertForSequenceClassification), their WordPiece tokenizers built with `tokenizers`, and so are tiny
+ModernBERTs (ModernBertModel, with a byte-level BPE tokenizer),
 and sentence-transformers pipelines saved by sentence-transformers itself. The
 default checkpoint is copied cheaply: its large files are linked, the small ones
 copied so that a test can change them.
@@ -51,6 +52,40 @@ def save_tiny_bert(directory: Path, vocab_size: int = 64, model_class: str = "Be
     transformers.PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
         mask_token="[MASK]").save_pretrained(directory)
+    return directory
+
+
+def save_tiny_modernbert(directory: Path, model_class: str = "ModernBertModel", seed: int = 0, **config) -> Path:
+    """A 4-layer, hidden-64 ModernBERT (layers 0 and 3 global, 1 and 2 local with a window of 8, so that the local
+    attention matters from 5 tokens on) with random weights larger than transformers' initialisation, whose
+    attention would otherwise be nearly uniform, and a byte-level BPE tokenizer as ModernBERT's (tiny_tokenizers.py).
+    config: ModernBertConfig settings over these."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    from .tiny_tokenizers import modernbert_style
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer.from_file(str(modernbert_style(directory / "tokenizer.json")))
+    ids = {t: tokenizer.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")}
+    settings = dict(vocab_size=tokenizer.get_vocab_size(), hidden_size=64, num_hidden_layers=4,
+                    num_attention_heads=4, intermediate_size=96, max_position_embeddings=128,
+                    global_attn_every_n_layers=3, local_attention=8, global_rope_theta=1000.0,
+                    local_rope_theta=100.0, pad_token_id=ids["[PAD]"], bos_token_id=ids["[CLS]"],
+                    cls_token_id=ids["[CLS]"], eos_token_id=ids["[SEP]"], sep_token_id=ids["[SEP]"])
+    config = transformers.ModernBertConfig(**{**settings, **config})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            # LayerNorm weights around 1, everything else a wide spread: every part of the model shows.
+            param.copy_(1 + 0.3 * torch.randn_like(param) if "norm" in name and name.endswith("weight")
+                        else 0.2 * torch.randn_like(param))
+    model.save_pretrained(directory, safe_serialization=True)
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+        mask_token="[MASK]", model_max_length=config.max_position_embeddings).save_pretrained(directory)
     return directory
 
 

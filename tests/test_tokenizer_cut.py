@@ -1,6 +1,6 @@
 """A long text is tokenized only as far as its first max_seq_length tokens reach, with the ids and `truncated` of
-the whole text, for BERT's WordPiece, byte-level BPE and Unigram tokenizers; and a 4 MiB text costs the server
-what max_seq_length allows, not what the text's length would."""
+the whole text, for BERT's WordPiece, byte-level BPE (RoBERTa's and ModernBERT's) and Unigram tokenizers; and a
+4 MiB text costs the server what max_seq_length allows, not what the text's length would."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from attnserve.engine.tokenizer import TextTokenizer
 
 from .serving import ServerProcess
 from .text_mix import CJK, EMOJI, MARKS, text_of_length
-from .tiny_tokenizers import roberta_style, xlmr_style
+from .tiny_tokenizers import modernbert_style, roberta_style, xlmr_style
 
-KINDS = ["wordpiece", "byte-level-bpe", "byte-level-bpe-nfc", "unigram"]
+KINDS = ["wordpiece", "byte-level-bpe", "byte-level-bpe-nfc", "modernbert-bpe", "unigram"]
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +28,7 @@ def tokenizer_files(tmp_path_factory, artifacts) -> dict[str, Path]:
     return {"wordpiece": artifacts / "tokenizer.json",
             "byte-level-bpe": roberta_style(out / "bbpe.json"),
             "byte-level-bpe-nfc": roberta_style(out / "bbpe_nfc.json", nfc=True),
+            "modernbert-bpe": modernbert_style(out / "modernbert.json"),
             "unigram": xlmr_style(out / "unigram.json")}
 
 
@@ -116,7 +117,7 @@ def test_shortening_only_where_no_token_id_changes(tokenizer_files):
     for _ in range(200):
         text = text_of_length(rng, 600)
         assert bert.encode(shortening.apply(text)).ids == bert.encode(text).ids
-    for kind in ("byte-level-bpe", "unigram"):  # whitespace is tokens there, and words are pieces
+    for kind in ("byte-level-bpe", "modernbert-bpe", "unigram"):  # whitespace is tokens there, words are pieces
         assert exact_shortening(Tokenizer.from_file(str(tokenizer_files[kind]))) is None
 
 

@@ -1,5 +1,5 @@
 """Small tokenizers of other kinds than BERT's, trained in a second from an in-test corpus with the `tokenizers`
-library itself: byte-level BPE as RoBERTa builds it, and Unigram over Metaspace as XLM-R builds it."""
+library itself: byte-level BPE as RoBERTa and ModernBERT build it, and Unigram over Metaspace as XLM-R builds it."""
 
 from __future__ import annotations
 
@@ -47,5 +47,28 @@ def xlmr_style(out: Path) -> Path:
     tokenizer.post_processor = processors.TemplateProcessing(
         single="<s> $A </s>", special_tokens=[("<s>", tokenizer.token_to_id("<s>")),
                                               ("</s>", tokenizer.token_to_id("</s>"))])
+    tokenizer.save(str(out))
+    return out
+
+
+# ModernBERT's tokenizer (OLMo's byte-level BPE) has added tokens for runs of 2 to 24 spaces, matched before
+# the pre-tokenizer, and BERT's specials with [MASK] taking the whitespace before it.
+MODERNBERT_SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", AddedToken("[MASK]", lstrip=True, special=True)]
+SPACE_RUNS = [AddedToken(" " * n, normalized=True, special=False) for n in range(24, 1, -1)]
+
+
+def modernbert_style(out: Path) -> Path:
+    """Byte-level BPE over NFC, "[CLS] $A [SEP]" around each text, and the added tokens above."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(corpus(), trainers.BpeTrainer(
+        vocab_size=600, special_tokens=MODERNBERT_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tokenizer.add_tokens(SPACE_RUNS)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]")), ("[SEP]", tokenizer.token_to_id("[SEP]"))])
     tokenizer.save(str(out))
     return out

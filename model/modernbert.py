@@ -1,0 +1,304 @@
+"""ModernBERT, written out in full beside the BERT encoder (encoder.py), and its checkpoints' config and key map.
+
+It differs from BERT in these places, and only these:
+- positions are rotary (RoPE), applied to queries and keys in every layer, with one base (rope_theta) for the
+  global layers and another for the local ones; there are no position embeddings;
+- layers are pre-LayerNorm (the sublayer's input is normalised, the residual sum is not), layer 0 has no
+  attention norm, and a final norm follows the stack;
+- the feed-forward is GeGLU: one projection makes 2*F features, gelu(first half) * second half goes down;
+- query, key and value come from one projection (Wqkv), and by default no Linear or LayerNorm has a bias;
+- every `global_attn_every_n_layers`-th layer (from layer 0) attends globally, the others locally: a token
+  attends to the keys at most local_attention // 2 positions away on either side;
+- there are no token types.
+The reference is transformers' ModernBertModel (eager and sdpa paths, transformers 5.x); tests compare against it.
+
+Shapes: B batch, T sequence, H hidden, nh heads, hs head size (H // nh), F intermediate size, L layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from attnserve.errors import CheckpointError
+
+from .encoder import MASK_VALUE
+
+MODEL_TYPE = "modernbert"
+GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' names of the two layer types
+
+
+@dataclass(frozen=True)
+class ModernBertConfig:
+    # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    layer_types: tuple[str, ...]  # GLOBAL or LOCAL, one per layer
+    local_attention: int  # the local window's width: local_attention // 2 keys either side of a token
+    global_rope_theta: float
+    local_rope_theta: float
+    layer_norm_eps: float = 1e-5
+    norm_bias: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    pad_token_id: int = 0
+    model_type: ClassVar[str] = MODEL_TYPE
+    # No token types: the graphs take token_type_ids only where a family has more than one.
+    type_vocab_size: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        assert self.hidden_size % self.num_heads == 0, "hidden_size must divide evenly into heads"
+        assert (self.hidden_size // self.num_heads) % 2 == 0, "rotary embeddings need an even head size"
+        assert len(self.layer_types) == self.num_layers, "one layer type per layer"
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def half_window(self) -> int:
+        return self.local_attention // 2
+
+
+class RotaryEmbedding(nn.Module):
+    """cos and sin of every position's angles, (T, hs), for one rope_theta; computed once, up to the model's
+    positions, exactly as transformers computes them (fp32 angles), and sliced to T in the graph. A table also
+    keeps the angles exact in the fp16 graph, where position * frequency would lose whole radians."""
+
+    cos: torch.Tensor  # (P, hs), P the model's positions
+    sin: torch.Tensor  # (P, hs)
+
+    def __init__(self, cfg: ModernBertConfig, theta: float):
+        super().__init__()
+        hs = cfg.head_size
+        inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float) / hs))  # (hs/2,)
+        angles = torch.arange(cfg.max_position_embeddings).float()[:, None] * inv_freq  # (P, hs/2)
+        angles = torch.cat((angles, angles), dim=-1)  # (P, hs): each frequency drives two halves
+        # Not in the state dict: derived from the config, as transformers' inv_freq buffer is.
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[:T], self.sin[:T]  # (T, hs) each
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, nh, T, hs); cos, sin: (T, hs). Rotates each pair (x[i], x[i + hs/2]) by its position's angle."""
+    half = x.shape[-1] // 2
+    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (B, nh, T, hs)
+    return x * cos + rotated_half * sin
+
+
+class RotarySelfAttention(nn.Module):
+    def __init__(self, cfg: ModernBertConfig):
+        super().__init__()
+        self.nh, self.hs = cfg.num_heads, cfg.head_size
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.attention_bias)  # Wqkv
+        self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.attention_bias)  # W_O
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (B, T, H); mask: additive, broadcastable to (B, nh, T, T); cos, sin: (T, hs)."""
+        B, T, H = x.shape
+        qkv = self.qkv(x).view(B, T, 3, self.nh, self.hs)  # query, key, value in this order, heads inside each
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # (B, nh, T, hs) each
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.hs ** -0.5  # (B, nh, T, T)
+        probs = F.softmax(scores + mask, dim=-1)  # (B, nh, T, T), each row sums to 1
+        context = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, H)  # heads concatenated: (B, T, H)
+        return self.out(context), probs
+
+
+class GeGLU(nn.Module):
+    def __init__(self, cfg: ModernBertConfig):
+        super().__init__()
+        self.up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)  # Wi
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)  # Wo
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        value, gate = self.up(x).chunk(2, dim=-1)  # (B, T, F) each
+        # transformers' "gelu" is the exact erf form.
+        return self.down(F.gelu(value) * gate)  # (B, T, H)
+
+
+class ModernBertLayer(nn.Module):
+    def __init__(self, cfg: ModernBertConfig, index: int):
+        super().__init__()
+        # Layer 0's input is the embeddings' output, already normalised.
+        self.attention_norm: nn.Module = (nn.Identity() if index == 0 else
+                                          nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=cfg.norm_bias))
+        self.attention = RotarySelfAttention(cfg)
+        self.feed_forward_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=cfg.norm_bias)
+        self.feed_forward = GeGLU(cfg)
+        self.is_global = cfg.layer_types[index] == GLOBAL
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Pre-LN: each sublayer reads a normalised copy; the residual stream itself is never normalised here.
+        attended, probs = self.attention(self.attention_norm(x), mask, cos, sin)
+        x = x + attended  # (B, T, H)
+        x = x + self.feed_forward(self.feed_forward_norm(x))  # (B, T, H)
+        return x, probs
+
+
+class ModernBertEncoder(nn.Module):
+    """The same forward as encoder.Encoder: SentenceEncoder, export and verification take either."""
+
+    def __init__(self, cfg: ModernBertConfig):
+        super().__init__()
+        self.config = cfg
+        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embeddings_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=cfg.norm_bias)
+        self.rotary_global = RotaryEmbedding(cfg, cfg.global_rope_theta)
+        self.rotary_local = RotaryEmbedding(cfg, cfg.local_rope_theta)
+        self.layers = nn.ModuleList(ModernBertLayer(cfg, i) for i in range(cfg.num_layers))
+        self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=cfg.norm_bias)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """input_ids, attention_mask: (B, T) int64, mask 1 for real tokens and 0 for padding.
+
+        Returns last_hidden_state (B, T, H) and, if asked, every layer's attention probabilities
+        stacked as (L, B, nh, T, T).
+        """
+        T = input_ids.shape[1]
+        x = self.embeddings_norm(self.word(input_ids))  # (B, T, H)
+        padding = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * MASK_VALUE  # (B, 1, 1, T)
+        positions = torch.arange(T, device=input_ids.device)
+        distance = (positions[None, :] - positions[:, None]).abs()  # (T, T): |query - key|
+        outside_window = (distance > self.config.half_window).to(x.dtype) * MASK_VALUE  # (T, T)
+        # Padding counts twice in local layers: a padded query whose window holds only padding still has the
+        # real keys outside it to prefer, so padded keys get exactly 0 weight from every query. A real query's
+        # window always holds the query itself, so both kinds of masked keys get exactly 0 there.
+        local_mask = 2 * padding + outside_window  # (B, 1, T, T)
+        global_cos_sin, local_cos_sin = self.rotary_global(T), self.rotary_local(T)
+        attentions = []
+        for layer in self.layers:
+            if layer.is_global:
+                x, probs = layer(x, padding, *global_cos_sin)
+            else:
+                x, probs = layer(x, local_mask, *local_cos_sin)
+            if output_attentions:
+                attentions.append(probs)
+        return self.final_norm(x), (torch.stack(attentions) if output_attentions else None)
+
+
+# The architectures whose encoder output is the checkpoint's own output: the bare model, and the masked-LM
+# model used as an encoder (its head unused, as transformers' AutoModel leaves it). Any other ends in a head.
+ENCODER_ARCHITECTURES = ("ModernBertModel", "ModernBertForMaskedLM")
+# A task model (ModernBertForX) keeps the encoder under "model."; the masked-LM head is "head." and "decoder.".
+TASK_PREFIX = "model."
+ENCODER_PARTS = ("embeddings.", "layers.", "final_norm.")
+UNUSED_HEADS = ("head.", "decoder.")
+ROPE_KEYS = {"rope_type", "rope_theta"}
+
+
+def read_config(raw: dict[str, Any], path: Path) -> ModernBertConfig:
+    """config.json of a ModernBERT checkpoint, as transformers' ModernBertConfig reads it (the rope and layer
+    settings in either the 4.x form or the 5.x form), or a one-line refusal of what the export does not run."""
+    architectures = raw.get("architectures") or []
+    if not isinstance(architectures, list):
+        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
+    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
+    if heads:
+        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
+                              f"{' or '.join(ENCODER_ARCHITECTURES)})")
+    if raw.get("hidden_activation", "gelu") != "gelu":
+        raise CheckpointError(f"{path}: hidden_activation {raw['hidden_activation']!r} is not supported (only 'gelu')")
+    try:
+        num_layers = int(raw["num_hidden_layers"])
+        cfg = ModernBertConfig(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=int(raw["hidden_size"]),
+            num_layers=num_layers,
+            num_heads=int(raw["num_attention_heads"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 8192)),
+            layer_types=_layer_types(raw, num_layers, path),
+            local_attention=int(raw.get("local_attention", 128)),
+            global_rope_theta=_rope_theta(raw, GLOBAL, "global_rope_theta", 160_000.0, path),
+            local_rope_theta=_rope_theta(raw, LOCAL, "local_rope_theta", 10_000.0, path),
+            layer_norm_eps=float(raw.get("norm_eps", 1e-5)),
+            norm_bias=_flag(raw, "norm_bias", path),
+            attention_bias=_flag(raw, "attention_bias", path),
+            mlp_bias=_flag(raw, "mlp_bias", path),
+            pad_token_id=int(raw.get("pad_token_id") or 0),
+        )
+    except KeyError as e:
+        raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
+    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
+        raise CheckpointError(f"{path}: invalid config: {e}") from None
+    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                                          "intermediate_size", "max_position_embeddings", "local_attention")}
+    if any(v < 1 for v in sizes.values()) or not cfg.layer_norm_eps > 0 or not (
+            cfg.global_rope_theta > 0 and cfg.local_rope_theta > 0):
+        raise CheckpointError(f"{path}: invalid config: sizes must be positive and norm_eps and rope_theta above 0, "
+                              f"got {sizes}, {cfg.layer_norm_eps}, {cfg.global_rope_theta}, {cfg.local_rope_theta}")
+    return cfg
+
+
+def _flag(raw: dict[str, Any], key: str, path: Path) -> bool:
+    value = raw.get(key, False)
+    if not isinstance(value, bool):
+        raise CheckpointError(f"{path}: {key} must be true or false, got {value!r}")
+    return value
+
+
+def _layer_types(raw: dict[str, Any], num_layers: int, path: Path) -> tuple[str, ...]:
+    """transformers 5 saves layer_types; 4.x configs give global_attn_every_n_layers (layer 0 is global)."""
+    types = raw.get("layer_types")
+    if types is None:
+        every = int(raw.get("global_attn_every_n_layers", 3))
+        if every < 1:
+            raise CheckpointError(f"{path}: global_attn_every_n_layers must be positive, got {every}")
+        return tuple(LOCAL if i % every else GLOBAL for i in range(num_layers))
+    if not isinstance(types, list) or len(types) != num_layers or any(t not in (GLOBAL, LOCAL) for t in types):
+        raise CheckpointError(f"{path}: layer_types must list {GLOBAL!r} or {LOCAL!r} for each of the "
+                              f"{num_layers} layers, got {types!r}")
+    return tuple(types)
+
+
+def _rope_theta(raw: dict[str, Any], layer_type: str, legacy_key: str, default: float, path: Path) -> float:
+    """The rope base of one layer type: rope_parameters[layer_type] (transformers 5), else the 4.x key."""
+    if raw.get("rope_scaling") is not None:
+        raise CheckpointError(f"{path}: cannot reproduce rope_scaling {raw['rope_scaling']!r} (only plain RoPE)")
+    params = (raw.get("rope_parameters") or {}).get(layer_type)
+    if params is None:
+        return float(raw.get(legacy_key, default))
+    if not isinstance(params, dict):
+        raise CheckpointError(f"{path}: rope_parameters[{layer_type!r}] must be an object, got {params!r}")
+    if params.get("rope_type", "default") != "default" or set(params) - ROPE_KEYS:
+        raise CheckpointError(f"{path}: cannot reproduce rope_parameters[{layer_type!r}] {params!r} "
+                              "(only rope_type 'default' with its rope_theta)")
+    return float(params.get("rope_theta", raw.get(legacy_key, default)))
+
+
+def key_map(cfg: ModernBertConfig) -> dict[str, str]:
+    """Checkpoint key (transformers' ModernBertModel naming) -> ModernBertEncoder key."""
+    norm = ("weight", "bias") if cfg.norm_bias else ("weight",)
+    keys = {f"embeddings.tok_embeddings.{p}": f"word.{p}" for p in ("weight",)}
+    keys |= {f"embeddings.norm.{p}": f"embeddings_norm.{p}" for p in norm}
+    keys |= {f"final_norm.{p}": f"final_norm.{p}" for p in norm}
+    per_layer = [("attn_norm", "attention_norm", norm),
+                 ("attn.Wqkv", "attention.qkv", ("weight", "bias") if cfg.attention_bias else ("weight",)),
+                 ("attn.Wo", "attention.out", ("weight", "bias") if cfg.attention_bias else ("weight",)),
+                 ("mlp_norm", "feed_forward_norm", norm),
+                 ("mlp.Wi", "feed_forward.up", ("weight", "bias") if cfg.mlp_bias else ("weight",)),
+                 ("mlp.Wo", "feed_forward.down", ("weight", "bias") if cfg.mlp_bias else ("weight",))]
+    for i in range(cfg.num_layers):
+        for theirs, ours, params in per_layer:
+            if i == 0 and theirs == "attn_norm":
+                continue  # an Identity: no weights
+            for p in params:
+                keys[f"layers.{i}.{theirs}.{p}"] = f"layers.{i}.{ours}.{p}"
+    return keys
