@@ -59,8 +59,8 @@ def shape_grid(max_seq_length: int) -> list[tuple[int, int]]:
 class Reference:
     """PyTorch outputs on the check inputs, computed once and shared by every variant."""
 
-    def __init__(self, encoder: Encoder | ModernBertEncoder, head: SentenceHead, embedding_size: int, tokenizer: TextTokenizer,
-                 n_texts: int = 512, seed: int = 0):
+    def __init__(self, encoder: Encoder | ModernBertEncoder, head: SentenceHead, embedding_size: int,
+                 tokenizer: TextTokenizer, n_texts: int = 512, seed: int = 0):
         rng = np.random.default_rng(seed)
         ids_from = made_up_token_ids(encoder.config.vocab_size)
         self.head = head
