@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from attnserve.engine.dimensions import embedding_size
 from attnserve.engine.engine import Engine
 
 from .job import Chunk, EncodedChunk, EncodeJob, EncodeResult, ModelFacts, Session, run_job
@@ -16,7 +17,7 @@ from .rows import encode_inputs, inputs_of
 
 def engine_facts(engine: Engine) -> ModelFacts:
     m = engine.manifest
-    return ModelFacts(m.model, m.hidden_size, m.vocab_size, m.max_seq_length, m.pooling, m.normalize,
+    return ModelFacts(m.model, embedding_size(m), m.vocab_size, m.max_seq_length, m.pooling, m.normalize,
                       engine.precision, engine.embeddings_variant.sha256)
 
 
@@ -32,7 +33,7 @@ class LocalEncoder:
     def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
         for chunk in chunks:
             encoded, refused = encode_inputs(self.engine, inputs_of(chunk.records), session.normalize,
-                                             session.on_batch)
+                                             session.on_batch, session.prompt)
             for position, reason in refused.items():
                 session.refuse(chunk.records[position], reason)
             yield EncodedChunk(chunk, encoded.embeddings, encoded.num_tokens, encoded.truncated, encoded.stats,
