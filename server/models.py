@@ -70,7 +70,12 @@ def model_sources(artifacts: str | None, config: ServerConfig) -> list[ModelSour
     if config.model_repository:
         return _repository(Path(config.model_repository))
     if config.model:
-        return [_named(spec) for spec in config.model]
+        sources = [_named(spec) for spec in config.model]
+        names = [source.name for source in sources]
+        twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+        if twice is not None:  # before any model loads; Models.load checks the aliases too
+            raise ConfigError(f"the model name {twice!r} is given twice; each model and alias needs its own")
+        return sources
     from attnserve.default_model import resolve_artifacts
 
     return [ModelSource(None, resolve_artifacts(artifacts))]
