@@ -111,7 +111,9 @@ class Server:
         ])
         server.add_generic_rpc_handlers((rpc_handlers(EncoderService(self.core, self.metrics)),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        for service in ("", SERVICE_NAME):  # SERVING only after warm-up
+        # The server, the service and each model ("attnserve.v1.Encoder/NAME"): SERVING only after warm-up.
+        health_names = ("", SERVICE_NAME, *(f"{SERVICE_NAME}/{model.name}" for model in models.all))
+        for service in health_names:
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
@@ -156,7 +158,7 @@ class Server:
         for model, timings in zip(models.all, warmed, strict=True):
             for attention, seconds, tokens in timings:
                 model.batcher.learn_rate(attention, seconds, tokens, tokens)
-        for service in ("", SERVICE_NAME):
+        for service in health_names:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         self.core.warmed_up()
         default = models.default.engine

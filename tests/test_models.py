@@ -82,6 +82,27 @@ def test_replies_name_the_model_that_answered(two):
         assert stub.Embed(make_request(TEXTS)).model == "mini"
 
 
+def test_health_is_serving_for_the_server_and_for_each_model(two):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with two.channel() as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "attnserve.v1.Encoder", "attnserve.v1.Encoder/mini", "attnserve.v1.Encoder/other"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+
+
+def test_the_embed_command_takes_a_model_a_prompt_and_dimensions(two, client):
+    result = run_cli("embed", *TEXTS[:2], "--target", two.target, "--model", "other", "--prompt", "query: ",
+                     "--dimensions", "16")
+    assert result.returncode == 0, result.stderr
+    got = np.array([e["embedding"] for e in json.loads(result.stdout)["embeddings"]], dtype=np.float32)
+    np.testing.assert_allclose(got, client.embed(["query: " + t for t in TEXTS[:2]], model="other", dimensions=16),
+                               atol=1e-6)
+    result = run_cli("embed", "hi", "--target", two.target, "--model", "nope")
+    assert result.returncode == 1 and "NOT_FOUND" in result.stderr and "'mini', 'other'" in result.stderr
+
+
 def test_an_unknown_model_is_not_found_naming_the_models_served(client, two):
     with pytest.raises(RequestError) as caught:
         client.embed(TEXTS, model="nope")
