@@ -27,8 +27,8 @@ from attnserve.offline import ray_encode
 from attnserve.offline.encode import encode_file
 from attnserve.offline.job import EncodeJob
 from attnserve.offline.partial import PartialRun
-from attnserve.offline.rows import Prompt
 from attnserve.offline.ray_encode import _attnserve_cause, _import_ray, _plan_actors, encode_file_ray
+from attnserve.offline.rows import Prompt
 
 from .conftest import VARIED_TEXTS, assert_one_line_error, run_cli
 from .offline_helpers import RecordedProgress, hostile_jsonl
