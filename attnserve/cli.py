@@ -35,14 +35,20 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_encode(args: argparse.Namespace) -> int:
     from attnserve.default_model import resolve_artifacts
     from attnserve.offline.job import EncodeJob, summary_line
+    from attnserve.offline.rows import Prompt
 
     config = from_args(EngineConfig, args)
     if args.chunk_rows < 1:
         raise AttnserveError(f"--chunk-rows must be positive, got {args.chunk_rows}")
     if args.server and args.engine != "local":
         raise AttnserveError("--server sends the work to a running server; it does not combine with --engine ray")
+    if args.prompt_name is not None and args.prompt is not None:
+        raise AttnserveError("give --prompt-name or --prompt, not both")
+    if args.model and not args.server:
+        raise AttnserveError("--model names one of a --server's models; without --server, give --artifacts")
     job = EncodeJob(Path(args.input), Path(args.output), args.normalize, args.text_column, args.id_column,
-                    args.chunk_rows, progress=not args.no_progress, on_error=args.on_error, overwrite=args.overwrite)
+                    args.chunk_rows, progress=not args.no_progress, on_error=args.on_error, overwrite=args.overwrite,
+                    dimensions=args.dimensions, prompt=Prompt(args.prompt_name, args.prompt), model=args.model)
     if args.server:
         from attnserve.offline.remote import encode_file_remote
 
@@ -66,14 +72,12 @@ def cmd_encode(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from attnserve.default_model import resolve_artifacts
     from attnserve.server import logs
     from attnserve.server.app import serve
 
     engine_config, server_config = from_args(EngineConfig, args), from_args(ServerConfig, args)
     logs.configure(args.log_level or "INFO", server_config.log_format)
-    artifacts = resolve_artifacts(engine_config.artifacts)
-    return asyncio.run(serve(engine_config, server_config, artifacts))
+    return asyncio.run(serve(engine_config, server_config))
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -82,9 +86,10 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from attnserve.client import Client
 
     texts = [line.rstrip("\n") for line in sys.stdin] if args.texts == ["-"] else args.texts
-    with Client(config=from_args(ClientConfig, args)) as client:
+    with Client(config=from_args(ClientConfig, args), model=args.model) as client:
         results = client.encode(texts, normalize=args.normalize, pooling=args.pooling, truncate=args.truncate,
-                                token_embeddings=args.token_embeddings)
+                                token_embeddings=args.token_embeddings, dimensions=args.dimensions,
+                                prompt_name=args.prompt_name, prompt=args.prompt)
     out = []
     for text, r in zip(texts, results, strict=True):
         item = {"text": text, "num_tokens": r.num_tokens, "truncated": r.truncated,
@@ -102,7 +107,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
     from attnserve.client import Client
     from attnserve.client.plot import draw_attention
 
-    with Client(config=from_args(ClientConfig, args)) as client:
+    with Client(config=from_args(ClientConfig, args), model=args.model) as client:
         info = client.model_info()
         if args.head is not None and not -info.num_heads <= args.head < info.num_heads:
             raise AttnserveError(f"--head {args.head} does not exist; the model has {info.num_heads} heads")
@@ -140,6 +145,17 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     from attnserve.loadtest.run import run_loadtest
 
     return run_loadtest(from_args(LoadTestConfig, args), from_args(ClientConfig, args))
+
+
+def add_request_options(parser: argparse.ArgumentParser) -> None:
+    """What `encode` and `embed` ask of each text, as every protocol's requests do."""
+    parser.add_argument("--dimensions", type=int, default=None,
+                        help="keep the first N dimensions of each embedding (1 to the model's size), then normalise "
+                             "as --normalize says (Matryoshka)")
+    parser.add_argument("--prompt-name", default=None,
+                        help="a prompt of the model's (e.g. query) to put before each text (default: the model's "
+                             "default prompt, if it has one)")
+    parser.add_argument("--prompt", default=None, help="a raw prompt to put before each text, instead of --prompt-name")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="encode through a running attnserve server over EmbedStream instead of in this process")
     encode.add_argument("--api-key", default=None,
                         help="the --server's API key (env ATTNSERVE_API_KEY)")
+    encode.add_argument("--model", default=None, help="with --server: the served model to use (default: the "
+                                                      "server's default model)")
+    add_request_options(encode)
     add_arguments(encode, EngineConfig)
     encode.set_defaults(func=cmd_encode)
 
@@ -214,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--truncate", action="store_true",
                        help="cut texts longer than max_seq_length instead of failing")
     embed.add_argument("--token-embeddings", action="store_true", help="also print per-token embeddings")
+    embed.add_argument("--model", default=None, help="the served model to use (default: the server's default)")
+    add_request_options(embed)
     add_arguments(embed, ClientConfig)
     embed.set_defaults(func=cmd_embed)
 
@@ -225,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "(default -1, the last)")
     attention.add_argument("--head", type=int, default=None, help="head index (default: the mean of all heads)")
     attention.add_argument("-o", "--output", required=True, help="image to write: .png, .svg or .pdf")
+    attention.add_argument("--model", default=None, help="the served model to use (default: the server's default)")
     add_arguments(attention, ClientConfig)
     attention.set_defaults(func=cmd_attention)
 

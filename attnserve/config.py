@@ -103,8 +103,17 @@ class ServerConfig:
         "-1 turns HTTP off")
     served_model_name: tuple[str, ...] = setting(
         (), "ATTNSERVE_SERVED_MODEL_NAME",
-        "another name the OpenAI routes accept for the model (repeatable; comma-separated in the environment)",
+        "another name requests may use for the default model (repeatable; comma-separated in the environment)",
         env_separator=",")
+    model: tuple[str, ...] = setting(
+        (), "ATTNSERVE_MODEL",
+        "serve the artifact directory DIR under the name NAME, given as NAME=DIR (repeatable: several models in "
+        "one server, the first the default; comma-separated in the environment); instead of --artifacts",
+        env_separator=",")
+    model_repository: str | None = setting(
+        None, "ATTNSERVE_MODEL_REPOSITORY",
+        "serve every artifact directory inside this directory, each named by its folder name (the first by name "
+        "is the default model); instead of --artifacts and --model")
     api_key: tuple[str, ...] = setting(
         (), "ATTNSERVE_API_KEY",
         "require this key (repeatable): `Authorization: Bearer KEY` on every HTTP route but /health, the same "
@@ -133,6 +142,8 @@ class ServerConfig:
             raise ConfigError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
         if any(not name.strip() for name in self.served_model_name):
             raise ConfigError("--served-model-name must not be empty")
+        if self.model and self.model_repository:
+            raise ConfigError("give --model NAME=DIR or --model-repository DIR, not both")
         if any(not key.strip() for key in self.api_key):
             raise ConfigError("--api-key must not be empty")
 

@@ -68,6 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnserve.default_model import DEFAULT_MODEL_NAME
 from attnserve.errors import AttnserveError
 from attnserve.loadtest.corpus import mixed_length_corpus
 from attnserve.server_process import ServerProcess
@@ -186,15 +187,17 @@ def scrape(server: ServerProcess, http: bool = False) -> ServerCounters:
     """The counters; the request ones those of gRPC's Embed, or with http, of POST /v1/embeddings."""
     values = server.metrics()
     # A labelled histogram has no samples before its first observation: absent reads as 0.
-    emb = '{graph="embeddings"}'
+    model = f'model="{DEFAULT_MODEL_NAME}"'  # the per-model metrics' label: the one model served here
+    emb = f'{{graph="embeddings",{model}}}'
     embed = f'{{method="{EMBEDDINGS_PATH}",protocol="http"}}' if http else '{method="Embed",protocol="grpc"}'
     get = lambda name: values.get(name, 0.0)
     return ServerCounters(
-        tokens=get("attnserve_batch_tokens_computed_total"), cells=get("attnserve_batch_cells_computed_total"),
+        tokens=get(f"attnserve_batch_tokens_computed_total{{{model}}}"),
+        cells=get(f"attnserve_batch_cells_computed_total{{{model}}}"),
         batches=get("attnserve_batch_size_count" + emb), batch_inputs=get("attnserve_batch_size_sum" + emb),
         inference_s=get("attnserve_inference_duration_seconds_sum" + emb),
-        queued_inputs=get("attnserve_queue_duration_seconds_count"),
-        queue_s=get("attnserve_queue_duration_seconds_sum"),
+        queued_inputs=get(f"attnserve_queue_duration_seconds_count{{{model}}}"),
+        queue_s=get(f"attnserve_queue_duration_seconds_sum{{{model}}}"),
         embed_requests=get("attnserve_request_duration_seconds_count" + embed),
         embed_s=get("attnserve_request_duration_seconds_sum" + embed))
 

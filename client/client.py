@@ -80,9 +80,12 @@ def to_result(embedding: pb.Embedding) -> EmbeddingResult:
 def make_request(inputs: Sequence[Input], *, normalize: bool | None = None, pooling: str | None = None,
                  truncate: bool = False, truncation_direction: str = "right", dimensions: int | None = None,
                  token_embeddings: bool = False, attention_layers: Sequence[int] | None = None,
-                 attention_heads: Sequence[int] = (), average_heads: bool = False) -> pb.EmbedRequest:
+                 attention_heads: Sequence[int] = (), average_heads: bool = False, model: str | None = None,
+                 prompt_name: str | None = None, prompt: str | None = None) -> pb.EmbedRequest:
     """attention_layers None: no attention weights; [] : the last layer; negative indices count from the end.
-    attention_heads: () every head. dimensions: keep the first N of the sentence embedding, then normalise."""
+    attention_heads: () every head. dimensions: keep the first N of the sentence embedding, then normalise.
+    model None: the server's default model. prompt_name / prompt: a prompt of the model's, or a raw one, before
+    each text (both None: the model's default prompt, if it has one)."""
     if isinstance(inputs, str):
         raise TypeError("inputs must be a list of texts (or token id lists), not a single string")
     if pooling not in POOLING:
@@ -90,7 +93,11 @@ def make_request(inputs: Sequence[Input], *, normalize: bool | None = None, pool
     if truncation_direction not in TRUNCATION_DIRECTION:
         raise ConfigError(f"truncation_direction {truncation_direction!r} is not one of right, left")
     request = pb.EmbedRequest(pooling=POOLING[pooling], truncate=truncate, return_token_embeddings=token_embeddings,
-                              truncation_direction=TRUNCATION_DIRECTION[truncation_direction])
+                              truncation_direction=TRUNCATION_DIRECTION[truncation_direction], model=model or "")
+    if prompt_name is not None:
+        request.prompt_name = prompt_name
+    if prompt is not None:
+        request.prompt = prompt
     if normalize is not None:
         request.normalize = normalize
     if dimensions is not None:
@@ -159,8 +166,11 @@ def open_channel(config: ClientConfig, aio: bool = False, health_checked: bool =
 
 
 class Client:
-    def __init__(self, target: str | None = None, config: ClientConfig | None = None, api_key: str | None = None):
-        """api_key: the server's key (default: config.api_key, from ATTNSERVE_API_KEY in the CLI)."""
+    def __init__(self, target: str | None = None, config: ClientConfig | None = None, api_key: str | None = None,
+                 model: str | None = None):
+        """api_key: the server's key (default: config.api_key, from ATTNSERVE_API_KEY in the CLI). model: the
+        served model every call asks for unless it names another (None: the server's default model)."""
+        self.model = model
         self.config = config or ClientConfig()
         if target:
             self.config.target = target
@@ -170,16 +180,23 @@ class Client:
         self._stub = encoder_pb2_grpc.EncoderStub(self._channel)
 
     def embed(self, inputs: Sequence[Input], *, normalize: bool | None = None, pooling: str | None = None,
-              truncate: bool = False, dimensions: int | None = None, timeout: float | None = None) -> np.ndarray:
-        """Sentence embeddings, (N, H or dimensions) float32, in input order. normalize None: as the model does."""
-        reply = self._call(self._stub.Embed, make_request(inputs, normalize=normalize, pooling=pooling,
-                                                          truncate=truncate, dimensions=dimensions), timeout)
+              truncate: bool = False, dimensions: int | None = None, timeout: float | None = None, **options
+              ) -> np.ndarray:
+        """Sentence embeddings, (N, H or dimensions) float32, in input order. normalize None: as the model does.
+        options: model, prompt_name, prompt, as make_request takes them."""
+        reply = self._call(self._stub.Embed, self._request(inputs, normalize=normalize, pooling=pooling,
+                                                           truncate=truncate, dimensions=dimensions, **options),
+                           timeout)
         return np.stack([to_array(e.sentence_embedding) for e in reply.embeddings])
 
     def encode(self, inputs: Sequence[Input], timeout: float | None = None, **options) -> list[EmbeddingResult]:
         """Everything the server returns per input; options as make_request takes them."""
-        reply = self._call(self._stub.Embed, make_request(inputs, **options), timeout)
+        reply = self._call(self._stub.Embed, self._request(inputs, **options), timeout)
         return [to_result(e) for e in reply.embeddings]
+
+    def _request(self, inputs: Sequence[Input], **options) -> pb.EmbedRequest:
+        options.setdefault("model", self.model)
+        return make_request(inputs, **options)
 
     def attention(self, text: Input, layers: Sequence[int] = (), *, average_heads: bool = False,
                   truncate: bool = True, timeout: float | None = None) -> EmbeddingResult:
@@ -193,15 +210,20 @@ class Client:
     def embed_stream(self, batches: Iterable[Sequence[Input]], *, timeout: float | None = None, **options
                      ) -> Iterator[np.ndarray]:
         """One (n, H) array per batch, in order, over one EmbedStream call; batches in flight are pipelined."""
-        requests = (make_request(batch, **options) for batch in batches)
+        requests = (self._request(batch, **options) for batch in batches)
         try:
             for reply in self._stub.EmbedStream(requests, timeout=timeout or self.config.timeout):
                 yield np.stack([to_array(e.sentence_embedding) for e in reply.embeddings])
         except grpc.RpcError as e:
             raise RequestError.from_rpc(e) from None
 
-    def model_info(self, timeout: float | None = None) -> pb.ModelInfo:
-        return self._call(self._stub.GetModelInfo, pb.GetModelInfoRequest(), timeout)
+    def model_info(self, model: str | None = None, timeout: float | None = None) -> pb.ModelInfo:
+        """One served model's description (model None: this client's model, else the server's default)."""
+        return self._call(self._stub.GetModelInfo, pb.GetModelInfoRequest(model=model or self.model or ""), timeout)
+
+    def list_models(self, timeout: float | None = None) -> list[pb.ModelInfo]:
+        """Every model the server serves, the default first."""
+        return list(self._call(self._stub.ListModels, pb.ListModelsRequest(), timeout).models)
 
     def _call(self, method, request, timeout: float | None):
         try:

@@ -29,7 +29,7 @@ REASONS = {
     "MALFORMED_MESSAGE": grpc.StatusCode.INVALID_ARGUMENT,  # bytes that do not parse as the request message
     "MESSAGE_TOO_LARGE": grpc.StatusCode.RESOURCE_EXHAUSTED,  # over max_request_bytes: retrying cannot help
     "REQUEST_TOO_LARGE": grpc.StatusCode.INVALID_ARGUMENT,  # more tokens than the whole queue holds: split it
-    "MODEL_NOT_FOUND": grpc.StatusCode.NOT_FOUND,  # a model name the server does not serve (HTTP routes only)
+    "MODEL_NOT_FOUND": grpc.StatusCode.NOT_FOUND,  # a model name the server does not serve
     "QUEUE_FULL": grpc.StatusCode.RESOURCE_EXHAUSTED,  # retry later (RetryInfo says when)
     "UNAUTHENTICATED": grpc.StatusCode.UNAUTHENTICATED,
     "DEADLINE_EXCEEDED": grpc.StatusCode.DEADLINE_EXCEEDED,

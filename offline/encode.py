@@ -32,7 +32,7 @@ class LocalEncoder:
     def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
         for chunk in chunks:
             encoded, refused = encode_inputs(self.engine, inputs_of(chunk.records), session.normalize,
-                                             session.on_batch)
+                                             session.on_batch, session.prompt)
             for position, reason in refused.items():
                 session.refuse(chunk.records[position], reason)
             yield EncodedChunk(chunk, encoded.embeddings, encoded.num_tokens, encoded.truncated, encoded.stats,

@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from attnserve import __version__
+from attnserve.engine.dimensions import check_dimensions, cut_and_normalize
 from attnserve.engine.engine import EncodeStats
 
 from .checks import RowChecks, bad_row_error, error_line
 from .partial import PartialRun, input_digest
 from .readers import InputFile, Record
-from .rows import output_schema, output_table
+from .rows import Prompt, output_schema, output_table
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -48,6 +49,9 @@ class EncodeJob:
     progress: bool = True
     on_error: str = "fail"  # "fail": the first bad row stops the run; "skip": bad rows go to errors_path
     overwrite: bool = False  # start again instead of resuming an unfinished run
+    dimensions: int | None = None  # keep the first N dimensions (engine/dimensions.py's rule); None: all
+    prompt: Prompt = field(default_factory=Prompt)  # before every text; unset: the model's default prompt
+    model: str | None = None  # through a server: the served model to use (None: its default)
 
     @property
     def errors_path(self) -> Path:
@@ -102,9 +106,10 @@ class Session:
     """What the driver hands an encoder for one run."""
 
     chunks_left: int  # about how many chunks there are to encode (for sizing a pool)
-    normalize: bool
+    normalize: bool  # False where the driver normalises after cutting to job.dimensions
     on_batch: Callable[[int], None]  # n rows were encoded: moves the progress bar
     refuse: Callable[[Record, str], None]  # a row the encoder cannot encode: raises (on_error fail) or returns
+    prompt: Prompt = field(default_factory=Prompt)  # what goes before every text
 
 
 class ChunkEncoder(Protocol):
@@ -164,13 +169,19 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
     source = InputFile(job.input, job.text_column, job.id_column)
     facts = encoder.facts()
     normalize = facts.normalize if job.normalize is None else job.normalize
+    check_dimensions(job.dimensions, facts.embedding_size)  # the same rule as a request's
+    size = job.dimensions or facts.embedding_size
     errors_path = job.errors_path if job.on_error == "skip" else None
+    # Set only when asked, so that the runs of earlier versions' settings read the same.
+    asked = {key: value for key, value in (("dimensions", job.dimensions), ("prompt_name", job.prompt.name),
+                                           ("prompt", job.prompt.text)) if value is not None}
     fingerprint = {"input": str(job.input.resolve()), "text_column": job.text_column, "id_column": job.id_column,
                    "chunk_rows": job.chunk_rows, "normalize": normalize, "model": facts.model,
                    "precision": facts.precision, "graph_sha256": facts.graph_sha256, "server": facts.server,
-                   "attnserve": __version__}
+                   "attnserve": __version__, **asked}
     metadata = {"model": facts.model, "precision": facts.precision, "pooling": facts.pooling,
-                "normalize": normalize, "input": str(job.input), **({"server": facts.server} if facts.server else {})}
+                "normalize": normalize, "input": str(job.input), **({"server": facts.server} if facts.server else {}),
+                **asked}
     progress = progress or Bar(job.progress)
     result, start = EncodeResult(padding_known=facts.server is None), time.perf_counter()
     with PartialRun(job.output, job.input, errors_path, fingerprint, job.overwrite, notice) as run:
@@ -191,7 +202,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
             nonlocal schema
             for index, records in enumerate(source.chunks(job.chunk_rows)):
                 bad = checks.bad(records)
-                schema = schema or output_schema(source.id_type or int, facts.embedding_size, metadata)
+                schema = schema or output_schema(source.id_type or int, size, metadata)
                 digest = input_digest(records)
                 if run.trusts(index, digest):
                     first = run.first_error(index)
@@ -207,15 +218,19 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                 good = [r for r in records if r.row not in bad_rows] if bad else records
                 yield Chunk(index, len(records), good, bad, digest)
 
-        session = Session(chunks_left=max(1, -(-total // job.chunk_rows) - run.chunks_done), normalize=normalize,
-                          on_batch=progress.advance, refuse=refuse)
+        # With dimensions, the encoder's vectors are cut here and normalised after: the rule every door applies.
+        session = Session(chunks_left=max(1, -(-total // job.chunk_rows) - run.chunks_done),
+                          normalize=normalize and job.dimensions is None, on_batch=progress.advance, refuse=refuse,
+                          prompt=job.prompt)
         try:
             with closing(encoder.encode(chunks(), session)) as encoded:
                 for done in encoded:
                     chunk = done.chunk
                     kept = chunk.records if not done.refused else \
                         [r for i, r in enumerate(chunk.records) if i not in done.refused]
-                    table = output_table(schema, kept, done.embeddings, done.num_tokens, done.truncated)
+                    embeddings = done.embeddings if job.dimensions is None else \
+                        cut_and_normalize(done.embeddings, job.dimensions, normalize)  # (n, D)
+                    table = output_table(schema, kept, embeddings, done.num_tokens, done.truncated)
                     set_aside = chunk.bad + [(chunk.records[i], reason) for i, reason in done.refused.items()]
                     set_aside.sort(key=lambda item: item[0].row)
                     run.write_chunk(chunk.index, table, chunk.rows, [error_line(r, why) for r, why in set_aside],
@@ -224,7 +239,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                     result.skipped += len(set_aside)
                     progress.advance(len(set_aside), rate())
             # An empty input (an empty partition, say) gives an empty output with the same schema.
-            run.finish(schema or output_schema(source.id_type or int, facts.embedding_size, metadata))
+            run.finish(schema or output_schema(source.id_type or int, size, metadata))
         except KeyboardInterrupt:
             raise EncodeInterrupted(f"interrupted after {run.rows_recorded()} of {total} rows; the same command "
                                     "resumes after them") from None

@@ -32,7 +32,7 @@ from attnserve.engine.manifest import load_manifest
 from attnserve.errors import AttnserveError, ConfigError
 
 from .job import Chunk, EncodedChunk, EncodeJob, EncodeResult, ModelFacts, Session, run_job
-from .rows import encode_inputs, inputs_of
+from .rows import Prompt, encode_inputs, inputs_of
 
 # onnxruntime threads per actor when neither --threads nor --ray-actors says. Measured on a 2-core
 # CPU, 2000 mixed-length texts in 8 chunks: 1 actor x 2 threads 4900-5300 tokens/s, 2 actors x 1
@@ -84,7 +84,8 @@ class RayEncoder:
             count, threads, cpus = _plan_actors(ray, self.config, self.actors, session.chunks_left)
             actor_class = ray.remote(num_cpus=cpus)(_EncoderActor)
             config = dataclasses.replace(self.config, threads=threads)
-            actors = [actor_class.remote(str(self.artifacts_dir), config, session.normalize) for _ in range(count)]
+            actors = [actor_class.remote(str(self.artifacts_dir), config, session.normalize, session.prompt)
+                      for _ in range(count)]
             _wait_ready(ray, actors)
             yield from _in_order(ray, actors, chunks, session)
         finally:
@@ -215,8 +216,8 @@ def _attnserve_cause(error: BaseException | None) -> AttnserveError | None:
 class _EncoderActor:
     """One engine; a chunk's inputs in, a count per batch and then the chunk's encoded rows out."""
 
-    def __init__(self, artifacts_dir: str, config: EngineConfig, normalize: bool):
-        self.artifacts_dir, self.config, self.normalize = artifacts_dir, config, normalize
+    def __init__(self, artifacts_dir: str, config: EngineConfig, normalize: bool, prompt: Prompt):
+        self.artifacts_dir, self.config, self.normalize, self.prompt = artifacts_dir, config, normalize, prompt
         self.engine: Engine | None = None
 
     def ready(self) -> bool:
@@ -236,7 +237,7 @@ class _EncoderActor:
 
         def work() -> None:
             try:
-                outcome.append(encode_inputs(engine, inputs, self.normalize, counts.put))
+                outcome.append(encode_inputs(engine, inputs, self.normalize, counts.put, self.prompt))
             except BaseException as e:  # handed to the caller below, as if raised there
                 outcome.append(e)
             finally:

@@ -174,8 +174,9 @@ class _Stream:
 
 
 class ServerEncoder:
-    def __init__(self, config: ClientConfig):
-        self.config, self.target = config, config.target
+    def __init__(self, config: ClientConfig, model: str | None = None):
+        """model: the served model to use (None: the server's default)."""
+        self.config, self.target, self.model = config, config.target, model
         self.channel = open_channel(config)
         self.stub = encoder_pb2_grpc.EncoderStub(self.channel)
         self._info: pb.ModelInfo | None = None
@@ -187,7 +188,8 @@ class ServerEncoder:
     def info(self) -> pb.ModelInfo:
         if self._info is None:
             try:
-                self._info = self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=self.config.timeout)
+                self._info = self.stub.GetModelInfo(pb.GetModelInfoRequest(model=self.model or ""),
+                                                    timeout=self.config.timeout)
             except grpc.RpcError as error:
                 raise self._error(error_details(error)) from None
         return self._info
@@ -281,10 +283,15 @@ class ServerEncoder:
         pending.left -= 1
         return True
 
-    @staticmethod
-    def _new_message(session: Session) -> pb.EmbedRequest:
-        # Offline semantics: over-long inputs are cut and marked; normalisation as the driver settled it.
-        return pb.EmbedRequest(truncate=True, normalize=session.normalize)
+    def _new_message(self, session: Session) -> pb.EmbedRequest:
+        # Offline semantics: over-long inputs are cut and marked; normalisation as the driver settled it; the
+        # prompt is the server's to put before each text, as a request of any client asks for it.
+        message = pb.EmbedRequest(truncate=True, normalize=session.normalize, model=self.model or "")
+        if session.prompt.name is not None:
+            message.prompt_name = session.prompt.name
+        if session.prompt.text is not None:
+            message.prompt = session.prompt.text
+        return message
 
     # --- the run --------------------------------------------------------------------------------------
 
@@ -421,7 +428,7 @@ def encode_file_remote(job: EncodeJob, config: ClientConfig, **driver) -> Encode
     The totals' cells equal their tokens: the server does not report the padding of its batches, so the
     summary line's padding reads n/a for a run through a server.
     """
-    encoder = ServerEncoder(config)
+    encoder = ServerEncoder(config, job.model)
     try:
         return run_job(job, encoder, **driver)
     finally:

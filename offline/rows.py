@@ -4,18 +4,31 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from attnserve.engine.engine import Encoded, Engine
-from attnserve.engine.prompts import apply_prompt
+from attnserve.engine.prompts import prompt_text
 from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import InvalidInputError
 
 from .readers import Input, Record
 
 LABEL = "input"  # what the tokenizer's messages are prefixed with; cut off again to keep the reason alone
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The prompt `encode --prompt-name / --prompt` asks for; neither: the model's default prompt, if any."""
+
+    name: str | None = None
+    text: str | None = None
+
+    @property
+    def asked(self) -> bool:
+        return self.name is not None or self.text is not None
 
 
 def output_schema(id_type: type, embedding_size: int, metadata: dict) -> pa.Schema:
@@ -46,33 +59,37 @@ def inputs_of(records: Sequence[Record]) -> list[Input]:
     return [r.input for r in records]
 
 
-def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_batch: Callable[[int], None]
-                  ) -> tuple[Encoded, dict[int, str]]:
+def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_batch: Callable[[int], None],
+                  prompt: Prompt = Prompt()) -> tuple[Encoded, dict[int, str]]:
     """One chunk's inputs through the engine, batched by length: (the encoded rows, {position: reason}).
 
     The refused positions (inputs the tokenizer rejects) are left out of the encoded rows, which keep
     the order of the rest. Same inputs in, same bits out: local and Ray runs both come through here.
+    A prompt goes before every text (engine/prompts.py); an unknown prompt name stops the run here, at once.
     """
+    before = prompt_text(engine.manifest, prompt.name, prompt.text)
     refused: dict[int, str] = {}
     try:
-        tokenized = _tokenize(engine, inputs)
+        tokenized = _tokenize(engine, inputs, before, prompt.asked)
     except InvalidInputError:  # rare: find the inputs it was, one by one, and encode the rest
         tokenized = []
         for i, item in enumerate(inputs):
             try:
-                tokenized.extend(_tokenize(engine, [item]))
+                tokenized.extend(_tokenize(engine, [item], before, prompt.asked))
             except InvalidInputError as e:
                 refused[i] = str(e).removeprefix(f"{LABEL}: ")
     return engine.encode_tokenized(tokenized, normalize=normalize, on_batch=on_batch), refused
 
 
-def _tokenize(engine: Engine, inputs: Sequence[Input]) -> list[TokenizedInput]:
-    """Texts and token ids through their own paths, back in input order."""
+def _tokenize(engine: Engine, inputs: Sequence[Input], before: str, prompt_asked: bool) -> list[TokenizedInput]:
+    """Texts (the prompt `before` each) and token ids through their own paths, back in input order."""
     texts = {i: x for i, x in enumerate(inputs) if isinstance(x, str)}
-    prompted = apply_prompt(engine.manifest, list(texts.values()))  # the checkpoint's default prompt, if any
-    encoded_texts = engine.tokenizer.encode_texts(prompted, labels=[LABEL] * len(texts))
+    encoded_texts = engine.tokenizer.encode_texts([before + t for t in texts.values()], labels=[LABEL] * len(texts))
     if len(texts) == len(inputs):
         return encoded_texts
+    if prompt_asked:  # token ids are what the model sees: the prompt asked for would be silently left out
+        raise InvalidInputError(f"{LABEL}: a prompt goes before texts; this row is token ids (put the prompt's "
+                                "tokens in them instead)")
     id_lists = {i: x for i, x in enumerate(inputs) if not isinstance(x, str)}
     encoded_ids = engine.tokenizer.encode_ids(list(id_lists.values()), labels=[LABEL] * len(id_lists))
     by_position = dict(zip(texts, encoded_texts, strict=True)) | dict(zip(id_lists, encoded_ids, strict=True))

@@ -1,5 +1,5 @@
 """One serving process: the gRPC door (encoder service, health, reflection) and the HTTP door over one core and
-one batcher, with TLS, API keys, metrics and a graceful stop shared by both."""
+one batcher per model served, with TLS, API keys, metrics and a graceful stop shared by both."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import signal
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -24,11 +23,11 @@ from attnserve.export.token_ids import made_up_token_ids
 
 from .auth import ApiKeys
 from .auth_grpc import ApiKeyInterceptor
-from .batcher import Batcher, BatcherLimits
 from .core import Core
 from .health import HealthService
 from .http.door import HttpDoor
 from .metrics import Metrics
+from .models import Models, model_sources
 from .service import PROTOCOL, SERVICE_NAME, EncoderService, rpc_handlers
 from .tls import grpc_credentials, http_ssl_context
 from .wire import RequestGuard, core_receive_limit
@@ -81,30 +80,23 @@ def warm_up(engine: Engine) -> list[tuple[bool, float, int]]:
 class Server:
     """One serving process: started by start(), stopped by stop(); `attnserve serve` runs serve()."""
 
-    def __init__(self, engine: Engine, config: ServerConfig):
-        self.engine, self.config = engine, config
-        self.metrics = Metrics()
-        self._inference = ThreadPoolExecutor(1, thread_name_prefix="attnserve-inference")
+    def __init__(self, models: Models, config: ServerConfig, metrics: Metrics):
+        """models: loaded with Models.load(..., metrics), each with its batcher and inference thread."""
+        self.models, self.config, self.metrics = models, config, metrics
         self._io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="attnserve-io")
         self.health = HealthService()
         self.port = self.metrics_port = self.http_port = None
         self._metrics_http = None
         self._grpc: grpc.aio.Server | None = None
         self._http: HttpDoor | None = None
-        self.batcher: Batcher | None = None
+        self._batchers_started = False
         self.core: Core | None = None
 
     async def start(self) -> None:
-        config, engine = self.config, self.engine
+        config, models = self.config, self.models
         # Unreadable TLS files or API keys fail before anything starts.
         credentials, http_ssl, keys = grpc_credentials(config), http_ssl_context(config), ApiKeys(config.api_keys())
-        self.batcher = Batcher(engine.run, BatcherLimits(
-            engine.config.max_batch_tokens, engine.config.max_batch_size, config.max_queue_tokens,
-            config.max_wait_ms / 1e3, config.max_queue_wait_ms / 1e3), self.metrics, self._inference)
-        if config.max_queue_tokens < engine.manifest.max_seq_length:
-            raise ConfigError(f"max_queue_tokens {config.max_queue_tokens} cannot hold one input of "
-                              f"max_seq_length {engine.manifest.max_seq_length}")
-        self.core = Core(engine, self.batcher, config, self._io)
+        self.core = Core(models, config, self._io)
         guard = RequestGuard(config.max_request_bytes, self._count_refused)
         # The key is checked first: a call without one is refused before its bytes are parsed.
         server = grpc.aio.server(interceptors=[ApiKeyInterceptor(keys, self._count_refused), guard], options=[
@@ -119,7 +111,9 @@ class Server:
         ])
         server.add_generic_rpc_handlers((rpc_handlers(EncoderService(self.core, self.metrics)),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        for service in ("", SERVICE_NAME):  # SERVING only after warm-up
+        # The server, the service and each model ("attnserve.v1.Encoder/NAME"): SERVING only after warm-up.
+        health_names = ("", SERVICE_NAME, *(f"{SERVICE_NAME}/{model.name}" for model in models.all))
+        for service in health_names:
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
@@ -153,17 +147,25 @@ class Server:
                 raise ConfigError(f"cannot listen for HTTP on {config.host}:{config.http_port}: {e.strerror}") from None
         self._grpc = server
         await server.start()
-        self.batcher.start()
+        for model in models.all:
+            model.batcher.start()
+        self._batchers_started = True
         started = time.perf_counter()
-        timings = await asyncio.get_running_loop().run_in_executor(self._inference, warm_up, engine)
-        for attention, seconds, tokens in timings:
-            self.batcher.learn_rate(attention, seconds, tokens, tokens)
-        for service in ("", SERVICE_NAME):
+        loop = asyncio.get_running_loop()
+        # Every model warms up at once, each in its own inference thread; SERVING once all have.
+        warmed = await asyncio.gather(*(loop.run_in_executor(model.inference, warm_up, model.engine)
+                                        for model in models.all))
+        for model, timings in zip(models.all, warmed, strict=True):
+            for attention, seconds, tokens in timings:
+                model.batcher.learn_rate(attention, seconds, tokens, tokens)
+        for service in health_names:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         self.core.warmed_up()
+        default = models.default.engine
         log.info("serving", extra={"fields": {
-            "event": "serving", "model": engine.manifest.model, "provider": engine.provider,
-            "precision": engine.precision, "address": f"{config.host}:{self.port}", "http_port": self.http_port,
+            "event": "serving", "model": models.default.name, "models": [m.name for m in models.all],
+            "provider": default.provider, "precision": default.precision, "address": f"{config.host}:{self.port}",
+            "http_port": self.http_port,
             "tls": credentials is not None, "mutual_tls": bool(config.tls_client_ca), "api_keys": keys.required,
             "metrics_port": self.metrics_port, "warm_up_ms": round((time.perf_counter() - started) * 1e3)}})
 
@@ -178,8 +180,8 @@ class Server:
         log.info("draining", extra={"fields": {"event": "draining", "grace_seconds": grace}})
         end = time.monotonic() + grace
         await self.health.enter_graceful_shutdown()
-        if self.batcher is not None:
-            self.batcher.close()
+        for model in self.models.all:
+            model.batcher.close()
         if self.core is not None:
             self.core.drain()
             if await self.core.wait_quiet(grace, quiet=0.0):  # the requests in flight are done
@@ -195,8 +197,9 @@ class Server:
             await self._grpc.stop(min(STOP_GRACE_SECONDS, max(0.0, end - time.monotonic())))
         if self._http is not None:
             await self._http.stop()
-        if self.batcher is not None:
-            await self.batcher.join()
+        if self._batchers_started:
+            for model in self.models.all:
+                await model.batcher.join()
         self._release()
         log.info("stopped", extra={"fields": {"event": "stopped"}})
 
@@ -219,13 +222,16 @@ class Server:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
         self._io.shutdown(wait=False)
-        self._inference.shutdown(wait=True)
+        for model in self.models.all:
+            model.inference.shutdown(wait=True)
 
 
-async def serve(engine_config: EngineConfig, config: ServerConfig, artifacts: Path) -> int:
-    """Serve until SIGTERM or SIGINT, then drain and return 0."""
-    engine = Engine.from_directory(artifacts, engine_config, attention=True)
-    server = Server(engine, config)
+async def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
+    """Serve the models of engine_config.artifacts or config.model / model_repository until SIGTERM or SIGINT,
+    then drain and return 0."""
+    metrics = Metrics()
+    models = Models.load(model_sources(engine_config.artifacts, config), engine_config, config, metrics)
+    server = Server(models, config, metrics)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

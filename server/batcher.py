@@ -41,7 +41,7 @@ from attnserve.engine.engine import BatchOutput
 from attnserve.engine.tokenizer import TokenizedInput
 
 from .errors import BatchFailedError, DeadlineExpiredError, QueueFullError, RequestTooLargeError, ShuttingDownError
-from .metrics import Metrics
+from .metrics import ModelMetrics
 
 log = logging.getLogger("attnserve.batcher")
 
@@ -95,8 +95,8 @@ RunBatch = Callable[[Sequence[TokenizedInput], bool], BatchOutput]
 
 
 class Batcher:
-    def __init__(self, run_batch: RunBatch, limits: BatcherLimits, metrics: Metrics, executor: Executor):
-        """run_batch is Engine.run; it is called in executor, one batch at a time."""
+    def __init__(self, run_batch: RunBatch, limits: BatcherLimits, metrics: ModelMetrics, executor: Executor):
+        """run_batch is Engine.run; it is called in executor, one batch at a time; metrics: its model's."""
         self._run_batch, self.limits, self._metrics, self._executor = run_batch, limits, metrics, executor
         # Per lane (attention or not), insertion-ordered: the first entry is the oldest.
         self._lanes: dict[bool, dict[int, _Entry]] = {False: {}, True: {}}
@@ -139,7 +139,7 @@ class Batcher:
             raise ShuttingDownError("the server is shutting down; retry on another replica")
         wait_limit = self.limits.max_queue_wait_s
         if wait_limit and self.queued_seconds > wait_limit:
-            self._metrics.dropped.labels("queue_full").inc(n_inputs)
+            self._metrics.dropped("queue_full").inc(n_inputs)
             raise QueueFullError(
                 f"queue full: about {self.queued_seconds * 1e3:.0f} ms of work waiting, more than the server's "
                 f"limit of {wait_limit * 1e3:.0f} ms; retry with backoff",
@@ -165,7 +165,7 @@ class Batcher:
                 f"(max_queue_tokens {capacity}), so it can never be taken; split it into smaller requests",
                 field="inputs")
         if self.queued_tokens + tokens > capacity:
-            self._metrics.dropped.labels("queue_full").inc(len(inputs))
+            self._metrics.dropped("queue_full").inc(len(inputs))
             excess = self.queued_tokens + tokens - capacity
             raise QueueFullError(
                 f"queue full: {self.queued_tokens} of {capacity} tokens waiting, this request needs {tokens}; "
@@ -293,7 +293,7 @@ class Batcher:
         if entry.request.waiting == 0:
             self._queued_requests -= 1
         if reason is not None:
-            self._metrics.dropped.labels(reason).inc()
+            self._metrics.dropped(reason).inc()
         self._update_gauges()
 
     def _update_gauges(self) -> None:

@@ -2,10 +2,11 @@
 
 A door (service.py for gRPC, http/ for HTTP) translates its wire format into a request of requests.py, calls
 one method here, and translates what comes back, or the error raised, with its own mapping. Everything else
-happens here once: validation and every limit (requests.py), admission and submission to the one batcher,
-pooling, `dimensions` and normalisation (replies.py), the model names a request may use, the count of requests
-in progress that a drain waits for, and returning memory after large replies. Tokenizing, building a reply and
-the door's serialization of it run in the thread pool, never on the event loop.
+happens here once: resolving the model a request names (models.py; None is the default model), validation and
+every limit (requests.py), admission and submission to that model's batcher, pooling, `dimensions` and
+normalisation (replies.py), the count of requests in progress that a drain waits for, and returning memory after
+large replies. Tokenizing, building a reply and the door's serialization of it run in the thread pool, never on
+the event loop.
 """
 
 from __future__ import annotations
@@ -15,16 +16,13 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
-from dataclasses import dataclass
 
-from attnserve import __version__
 from attnserve.config import ServerConfig
-from attnserve.engine.engine import Engine
 from attnserve.engine.tokenizer import Token
 
-from .batcher import Batcher
-from .errors import ModelNotFoundError, ShuttingDownError
+from .errors import ShuttingDownError
 from .memory import MemoryReturn
+from .models import ModelInfo, Models, ServedModel
 from .replies import EncodeReply, build_reply
 from .requests import (
     DecodeRequest,
@@ -40,48 +38,13 @@ from .requests import (
 # A reply's float on a binary wire (protobuf, numpy bytes): what the reply size limit counts by default.
 BINARY_FLOAT_BYTES = 4.0
 
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """The model and the server's limits, as every door describes them."""
-
-    model: str
-    names: tuple[str, ...]  # the model's name and the aliases a request may use for it
-    hidden_size: int
-    embedding_size: int  # of each sentence embedding: differs from hidden_size with Dense or several poolings
-    num_layers: int
-    num_heads: int
-    max_seq_length: int
-    vocab_size: int
-    pooling: str
-    normalize: bool
-    provider: str
-    precision: str
-    version: str
-    max_inputs_per_request: int
-    max_batch_tokens: int
-    max_batch_size: int
-    max_queue_tokens: int
-    max_request_bytes: int
-    max_response_bytes: int
-    max_wait_ms: float
-    max_queue_wait_ms: float
+__all__ = ["BINARY_FLOAT_BYTES", "Core", "ModelInfo"]
 
 
 class Core:
-    def __init__(self, engine: Engine, batcher: Batcher, config: ServerConfig, executor: Executor):
-        self.engine, self._batcher, self._executor = engine, batcher, executor
+    def __init__(self, models: Models, config: ServerConfig, executor: Executor):
+        self.models, self._executor = models, executor
         self.limits = RequestLimits(config.max_inputs_per_request, config.max_response_bytes)
-        m, batch = engine.manifest, batcher.limits
-        self.info = ModelInfo(
-            model=m.model, names=tuple(dict.fromkeys((m.model, *config.served_model_name))),
-            hidden_size=m.hidden_size, embedding_size=m.embedding_size, num_layers=m.num_layers, num_heads=m.num_heads,
-            max_seq_length=m.max_seq_length, vocab_size=m.vocab_size, pooling=m.pooling, normalize=m.normalize,
-            provider=engine.provider, precision=engine.precision, version=__version__,
-            max_inputs_per_request=config.max_inputs_per_request, max_batch_tokens=batch.max_batch_tokens,
-            max_batch_size=batch.max_batch_size, max_queue_tokens=batch.max_queue_tokens,
-            max_request_bytes=config.max_request_bytes, max_response_bytes=config.max_response_bytes,
-            max_wait_ms=batch.max_wait_s * 1e3, max_queue_wait_ms=batch.max_queue_wait_s * 1e3)
         self._memory = MemoryReturn(executor)
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -90,12 +53,16 @@ class Core:
         self._warm = False
         self.draining = asyncio.Event()
 
+    @property
+    def info(self) -> ModelInfo:
+        """The default model's description: what the routes without a model name describe (TEI's /info)."""
+        return self.models.default.info
+
     # --- what a request may ask for -----------------------------------------
 
-    def check_model(self, name: str) -> None:
-        if name not in self.info.names:
-            raise ModelNotFoundError(f"the model {name!r} does not exist here; this server serves "
-                                     + ", ".join(repr(n) for n in self.info.names))
+    def model(self, name: str | None) -> ServedModel:
+        """The model a request names (None or "": the default one), or ModelNotFoundError naming those served."""
+        return self.models.get(name)
 
     def check_open(self) -> None:
         """Refuse new requests once the drain began."""
@@ -112,32 +79,36 @@ class Core:
         door's wire, for the reply size limit. Returns (the rendered reply, the request's tokens).
         """
         loop = asyncio.get_running_loop()
-        engine = self.engine
         self.check_open()
+        model = self.models.get(request.model)
+        engine, batcher = model.engine, model.batcher
         body = b""
         self._memory.busy()
         try:
-            self._batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
+            batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
             prepared = await loop.run_in_executor(
                 self._executor, prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes)
-            rows = await self._batcher.submit(prepared.inputs, prepared.options.attention, deadline)
-            body = await loop.run_in_executor(self._executor, self._render, rows, prepared, render)
+            rows = await batcher.submit(prepared.inputs, prepared.options.attention, deadline)
+            body = await loop.run_in_executor(self._executor, self._render, rows, prepared, model, render)
             return body, prepared.tokens
         finally:
             self._memory.done(len(body))
 
-    def _render(self, rows, prepared: PreparedRequest, render: Callable[[EncodeReply], bytes]) -> bytes:
-        return render(build_reply(rows, prepared.inputs, prepared.options, self.engine.tokenizer))
+    @staticmethod
+    def _render(rows, prepared: PreparedRequest, model: ServedModel, render: Callable[[EncodeReply], bytes]
+                ) -> bytes:
+        return render(build_reply(rows, prepared.inputs, prepared.options, model.engine.tokenizer, model.name))
 
     async def tokenize(self, request: TokenizeRequest) -> list[list[Token]]:
         self.check_open()
+        engine = self.models.default.engine
         return await asyncio.get_running_loop().run_in_executor(
-            self._executor, prepare_tokenize, request, self.engine.tokenizer, self.limits)
+            self._executor, prepare_tokenize, request, engine.tokenizer, engine.manifest, self.limits)
 
     async def decode(self, request: DecodeRequest) -> list[str]:
         self.check_open()
         return await asyncio.get_running_loop().run_in_executor(
-            self._executor, prepare_decode, request, self.engine.tokenizer, self.limits)
+            self._executor, prepare_decode, request, self.models.default.engine.tokenizer, self.limits)
 
     # --- serving state and requests in progress, for the drain ----------------
 

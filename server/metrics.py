@@ -1,4 +1,8 @@
-"""Prometheus metrics, as the README's Metrics table lists them, in a registry of the server's own."""
+"""Prometheus metrics, as the README's Metrics table lists them, in a registry of the server's own.
+
+The metrics of a model's queue and batches carry a `model` label (the name it is served under): each model has
+a batcher of its own, which records through its ModelMetrics.
+"""
 
 from __future__ import annotations
 
@@ -20,30 +24,35 @@ class Metrics:
                                 ["protocol", "method", "code"], registry=r)
         self.request_seconds = Histogram("attnserve_request_duration_seconds", "Total time of a request",
                                          ["protocol", "method"], buckets=LATENCY_BUCKETS, registry=r)
+        # Per model (the name it is served under), through ModelMetrics.
         self.queue_seconds = Histogram("attnserve_queue_duration_seconds",
-                                       "Time an input waited in the queue before its batch started",
+                                       "Time an input waited in the queue before its batch started", ["model"],
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.inference_seconds = Histogram("attnserve_inference_duration_seconds",
-                                           "Time of one batch in onnxruntime", ["graph"],
+                                           "Time of one batch in onnxruntime", ["model", "graph"],
                                            buckets=LATENCY_BUCKETS, registry=r)
-        self.batch_size = Histogram("attnserve_batch_size", "Inputs in a batch", ["graph"],
+        self.batch_size = Histogram("attnserve_batch_size", "Inputs in a batch", ["model", "graph"],
                                     buckets=SIZE_BUCKETS, registry=r)
-        self.batch_tokens = Histogram("attnserve_batch_tokens", "Real tokens in a batch", ["graph"],
+        self.batch_tokens = Histogram("attnserve_batch_tokens", "Real tokens in a batch", ["model", "graph"],
                                       buckets=TOKEN_BUCKETS, registry=r)
-        self.tokens = Counter("attnserve_batch_tokens_computed", "Real tokens computed", registry=r)
+        self.tokens = Counter("attnserve_batch_tokens_computed", "Real tokens computed", ["model"], registry=r)
         self.cells = Counter("attnserve_batch_cells_computed",
-                             "Token cells computed, padding included (batch size x longest input)", registry=r)
+                             "Token cells computed, padding included (batch size x longest input)", ["model"],
+                             registry=r)
         self.padding_fraction = Gauge("attnserve_padding_fraction",
-                                      "Padded cells / all cells computed, since the server started", registry=r)
+                                      "Padded cells / all cells computed, since the server started", ["model"],
+                                      registry=r)
         self.queue_requests = Gauge("attnserve_queue_depth_requests", "Requests with inputs waiting in the queue",
-                                    registry=r)
-        self.queue_tokens = Gauge("attnserve_queue_depth_tokens", "Tokens waiting in the queue", registry=r)
+                                    ["model"], registry=r)
+        self.queue_tokens = Gauge("attnserve_queue_depth_tokens", "Tokens waiting in the queue", ["model"],
+                                  registry=r)
         self.queue_seconds_estimate = Gauge("attnserve_queue_depth_seconds",
-                                            "Estimated time to run the work waiting in the queue", registry=r)
+                                            "Estimated time to run the work waiting in the queue", ["model"],
+                                            registry=r)
         self.dropped = Counter("attnserve_inputs_dropped", "Inputs dropped before they ran, by reason",
-                               ["reason"], registry=r)
-        self.failed_batches = Counter("attnserve_batches_failed", "Batches whose session run failed", registry=r)
-        self._tokens_total = self._cells_total = 0  # the gauge's running ratio; counters are write-only
+                               ["model", "reason"], registry=r)
+        self.failed_batches = Counter("attnserve_batches_failed", "Batches whose session run failed", ["model"],
+                                      registry=r)
 
     def observe_request(self, protocol: str, method: str, code: str, seconds: float | None = None) -> None:
         """One request answered; seconds None: not timed (refused before it began)."""
@@ -51,12 +60,32 @@ class Metrics:
         if seconds is not None:
             self.request_seconds.labels(protocol, method).observe(seconds)
 
+    def for_model(self, model: str) -> ModelMetrics:
+        return ModelMetrics(self, model)
+
+
+class ModelMetrics:
+    """One model's queue and batch metrics: what its batcher records, under its `model` label."""
+
+    def __init__(self, metrics: Metrics, model: str):
+        self._metrics, self.model = metrics, model
+        self.queue_seconds = metrics.queue_seconds.labels(model)
+        self.queue_requests = metrics.queue_requests.labels(model)
+        self.queue_tokens = metrics.queue_tokens.labels(model)
+        self.queue_seconds_estimate = metrics.queue_seconds_estimate.labels(model)
+        self.failed_batches = metrics.failed_batches.labels(model)
+        self._tokens_total = self._cells_total = 0  # the gauge's running ratio; counters are write-only
+
+    def dropped(self, reason: str) -> Counter:
+        return self._metrics.dropped.labels(self.model, reason)
+
     def observe_batch(self, graph: str, size: int, tokens: int, cells: int, seconds: float) -> None:
-        self.inference_seconds.labels(graph).observe(seconds)
-        self.batch_size.labels(graph).observe(size)
-        self.batch_tokens.labels(graph).observe(tokens)
-        self.tokens.inc(tokens)
-        self.cells.inc(cells)
+        m, model = self._metrics, self.model
+        m.inference_seconds.labels(model, graph).observe(seconds)
+        m.batch_size.labels(model, graph).observe(size)
+        m.batch_tokens.labels(model, graph).observe(tokens)
+        m.tokens.labels(model).inc(tokens)
+        m.cells.labels(model).inc(cells)
         self._tokens_total += tokens
         self._cells_total += cells
-        self.padding_fraction.set((self._cells_total - self._tokens_total) / self._cells_total)
+        m.padding_fraction.labels(model).set((self._cells_total - self._tokens_total) / self._cells_total)

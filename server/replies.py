@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnserve.engine.pooling import l2_normalize, pool
+from attnserve.engine.dimensions import cut_and_normalize
+from attnserve.engine.pooling import pool
 from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
 
 from .batcher import RowOutput
@@ -32,22 +33,20 @@ class EncodeReply:
     inputs: list[EncodedInput]  # one per input, in request order
     tokens: int  # all inputs' tokens: what the request cost
     options: ReplyOptions  # what was asked, resolved: attention layers and heads as non-negative indices
+    model: str = ""  # the name of the model that answered, as it is served
 
 
 def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], options: ReplyOptions,
-                tokenizer: TextTokenizer) -> EncodeReply:
+                tokenizer: TextTokenizer, model: str = "") -> EncodeReply:
     if options.pooling is None:
         sentences = np.stack([row.sentence_embedding for row in rows])  # (N, D) the graph's pipeline
     else:  # each row's padding is cut off already: all T tokens are real
         sentences = np.stack([pool(row.token_embeddings[None], np.array([len(row.token_embeddings)]),
                                    options.pooling)[0] for row in rows])  # (1, T, H) -> (H,) each
-    if options.dimensions is not None:
-        sentences = sentences[:, : options.dimensions]  # (N, D): Matryoshka, cut before normalising
-    if options.normalize:
-        sentences = l2_normalize(sentences)
+    sentences = cut_and_normalize(sentences, options.dimensions, options.normalize)  # (N, D): Matryoshka
     return EncodeReply(np.ascontiguousarray(sentences, dtype=np.float32),
                        [_encoded(row, item, options, tokenizer) for row, item in zip(rows, inputs, strict=True)],
-                       sum(len(x) for x in inputs), options)
+                       sum(len(x) for x in inputs), options, model)
 
 
 def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokenizer: TextTokenizer

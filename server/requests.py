@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from attnserve.engine.dimensions import check_dimensions
 from attnserve.engine.manifest import REQUEST_POOLINGS, Manifest
-from attnserve.engine.prompts import resolve_prompt
+from attnserve.engine.prompts import apply_prompt
 from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, Token, TokenizedInput
 from attnserve.errors import InvalidInputError
 
@@ -45,7 +46,9 @@ class EncodeRequest:
     dimensions: int | None = None  # keep the first N dimensions of the sentence embedding (before normalising)
     token_embeddings: bool = False
     attention: AttentionOptions | None = None  # None: no attention weights
-    prompt_name: str | None = None  # a prompt of the model's to put before each text; None: its default prompt
+    prompt_name: str | None = None  # a prompt of the model's to put before each text (engine/prompts.py)
+    prompt: str | None = None  # a raw prompt to put before each text; None with prompt_name None: the default one
+    model: str | None = None  # the served model's name or alias; None: the server's default model
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class TokenizeRequest:
     texts: Sequence[str]
     add_special_tokens: bool = True
     prompt_name: str | None = None
+    prompt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,6 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     float_bytes: what one float of the reply costs on the door's wire (4 in binary), for the reply size limit.
     """
     check_count(len(request.inputs), limits.max_inputs)
-    prompt = resolve_prompt(manifest, request.prompt_name)
     if request.pooling not in POOLINGS:
         raise _invalid("pooling", f"pooling {request.pooling} is not one of {', '.join(POOLINGS)}")
     # The model's own pooling comes from its graph; another is computed from the token embeddings, which
@@ -118,10 +121,7 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     if request.truncation_direction not in TRUNCATION_DIRECTIONS:
         raise _invalid("truncation_direction", f"truncation_direction {request.truncation_direction!r} is not one "
                                                f"of {', '.join(TRUNCATION_DIRECTIONS)}")
-    size = manifest.embedding_size
-    if request.dimensions is not None and not 1 <= request.dimensions <= size:
-        raise _invalid("dimensions", f"dimensions {request.dimensions} is out of range: this model's embeddings "
-                                     f"have {size} (ask for 1 to {size})")
+    check_dimensions(request.dimensions, manifest.embedding_size)
     attention = request.attention
     options = ReplyOptions(
         pooling=pooling,
@@ -134,7 +134,7 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
             attention.heads, manifest.num_heads, "head", "attention.heads"),
         average_heads=attention is not None and attention.average_heads,
     )
-    inputs = _tokenize(request, tokenizer, request.truncation_direction, prompt)  # a str now: checked above
+    inputs = _tokenize(request, tokenizer, manifest, request.truncation_direction)  # a str now: checked above
     reply_bytes = sum(_reply_bytes(len(x), options, manifest, float_bytes) for x in inputs)
     if reply_bytes > limits.max_response_bytes:
         raise _invalid(
@@ -151,12 +151,12 @@ def check_count(n: int, max_inputs: int) -> None:
         raise _invalid("inputs", f"too many inputs: {n}; this server takes at most {max_inputs} per request")
 
 
-def prepare_tokenize(request: TokenizeRequest, tokenizer: TextTokenizer, limits: RequestLimits) -> list[list[Token]]:
-    """Every token of each text, whole; the texts are checked as any text input is."""
+def prepare_tokenize(request: TokenizeRequest, tokenizer: TextTokenizer, manifest: Manifest, limits: RequestLimits
+                     ) -> list[list[Token]]:
+    """Every token of each text (its prompt before it), whole; the texts are checked as any text input is."""
     check_count(len(request.texts), limits.max_inputs)
-    _check_prompt(request.prompt_name)
-    return _labelled(lambda labels: tokenizer.token_spans(request.texts, request.add_special_tokens, labels),
-                     len(request.texts))
+    texts = apply_prompt(manifest, request.texts, request.prompt_name, request.prompt)
+    return _labelled(lambda labels: tokenizer.token_spans(texts, request.add_special_tokens, labels), len(texts))
 
 
 def prepare_decode(request: DecodeRequest, tokenizer: TextTokenizer, limits: RequestLimits) -> list[str]:
@@ -164,12 +164,6 @@ def prepare_decode(request: DecodeRequest, tokenizer: TextTokenizer, limits: Req
     check_count(len(request.ids), limits.max_inputs)
     return _labelled(lambda labels: tokenizer.decode(request.ids, request.skip_special_tokens, labels),
                      len(request.ids))
-
-
-def _check_prompt(name: str | None) -> None:
-    # Tokenize does not take prompts (yet): encoding does (engine/prompts.py).
-    if name is not None:
-        raise _invalid("prompt_name", f"prompt_name {name!r} does not exist: the model has no prompts")
 
 
 def _labelled(call, n: int):
@@ -192,19 +186,24 @@ def _indices(asked: Sequence[int], size: int, what: str, field: str) -> tuple[in
     return tuple(out)
 
 
-def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, direction: str, prompt: str
+def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest, direction: str
               ) -> list[TokenizedInput]:
     """Texts (each after the prompt) and token ids through their own paths, back in request order."""
     texts, text_rows, ids, id_rows = [], [], [], []
     for row, item in enumerate(request.inputs):
         if isinstance(item, str):
-            texts.append(prompt + item)
+            texts.append(item)
             text_rows.append(row)
         elif item is not None:
             ids.append(item)
             id_rows.append(row)
         else:
             raise _invalid(f"inputs[{row}]", "neither text nor token_ids is set", label=f"input {row}")
+    asked = "prompt" if request.prompt is not None else "prompt_name" if request.prompt_name is not None else None
+    if asked and id_rows:  # token ids are what the model sees already; a prompt would be silently left out
+        raise _invalid(asked, f"a {asked} goes before texts; input {id_rows[0]} is token ids: put the prompt's "
+                              "tokens in them instead")
+    texts = apply_prompt(manifest, texts, request.prompt_name, request.prompt)
     out: list[TokenizedInput | None] = [None] * len(request.inputs)
     for rows, kind, encode in ((text_rows, "text", partial(tokenizer.encode_texts, texts)),
                                (id_rows, "token_ids", partial(tokenizer.encode_ids, ids))):
@@ -239,7 +238,7 @@ def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest, float_b
     heads = len(options.attention_heads) if options.attention_heads else manifest.num_heads
     floats = options.dimensions or manifest.embedding_size
     if options.token_embeddings:
-        floats += tokens * manifest.hidden_size
+        floats += tokens * manifest.hidden_size  # token embeddings are hidden states, whatever the pipeline
     if options.attention_layers is not None:  # options.attention, spelled so that mypy sees the layers are set
         floats += len(options.attention_layers) * (1 if options.average_heads else heads) * tokens * tokens
     size = EMBEDDING_OVERHEAD_BYTES + float_bytes * floats

@@ -18,7 +18,7 @@ import numpy as np
 from attnserve.v1 import encoder_pb2 as pb
 from attnserve.v1 import encoder_pb2_grpc
 
-from .core import Core
+from .core import Core, ModelInfo
 from .errors import ShuttingDownError, abort, status_for
 from .metrics import Metrics
 from .replies import EncodeReply
@@ -66,7 +66,10 @@ def to_core(request: pb.EmbedRequest) -> EncodeRequest:
         truncation_direction=TRUNCATION_DIRECTION.get(request.truncation_direction, request.truncation_direction),
         dimensions=request.dimensions if request.HasField("dimensions") else None,
         token_embeddings=request.return_token_embeddings,
-        attention=attention)
+        attention=attention,
+        prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
+        prompt=request.prompt if request.HasField("prompt") else None,
+        model=request.model or None)
 
 
 def tensor(array: np.ndarray) -> pb.Tensor:
@@ -75,8 +78,8 @@ def tensor(array: np.ndarray) -> pb.Tensor:
     return pb.Tensor(shape=a.shape, dtype=pb.FLOAT32, data=a.tobytes())
 
 
-def render(reply: EncodeReply, model: str) -> bytes:
-    out = pb.EmbedResponse(model=model)
+def render(reply: EncodeReply) -> bytes:
+    out = pb.EmbedResponse(model=reply.model)
     for sentence, item in zip(reply.embeddings, reply.inputs, strict=True):
         embedding = out.embeddings.add(sentence_embedding=tensor(sentence), num_tokens=item.num_tokens,
                                        truncated=item.truncated)
@@ -89,11 +92,23 @@ def render(reply: EncodeReply, model: str) -> bytes:
     return out.SerializeToString()
 
 
+def model_info(info: ModelInfo) -> pb.ModelInfo:
+    return pb.ModelInfo(
+        model=info.model, hidden_size=info.hidden_size, embedding_size=info.embedding_size,
+        num_layers=info.num_layers, num_heads=info.num_heads,
+        max_seq_length=info.max_seq_length, vocab_size=info.vocab_size, pooling=info.pooling,
+        normalize=info.normalize, provider=info.provider, precision=info.precision, version=info.version,
+        limits=pb.ServerLimits(
+            max_inputs_per_request=info.max_inputs_per_request, max_batch_tokens=info.max_batch_tokens,
+            max_batch_size=info.max_batch_size, max_queue_tokens=info.max_queue_tokens,
+            max_request_bytes=info.max_request_bytes, max_response_bytes=info.max_response_bytes,
+            max_wait_ms=info.max_wait_ms, max_queue_wait_ms=info.max_queue_wait_ms),
+        names=info.names, prompts=info.prompts, default_prompt_name=info.default_prompt_name or "")
+
+
 class EncoderService(encoder_pb2_grpc.EncoderServicer):
     def __init__(self, core: Core, metrics: Metrics):
         self._core, self._metrics = core, metrics
-        model = core.info.model
-        self._render = lambda reply: render(reply, model)
 
     async def _next(self, window: asyncio.Queue):
         """The stream's next item, or ShuttingDownError once draining leaves nothing to answer."""
@@ -170,24 +185,24 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
                 self._record("EmbedStream", code, start, answered, tokens, context)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
-        info = self._core.info
+        try:
+            info = self._core.model(request.model).info
+        except Exception as error:
+            status = status_for(error)
+            self._metrics.observe_request(PROTOCOL, "GetModelInfo", status.code.name)
+            await abort(context, status)
         self._metrics.observe_request(PROTOCOL, "GetModelInfo", "OK")
-        return pb.ModelInfo(
-            model=info.model, hidden_size=info.hidden_size, embedding_size=info.embedding_size,
-            num_layers=info.num_layers, num_heads=info.num_heads,
-            max_seq_length=info.max_seq_length, vocab_size=info.vocab_size, pooling=info.pooling,
-            normalize=info.normalize, provider=info.provider, precision=info.precision, version=info.version,
-            limits=pb.ServerLimits(
-                max_inputs_per_request=info.max_inputs_per_request, max_batch_tokens=info.max_batch_tokens,
-                max_batch_size=info.max_batch_size, max_queue_tokens=info.max_queue_tokens,
-                max_request_bytes=info.max_request_bytes, max_response_bytes=info.max_response_bytes,
-                max_wait_ms=info.max_wait_ms, max_queue_wait_ms=info.max_queue_wait_ms))
+        return model_info(info)
+
+    async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext) -> pb.ModelList:
+        self._metrics.observe_request(PROTOCOL, "ListModels", "OK")
+        return pb.ModelList(models=[model_info(model.info) for model in self._core.models.all])
 
     async def _embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> tuple[bytes, int]:
         """One request through the core: (serialized reply, its token count)."""
         remaining = context.time_remaining()
         deadline = time.monotonic() + remaining if remaining is not None else None
-        return await self._core.encode(to_core(request), deadline, self._render)
+        return await self._core.encode(to_core(request), deadline, render)
 
     def _record(self, method: str, code: grpc.StatusCode, start: float, inputs: int, tokens: int,
                 context: grpc.aio.ServicerContext) -> None:
@@ -226,4 +241,7 @@ def rpc_handlers(service: EncoderService) -> grpc.GenericRpcHandler:
         "GetModelInfo": grpc.unary_unary_rpc_method_handler(
             service.GetModelInfo, request_deserializer=pb.GetModelInfoRequest.FromString,
             response_serializer=pb.ModelInfo.SerializeToString),
+        "ListModels": grpc.unary_unary_rpc_method_handler(
+            service.ListModels, request_deserializer=pb.ListModelsRequest.FromString,
+            response_serializer=pb.ModelList.SerializeToString),
     })

@@ -45,7 +45,7 @@ def run(engine, scenario, gate=None, **limits):
 
     async def main():
         with ThreadPoolExecutor(1) as executor:
-            batcher = Batcher(runner, BatcherLimits(**settings), Metrics(), executor)
+            batcher = Batcher(runner, BatcherLimits(**settings), Metrics().for_model("m"), executor)
             batcher.start()
             try:
                 return await scenario(batcher, runner)
@@ -228,7 +228,7 @@ def test_a_time_bound_refuses_by_the_work_queued_ahead_not_the_request_size(engi
 
 
 def test_the_speed_estimate_follows_full_batches_only():
-    batcher = Batcher(lambda *a: None, BatcherLimits(2048, 256, 65536, 0.002, 1.0), Metrics(), None)
+    batcher = Batcher(lambda *a: None, BatcherLimits(2048, 256, 65536, 0.002, 1.0), Metrics().for_model("m"), None)
     batcher.learn_rate(False, seconds=0.2, tokens=2000, cells=2048)  # the warm-up seed: 0.1 ms a token
     batcher.learn_rate(False, seconds=0.01, tokens=10, cells=10)  # a lone short input: 1 ms a token, ignored
     batcher._lane_tokens[False] = 1000

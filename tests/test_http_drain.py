@@ -13,10 +13,14 @@ import grpc
 import httpx
 
 from attnserve.client.client import make_request
+from attnserve.default_model import DEFAULT_MODEL_NAME
 from tests.serving import ServerProcess
 from tests.test_server_load import mixed_texts
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+# The per-model metrics carry the model served, here the default one.
+MODEL_LABEL = f'model="{DEFAULT_MODEL_NAME}"'
 
 
 def poll_health(server: ServerProcess, statuses: list) -> None:
@@ -109,9 +113,9 @@ def dropped_or_computed(server, before: dict, n: int) -> tuple[float, float]:
     end = time.monotonic() + 30
     while True:
         after = server.metrics()
-        dropped = sum(delta(after, before, f'attnserve_inputs_dropped_total{{reason="{r}"}}')
+        dropped = sum(delta(after, before, f'attnserve_inputs_dropped_total{{{MODEL_LABEL},reason="{r}"}}')
                       for r in ("cancelled", "deadline"))
-        computed = delta(after, before, 'attnserve_batch_size_sum{graph="embeddings"}')
+        computed = delta(after, before, 'attnserve_batch_size_sum{graph="embeddings",' + MODEL_LABEL + '}')
         if dropped + computed >= n or time.monotonic() > end:
             return dropped, computed
         time.sleep(0.1)

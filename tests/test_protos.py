@@ -21,10 +21,12 @@ def test_the_contract_of_design_md():
     service = pb.DESCRIPTOR.services_by_name["Encoder"]
     assert service.full_name == "attnserve.v1.Encoder"
     methods = {m.name: (m.client_streaming, m.server_streaming) for m in service.methods}
-    assert methods == {"Embed": (False, False), "EmbedStream": (True, True), "GetModelInfo": (False, False)}
+    assert methods == {"Embed": (False, False), "EmbedStream": (True, True), "GetModelInfo": (False, False),
+                       "ListModels": (False, False)}  # ListModels: added with several models per server
     fields = {f.name: f.number for f in pb.EmbedRequest.DESCRIPTOR.fields}
     assert fields == {"inputs": 1, "pooling": 2, "normalize": 3, "return_token_embeddings": 4, "attention": 5,
-                      "truncate": 6, "dimensions": 7, "truncation_direction": 8}  # 7, 8: added with the HTTP door
+                      "truncate": 6, "dimensions": 7, "truncation_direction": 8,  # 7, 8: added with the HTTP door
+                      "model": 9, "prompt_name": 10, "prompt": 11}  # 9-11: several models, prompts
     fields = {f.name: f.number for f in pb.AttentionOptions.DESCRIPTOR.fields}
     assert fields == {"layers": 1, "average_heads": 2, "heads": 3}
     fields = {f.name: f.number for f in pb.Embedding.DESCRIPTOR.fields}

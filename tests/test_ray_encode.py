@@ -28,6 +28,7 @@ from attnserve.offline.encode import encode_file
 from attnserve.offline.job import EncodeJob
 from attnserve.offline.partial import PartialRun
 from attnserve.offline.ray_encode import _attnserve_cause, _import_ray, _plan_actors, encode_file_ray
+from attnserve.offline.rows import Prompt
 
 from .conftest import VARIED_TEXTS, assert_one_line_error, run_cli
 from .offline_helpers import RecordedProgress, hostile_jsonl
@@ -81,6 +82,14 @@ def test_txt_equals_the_local_engine(local_ray, artifacts, engine, tmp_path):
     src.write_text("\n".join(VARIED_TEXTS) + "\n", encoding="utf-8")
     assert_same_output(*_both(artifacts, engine, src, tmp_path))
     assert pq.read_table(tmp_path / "ray.parquet").column("truncated").to_pylist() == [False] * 6 + [True, True]
+
+
+def test_dimensions_and_a_prompt_equal_the_local_engine(local_ray, artifacts, engine, tmp_path):
+    src = tmp_path / "texts.txt"
+    src.write_text("\n".join(VARIED_TEXTS) + "\n", encoding="utf-8")
+    local, remote = _both(artifacts, engine, src, tmp_path, dimensions=32, prompt=Prompt(text="query: "))
+    assert_same_output(local, remote)
+    assert pq.read_table(remote).schema.field("embedding").type.list_size == 32
 
 
 def test_jsonl_with_ids_and_token_ids_equals_the_local_engine(local_ray, artifacts, engine, tmp_path):

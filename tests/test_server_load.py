@@ -15,9 +15,13 @@ import pytest
 
 from attnserve.client import error_details
 from attnserve.client.client import make_request
+from attnserve.default_model import DEFAULT_MODEL_NAME
 from tests.serving import ServerProcess
 
 SAMPLE_WORDS = (Path(__file__).resolve().parent.parent / "export/data/sample_texts.txt").read_text().split()
+
+# The per-model metrics carry the model served, here the default one.
+MODEL = f'model="{DEFAULT_MODEL_NAME}"'
 
 
 def mixed_texts(n: int, seed: int = 0) -> list[str]:
@@ -68,15 +72,16 @@ def test_64_concurrent_clients_are_batched_by_length(server):
     codes = call_codes(server, requests, clients=64)
     after = server.metrics()
     assert codes == {grpc.StatusCode.OK: 640}
-    batches = delta(after, before, 'attnserve_batch_size_count{graph="embeddings"}')
-    inputs = delta(after, before, 'attnserve_batch_size_sum{graph="embeddings"}')
-    cells = delta(after, before, "attnserve_batch_cells_computed_total")
-    tokens = delta(after, before, "attnserve_batch_tokens_computed_total")
+    batches = delta(after, before, 'attnserve_batch_size_count{graph="embeddings",' + MODEL + '}')
+    inputs = delta(after, before, 'attnserve_batch_size_sum{graph="embeddings",' + MODEL + '}')
+    cells = delta(after, before, "attnserve_batch_cells_computed_total{" + MODEL + "}")
+    tokens = delta(after, before, "attnserve_batch_tokens_computed_total{" + MODEL + "}")
     assert inputs == 640
     assert inputs / batches > 1, f"mean batch size {inputs / batches}"
     assert (cells - tokens) / cells <= 0.10, f"padding fraction {(cells - tokens) / cells:.3f}"
-    assert after["attnserve_padding_fraction"] <= 0.10
-    assert after["attnserve_queue_depth_tokens"] == 0 and after["attnserve_queue_depth_requests"] == 0
+    assert after["attnserve_padding_fraction{" + MODEL + "}"] <= 0.10
+    assert after["attnserve_queue_depth_tokens{" + MODEL + "}"] == 0
+    assert after["attnserve_queue_depth_requests{" + MODEL + "}"] == 0
 
 
 def test_deadline_gives_deadline_exceeded_and_drops_the_queued_inputs(server, stub):
@@ -88,14 +93,14 @@ def test_deadline_gives_deadline_exceeded_and_drops_the_queued_inputs(server, st
     end = time.monotonic() + 30
     while True:  # until the batch that was running at the deadline is done (longer on a busy machine)
         after = server.metrics()
-        dropped = (delta(after, before, 'attnserve_inputs_dropped_total{reason="cancelled"}')
-                   + delta(after, before, 'attnserve_inputs_dropped_total{reason="deadline"}'))
-        computed = delta(after, before, 'attnserve_batch_size_sum{graph="embeddings"}')
+        dropped = (delta(after, before, 'attnserve_inputs_dropped_total{' + MODEL + ',reason="cancelled"}')
+                   + delta(after, before, 'attnserve_inputs_dropped_total{' + MODEL + ',reason="deadline"}'))
+        computed = delta(after, before, 'attnserve_batch_size_sum{graph="embeddings",' + MODEL + '}')
         if dropped + computed == 64 or time.monotonic() > end:
             break
         time.sleep(0.1)
     assert dropped + computed == 64 and dropped >= 32, (dropped, computed)  # most never cost compute
-    assert after["attnserve_queue_depth_tokens"] == 0
+    assert after["attnserve_queue_depth_tokens{" + MODEL + "}"] == 0
     assert len(stub.Embed(make_request(["still serving"]), timeout=30).embeddings) == 1
 
 
@@ -124,7 +129,7 @@ def test_overload_is_resource_exhausted_and_every_accepted_request_completes(sma
     assert metrics['attnserve_requests_total{code="OK",method="Embed",protocol="grpc"}'] == codes[grpc.StatusCode.OK]
     assert metrics['attnserve_requests_total{code="RESOURCE_EXHAUSTED",method="Embed",protocol="grpc"}'] == \
         codes[grpc.StatusCode.RESOURCE_EXHAUSTED]
-    assert metrics['attnserve_batch_size_sum{graph="embeddings"}'] == 4 * codes[grpc.StatusCode.OK]
+    assert metrics['attnserve_batch_size_sum{graph="embeddings",' + MODEL + '}'] == 4 * codes[grpc.StatusCode.OK]
 
 
 def test_sigterm_under_load_drains_and_exits_0(artifacts, tmp_path):

@@ -33,7 +33,7 @@ FLOAT32: DType
 FLOAT16: DType
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("inputs", "pooling", "normalize", "return_token_embeddings", "attention", "truncate", "dimensions", "truncation_direction")
+    __slots__ = ("inputs", "pooling", "normalize", "return_token_embeddings", "attention", "truncate", "dimensions", "truncation_direction", "model", "prompt_name", "prompt")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     POOLING_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,9 @@ class EmbedRequest(_message.Message):
     TRUNCATE_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATION_DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedCompositeFieldContainer[Input]
     pooling: Pooling
     normalize: bool
@@ -50,7 +53,10 @@ class EmbedRequest(_message.Message):
     truncate: bool
     dimensions: int
     truncation_direction: TruncationDirection
-    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., return_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionOptions, _Mapping]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ...) -> None: ...
+    model: str
+    prompt_name: str
+    prompt: str
+    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., return_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionOptions, _Mapping]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ..., model: _Optional[str] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ...) -> None: ...
 
 class Input(_message.Message):
     __slots__ = ("text", "token_ids")
@@ -111,11 +117,30 @@ class EmbedResponse(_message.Message):
     def __init__(self, embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ModelList(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
+
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "hidden_size", "num_layers", "num_heads", "max_seq_length", "vocab_size", "pooling", "normalize", "provider", "precision", "limits", "version", "embedding_size")
+    __slots__ = ("model", "hidden_size", "num_layers", "num_heads", "max_seq_length", "vocab_size", "pooling", "normalize", "provider", "precision", "limits", "version", "names", "prompts", "default_prompt_name", "embedding_size")
+    class PromptsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     MODEL_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +153,9 @@ class ModelInfo(_message.Message):
     PRECISION_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_SIZE_FIELD_NUMBER: _ClassVar[int]
     model: str
     hidden_size: int
@@ -141,8 +169,11 @@ class ModelInfo(_message.Message):
     precision: str
     limits: ServerLimits
     version: str
+    names: _containers.RepeatedScalarFieldContainer[str]
+    prompts: _containers.ScalarMap[str, str]
+    default_prompt_name: str
     embedding_size: int
-    def __init__(self, model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., provider: _Optional[str] = ..., precision: _Optional[str] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., version: _Optional[str] = ..., embedding_size: _Optional[int] = ...) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., provider: _Optional[str] = ..., precision: _Optional[str] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., version: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., embedding_size: _Optional[int] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
     __slots__ = ("max_inputs_per_request", "max_batch_tokens", "max_batch_size", "max_queue_tokens", "max_request_bytes", "max_response_bytes", "max_wait_ms", "max_queue_wait_ms")

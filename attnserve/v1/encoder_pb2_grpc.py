@@ -49,6 +49,11 @@ class EncoderStub:
                 request_serializer=attnserve_dot_v1_dot_encoder__pb2.GetModelInfoRequest.SerializeToString,
                 response_deserializer=attnserve_dot_v1_dot_encoder__pb2.ModelInfo.FromString,
                 _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/attnserve.v1.Encoder/ListModels',
+                request_serializer=attnserve_dot_v1_dot_encoder__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_encoder__pb2.ModelList.FromString,
+                _registered_method=True)
 
 
 class EncoderServicer:
@@ -69,7 +74,15 @@ class EncoderServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetModelInfo(self, request, context):
-        """The model, the execution provider and precision in use, and the server's limits.
+        """A model (the default one unless the request names one), the execution provider and precision in use,
+        and the server's limits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListModels(self, request, context):
+        """Every model this server serves, the default one first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -92,6 +105,11 @@ def add_EncoderServicer_to_server(servicer, server):
                     servicer.GetModelInfo,
                     request_deserializer=attnserve_dot_v1_dot_encoder__pb2.GetModelInfoRequest.FromString,
                     response_serializer=attnserve_dot_v1_dot_encoder__pb2.ModelInfo.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=attnserve_dot_v1_dot_encoder__pb2.ListModelsRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_encoder__pb2.ModelList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +193,33 @@ class Encoder:
             '/attnserve.v1.Encoder/GetModelInfo',
             attnserve_dot_v1_dot_encoder__pb2.GetModelInfoRequest.SerializeToString,
             attnserve_dot_v1_dot_encoder__pb2.ModelInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnserve.v1.Encoder/ListModels',
+            attnserve_dot_v1_dot_encoder__pb2.ListModelsRequest.SerializeToString,
+            attnserve_dot_v1_dot_encoder__pb2.ModelList.FromString,
             options,
             channel_credentials,
             insecure,

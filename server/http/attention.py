@@ -21,10 +21,11 @@ NAMES = WireNames({"attention.": ""})
 def to_core(body: AttentionBody) -> EncodeRequest:
     return EncodeRequest(
         inputs=inputs_of(body.inputs), truncate=body.truncate, truncation_direction=body.truncation_direction.lower(),
-        attention=AttentionOptions(layers=body.layers, heads=body.heads, average_heads=body.average_heads))
+        attention=AttentionOptions(layers=body.layers, heads=body.heads, average_heads=body.average_heads),
+        model=body.model)
 
 
-def render(reply: EncodeReply, model: str, base64_format: bool, num_heads: int) -> bytes:
+def render(reply: EncodeReply, base64_format: bool, num_heads: int) -> bytes:
     options = reply.options
     assert options.attention_layers is not None  # to_core always asks for attention
     layers = list(options.attention_layers)
@@ -37,7 +38,7 @@ def render(reply: EncodeReply, model: str, base64_format: bool, num_heads: int) 
                      "shape": list(item.attentions.shape), "attentions": floats(item.attentions, base64_format)})
     return dumps({
         "object": "list",
-        "model": model,
+        "model": reply.model,
         "data": data,
         "usage": {"prompt_tokens": reply.tokens, "total_tokens": reply.tokens},
     })
@@ -54,10 +55,9 @@ class AttentionRoutes:
 
     async def attention(self, request: web.Request) -> web.Response:
         body, core_request = await self._bodies.read(request, AttentionBody, lambda b: (b, to_core(b)))
-        model = self._core.info.model if body.model is None else body.model
-        self._core.check_model(model)
+        num_heads = self._core.model(body.model).info.num_heads
         base64_format, until = body.encoding_format == "base64", deadline(request)
         reply, _ = await within(self._core.encode(
-            core_request, until, lambda r: render(r, model, base64_format, self._core.info.num_heads),
+            core_request, until, lambda r: render(r, base64_format, num_heads),
             BASE64_FLOAT_BYTES if base64_format else JSON_FLOAT_BYTES), until)
         return json_response(reply)

@@ -39,13 +39,19 @@ class _TeiBody(BaseModel):
 
 class OpenAIEmbeddingsBody(_Strict):
     input: Inputs = Field(description=f"{INPUTS_FORMS}; token ids include the special tokens ([CLS] ... [SEP])")
-    model: str = Field(description="the served model's name or one of its --served-model-name aliases")
+    model: str = Field(description="a served model's name or alias (GET /v1/models lists them); \"\": the "
+                                   "server's default model")
     encoding_format: EncodingFormat | None = Field(
         None, description="float (the default) or base64: the little-endian float32 bytes of each vector")
     dimensions: int | None = Field(None, description="keep the first N dimensions, then L2-normalise")
     user: str | None = Field(None, description="accepted and ignored")
     truncate: bool = Field(False, description="attnserve's: cut inputs longer than max_seq_length instead of "
                                               "refusing them")
+    prompt_name: str | None = Field(None, description="attnserve's, as sentence-transformers and TEI name it: a "
+                                                      "prompt of the model's to put before each text; unset: the "
+                                                      "model's default prompt, if any")
+    prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each text, instead of "
+                                                 "prompt_name")
 
 
 class OpenAIEmbedding(BaseModel):
@@ -97,8 +103,9 @@ class TeiEmbedBody(_TeiBody):
     truncate: bool | None = Field(None, description="false or unset: an input over max_seq_length is refused")
     truncation_direction: TruncationDirection = "Right"
     dimensions: int | None = None
-    prompt_name: str | None = Field(None, description="one of the model's prompts, put before each text; unset: "
-                                                      "the model's default prompt, if it has one")
+    prompt_name: str | None = Field(None, description="a prompt of the model's to put before each text; unset: "
+                                                      "the model's default prompt, if any")
+    prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each text")
 
 
 class TeiEmbedAllBody(_TeiBody):
@@ -106,12 +113,14 @@ class TeiEmbedAllBody(_TeiBody):
     truncate: bool | None = None
     truncation_direction: TruncationDirection = "Right"
     prompt_name: str | None = None
+    prompt: str | None = None
 
 
 class TeiTokenizeBody(_TeiBody):
     inputs: str | list[str]
     add_special_tokens: bool = True
     prompt_name: str | None = None
+    prompt: str | None = None
 
 
 class TeiDecodeBody(_TeiBody):
@@ -162,7 +171,7 @@ class TeiError(BaseModel):
 
 class AttentionBody(_Strict):
     inputs: Inputs = Field(description=INPUTS_FORMS)
-    model: str | None = Field(None, description="if given, the served model's name or an alias")
+    model: str | None = Field(None, description="a served model's name or alias; unset: the default model")
     layers: list[int] = Field(default_factory=list, description="layers in this order; empty: the last; "
                                                                 "negative indices count from the end")
     heads: list[int] = Field(default_factory=list, description="heads in this order; empty: every head")

@@ -11,6 +11,7 @@ import time
 from aiohttp import web
 
 from ..core import Core
+from ..errors import ModelNotFoundError
 from ..replies import EncodeReply
 from ..requests import EncodeRequest
 from .bodies import OpenAIEmbeddingsBody, OpenAIEmbeddingsReply, OpenAIModel, OpenAIModelList
@@ -25,7 +26,8 @@ OWNER = "attnserve"
 
 def to_core(body: OpenAIEmbeddingsBody) -> EncodeRequest:
     return EncodeRequest(inputs=inputs_of(body.input), normalize=True, truncate=body.truncate,
-                         dimensions=body.dimensions)
+                         dimensions=body.dimensions, prompt_name=body.prompt_name, prompt=body.prompt,
+                         model=body.model)
 
 
 def render(reply: EncodeReply, model: str, base64_format: bool) -> bytes:
@@ -51,13 +53,13 @@ class OpenAIRoutes:
         return [
             embeddings("/v1/embeddings", "OpenAI's embeddings API"),
             embeddings("/embeddings", "OpenAI's embeddings API (without /v1)"),
-            Route("GET", "/v1/models", self.models, OPENAI, "the model's names", reply=OpenAIModelList),
-            Route("GET", "/v1/models/{id:.+}", self.model, OPENAI, "one of the model's names", reply=OpenAIModel),
+            Route("GET", "/v1/models", self.models, OPENAI, "every name of every model served, the default first",
+                  reply=OpenAIModelList),
+            Route("GET", "/v1/models/{id:.+}", self.model, OPENAI, "one served model's name", reply=OpenAIModel),
         ]
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body, core_request = await self._bodies.read(request, OpenAIEmbeddingsBody, lambda b: (b, to_core(b)))
-        self._core.check_model(body.model)
         base64_format, until = body.encoding_format == "base64", deadline(request)
         reply, _ = await within(self._core.encode(
             core_request, until, lambda r: render(r, body.model, base64_format),
@@ -65,11 +67,13 @@ class OpenAIRoutes:
         return json_response(reply)
 
     async def models(self, request: web.Request) -> web.Response:
-        return json_response(dumps({"object": "list", "data": [self._model(name) for name in self._core.info.names]}))
+        return json_response(dumps({"object": "list", "data": [self._model(name) for name in self._core.models.names]}))
 
     async def model(self, request: web.Request) -> web.Response:
         name = request.match_info["id"]
-        self._core.check_model(name)
+        if not name:
+            raise ModelNotFoundError("no model named: ask for GET /v1/models/NAME")
+        self._core.model(name)
         return json_response(dumps(self._model(name)))
 
     def _model(self, name: str) -> dict:

@@ -1,6 +1,6 @@
 """text-embeddings-inference's routes over the core, in TEI's request and reply shapes, so that TEI's clients work
 unchanged: POST /embed (also POST /, as TEI answers it for an embedding model), /embed_all, /tokenize, /decode;
-GET /info and /health.
+GET /info and /health. A TEI server serves one model, so these routes serve the default model.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ _FLOATS = _list_of({"type": "number"})
 def embed_request(body: TeiEmbedBody) -> EncodeRequest:
     return EncodeRequest(inputs=inputs_of(body.inputs), normalize=body.normalize, truncate=bool(body.truncate),
                          truncation_direction=body.truncation_direction.lower(), dimensions=body.dimensions,
-                         prompt_name=body.prompt_name)
+                         prompt_name=body.prompt_name, prompt=body.prompt)
 
 
 def embed_all_request(body: TeiEmbedAllBody) -> EncodeRequest:
     return EncodeRequest(inputs=inputs_of(body.inputs), truncate=bool(body.truncate),
                          truncation_direction=body.truncation_direction.lower(), token_embeddings=True,
-                         prompt_name=body.prompt_name)
+                         prompt_name=body.prompt_name, prompt=body.prompt)
 
 
 def _id_lists(ids: list) -> list[list[int]]:
@@ -93,7 +93,7 @@ class TeiRoutes:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         core_request = await self._bodies.read(request, TeiTokenizeBody, lambda b: TokenizeRequest(
-            [b.inputs] if isinstance(b.inputs, str) else b.inputs, b.add_special_tokens, b.prompt_name))
+            [b.inputs] if isinstance(b.inputs, str) else b.inputs, b.add_special_tokens, b.prompt_name, b.prompt))
         return json_response(dumps(await self._core.tokenize(core_request)))  # Token dataclasses, as TEI's
 
     async def decode(self, request: web.Request) -> web.Response:

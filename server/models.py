@@ -1,0 +1,198 @@
+"""The models one server serves: where each comes from (--artifacts, --model NAME=DIR, --model-repository DIR),
+the names a request may call it by, and per model its engine, its own batcher, its metrics and its description.
+
+Every request names its model or takes the default one (the first given, or the first folder of a repository by
+name); the core resolves the name here, once, for every door. The onnxruntime threads are shared out: each of N
+models gets max(1, T // N) intra-op threads, T being --threads or, at 0, one per physical core, so that models
+running batches at the same time do not oversubscribe the cores. A single model keeps --threads as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnserve import __version__
+from attnserve.config import EngineConfig, ServerConfig
+from attnserve.engine.engine import Engine
+from attnserve.engine.manifest import MANIFEST
+from attnserve.errors import ConfigError
+
+from .batcher import Batcher, BatcherLimits
+from .errors import ModelNotFoundError
+from .metrics import Metrics, ModelMetrics
+
+log = logging.getLogger("attnserve.server")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str | None  # None: the manifest's model name (--artifacts and the default model)
+    directory: Path
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model and the server's limits, as every door describes them."""
+
+    model: str  # the name it is served under
+    names: tuple[str, ...]  # that name and the aliases a request may use for it
+    hidden_size: int
+    embedding_size: int  # of each sentence embedding: differs from hidden_size with Dense or several poolings
+    num_layers: int
+    num_heads: int
+    max_seq_length: int
+    vocab_size: int
+    pooling: str
+    normalize: bool
+    provider: str
+    precision: str
+    version: str
+    max_inputs_per_request: int
+    max_batch_tokens: int
+    max_batch_size: int
+    max_queue_tokens: int
+    max_request_bytes: int
+    max_response_bytes: int
+    max_wait_ms: float
+    max_queue_wait_ms: float
+    prompts: dict[str, str] = dataclasses.field(default_factory=dict)  # the checkpoint's, by name
+    default_prompt_name: str | None = None
+
+
+def model_sources(artifacts: str | None, config: ServerConfig) -> list[ModelSource]:
+    """The models to serve, the default first; a bad --model or repository is a one-line ConfigError."""
+    if (config.model or config.model_repository) and artifacts:
+        raise ConfigError("give --artifacts (one model) or --model / --model-repository (several), not both")
+    if config.model_repository:
+        return _repository(Path(config.model_repository))
+    if config.model:
+        sources = [_named(spec) for spec in config.model]
+        names = [source.name for source in sources]
+        twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+        if twice is not None:  # before any model loads; Models.load checks the aliases too
+            raise ConfigError(f"the model name {twice!r} is given twice; each model and alias needs its own")
+        return sources
+    from attnserve.default_model import resolve_artifacts
+
+    return [ModelSource(None, resolve_artifacts(artifacts))]
+
+
+def _named(spec: str) -> ModelSource:
+    name, equals, directory = spec.partition("=")
+    if not equals or not name.strip() or not directory.strip():
+        raise ConfigError(f"--model {spec!r}: give it as NAME=ARTIFACT_DIR")
+    path = Path(directory.strip())
+    if not path.is_dir():
+        raise ConfigError(f"--model {spec!r}: {path} is not a directory")
+    return ModelSource(name.strip(), path)
+
+
+def _repository(root: Path) -> list[ModelSource]:
+    if not root.is_dir():
+        raise ConfigError(f"--model-repository {root}: not a directory")
+    sources = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        if (folder / MANIFEST).is_file():
+            sources.append(ModelSource(folder.name, folder))
+        else:
+            log.info("skipped: not an artifact directory", extra={"fields": {
+                "event": "model_skipped", "folder": str(folder), "reason": f"no {MANIFEST}"}})
+    if not sources:
+        raise ConfigError(f"--model-repository {root} holds no artifact directory (folders with {MANIFEST}, "
+                          "made by `attnserve export --out`)")
+    return sources
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (onnxruntime's default thread count), from Linux's topology."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topology / "physical_package_id").read_text().strip(),
+                       (topology / "core_id").read_text().strip()))
+        except OSError:
+            return len(cpus)  # no topology to read: count logical CPUs
+    return max(1, len(cores))
+
+
+def thread_share(threads: int, models: int) -> int:
+    """Intra-op threads of each of `models` models: --threads (0: one per physical core) shared out evenly."""
+    if models == 1:
+        return threads
+    return max(1, (threads or physical_cores()) // models)
+
+
+class ServedModel:
+    """One model: its engine, its own batcher (run in its own inference thread) and its metrics."""
+
+    def __init__(self, name: str, aliases: tuple[str, ...], engine: Engine, config: ServerConfig,
+                 metrics: Metrics):
+        self.name, self.engine = name, engine
+        if config.max_queue_tokens < engine.manifest.max_seq_length:
+            raise ConfigError(f"max_queue_tokens {config.max_queue_tokens} cannot hold one input of "
+                              f"max_seq_length {engine.manifest.max_seq_length} (model {name!r})")
+        self.metrics: ModelMetrics = metrics.for_model(name)
+        self.inference = ThreadPoolExecutor(1, thread_name_prefix=f"attnserve-inference-{name}")
+        self.batcher = Batcher(engine.run, BatcherLimits(
+            engine.config.max_batch_tokens, engine.config.max_batch_size, config.max_queue_tokens,
+            config.max_wait_ms / 1e3, config.max_queue_wait_ms / 1e3), self.metrics, self.inference)
+        m, batch = engine.manifest, self.batcher.limits
+        self.info = ModelInfo(
+            model=name, names=(name, *aliases),
+            hidden_size=m.hidden_size, embedding_size=m.embedding_size, num_layers=m.num_layers, num_heads=m.num_heads,
+            max_seq_length=m.max_seq_length, vocab_size=m.vocab_size, pooling=m.pooling, normalize=m.normalize,
+            provider=engine.provider, precision=engine.precision, version=__version__,
+            max_inputs_per_request=config.max_inputs_per_request, max_batch_tokens=batch.max_batch_tokens,
+            max_batch_size=batch.max_batch_size, max_queue_tokens=batch.max_queue_tokens,
+            max_request_bytes=config.max_request_bytes, max_response_bytes=config.max_response_bytes,
+            max_wait_ms=batch.max_wait_s * 1e3, max_queue_wait_ms=batch.max_queue_wait_s * 1e3,
+            prompts=dict(m.prompts), default_prompt_name=m.default_prompt_name)
+
+
+class Models:
+    """The served models in order, the default first, found by any of their names."""
+
+    def __init__(self, models: list[ServedModel]):
+        assert models, "a server serves at least one model"
+        self.all = models
+        self.default = models[0]
+        self._by_name = {name: model for model in models for name in model.info.names}
+
+    @classmethod
+    def load(cls, sources: list[ModelSource], engine_config: EngineConfig, config: ServerConfig,
+             metrics: Metrics) -> Models:
+        """Open every model's sessions (each with its share of the threads); a name given twice is refused."""
+        threads = thread_share(engine_config.threads, len(sources))
+        engines = [Engine.from_directory(source.directory, dataclasses.replace(engine_config, threads=threads),
+                                         attention=True) for source in sources]
+        names = [source.name or engine.manifest.model for source, engine in zip(sources, engines, strict=True)]
+        aliases = [tuple(config.served_model_name) if i == 0 else () for i in range(len(names))]
+        seen: set[str] = set()
+        for given in [n for name, alias in zip(names, aliases, strict=True) for n in (name, *alias)]:
+            if given in seen:
+                raise ConfigError(f"the model name {given!r} is given twice; each model and alias needs its own")
+            seen.add(given)
+        return cls([ServedModel(name, alias, engine, config, metrics)
+                    for name, alias, engine in zip(names, aliases, engines, strict=True)])
+
+    def get(self, name: str | None) -> ServedModel:
+        """The model a request names (None or "": the default), or ModelNotFoundError naming those served."""
+        if not name:
+            return self.default
+        model = self._by_name.get(name)
+        if model is None:
+            raise ModelNotFoundError(f"the model {name!r} does not exist here; this server serves "
+                                     + ", ".join(repr(n) for n in self._by_name))
+        return model
+
+    @property
+    def names(self) -> list[str]:
+        """Every name a request may use, each model's in turn."""
+        return list(self._by_name)
