@@ -118,7 +118,7 @@ def test_prompts_are_kept_and_applied_as_sentence_transformers_applies_them(ever
     assert_parity(engine.encode(TEXTS, prompt="custom: ").embeddings, model.encode(TEXTS, prompt="custom: "))
     assert_parity(engine.encode(TEXTS, prompt_name="empty").embeddings, model.encode(TEXTS, prompt_name="empty"))
     assert np.abs(default - passage).max() > 1e-2  # the prompt really changes the embedding
-    with pytest.raises(InvalidInputError, match="prompt_name 'missing' does not exist: the model's prompts are "
+    with pytest.raises(InvalidInputError, match="prompt_name 'missing' does not exist: this model's prompts are "
                                                 "'document', 'empty', 'passage', 'query'"):
         engine.encode(TEXTS, prompt_name="missing")
 

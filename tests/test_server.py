@@ -127,4 +127,6 @@ def test_health_list_answers_every_service(server):
     with server.channel() as channel:
         reply = health_pb2_grpc.HealthStub(channel).List(health_pb2.HealthListRequest(), timeout=10)
     assert {name: s.status for name, s in reply.statuses.items()} == {
-        "": health_pb2.HealthCheckResponse.SERVING, "attnserve.v1.Encoder": health_pb2.HealthCheckResponse.SERVING}
+        "": health_pb2.HealthCheckResponse.SERVING, "attnserve.v1.Encoder": health_pb2.HealthCheckResponse.SERVING,
+        # each model's own service name, as several models are served (server/models.py)
+        "attnserve.v1.Encoder/sentence-transformers/all-MiniLM-L6-v2": health_pb2.HealthCheckResponse.SERVING}
