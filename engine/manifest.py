@@ -40,6 +40,11 @@ class Manifest:
     tokenizer_sha256: str
     variants: dict[str, GraphVariant]
     tools: dict
+    # Optional fields (absent in older manifests): "embedder", or "reranker" (a cross-encoder whose graphs
+    # take token_type_ids and output scores (B, num_labels) of raw logits, model/heads.py).
+    kind: str = "embedder"
+    num_labels: int = 0  # a reranker's classifier outputs
+    score_activation: str | None = None  # a reranker's CrossEncoder activation: "sigmoid" or "identity"
 
     def path(self, name: str) -> Path:
         return self.directory / name
@@ -54,7 +59,9 @@ class Manifest:
             "variants": {name: {"file": v.file, "sha256": v.sha256, "precision": v.precision, "fused": v.fused,
                                 "outputs": list(v.outputs), "parity": v.parity}
                          for name, v in self.variants.items()},
-            "tools": self.tools,
+            "tools": self.tools, "kind": self.kind,
+            **({"num_labels": self.num_labels, "score_activation": self.score_activation}
+               if self.kind == "reranker" else {}),
         }
 
 
@@ -97,8 +104,11 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             intermediate_size=int(raw["intermediate_size"]), vocab_size=int(raw["vocab_size"]),
             max_seq_length=int(raw["max_seq_length"]), pooling=str(raw["pooling"]), normalize=bool(raw["normalize"]),
             tokenizer=str(raw["tokenizer"]["file"]), tokenizer_sha256=str(raw["tokenizer"]["sha256"]),
-            variants=variants, tools=dict(raw.get("tools", {})),
+            variants=variants, tools=dict(raw.get("tools", {})), kind=str(raw.get("kind", "embedder")),
+            num_labels=int(raw.get("num_labels", 0)), score_activation=raw.get("score_activation"),
         )
+        if manifest.kind not in ("embedder", "reranker"):
+            raise ArtifactError(f"{path}: kind {manifest.kind!r} is not embedder or reranker; re-export")
     except ArtifactError:
         raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:

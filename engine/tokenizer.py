@@ -33,6 +33,8 @@ class Token:
 class TokenizedInput:
     ids: np.ndarray  # (T,) int64, special tokens included
     truncated: bool
+    type_ids: np.ndarray | None = None  # (T,) int64 token types (segment b is 1 for BERT); None: all zeros
+    pair_start: int | None = None  # a pair's index of the first token of segment b; None: not a pair
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -83,6 +85,70 @@ class TextTokenizer:
                     f"{label}: longer than max_seq_length {self.max_seq_length} tokens; allow truncation to cut it")
             out.append(TokenizedInput(np.asarray(encoding.ids, dtype=np.int64), truncated))
         return out
+
+    def encode_pairs(self, pairs: Sequence[tuple[str, str]], truncate: bool = True,
+                     labels: Sequence[str] | None = None, direction: str = "right") -> list[TokenizedInput]:
+        """Sentence pairs (a, b) as the checkpoint's own post-processor joins them ("[CLS] a [SEP] b [SEP]" with
+        type 1 for b, for BERT), cut by the tokenizers library's longest-first rule to max_seq_length.
+
+        Memory: with direction "right" each side is tokenized only as far as its stable prefix reaches (see
+        _pair_sides); with "left" both sides are tokenized whole, as single texts cut from the left are.
+        """
+        labels = labels or [f"input {i}" for i in range(len(pairs))]
+        for pair, label in zip(pairs, labels, strict=True):
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                raise InvalidInputError(f"{label}: a pair must be two texts")
+            _check_texts(pair, [f"{label} text a", f"{label} text b"])
+        out = []
+        for (a, b), label in zip(pairs, labels, strict=True):
+            if direction == "left":
+                shorten = self._shortening.apply if self._shortening else (lambda text: text)
+                encoding = self._left.encode(shorten(a), shorten(b))
+                truncated = bool(encoding.overflowing)
+            else:
+                encoding, truncated = self._pair_sides(a, b)
+            if truncated and not truncate:
+                raise InvalidInputError(
+                    f"{label}: the pair is longer than max_seq_length {self.max_seq_length} tokens; "
+                    "allow truncation to cut it")
+            out.append(TokenizedInput(np.asarray(encoding.ids, dtype=np.int64), truncated,
+                                      np.asarray(encoding.type_ids, dtype=np.int64), _pair_start(encoding)))
+        return out
+
+    def _pair_sides(self, a: str, b: str):
+        """The pair's encoding cut longest-first from the right, from a bounded prefix of each side; and whether
+        it was cut.
+
+        Why prefixes give the whole texts' result. Let t = max_seq_length less the pair's special tokens and
+        K = max_seq_length less one text's special tokens, plus 1 (the tokens a stable prefix fixes,
+        stable_prefix.py); pair templates add at least as many special tokens as single ones, so K >= t + 1. The
+        longest-first rule of `tokenizers` (utils/truncation.rs, kept from its legacy code) sees only the two
+        lengths la, lb: with s the shorter (a on a tie), nothing is cut if la + lb <= t; else if s <= t / 2 the
+        shorter keeps s and the longer t - s, otherwise the shorter keeps t // 2 and the longer t - t // 2.
+        Each side keeps at most t < K tokens, its first ones, which its stable prefix gives exactly. Clip each
+        length to min(l, K): a side that reached K has l >= K > t, so la + lb > t either way (the pair is cut in
+        both), and min(l, K) > t / 2 exactly when l > t / 2, so every branch is the same; only which side is
+        shorter can change, when both reached K. It matters only for odd t (the shorter keeps one token
+        fewer): then both sides are tokenized whole to compare their lengths (cost bounded by the request, as
+        for left truncation), and the shorter is clipped to K - 1 (still > t / 2, and >= every kept length).
+        """
+        k = self._prefix.stable_tokens
+        sides = []
+        for text in (a, b):
+            encoding = self._whole.encode(self._prefix.of(text), add_special_tokens=False)
+            sides.append((encoding, len(encoding.ids) >= k))
+        (ea, a_long), (eb, b_long) = sides
+        t = self.max_seq_length - self._whole.num_special_tokens_to_add(True)
+        clip_a = clip_b = k
+        if a_long and b_long and t % 2:
+            shorten = self._shortening.apply if self._shortening else (lambda text: text)
+            la, lb = (len(self._whole.encode(shorten(x), add_special_tokens=False).ids) for x in (a, b))
+            if la > lb:
+                clip_b = k - 1  # b is shorter; on a tie a counts as shorter, as clipping both to k says
+        ea.truncate(clip_a)
+        eb.truncate(clip_b)
+        truncated = len(ea.ids) + len(eb.ids) > t
+        return self._tokenizer.post_process(ea, eb), truncated
 
     def encode_ids(self, sequences: Sequence[Sequence[int]], truncate: bool = True,
                    labels: Sequence[str] | None = None, direction: str = "right") -> list[TokenizedInput]:
@@ -142,6 +208,16 @@ class TextTokenizer:
     def tokens(self, ids: np.ndarray) -> list[str]:
         """The word pieces for ids, to label attention maps."""
         return [self._tokenizer.id_to_token(int(i)) or "[UNK]" for i in ids]
+
+
+def _pair_start(encoding) -> int:
+    """The index of segment b's first token: its first token of sequence 1, or where it would be if empty."""
+    sequences = encoding.sequence_ids
+    for i, sequence in enumerate(sequences):
+        if sequence == 1:
+            return i
+    # Segment b kept no token (a text of characters the normalizer removes): after segment a and its separators.
+    return max((i for i, sequence in enumerate(sequences) if sequence == 0), default=0) + 1
 
 
 def _check_texts(texts: Sequence[str], labels: Sequence[str]) -> None:

@@ -24,6 +24,7 @@ from attnserve.model.checkpoint import Checkpoint, load_encoder
 from attnserve.model.encoder import SentenceEncoder
 
 from .optimize import convert_fp16, fuse_attention, quantize_int8
+from .reranker import reranker_variants
 from .tokenizer_parity import check_tokenizer
 from .torch_to_onnx import export_graph
 from .verify import TOLERANCES, Reference, verify
@@ -71,27 +72,19 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
         raise ArtifactError(f"cannot write artifacts under {out.parent}: {e.strerror}") from None
     try:
         log(f"exporting {ckpt.name} ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size}) to ONNX")
-        export_graph(SentenceEncoder(encoder, ckpt.pooling), work / VARIANTS["embeddings"][0])
-        export_graph(SentenceEncoder(encoder, ckpt.pooling, output_attentions=True), work / VARIANTS["attention"][0])
-        counts = fuse_attention(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fused"][0], ckpt.config)
-        log(f"fused attention: {counts.get('Attention', 0)} Attention nodes for {ckpt.config.num_layers} layers")
-        quantize_int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0])
-        convert_fp16(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fp16"][0], ckpt.config)
         shutil.copyfile(ckpt.tokenizer_file, work / "tokenizer.json")
-
         tokenizer = TextTokenizer(work / "tokenizer.json", ckpt.max_seq_length, ckpt.config.vocab_size)
-        reference = Reference(encoder, ckpt.pooling, tokenizer)
-        variants = {}
-        for name, (file, precision, fused, outputs) in VARIANTS.items():
-            parity = verify(work / file, precision, reference)
-            log(f"verified {file:24s} {TOLERANCES[precision].describe(parity[TOLERANCES[precision].metric])}")
-            variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, fused, outputs, parity)
+        if ckpt.kind == "reranker":
+            variants = reranker_variants(ckpt, encoder, tokenizer, work, log)
+        else:
+            variants = _embedder_variants(ckpt, encoder, tokenizer, work, log)
         manifest = Manifest(
             directory=out, model=ckpt.name, hidden_size=ckpt.config.hidden_size, num_layers=ckpt.config.num_layers,
             num_heads=ckpt.config.num_heads, intermediate_size=ckpt.config.intermediate_size,
             vocab_size=ckpt.config.vocab_size, max_seq_length=ckpt.max_seq_length, pooling=ckpt.pooling,
             normalize=ckpt.normalize, tokenizer="tokenizer.json", tokenizer_sha256=sha256_of(work / "tokenizer.json"),
-            variants=variants, tools=_tool_versions(),
+            variants=variants, tools=_tool_versions(), kind=ckpt.kind, num_labels=ckpt.num_labels,
+            score_activation=ckpt.score_activation,
         )
         (work / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
         _claim_destination(out)
@@ -102,3 +95,20 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
         shutil.rmtree(work, ignore_errors=True)
     log(f"wrote {out} in {time.perf_counter() - start:.1f}s")
     return manifest
+
+
+def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work: Path, log: Callable[[str], None]
+                       ) -> dict[str, GraphVariant]:
+    export_graph(SentenceEncoder(encoder, ckpt.pooling), work / VARIANTS["embeddings"][0])
+    export_graph(SentenceEncoder(encoder, ckpt.pooling, output_attentions=True), work / VARIANTS["attention"][0])
+    counts = fuse_attention(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fused"][0], ckpt.config)
+    log(f"fused attention: {counts.get('Attention', 0)} Attention nodes for {ckpt.config.num_layers} layers")
+    quantize_int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0])
+    convert_fp16(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fp16"][0], ckpt.config)
+    reference = Reference(encoder, ckpt.pooling, tokenizer)
+    variants = {}
+    for name, (file, precision, fused, outputs) in VARIANTS.items():
+        parity = verify(work / file, precision, reference)
+        log(f"verified {file:24s} {TOLERANCES[precision].describe(parity[TOLERANCES[precision].metric])}")
+        variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, fused, outputs, parity)
+    return variants

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from attnserve.errors import CheckpointError
 
+from . import heads
 from .encoder import Encoder, EncoderConfig
 from .pipeline import read_json, read_pipeline
 
@@ -46,6 +47,9 @@ class Checkpoint:
     # Where max_seq_length came from: "sentence_bert_config.json", or "tokenizer" (its model_max_length,
     # capped at the model's positions), which the export checks against transformers' own tokenizer.
     max_seq_length_from: str
+    kind: str = "embedder"  # or "reranker": a BertForSequenceClassification checkpoint (heads.py)
+    num_labels: int = 0  # a reranker's classifier outputs
+    score_activation: str | None = None  # a reranker's CrossEncoder activation (heads.ACTIVATIONS)
 
     @property
     def weights_file(self) -> Path:
@@ -68,10 +72,13 @@ def _encoder_config(raw: dict, path: Path) -> EncoderConfig:
     architectures = raw.get("architectures") or []
     if not isinstance(architectures, list):
         raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
-    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
-    if heads:
-        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
-                              f"{' or '.join(ENCODER_ARCHITECTURES)})")
+    heads_ = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
+    if heads_ == [heads.RERANKER_ARCHITECTURES[0]] and len(architectures) == 1:
+        heads_ = []  # the classifier head is exported as a reranker (heads.py)
+    if heads_:
+        raise CheckpointError(f"{path}: cannot reproduce architecture {heads_[0]} (the export runs the bare encoder: "
+                              f"{' or '.join(ENCODER_ARCHITECTURES)}, or a reranker: "
+                              f"{' or '.join(heads.RERANKER_ARCHITECTURES)})")
     if raw.get("is_decoder"):
         raise CheckpointError(f"{path}: cannot reproduce is_decoder true (causal attention)")
     try:
@@ -108,8 +115,9 @@ def _head_keys(keys: list[str]) -> list[str]:
             and not (k.startswith(prefix) and k.removeprefix(prefix).startswith(ENCODER_PARTS))]
 
 
-def _check_no_head(weights: Path) -> None:
-    """Read the safetensors header only (no tensor data) and refuse a checkpoint that carries a task head."""
+def _check_no_head(weights: Path, allowed: tuple[str, ...] = ()) -> None:
+    """Read the safetensors header only (no tensor data) and refuse a checkpoint that carries a task head other
+    than exactly `allowed` (a reranker's classifier keys)."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -118,7 +126,10 @@ def _check_no_head(weights: Path) -> None:
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"corrupt weights file {weights}: {e}") from None
     heads = _head_keys(keys)
-    if heads:
+    if allowed and sorted(heads) != sorted(allowed):
+        raise CheckpointError(f"{weights}: a BertForSequenceClassification checkpoint must hold exactly the "
+                              f"classifier head {', '.join(allowed)} outside the encoder, got {sorted(heads)[:5]}")
+    if heads and not allowed:
         modules = sorted({k.rsplit(".", 1)[0] for k in heads})
         raise CheckpointError(f"{weights}: cannot reproduce the head {', '.join(m + '.*' for m in modules[:3])}"
                               f"{'...' if len(modules) > 3 else ''} ({len(heads)} tensors outside the encoder)")
@@ -130,16 +141,35 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {directory}")
-    cfg = _encoder_config(read_json(directory / "config.json"), directory / "config.json")
+    raw = read_json(directory / "config.json")
+    cfg = _encoder_config(raw, directory / "config.json")
     for required in ("model.safetensors", "tokenizer.json"):
         if not (directory / required).is_file():
             if required == "model.safetensors" and any(directory.glob("*.bin")):
                 raise CheckpointError(f"{directory}: only model.safetensors is accepted, not pickle .bin weights")
             raise CheckpointError(f"checkpoint file missing: {directory / required}")
+    if heads.is_reranker(raw.get("architectures") or []):
+        return _read_reranker(directory, name, cfg, raw)
     pipeline = read_pipeline(directory, cfg.max_position_embeddings)
     _check_no_head(directory / "model.safetensors")
     return Checkpoint(directory, name or directory.name, cfg, pipeline.pooling, pipeline.normalize,
                       pipeline.max_seq_length, pipeline.max_seq_length_from)
+
+
+def _read_reranker(directory: Path, name: str | None, cfg: EncoderConfig, raw: dict) -> Checkpoint:
+    """A cross-encoder: the encoder, its pooler and classifier (heads.py), the CrossEncoder's truncation."""
+    from .pipeline import _tokenizer_max_length
+
+    spec = heads.read_reranker(directory, raw)
+    _check_no_head(directory / "model.safetensors", heads.CLASSIFIER_KEYS)
+    length, length_from = spec.max_seq_length, "sentence_bert_config.json"
+    if length is None:
+        length, length_from = _tokenizer_max_length(directory, cfg.max_position_embeddings), "tokenizer"
+    if length > cfg.max_position_embeddings:
+        raise CheckpointError(f"{directory}: cannot reproduce max_seq_length {length}: the model has only "
+                              f"{cfg.max_position_embeddings} positions")
+    return Checkpoint(directory, name or directory.name, cfg, "cls", False, length, length_from,
+                      kind="reranker", num_labels=spec.num_labels, score_activation=spec.score_activation)
 
 
 def key_map(cfg: EncoderConfig) -> dict[str, str]:
@@ -180,7 +210,8 @@ def load_encoder(ckpt: Checkpoint) -> Encoder:
     # A masked-LM checkpoint prefixes the encoder's keys with "bert." and adds its (unused) head;
     # read_checkpoint has refused any other head, so every other key must be the encoder's.
     prefix = _encoder_prefix(list(tensors))
-    tensors = {k.removeprefix(prefix): v for k, v in tensors.items() if not k.startswith(UNUSED_HEADS)}
+    tensors = {k.removeprefix(prefix): v for k, v in tensors.items()
+               if not k.startswith(UNUSED_HEADS) and k not in heads.CLASSIFIER_KEYS}  # a reranker's: heads.py
     mapping = key_map(ckpt.config)
     missing = sorted(set(mapping) - set(tensors))
     unexpected = sorted(set(tensors) - set(mapping) - set(IGNORED_KEYS))
