@@ -25,15 +25,17 @@ from attnserve.engine.tokenizer import Token
 from .batcher import Batcher
 from .errors import ModelNotFoundError, ShuttingDownError
 from .memory import MemoryReturn
-from .replies import EncodeReply, build_reply
+from .replies import EncodeReply, RerankReply, build_reply, build_rerank_reply
 from .requests import (
     DecodeRequest,
     EncodeRequest,
     PreparedRequest,
     RequestLimits,
+    RerankRequest,
     TokenizeRequest,
     prepare,
     prepare_decode,
+    prepare_rerank,
     prepare_tokenize,
 )
 
@@ -118,7 +120,8 @@ class Core:
         try:
             self._batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
             prepared = await loop.run_in_executor(
-                self._executor, prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes)
+                self._executor, prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
+                engine.takes_token_types)
             rows = await self._batcher.submit(prepared.inputs, prepared.options.attention, deadline)
             body = await loop.run_in_executor(self._executor, self._render, rows, prepared, render)
             return body, prepared.tokens
@@ -127,6 +130,31 @@ class Core:
 
     def _render(self, rows, prepared: PreparedRequest, render: Callable[[EncodeReply], bytes]) -> bytes:
         return render(build_reply(rows, prepared.inputs, prepared.options, self.engine.tokenizer))
+
+    def _model(self, name: str | None) -> tuple[Engine, Batcher]:
+        """The engine and batcher of the request's model: the one place a request's model is resolved (one model
+        per server for now; helper multi's registry takes over here)."""
+        if name is not None:
+            self.check_model(name)
+        return self.engine, self._batcher
+
+    async def rerank(self, request: RerankRequest, deadline: float | None) -> RerankReply:
+        """Score (query, text) pairs with a reranker through the same batcher as embeddings, sorted best first.
+
+        deadline: a time.monotonic() value, or None."""
+        loop = asyncio.get_running_loop()
+        engine, batcher = self._model(request.model)
+        self.check_open()
+        self._memory.busy()
+        try:
+            batcher.check_room(len(request.texts))  # a full queue costs no tokenizing
+            prepared = await loop.run_in_executor(
+                self._executor, prepare_rerank, request, engine.tokenizer, engine.manifest, self.limits,
+                engine.takes_token_types)
+            rows = await batcher.submit(prepared.inputs, False, deadline)
+            return build_rerank_reply(rows, prepared, engine.manifest.score_activation)
+        finally:
+            self._memory.done(0)
 
     async def tokenize(self, request: TokenizeRequest) -> list[list[Token]]:
         self.check_open()

@@ -14,7 +14,13 @@ from attnserve.engine.pooling import l2_normalize, pool
 from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
 
 from .batcher import RowOutput
-from .requests import ReplyOptions
+from .requests import PreparedRerank, ReplyOptions
+
+# A reranker's CrossEncoder activations (model/heads.py names them in the manifest), on (N,) float32 logits.
+SCORE_ACTIVATIONS = {
+    "sigmoid": lambda logits: 1.0 / (1.0 + np.exp(-logits)),
+    "identity": lambda logits: logits,
+}
 
 
 @dataclass
@@ -24,6 +30,7 @@ class EncodedInput:
     tokens: list[str] | None  # the word pieces, when token embeddings or attention were asked for
     token_embeddings: np.ndarray | None  # (T, H) float32
     attentions: np.ndarray | None  # (layers, heads or 1, T, T) float32, each row summing to 1
+    pair_start: int | None = None  # a pair's index of the first token of segment b; None: not a pair
 
 
 @dataclass
@@ -65,4 +72,26 @@ def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokeni
         num_tokens=len(item), truncated=item.truncated,
         tokens=tokenizer.tokens(item.ids) if options.tokens else None,
         token_embeddings=row.token_embeddings if options.token_embeddings else None,
-        attentions=attentions)
+        attentions=attentions, pair_start=item.pair_start)
+
+
+@dataclass
+class RerankResult:
+    index: int  # the text's position in the request
+    score: float
+    text: str | None  # the text, when the request asked for it
+
+
+@dataclass
+class RerankReply:
+    results: list[RerankResult]  # best first: sorted by score descending (ties in request order), top_n of them
+    tokens: int  # all pairs' tokens: what the request cost
+
+
+def build_rerank_reply(rows: Sequence[RowOutput], prepared: PreparedRerank, activation: str | None
+                       ) -> RerankReply:
+    logits = np.array([row.scores[0] for row in rows if row.scores is not None], dtype=np.float32)  # (N,)
+    scores = logits if prepared.raw_scores else SCORE_ACTIVATIONS[activation or "identity"](logits)
+    order = np.argsort(-scores, kind="stable")[: prepared.top_n]
+    return RerankReply([RerankResult(int(i), float(scores[i]), prepared.texts[i] if prepared.return_text else None)
+                        for i in order], prepared.tokens)

@@ -24,39 +24,47 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61ttnserve/v1/encoder.proto\x12\x0c\x61ttnserve.v1\"\xd0\x02\n\x0c\x45mbedRequest\x12#\n\x06inputs\x18\x01 \x03(\x0b\x32\x13.attnserve.v1.Input\x12&\n\x07pooling\x18\x02 \x01(\x0e\x32\x15.attnserve.v1.Pooling\x12\x16\n\tnormalize\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x1f\n\x17return_token_embeddings\x18\x04 \x01(\x08\x12\x31\n\tattention\x18\x05 \x01(\x0b\x32\x1e.attnserve.v1.AttentionOptions\x12\x10\n\x08truncate\x18\x06 \x01(\x08\x12\x17\n\ndimensions\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12?\n\x14truncation_direction\x18\x08 \x01(\x0e\x32!.attnserve.v1.TruncationDirectionB\x0c\n\n_normalizeB\r\n\x0b_dimensions\"O\n\x05Input\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x16.attnserve.v1.TokenIdsH\x00\x42\t\n\x07\x63ontent\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"H\n\x10\x41ttentionOptions\x12\x0e\n\x06layers\x18\x01 \x03(\x05\x12\x15\n\raverage_heads\x18\x02 \x01(\x08\x12\r\n\x05heads\x18\x03 \x03(\x05\"I\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\"\n\x05\x64type\x18\x02 \x01(\x0e\x32\x13.attnserve.v1.DType\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xce\x01\n\tEmbedding\x12\x30\n\x12sentence_embedding\x18\x01 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12.\n\x10token_embeddings\x18\x02 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12(\n\nattentions\x18\x03 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x0e\n\x06tokens\x18\x04 \x03(\t\x12\x12\n\nnum_tokens\x18\x05 \x01(\x05\x12\x11\n\ttruncated\x18\x06 \x01(\x08\"K\n\rEmbedResponse\x12+\n\nembeddings\x18\x01 \x03(\x0b\x32\x17.attnserve.v1.Embedding\x12\r\n\x05model\x18\x02 \x01(\t\"\x15\n\x13GetModelInfoRequest\"\x88\x02\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0bhidden_size\x18\x02 \x01(\x05\x12\x12\n\nnum_layers\x18\x03 \x01(\x05\x12\x11\n\tnum_heads\x18\x04 \x01(\x05\x12\x16\n\x0emax_seq_length\x18\x05 \x01(\x05\x12\x12\n\nvocab_size\x18\x06 \x01(\x05\x12\x0f\n\x07pooling\x18\x07 \x01(\t\x12\x11\n\tnormalize\x18\x08 \x01(\x08\x12\x10\n\x08provider\x18\t \x01(\t\x12\x11\n\tprecision\x18\n \x01(\t\x12*\n\x06limits\x18\x0b \x01(\x0b\x32\x1a.attnserve.v1.ServerLimits\x12\x0f\n\x07version\x18\x0c \x01(\t\"\xe1\x01\n\x0cServerLimits\x12\x1e\n\x16max_inputs_per_request\x18\x01 \x01(\x05\x12\x18\n\x10max_batch_tokens\x18\x02 \x01(\x05\x12\x16\n\x0emax_batch_size\x18\x03 \x01(\x05\x12\x18\n\x10max_queue_tokens\x18\x04 \x01(\x03\x12\x19\n\x11max_request_bytes\x18\x05 \x01(\x03\x12\x1a\n\x12max_response_bytes\x18\x06 \x01(\x03\x12\x13\n\x0bmax_wait_ms\x18\x07 \x01(\x01\x12\x19\n\x11max_queue_wait_ms\x18\x08 \x01(\x01*<\n\x13TruncationDirection\x12\x12\n\x0eTRUNCATE_RIGHT\x10\x00\x12\x11\n\rTRUNCATE_LEFT\x10\x01*1\n\x07Pooling\x12\x13\n\x0fPOOLING_DEFAULT\x10\x00\x12\x08\n\x04MEAN\x10\x01\x12\x07\n\x03\x43LS\x10\x02*8\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT16\x10\x02\x32\xe3\x01\n\x07\x45ncoder\x12@\n\x05\x45mbed\x12\x1a.attnserve.v1.EmbedRequest\x1a\x1b.attnserve.v1.EmbedResponse\x12J\n\x0b\x45mbedStream\x12\x1a.attnserve.v1.EmbedRequest\x1a\x1b.attnserve.v1.EmbedResponse(\x01\x30\x01\x12J\n\x0cGetModelInfo\x12!.attnserve.v1.GetModelInfoRequest\x1a\x17.attnserve.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61ttnserve/v1/encoder.proto\x12\x0c\x61ttnserve.v1\"\xd0\x02\n\x0c\x45mbedRequest\x12#\n\x06inputs\x18\x01 \x03(\x0b\x32\x13.attnserve.v1.Input\x12&\n\x07pooling\x18\x02 \x01(\x0e\x32\x15.attnserve.v1.Pooling\x12\x16\n\tnormalize\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x1f\n\x17return_token_embeddings\x18\x04 \x01(\x08\x12\x31\n\tattention\x18\x05 \x01(\x0b\x32\x1e.attnserve.v1.AttentionOptions\x12\x10\n\x08truncate\x18\x06 \x01(\x08\x12\x17\n\ndimensions\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12?\n\x14truncation_direction\x18\x08 \x01(\x0e\x32!.attnserve.v1.TruncationDirectionB\x0c\n\n_normalizeB\r\n\x0b_dimensions\"w\n\x05Input\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x16.attnserve.v1.TokenIdsH\x00\x12&\n\x04pair\x18\x03 \x01(\x0b\x32\x16.attnserve.v1.TextPairH\x00\x42\t\n\x07\x63ontent\" \n\x08TextPair\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"H\n\x10\x41ttentionOptions\x12\x0e\n\x06layers\x18\x01 \x03(\x05\x12\x15\n\raverage_heads\x18\x02 \x01(\x08\x12\r\n\x05heads\x18\x03 \x03(\x05\"I\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\"\n\x05\x64type\x18\x02 \x01(\x0e\x32\x13.attnserve.v1.DType\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xf6\x01\n\tEmbedding\x12\x30\n\x12sentence_embedding\x18\x01 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12.\n\x10token_embeddings\x18\x02 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12(\n\nattentions\x18\x03 \x01(\x0b\x32\x14.attnserve.v1.Tensor\x12\x0e\n\x06tokens\x18\x04 \x03(\t\x12\x12\n\nnum_tokens\x18\x05 \x01(\x05\x12\x11\n\ttruncated\x18\x06 \x01(\x08\x12\x17\n\npair_start\x18\x07 \x01(\x05H\x00\x88\x01\x01\x42\r\n\x0b_pair_start\"\xd6\x01\n\rRerankRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x12\n\nraw_scores\x18\x03 \x01(\x08\x12\x13\n\x0breturn_text\x18\x04 \x01(\x08\x12\x10\n\x08truncate\x18\x05 \x01(\x08\x12?\n\x14truncation_direction\x18\x06 \x01(\x0e\x32!.attnserve.v1.TruncationDirection\x12\x12\n\x05top_n\x18\x07 \x01(\x05H\x00\x88\x01\x01\x12\r\n\x05model\x18\x08 \x01(\tB\x08\n\x06_top_n\"H\n\x0cRerankResult\x12\r\n\x05index\x18\x01 \x01(\x05\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x11\n\x04text\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x07\n\x05_text\"L\n\x0eRerankResponse\x12+\n\x07results\x18\x01 \x03(\x0b\x32\x1a.attnserve.v1.RerankResult\x12\r\n\x05model\x18\x02 \x01(\t\"K\n\rEmbedResponse\x12+\n\nembeddings\x18\x01 \x03(\x0b\x32\x17.attnserve.v1.Embedding\x12\r\n\x05model\x18\x02 \x01(\t\"\x15\n\x13GetModelInfoRequest\"\x88\x02\n\tModelInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0bhidden_size\x18\x02 \x01(\x05\x12\x12\n\nnum_layers\x18\x03 \x01(\x05\x12\x11\n\tnum_heads\x18\x04 \x01(\x05\x12\x16\n\x0emax_seq_length\x18\x05 \x01(\x05\x12\x12\n\nvocab_size\x18\x06 \x01(\x05\x12\x0f\n\x07pooling\x18\x07 \x01(\t\x12\x11\n\tnormalize\x18\x08 \x01(\x08\x12\x10\n\x08provider\x18\t \x01(\t\x12\x11\n\tprecision\x18\n \x01(\t\x12*\n\x06limits\x18\x0b \x01(\x0b\x32\x1a.attnserve.v1.ServerLimits\x12\x0f\n\x07version\x18\x0c \x01(\t\"\xe1\x01\n\x0cServerLimits\x12\x1e\n\x16max_inputs_per_request\x18\x01 \x01(\x05\x12\x18\n\x10max_batch_tokens\x18\x02 \x01(\x05\x12\x16\n\x0emax_batch_size\x18\x03 \x01(\x05\x12\x18\n\x10max_queue_tokens\x18\x04 \x01(\x03\x12\x19\n\x11max_request_bytes\x18\x05 \x01(\x03\x12\x1a\n\x12max_response_bytes\x18\x06 \x01(\x03\x12\x13\n\x0bmax_wait_ms\x18\x07 \x01(\x01\x12\x19\n\x11max_queue_wait_ms\x18\x08 \x01(\x01*<\n\x13TruncationDirection\x12\x12\n\x0eTRUNCATE_RIGHT\x10\x00\x12\x11\n\rTRUNCATE_LEFT\x10\x01*1\n\x07Pooling\x12\x13\n\x0fPOOLING_DEFAULT\x10\x00\x12\x08\n\x04MEAN\x10\x01\x12\x07\n\x03\x43LS\x10\x02*8\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT16\x10\x02\x32\xa8\x02\n\x07\x45ncoder\x12@\n\x05\x45mbed\x12\x1a.attnserve.v1.EmbedRequest\x1a\x1b.attnserve.v1.EmbedResponse\x12J\n\x0b\x45mbedStream\x12\x1a.attnserve.v1.EmbedRequest\x1a\x1b.attnserve.v1.EmbedResponse(\x01\x30\x01\x12J\n\x0cGetModelInfo\x12!.attnserve.v1.GetModelInfoRequest\x1a\x17.attnserve.v1.ModelInfo\x12\x43\n\x06Rerank\x12\x1b.attnserve.v1.RerankRequest\x1a\x1c.attnserve.v1.RerankResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'attnserve.v1.encoder_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TRUNCATIONDIRECTION']._serialized_start=1442
-  _globals['_TRUNCATIONDIRECTION']._serialized_end=1502
-  _globals['_POOLING']._serialized_start=1504
-  _globals['_POOLING']._serialized_end=1553
-  _globals['_DTYPE']._serialized_start=1555
-  _globals['_DTYPE']._serialized_end=1611
+  _globals['_TRUNCATIONDIRECTION']._serialized_start=1925
+  _globals['_TRUNCATIONDIRECTION']._serialized_end=1985
+  _globals['_POOLING']._serialized_start=1987
+  _globals['_POOLING']._serialized_end=2036
+  _globals['_DTYPE']._serialized_start=2038
+  _globals['_DTYPE']._serialized_end=2094
   _globals['_EMBEDREQUEST']._serialized_start=45
   _globals['_EMBEDREQUEST']._serialized_end=381
   _globals['_INPUT']._serialized_start=383
-  _globals['_INPUT']._serialized_end=462
-  _globals['_TOKENIDS']._serialized_start=464
-  _globals['_TOKENIDS']._serialized_end=487
-  _globals['_ATTENTIONOPTIONS']._serialized_start=489
-  _globals['_ATTENTIONOPTIONS']._serialized_end=561
-  _globals['_TENSOR']._serialized_start=563
-  _globals['_TENSOR']._serialized_end=636
-  _globals['_EMBEDDING']._serialized_start=639
-  _globals['_EMBEDDING']._serialized_end=845
-  _globals['_EMBEDRESPONSE']._serialized_start=847
-  _globals['_EMBEDRESPONSE']._serialized_end=922
-  _globals['_GETMODELINFOREQUEST']._serialized_start=924
-  _globals['_GETMODELINFOREQUEST']._serialized_end=945
-  _globals['_MODELINFO']._serialized_start=948
-  _globals['_MODELINFO']._serialized_end=1212
-  _globals['_SERVERLIMITS']._serialized_start=1215
-  _globals['_SERVERLIMITS']._serialized_end=1440
-  _globals['_ENCODER']._serialized_start=1614
-  _globals['_ENCODER']._serialized_end=1841
+  _globals['_INPUT']._serialized_end=502
+  _globals['_TEXTPAIR']._serialized_start=504
+  _globals['_TEXTPAIR']._serialized_end=536
+  _globals['_TOKENIDS']._serialized_start=538
+  _globals['_TOKENIDS']._serialized_end=561
+  _globals['_ATTENTIONOPTIONS']._serialized_start=563
+  _globals['_ATTENTIONOPTIONS']._serialized_end=635
+  _globals['_TENSOR']._serialized_start=637
+  _globals['_TENSOR']._serialized_end=710
+  _globals['_EMBEDDING']._serialized_start=713
+  _globals['_EMBEDDING']._serialized_end=959
+  _globals['_RERANKREQUEST']._serialized_start=962
+  _globals['_RERANKREQUEST']._serialized_end=1176
+  _globals['_RERANKRESULT']._serialized_start=1178
+  _globals['_RERANKRESULT']._serialized_end=1250
+  _globals['_RERANKRESPONSE']._serialized_start=1252
+  _globals['_RERANKRESPONSE']._serialized_end=1328
+  _globals['_EMBEDRESPONSE']._serialized_start=1330
+  _globals['_EMBEDRESPONSE']._serialized_end=1405
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1407
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1428
+  _globals['_MODELINFO']._serialized_start=1431
+  _globals['_MODELINFO']._serialized_end=1695
+  _globals['_SERVERLIMITS']._serialized_start=1698
+  _globals['_SERVERLIMITS']._serialized_end=1923
+  _globals['_ENCODER']._serialized_start=2097
+  _globals['_ENCODER']._serialized_end=2393
 # @@protoc_insertion_point(module_scope)
