@@ -118,6 +118,21 @@ class TeiDecodeBody(_TeiBody):
     skip_special_tokens: bool = True
 
 
+class TeiRerankBody(_TeiBody):
+    query: str
+    texts: list[str] = Field(description="each scored as the pair (query, text)")
+    raw_scores: bool = Field(False, description="the raw logits rather than the model's activation (a sigmoid)")
+    return_text: bool = False
+    truncate: bool | None = Field(None, description="false or unset: a pair over max_seq_length is refused")
+    truncation_direction: TruncationDirection = "Right"
+
+
+class TeiRank(BaseModel):
+    index: int
+    score: float
+    text: str | None = Field(None, description="present when return_text")
+
+
 class TeiToken(BaseModel):
     id: int
     text: str
@@ -155,6 +170,35 @@ class TeiInfo(BaseModel):
 class TeiError(BaseModel):
     error: str
     error_type: str
+
+
+# --- Cohere / Infinity rerank -------------------------------------------------
+
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    text: str
+
+
+class CohereRerankBody(_Strict):
+    query: str
+    documents: list[str | RerankDocument] = Field(description="strings, or objects with a `text`")
+    model: str | None = Field(None, description="the served model's name or an alias; unset: the default model")
+    top_n: int | None = Field(None, description="how many of the best results to return; unset: all")
+    return_documents: bool = Field(False, description="return each document with its result")
+
+
+class CohereRerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = Field(None, description="present when return_documents")
+
+
+class CohereRerankReply(BaseModel):
+    id: str
+    object: Literal["rerank"]
+    results: list[CohereRerankResult] = Field(description="best first")
+    model: str
+    usage: Usage
 
 
 # --- attnserve's own --------------------------------------------------------
