@@ -101,12 +101,7 @@ class TextTokenizer:
             _check_texts(pair, [f"{label} text a", f"{label} text b"])
         out = []
         for (a, b), label in zip(pairs, labels, strict=True):
-            if direction == "left":
-                shorten = self._shortening.apply if self._shortening else (lambda text: text)
-                encoding = self._left.encode(shorten(a), shorten(b))
-                truncated = bool(encoding.overflowing)
-            else:
-                encoding, truncated = self._pair_sides(a, b)
+            encoding, truncated = self._pair(a, b, direction)
             if truncated and not truncate:
                 raise InvalidInputError(
                     f"{label}: the pair is longer than max_seq_length {self.max_seq_length} tokens; "
@@ -115,40 +110,50 @@ class TextTokenizer:
                                       np.asarray(encoding.type_ids, dtype=np.int64), _pair_start(encoding)))
         return out
 
-    def _pair_sides(self, a: str, b: str):
-        """The pair's encoding cut longest-first from the right, from a bounded prefix of each side; and whether
-        it was cut.
+    def _pair(self, a: str, b: str, direction: str):
+        """The pair's encoding cut longest-first, from a bounded part of each side; and whether it was cut.
 
-        Why prefixes give the whole texts' result. Let t = max_seq_length less the pair's special tokens and
+        Each side is tokenized without special tokens, clipped, and the two are joined by the tokenizer's own
+        truncation and post-processor (Tokenizer.post_process). Never the library's pair encoding of whole
+        texts: its overflowing windows are the product of the two sides' windows, quadratic in their length.
+
+        Why clipped sides give the whole texts' result. Let t = max_seq_length less the pair's special tokens and
         K = max_seq_length less one text's special tokens, plus 1 (the tokens a stable prefix fixes,
         stable_prefix.py); pair templates add at least as many special tokens as single ones, so K >= t + 1. The
         longest-first rule of `tokenizers` (utils/truncation.rs, kept from its legacy code) sees only the two
         lengths la, lb: with s the shorter (a on a tie), nothing is cut if la + lb <= t; else if s <= t / 2 the
         shorter keeps s and the longer t - s, otherwise the shorter keeps t // 2 and the longer t - t // 2.
-        Each side keeps at most t < K tokens, its first ones, which its stable prefix gives exactly. Clip each
-        length to min(l, K): a side that reached K has l >= K > t, so la + lb > t either way (the pair is cut in
-        both), and min(l, K) > t / 2 exactly when l > t / 2, so every branch is the same; only which side is
-        shorter can change, when both reached K. It matters only for odd t (the shorter keeps one token
-        fewer): then both sides are tokenized whole to compare their lengths (cost bounded by the request, as
-        for left truncation), and the shorter is clipped to K - 1 (still > t / 2, and >= every kept length).
+        Each side keeps at most t < K tokens, its first (or, cut from the left, its last) ones. Clip each length
+        to min(l, K): a side that reached K has l >= K > t, so la + lb > t either way (the pair is cut in both),
+        and min(l, K) > t / 2 exactly when l > t / 2, so every branch is the same; only which side is shorter can
+        change, when both reached K. That matters only for odd t (the shorter keeps one token fewer): then the
+        shorter is clipped to K - 1 instead (still > t / 2, and >= every kept length).
+
+        Cut from the right, a side's first K tokens come from its stable prefix (its cost bounded by
+        max_seq_length); the lengths of two sides that both reached K are then unknown, and for odd t both are
+        tokenized whole to compare them (cost bounded by the request). Cut from the left, a side's last tokens
+        are decided by no prefix, so both sides are tokenized whole, as single texts cut from the left are.
         """
         k = self._prefix.stable_tokens
-        sides = []
-        for text in (a, b):
-            encoding = self._whole.encode(self._prefix.of(text), add_special_tokens=False)
-            sides.append((encoding, len(encoding.ids) >= k))
-        (ea, a_long), (eb, b_long) = sides
+        shorten = self._shortening.apply if self._shortening else (lambda text: text)
+        if direction == "left":
+            ea, eb = (self._whole.encode(shorten(x), add_special_tokens=False) for x in (a, b))
+            la, lb = len(ea.ids), len(eb.ids)
+        else:
+            ea, eb = (self._whole.encode(self._prefix.of(x), add_special_tokens=False) for x in (a, b))
+            la, lb = len(ea.ids), len(eb.ids)  # exact below k; at least k (and only that known) otherwise
         t = self.max_seq_length - self._whole.num_special_tokens_to_add(True)
         clip_a = clip_b = k
-        if a_long and b_long and t % 2:
-            shorten = self._shortening.apply if self._shortening else (lambda text: text)
-            la, lb = (len(self._whole.encode(shorten(x), add_special_tokens=False).ids) for x in (a, b))
+        if la >= k and lb >= k and t % 2:
+            if direction != "left":
+                la, lb = (len(self._whole.encode(shorten(x), add_special_tokens=False).ids) for x in (a, b))
             if la > lb:
                 clip_b = k - 1  # b is shorter; on a tie a counts as shorter, as clipping both to k says
-        ea.truncate(clip_a)
-        eb.truncate(clip_b)
+        ea.truncate(clip_a, direction=direction)
+        eb.truncate(clip_b, direction=direction)
         truncated = len(ea.ids) + len(eb.ids) > t
-        return self._tokenizer.post_process(ea, eb), truncated
+        joiner = self._left if direction == "left" else self._tokenizer
+        return joiner.post_process(ea, eb), truncated
 
     def encode_ids(self, sequences: Sequence[Sequence[int]], truncate: bool = True,
                    labels: Sequence[str] | None = None, direction: str = "right") -> list[TokenizedInput]:
