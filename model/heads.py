@@ -115,8 +115,8 @@ def _transformer_max_length(directory: Path) -> int | None:
         raw = read_json(modules)
         if not isinstance(raw, list) or len(raw) != 1 or not isinstance(raw[0], dict) \
                 or not str(raw[0].get("type", "")).endswith(".Transformer") or raw[0].get("path") != "":
-            raise CheckpointError(f"{modules}: cannot reproduce this CrossEncoder pipeline (only one Transformer "
-                                  "module at the checkpoint's root)")
+            raise CheckpointError(f"{modules}: cannot reproduce this pipeline over a BertForSequenceClassification "
+                                  "checkpoint (a CrossEncoder's is one Transformer module at the checkpoint's root)")
     path = directory / "sentence_bert_config.json"
     if not path.exists():
         return None

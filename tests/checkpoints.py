@@ -57,20 +57,18 @@ def save_tiny_bert(directory: Path, vocab_size: int = 64, model_class: str = "Be
 def save_cross_encoder(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     """A 2-layer, hidden-32 BertForSequenceClassification (one label) with `tokenizer_dir`'s tokenizer, saved by
     sentence-transformers' CrossEncoder as it saves rerankers (modules.json, config_sentence_transformers.json
-    with its Sigmoid activation). The classifier's weights are drawn wider than transformers' initialisation, so
-    that scores spread over the sigmoid rather than all sitting at 0.5."""
+    with its Sigmoid activation). Its weights are drawn wider than transformers' default initialisation (0.5, not
+    0.02), so that the scores spread over the sigmoid rather than all sitting at one value."""
     import torch
     import transformers
     from sentence_transformers import CrossEncoder
 
     vocab = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
     config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=64, num_labels=1)
+                                     intermediate_size=64, max_position_embeddings=64, num_labels=1,
+                                     initializer_range=0.5)
     torch.manual_seed(seed)
     model = transformers.BertForSequenceClassification(config)
-    with torch.no_grad():
-        model.classifier.weight.normal_(0.0, 1.0)
-        model.bert.pooler.dense.weight.normal_(0.0, 0.5)
     staging = directory.parent / f"{directory.name}.hf"
     model.save_pretrained(staging, safe_serialization=True)
     vocab.save_pretrained(staging)
