@@ -71,7 +71,7 @@ class TextTokenizer:
         direction: which end truncation cuts (TRUNCATION_DIRECTIONS).
         """
         labels = labels or [f"input {i}" for i in range(len(texts))]
-        _check_texts(texts, labels)
+        check_texts(texts, labels)
         if direction == "left":
             shorten = self._shortening.apply if self._shortening else (lambda text: text)
             encodings = self._left.encode_batch([shorten(text) for text in texts])
@@ -98,7 +98,7 @@ class TextTokenizer:
         for pair, label in zip(pairs, labels, strict=True):
             if not isinstance(pair, tuple | list) or len(pair) != 2:
                 raise InvalidInputError(f"{label}: a pair must be two texts")
-            _check_texts(pair, [f"{label} text a", f"{label} text b"])
+            check_texts(pair, [f"{label}: text a", f"{label}: text b"])
         out = []
         for (a, b), label in zip(pairs, labels, strict=True):
             encoding, truncated = self._pair(a, b, direction)
@@ -192,7 +192,7 @@ class TextTokenizer:
         Its cost grows with the texts' length (bounded by a request's size), unlike encode_texts's.
         """
         labels = labels or [f"input {i}" for i in range(len(texts))]
-        _check_texts(texts, labels)
+        check_texts(texts, labels)
         out = []
         encodings = self._whole.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         for text, encoding in zip(texts, encodings, strict=True):
@@ -225,7 +225,7 @@ def _pair_start(encoding) -> int:
     return max((i for i, sequence in enumerate(sequences) if sequence == 0), default=0) + 1
 
 
-def _check_texts(texts: Sequence[str], labels: Sequence[str]) -> None:
+def check_texts(texts: Sequence[str], labels: Sequence[str]) -> None:
     for text, label in zip(texts, labels, strict=True):
         if not isinstance(text, str):
             raise InvalidInputError(f"{label}: text must be a string, got {type(text).__name__}")

@@ -67,6 +67,8 @@ class ModelInfo:
     max_response_bytes: int
     max_wait_ms: float
     max_queue_wait_ms: float
+    kind: str = "embedder"  # or "reranker" (manifest.kind)
+    num_labels: int = 0  # a reranker's scores per pair
 
 
 class Core:
@@ -82,7 +84,8 @@ class Core:
             max_inputs_per_request=config.max_inputs_per_request, max_batch_tokens=batch.max_batch_tokens,
             max_batch_size=batch.max_batch_size, max_queue_tokens=batch.max_queue_tokens,
             max_request_bytes=config.max_request_bytes, max_response_bytes=config.max_response_bytes,
-            max_wait_ms=batch.max_wait_s * 1e3, max_queue_wait_ms=batch.max_queue_wait_s * 1e3)
+            max_wait_ms=batch.max_wait_s * 1e3, max_queue_wait_ms=batch.max_queue_wait_s * 1e3, kind=m.kind,
+            num_labels=m.num_labels)
         self._memory = MemoryReturn(executor)
         self._in_flight = 0
         self._idle = asyncio.Event()

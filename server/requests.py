@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from attnserve.engine.manifest import Manifest
-from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, Token, TokenizedInput
+from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, Token, TokenizedInput, check_texts
 from attnserve.errors import InvalidInputError
 
 # "default" is the model's own pooling, as its graph computes it.
@@ -197,11 +197,9 @@ def prepare_rerank(request: RerankRequest, tokenizer: TextTokenizer, manifest: M
                                                f"of {', '.join(TRUNCATION_DIRECTIONS)}")
     if not isinstance(request.query, str) or not request.query or request.query.isspace():
         raise _invalid("query", "the query must be a non-empty string", label="query")
-    for i, text in enumerate(request.texts):
-        if not isinstance(text, str):
-            raise _invalid(f"texts[{i}]", f"text must be a string, got {type(text).__name__}", label=f"text {i}")
     labels = [f"text {i}" for i in range(len(request.texts))]
     try:
+        check_texts(request.texts, labels)  # named as the request names them, not as sides of pairs
         inputs = tokenizer.encode_pairs([(request.query, text) for text in request.texts], request.truncate,
                                         labels, request.truncation_direction)  # type: ignore[arg-type]
     except InvalidInputError as error:

@@ -115,7 +115,7 @@ def test_left_truncation_of_pairs(tokenizer_file):
 
 def test_pair_errors_name_the_input_and_side(tokenizer_file):
     ours = TextTokenizer(tokenizer_file, 16, 30522)
-    with pytest.raises(InvalidInputError, match="^input 1 text b: empty text$"):
+    with pytest.raises(InvalidInputError, match="^input 1: text b: empty text$"):
         ours.encode_pairs([("a", "b"), ("a", "  ")])
     with pytest.raises(InvalidInputError, match="^input 0: the pair is longer than max_seq_length 16 tokens"):
         ours.encode_pairs([("cat " * 10, "cat " * 10)], truncate=False)

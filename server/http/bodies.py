@@ -145,8 +145,14 @@ class TeiEmbeddingModel(BaseModel):
     pooling: str
 
 
+class TeiClassifierModel(BaseModel):
+    id2label: dict[str, str]
+    label2id: dict[str, int]
+
+
 class TeiModelType(BaseModel):
-    embedding: TeiEmbeddingModel
+    embedding: TeiEmbeddingModel | None = Field(None, description="an embedding model")
+    reranker: TeiClassifierModel | None = Field(None, description="a reranker (a cross-encoder)")
 
 
 class TeiInfo(BaseModel):
