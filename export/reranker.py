@@ -112,8 +112,8 @@ def measure(path: Path, reference: PairReference, provider: str = CPU) -> dict[s
             max_attention = max(max_attention, float(np.abs(got - attentions)[np.broadcast_to(
                 keys & queries, got.shape)].max()))
             max_padded_key_weight = max(max_padded_key_weight, float(np.where(keys, 0.0, got).max()))
-    metrics = {"max_abs_scores": max_scores, "max_rel_scores": max_scores / largest, "shapes_checked": len(reference.cases),
-               "pairs_checked": len(reference.pairs)}
+    metrics = {"max_abs_scores": max_scores, "max_rel_scores": max_scores / largest,
+               "shapes_checked": len(reference.cases), "pairs_checked": len(reference.pairs)}
     if wants_attention:
         metrics |= {"max_abs_attentions": max_attention, "max_padded_key_weight": max_padded_key_weight}
     return metrics

@@ -43,11 +43,15 @@ class EncodeReply:
 
 def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], options: ReplyOptions,
                 tokenizer: TextTokenizer) -> EncodeReply:
+    # An embedder's rows: prepare() refuses to embed with a reranker, whose rows carry scores only.
+    embedded = [(row.sentence_embedding, row.token_embeddings) for row in rows
+                if row.sentence_embedding is not None and row.token_embeddings is not None]
+    assert len(embedded) == len(rows), "a reranker's rows have no embeddings"
     if options.pooling is None:
-        sentences = np.stack([row.sentence_embedding for row in rows])  # (N, H) pooled in the graph
+        sentences = np.stack([sentence for sentence, _ in embedded])  # (N, H) pooled in the graph
     else:  # each row's padding is cut off already: all T tokens are real
-        sentences = np.stack([pool(row.token_embeddings[None], np.array([len(row.token_embeddings)]),
-                                   options.pooling)[0] for row in rows])  # (1, T, H) -> (H,) each
+        sentences = np.stack([pool(tokens[None], np.array([len(tokens)]), options.pooling)[0]
+                              for _, tokens in embedded])  # (1, T, H) -> (H,) each
     if options.dimensions is not None:
         sentences = sentences[:, : options.dimensions]  # (N, D): Matryoshka, cut before normalising
     if options.normalize:

@@ -201,7 +201,7 @@ def prepare_rerank(request: RerankRequest, tokenizer: TextTokenizer, manifest: M
     try:
         check_texts(request.texts, labels)  # named as the request names them, not as sides of pairs
         inputs = tokenizer.encode_pairs([(request.query, text) for text in request.texts], request.truncate,
-                                        labels, request.truncation_direction)  # type: ignore[arg-type]
+                                        labels, request.truncation_direction)
     except InvalidInputError as error:
         raise _located(error, labels, [f"texts[{i}]" for i in range(len(request.texts))]) from None
     _check_token_types(inputs, takes_token_types, manifest)
