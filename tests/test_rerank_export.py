@@ -34,10 +34,7 @@ def test_manifest_names_a_reranker(reranker_artifacts):
     assert set(manifest.variants) == {"scores", "scores_fused", "scores_fp16", "attention"}
     for variant in manifest.variants.values():
         assert variant.outputs[0] == "scores"
-        if variant.precision == "fp32":
-            assert variant.parity["max_abs_scores"] <= 1e-4
-        else:
-            assert variant.parity["max_rel_scores"] <= 2e-2
+        assert variant.parity["max_rel_scores"] <= (1e-4 if variant.precision == "fp32" else 2e-2)
         assert variant.parity["pairs_checked"] == 256
 
 
