@@ -155,6 +155,9 @@ class Engine:
         """Sentence embeddings of many inputs, batched by length; rows come back in input order.
 
         on_batch(n) is called after each batch of n inputs ran: progress for callers that show it."""
+        if self.manifest.kind == "reranker":
+            raise ConfigError(f"{self.manifest.model} is a reranker (a cross-encoder): it scores pairs and has no "
+                              "embeddings to encode")
         start = time.perf_counter()
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
         batches = plan_batches(lengths, self.config.max_batch_tokens, self.config.max_batch_size)

@@ -93,3 +93,12 @@ def test_pair_embeddings_use_token_types(artifacts, encoder):
         hidden, _ = encoder(torch.from_numpy(ids), torch.from_numpy(mask), token_type_ids=torch.from_numpy(types))
         want = pool(hidden, torch.from_numpy(mask), engine.manifest.pooling).numpy()
     assert np.abs(got - want).max() <= 1e-4
+
+
+def test_encoding_with_a_reranker_is_refused_in_one_line(reranker_artifacts, tmp_path):
+    from tests.conftest import assert_one_line_error, run_cli
+
+    (tmp_path / "in.txt").write_text("hello\nworld\n", encoding="utf-8")
+    result = run_cli("encode", tmp_path / "in.txt", "-o", tmp_path / "out.parquet", "--artifacts", reranker_artifacts)
+    assert_one_line_error(result, "tiny-reranker is a reranker", "no embeddings")
+    assert not (tmp_path / "out.parquet").exists()
