@@ -91,8 +91,10 @@ class TextTokenizer:
         """Sentence pairs (a, b) as the checkpoint's own post-processor joins them ("[CLS] a [SEP] b [SEP]" with
         type 1 for b, for BERT), cut by the tokenizers library's longest-first rule to max_seq_length.
 
-        Memory: with direction "right" each side is tokenized only as far as its stable prefix reaches (see
-        _pair_sides); with "left" both sides are tokenized whole, as single texts cut from the left are.
+        Memory: with direction "right" each side is tokenized only as far as its stable prefix reaches, but for
+        two sides that are both too long, whose order the rule needs (see _pair); with "left" both sides are
+        tokenized whole, as single texts cut from the left are. A text repeated across pairs (a rerank query) is
+        tokenized whole at most once, so the cost stays bounded by the request's size.
         """
         labels = labels or [f"input {i}" for i in range(len(pairs))]
         for pair, label in zip(pairs, labels, strict=True):
@@ -100,8 +102,9 @@ class TextTokenizer:
                 raise InvalidInputError(f"{label}: a pair must be two texts")
             check_texts(pair, [f"{label}: text a", f"{label}: text b"])
         out = []
+        whole_lengths: dict[str, int] = {}  # text -> its token count, for the pairs that need it
         for (a, b), label in zip(pairs, labels, strict=True):
-            encoding, truncated = self._pair(a, b, direction)
+            encoding, truncated = self._pair(a, b, direction, whole_lengths)
             if truncated and not truncate:
                 raise InvalidInputError(
                     f"{label}: the pair is longer than max_seq_length {self.max_seq_length} tokens; "
@@ -110,7 +113,7 @@ class TextTokenizer:
                                       np.asarray(encoding.type_ids, dtype=np.int64), _pair_start(encoding)))
         return out
 
-    def _pair(self, a: str, b: str, direction: str):
+    def _pair(self, a: str, b: str, direction: str, whole_lengths: dict[str, int]):
         """The pair's encoding cut longest-first, from a bounded part of each side; and whether it was cut.
 
         Each side is tokenized without special tokens, clipped, and the two are joined by the tokenizer's own
@@ -146,7 +149,10 @@ class TextTokenizer:
         clip_a = clip_b = k
         if la >= k and lb >= k and t % 2:
             if direction != "left":
-                la, lb = (len(self._whole.encode(shorten(x), add_special_tokens=False).ids) for x in (a, b))
+                for x in (a, b):
+                    if x not in whole_lengths:
+                        whole_lengths[x] = len(self._whole.encode(shorten(x), add_special_tokens=False).ids)
+                la, lb = whole_lengths[a], whole_lengths[b]
             if la > lb:
                 clip_b = k - 1  # b is shorter; on a tie a counts as shorter, as clipping both to k says
         ea.truncate(clip_a, direction=direction)
