@@ -128,6 +128,12 @@ def _transformer_max_length(directory: Path) -> int | None:
             continue
         if key not in TRANSFORMER_EXPECTED or value != TRANSFORMER_EXPECTED[key]:
             raise CheckpointError(f"{path}: cannot reproduce the Transformer setting {key} {value!r}")
+    from .pipeline import _tokenizer_lowercases
+
+    if raw.get("do_lower_case") and not _tokenizer_lowercases(directory / "tokenizer.json"):
+        # sentence-transformers then puts a Lowercase normalizer in front of the tokenizer's own.
+        raise CheckpointError(f"{path}: cannot reproduce do_lower_case true: sentence-transformers adds a Lowercase "
+                              "normalizer that tokenizer.json does not have")
     length = raw.get("max_seq_length")
     if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 1):
         raise CheckpointError(f"{path}: max_seq_length must be a positive integer, got {length!r}")

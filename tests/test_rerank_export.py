@@ -102,3 +102,39 @@ def test_encoding_with_a_reranker_is_refused_in_one_line(reranker_artifacts, tmp
     result = run_cli("encode", tmp_path / "in.txt", "-o", tmp_path / "out.parquet", "--artifacts", reranker_artifacts)
     assert_one_line_error(result, "tiny-reranker is a reranker", "no embeddings")
     assert not (tmp_path / "out.parquet").exists()
+
+
+@pytest.mark.parametrize("file,changes,fragment", [
+    ("config_sentence_transformers.json", {"activation_fn": "torch.nn.modules.activation.Tanh"},
+     "activation 'torch.nn.modules.activation.Tanh'"),
+    ("config_sentence_transformers.json", {"activation_fn": "my_package.Scale"}, "activation 'my_package.Scale'"),
+    ("config_sentence_transformers.json", {"prompts": {"q": "query: "}, "default_prompt_name": "q"},
+     "default_prompt_name 'q'"),
+    ("sentence_bert_config.json", {"transformer_task": "feature-extraction"}, "transformer_task"),
+    ("sentence_bert_config.json", {"max_seq_length": 32}, None),
+    # As for embedders (model/pipeline.py): sentence-transformers' own test looks for a Lowercase normalizer.
+    ("sentence_bert_config.json", {"do_lower_case": True}, "do_lower_case true"),
+    ("sentence_bert_config.json", {"max_seq_length": 65}, "max_seq_length 65"),
+    ("modules.json", None, "one Transformer module"),
+], ids=["tanh", "untrusted class", "default prompt", "feature extraction", "max_seq_length", "do_lower_case",
+        "too long", "pooling"])
+def test_cross_encoder_settings_are_read_or_refused(cross_encoder_dir, tmp_path, file, changes, fragment):
+    import json
+
+    from attnserve.errors import CheckpointError
+    from attnserve.model.checkpoint import read_checkpoint
+    from tests.checkpoints import copy_checkpoint, edit_json
+
+    ckpt = copy_checkpoint(cross_encoder_dir, tmp_path / "ckpt")
+    if changes is None:  # a pooled pipeline over the classifier
+        (ckpt / file).write_text(json.dumps([
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    else:
+        edit_json(ckpt / file, **changes)
+    if fragment is None:
+        assert read_checkpoint(ckpt).max_seq_length == 32
+        return
+    with pytest.raises(CheckpointError, match="cannot reproduce") as caught:
+        read_checkpoint(ckpt)
+    assert fragment in str(caught.value)
