@@ -197,6 +197,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
             model=info.model, hidden_size=info.hidden_size, num_layers=info.num_layers, num_heads=info.num_heads,
             max_seq_length=info.max_seq_length, vocab_size=info.vocab_size, pooling=info.pooling,
             normalize=info.normalize, provider=info.provider, precision=info.precision, version=info.version,
+            kind=info.kind, num_labels=info.num_labels,
             limits=pb.ServerLimits(
                 max_inputs_per_request=info.max_inputs_per_request, max_batch_tokens=info.max_batch_tokens,
                 max_batch_size=info.max_batch_size, max_queue_tokens=info.max_queue_tokens,

@@ -157,6 +157,12 @@ def test_hostile_grpc_requests_get_one_clear_error(rerank_stub, request_, messag
     assert caught.value.code() == expected_code and message in caught.value.details(), caught.value.details()
 
 
+def test_model_info_says_a_reranker(rerank_stub, stub):
+    info = rerank_stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert (info.model, info.kind, info.num_labels) == ("tiny-reranker", "reranker", 1)
+    assert stub.GetModelInfo(pb.GetModelInfoRequest()).kind == "embedder"
+
+
 def test_a_reranker_asked_to_embed_says_what_it_is(rerank_stub, reranker_server):
     with pytest.raises(grpc.RpcError) as caught:
         rerank_stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text="hello")]))

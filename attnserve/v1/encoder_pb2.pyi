@@ -165,7 +165,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "hidden_size", "num_layers", "num_heads", "max_seq_length", "vocab_size", "pooling", "normalize", "provider", "precision", "limits", "version")
+    __slots__ = ("model", "hidden_size", "num_layers", "num_heads", "max_seq_length", "vocab_size", "pooling", "normalize", "provider", "precision", "limits", "version", "kind", "num_labels")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +178,8 @@ class ModelInfo(_message.Message):
     PRECISION_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NUM_LABELS_FIELD_NUMBER: _ClassVar[int]
     model: str
     hidden_size: int
     num_layers: int
@@ -190,7 +192,9 @@ class ModelInfo(_message.Message):
     precision: str
     limits: ServerLimits
     version: str
-    def __init__(self, model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., provider: _Optional[str] = ..., precision: _Optional[str] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., version: _Optional[str] = ...) -> None: ...
+    kind: str
+    num_labels: int
+    def __init__(self, model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., provider: _Optional[str] = ..., precision: _Optional[str] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., version: _Optional[str] = ..., kind: _Optional[str] = ..., num_labels: _Optional[int] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
     __slots__ = ("max_inputs_per_request", "max_batch_tokens", "max_batch_size", "max_queue_tokens", "max_request_bytes", "max_response_bytes", "max_wait_ms", "max_queue_wait_ms")
