@@ -29,7 +29,8 @@ DTYPES: dict[int, np.dtype] = {pb.FLOAT32: np.dtype("<f4"), pb.FLOAT16: np.dtype
 POOLING = {None: pb.POOLING_DEFAULT, "default": pb.POOLING_DEFAULT, "mean": pb.MEAN, "cls": pb.CLS}
 TRUNCATION_DIRECTION = {"right": pb.TRUNCATE_RIGHT, "left": pb.TRUNCATE_LEFT}
 
-Input = str | Sequence[int]  # a text, or token ids with special tokens included
+# A text, token ids with special tokens included, or a sentence pair (text a, text b) as a tuple.
+Input = str | Sequence[int] | tuple[str, str]
 
 
 class RequestError(AttnserveError):
@@ -54,6 +55,14 @@ class EmbeddingResult:
     tokens: list[str]  # word pieces, when token embeddings or attention were asked for
     token_embeddings: np.ndarray | None = None  # (T, H)
     attentions: np.ndarray | None = None  # (layers, heads or 1, T, T)
+    pair_start: int | None = None  # for a pair: the index of the first token of segment b
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    index: int  # the text's position in the request
+    score: float
+    text: str | None = None  # when return_text
 
 
 def to_array(tensor: pb.Tensor) -> np.ndarray:
@@ -74,6 +83,7 @@ def to_result(embedding: pb.Embedding) -> EmbeddingResult:
         tokens=list(embedding.tokens),
         token_embeddings=to_array(embedding.token_embeddings) if embedding.HasField("token_embeddings") else None,
         attentions=to_array(embedding.attentions) if embedding.HasField("attentions") else None,
+        pair_start=embedding.pair_start if embedding.HasField("pair_start") else None,
     )
 
 
@@ -105,6 +115,9 @@ def make_request(inputs: Sequence[Input], *, normalize: bool | None = None, pool
     for item in inputs:
         if isinstance(item, str):
             request.inputs.add(text=item)
+        elif isinstance(item, tuple):
+            text_a, text_b = item
+            request.inputs.add(pair=pb.TextPair(a=text_a, b=text_b))
         else:
             request.inputs.add(token_ids=pb.TokenIds(ids=[int(i) for i in item]))
     if attention_layers is not None:
@@ -216,6 +229,19 @@ class Client:
                 yield np.stack([to_array(e.sentence_embedding) for e in reply.embeddings])
         except grpc.RpcError as e:
             raise RequestError.from_rpc(e) from None
+
+    def rerank(self, query: str, texts: Sequence[str], *, top_n: int | None = None, raw_scores: bool = False,
+               return_text: bool = False, truncate: bool = False, model: str | None = None,
+               timeout: float | None = None) -> list[RerankResult]:
+        """Each text scored against the query by the server's reranker, best first (top_n of them)."""
+        if isinstance(texts, str):
+            raise TypeError("texts must be a list of texts, not a single string")
+        request = pb.RerankRequest(query=query, texts=list(texts), raw_scores=raw_scores, return_text=return_text,
+                                   truncate=truncate, model=model or "")
+        if top_n is not None:
+            request.top_n = top_n
+        reply = self._call(self._stub.Rerank, request, timeout)
+        return [RerankResult(r.index, r.score, r.text if r.HasField("text") else None) for r in reply.results]
 
     def model_info(self, model: str | None = None, timeout: float | None = None) -> pb.ModelInfo:
         """One served model's description (model None: this client's model, else the server's default)."""

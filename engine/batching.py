@@ -58,3 +58,12 @@ def pad(sequences: Sequence[np.ndarray], pad_id: int = 0) -> tuple[np.ndarray, n
         ids[row, : len(seq)] = seq
         mask[row, : len(seq)] = 1
     return ids, mask
+
+
+def pad_types(type_ids: Sequence[np.ndarray | None], width: int) -> np.ndarray:
+    """Right-pad token types to (B, width) int64; None (a single text) and padding are type 0."""
+    types = np.zeros((len(type_ids), width), dtype=np.int64)
+    for row, seq in enumerate(type_ids):
+        if seq is not None:
+            types[row, : len(seq)] = seq
+    return types

@@ -13,7 +13,7 @@ import numpy as np
 from attnserve.config import EngineConfig
 from attnserve.errors import ArtifactError, ConfigError
 
-from .batching import pad, plan_batches
+from .batching import pad, pad_types, plan_batches
 from .manifest import GraphVariant, Manifest, load_manifest
 from .pooling import l2_normalize
 from .prompts import apply_prompt
@@ -22,6 +22,8 @@ from .tokenizer import TextTokenizer, TokenizedInput
 
 # Which graph serves each precision: the fused fp32 graph is the fastest exact one.
 EMBEDDINGS_VARIANT = {"fp32": "embeddings_fused", "int8": "embeddings_int8", "fp16": "embeddings_fp16"}
+# A reranker's graphs (export/reranker.py) output scores; it has no int8 graph.
+SCORES_VARIANT = {"fp32": "scores_fused", "fp16": "scores_fp16"}
 ATTENTION_VARIANT = "attention"
 
 
@@ -30,9 +32,10 @@ class BatchOutput:
     """One session run over a padded batch, rows in the order given."""
 
     lengths: np.ndarray  # (B,) real token counts
-    last_hidden_state: np.ndarray  # (B, T, H), padded positions are not meaningful
-    sentence_embedding: np.ndarray  # (B, D), the model's pipeline up to its final normalisation, not normalised
+    last_hidden_state: np.ndarray | None  # (B, T, H), padded positions are not meaningful; None for a reranker
+    sentence_embedding: np.ndarray | None  # (B, D), the pipeline before its final normalisation; None: reranker
     attentions: np.ndarray | None = None  # (L, B, nh, T, T) when the attention graph ran
+    scores: np.ndarray | None = None  # (B, num_labels) a reranker's raw logits
 
 
 @dataclass
@@ -68,7 +71,10 @@ def embeddings_graph(manifest: Manifest, config: EngineConfig) -> tuple[str, str
     if precision == "int8" and provider == CUDA:
         # Dynamic int8 ops have CPU kernels only: on CUDA they would silently run on the CPU.
         raise ConfigError("the int8 graph is for the CPU provider; on CUDA use fp16 or fp32")
-    variant_name = EMBEDDINGS_VARIANT[precision]
+    variants = SCORES_VARIANT if manifest.kind == "reranker" else EMBEDDINGS_VARIANT
+    if precision not in variants:
+        raise ConfigError(f"{manifest.model} is a reranker, which has no {precision} graph; use fp32 or fp16")
+    variant_name = variants[precision]
     if variant_name not in manifest.variants:
         raise ArtifactError(f"{manifest.directory} has no {precision} graph ({variant_name}); re-export")
     return provider, precision, manifest.variants[variant_name]
@@ -83,6 +89,8 @@ class Engine:
         self.provider, self.precision, self.embeddings_variant = embeddings_graph(manifest, config)
         self.tokenizer = TextTokenizer(manifest.path(manifest.tokenizer), manifest.max_seq_length, manifest.vocab_size)
         self._session = open_session(manifest.path(self.embeddings_variant.file), self.provider, config.threads)
+        # Graphs of families with token types take them (helper fam adds the input to the embedders' graphs).
+        self.takes_token_types = "token_type_ids" in {i.name for i in self._session.get_inputs()}
         self._attention_session = None
         self._attention_lock = threading.Lock()
         if attention:
@@ -107,24 +115,50 @@ class Engine:
 
     def run(self, inputs: Sequence[TokenizedInput], attention: bool = False) -> BatchOutput:
         """One padded batch through one session; safe to call from several threads."""
-        ids, mask = pad([x.ids for x in inputs])
-        lengths = mask.sum(axis=1)
-        feed = {"input_ids": ids, "attention_mask": mask}
+        feed = self._feed(inputs)
+        lengths = feed["attention_mask"].sum(axis=1)
+        if self.manifest.kind == "reranker":
+            if attention:
+                scores, attentions = self._open_attention_session().run(None, feed)
+                return BatchOutput(lengths, None, None, attentions, scores)
+            return BatchOutput(lengths, None, None, scores=self._session.run(["scores"], feed)[0])
         if attention:
             hidden, sentence, attentions = self._open_attention_session().run(None, feed)
             return BatchOutput(lengths, hidden, sentence, attentions)
         hidden, sentence = self._session.run(["last_hidden_state", "sentence_embedding"], feed)
         return BatchOutput(lengths, hidden, sentence)
 
-    def _sentence_embeddings(self, inputs: Sequence[TokenizedInput]) -> np.ndarray:
+    def _feed(self, inputs: Sequence[TokenizedInput]) -> dict[str, np.ndarray]:
+        """The graph's inputs, (B, T) int64 each; token types only where the graph takes them."""
         ids, mask = pad([x.ids for x in inputs])
-        return self._session.run(["sentence_embedding"], {"input_ids": ids, "attention_mask": mask})[0]
+        feed = {"input_ids": ids, "attention_mask": mask}
+        types = [x.type_ids for x in inputs]
+        if self.takes_token_types:
+            feed["token_type_ids"] = pad_types(types, ids.shape[1])
+        elif any(t is not None and t.any() for t in types):
+            # Requests are checked before they are queued (server/requests.py); this guards other callers.
+            raise ValueError(f"{self.manifest.model}'s graph takes no token_type_ids; re-export it to encode pairs")
+        return feed
+
+    def _sentence_embeddings(self, inputs: Sequence[TokenizedInput]) -> np.ndarray:
+        return self._session.run(["sentence_embedding"], self._feed(inputs))[0]
+
+    def score_tokenized(self, inputs: Sequence[TokenizedInput]) -> np.ndarray:
+        """A reranker's raw logits (N, num_labels) for tokenized pairs, batched by length, in input order."""
+        lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
+        scores = np.empty((len(inputs), self.manifest.num_labels), dtype=np.float32)
+        for batch in plan_batches(lengths, self.config.max_batch_tokens, self.config.max_batch_size):
+            scores[batch] = self._session.run(["scores"], self._feed([inputs[i] for i in batch]))[0]
+        return scores
 
     def encode_tokenized(self, inputs: Sequence[TokenizedInput], normalize: bool | None = None,
                          on_batch: Callable[[int], None] | None = None) -> Encoded:
         """Sentence embeddings of many inputs, batched by length; rows come back in input order.
 
         on_batch(n) is called after each batch of n inputs ran: progress for callers that show it."""
+        if self.manifest.kind == "reranker":
+            raise ConfigError(f"{self.manifest.model} is a reranker (a cross-encoder): it scores pairs and has no "
+                              "embeddings to encode")
         start = time.perf_counter()
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
         batches = plan_batches(lengths, self.config.max_batch_tokens, self.config.max_batch_size)

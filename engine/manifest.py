@@ -55,6 +55,12 @@ class Manifest:
         that pooling: its sentence embedding is one such pooling, with nothing after it but normalisation."""
         after = [m for m in self.modules if not m.startswith(("Transformer(", "Pooling("))]
         return self.pooling in REQUEST_POOLINGS and all(m == "Normalize" for m in after)
+    # Also optional: "embedder", or "reranker" (a cross-encoder whose graphs
+    # take token_type_ids and output scores (B, num_labels)
+    # of raw logits, model/heads.py).
+    kind: str = "embedder"
+    num_labels: int = 0  # a reranker's classifier outputs
+    score_activation: str | None = None  # a reranker's CrossEncoder activation: "sigmoid" or "identity"
 
     def path(self, name: str) -> Path:
         return self.directory / name
@@ -71,6 +77,9 @@ class Manifest:
                          for name, v in self.variants.items()},
             "tools": self.tools, "embedding_size": self.embedding_size, "modules": list(self.modules),
             "prompts": self.prompts, "default_prompt_name": self.default_prompt_name,
+            "kind": self.kind,
+            **({"num_labels": self.num_labels, "score_activation": self.score_activation}
+               if self.kind == "reranker" else {}),
         }
 
 
@@ -118,7 +127,11 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             modules=tuple(str(m) for m in raw.get("modules", ())),
             prompts={str(k): str(v) for k, v in raw.get("prompts", {}).items()},
             default_prompt_name=None if raw.get("default_prompt_name") is None else str(raw["default_prompt_name"]),
+            kind=str(raw.get("kind", "embedder")),
+            num_labels=int(raw.get("num_labels", 0)), score_activation=raw.get("score_activation"),
         )
+        if manifest.kind not in ("embedder", "reranker"):
+            raise ArtifactError(f"{path}: kind {manifest.kind!r} is not embedder or reranker; re-export")
     except ArtifactError:
         raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:

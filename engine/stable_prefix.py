@@ -45,6 +45,8 @@ class StablePrefix:
         shortening.exact_shortening."""
         self._probe = probe
         self._budget = max_seq_length - probe.num_special_tokens_to_add(False)
+        # How many first tokens (special tokens not counted) of a text its prefix gives exactly.
+        self.stable_tokens = self._budget + 1
         self._first = FIRST_CHARS_PER_TOKEN * max_seq_length
         self._max = MAX_CHARS_PER_TOKEN * max_seq_length
         self._margin = max((len(t.content) for t in probe.get_added_tokens_decoder().values()), default=0) \

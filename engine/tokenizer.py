@@ -33,6 +33,8 @@ class Token:
 class TokenizedInput:
     ids: np.ndarray  # (T,) int64, special tokens included
     truncated: bool
+    type_ids: np.ndarray | None = None  # (T,) int64 token types (segment b is 1 for BERT); None: all zeros
+    pair_start: int | None = None  # a pair's index of the first token of segment b; None: not a pair
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -69,7 +71,7 @@ class TextTokenizer:
         direction: which end truncation cuts (TRUNCATION_DIRECTIONS).
         """
         labels = labels or [f"input {i}" for i in range(len(texts))]
-        _check_texts(texts, labels)
+        check_texts(texts, labels)
         if direction == "left":
             shorten = self._shortening.apply if self._shortening else (lambda text: text)
             encodings = self._left.encode_batch([shorten(text) for text in texts])
@@ -83,6 +85,81 @@ class TextTokenizer:
                     f"{label}: longer than max_seq_length {self.max_seq_length} tokens; allow truncation to cut it")
             out.append(TokenizedInput(np.asarray(encoding.ids, dtype=np.int64), truncated))
         return out
+
+    def encode_pairs(self, pairs: Sequence[tuple[str, str]], truncate: bool = True,
+                     labels: Sequence[str] | None = None, direction: str = "right") -> list[TokenizedInput]:
+        """Sentence pairs (a, b) as the checkpoint's own post-processor joins them ("[CLS] a [SEP] b [SEP]" with
+        type 1 for b, for BERT), cut by the tokenizers library's longest-first rule to max_seq_length.
+
+        Memory: with direction "right" each side is tokenized only as far as its stable prefix reaches, but for
+        two sides that are both too long, whose order the rule needs (see _pair); with "left" both sides are
+        tokenized whole, as single texts cut from the left are. A text repeated across pairs (a rerank query) is
+        tokenized whole at most once, so the cost stays bounded by the request's size.
+        """
+        labels = labels or [f"input {i}" for i in range(len(pairs))]
+        for pair, label in zip(pairs, labels, strict=True):
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                raise InvalidInputError(f"{label}: a pair must be two texts")
+            check_texts(pair, [f"{label}: text a", f"{label}: text b"])
+        out = []
+        whole_lengths: dict[str, int] = {}  # text -> its token count, for the pairs that need it
+        for (a, b), label in zip(pairs, labels, strict=True):
+            encoding, truncated = self._pair(a, b, direction, whole_lengths)
+            if truncated and not truncate:
+                raise InvalidInputError(
+                    f"{label}: the pair is longer than max_seq_length {self.max_seq_length} tokens; "
+                    "allow truncation to cut it")
+            out.append(TokenizedInput(np.asarray(encoding.ids, dtype=np.int64), truncated,
+                                      np.asarray(encoding.type_ids, dtype=np.int64), _pair_start(encoding)))
+        return out
+
+    def _pair(self, a: str, b: str, direction: str, whole_lengths: dict[str, int]):
+        """The pair's encoding cut longest-first, from a bounded part of each side; and whether it was cut.
+
+        Each side is tokenized without special tokens, clipped, and the two are joined by the tokenizer's own
+        truncation and post-processor (Tokenizer.post_process). Never the library's pair encoding of whole
+        texts: its overflowing windows are the product of the two sides' windows, quadratic in their length.
+
+        Why clipped sides give the whole texts' result. Let t = max_seq_length less the pair's special tokens and
+        K = max_seq_length less one text's special tokens, plus 1 (the tokens a stable prefix fixes,
+        stable_prefix.py); pair templates add at least as many special tokens as single ones, so K >= t + 1. The
+        longest-first rule of `tokenizers` (utils/truncation.rs, kept from its legacy code) sees only the two
+        lengths la, lb: with s the shorter (a on a tie), nothing is cut if la + lb <= t; else if s <= t / 2 the
+        shorter keeps s and the longer t - s, otherwise the shorter keeps t // 2 and the longer t - t // 2.
+        Each side keeps at most t < K tokens, its first (or, cut from the left, its last) ones. Clip each length
+        to min(l, K): a side that reached K has l >= K > t, so la + lb > t either way (the pair is cut in both),
+        and min(l, K) > t / 2 exactly when l > t / 2, so every branch is the same; only which side is shorter can
+        change, when both reached K. That matters only for odd t (the shorter keeps one token fewer): then the
+        shorter is clipped to K - 1 instead (still > t / 2, and >= every kept length).
+
+        Cut from the right, a side's first K tokens come from its stable prefix (its cost bounded by
+        max_seq_length); the lengths of two sides that both reached K are then unknown, and for odd t both are
+        tokenized whole to compare them (cost bounded by the request). Cut from the left, a side's last tokens
+        are decided by no prefix, so both sides are tokenized whole, as single texts cut from the left are.
+        """
+        k = self._prefix.stable_tokens
+        shorten = self._shortening.apply if self._shortening else (lambda text: text)
+        if direction == "left":
+            ea, eb = (self._whole.encode(shorten(x), add_special_tokens=False) for x in (a, b))
+            la, lb = len(ea.ids), len(eb.ids)
+        else:
+            ea, eb = (self._whole.encode(self._prefix.of(x), add_special_tokens=False) for x in (a, b))
+            la, lb = len(ea.ids), len(eb.ids)  # exact below k; at least k (and only that known) otherwise
+        t = self.max_seq_length - self._whole.num_special_tokens_to_add(True)
+        clip_a = clip_b = k
+        if la >= k and lb >= k and t % 2:
+            if direction != "left":
+                for x in (a, b):
+                    if x not in whole_lengths:
+                        whole_lengths[x] = len(self._whole.encode(shorten(x), add_special_tokens=False).ids)
+                la, lb = whole_lengths[a], whole_lengths[b]
+            if la > lb:
+                clip_b = k - 1  # b is shorter; on a tie a counts as shorter, as clipping both to k says
+        ea.truncate(clip_a, direction=direction)
+        eb.truncate(clip_b, direction=direction)
+        truncated = len(ea.ids) + len(eb.ids) > t
+        joiner = self._left if direction == "left" else self._tokenizer
+        return joiner.post_process(ea, eb), truncated
 
     def encode_ids(self, sequences: Sequence[Sequence[int]], truncate: bool = True,
                    labels: Sequence[str] | None = None, direction: str = "right") -> list[TokenizedInput]:
@@ -121,7 +198,7 @@ class TextTokenizer:
         Its cost grows with the texts' length (bounded by a request's size), unlike encode_texts's.
         """
         labels = labels or [f"input {i}" for i in range(len(texts))]
-        _check_texts(texts, labels)
+        check_texts(texts, labels)
         out = []
         encodings = self._whole.encode_batch(list(texts), add_special_tokens=add_special_tokens)
         for text, encoding in zip(texts, encodings, strict=True):
@@ -144,7 +221,17 @@ class TextTokenizer:
         return [self._tokenizer.id_to_token(int(i)) or "[UNK]" for i in ids]
 
 
-def _check_texts(texts: Sequence[str], labels: Sequence[str]) -> None:
+def _pair_start(encoding) -> int:
+    """The index of segment b's first token: its first token of sequence 1, or where it would be if empty."""
+    sequences = encoding.sequence_ids
+    for i, sequence in enumerate(sequences):
+        if sequence == 1:
+            return i
+    # Segment b kept no token (a text of characters the normalizer removes): after segment a and its separators.
+    return max((i for i, sequence in enumerate(sequences) if sequence == 0), default=0) + 1
+
+
+def check_texts(texts: Sequence[str], labels: Sequence[str]) -> None:
     for text, label in zip(texts, labels, strict=True):
         if not isinstance(text, str):
             raise InvalidInputError(f"{label}: text must be a string, got {type(text).__name__}")

@@ -21,10 +21,11 @@ from attnserve.engine.manifest import MANIFEST, GraphVariant, Manifest, sha256_o
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ArtifactError
 from attnserve.model.checkpoint import Checkpoint, load_encoder
-from attnserve.model.encoder import SentenceEncoder
+from attnserve.model.encoder import Encoder, SentenceEncoder
 from attnserve.model.head import load_head
 
 from .optimize import convert_fp16, describe_fusions, fuse_attention, fused_attention_nodes, quantize_int8
+from .reranker import reranker_variants
 from .tokenizer_parity import check_tokenizer
 from .torch_to_onnx import export_graph
 from .verify import TOLERANCES, Reference, verify
@@ -63,7 +64,6 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
     start = time.perf_counter()
     check_tokenizer(ckpt)  # before any weight is loaded or graph traced: a refusal is quick
     encoder = load_encoder(ckpt)
-    head = load_head(ckpt.directory, ckpt.pipeline)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         work = out.parent / f".{out.name}.building-{os.getpid()}"
@@ -74,29 +74,13 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
     try:
         log(f"exporting {ckpt.name} ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size}; "
             f"{' -> '.join(ckpt.modules)}) to ONNX")
-        export_graph(SentenceEncoder(encoder, head), work / VARIANTS["embeddings"][0])
-        export_graph(SentenceEncoder(encoder, head, output_attentions=True), work / VARIANTS["attention"][0])
-        counts = fuse_attention(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fused"][0], ckpt.config)
-        log(f"fused attention: {fused_attention_nodes(counts)} Attention nodes for {ckpt.config.num_layers} layers")
-        # Where the optimizer cannot fuse attention (ModernBERT's rotary attention), the "fused" variants hold
-        # its other fusions; the manifest then says fused: false for them, and the log what they hold.
-        attention_fused = fused_attention_nodes(counts) == ckpt.config.num_layers
-        quantize_int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0])
-        fp16_counts = convert_fp16(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fp16"][0],
-                                   ckpt.config)
-        if not attention_fused:
-            log(f"attention left unfused; the fused graph holds {describe_fusions(counts)}, "
-                f"the fp16 graph {describe_fusions(fp16_counts)}")
         shutil.copyfile(ckpt.tokenizer_file, work / "tokenizer.json")
-
         tokenizer = TextTokenizer(work / "tokenizer.json", ckpt.max_seq_length, ckpt.config.vocab_size)
-        reference = Reference(encoder, head, ckpt.embedding_size, tokenizer)
-        variants = {}
-        for name, (file, precision, fused, outputs) in VARIANTS.items():
-            parity = verify(work / file, precision, reference)
-            log(f"verified {file:24s} {TOLERANCES[precision].describe(parity[TOLERANCES[precision].metric])}")
-            variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, fused and attention_fused,
-                                          outputs, parity)
+        if ckpt.kind == "reranker":
+            assert isinstance(encoder, Encoder), "read_checkpoint reads cross-encoders of the BERT family only"
+            variants = reranker_variants(ckpt, encoder, tokenizer, work, log)
+        else:
+            variants = _embedder_variants(ckpt, encoder, tokenizer, work, log)
         manifest = Manifest(
             directory=out, model=ckpt.name, hidden_size=ckpt.config.hidden_size, num_layers=ckpt.config.num_layers,
             num_heads=ckpt.config.num_heads, intermediate_size=ckpt.config.intermediate_size,
@@ -104,7 +88,8 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
             normalize=ckpt.normalize, tokenizer="tokenizer.json", tokenizer_sha256=sha256_of(work / "tokenizer.json"),
             variants=variants, tools=_tool_versions(), embedding_size=ckpt.embedding_size,
             modules=tuple(ckpt.modules), prompts=dict(ckpt.pipeline.prompts),
-            default_prompt_name=ckpt.pipeline.default_prompt_name,
+            default_prompt_name=ckpt.pipeline.default_prompt_name, kind=ckpt.kind,
+            num_labels=ckpt.num_labels, score_activation=ckpt.score_activation,
         )
         (work / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
         _claim_destination(out)
@@ -115,3 +100,28 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
         shutil.rmtree(work, ignore_errors=True)
     log(f"wrote {out} in {time.perf_counter() - start:.1f}s")
     return manifest
+
+
+def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work: Path, log: Callable[[str], None]
+                       ) -> dict[str, GraphVariant]:
+    head = load_head(ckpt.directory, ckpt.pipeline)
+    export_graph(SentenceEncoder(encoder, head), work / VARIANTS["embeddings"][0])
+    export_graph(SentenceEncoder(encoder, head, output_attentions=True), work / VARIANTS["attention"][0])
+    counts = fuse_attention(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fused"][0], ckpt.config)
+    log(f"fused attention: {fused_attention_nodes(counts)} Attention nodes for {ckpt.config.num_layers} layers")
+    # Where the optimizer cannot fuse attention (ModernBERT's rotary attention), the "fused" variants hold
+    # its other fusions; the manifest then says fused: false for them, and the log what they hold.
+    attention_fused = fused_attention_nodes(counts) == ckpt.config.num_layers
+    quantize_int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0])
+    fp16_counts = convert_fp16(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fp16"][0], ckpt.config)
+    if not attention_fused:
+        log(f"attention left unfused; the fused graph holds {describe_fusions(counts)}, "
+            f"the fp16 graph {describe_fusions(fp16_counts)}")
+    reference = Reference(encoder, head, ckpt.embedding_size, tokenizer)
+    variants = {}
+    for name, (file, precision, fused, outputs) in VARIANTS.items():
+        parity = verify(work / file, precision, reference)
+        log(f"verified {file:24s} {TOLERANCES[precision].describe(parity[TOLERANCES[precision].metric])}")
+        variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, fused and attention_fused,
+                                      outputs, parity)
+    return variants

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from attnserve.errors import CheckpointError
 
-from . import modernbert
+from . import heads, modernbert
 from .encoder import Encoder, EncoderConfig
 from .modernbert import ModernBertConfig, ModernBertEncoder
 from .pipeline import Pipeline, read_json, read_pipeline
@@ -87,7 +87,13 @@ class Checkpoint:
     @property
     def modules(self) -> list[str]:
         """The whole pipeline in short words, for the manifest and the export's log."""
-        return self.pipeline.modules(getattr(self.config, "model_type", "bert"))
+        family = getattr(self.config, "model_type", "bert")
+        if self.kind == "reranker":
+            return [f"Transformer({family})", f"Classifier({self.num_labels}, {self.score_activation})"]
+        return self.pipeline.modules(family)
+    kind: str = "embedder"  # or "reranker": a BertForSequenceClassification checkpoint (heads.py)
+    num_labels: int = 0  # a reranker's classifier outputs
+    score_activation: str | None = None  # a reranker's CrossEncoder activation (heads.ACTIVATIONS)
 
     @property
     def weights_file(self) -> Path:
@@ -111,10 +117,13 @@ def _encoder_config(raw: dict, path: Path) -> EncoderConfig:
     architectures = raw.get("architectures") or []
     if not isinstance(architectures, list):
         raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
-    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
-    if heads:
-        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
-                              f"{' or '.join(ENCODER_ARCHITECTURES)})")
+    heads_ = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
+    if heads_ == [heads.RERANKER_ARCHITECTURES[0]] and len(architectures) == 1:
+        heads_ = []  # the classifier head is exported as a reranker (heads.py)
+    if heads_:
+        raise CheckpointError(f"{path}: cannot reproduce architecture {heads_[0]} (the export runs the bare encoder: "
+                              f"{' or '.join(ENCODER_ARCHITECTURES)}, or a reranker: "
+                              f"{' or '.join(heads.RERANKER_ARCHITECTURES)})")
     if raw.get("is_decoder"):
         raise CheckpointError(f"{path}: cannot reproduce is_decoder true (causal attention)")
     try:
@@ -155,8 +164,9 @@ def _head_keys(keys: list[str], names: WeightNames) -> list[str]:
             and not (k.startswith(prefix) and k.removeprefix(prefix).startswith(names.encoder_parts))]
 
 
-def _check_no_head(weights: Path, names: WeightNames) -> None:
-    """Read the safetensors header only (no tensor data) and refuse a checkpoint that carries a task head."""
+def _check_no_head(weights: Path, names: WeightNames, allowed: tuple[str, ...] = ()) -> None:
+    """Read the safetensors header only (no tensor data) and refuse a checkpoint that carries a task head other
+    than exactly `allowed` (a reranker's classifier keys)."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -165,7 +175,10 @@ def _check_no_head(weights: Path, names: WeightNames) -> None:
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"corrupt weights file {weights}: {e}") from None
     heads = _head_keys(keys, names)
-    if heads:
+    if allowed and sorted(heads) != sorted(allowed):
+        raise CheckpointError(f"{weights}: a BertForSequenceClassification checkpoint must hold exactly the "
+                              f"classifier head {', '.join(allowed)} outside the encoder, got {sorted(heads)[:5]}")
+    if heads and not allowed:
         modules = sorted({k.rsplit(".", 1)[0] for k in heads})
         raise CheckpointError(f"{weights}: cannot reproduce the head {', '.join(m + '.*' for m in modules[:3])}"
                               f"{'...' if len(modules) > 3 else ''} ({len(heads)} tensors outside the encoder)")
@@ -186,9 +199,29 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
             if required == "model.safetensors" and any(directory.glob("*.bin")):
                 raise CheckpointError(f"{directory}: only model.safetensors is accepted, not pickle .bin weights")
             raise CheckpointError(f"checkpoint file missing: {directory / required}")
+    if isinstance(cfg, EncoderConfig) and heads.is_reranker(raw.get("architectures") or []):
+        return _read_reranker(directory, name, cfg, raw)
     pipeline = read_pipeline(directory, cfg.max_position_embeddings, cfg.hidden_size)
     _check_no_head(directory / "model.safetensors", _weight_names(cfg))
     return Checkpoint(directory, name or directory.name, cfg, pipeline)
+
+
+def _read_reranker(directory: Path, name: str | None, cfg: EncoderConfig, raw: dict) -> Checkpoint:
+    """A cross-encoder: the encoder, its pooler and classifier (heads.py), the CrossEncoder's truncation."""
+    from .pipeline import _tokenizer_max_length
+
+    spec = heads.read_reranker(directory, raw)
+    _check_no_head(directory / "model.safetensors", BERT_WEIGHTS, heads.CLASSIFIER_KEYS)
+    length, length_from = spec.max_seq_length, "sentence_bert_config.json"
+    if length is None:
+        length, length_from = _tokenizer_max_length(directory, cfg.max_position_embeddings), "tokenizer"
+    if length > cfg.max_position_embeddings:
+        raise CheckpointError(f"{directory}: cannot reproduce max_seq_length {length}: the model has only "
+                              f"{cfg.max_position_embeddings} positions")
+    # No sentence-transformers pipeline follows the classifier: the manifest's pooling says "cls" (the pooler's).
+    pipeline = Pipeline(("cls",), (), False, length, length_from, {}, None)
+    return Checkpoint(directory, name or directory.name, cfg, pipeline, kind="reranker", num_labels=spec.num_labels,
+                      score_activation=spec.score_activation)
 
 
 def key_map(cfg: EncoderConfig) -> dict[str, str]:
@@ -230,7 +263,8 @@ def load_encoder(ckpt: Checkpoint) -> Encoder | ModernBertEncoder:
     # read_checkpoint has refused any other head, so every other key must be the encoder's.
     names = _weight_names(ckpt.config)
     prefix = _encoder_prefix(list(tensors), names)
-    tensors = {k.removeprefix(prefix): v for k, v in tensors.items() if not k.startswith(names.unused_heads)}
+    tensors = {k.removeprefix(prefix): v for k, v in tensors.items()
+               if not k.startswith(names.unused_heads) and k not in heads.CLASSIFIER_KEYS}  # a reranker's: heads.py
     cfg = ckpt.config
     mapping = modernbert.key_map(cfg) if isinstance(cfg, ModernBertConfig) else key_map(cfg)
     missing = sorted(set(mapping) - set(tensors))

@@ -61,11 +61,12 @@ class Embeddings(nn.Module):
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         T = input_ids.shape[1]
         positions = torch.arange(T, device=input_ids.device).unsqueeze(0)  # (1, T)
-        # Single-segment encoding: every token has type 0.
-        x = self.word(input_ids) + self.position(positions) + self.token_type.weight[0]  # (B, T, H)
+        # Without token types (single-segment encoding) every token has type 0.
+        types = self.token_type.weight[0] if token_type_ids is None else self.token_type(token_type_ids)  # (B, T, H)
+        x = self.word(input_ids) + self.position(positions) + types  # (B, T, H)
         return self.norm(x)
 
 
@@ -131,14 +132,16 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_layers))
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
+        token_type_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """input_ids, attention_mask: (B, T) int64, mask 1 for real tokens and 0 for padding.
+        """input_ids, attention_mask: (B, T) int64, mask 1 for real tokens and 0 for padding; token_type_ids
+        (B, T) int64 or None (all type 0).
 
         Returns last_hidden_state (B, T, H) and, if asked, every layer's
         attention probabilities stacked as (L, B, nh, T, T).
         """
-        x = self.embeddings(input_ids)  # (B, T, H)
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         key_mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * MASK_VALUE  # (B, 1, 1, T)
         attentions = []
         for layer in self.layers:

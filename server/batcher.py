@@ -70,9 +70,10 @@ class BatcherLimits:
 class RowOutput:
     """One input's share of a batch: views into the batch's arrays, padding cut off."""
 
-    sentence_embedding: np.ndarray  # (D,) the model's pipeline up to its final normalisation, not normalised
-    token_embeddings: np.ndarray  # (T, H)
+    sentence_embedding: np.ndarray | None  # (D,) the pipeline before its final normalisation; None: reranker
+    token_embeddings: np.ndarray | None  # (T, H); None for a reranker
     attentions: np.ndarray | None  # (L, nh, T, T) when the attention graph ran
+    scores: np.ndarray | None = None  # (num_labels,) a reranker's raw logits
 
 
 @dataclass(eq=False)
@@ -313,8 +314,10 @@ class Batcher:
         try:
             out = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._run_batch, inputs, attention)
-            if len(out.sentence_embedding) != len(batch):
-                raise RuntimeError(f"the session returned {len(out.sentence_embedding)} rows for {len(batch)} inputs")
+            rows = out.scores if out.scores is not None else out.sentence_embedding
+            if rows is None or len(rows) != len(batch):
+                raise RuntimeError(f"the session returned {0 if rows is None else len(rows)} rows for "
+                                   f"{len(batch)} inputs")
         except Exception as error:
             self._metrics.failed_batches.inc()
             log.error("batch failed", exc_info=error,
@@ -338,6 +341,7 @@ class Batcher:
                 continue
             n = len(entry.input)
             entry.future.set_result(RowOutput(
-                out.sentence_embedding[row],
-                out.last_hidden_state[row, :n],
-                out.attentions[:, row, :, :n, :n] if out.attentions is not None else None))
+                out.sentence_embedding[row] if out.sentence_embedding is not None else None,
+                out.last_hidden_state[row, :n] if out.last_hidden_state is not None else None,
+                out.attentions[:, row, :, :n, :n] if out.attentions is not None else None,
+                out.scores[row] if out.scores is not None else None))

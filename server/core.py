@@ -23,15 +23,17 @@ from attnserve.engine.tokenizer import Token
 from .errors import ShuttingDownError
 from .memory import MemoryReturn
 from .models import ModelInfo, Models, ServedModel
-from .replies import EncodeReply, build_reply
+from .replies import EncodeReply, RerankReply, build_reply, build_rerank_reply
 from .requests import (
     DecodeRequest,
     EncodeRequest,
     PreparedRequest,
     RequestLimits,
+    RerankRequest,
     TokenizeRequest,
     prepare,
     prepare_decode,
+    prepare_rerank,
     prepare_tokenize,
 )
 
@@ -87,7 +89,8 @@ class Core:
         try:
             batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
             prepared = await loop.run_in_executor(
-                self._executor, prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes)
+                self._executor, prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
+                engine.takes_token_types)
             rows = await batcher.submit(prepared.inputs, prepared.options.attention, deadline)
             body = await loop.run_in_executor(self._executor, self._render, rows, prepared, model, render)
             return body, prepared.tokens
@@ -98,6 +101,25 @@ class Core:
     def _render(rows, prepared: PreparedRequest, model: ServedModel, render: Callable[[EncodeReply], bytes]
                 ) -> bytes:
         return render(build_reply(rows, prepared.inputs, prepared.options, model.engine.tokenizer, model.name))
+
+    async def rerank(self, request: RerankRequest, deadline: float | None) -> RerankReply:
+        """Score (query, text) pairs with a reranker through the same batcher as embeddings, sorted best first.
+
+        deadline: a time.monotonic() value, or None."""
+        loop = asyncio.get_running_loop()
+        self.check_open()
+        model = self.models.get(request.model)
+        engine, batcher = model.engine, model.batcher
+        self._memory.busy()
+        try:
+            batcher.check_room(len(request.texts))  # a full queue costs no tokenizing
+            prepared = await loop.run_in_executor(
+                self._executor, prepare_rerank, request, engine.tokenizer, engine.manifest, self.limits,
+                engine.takes_token_types)
+            rows = await batcher.submit(prepared.inputs, False, deadline)
+            return build_rerank_reply(rows, prepared, engine.manifest.score_activation, model.name)
+        finally:
+            self._memory.done(0)
 
     async def tokenize(self, request: TokenizeRequest) -> list[list[Token]]:
         self.check_open()

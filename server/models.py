@@ -62,6 +62,8 @@ class ModelInfo:
     max_queue_wait_ms: float
     prompts: dict[str, str] = dataclasses.field(default_factory=dict)  # the checkpoint's, by name
     default_prompt_name: str | None = None
+    kind: str = "embedder"  # or "reranker" (manifest.kind)
+    num_labels: int = 0  # a reranker's scores per pair
 
 
 def model_sources(artifacts: str | None, config: ServerConfig) -> list[ModelSource]:
@@ -153,7 +155,7 @@ class ServedModel:
             max_batch_size=batch.max_batch_size, max_queue_tokens=batch.max_queue_tokens,
             max_request_bytes=config.max_request_bytes, max_response_bytes=config.max_response_bytes,
             max_wait_ms=batch.max_wait_s * 1e3, max_queue_wait_ms=batch.max_queue_wait_s * 1e3,
-            prompts=dict(m.prompts), default_prompt_name=m.default_prompt_name)
+            prompts=dict(m.prompts), default_prompt_name=m.default_prompt_name, kind=m.kind, num_labels=m.num_labels)
 
 
 class Models:

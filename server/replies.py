@@ -15,7 +15,13 @@ from attnserve.engine.pooling import pool
 from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
 
 from .batcher import RowOutput
-from .requests import ReplyOptions
+from .requests import PreparedRerank, ReplyOptions
+
+# A reranker's CrossEncoder activations (model/heads.py names them in the manifest), on (N,) float32 logits.
+SCORE_ACTIVATIONS = {
+    "sigmoid": lambda logits: 1.0 / (1.0 + np.exp(-logits)),
+    "identity": lambda logits: logits,
+}
 
 
 @dataclass
@@ -25,6 +31,7 @@ class EncodedInput:
     tokens: list[str] | None  # the word pieces, when token embeddings or attention were asked for
     token_embeddings: np.ndarray | None  # (T, H) float32
     attentions: np.ndarray | None  # (layers, heads or 1, T, T) float32, each row summing to 1
+    pair_start: int | None = None  # a pair's index of the first token of segment b; None: not a pair
 
 
 @dataclass
@@ -38,11 +45,15 @@ class EncodeReply:
 
 def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], options: ReplyOptions,
                 tokenizer: TextTokenizer, model: str = "") -> EncodeReply:
+    # An embedder's rows: prepare() refuses to embed with a reranker, whose rows carry scores only.
+    embedded = [(row.sentence_embedding, row.token_embeddings) for row in rows
+                if row.sentence_embedding is not None and row.token_embeddings is not None]
+    assert len(embedded) == len(rows), "a reranker's rows have no embeddings"
     if options.pooling is None:
-        sentences = np.stack([row.sentence_embedding for row in rows])  # (N, D) the graph's pipeline
+        sentences = np.stack([sentence for sentence, _ in embedded])  # (N, D) the graph's pipeline
     else:  # each row's padding is cut off already: all T tokens are real
-        sentences = np.stack([pool(row.token_embeddings[None], np.array([len(row.token_embeddings)]),
-                                   options.pooling)[0] for row in rows])  # (1, T, H) -> (H,) each
+        sentences = np.stack([pool(tokens[None], np.array([len(tokens)]), options.pooling)[0]
+                              for _, tokens in embedded])  # (1, T, H) -> (H,) each
     sentences = cut_and_normalize(sentences, options.dimensions, options.normalize)  # (N, D): Matryoshka
     return EncodeReply(np.ascontiguousarray(sentences, dtype=np.float32),
                        [_encoded(row, item, options, tokenizer) for row, item in zip(rows, inputs, strict=True)],
@@ -64,4 +75,27 @@ def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokeni
         num_tokens=len(item), truncated=item.truncated,
         tokens=tokenizer.tokens(item.ids) if options.tokens else None,
         token_embeddings=row.token_embeddings if options.token_embeddings else None,
-        attentions=attentions)
+        attentions=attentions, pair_start=item.pair_start)
+
+
+@dataclass
+class RerankResult:
+    index: int  # the text's position in the request
+    score: float
+    text: str | None  # the text, when the request asked for it
+
+
+@dataclass
+class RerankReply:
+    results: list[RerankResult]  # best first: sorted by score descending (ties in request order), top_n of them
+    tokens: int  # all pairs' tokens: what the request cost
+    model: str  # the name of the model that answered
+
+
+def build_rerank_reply(rows: Sequence[RowOutput], prepared: PreparedRerank, activation: str | None, model: str
+                       ) -> RerankReply:
+    logits = np.array([row.scores[0] for row in rows if row.scores is not None], dtype=np.float32)  # (N,)
+    scores = logits if prepared.raw_scores else SCORE_ACTIVATIONS[activation or "identity"](logits)
+    order = np.argsort(-scores, kind="stable")[: prepared.top_n]
+    return RerankReply([RerankResult(int(i), float(scores[i]), prepared.texts[i] if prepared.return_text else None)
+                        for i in order], prepared.tokens, model)

@@ -16,14 +16,15 @@ from functools import partial
 from attnserve.engine.dimensions import check_dimensions
 from attnserve.engine.manifest import REQUEST_POOLINGS, Manifest
 from attnserve.engine.prompts import apply_prompt
-from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, Token, TokenizedInput
+from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, Token, TokenizedInput, check_texts
 from attnserve.errors import InvalidInputError
 
 # "default" is the model's own pooling, as its graph computes it.
 POOLINGS = ("default", *REQUEST_POOLINGS)
 
-# An input is a text, token ids (special tokens included), or None where the wire format allows neither.
-Input = str | Sequence[int] | None
+# An input is a text, token ids (special tokens included), a sentence pair (text a, text b) as a tuple, or None
+# where the wire format allows none of them.
+Input = str | Sequence[int] | tuple[str, str] | None
 
 # Per-embedding overhead of a reply beyond its arrays: tags, lengths, shapes.
 EMBEDDING_OVERHEAD_BYTES = 64
@@ -49,6 +50,20 @@ class EncodeRequest:
     prompt_name: str | None = None  # a prompt of the model's to put before each text (engine/prompts.py)
     prompt: str | None = None  # a raw prompt to put before each text; None with prompt_name None: the default one
     model: str | None = None  # the served model's name or alias; None: the server's default model
+
+
+@dataclass(frozen=True)
+class RerankRequest:
+    """Score each text against the query with a reranker (a cross-encoder) and sort them, best first."""
+
+    query: str
+    texts: Sequence[str]
+    raw_scores: bool = False  # False: the model's CrossEncoder activation applied (a sigmoid for one label)
+    return_text: bool = False
+    truncate: bool = False  # False: a pair longer than max_seq_length is refused
+    truncation_direction: str | int = "right"
+    top_n: int | None = None  # None: every text; more than there are texts: every text, as Cohere's API does
+    model: str | None = None  # None: the server's default model
 
 
 @dataclass(frozen=True)
@@ -104,12 +119,15 @@ class PreparedRequest:
 
 
 def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest, limits: RequestLimits,
-            float_bytes: float) -> PreparedRequest:
+            float_bytes: float, takes_token_types: bool = False) -> PreparedRequest:
     """Check everything about a request that can be checked before it costs compute; tokenize it.
 
     float_bytes: what one float of the reply costs on the door's wire (4 in binary), for the reply size limit.
     """
     check_count(len(request.inputs), limits.max_inputs)
+    if manifest.kind == "reranker":
+        raise _invalid("model", f"{manifest.model} is a reranker (a cross-encoder): it scores pairs through rerank "
+                                "and has no embeddings")
     if request.pooling not in POOLINGS:
         raise _invalid("pooling", f"pooling {request.pooling} is not one of {', '.join(POOLINGS)}")
     # The model's own pooling comes from its graph; another is computed from the token embeddings, which
@@ -135,6 +153,7 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
         average_heads=attention is not None and attention.average_heads,
     )
     inputs = _tokenize(request, tokenizer, manifest, request.truncation_direction)  # a str now: checked above
+    _check_token_types(inputs, takes_token_types, manifest)
     reply_bytes = sum(_reply_bytes(len(x), options, manifest, float_bytes) for x in inputs)
     if reply_bytes > limits.max_response_bytes:
         raise _invalid(
@@ -144,11 +163,69 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     return PreparedRequest(inputs, options)
 
 
-def check_count(n: int, max_inputs: int) -> None:
+def check_count(n: int, max_inputs: int, field: str = "inputs") -> None:
+    what = "texts" if field == "texts" else "inputs"
     if n == 0:
-        raise _invalid("inputs", f"no inputs: send 1 to {max_inputs} inputs")
+        raise _invalid(field, f"no {what}: send 1 to {max_inputs} {what}")
     if n > max_inputs:
-        raise _invalid("inputs", f"too many inputs: {n}; this server takes at most {max_inputs} per request")
+        raise _invalid(field, f"too many {what}: {n}; this server takes at most {max_inputs} per request")
+
+
+@dataclass(frozen=True)
+class PreparedRerank:
+    inputs: list[TokenizedInput]  # the pairs (query, text i), in the request's order
+    texts: Sequence[str]
+    raw_scores: bool
+    return_text: bool
+    top_n: int  # how many results the reply holds
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(x) for x in self.inputs)
+
+
+def prepare_rerank(request: RerankRequest, tokenizer: TextTokenizer, manifest: Manifest, limits: RequestLimits,
+                   takes_token_types: bool) -> PreparedRerank:
+    """Check a rerank request before it costs compute and tokenize its pairs (query, text)."""
+    if manifest.kind != "reranker":
+        raise _invalid("model", f"{manifest.model} is an embedding model, not a reranker (a cross-encoder): it "
+                                "cannot rerank; ask a reranker, or embed the texts and compare them")
+    if manifest.num_labels != 1:
+        raise _invalid("model", f"{manifest.model} is a classifier with {manifest.num_labels} labels; reranking "
+                                "needs one score per pair (one label)")
+    if not isinstance(request.texts, Sequence) or isinstance(request.texts, str):
+        raise _invalid("texts", "texts must be a list of strings")
+    check_count(len(request.texts), limits.max_inputs, "texts")
+    top_n = len(request.texts) if request.top_n is None else request.top_n
+    if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
+        raise _invalid("top_n", f"top_n {request.top_n!r} is not a positive integer (ask for 1 or more results)")
+    if request.truncation_direction not in TRUNCATION_DIRECTIONS:
+        raise _invalid("truncation_direction", f"truncation_direction {request.truncation_direction!r} is not one "
+                                               f"of {', '.join(TRUNCATION_DIRECTIONS)}")
+    if not isinstance(request.query, str) or not request.query or request.query.isspace():
+        raise _invalid("query", "the query must be a non-empty string", label="query")
+    labels = [f"text {i}" for i in range(len(request.texts))]
+    try:
+        check_texts(request.texts, labels)  # named as the request names them, not as sides of pairs
+        inputs = tokenizer.encode_pairs([(request.query, text) for text in request.texts], request.truncate,
+                                        labels, request.truncation_direction)
+    except InvalidInputError as error:
+        raise _located(error, labels, [f"texts[{i}]" for i in range(len(request.texts))]) from None
+    _check_token_types(inputs, takes_token_types, manifest)
+    return PreparedRerank(inputs, request.texts, request.raw_scores, request.return_text,
+                          min(top_n, len(request.texts)))
+
+
+def _check_token_types(inputs: Sequence[TokenizedInput], takes_token_types: bool, manifest: Manifest) -> None:
+    """A pair whose segment b has token type 1 needs a graph that takes token_type_ids, or it would be silently
+    encoded as one segment."""
+    if takes_token_types:
+        return
+    for i, x in enumerate(inputs):
+        if x.type_ids is not None and x.type_ids.any():
+            raise _invalid(f"inputs[{i}]", f"{manifest.model}'s graphs take no token types, which this model's "
+                                           "pairs need; re-export it with this version of attnserve to encode pairs",
+                           label=f"input {i}")
 
 
 def prepare_tokenize(request: TokenizeRequest, tokenizer: TextTokenizer, manifest: Manifest, limits: RequestLimits
@@ -188,12 +265,15 @@ def _indices(asked: Sequence[int], size: int, what: str, field: str) -> tuple[in
 
 def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest, direction: str
               ) -> list[TokenizedInput]:
-    """Texts (each after the prompt) and token ids through their own paths, back in request order."""
-    texts, text_rows, ids, id_rows = [], [], [], []
+    """Texts (each after the prompt), token ids and pairs through their own paths, back in request order."""
+    texts, text_rows, ids, id_rows, pairs, pair_rows = [], [], [], [], [], []
     for row, item in enumerate(request.inputs):
         if isinstance(item, str):
             texts.append(item)
             text_rows.append(row)
+        elif isinstance(item, tuple):
+            pairs.append(item)
+            pair_rows.append(row)
         elif item is not None:
             ids.append(item)
             id_rows.append(row)
@@ -204,9 +284,15 @@ def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manife
         raise _invalid(asked, f"a {asked} goes before texts; input {id_rows[0]} is token ids: put the prompt's "
                               "tokens in them instead")
     texts = apply_prompt(manifest, texts, request.prompt_name, request.prompt)
+    if pair_rows and (asked or manifest.default_prompt_name is not None):
+        # sentence-transformers defines no prompt for a pair: where one would go is not known, so none is guessed
+        raise _invalid(asked or "inputs", f"input {pair_rows[0]} is a sentence pair, which takes no prompt"
+                                          + ("" if asked else f"; {manifest.model} puts its default prompt "
+                                             f"{manifest.default_prompt_name!r} before every text"))
     out: list[TokenizedInput | None] = [None] * len(request.inputs)
     for rows, kind, encode in ((text_rows, "text", partial(tokenizer.encode_texts, texts)),
-                               (id_rows, "token_ids", partial(tokenizer.encode_ids, ids))):
+                               (id_rows, "token_ids", partial(tokenizer.encode_ids, ids)),
+                               (pair_rows, "pair", partial(tokenizer.encode_pairs, pairs))):
         if not rows:
             continue
         labels = [f"input {r}" for r in rows]

@@ -21,8 +21,8 @@ from attnserve.v1 import encoder_pb2_grpc
 from .core import Core, ModelInfo
 from .errors import ShuttingDownError, abort, status_for
 from .metrics import Metrics
-from .replies import EncodeReply
-from .requests import AttentionOptions, EncodeRequest, Input
+from .replies import EncodeReply, RerankReply
+from .requests import AttentionOptions, EncodeRequest, Input, RerankRequest
 
 log = logging.getLogger("attnserve.server")
 
@@ -50,6 +50,8 @@ class _Inputs(Sequence[Input]):
     def __getitem__(self, i):
         item = self._inputs[i]
         kind = item.WhichOneof("content")
+        if kind == "pair":
+            return (item.pair.a, item.pair.b)
         return item.text if kind == "text" else item.token_ids.ids if kind == "token_ids" else None
 
 
@@ -89,6 +91,8 @@ def render(reply: EncodeReply) -> bytes:
             embedding.attentions.CopyFrom(tensor(item.attentions))
         if item.tokens is not None:
             embedding.tokens.extend(item.tokens)
+        if item.pair_start is not None:
+            embedding.pair_start = item.pair_start
     return out.SerializeToString()
 
 
@@ -103,7 +107,25 @@ def model_info(info: ModelInfo) -> pb.ModelInfo:
             max_batch_size=info.max_batch_size, max_queue_tokens=info.max_queue_tokens,
             max_request_bytes=info.max_request_bytes, max_response_bytes=info.max_response_bytes,
             max_wait_ms=info.max_wait_ms, max_queue_wait_ms=info.max_queue_wait_ms),
-        names=info.names, prompts=info.prompts, default_prompt_name=info.default_prompt_name or "")
+        kind=info.kind, num_labels=info.num_labels, names=info.names, prompts=info.prompts,
+        default_prompt_name=info.default_prompt_name or "")
+
+
+def rerank_to_core(request: pb.RerankRequest) -> RerankRequest:
+    return RerankRequest(
+        query=request.query, texts=request.texts, raw_scores=request.raw_scores, return_text=request.return_text,
+        truncate=request.truncate,
+        truncation_direction=TRUNCATION_DIRECTION.get(request.truncation_direction, request.truncation_direction),
+        top_n=request.top_n if request.HasField("top_n") else None, model=request.model or None)
+
+
+def render_rerank(reply: RerankReply) -> pb.RerankResponse:
+    out = pb.RerankResponse(model=reply.model)
+    for result in reply.results:
+        item = out.results.add(index=result.index, score=result.score)
+        if result.text is not None:
+            item.text = result.text
+    return out
 
 
 class EncoderService(encoder_pb2_grpc.EncoderServicer):
@@ -198,6 +220,25 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
         self._metrics.observe_request(PROTOCOL, "ListModels", "OK")
         return pb.ModelList(models=[model_info(model.info) for model in self._core.models.all])
 
+    async def Rerank(self, request: pb.RerankRequest, context: grpc.aio.ServicerContext) -> pb.RerankResponse:
+        start, code, tokens = time.perf_counter(), grpc.StatusCode.OK, 0
+        with self._core.in_flight():
+            try:
+                remaining = context.time_remaining()
+                deadline = time.monotonic() + remaining if remaining is not None else None
+                reply = await self._core.rerank(rerank_to_core(request), deadline)
+                tokens = reply.tokens
+                return render_rerank(reply)
+            except asyncio.CancelledError:
+                code = _cancel_code(context)
+                raise
+            except Exception as error:
+                status = status_for(error)
+                code = status.code
+                await abort(context, status)
+            finally:
+                self._record("Rerank", code, start, len(request.texts), tokens, context)
+
     async def _embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> tuple[bytes, int]:
         """One request through the core: (serialized reply, its token count)."""
         remaining = context.time_remaining()
@@ -238,6 +279,9 @@ def rpc_handlers(service: EncoderService) -> grpc.GenericRpcHandler:
             service.Embed, request_deserializer=pb.EmbedRequest.FromString, response_serializer=_passthrough),
         "EmbedStream": grpc.stream_stream_rpc_method_handler(
             service.EmbedStream, request_deserializer=pb.EmbedRequest.FromString, response_serializer=_passthrough),
+        "Rerank": grpc.unary_unary_rpc_method_handler(
+            service.Rerank, request_deserializer=pb.RerankRequest.FromString,
+            response_serializer=pb.RerankResponse.SerializeToString),
         "GetModelInfo": grpc.unary_unary_rpc_method_handler(
             service.GetModelInfo, request_deserializer=pb.GetModelInfoRequest.FromString,
             response_serializer=pb.ModelInfo.SerializeToString),

@@ -63,6 +63,26 @@ def engine(artifacts):
     return Engine.from_directory(artifacts, attention=True)
 
 
+@pytest.fixture(scope="session")
+def cross_encoder_dir(tmp_path_factory) -> Path:
+    """A tiny random-weight cross-encoder (BertForSequenceClassification, MiniLM's tokenizer), saved by
+    sentence-transformers' CrossEncoder."""
+    from tests.checkpoints import save_cross_encoder
+
+    return save_cross_encoder(tmp_path_factory.mktemp("cross_encoder") / "ckpt", default_checkpoint_dir())
+
+
+@pytest.fixture(scope="session")
+def reranker_artifacts(cross_encoder_dir, tmp_path_factory) -> Path:
+    """The cross-encoder exported as a reranker, through the same code path as `attnserve export`."""
+    from attnserve.export.artifacts import build_artifacts
+    from attnserve.model.checkpoint import read_checkpoint
+
+    out = tmp_path_factory.mktemp("reranker") / "artifacts"
+    build_artifacts(read_checkpoint(cross_encoder_dir, "tiny-reranker"), out, log=lambda m: None)
+    return out
+
+
 @pytest.fixture
 def artifacts_copy(artifacts, tmp_path) -> Path:
     """A private copy for tests that damage files."""

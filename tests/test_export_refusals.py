@@ -61,9 +61,14 @@ CASES = [
     ("an unknown pooling mode", pooling(pooling_mode="median"), ["pooling mode 'median' is not one of"]),
     ("include_prompt false", pooling(include_prompt=False), ["include_prompt false"]),
     ("normalize before pooling", reorder_normalize_first, ["Transformer -> Normalize -> Pooling"]),
-    ("classifier architecture",
+    # A classifier architecture is exported as a reranker: over an embedder's folder it is refused (its
+    # sentence-transformers config and its weights say it is no cross-encoder).
+    ("classifier architecture over an embedder",
      lambda c: edit_json(c / "config.json", architectures=["BertForSequenceClassification"]),
-     ["architecture BertForSequenceClassification"]),
+     ["BertForSequenceClassification", "CrossEncoder"]),
+    ("question answering architecture",
+     lambda c: edit_json(c / "config.json", architectures=["BertForQuestionAnswering"]),
+     ["architecture BertForQuestionAnswering"]),
     ("roberta model type", lambda c: edit_json(c / "config.json", model_type="roberta"), ["model_type 'roberta'"]),
     ("a cross-encoder pipeline", lambda c: edit_json(c / "config_sentence_transformers.json",
                                                      model_type="CrossEncoder"), ["model_type 'CrossEncoder'"]),
@@ -104,9 +109,27 @@ def cross_encoder(tmp_path_factory) -> Path:
     return save_tiny_bert(tmp_path_factory.mktemp("cross") / "ckpt", model_class="BertForSequenceClassification")
 
 
-def test_a_cross_encoder_is_refused_naming_its_head(cross_encoder, tmp_path):
+def test_a_cross_encoder_is_exported_as_a_reranker_never_an_embedder(cross_encoder, tmp_path):
+    from attnserve.engine.manifest import load_manifest
+
     result = run_cli("export", "--checkpoint", cross_encoder, "--out", tmp_path / "out")
-    assert_one_line_error(result, "architecture BertForSequenceClassification")
+    assert result.returncode == 0, result.stderr
+    manifest = load_manifest(tmp_path / "out")
+    # transformers' BertForSequenceClassification has two labels by default: no sigmoid, as CrossEncoder does.
+    assert (manifest.kind, manifest.num_labels, manifest.score_activation) == ("reranker", 2, "identity")
+    assert not any(name.startswith("embeddings") for name in manifest.variants)
+
+
+def test_a_classifier_with_another_head_too_is_refused(cross_encoder, tmp_path):
+    """Exactly the classifier head is accepted: any other tensor outside the encoder is refused."""
+    from safetensors.numpy import load_file, save_file
+
+    extra = copy_checkpoint(cross_encoder, tmp_path / "ckpt")
+    weights = load_file(str(cross_encoder / "model.safetensors"))
+    (extra / "model.safetensors").unlink()
+    save_file({**weights, "qa_outputs.weight": weights["classifier.weight"]}, str(extra / "model.safetensors"))
+    result = run_cli("export", "--checkpoint", extra, "--out", tmp_path / "out")
+    assert_one_line_error(result, "exactly the classifier head", "qa_outputs.weight")
     assert not (tmp_path / "out").exists()
 
 

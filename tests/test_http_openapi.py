@@ -10,7 +10,13 @@ from openapi_spec_validator import validate
 
 SERVED = {("post", "/v1/embeddings"), ("post", "/embeddings"), ("get", "/v1/models"), ("get", "/v1/models/{id}"),
           ("post", "/embed"), ("post", "/"), ("post", "/embed_all"), ("post", "/tokenize"), ("post", "/decode"),
-          ("get", "/info"), ("get", "/health"), ("post", "/v1/attention"), ("get", "/openapi.json")}
+          ("get", "/info"), ("get", "/health"), ("post", "/v1/attention"), ("get", "/openapi.json"),
+          ("post", "/rerank"), ("post", "/v1/rerank")}
+# Answered by a reranker (an embedder refuses them, as ERRORS checks): test_rerank_routes_answer_as_described.
+RERANK_CALLS = [
+    ("post", "/rerank", {"query": "q", "texts": ["a", "b c"], "return_text": True}),
+    ("post", "/v1/rerank", {"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1, "return_documents": True}),
+]
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 # A request per route, and what it answers.
 CALLS = [
@@ -40,6 +46,8 @@ ERRORS = [
     ("get", "/nowhere", None, 404),
     ("get", "/v1/nowhere", None, 404),
     ("delete", "/embed", None, 405),
+    ("post", "/rerank", {"query": "q", "texts": ["a"]}, 400),  # an embedder does not rerank
+    ("post", "/v1/rerank", {"query": "q", "documents": ["a"]}, 400),
 ]
 
 
@@ -87,7 +95,21 @@ def test_every_route_answers_as_described(server, spec):
             assert reply.content == b""
         else:
             Draft202012Validator(schema).validate(reply.json())
-    assert answered == SERVED
+    assert answered == SERVED - {(method, path) for method, path, _ in RERANK_CALLS}
+
+
+def test_rerank_routes_answer_as_described(reranker_artifacts, spec, tmp_path):
+    from tests.serving import ServerProcess
+
+    reranker = ServerProcess(reranker_artifacts, log_path=tmp_path / "server.log")
+    try:
+        reranker.wait_serving()
+        for method, path, body in RERANK_CALLS:
+            reply = call(reranker, method, path, body)
+            assert reply.status_code == 200, (path, reply.text)
+            Draft202012Validator(schema_of(spec, method, path, "200")).validate(reply.json())
+    finally:
+        assert reranker.terminate() == 0, reranker.log_tail()
 
 
 def test_every_error_answers_as_described(server, spec):

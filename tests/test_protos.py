@@ -22,7 +22,8 @@ def test_the_contract_of_design_md():
     assert service.full_name == "attnserve.v1.Encoder"
     methods = {m.name: (m.client_streaming, m.server_streaming) for m in service.methods}
     assert methods == {"Embed": (False, False), "EmbedStream": (True, True), "GetModelInfo": (False, False),
-                       "ListModels": (False, False)}  # ListModels: added with several models per server
+                       "ListModels": (False, False),  # ListModels: added with several models per server
+                       "Rerank": (False, False)}  # Rerank: added with cross-encoders (issue 13)
     fields = {f.name: f.number for f in pb.EmbedRequest.DESCRIPTOR.fields}
     assert fields == {"inputs": 1, "pooling": 2, "normalize": 3, "return_token_embeddings": 4, "attention": 5,
                       "truncate": 6, "dimensions": 7, "truncation_direction": 8,  # 7, 8: added with the HTTP door
@@ -31,4 +32,6 @@ def test_the_contract_of_design_md():
     assert fields == {"layers": 1, "average_heads": 2, "heads": 3}
     fields = {f.name: f.number for f in pb.Embedding.DESCRIPTOR.fields}
     assert fields == {"sentence_embedding": 1, "token_embeddings": 2, "attentions": 3, "tokens": 4, "num_tokens": 5,
-                      "truncated": 6}
+                      "truncated": 6, "pair_start": 7}  # 7: added with sentence pairs
+    fields = {f.name: f.number for f in pb.Input.DESCRIPTOR.fields}
+    assert fields == {"text": 1, "token_ids": 2, "pair": 3}

@@ -59,12 +59,22 @@ class EmbedRequest(_message.Message):
     def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., return_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionOptions, _Mapping]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ..., model: _Optional[str] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ...) -> None: ...
 
 class Input(_message.Message):
-    __slots__ = ("text", "token_ids")
+    __slots__ = ("text", "token_ids", "pair")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PAIR_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: TokenIds
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ...) -> None: ...
+    pair: TextPair
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., pair: _Optional[_Union[TextPair, _Mapping]] = ...) -> None: ...
+
+class TextPair(_message.Message):
+    __slots__ = ("a", "b")
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    a: str
+    b: str
+    def __init__(self, a: _Optional[str] = ..., b: _Optional[str] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -93,20 +103,60 @@ class Tensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Embedding(_message.Message):
-    __slots__ = ("sentence_embedding", "token_embeddings", "attentions", "tokens", "num_tokens", "truncated")
+    __slots__ = ("sentence_embedding", "token_embeddings", "attentions", "tokens", "num_tokens", "truncated", "pair_start")
     SENTENCE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     TOKEN_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     ATTENTIONS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    PAIR_START_FIELD_NUMBER: _ClassVar[int]
     sentence_embedding: Tensor
     token_embeddings: Tensor
     attentions: Tensor
     tokens: _containers.RepeatedScalarFieldContainer[str]
     num_tokens: int
     truncated: bool
-    def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
+    pair_start: int
+    def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., pair_start: _Optional[int] = ...) -> None: ...
+
+class RerankRequest(_message.Message):
+    __slots__ = ("query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction", "top_n", "model")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    RAW_SCORES_FIELD_NUMBER: _ClassVar[int]
+    RETURN_TEXT_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATION_DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    TOP_N_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    raw_scores: bool
+    return_text: bool
+    truncate: bool
+    truncation_direction: TruncationDirection
+    top_n: int
+    model: str
+    def __init__(self, query: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., raw_scores: _Optional[bool] = ..., return_text: _Optional[bool] = ..., truncate: _Optional[bool] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ..., top_n: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
+
+class RerankResult(_message.Message):
+    __slots__ = ("index", "score", "text")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    score: float
+    text: str
+    def __init__(self, index: _Optional[int] = ..., score: _Optional[float] = ..., text: _Optional[str] = ...) -> None: ...
+
+class RerankResponse(_message.Message):
+    __slots__ = ("results", "model")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[RerankResult]
+    model: str
+    def __init__(self, results: _Optional[_Iterable[_Union[RerankResult, _Mapping]]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "model")
@@ -133,7 +183,7 @@ class ModelList(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "hidden_size", "num_layers", "num_heads", "max_seq_length", "vocab_size", "pooling", "normalize", "provider", "precision", "limits", "version", "names", "prompts", "default_prompt_name", "embedding_size")
+    __slots__ = ("model", "hidden_size", "num_layers", "num_heads", "max_seq_length", "vocab_size", "pooling", "normalize", "provider", "precision", "limits", "version", "names", "prompts", "default_prompt_name", "embedding_size", "kind", "num_labels")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +207,8 @@ class ModelInfo(_message.Message):
     PROMPTS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NUM_LABELS_FIELD_NUMBER: _ClassVar[int]
     model: str
     hidden_size: int
     num_layers: int
@@ -173,7 +225,9 @@ class ModelInfo(_message.Message):
     prompts: _containers.ScalarMap[str, str]
     default_prompt_name: str
     embedding_size: int
-    def __init__(self, model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., provider: _Optional[str] = ..., precision: _Optional[str] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., version: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., embedding_size: _Optional[int] = ...) -> None: ...
+    kind: str
+    num_labels: int
+    def __init__(self, model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., provider: _Optional[str] = ..., precision: _Optional[str] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., version: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., embedding_size: _Optional[int] = ..., kind: _Optional[str] = ..., num_labels: _Optional[int] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
     __slots__ = ("max_inputs_per_request", "max_batch_tokens", "max_batch_size", "max_queue_tokens", "max_request_bytes", "max_response_bytes", "max_wait_ms", "max_queue_wait_ms")

@@ -54,6 +54,11 @@ class EncoderStub:
                 request_serializer=attnserve_dot_v1_dot_encoder__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=attnserve_dot_v1_dot_encoder__pb2.ModelList.FromString,
                 _registered_method=True)
+        self.Rerank = channel.unary_unary(
+                '/attnserve.v1.Encoder/Rerank',
+                request_serializer=attnserve_dot_v1_dot_encoder__pb2.RerankRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_encoder__pb2.RerankResponse.FromString,
+                _registered_method=True)
 
 
 class EncoderServicer:
@@ -88,6 +93,14 @@ class EncoderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rerank(self, request, context):
+        """Scores each text against the query with a reranker (a cross-encoder) and returns them best first.
+        Its pairs are batched by length with every other request's inputs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EncoderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +123,11 @@ def add_EncoderServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=attnserve_dot_v1_dot_encoder__pb2.ListModelsRequest.FromString,
                     response_serializer=attnserve_dot_v1_dot_encoder__pb2.ModelList.SerializeToString,
+            ),
+            'Rerank': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rerank,
+                    request_deserializer=attnserve_dot_v1_dot_encoder__pb2.RerankRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_encoder__pb2.RerankResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -220,6 +238,33 @@ class Encoder:
             '/attnserve.v1.Encoder/ListModels',
             attnserve_dot_v1_dot_encoder__pb2.ListModelsRequest.SerializeToString,
             attnserve_dot_v1_dot_encoder__pb2.ModelList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rerank(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnserve.v1.Encoder/Rerank',
+            attnserve_dot_v1_dot_encoder__pb2.RerankRequest.SerializeToString,
+            attnserve_dot_v1_dot_encoder__pb2.RerankResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,6 +34,7 @@ def render(reply: EncodeReply, base64_format: bool, num_heads: int) -> bytes:
     for i, item in enumerate(reply.inputs):
         assert item.attentions is not None  # every input of a request for attention has them (replies.py)
         data.append({"index": i, "tokens": item.tokens, "num_tokens": item.num_tokens, "truncated": item.truncated,
+                     **({"pair_start": item.pair_start} if item.pair_start is not None else {}),
                      "layers": layers, "heads": heads,
                      "shape": list(item.attentions.shape), "attentions": floats(item.attentions, base64_format)})
     return dumps({

@@ -22,6 +22,10 @@ from ..errors import MalformedMessageError
 # A text, texts, one input's token ids (special tokens included) or several inputs' token ids.
 Inputs = Union[str, list[str], list[int], list[list[int]]]
 INPUTS_FORMS = "a string, a list of strings, a list of token ids or a list of lists of token ids"
+# TEI's routes and attnserve's own also take sentence pairs, written as TEI's /predict writes them: [[a, b], ...]
+# (a list of two strings alone already means two texts).
+PairInputs = Union[str, list[str], list[int], list[list[int]], list[tuple[str, str]]]
+PAIR_INPUTS_FORMS = INPUTS_FORMS.replace(" or a list", ", a list") + " or a list of [text a, text b] pairs"
 TruncationDirection = Literal["Right", "Left", "right", "left"]
 EncodingFormat = Literal["float", "base64"]
 Body = TypeVar("Body", bound=BaseModel)  # a route's body model: parse() returns that class, not BaseModel
@@ -98,7 +102,7 @@ class OpenAIError(BaseModel):
 # --- text-embeddings-inference ----------------------------------------------
 
 class TeiEmbedBody(_TeiBody):
-    inputs: Inputs
+    inputs: PairInputs = Field(description=PAIR_INPUTS_FORMS)
     normalize: bool = True
     truncate: bool | None = Field(None, description="false or unset: an input over max_seq_length is refused")
     truncation_direction: TruncationDirection = "Right"
@@ -109,7 +113,7 @@ class TeiEmbedBody(_TeiBody):
 
 
 class TeiEmbedAllBody(_TeiBody):
-    inputs: Inputs
+    inputs: PairInputs = Field(description=PAIR_INPUTS_FORMS)
     truncate: bool | None = None
     truncation_direction: TruncationDirection = "Right"
     prompt_name: str | None = None
@@ -128,6 +132,21 @@ class TeiDecodeBody(_TeiBody):
     skip_special_tokens: bool = True
 
 
+class TeiRerankBody(_TeiBody):
+    query: str
+    texts: list[str] = Field(description="each scored as the pair (query, text)")
+    raw_scores: bool = Field(False, description="the raw logits rather than the model's activation (a sigmoid)")
+    return_text: bool = False
+    truncate: bool | None = Field(None, description="false or unset: a pair over max_seq_length is refused")
+    truncation_direction: TruncationDirection = "Right"
+
+
+class TeiRank(BaseModel):
+    index: int
+    score: float
+    text: str | None = Field(None, description="present when return_text")
+
+
 class TeiToken(BaseModel):
     id: int
     text: str
@@ -140,8 +159,14 @@ class TeiEmbeddingModel(BaseModel):
     pooling: str
 
 
+class TeiClassifierModel(BaseModel):
+    id2label: dict[str, str]
+    label2id: dict[str, int]
+
+
 class TeiModelType(BaseModel):
-    embedding: TeiEmbeddingModel
+    embedding: TeiEmbeddingModel | None = Field(None, description="an embedding model")
+    reranker: TeiClassifierModel | None = Field(None, description="a reranker (a cross-encoder)")
 
 
 class TeiInfo(BaseModel):
@@ -167,10 +192,39 @@ class TeiError(BaseModel):
     error_type: str
 
 
+# --- Cohere / Infinity rerank -------------------------------------------------
+
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    text: str
+
+
+class CohereRerankBody(_Strict):
+    query: str
+    documents: list[str | RerankDocument] = Field(description="strings, or objects with a `text`")
+    model: str | None = Field(None, description="the served model's name or an alias; unset: the default model")
+    top_n: int | None = Field(None, description="how many of the best results to return; unset: all")
+    return_documents: bool = Field(False, description="return each document with its result")
+
+
+class CohereRerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = Field(None, description="present when return_documents")
+
+
+class CohereRerankReply(BaseModel):
+    id: str
+    object: Literal["rerank"]
+    results: list[CohereRerankResult] = Field(description="best first")
+    model: str
+    usage: Usage
+
+
 # --- attnserve's own --------------------------------------------------------
 
 class AttentionBody(_Strict):
-    inputs: Inputs = Field(description=INPUTS_FORMS)
+    inputs: PairInputs = Field(description=PAIR_INPUTS_FORMS)
     model: str | None = Field(None, description="a served model's name or alias; unset: the default model")
     layers: list[int] = Field(default_factory=list, description="layers in this order; empty: the last; "
                                                                 "negative indices count from the end")
@@ -187,6 +241,7 @@ class AttentionMap(BaseModel):
     tokens: list[str] = Field(description="the word pieces, special tokens included: the labels of both axes")
     num_tokens: int
     truncated: bool
+    pair_start: int | None = Field(None, description="for a pair: the index of the first token of segment b")
     layers: list[int] = Field(description="the layers returned, as non-negative indices")
     heads: list[int] | None = Field(description="the heads returned or averaged")
     shape: list[int] = Field(description="[layers, heads or 1, tokens, tokens]; each row sums to 1")
@@ -203,7 +258,7 @@ class AttentionReply(BaseModel):
 # --- parsing ----------------------------------------------------------------
 
 _UNION_FORMS: dict[object, str] = {  # keyed by the annotation: typing's union forms
-    Inputs: INPUTS_FORMS, Union[str, list[str]]: "a string or a list of strings",
+    Inputs: INPUTS_FORMS, PairInputs: PAIR_INPUTS_FORMS, Union[str, list[str]]: "a string or a list of strings",
     Union[list[int], list[list[int]]]: "a list of token ids or a list of lists of token ids"}
 
 

@@ -29,6 +29,7 @@ from .attention import AttentionRoutes
 from .errors import OPENAI, TEI, MethodNotAllowedError, RouteNotFoundError, http_error
 from .openai import OpenAIRoutes
 from .openapi import openapi_spec
+from .rerank import RerankRoutes
 from .route import Route
 from .tei import TeiRoutes
 from .wire import BodyReader, dumps, json_response
@@ -47,7 +48,7 @@ class HttpDoor:
         self._core, self._metrics, self._keys = core, metrics, keys
         bodies = BodyReader(executor, config.max_request_bytes)
         self.routes: list[Route] = [*OpenAIRoutes(core, bodies).routes(), *TeiRoutes(core, bodies).routes(),
-                                    *AttentionRoutes(core, bodies).routes(),
+                                    *AttentionRoutes(core, bodies).routes(), *RerankRoutes(core, bodies).routes(),
                                     Route("GET", "/openapi.json", self._openapi, OPENAI, "this description",
                                           reply_schema={"type": "object"})]
         self._spec = dumps(openapi_spec(self.routes, core.info, keys.required))

@@ -9,9 +9,9 @@ from ..requests import Input
 
 
 def inputs_of(value: str | list) -> list[Input]:
-    """A text, texts, one input's token ids, or several inputs' token ids."""
+    """A text, texts, one input's token ids, several inputs' token ids, or sentence pairs (tuples)."""
     if isinstance(value, str):
         return [value]
     if value and isinstance(value[0], int):
         return [value]
-    return value
+    return [tuple(item) if isinstance(item, tuple) else item for item in value]

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode
 
 from ..core import ModelInfo
-from .bodies import OpenAIError, TeiError, TeiToken
+from .bodies import OpenAIError, TeiError, TeiRank, TeiToken
 from .errors import OPENAI
 from .route import Route
 
@@ -27,6 +27,7 @@ def openapi_spec(routes: list[Route], info: ModelInfo, keys_required: bool) -> d
         return {"$ref": f"#/components/schemas/{model.__name__}"}
 
     ref(TeiToken, "serialization")  # named in /tokenize's reply
+    ref(TeiRank, "serialization")  # named in /rerank's reply
     paths: dict[str, dict] = {}
     for route in routes:
         path = _PARAMETER.sub(r"{\1}", route.path)
@@ -54,8 +55,8 @@ def openapi_spec(routes: list[Route], info: ModelInfo, keys_required: bool) -> d
     spec: dict[str, object] = {
         "openapi": OPENAPI_VERSION,
         "info": {"title": "attnserve", "version": info.version,
-                 "description": f"{info.model}: OpenAI- and text-embeddings-inference-compatible embeddings, and "
-                                "attention weights"},
+                 "description": f"{info.model}: OpenAI- and text-embeddings-inference-compatible embeddings, "
+                                "reranking, and attention weights"},
         "paths": paths,
         "components": {"schemas": schemas, "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}}},
     }

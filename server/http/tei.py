@@ -56,6 +56,16 @@ def render_token_embeddings(reply: EncodeReply) -> bytes:
     return dumps(arrays)  # N of (T, H)
 
 
+def _model_type(info) -> dict:
+    """TEI's model_type: an embedding model's pooling, or a reranker's labels (TEI's clients read it to tell
+    which routes the model answers). The manifest keeps no label names: transformers' default ones."""
+    if info.kind == "reranker":
+        labels = [f"LABEL_{i}" for i in range(info.num_labels)]
+        return {"reranker": {"id2label": {str(i): name for i, name in enumerate(labels)},
+                             "label2id": {name: i for i, name in enumerate(labels)}}}
+    return {"embedding": {"pooling": info.pooling}}
+
+
 class TeiRoutes:
     def __init__(self, core: Core, bodies: BodyReader):
         self._core, self._bodies = core, bodies
@@ -105,7 +115,7 @@ class TeiRoutes:
         info = self._core.info
         return json_response(dumps({
             "model_id": info.model, "model_sha": None, "model_dtype": DTYPE.get(info.precision, info.precision),
-            "model_type": {"embedding": {"pooling": info.pooling}},
+            "model_type": _model_type(info),
             "max_concurrent_requests": None,  # no such limit: the queue is bounded in tokens
             "max_input_length": info.max_seq_length, "max_batch_tokens": info.max_batch_tokens,
             "max_batch_requests": info.max_batch_size, "max_client_batch_size": info.max_inputs_per_request,

@@ -1,0 +1,190 @@
+"""Cross-encoders (rerankers): BERT with its pooler and classifier head, scoring sentence pairs.
+
+A `BertForSequenceClassification` checkpoint is exported as a reranker, never as an embedder: its output is the
+classifier's logits over the pair "[CLS] query [SEP] document [SEP]", which transformers computes as
+classifier(tanh(pooler.dense(hidden[:, 0]))) (dropout is off at inference). sentence-transformers' CrossEncoder
+then applies its activation (a sigmoid for one label): the graph returns the raw logits and the manifest names
+the activation, so that a request may ask for either.
+
+This file owns what a reranker adds to a BERT checkpoint: the architecture, the head's key map, the
+CrossEncoder's files (modules.json, config_sentence_transformers.json, sentence_bert_config.json) and the
+activation, read as sentence-transformers 6.2 reads them, or refused with one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from attnserve.errors import CheckpointError
+
+from .encoder import Encoder
+
+# The one head architecture exported; every other head is still refused (checkpoint.py).
+RERANKER_ARCHITECTURES = ("BertForSequenceClassification",)
+# The head's keys in a BertForSequenceClassification checkpoint -> this file's Reranker keys.
+HEAD_KEYS = {
+    "bert.pooler.dense.weight": "pooler.weight",
+    "bert.pooler.dense.bias": "pooler.bias",
+    "classifier.weight": "classifier.weight",
+    "classifier.bias": "classifier.bias",
+}
+# The keys outside the encoder (checkpoint.py counts the pooler as the encoder's) that a reranker must have.
+CLASSIFIER_KEYS = ("classifier.weight", "classifier.bias")
+# CrossEncoder activations (their dotted class paths, as sentence-transformers saves them) -> the manifest's names.
+ACTIVATIONS = {
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.modules.linear.Identity": "identity",
+}
+# What a CrossEncoder's Transformer module must say to run the classifier as transformers does.
+TRANSFORMER_EXPECTED = {
+    "transformer_task": "sequence-classification",
+    "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
+    "module_output_name": "scores",
+}
+TRANSFORMER_FREE = {"max_seq_length", "do_lower_case", "model_kwargs", "processor_kwargs", "config_kwargs",
+                    "tokenizer_args", "model_args", "config_args", "processing_kwargs"}
+
+
+@dataclass(frozen=True)
+class RerankerSpec:
+    num_labels: int
+    score_activation: str  # one of ACTIVATIONS' values
+    max_seq_length: int | None  # from sentence_bert_config.json; None: the tokenizer's (pipeline.py)
+
+
+def is_reranker(architectures: list) -> bool:
+    return any(a in RERANKER_ARCHITECTURES for a in architectures)
+
+
+def num_labels(raw: dict, path: Path) -> int:
+    """transformers' rule: as many labels as id2label names, else num_labels, else 2."""
+    labels = raw.get("id2label")
+    n = len(labels) if isinstance(labels, dict) and labels else raw.get("num_labels", 2)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise CheckpointError(f"{path}: num_labels must be a positive integer, got {n!r}")
+    return n
+
+
+def read_reranker(directory: Path, config: dict) -> RerankerSpec:
+    """The CrossEncoder's settings over a BertForSequenceClassification checkpoint, or a one-line refusal."""
+    from .pipeline import read_json
+
+    labels = num_labels(config, directory / "config.json")
+    activation_path = None
+    model_config = directory / "config_sentence_transformers.json"
+    if model_config.exists():
+        raw = _object(read_json(model_config), model_config)
+        if raw.get("model_type", "CrossEncoder") != "CrossEncoder":
+            raise CheckpointError(f"{model_config}: cannot reproduce model_type {raw['model_type']!r} over a "
+                                  "BertForSequenceClassification checkpoint (it is exported as a CrossEncoder)")
+        if raw.get("default_prompt_name") not in (None, "") and (raw.get("prompts") or {}).get(
+                raw["default_prompt_name"]) != "":
+            raise CheckpointError(f"{model_config}: cannot reproduce default_prompt_name "
+                                  f"{raw['default_prompt_name']!r}: predict() prepends its prompt")
+        activation_path = raw.get("activation_fn")
+    if activation_path is None:  # sentence-transformers 4 and 5 kept it in config.json, older ones under another key
+        st = config.get("sentence_transformers")
+        activation_path = (st.get("activation_fn") if isinstance(st, dict) else None) \
+            or config.get("sbert_ce_default_activation_function")
+    if activation_path is None:
+        activation = "sigmoid" if labels == 1 else "identity"
+    elif activation_path in ACTIVATIONS:
+        activation = ACTIVATIONS[activation_path]
+    else:
+        raise CheckpointError(f"{directory}: cannot reproduce the CrossEncoder activation {activation_path!r} "
+                              f"(only {', '.join(ACTIVATIONS)})")
+    return RerankerSpec(labels, activation, _transformer_max_length(directory))
+
+
+def _object(raw, path: Path) -> dict:
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def _transformer_max_length(directory: Path) -> int | None:
+    """modules.json must hold the one Transformer at the root; its config must run the classifier."""
+    from .pipeline import read_json
+
+    modules = directory / "modules.json"
+    if modules.exists():
+        raw = read_json(modules)
+        if not isinstance(raw, list) or len(raw) != 1 or not isinstance(raw[0], dict) \
+                or not str(raw[0].get("type", "")).endswith(".Transformer") or raw[0].get("path") != "":
+            raise CheckpointError(f"{modules}: cannot reproduce this pipeline over a BertForSequenceClassification "
+                                  "checkpoint (a CrossEncoder's is one Transformer module at the checkpoint's root)")
+    path = directory / "sentence_bert_config.json"
+    if not path.exists():
+        return None
+    raw = _object(read_json(path), path)
+    for key, value in raw.items():
+        if key in TRANSFORMER_FREE:
+            if key.endswith(("kwargs", "args")) and value not in (None, {}):
+                raise CheckpointError(f"{path}: cannot reproduce {key} {value!r}")
+            continue
+        if key not in TRANSFORMER_EXPECTED or value != TRANSFORMER_EXPECTED[key]:
+            raise CheckpointError(f"{path}: cannot reproduce the Transformer setting {key} {value!r}")
+    from .pipeline import _tokenizer_lowercases
+
+    if raw.get("do_lower_case") and not _tokenizer_lowercases(directory / "tokenizer.json"):
+        # sentence-transformers then puts a Lowercase normalizer in front of the tokenizer's own.
+        raise CheckpointError(f"{path}: cannot reproduce do_lower_case true: sentence-transformers adds a Lowercase "
+                              "normalizer that tokenizer.json does not have")
+    length = raw.get("max_seq_length")
+    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 1):
+        raise CheckpointError(f"{path}: max_seq_length must be a positive integer, got {length!r}")
+    return length
+
+
+class Reranker(nn.Module):
+    """The exported module: encoder, pooler (dense + tanh on the first token) and classifier -> raw logits."""
+
+    def __init__(self, encoder: Encoder, num_labels: int, output_attentions: bool = False):
+        super().__init__()
+        H = encoder.config.hidden_size
+        self.encoder, self.output_attentions = encoder, output_attentions
+        self.pooler = nn.Linear(H, H)
+        self.classifier = nn.Linear(H, num_labels)
+
+    def with_attentions(self) -> Reranker:
+        """The same weights, returning every layer's attention probabilities too."""
+        twin = Reranker.__new__(Reranker)
+        nn.Module.__init__(twin)
+        twin.encoder, twin.pooler, twin.classifier, twin.output_attentions = \
+            self.encoder, self.pooler, self.classifier, True
+        return twin
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor):
+        """(B, T) int64 each -> scores (B, num_labels) and, for the attention graph, attentions (L, B, nh, T, T)."""
+        hidden, attentions = self.encoder(input_ids, attention_mask, self.output_attentions, token_type_ids)
+        pooled = torch.tanh(self.pooler(hidden[:, 0]))  # (B, H): BERT's pooler reads the [CLS] token
+        scores = self.classifier(pooled)  # (B, num_labels)
+        if self.output_attentions:
+            return scores, attentions
+        return scores
+
+
+def load_reranker(weights: Path, encoder: Encoder, labels: int) -> Reranker:
+    """The head's weights (HEAD_KEYS) on top of a loaded encoder, under the same loud checks."""
+    from safetensors import safe_open
+
+    reranker = Reranker(encoder, labels)
+    own = reranker.state_dict()
+    head = {}
+    with safe_open(str(weights), framework="pt") as f:
+        present = set(f.keys())
+        missing = sorted(set(HEAD_KEYS) - present)
+        if missing:
+            raise CheckpointError(f"{weights}: the classifier head lacks {', '.join(missing)}")
+        for theirs, ours in HEAD_KEYS.items():
+            tensor = f.get_tensor(theirs)
+            if tensor.shape != own[ours].shape:
+                raise CheckpointError(f"{weights}: {theirs} has shape {tuple(tensor.shape)}, "
+                                      f"expected {tuple(own[ours].shape)}")
+            head[ours] = tensor.float()
+    reranker.load_state_dict({**{k: v for k, v in own.items() if k not in head}, **head}, strict=True)
+    return reranker.eval()

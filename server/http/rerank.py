@@ -1,0 +1,75 @@
+"""Reranking over HTTP: TEI's POST /rerank and the Cohere/Infinity-style POST /v1/rerank, over core.rerank.
+
+TEI's reply is a JSON list `[{index, score, text?}]`, best first; its `truncate` is off unless asked, as TEI's
+is without --auto-truncate. Cohere's and Infinity's `/v1/rerank` reply `{id, results: [{index, relevance_score,
+document?}], model, usage}`, best first; they cut long documents rather than refuse them, and so does this route.
+A document is returned as Cohere's v1 API returns it: `{"text": ...}`.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from aiohttp import web
+
+from ..core import Core
+from ..replies import RerankReply
+from ..requests import RerankRequest
+from .bodies import CohereRerankBody, CohereRerankReply, TeiRerankBody
+from .errors import OPENAI, TEI, WireNames
+from .route import Route
+from .wire import BodyReader, deadline, dumps, json_response, within
+
+COHERE_NAMES = WireNames({"texts": "documents"})
+
+
+def tei_request(body: TeiRerankBody) -> RerankRequest:
+    return RerankRequest(query=body.query, texts=body.texts, raw_scores=body.raw_scores,
+                         return_text=body.return_text, truncate=bool(body.truncate),
+                         truncation_direction=body.truncation_direction.lower())
+
+
+def cohere_request(body: CohereRerankBody) -> RerankRequest:
+    texts = [d if isinstance(d, str) else d.text for d in body.documents]
+    return RerankRequest(query=body.query, texts=texts, return_text=body.return_documents, truncate=True,
+                         top_n=body.top_n, model=body.model)
+
+
+def render_tei(reply: RerankReply) -> bytes:
+    return dumps([{"index": r.index, "score": r.score, **({"text": r.text} if r.text is not None else {})}
+                  for r in reply.results])
+
+
+def render_cohere(reply: RerankReply, model: str) -> bytes:
+    return dumps({
+        "id": str(uuid.uuid4()), "object": "rerank",
+        "results": [{"index": r.index, "relevance_score": r.score,
+                     **({"document": {"text": r.text}} if r.text is not None else {})} for r in reply.results],
+        "model": model, "usage": {"prompt_tokens": reply.tokens, "total_tokens": reply.tokens},
+    })
+
+
+class RerankRoutes:
+    def __init__(self, core: Core, bodies: BodyReader):
+        self._core, self._bodies = core, bodies
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("POST", "/rerank", self.tei, TEI, "score texts against a query with a reranker, best first (TEI)",
+                  TeiRerankBody, reply_schema={"type": "array", "items": {"$ref": "#/components/schemas/TeiRank"}}),
+            Route("POST", "/v1/rerank", self.cohere, OPENAI, "Cohere/Infinity-style reranking, best first",
+                  CohereRerankBody, CohereRerankReply, names=COHERE_NAMES),
+        ]
+
+    async def tei(self, request: web.Request) -> web.Response:
+        core_request = await self._bodies.read(request, TeiRerankBody, tei_request)
+        until = deadline(request)
+        reply = await within(self._core.rerank(core_request, until), until)
+        return json_response(render_tei(reply))
+
+    async def cohere(self, request: web.Request) -> web.Response:
+        core_request = await self._bodies.read(request, CohereRerankBody, cohere_request)
+        until = deadline(request)
+        reply = await within(self._core.rerank(core_request, until), until)
+        return json_response(render_cohere(reply, reply.model))
+
