@@ -78,7 +78,7 @@ def test_pair_embeddings_use_token_types(artifacts, encoder):
     import torch
 
     from attnserve.engine.batching import pad, pad_types
-    from attnserve.model.encoder import pool
+    from attnserve.model.pooling import pool
 
     engine = Engine.from_directory(artifacts)
     pairs = engine.tokenizer.encode_pairs(PAIRS)
