@@ -82,6 +82,8 @@ class Engine:
         self.provider, self.precision, self.embeddings_variant = embeddings_graph(manifest, config)
         self.tokenizer = TextTokenizer(manifest.path(manifest.tokenizer), manifest.max_seq_length, manifest.vocab_size)
         self._session = open_session(manifest.path(self.embeddings_variant.file), self.provider, config.threads)
+        # Graphs of models with token types take token_type_ids (export/torch_to_onnx.py); older exports do not.
+        self._takes_token_types = "token_type_ids" in {i.name for i in self._session.get_inputs()}
         self._attention_session = None
         self._attention_lock = threading.Lock()
         if attention:
@@ -104,11 +106,23 @@ class Engine:
                     self.manifest.path(variant.file), self.provider, self.config.threads, arena=False)
         return self._attention_session
 
+    def _feed(self, inputs: Sequence[TokenizedInput]) -> dict[str, np.ndarray]:
+        """The graph's inputs for one padded batch, each (B, T) int64. A graph that takes token_type_ids
+        (a model with token types) gets the inputs' own, or zeros for inputs that carry none."""
+        ids, mask = pad([x.ids for x in inputs])
+        feed = {"input_ids": ids, "attention_mask": mask}
+        if self._takes_token_types:
+            types = np.zeros_like(ids)
+            for row, x in enumerate(inputs):
+                if x.type_ids is not None:
+                    types[row, : len(x.type_ids)] = x.type_ids
+            feed["token_type_ids"] = types
+        return feed
+
     def run(self, inputs: Sequence[TokenizedInput], attention: bool = False) -> BatchOutput:
         """One padded batch through one session; safe to call from several threads."""
-        ids, mask = pad([x.ids for x in inputs])
-        lengths = mask.sum(axis=1)
-        feed = {"input_ids": ids, "attention_mask": mask}
+        feed = self._feed(inputs)
+        lengths = feed["attention_mask"].sum(axis=1)
         if attention:
             hidden, sentence, attentions = self._open_attention_session().run(None, feed)
             return BatchOutput(lengths, hidden, sentence, attentions)
@@ -116,8 +130,7 @@ class Engine:
         return BatchOutput(lengths, hidden, sentence)
 
     def _sentence_embeddings(self, inputs: Sequence[TokenizedInput]) -> np.ndarray:
-        ids, mask = pad([x.ids for x in inputs])
-        return self._session.run(["sentence_embedding"], {"input_ids": ids, "attention_mask": mask})[0]
+        return self._session.run(["sentence_embedding"], self._feed(inputs))[0]
 
     def encode_tokenized(self, inputs: Sequence[TokenizedInput], normalize: bool | None = None,
                          on_batch: Callable[[int], None] | None = None) -> Encoded:

@@ -40,13 +40,16 @@ class Manifest:
     tokenizer_sha256: str
     variants: dict[str, GraphVariant]
     tools: dict
+    # config.json's model_type; absent from manifests written before families were added: those are BERT.
+    family: str = "bert"
 
     def path(self, name: str) -> Path:
         return self.directory / name
 
     def to_json(self) -> dict:
         return {
-            "format_version": FORMAT_VERSION, "model": self.model, "hidden_size": self.hidden_size,
+            "format_version": FORMAT_VERSION, "model": self.model, "family": self.family,
+            "hidden_size": self.hidden_size,
             "num_layers": self.num_layers, "num_heads": self.num_heads,
             "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size,
             "max_seq_length": self.max_seq_length, "pooling": self.pooling, "normalize": self.normalize,
@@ -97,7 +100,7 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             intermediate_size=int(raw["intermediate_size"]), vocab_size=int(raw["vocab_size"]),
             max_seq_length=int(raw["max_seq_length"]), pooling=str(raw["pooling"]), normalize=bool(raw["normalize"]),
             tokenizer=str(raw["tokenizer"]["file"]), tokenizer_sha256=str(raw["tokenizer"]["sha256"]),
-            variants=variants, tools=dict(raw.get("tools", {})),
+            variants=variants, tools=dict(raw.get("tools", {})), family=str(raw.get("family", "bert")),
         )
     except ArtifactError:
         raise

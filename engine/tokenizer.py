@@ -33,6 +33,8 @@ class Token:
 class TokenizedInput:
     ids: np.ndarray  # (T,) int64, special tokens included
     truncated: bool
+    type_ids: np.ndarray | None = None  # (T,) int64 token types; None: all zeros
+    pair_start: int | None = None  # index of the first token of segment b
 
     def __len__(self) -> int:
         return len(self.ids)

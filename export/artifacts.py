@@ -23,10 +23,10 @@ from attnserve.errors import ArtifactError
 from attnserve.model.checkpoint import Checkpoint, load_encoder
 from attnserve.model.encoder import SentenceEncoder
 
-from .optimize import convert_fp16, fuse_attention, quantize_int8
+from .optimize import attention_nodes, convert_fp16, fuse_attention, quantize_int8
 from .tokenizer_parity import check_tokenizer
 from .torch_to_onnx import export_graph
-from .verify import TOLERANCES, Reference, verify
+from .verify import TOLERANCES, Reference, verify_all
 
 # name -> (file, precision, fused, outputs)
 VARIANTS = {
@@ -74,20 +74,28 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
         export_graph(SentenceEncoder(encoder, ckpt.pooling), work / VARIANTS["embeddings"][0])
         export_graph(SentenceEncoder(encoder, ckpt.pooling, output_attentions=True), work / VARIANTS["attention"][0])
         counts = fuse_attention(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fused"][0], ckpt.config)
-        log(f"fused attention: {counts.get('Attention', 0)} Attention nodes for {ckpt.config.num_layers} layers")
+        log(f"fused attention: {attention_nodes(counts)} Attention nodes for {ckpt.config.num_layers} layers")
         quantize_int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0])
-        convert_fp16(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fp16"][0], ckpt.config)
+        fp16_counts = convert_fp16(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fp16"][0],
+                                   ckpt.config)
+        # Whether the fp32 graphs (False) and the fp16 graph (True) have every layer's attention fused.
+        fully_fused = {False: attention_nodes(counts) == ckpt.config.num_layers,
+                       True: attention_nodes(fp16_counts) == ckpt.config.num_layers}
         shutil.copyfile(ckpt.tokenizer_file, work / "tokenizer.json")
 
         tokenizer = TextTokenizer(work / "tokenizer.json", ckpt.max_seq_length, ckpt.config.vocab_size)
         reference = Reference(encoder, ckpt.pooling, tokenizer)
+        parities = verify_all({name: (work / file, precision) for name, (file, precision, *_) in VARIANTS.items()},
+                              reference)
         variants = {}
         for name, (file, precision, fused, outputs) in VARIANTS.items():
-            parity = verify(work / file, precision, reference)
+            parity = parities[name]
             log(f"verified {file:24s} {TOLERANCES[precision].describe(parity[TOLERANCES[precision].metric])}")
+            # A family whose attention the optimizer cannot fuse (MPNet's position bias) gets its best graph.
+            fused = fused and fully_fused[precision == "fp16"]
             variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, fused, outputs, parity)
         manifest = Manifest(
-            directory=out, model=ckpt.name, hidden_size=ckpt.config.hidden_size, num_layers=ckpt.config.num_layers,
+            directory=out, model=ckpt.name, family=ckpt.config.family, hidden_size=ckpt.config.hidden_size, num_layers=ckpt.config.num_layers,
             num_heads=ckpt.config.num_heads, intermediate_size=ckpt.config.intermediate_size,
             vocab_size=ckpt.config.vocab_size, max_seq_length=ckpt.max_seq_length, pooling=ckpt.pooling,
             normalize=ckpt.normalize, tokenizer="tokenizer.json", tokenizer_sha256=sha256_of(work / "tokenizer.json"),
