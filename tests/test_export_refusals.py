@@ -62,7 +62,7 @@ CASES = [
     ("classifier architecture",
      lambda c: edit_json(c / "config.json", architectures=["BertForSequenceClassification"]),
      ["architecture BertForSequenceClassification"]),
-    ("roberta model type", lambda c: edit_json(c / "config.json", model_type="roberta"), ["model_type 'roberta'"]),
+    ("albert model type", lambda c: edit_json(c / "config.json", model_type="albert"), ["model_type 'albert'"]),
     ("a cross-encoder pipeline", lambda c: edit_json(c / "config_sentence_transformers.json",
                                                      model_type="CrossEncoder"), ["model_type 'CrossEncoder'"]),
     ("default prompt", lambda c: edit_json(c / "config_sentence_transformers.json", prompts={"query": "query: "},
