@@ -95,11 +95,11 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
             fused = fused and fully_fused[precision == "fp16"]
             variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, fused, outputs, parity)
         manifest = Manifest(
-            directory=out, model=ckpt.name, family=ckpt.config.family, hidden_size=ckpt.config.hidden_size, num_layers=ckpt.config.num_layers,
+            directory=out, model=ckpt.name, hidden_size=ckpt.config.hidden_size, num_layers=ckpt.config.num_layers,
             num_heads=ckpt.config.num_heads, intermediate_size=ckpt.config.intermediate_size,
             vocab_size=ckpt.config.vocab_size, max_seq_length=ckpt.max_seq_length, pooling=ckpt.pooling,
             normalize=ckpt.normalize, tokenizer="tokenizer.json", tokenizer_sha256=sha256_of(work / "tokenizer.json"),
-            variants=variants, tools=_tool_versions(),
+            variants=variants, tools=_tool_versions(), family=ckpt.config.family,
         )
         (work / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
         _claim_destination(out)

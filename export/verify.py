@@ -66,10 +66,14 @@ class Reference:
     computed and compared in runs of at most ATTENTION_BYTES.
     """
 
-    def __init__(self, encoder: Encoder, pooling: str, tokenizer: TextTokenizer, n_texts: int = 512, seed: int = 0):
+    def __init__(self, encoder: Encoder, pooling: str, tokenizer: TextTokenizer, n_texts: int = 512, seed: int = 0,
+                 token_types: bool | None = None):
+        """token_types: whether the graphs take token_type_ids; None: as the model has token types (False
+        checks a graph exported before graphs took them)."""
         rng = np.random.default_rng(seed)
         ids_from = made_up_token_ids(encoder.config.vocab_size)
         self.encoder, self.pooling = encoder, pooling
+        self.token_types = encoder.config.has_token_types if token_types is None else token_types
         self.cases = []  # (ids, mask, token types or None), each (B, T) int64
         for batch, seq in shape_grid(tokenizer.max_seq_length):
             lengths = rng.integers(1, seq + 1, size=batch)
@@ -87,7 +91,7 @@ class Reference:
     def _segments(self, rng: np.random.Generator, lengths: np.ndarray, seq: int) -> np.ndarray | None:
         """Token types as sentence pairs have them (0 for segment a, 1 from where segment b starts), for a model
         that has token types; None for one that has not (its graphs take no token_type_ids)."""
-        if not self.encoder.config.has_token_types:
+        if not self.token_types:
             return None
         types = np.zeros((len(lengths), seq), dtype=np.int64)
         for row, n in enumerate(lengths):
@@ -96,7 +100,7 @@ class Reference:
 
     def feed(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> dict[str, np.ndarray]:
         feed = {"input_ids": ids, "attention_mask": mask}
-        if self.encoder.config.has_token_types:  # the text checks have no types: all zeros, as the engine feeds
+        if self.token_types:  # the text checks have no types: all zeros, as the engine feeds
             feed["token_type_ids"] = np.zeros_like(ids) if types is None else types
         return feed
 
@@ -150,6 +154,10 @@ def measure_all(graphs: dict[str, tuple[Path, str]], reference: Reference, provi
     # No memory arena: it would keep each session's largest run (the attention maps) until the export ends.
     sessions = {name: open_session(path, provider, arena=False) for name, (path, _) in graphs.items()}
     parity = {name: _Parity("attentions" in [o.name for o in s.get_outputs()]) for name, s in sessions.items()}
+    for name, session in sessions.items():
+        if ("token_type_ids" in [i.name for i in session.get_inputs()]) != reference.token_types:
+            raise ExportVerificationError(f"{graphs[name][0].name} {'lacks' if reference.token_types else 'has'} "
+                                          "the input token_type_ids that the reference was made for")
     with_maps = [name for name in sessions if parity[name].wants_attention]
     for ids, mask, types in reference.cases:
         hidden = np.empty((*ids.shape, reference.encoder.config.hidden_size), dtype=np.float32)  # (B, T, H)

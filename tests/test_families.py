@@ -120,8 +120,9 @@ def test_a_pair_through_the_graph_matches_transformers_with_the_same_token_types
     assert np.abs(without - sentence).max() > 1e-3
 
 
-@pytest.mark.parametrize("name,model_class", [("roberta", "RobertaForMaskedLM"), ("xlm-roberta", "XLMRobertaForMaskedLM"),
-                                              ("distilbert", "DistilBertForMaskedLM"), ("mpnet", "MPNetForMaskedLM")])
+@pytest.mark.parametrize("name,model_class", [
+    ("roberta", "RobertaForMaskedLM"), ("xlm-roberta", "XLMRobertaForMaskedLM"),
+    ("distilbert", "DistilBertForMaskedLM"), ("mpnet", "MPNetForMaskedLM")])
 def test_masked_lm_checkpoints_load_as_automodel_loads_them(tmp_path, name, model_class):
     # A masked-LM save prefixes the encoder's keys ("roberta.", "distilbert.", "mpnet.") and adds its head,
     # which goes unused, as transformers' AutoModel (what sentence-transformers loads) leaves it.
