@@ -60,10 +60,10 @@ def shape_grid(max_seq_length: int) -> list[tuple[int, int]]:
 class Reference:
     """The check inputs and the PyTorch encoder that gives their expected outputs.
 
-    Only the inputs are kept: the PyTorch outputs of a case are computed when the variants are compared on it
-    and dropped after (measure_all), so that verification's memory is that of one case, not of the grid. A
-    case's attention maps grow with rows x T^2 (a 12-layer model's are 150 MB per row at T 512), so they are
-    computed and compared in runs of at most ATTENTION_BYTES.
+    Only the inputs and the texts' sentence embeddings are kept here. measure_all computes PyTorch's outputs
+    case by case and keeps only the small ones: a case's attention maps grow with rows x T^2 (a 12-layer model's
+    are 150 MB per row at T 512), so they are computed and compared in runs of at most ATTENTION_BYTES and
+    dropped at once. Verification's memory is then one session, one run's maps and the grid's hidden states.
     """
 
     def __init__(self, encoder: Encoder, pooling: str, tokenizer: TextTokenizer, n_texts: int = 512, seed: int = 0,
@@ -149,53 +149,68 @@ def measure_all(graphs: dict[str, tuple[Path, str]], reference: Reference, provi
                 ) -> dict[str, dict[str, float]]:
     """Every parity metric of each graph (name -> (path, precision)), as floats for the manifest.
 
-    Case by case: PyTorch runs once per case, every graph is compared on it, and its outputs are dropped.
+    One session is open at a time, in the order given. PyTorch's attention maps are compared with a graph that
+    returns them, in runs of rows of bounded size, and dropped at once; its hidden states and sentence embeddings,
+    which are small, are kept for the other graphs. So PyTorch runs over the cases once when the graphs with
+    attention maps come first, twice otherwise.
     """
-    # No memory arena: it would keep each session's largest run (the attention maps) until the export ends.
-    sessions = {name: open_session(path, provider, arena=False) for name, (path, _) in graphs.items()}
-    parity = {name: _Parity("attentions" in [o.name for o in s.get_outputs()]) for name, s in sessions.items()}
-    for name, session in sessions.items():
-        if ("token_type_ids" in [i.name for i in session.get_inputs()]) != reference.token_types:
-            raise ExportVerificationError(f"{graphs[name][0].name} {'lacks' if reference.token_types else 'has'} "
-                                          "the input token_type_ids that the reference was made for")
-    with_maps = [name for name in sessions if parity[name].wants_attention]
-    for ids, mask, types in reference.cases:
-        hidden = np.empty((*ids.shape, reference.encoder.config.hidden_size), dtype=np.float32)  # (B, T, H)
-        sentence = np.empty((ids.shape[0], hidden.shape[2]), dtype=np.float32)  # (B, H)
-        runs = reference.attention_runs(*ids.shape) if with_maps else [slice(0, ids.shape[0])]
-        for rows in runs:
-            part = ids[rows], mask[rows], None if types is None else types[rows]
-            hidden[rows], sentence[rows], attentions = reference.expected(*part, attentions=bool(with_maps))
-            for name in with_maps:
-                parity[name].add(sessions[name].run(None, reference.feed(*part)), mask[rows], hidden[rows],
-                                 sentence[rows], attentions)
-            del attentions
-        for name in sessions:
-            if name not in with_maps:
-                outputs = sessions[name].run(["last_hidden_state", "sentence_embedding"],
-                                             reference.feed(ids, mask, types))
-                parity[name].add(outputs, mask, hidden, sentence, None)
+    expected: list[tuple[np.ndarray, np.ndarray]] | None = None  # per case: hidden (B, T, H), sentence (B, H)
     metrics = {}
-    for name, session in sessions.items():
-        text_cos = np.empty(len(reference.text_inputs), dtype=np.float32)
-        for batch in reference.text_batches:
-            ids, mask = pad([reference.text_inputs[i].ids for i in batch])
-            got = session.run(["sentence_embedding"], reference.feed(ids, mask, None))[0]
-            text_cos[batch] = _cosine(got, reference.text_sentences[batch])
-        p = parity[name]
-        metrics[name] = {
-            "max_abs_last_hidden_state": p.max_hidden,
-            "max_abs_sentence_embedding": p.max_sentence,
-            "min_cosine_sentence_embedding": p.min_cos,
-            "mean_cosine_sentence_embedding_texts": float(text_cos.mean()),
-            "p1_cosine_sentence_embedding_texts": float(np.percentile(text_cos, 1)),
-            "min_cosine_sentence_embedding_texts": float(text_cos.min()),
-            "shapes_checked": len(reference.cases),
-            "texts_checked": len(reference.text_inputs),
-        }
-        if p.wants_attention:
-            metrics[name]["max_abs_attentions"] = p.max_attention
-            metrics[name]["max_padded_key_weight"] = p.max_padded_key_weight
+    for name, (path, _) in graphs.items():
+        # No memory arena: it would keep the session's largest run (the attention maps) for the whole export.
+        session = open_session(path, provider, arena=False)
+        if ("token_type_ids" in [i.name for i in session.get_inputs()]) != reference.token_types:
+            raise ExportVerificationError(f"{path.name} {'lacks' if reference.token_types else 'has'} "
+                                          "the input token_type_ids that the reference was made for")
+        parity = _Parity("attentions" in [o.name for o in session.get_outputs()])
+        if parity.wants_attention or expected is None:
+            computed = [_pytorch_case(session if parity.wants_attention else None, parity, reference, *case)
+                        for case in reference.cases]
+            expected = expected or computed
+        if not parity.wants_attention:
+            for (ids, mask, types), (hidden, sentence) in zip(reference.cases, expected, strict=True):
+                outputs = session.run(["last_hidden_state", "sentence_embedding"], reference.feed(ids, mask, types))
+                parity.add(outputs, mask, hidden, sentence, None)
+        metrics[name] = _metrics(parity, session, reference)
+        del session
+    return metrics
+
+
+def _pytorch_case(session, parity: _Parity, reference: Reference, ids: np.ndarray, mask: np.ndarray,
+                  types: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """PyTorch's outputs for one case; with an attention graph's session, its attention maps are computed and
+    compared with the graph's in runs of rows of bounded size, then dropped. Returns (hidden, sentence)."""
+    hidden = np.empty((*ids.shape, reference.encoder.config.hidden_size), dtype=np.float32)  # (B, T, H)
+    sentence = np.empty((ids.shape[0], hidden.shape[2]), dtype=np.float32)  # (B, H)
+    runs = reference.attention_runs(*ids.shape) if session is not None else [slice(0, ids.shape[0])]
+    for rows in runs:
+        part = ids[rows], mask[rows], None if types is None else types[rows]
+        hidden[rows], sentence[rows], attentions = reference.expected(*part, attentions=session is not None)
+        if session is not None:
+            parity.add(session.run(None, reference.feed(*part)), mask[rows], hidden[rows], sentence[rows], attentions)
+        del attentions
+    return hidden, sentence
+
+
+def _metrics(parity: _Parity, session, reference: Reference) -> dict[str, float]:
+    text_cos = np.empty(len(reference.text_inputs), dtype=np.float32)
+    for batch in reference.text_batches:
+        ids, mask = pad([reference.text_inputs[i].ids for i in batch])
+        got = session.run(["sentence_embedding"], reference.feed(ids, mask, None))[0]
+        text_cos[batch] = _cosine(got, reference.text_sentences[batch])
+    metrics = {
+        "max_abs_last_hidden_state": parity.max_hidden,
+        "max_abs_sentence_embedding": parity.max_sentence,
+        "min_cosine_sentence_embedding": parity.min_cos,
+        "mean_cosine_sentence_embedding_texts": float(text_cos.mean()),
+        "p1_cosine_sentence_embedding_texts": float(np.percentile(text_cos, 1)),
+        "min_cosine_sentence_embedding_texts": float(text_cos.min()),
+        "shapes_checked": len(reference.cases),
+        "texts_checked": len(reference.text_inputs),
+    }
+    if parity.wants_attention:
+        metrics["max_abs_attentions"] = parity.max_attention
+        metrics["max_padded_key_weight"] = parity.max_padded_key_weight
     return metrics
 
 
