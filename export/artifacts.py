@@ -75,7 +75,7 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
         export_graph(SentenceEncoder(encoder, ckpt.pooling, output_attentions=True), work / VARIANTS["attention"][0])
         counts = fuse_attention(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fused"][0], ckpt.config)
         log(f"fused attention: {attention_nodes(counts)} Attention nodes for {ckpt.config.num_layers} layers")
-        quantize_int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0])
+        quantize_int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0], ckpt.config)
         fp16_counts = convert_fp16(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fp16"][0],
                                    ckpt.config)
         # Whether the fp32 graphs (False) and the fp16 graph (True) have every layer's attention fused.

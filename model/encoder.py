@@ -19,6 +19,7 @@ F feed-forward size, L layers.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -69,7 +70,7 @@ class EncoderConfig:
 
 # config.json's activation names, as transformers maps them: BERT's "gelu" is the exact erf form,
 # not the tanh approximation; DistilBERT checkpoints may use "relu".
-ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"gelu": F.gelu, "relu": F.relu}
 
 
 # A large negative added to the scores of padded keys. exp() of it underflows
