@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", help="where the corpus and output Parquet files go, and stay "
                                           "(default: a temporary directory, removed at the end)")
     parser.add_argument("--skip-st", action="store_true", help="skip sentence-transformers")
+    parser.add_argument("--checkpoint", help="the checkpoint sentence-transformers loads, the one --artifacts was "
+                                             "exported from (default: the default model's)")
     parser.add_argument("--json", help="also write every number to this JSON file")
     args = parser.parse_args(argv)
     if args.texts < 1 or args.rounds < 1:
@@ -273,7 +275,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
 
         versions.update({"sentence_transformers": sentence_transformers.__version__,
                          "transformers": transformers.__version__, "torch": torch.__version__})
-        st_model = SentenceTransformer(str(default_checkpoint_dir()), device="cpu")
+        st_model = SentenceTransformer(str(args.checkpoint or default_checkpoint_dir()), device="cpu")
         if st_model.max_seq_length != manifest.max_seq_length:
             log(f"warning: sentence-transformers truncates at {st_model.max_seq_length}, the engine at "
                 f"{manifest.max_seq_length}: its tokens/s counts the engine's tokens")

@@ -61,13 +61,16 @@ class Manifest:
     kind: str = "embedder"
     num_labels: int = 0  # a reranker's classifier outputs
     score_activation: str | None = None  # a reranker's CrossEncoder activation: "sigmoid" or "identity"
+    # config.json's model_type; absent from manifests written before families were added: those are BERT.
+    family: str = "bert"
 
     def path(self, name: str) -> Path:
         return self.directory / name
 
     def to_json(self) -> dict:
         return {
-            "format_version": FORMAT_VERSION, "model": self.model, "hidden_size": self.hidden_size,
+            "format_version": FORMAT_VERSION, "model": self.model, "family": self.family,
+            "hidden_size": self.hidden_size,
             "num_layers": self.num_layers, "num_heads": self.num_heads,
             "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size,
             "max_seq_length": self.max_seq_length, "pooling": self.pooling, "normalize": self.normalize,
@@ -129,6 +132,7 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             default_prompt_name=None if raw.get("default_prompt_name") is None else str(raw["default_prompt_name"]),
             kind=str(raw.get("kind", "embedder")),
             num_labels=int(raw.get("num_labels", 0)), score_activation=raw.get("score_activation"),
+            family=str(raw.get("family", "bert")),
         )
         if manifest.kind not in ("embedder", "reranker"):
             raise ArtifactError(f"{path}: kind {manifest.kind!r} is not embedder or reranker; re-export")

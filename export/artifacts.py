@@ -28,7 +28,7 @@ from .optimize import convert_fp16, describe_fusions, fuse_attention, fused_atte
 from .reranker import reranker_variants
 from .tokenizer_parity import check_tokenizer
 from .torch_to_onnx import export_graph
-from .verify import TOLERANCES, Reference, verify
+from .verify import TOLERANCES, Reference, verify_all
 
 # name -> (file, precision, fused, outputs)
 VARIANTS = {
@@ -89,7 +89,7 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
             variants=variants, tools=_tool_versions(), embedding_size=ckpt.embedding_size,
             modules=tuple(ckpt.modules), prompts=dict(ckpt.pipeline.prompts),
             default_prompt_name=ckpt.pipeline.default_prompt_name, kind=ckpt.kind,
-            num_labels=ckpt.num_labels, score_activation=ckpt.score_activation,
+            num_labels=ckpt.num_labels, score_activation=ckpt.score_activation, family=ckpt.config.family,
         )
         (work / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
         _claim_destination(out)
@@ -109,19 +109,24 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
     export_graph(SentenceEncoder(encoder, head, output_attentions=True), work / VARIANTS["attention"][0])
     counts = fuse_attention(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fused"][0], ckpt.config)
     log(f"fused attention: {fused_attention_nodes(counts)} Attention nodes for {ckpt.config.num_layers} layers")
-    # Where the optimizer cannot fuse attention (ModernBERT's rotary attention), the "fused" variants hold
-    # its other fusions; the manifest then says fused: false for them, and the log what they hold.
-    attention_fused = fused_attention_nodes(counts) == ckpt.config.num_layers
-    quantize_int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0])
+    quantize_int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0], ckpt.config)
     fp16_counts = convert_fp16(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fp16"][0], ckpt.config)
-    if not attention_fused:
+    # Whether the fp32 graphs (False) and the fp16 graph (True) have every layer's attention fused. Where the
+    # optimizer cannot fuse it (ModernBERT's rotary attention, MPNet's position bias), the "fused" variants hold
+    # its other fusions; the manifest then says fused: false for them, and the log what they hold.
+    fully_fused = {False: fused_attention_nodes(counts) == ckpt.config.num_layers,
+                   True: fused_attention_nodes(fp16_counts) == ckpt.config.num_layers}
+    if not fully_fused[False]:
         log(f"attention left unfused; the fused graph holds {describe_fusions(counts)}, "
             f"the fp16 graph {describe_fusions(fp16_counts)}")
     reference = Reference(encoder, head, ckpt.embedding_size, tokenizer)
+    # The attention graph first: PyTorch's one pass over the check inputs for it serves the others too.
+    order = sorted(VARIANTS, key=lambda name: name != "attention")
+    parities = verify_all({name: (work / VARIANTS[name][0], VARIANTS[name][1]) for name in order}, reference)
     variants = {}
     for name, (file, precision, fused, outputs) in VARIANTS.items():
-        parity = verify(work / file, precision, reference)
+        parity = parities[name]
         log(f"verified {file:24s} {TOLERANCES[precision].describe(parity[TOLERANCES[precision].metric])}")
-        variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, fused and attention_fused,
-                                      outputs, parity)
+        variants[name] = GraphVariant(name, file, sha256_of(work / file), precision,
+                                      fused and fully_fused[precision == "fp16"], outputs, parity)
     return variants

@@ -1,8 +1,9 @@
 """Parity of every exported graph against the PyTorch encoder; used at export time and in tests.
 
 Each variant is run at batch sizes 1..17 and sequence lengths 1..max_seq_length
-(rows of random lengths, so padding is exercised) and on real texts, and
-compared with the PyTorch encoder on the same inputs.
+(rows of random lengths, so padding is exercised, and random segments where the
+model has token types) and on real texts, and compared with the PyTorch encoder
+on the same inputs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from .token_ids import made_up_token_ids
 
 SAMPLE_TEXTS = Path(__file__).parent / "data" / "sample_texts.txt"
 BATCH_SIZES = (1, 2, 5, 17)
+# The most memory the attention maps of one comparison take, PyTorch's and the graph's each.
+ATTENTION_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -57,78 +60,169 @@ def shape_grid(max_seq_length: int) -> list[tuple[int, int]]:
 
 
 class Reference:
-    """PyTorch outputs on the check inputs, computed once and shared by every variant."""
+    """The check inputs and the PyTorch encoder that gives their expected outputs.
+
+    Only the inputs and the texts' sentence embeddings are kept here. measure_all computes PyTorch's outputs
+    case by case and keeps only the small ones: a case's attention maps grow with rows x T^2 (a 12-layer model's
+    are 150 MB per row at T 512), so they are computed and compared in runs of at most ATTENTION_BYTES and
+    dropped at once. Verification's memory is then one session, one run's maps and the grid's hidden states.
+    """
 
     def __init__(self, encoder: Encoder | ModernBertEncoder, head: SentenceHead, embedding_size: int,
-                 tokenizer: TextTokenizer, n_texts: int = 512, seed: int = 0):
+                 tokenizer: TextTokenizer, n_texts: int = 512, seed: int = 0, token_types: bool | None = None):
+        """token_types: whether the graphs take token_type_ids; None: as the model has token types (False
+        checks a graph exported before graphs took them)."""
         rng = np.random.default_rng(seed)
         ids_from = made_up_token_ids(encoder.config.vocab_size)
-        self.head = head
-        self.cases = []  # (ids, mask, hidden, sentence, attentions)
+        self.encoder, self.head = encoder, head
+        self.token_types = encoder.config.has_token_types if token_types is None else token_types
+        self.cases = []  # (ids, mask, token types or None), each (B, T) int64
         for batch, seq in shape_grid(tokenizer.max_seq_length):
             lengths = rng.integers(1, seq + 1, size=batch)
             lengths[rng.integers(batch)] = seq  # the batch really is `seq` long
             ids, mask = pad([rng.integers(ids_from.start, ids_from.stop, size=n) for n in lengths])
-            self.cases.append((ids, mask, *self._torch(encoder, ids, mask, attentions=True)))
+            self.cases.append((ids, mask, self._segments(rng, lengths, seq)))
         texts = [t for t in SAMPLE_TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()][:n_texts]
         self.text_inputs = tokenizer.encode_texts(texts)
         self.text_batches = plan_batches([len(x) for x in self.text_inputs], 4096, 64)
         self.text_sentences = np.empty((len(texts), embedding_size), dtype=np.float32)
         for rows in self.text_batches:
             ids, mask = pad([self.text_inputs[i].ids for i in rows])
-            self.text_sentences[rows] = self._torch(encoder, ids, mask, attentions=False)[1]
+            self.text_sentences[rows] = self.expected(ids, mask, None, attentions=False)[1]
 
-    def _torch(self, encoder: Encoder | ModernBertEncoder, ids: np.ndarray, mask: np.ndarray, attentions: bool):
+    def _segments(self, rng: np.random.Generator, lengths: np.ndarray, seq: int) -> np.ndarray | None:
+        """Token types as sentence pairs have them (0 for segment a, 1 from where segment b starts), for a model
+        that has token types; None for one that has not (its graphs take no token_type_ids)."""
+        if not self.token_types:
+            return None
+        types = np.zeros((len(lengths), seq), dtype=np.int64)
+        for row, n in enumerate(lengths):
+            types[row, rng.integers(1, n + 1):n] = 1
+        return types
+
+    def feed(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> dict[str, np.ndarray]:
+        feed = {"input_ids": ids, "attention_mask": mask}
+        if self.token_types:  # the text checks have no types: all zeros, as the engine feeds
+            feed["token_type_ids"] = np.zeros_like(ids) if types is None else types
+        return feed
+
+    def expected(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None, attentions: bool):
+        """PyTorch's last_hidden_state (B, T, H), sentence embedding (B, D) and, if asked, attentions
+        (L, B, nh, T, T)."""
         with torch.no_grad():
             m = torch.from_numpy(mask)
-            hidden, att = encoder(torch.from_numpy(ids), m, output_attentions=attentions)
+            hidden, att = self.encoder(torch.from_numpy(ids), m, attentions,
+                                       None if types is None else torch.from_numpy(types))
             sentence = self.head(hidden, m)
         return hidden.numpy(), sentence.numpy(), (att.numpy() if attentions else None)
 
+    def attention_runs(self, rows: int, seq: int) -> list[slice]:
+        """The rows of a case in runs whose attention maps take at most ATTENTION_BYTES each."""
+        cfg = self.encoder.config
+        per_row = cfg.num_layers * cfg.num_heads * seq * seq * 4
+        step = max(1, ATTENTION_BYTES // per_row)
+        return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
 
-def measure(path: Path, precision: str, reference: Reference, provider: str = CPU) -> dict[str, float]:
-    """Every parity metric of one graph, as floats for the manifest."""
-    session = open_session(path, provider)
-    wants_attention = "attentions" in [o.name for o in session.get_outputs()]
-    max_hidden = max_sentence = max_attention = max_padded_key_weight = 0.0
-    min_cos = 1.0
-    for ids, mask, hidden, sentence, attentions in reference.cases:
-        outputs = session.run(None, {"input_ids": ids, "attention_mask": mask})
+
+class _Parity:
+    """The worst errors of one graph against PyTorch, over every case it ran."""
+
+    def __init__(self, wants_attention: bool):
+        self.wants_attention = wants_attention
+        self.max_hidden = self.max_sentence = self.max_attention = self.max_padded_key_weight = 0.0
+        self.min_cos = 1.0
+
+    def add(self, outputs: list[np.ndarray], mask: np.ndarray, hidden: np.ndarray, sentence: np.ndarray,
+            attentions: np.ndarray | None) -> None:
         real = mask.astype(bool)  # (B, T): compare real token positions only
-        max_hidden = max(max_hidden, float(np.abs(outputs[0] - hidden)[real].max()))
-        max_sentence = max(max_sentence, float(np.abs(outputs[1] - sentence).max()))
-        min_cos = min(min_cos, float(_cosine(outputs[1], sentence).min()))
-        if wants_attention:
+        self.max_hidden = max(self.max_hidden, float(np.abs(outputs[0] - hidden)[real].max()))
+        self.max_sentence = max(self.max_sentence, float(np.abs(outputs[1] - sentence).max()))
+        self.min_cos = min(self.min_cos, float(_cosine(outputs[1], sentence).min()))
+        if attentions is not None:
             got = outputs[2]  # (L, B, nh, T, T)
             keys = real[None, :, None, None, :]  # broadcast over layers, heads and queries
             queries = real[None, :, None, :, None]
-            max_attention = max(max_attention, float(np.abs(got - attentions)[np.broadcast_to(
+            self.max_attention = max(self.max_attention, float(np.abs(got - attentions)[np.broadcast_to(
                 keys & queries, got.shape)].max()))
-            max_padded_key_weight = max(max_padded_key_weight, float(np.where(keys, 0.0, got).max()))
+            self.max_padded_key_weight = max(self.max_padded_key_weight, float(np.where(keys, 0.0, got).max()))
+
+
+def measure_all(graphs: dict[str, tuple[Path, str]], reference: Reference, provider: str = CPU
+                ) -> dict[str, dict[str, float]]:
+    """Every parity metric of each graph (name -> (path, precision)), as floats for the manifest.
+
+    One session is open at a time, in the order given. PyTorch's attention maps are compared with a graph that
+    returns them, in runs of rows of bounded size, and dropped at once; its hidden states and sentence embeddings,
+    which are small, are kept for the other graphs. So PyTorch runs over the cases once when the graphs with
+    attention maps come first, twice otherwise.
+    """
+    expected: list[tuple[np.ndarray, np.ndarray]] | None = None  # per case: hidden (B, T, H), sentence (B, H)
+    metrics = {}
+    for name, (path, _) in graphs.items():
+        # No memory arena: it would keep the session's largest run (the attention maps) for the whole export.
+        session = open_session(path, provider, arena=False)
+        if ("token_type_ids" in [i.name for i in session.get_inputs()]) != reference.token_types:
+            raise ExportVerificationError(f"{path.name} {'lacks' if reference.token_types else 'has'} "
+                                          "the input token_type_ids that the reference was made for")
+        parity = _Parity("attentions" in [o.name for o in session.get_outputs()])
+        if parity.wants_attention or expected is None:
+            computed = [_pytorch_case(session if parity.wants_attention else None, parity, reference, *case)
+                        for case in reference.cases]
+            expected = expected or computed
+        if not parity.wants_attention:
+            for (ids, mask, types), (hidden, sentence) in zip(reference.cases, expected, strict=True):
+                outputs = session.run(["last_hidden_state", "sentence_embedding"], reference.feed(ids, mask, types))
+                parity.add(outputs, mask, hidden, sentence, None)
+        metrics[name] = _metrics(parity, session, reference)
+        del session
+    return metrics
+
+
+def _pytorch_case(session, parity: _Parity, reference: Reference, ids: np.ndarray, mask: np.ndarray,
+                  types: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """PyTorch's outputs for one case; with an attention graph's session, its attention maps are computed and
+    compared with the graph's in runs of rows of bounded size, then dropped. Returns (hidden, sentence)."""
+    hidden = np.empty((*ids.shape, reference.encoder.config.hidden_size), dtype=np.float32)  # (B, T, H)
+    sentence = np.empty((ids.shape[0], hidden.shape[2]), dtype=np.float32)  # (B, H)
+    runs = reference.attention_runs(*ids.shape) if session is not None else [slice(0, ids.shape[0])]
+    for rows in runs:
+        part = ids[rows], mask[rows], None if types is None else types[rows]
+        hidden[rows], sentence[rows], attentions = reference.expected(*part, attentions=session is not None)
+        if session is not None:
+            parity.add(session.run(None, reference.feed(*part)), mask[rows], hidden[rows], sentence[rows], attentions)
+        del attentions
+    return hidden, sentence
+
+
+def _metrics(parity: _Parity, session, reference: Reference) -> dict[str, float]:
     text_cos = np.empty(len(reference.text_inputs), dtype=np.float32)
     for batch in reference.text_batches:
         ids, mask = pad([reference.text_inputs[i].ids for i in batch])
-        got = session.run(["sentence_embedding"], {"input_ids": ids, "attention_mask": mask})[0]
+        got = session.run(["sentence_embedding"], reference.feed(ids, mask, None))[0]
         text_cos[batch] = _cosine(got, reference.text_sentences[batch])
     metrics = {
-        "max_abs_last_hidden_state": max_hidden,
-        "max_abs_sentence_embedding": max_sentence,
-        "min_cosine_sentence_embedding": min_cos,
+        "max_abs_last_hidden_state": parity.max_hidden,
+        "max_abs_sentence_embedding": parity.max_sentence,
+        "min_cosine_sentence_embedding": parity.min_cos,
         "mean_cosine_sentence_embedding_texts": float(text_cos.mean()),
         "p1_cosine_sentence_embedding_texts": float(np.percentile(text_cos, 1)),
         "min_cosine_sentence_embedding_texts": float(text_cos.min()),
         "shapes_checked": len(reference.cases),
         "texts_checked": len(reference.text_inputs),
     }
-    if wants_attention:
-        metrics["max_abs_attentions"] = max_attention
-        metrics["max_padded_key_weight"] = max_padded_key_weight
+    if parity.wants_attention:
+        metrics["max_abs_attentions"] = parity.max_attention
+        metrics["max_padded_key_weight"] = parity.max_padded_key_weight
     return metrics
 
 
-def verify(path: Path, precision: str, reference: Reference, provider: str = CPU) -> dict[str, float]:
-    """measure(), then fail the export with a clear message if the variant's tolerance does not hold."""
-    metrics = measure(path, precision, reference, provider)
+def measure(path: Path, precision: str, reference: Reference, provider: str = CPU) -> dict[str, float]:
+    """Every parity metric of one graph."""
+    return measure_all({path.name: (path, precision)}, reference, provider)[path.name]
+
+
+def check(path: Path, precision: str, metrics: dict[str, float]) -> None:
+    """Fail the export with a clear message if the variant's tolerance does not hold."""
     tolerance = TOLERANCES[precision]
     value = metrics[tolerance.metric]
     if not tolerance.holds(value) or ("max_padded_key_weight" in metrics and metrics["max_padded_key_weight"] != 0):
@@ -136,4 +230,19 @@ def verify(path: Path, precision: str, reference: Reference, provider: str = CPU
             f"{path.name} ({precision}) fails parity with PyTorch: {tolerance.describe(value)} does not hold"
             + (f"; padded keys got weight {metrics['max_padded_key_weight']:g}"
                if metrics.get("max_padded_key_weight") else ""))
+
+
+def verify_all(graphs: dict[str, tuple[Path, str]], reference: Reference, provider: str = CPU
+               ) -> dict[str, dict[str, float]]:
+    """measure_all(), then check() each graph."""
+    metrics = measure_all(graphs, reference, provider)
+    for name, (path, precision) in graphs.items():
+        check(path, precision, metrics[name])
+    return metrics
+
+
+def verify(path: Path, precision: str, reference: Reference, provider: str = CPU) -> dict[str, float]:
+    """measure(), then check()."""
+    metrics = measure(path, precision, reference, provider)
+    check(path, precision, metrics)
     return metrics

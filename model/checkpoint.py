@@ -1,41 +1,134 @@
-"""BERT-family checkpoints (config.json + model.safetensors + tokenizer.json) -> Encoder, or ModernBertEncoder
-for a ModernBERT checkpoint (model_type "modernbert": its config reader and key map are in modernbert.py).
+"""Encoder checkpoints (config.json + model.safetensors + tokenizer.json) -> Encoder, or ModernBertEncoder.
+
+The family comes from config.json's model_type (FAMILIES: BERT, RoBERTa, XLM-RoBERTa, DistilBERT, MPNet),
+each with its config names and an explicit key map; a ModernBERT checkpoint (model_type "modernbert") has its
+config reader and key map in modernbert.py. A BertForSequenceClassification checkpoint is a reranker (heads.py).
 
 Only safetensors is read: a pickle checkpoint can run code on load. Weights are
 copied through an explicit key map, and any key that is missing, unexpected
 or of the wrong shape fails the load with the key's name.
 
 A checkpoint is exported only if its whole pipeline is one the export reproduces:
-a bare BERT encoder (config.json's architectures and the weights' heads say so)
+a bare encoder of a known family (config.json's architectures and the weights' heads say so)
 and the sentence-transformers pipeline that pipeline.py reads. Everything else
 is refused here, from metadata and the weights' header, before any weight is loaded.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from attnserve.errors import CheckpointError
 
 from . import heads, modernbert
-from .encoder import Encoder, EncoderConfig
+from .encoder import ACTIVATIONS, Encoder, EncoderConfig
 from .modernbert import ModernBertConfig, ModernBertEncoder
 from .pipeline import Pipeline, read_json, read_pipeline
 
+# EncoderConfig field -> config.json key, as BERT, RoBERTa, XLM-R and MPNet name them.
+BERT_CONFIG_NAMES = {
+    "vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
+    "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
+    "layer_norm_eps": "layer_norm_eps", "pad_token_id": "pad_token_id", "hidden_act": "hidden_act",
+    "relative_attention_buckets": "relative_attention_num_buckets",
+}
+# EncoderConfig fields that config.json must give; the others default as the family's transformers config does.
+REQUIRED = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings")
+# Checkpoint key (in the family's naming, after the task prefix) -> Encoder key, per layer with {i}.
+BERT_EMBEDDINGS = {
+    "embeddings.word_embeddings.weight": "embeddings.word.weight",
+    "embeddings.position_embeddings.weight": "embeddings.position.weight",
+    "embeddings.token_type_embeddings.weight": "embeddings.token_type.weight",
+    "embeddings.LayerNorm.weight": "embeddings.norm.weight",
+    "embeddings.LayerNorm.bias": "embeddings.norm.bias",
+}
+BERT_LAYER = {
+    "attention.self.query": "attention.query",
+    "attention.self.key": "attention.key",
+    "attention.self.value": "attention.value",
+    "attention.output.dense": "attention.out",
+    "attention.output.LayerNorm": "attention_norm",
+    "intermediate.dense": "feed_forward.up",
+    "output.dense": "feed_forward.down",
+    "output.LayerNorm": "output_norm",
+}
 # Keys some checkpoints carry that the encoder does not use: BERT's NSP pooler
 # (sentence embeddings pool the hidden states instead) and a position-id buffer.
 IGNORED_KEYS = ("pooler.dense.weight", "pooler.dense.bias", "embeddings.position_ids")
-# Where an encoder's own keys live; a task model (BertForX) prefixes them with "bert.".
-ENCODER_PARTS = ("embeddings.", "encoder.", "pooler.")
-TASK_PREFIX = "bert."
-# The masked-LM head of a BertForMaskedLM checkpoint: used as an encoder, the head goes unused,
-# exactly as transformers' AutoModel (what sentence-transformers loads) leaves it.
-UNUSED_HEADS = ("cls.predictions.",)
-# Architectures whose encoder output is the checkpoint's own output: the bare encoder, and a
-# masked-LM model used as an encoder. Any other (ForSequenceClassification, ForQuestionAnswering,
-# ForPreTraining, ...) ends in a head whose output the export would silently drop.
-ENCODER_ARCHITECTURES = ("BertModel", "BertForMaskedLM")
+# Old TensorFlow-era LayerNorm names, which transformers renames on load (its "legacy" key renaming).
+LEGACY_NORM_NAMES = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one config.json model_type's checkpoints are written, and where it differs from BERT."""
+
+    # Architectures whose output is the encoder's own: the bare encoder, and a masked-LM model used as an
+    # encoder. Any other (ForSequenceClassification, ForQuestionAnswering, ForPreTraining, ...) ends in a
+    # head whose output the export would silently drop.
+    architectures: tuple[str, ...]
+    task_prefix: str  # where a task model (XForMaskedLM) puts the encoder's keys
+    encoder_parts: tuple[str, ...]  # the prefixes of the encoder's own keys
+    # The masked-LM head of an XForMaskedLM checkpoint: used as an encoder, the head goes unused,
+    # exactly as transformers' AutoModel (what sentence-transformers loads) leaves it.
+    unused_heads: tuple[str, ...]
+    layers: str  # the prefix of layer i's keys, with {i}
+    layer_keys: dict[str, str]  # per-layer module names -> the Encoder's (weight and bias each)
+    embedding_keys: dict[str, str] = field(default_factory=lambda: BERT_EMBEDDINGS)
+    extra_keys: dict[str, str] = field(default_factory=dict)  # other whole keys -> the Encoder's
+    config_names: dict[str, str] = field(default_factory=lambda: BERT_CONFIG_NAMES)
+    # transformers' defaults for the config fields a config.json may leave out.
+    defaults: dict = field(default_factory=dict)
+    # Fields set by the family whatever config.json says: where transformers' class hard-codes them.
+    fixed: dict = field(default_factory=dict)
+
+
+BERT_DEFAULTS = {"type_vocab_size": 2, "layer_norm_eps": 1e-12, "pad_token_id": 0, "hidden_act": "gelu"}
+ROBERTA_DEFAULTS = {**BERT_DEFAULTS, "pad_token_id": 1}
+FAMILIES = {
+    "bert": Family(("BertModel", "BertForMaskedLM"), "bert.", ("embeddings.", "encoder.", "pooler."),
+                   ("cls.predictions.",), "encoder.layer.{i}.", BERT_LAYER, defaults=BERT_DEFAULTS,
+                   fixed={"relative_attention_buckets": 0}),
+    # RoBERTa and XLM-R: BERT's keys and layout; positions after padding (their config has one token type).
+    "roberta": Family(("RobertaModel", "RobertaForMaskedLM"), "roberta.", ("embeddings.", "encoder.", "pooler."),
+                      ("lm_head.",), "encoder.layer.{i}.", BERT_LAYER, defaults=ROBERTA_DEFAULTS,
+                      fixed={"positions_after_padding": True, "relative_attention_buckets": 0}),
+    "xlm-roberta": Family(("XLMRobertaModel", "XLMRobertaForMaskedLM"), "roberta.",
+                          ("embeddings.", "encoder.", "pooler."), ("lm_head.",), "encoder.layer.{i}.", BERT_LAYER,
+                          defaults=ROBERTA_DEFAULTS,
+                          fixed={"positions_after_padding": True, "relative_attention_buckets": 0}),
+    # DistilBERT: its own config and key names, no token types, and eps 1e-12 hard-coded in transformers.
+    "distilbert": Family(
+        ("DistilBertModel", "DistilBertForMaskedLM"), "distilbert.", ("embeddings.", "transformer."),
+        ("vocab_transform.", "vocab_layer_norm.", "vocab_projector."), "transformer.layer.{i}.",
+        {"attention.q_lin": "attention.query", "attention.k_lin": "attention.key", "attention.v_lin": "attention.value",
+         "attention.out_lin": "attention.out", "sa_layer_norm": "attention_norm", "ffn.lin1": "feed_forward.up",
+         "ffn.lin2": "feed_forward.down", "output_layer_norm": "output_norm"},
+        embedding_keys={k: v for k, v in BERT_EMBEDDINGS.items() if "token_type" not in k},
+        config_names={"vocab_size": "vocab_size", "hidden_size": "dim", "num_layers": "n_layers",
+                      "num_heads": "n_heads", "intermediate_size": "hidden_dim",
+                      "max_position_embeddings": "max_position_embeddings", "pad_token_id": "pad_token_id",
+                      "hidden_act": "activation"},
+        defaults={"pad_token_id": 0, "hidden_act": "gelu"},
+        fixed={"type_vocab_size": 0, "layer_norm_eps": 1e-12, "relative_attention_buckets": 0}),
+    # MPNet: no token types, positions after padding with padding index 1 (hard-coded in transformers'
+    # MPNetEmbeddings, whatever pad_token_id says), and one relative position bias table for all layers.
+    "mpnet": Family(
+        ("MPNetModel", "MPNetForMaskedLM"), "mpnet.", ("embeddings.", "encoder.", "pooler."), ("lm_head.",),
+        "encoder.layer.{i}.",
+        {"attention.attn.q": "attention.query", "attention.attn.k": "attention.key",
+         "attention.attn.v": "attention.value", "attention.attn.o": "attention.out",
+         "attention.LayerNorm": "attention_norm", "intermediate.dense": "feed_forward.up",
+         "output.dense": "feed_forward.down", "output.LayerNorm": "output_norm"},
+        embedding_keys={k: v for k, v in BERT_EMBEDDINGS.items() if "token_type" not in k},
+        extra_keys={"encoder.relative_attention_bias.weight": "relative_attention_bias.weight"},
+        defaults={"layer_norm_eps": 1e-12, "hidden_act": "gelu", "relative_attention_buckets": 32},
+        fixed={"type_vocab_size": 0, "pad_token_id": 1, "positions_after_padding": True}),
+}
+# transformers' MPNetEncoder buckets relative positions into 32 whatever the config's table size.
+MPNET_BUCKETS = 32
 
 
 @dataclass(frozen=True)
@@ -47,7 +140,6 @@ class WeightNames:
     ignored: tuple[str, ...]
 
 
-BERT_WEIGHTS = WeightNames(TASK_PREFIX, ENCODER_PARTS, UNUSED_HEADS, IGNORED_KEYS)
 MODERNBERT_WEIGHTS = WeightNames(modernbert.TASK_PREFIX, modernbert.ENCODER_PARTS, modernbert.UNUSED_HEADS, ())
 
 
@@ -87,7 +179,7 @@ class Checkpoint:
     @property
     def modules(self) -> list[str]:
         """The whole pipeline in short words, for the manifest and the export's log."""
-        family = getattr(self.config, "model_type", "bert")
+        family = self.config.family
         if self.kind == "reranker":
             return [f"Transformer({family})", f"Classifier({self.num_labels}, {self.score_activation})"]
         return self.pipeline.modules(family)
@@ -107,50 +199,69 @@ class Checkpoint:
 def _encoder_config(raw: dict, path: Path) -> EncoderConfig:
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
-    if raw.get("model_type") != "bert":
-        raise CheckpointError(f"{path}: model_type {raw.get('model_type')!r} is not supported (only 'bert' or "
-                              f"'{modernbert.MODEL_TYPE}')")
-    if raw.get("hidden_act", "gelu") != "gelu":
-        raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (only 'gelu')")
-    if raw.get("position_embedding_type", "absolute") != "absolute":
+    family = family_of(raw, path)
+    spec = FAMILIES[family]
+    act = raw.get(spec.config_names["hidden_act"], spec.defaults["hidden_act"])
+    if act not in ACTIVATIONS:
+        raise CheckpointError(f"{path}: {spec.config_names['hidden_act']} {act!r} is not supported "
+                              f"(only {', '.join(sorted(ACTIVATIONS))})")
+    if raw.get("position_embedding_type") not in (None, "absolute"):
         raise CheckpointError(f"{path}: only absolute position embeddings are supported")
     architectures = raw.get("architectures") or []
     if not isinstance(architectures, list):
         raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
-    heads_ = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
-    if heads_ == [heads.RERANKER_ARCHITECTURES[0]] and len(architectures) == 1:
-        heads_ = []  # the classifier head is exported as a reranker (heads.py)
-    if heads_:
-        raise CheckpointError(f"{path}: cannot reproduce architecture {heads_[0]} (the export runs the bare encoder: "
-                              f"{' or '.join(ENCODER_ARCHITECTURES)}, or a reranker: "
-                              f"{' or '.join(heads.RERANKER_ARCHITECTURES)})")
+    head_archs = [a for a in architectures if a not in spec.architectures]
+    rerankers = heads.RERANKER_ARCHITECTURES if family == "bert" else ()
+    if len(architectures) == 1 and head_archs and head_archs[0] in rerankers:
+        head_archs = []  # the classifier head is exported as a reranker (heads.py)
+    if head_archs:
+        raise CheckpointError(f"{path}: cannot reproduce architecture {head_archs[0]} (the export runs the bare "
+                              f"encoder: {' or '.join(spec.architectures)}"
+                              + (f", or a reranker: {' or '.join(rerankers)})" if rerankers else ")"))
     if raw.get("is_decoder"):
         raise CheckpointError(f"{path}: cannot reproduce is_decoder true (causal attention)")
+    if family == "mpnet" and raw.get("relative_attention_num_buckets", MPNET_BUCKETS) != MPNET_BUCKETS:
+        raise CheckpointError(f"{path}: cannot reproduce relative_attention_num_buckets "
+                              f"{raw['relative_attention_num_buckets']!r} (transformers buckets into {MPNET_BUCKETS})")
+    kinds = {f.name: f.type for f in fields(EncoderConfig)}
+    convert = {"int": int, "float": float, "str": str, "bool": bool}
+    values: dict = {"family": family, **spec.fixed}
     try:
-        cfg = EncoderConfig(
-            vocab_size=int(raw["vocab_size"]),
-            hidden_size=int(raw["hidden_size"]),
-            num_layers=int(raw["num_hidden_layers"]),
-            num_heads=int(raw["num_attention_heads"]),
-            intermediate_size=int(raw["intermediate_size"]),
-            max_position_embeddings=int(raw["max_position_embeddings"]),
-            type_vocab_size=int(raw.get("type_vocab_size", 2)),
-            layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
-            pad_token_id=int(raw.get("pad_token_id", 0)),
-        )
+        for ours, theirs in spec.config_names.items():
+            if ours in values:
+                continue
+            value = raw[theirs] if ours in REQUIRED else raw.get(theirs, spec.defaults.get(ours))
+            if value is not None:
+                values[ours] = convert[str(kinds[ours])](value)
+        cfg = EncoderConfig(**values)
     except KeyError as e:
         raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
     except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
         raise CheckpointError(f"{path}: invalid config: {e}") from None
-    sizes = {k: v for k, v in vars(cfg).items() if k not in ("pad_token_id", "layer_norm_eps")}
-    if any(v < 1 for v in sizes.values()) or not cfg.layer_norm_eps > 0:
+    sizes = {k: getattr(cfg, k) for k in REQUIRED}
+    if any(v < 1 for v in sizes.values()) or not cfg.layer_norm_eps > 0 or cfg.usable_positions < 1:
         raise CheckpointError(f"{path}: invalid config: sizes must be positive and layer_norm_eps above 0, got {sizes}"
                               f" and {cfg.layer_norm_eps}")
+    if cfg.type_vocab_size < 0 or (cfg.positions_after_padding and cfg.pad_token_id < 0):
+        raise CheckpointError(f"{path}: invalid config: type_vocab_size {cfg.type_vocab_size} and pad_token_id "
+                              f"{cfg.pad_token_id} must not be negative")
     return cfg
 
 
+def family_of(raw: dict, path: Path) -> str:
+    """config.json's model_type, if it is one of FAMILIES."""
+    family = raw.get("model_type")
+    if family not in FAMILIES:
+        raise CheckpointError(f"{path}: model_type {family!r} is not supported (only {', '.join(FAMILIES)} or "
+                              f"{modernbert.MODEL_TYPE!r})")
+    return family
+
+
 def _weight_names(cfg: EncoderConfig | ModernBertConfig) -> WeightNames:
-    return MODERNBERT_WEIGHTS if isinstance(cfg, ModernBertConfig) else BERT_WEIGHTS
+    if isinstance(cfg, ModernBertConfig):
+        return MODERNBERT_WEIGHTS
+    spec = FAMILIES[cfg.family]
+    return WeightNames(spec.task_prefix, spec.encoder_parts, spec.unused_heads, IGNORED_KEYS)
 
 
 def _encoder_prefix(keys: list[str], names: WeightNames) -> str:
@@ -174,14 +285,14 @@ def _check_no_head(weights: Path, names: WeightNames, allowed: tuple[str, ...] =
             keys = list(f.keys())
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"corrupt weights file {weights}: {e}") from None
-    heads = _head_keys(keys, names)
-    if allowed and sorted(heads) != sorted(allowed):
+    head_keys = _head_keys(keys, names)
+    if allowed and sorted(head_keys) != sorted(allowed):
         raise CheckpointError(f"{weights}: a BertForSequenceClassification checkpoint must hold exactly the "
-                              f"classifier head {', '.join(allowed)} outside the encoder, got {sorted(heads)[:5]}")
-    if heads and not allowed:
-        modules = sorted({k.rsplit(".", 1)[0] for k in heads})
+                              f"classifier head {', '.join(allowed)} outside the encoder, got {sorted(head_keys)[:5]}")
+    if head_keys and not allowed:
+        modules = sorted({k.rsplit(".", 1)[0] for k in head_keys})
         raise CheckpointError(f"{weights}: cannot reproduce the head {', '.join(m + '.*' for m in modules[:3])}"
-                              f"{'...' if len(modules) > 3 else ''} ({len(heads)} tensors outside the encoder)")
+                              f"{'...' if len(modules) > 3 else ''} ({len(head_keys)} tensors outside the encoder)")
 
 
 def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoint:
@@ -201,7 +312,7 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
             raise CheckpointError(f"checkpoint file missing: {directory / required}")
     if isinstance(cfg, EncoderConfig) and heads.is_reranker(raw.get("architectures") or []):
         return _read_reranker(directory, name, cfg, raw)
-    pipeline = read_pipeline(directory, cfg.max_position_embeddings, cfg.hidden_size)
+    pipeline = read_pipeline(directory, cfg.usable_positions, cfg.hidden_size)
     _check_no_head(directory / "model.safetensors", _weight_names(cfg))
     return Checkpoint(directory, name or directory.name, cfg, pipeline)
 
@@ -211,13 +322,13 @@ def _read_reranker(directory: Path, name: str | None, cfg: EncoderConfig, raw: d
     from .pipeline import _tokenizer_max_length
 
     spec = heads.read_reranker(directory, raw)
-    _check_no_head(directory / "model.safetensors", BERT_WEIGHTS, heads.CLASSIFIER_KEYS)
+    _check_no_head(directory / "model.safetensors", _weight_names(cfg), heads.CLASSIFIER_KEYS)
     length, length_from = spec.max_seq_length, "sentence_bert_config.json"
     if length is None:
-        length, length_from = _tokenizer_max_length(directory, cfg.max_position_embeddings), "tokenizer"
-    if length > cfg.max_position_embeddings:
+        length, length_from = _tokenizer_max_length(directory, cfg.usable_positions), "tokenizer"
+    if length > cfg.usable_positions:
         raise CheckpointError(f"{directory}: cannot reproduce max_seq_length {length}: the model has only "
-                              f"{cfg.max_position_embeddings} positions")
+                              f"{cfg.usable_positions} positions")
     # No sentence-transformers pipeline follows the classifier: the manifest's pooling says "cls" (the pooler's).
     pipeline = Pipeline(("cls",), (), False, length, length_from, {}, None)
     return Checkpoint(directory, name or directory.name, cfg, pipeline, kind="reranker", num_labels=spec.num_labels,
@@ -225,29 +336,23 @@ def _read_reranker(directory: Path, name: str | None, cfg: EncoderConfig, raw: d
 
 
 def key_map(cfg: EncoderConfig) -> dict[str, str]:
-    """Checkpoint key (HF BertModel naming) -> Encoder key. The only place the two namings meet."""
-    keys = {
-        "embeddings.word_embeddings.weight": "embeddings.word.weight",
-        "embeddings.position_embeddings.weight": "embeddings.position.weight",
-        "embeddings.token_type_embeddings.weight": "embeddings.token_type.weight",
-        "embeddings.LayerNorm.weight": "embeddings.norm.weight",
-        "embeddings.LayerNorm.bias": "embeddings.norm.bias",
-    }
-    per_layer = {
-        "attention.self.query": "attention.query",
-        "attention.self.key": "attention.key",
-        "attention.self.value": "attention.value",
-        "attention.output.dense": "attention.out",
-        "attention.output.LayerNorm": "attention_norm",
-        "intermediate.dense": "feed_forward.up",
-        "output.dense": "feed_forward.down",
-        "output.LayerNorm": "output_norm",
-    }
+    """Checkpoint key (the family's transformers naming) -> Encoder key. The only place the namings meet."""
+    spec = FAMILIES[cfg.family]
+    keys = {k: v for k, v in spec.embedding_keys.items() if cfg.type_vocab_size or "token_type" not in k}
+    keys.update(spec.extra_keys)
     for i in range(cfg.num_layers):
-        for theirs, ours in per_layer.items():
+        for theirs, ours in spec.layer_keys.items():
             for param in ("weight", "bias"):
-                keys[f"encoder.layer.{i}.{theirs}.{param}"] = f"layers.{i}.{ours}.{param}"
+                keys[f"{spec.layers.format(i=i)}{theirs}.{param}"] = f"layers.{i}.{ours}.{param}"
     return keys
+
+
+def _renamed(key: str) -> str:
+    """A legacy LayerNorm key under transformers' current name."""
+    for old, new in LEGACY_NORM_NAMES.items():
+        if key.endswith(old):
+            return key.removesuffix(old) + new
+    return key
 
 
 def load_encoder(ckpt: Checkpoint) -> Encoder | ModernBertEncoder:
@@ -259,20 +364,19 @@ def load_encoder(ckpt: Checkpoint) -> Encoder | ModernBertEncoder:
         tensors = load_file(str(ckpt.weights_file))
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"corrupt weights file {ckpt.weights_file}: {e}") from None
-    # A masked-LM checkpoint prefixes the encoder's keys with "bert." and adds its (unused) head;
+    # A masked-LM checkpoint prefixes the encoder's keys ("bert.", "roberta.", ...) and adds its (unused) head;
     # read_checkpoint has refused any other head, so every other key must be the encoder's.
     names = _weight_names(ckpt.config)
     prefix = _encoder_prefix(list(tensors), names)
-    tensors = {k.removeprefix(prefix): v for k, v in tensors.items()
+    tensors = {_renamed(k.removeprefix(prefix)): v for k, v in tensors.items()
                if not k.startswith(names.unused_heads) and k not in heads.CLASSIFIER_KEYS}  # a reranker's: heads.py
     cfg = ckpt.config
     mapping = modernbert.key_map(cfg) if isinstance(cfg, ModernBertConfig) else key_map(cfg)
     missing = sorted(set(mapping) - set(tensors))
     unexpected = sorted(set(tensors) - set(mapping) - set(names.ignored))
     if missing or unexpected:
-        family = "ModernBERT" if isinstance(cfg, ModernBertConfig) else "BERT"
         raise CheckpointError(
-            f"{ckpt.weights_file}: keys do not match a {ckpt.config.num_layers}-layer {family} encoder "
+            f"{ckpt.weights_file}: keys do not match a {ckpt.config.num_layers}-layer {ckpt.config.family} encoder "
             f"(missing: {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected: {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})"
         )

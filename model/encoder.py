@@ -6,6 +6,13 @@ sentence-transformers modules after it (head.py). The code follows the original
 BERT layout (post-LayerNorm) so that BERT-family checkpoints (MiniLM, BGE,
 E5, GTE) load into it key for key; see checkpoint.py for the key map.
 
+The BERT-like families differ from BERT only in a few places, each a field of
+EncoderConfig (checkpoint.py sets them from config.json's model_type):
+- RoBERTa, XLM-RoBERTa: positions count from after the padding index, one token type;
+- DistilBERT: no token types (and its own key names and config names, checkpoint.py);
+- MPNet: positions as RoBERTa's, no token types, and a relative position bias
+  shared by every layer, added to the attention scores.
+
 Shapes: B batch, T sequence, H hidden, nh heads, hs head size (H // nh),
 F feed-forward size, L layers.
 """
@@ -13,6 +20,7 @@ F feed-forward size, L layers.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,13 +45,37 @@ class EncoderConfig:
     # BERT checkpoints use 1e-12; a different eps changes outputs at ~1e-6.
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
+    # config.json's model_type: "bert", "roberta", "xlm-roberta", "distilbert" or "mpnet".
+    family: str = "bert"
+    hidden_act: str = "gelu"  # a key of ACTIVATIONS
+    # RoBERTa, XLM-R and MPNet number real tokens from pad_token_id + 1 on and give padding tokens
+    # position pad_token_id (fairseq's make_positions); BERT and DistilBERT number from 0.
+    positions_after_padding: bool = False
+    # MPNet: buckets of the relative position bias that every layer adds to its scores; 0: none.
+    relative_attention_buckets: int = 0
 
     def __post_init__(self) -> None:
         assert self.hidden_size % self.num_heads == 0, "hidden_size must divide evenly into heads"
+        assert self.hidden_act in ACTIVATIONS, f"hidden_act {self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}"
 
     @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def has_token_types(self) -> bool:
+        """Whether the model tells segments apart: only then do its graphs take token_type_ids."""
+        return self.type_vocab_size > 1
+
+    @property
+    def usable_positions(self) -> int:
+        """The longest input the position table holds: fewer than its rows where positions start after padding."""
+        return self.max_position_embeddings - (self.pad_token_id + 1 if self.positions_after_padding else 0)
+
+
+# config.json's activation names, as transformers maps them: BERT's "gelu" is the exact erf form,
+# not the tanh approximation; DistilBERT checkpoints may use "relu".
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"gelu": F.gelu, "relu": F.relu}
 
 
 # A large negative added to the scores of padded keys. exp() of it underflows
@@ -56,17 +88,27 @@ MASK_VALUE = -10000.0
 class Embeddings(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
+        self.cfg = cfg
         self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        # DistilBERT and MPNet have no token type embeddings at all; RoBERTa has one type.
+        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size) if cfg.type_vocab_size else None
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
+    def positions(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) -> position ids (B, T) or (1, T)."""
+        if self.cfg.positions_after_padding:
+            # transformers' create_position_ids_from_input_ids: real tokens count on from pad_token_id + 1 and
+            # padding tokens (by id, whatever the mask says) get pad_token_id.
+            real = input_ids.ne(self.cfg.pad_token_id).long()  # (B, T)
+            return torch.cumsum(real, dim=1) * real + self.cfg.pad_token_id  # (B, T)
+        return torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)  # (1, T)
+
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        T = input_ids.shape[1]
-        positions = torch.arange(T, device=input_ids.device).unsqueeze(0)  # (1, T)
-        # Without token types (single-segment encoding) every token has type 0.
-        types = self.token_type.weight[0] if token_type_ids is None else self.token_type(token_type_ids)  # (B, T, H)
-        x = self.word(input_ids) + self.position(positions) + types  # (B, T, H)
+        """input_ids, token_type_ids: (B, T); token_type_ids None: every token has type 0."""
+        x = self.word(input_ids) + self.position(self.positions(input_ids))  # (B, T, H)
+        if self.token_type is not None:
+            x = x + (self.token_type.weight[0] if token_type_ids is None else self.token_type(token_type_ids))
         return self.norm(x)
 
 
@@ -84,7 +126,8 @@ class MultiHeadSelfAttention(nn.Module):
         return x.view(B, T, self.nh, self.hs).permute(0, 2, 1, 3)  # (B, nh, T, hs)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, T, H); key_mask: (B, 1, 1, T) additive, 0 for real keys and MASK_VALUE for padding."""
+        """x: (B, T, H); key_mask: additive, 0 for real keys and MASK_VALUE for padding: (B, 1, 1, T), or
+        (B, nh, T, T) with MPNet's relative position bias added."""
         B, T, H = x.shape
         q = self.split_heads(self.query(x))  # (B, nh, T, hs)
         k = self.split_heads(self.key(x))  # (B, nh, T, hs)
@@ -102,10 +145,10 @@ class FeedForward(nn.Module):
         super().__init__()
         self.up = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.activation = ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # BERT's "gelu" is the exact erf form, not the tanh approximation.
-        return self.down(F.gelu(self.up(x)))  # (B, T, H)
+        return self.down(self.activation(self.up(x)))  # (B, T, H)
 
 
 class EncoderLayer(nn.Module):
@@ -124,25 +167,54 @@ class EncoderLayer(nn.Module):
         return x, probs
 
 
+def relative_position_buckets(T: int, num_buckets: int, device: torch.device, max_distance: int = 128
+                              ) -> torch.Tensor:
+    """MPNet's (T5's bidirectional) bucketing of key position - query position: (T, T) int64 in [0, num_buckets).
+
+    Half the buckets are for keys before the query, half for keys after; in each half, distances below a
+    quarter of the buckets get a bucket each and longer ones share logarithmically wider buckets up to
+    max_distance. Written as transformers' MPNetEncoder.relative_position_bucket computes it.
+    """
+    positions = torch.arange(T, device=device)
+    n = positions[:, None] - positions[None, :]  # (T, T): query - key
+    half = num_buckets // 2
+    ret = (n < 0).long() * half  # keys after the query use the upper half
+    n = n.abs()
+    max_exact = half // 2
+    # Only used where n >= max_exact, so the clamp changes no bucket; it keeps log() finite.
+    large = max_exact + (torch.log(n.clamp(min=max_exact).float() / max_exact)
+                         / math.log(max_distance / max_exact) * (half - max_exact)).long()
+    large = torch.clamp(large, max=half - 1)
+    return ret + torch.where(n < max_exact, n, large)  # (T, T)
+
+
 class Encoder(nn.Module):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.config = cfg
         self.embeddings = Embeddings(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_layers))
+        # MPNet: one table of per-head biases, shared by all layers.
+        self.relative_attention_bias = (nn.Embedding(cfg.relative_attention_buckets, cfg.num_heads)
+                                        if cfg.relative_attention_buckets else None)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
         token_type_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """input_ids, attention_mask: (B, T) int64, mask 1 for real tokens and 0 for padding; token_type_ids
-        (B, T) int64 or None (all type 0).
+        """input_ids, attention_mask, token_type_ids: (B, T) int64, mask 1 for real tokens and 0 for padding;
+        token_type_ids None: every token has type 0.
 
         Returns last_hidden_state (B, T, H) and, if asked, every layer's
         attention probabilities stacked as (L, B, nh, T, T).
         """
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         key_mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * MASK_VALUE  # (B, 1, 1, T)
+        if self.relative_attention_bias is not None:
+            # Computed once per forward: the same bias for every layer and every row of the batch.
+            buckets = relative_position_buckets(x.shape[1], self.config.relative_attention_buckets, x.device)
+            bias = self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)  # (1, nh, T, T)
+            key_mask = bias + key_mask  # (B, nh, T, T): real keys get exactly the bias
         attentions = []
         for layer in self.layers:
             x, probs = layer(x, key_mask)
@@ -158,8 +230,9 @@ class SentenceEncoder(nn.Module):
         super().__init__()
         self.encoder, self.head, self.output_attentions = encoder, head, output_attentions
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        hidden, attentions = self.encoder(input_ids, attention_mask, self.output_attentions)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None):
+        hidden, attentions = self.encoder(input_ids, attention_mask, self.output_attentions, token_type_ids)
         sentence = self.head(hidden, attention_mask)  # (B, D), not normalised
         if self.output_attentions:
             return hidden, sentence, attentions

@@ -51,9 +51,10 @@ class ModernBertConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     pad_token_id: int = 0
-    model_type: ClassVar[str] = MODEL_TYPE
+    family: ClassVar[str] = MODEL_TYPE  # as EncoderConfig.family: config.json's model_type
     # No token types: the graphs take token_type_ids only where a family has more than one.
     type_vocab_size: ClassVar[int] = 1
+    has_token_types: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         assert self.hidden_size % self.num_heads == 0, "hidden_size must divide evenly into heads"
@@ -63,6 +64,11 @@ class ModernBertConfig:
     @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def usable_positions(self) -> int:
+        """Positions an input may fill: rotary positions start at 0, so all of them."""
+        return self.max_position_embeddings
 
     @property
     def half_window(self) -> int:

@@ -169,3 +169,48 @@ def edit_json(path: Path, **changes) -> None:
         else:
             raw[key] = value
     path.write_text(json.dumps(raw, indent=2), encoding="utf-8")
+
+
+# (transformers config class, bare model class, config.json's size names) of each family's tiny model.
+TINY_SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+DISTILBERT_SIZES = {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 64}
+FAMILY_CLASSES = {
+    "bert": ("BertConfig", "BertModel", TINY_SIZES),
+    "roberta": ("RobertaConfig", "RobertaModel", {**TINY_SIZES, "type_vocab_size": 1, "layer_norm_eps": 1e-5}),
+    "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel",
+                    {**TINY_SIZES, "type_vocab_size": 1, "layer_norm_eps": 1e-5}),
+    "distilbert": ("DistilBertConfig", "DistilBertModel", DISTILBERT_SIZES),
+    "mpnet": ("MPNetConfig", "MPNetModel", {**TINY_SIZES, "layer_norm_eps": 1e-5}),
+}
+
+
+def save_tiny_family(directory: Path, family: str, model_class: str | None = None, seed: int = 0) -> Path:
+    """A 2-layer, hidden-32 model of `family` with random weights, saved by transformers' own class, and a real
+    tokenizer of the family's kind: WordPiece for BERT and DistilBERT (as save_tiny_bert's), byte-level BPE for
+    RoBERTa and MPNet, Unigram over Metaspace for XLM-R (tiny_tokenizers.py; their <pad> is id 1, as in those
+    families). RoBERTa-style positions start after the padding index: the table has 2 more rows than the 64
+    positions inputs may use."""
+    import torch
+    import transformers
+
+    from .tiny_tokenizers import roberta_style, xlmr_style
+
+    if family in ("bert", "distilbert"):
+        save_tiny_bert(directory, vocab_size=64, seed=seed)  # its tokenizer; the BERT weights are replaced below
+        vocab_size, positions = 64, 64
+    else:
+        directory.mkdir(parents=True)
+        tokenizer_file = (xlmr_style if family == "xlm-roberta" else roberta_style)(directory / "tokenizer.json")
+        transformers.PreTrainedTokenizerFast(
+            tokenizer_file=str(tokenizer_file), bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+            pad_token="<pad>", mask_token="<mask>", cls_token="<s>", sep_token="</s>", model_max_length=64,
+        ).save_pretrained(directory)
+        vocab_size = json.loads(tokenizer_file.read_text())["model"]["vocab"].__len__()
+        positions = 66
+    config_class, bare_class, sizes = FAMILY_CLASSES[family]
+    config = getattr(transformers, config_class)(vocab_size=vocab_size, max_position_embeddings=positions, **sizes)
+    torch.manual_seed(seed)
+    for stale in directory.glob("model*.safetensors"):
+        stale.unlink()
+    getattr(transformers, model_class or bare_class)(config).save_pretrained(directory, safe_serialization=True)
+    return directory

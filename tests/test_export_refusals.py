@@ -69,7 +69,7 @@ CASES = [
     ("question answering architecture",
      lambda c: edit_json(c / "config.json", architectures=["BertForQuestionAnswering"]),
      ["architecture BertForQuestionAnswering"]),
-    ("roberta model type", lambda c: edit_json(c / "config.json", model_type="roberta"), ["model_type 'roberta'"]),
+    ("albert model type", lambda c: edit_json(c / "config.json", model_type="albert"), ["model_type 'albert'"]),
     ("a cross-encoder pipeline", lambda c: edit_json(c / "config_sentence_transformers.json",
                                                      model_type="CrossEncoder"), ["model_type 'CrossEncoder'"]),
     ("a default prompt that is not one of the prompts",
