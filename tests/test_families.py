@@ -23,7 +23,7 @@ from attnserve.engine.session import CPU, open_session
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
-from attnserve.model.encoder import pool
+from attnserve.model.pooling import pool
 
 from .checkpoints import save_sentence_transformer, save_tiny_family
 

@@ -18,7 +18,7 @@ from attnserve.engine.engine import Engine
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
-from attnserve.model.encoder import pool
+from attnserve.model.pooling import pool
 
 from .checkpoints import copy_checkpoint, edit_json
 from .conftest import VARIED_TEXTS
