@@ -41,8 +41,10 @@ VARIANTS = {
 # Largest error of the raw logits allowed against PyTorch, per precision, relative to the largest logit checked
 # (at least 1, so that for logits within +-1 it is absolute): rounding grows with the logits' scale. Measured on
 # the tests' cross-encoder (logits up to about 8.5): fp32 5.5e-5 absolute, 6.5e-6 relative; fp16 0.09 absolute,
-# 0.011 relative (fp16 keeps about three significant digits).
-SCORE_TOLERANCE = {"fp32": ("max_rel_scores", 1e-4), "fp16": ("max_rel_scores", 2e-2)}
+# 0.011 relative (fp16 keeps about three significant digits), 0.0215 once the embeddings' sum and LayerNorm were
+# fused into one node in fp16 too (SkipLayerNormalization, export/optimize.py). That test model's weights are drawn
+# 25x wider than transformers' initialisation, which the fp16 rounding error grows with.
+SCORE_TOLERANCE = {"fp32": ("max_rel_scores", 1e-4), "fp16": ("max_rel_scores", 3e-2)}
 TEXT_PAIRS = 256
 
 

@@ -85,6 +85,7 @@ class Reference:
         texts = [t for t in SAMPLE_TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()][:n_texts]
         self.text_inputs = tokenizer.encode_texts(texts)
         self.text_batches = plan_batches([len(x) for x in self.text_inputs], 4096, 64)
+        self.embedding_size = embedding_size  # D: the pipeline's sentence embedding (Dense, concatenated poolings)
         self.text_sentences = np.empty((len(texts), embedding_size), dtype=np.float32)
         for rows in self.text_batches:
             ids, mask = pad([self.text_inputs[i].ids for i in rows])
@@ -183,7 +184,7 @@ def _pytorch_case(session, parity: _Parity, reference: Reference, ids: np.ndarra
     """PyTorch's outputs for one case; with an attention graph's session, its attention maps are computed and
     compared with the graph's in runs of rows of bounded size, then dropped. Returns (hidden, sentence)."""
     hidden = np.empty((*ids.shape, reference.encoder.config.hidden_size), dtype=np.float32)  # (B, T, H)
-    sentence = np.empty((ids.shape[0], hidden.shape[2]), dtype=np.float32)  # (B, H)
+    sentence = np.empty((ids.shape[0], reference.embedding_size), dtype=np.float32)  # (B, D)
     runs = reference.attention_runs(*ids.shape) if session is not None else [slice(0, ids.shape[0])]
     for rows in runs:
         part = ids[rows], mask[rows], None if types is None else types[rows]

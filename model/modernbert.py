@@ -170,13 +170,16 @@ class ModernBertEncoder(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=cfg.norm_bias)
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
+        token_type_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """input_ids, attention_mask: (B, T) int64, mask 1 for real tokens and 0 for padding.
+        """input_ids, attention_mask: (B, T) int64, mask 1 for real tokens and 0 for padding. ModernBERT has no
+        token types: token_type_ids is taken (as Encoder's forward takes it) and must be None.
 
         Returns last_hidden_state (B, T, H) and, if asked, every layer's attention probabilities
         stacked as (L, B, nh, T, T).
         """
+        assert token_type_ids is None, "ModernBERT has no token types (its graphs take no token_type_ids)"
         T = input_ids.shape[1]
         x = self.embeddings_norm(self.word(input_ids))  # (B, T, H)
         padding = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * MASK_VALUE  # (B, 1, 1, T)

@@ -9,6 +9,7 @@ import pytest
 from attnserve.engine.engine import Engine
 from attnserve.engine.manifest import load_manifest
 from attnserve.errors import ConfigError
+from attnserve.export.reranker import SCORE_TOLERANCE
 
 PAIRS = [
     ("how tall is the eiffel tower", "The Eiffel Tower is 330 metres tall."),
@@ -34,7 +35,7 @@ def test_manifest_names_a_reranker(reranker_artifacts):
     assert set(manifest.variants) == {"scores", "scores_fused", "scores_fp16", "attention"}
     for variant in manifest.variants.values():
         assert variant.outputs[0] == "scores"
-        assert variant.parity["max_rel_scores"] <= (1e-4 if variant.precision == "fp32" else 2e-2)
+        assert variant.parity["max_rel_scores"] <= SCORE_TOLERANCE[variant.precision][1]
         assert variant.parity["pairs_checked"] == 256
 
 
