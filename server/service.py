@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 import numpy as np
@@ -145,20 +146,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
         raise ShuttingDownError("the server is shutting down; reopen the stream on another replica")
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> bytes:
-        start, code, tokens = time.perf_counter(), grpc.StatusCode.OK, 0
-        with self._core.in_flight():
-            try:
-                reply, tokens = await self._embed(request, context)
-                return reply
-            except asyncio.CancelledError:
-                code = _cancel_code(context)
-                raise
-            except Exception as error:
-                status = status_for(error)
-                code = status.code
-                await abort(context, status)
-            finally:
-                self._record("Embed", code, start, len(request.inputs), tokens, context)
+        return await self._unary("Embed", len(request.inputs), context, lambda: self._embed(request, context))
 
     async def EmbedStream(self, requests: AsyncIterator[pb.EmbedRequest], context: grpc.aio.ServicerContext
                           ) -> AsyncIterator[bytes]:
@@ -221,14 +209,21 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
         return pb.ModelList(models=[model_info(model.info) for model in self._core.models.all])
 
     async def Rerank(self, request: pb.RerankRequest, context: grpc.aio.ServicerContext) -> pb.RerankResponse:
+        async def rerank() -> tuple[pb.RerankResponse, int]:
+            reply = await self._core.rerank(rerank_to_core(request), _deadline(context))
+            return render_rerank(reply), reply.tokens
+
+        return await self._unary("Rerank", len(request.texts), context, rerank)
+
+    async def _unary(self, method: str, inputs: int, context: grpc.aio.ServicerContext,
+                     answer: Callable[[], Awaitable[tuple[Any, int]]]) -> Any:
+        """One unary call: counted in flight for the drain, its error mapped to a status, recorded in the metrics.
+        answer() gives (the reply, the tokens it cost)."""
         start, code, tokens = time.perf_counter(), grpc.StatusCode.OK, 0
         with self._core.in_flight():
             try:
-                remaining = context.time_remaining()
-                deadline = time.monotonic() + remaining if remaining is not None else None
-                reply = await self._core.rerank(rerank_to_core(request), deadline)
-                tokens = reply.tokens
-                return render_rerank(reply)
+                reply, tokens = await answer()
+                return reply
             except asyncio.CancelledError:
                 code = _cancel_code(context)
                 raise
@@ -237,13 +232,11 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
                 code = status.code
                 await abort(context, status)
             finally:
-                self._record("Rerank", code, start, len(request.texts), tokens, context)
+                self._record(method, code, start, inputs, tokens, context)
 
     async def _embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> tuple[bytes, int]:
         """One request through the core: (serialized reply, its token count)."""
-        remaining = context.time_remaining()
-        deadline = time.monotonic() + remaining if remaining is not None else None
-        return await self._core.encode(to_core(request), deadline, render)
+        return await self._core.encode(to_core(request), _deadline(context), render)
 
     def _record(self, method: str, code: grpc.StatusCode, start: float, inputs: int, tokens: int,
                 context: grpc.aio.ServicerContext) -> None:
@@ -253,6 +246,12 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
             log.debug("request", extra={"fields": {
                 "event": "request", "protocol": PROTOCOL, "method": method, "code": code.name, "inputs": inputs,
                 "tokens": tokens, "ms": round(seconds * 1e3, 2), "peer": context.peer()}})
+
+
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    """The call's deadline as a time.monotonic() value, or None."""
+    remaining = context.time_remaining()
+    return time.monotonic() + remaining if remaining is not None else None
 
 
 def _cancel_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
