@@ -24,6 +24,14 @@ class GraphVariant:
     fused: bool  # attention fused into onnxruntime's Attention op
     outputs: tuple[str, ...]
     parity: dict = field(default_factory=dict)  # errors against PyTorch measured at export
+    # onnxruntime graph transformers the session must not apply: two variants may share one file and differ only
+    # in these (export verifies each). Optional on read, omitted from manifest.json when empty.
+    disabled_optimizers: tuple[str, ...] = ()
+
+    @property
+    def runs_as(self) -> str:
+        """What identifies the computation: the file's sha256, and the optimizers its session leaves out."""
+        return self.sha256 + "".join(f" without {o}" for o in self.disabled_optimizers)
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,9 @@ class Manifest:
             "max_seq_length": self.max_seq_length, "pooling": self.pooling, "normalize": self.normalize,
             "tokenizer": {"file": self.tokenizer, "sha256": self.tokenizer_sha256},
             "variants": {name: {"file": v.file, "sha256": v.sha256, "precision": v.precision, "fused": v.fused,
-                                "outputs": list(v.outputs), "parity": v.parity}
+                                "outputs": list(v.outputs), "parity": v.parity,
+                                **({"disabled_optimizers": list(v.disabled_optimizers)}
+                                   if v.disabled_optimizers else {})}
                          for name, v in self.variants.items()},
             "tools": self.tools, "embedding_size": self.embedding_size, "modules": list(self.modules),
             "prompts": self.prompts, "default_prompt_name": self.default_prompt_name,
@@ -116,7 +126,8 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
                                 "re-export")
         variants = {
             name: GraphVariant(name, v["file"], v["sha256"], v["precision"], bool(v["fused"]),
-                               tuple(v["outputs"]), dict(v.get("parity", {})))
+                               tuple(v["outputs"]), dict(v.get("parity", {})),
+                               tuple(str(o) for o in v.get("disabled_optimizers", ())))
             for name, v in raw["variants"].items()
         }
         manifest = Manifest(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from attnserve.errors import ArtifactError, ConfigError
@@ -31,8 +32,10 @@ def resolve_provider(requested: str) -> str:
     raise ConfigError(f"unknown provider {requested!r}: choose auto, cpu or cuda")
 
 
-def open_session(path: Path, provider: str, threads: int = 0, arena: bool = True):
-    """arena False: no onnxruntime CPU memory arena, which otherwise keeps the largest run's memory for good."""
+def open_session(path: Path, provider: str, threads: int = 0, arena: bool = True,
+                 disabled_optimizers: Sequence[str] = ()):
+    """arena False: no onnxruntime CPU memory arena, which otherwise keeps the largest run's memory for good.
+    disabled_optimizers: onnxruntime graph transformers not to apply at load (a variant's own, from its manifest)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -43,7 +46,8 @@ def open_session(path: Path, provider: str, threads: int = 0, arena: bool = True
         options.intra_op_num_threads = threads
     providers = [provider, CPU] if provider == CUDA else [CPU]
     try:
-        session = ort.InferenceSession(str(path), options, providers=providers)
+        session = ort.InferenceSession(str(path), options, providers=providers,
+                                       disabled_optimizers=list(disabled_optimizers))
     except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
         raise ArtifactError(f"onnxruntime could not load {path}: {str(e).splitlines()[0]}") from None
     if session.get_providers()[0] != provider:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -117,7 +118,8 @@ def convert_fp16(src: Path, dst: Path, cfg: EncoderConfig | ModernBertConfig) ->
 
 
 def quantize_int8(src: Path, dst: Path, cfg: EncoderConfig | ModernBertConfig) -> dict[str, int]:
-    """Dynamic int8 quantisation of the fused graph's weights, per output channel.
+    """Dynamic int8 quantisation of the fused graph's weights, per output channel: export's fallback where
+    quantize_int8_measured cannot reach its bar (which it says in the log).
 
     Activations are quantised at run time, so no calibration set is needed.
     Measured against fp32 (per-tensor on the 1,512 sample texts, the rest on the 2,000-text bench corpus):
@@ -150,3 +152,41 @@ def quantize_int8(src: Path, dst: Path, cfg: EncoderConfig | ModernBertConfig) -
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
     return op_counts(onnx.load(str(dst), load_external_data=False))
+
+
+# The int8 graph's accuracy against the fp32 graph (issue 14): cosine of sentence embeddings, mean and 1st percentile.
+INT8_COSINE_MEAN, INT8_COSINE_P1 = 0.995, 0.99
+# The choice is made on 64 calibration texts, and must hold on others: it asks this much more of them. Measured on
+# MiniLM: 2 nodes in fp32 gave mean 0.9956 / p1 0.9916 on the calibration texts but 0.9949 / 0.9899 on the 2,000-text
+# bench corpus; 3 nodes gave 0.9956 / 0.9914 there (bench/int8_candidates.md).
+INT8_CHOICE_MARGIN = 0.001
+# Most nodes the measured recipe may keep in fp32 before export falls back to quantize_int8's recipe.
+INT8_MOST_FP32 = 6
+
+
+def quantize_int8_measured(src: Path, dst: Path, calibration: list[dict]
+                           ) -> tuple[dict[str, int], list[str], dict, dict[str, list[int]]]:
+    """int8 with the feed-forwards' outlier units computed apart and the nodes kept in fp32 chosen by measured
+    error, not by name (bench/int8_candidates.md).
+
+    The recipe is dynamic per-channel: s8 weights against u8 activations, the pair onnxruntime's VNNI/AMX
+    kernels take, no reduce_range (VNNI does not saturate); GELU as onnxruntime's FastGelu. First the outlier
+    units of each feed-forward, found on the calibration feeds, get an fp32 side path (export/int8_outliers.py).
+    If the whole graph then misses INT8_COSINE_MEAN / INT8_COSINE_P1 (plus INT8_CHOICE_MARGIN) against fp32 on
+    those feeds, each quantizable node is quantized alone, its cosine drop measured, and the worst are kept in
+    fp32, fewest first, until it holds. ValueError when INT8_MOST_FP32 nodes do not suffice. Returns op counts,
+    the nodes kept, the measures and the layers split (down-projection -> outlier units).
+    """
+    from .int8_outliers import side_path_nodes, split_outliers
+    from .int8_recipes import Int8Recipe, build
+    from .int8_sensitivity import fewest_fp32_nodes
+
+    with quiet(), tempfile.TemporaryDirectory() as tmp:
+        split_graph = Path(tmp) / src.name
+        split = split_outliers(src, split_graph, calibration)
+        recipe = Int8Recipe("dynamic per-channel s8, FastGelu, outlier units apart", fast_gelu=True,
+                            keep_fp32=tuple(side_path_nodes(split)))
+        kept, measures = fewest_fp32_nodes(recipe, split_graph, calibration, INT8_COSINE_MEAN + INT8_CHOICE_MARGIN,
+                                           INT8_COSINE_P1 + INT8_CHOICE_MARGIN, INT8_MOST_FP32)
+        build(recipe.excluding(kept, recipe.name), split_graph, dst)
+    return op_counts(onnx.load(str(dst), load_external_data=False)), kept, measures, split

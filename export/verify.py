@@ -28,6 +28,9 @@ SAMPLE_TEXTS = Path(__file__).parent / "data" / "sample_texts.txt"
 BATCH_SIZES = (1, 2, 5, 17)
 # The most memory the attention maps of one comparison take, PyTorch's and the graph's each.
 ATTENTION_BYTES = 256 * 2**20
+VERIFIED_TEXTS = 512  # the first sample texts are verification's; int8 calibrates on the ones after them
+CALIBRATION_TEXTS = 64
+TEXT_BATCHES = (4096, 64)  # the texts' batches: padded-token budget, most rows
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,8 @@ class Reference:
     """
 
     def __init__(self, encoder: Encoder | ModernBertEncoder, head: SentenceHead, embedding_size: int,
-                 tokenizer: TextTokenizer, n_texts: int = 512, seed: int = 0, token_types: bool | None = None):
+                 tokenizer: TextTokenizer, n_texts: int = VERIFIED_TEXTS, seed: int = 0,
+                 token_types: bool | None = None):
         """token_types: whether the graphs take token_type_ids; None: as the model has token types (False
         checks a graph exported before graphs took them)."""
         rng = np.random.default_rng(seed)
@@ -84,7 +88,7 @@ class Reference:
             self.cases.append((ids, mask, self._segments(rng, lengths, seq)))
         texts = [t for t in SAMPLE_TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()][:n_texts]
         self.text_inputs = tokenizer.encode_texts(texts)
-        self.text_batches = plan_batches([len(x) for x in self.text_inputs], 4096, 64)
+        self.text_batches = plan_batches([len(x) for x in self.text_inputs], *TEXT_BATCHES)
         self.embedding_size = embedding_size  # D: the pipeline's sentence embedding (Dense, concatenated poolings)
         self.text_sentences = np.empty((len(texts), embedding_size), dtype=np.float32)
         for rows in self.text_batches:
@@ -125,6 +129,17 @@ class Reference:
         return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
 
 
+def calibration_feeds(tokenizer: TextTokenizer) -> list[dict[str, np.ndarray]]:
+    """Engine-style batches of the sample texts after the verified ones: {"input_ids", "attention_mask"} (B, T)."""
+    texts = [t for t in SAMPLE_TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
+    inputs = tokenizer.encode_texts(texts[VERIFIED_TEXTS : VERIFIED_TEXTS + CALIBRATION_TEXTS])
+    feeds = []
+    for rows in plan_batches([len(x) for x in inputs], *TEXT_BATCHES):
+        ids, mask = pad([inputs[i].ids for i in rows])
+        feeds.append({"input_ids": ids, "attention_mask": mask})
+    return feeds
+
+
 class _Parity:
     """The worst errors of one graph against PyTorch, over every case it ran."""
 
@@ -148,9 +163,10 @@ class _Parity:
             self.max_padded_key_weight = max(self.max_padded_key_weight, float(np.where(keys, 0.0, got).max()))
 
 
-def measure_all(graphs: dict[str, tuple[Path, str]], reference: Reference, provider: str = CPU
+def measure_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference: Reference, provider: str = CPU
                 ) -> dict[str, dict[str, float]]:
-    """Every parity metric of each graph (name -> (path, precision)), as floats for the manifest.
+    """Every parity metric of each graph (name -> (path, precision, onnxruntime optimizers its session must not
+    apply)), as floats for the manifest.
 
     One session is open at a time, in the order given. PyTorch's attention maps are compared with a graph that
     returns them, in runs of rows of bounded size, and dropped at once; its hidden states and sentence embeddings,
@@ -159,9 +175,9 @@ def measure_all(graphs: dict[str, tuple[Path, str]], reference: Reference, provi
     """
     expected: list[tuple[np.ndarray, np.ndarray]] | None = None  # per case: hidden (B, T, H), sentence (B, H)
     metrics = {}
-    for name, (path, _) in graphs.items():
+    for name, (path, _, disabled_optimizers) in graphs.items():
         # No memory arena: it would keep the session's largest run (the attention maps) for the whole export.
-        session = open_session(path, provider, arena=False)
+        session = open_session(path, provider, arena=False, disabled_optimizers=disabled_optimizers)
         if ("token_type_ids" in [i.name for i in session.get_inputs()]) != reference.token_types:
             raise ExportVerificationError(f"{path.name} {'lacks' if reference.token_types else 'has'} "
                                           "the input token_type_ids that the reference was made for")
@@ -219,7 +235,7 @@ def _metrics(parity: _Parity, session, reference: Reference) -> dict[str, float]
 
 def measure(path: Path, precision: str, reference: Reference, provider: str = CPU) -> dict[str, float]:
     """Every parity metric of one graph."""
-    return measure_all({path.name: (path, precision)}, reference, provider)[path.name]
+    return measure_all({path.name: (path, precision, ())}, reference, provider)[path.name]
 
 
 def check(path: Path, precision: str, metrics: dict[str, float]) -> None:
@@ -233,11 +249,11 @@ def check(path: Path, precision: str, metrics: dict[str, float]) -> None:
                if metrics.get("max_padded_key_weight") else ""))
 
 
-def verify_all(graphs: dict[str, tuple[Path, str]], reference: Reference, provider: str = CPU
+def verify_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference: Reference, provider: str = CPU
                ) -> dict[str, dict[str, float]]:
     """measure_all(), then check() each graph."""
     metrics = measure_all(graphs, reference, provider)
-    for name, (path, precision) in graphs.items():
+    for name, (path, precision, _) in graphs.items():
         check(path, precision, metrics[name])
     return metrics
 

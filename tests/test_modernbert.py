@@ -193,8 +193,8 @@ def test_export_verifies_every_variant_and_says_attention_is_unfused(exported):
     assert any(line.startswith("attention left unfused; the fused graph holds 4 Gelu") for line in lines), lines
     manifest = json.loads((out / "manifest.json").read_text())
     assert {name: v["fused"] for name, v in manifest["variants"].items()} == {
-        "embeddings": False, "embeddings_fused": False, "embeddings_int8": False, "embeddings_fp16": False,
-        "attention": False}
+        "embeddings": False, "embeddings_fused": False, "embeddings_int8": False,
+        "embeddings_int8_skip_layer_norm": False, "embeddings_fp16": False, "attention": False}
     for name in ("embeddings", "embeddings_fused", "attention"):
         assert manifest["variants"][name]["parity"]["max_abs_last_hidden_state"] <= 1e-4
     assert manifest["variants"]["attention"]["parity"]["max_padded_key_weight"] == 0

@@ -1,0 +1,125 @@
+"""int8 recipes: one way each of quantizing an fp32 graph with onnxruntime's quantizer, built from a description.
+
+Export builds the recipe that export/optimize.py chooses; bench/bench_int8.py builds every candidate and measures
+them side by side (bench/int8_candidates.md). A recipe says how, not which graph: the same recipe applies to any
+encoder export makes, and the nodes it keeps in fp32 are chosen by name (FIRST_FFN_DOWN) or by measured error
+(sensitivity.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+# Node types onnxruntime's quantizer turns into integer ops. The fused graph's Attention node (its Q, K and V
+# projection) has an integer form only in dynamic mode (QAttention); static QDQ/QOperator quantize MatMul.
+DYNAMIC_OPS = ("MatMul", "Attention")
+STATIC_OPS = ("MatMul",)
+
+
+@dataclass(frozen=True)
+class Int8Recipe:
+    name: str
+    static: bool = False  # False: activations quantized at run time (quantize_dynamic)
+    per_channel: bool = True  # one weight scale per output channel, not one per tensor
+    reduce_range: bool = False  # 7-bit weights: avoids u8s8 saturation on AVX2 without VNNI
+    weight_type: str = "QInt8"  # QInt8 (u8s8 kernels) or QUInt8 (u8u8)
+    quant_format: str = "QDQ"  # static only: QDQ (onnxruntime fuses Q/DQ into integer kernels) or QOperator
+    calibrate_method: str = "MinMax"  # static only: MinMax, Percentile or Entropy
+    op_types: tuple[str, ...] = ()  # () = the mode's default (DYNAMIC_OPS / STATIC_OPS)
+    keep_fp32: tuple[str, ...] = field(default=())  # node names left in fp32
+    # static + this: the Attention nodes' Q/K/V projections quantized dynamically after the static pass
+    dynamic_attention: bool = False
+    # The exact (erf) GELU computed by onnxruntime's FastGelu, its tanh approximation: at most 4.7e-4 from erf's
+    # (at x = 2.7), far below int8's own error, and faster on CPU (bench/int8_candidates.md).
+    fast_gelu: bool = False
+
+    def excluding(self, nodes: Iterable[str], name: str) -> Int8Recipe:
+        from dataclasses import replace
+
+        return replace(self, name=name, keep_fp32=tuple(sorted(set(self.keep_fp32) | set(nodes))))
+
+
+class FeedsReader:
+    """onnxruntime's CalibrationDataReader over ready model feeds ({"input_ids": (B, T), "attention_mask": ...})."""
+
+    def __init__(self, feeds: list[dict[str, np.ndarray]]):
+        self._feeds = feeds
+        self._next: Iterator[dict[str, np.ndarray]] = iter(feeds)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._next, None)
+
+    def rewind(self) -> None:
+        self._next = iter(self._feeds)
+
+
+def same_shape(feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """One row per feed, right-padded (ids 0, mask 0) to the widest feed's length: (1, T) each.
+    The padded positions enter the histograms too (the price of onnxruntime's stacking)."""
+    width = max(feed["input_ids"].shape[1] for feed in feeds)
+    return [{name: np.pad(x[row : row + 1], ((0, 0), (0, width - x.shape[1]))) for name, x in feed.items()}
+            for feed in feeds for row in range(len(feed["input_ids"]))]
+
+
+def quantizable_nodes(model: onnx.ModelProto, op_types: Iterable[str] = DYNAMIC_OPS) -> list[str]:
+    """Names of the nodes a recipe could quantize: those of the given types with a constant weight."""
+    weights = {init.name for init in model.graph.initializer}
+    return [n.name for n in model.graph.node
+            if n.op_type in op_types and len(n.input) > 1 and n.input[1] in weights]
+
+
+def build(recipe: Int8Recipe, src: Path, dst: Path, calibration: list[dict[str, np.ndarray]] | None = None,
+          only: list[str] | None = None) -> None:
+    """Quantize src into dst by the recipe. calibration: model feeds, needed by static recipes.
+    only: quantize just these nodes (the sensitivity probe), else every quantizable node not kept in fp32."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    # The fused Attention op is from the com.microsoft domain, so shape inference cannot type its output; it is fp32.
+    extra: dict[str, object] = {"DefaultTensorType": onnx.TensorProto.FLOAT}
+    common = dict(per_channel=recipe.per_channel, reduce_range=recipe.reduce_range,
+                  weight_type=getattr(QuantType, recipe.weight_type), nodes_to_quantize=only,
+                  nodes_to_exclude=list(recipe.keep_fp32))
+    if not recipe.static:
+        quantize_dynamic(str(src), str(dst), op_types_to_quantize=list(recipe.op_types or DYNAMIC_OPS),
+                         extra_options=extra, **common)
+        _approximate_gelu(recipe, dst)
+        return
+    if not calibration:
+        raise ValueError(f"int8 recipe {recipe.name!r} is static and needs calibration feeds")
+    if "token_type_ids" in {i.name for i in onnx.load(str(src), load_external_data=False).graph.input}:
+        # Graphs of models with token types take them: zeros, as the engine feeds single texts.
+        calibration = [{**feed, "token_type_ids": np.zeros_like(feed["input_ids"])} for feed in calibration]
+    if recipe.calibrate_method == "Percentile":
+        extra["CalibPercentile"] = 99.999
+    if recipe.calibrate_method != "MinMax":  # histogram calibrators stack every batch: one shape for all
+        calibration = same_shape(calibration)
+    quantize_static(str(src), str(dst), FeedsReader(calibration),
+                    quant_format=getattr(QuantFormat, recipe.quant_format),
+                    op_types_to_quantize=list(recipe.op_types or STATIC_OPS),
+                    activation_type=QuantType.QUInt8,  # u8 activations x s8 weights: the VNNI/AMX kernels
+                    calibrate_method=getattr(CalibrationMethod, recipe.calibrate_method),
+                    extra_options=extra, **common)
+    if recipe.dynamic_attention:
+        quantize_dynamic(str(dst), str(dst), op_types_to_quantize=["Attention"], extra_options=extra, **common)
+    _approximate_gelu(recipe, dst)
+
+
+# onnxruntime's erf GELU ops (its com.microsoft domain), with the inputs FastGelu takes alike: (X) or (X, bias).
+ERF_GELU_OPS = ("Gelu", "BiasGelu")
+
+
+def _approximate_gelu(recipe: Int8Recipe, path: Path) -> None:
+    """With recipe.fast_gelu, every erf GELU node of the graph at path becomes onnxruntime's FastGelu, in place."""
+    if not recipe.fast_gelu:
+        return
+    model = onnx.load(str(path), load_external_data=False)
+    gelus = [n for n in model.graph.node if n.op_type in ERF_GELU_OPS and n.domain == "com.microsoft"]
+    for node in gelus:
+        node.op_type = "FastGelu"
+    if gelus:
+        onnx.save(model, str(path))
