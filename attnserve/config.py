@@ -39,13 +39,19 @@ class EngineConfig:
     precision: str = setting(
         "auto", "ATTNSERVE_PRECISION", "graph variant: auto is fp16 on CUDA and fp32 on CPU",
         choices=("auto", "fp32", "int8", "fp16"))
+    graph: str = setting(
+        "auto", "ATTNSERVE_GRAPH",
+        "which exact graph of the precision runs: auto times the candidates on the first start on a CPU and "
+        "records the fastest beside the artifacts (calibration.json); a variant name from the manifest forces it")
     provider: str = setting(
         "auto", "ATTNSERVE_PROVIDER", "onnxruntime execution provider: auto picks CUDA when it is available",
         choices=("auto", "cpu", "cuda"))
     threads: int = setting(0, "ATTNSERVE_THREADS", "onnxruntime intra-op threads; 0 means one per physical core")
-    # 2048 measured fastest on a 2-core CPU: larger batches fall out of cache (4096: -3%, 16384: -18%).
+    # 2048 measured fastest on a 2-core AVX2 CPU: larger batches fall out of cache (4096: -3%, 16384: -18%). On the
+    # CPU, graph calibration (engine/calibration.py) also times its half and quarter, and batches at the fastest.
     max_batch_tokens: int = setting(
-        2048, "ATTNSERVE_MAX_BATCH_TOKENS", "padded-token budget of one batch: longest length x batch size")
+        2048, "ATTNSERVE_MAX_BATCH_TOKENS", "padded-token budget of one batch: longest length x batch size (the "
+        "most; on the CPU, batches are planned at a half or a quarter of it where that was timed faster)")
     max_batch_size: int = setting(256, "ATTNSERVE_MAX_BATCH_SIZE", "most inputs in one batch")
 
     def __post_init__(self) -> None:
@@ -63,7 +69,8 @@ class ServerConfig:
         9000, "ATTNSERVE_METRICS_PORT", "Prometheus /metrics HTTP port; 0 picks a free one, -1 turns metrics off")
     max_wait_ms: float = setting(
         2.0, "ATTNSERVE_MAX_WAIT_MS",
-        "longest wait to fill a batch when the queue holds less than a full one (never when it holds one)")
+        "longest wait to fill a batch when the queue holds less than a full one (never when it holds one); "
+        "only under load: an idle server runs a lone request at once")
     # About 8 s of work for MiniLM on a 2-core CPU, and 64 clients x 4 inputs x 256 tokens:
     # legitimate bursts fit, a flood is shed at once instead of queueing for minutes.
     max_queue_tokens: int = setting(

@@ -14,13 +14,15 @@ from attnserve.config import EngineConfig
 from attnserve.errors import ArtifactError, ConfigError
 
 from .batching import pad, pad_types, plan_batches
+from .calibration import Choice, budgets, calibrated_graph
 from .manifest import GraphVariant, Manifest, load_manifest
 from .pooling import l2_normalize
 from .prompts import apply_prompt
 from .session import CPU, CUDA, open_session, resolve_provider
 from .tokenizer import TextTokenizer, TokenizedInput
 
-# Which graph serves each precision: the fused fp32 graph is the fastest exact one.
+# The default graph of each precision: the one that runs where the machine's own choice is not known (on CUDA,
+# and on Ray's driver); on the CPU it is one candidate among the exact graphs of its precision (candidate_graphs).
 EMBEDDINGS_VARIANT = {"fp32": "embeddings_fused", "int8": "embeddings_int8", "fp16": "embeddings_fp16"}
 # A reranker's graphs (export/reranker.py) output scores; it has no int8 graph.
 SCORES_VARIANT = {"fp32": "scores_fused", "fp16": "scores_fp16"}
@@ -64,20 +66,55 @@ class Encoded:
     stats: EncodeStats = field(default_factory=EncodeStats)
 
 
+def default_graphs(manifest: Manifest) -> dict[str, str]:
+    """precision -> the name of its default graph, for the artifact's kind."""
+    return SCORES_VARIANT if manifest.kind == "reranker" else EMBEDDINGS_VARIANT
+
+
 def embeddings_graph(manifest: Manifest, config: EngineConfig) -> tuple[str, str, GraphVariant]:
-    """(provider, precision, graph) that an engine with `config` runs, without opening a session."""
+    """(provider, precision, graph) that an engine with `config` runs before any calibration, without opening a
+    session: the graph --graph names, else the precision's default."""
     provider = resolve_provider(config.provider)
-    precision = config.precision if config.precision != "auto" else ("fp16" if provider == CUDA else "fp32")
+    forced = _forced_graph(manifest, config)
+    precision = config.precision if config.precision != "auto" else (
+        forced.precision if forced else "fp16" if provider == CUDA else "fp32")
     if precision == "int8" and provider == CUDA:
         # Dynamic int8 ops have CPU kernels only: on CUDA they would silently run on the CPU.
         raise ConfigError("the int8 graph is for the CPU provider; on CUDA use fp16 or fp32")
-    variants = SCORES_VARIANT if manifest.kind == "reranker" else EMBEDDINGS_VARIANT
+    variants = default_graphs(manifest)
     if precision not in variants:
         raise ConfigError(f"{manifest.model} is a reranker, which has no {precision} graph; use fp32 or fp16")
     variant_name = variants[precision]
     if variant_name not in manifest.variants:
         raise ArtifactError(f"{manifest.directory} has no {precision} graph ({variant_name}); re-export")
-    return provider, precision, manifest.variants[variant_name]
+    if forced is None:
+        return provider, precision, manifest.variants[variant_name]
+    candidates = candidate_graphs(manifest, precision)
+    if forced not in candidates:
+        raise ConfigError(f"--graph {forced.name} is not one of the {precision} graphs of {manifest.model}: "
+                          f"{', '.join(v.name for v in candidates)} (or auto)")
+    return provider, precision, forced
+
+
+def _forced_graph(manifest: Manifest, config: EngineConfig) -> GraphVariant | None:
+    if config.graph == "auto":
+        return None
+    if config.graph not in manifest.variants:
+        # The graphs an engine can run: those with the outputs of the fp32 default (not the attention graph).
+        default = manifest.variants.get(default_graphs(manifest)["fp32"])
+        runnable = [v.name for v in manifest.variants.values() if default is None or v.outputs == default.outputs]
+        raise ConfigError(f"--graph {config.graph}: {manifest.model} has no such graph; choose auto or one of "
+                          f"{', '.join(runnable)}")
+    return manifest.variants[config.graph]
+
+
+def candidate_graphs(manifest: Manifest, precision: str) -> list[GraphVariant]:
+    """The exact graphs of a precision, the default first: the same outputs as the default (so not the attention
+    graph), each verified against PyTorch at export within the precision's tolerance."""
+    default = manifest.variants[default_graphs(manifest)[precision]]
+    others = sorted((v for v in manifest.variants.values() if v is not default and v.precision == precision
+                     and v.outputs == default.outputs), key=lambda v: v.name)
+    return [default, *others]
 
 
 class Engine:
@@ -86,15 +123,38 @@ class Engine:
         if config.max_batch_tokens < manifest.max_seq_length:
             raise ConfigError(
                 f"max_batch_tokens {config.max_batch_tokens} is below max_seq_length {manifest.max_seq_length}")
-        self.provider, self.precision, self.embeddings_variant = embeddings_graph(manifest, config)
+        self.provider, self.precision, graph = embeddings_graph(manifest, config)
         self.tokenizer = TextTokenizer(manifest.path(manifest.tokenizer), manifest.max_seq_length, manifest.vocab_size)
-        self._session = open_session(manifest.path(self.embeddings_variant.file), self.provider, config.threads)
+        self.graph_choice = self._choose_graph(graph)
+        self.embeddings_variant = self.graph_choice.graph
+        # The padded-token budget batches are planned with (max_batch_tokens, or less where that ran faster here).
+        self.batch_tokens = self.graph_choice.batch_tokens
+        self._session = self.graph_choice.session or self._open_graph(self.embeddings_variant, self.provider)
         # Graphs of families with token types take them (helper fam adds the input to the embedders' graphs).
         self.takes_token_types = "token_type_ids" in {i.name for i in self._session.get_inputs()}
         self._attention_session = None
         self._attention_lock = threading.Lock()
         if attention:
             self._open_attention_session()
+
+    def _choose_graph(self, graph: GraphVariant) -> Choice:
+        """The graph this engine runs and its batch token budget: forced by --graph, timed on this CPU
+        (engine/calibration.py), or the precision's default at max_batch_tokens where there is nothing to choose or
+        the choice would not be made on this machine."""
+        cap = self.config.max_batch_tokens
+        if self.config.graph != "auto":
+            return Choice(graph, "forced by --graph", cap)
+        if self.provider != CPU:  # the record describes CPUs; on a GPU the default runs
+            return Choice(graph, "the default on this provider", cap)
+        candidates = candidate_graphs(self.manifest, self.precision)
+        if len(candidates) == 1 and len(budgets(self.manifest, self.config)) == 1:
+            return Choice(graph, f"the only {self.precision} graph", cap)
+        return calibrated_graph(self.manifest, self.config, self.precision, candidates,
+                                lambda v: self._open_graph(v, CPU))
+
+    def _open_graph(self, variant: GraphVariant, provider: str, arena: bool = True):
+        return open_session(self.manifest.path(variant.file), provider, self.config.threads, arena,
+                            variant.disabled_optimizers)
 
     @classmethod
     def from_directory(cls, directory: str | Path, config: EngineConfig | None = None, attention: bool = False
@@ -109,8 +169,7 @@ class Engine:
                     raise ArtifactError(f"{self.manifest.directory} has no attention graph; re-export")
                 # Its intermediates grow with tokens^2 per batch: an arena would keep a burst's peak (about
                 # 250 MB for MiniLM) for the process's life. Without it, runs measured no slower.
-                self._attention_session = open_session(
-                    self.manifest.path(variant.file), self.provider, self.config.threads, arena=False)
+                self._attention_session = self._open_graph(variant, self.provider, arena=False)
         return self._attention_session
 
     def run(self, inputs: Sequence[TokenizedInput], attention: bool = False) -> BatchOutput:
@@ -147,7 +206,7 @@ class Engine:
         """A reranker's raw logits (N, num_labels) for tokenized pairs, batched by length, in input order."""
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
         scores = np.empty((len(inputs), self.manifest.num_labels), dtype=np.float32)
-        for batch in plan_batches(lengths, self.config.max_batch_tokens, self.config.max_batch_size):
+        for batch in plan_batches(lengths, self.batch_tokens, self.config.max_batch_size):
             scores[batch] = self._session.run(["scores"], self._feed([inputs[i] for i in batch]))[0]
         return scores
 
@@ -161,7 +220,7 @@ class Engine:
                               "embeddings to encode")
         start = time.perf_counter()
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
-        batches = plan_batches(lengths, self.config.max_batch_tokens, self.config.max_batch_size)
+        batches = plan_batches(lengths, self.batch_tokens, self.config.max_batch_size)
         embeddings = np.empty((len(inputs), self.manifest.embedding_size), dtype=np.float32)
         cells = 0
         for batch in batches:
@@ -184,4 +243,5 @@ class Engine:
 
     def describe(self) -> str:
         provider = "CUDA" if self.provider == CUDA else "CPU" if self.provider == CPU else self.provider
-        return f"{self.manifest.model} · {self.precision} ({self.embeddings_variant.file}) on {provider}"
+        return (f"{self.manifest.model} · {self.precision} ({self.embeddings_variant.name}: {self.graph_choice.how}) "
+                f"on {provider}")

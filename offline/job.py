@@ -76,7 +76,7 @@ class ModelFacts:
     pooling: str
     normalize: bool  # the checkpoint's own pipeline L2-normalises
     precision: str
-    graph_sha256: str | None = None  # the graph that runs, where this process can know it
+    graph_sha256: str | None = None  # the graph that runs (GraphVariant.runs_as), where this process can know it
     server: str | None = None  # the server that encodes, if one does
 
 

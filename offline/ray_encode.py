@@ -68,13 +68,14 @@ class RayEncoder:
         # checked (sha256) by each actor as it opens its engine.
         self.manifest = load_manifest(artifacts_dir, check_hashes=False)
         _, precision, self.graph = embeddings_graph(self.manifest, config)
-        self.config = dataclasses.replace(config, precision=precision)  # the actors run what is fingerprinted
+        # The actors run what is fingerprinted: this graph, not one each calibrates on its own machine.
+        self.config = dataclasses.replace(config, precision=precision, graph=self.graph.name)
         self.artifacts_dir, self.address, self.actors = artifacts_dir, address, actors
 
     def facts(self) -> ModelFacts:
         m = self.manifest
         return ModelFacts(m.model, m.embedding_size, m.vocab_size, m.max_seq_length, m.pooling, m.normalize,
-                          self.config.precision, self.graph.sha256)
+                          self.config.precision, self.graph.runs_as)
 
     def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
         ray = _import_ray()

@@ -63,7 +63,7 @@ def warm_up(engine: Engine) -> list[tuple[bool, float, int]]:
 
     Returns (attention, seconds, tokens) of each graph's larger run: the batcher's first estimate of its speed.
     """
-    budget = engine.config.max_batch_tokens
+    budget = engine.batch_tokens
     T = min(engine.manifest.max_seq_length, budget)
     ids = np.full(T, made_up_token_ids(engine.manifest.vocab_size)[0], dtype=np.int64)  # in any vocabulary
     timings = []
@@ -164,7 +164,8 @@ class Server:
         default = models.default.engine
         log.info("serving", extra={"fields": {
             "event": "serving", "model": models.default.name, "models": [m.name for m in models.all],
-            "provider": default.provider, "precision": default.precision, "address": f"{config.host}:{self.port}",
+            "provider": default.provider, "precision": default.precision,
+            "graphs": {m.name: m.engine.describe() for m in models.all}, "address": f"{config.host}:{self.port}",
             "http_port": self.http_port,
             "tls": credentials is not None, "mutual_tls": bool(config.tls_client_ca), "api_keys": keys.required,
             "metrics_port": self.metrics_port, "warm_up_ms": round((time.perf_counter() - started) * 1e3)}})

@@ -143,7 +143,7 @@ class ServedModel:
         self.metrics: ModelMetrics = metrics.for_model(name)
         self.inference = ThreadPoolExecutor(1, thread_name_prefix=f"attnserve-inference-{name}")
         self.batcher = Batcher(engine.run, BatcherLimits(
-            engine.config.max_batch_tokens, engine.config.max_batch_size, config.max_queue_tokens,
+            engine.batch_tokens, engine.config.max_batch_size, config.max_queue_tokens,
             config.max_wait_ms / 1e3, config.max_queue_wait_ms / 1e3), self.metrics, self.inference)
         m, batch = engine.manifest, self.batcher.limits
         self.info = ModelInfo(
@@ -151,7 +151,9 @@ class ServedModel:
             hidden_size=m.hidden_size, embedding_size=m.embedding_size, num_layers=m.num_layers, num_heads=m.num_heads,
             max_seq_length=m.max_seq_length, vocab_size=m.vocab_size, pooling=m.pooling, normalize=m.normalize,
             provider=engine.provider, precision=engine.precision, version=__version__,
-            max_inputs_per_request=config.max_inputs_per_request, max_batch_tokens=batch.max_batch_tokens,
+            # The configured limit; batches may be planned smaller where calibration timed that faster (its
+            # start-up line says so).
+            max_inputs_per_request=config.max_inputs_per_request, max_batch_tokens=engine.config.max_batch_tokens,
             max_batch_size=batch.max_batch_size, max_queue_tokens=batch.max_queue_tokens,
             max_request_bytes=config.max_request_bytes, max_response_bytes=config.max_response_bytes,
             max_wait_ms=batch.max_wait_s * 1e3, max_queue_wait_ms=batch.max_queue_wait_s * 1e3,
