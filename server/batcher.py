@@ -5,9 +5,10 @@ for attention weights run the attention graph, the rest the fastest
 embeddings graph). One task owns it, as TEI's queue does: handlers only
 append and await their futures. The owner
 
-  1. waits until something is queued, then up to max_wait for a full batch,
-     measured from the oldest input's arrival, so nothing that already
-     waited through a running batch waits again;
+  1. waits until something is queued, then, under load only, up to max_wait
+     for a full batch, measured from the oldest input's arrival, so nothing
+     that already waited through a running batch waits again; an idle
+     server runs a lone request at once (batch_wait.py says when);
   2. drops inputs whose request was cancelled or whose deadline passed;
   3. sorts the oldest waiting inputs of the oldest input's lane by length,
      plans batches under the padded-token budget (max_len x n <=
@@ -40,6 +41,7 @@ from attnserve.engine.batching import plan_batches
 from attnserve.engine.engine import BatchOutput
 from attnserve.engine.tokenizer import TokenizedInput
 
+from .batch_wait import BatchWait
 from .errors import BatchFailedError, DeadlineExpiredError, QueueFullError, RequestTooLargeError, ShuttingDownError
 from .metrics import ModelMetrics
 
@@ -106,6 +108,7 @@ class Batcher:
         self._queued_requests = 0
         self._seq = itertools.count()
         self._arrived = asyncio.Event()
+        self.wait = BatchWait(limits.max_wait_s)
         self._closed = False
         self._running = False
         self._task: asyncio.Task | None = None
@@ -183,6 +186,7 @@ class Batcher:
             entry.future.add_done_callback(functools.partial(self._cancelled, entry))
         self._lane_tokens[attention] += tokens
         self._queued_requests += 1
+        self.wait.arrived()
         self._update_gauges()
         self._arrived.set()
         try:
@@ -247,7 +251,7 @@ class Batcher:
             if self._full(attention):
                 return
             oldest = next(iter(self._lanes[attention].values()))
-            left = oldest.enqueued + self.limits.max_wait_s - time.monotonic()
+            left = oldest.enqueued + self.wait.wait_s() - time.monotonic()
             if left <= 0:
                 return
             self._arrived.clear()
@@ -279,6 +283,7 @@ class Batcher:
         taken = [candidates[i] for i in sorted(chosen)]
         for entry in taken:
             self._remove(entry, None)
+        self.wait.batch_started()
         return taken
 
     def _cancelled(self, entry: _Entry, future: asyncio.Future) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from attnserve.engine.tokenizer import TokenizedInput
+from attnserve.server.batch_wait import BatchWait
 from attnserve.server.batcher import Batcher, BatcherLimits
 from attnserve.server.errors import BatchFailedError, DeadlineExpiredError, QueueFullError, ShuttingDownError
 from attnserve.server.metrics import Metrics
@@ -87,17 +88,56 @@ def test_concurrent_requests_are_batched_by_length(engine):
         assert max(batch) * len(batch) <= 2048 and len(batch) <= 256
 
 
-def test_a_full_queue_does_not_wait_and_a_small_one_waits_at_most_max_wait(engine):
+def test_a_full_queue_does_not_wait_and_a_small_one_waits_at_most_max_wait_under_load(engine):
     async def scenario(batcher, runner):
         start = time.monotonic()
         await batcher.submit([item(16)] * 4, False, None)  # 64 tokens: a full batch
         full = time.monotonic() - start
+        for _ in range(3):  # bursts of 8 clients at once: the server is under load
+            await asyncio.gather(*(batcher.submit([item(8)], False, None) for _ in range(8)))
+        assert batcher.wait.under_load
         start = time.monotonic()
         await batcher.submit([item(8)], False, None)
         return full, time.monotonic() - start
 
     (full, small), _ = run(engine, scenario, max_wait_s=0.5, max_batch_tokens=64)
     assert full < 0.25 and 0.5 <= small < 1.5
+
+
+def test_an_idle_server_runs_a_lone_request_at_once(engine):
+    async def scenario(batcher, runner):
+        waits = []
+        for _ in range(5):  # one client at a time: nothing would ever arrive during a wait
+            start = time.monotonic()
+            await batcher.submit([item(8)], False, None)
+            waits.append(time.monotonic() - start)
+        return waits, batcher.wait.under_load
+
+    (waits, under_load), runner = run(engine, scenario, max_wait_s=0.5)
+    assert not under_load and max(waits) < 0.25  # far under the 0.5 s max_wait
+    assert [len(b) for b, _ in runner.batches] == [1] * 5
+
+
+def test_the_wait_follows_the_load_within_a_few_batches():
+    wait = BatchWait(max_wait_s=0.002)
+    assert wait.wait_s() == 0.0  # a new server is idle
+    for _ in range(5):  # one request per batch: a lone client
+        wait.arrived()
+        wait.batch_started()
+    assert wait.wait_s() == 0.0
+    for _ in range(64):  # 64 clients' requests arrive while a batch runs
+        wait.arrived()
+    wait.batch_started()
+    assert wait.wait_s() == 0.002
+    for _ in range(3):  # a backlog drains: batches with no new arrivals do not end the load at once
+        wait.batch_started()
+    assert wait.wait_s() == 0.002
+    batches_to_idle = 0
+    while wait.under_load:  # the load is gone: one request per batch again
+        wait.arrived()
+        wait.batch_started()
+        batches_to_idle += 1
+    assert 1 <= batches_to_idle <= 8
 
 
 def test_a_failed_batch_fails_only_its_callers(engine):
