@@ -87,10 +87,13 @@ ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 # ORT_DISABLE_TELEMETRY: onnxruntime's Linux builds otherwise start a telemetry uploader and persist a device
 # id under ~/.cache (warning at every start when, as here, there is no home to write to).
+# ATTNSERVE_CACHE: where the engine records which graph it timed fastest on this CPU (engine/calibration.py).
+# The artifacts are read-only and the user has no home; /tmp is writable, also under a read-only root (a volume).
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     MPLCONFIGDIR=/tmp/matplotlib \
     ORT_DISABLE_TELEMETRY=1 \
+    ATTNSERVE_CACHE=/tmp/attnserve \
     ATTNSERVE_ARTIFACTS=/opt/attnserve/artifacts/all-MiniLM-L6-v2
 # `plot` for `attnserve loadtest --plot` and `attnserve attention`; no `export` extra, so no torch.
 COPY --from=requirements /requirements/serve.txt /tmp/requirements.txt
@@ -125,6 +128,7 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     MPLCONFIGDIR=/tmp/matplotlib \
     ORT_DISABLE_TELEMETRY=1 \
+    ATTNSERVE_CACHE=/tmp/attnserve \
     ATTNSERVE_ARTIFACTS=/opt/attnserve/artifacts/all-MiniLM-L6-v2 \
     ATTNSERVE_PROVIDER=cuda \
     PATH=/opt/venv/bin:$PATH

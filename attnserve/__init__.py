@@ -1,3 +1,3 @@
 """attnserve: contextualized embeddings and attention maps, served."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
