@@ -154,7 +154,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
 
         An error ends the stream after the replies to the requests before it, naming the request it answers.
         """
-        start, code, answered, tokens = time.perf_counter(), grpc.StatusCode.OK, 0, 0
+        start, code, answered, tokens, recorded = time.perf_counter(), grpc.StatusCode.OK, 0, 0, False
         window: asyncio.Queue = asyncio.Queue(STREAM_WINDOW)
 
         async def read() -> None:
@@ -186,13 +186,16 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
             except Exception as error:
                 status = status_for(error, index)
                 code = status.code
+                self._record("EmbedStream", code, start, answered, tokens, context)  # before the status goes out
+                recorded = True
                 await abort(context, status)
             finally:
                 reader.cancel()
                 _discard(item)  # the request being awaited when the stream ended early
                 while not window.empty():
                     _discard(window.get_nowait())
-                self._record("EmbedStream", code, start, answered, tokens, context)
+                if not recorded:
+                    self._record("EmbedStream", code, start, answered, tokens, context)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         try:
@@ -219,7 +222,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
                      answer: Callable[[], Awaitable[tuple[Any, int]]]) -> Any:
         """One unary call: counted in flight for the drain, its error mapped to a status, recorded in the metrics.
         answer() gives (the reply, the tokens it cost)."""
-        start, code, tokens = time.perf_counter(), grpc.StatusCode.OK, 0
+        start, code, tokens, recorded = time.perf_counter(), grpc.StatusCode.OK, 0, False
         with self._core.in_flight():
             try:
                 reply, tokens = await answer()
@@ -230,9 +233,13 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
             except Exception as error:
                 status = status_for(error)
                 code = status.code
+                # Recorded before the status goes out: a client that saw the error then sees it counted.
+                self._record(method, code, start, inputs, tokens, context)
+                recorded = True
                 await abort(context, status)
             finally:
-                self._record(method, code, start, inputs, tokens, context)
+                if not recorded:
+                    self._record(method, code, start, inputs, tokens, context)
 
     async def _embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> tuple[bytes, int]:
         """One request through the core: (serialized reply, its token count)."""
