@@ -24,7 +24,7 @@ from attnserve.errors import CheckpointError
 from . import heads, modernbert
 from .encoder import ACTIVATIONS, Encoder, EncoderConfig
 from .modernbert import ModernBertConfig, ModernBertEncoder
-from .pipeline import Pipeline, read_json, read_pipeline
+from .pipeline import Pipeline, read_json, read_pipeline, tokenizer_max_length
 
 # EncoderConfig field -> config.json key, as BERT, RoBERTa, XLM-R and MPNet name them.
 BERT_CONFIG_NAMES = {
@@ -319,13 +319,11 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
 
 def _read_reranker(directory: Path, name: str | None, cfg: EncoderConfig, raw: dict) -> Checkpoint:
     """A cross-encoder: the encoder, its pooler and classifier (heads.py), the CrossEncoder's truncation."""
-    from .pipeline import _tokenizer_max_length
-
     spec = heads.read_reranker(directory, raw)
     _check_no_head(directory / "model.safetensors", _weight_names(cfg), heads.CLASSIFIER_KEYS)
     length, length_from = spec.max_seq_length, "sentence_bert_config.json"
     if length is None:
-        length, length_from = _tokenizer_max_length(directory, cfg.usable_positions), "tokenizer"
+        length, length_from = tokenizer_max_length(directory, cfg.usable_positions), "tokenizer"
     if length > cfg.usable_positions:
         raise CheckpointError(f"{directory}: cannot reproduce max_seq_length {length}: the model has only "
                               f"{cfg.usable_positions} positions")

@@ -139,7 +139,7 @@ def _refuse(path: Path, what: str) -> CheckpointError:
 def read_pipeline(directory: Path, max_position_embeddings: int, hidden_size: int) -> Pipeline:
     modules_file = directory / "modules.json"
     if not modules_file.exists():
-        return Pipeline(("mean",), (), False, _tokenizer_max_length(directory, max_position_embeddings),
+        return Pipeline(("mean",), (), False, tokenizer_max_length(directory, max_position_embeddings),
                         "tokenizer", {}, None)
     prompts, default_prompt_name = _model_config(directory / "config_sentence_transformers.json")
     pooling_folder, after = _modules(modules_file)
@@ -226,7 +226,7 @@ def _transformer(directory: Path, max_position_embeddings: int) -> tuple[int, st
     """The Transformer's config file: returns (max_seq_length, where it came from)."""
     found = [directory / name for name in TRANSFORMER_CONFIG_FILES if (directory / name).exists()]
     if not found:
-        return _tokenizer_max_length(directory, max_position_embeddings), "tokenizer"
+        return tokenizer_max_length(directory, max_position_embeddings), "tokenizer"
     path = found[0]
     raw = _read_object(path)
     for key, value in raw.items():
@@ -244,7 +244,7 @@ def _transformer(directory: Path, max_position_embeddings: int) -> tuple[int, st
                             "that tokenizer.json does not have")
     length = raw.get("max_seq_length")
     if length is None:
-        return _tokenizer_max_length(directory, max_position_embeddings), "tokenizer"
+        return tokenizer_max_length(directory, max_position_embeddings), "tokenizer"
     if not isinstance(length, int) or isinstance(length, bool) or length < 1:
         raise CheckpointError(f"{path}: max_seq_length must be a positive integer, got {length!r}")
     if length > max_position_embeddings:
@@ -261,7 +261,7 @@ def _tokenizer_lowercases(path: Path) -> bool:
     return isinstance(parts, list) and any(isinstance(p, dict) and p.get("type") == "Lowercase" for p in parts)
 
 
-def _tokenizer_max_length(directory: Path, max_position_embeddings: int) -> int:
+def tokenizer_max_length(directory: Path, max_position_embeddings: int) -> int:
     """What sentence-transformers truncates at when sentence_bert_config.json sets no max_seq_length:
     the tokenizer's model_max_length, capped at the model's positions."""
     config = directory / "tokenizer_config.json"
