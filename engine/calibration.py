@@ -102,11 +102,11 @@ def _key(candidates: Sequence[GraphVariant]) -> dict[str, str]:
     return {v.name: v.sha256 for v in candidates}
 
 
-def _recorded(manifest: Manifest, config: EngineConfig, sig: str, precision: str,
+def _recorded(manifest: Manifest, config: EngineConfig, sig: str, key: str,
               candidates: Sequence[GraphVariant]) -> tuple[GraphVariant, int, Path] | None:
     by_name = {v.name: v for v in candidates}
     for path in record_paths(manifest):
-        entry = _read(path).get(sig, {}).get(precision)
+        entry = _read(path).get(sig, {}).get(key)
         # Valid only for exactly these graphs and budgets: a re-export, a new candidate or another
         # max_batch_tokens is timed again.
         if (isinstance(entry, dict) and entry.get("candidates") == _key(candidates)
@@ -130,12 +130,12 @@ def _write_json(path: Path, data: dict) -> None:
         raise
 
 
-def _record(manifest: Manifest, sig: str, precision: str, entry: dict) -> Path | None:
+def _record(manifest: Manifest, sig: str, key: str, entry: dict) -> Path | None:
     """Add the entry beside the artifacts, else in the cache; None (with a warning) when neither is writable."""
     errors = []
     for path in record_paths(manifest):
         choices = _read(path)
-        choices.setdefault(sig, {})[precision] = entry
+        choices.setdefault(sig, {})[key] = entry
         try:
             _write_json(path, {"format_version": FORMAT_VERSION, "choices": choices})
             return path
@@ -198,12 +198,15 @@ def _ratios(seconds: dict[Any, float], chosen: Any) -> str:
 
 
 def calibrated_graph(manifest: Manifest, config: EngineConfig, precision: str, candidates: Sequence[GraphVariant],
-                     open_graph: Callable[[GraphVariant], Any]) -> Choice:
+                     open_graph: Callable[[GraphVariant], Any], record_key: str | None = None) -> Choice:
     """The recorded choice for this machine, or the fastest candidate and batch budget timed now (and recorded).
 
-    candidates: the exact graphs of the precision, the default first (one is fine: its budget is still timed)."""
+    candidates: the exact graphs of the precision, the default first (one is fine: its budget is still timed).
+    record_key: where the choice is recorded under the CPU signature; the precision by default, so that a graph
+    forced by name keeps its own entry instead of replacing the choice among candidates."""
     sig = signature(config.threads)
-    recorded = _recorded(manifest, config, sig, precision, candidates)
+    key = record_key or precision
+    recorded = _recorded(manifest, config, sig, key, candidates)
     if recorded is not None:
         graph, batch_tokens, found = recorded
         return Choice(graph, f"calibrated for this CPU, batches of {batch_tokens} tokens, recorded in {found}",
@@ -227,7 +230,7 @@ def calibrated_graph(manifest: Manifest, config: EngineConfig, precision: str, c
              "seconds_per_1k_tokens": {name: round(s * 1e3, 6) for name, s in graph_seconds.items()},
              "budget_seconds_per_1k_tokens": {str(b): round(s * 1e3, 6) for b, s in budget_seconds.items()},
              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    path = _record(manifest, sig, precision, entry)
+    path = _record(manifest, sig, key, entry)
     timed = [_ratios(graph_seconds, chosen)] if len(graph_seconds) > 1 else []
     if smaller:
         timed.append(f"batches of {batch_tokens} tokens: " + _ratios(budget_seconds, batch_tokens))

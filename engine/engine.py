@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -142,10 +142,17 @@ class Engine:
         (engine/calibration.py), or the precision's default at max_batch_tokens where there is nothing to choose or
         the choice would not be made on this machine."""
         cap = self.config.max_batch_tokens
-        if self.config.graph != "auto":
-            return Choice(graph, "forced by --graph", cap)
         if self.provider != CPU:  # the record describes CPUs; on a GPU the default runs
-            return Choice(graph, "the default on this provider", cap)
+            return Choice(graph, "forced by --graph" if self.config.graph != "auto" else
+                          "the default on this provider", cap)
+        if self.config.graph != "auto":
+            # The graph is not chosen here (--graph, or Ray's fingerprinted graph), but its batch budget is: it
+            # changes speed, never results. Recorded apart from the choice among candidates.
+            if len(budgets(self.manifest, self.config)) == 1:
+                return Choice(graph, "forced by --graph", cap)
+            choice = calibrated_graph(self.manifest, self.config, self.precision, [graph],
+                                      lambda v: self._open_graph(v, CPU), record_key=f"{self.precision} {graph.name}")
+            return replace(choice, how=f"forced by --graph; {choice.how}")
         candidates = candidate_graphs(self.manifest, self.precision)
         if len(candidates) == 1 and len(budgets(self.manifest, self.config)) == 1:
             return Choice(graph, f"the only {self.precision} graph", cap)

@@ -138,6 +138,25 @@ def test_a_forced_graph_is_used_and_nothing_is_timed(linked):
     assert int8.precision == "int8" and int8.embeddings_variant.file == "embeddings_int8.onnx"
 
 
+def test_a_forced_graph_still_gets_its_batch_budget_timed_in_an_entry_of_its_own(linked):
+    """--graph (and Ray's actors, which run the graph the driver fingerprinted) chooses the graph, not the batch
+    size: the budget changes speed, never results, so it is timed on this CPU as for a calibrated graph."""
+    config = EngineConfig(max_batch_tokens=1024, max_batch_size=64)
+    auto = Engine.from_directory(linked, config)
+    auto_entry = entry(linked / CALIBRATION)
+    forced = Engine.from_directory(linked, replace(config, graph="embeddings"))
+    assert forced.embeddings_variant.name == "embeddings"
+    assert "forced by --graph; calibrated now" in forced.describe()
+    own = entry(linked / CALIBRATION, "fp32 embeddings")
+    assert own["graph"] == "embeddings" and list(own["candidates"]) == ["embeddings"]
+    assert own["budgets"] == [1024, 512, 256] and forced.batch_tokens == own["batch_tokens"]
+    assert entry(linked / CALIBRATION) == auto_entry  # the choice among candidates stays
+    again = Engine.from_directory(linked, replace(config, graph="embeddings"))
+    assert "forced by --graph; calibrated for this CPU" in again.describe() and again.batch_tokens == own[
+        "batch_tokens"]
+    assert "recorded in" in Engine.from_directory(linked, config).describe() and auto.batch_tokens
+
+
 @pytest.mark.parametrize("graph, precision, message", [
     ("nonesuch", "auto", "has no such graph; choose auto or one of embeddings, "),
     ("attention", "auto", "--graph attention is not one of the fp32 graphs of .*: embeddings_fused, embeddings"),
