@@ -11,7 +11,11 @@ from openapi_spec_validator import validate
 SERVED = {("post", "/v1/embeddings"), ("post", "/embeddings"), ("get", "/v1/models"), ("get", "/v1/models/{id}"),
           ("post", "/embed"), ("post", "/"), ("post", "/embed_all"), ("post", "/tokenize"), ("post", "/decode"),
           ("get", "/info"), ("get", "/health"), ("post", "/v1/attention"), ("get", "/openapi.json"),
-          ("post", "/rerank"), ("post", "/v1/rerank")}
+          ("post", "/rerank"), ("post", "/v1/rerank"), ("get", "/v2"), ("get", "/v2/health/live"),
+          ("get", "/v2/health/ready"), ("post", "/v2/models/{name}/infer"),
+          ("post", "/v2/models/{name}/versions/{version}/infer"), ("get", "/v2/models/{name}/ready"),
+          ("get", "/v2/models/{name}/versions/{version}/ready"), ("get", "/v2/models/{name}"),
+          ("get", "/v2/models/{name}/versions/{version}")}
 # Answered by a reranker (an embedder refuses them, as ERRORS checks): test_rerank_routes_answer_as_described.
 RERANK_CALLS = [
     ("post", "/rerank", {"query": "q", "texts": ["a", "b c"], "return_text": True}),
@@ -35,6 +39,18 @@ CALLS = [
     ("post", "/v1/attention", {"inputs": "a b", "heads": [1]}),
     ("post", "/v1/attention", {"inputs": ["a b"], "average_heads": True, "encoding_format": "base64"}),
     ("get", "/openapi.json", None),
+    ("get", "/v2", None),
+    ("get", "/v2/health/live", None),
+    ("get", "/v2/health/ready", None),
+    ("post", f"/v2/models/{MODEL}/infer", {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
+                                                       "data": ["a", "b"]}]}),
+    ("post", f"/v2/models/{MODEL}/versions/1/infer", {"inputs": [{"name": "text", "datatype": "BYTES",
+                                                                  "shape": [1, 1], "data": [["a"]]}],
+                                                      "outputs": [{"name": "num_tokens"}], "id": "7"}),
+    ("get", f"/v2/models/{MODEL}/ready", None),
+    ("get", f"/v2/models/{MODEL}/versions/1/ready", None),
+    ("get", f"/v2/models/{MODEL}", None),
+    ("get", f"/v2/models/{MODEL}/versions/1", None),
 ]
 ERRORS = [
     ("post", "/v1/embeddings", {"input": "", "model": MODEL}, 400),
@@ -48,6 +64,9 @@ ERRORS = [
     ("delete", "/embed", None, 405),
     ("post", "/rerank", {"query": "q", "texts": ["a"]}, 400),  # an embedder does not rerank
     ("post", "/v1/rerank", {"query": "q", "documents": ["a"]}, 400),
+    ("post", f"/v2/models/{MODEL}/infer", {"inputs": []}, 400),
+    ("get", "/v2/models/nope", None, 404),
+    ("get", "/v2/nowhere", None, 404),
 ]
 
 
@@ -66,7 +85,12 @@ def schema_of(spec: dict, method: str, route: str, status: str) -> dict | None:
 
 
 def route_of(spec: dict, path: str) -> str:
-    return "/v1/models/{id}" if path.startswith("/v1/models/") else path
+    if path.startswith("/v1/models/"):
+        return "/v1/models/{id}"
+    if path.startswith(f"/v2/models/{MODEL}"):
+        rest = path.removeprefix(f"/v2/models/{MODEL}").replace("/versions/1", "/versions/{version}")
+        return "/v2/models/{name}" + rest
+    return path
 
 
 def call(server, method: str, path: str, body) -> httpx.Response:
@@ -118,5 +142,6 @@ def test_every_error_answers_as_described(server, spec):
         assert reply.status_code == status, (path, reply.text)
         route = route_of(spec, path)
         if (method, route) not in SERVED:  # no such route: the envelope of its family
-            route, method = ("/v1/embeddings", "post") if path.startswith("/v1/") else ("/embed", "post")
+            route, method = (("/v1/embeddings", "post") if path.startswith("/v1/") else
+                             ("/v2/models/{name}/infer", "post") if path.startswith("/v2") else ("/embed", "post"))
         Draft202012Validator(schema_of(spec, method, route, "default")).validate(reply.json())

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
+import numpy as np
 import openai
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -161,6 +162,38 @@ def test_overload_is_429_with_retry_after_and_the_sdk_raises_rate_limit_error(se
         outcomes = Counter(ThreadPoolExecutor(24).map(create, range(24)))
     assert set(outcomes) == {"ok", "rate limited"}, outcomes
     assert all(e.status_code == 429 and e.response.headers["retry-after"] for e in errors)
+    assert_healthy(server)
+
+
+def test_kserve_routes_take_the_key_and_map_errors_to_the_same_statuses(server):
+    """Probes are open, as /health is; inference needs the key (tritonclient sends it as a header); errors take
+    the statuses of the table in KServe's {"error"} envelope."""
+    import tritonclient.http as triton
+    from tritonclient.utils import InferenceServerException
+
+    for probe in ("/v2/health/live", "/v2/health/ready"):
+        assert curl(server, probe, key=None)[0] == 200
+    infer = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}
+    path = f"/v2/models/{MODEL}/infer"
+    for body, key, extra, expected in [
+            (infer, None, {}, 401), (infer, "sk-wrong", {}, 401), (infer, KEY, {}, 200),
+            ({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["word " * 200]}]}, KEY,
+             {"headers": ("X-Request-Timeout: 0.000001",)}, 504),
+            ({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["x" * 80_000]}]}, KEY, {}, 413)]:
+        status, headers, payload = curl(server, path, body, key, **extra)
+        assert status == expected, payload
+        assert status == 200 or set(json.loads(payload)) == {"error"}, payload
+    client = triton.InferenceServerClient(server.http_url.removeprefix("http://"))
+    try:
+        text = triton.InferInput("text", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b"keyed"], dtype=np.object_))
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer(MODEL, [text])
+        assert refused.value.status() == "401"
+        reply = client.infer(MODEL, [text], headers={"Authorization": f"Bearer {KEY}"})
+        assert reply.as_numpy("embedding").shape == (1, 384)
+    finally:
+        client.close()
     assert_healthy(server)
 
 

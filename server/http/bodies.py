@@ -192,6 +192,58 @@ class TeiError(BaseModel):
     error_type: str
 
 
+# --- KServe v2 (the Open Inference Protocol, as Triton speaks it) -------------
+
+# A tensor's data in JSON: row-major, flat or nested as its shape (KServe allows both).
+TensorData = list[Union[str, int, float, bool, list]]
+# Request and tensor parameters: KServe's values are strings, numbers and booleans. Unknown ones are ignored, as
+# Triton ignores those it does not know (its clients send some, such as binary_data_output).
+Parameters = dict[str, Union[str, int, float, bool]]
+
+
+class KServeTensor(_TeiBody):
+    name: str
+    shape: list[int] = Field(description="the tensor's shape; the number of elements is its product")
+    datatype: str = Field(description="BYTES for texts")
+    parameters: Parameters | None = Field(None, description="binary_data_size: the tensor's bytes follow the JSON "
+                                                            "(Triton's binary tensor extension)")
+    data: TensorData | None = Field(None, description="the elements, row-major; absent when binary_data_size is set")
+
+
+class KServeRequestedOutput(_TeiBody):
+    name: str = Field(description="embedding or num_tokens")
+    parameters: Parameters | None = Field(None, description="binary_data: true sends the tensor as bytes after "
+                                                            "the JSON")
+
+
+class KServeInferBody(_TeiBody):
+    id: str | None = None
+    parameters: Parameters | None = Field(None, description="truncate, normalize (booleans), dimensions (an "
+                                                            "integer), binary_data_output (a boolean)")
+    inputs: list[KServeTensor] = Field(description="one BYTES tensor named text: the texts to embed, shape [N] or "
+                                                   "[N, 1]")
+    outputs: list[KServeRequestedOutput] | None = Field(None, description="unset: every output")
+
+
+class KServeOutputTensor(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: Parameters | None = None
+    data: list[float] | list[int] | None = None
+
+
+class KServeInferReply(BaseModel):
+    model_name: str
+    model_version: str
+    id: str | None = None
+    outputs: list[KServeOutputTensor]
+
+
+class KServeError(BaseModel):
+    error: str
+
+
 # --- Cohere / Infinity rerank -------------------------------------------------
 
 class RerankDocument(BaseModel):

@@ -26,7 +26,8 @@ from ..auth import ApiKeys
 from ..core import Core
 from ..metrics import Metrics
 from .attention import AttentionRoutes
-from .errors import OPENAI, TEI, MethodNotAllowedError, RouteNotFoundError, http_error
+from .errors import KSERVE, OPENAI, TEI, MethodNotAllowedError, RouteNotFoundError, http_error
+from .kserve import KServeRoutes
 from .openai import OpenAIRoutes
 from .openapi import openapi_spec
 from .rerank import RerankRoutes
@@ -49,6 +50,7 @@ class HttpDoor:
         bodies = BodyReader(executor, config.max_request_bytes)
         self.routes: list[Route] = [*OpenAIRoutes(core, bodies).routes(), *TeiRoutes(core, bodies).routes(),
                                     *AttentionRoutes(core, bodies).routes(), *RerankRoutes(core, bodies).routes(),
+                                    *KServeRoutes(core, bodies).routes(),
                                     Route("GET", "/openapi.json", self._openapi, OPENAI, "this description",
                                           reply_schema={"type": "object"})]
         self._spec = dumps(openapi_spec(self.routes, core.info, keys.required))
@@ -82,7 +84,8 @@ class HttpDoor:
         route = None if match.http_exception is not None else self._by_handler.get(match.handler)
         resource = match.route.resource  # None only for aiohttp's own routes (404, 405), which match no Route
         label = resource.canonical if route is not None and resource is not None else UNMATCHED
-        style = route.style if route is not None else OPENAI if request.path.startswith("/v1/") else TEI
+        style = route.style if route is not None else (OPENAI if request.path.startswith("/v1/") else
+                                                        KSERVE if request.path.startswith("/v2") else TEI)
         try:
             try:
                 if route is None:

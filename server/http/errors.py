@@ -3,7 +3,8 @@ server/errors.py status_for is the gRPC door's.
 
 The status comes from the error's protocol-neutral `reason` alone (HTTP_STATUS). The body takes the envelope of
 the route's family: OpenAI's `{"error": {"message", "type", "param", "code"}}` on /v1/*, TEI's
-`{"error", "error_type"}` on TEI's routes. `param` is the field the error names, in the route's own wire names.
+`{"error", "error_type"}` on TEI's routes, KServe v2's `{"error"}` on /v2/*. `param` is the field the error
+names, in the route's own wire names.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from attnserve.errors import AttnserveError
 
 from ..errors import QueueFullError, reason_and_message
 
-OPENAI, TEI = "openai", "tei"
+OPENAI, TEI, KSERVE = "openai", "tei", "kserve"
 
 HTTP_STATUS = {
     "INVALID_INPUT": 400,  # an input or option of the request
@@ -86,7 +87,7 @@ class HttpError:
 
 
 def http_error(error: BaseException, style: str, names: WireNames | None = None) -> HttpError:
-    """The status, headers and body a client sees for error on a route of `style` (OPENAI or TEI).
+    """The status, headers and body a client sees for error on a route of `style` (OPENAI, TEI or KSERVE).
 
     Errors we did not expect are logged whole and told apart by name only.
     """
@@ -109,6 +110,8 @@ def http_error(error: BaseException, style: str, names: WireNames | None = None)
     if style == OPENAI:
         body = {"error": {"message": message, "type": _OPENAI_TYPE.get(status, "server_error"), "param": wire_field,
                           "code": _OPENAI_CODE.get(reason, reason.lower())}}
+    elif style == KSERVE:
+        body = {"error": message}
     else:
         body = {"error": message, "error_type": _TEI_TYPE[reason]}
     return HttpError(status, orjson.dumps(body), headers)

@@ -9,8 +9,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode
 
 from ..core import ModelInfo
-from .bodies import OpenAIError, TeiError, TeiRank, TeiToken
-from .errors import OPENAI
+from .bodies import KServeError, OpenAIError, TeiError, TeiRank, TeiToken
+from .errors import KSERVE, OPENAI
 from .route import Route
 
 OPENAPI_VERSION = "3.1.0"
@@ -31,7 +31,8 @@ def openapi_spec(routes: list[Route], info: ModelInfo, keys_required: bool) -> d
     paths: dict[str, dict] = {}
     for route in routes:
         path = _PARAMETER.sub(r"{\1}", route.path)
-        error = ref(OpenAIError if route.style == OPENAI else TeiError, "serialization")
+        envelopes: dict[str, type[BaseModel]] = {OPENAI: OpenAIError, KSERVE: KServeError}
+        error = ref(envelopes.get(route.style, TeiError), "serialization")
         reply = ref(route.reply, "serialization") if route.reply else route.reply_schema
         ok: dict[str, object] = {"description": "OK"}
         if reply is not None:

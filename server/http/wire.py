@@ -47,6 +47,10 @@ class BodyReader:
 
     async def read(self, request: web.Request, model: type[Body], translate: Callable[[Body], T]) -> T:
         """The body parsed as `model` and translated by `translate` (the route's JSON -> the core's request)."""
+        return await self.read_bytes(request, lambda body: translate(parse(model, body)))
+
+    async def read_bytes(self, request: web.Request, translate: Callable[[bytes], T]) -> T:
+        """The body's bytes translated by `translate`, for a wire that is not only JSON (KServe's binary tensors)."""
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:  # aiohttp stops reading at client_max_size
@@ -55,7 +59,7 @@ class BodyReader:
                 "send fewer or shorter inputs per request") from None
 
         def parse_and_translate() -> T:
-            return translate(parse(model, body))
+            return translate(body)
 
         if len(body) > PARSE_OFF_LOOP_BYTES:
             return await asyncio.get_running_loop().run_in_executor(self._executor, parse_and_translate)
