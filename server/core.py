@@ -158,6 +158,10 @@ class Core:
     def drain(self) -> None:
         """Shutdown began: new requests are refused; open gRPC streams answer what they hold, then end."""
         self.draining.set()
+        # The quiet the drain waits for counts from here at the earliest. Requests already on the wire while the
+        # event loop was busy (a stall of over DRAIN_QUIET_SECONDS was seen under CI load) have not begun yet:
+        # they must get their 503 / UNAVAILABLE before the listeners close, not a closed connection.
+        self._last_call = time.monotonic()
 
     async def wait_quiet(self, timeout: float, quiet: float) -> bool:
         """Until no request is in progress and none began for `quiet` seconds. False if timeout passed first."""
