@@ -76,10 +76,13 @@ def test_infer_equals_the_offline_engine(client, engine, binary):
     assert reply.get_response()["id"] == "req-7" and reply.get_response()["model_version"] == "1"
 
 
-def test_every_output_by_default_and_an_n_by_1_shape(client, engine):
+def test_every_output_by_default_and_an_n_by_1_shape(server, client, engine):
     reply = client.infer(MODEL, [text_input(TEXTS[:4], True, (4, 1))])
     assert {o["name"] for o in reply.get_response()["outputs"]} == {"embedding", "num_tokens"}
     np.testing.assert_allclose(reply.as_numpy("embedding"), engine.encode(TEXTS[:4]).embeddings, atol=1e-5)
+    # An empty list of outputs is no list, as in KServe's protobuf form: every output.
+    status, body = post(server, f"/v2/models/{MODEL}/infer", infer_body({"shape": [1], "data": ["a"]}, outputs=[]))
+    assert status == 200 and [o["name"] for o in body["outputs"]] == ["embedding", "num_tokens"]
 
 
 def test_parameters_truncate_normalize_and_dimensions(client, engine):

@@ -234,7 +234,8 @@ def _texts(tensor: KServeTensor, index: int, binary: memoryview | None) -> list[
 
 
 def _flat(data: list, where: str) -> Iterator[object]:
-    """JSON tensor data, row-major, flat or nested as the shape: its elements in order."""
+    """JSON tensor data, row-major, flat or nested as the shape: its elements in order. The nesting is not held
+    to the shape; the element count is, so nothing is dropped or made up."""
     stack: list[Iterator[object]] = [iter(data)]
     while stack:
         for item in stack[-1]:
@@ -280,7 +281,7 @@ def _parameter(params: dict, name: str, kind: type) -> object:
 def _outputs(requested: list[KServeRequestedOutput] | None, params: dict) -> dict[str, bool]:
     """The outputs to send, each with whether it goes as binary data."""
     binary_default = bool(_parameter(params, "binary_data_output", bool))
-    if requested is None:
+    if not requested:  # unset, or empty as protobuf cannot tell apart from unset: every output, as Triton does
         return dict.fromkeys(OUTPUTS, binary_default)
     outputs: dict[str, bool] = {}
     for i, output in enumerate(requested):

@@ -16,7 +16,7 @@ class Route:
     method: str  # "GET" or "POST"
     path: str  # aiohttp's pattern, also the `method` label of the request metrics: "/v1/models/{id}"
     handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    style: str  # the error envelope: errors.OPENAI or errors.TEI
+    style: str  # the error envelope: errors.OPENAI, errors.TEI or errors.KSERVE
     summary: str
     body: type[BaseModel] | None = None  # the JSON body it takes
     reply: type[BaseModel] | None = None  # its 200 reply, for the description; None: see reply_schema
