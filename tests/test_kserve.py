@@ -159,6 +159,9 @@ def test_a_binary_tensor_by_hand_and_an_input_of_another_name(server, engine):
     other = json.dumps({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1], "data": [1]}]})
     status, body = post(server, f"/v2/models/{MODEL}/infer", other.encode())
     assert status == 400 and "takes one input, 'text', not 'input_ids'" in body["error"]
+    for length in ("²", "-1", "abc"):  # "²" passes str.isdigit() and fails int()
+        status, body = post(server, f"/v2/models/{MODEL}/infer", b"{}", {"Inference-Header-Content-Length": length})
+        assert status == 400 and "is not a byte count" in body["error"], (length, body)
     status, body = post(server, "/v2/models/x/nonesuch", b"{}")  # a model named x/nonesuch takes only GET
     assert status == 405 and set(body) == {"error"}
     with pytest.raises(urllib.error.HTTPError) as missing:

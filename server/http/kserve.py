@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Iterator
+from typing import TypeVar
 
 import numpy as np
 from aiohttp import web
@@ -42,6 +43,7 @@ INPUT = "text"
 OUTPUTS = {"embedding": "FP32", "num_tokens": "INT32"}
 # A BYTES element's length prefix: uint32, little-endian (Triton's serialize_byte_tensor).
 LENGTH_PREFIX = struct.Struct("<I")
+P = TypeVar("P", bool, int)
 NAME = r"{name:.+}"  # a model name, slashes included
 VERSIONED = r"{name:.+}/versions/{version:[^/]+}"
 
@@ -121,9 +123,9 @@ class KServeRoutes:
         json_header: list[int] = []  # render's: where its JSON ends, for the reply's header
 
         def render(reply: EncodeReply) -> bytes:
-            header, tail = _render(reply, info.model, call.id, outputs)
+            header, tensors = _render(reply, info.model, call.id, outputs)
             json_header.append(len(header))
-            return header + tail
+            return b"".join([header, *tensors])  # one copy of the tensors' bytes
 
         binary = any(outputs.values())
         reply, _ = await within(self._core.encode(call.request, until, render,
@@ -146,7 +148,7 @@ def _header_length(request: web.Request) -> int | None:
     raw = request.headers.get(HEADER_LENGTH)
     if raw is None:
         return None
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):  # isdigit alone takes "²", which int() refuses
         raise MalformedMessageError(f"{HEADER_LENGTH}: {raw!r} is not a byte count")
     return int(raw)
 
@@ -173,11 +175,9 @@ def _read_call(body: bytes, header_length: int | None, model: str) -> _Call:
         raise MalformedMessageError(f"{len(tail)} bytes follow the binary tensors that the inputs' "
                                     "binary_data_size account for")
     params = infer.parameters or {}
-    normalize, dimensions = _parameter(params, "normalize", bool), _parameter(params, "dimensions", int)
-    assert normalize is None or isinstance(normalize, bool)
-    assert dimensions is None or isinstance(dimensions, int)
-    return _Call(EncodeRequest(inputs=texts, normalize=normalize, truncate=bool(_parameter(params, "truncate", bool)),
-                               dimensions=dimensions),
+    return _Call(EncodeRequest(inputs=texts, normalize=_parameter(params, "normalize", bool),
+                               truncate=bool(_parameter(params, "truncate", bool)),
+                               dimensions=_parameter(params, "dimensions", int)),
                  infer.id, _outputs(infer.outputs, params))
 
 
@@ -210,10 +210,10 @@ def _texts(tensor: KServeTensor, index: int, binary: memoryview | None) -> list[
                                 field=where)
     elements: list[object]
     if binary is not None:
-        elements = list(_binary_elements(binary, count, where))
+        elements = [*_binary_elements(binary, count, where)]
     else:
         assert tensor.data is not None
-        elements = list(_flat(tensor.data, where))
+        elements = [*_flat(tensor.data)]
         if len(elements) != count:
             raise InvalidInputError(f"{where}.data: shape {shape} holds {count} elements, data has {len(elements)}",
                                     field=f"{where}.data")
@@ -233,7 +233,7 @@ def _texts(tensor: KServeTensor, index: int, binary: memoryview | None) -> list[
     return texts
 
 
-def _flat(data: list, where: str) -> Iterator[object]:
+def _flat(data: list) -> Iterator[object]:
     """JSON tensor data, row-major, flat or nested as the shape: its elements in order. The nesting is not held
     to the shape; the element count is, so nothing is dropped or made up."""
     stack: list[Iterator[object]] = [iter(data)]
@@ -268,14 +268,14 @@ def _binary_elements(data: memoryview, count: int, where: str) -> list[bytes]:
     return elements
 
 
-def _parameter(params: dict, name: str, kind: type) -> object:
+def _parameter(params: dict, name: str, kind: type[P]) -> P | None:
     value = params.get(name)
     if value is None:
         return None
     if type(value) is not kind:
         raise InvalidInputError(f"parameters.{name}: must be {'a boolean' if kind is bool else 'an integer'}, got "
                                 f"{value!r}", field=f"parameters.{name}")
-    return value
+    return value  # type(value) is kind
 
 
 def _outputs(requested: list[KServeRequestedOutput] | None, params: dict) -> dict[str, bool]:
@@ -289,28 +289,30 @@ def _outputs(requested: list[KServeRequestedOutput] | None, params: dict) -> dic
             raise InvalidInputError(f"outputs[{i}].name: no output {output.name!r}; the outputs are "
                                     + ", ".join(OUTPUTS), field=f"outputs[{i}].name")
         binary = _parameter(output.parameters or {}, "binary_data", bool)
-        outputs[output.name] = binary_default if binary is None else bool(binary)
+        outputs[output.name] = binary_default if binary is None else binary
     return outputs
 
 
-def _render(reply: EncodeReply, model: str, id: str | None, outputs: dict[str, bool]) -> tuple[bytes, bytes]:
-    """(the reply's JSON, the binary outputs' bytes after it, in the order of the JSON's outputs)."""
+def _render(reply: EncodeReply, model: str, id: str | None, outputs: dict[str, bool]
+            ) -> tuple[bytes, list[memoryview]]:
+    """(the reply's JSON, the binary outputs' bytes to follow it, in the order of the JSON's outputs)."""
     arrays: dict[str, np.ndarray] = {
         "embedding": np.ascontiguousarray(reply.embeddings, dtype="<f4"),  # (N, D)
         "num_tokens": np.fromiter((item.num_tokens for item in reply.inputs), dtype="<i4", count=len(reply.inputs)),
     }
-    tensors, tail = [], []
+    tensors: list[dict[str, object]] = []
+    tail: list[memoryview] = []
     for name, binary in outputs.items():
         array = arrays[name]
         tensor: dict[str, object] = {"name": name, "datatype": OUTPUTS[name], "shape": list(array.shape)}
         if binary:
             tensor["parameters"] = {"binary_data_size": array.nbytes}
-            tail.append(array.tobytes())
+            tail.append(array.data)  # a view: the join in render is the one copy
         else:
             tensor["data"] = array.reshape(-1)  # row-major, flat
         tensors.append(tensor)
     header: dict[str, object] = {"model_name": model, "model_version": VERSION, "outputs": tensors}
     if id is not None:
         header["id"] = id
-    return dumps(header), b"".join(tail)
+    return dumps(header), tail
 

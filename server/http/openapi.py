@@ -14,6 +14,8 @@ from .errors import KSERVE, OPENAI
 from .route import Route
 
 OPENAPI_VERSION = "3.1.0"
+# Each route family's error body (TEI's for the rest).
+_ENVELOPES: dict[str, type[BaseModel]] = {OPENAI: OpenAIError, KSERVE: KServeError}
 _PARAMETER = re.compile(r"\{(\w+)(?::[^}]*)?\}")  # aiohttp's "{id:.+}" is OpenAPI's "{id}"
 
 
@@ -31,8 +33,7 @@ def openapi_spec(routes: list[Route], info: ModelInfo, keys_required: bool) -> d
     paths: dict[str, dict] = {}
     for route in routes:
         path = _PARAMETER.sub(r"{\1}", route.path)
-        envelopes: dict[str, type[BaseModel]] = {OPENAI: OpenAIError, KSERVE: KServeError}
-        error = ref(envelopes.get(route.style, TeiError), "serialization")
+        error = ref(_ENVELOPES.get(route.style, TeiError), "serialization")
         reply = ref(route.reply, "serialization") if route.reply else route.reply_schema
         ok: dict[str, object] = {"description": "OK"}
         if reply is not None:
