@@ -1,19 +1,63 @@
-"""Errors a user can cause and fix: each carries a one-line message for them.
+"""The one error vocabulary of attnserve: errors a user can cause and fix, each with a one-line message for them,
+and the protocol-neutral Reason every front door and the client map from.
 
-Anything else that escapes is a bug. The CLI prints these as one line and exits
-non-zero; each server front door maps them to its protocol's statuses in one function
-(server/errors.py for gRPC), from the protocol-neutral `reason` and `field` they carry.
+Anything else that escapes is a bug. The CLI prints these as one line and exits non-zero. Each front door maps
+an error's `reason` to its protocol once: server/grpc/status.py to a gRPC status with google.rpc details,
+server/http/errors.py to an HTTP status and the route family's envelope, as TEI's ErrorType has its two
+conversions. client/status.py reads the reason back from a gRPC status.
 """
 
 from __future__ import annotations
+
+import logging
+from enum import Enum
+
+log = logging.getLogger("attnserve.server")
+
+# google.rpc.ErrorInfo.domain of every error status an attnserve server sends.
+DOMAIN = "attnserve.v1"
+
+
+class Reason(str, Enum):
+    """Why a request failed, named the same on every door: gRPC's ErrorInfo.reason, the code in OpenAI's
+    envelope (lower case), the metrics' labels. A str, so the names compare equal to the wire's strings."""
+
+    INVALID_INPUT = "INVALID_INPUT"  # an input or option of the request
+    MALFORMED_MESSAGE = "MALFORMED_MESSAGE"  # bytes that do not parse as the request message or body
+    MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"  # over max_request_bytes: retrying cannot help
+    REQUEST_TOO_LARGE = "REQUEST_TOO_LARGE"  # more tokens than the whole queue holds: split it
+    MODEL_NOT_FOUND = "MODEL_NOT_FOUND"  # a model name the server does not serve
+    NOT_FOUND = "NOT_FOUND"  # no such route or method
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"  # a route that exists, asked with another method
+    QUEUE_FULL = "QUEUE_FULL"  # retry later (after retry_after)
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    SHUTTING_DOWN = "SHUTTING_DOWN"  # retry on another replica
+    NOT_SERVING = "NOT_SERVING"  # before warm-up and while draining (health and readiness)
+    BATCH_FAILED = "BATCH_FAILED"  # retry
+    INTERNAL = "INTERNAL"
+
+    def __str__(self) -> str:  # "QUEUE_FULL", not "Reason.QUEUE_FULL", in messages and on the wire
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the same request, sent again later, can succeed (DEADLINE_EXCEEDED is not: the deadline was
+        the caller's to spend)."""
+        return self in RETRYABLE
+
+
+RETRYABLE = frozenset({Reason.QUEUE_FULL, Reason.SHUTTING_DOWN, Reason.BATCH_FAILED})
 
 
 class AttnserveError(Exception):
     """Base: the message is shown to the user as it is."""
 
-    # Why a request failed, named the same for every front door (gRPC's ErrorInfo.reason, client/status.py
-    # REASONS): set on the errors a request can meet, None on the rest.
-    reason: str | None = None
+    # Why a request failed: set on the errors a request can meet, None on the rest.
+    reason: Reason | None = None
 
 
 class CheckpointError(AttnserveError):
@@ -33,7 +77,7 @@ class InvalidInputError(AttnserveError):
     is not a request (a line of a file).
     """
 
-    reason = "INVALID_INPUT"
+    reason = Reason.INVALID_INPUT
 
     def __init__(self, message: str, *, field: str | None = None, description: str | None = None):
         super().__init__(message)
@@ -47,3 +91,100 @@ class ExportVerificationError(AttnserveError):
 
 class ConfigError(AttnserveError):
     """A flag, environment variable or option has a value that cannot work."""
+
+
+# Errors a request can meet in the server, whatever door it came through.
+
+class QueueFullError(AttnserveError):
+    """The queue cannot take this request's tokens now; the client may retry after `retry_after` seconds."""
+
+    reason = Reason.QUEUE_FULL
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ShuttingDownError(AttnserveError):
+    """The server is draining and takes no new work."""
+
+    reason = Reason.SHUTTING_DOWN
+
+
+class DeadlineExpiredError(AttnserveError):
+    """The request's deadline passed before its inputs could run."""
+
+    reason = Reason.DEADLINE_EXCEEDED
+
+
+class BatchFailedError(AttnserveError):
+    """The batch this request's inputs ran in failed; other batches are unaffected."""
+
+    reason = Reason.BATCH_FAILED
+
+
+class MalformedMessageError(InvalidInputError):
+    """The bytes of a request message do not parse as the method's request type."""
+
+    reason = Reason.MALFORMED_MESSAGE
+
+    def __init__(self, message: str):
+        super().__init__(message, field="")
+
+
+class MessageTooLargeError(AttnserveError):
+    """A request message is over max_request_bytes: the same request can never succeed."""
+
+    reason = Reason.MESSAGE_TOO_LARGE
+
+
+class RequestTooLargeError(InvalidInputError):
+    """A request holds more tokens than the whole queue can: the same request can never succeed, unlike a
+    request refused because the queue is full now."""
+
+    reason = Reason.REQUEST_TOO_LARGE
+
+
+class UnauthenticatedError(AttnserveError):
+    """No API key, or not one of the server's."""
+
+    reason = Reason.UNAUTHENTICATED
+
+
+class ModelNotFoundError(AttnserveError):
+    """A request names a model this server does not serve (the HTTP routes that take a model name)."""
+
+    reason = Reason.MODEL_NOT_FOUND
+    field = "model"
+
+
+class RouteNotFoundError(AttnserveError):
+    """No route or method of that name."""
+
+    reason = Reason.NOT_FOUND
+
+
+class MethodNotAllowedError(AttnserveError):
+    """The route exists, but not for this method; `allowed` lists the methods it takes."""
+
+    reason = Reason.METHOD_NOT_ALLOWED
+
+    def __init__(self, message: str, allowed: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.allowed = allowed
+
+
+class NotServingError(AttnserveError):
+    """The server is not ready (warming up) or is draining: health and readiness answer so."""
+
+    reason = Reason.NOT_SERVING
+
+
+def reason_and_message(error: BaseException) -> tuple[Reason, str]:
+    """The reason and the human message a client of any door sees. Errors we did not expect (no AttnserveError,
+    or one without a reason) are logged whole and told apart by name only."""
+    reason = error.reason if isinstance(error, AttnserveError) else None
+    if reason is not None:
+        return reason, str(error)
+    log.error("unexpected error while serving a request", exc_info=error)
+    return Reason.INTERNAL, f"internal error ({type(error).__name__}); the server log has the details"

@@ -3,7 +3,7 @@
 The server attaches a google.rpc.Status (trailer `grpc-status-details-bin`, through grpcio-status)
 to every error it answers with, beside the human message:
 
-    google.rpc.ErrorInfo   reason (one of REASONS), domain "attnserve.v1",
+    google.rpc.ErrorInfo   reason (attnserve/errors.py Reason), domain "attnserve.v1",
                            metadata {"request_index": "k"} on EmbedStream: the k-th request of the stream (from 0)
     google.rpc.BadRequest  INVALID_ARGUMENT only: one field violation, field = the path in the request
                            ("inputs[3]", "inputs[3].token_ids", "attention.layers[1]"; "" for the whole message)
@@ -22,24 +22,12 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-DOMAIN = "attnserve.v1"
-# ErrorInfo.reason values, and the status code each comes with.
-REASONS = {
-    "INVALID_INPUT": grpc.StatusCode.INVALID_ARGUMENT,  # an input or option of the request
-    "MALFORMED_MESSAGE": grpc.StatusCode.INVALID_ARGUMENT,  # bytes that do not parse as the request message
-    "MESSAGE_TOO_LARGE": grpc.StatusCode.RESOURCE_EXHAUSTED,  # over max_request_bytes: retrying cannot help
-    "REQUEST_TOO_LARGE": grpc.StatusCode.INVALID_ARGUMENT,  # more tokens than the whole queue holds: split it
-    "MODEL_NOT_FOUND": grpc.StatusCode.NOT_FOUND,  # a model name the server does not serve
-    "QUEUE_FULL": grpc.StatusCode.RESOURCE_EXHAUSTED,  # retry later (RetryInfo says when)
-    "UNAUTHENTICATED": grpc.StatusCode.UNAUTHENTICATED,
-    "DEADLINE_EXCEEDED": grpc.StatusCode.DEADLINE_EXCEEDED,
-    "SHUTTING_DOWN": grpc.StatusCode.UNAVAILABLE,  # retry on another replica
-    "BATCH_FAILED": grpc.StatusCode.INTERNAL,  # retry
-    "INTERNAL": grpc.StatusCode.INTERNAL,
-}
-# Where the same request, sent again later, can succeed: by the server's reason when it gave one (see REASONS),
-# else by the code alone (the transport, a proxy, another server): codes that say "not now", not "not this".
-RETRYABLE_REASONS = frozenset({"QUEUE_FULL", "SHUTTING_DOWN", "BATCH_FAILED"})
+from attnserve.errors import RETRYABLE
+
+# Where the same request, sent again later, can succeed: by the server's reason when it gave one (attnserve/errors.py
+# Reason.retryable), else by the code alone (the transport, a proxy, another server): codes that say "not now",
+# not "not this".
+RETRYABLE_REASONS = RETRYABLE
 RETRYABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED})
 _INPUT_FIELD = re.compile(r"inputs\[(\d+)\]")
 

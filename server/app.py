@@ -22,15 +22,15 @@ from attnserve.errors import ConfigError
 from attnserve.export.token_ids import made_up_token_ids
 
 from .auth import ApiKeys
-from .auth_grpc import ApiKeyInterceptor
 from .core import Core
-from .health import HealthService
+from .grpc.auth import ApiKeyInterceptor
+from .grpc.health import HealthService
+from .grpc.service import PROTOCOL, SERVICE_NAME, EncoderService, rpc_handlers
+from .grpc.wire import RequestGuard, core_receive_limit
 from .http.door import HttpDoor
 from .metrics import Metrics
 from .models import Models, model_sources
-from .service import PROTOCOL, SERVICE_NAME, EncoderService, rpc_handlers
 from .tls import grpc_credentials, http_ssl_context
-from .wire import RequestGuard, core_receive_limit
 
 log = logging.getLogger("attnserve.server")
 

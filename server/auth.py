@@ -1,4 +1,4 @@
-"""API keys: the one check that both front doors make (the gRPC interceptor in auth_grpc.py, the HTTP middleware
+"""API keys: the one check that both front doors make (the gRPC interceptor in grpc/auth.py, the HTTP middleware
 in http/app.py), on the same value: `Bearer KEY`, in the `authorization` header or metadata.
 
 Keys are compared as SHA-256 digests with hmac.compare_digest, against every key each time, so neither the time
@@ -11,7 +11,7 @@ import hashlib
 import hmac
 from collections.abc import Sequence
 
-from .errors import UnauthenticatedError
+from attnserve.errors import UnauthenticatedError
 
 SCHEME = "bearer"
 

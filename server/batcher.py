@@ -40,9 +40,15 @@ import numpy as np
 from attnserve.engine.batching import plan_batches
 from attnserve.engine.engine import BatchOutput
 from attnserve.engine.tokenizer import TokenizedInput
+from attnserve.errors import (
+    BatchFailedError,
+    DeadlineExpiredError,
+    QueueFullError,
+    RequestTooLargeError,
+    ShuttingDownError,
+)
 
 from .batch_wait import BatchWait
-from .errors import BatchFailedError, DeadlineExpiredError, QueueFullError, RequestTooLargeError, ShuttingDownError
 from .metrics import ModelMetrics
 
 log = logging.getLogger("attnserve.batcher")

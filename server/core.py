@@ -1,6 +1,6 @@
 """The protocol-neutral core under every front door, as TEI's core stands under its HTTP and gRPC routers.
 
-A door (service.py for gRPC, http/ for HTTP) translates its wire format into a request of requests.py, calls
+A door (grpc/ for gRPC, http/ for HTTP) translates its wire format into a request of requests.py, calls
 one method here, and translates what comes back, or the error raised, with its own mapping. Everything else
 happens here once: resolving the model a request names (models.py; None is the default model), validation and
 every limit (requests.py), admission and submission to that model's batcher, pooling, `dimensions` and
@@ -19,8 +19,8 @@ from contextlib import contextmanager
 
 from attnserve.config import ServerConfig
 from attnserve.engine.tokenizer import Token
+from attnserve.errors import ShuttingDownError
 
-from .errors import ShuttingDownError
 from .memory import MemoryReturn
 from .models import ModelInfo, Models, ServedModel
 from .replies import EncodeReply, RerankReply, build_reply, build_rerank_reply

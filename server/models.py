@@ -20,10 +20,9 @@ from attnserve import __version__
 from attnserve.config import EngineConfig, ServerConfig
 from attnserve.engine.engine import Engine
 from attnserve.engine.manifest import MANIFEST
-from attnserve.errors import ConfigError
+from attnserve.errors import ConfigError, ModelNotFoundError
 
 from .batcher import Batcher, BatcherLimits
-from .errors import ModelNotFoundError
 from .metrics import Metrics, ModelMetrics
 
 log = logging.getLogger("attnserve.server")

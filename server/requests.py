@@ -1,6 +1,6 @@
 """The protocol-neutral requests every front door hands the core, and every rule and limit that applies to them.
 
-A door (gRPC in service.py, HTTP in http/) translates its wire format into these dataclasses and nothing else;
+A door (gRPC in grpc/, HTTP in http/) translates its wire format into these dataclasses and nothing else;
 prepare() checks what can be checked before a request costs compute and tokenizes it, raising an
 InvalidInputError that names the input and the problem. Each error also carries the field it is about, as a
 neutral path ("inputs[3].text", "inputs", "pooling", "dimensions", "attention.layers[1]") that a door may rename

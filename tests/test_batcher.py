@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from attnserve.engine.tokenizer import TokenizedInput
+from attnserve.errors import BatchFailedError, DeadlineExpiredError, QueueFullError, ShuttingDownError
 from attnserve.server.batch_wait import BatchWait
 from attnserve.server.batcher import Batcher, BatcherLimits
-from attnserve.server.errors import BatchFailedError, DeadlineExpiredError, QueueFullError, ShuttingDownError
 from attnserve.server.metrics import Metrics
 
 POISON = 4242  # a token id that makes the recording runner's batch fail

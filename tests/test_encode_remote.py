@@ -35,7 +35,7 @@ from attnserve.offline import job as job_module
 from attnserve.offline import remote
 from attnserve.offline.encode import encode_file, read_embeddings
 from attnserve.offline.job import EncodeJob
-from attnserve.server.errors import detailed_status
+from attnserve.server.grpc.status import detailed_status
 from attnserve.v1 import encoder_pb2_grpc
 
 from .conftest import VARIED_TEXTS, assert_one_line_error, run_cli

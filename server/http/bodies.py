@@ -15,9 +15,7 @@ from typing import Literal, TypeVar, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
-from attnserve.errors import InvalidInputError
-
-from ..errors import MalformedMessageError
+from attnserve.errors import InvalidInputError, MalformedMessageError
 
 # A text, texts, one input's token ids (special tokens included) or several inputs' token ids.
 Inputs = Union[str, list[str], list[int], list[list[int]]]

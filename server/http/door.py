@@ -21,12 +21,13 @@ from concurrent.futures import Executor
 from aiohttp import web
 
 from attnserve.config import ServerConfig
+from attnserve.errors import MethodNotAllowedError, RouteNotFoundError
 
 from ..auth import ApiKeys
 from ..core import Core
 from ..metrics import Metrics
 from .attention import AttentionRoutes
-from .errors import KSERVE, OPENAI, TEI, MethodNotAllowedError, RouteNotFoundError, http_error
+from .errors import KSERVE, OPENAI, TEI, http_error
 from .kserve import KServeRoutes
 from .openai import OpenAIRoutes
 from .openapi import openapi_spec

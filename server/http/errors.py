@@ -1,5 +1,5 @@
 """Every error an HTTP request can meet -> its HTTP status, headers and body: the HTTP door's one mapping, as
-server/errors.py status_for is the gRPC door's.
+server/grpc/status.py is the gRPC door's.
 
 The status comes from the error's protocol-neutral `reason` alone (HTTP_STATUS). The body takes the envelope of
 the route's family: OpenAI's `{"error": {"message", "type", "param", "code"}}` on /v1/*, TEI's
@@ -14,51 +14,37 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from attnserve.errors import AttnserveError
-
-from ..errors import QueueFullError, reason_and_message
+from attnserve.errors import QueueFullError, Reason, reason_and_message
 
 OPENAI, TEI, KSERVE = "openai", "tei", "kserve"
 
 HTTP_STATUS = {
-    "INVALID_INPUT": 400,  # an input or option of the request
-    "MALFORMED_MESSAGE": 400,  # a body that is not JSON, or not of the route's shape
-    "UNAUTHENTICATED": 401,
-    "MODEL_NOT_FOUND": 404,
-    "NOT_FOUND": 404,  # no such route
-    "METHOD_NOT_ALLOWED": 405,
-    "MESSAGE_TOO_LARGE": 413,  # a body over max_request_bytes
-    "REQUEST_TOO_LARGE": 413,  # more tokens than the whole queue holds: never, unlike QUEUE_FULL
-    "QUEUE_FULL": 429,  # retry after Retry-After
-    "BATCH_FAILED": 500,  # retry
-    "INTERNAL": 500,
-    "SHUTTING_DOWN": 503,  # retry on another replica
-    "NOT_SERVING": 503,  # /health before warm-up and while draining
-    "DEADLINE_EXCEEDED": 504,
+    Reason.INVALID_INPUT: 400,  # an input or option of the request
+    Reason.MALFORMED_MESSAGE: 400,  # a body that is not JSON, or not of the route's shape
+    Reason.UNAUTHENTICATED: 401,
+    Reason.MODEL_NOT_FOUND: 404,
+    Reason.NOT_FOUND: 404,  # no such route
+    Reason.METHOD_NOT_ALLOWED: 405,
+    Reason.MESSAGE_TOO_LARGE: 413,  # a body over max_request_bytes
+    Reason.REQUEST_TOO_LARGE: 413,  # more tokens than the whole queue holds: never, unlike QUEUE_FULL
+    Reason.QUEUE_FULL: 429,  # retry after Retry-After
+    Reason.BATCH_FAILED: 500,  # retry
+    Reason.INTERNAL: 500,
+    Reason.SHUTTING_DOWN: 503,  # retry on another replica
+    Reason.NOT_SERVING: 503,  # /health before warm-up and while draining
+    Reason.DEADLINE_EXCEEDED: 504,
 }
 
 # OpenAI's error types by status class, and TEI's error_type by reason.
 _OPENAI_TYPE = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
                 405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
-_OPENAI_CODE = {"UNAUTHENTICATED": "invalid_api_key"}  # else the reason in lower case: "model_not_found"
-_TEI_TYPE = {"INVALID_INPUT": "Validation", "MALFORMED_MESSAGE": "Validation", "MESSAGE_TOO_LARGE": "Validation",
-             "REQUEST_TOO_LARGE": "Validation", "UNAUTHENTICATED": "Unauthorized", "MODEL_NOT_FOUND": "NotFound",
-             "NOT_FOUND": "NotFound", "METHOD_NOT_ALLOWED": "MethodNotAllowed", "QUEUE_FULL": "Overloaded",
-             "DEADLINE_EXCEEDED": "Overloaded", "SHUTTING_DOWN": "Unhealthy", "NOT_SERVING": "Unhealthy",
-             "BATCH_FAILED": "Backend",
-             "INTERNAL": "Backend"}
-
-
-class RouteNotFoundError(AttnserveError):
-    reason = "NOT_FOUND"
-
-
-class MethodNotAllowedError(AttnserveError):
-    reason = "METHOD_NOT_ALLOWED"
-
-
-class NotServingError(AttnserveError):
-    reason = "NOT_SERVING"
+_OPENAI_CODE = {Reason.UNAUTHENTICATED: "invalid_api_key"}  # else the reason in lower case: "model_not_found"
+_TEI_TYPE = {Reason.INVALID_INPUT: "Validation", Reason.MALFORMED_MESSAGE: "Validation",
+             Reason.MESSAGE_TOO_LARGE: "Validation", Reason.REQUEST_TOO_LARGE: "Validation",
+             Reason.UNAUTHENTICATED: "Unauthorized", Reason.MODEL_NOT_FOUND: "NotFound", Reason.NOT_FOUND: "NotFound",
+             Reason.METHOD_NOT_ALLOWED: "MethodNotAllowed", Reason.QUEUE_FULL: "Overloaded",
+             Reason.DEADLINE_EXCEEDED: "Overloaded", Reason.SHUTTING_DOWN: "Unhealthy",
+             Reason.NOT_SERVING: "Unhealthy", Reason.BATCH_FAILED: "Backend", Reason.INTERNAL: "Backend"}
 
 
 @dataclass(frozen=True)
@@ -91,16 +77,16 @@ def http_error(error: BaseException, style: str, names: WireNames | None = None)
 
     Errors we did not expect are logged whole and told apart by name only.
     """
-    reason, message = reason_and_message(error, HTTP_STATUS)
+    reason, message = reason_and_message(error)
     status = HTTP_STATUS[reason]
     headers = {}
     if isinstance(error, QueueFullError):
         # Retry-After is whole seconds; the openai SDK reads retry-after-ms first, to the millisecond.
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
         headers["retry-after-ms"] = str(max(1, round(error.retry_after * 1e3)))
-    if reason == "UNAUTHENTICATED":
+    if reason == Reason.UNAUTHENTICATED:
         headers["WWW-Authenticate"] = "Bearer"
-    if reason == "SHUTTING_DOWN":
+    if reason == Reason.SHUTTING_DOWN:
         headers["Connection"] = "close"  # a kept-alive client reconnects, to another replica
     field = getattr(error, "field", None) or None
     wire_field = names(field) if names and field else field
@@ -109,7 +95,7 @@ def http_error(error: BaseException, style: str, names: WireNames | None = None)
     body: dict[str, object]
     if style == OPENAI:
         body = {"error": {"message": message, "type": _OPENAI_TYPE.get(status, "server_error"), "param": wire_field,
-                          "code": _OPENAI_CODE.get(reason, reason.lower())}}
+                          "code": _OPENAI_CODE.get(reason, reason.value.lower())}}
     elif style == KSERVE:
         body = {"error": message}
     else:

@@ -25,15 +25,14 @@ from typing import TypeVar
 import numpy as np
 from aiohttp import web
 
-from attnserve.errors import InvalidInputError
+from attnserve.errors import InvalidInputError, MalformedMessageError, ModelNotFoundError, NotServingError
 
 from ..core import BINARY_FLOAT_BYTES, Core
-from ..errors import MalformedMessageError, ModelNotFoundError
 from ..models import ModelInfo
 from ..replies import EncodeReply
 from ..requests import EncodeRequest
 from .bodies import KServeInferBody, KServeInferReply, KServeRequestedOutput, KServeTensor, parse
-from .errors import KSERVE, NotServingError
+from .errors import KSERVE
 from .route import Route
 from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, json_response, within
 

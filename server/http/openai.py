@@ -10,8 +10,9 @@ import time
 
 from aiohttp import web
 
+from attnserve.errors import ModelNotFoundError
+
 from ..core import Core
-from ..errors import ModelNotFoundError
 from ..replies import EncodeReply
 from ..requests import EncodeRequest
 from .bodies import OpenAIEmbeddingsBody, OpenAIEmbeddingsReply, OpenAIModel, OpenAIModelList

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from attnserve.errors import NotServingError
+
 from ..core import Core
 from ..replies import EncodeReply
 from ..requests import DecodeRequest, EncodeRequest, TokenizeRequest
 from .bodies import TeiDecodeBody, TeiEmbedAllBody, TeiEmbedBody, TeiInfo, TeiTokenizeBody
-from .errors import TEI, NotServingError
+from .errors import TEI
 from .inputs import inputs_of
 from .route import Route
 from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response, within

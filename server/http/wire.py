@@ -16,10 +16,9 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from attnserve.errors import InvalidInputError
+from attnserve.errors import DeadlineExpiredError, InvalidInputError, MessageTooLargeError
 
-from ..errors import DeadlineExpiredError, MessageTooLargeError
-from ..wire import human_size
+from ..sizes import human_size
 from .bodies import Body, parse
 
 T = TypeVar("T")

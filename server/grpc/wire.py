@@ -4,7 +4,7 @@ grpc calls a method's request deserializer and, when it raises, answers UNKNOWN 
 the handler an exception) and logs a traceback; and grpc's own size limit ends a whole stream, the requests
 it already accepted unanswered. So one interceptor gives every method a deserializer that never raises: a
 message over max_request_bytes, or one that does not parse, becomes a Refused value, and the method's handler
-is wrapped so that it answers it with the error's status and details (server/errors.py):
+is wrapped so that it answers it with the error's status and details (server/grpc/status.py):
 
   * unary request (Embed, GetModelInfo, health Check and Watch): the call ends with that status at once;
   * request stream (EmbedStream, reflection): the handler's request iterator raises the error where the
@@ -24,7 +24,10 @@ from contextlib import aclosing
 import grpc
 from google.protobuf.message import DecodeError
 
-from .errors import MalformedMessageError, MessageTooLargeError, abort, status_for
+from attnserve.errors import MalformedMessageError, MessageTooLargeError
+
+from ..sizes import human_size
+from .status import abort, status_for
 
 # grpc's core reads a message whole before its deserializer sees it, and refuses one over its limit by ending
 # the call. At 4x max_request_bytes a message somewhat over the limit (a client's estimate off by a little) is
@@ -155,6 +158,3 @@ def _require_async(behavior: Callable, method: str) -> None:
     if not inspect.iscoroutinefunction(behavior):
         raise TypeError(f"{method}: the server serves asyncio handlers only, got {behavior!r}")
 
-
-def human_size(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n} bytes"

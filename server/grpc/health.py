@@ -14,7 +14,9 @@ import asyncio
 import grpc
 from grpc_health.v1 import health, health_pb2
 
-from .errors import ShuttingDownError, abort, status_for
+from attnserve.errors import ShuttingDownError
+
+from .status import abort, status_for
 
 
 class _StatusSent:

@@ -16,14 +16,15 @@ from typing import Any
 import grpc
 import numpy as np
 
+from attnserve.errors import ShuttingDownError
 from attnserve.v1 import encoder_pb2 as pb
 from attnserve.v1 import encoder_pb2_grpc
 
-from .core import Core, ModelInfo
-from .errors import ShuttingDownError, abort, status_for
-from .metrics import Metrics
-from .replies import EncodeReply, RerankReply
-from .requests import AttentionOptions, EncodeRequest, Input, RerankRequest
+from ..core import Core, ModelInfo
+from ..metrics import Metrics
+from ..replies import EncodeReply, RerankReply
+from ..requests import AttentionOptions, EncodeRequest, Input, RerankRequest
+from .status import abort, status_for
 
 log = logging.getLogger("attnserve.server")
 
@@ -162,7 +163,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
                 async for request in requests:
                     await window.put(asyncio.ensure_future(self._embed(request, context)))
                 await window.put(None)
-            except Exception as error:  # a message refused (server/wire.py), or the client's stream broke
+            except Exception as error:  # a message refused (server/grpc/wire.py), or the client's stream broke
                 await window.put(error)
 
         with self._core.in_flight():

@@ -1,7 +1,7 @@
 """The gRPC side of the API key check: one interceptor in front of every method but the health service's.
 
 A call without a valid key never reaches its handler: its request bytes are not even parsed, and it ends at
-once with UNAUTHENTICATED and its details (server/errors.py).
+once with UNAUTHENTICATED and its details (server/grpc/status.py).
 """
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from .auth import ApiKeys
-from .errors import UnauthenticatedError, abort, status_for
+from attnserve.errors import UnauthenticatedError
+
+from ..auth import ApiKeys
+from .status import abort, status_for
 
 # Health stays open, so probes and load balancers need no key.
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)

@@ -1,0 +1,82 @@
+"""The gRPC door's one error mapping: attnserve/errors.py's Reason -> a gRPC status with its google.rpc details.
+
+The errors carry what any door needs (a Reason, and for invalid input the `field` and `description`); only this
+module speaks gRPC: the code, the human message, and the details client/status.py reads back (ErrorInfo,
+BadRequest for INVALID_ARGUMENT, RetryInfo for a full queue). The HTTP door maps the same reasons in
+server/http/errors.py.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from attnserve.errors import DOMAIN, QueueFullError, Reason, reason_and_message
+
+# The status code each reason comes with.
+CODES = {
+    Reason.INVALID_INPUT: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.MALFORMED_MESSAGE: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.MESSAGE_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,  # retrying cannot help (no RetryInfo)
+    Reason.REQUEST_TOO_LARGE: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.MODEL_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.NOT_FOUND: grpc.StatusCode.UNIMPLEMENTED,
+    Reason.METHOD_NOT_ALLOWED: grpc.StatusCode.UNIMPLEMENTED,
+    Reason.QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,  # retry later (RetryInfo says when)
+    Reason.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Reason.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,  # retry on another replica
+    Reason.NOT_SERVING: grpc.StatusCode.UNAVAILABLE,
+    Reason.BATCH_FAILED: grpc.StatusCode.INTERNAL,  # retry
+    Reason.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+
+
+def status_for(error: BaseException, request_index: int | None = None) -> grpc.Status:
+    """The status a client sees for error; request_index: which request of a stream it answers.
+
+    Errors we did not expect are logged whole and told apart by name only.
+    """
+    reason, message = reason_and_message(error)
+    if request_index is not None:
+        message = f"request {request_index}: {message}"
+    bad_request = CODES[reason] == grpc.StatusCode.INVALID_ARGUMENT
+    return detailed_status(
+        CODES[reason], message, reason, request_index,
+        field=(getattr(error, "field", None) or "") if bad_request else None,
+        description=getattr(error, "description", message) if bad_request else None,
+        retry_delay=error.retry_after if isinstance(error, QueueFullError) else None)
+
+
+def detailed_status(code: grpc.StatusCode, message: str, reason: Reason | str, request_index: int | None = None,
+                    field: str | None = None, description: str | None = None,
+                    retry_delay: float | None = None) -> grpc.Status:
+    """A status with the google.rpc details of client/status.py's contract: ErrorInfo always, BadRequest when a
+    field is given, RetryInfo when a retry delay is."""
+    info = error_details_pb2.ErrorInfo(reason=str(reason), domain=DOMAIN)
+    if request_index is not None:
+        info.metadata["request_index"] = str(request_index)
+    details: list = [info]
+    if field is not None:
+        details.append(error_details_pb2.BadRequest(field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(field=field, description=description)]))
+    if retry_delay is not None:
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromNanoseconds(round(retry_delay * 1e9))
+        details.append(retry)
+    packed = []
+    for detail in details:
+        any_detail = any_pb2.Any()
+        any_detail.Pack(detail)
+        packed.append(any_detail)
+    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=packed))
+
+
+async def abort(context: grpc.aio.ServicerContext, status: grpc.Status) -> NoReturn:
+    """End the call with status, details included (raises grpc's AbortError, as context.abort does)."""
+    await context.abort(status.code, status.details, status.trailing_metadata)
+    raise AssertionError("context.abort returned")  # for type checkers: it always raises
