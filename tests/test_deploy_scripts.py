@@ -64,7 +64,7 @@ def test_the_images_are_named_as_the_compose_file_and_the_fleet_test_name_them()
     assert services["server"]["build"]["target"] == "serve" and services["server-gpu"]["build"]["target"] == "serve-gpu"
     base = default_of("deploy/build-base-image.sh", "tag")
     assert f'BASE_IMAGE = "{base}"' in (REPO / "tests/test_docker_fleet.py").read_text()
-    assert f"--base-image {base}" in (REPO / "README.md").read_text()
+    assert f"--base-image {base}" in (REPO / "docs/deployment.md").read_text()
 
 
 def test_build_images_takes_torchs_version_from_its_pin():

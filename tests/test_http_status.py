@@ -1,4 +1,4 @@
-"""Every HTTP status of the README's table, as `curl` sees it, and API keys on both protocols, against one real
+"""Every HTTP status of the table in docs/http.md, as `curl` sees it, and API keys on both protocols, against one real
 `attnserve serve` process with keys and small limits; it is still healthy after each.
 
 The one fault injected: a batch holding token id POISON fails in Engine.run as a broken session would (a

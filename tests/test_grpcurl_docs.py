@@ -1,9 +1,9 @@
-"""The README's grpcurl example and its snippet that decodes the reply, against a real server.
+"""The grpcurl example of docs/grpc.md and its snippet that decodes the reply, against a real server.
 
 grpcurl is a Go binary this machine does not have; what it sends and prints is protobuf's JSON mapping of the
 messages (camelCase names, bytes as base64, int64 as strings, enums by name), which google.protobuf.json_format
-implements too. So the README's request JSON is parsed into the request message, sent to a real server, the
-reply printed as that JSON, and the README's Python snippet run on it, unchanged.
+implements too. So the page's request JSON is parsed into the request message, sent to a real server, the
+reply printed as that JSON, and the page's Python snippet run on it, unchanged.
 """
 
 from __future__ import annotations
@@ -21,22 +21,22 @@ from attnserve.client.client import to_result
 from attnserve.v1 import encoder_pb2 as pb
 from tests.serving import ServerProcess
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "grpc.md"
 
 
 def grpcurl_embed_request() -> str:
-    """The -d JSON of the README's grpcurl call whose reply the snippet reads (`> reply.json`)."""
-    command = re.search(r"^(grpcurl [^\n]*\\\n[^\n]*> reply\.json)$", README.read_text(), re.MULTILINE).group(1)
+    """The -d JSON of the page's grpcurl call whose reply the snippet reads (`> reply.json`)."""
+    command = re.search(r"^(grpcurl [^\n]*\\\n[^\n]*> reply\.json)$", PAGE.read_text(), re.MULTILINE).group(1)
     argv = shlex.split(command.replace("\\\n", " "))
     assert argv[:2] == ["grpcurl", "-plaintext"] and argv[-3:] == ["attnserve.v1.Encoder/Embed", ">", "reply.json"]
     return argv[argv.index("-d") + 1]
 
 
 def decode_snippet() -> str:
-    return re.search(r"^python - <<'EOF'\n(.*?)^EOF$", README.read_text(), re.MULTILINE | re.DOTALL).group(1)
+    return re.search(r"^python - <<'EOF'\n(.*?)^EOF$", PAGE.read_text(), re.MULTILINE | re.DOTALL).group(1)
 
 
-def test_the_readmes_snippet_decodes_a_grpcurl_reply_into_the_servers_arrays(artifacts, tmp_path):
+def test_the_grpc_pages_snippet_decodes_a_grpcurl_reply_into_the_servers_arrays(artifacts, tmp_path):
     request = json_format.Parse(grpcurl_embed_request(), pb.EmbedRequest())
     server = ServerProcess(artifacts, log_path=tmp_path / "server.log")
     try:
@@ -56,7 +56,7 @@ def test_the_readmes_snippet_decodes_a_grpcurl_reply_into_the_servers_arrays(art
     assert done.stdout.startswith(f"{expected.sentence_embedding.shape} {expected.attentions.shape} ")
     # And its function, on the same JSON, gives the client's arrays exactly.
     namespace: dict = {}
-    exec(compile(decode_snippet().split("embedding = json.load")[0], "README", "exec"), namespace)
+    exec(compile(decode_snippet().split("embedding = json.load")[0], "docs/grpc.md", "exec"), namespace)
     embedding = json_format.MessageToDict(reply)["embeddings"][0]
     np.testing.assert_array_equal(namespace["tensor"](embedding["sentenceEmbedding"]), expected.sentence_embedding)
     np.testing.assert_array_equal(namespace["tensor"](embedding["attentions"]), expected.attentions)
