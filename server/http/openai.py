@@ -28,7 +28,8 @@ OWNER = "attnserve"
 
 
 def to_core(body: OpenAIEmbeddingsBody) -> EncodeRequest:
-    return EncodeRequest(inputs=inputs_of(body.input), normalize=True, truncate=body.truncate,  # None: the server's
+    return EncodeRequest(inputs=inputs_of(body.input), normalize=True,
+                         truncate=body.truncate,  # None (not sent): as the server's --auto-truncate says
                          dimensions=body.dimensions, prompt_name=body.prompt_name, prompt=body.prompt,
                          model=body.model)
 
