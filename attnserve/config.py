@@ -90,6 +90,12 @@ class ServerConfig:
     max_response_bytes: int = setting(
         64 * 1024 * 1024, "ATTNSERVE_MAX_RESPONSE_BYTES",
         "largest response message sent; a request whose reply would be larger is refused before it runs")
+    # On by default, as in TEI since 1.9: LangChain and LlamaIndex send chunks longer than max_seq_length and
+    # fail whole if one of them is refused. A request's own `truncate` wins either way.
+    auto_truncate: bool = setting(
+        True, "ATTNSERVE_AUTO_TRUNCATE",
+        "cut inputs longer than max_seq_length (and mark them truncated) when a request does not say `truncate`; "
+        "--no-auto-truncate refuses them instead, naming the request field that allows truncation")
     grace_seconds: float = setting(
         20.0, "ATTNSERVE_GRACE_SECONDS", "on SIGTERM/SIGINT, how long requests in flight may take to finish")
     # Clients resolve DNS again only when a connection closes: an age makes round_robin clients
@@ -226,9 +232,10 @@ class LoadTestConfig:
         "inputs to send, in turn: .txt, .jsonl or .parquet as `encode` reads them (default: the mixed-length corpus)")
     corpus_size: int = setting(2000, "ATTNSERVE_LOADTEST_CORPUS_SIZE", "texts in the mixed-length corpus")
     seed: int = setting(0, "ATTNSERVE_LOADTEST_SEED", "seed of the mixed-length corpus")
-    truncate: bool = setting(
-        True, "ATTNSERVE_LOADTEST_TRUNCATE",
-        "ask the server to cut inputs longer than max_seq_length (with --no-truncate they get INVALID_ARGUMENT)")
+    truncate: bool | None = setting(
+        None, "ATTNSERVE_LOADTEST_TRUNCATE",
+        "ask the server to cut inputs longer than max_seq_length (--no-truncate: refuse them, INVALID_ARGUMENT); "
+        "unset: as the server's --auto-truncate says")
     wait_ready: float = setting(
         0.0, "ATTNSERVE_LOADTEST_WAIT_READY", "seconds to wait for the target to report SERVING before the load starts")
     json: str | None = setting(None, "ATTNSERVE_LOADTEST_JSON",

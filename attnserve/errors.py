@@ -85,6 +85,34 @@ class InvalidInputError(AttnserveError):
         self.description = message if description is None else description
 
 
+class InputTooLongError(InvalidInputError):
+    """An input (or pair) is longer than max_seq_length and truncation is off for its request.
+
+    The message names the input and the problem alone, in no protocol's words. The fix depends on the door
+    (the request field that allows truncation, as that door spells it) and on who turned truncation off, so each
+    door's error mapping adds it: `server_default` is True when the request left `truncate` unset and the
+    server's --no-auto-truncate refused the input, False when the request itself asked for `truncate: false`.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, description: str | None = None,
+                 server_default: bool = False):
+        super().__init__(message, field=field, description=description)
+        self.server_default = server_default
+
+
+# The server flag whose default cuts over-long inputs (ServerConfig.auto_truncate), as every door names it.
+AUTO_TRUNCATE_FLAG = "--auto-truncate"
+
+
+def truncation_fix(error: InputTooLongError, how: str) -> str:
+    """The fix of an over-long input, for a door's error mapping to append to the message; `how` says how that
+    door's requests allow truncation, in its own words ('set "truncate": true in the body')."""
+    if error.server_default:
+        return (f"; to cut it to max_seq_length instead, {how}, or start the server with {AUTO_TRUNCATE_FLAG} "
+                "(the default)")
+    return f", and the request asked not to truncate; to cut it to max_seq_length instead, {how}"
+
+
 class ExportVerificationError(AttnserveError):
     """An exported graph does not match PyTorch within its tolerance."""
 

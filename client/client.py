@@ -88,12 +88,14 @@ def to_result(embedding: pb.Embedding) -> EmbeddingResult:
 
 
 def make_request(inputs: Sequence[Input], *, normalize: bool | None = None, pooling: str | None = None,
-                 truncate: bool = False, truncation_direction: str = "right", dimensions: int | None = None,
+                 truncate: bool | None = None, truncation_direction: str = "right", dimensions: int | None = None,
                  token_embeddings: bool = False, attention_layers: Sequence[int] | None = None,
                  attention_heads: Sequence[int] = (), average_heads: bool = False, model: str | None = None,
                  prompt_name: str | None = None, prompt: str | None = None) -> pb.EmbedRequest:
     """attention_layers None: no attention weights; [] : the last layer; negative indices count from the end.
-    attention_heads: () every head. dimensions: keep the first N of the sentence embedding, then normalise.
+    truncate: True cuts inputs longer than max_seq_length, False has them refused; None leaves it to the server
+    (its --auto-truncate: cut, by default). attention_heads: () every head. dimensions: keep the first N of the
+    sentence embedding, then normalise.
     model None: the server's default model. prompt_name / prompt: a prompt of the model's, or a raw one, before
     each text (both None: the model's default prompt, if it has one)."""
     if isinstance(inputs, str):
@@ -102,8 +104,10 @@ def make_request(inputs: Sequence[Input], *, normalize: bool | None = None, pool
         raise ConfigError(f"pooling {pooling!r} is not one of default, mean, cls")
     if truncation_direction not in TRUNCATION_DIRECTION:
         raise ConfigError(f"truncation_direction {truncation_direction!r} is not one of right, left")
-    request = pb.EmbedRequest(pooling=POOLING[pooling], truncate=truncate, return_token_embeddings=token_embeddings,
+    request = pb.EmbedRequest(pooling=POOLING[pooling], return_token_embeddings=token_embeddings,
                               truncation_direction=TRUNCATION_DIRECTION[truncation_direction], model=model or "")
+    if truncate is not None:  # unset on the wire: the server's default
+        request.truncate = truncate
     if prompt_name is not None:
         request.prompt_name = prompt_name
     if prompt is not None:
@@ -193,7 +197,7 @@ class Client:
         self._stub = encoder_pb2_grpc.EncoderStub(self._channel)
 
     def embed(self, inputs: Sequence[Input], *, normalize: bool | None = None, pooling: str | None = None,
-              truncate: bool = False, dimensions: int | None = None, timeout: float | None = None, **options
+              truncate: bool | None = None, dimensions: int | None = None, timeout: float | None = None, **options
               ) -> np.ndarray:
         """Sentence embeddings, (N, H or dimensions) float32, in input order. normalize None: as the model does.
         options: model, prompt_name, prompt, as make_request takes them."""
@@ -212,7 +216,7 @@ class Client:
         return make_request(inputs, **options)
 
     def attention(self, text: Input, layers: Sequence[int] = (), *, average_heads: bool = False,
-                  truncate: bool = True, timeout: float | None = None) -> EmbeddingResult:
+                  truncate: bool | None = None, timeout: float | None = None) -> EmbeddingResult:
         """Attention weights of one input: .attentions (layers, heads or 1, T, T), labelled by .tokens."""
         result = self.encode([text], timeout, attention_layers=list(layers), average_heads=average_heads,
                              truncate=truncate)[0]
@@ -231,13 +235,15 @@ class Client:
             raise RequestError.from_rpc(e) from None
 
     def rerank(self, query: str, texts: Sequence[str], *, top_n: int | None = None, raw_scores: bool = False,
-               return_text: bool = False, truncate: bool = False, model: str | None = None,
+               return_text: bool = False, truncate: bool | None = None, model: str | None = None,
                timeout: float | None = None) -> list[RerankResult]:
         """Each text scored against the query by the server's reranker, best first (top_n of them)."""
         if isinstance(texts, str):
             raise TypeError("texts must be a list of texts, not a single string")
         request = pb.RerankRequest(query=query, texts=list(texts), raw_scores=raw_scores, return_text=return_text,
-                                   truncate=truncate, model=model or "")
+                                   model=model or "")
+        if truncate is not None:  # None: the server's default
+            request.truncate = truncate
         if top_n is not None:
             request.top_n = top_n
         reply = self._call(self._stub.Rerank, request, timeout)

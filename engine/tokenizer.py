@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from attnserve.errors import ArtifactError, InvalidInputError
+from attnserve.errors import ArtifactError, InputTooLongError, InvalidInputError
 
 from .shortening import exact_shortening
 from .stable_prefix import StablePrefix
@@ -81,8 +81,7 @@ class TextTokenizer:
         for encoding, label in zip(encodings, labels, strict=True):
             truncated = bool(encoding.overflowing)
             if truncated and not truncate:
-                raise InvalidInputError(
-                    f"{label}: longer than max_seq_length {self.max_seq_length} tokens; allow truncation to cut it")
+                raise InputTooLongError(f"{label}: longer than max_seq_length {self.max_seq_length} tokens")
             out.append(TokenizedInput(np.asarray(encoding.ids, dtype=np.int64), truncated))
         return out
 
@@ -106,9 +105,8 @@ class TextTokenizer:
         for (a, b), label in zip(pairs, labels, strict=True):
             encoding, truncated = self._pair(a, b, direction, whole_lengths)
             if truncated and not truncate:
-                raise InvalidInputError(
-                    f"{label}: the pair is longer than max_seq_length {self.max_seq_length} tokens; "
-                    "allow truncation to cut it")
+                raise InputTooLongError(
+                    f"{label}: the pair is longer than max_seq_length {self.max_seq_length} tokens")
             out.append(TokenizedInput(np.asarray(encoding.ids, dtype=np.int64), truncated,
                                       np.asarray(encoding.type_ids, dtype=np.int64), _pair_start(encoding)))
         return out
@@ -171,9 +169,7 @@ class TextTokenizer:
             ids = self._checked_ids(seq, label)
             truncated = ids.size > self.max_seq_length
             if truncated and not truncate:
-                raise InvalidInputError(
-                    f"{label}: {ids.size} tokens exceed max_seq_length {self.max_seq_length}; "
-                    "allow truncation to cut it")
+                raise InputTooLongError(f"{label}: {ids.size} tokens exceed max_seq_length {self.max_seq_length}")
             kept = ids[-self.max_seq_length:] if direction == "left" else ids[: self.max_seq_length]
             out.append(TokenizedInput(kept, truncated))
         return out

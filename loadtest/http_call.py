@@ -253,11 +253,12 @@ async def http_target(config: LoadTestConfig, client: ClientConfig) -> AsyncIter
         sender = HttpSender(session, target, addresses, client)
         await wait_serving(sender, client.target, len(addresses), config.wait_ready)
         info = await model_info(sender, client.target)
-        model, fmt, truncate = info["model_id"], config.encoding_format, config.truncate
+        model, fmt = info["model_id"], config.encoding_format
+        truncate = {} if config.truncate is None else {"truncate": config.truncate}  # unset: the server decides
 
         def serialize(inputs: Sequence[Input]) -> bytes:
-            return orjson.dumps({"input": list(inputs), "model": model, "encoding_format": fmt,
-                                 "truncate": truncate}, option=orjson.OPT_SERIALIZE_NUMPY)
+            return orjson.dumps({"input": list(inputs), "model": model, "encoding_format": fmt, **truncate},
+                                option=orjson.OPT_SERIALIZE_NUMPY)
 
         yield Target(sender.call, serialize, f"{model}, {info['model_dtype']}",
                      f"http ({fmt}), round robin over {len(addresses)} address(es) of {target.host}")

@@ -284,9 +284,11 @@ class ServerEncoder:
         return True
 
     def _new_message(self, session: Session) -> pb.EmbedRequest:
-        # Offline semantics: over-long inputs are cut and marked; normalisation as the driver settled it; the
-        # prompt is the server's to put before each text, as a request of any client asks for it.
-        message = pb.EmbedRequest(truncate=True, normalize=session.normalize, model=self.model or "")
+        # Truncation as the server's --auto-truncate says, as any client's request that does not ask: by default
+        # over-long inputs are cut and marked, as a local run cuts them; a server started with --no-auto-truncate
+        # refuses them, and each such row stops the run naming its line (or is set aside with --on-error skip).
+        # Normalisation as the driver settled it; the prompt is the server's to put before each text.
+        message = pb.EmbedRequest(normalize=session.normalize, model=self.model or "")
         if session.prompt.name is not None:
             message.prompt_name = session.prompt.name
         if session.prompt.text is not None:

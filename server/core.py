@@ -46,7 +46,7 @@ __all__ = ["BINARY_FLOAT_BYTES", "Core", "ModelInfo"]
 class Core:
     def __init__(self, models: Models, config: ServerConfig, executor: Executor):
         self.models, self._executor = models, executor
-        self.limits = RequestLimits(config.max_inputs_per_request, config.max_response_bytes)
+        self.limits = RequestLimits(config.max_inputs_per_request, config.max_response_bytes, config.auto_truncate)
         self._memory = MemoryReturn(executor)
         self._in_flight = 0
         self._idle = asyncio.Event()

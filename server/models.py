@@ -59,6 +59,7 @@ class ModelInfo:
     max_response_bytes: int
     max_wait_ms: float
     max_queue_wait_ms: float
+    auto_truncate: bool = True  # what a request that does not say `truncate` gets
     prompts: dict[str, str] = dataclasses.field(default_factory=dict)  # the checkpoint's, by name
     default_prompt_name: str | None = None
     kind: str = "embedder"  # or "reranker" (manifest.kind)
@@ -156,6 +157,7 @@ class ServedModel:
             max_batch_size=batch.max_batch_size, max_queue_tokens=batch.max_queue_tokens,
             max_request_bytes=config.max_request_bytes, max_response_bytes=config.max_response_bytes,
             max_wait_ms=batch.max_wait_s * 1e3, max_queue_wait_ms=batch.max_queue_wait_s * 1e3,
+            auto_truncate=config.auto_truncate,
             prompts=dict(m.prompts), default_prompt_name=m.default_prompt_name, kind=m.kind, num_labels=m.num_labels)
 
 

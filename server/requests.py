@@ -17,7 +17,7 @@ from attnserve.engine.dimensions import check_dimensions
 from attnserve.engine.manifest import REQUEST_POOLINGS, Manifest
 from attnserve.engine.prompts import apply_prompt
 from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, Token, TokenizedInput, check_texts
-from attnserve.errors import InvalidInputError
+from attnserve.errors import InputTooLongError, InvalidInputError
 
 # "default" is the model's own pooling, as its graph computes it.
 POOLINGS = ("default", *REQUEST_POOLINGS)
@@ -42,7 +42,7 @@ class EncodeRequest:
     inputs: Sequence[Input]
     pooling: str | int = "default"  # one of POOLINGS; a door passes an unknown wire value on as it is
     normalize: bool | None = None  # None: as the model's own pipeline does
-    truncate: bool = False  # False: an input longer than max_seq_length is refused
+    truncate: bool | None = None  # False: an input longer than max_seq_length is refused; None: as the server says
     truncation_direction: str | int = "right"  # one of TRUNCATION_DIRECTIONS; a door passes an unknown wire value on
     dimensions: int | None = None  # keep the first N dimensions of the sentence embedding (before normalising)
     token_embeddings: bool = False
@@ -60,7 +60,7 @@ class RerankRequest:
     texts: Sequence[str]
     raw_scores: bool = False  # False: the model's CrossEncoder activation applied (a sigmoid for one label)
     return_text: bool = False
-    truncate: bool = False  # False: a pair longer than max_seq_length is refused
+    truncate: bool | None = None  # False: a pair longer than max_seq_length is refused; None: as the server says
     truncation_direction: str | int = "right"
     top_n: int | None = None  # None: every text; more than there are texts: every text, as Cohere's API does
     model: str | None = None  # None: the server's default model
@@ -86,6 +86,7 @@ class RequestLimits:
 
     max_inputs: int
     max_response_bytes: int
+    auto_truncate: bool = True  # what a request that does not say `truncate` gets (--auto-truncate)
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,13 @@ class PreparedRequest:
     @property
     def tokens(self) -> int:
         return sum(len(x) for x in self.inputs)
+
+
+def truncates(asked: bool | None, limits: RequestLimits) -> bool:
+    """The one truncation rule of every door: a request's own `truncate` when it says one, else the server's
+    --auto-truncate (on by default, as in TEI since 1.9: LangChain and LlamaIndex send chunks longer than
+    max_seq_length and expect them cut, not the whole request refused)."""
+    return limits.auto_truncate if asked is None else asked
 
 
 def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest, limits: RequestLimits,
@@ -152,7 +160,8 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
             attention.heads, manifest.num_heads, "head", "attention.heads"),
         average_heads=attention is not None and attention.average_heads,
     )
-    inputs = _tokenize(request, tokenizer, manifest, request.truncation_direction)  # a str now: checked above
+    inputs = _tokenize(request, tokenizer, manifest, truncates(request.truncate, limits),
+                       request.truncation_direction)  # a str now: checked above
     _check_token_types(inputs, takes_token_types, manifest)
     reply_bytes = sum(_reply_bytes(len(x), options, manifest, float_bytes) for x in inputs)
     if reply_bytes > limits.max_response_bytes:
@@ -207,10 +216,11 @@ def prepare_rerank(request: RerankRequest, tokenizer: TextTokenizer, manifest: M
     labels = [f"text {i}" for i in range(len(request.texts))]
     try:
         check_texts(request.texts, labels)  # named as the request names them, not as sides of pairs
-        inputs = tokenizer.encode_pairs([(request.query, text) for text in request.texts], request.truncate,
-                                        labels, request.truncation_direction)
+        inputs = tokenizer.encode_pairs([(request.query, text) for text in request.texts],
+                                        truncates(request.truncate, limits), labels, request.truncation_direction)
     except InvalidInputError as error:
-        raise _located(error, labels, [f"texts[{i}]" for i in range(len(request.texts))]) from None
+        raise _located(error, labels, [f"texts[{i}]" for i in range(len(request.texts))],
+                       request.truncate is None) from None
     _check_token_types(inputs, takes_token_types, manifest)
     return PreparedRerank(inputs, request.texts, request.raw_scores, request.return_text,
                           min(top_n, len(request.texts)))
@@ -263,7 +273,7 @@ def _indices(asked: Sequence[int], size: int, what: str, field: str) -> tuple[in
     return tuple(out)
 
 
-def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest, direction: str
+def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest, truncate: bool, direction: str
               ) -> list[TokenizedInput]:
     """Texts (each after the prompt), token ids and pairs through their own paths, back in request order."""
     texts, text_rows, ids, id_rows, pairs, pair_rows = [], [], [], [], [], []
@@ -297,9 +307,9 @@ def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manife
             continue
         labels = [f"input {r}" for r in rows]
         try:
-            encoded = encode(request.truncate, labels, direction)
+            encoded = encode(truncate, labels, direction)
         except InvalidInputError as error:
-            raise _located(error, labels, [f"inputs[{r}].{kind}" for r in rows]) from None
+            raise _located(error, labels, [f"inputs[{r}].{kind}" for r in rows], request.truncate is None) from None
         for row, x in zip(rows, encoded, strict=True):
             out[row] = x
     return out  # type: ignore[return-value]
@@ -311,13 +321,22 @@ def _invalid(field: str, description: str, label: str | None = None) -> InvalidI
                              description=description)
 
 
-def _located(error: InvalidInputError, labels: list[str], fields: list[str]) -> InvalidInputError:
-    """The tokenizer names an input by the label it was given ("input 3: empty text"): add that input's field."""
+def _located(error: InvalidInputError, labels: list[str], fields: list[str], server_default: bool = False
+             ) -> InvalidInputError:
+    """The tokenizer names an input by the label it was given ("input 3: empty text"): add that input's field.
+
+    An over-long input stays an InputTooLongError, saying whether the server's default (the request left
+    `truncate` unset) or the request refused it, for the doors to name the fix."""
     message = str(error)
+    located = _invalid("inputs", message)
     for label, field in zip(labels, fields, strict=True):
         if message.startswith(f"{label}: "):
-            return _invalid(field, message[len(label) + 2:], label)
-    return _invalid("inputs", message)
+            located = _invalid(field, message[len(label) + 2:], label)
+            break
+    if isinstance(error, InputTooLongError):
+        return InputTooLongError(str(located), field=located.field, description=located.description,
+                                 server_default=server_default)
+    return located
 
 
 def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest, float_bytes: float) -> int:

@@ -94,8 +94,10 @@ def test_errors_arrive_as_the_sdks_typed_exceptions(client):
                             "too many inputs: 2049; this server takes at most 2048 per request"),
         "token id out of range": (dict(input=[[101, 30522, 102]]), "input[0]",
                                   "input 0: token id 30522 is out of range [0, 30522)"),
-        "over-long": (dict(input=["word " * 300]), "input[0]",
-                      "input 0: longer than max_seq_length 256 tokens; allow truncation to cut it"),
+        "over-long with truncate false": (dict(input=["word " * 300], extra_body={"truncate": False}), "input[0]",
+                                          "input 0: longer than max_seq_length 256 tokens, and the request asked not "
+                                          "to truncate; to cut it to max_seq_length instead, set \"truncate\": true "
+                                          "in the body (the openai SDK: extra_body={\"truncate\": True})"),
         "dimensions above the hidden size": (dict(input="x", dimensions=385), "dimensions",
                                              "dimensions 385 is out of range: this model's embeddings have 384 "
                                              "(ask for 1 to 384)"),

@@ -37,9 +37,10 @@ def test_embed_equals_the_offline_engine(tei, engine):
 
 
 def test_embed_truncates_from_either_end(tei, engine):
-    # Over-long without truncate: refused (this client hands the error body back as it is).
-    assert tei.embed([LONG]) == {"error": "input 0: longer than max_seq_length 256 tokens; allow truncation to cut it",
-                                 "error_type": "Validation"}
+    # Over-long with truncate false: refused, naming the fix (this client hands the error body back as it is).
+    assert tei.embed([LONG], truncate=False) == {
+        "error": "input 0: longer than max_seq_length 256 tokens, and the request asked not to truncate; to cut it "
+                 'to max_seq_length instead, set "truncate": true in the body', "error_type": "Validation"}
     right = np.array(tei.embed([LONG], truncate=True), dtype=np.float32)[0]
     left = np.array(tei.embed([LONG], truncate=True, truncation_direction=TruncationDirection.Left),
                     dtype=np.float32)[0]

@@ -87,8 +87,9 @@ def test_every_output_by_default_and_an_n_by_1_shape(server, client, engine):
 
 def test_parameters_truncate_normalize_and_dimensions(client, engine):
     with pytest.raises(InferenceServerException) as refused:
-        client.infer(MODEL, [text_input([LONG], True)])
+        client.infer(MODEL, [text_input([LONG], True)], parameters={"truncate": False})
     assert refused.value.status() == "400" and "longer than max_seq_length 256" in refused.value.message()
+    assert 'set "parameters": {"truncate": true} in the request' in refused.value.message()
     cut = client.infer(MODEL, [text_input([LONG], True)], parameters={"truncate": True})
     assert cut.as_numpy("num_tokens").tolist() == [256]
     np.testing.assert_allclose(cut.as_numpy("embedding"), engine.encode([LONG]).embeddings, atol=1e-5)

@@ -27,12 +27,16 @@ BAD_REQUESTS = {
                             "inputs[1].token_ids", "token id -1 is out of range [0, 30522)"),
     "an empty token id list": (make_request(["ok"] * 10 + [[]]), "input 10: empty token id list",
                                "inputs[10].token_ids", "empty token id list"),
-    "an over-long text without truncate": (make_request(["short", LONG]), "input 1: longer than max_seq_length 256",
-                                           "inputs[1].text",
-                                           "longer than max_seq_length 256 tokens; allow truncation to cut it"),
-    "over-long token ids without truncate": (make_request([[100] * 300]), "input 0: 300 tokens exceed max_seq_length",
-                                             "inputs[0].token_ids",
-                                             "300 tokens exceed max_seq_length 256; allow truncation to cut it"),
+    # Refused only when the request says truncate false (tests/test_auto_truncate.py: unset cuts by default); the
+    # message names the fix, the BadRequest description the problem alone.
+    "an over-long text with truncate false": (
+        make_request(["short", LONG], truncate=False),
+        "input 1: longer than max_seq_length 256 tokens, and the request asked not to truncate; to cut it to "
+        "max_seq_length instead, set truncate: true (field `truncate` of EmbedRequest)",
+        "inputs[1].text", "longer than max_seq_length 256 tokens"),
+    "over-long token ids with truncate false": (make_request([[100] * 300], truncate=False),
+                                                "input 0: 300 tokens exceed max_seq_length", "inputs[0].token_ids",
+                                                "300 tokens exceed max_seq_length 256"),
     "an unknown layer": (make_request(["x"], attention_layers=[6]), "attention.layers[0]: layer 6 does not exist",
                          "attention.layers[0]",
                          "layer 6 does not exist; the model has 6 layers (0..5, or -6..-1 from the end)"),

@@ -114,7 +114,9 @@ HOSTILE_HTTP = [
     ("/rerank", {"query": QUERY, "texts": ["fine", 5]}, "texts[1]: input should be a valid string"),
     ("/rerank", {"query": QUERY, "texts": ["fine", " "]}, "text 1: empty text"),
     ("/rerank", {"query": "", "texts": ["x"]}, "query: the query must be a non-empty string"),
-    ("/rerank", {"query": "cats " * 10_000, "texts": ["x"]}, "text 0: the pair is longer than max_seq_length 64"),
+    ("/rerank", {"query": "cats " * 10_000, "texts": ["x"], "truncate": False},
+     'text 0: the pair is longer than max_seq_length 64 tokens, and the request asked not to truncate; to cut it to '
+     'max_seq_length instead, set "truncate": true in the body'),
     ("/rerank", {"texts": ["x"]}, "query: required"),
     ("/v1/rerank", {"query": QUERY, "documents": ["x"], "top_n": 0}, "top_n 0 is not a positive integer"),
     ("/v1/rerank", {"query": QUERY, "documents": ["x"], "top_n": -3}, "top_n -3 is not a positive integer"),
@@ -138,6 +140,17 @@ def test_v1_rerank_truncates_a_huge_query(reranker_server):
     reply = httpx.post(f"{reranker_server.http_url}/v1/rerank", json=body, timeout=60)
     assert reply.status_code == 200 and len(reply.json()["results"]) == 2
     assert reply.json()["usage"]["total_tokens"] == 2 * 64
+    refused = httpx.post(f"{reranker_server.http_url}/v1/rerank", json={**body, "truncate": False}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["message"].endswith(
+        'the request asked not to truncate; to cut it to max_seq_length instead, set "truncate": true in the body')
+
+
+def test_an_unset_truncate_cuts_on_tei_rerank_and_grpc(reranker_server, rerank_stub):
+    """--auto-truncate, on by default: a pair over max_seq_length is cut when the request does not say."""
+    reply = httpx.post(f"{reranker_server.http_url}/rerank", json={"query": "cats " * 10_000, "texts": ["x", "cats"]},
+                       timeout=60)
+    assert reply.status_code == 200 and sorted(r["index"] for r in reply.json()) == [0, 1]
+    assert len(rerank_stub.Rerank(pb.RerankRequest(query="cats " * 10_000, texts=["x"]), timeout=60).results) == 1
 
 
 @pytest.mark.parametrize("request_,message", [
@@ -146,7 +159,9 @@ def test_v1_rerank_truncates_a_huge_query(reranker_server):
     (pb.RerankRequest(query=QUERY, texts=["x"], top_n=0), "top_n 0 is not a positive integer"),
     (pb.RerankRequest(query=QUERY, texts=["x"], top_n=-1), "top_n -1 is not a positive integer"),
     (pb.RerankRequest(query="", texts=["x"]), "query: the query must be a non-empty string"),
-    (pb.RerankRequest(query="cats " * 10_000, texts=["x"]), "the pair is longer than max_seq_length 64"),
+    (pb.RerankRequest(query="cats " * 10_000, texts=["x"], truncate=False),
+     "the pair is longer than max_seq_length 64 tokens, and the request asked not to truncate; to cut it to "
+     "max_seq_length instead, set truncate: true (field `truncate` of RerankRequest)"),
     (pb.RerankRequest(query=QUERY, texts=["x"], truncation_direction=7), "truncation_direction 7 is not one of"),
     (pb.RerankRequest(query=QUERY, texts=["x"], model="other"), "the model 'other' does not exist"),
 ])

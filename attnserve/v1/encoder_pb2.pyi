@@ -230,7 +230,7 @@ class ModelInfo(_message.Message):
     def __init__(self, model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., provider: _Optional[str] = ..., precision: _Optional[str] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., version: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., embedding_size: _Optional[int] = ..., kind: _Optional[str] = ..., num_labels: _Optional[int] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
-    __slots__ = ("max_inputs_per_request", "max_batch_tokens", "max_batch_size", "max_queue_tokens", "max_request_bytes", "max_response_bytes", "max_wait_ms", "max_queue_wait_ms")
+    __slots__ = ("max_inputs_per_request", "max_batch_tokens", "max_batch_size", "max_queue_tokens", "max_request_bytes", "max_response_bytes", "max_wait_ms", "max_queue_wait_ms", "auto_truncate")
     MAX_INPUTS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +239,7 @@ class ServerLimits(_message.Message):
     MAX_RESPONSE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    AUTO_TRUNCATE_FIELD_NUMBER: _ClassVar[int]
     max_inputs_per_request: int
     max_batch_tokens: int
     max_batch_size: int
@@ -247,4 +248,5 @@ class ServerLimits(_message.Message):
     max_response_bytes: int
     max_wait_ms: float
     max_queue_wait_ms: float
-    def __init__(self, max_inputs_per_request: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queue_tokens: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_response_bytes: _Optional[int] = ..., max_wait_ms: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ...) -> None: ...
+    auto_truncate: bool
+    def __init__(self, max_inputs_per_request: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queue_tokens: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_response_bytes: _Optional[int] = ..., max_wait_ms: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ..., auto_truncate: _Optional[bool] = ...) -> None: ...

@@ -29,6 +29,8 @@ from .status import abort, status_for
 log = logging.getLogger("attnserve.server")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Encoder"].full_name  # "attnserve.v1.Encoder"
+# Each method's request message ("Rerank" -> "RerankRequest"): the errors that name a field name its message.
+REQUEST_TYPES = {m.name: m.input_type.name for m in pb.DESCRIPTOR.services_by_name["Encoder"].methods}
 PROTOCOL = "grpc"
 
 # Requests of one stream in flight at once: enough to fill batches from a
@@ -66,7 +68,7 @@ def to_core(request: pb.EmbedRequest) -> EncodeRequest:
         inputs=_Inputs(request.inputs),
         pooling=POOLING.get(request.pooling, request.pooling),
         normalize=request.normalize if request.HasField("normalize") else None,
-        truncate=request.truncate,
+        truncate=request.truncate if request.HasField("truncate") else None,  # None: the server's default
         truncation_direction=TRUNCATION_DIRECTION.get(request.truncation_direction, request.truncation_direction),
         dimensions=request.dimensions if request.HasField("dimensions") else None,
         token_embeddings=request.return_token_embeddings,
@@ -108,7 +110,8 @@ def model_info(info: ModelInfo) -> pb.ModelInfo:
             max_inputs_per_request=info.max_inputs_per_request, max_batch_tokens=info.max_batch_tokens,
             max_batch_size=info.max_batch_size, max_queue_tokens=info.max_queue_tokens,
             max_request_bytes=info.max_request_bytes, max_response_bytes=info.max_response_bytes,
-            max_wait_ms=info.max_wait_ms, max_queue_wait_ms=info.max_queue_wait_ms),
+            max_wait_ms=info.max_wait_ms, max_queue_wait_ms=info.max_queue_wait_ms,
+            auto_truncate=info.auto_truncate),
         kind=info.kind, num_labels=info.num_labels, names=info.names, prompts=info.prompts,
         default_prompt_name=info.default_prompt_name or "")
 
@@ -116,7 +119,7 @@ def model_info(info: ModelInfo) -> pb.ModelInfo:
 def rerank_to_core(request: pb.RerankRequest) -> RerankRequest:
     return RerankRequest(
         query=request.query, texts=request.texts, raw_scores=request.raw_scores, return_text=request.return_text,
-        truncate=request.truncate,
+        truncate=request.truncate if request.HasField("truncate") else None,
         truncation_direction=TRUNCATION_DIRECTION.get(request.truncation_direction, request.truncation_direction),
         top_n=request.top_n if request.HasField("top_n") else None, model=request.model or None)
 
@@ -232,7 +235,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
                 code = _cancel_code(context)
                 raise
             except Exception as error:
-                status = status_for(error)
+                status = status_for(error, request_type=REQUEST_TYPES[method])
                 code = status.code
                 # Recorded before the status goes out: a client that saw the error then sees it counted.
                 self._record(method, code, start, inputs, tokens, context)

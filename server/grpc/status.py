@@ -15,7 +15,7 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from attnserve.errors import DOMAIN, QueueFullError, Reason, reason_and_message
+from attnserve.errors import DOMAIN, InputTooLongError, QueueFullError, Reason, reason_and_message, truncation_fix
 
 # The status code each reason comes with.
 CODES = {
@@ -36,12 +36,17 @@ CODES = {
 }
 
 
-def status_for(error: BaseException, request_index: int | None = None) -> grpc.Status:
-    """The status a client sees for error; request_index: which request of a stream it answers.
+def status_for(error: BaseException, request_index: int | None = None, request_type: str = "EmbedRequest"
+               ) -> grpc.Status:
+    """The status a client sees for error; request_index: which request of a stream it answers; request_type:
+    the method's request message, which an over-long input's fix names.
 
-    Errors we did not expect are logged whole and told apart by name only.
+    Errors we did not expect are logged whole and told apart by name only. BadRequest's description stays the
+    problem alone; the message adds the fix.
     """
     reason, message = reason_and_message(error)
+    if isinstance(error, InputTooLongError):
+        message += truncation_fix(error, f"set truncate: true (field `truncate` of {request_type})")
     if request_index is not None:
         message = f"request {request_index}: {message}"
     bad_request = CODES[reason] == grpc.StatusCode.INVALID_ARGUMENT

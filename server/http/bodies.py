@@ -25,6 +25,7 @@ INPUTS_FORMS = "a string, a list of strings, a list of token ids or a list of li
 PairInputs = Union[str, list[str], list[int], list[list[int]], list[tuple[str, str]]]
 PAIR_INPUTS_FORMS = INPUTS_FORMS.replace(" or a list", ", a list") + " or a list of [text a, text b] pairs"
 TruncationDirection = Literal["Right", "Left", "right", "left"]
+TRUNCATE_UNSET = "unset: as the server's --auto-truncate says (cut, by default)"
 EncodingFormat = Literal["float", "base64"]
 Body = TypeVar("Body", bound=BaseModel)  # a route's body model: parse() returns that class, not BaseModel
 
@@ -47,8 +48,8 @@ class OpenAIEmbeddingsBody(_Strict):
         None, description="float (the default) or base64: the little-endian float32 bytes of each vector")
     dimensions: int | None = Field(None, description="keep the first N dimensions, then L2-normalise")
     user: str | None = Field(None, description="accepted and ignored")
-    truncate: bool = Field(False, description="attnserve's: cut inputs longer than max_seq_length instead of "
-                                              "refusing them")
+    truncate: bool | None = Field(None, description="attnserve's: true cuts inputs longer than max_seq_length, "
+                                                    "false refuses them; " + TRUNCATE_UNSET)
     prompt_name: str | None = Field(None, description="attnserve's, as sentence-transformers and TEI name it: a "
                                                       "prompt of the model's to put before each text; unset: the "
                                                       "model's default prompt, if any")
@@ -102,7 +103,8 @@ class OpenAIError(BaseModel):
 class TeiEmbedBody(_TeiBody):
     inputs: PairInputs = Field(description=PAIR_INPUTS_FORMS)
     normalize: bool = True
-    truncate: bool | None = Field(None, description="false or unset: an input over max_seq_length is refused")
+    truncate: bool | None = Field(None, description="false: an input over max_seq_length is refused; true: it "
+                                                    "is cut; " + TRUNCATE_UNSET)
     truncation_direction: TruncationDirection = "Right"
     dimensions: int | None = None
     prompt_name: str | None = Field(None, description="a prompt of the model's to put before each text; unset: "
@@ -112,7 +114,7 @@ class TeiEmbedBody(_TeiBody):
 
 class TeiEmbedAllBody(_TeiBody):
     inputs: PairInputs = Field(description=PAIR_INPUTS_FORMS)
-    truncate: bool | None = None
+    truncate: bool | None = Field(None, description=TRUNCATE_UNSET)
     truncation_direction: TruncationDirection = "Right"
     prompt_name: str | None = None
     prompt: str | None = None
@@ -135,7 +137,8 @@ class TeiRerankBody(_TeiBody):
     texts: list[str] = Field(description="each scored as the pair (query, text)")
     raw_scores: bool = Field(False, description="the raw logits rather than the model's activation (a sigmoid)")
     return_text: bool = False
-    truncate: bool | None = Field(None, description="false or unset: a pair over max_seq_length is refused")
+    truncate: bool | None = Field(None, description="false: a pair over max_seq_length is refused; true: it is "
+                                                    "cut; " + TRUNCATE_UNSET)
     truncation_direction: TruncationDirection = "Right"
 
 
@@ -216,8 +219,10 @@ class KServeRequestedOutput(_TeiBody):
 
 class KServeInferBody(_TeiBody):
     id: str | None = None
-    parameters: Parameters | None = Field(None, description="truncate, normalize (booleans), dimensions (an "
-                                                            "integer), binary_data_output (a boolean)")
+    parameters: Parameters | None = Field(None, description="truncate (a boolean; unset: as the server's "
+                                                            "--auto-truncate says), normalize (a boolean), "
+                                                            "dimensions (an integer), binary_data_output (a "
+                                                            "boolean)")
     inputs: list[KServeTensor] = Field(description="one BYTES tensor named text: the texts to embed, shape [N] or "
                                                    "[N, 1]")
     outputs: list[KServeRequestedOutput] | None = Field(None, description="unset: every output")
@@ -255,6 +260,8 @@ class CohereRerankBody(_Strict):
     model: str | None = Field(None, description="the served model's name or an alias; unset: the default model")
     top_n: int | None = Field(None, description="how many of the best results to return; unset: all")
     return_documents: bool = Field(False, description="return each document with its result")
+    truncate: bool | None = Field(None, description="attnserve's: false refuses a (query, document) pair over "
+                                                    "max_seq_length; " + TRUNCATE_UNSET)
 
 
 class CohereRerankResult(BaseModel):
@@ -280,7 +287,8 @@ class AttentionBody(_Strict):
                                                                 "negative indices count from the end")
     heads: list[int] = Field(default_factory=list, description="heads in this order; empty: every head")
     average_heads: bool = Field(False, description="average the chosen heads: the heads axis has size 1")
-    truncate: bool = False
+    truncate: bool | None = Field(None, description="true cuts inputs longer than max_seq_length, false refuses "
+                                                    "them; " + TRUNCATE_UNSET)
     truncation_direction: TruncationDirection = "Right"
     encoding_format: EncodingFormat = Field(
         "float", description="float: nested lists; base64: the little-endian float32 bytes, row-major in `shape`")

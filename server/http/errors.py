@@ -4,7 +4,8 @@ server/grpc/status.py is the gRPC door's.
 The status comes from the error's protocol-neutral `reason` alone (HTTP_STATUS). The body takes the envelope of
 the route's family: OpenAI's `{"error": {"message", "type", "param", "code"}}` on /v1/*, TEI's
 `{"error", "error_type"}` on TEI's routes, KServe v2's `{"error"}` on /v2/*. `param` is the field the error
-names, in the route's own wire names.
+names, in the route's own wire names. An input over max_seq_length that was refused gets the fix in the route's
+words: the field that allows truncation, as its family (or the route, WireNames.truncate) spells it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from attnserve.errors import QueueFullError, Reason, reason_and_message
+from attnserve.errors import InputTooLongError, QueueFullError, Reason, reason_and_message, truncation_fix
 
 OPENAI, TEI, KSERVE = "openai", "tei", "kserve"
 
@@ -45,14 +46,20 @@ _TEI_TYPE = {Reason.INVALID_INPUT: "Validation", Reason.MALFORMED_MESSAGE: "Vali
              Reason.METHOD_NOT_ALLOWED: "MethodNotAllowed", Reason.QUEUE_FULL: "Overloaded",
              Reason.DEADLINE_EXCEEDED: "Overloaded", Reason.SHUTTING_DOWN: "Unhealthy",
              Reason.NOT_SERVING: "Unhealthy", Reason.BATCH_FAILED: "Backend", Reason.INTERNAL: "Backend"}
+# How a family's requests allow truncation, for the fix of an over-long input.
+_TRUNCATE = {OPENAI: 'set "truncate": true in the body', TEI: 'set "truncate": true in the body',
+             KSERVE: 'set "parameters": {"truncate": true} in the request (tritonclient: '
+                     'infer(..., parameters={"truncate": True}))'}
 
 
 @dataclass(frozen=True)
 class WireNames:
     """How a route's family names the core's neutral fields: a prefix replaced ("inputs" -> "input",
-    "attention." -> ""); and in JSON an input is its text or its ids, so ".text" and ".token_ids" go."""
+    "attention." -> ""); and in JSON an input is its text or its ids, so ".text" and ".token_ids" go.
+    truncate: how this route's requests allow truncation, where it says more than its family's way (_TRUNCATE)."""
 
     prefixes: dict[str, str] = field(default_factory=dict)
+    truncate: str | None = None
 
     def __call__(self, neutral: str) -> str:
         for old, new in self.prefixes.items():
@@ -92,6 +99,8 @@ def http_error(error: BaseException, style: str, names: WireNames | None = None)
     wire_field = names(field) if names and field else field
     if field and message.startswith(f"{field}: "):  # a message that names the field names it as the route does
         message = f"{wire_field}{message[len(field):]}"
+    if isinstance(error, InputTooLongError):
+        message += truncation_fix(error, names.truncate if names and names.truncate else _TRUNCATE[style])
     body: dict[str, object]
     if style == OPENAI:
         body = {"error": {"message": message, "type": _OPENAI_TYPE.get(status, "server_error"), "param": wire_field,

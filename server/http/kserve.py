@@ -3,7 +3,8 @@ KServe's clients (tritonclient.http, KServe's InferenceRESTClient) embed texts u
 
 A model takes one input, `text`: a BYTES tensor of N texts, shape [N] or [N, 1]. It gives two outputs:
 `embedding`, FP32 [N, D], the sentence embeddings as the model's pipeline makes them, and `num_tokens`, INT32 [N].
-Request parameters: `truncate` and `normalize` (booleans), `dimensions` (an integer), as on the other doors.
+Request parameters: `truncate` and `normalize` (booleans), `dimensions` (an integer), as on the other doors;
+`truncate` unset: as the server's --auto-truncate says.
 
 Tensors travel as JSON or, with Triton's binary tensor extension, as raw bytes after the JSON: the request's
 `Inference-Header-Content-Length` header says where the JSON ends, and a tensor with the parameter
@@ -175,7 +176,7 @@ def _read_call(body: bytes, header_length: int | None, model: str) -> _Call:
                                     "binary_data_size account for")
     params = infer.parameters or {}
     return _Call(EncodeRequest(inputs=texts, normalize=_parameter(params, "normalize", bool),
-                               truncate=bool(_parameter(params, "truncate", bool)),
+                               truncate=_parameter(params, "truncate", bool),
                                dimensions=_parameter(params, "dimensions", int)),
                  infer.id, _outputs(infer.outputs, params))
 

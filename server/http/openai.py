@@ -21,12 +21,15 @@ from .inputs import inputs_of
 from .route import Route
 from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response, within
 
-NAMES = WireNames({"inputs": "input"})
+# The openai SDK sends only OpenAI's fields: attnserve's `truncate` goes in its extra_body.
+NAMES = WireNames({"inputs": "input"},
+                  truncate='set "truncate": true in the body (the openai SDK: extra_body={"truncate": True})')
 OWNER = "attnserve"
 
 
 def to_core(body: OpenAIEmbeddingsBody) -> EncodeRequest:
-    return EncodeRequest(inputs=inputs_of(body.input), normalize=True, truncate=body.truncate,
+    return EncodeRequest(inputs=inputs_of(body.input), normalize=True,
+                         truncate=body.truncate,  # None (not sent): as the server's --auto-truncate says
                          dimensions=body.dimensions, prompt_name=body.prompt_name, prompt=body.prompt,
                          model=body.model)
 

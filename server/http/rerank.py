@@ -1,9 +1,9 @@
 """Reranking over HTTP: TEI's POST /rerank and the Cohere/Infinity-style POST /v1/rerank, over core.rerank.
 
-TEI's reply is a JSON list `[{index, score, text?}]`, best first; its `truncate` is off unless asked, as TEI's
-is without --auto-truncate. Cohere's and Infinity's `/v1/rerank` reply `{id, results: [{index, relevance_score,
-document?}], model, usage}`, best first; they cut long documents rather than refuse them, and so does this route.
-A document is returned as Cohere's v1 API returns it: `{"text": ...}`.
+TEI's reply is a JSON list `[{index, score, text?}]`, best first. Cohere's and Infinity's `/v1/rerank` reply `{id,
+results: [{index, relevance_score, document?}], model, usage}`, best first; they cut long documents rather than
+refuse them, as both routes do unless the request says `truncate: false` or the server runs with
+--no-auto-truncate. A document is returned as Cohere's v1 API returns it: `{"text": ...}`.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ COHERE_NAMES = WireNames({"texts": "documents"})
 
 def tei_request(body: TeiRerankBody) -> RerankRequest:
     return RerankRequest(query=body.query, texts=body.texts, raw_scores=body.raw_scores,
-                         return_text=body.return_text, truncate=bool(body.truncate),
+                         return_text=body.return_text, truncate=body.truncate,
                          truncation_direction=body.truncation_direction.lower())
 
 
 def cohere_request(body: CohereRerankBody) -> RerankRequest:
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
-    return RerankRequest(query=body.query, texts=texts, return_text=body.return_documents, truncate=True,
+    return RerankRequest(query=body.query, texts=texts, return_text=body.return_documents, truncate=body.truncate,
                          top_n=body.top_n, model=body.model)
 
 

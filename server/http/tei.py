@@ -30,13 +30,13 @@ _FLOATS = _list_of({"type": "number"})
 
 
 def embed_request(body: TeiEmbedBody) -> EncodeRequest:
-    return EncodeRequest(inputs=inputs_of(body.inputs), normalize=body.normalize, truncate=bool(body.truncate),
+    return EncodeRequest(inputs=inputs_of(body.inputs), normalize=body.normalize, truncate=body.truncate,
                          truncation_direction=body.truncation_direction.lower(), dimensions=body.dimensions,
                          prompt_name=body.prompt_name, prompt=body.prompt)
 
 
 def embed_all_request(body: TeiEmbedAllBody) -> EncodeRequest:
-    return EncodeRequest(inputs=inputs_of(body.inputs), truncate=bool(body.truncate),
+    return EncodeRequest(inputs=inputs_of(body.inputs), truncate=body.truncate,
                          truncation_direction=body.truncation_direction.lower(), token_embeddings=True,
                          prompt_name=body.prompt_name, prompt=body.prompt)
 
@@ -121,7 +121,7 @@ class TeiRoutes:
             "max_concurrent_requests": None,  # no such limit: the queue is bounded in tokens
             "max_input_length": info.max_seq_length, "max_batch_tokens": info.max_batch_tokens,
             "max_batch_requests": info.max_batch_size, "max_client_batch_size": info.max_inputs_per_request,
-            "auto_truncate": False, "tokenization_workers": None,
+            "auto_truncate": info.auto_truncate, "tokenization_workers": None,
             "version": info.version, "sha": None, "docker_label": None}))
 
     async def health(self, request: web.Request) -> web.Response:
