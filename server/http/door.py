@@ -58,7 +58,7 @@ class HttpDoor:
                                     Route("GET", "/openapi.json", self._openapi, OPENAI, "this description",
                                           reply_schema={"type": "object"}),
                                     Route("GET", "/", self._index, TEI, "where to start: the help and the routes",
-                                          reply_schema={"type": "object"})]
+                                          reply_schema={"type": "object"}, open=True)]
         self._spec = dumps(openapi_spec(self.routes, core.info, keys.required))
         self._index_body = dumps(index(self.routes, core.info.version))
         self._by_handler = {route.handler: route for route in self.routes}
