@@ -2,8 +2,13 @@
 
 One middleware stands in front of every route. It answers a path or method that does not exist, checks the API
 key (every route but /health), refuses new requests once the drain began, counts the request in progress for
-the drain, maps any error through errors.http_error in the route's envelope, and records the request's metric
-and log line (protocol "http", the route's path as the method).
+the drain, maps any error through errors.http_error in the route's envelope, reads past a body the route left
+unread (or marks the reply `Connection: close` where it cannot), and records the request's metric and log line
+(protocol "http", the route's path as the method). Every GET route answers HEAD too; a 405 says in `Allow` what
+the path takes.
+
+Clients' protocol mistakes never reach the log as tracebacks or raw bytes (protocol_log.py), and slow clients are
+cut off: the head by head_timeout.py, the body by BodyReader, idle connections by aiohttp's keep-alive timeout.
 
 aiohttp was chosen by measurement (the README's HTTP section): it embeds in grpc.aio's loop without taking
 over signals, answers 413 itself at client_max_size, and served an OpenAI-shaped request in about 50 us against
@@ -151,7 +156,6 @@ class HttpDoor:
             log.debug("request", extra={"fields": {
                 "event": "request", "protocol": PROTOCOL, "method": label, "http_method": request.method,
                 "code": status, "ms": round(seconds * 1e3, 2), "peer": request.remote}})
-
 
 
 def _first_segment(path: str) -> str:

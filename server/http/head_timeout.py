@@ -21,7 +21,7 @@ from yarl import URL
 class HeadTimeouts:
     def __init__(self, seconds: float, reply: Callable[[], bytes]):
         """reply: the whole HTTP response a late client gets before its connection closes."""
-        self.seconds, self._reply = seconds, reply
+        self.seconds, self.reply = seconds, reply
         self._watched: dict[asyncio.BaseTransport, _Watched] = {}
 
     def head_complete(self, request: web.BaseRequest) -> None:
@@ -64,7 +64,7 @@ class _Watched(asyncio.Protocol):
         if transport is None or self.in_request or transport.is_closing():
             return
         assert isinstance(transport, asyncio.WriteTransport)
-        transport.write(self._timeouts._reply())  # no request is being answered: the head never came whole
+        transport.write(self._timeouts.reply())  # no request is being answered: the head never came whole
         transport.close()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
