@@ -114,6 +114,21 @@ class ServerConfig:
         8080, "ATTNSERVE_HTTP_PORT",
         "HTTP port (OpenAI- and TEI-compatible routes) on the same host, TLS and batcher; 0 picks a free one, "
         "-1 turns HTTP off")
+    # A client's time to send what it owes, so that slow or stalled ones (slowloris) cannot hold connections and
+    # their buffers without end: nginx gives 60 s to each of the head and the body, hyper (TEI) 30 s to the head.
+    http_header_timeout: float = setting(
+        30.0, "ATTNSERVE_HTTP_HEADER_TIMEOUT",
+        "seconds an HTTP client has to send a request's whole head (request line and headers), counted from the "
+        "connection's opening or the request's first byte; past it, 408 and the connection closes")
+    http_body_timeout: float = setting(
+        60.0, "ATTNSERVE_HTTP_BODY_TIMEOUT",
+        "seconds an HTTP client has to send a request's whole body once its head is in; past it, 408 and the "
+        "connection closes")
+    # Longer than the idle timeouts of the load balancers in front (AWS ALB 60 s, Google Cloud's 600 s), so that
+    # they close idle connections first: a request sent as the server closes one would fail.
+    http_keepalive_timeout: float = setting(
+        620.0, "ATTNSERVE_HTTP_KEEPALIVE_TIMEOUT",
+        "seconds an idle kept-alive HTTP connection stays open between requests")
     served_model_name: tuple[str, ...] = setting(
         (), "ATTNSERVE_SERVED_MODEL_NAME",
         "another name requests may use for the default model (repeatable; comma-separated in the environment)",
@@ -149,6 +164,9 @@ class ServerConfig:
                               f"{self.metrics_port}")
         if min(self.max_wait_ms, self.grace_seconds, self.max_queue_wait_ms, self.max_connection_age) < 0:
             raise ConfigError("max_wait_ms, max_queue_wait_ms, max_connection_age and grace_seconds must be >= 0")
+        for name in ("http_header_timeout", "http_body_timeout", "http_keepalive_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {getattr(self, name)}")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("TLS needs both --tls-cert and --tls-key")
         if self.tls_client_ca and not self.tls_cert:

@@ -32,6 +32,7 @@ class Reason(str, Enum):
     QUEUE_FULL = "QUEUE_FULL"  # retry later (after retry_after)
     UNAUTHENTICATED = "UNAUTHENTICATED"
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    REQUEST_TIMEOUT = "REQUEST_TIMEOUT"  # the client took too long to send its request (HTTP's head or body)
     SHUTTING_DOWN = "SHUTTING_DOWN"  # retry on another replica
     NOT_SERVING = "NOT_SERVING"  # before warm-up and while draining (health and readiness)
     BATCH_FAILED = "BATCH_FAILED"  # retry
@@ -143,6 +144,12 @@ class DeadlineExpiredError(AttnserveError):
     """The request's deadline passed before its inputs could run."""
 
     reason = Reason.DEADLINE_EXCEEDED
+
+
+class RequestTimeoutError(AttnserveError):
+    """The client did not send its whole request (an HTTP head or body) within the server's timeout."""
+
+    reason = Reason.REQUEST_TIMEOUT
 
 
 class BatchFailedError(AttnserveError):

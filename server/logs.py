@@ -41,3 +41,24 @@ def configure(level: str, fmt: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)
     logging.getLogger("attnserve").setLevel(level)
+
+
+class Throttle:
+    """At most `limit` lines in any `period` seconds for one kind of event, so that clients who can cause it at
+    will cannot fill the disk; allow() says whether this one is written and how many were held back before it."""
+
+    def __init__(self, limit: int = 10, period: float = 60.0, clock=time.monotonic):
+        self.limit, self.period, self._clock = limit, period, clock
+        self._window_start, self._written, self._held_back = -float("inf"), 0, 0
+
+    def allow(self) -> int | None:
+        """None: leave this line out. Else the number of lines left out since the last one written."""
+        now = self._clock()
+        if now - self._window_start >= self.period:
+            self._window_start, self._written = now, 0
+        if self._written >= self.limit:
+            self._held_back += 1
+            return None
+        self._written += 1
+        held_back, self._held_back = self._held_back, 0
+        return held_back

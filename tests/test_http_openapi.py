@@ -15,7 +15,7 @@ SERVED = {("post", "/v1/embeddings"), ("post", "/embeddings"), ("get", "/v1/mode
           ("get", "/v2/health/ready"), ("post", "/v2/models/{name}/infer"),
           ("post", "/v2/models/{name}/versions/{version}/infer"), ("get", "/v2/models/{name}/ready"),
           ("get", "/v2/models/{name}/versions/{version}/ready"), ("get", "/v2/models/{name}"),
-          ("get", "/v2/models/{name}/versions/{version}")}
+          ("get", "/v2/models/{name}/versions/{version}"), ("get", "/")}
 # Answered by a reranker (an embedder refuses them, as ERRORS checks): test_rerank_routes_answer_as_described.
 RERANK_CALLS = [
     ("post", "/rerank", {"query": "q", "texts": ["a", "b c"], "return_text": True}),
@@ -28,6 +28,7 @@ CALLS = [
     ("post", "/v1/embeddings", {"input": "a", "model": MODEL, "encoding_format": "base64", "dimensions": 8}),
     ("post", "/embeddings", {"input": [[101, 102]], "model": MODEL}),
     ("get", "/v1/models", None),
+    ("get", "/", None),
     ("get", f"/v1/models/{MODEL}", None),
     ("post", "/embed", {"inputs": "a"}),
     ("post", "/", {"inputs": ["a", "b"]}),

@@ -29,6 +29,7 @@ CODES = {
     Reason.QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,  # retry later (RetryInfo says when)
     Reason.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     Reason.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    Reason.REQUEST_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,  # HTTP's alone: grpc bounds a call by its deadline
     Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,  # retry on another replica
     Reason.NOT_SERVING: grpc.StatusCode.UNAVAILABLE,
     Reason.BATCH_FAILED: grpc.StatusCode.INTERNAL,  # retry

@@ -2,8 +2,13 @@
 
 One middleware stands in front of every route. It answers a path or method that does not exist, checks the API
 key (every route but /health), refuses new requests once the drain began, counts the request in progress for
-the drain, maps any error through errors.http_error in the route's envelope, and records the request's metric
-and log line (protocol "http", the route's path as the method).
+the drain, maps any error through errors.http_error in the route's envelope, reads past a body the route left
+unread (or marks the reply `Connection: close` where it cannot), and records the request's metric and log line
+(protocol "http", the route's path as the method). Every GET route answers HEAD too; a 405 says in `Allow` what
+the path takes.
+
+Clients' protocol mistakes never reach the log as tracebacks or raw bytes (protocol_log.py), and slow clients are
+cut off: the head by head_timeout.py, the body by BodyReader, idle connections by aiohttp's keep-alive timeout.
 
 aiohttp was chosen by measurement (the README's HTTP section): it embeds in grpc.aio's loop without taking
 over signals, answers 413 itself at client_max_size, and served an OpenAI-shaped request in about 50 us against
@@ -17,22 +22,25 @@ import logging
 import ssl
 import time
 from concurrent.futures import Executor
+from functools import partial
 
 from aiohttp import web
 
 from attnserve.config import ServerConfig
-from attnserve.errors import MethodNotAllowedError, RouteNotFoundError
+from attnserve.errors import MessageTooLargeError, MethodNotAllowedError, RequestTimeoutError, RouteNotFoundError
 
 from ..auth import ApiKeys
 from ..core import Core
 from ..metrics import Metrics
 from .attention import AttentionRoutes
-from .errors import KSERVE, OPENAI, TEI, http_error
+from .errors import OPENAI, TEI, http_error
+from .head_timeout import HeadTimeouts
 from .kserve import KServeRoutes
 from .openai import OpenAIRoutes
-from .openapi import openapi_spec
+from .openapi import index, openapi_spec
+from .protocol_log import ProtocolLog
 from .rerank import RerankRoutes
-from .route import Route
+from .route import Route, families
 from .tei import TeiRoutes
 from .wire import BodyReader, dumps, json_response
 
@@ -47,18 +55,25 @@ UNMATCHED = "unmatched"
 
 class HttpDoor:
     def __init__(self, core: Core, metrics: Metrics, keys: ApiKeys, config: ServerConfig, executor: Executor):
-        self._core, self._metrics, self._keys = core, metrics, keys
-        bodies = BodyReader(executor, config.max_request_bytes)
+        self._core, self._metrics, self._keys, self._config = core, metrics, keys, config
+        self._bodies = bodies = BodyReader(executor, config.max_request_bytes, config.http_body_timeout)
         self.routes: list[Route] = [*OpenAIRoutes(core, bodies).routes(), *TeiRoutes(core, bodies).routes(),
                                     *AttentionRoutes(core, bodies).routes(), *RerankRoutes(core, bodies).routes(),
                                     *KServeRoutes(core, bodies).routes(),
                                     Route("GET", "/openapi.json", self._openapi, OPENAI, "this description",
-                                          reply_schema={"type": "object"})]
+                                          reply_schema={"type": "object"}),
+                                    Route("GET", "/", self._index, TEI, "where to start: the help and the routes",
+                                          reply_schema={"type": "object"}, open=True)]
         self._spec = dumps(openapi_spec(self.routes, core.info, keys.required))
+        self._index_body = dumps(index(self.routes, core.info.version))
         self._by_handler = {route.handler: route for route in self.routes}
+        self._families = families(self.routes)
         self.app = web.Application(client_max_size=config.max_request_bytes, middlewares=[self._middleware])
         for route in self.routes:
-            self.app.router.add_route(route.method, route.path, route.handler)
+            # add_get also answers HEAD, as RFC 9110 asks of every GET route (balancers probe with it).
+            add = self.app.router.add_get if route.method == "GET" else partial(self.app.router.add_route, route.method)
+            add(route.path, route.handler)
+        self._heads = HeadTimeouts(config.http_header_timeout, self._head_timeout_reply)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -66,10 +81,10 @@ class HttpDoor:
                     shutdown_timeout: float) -> int:
         """Listen; returns the port bound."""
         self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True,
-                                     shutdown_timeout=shutdown_timeout)
+                                     shutdown_timeout=shutdown_timeout, logger=ProtocolLog(log),
+                                     keepalive_timeout=self._config.http_keepalive_timeout)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host.strip("[]"), port, ssl_context=ssl_context, reuse_port=False)
-        await site.start()
+        await self._heads.site(self._runner, host.strip("[]"), port, ssl_context).start()
         self.port = self._runner.addresses[0][1]
         return self.port
 
@@ -81,18 +96,20 @@ class HttpDoor:
     @web.middleware
     async def _middleware(self, request: web.Request, handler) -> web.StreamResponse:
         start, status = time.perf_counter(), 500
+        self._heads.head_complete(request)
         match = request.match_info
         route = None if match.http_exception is not None else self._by_handler.get(match.handler)
         resource = match.route.resource  # None only for aiohttp's own routes (404, 405), which match no Route
         label = resource.canonical if route is not None and resource is not None else UNMATCHED
-        style = route.style if route is not None else (OPENAI if request.path.startswith("/v1/") else
-                                                        KSERVE if request.path.startswith("/v2") else TEI)
+        style = route.style if route is not None else self._families.get(_first_segment(request.path), TEI)
         try:
             try:
                 if route is None:
-                    raise (MethodNotAllowedError(f"{request.method} is not allowed on {request.path}")
-                           if isinstance(match.http_exception, web.HTTPMethodNotAllowed)
-                           else RouteNotFoundError(f"no route {request.path}; /openapi.json lists them"))
+                    refusal = match.http_exception
+                    raise (MethodNotAllowedError(f"{request.method} is not allowed on {request.path}",
+                                                 allowed=tuple(sorted(refusal.allowed_methods)))
+                           if isinstance(refusal, web.HTTPMethodNotAllowed)
+                           else RouteNotFoundError(f"no route {request.path}; GET / and /openapi.json list them"))
                 if route.open:  # not counted: a balancer's health checks must not hold up the drain
                     response = await handler(request)
                 else:
@@ -106,10 +123,28 @@ class HttpDoor:
             except Exception as e:  # every error becomes the route's envelope
                 error = http_error(e, style, route.names if route is not None else None)
                 response = json_response(error.body, error.status, error.headers)
+                if isinstance(e, (MessageTooLargeError, RequestTimeoutError)):
+                    response.force_close()  # the rest of the body is not worth waiting for
+            # A body the route left unread (an error came first, or a GET had one) is read past, so that the
+            # connection can take its next request; where that cannot be (too large, too slow, not decoding), the
+            # reply says the connection closes, rather than closing it under the client's next request.
+            if response.keep_alive is not False and not await self._bodies.discard(request):
+                response.force_close()
             status = response.status
             return response
         finally:
+            self._heads.request_done(request)
             self._record(request, label, status, start)
+
+    def _head_timeout_reply(self) -> bytes:
+        error = http_error(RequestTimeoutError(f"the request's head did not arrive within "
+                                               f"{self._config.http_header_timeout:g} s (the server's "
+                                               "http_header_timeout)"), TEI)
+        return (b"HTTP/1.1 %d Request Timeout\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                b"Connection: close\r\n\r\n%s" % (error.status, len(error.body), error.body))
+
+    async def _index(self, request: web.Request) -> web.Response:
+        return json_response(self._index_body)
 
     async def _openapi(self, request: web.Request) -> web.Response:
         return json_response(self._spec)
@@ -122,3 +157,6 @@ class HttpDoor:
                 "event": "request", "protocol": PROTOCOL, "method": label, "http_method": request.method,
                 "code": status, "ms": round(seconds * 1e3, 2), "peer": request.remote}})
 
+
+def _first_segment(path: str) -> str:
+    return path.lstrip("/").partition("/")[0]

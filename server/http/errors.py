@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from attnserve.errors import InputTooLongError, QueueFullError, Reason, reason_and_message, truncation_fix
+from attnserve.errors import (
+    InputTooLongError,
+    MethodNotAllowedError,
+    QueueFullError,
+    Reason,
+    reason_and_message,
+    truncation_fix,
+)
 
 OPENAI, TEI, KSERVE = "openai", "tei", "kserve"
 
@@ -34,17 +41,20 @@ HTTP_STATUS = {
     Reason.SHUTTING_DOWN: 503,  # retry on another replica
     Reason.NOT_SERVING: 503,  # /health before warm-up and while draining
     Reason.DEADLINE_EXCEEDED: 504,
+    Reason.REQUEST_TIMEOUT: 408,  # the client's head or body came too slowly
 }
 
 # OpenAI's error types by status class, and TEI's error_type by reason.
 _OPENAI_TYPE = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-                405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+                405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+                429: "rate_limit_error"}
 _OPENAI_CODE = {Reason.UNAUTHENTICATED: "invalid_api_key"}  # else the reason in lower case: "model_not_found"
 _TEI_TYPE = {Reason.INVALID_INPUT: "Validation", Reason.MALFORMED_MESSAGE: "Validation",
              Reason.MESSAGE_TOO_LARGE: "Validation", Reason.REQUEST_TOO_LARGE: "Validation",
              Reason.UNAUTHENTICATED: "Unauthorized", Reason.MODEL_NOT_FOUND: "NotFound", Reason.NOT_FOUND: "NotFound",
              Reason.METHOD_NOT_ALLOWED: "MethodNotAllowed", Reason.QUEUE_FULL: "Overloaded",
-             Reason.DEADLINE_EXCEEDED: "Overloaded", Reason.SHUTTING_DOWN: "Unhealthy",
+             Reason.DEADLINE_EXCEEDED: "Overloaded", Reason.REQUEST_TIMEOUT: "Validation",
+             Reason.SHUTTING_DOWN: "Unhealthy",
              Reason.NOT_SERVING: "Unhealthy", Reason.BATCH_FAILED: "Backend", Reason.INTERNAL: "Backend"}
 # How a family's requests allow truncation, for the fix of an over-long input.
 _TRUNCATE = {OPENAI: 'set "truncate": true in the body', TEI: 'set "truncate": true in the body',
@@ -91,6 +101,8 @@ def http_error(error: BaseException, style: str, names: WireNames | None = None)
         # Retry-After is whole seconds; the openai SDK reads retry-after-ms first, to the millisecond.
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
         headers["retry-after-ms"] = str(max(1, round(error.retry_after * 1e3)))
+    if isinstance(error, MethodNotAllowedError) and error.allowed:
+        headers["Allow"] = ", ".join(error.allowed)  # RFC 9110: a 405 lists the methods the route takes
     if reason == Reason.UNAUTHENTICATED:
         headers["WWW-Authenticate"] = "Bearer"
     if reason == Reason.SHUTTING_DOWN:

@@ -117,6 +117,7 @@ class KServeRoutes:
     async def infer(self, request: web.Request) -> web.Response:
         info = self._info(request)
         header_length = _header_length(request)
+        # The model of the path computes: the core's request names it, as every door's does.
         call = await self._bodies.read_bytes(request, lambda body: _read_call(body, header_length, info.model))
         outputs = call.outputs
         until = deadline(request)
@@ -175,7 +176,7 @@ def _read_call(body: bytes, header_length: int | None, model: str) -> _Call:
         raise MalformedMessageError(f"{len(tail)} bytes follow the binary tensors that the inputs' "
                                     "binary_data_size account for")
     params = infer.parameters or {}
-    return _Call(EncodeRequest(inputs=texts, normalize=_parameter(params, "normalize", bool),
+    return _Call(EncodeRequest(inputs=texts, model=model, normalize=_parameter(params, "normalize", bool),
                                truncate=_parameter(params, "truncate", bool),
                                dimensions=_parameter(params, "dimensions", int)),
                  infer.id, _outputs(infer.outputs, params))

@@ -70,3 +70,10 @@ def openapi_spec(routes: list[Route], info: ModelInfo, keys_required: bool) -> d
 def _operation_name(path: str) -> str:
     """/v1/models/{id} -> v1_models_id; / -> root."""
     return path.strip("/").replace("/", "_").replace("{", "").replace("}", "") or "root"
+
+
+def index(routes: list[Route], version: str) -> dict:
+    """GET /: where a newcomer starts, the help and every route."""
+    return {"name": "attnserve", "version": version,
+            "help": {"openapi": "/openapi.json", "health": "/health", "models": "/v1/models", "info": "/info"},
+            "routes": [route.method + " " + _PARAMETER.sub(r"{\1}", route.path) for route in routes]}

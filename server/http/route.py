@@ -23,3 +23,13 @@ class Route:
     reply_schema: dict | None = None  # a 200 reply that is no model (a JSON list)
     names: WireNames = field(default_factory=WireNames)
     open: bool = False  # answered without an API key and while draining: /health
+
+
+def families(routes: list[Route]) -> dict[str, str]:
+    """The error envelope of a path that matches no route (a 404, or a 405 of a path served for other methods),
+    by its first segment: that of every route under it ("v1" and "embeddings" OpenAI's, "v2" KServe's). Paths
+    under no such segment take TEI's, whose routes share no prefix."""
+    styles: dict[str, set[str]] = {}
+    for route in routes:
+        styles.setdefault(route.path.lstrip("/").partition("/")[0], set()).add(route.style)
+    return {segment: next(iter(found)) for segment, found in styles.items() if len(found) == 1}

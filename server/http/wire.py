@@ -16,7 +16,13 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from attnserve.errors import DeadlineExpiredError, InvalidInputError, MessageTooLargeError
+from attnserve.errors import (
+    DeadlineExpiredError,
+    InvalidInputError,
+    MalformedMessageError,
+    MessageTooLargeError,
+    RequestTimeoutError,
+)
 
 from ..sizes import human_size
 from .bodies import Body, parse
@@ -38,11 +44,11 @@ NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
 class BodyReader:
-    """Reads request bodies: at most max_bytes (the Application's client_max_size), parsed off the loop when
-    large."""
+    """Reads request bodies: at most max_bytes (the Application's client_max_size) within timeout seconds, parsed
+    off the loop when large."""
 
-    def __init__(self, executor: Executor, max_bytes: int):
-        self._executor, self.max_bytes = executor, max_bytes
+    def __init__(self, executor: Executor, max_bytes: int, timeout: float):
+        self._executor, self.max_bytes, self.timeout = executor, max_bytes, timeout
 
     async def read(self, request: web.Request, model: type[Body], translate: Callable[[Body], T]) -> T:
         """The body parsed as `model` and translated by `translate` (the route's JSON -> the core's request)."""
@@ -50,12 +56,20 @@ class BodyReader:
 
     async def read_bytes(self, request: web.Request, translate: Callable[[bytes], T]) -> T:
         """The body's bytes translated by `translate`, for a wire that is not only JSON (KServe's binary tensors)."""
+        too_large = MessageTooLargeError(
+            f"the request body is over this server's max_request_bytes ({human_size(self.max_bytes)}); "
+            "send fewer or shorter inputs per request")
+        if (request.content_length or 0) > self.max_bytes:  # said up front: refused before a byte is read
+            raise too_large
         try:
-            body = await request.read()
+            body = await asyncio.wait_for(request.read(), self.timeout)
         except web.HTTPRequestEntityTooLarge:  # aiohttp stops reading at client_max_size
-            raise MessageTooLargeError(
-                f"the request body is over this server's max_request_bytes ({human_size(self.max_bytes)}); "
-                "send fewer or shorter inputs per request") from None
+            raise too_large from None
+        except asyncio.TimeoutError:
+            raise RequestTimeoutError(f"the request body did not arrive within {self.timeout:g} s "
+                                      "(the server's http_body_timeout)") from None
+        except web.RequestPayloadError:  # its framing or its Content-Encoding does not hold
+            raise MalformedMessageError(_payload_problem(request)) from None
 
         def parse_and_translate() -> T:
             return translate(body)
@@ -63,6 +77,38 @@ class BodyReader:
         if len(body) > PARSE_OFF_LOOP_BYTES:
             return await asyncio.get_running_loop().run_in_executor(self._executor, parse_and_translate)
         return parse_and_translate()
+
+    async def discard(self, request: web.Request) -> bool:
+        """Read what is left of a body the route did not read (an error answered first), so that the connection
+        can take its next request. False where it cannot: the body is broken, too large or too slow, and the
+        connection must close."""
+        content = request.content
+        if content.exception() is not None or (request.content_length or 0) > self.max_bytes:
+            return False
+        if content.is_eof():  # read whole, or none sent: every request a route answered from its body
+            return True
+
+        async def drain() -> bool:
+            left = self.max_bytes
+            while not content.is_eof():
+                left -= len(await content.readany())
+                if left < 0:
+                    return False
+            return True
+
+        try:
+            return await asyncio.wait_for(drain(), self.timeout)
+        except (asyncio.TimeoutError, web.RequestPayloadError, ConnectionError):
+            return False
+
+
+def _payload_problem(request: web.Request) -> str:
+    """What is wrong with a body aiohttp could not read, naming the encoding it claims, never its bytes."""
+    encoding = request.headers.get("Content-Encoding", "identity")
+    framing = "its chunked framing" if request.headers.get("Transfer-Encoding") else "its length"
+    if encoding.lower() != "identity":
+        return f"the body does not decode as its Content-Encoding ({encoding}) says, or {framing} is broken"
+    return f"the body cannot be read: {framing} is broken"
 
 
 def deadline(request: web.Request) -> float | None:
