@@ -67,7 +67,7 @@ def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokeni
         # A request for attention queues in the attention lane, whose batches run the graph that returns them.
         assert row.attentions is not None
         attentions = row.attentions[list(options.attention_layers)]  # (layers, nh, T, T)
-        if options.attention_heads is not None:
+        if not options.every_head and options.attention_heads is not None:
             attentions = attentions[:, list(options.attention_heads)]  # (layers, heads, T, T)
         if options.average_heads:
             attentions = attentions.mean(axis=1, keepdims=True)  # (layers, 1, T, T)

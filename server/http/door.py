@@ -93,6 +93,8 @@ class HttpDoor:
                     raise (MethodNotAllowedError(f"{request.method} is not allowed on {request.path}")
                            if isinstance(match.http_exception, web.HTTPMethodNotAllowed)
                            else RouteNotFoundError(f"no route {request.path}; /openapi.json lists them"))
+                if route.readiness:  # a probe: 503 unless warmed up and not draining
+                    self._core.check_ready()
                 if route.open:  # not counted: a balancer's health checks must not hold up the drain
                     response = await handler(request)
                 else:
