@@ -17,7 +17,7 @@ from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
 from .batcher import RowOutput
 from .requests import PreparedRerank, ReplyOptions
 
-# A reranker's CrossEncoder activations (model/heads.py names them in the manifest), on (N,) float32 logits.
+# A reranker's CrossEncoder activations (model/cross_encoder.py names them in the manifest), on (N,) float32 logits.
 SCORE_ACTIVATIONS = {
     "sigmoid": lambda logits: 1.0 / (1.0 + np.exp(-logits)),
     "identity": lambda logits: logits,
