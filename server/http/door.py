@@ -93,15 +93,13 @@ class HttpDoor:
                     raise (MethodNotAllowedError(f"{request.method} is not allowed on {request.path}")
                            if isinstance(match.http_exception, web.HTTPMethodNotAllowed)
                            else RouteNotFoundError(f"no route {request.path}; /openapi.json lists them"))
-                if route.readiness:  # a probe: 503 unless warmed up and not draining
-                    self._core.check_ready()
                 if route.open:  # not counted: a balancer's health checks must not hold up the drain
-                    response = await handler(request)
+                    response = await self._answer(route, handler, request)
                 else:
                     self._keys.check(request.headers.get("Authorization"))
                     with self._core.in_flight():  # refusals too: the drain waits for late arrivals to stop
                         self._core.check_open()
-                        response = await handler(request)
+                        response = await self._answer(route, handler, request)
             except asyncio.CancelledError:
                 status = CLIENT_CLOSED
                 raise
@@ -112,6 +110,12 @@ class HttpDoor:
             return response
         finally:
             self._record(request, label, status, start)
+
+    async def _answer(self, route: Route, handler, request: web.Request) -> web.StreamResponse:
+        """The route's handler; a readiness probe (Route.readiness) is 503 unless the core is ready."""
+        if route.readiness:
+            self._core.check_ready()
+        return await handler(request)
 
     async def _openapi(self, request: web.Request) -> web.Response:
         return json_response(self._spec)
