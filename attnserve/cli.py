@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import warnings
 from pathlib import Path
 
 from attnserve import __version__
@@ -275,7 +274,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level or "WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    warnings.filterwarnings("ignore")  # library deprecation chatter is not for users of the CLI
     try:
         return args.func(args)
     except AttnserveError as e:

@@ -13,7 +13,8 @@ absolute tokens/s depend on the machine:
             the server tokenizes as well.
   serving   one real `attnserve serve` subprocess (fp32, CPU provider,
             defaults otherwise), started once for the whole run on free
-            loopback ports. --concurrency clients (grpc.aio coroutines in this
+            loopback ports. --concurrency clients (the load test's closed loop,
+            loadtest/generator.py, over its grpc.aio Embed call, in this
             process) work through the corpus together, each taking the next
             text when its previous reply is in: one text per Embed request,
             truncate=True, one request in flight per client. tokens/s counts
@@ -23,9 +24,9 @@ absolute tokens/s depend on the machine:
   http      the same load through the same server's HTTP door: OpenAI's
             POST /v1/embeddings, one text per request, `encoding_format`
             base64 (what the openai SDK asks for) and then float, from
-            --concurrency aiohttp coroutines over a pool of as many
-            keep-alive connections; tokens/s counts the replies'
-            usage.prompt_tokens.
+            --concurrency clients over a pool of as many keep-alive
+            connections (the load test's HTTP target, loadtest/http_call.py);
+            tokens/s counts the replies' usage.prompt_tokens.
   latency   one short text, sent sequentially from one (synchronous) client to
             the otherwise idle server after a few warm-up calls, over gRPC and
             over HTTP (http.client, one keep-alive connection, base64); every
@@ -60,6 +61,7 @@ import asyncio
 import collections
 import dataclasses
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
@@ -74,6 +76,7 @@ import numpy as np
 from attnserve.default_model import DEFAULT_MODEL_NAME
 from attnserve.errors import AttnserveError
 from attnserve.loadtest.corpus import mixed_length_corpus
+from attnserve.loadtest.generator import Call, LoadGenerator, LoadShape, Sample
 from attnserve.server_process import ServerProcess
 
 try:  # run as a script: bench/ is on sys.path
@@ -226,49 +229,34 @@ def offline_round(engine, texts: list[str], server_pid: int) -> dict:
 
 
 def embed_request(text: str):
-    from attnserve.v1 import encoder_pb2 as pb
+    from attnserve.client.client import make_request
 
-    return pb.EmbedRequest(inputs=[pb.Input(text=text)], truncate=True)
-
-
-@dataclasses.dataclass
-class LoadTally:
-    """What the client coroutines record; they share one event loop, so no lock is needed."""
-
-    tokens: int = 0
-    replies: int = 0
-    errors: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    first_error: dict = dataclasses.field(default_factory=dict)
-    finished: list = dataclasses.field(default_factory=list)  # perf_counter() when each client ran out of work
+    return make_request([text], truncate=True)
 
 
-async def client_loop(stub, work, tally: LoadTally) -> None:
-    """One client: one request at a time, as a synchronous caller sends them, until the corpus runs out.
+def closed_loop(call, requests: list[bytes], concurrency: int) -> LoadGenerator:
+    """The load test's closed loop (loadtest/generator.py): `concurrency` clients, each sending its next request
+    when its previous reply is in, one request in flight per client, until every request was sent once.
 
-    The clients draw their next text from one shared iterator (safe: they share one event loop)
-    rather than from fixed shares. With fixed shares of ~31 texts of random lengths, the first
-    client finished 25% of the wall time before the last one in a measured run, and that tail ran
-    with ever fewer requests in flight; a common pool keeps every client busy until the last
-    ~concurrency texts are out.
+    The clients draw their next request from one shared pool rather than from fixed shares. With fixed shares
+    of ~31 texts of random lengths, the first client finished 25% of the wall time before the last one in a
+    measured run, and that tail ran with ever fewer requests in flight; a common pool keeps every client busy
+    until the last ~concurrency texts are out.
     """
+    shape = LoadShape(concurrency=concurrency, rate=0.0, duration=0.0, requests=len(requests), warmup=0.0)
+    return LoadGenerator(call, requests, shape, REQUEST_TIMEOUT_S)
+
+
+def round_robin(calls: list) -> Call:
+    """One Call over several: each request on the next, as the clients shared the channels."""
+    turn = itertools.cycle(calls)
+    return lambda request, timeout: next(turn)(request, timeout)
+
+
+async def load_async(server: ServerProcess, requests: list[bytes], concurrency: int, channels: int) -> dict:
     import grpc
 
-    for request in work:
-        try:
-            reply = await stub.Embed(request, timeout=REQUEST_TIMEOUT_S)
-        except grpc.aio.AioRpcError as e:
-            tally.errors[e.code().name] += 1
-            tally.first_error.setdefault(e.code().name, e.details())
-            continue
-        tally.replies += 1
-        tally.tokens += sum(e.num_tokens for e in reply.embeddings)
-    tally.finished.append(time.perf_counter())
-
-
-async def load_async(server: ServerProcess, requests: list, concurrency: int, channels: int) -> dict:
-    import grpc
-
-    from attnserve.v1 import encoder_pb2_grpc
+    from attnserve.loadtest.grpc_call import embed_call
 
     # A local subchannel pool gives each channel its own TCP connection; without it, channels with
     # equal arguments share one connection and --channels would change nothing. Measured on the
@@ -279,30 +267,45 @@ async def load_async(server: ServerProcess, requests: list, concurrency: int, ch
     options = [("grpc.use_local_subchannel_pool", 1)]
     pool = [grpc.aio.insecure_channel(server.target, options=options) for _ in range(channels)]
     try:
-        stubs = [encoder_pb2_grpc.EncoderStub(channel) for channel in pool]
+        calls = [embed_call(channel) for channel in pool]
         # Connect every channel and make one call on each: connection setup is not what is measured.
-        await asyncio.gather(*(stub.Embed(embed_request(SHORT_TEXT), timeout=REQUEST_TIMEOUT_S) for stub in stubs))
-        work, tally = iter(requests), LoadTally()
-        before, cpu = scrape(server), CpuMeter(server.process.pid)
-        start = time.perf_counter()
-        await asyncio.gather(*(client_loop(stubs[i % channels], work, tally) for i in range(concurrency)))
-        seconds = time.perf_counter() - start
-        cores = cpu.cores(seconds)
-        delta = scrape(server) - before
+        short = embed_request(SHORT_TEXT).SerializeToString()
+        check_answers(await asyncio.gather(*(call(short, REQUEST_TIMEOUT_S) for call in calls)), "warm-up")
+        return await measured_load(server, round_robin(calls), requests, concurrency, http=False)
     finally:
         await asyncio.gather(*(channel.close() for channel in pool))
-    return load_result(tally, delta, seconds, cores, start, len(requests))
 
 
-def load_result(tally: LoadTally, delta: ServerCounters, seconds: float, cores: dict, start: float,
-                sent: int) -> dict:
+async def measured_load(server: ServerProcess, call: Call, requests: list[bytes], concurrency: int,
+                        http: bool) -> dict:
+    """The closed loop over call, with the server's counters and the machine's CPU time taken around it."""
+    generator = closed_loop(call, requests, concurrency)
+    before, cpu = scrape(server, http=http), CpuMeter(server.process.pid)
+    start = time.perf_counter()
+    samples = await generator.run()
+    seconds = time.perf_counter() - start
+    cores = cpu.cores(seconds)
+    delta = scrape(server, http=http) - before
+    return load_result(samples, delta, seconds, cores, concurrency)
+
+
+def check_answers(answers, what: str) -> None:
+    failed = collections.Counter(answer.code for answer in answers if not answer.ok)
+    if failed:
+        raise BenchError(f"{what}: {sum(failed.values())} of {len(answers)} requests failed: "
+                         + ", ".join(f"{n} x {code}" for code, n in failed.items()))
+
+
+def load_result(samples: list[Sample], delta: ServerCounters, seconds: float, cores: dict, concurrency: int
+                ) -> dict:
     """One load's numbers, whichever door it went through; a failed request fails the benchmark."""
-    if tally.errors:
-        shown = "; ".join(f"{n} x {code} (first: {tally.first_error[code]})" for code, n in tally.errors.items())
-        raise BenchError(f"{sum(tally.errors.values())} of {sent} requests failed: {shown}")
+    check_answers(samples, "load")
+    tokens, replies = sum(s.tokens for s in samples), len(samples)
+    # Each client stops after its last reply once the pool is empty: the last `concurrency` replies are theirs.
+    done = sorted(s.done for s in samples)
     return {
-        "tokens": tally.tokens, "requests": tally.replies, "seconds": seconds,
-        "tokens_per_s": tally.tokens / seconds, "requests_per_s": tally.replies / seconds,
+        "tokens": tokens, "requests": replies, "seconds": seconds,
+        "tokens_per_s": tokens / seconds, "requests_per_s": replies / seconds,
         "server_tokens": delta.tokens,
         "padding": (delta.cells - delta.tokens) / delta.cells if delta.cells else None,
         "mean_batch_size": delta.batch_inputs / delta.batches if delta.batches else None,
@@ -315,7 +318,7 @@ def load_result(tally: LoadTally, delta: ServerCounters, seconds: float, cores: 
         "server_cores": cores["server"], "client_cores": cores["bench"], "other_cores": cores["others"],
         "steal_cores": cores["steal"],
         # The tail: once the first client runs out of work, fewer than `concurrency` requests are in flight.
-        "first_client_done_s": min(tally.finished) - start, "last_client_done_s": max(tally.finished) - start,
+        "first_client_done_s": done[-min(concurrency, len(done))], "last_client_done_s": done[-1],
     }
 
 
@@ -325,51 +328,29 @@ def openai_body(text: str, model: str, encoding_format: str) -> bytes:
     return orjson.dumps({"input": text, "model": model, "encoding_format": encoding_format, "truncate": True})
 
 
-async def http_client_loop(session, url: str, work, tally: LoadTally) -> None:
-    """One HTTP client, as client_loop: one request at a time from the shared work, until it runs out."""
-    import orjson
+async def load_http_async(server: ServerProcess, texts: list[str], concurrency: int, encoding_format: str) -> dict:
+    """The same load through the load test's HTTP target (loadtest/http_call.py): OpenAI's /v1/embeddings,
+    one text per request, over a keep-alive connection per client."""
+    from attnserve.config import ClientConfig, LoadTestConfig
+    from attnserve.loadtest.http_call import http_target
 
-    headers = {"Content-Type": "application/json"}
-    for body in work:
-        async with session.post(url, data=body, headers=headers) as reply:
-            answer = await reply.read()
-            status = reply.status
-        if status != 200:
-            tally.errors[str(status)] += 1
-            tally.first_error.setdefault(str(status), answer[:300].decode(errors="replace"))
-            continue
-        tally.replies += 1
-        tally.tokens += orjson.loads(answer)["usage"]["prompt_tokens"]
-    tally.finished.append(time.perf_counter())
-
-
-async def load_http_async(server: ServerProcess, bodies: list[bytes], concurrency: int) -> dict:
-    import aiohttp
-
-    url = server.http_url + EMBEDDINGS_PATH
-    # A keep-alive connection per client, as over gRPC the clients share a connection that is already up.
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector,
-                                     timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as session:
-        warm = LoadTally()  # open every connection first: connection setup is not what is measured
-        await asyncio.gather(*(http_client_loop(session, url, iter(bodies[i:i + 1]), warm)
-                               for i in range(concurrency)))
-        work, tally = iter(bodies), LoadTally()
-        before, cpu = scrape(server, http=True), CpuMeter(server.process.pid)
-        start = time.perf_counter()
-        await asyncio.gather(*(http_client_loop(session, url, work, tally) for _ in range(concurrency)))
-        seconds = time.perf_counter() - start
-        cores = cpu.cores(seconds)
-        delta = scrape(server, http=True) - before
-    return load_result(tally, delta, seconds, cores, start, len(bodies))
+    config = LoadTestConfig(concurrency=concurrency, requests=len(texts), protocol="http",
+                            encoding_format=encoding_format, truncate=True)
+    async with http_target(config, ClientConfig(target=server.http_url)) as target:
+        bodies = [target.serialize([text]) for text in texts]  # built before the load: the clients cost little
+        # Open every connection first, as over gRPC the clients share a connection that is already up:
+        # connection setup is not what is measured.
+        check_answers(await asyncio.gather(*(target.call(bodies[i % len(bodies)], REQUEST_TIMEOUT_S)
+                                             for i in range(concurrency))), "warm-up")
+        return await measured_load(server, target.call, bodies, concurrency, http=True)
 
 
-def serving_round(server: ServerProcess, requests: list, concurrency: int, channels: int) -> dict:
+def serving_round(server: ServerProcess, requests: list[bytes], concurrency: int, channels: int) -> dict:
     return asyncio.run(load_async(server, requests, concurrency, channels))
 
 
-def http_serving_round(server: ServerProcess, bodies: list[bytes], concurrency: int) -> dict:
-    return asyncio.run(load_http_async(server, bodies, concurrency))
+def http_serving_round(server: ServerProcess, texts: list[str], concurrency: int, encoding_format: str) -> dict:
+    return asyncio.run(load_http_async(server, texts, concurrency, encoding_format))
 
 
 def server_split(before: ServerCounters, after: ServerCounters) -> dict:
@@ -698,9 +679,8 @@ def measure(args: argparse.Namespace, engine, texts: list[str], corpus: dict, se
     """Every round: the ceilings, offline, serving over gRPC, HTTP base64, HTTP float, latency over both, each
     while the rest is idle, so that a disturbance of the machine falls on all of them alike."""
     # Built once: the clients should cost little CPU.
-    requests = [embed_request(t) for t in texts]
+    requests = [embed_request(t).SerializeToString() for t in texts]
     model = engine.manifest.model
-    bodies = {fmt: [openai_body(t, model, fmt) for t in texts] for fmt in ("base64", "float")}
     rounds, latency = [], []
     for r in range(args.rounds):
         tag = f"round {r + 1}/{args.rounds}"
@@ -712,7 +692,7 @@ def measure(args: argparse.Namespace, engine, texts: list[str], corpus: dict, se
             f"{offline['other_cores']:.2f} cores")
         runs = {"offline": offline, "serving": serving_round(server, requests, args.concurrency, args.channels)}
         for fmt in ("base64", "float"):
-            runs[f"http_{fmt}"] = http_serving_round(server, bodies[fmt], args.concurrency)
+            runs[f"http_{fmt}"] = http_serving_round(server, texts, args.concurrency, fmt)
         for name in SERVING_RUNS:
             run = runs[name]
             log(f"{tag}: {name} {run['tokens_per_s']:.0f} tokens/s, mean batch {run['mean_batch_size']:.1f}, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,5 +50,9 @@ def draw_attention(weights: np.ndarray, tokens: Sequence[str], title: str, path:
     ax.set_ylabel("query")
     ax.set_title(title)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
-    fig.tight_layout()
-    save_figure(fig, path)
+    with warnings.catch_warnings():
+        # Word pieces of scripts the default font lacks (CJK, emoji) are drawn as boxes, and matplotlib warns once
+        # per missing glyph: lines of noise for one picture whose labels are still in the order of the tokens.
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font", category=UserWarning)
+        fig.tight_layout()
+        save_figure(fig, path)

@@ -65,7 +65,7 @@ class Manifest:
         return self.pooling in REQUEST_POOLINGS and all(m == "Normalize" for m in after)
     # Also optional: "embedder", or "reranker" (a cross-encoder whose graphs
     # take token_type_ids and output scores (B, num_labels)
-    # of raw logits, model/heads.py).
+    # of raw logits, model/cross_encoder.py).
     kind: str = "embedder"
     num_labels: int = 0  # a reranker's classifier outputs
     score_activation: str | None = None  # a reranker's CrossEncoder activation: "sigmoid" or "identity"

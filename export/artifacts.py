@@ -22,7 +22,7 @@ from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ArtifactError
 from attnserve.model.checkpoint import Checkpoint, load_encoder
 from attnserve.model.encoder import Encoder, SentenceEncoder
-from attnserve.model.head import load_head
+from attnserve.model.sentence_head import load_head
 
 from .optimize import (
     convert_fp16,

@@ -1,4 +1,4 @@
-"""A cross-encoder's graphs (model/heads.py): exported, fused, converted and verified against PyTorch.
+"""A cross-encoder's graphs (model/cross_encoder.py): exported, fused, converted and verified against PyTorch.
 
 Inputs input_ids, attention_mask and token_type_ids, all (B, T) int64 with dynamic axes; output scores
 (B, num_labels) of raw logits, and for the attention graph attentions (L, B, nh, T, T) too. Verification runs
@@ -21,8 +21,8 @@ from attnserve.engine.session import CPU, open_session
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ExportVerificationError
 from attnserve.model.checkpoint import Checkpoint
+from attnserve.model.cross_encoder import Reranker, load_reranker
 from attnserve.model.encoder import Encoder
-from attnserve.model.heads import Reranker, load_reranker
 
 from .optimize import convert_fp16, fuse_attention
 from .token_ids import made_up_token_ids

@@ -19,8 +19,8 @@ from attnserve.engine.session import CPU, open_session
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ExportVerificationError
 from attnserve.model.encoder import Encoder
-from attnserve.model.head import SentenceHead
 from attnserve.model.modernbert import ModernBertEncoder
+from attnserve.model.sentence_head import SentenceHead
 
 from .token_ids import made_up_token_ids
 

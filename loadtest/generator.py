@@ -35,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .retry import MAX_ATTEMPTS, Backoff, RetryThrottle
+from attnserve.client.retry import MAX_ATTEMPTS, Backoff, RetryThrottle
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The family comes from config.json's model_type (FAMILIES: BERT, RoBERTa, XLM-RoBERTa, DistilBERT, MPNet),
 each with its config names and an explicit key map; a ModernBERT checkpoint (model_type "modernbert") has its
-config reader and key map in modernbert.py. A BertForSequenceClassification checkpoint is a reranker (heads.py).
+config reader and key map in modernbert.py. A BertForSequenceClassification checkpoint is a reranker (cross_encoder.py).
 
 Only safetensors is read: a pickle checkpoint can run code on load. Weights are
 copied through an explicit key map, and any key that is missing, unexpected
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from attnserve.errors import CheckpointError
 
-from . import heads, modernbert
+from . import cross_encoder, modernbert
 from .encoder import ACTIVATIONS, Encoder, EncoderConfig
 from .modernbert import ModernBertConfig, ModernBertEncoder
 from .pipeline import Pipeline, read_json, read_pipeline, tokenizer_max_length
@@ -183,9 +183,9 @@ class Checkpoint:
         if self.kind == "reranker":
             return [f"Transformer({family})", f"Classifier({self.num_labels}, {self.score_activation})"]
         return self.pipeline.modules(family)
-    kind: str = "embedder"  # or "reranker": a BertForSequenceClassification checkpoint (heads.py)
+    kind: str = "embedder"  # or "reranker": a BertForSequenceClassification checkpoint (cross_encoder.py)
     num_labels: int = 0  # a reranker's classifier outputs
-    score_activation: str | None = None  # a reranker's CrossEncoder activation (heads.ACTIVATIONS)
+    score_activation: str | None = None  # a reranker's CrossEncoder activation (cross_encoder.ACTIVATIONS)
 
     @property
     def weights_file(self) -> Path:
@@ -211,9 +211,9 @@ def _encoder_config(raw: dict, path: Path) -> EncoderConfig:
     if not isinstance(architectures, list):
         raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
     head_archs = [a for a in architectures if a not in spec.architectures]
-    rerankers = heads.RERANKER_ARCHITECTURES if family == "bert" else ()
+    rerankers = cross_encoder.RERANKER_ARCHITECTURES if family == "bert" else ()
     if len(architectures) == 1 and head_archs and head_archs[0] in rerankers:
-        head_archs = []  # the classifier head is exported as a reranker (heads.py)
+        head_archs = []  # the classifier head is exported as a reranker (cross_encoder.py)
     if head_archs:
         raise CheckpointError(f"{path}: cannot reproduce architecture {head_archs[0]} (the export runs the bare "
                               f"encoder: {' or '.join(spec.architectures)}"
@@ -310,7 +310,7 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
             if required == "model.safetensors" and any(directory.glob("*.bin")):
                 raise CheckpointError(f"{directory}: only model.safetensors is accepted, not pickle .bin weights")
             raise CheckpointError(f"checkpoint file missing: {directory / required}")
-    if isinstance(cfg, EncoderConfig) and heads.is_reranker(raw.get("architectures") or []):
+    if isinstance(cfg, EncoderConfig) and cross_encoder.is_reranker(raw.get("architectures") or []):
         return _read_reranker(directory, name, cfg, raw)
     pipeline = read_pipeline(directory, cfg.usable_positions, cfg.hidden_size)
     _check_no_head(directory / "model.safetensors", _weight_names(cfg))
@@ -318,9 +318,9 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
 
 
 def _read_reranker(directory: Path, name: str | None, cfg: EncoderConfig, raw: dict) -> Checkpoint:
-    """A cross-encoder: the encoder, its pooler and classifier (heads.py), the CrossEncoder's truncation."""
-    spec = heads.read_reranker(directory, raw)
-    _check_no_head(directory / "model.safetensors", _weight_names(cfg), heads.CLASSIFIER_KEYS)
+    """A cross-encoder: the encoder, its pooler and classifier (cross_encoder.py), the CrossEncoder's truncation."""
+    spec = cross_encoder.read_reranker(directory, raw)
+    _check_no_head(directory / "model.safetensors", _weight_names(cfg), cross_encoder.CLASSIFIER_KEYS)
     length, length_from = spec.max_seq_length, "sentence_bert_config.json"
     if length is None:
         length, length_from = tokenizer_max_length(directory, cfg.usable_positions), "tokenizer"
@@ -366,8 +366,8 @@ def load_encoder(ckpt: Checkpoint) -> Encoder | ModernBertEncoder:
     # read_checkpoint has refused any other head, so every other key must be the encoder's.
     names = _weight_names(ckpt.config)
     prefix = _encoder_prefix(list(tensors), names)
-    tensors = {_renamed(k.removeprefix(prefix)): v for k, v in tensors.items()
-               if not k.startswith(names.unused_heads) and k not in heads.CLASSIFIER_KEYS}  # a reranker's: heads.py
+    tensors = {_renamed(k.removeprefix(prefix)): v for k, v in tensors.items()  # CLASSIFIER_KEYS: a reranker's
+               if not k.startswith(names.unused_heads) and k not in cross_encoder.CLASSIFIER_KEYS}
     cfg = ckpt.config
     mapping = modernbert.key_map(cfg) if isinstance(cfg, ModernBertConfig) else key_map(cfg)
     missing = sorted(set(mapping) - set(tensors))

@@ -2,7 +2,7 @@
 
 Reading order: config, embeddings, multi-head self-attention, feed-forward,
 one encoder layer, the stack, then the sentence encoder that adds the
-sentence-transformers modules after it (head.py). The code follows the original
+sentence-transformers modules after it (sentence_head.py). The code follows the original
 BERT layout (post-LayerNorm) so that BERT-family checkpoints (MiniLM, BGE,
 E5, GTE) load into it key for key; see checkpoint.py for the key map.
 
@@ -224,7 +224,7 @@ class Encoder(nn.Module):
 
 
 class SentenceEncoder(nn.Module):
-    """The encoder plus the checkpoint's sentence head (model/head.py): the module that is exported to ONNX."""
+    """The encoder plus the checkpoint's sentence head (model/sentence_head.py): the module that is exported to ONNX."""
 
     def __init__(self, encoder: Encoder | ModernBertEncoder, head: nn.Module, output_attentions: bool = False):
         super().__init__()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import random
 import threading
 import time
 from collections import deque
@@ -32,6 +31,7 @@ import grpc
 import numpy as np
 
 from attnserve.client.client import open_channel
+from attnserve.client.retry import Backoff
 from attnserve.client.status import ErrorDetails, error_details
 from attnserve.config import ClientConfig
 from attnserve.engine.engine import EncodeStats
@@ -68,6 +68,7 @@ SORT_BY_LENGTH = True
 # order -- no row is lost or answered twice -- after a backoff of 0.5, 1, 2, 4, 8 s (with jitter; longer
 # if the server's RetryInfo asks for it), halving our own window each time (it grows back as replies
 # arrive). The count starts over whenever a reply arrives; after RETRIES failures in a row we give up.
+# The backoff is the clients' one (client/retry.py), with a job's waits: longer, the server's wait in full.
 RETRIES = 5
 BACKOFF_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 8.0
@@ -308,6 +309,7 @@ class ServerEncoder:
         pending: deque[_Request] = deque()  # sent on the current stream and unanswered, in order
         window = full_window = max(info.max_seq_length, (info.limits.max_queue_tokens or 65536) // WINDOW_QUEUE_SHARE)
         in_flight, exhausted, failures = 0, False, 0
+        backoff = Backoff(BACKOFF_SECONDS, BACKOFF_MAX_SECONDS, cap_server_wait=False)
         stream, sending, answered = _Stream(self.stub), True, 0  # answered: replies on this stream
         try:
             while True:
@@ -354,9 +356,7 @@ class ServerEncoder:
                         self._set_aside(pending, refused, details, session)
                     elif details.reason == "QUEUE_FULL" and failures < RETRIES:
                         # Back off, then resend from pending[0] on.
-                        delay = max(details.retry_delay or 0.0,
-                                    min(BACKOFF_MAX_SECONDS, BACKOFF_SECONDS * 2 ** failures)
-                                    * random.uniform(0.8, 1.2))
+                        delay = backoff.next(details.retry_delay)
                         log.info("server queue full; resending %d requests in %.2fs (retry %d of %d): %s",
                                  len(pending), delay, failures + 1, RETRIES, _one_line(details.message))
                         time.sleep(delay)
@@ -377,6 +377,7 @@ class ServerEncoder:
                 answered += 1
                 in_flight -= request.tokens
                 failures = 0
+                backoff.reset()
                 window = min(full_window, window + info.max_seq_length)
                 self._take(reply, request, embedding_size(info))
                 session.on_batch(len(request.rows))

@@ -24,9 +24,9 @@ from attnserve.export.token_ids import made_up_token_ids
 from .auth import ApiKeys
 from .core import Core
 from .grpc.auth import ApiKeyInterceptor
+from .grpc.guard import RequestGuard, core_receive_limit
 from .grpc.health import HealthService
-from .grpc.service import PROTOCOL, SERVICE_NAME, EncoderService, rpc_handlers
-from .grpc.wire import RequestGuard, core_receive_limit
+from .grpc.service import PROTOCOL, SERVICE_NAME, EncoderService, add_to_server
 from .http.door import HttpDoor
 from .metrics import Metrics
 from .models import Models, model_sources
@@ -109,7 +109,7 @@ class Server:
                ("grpc.max_connection_age_grace_ms", int(config.grace_seconds * 1e3))]
               if config.max_connection_age else []),
         ])
-        server.add_generic_rpc_handlers((rpc_handlers(EncoderService(self.core, self.metrics)),))
+        add_to_server(EncoderService(self.core, self.metrics), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         # The server, the service and each model ("attnserve.v1.Encoder/NAME"): SERVING only after warm-up.
         health_names = ("", SERVICE_NAME, *(f"{SERVICE_NAME}/{model.name}" for model in models.all))

@@ -3,8 +3,9 @@
 A door (grpc/ for gRPC, http/ for HTTP) translates its wire format into a request of requests.py, calls
 one method here, and translates what comes back, or the error raised, with its own mapping. Everything else
 happens here once: resolving the model a request names (models.py; None is the default model), validation and
-every limit (requests.py), admission and submission to that model's batcher, pooling, `dimensions` and
-normalisation (replies.py), the count of requests in progress that a drain waits for, and returning memory after
+every limit (requests.py), admission and submission to that model's batcher, the request's deadline (the call
+runs under it and ends with DeadlineExpiredError, on every door), pooling, `dimensions` and normalisation
+(replies.py), readiness, the count of requests in progress that a drain waits for, and returning memory after
 large replies. Tokenizing, building a reply and the door's serialization of it run in the thread pool, never on
 the event loop.
 """
@@ -13,18 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
+from typing import TypeVar
 
 from attnserve.config import ServerConfig
 from attnserve.engine.tokenizer import Token
-from attnserve.errors import ShuttingDownError
+from attnserve.errors import NotServingError, ShuttingDownError
 
 from .memory import MemoryReturn
 from .models import ModelInfo, Models, ServedModel
 from .replies import EncodeReply, RerankReply, build_reply, build_rerank_reply
 from .requests import (
+    Deadline,
     DecodeRequest,
     EncodeRequest,
     PreparedRequest,
@@ -40,7 +43,9 @@ from .requests import (
 # A reply's float on a binary wire (protobuf, numpy bytes): what the reply size limit counts by default.
 BINARY_FLOAT_BYTES = 4.0
 
-__all__ = ["BINARY_FLOAT_BYTES", "Core", "ModelInfo"]
+__all__ = ["BINARY_FLOAT_BYTES", "Core", "Deadline", "ModelInfo"]
+
+T = TypeVar("T")
 
 
 class Core:
@@ -71,15 +76,26 @@ class Core:
         if self.draining.is_set():
             raise ShuttingDownError("the server is shutting down; retry on another replica")
 
+    def check_ready(self) -> None:
+        """Readiness, as health checks and probes report it: NotServingError before warm-up and while draining."""
+        if not self.serving:
+            raise NotServingError("the server is shutting down" if self.draining.is_set()
+                                  else "the server is warming up")
+
     # --- the work -----------------------------------------------------------
 
-    async def encode(self, request: EncodeRequest, deadline: float | None, render: Callable[[EncodeReply], bytes],
-                     float_bytes: float = BINARY_FLOAT_BYTES) -> tuple[bytes, int]:
+    async def encode(self, request: EncodeRequest, deadline: Deadline | None,
+                     render: Callable[[EncodeReply], bytes], float_bytes: float = BINARY_FLOAT_BYTES
+                     ) -> tuple[bytes, int]:
         """One request through validation, tokenizer, batcher and reply; render is the door's serializer.
 
-        deadline: a time.monotonic() value, or None. float_bytes: what one float of the reply costs on the
-        door's wire, for the reply size limit. Returns (the rendered reply, the request's tokens).
+        deadline: None, or when the request must be answered by. float_bytes: what one float of the reply costs
+        on the door's wire, for the reply size limit. Returns (the rendered reply, the request's tokens).
         """
+        return await _within(self._encode(request, deadline, render, float_bytes), deadline)
+
+    async def _encode(self, request: EncodeRequest, deadline: Deadline | None,
+                      render: Callable[[EncodeReply], bytes], float_bytes: float) -> tuple[bytes, int]:
         loop = asyncio.get_running_loop()
         self.check_open()
         model = self.models.get(request.model)
@@ -91,7 +107,7 @@ class Core:
             prepared = await loop.run_in_executor(
                 self._executor, prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
                 engine.takes_token_types)
-            rows = await batcher.submit(prepared.inputs, prepared.options.attention, deadline)
+            rows = await batcher.submit(prepared.inputs, prepared.options.attention, _at(deadline))
             body = await loop.run_in_executor(self._executor, self._render, rows, prepared, model, render)
             return body, prepared.tokens
         finally:
@@ -102,10 +118,13 @@ class Core:
                 ) -> bytes:
         return render(build_reply(rows, prepared.inputs, prepared.options, model.engine.tokenizer, model.name))
 
-    async def rerank(self, request: RerankRequest, deadline: float | None) -> RerankReply:
+    async def rerank(self, request: RerankRequest, deadline: Deadline | None) -> RerankReply:
         """Score (query, text) pairs with a reranker through the same batcher as embeddings, sorted best first.
 
-        deadline: a time.monotonic() value, or None."""
+        deadline: None, or when the request must be answered by."""
+        return await _within(self._rerank(request, deadline), deadline)
+
+    async def _rerank(self, request: RerankRequest, deadline: Deadline | None) -> RerankReply:
         loop = asyncio.get_running_loop()
         self.check_open()
         model = self.models.get(request.model)
@@ -116,7 +135,7 @@ class Core:
             prepared = await loop.run_in_executor(
                 self._executor, prepare_rerank, request, engine.tokenizer, engine.manifest, self.limits,
                 engine.takes_token_types)
-            rows = await batcher.submit(prepared.inputs, False, deadline)
+            rows = await batcher.submit(prepared.inputs, False, _at(deadline))
             return build_rerank_reply(rows, prepared, engine.manifest.score_activation, model.name)
         finally:
             self._memory.done(0)
@@ -178,3 +197,18 @@ class Core:
             if since >= quiet:
                 return True
             await asyncio.sleep(min(quiet - since, max(0.0, end - time.monotonic())))
+
+
+async def _within(work: Awaitable[T], deadline: Deadline | None) -> T:
+    """Await work; past the deadline, cancel it (its queued inputs are dropped) and raise DeadlineExpiredError."""
+    if deadline is None:
+        return await work
+    try:
+        return await asyncio.wait_for(work, max(0.0, deadline.at - time.monotonic()))
+    except asyncio.TimeoutError:
+        raise deadline.expired() from None
+
+
+def _at(deadline: Deadline | None) -> float | None:
+    """The batcher's view of a deadline: a time.monotonic() value, to drop inputs whose deadline passed unrun."""
+    return None if deadline is None else deadline.at

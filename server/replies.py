@@ -17,7 +17,7 @@ from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
 from .batcher import RowOutput
 from .requests import PreparedRerank, ReplyOptions
 
-# A reranker's CrossEncoder activations (model/heads.py names them in the manifest), on (N,) float32 logits.
+# A reranker's CrossEncoder activations (model/cross_encoder.py names them in the manifest), on (N,) float32 logits.
 SCORE_ACTIVATIONS = {
     "sigmoid": lambda logits: 1.0 / (1.0 + np.exp(-logits)),
     "identity": lambda logits: logits,
@@ -67,7 +67,7 @@ def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokeni
         # A request for attention queues in the attention lane, whose batches run the graph that returns them.
         assert row.attentions is not None
         attentions = row.attentions[list(options.attention_layers)]  # (layers, nh, T, T)
-        if options.attention_heads is not None:
+        if not options.every_head and options.attention_heads is not None:
             attentions = attentions[:, list(options.attention_heads)]  # (layers, heads, T, T)
         if options.average_heads:
             attentions = attentions.mean(axis=1, keepdims=True)  # (layers, 1, T, T)

@@ -17,7 +17,7 @@ from attnserve.engine.dimensions import check_dimensions
 from attnserve.engine.manifest import REQUEST_POOLINGS, Manifest
 from attnserve.engine.prompts import apply_prompt
 from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, Token, TokenizedInput, check_texts
-from attnserve.errors import InputTooLongError, InvalidInputError
+from attnserve.errors import DeadlineExpiredError, InputTooLongError, InvalidInputError
 
 # "default" is the model's own pooling, as its graph computes it.
 POOLINGS = ("default", *REQUEST_POOLINGS)
@@ -28,6 +28,17 @@ Input = str | Sequence[int] | tuple[str, str] | None
 
 # Per-embedding overhead of a reply beyond its arrays: tags, lengths, shapes.
 EMBEDDING_OVERHEAD_BYTES = 64
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When a request must be answered by: the core runs the request under it (core.py), whatever the door."""
+
+    at: float  # a time.monotonic() value
+    name: str = "deadline"  # what the client set, as its door calls it ("X-Request-Timeout"), for the error
+
+    def expired(self) -> DeadlineExpiredError:
+        return DeadlineExpiredError(f"the request's {self.name} passed before it was answered")
 
 
 @dataclass(frozen=True)
@@ -96,7 +107,8 @@ class ReplyOptions:
     dimensions: int | None  # None: all of them
     token_embeddings: bool
     attention_layers: tuple[int, ...] | None  # non-negative indices, in the order asked; None: no attention
-    attention_heads: tuple[int, ...] | None = None  # non-negative indices; None: every head
+    attention_heads: tuple[int, ...] | None = None  # non-negative indices, every head when none was asked
+    every_head: bool = True  # attention_heads are all the model's heads in order: nothing to select
     average_heads: bool = False
 
     @property
@@ -133,9 +145,7 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     float_bytes: what one float of the reply costs on the door's wire (4 in binary), for the reply size limit.
     """
     check_count(len(request.inputs), limits.max_inputs)
-    if manifest.kind == "reranker":
-        raise _invalid("model", f"{manifest.model} is a reranker (a cross-encoder): it scores pairs through rerank "
-                                "and has no embeddings")
+    check_embedder(manifest.model, manifest.kind)
     if request.pooling not in POOLINGS:
         raise _invalid("pooling", f"pooling {request.pooling} is not one of {', '.join(POOLINGS)}")
     # The model's own pooling comes from its graph; another is computed from the token embeddings, which
@@ -149,15 +159,19 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
                                                f"of {', '.join(TRUNCATION_DIRECTIONS)}")
     check_dimensions(request.dimensions, manifest.embedding_size)
     attention = request.attention
+    layers = heads = None
+    if attention is not None:  # none asked: the last layer, and every head, named in the reply as asked ones are
+        layers = _indices(attention.layers or [-1], manifest.num_layers, "layer", "attention.layers")
+        heads = (_indices(attention.heads, manifest.num_heads, "head", "attention.heads") if attention.heads
+                 else tuple(range(manifest.num_heads)))
     options = ReplyOptions(
         pooling=pooling,
         normalize=manifest.normalize if request.normalize is None else request.normalize,
         dimensions=request.dimensions,
         token_embeddings=request.token_embeddings,
-        attention_layers=None if attention is None else _indices(
-            attention.layers or [-1], manifest.num_layers, "layer", "attention.layers"),
-        attention_heads=None if attention is None or not attention.heads else _indices(
-            attention.heads, manifest.num_heads, "head", "attention.heads"),
+        attention_layers=layers,
+        attention_heads=heads,
+        every_head=heads == tuple(range(manifest.num_heads)),
         average_heads=attention is not None and attention.average_heads,
     )
     inputs = _tokenize(request, tokenizer, manifest, truncates(request.truncate, limits),
@@ -170,6 +184,13 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
             f"({limits.max_response_bytes / 2**20:.1f} MiB); ask for fewer inputs, fewer attention layers or "
             "average_heads")
     return PreparedRequest(inputs, options)
+
+
+def check_embedder(model: str, kind: str) -> None:
+    """Embeddings are asked of, or described for, an embedding model only."""
+    if kind == "reranker":
+        raise _invalid("model", f"{model} is a reranker (a cross-encoder): it scores pairs through rerank "
+                                "and has no embeddings")
 
 
 def check_count(n: int, max_inputs: int, field: str = "inputs") -> None:
@@ -340,7 +361,7 @@ def _located(error: InvalidInputError, labels: list[str], fields: list[str], ser
 
 
 def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest, float_bytes: float) -> int:
-    heads = len(options.attention_heads) if options.attention_heads else manifest.num_heads
+    heads = len(options.attention_heads or ())
     floats = options.dimensions or manifest.embedding_size
     if options.token_embeddings:
         floats += tokens * manifest.hidden_size  # token embeddings are hidden states, whatever the pipeline

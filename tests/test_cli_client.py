@@ -44,6 +44,12 @@ def test_attention_draws_a_labelled_heatmap(server, tmp_path):
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
 
 
+def test_attention_over_scripts_the_font_lacks_writes_no_warning(server, tmp_path):
+    """The CLI turns off no warning but matplotlib's, one per glyph its font lacks (client/plot.py)."""
+    result = run_cli("attention", "東京は日本の首都です。🙂", "-o", tmp_path / "cjk.png", "--target", server.target)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
 def test_client_errors_are_one_line(server, tmp_path):
     assert_one_line_error(run_cli("embed", "", "--target", server.target), "INVALID_ARGUMENT", "input 0: empty text")
     assert_one_line_error(run_cli("attention", "x", "--layer", "-7", "-o", tmp_path / "m.png", "--target",

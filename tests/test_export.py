@@ -87,7 +87,7 @@ def test_graphs_run_at_shapes_never_used_in_export(artifacts, encoder, variant):
 
 def test_verification_fails_with_a_clear_message(artifacts, encoder, checkpoint):
     from attnserve.engine.tokenizer import TextTokenizer
-    from attnserve.model.head import load_head
+    from attnserve.model.sentence_head import load_head
 
     tokenizer = TextTokenizer(artifacts / "tokenizer.json", 256, 30522)
     # Artifacts exported before the graphs took token_type_ids (ATTNSERVE_TEST_ARTIFACTS) are checked without them.

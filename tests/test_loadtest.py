@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from attnserve.client.retry import BACKOFF_MAX_S, MAX_TOKENS, Backoff
 from attnserve.loadtest.corpus import mixed_length_corpus
-from attnserve.loadtest.retry import BACKOFF_MAX_S, MAX_TOKENS, Backoff
 from tests.conftest import assert_one_line_error, run_cli
 from tests.serving import ServerProcess
 

@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 
 from attnserve.client import ErrorDetails, error_details
 from attnserve.client.client import make_request
-from attnserve.server.grpc.wire import CORE_LIMIT_FACTOR
+from attnserve.server.grpc.guard import CORE_LIMIT_FACTOR
 from attnserve.v1 import encoder_pb2 as pb
 
 # Bytes that no message type parses from.

@@ -2,7 +2,9 @@
 core's requests and the core's replies to protobuf, and nothing else: no rule, limit or batching lives here.
 
 The reply is serialized in the core's thread-pool job, never on the event loop; Embed and EmbedStream
-therefore hand grpc already-serialized bytes.
+therefore hand grpc already-serialized bytes, which the request guard (guard.py) sends as they are. The
+methods are registered by the generated add_EncoderServicer_to_server (add_to_server). The deadline is the
+call's, run under by the core as on every door.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from attnserve.v1 import encoder_pb2_grpc
 from ..core import Core, ModelInfo
 from ..metrics import Metrics
 from ..replies import EncodeReply, RerankReply
-from ..requests import AttentionOptions, EncodeRequest, Input, RerankRequest
+from ..requests import AttentionOptions, Deadline, EncodeRequest, Input, RerankRequest
 from .status import abort, status_for
 
 log = logging.getLogger("attnserve.server")
@@ -166,7 +168,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
                 async for request in requests:
                     await window.put(asyncio.ensure_future(self._embed(request, context)))
                 await window.put(None)
-            except Exception as error:  # a message refused (server/grpc/wire.py), or the client's stream broke
+            except Exception as error:  # a message refused (server/grpc/guard.py), or the client's stream broke
                 await window.put(error)
 
         with self._core.in_flight():
@@ -259,10 +261,10 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
                 "tokens": tokens, "ms": round(seconds * 1e3, 2), "peer": context.peer()}})
 
 
-def _deadline(context: grpc.aio.ServicerContext) -> float | None:
-    """The call's deadline as a time.monotonic() value, or None."""
+def _deadline(context: grpc.aio.ServicerContext) -> Deadline | None:
+    """The call's deadline, or None."""
     remaining = context.time_remaining()
-    return time.monotonic() + remaining if remaining is not None else None
+    return Deadline(time.monotonic() + remaining) if remaining is not None else None
 
 
 def _cancel_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
@@ -278,24 +280,7 @@ def _discard(item) -> None:
         item.cancel()
 
 
-def _passthrough(reply: bytes) -> bytes:
-    return reply
-
-
-def rpc_handlers(service: EncoderService) -> grpc.GenericRpcHandler:
-    """Like the generated add_EncoderServicer_to_server, except that Embed and EmbedStream return bytes."""
-    return grpc.method_handlers_generic_handler(SERVICE_NAME, {
-        "Embed": grpc.unary_unary_rpc_method_handler(
-            service.Embed, request_deserializer=pb.EmbedRequest.FromString, response_serializer=_passthrough),
-        "EmbedStream": grpc.stream_stream_rpc_method_handler(
-            service.EmbedStream, request_deserializer=pb.EmbedRequest.FromString, response_serializer=_passthrough),
-        "Rerank": grpc.unary_unary_rpc_method_handler(
-            service.Rerank, request_deserializer=pb.RerankRequest.FromString,
-            response_serializer=pb.RerankResponse.SerializeToString),
-        "GetModelInfo": grpc.unary_unary_rpc_method_handler(
-            service.GetModelInfo, request_deserializer=pb.GetModelInfoRequest.FromString,
-            response_serializer=pb.ModelInfo.SerializeToString),
-        "ListModels": grpc.unary_unary_rpc_method_handler(
-            service.ListModels, request_deserializer=pb.ListModelsRequest.FromString,
-            response_serializer=pb.ModelList.SerializeToString),
-    })
+def add_to_server(service: EncoderService, server: grpc.aio.Server) -> None:
+    """The generated registration. Embed's and EmbedStream's replies are bytes already: the server must run
+    RequestGuard (guard.py), which passes bytes through the generated serializers as they are."""
+    encoder_pb2_grpc.add_EncoderServicer_to_server(service, server)

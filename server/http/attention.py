@@ -13,7 +13,7 @@ from .bodies import AttentionBody, AttentionReply
 from .errors import OPENAI, WireNames
 from .inputs import inputs_of
 from .route import Route
-from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response, within
+from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response
 
 NAMES = WireNames({"attention.": ""})
 
@@ -25,11 +25,11 @@ def to_core(body: AttentionBody) -> EncodeRequest:
         model=body.model)
 
 
-def render(reply: EncodeReply, base64_format: bool, num_heads: int) -> bytes:
+def render(reply: EncodeReply, base64_format: bool) -> bytes:
     options = reply.options
-    assert options.attention_layers is not None  # to_core always asks for attention
-    layers = list(options.attention_layers)
-    heads = list(options.attention_heads) if options.attention_heads is not None else list(range(num_heads))
+    # to_core always asks for attention: the core resolved its layers and heads (every head when none was asked)
+    assert options.attention_layers is not None and options.attention_heads is not None
+    layers, heads = list(options.attention_layers), list(options.attention_heads)
     data = []
     for i, item in enumerate(reply.inputs):
         assert item.attentions is not None  # every input of a request for attention has them (replies.py)
@@ -56,9 +56,7 @@ class AttentionRoutes:
 
     async def attention(self, request: web.Request) -> web.Response:
         body, core_request = await self._bodies.read(request, AttentionBody, lambda b: (b, to_core(b)))
-        num_heads = self._core.model(body.model).info.num_heads
-        base64_format, until = body.encoding_format == "base64", deadline(request)
-        reply, _ = await within(self._core.encode(
-            core_request, until, lambda r: render(r, base64_format, num_heads),
-            BASE64_FLOAT_BYTES if base64_format else JSON_FLOAT_BYTES), until)
+        base64_format = body.encoding_format == "base64"
+        reply, _ = await self._core.encode(core_request, deadline(request), lambda r: render(r, base64_format),
+                                           BASE64_FLOAT_BYTES if base64_format else JSON_FLOAT_BYTES)
         return json_response(reply)

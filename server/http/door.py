@@ -111,12 +111,12 @@ class HttpDoor:
                            if isinstance(refusal, web.HTTPMethodNotAllowed)
                            else RouteNotFoundError(f"no route {request.path}; GET / and /openapi.json list them"))
                 if route.open:  # not counted: a balancer's health checks must not hold up the drain
-                    response = await handler(request)
+                    response = await self._answer(route, handler, request)
                 else:
                     self._keys.check(request.headers.get("Authorization"))
                     with self._core.in_flight():  # refusals too: the drain waits for late arrivals to stop
                         self._core.check_open()
-                        response = await handler(request)
+                        response = await self._answer(route, handler, request)
             except asyncio.CancelledError:
                 status = CLIENT_CLOSED
                 raise
@@ -145,6 +145,12 @@ class HttpDoor:
 
     async def _index(self, request: web.Request) -> web.Response:
         return json_response(self._index_body)
+
+    async def _answer(self, route: Route, handler, request: web.Request) -> web.StreamResponse:
+        """The route's handler; a readiness probe (Route.readiness) is 503 unless the core is ready."""
+        if route.readiness:
+            self._core.check_ready()
+        return await handler(request)
 
     async def _openapi(self, request: web.Request) -> web.Response:
         return json_response(self._spec)

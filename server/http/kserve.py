@@ -26,16 +26,16 @@ from typing import TypeVar
 import numpy as np
 from aiohttp import web
 
-from attnserve.errors import InvalidInputError, MalformedMessageError, ModelNotFoundError, NotServingError
+from attnserve.errors import InvalidInputError, MalformedMessageError, ModelNotFoundError
 
 from ..core import BINARY_FLOAT_BYTES, Core
 from ..models import ModelInfo
 from ..replies import EncodeReply
-from ..requests import EncodeRequest
+from ..requests import EncodeRequest, check_embedder
 from .bodies import KServeInferBody, KServeInferReply, KServeRequestedOutput, KServeTensor, parse
 from .errors import KSERVE
 from .route import Route
-from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, json_response, within
+from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, json_response
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 VERSION = "1"  # every model's one version
@@ -64,14 +64,15 @@ class KServeRoutes:
                   reply_schema={"type": "object"}),
             route("GET", "/v2/health/live", self.live, "200 while the process runs (KServe v2)", open=True),
             route("GET", "/v2/health/ready", self.ready, "200 when serving; 503 before warm-up and while draining "
-                                                         "(KServe v2)", open=True),
+                                                         "(KServe v2)", open=True, readiness=True),
             route("POST", f"/v2/models/{VERSIONED}/infer", self.infer, "sentence embeddings of the `text` tensor "
                                                                         "(KServe v2)", **infer),
             route("POST", f"/v2/models/{NAME}/infer", self.infer, "sentence embeddings of the `text` tensor "
                                                                   "(KServe v2)", **infer),
             route("GET", f"/v2/models/{VERSIONED}/ready", self.model_ready, "200 when the model is ready "
-                                                                            "(KServe v2)"),
-            route("GET", f"/v2/models/{NAME}/ready", self.model_ready, "200 when the model is ready (KServe v2)"),
+                                                                            "(KServe v2)", readiness=True),
+            route("GET", f"/v2/models/{NAME}/ready", self.model_ready, "200 when the model is ready (KServe v2)",
+                  readiness=True),
             route("GET", f"/v2/models/{VERSIONED}", self.model_metadata,
                   "the model's inputs and outputs (KServe v2)", reply_schema={"type": "object"}),
             route("GET", f"/v2/models/{NAME}", self.model_metadata, "the model's inputs and outputs (KServe v2)",
@@ -95,19 +96,15 @@ class KServeRoutes:
         return web.Response(status=200)
 
     async def ready(self, request: web.Request) -> web.Response:
-        if not self._core.serving:
-            raise NotServingError("the server is shutting down" if self._core.draining.is_set()
-                                  else "the server is warming up")
-        return web.Response(status=200)
+        return web.Response(status=200)  # the door answered 503 for it unless ready (Route.readiness)
 
     async def model_ready(self, request: web.Request) -> web.Response:
         self._info(request)
-        return await self.ready(request)
+        return web.Response(status=200)
 
     async def model_metadata(self, request: web.Request) -> web.Response:
         info = self._info(request)
-        if info.kind != "embedder":
-            raise InvalidInputError(f"{info.model} is a reranker: score pairs with POST /rerank")
+        check_embedder(info.model, info.kind)  # the inputs and outputs below are an embedder's
         return json_response(dumps({
             "name": info.model, "versions": [VERSION], "platform": "attnserve_onnxruntime",
             "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
@@ -120,7 +117,6 @@ class KServeRoutes:
         # The model of the path computes: the core's request names it, as every door's does.
         call = await self._bodies.read_bytes(request, lambda body: _read_call(body, header_length, info.model))
         outputs = call.outputs
-        until = deadline(request)
         json_header: list[int] = []  # render's: where its JSON ends, for the reply's header
 
         def render(reply: EncodeReply) -> bytes:
@@ -129,9 +125,8 @@ class KServeRoutes:
             return b"".join([header, *tensors])  # one copy of the tensors' bytes
 
         binary = any(outputs.values())
-        reply, _ = await within(self._core.encode(call.request, until, render,
-                                                    BINARY_FLOAT_BYTES if binary else JSON_FLOAT_BYTES),
-                                until)
+        reply, _ = await self._core.encode(call.request, deadline(request), render,
+                                           BINARY_FLOAT_BYTES if binary else JSON_FLOAT_BYTES)
         if not binary:
             return json_response(reply)
         return web.Response(body=reply, content_type="application/octet-stream",

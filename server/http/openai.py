@@ -19,7 +19,7 @@ from .bodies import OpenAIEmbeddingsBody, OpenAIEmbeddingsReply, OpenAIModel, Op
 from .errors import OPENAI, WireNames
 from .inputs import inputs_of
 from .route import Route
-from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response, within
+from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response
 
 # The openai SDK sends only OpenAI's fields: attnserve's `truncate` goes in its extra_body.
 NAMES = WireNames({"inputs": "input"},
@@ -64,10 +64,10 @@ class OpenAIRoutes:
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body, core_request = await self._bodies.read(request, OpenAIEmbeddingsBody, lambda b: (b, to_core(b)))
-        base64_format, until = body.encoding_format == "base64", deadline(request)
-        reply, _ = await within(self._core.encode(
-            core_request, until, lambda r: render(r, body.model, base64_format),
-            BASE64_FLOAT_BYTES if base64_format else JSON_FLOAT_BYTES), until)
+        base64_format = body.encoding_format == "base64"
+        reply, _ = await self._core.encode(core_request, deadline(request),
+                                           lambda r: render(r, body.model, base64_format),
+                                           BASE64_FLOAT_BYTES if base64_format else JSON_FLOAT_BYTES)
         return json_response(reply)
 
     async def models(self, request: web.Request) -> web.Response:

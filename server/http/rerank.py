@@ -18,7 +18,7 @@ from ..requests import RerankRequest
 from .bodies import CohereRerankBody, CohereRerankReply, TeiRerankBody
 from .errors import OPENAI, TEI, WireNames
 from .route import Route
-from .wire import BodyReader, deadline, dumps, json_response, within
+from .wire import BodyReader, deadline, dumps, json_response
 
 COHERE_NAMES = WireNames({"texts": "documents"})
 
@@ -63,13 +63,11 @@ class RerankRoutes:
 
     async def tei(self, request: web.Request) -> web.Response:
         core_request = await self._bodies.read(request, TeiRerankBody, tei_request)
-        until = deadline(request)
-        reply = await within(self._core.rerank(core_request, until), until)
+        reply = await self._core.rerank(core_request, deadline(request))
         return json_response(render_tei(reply))
 
     async def cohere(self, request: web.Request) -> web.Response:
         core_request = await self._bodies.read(request, CohereRerankBody, cohere_request)
-        until = deadline(request)
-        reply = await within(self._core.rerank(core_request, until), until)
+        reply = await self._core.rerank(core_request, deadline(request))
         return json_response(render_cohere(reply, reply.model))
 

@@ -23,6 +23,7 @@ class Route:
     reply_schema: dict | None = None  # a 200 reply that is no model (a JSON list)
     names: WireNames = field(default_factory=WireNames)
     open: bool = False  # answered without an API key and while draining: /health
+    readiness: bool = False  # a probe: 503 (NotServingError) unless the core is ready, checked by the door
 
 
 def families(routes: list[Route]) -> dict[str, str]:

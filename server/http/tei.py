@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from attnserve.errors import NotServingError
-
 from ..core import Core
 from ..replies import EncodeReply
 from ..requests import DecodeRequest, EncodeRequest, TokenizeRequest
@@ -16,7 +14,7 @@ from .bodies import TeiDecodeBody, TeiEmbedAllBody, TeiEmbedBody, TeiInfo, TeiTo
 from .errors import TEI
 from .inputs import inputs_of
 from .route import Route
-from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response, within
+from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response
 
 # TEI names the dtype in full.
 DTYPE = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
@@ -87,20 +85,18 @@ class TeiRoutes:
                   reply_schema=_list_of({"type": "string"})),
             Route("GET", "/info", self.info, TEI, "the model and the server's limits (TEI)", reply=TeiInfo),
             Route("GET", "/health", self.health, TEI, "200 (no body) when serving; 503 before warm-up and while "
-                                                       "draining", open=True),
+                                                       "draining", open=True, readiness=True),
         ]
 
     async def embed(self, request: web.Request) -> web.Response:
         core_request = await self._bodies.read(request, TeiEmbedBody, embed_request)
-        until = deadline(request)
-        reply, _ = await within(self._core.encode(core_request, until, render_embeddings, JSON_FLOAT_BYTES), until)
+        reply, _ = await self._core.encode(core_request, deadline(request), render_embeddings, JSON_FLOAT_BYTES)
         return json_response(reply)
 
     async def embed_all(self, request: web.Request) -> web.Response:
         core_request = await self._bodies.read(request, TeiEmbedAllBody, embed_all_request)
-        until = deadline(request)
-        reply, _ = await within(self._core.encode(core_request, until, render_token_embeddings, JSON_FLOAT_BYTES),
-                                until)
+        reply, _ = await self._core.encode(core_request, deadline(request), render_token_embeddings,
+                                           JSON_FLOAT_BYTES)
         return json_response(reply)
 
     async def tokenize(self, request: web.Request) -> web.Response:
@@ -125,7 +121,4 @@ class TeiRoutes:
             "version": info.version, "sha": None, "docker_label": None}))
 
     async def health(self, request: web.Request) -> web.Response:
-        if not self._core.serving:
-            raise NotServingError("the server is shutting down" if self._core.draining.is_set()
-                                  else "the server is warming up")
-        return web.Response(status=200)
+        return web.Response(status=200)  # the door answered 503 for it unless ready (Route.readiness)

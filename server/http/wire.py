@@ -1,6 +1,6 @@
 """HTTP bytes in and out: the body read under max_request_bytes and parsed, off the event loop when large; JSON
 written with orjson straight from numpy; floats as base64 straight from their float32 bytes; the deadline a
-request may carry.
+request may carry, which the core runs the request under.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import TypeVar
 
@@ -17,13 +17,13 @@ import orjson
 from aiohttp import web
 
 from attnserve.errors import (
-    DeadlineExpiredError,
     InvalidInputError,
     MalformedMessageError,
     MessageTooLargeError,
     RequestTimeoutError,
 )
 
+from ..requests import Deadline
 from ..sizes import human_size
 from .bodies import Body, parse
 
@@ -111,8 +111,8 @@ def _payload_problem(request: web.Request) -> str:
     return f"the body cannot be read: {framing} is broken"
 
 
-def deadline(request: web.Request) -> float | None:
-    """The request's deadline (a time.monotonic() value) from X-Request-Timeout, in seconds; None: none."""
+def deadline(request: web.Request) -> Deadline | None:
+    """The request's deadline from X-Request-Timeout, in seconds; None: none."""
     raw = request.headers.get(TIMEOUT_HEADER)
     if raw is None:
         return None
@@ -123,17 +123,7 @@ def deadline(request: web.Request) -> float | None:
     if not seconds > 0:  # also NaN
         raise InvalidInputError(f"{TIMEOUT_HEADER}: {raw!r} is not a positive number of seconds",
                                 field=TIMEOUT_HEADER, description="not a positive number of seconds")
-    return time.monotonic() + seconds
-
-
-async def within(work: Awaitable[T], deadline: float | None) -> T:
-    """Await work; past the deadline, cancel it (queued inputs are dropped) and answer 504."""
-    if deadline is None:
-        return await work
-    try:
-        return await asyncio.wait_for(work, max(0.0, deadline - time.monotonic()))
-    except asyncio.TimeoutError:
-        raise DeadlineExpiredError(f"the request's {TIMEOUT_HEADER} passed before it was answered") from None
+    return Deadline(time.monotonic() + seconds, TIMEOUT_HEADER)
 
 
 def json_response(body: bytes, status: int = 200, headers: dict | None = None) -> web.Response:

@@ -1,4 +1,5 @@
-"""Request bytes of every method of every service: bounded in size and parsed where the answer is ours.
+"""Request bytes of every method of every service: bounded in size and parsed where the answer is ours; and
+replies that are bytes already sent as they are.
 
 grpc calls a method's request deserializer and, when it raises, answers UNKNOWN (or, inside a stream, hands
 the handler an exception) and logs a traceback; and grpc's own size limit ends a whole stream, the requests
@@ -13,6 +14,11 @@ is wrapped so that it answers it with the error's status and details (server/grp
 
 grpc's core keeps a limit of its own, CORE_LIMIT_FACTOR times higher, to bound the memory a message in flight
 can take before it reaches us.
+
+The encoder service's Embed and EmbedStream serialize their replies in the core's thread pool, off the event
+loop, and hand grpc bytes; the generated registration gives them EmbedResponse.SerializeToString, which cannot
+take bytes. Since every handler passes through here, the guard gives each a serializer that sends bytes as
+they are (already_serialized).
 """
 
 from __future__ import annotations
@@ -83,7 +89,7 @@ class RequestGuard(grpc.aio.ServerInterceptor):
 
     def _guarded(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         deserialize = self._deserializer(handler.request_deserializer)
-        serialize = handler.response_serializer
+        serialize = already_serialized(handler.response_serializer)
         if handler.request_streaming and handler.response_streaming:
             return grpc.stream_stream_rpc_method_handler(
                 self._stream_request(handler.stream_stream, method), deserialize, serialize)
@@ -152,6 +158,17 @@ class RequestGuard(grpc.aio.ServerInterceptor):
                     raise
                 await self._refuse(context, error, method)
         return reply
+
+
+def already_serialized(serialize: Callable[[object], bytes] | None) -> Callable[[object], bytes] | None:
+    """The method's serializer, except that a reply that is bytes already goes out as it is."""
+    if serialize is None:
+        return None
+
+    def reply_bytes(reply) -> bytes:
+        return reply if isinstance(reply, bytes) else serialize(reply)
+
+    return reply_bytes
 
 
 def _require_async(behavior: Callable, method: str) -> None:

@@ -1,0 +1,221 @@
+"""The protocol-neutral core in this process, with no door and no network: real engines and batchers on the
+exported artifacts, called as a door calls them; each error is the neutral one both doors map from."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+
+import numpy as np
+import pytest
+
+from attnserve.config import ServerConfig
+from attnserve.engine.engine import Engine
+from attnserve.errors import (
+    DeadlineExpiredError,
+    InvalidInputError,
+    ModelNotFoundError,
+    NotServingError,
+    QueueFullError,
+    RequestTooLargeError,
+    ShuttingDownError,
+)
+from attnserve.server.core import Core, Deadline
+from attnserve.server.metrics import Metrics
+from attnserve.server.models import Models, ServedModel
+from attnserve.server.replies import EncodeReply
+from attnserve.server.requests import AttentionOptions, EncodeRequest, RerankRequest
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "a", "Ünïcödé: naïve café, façade, Straße."]
+QUERY = "what do cats eat"
+DOCUMENTS = ["Cats are obligate carnivores and eat meat.", "The stock market fell on Monday.", "Kittens drink milk."]
+LONG = "word " * 200  # about 200 tokens
+
+
+@asynccontextmanager
+async def running(*engines: tuple[str, Engine], warm: bool = True, **settings) -> AsyncIterator[Core]:
+    """A core over one batcher per engine, as the server builds it (server/app.py), in this event loop."""
+    config = ServerConfig(**settings)
+    models = Models([ServedModel(name, (), engine, config, Metrics()) for name, engine in engines])
+    with ThreadPoolExecutor(2) as io:
+        core = Core(models, config, io)
+        for model in models.all:
+            model.batcher.start()
+        if warm:
+            core.warmed_up()
+        try:
+            yield core
+        finally:
+            for model in models.all:
+                model.batcher.close()
+                await model.batcher.join()
+                model.inference.shutdown(wait=True)
+
+
+def keep(replies: list[EncodeReply]):
+    """A door's renderer that keeps the neutral reply, for the test to read."""
+    def render(reply: EncodeReply) -> bytes:
+        replies.append(reply)
+        return b"rendered"
+    return render
+
+
+async def encode(core: Core, request: EncodeRequest, deadline: Deadline | None = None) -> EncodeReply:
+    replies: list[EncodeReply] = []
+    body, tokens = await core.encode(request, deadline, keep(replies))
+    assert body == b"rendered" and tokens == replies[0].tokens
+    return replies[0]
+
+
+class Gated:
+    """An engine whose batches wait for the test to open the gate: what was taken into a batch stays in flight."""
+
+    def __init__(self, engine: Engine):
+        self._engine, self.gate, self.running = engine, threading.Event(), threading.Event()
+
+    def run(self, inputs, attention: bool = False):
+        self.running.set()
+        assert self.gate.wait(30)
+        return self._engine.run(inputs, attention)
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+
+async def until(condition, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def test_embed_gives_the_engine_s_normalised_vectors_in_request_order(engine):
+    async def scenario():
+        async with running(("minilm", engine)) as core:
+            return await encode(core, EncodeRequest(TEXTS))
+
+    reply = asyncio.run(scenario())
+    alone = engine.run(engine.tokenizer.encode_texts(TEXTS)).sentence_embedding
+    expected = alone / np.linalg.norm(alone, axis=1, keepdims=True)
+    np.testing.assert_allclose(reply.embeddings, expected, atol=1e-5)
+    assert reply.model == "minilm" and [x.num_tokens for x in reply.inputs] == [
+        len(x) for x in engine.tokenizer.encode_texts(TEXTS)]
+
+
+def test_attention_resolves_its_default_layer_and_heads(engine):
+    """Every head when none is asked, named in the reply, so that no door works them out itself."""
+    async def scenario():
+        async with running(("minilm", engine)) as core:
+            return (await encode(core, EncodeRequest(TEXTS[:1], attention=AttentionOptions())),
+                    await encode(core, EncodeRequest(TEXTS[:1], attention=AttentionOptions(heads=[-1, 0]))))
+
+    every, two = asyncio.run(scenario())
+    m = engine.manifest
+    assert every.options.attention_layers == (m.num_layers - 1,)
+    assert every.options.attention_heads == tuple(range(m.num_heads))
+    tokens = every.inputs[0].num_tokens
+    assert every.inputs[0].attentions.shape == (1, m.num_heads, tokens, tokens)
+    assert two.options.attention_heads == (m.num_heads - 1, 0)
+    np.testing.assert_array_equal(two.inputs[0].attentions[0], every.inputs[0].attentions[0, [m.num_heads - 1, 0]])
+
+
+def test_rerank_scores_pairs_best_first_and_a_reranker_does_not_embed(engine, reranker_artifacts):
+    reranker = Engine.from_directory(reranker_artifacts)
+
+    async def scenario():
+        async with running(("minilm", engine), ("tiny-reranker", reranker)) as core:
+            reply = await core.rerank(RerankRequest(QUERY, DOCUMENTS, return_text=True, model="tiny-reranker"),
+                                      None)
+            with pytest.raises(InvalidInputError, match="tiny-reranker is a reranker"):
+                await encode(core, EncodeRequest(["x"], model="tiny-reranker"))
+            with pytest.raises(InvalidInputError, match="not a reranker"):
+                await core.rerank(RerankRequest(QUERY, DOCUMENTS), None)
+            return reply
+
+    reply = asyncio.run(scenario())
+    pairs = reranker.tokenizer.encode_pairs([(QUERY, text) for text in DOCUMENTS])
+    logits = reranker.run(pairs).scores[:, 0]
+    order = np.argsort(-logits, kind="stable")
+    assert reply.model == "tiny-reranker" and [r.index for r in reply.results] == list(order)
+    assert [r.text for r in reply.results] == [DOCUMENTS[i] for i in order]
+    np.testing.assert_allclose([r.score for r in reply.results], 1 / (1 + np.exp(-logits[order])), rtol=1e-5)
+
+
+def test_a_model_not_served_is_model_not_found(engine):
+    async def scenario():
+        async with running(("minilm", engine)) as core:
+            with pytest.raises(ModelNotFoundError, match="'nope' does not exist here; this server serves 'minilm'"):
+                await encode(core, EncodeRequest(["x"], model="nope"))
+            with pytest.raises(ModelNotFoundError):
+                await core.rerank(RerankRequest(QUERY, DOCUMENTS, model="nope"), None)
+
+    asyncio.run(scenario())
+
+
+def test_a_deadline_passed_ends_the_call_and_drops_its_queued_inputs(engine):
+    """The core runs the call under its deadline, whatever the door: the error names the deadline as the client
+    set it, and the inputs that waited never cost compute."""
+    async def scenario():
+        gated = Gated(engine)
+        async with running(("minilm", gated)) as core:  # type: ignore[arg-type]
+            gated.gate.set()
+            with pytest.raises(DeadlineExpiredError, match="the request's deadline passed before it was answered"):
+                await encode(core, EncodeRequest(["x"]), Deadline(time.monotonic() - 1))
+
+            gated.gate.clear()
+            batcher = core.models.default.batcher
+            ahead = asyncio.ensure_future(encode(core, EncodeRequest(["taken into a batch"])))
+            await until(gated.running.is_set)
+            start = time.monotonic()
+            with pytest.raises(DeadlineExpiredError, match="the request's X-Test-Timeout passed before it was "
+                                                           "answered"):
+                await encode(core, EncodeRequest([LONG] * 4), Deadline(start + 0.2, "X-Test-Timeout"))
+            assert 0.15 < time.monotonic() - start < 5
+            assert batcher.queued_tokens == 0  # the inputs queued behind the running batch are gone
+            gated.gate.set()
+            assert (await ahead).embeddings.shape == (1, engine.manifest.embedding_size)
+
+    asyncio.run(scenario())
+
+
+def test_a_full_queue_is_queue_full_and_a_request_larger_than_the_queue_never_fits(engine):
+    async def scenario():
+        gated = Gated(engine)
+        async with running(("minilm", gated), max_queue_tokens=300) as core:  # type: ignore[arg-type]
+            batcher = core.models.default.batcher
+            taken = asyncio.ensure_future(encode(core, EncodeRequest([LONG])))  # runs first, held by the gate
+            await until(gated.running.is_set)
+            queued = asyncio.ensure_future(encode(core, EncodeRequest([LONG])))  # waits in the queue
+            await until(lambda: batcher.queued_tokens > 0)
+            with pytest.raises(QueueFullError, match="queue full") as full:
+                await encode(core, EncodeRequest([LONG]))
+            assert full.value.retry_after > 0
+            with pytest.raises(RequestTooLargeError, match="more than the server's whole queue holds"):
+                await encode(core, EncodeRequest([LONG, LONG]))
+            gated.gate.set()
+            assert len((await taken).inputs) == len((await queued).inputs) == 1
+
+    asyncio.run(scenario())
+
+
+def test_readiness_and_the_drain(engine):
+    async def scenario():
+        async with running(("minilm", engine), warm=False) as core:
+            with pytest.raises(NotServingError, match="warming up"):
+                core.check_ready()
+            core.warmed_up()
+            core.check_ready()
+            await encode(core, EncodeRequest(["served"]))
+            core.drain()
+            with pytest.raises(NotServingError, match="shutting down"):
+                core.check_ready()
+            with pytest.raises(ShuttingDownError, match="retry on another replica"):
+                await encode(core, EncodeRequest(["refused"]))
+            with pytest.raises(ShuttingDownError):
+                await core.rerank(RerankRequest(QUERY, DOCUMENTS), None)
+
+    asyncio.run(scenario())
