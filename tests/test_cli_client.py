@@ -56,7 +56,7 @@ def test_client_errors_are_one_line(server, tmp_path):
         s.bind(("127.0.0.1", 0))
         closed_port = s.getsockname()[1]
     assert_one_line_error(run_cli("embed", "x", "--target", f"127.0.0.1:{closed_port}", "--timeout", "5"),
-                          "UNAVAILABLE")
+                          f"no attnserve server at 127.0.0.1:{closed_port}")
     assert_one_line_error(run_cli("embed", "x", "--timeout", "0"), "timeout must be positive")
 
 
