@@ -118,11 +118,14 @@ def cmd_embed(args: argparse.Namespace) -> int:
 def cmd_attention(args: argparse.Namespace) -> int:
     from attnserve.client import Client
     from attnserve.client.plot import draw_attention
+    from attnserve.server.requests import out_of_range
 
     with Client(config=from_args(ClientConfig, args), model=args.model) as client:
         info = client.model_info()
-        if args.head is not None and not -info.num_heads <= args.head < info.num_heads:
-            raise AttnserveError(f"--head {args.head} does not exist; the model has {info.num_heads} heads")
+        for flag, what, index, size in (("--layer", "layer", args.layer, info.num_layers),
+                                        ("--head", "head", args.head, info.num_heads)):
+            if index is not None and (problem := out_of_range(what, index, size, named=flag)):
+                raise AttnserveError(problem)
         result = client.attention(args.text, [args.layer], average_heads=args.head is None, truncate=True)
     layer = args.layer % info.num_layers
     assert result.attentions is not None  # Client.attention raises when the reply has none

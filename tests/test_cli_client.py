@@ -47,9 +47,12 @@ def test_attention_draws_a_labelled_heatmap(server, tmp_path):
 def test_client_errors_are_one_line(server, tmp_path):
     assert_one_line_error(run_cli("embed", "", "--target", server.target), "INVALID_ARGUMENT", "input 0: empty text")
     assert_one_line_error(run_cli("attention", "x", "--layer", "-7", "-o", tmp_path / "m.png", "--target",
-                                  server.target), "INVALID_ARGUMENT", "layer -7 does not exist")
+                                  server.target), "--layer -7 is out of range: this model has 6 layers, 0..5 or -6..-1")
+    assert_one_line_error(run_cli("attention", "x", "--layer", "6", "-o", tmp_path / "m.png", "--target",
+                                  server.target), "--layer 6 is out of range: this model has 6 layers, 0..5 or -6..-1")
     assert_one_line_error(run_cli("attention", "x", "--head", "12", "-o", tmp_path / "m.png", "--target",
-                                  server.target), "--head 12 does not exist; the model has 12 heads")
+                                  server.target),
+                          "--head 12 is out of range: this model has 12 heads, 0..11 or -12..-1")
     assert_one_line_error(run_cli("attention", "x", "-o", tmp_path / "missing" / "m.png", "--target",
                                   server.target), "cannot write")
     with socket.socket() as s:
