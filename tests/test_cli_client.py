@@ -10,6 +10,7 @@ import sys
 import numpy as np
 
 from tests.conftest import assert_one_line_error, run_cli
+from tests.serving import free_port
 
 
 def test_embed_prints_json_equal_to_the_engine(server, engine):
@@ -69,7 +70,7 @@ def test_serve_start_up_errors_are_one_line(artifacts, server, tmp_path):
                           f"cannot listen on 0.0.0.0:{busy}")
     assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--port", "0", "--metrics-port",
                                   str(server.metrics_port), "--http-port", "0", "--host", "127.0.0.1"),
-                          "cannot serve metrics")
+                          f"cannot listen on 127.0.0.1:{server.metrics_port} (metrics, --metrics-port)")
     assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--port", "0", "--metrics-port", "-1",
                                   "--http-port", str(server.http_port), "--host", "127.0.0.1"),
                           f"cannot listen on 127.0.0.1:{server.http_port}")
@@ -80,6 +81,25 @@ def test_serve_start_up_errors_are_one_line(artifacts, server, tmp_path):
                                   "--metrics-port", "-1"), "max_queue_tokens 100 cannot hold one input")
     assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--max-wait-ms", "soon"),
                           "--max-wait-ms: 'soon' is not a valid float")
+
+
+def test_port_in_use_names_every_port_taken_in_one_line_before_the_model_loads(server, tmp_path):
+    """Every taken port at once, each with its flag; with an empty cache and no --artifacts, loading the model
+    would export it first: the cache stays empty."""
+    cache = tmp_path / "cache"
+    free = str(free_port())
+    for flags, named in (
+        (["--port", server.port, "--http-port", server.http_port, "--metrics-port", server.metrics_port],
+         f"127.0.0.1:{server.port} (gRPC, --port) and 127.0.0.1:{server.http_port} (HTTP, --http-port) and "
+         f"127.0.0.1:{server.metrics_port} (metrics, --metrics-port): Address already in use"),
+        (["--port", free, "--http-port", server.http_port, "--metrics-port", server.metrics_port],
+         f"cannot listen on 127.0.0.1:{server.http_port} (HTTP, --http-port) and 127.0.0.1:{server.metrics_port} "
+         "(metrics, --metrics-port): Address already in use"),
+    ):
+        result = run_cli("serve", "--host", "127.0.0.1", *map(str, flags), env={"ATTNSERVE_CACHE": str(cache)})
+        assert_one_line_error(result, named)
+        assert f"{free} (gRPC" not in result.stderr
+        assert not cache.exists() or not any(cache.iterdir()), "the model was loaded (exported) before the check"
 
 
 def test_serve_without_artifacts_serves_the_default_model_from_the_cache(artifacts, tmp_path, monkeypatch):
