@@ -102,8 +102,11 @@ class ServerConfig:
     tls_key: str | None = setting(None, "ATTNSERVE_TLS_KEY", "PEM private key of --tls-cert")
     tls_client_ca: str | None = setting(
         None, "ATTNSERVE_TLS_CLIENT_CA", "PEM CA bundle: require client certificates signed by it (mutual TLS)")
-    log_format: str = setting("json", "ATTNSERVE_LOG_FORMAT", "log lines as JSON objects or plain text",
-                              choices=("json", "text"))
+    # A person at a terminal reads lines; a collector (docker logs, journald, Kubernetes) parses JSON.
+    log_format: str = setting(
+        "auto", "ATTNSERVE_LOG_FORMAT",
+        "log lines as JSON objects (one per line) or human-readable text; auto: text when stderr is a terminal, "
+        "JSON otherwise", choices=("auto", "json", "text"))
     http_port: int = setting(
         8080, "ATTNSERVE_HTTP_PORT",
         "HTTP port (OpenAI- and TEI-compatible routes) on the same host, TLS and batcher; 0 picks a free one, "

@@ -177,13 +177,29 @@ class Server:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         self.core.warmed_up()
         default = models.default.engine
-        log.info("serving", extra={"fields": {
-            "event": "serving", "model": models.default.name, "models": [m.name for m in models.all],
-            "provider": default.provider, "precision": default.precision,
-            "graphs": {m.name: m.engine.describe() for m in models.all}, "address": f"{config.host}:{self.port}",
-            "http_port": self.http_port,
-            "tls": credentials is not None, "mutual_tls": bool(config.tls_client_ca), "api_keys": keys.required,
-            "metrics_port": self.metrics_port, "warm_up_ms": round((time.perf_counter() - started) * 1e3)}})
+        addresses = self.addresses(credentials is not None)
+        more = f" and {len(models.all) - 1} more" if len(models.all) > 1 else ""
+        # The line a person looks for: what serves, and where each door is (in JSON, the same as one event).
+        log.info("serving %s%s on %s", models.default.name, more,
+                 ", ".join(f"{door} {where}" for door, where in addresses.items()), extra={"fields": {
+                     "event": "serving", "model": models.default.name, "models": [m.name for m in models.all],
+                     "provider": default.provider, "precision": default.precision,
+                     "graphs": {m.name: m.engine.describe() for m in models.all},
+                     "address": f"{config.host}:{self.port}", "http_port": self.http_port, "addresses": addresses,
+                     "tls": credentials is not None, "mutual_tls": bool(config.tls_client_ca),
+                     "api_keys": keys.required, "metrics_port": self.metrics_port,
+                     "warm_up_ms": round((time.perf_counter() - started) * 1e3)}})
+
+    def addresses(self, tls: bool) -> dict[str, str]:
+        """Where each door listens, as a client names it: gRPC host:port, HTTP and metrics as URLs."""
+        host = self.config.host
+        netloc = f"[{host}]" if ":" in host else host
+        found = {"gRPC": f"{netloc}:{self.port}"}
+        if self.http_port is not None:
+            found["HTTP"] = f"{'https' if tls else 'http'}://{netloc}:{self.http_port}"
+        if self.metrics_port is not None:
+            found["metrics"] = f"http://{netloc}:{self.metrics_port}/metrics"
+        return found
 
     async def stop(self) -> None:
         """Drain: NOT_SERVING, new requests refused, requests in flight finish within the grace period.
