@@ -20,6 +20,7 @@ from attnserve.config import (
     is_set,
 )
 from attnserve.errors import AttnserveError
+from attnserve.progress import show_on_stderr
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -295,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level or "WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     warnings.filterwarnings("ignore")  # library deprecation chatter is not for users of the CLI
+    if args.command != "serve":  # serve's log carries them, in its format
+        show_on_stderr()  # a first start's calibration, say what it does while it does it
     try:
         return args.func(args)
     except AttnserveError as e:
