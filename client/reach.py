@@ -81,10 +81,9 @@ def why_no_grpc(target: str) -> str | None:
     return None
 
 
-def why_no_http(host: str, port: int, authority: str | None = None) -> str | None:
-    """Why an HTTP request to host:port found no HTTP server; None when the probe cannot tell.
-    authority: the target as the user named it (default: host:port)."""
-    authority = authority or _authority(host, port)
+def why_no_http(host: str, port: int) -> str | None:
+    """Why an HTTP request to host:port found no HTTP server; None when the probe cannot tell."""
+    authority = _authority(host, port)
     found = what_listens(host, port)
     if found == NOTHING:
         return no_server(authority)

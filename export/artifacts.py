@@ -153,7 +153,7 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
     if not fully_fused[False]:
         log(f"attention left unfused; the fused graph holds {describe_fusions(counts)}, "
             f"the fp16 graph {describe_fusions(fp16_counts)}")
-    progress.step("verification: preparing PyTorch's reference")
+    progress.step("verification: PyTorch's outputs for the check texts (the reference)")
     reference = Reference(encoder, head, ckpt.embedding_size, tokenizer)
     # The attention graph first: PyTorch's one pass over the check inputs for it serves the others too.
     order = sorted(VARIANTS, key=lambda name: name != "attention")

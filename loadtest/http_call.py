@@ -215,22 +215,20 @@ async def wait_serving(sender: HttpSender, target: str, where: HttpTarget, addre
     """Until GET /health on one of the addresses is 200; seconds 0: ask each once. target: as the user gave it."""
     end = time.monotonic() + seconds
     while True:
-        last, unanswered = "", None
+        last, unanswered = "", False
         for base in sender.bases(addresses):
             try:
                 status, _ = await sender.get(base, HEALTH_PATH, MODEL_INFO_TIMEOUT_SECONDS)
             except (aiohttp.ClientError, asyncio.TimeoutError) as error:
                 last = f"{type(error).__name__}: {error}"
-                unanswered = base if isinstance(error, aiohttp.ClientError) else None
+                unanswered = isinstance(error, aiohttp.ClientError)
                 continue
             if status == 200:
                 return
             last = f"HTTP {status}"
         if time.monotonic() >= end:
             # No HTTP answer: say what is (not) there (nothing, or the gRPC port), rather than aiohttp's words.
-            split = urlsplit(unanswered) if unanswered else None
-            explained = await asyncio.to_thread(why_no_http, split.hostname, split.port, where.authority) \
-                if split else None
+            explained = await asyncio.to_thread(why_no_http, where.host, where.port) if unanswered else None
             if explained:
                 raise NotServing(explained, None, explained=True)
             raise NotServing(f"{target} is not serving: {last}{'' if seconds else ' (--wait-ready waits for it)'}",

@@ -20,7 +20,7 @@ from .conftest import run_cli
 # Every step of an embedder's export, in order.
 EXPORT_STEPS = ["checking the tokenizer", "loading the weights", "tracing the embeddings graph",
                 "tracing the attention graph", "optimizing: fusing attention", "int8: searching",
-                "fp16: converting", "verification: preparing", *(f"verifying {name} against PyTorch" for name in
+                "fp16: converting", "verification: PyTorch", *(f"verifying {name} against PyTorch" for name in
                                                                   sorted(VARIANTS, key=lambda n: n != "attention"))]
 STEP_LINE = re.compile(r"^\[ *\d+\.\ds\] ")
 
