@@ -75,9 +75,11 @@ def _claim_destination(out: Path) -> None:
         raise ArtifactError(f"{out} exists and is not an artifact directory; refusing to overwrite it")
 
 
-def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr,
-                                                                                                flush=True)
-                    ) -> Manifest:
+def _on_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = _on_stderr) -> Manifest:
     """log: each step's line as it starts, its results, and a heartbeat while one runs long (attnserve/progress.py)."""
     with Progress(log) as progress:
         return _build(ckpt, Path(out), progress)
