@@ -8,8 +8,18 @@ import sys
 from pathlib import Path
 
 from attnserve import __version__
-from attnserve.config import ClientConfig, EngineConfig, LoadTestConfig, ServerConfig, add_arguments, from_args
+from attnserve.config import (
+    HTTP_TARGET,
+    ClientConfig,
+    EngineConfig,
+    LoadTestConfig,
+    ServerConfig,
+    add_arguments,
+    from_args,
+    is_set,
+)
 from attnserve.errors import AttnserveError
+from attnserve.progress import show_on_stderr
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -33,10 +43,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_encode(args: argparse.Namespace) -> int:
     from attnserve.default_model import resolve_artifacts
+    from attnserve.offline.checks import check_before_loading
     from attnserve.offline.job import EncodeJob, summary_line
     from attnserve.offline.rows import Prompt
 
     config = from_args(EngineConfig, args)
+    check_before_loading(Path(args.input), Path(args.output), allow_empty=args.allow_empty,
+                         text_column=args.text_column, id_column=args.id_column)
     if args.chunk_rows < 1:
         raise AttnserveError(f"--chunk-rows must be positive, got {args.chunk_rows}")
     if args.server and args.engine != "local":
@@ -105,11 +118,14 @@ def cmd_embed(args: argparse.Namespace) -> int:
 def cmd_attention(args: argparse.Namespace) -> int:
     from attnserve.client import Client
     from attnserve.client.plot import draw_attention
+    from attnserve.server.requests import out_of_range
 
     with Client(config=from_args(ClientConfig, args), model=args.model) as client:
         info = client.model_info()
-        if args.head is not None and not -info.num_heads <= args.head < info.num_heads:
-            raise AttnserveError(f"--head {args.head} does not exist; the model has {info.num_heads} heads")
+        for flag, what, index, size in (("--layer", "layer", args.layer, info.num_layers),
+                                        ("--head", "head", args.head, info.num_heads)):
+            if index is not None and (problem := out_of_range(what, index, size, named=flag)):
+                raise AttnserveError(problem)
         result = client.attention(args.text, [args.layer], average_heads=args.head is None, truncate=True)
     layer = args.layer % info.num_layers
     assert result.attentions is not None  # Client.attention raises when the reply has none
@@ -143,7 +159,10 @@ def cmd_health(args: argparse.Namespace) -> int:
 def cmd_loadtest(args: argparse.Namespace) -> int:
     from attnserve.loadtest.run import run_loadtest
 
-    return run_loadtest(from_args(LoadTestConfig, args), from_args(ClientConfig, args))
+    config, client = from_args(LoadTestConfig, args), from_args(ClientConfig, args)
+    if config.protocol == "http" and not is_set(ClientConfig, args, "target"):
+        client.target = HTTP_TARGET  # the HTTP door's port, not the gRPC one that ClientConfig's default names
+    return run_loadtest(config, client)
 
 
 def add_request_options(parser: argparse.ArgumentParser) -> None:
@@ -181,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "truncated; rows in input order.")
     encode.add_argument("input", help=".txt (one text per line), .jsonl ('text' or 'token_ids', optional 'id') "
                                       "or .parquet (a text column, optional id column)")
-    encode.add_argument("-o", "--output", required=True, help="the .parquet file to write")
+    encode.add_argument("-o", "--output", required=True, help="the .parquet file to write, in a folder that exists")
     encode.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                         help="L2-normalise embeddings (default: as the model's own pipeline does)")
     encode.add_argument("--text-column", default="text", help="text field or column (default: text)")
@@ -194,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "OUT.parquet")
     encode.add_argument("--overwrite", action="store_true",
                         help="discard an unfinished earlier run of OUTPUT instead of resuming it")
+    encode.add_argument("--allow-empty", action="store_true",
+                        help="an empty input writes an empty Parquet file (with the columns) instead of failing")
     encode.add_argument("--engine", choices=("local", "ray"), default="local",
                         help="local: this process; ray: a pool of Ray actors, one engine each (needs attnserve[ray])")
     encode.add_argument("--ray-address", default=None,
@@ -274,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level or "WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command != "serve":  # serve's log carries them, in its format
+        show_on_stderr()  # a first start's calibration, say what it does while it does it
     try:
         return args.func(args)
     except AttnserveError as e:

@@ -108,8 +108,11 @@ class ServerConfig:
     tls_key: str | None = setting(None, "ATTNSERVE_TLS_KEY", "PEM private key of --tls-cert")
     tls_client_ca: str | None = setting(
         None, "ATTNSERVE_TLS_CLIENT_CA", "PEM CA bundle: require client certificates signed by it (mutual TLS)")
-    log_format: str = setting("json", "ATTNSERVE_LOG_FORMAT", "log lines as JSON objects or plain text",
-                              choices=("json", "text"))
+    # A person at a terminal reads lines; a collector (docker logs, journald, Kubernetes) parses JSON.
+    log_format: str = setting(
+        "auto", "ATTNSERVE_LOG_FORMAT",
+        "log lines as JSON objects (one per line) or human-readable text; auto: text when stderr is a terminal, "
+        "JSON otherwise", choices=("auto", "json", "text"))
     http_port: int = setting(
         8080, "ATTNSERVE_HTTP_PORT",
         "HTTP port (OpenAI- and TEI-compatible routes) on the same host, TLS and batcher; 0 picks a free one, "
@@ -194,12 +197,16 @@ class ServerConfig:
         return self.api_key + from_file
 
 
+# Where `loadtest --protocol http` goes when no target is given: the HTTP door's default port on this machine.
+HTTP_TARGET = f"localhost:{ServerConfig.__dataclass_fields__['http_port'].default}"
+
+
 @dataclass
 class ClientConfig:
     target: str = setting(
         "localhost:50051", "ATTNSERVE_TARGET",
         "server address: host:port, or a gRPC target such as dns:///server:50051 (every address the name "
-        "resolves to) or ipv4:10.0.0.1:50051,10.0.0.2:50051")
+        f"resolves to) or ipv4:10.0.0.1:50051,10.0.0.2:50051; `loadtest --protocol http` defaults to {HTTP_TARGET}")
     # round_robin keeps a connection to every address a target resolves to and spreads calls over them;
     # pick_first (gRPC's default) would send everything to one replica for the connection's life.
     lb_policy: str = setting("round_robin", "ATTNSERVE_LB_POLICY", "how calls spread over the target's addresses",
@@ -312,6 +319,12 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         else:
             parser.add_argument(flag, default=None, choices=f.metadata.get("choices"), metavar=f.name.upper()
                                 if not f.metadata.get("choices") else None, help=help_text)
+
+
+def is_set(cls: type, args: argparse.Namespace, name: str) -> bool:
+    """Whether a field was given, by its flag or its environment variable, rather than left at its default."""
+    env = next(f.metadata["env"] for f in dataclasses.fields(cls) if f.name == name)
+    return getattr(args, name, None) is not None or os.environ.get(env) not in (None, "")
 
 
 def from_args(cls: type[T], args: argparse.Namespace) -> T:

@@ -23,6 +23,7 @@ from attnserve.v1 import encoder_pb2 as pb
 from attnserve.v1 import encoder_pb2_grpc
 
 from .auth import AioApiKeyInterceptor, ApiKeyInterceptor
+from .reach import why_no_grpc
 from .status import ErrorDetails, error_details
 
 DTYPES: dict[int, np.dtype] = {pb.FLOAT32: np.dtype("<f4"), pb.FLOAT16: np.dtype("<f2")}
@@ -37,14 +38,20 @@ class RequestError(AttnserveError):
     """The server answered with an error status: error_details holds its code, message and the structured
     details the server attached (client/status.py: reason, the refused field and input, retry delay)."""
 
-    def __init__(self, error_details: ErrorDetails):
-        super().__init__(f"{error_details.code.name}: {error_details.message}")
+    def __init__(self, error_details: ErrorDetails, explanation: str | None = None):
+        """explanation: what the failure means, where the client could tell (client/reach.py), instead of the
+        status's own message."""
+        super().__init__(explanation or f"{error_details.code.name}: {error_details.message}")
         self.error_details = error_details
         self.code, self.details = error_details.code, error_details.message
 
     @classmethod
-    def from_rpc(cls, error: grpc.RpcError) -> RequestError:
-        return cls(error_details(error))
+    def from_rpc(cls, error: grpc.RpcError, target: str | None = None) -> RequestError:
+        """target: where the call went; a failure with no answer from a server is then explained (nothing listens
+        there, or an HTTP server does)."""
+        details = error_details(error)
+        unanswered = details.code == grpc.StatusCode.UNAVAILABLE and details.reason is None
+        return cls(details, why_no_grpc(target) if target and unanswered else None)
 
 
 @dataclass
@@ -232,7 +239,7 @@ class Client:
             for reply in self._stub.EmbedStream(requests, timeout=timeout or self.config.timeout):
                 yield np.stack([to_array(e.sentence_embedding) for e in reply.embeddings])
         except grpc.RpcError as e:
-            raise RequestError.from_rpc(e) from None
+            raise RequestError.from_rpc(e, self.config.target) from None
 
     def rerank(self, query: str, texts: Sequence[str], *, top_n: int | None = None, raw_scores: bool = False,
                return_text: bool = False, truncate: bool | None = None, model: str | None = None,
@@ -261,7 +268,7 @@ class Client:
         try:
             return method(request, timeout=timeout or self.config.timeout)
         except grpc.RpcError as e:
-            raise RequestError.from_rpc(e) from None
+            raise RequestError.from_rpc(e, self.config.target) from None
 
     def close(self) -> None:
         self._channel.close()

@@ -19,7 +19,7 @@ def pyplot():
         matplotlib.use("Agg")  # files only: no display is needed or assumed
         import matplotlib.pyplot as plt
     except ImportError:
-        raise AttnserveError("drawing needs matplotlib: pip install 'attnserve[plot]'") from None
+        raise AttnserveError("drawing needs matplotlib, which attnserve depends on: pip install matplotlib") from None
     return plt
 
 

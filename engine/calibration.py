@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from attnserve.config import EngineConfig
+from attnserve.progress import Progress, progress_log
 
 from .machine import this_machine
 from .manifest import MANIFEST, GraphVariant, Manifest
@@ -212,18 +213,24 @@ def calibrated_graph(manifest: Manifest, config: EngineConfig, precision: str, c
         return Choice(graph, f"calibrated for this CPU, batches of {batch_tokens} tokens, recorded in {found}",
                       batch_tokens)
     start = time.perf_counter()
-    sessions = {v.name: open_graph(v) for v in candidates}
-    first = next(iter(sessions.values()))
-    takes_types = "token_type_ids" in {i.name for i in first.get_inputs()}
-    outputs = [candidates[0].outputs[-1]]  # sentence_embedding or scores: what the engine asks for
-    cap, *smaller = budgets(manifest, config)
-    feeds = calibration_batches(manifest, config, takes_types, cap)
-    default = candidates[0].name
-    graph_seconds = time_runs({name: (session, feeds) for name, session in sessions.items()}, outputs)
-    chosen = fastest(graph_seconds, default)
-    budget_seconds = {cap: graph_seconds[chosen]} | time_runs(
-        {b: (sessions[chosen], calibration_batches(manifest, config, takes_types, b)) for b in smaller}, outputs)
-    batch_tokens = fastest(budget_seconds, cap)
+    with Progress(progress_log.info) as progress:  # seconds to tens of seconds, once per machine: say so
+        progress.step(f"calibration (first start on this CPU; recorded for the next): opening {len(candidates)} "
+                      f"{precision} graph(s)")
+        sessions = {v.name: open_graph(v) for v in candidates}
+        first = next(iter(sessions.values()))
+        takes_types = "token_type_ids" in {i.name for i in first.get_inputs()}
+        outputs = [candidates[0].outputs[-1]]  # sentence_embedding or scores: what the engine asks for
+        cap, *smaller = budgets(manifest, config)
+        feeds = calibration_batches(manifest, config, takes_types, cap)
+        default = candidates[0].name
+        progress.step(f"calibration: timing {', '.join(sessions)}")
+        graph_seconds = time_runs({name: (session, feeds) for name, session in sessions.items()}, outputs)
+        chosen = fastest(graph_seconds, default)
+        if smaller:
+            progress.step(f"calibration: timing {chosen} in batches of {', '.join(map(str, smaller))} tokens")
+        budget_seconds = {cap: graph_seconds[chosen]} | time_runs(
+            {b: (sessions[chosen], calibration_batches(manifest, config, takes_types, b)) for b in smaller}, outputs)
+        batch_tokens = fastest(budget_seconds, cap)
     # Timings as seconds per 1,000 tokens, summed over the LENGTHS: what the choices compared.
     entry = {"graph": chosen, "candidates": _key(candidates), "batch_tokens": batch_tokens,
              "budgets": [cap, *smaller],

@@ -23,6 +23,7 @@ from attnserve.errors import ArtifactError
 from attnserve.model.checkpoint import Checkpoint, load_encoder
 from attnserve.model.encoder import Encoder, SentenceEncoder
 from attnserve.model.sentence_head import load_head
+from attnserve.progress import Progress
 
 from .optimize import (
     convert_fp16,
@@ -74,12 +75,25 @@ def _claim_destination(out: Path) -> None:
         raise ArtifactError(f"{out} exists and is not an artifact directory; refusing to overwrite it")
 
 
-def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)
-                    ) -> Manifest:
-    out = Path(out)
+def _on_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = _on_stderr) -> Manifest:
+    """log: each step's line as it starts, its results, and a heartbeat while one runs long (attnserve/progress.py)."""
+    with Progress(log) as progress:
+        return _build(ckpt, Path(out), progress)
+
+
+def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
+    log = progress.log
     _claim_destination(out)
     start = time.perf_counter()
+    log(f"exporting {ckpt.name} ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size}; "
+        f"{' -> '.join(ckpt.modules)}) to ONNX")
+    progress.step("checking the tokenizer")
     check_tokenizer(ckpt)  # before any weight is loaded or graph traced: a refusal is quick
+    progress.step("loading the weights")
     encoder = load_encoder(ckpt)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -89,15 +103,14 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
     except OSError as e:
         raise ArtifactError(f"cannot write artifacts under {out.parent}: {e.strerror}") from None
     try:
-        log(f"exporting {ckpt.name} ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size}; "
-            f"{' -> '.join(ckpt.modules)}) to ONNX")
         shutil.copyfile(ckpt.tokenizer_file, work / "tokenizer.json")
         tokenizer = TextTokenizer(work / "tokenizer.json", ckpt.max_seq_length, ckpt.config.vocab_size)
         if ckpt.kind == "reranker":
             assert isinstance(encoder, Encoder), "read_checkpoint reads cross-encoders of the BERT family only"
+            progress.step("reranker graphs: tracing, optimizing, verifying each")
             variants = reranker_variants(ckpt, encoder, tokenizer, work, log)
         else:
-            variants = _embedder_variants(ckpt, encoder, tokenizer, work, log)
+            variants = _embedder_variants(ckpt, encoder, tokenizer, work, progress)
         manifest = Manifest(
             directory=out, model=ckpt.name, hidden_size=ckpt.config.hidden_size, num_layers=ckpt.config.num_layers,
             num_heads=ckpt.config.num_heads, intermediate_size=ckpt.config.intermediate_size,
@@ -119,14 +132,20 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = la
     return manifest
 
 
-def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work: Path, log: Callable[[str], None]
+def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work: Path, progress: Progress
                        ) -> dict[str, GraphVariant]:
+    log = progress.log
     head = load_head(ckpt.directory, ckpt.pipeline)
+    progress.step("tracing the embeddings graph (torch.onnx.export)")
     export_graph(SentenceEncoder(encoder, head), work / VARIANTS["embeddings"][0])
+    progress.step("tracing the attention graph (torch.onnx.export)")
     export_graph(SentenceEncoder(encoder, head, output_attentions=True), work / VARIANTS["attention"][0])
+    progress.step("optimizing: fusing attention (onnxruntime's transformer optimizer)")
     counts = fuse_attention(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fused"][0], ckpt.config)
     log(f"fused attention: {fused_attention_nodes(counts)} Attention nodes for {ckpt.config.num_layers} layers")
+    progress.step("int8: searching the quantisation recipe (outlier units, sensitive nodes)")
     _int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0], tokenizer, ckpt, log)
+    progress.step("fp16: converting the embeddings graph to half precision (with its fusions)")
     fp16_counts = convert_fp16(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fp16"][0], ckpt.config)
     # Whether the fp32 graphs (False) and the fp16 graph (True) have every layer's attention fused. Where the
     # optimizer cannot fuse it (ModernBERT's rotary attention, MPNet's position bias), the "fused" variants hold
@@ -136,11 +155,13 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
     if not fully_fused[False]:
         log(f"attention left unfused; the fused graph holds {describe_fusions(counts)}, "
             f"the fp16 graph {describe_fusions(fp16_counts)}")
+    progress.step("verification: PyTorch's outputs for the check texts (the reference)")
     reference = Reference(encoder, head, ckpt.embedding_size, tokenizer)
     # The attention graph first: PyTorch's one pass over the check inputs for it serves the others too.
     order = sorted(VARIANTS, key=lambda name: name != "attention")
     parities = verify_all({name: (work / VARIANTS[name][0], VARIANTS[name][1], DISABLED_OPTIMIZERS.get(name, ()))
-                           for name in order}, reference)
+                           for name in order}, reference,
+                          on_graph=lambda name: progress.step(f"verifying {name} against PyTorch"))
     variants = {}
     for name, (file, precision, fused, outputs) in VARIANTS.items():
         parity = parities[name]

@@ -8,6 +8,7 @@ on the same inputs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,19 +164,20 @@ class _Parity:
             self.max_padded_key_weight = max(self.max_padded_key_weight, float(np.where(keys, 0.0, got).max()))
 
 
-def measure_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference: Reference, provider: str = CPU
-                ) -> dict[str, dict[str, float]]:
+def measure_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference: Reference, provider: str = CPU,
+                on_graph: Callable[[str], None] = lambda name: None) -> dict[str, dict[str, float]]:
     """Every parity metric of each graph (name -> (path, precision, onnxruntime optimizers its session must not
     apply)), as floats for the manifest.
 
     One session is open at a time, in the order given. PyTorch's attention maps are compared with a graph that
     returns them, in runs of rows of bounded size, and dropped at once; its hidden states and sentence embeddings,
     which are small, are kept for the other graphs. So PyTorch runs over the cases once when the graphs with
-    attention maps come first, twice otherwise.
+    attention maps come first, twice otherwise. on_graph(name) is told as each graph's turn comes (progress).
     """
     expected: list[tuple[np.ndarray, np.ndarray]] | None = None  # per case: hidden (B, T, H), sentence (B, H)
     metrics = {}
     for name, (path, _, disabled_optimizers) in graphs.items():
+        on_graph(name)
         # No memory arena: it would keep the session's largest run (the attention maps) for the whole export.
         session = open_session(path, provider, arena=False, disabled_optimizers=disabled_optimizers)
         if ("token_type_ids" in [i.name for i in session.get_inputs()]) != reference.token_types:
@@ -249,10 +251,10 @@ def check(path: Path, precision: str, metrics: dict[str, float]) -> None:
                if metrics.get("max_padded_key_weight") else ""))
 
 
-def verify_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference: Reference, provider: str = CPU
-               ) -> dict[str, dict[str, float]]:
+def verify_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference: Reference, provider: str = CPU,
+               on_graph: Callable[[str], None] = lambda name: None) -> dict[str, dict[str, float]]:
     """measure_all(), then check() each graph."""
-    metrics = measure_all(graphs, reference, provider)
+    metrics = measure_all(graphs, reference, provider, on_graph)
     for name, (path, precision, _) in graphs.items():
         check(path, precision, metrics[name])
     return metrics

@@ -28,7 +28,8 @@ def wait_for_target(client: ClientConfig, seconds: float) -> None:
         try:
             wait_until_serving(channel, client.target, seconds)
         except NotServing as error:
-            raise NotServing(f"{error}{'' if seconds else ' (--wait-ready waits for it)'}", error.status) from None
+            hint = "" if seconds or error.explained else " (--wait-ready waits for it)"
+            raise NotServing(f"{error}{hint}", error.status, error.explained) from None
 
 
 def embed_call(channel: grpc.aio.Channel) -> Call:

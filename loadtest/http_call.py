@@ -32,6 +32,7 @@ import orjson
 
 from attnserve.client.client import Input
 from attnserve.client.health import NotServing
+from attnserve.client.reach import why_no_http
 from attnserve.client.status import RETRYABLE_REASONS
 from attnserve.config import ClientConfig, LoadTestConfig
 from attnserve.errors import AttnserveError, ConfigError
@@ -210,21 +211,26 @@ class HttpSender:
         return Answer(str(status), ok=False, refused=refused, retry_after=wait)
 
 
-async def wait_serving(sender: HttpSender, target: str, addresses: int, seconds: float) -> None:
-    """Until GET /health on one of the addresses is 200; seconds 0: ask each once."""
+async def wait_serving(sender: HttpSender, target: str, where: HttpTarget, addresses: int, seconds: float) -> None:
+    """Until GET /health on one of the addresses is 200; seconds 0: ask each once. target: as the user gave it."""
     end = time.monotonic() + seconds
     while True:
-        last = ""
+        last, unanswered = "", False
         for base in sender.bases(addresses):
             try:
                 status, _ = await sender.get(base, HEALTH_PATH, MODEL_INFO_TIMEOUT_SECONDS)
             except (aiohttp.ClientError, asyncio.TimeoutError) as error:
                 last = f"{type(error).__name__}: {error}"
+                unanswered = isinstance(error, aiohttp.ClientError)
                 continue
             if status == 200:
                 return
             last = f"HTTP {status}"
         if time.monotonic() >= end:
+            # No HTTP answer: say what is (not) there (nothing, or the gRPC port), rather than aiohttp's words.
+            explained = await asyncio.to_thread(why_no_http, where.host, where.port) if unanswered else None
+            if explained:
+                raise NotServing(explained, None, explained=True)
             raise NotServing(f"{target} is not serving: {last}{'' if seconds else ' (--wait-ready waits for it)'}",
                              None)
         await asyncio.sleep(HEALTH_POLL_SECONDS)
@@ -251,7 +257,7 @@ async def http_target(config: LoadTestConfig, client: ClientConfig) -> AsyncIter
                                      ssl=ssl_context(client) if target.scheme == "https" else False)
     async with aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",)) as session:
         sender = HttpSender(session, target, addresses, client)
-        await wait_serving(sender, client.target, len(addresses), config.wait_ready)
+        await wait_serving(sender, client.target, target, len(addresses), config.wait_ready)
         info = await model_info(sender, client.target)
         model, fmt = info["model_id"], config.encoding_format
         truncate = {} if config.truncate is None else {"truncate": config.truncate}  # unset: the server decides

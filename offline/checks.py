@@ -13,7 +13,8 @@ from pathlib import Path
 
 from attnserve.errors import InvalidInputError
 
-from .readers import Record
+from .partial import same_file
+from .readers import InputFile, Record
 
 SKIP_HINT = " (--on-error skip sets such rows aside)"
 
@@ -61,3 +62,28 @@ def _parsed(record: Record) -> str:
     """A good row that a later check set aside kept no copy of its line: its fields, as JSON."""
     content = {"text": record.text} if record.text is not None else {"token_ids": record.token_ids}
     return json.dumps({"id": record.id, **content})
+
+
+def check_before_loading(input_path: Path, output: Path, *, allow_empty: bool, text_column: str = "text",
+                         id_column: str = "id") -> None:
+    """A run's input and output, checked before the model loads (and, on a first run, before its export of
+    minutes), so a mistake in either is one line within a second. Raises InvalidInputError.
+
+    The input: a known suffix, a readable file (not a folder), Parquet's columns, and at least one row unless
+    allow_empty (then an empty input gives an empty Parquet file). The output: a .parquet name, not the input,
+    in a folder that exists (never created: a mistyped folder is more often a mistake than a wish).
+    """
+    source = InputFile(input_path, text_column, id_column)  # suffix, exists, a regular file, readable, columns
+    if not allow_empty and source.is_empty():
+        raise InvalidInputError(f"{input_path}: empty input, nothing to encode (--allow-empty writes an empty "
+                                "Parquet file)")
+    if same_file(output, input_path):
+        raise InvalidInputError(f"the output {output} is the input file {input_path}; write it elsewhere")
+    if output.suffix.lower() != ".parquet":
+        raise InvalidInputError(f"output {output}: encode writes Parquet; give a file name ending in .parquet")
+    if output.is_dir():
+        raise InvalidInputError(f"output {output} is a directory; give a .parquet file name")
+    folder = output.parent
+    if not folder.is_dir():
+        raise InvalidInputError(f"cannot write output {output}: the folder {folder} "
+                                f"{'is not a folder' if folder.exists() else 'does not exist'}")

@@ -132,7 +132,6 @@ class PartialRun:
             raise InvalidInputError(f"output {output} is a directory; give a .parquet file name")
         self._lock = None
         try:
-            output.parent.mkdir(parents=True, exist_ok=True)
             self._lock = OutputLock(output)
             if overwrite and self.directory.exists():
                 shutil.rmtree(self.directory)

@@ -64,6 +64,9 @@ class InputFile:
         self.path = Path(path)
         self.text_column, self.id_column = text_column, id_column
         self.format = FORMATS.get(self.path.suffix.lower())
+        if self.path.is_dir():
+            raise InvalidInputError(f"{self.path}: a directory, not a regular file; give one .txt, .jsonl or "
+                                    ".parquet file")
         if self.format is None:
             raise InvalidInputError(
                 f"{self.path}: unknown input format {self.path.suffix!r}; use .txt, .jsonl or .parquet")
@@ -108,6 +111,12 @@ class InputFile:
             if self.id_type is None:
                 raise InvalidInputError(f"{self.path}: id column {self.id_column!r} is {id_kind}; use integers or text")
         return pf
+
+    def is_empty(self) -> bool:
+        """No rows at all: a text file of no bytes, or a Parquet file of no rows (metadata only, so it is quick)."""
+        if self.format == "parquet":
+            return self._parquet.metadata.num_rows == 0
+        return self.path.stat().st_size == 0
 
     def count_rows(self) -> int:
         """Rows in the input, for the progress bar: Parquet metadata, or a fast newline count."""

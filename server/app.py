@@ -45,17 +45,34 @@ STOP_GRACE_SECONDS = 1.0
 IO_THREADS = 4
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Bind-test the port first: grpc's own failure is a multi-line core log, not a message for a user."""
-    if port == 0:
-        return
+# The ports a server listens on: (field of ServerConfig, what listens there).
+PORTS = (("port", "gRPC"), ("http_port", "HTTP"), ("metrics_port", "metrics"))
+
+
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why host:port cannot be listened on (e.g. "Address already in use"); None when it can."""
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc does: TIME_WAIT is no obstacle
+        # As grpc, aiohttp and prometheus's server do: a port in TIME_WAIT is no obstacle.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host.strip("[]"), port))
         except OSError as e:
-            raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+            return e.strerror
+    return None
+
+
+def check_ports_free(config: ServerConfig) -> None:
+    """Bind-test every configured port before anything starts (the models load), and name every one that is taken
+    in one line: grpc's own failure is a multi-line core log, and finding them one start at a time is slow."""
+    taken: dict[str, list[str]] = {}  # why -> the ports, as "0.0.0.0:50051 (gRPC, --port)"
+    for name, door in PORTS:
+        port = getattr(config, name)
+        if port > 0 and (why := _bind_problem(config.host, port)):
+            taken.setdefault(why, []).append(f"{config.host}:{port} ({door}, --{name.replace('_', '-')})")
+    if taken:
+        raise ConfigError("cannot listen on " + "; ".join(f"{' and '.join(ports)}: {why}"
+                                                          for why, ports in taken.items()))
 
 
 def warm_up(engine: Engine) -> list[tuple[bool, float, int]]:
@@ -119,9 +136,7 @@ class Server:
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server)
         address = f"{config.host}:{config.port}"
-        check_port_free(config.host, config.port)
-        if config.http_port >= 0:
-            check_port_free(config.host, config.http_port)
+        check_ports_free(config)
         try:
             self.port = (server.add_secure_port(address, credentials) if credentials
                          else server.add_insecure_port(address))
@@ -162,13 +177,29 @@ class Server:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         self.core.warmed_up()
         default = models.default.engine
-        log.info("serving", extra={"fields": {
-            "event": "serving", "model": models.default.name, "models": [m.name for m in models.all],
-            "provider": default.provider, "precision": default.precision,
-            "graphs": {m.name: m.engine.describe() for m in models.all}, "address": f"{config.host}:{self.port}",
-            "http_port": self.http_port,
-            "tls": credentials is not None, "mutual_tls": bool(config.tls_client_ca), "api_keys": keys.required,
-            "metrics_port": self.metrics_port, "warm_up_ms": round((time.perf_counter() - started) * 1e3)}})
+        addresses = self.addresses(credentials is not None)
+        more = f" and {len(models.all) - 1} more" if len(models.all) > 1 else ""
+        # The line a person looks for: what serves, and where each door is (in JSON, the same as one event).
+        log.info("serving %s%s on %s", models.default.name, more,
+                 ", ".join(f"{door} {where}" for door, where in addresses.items()), extra={"fields": {
+                     "event": "serving", "model": models.default.name, "models": [m.name for m in models.all],
+                     "provider": default.provider, "precision": default.precision,
+                     "graphs": {m.name: m.engine.describe() for m in models.all},
+                     "address": f"{config.host}:{self.port}", "http_port": self.http_port, "addresses": addresses,
+                     "tls": credentials is not None, "mutual_tls": bool(config.tls_client_ca),
+                     "api_keys": keys.required, "metrics_port": self.metrics_port,
+                     "warm_up_ms": round((time.perf_counter() - started) * 1e3)}})
+
+    def addresses(self, tls: bool) -> dict[str, str]:
+        """Where each door listens, as a client names it: gRPC host:port, HTTP and metrics as URLs."""
+        host = self.config.host
+        netloc = f"[{host}]" if ":" in host else host
+        found = {"gRPC": f"{netloc}:{self.port}"}
+        if self.http_port is not None:
+            found["HTTP"] = f"{'https' if tls else 'http'}://{netloc}:{self.http_port}"
+        if self.metrics_port is not None:
+            found["metrics"] = f"http://{netloc}:{self.metrics_port}/metrics"
+        return found
 
     async def stop(self) -> None:
         """Drain: NOT_SERVING, new requests refused, requests in flight finish within the grace period.
@@ -230,6 +261,7 @@ class Server:
 async def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
     """Serve the models of engine_config.artifacts or config.model / model_repository until SIGTERM or SIGINT,
     then drain and return 0."""
+    check_ports_free(config)  # before the models load, which can take minutes on a first run
     metrics = Metrics()
     models = Models.load(model_sources(engine_config.artifacts, config), engine_config, config, metrics)
     server = Server(models, config, metrics)

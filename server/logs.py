@@ -1,9 +1,11 @@
-"""Structured logs: one JSON object per line, with the event's fields at the top level."""
+"""Logs: one JSON object per line, with the event's fields at the top level, for collectors; or human-readable
+lines for a person at a terminal (the default there)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 
 
@@ -22,21 +24,34 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
+    """The message, then the event's plain fields as key=value; its name (the message says it) and its nested
+    fields (lists, mappings: for JSON's readers) are left out."""
+
     def __init__(self):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        fields = " ".join(f"{k}={v}" for k, v in getattr(record, "fields", {}).items())
+        fields = " ".join(f"{k}={v}" for k, v in getattr(record, "fields", {}).items()
+                          if k != "event" and not isinstance(v, dict | list | tuple))
         return super().format(record) + (" " + fields if fields else "")
+
+
+def resolve_format(fmt: str, stream=None) -> str:
+    """json or text; auto: text when the stream (stderr) is a terminal, JSON otherwise."""
+    if fmt != "auto":
+        return fmt
+    stream = stream or sys.stderr
+    return "text" if hasattr(stream, "isatty") and stream.isatty() else "json"
 
 
 def configure(level: str, fmt: str) -> None:
     """Replace the CLI's default handler; extra={"fields": {...}} carries an event's data.
 
     level applies to attnserve's own loggers; libraries (grpc, asyncio) log warnings and errors only.
+    fmt: json, text or auto (resolve_format).
     """
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.setFormatter(JsonFormatter() if resolve_format(fmt, handler.stream) == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)

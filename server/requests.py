@@ -283,13 +283,21 @@ def _labelled(call, n: int):
         raise _located(error, labels, [f"inputs[{i}]" for i in range(n)]) from None
 
 
+def out_of_range(what: str, index: int, size: int, named: str | None = None) -> str | None:
+    """Why index (negative ones counting from the end) does not pick one of a model's `size` layers or heads, with
+    the range that does; None when it does. The one wording of every door and of `attnserve attention`, which
+    names its flag (named "--layer")."""
+    if -size <= index < size:
+        return None
+    return f"{named or what} {index} is out of range: this model has {size} {what}s, 0..{size - 1} or -{size}..-1"
+
+
 def _indices(asked: Sequence[int], size: int, what: str, field: str) -> tuple[int, ...]:
     """Indices into an axis of `size`, negative ones counting from the end, as non-negative indices."""
     out = []
     for i, index in enumerate(asked):
-        if not -size <= index < size:
-            raise _invalid(f"{field}[{i}]", f"{what} {index} does not exist; the model has {size} {what}s "
-                                            f"(0..{size - 1}, or -{size}..-1 from the end)", label=f"{field}[{i}]")
+        if problem := out_of_range(what, index, size):
+            raise _invalid(f"{field}[{i}]", problem, label=f"{field}[{i}]")
         out.append(index % size)
     return tuple(out)
 

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 
 from tests.conftest import assert_one_line_error, run_cli
+from tests.serving import free_port
 
 
 def test_embed_prints_json_equal_to_the_engine(server, engine):
@@ -53,16 +54,19 @@ def test_attention_over_scripts_the_font_lacks_writes_no_warning(server, tmp_pat
 def test_client_errors_are_one_line(server, tmp_path):
     assert_one_line_error(run_cli("embed", "", "--target", server.target), "INVALID_ARGUMENT", "input 0: empty text")
     assert_one_line_error(run_cli("attention", "x", "--layer", "-7", "-o", tmp_path / "m.png", "--target",
-                                  server.target), "INVALID_ARGUMENT", "layer -7 does not exist")
+                                  server.target), "--layer -7 is out of range: this model has 6 layers, 0..5 or -6..-1")
+    assert_one_line_error(run_cli("attention", "x", "--layer", "6", "-o", tmp_path / "m.png", "--target",
+                                  server.target), "--layer 6 is out of range: this model has 6 layers, 0..5 or -6..-1")
     assert_one_line_error(run_cli("attention", "x", "--head", "12", "-o", tmp_path / "m.png", "--target",
-                                  server.target), "--head 12 does not exist; the model has 12 heads")
+                                  server.target),
+                          "--head 12 is out of range: this model has 12 heads, 0..11 or -12..-1")
     assert_one_line_error(run_cli("attention", "x", "-o", tmp_path / "missing" / "m.png", "--target",
                                   server.target), "cannot write")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed_port = s.getsockname()[1]
     assert_one_line_error(run_cli("embed", "x", "--target", f"127.0.0.1:{closed_port}", "--timeout", "5"),
-                          "UNAVAILABLE")
+                          f"no attnserve server at 127.0.0.1:{closed_port}")
     assert_one_line_error(run_cli("embed", "x", "--timeout", "0"), "timeout must be positive")
 
 
@@ -72,7 +76,7 @@ def test_serve_start_up_errors_are_one_line(artifacts, server, tmp_path):
                           f"cannot listen on 0.0.0.0:{busy}")
     assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--port", "0", "--metrics-port",
                                   str(server.metrics_port), "--http-port", "0", "--host", "127.0.0.1"),
-                          "cannot serve metrics")
+                          f"cannot listen on 127.0.0.1:{server.metrics_port} (metrics, --metrics-port)")
     assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--port", "0", "--metrics-port", "-1",
                                   "--http-port", str(server.http_port), "--host", "127.0.0.1"),
                           f"cannot listen on 127.0.0.1:{server.http_port}")
@@ -83,6 +87,25 @@ def test_serve_start_up_errors_are_one_line(artifacts, server, tmp_path):
                                   "--metrics-port", "-1"), "max_queue_tokens 100 cannot hold one input")
     assert_one_line_error(run_cli("serve", "--artifacts", artifacts, "--max-wait-ms", "soon"),
                           "--max-wait-ms: 'soon' is not a valid float")
+
+
+def test_port_in_use_names_every_port_taken_in_one_line_before_the_model_loads(server, tmp_path):
+    """Every taken port at once, each with its flag; with an empty cache and no --artifacts, loading the model
+    would export it first: the cache stays empty."""
+    cache = tmp_path / "cache"
+    free = str(free_port())
+    for flags, named in (
+        (["--port", server.port, "--http-port", server.http_port, "--metrics-port", server.metrics_port],
+         f"127.0.0.1:{server.port} (gRPC, --port) and 127.0.0.1:{server.http_port} (HTTP, --http-port) and "
+         f"127.0.0.1:{server.metrics_port} (metrics, --metrics-port): Address already in use"),
+        (["--port", free, "--http-port", server.http_port, "--metrics-port", server.metrics_port],
+         f"cannot listen on 127.0.0.1:{server.http_port} (HTTP, --http-port) and 127.0.0.1:{server.metrics_port} "
+         "(metrics, --metrics-port): Address already in use"),
+    ):
+        result = run_cli("serve", "--host", "127.0.0.1", *map(str, flags), env={"ATTNSERVE_CACHE": str(cache)})
+        assert_one_line_error(result, named)
+        assert f"{free} (gRPC" not in result.stderr
+        assert not cache.exists() or not any(cache.iterdir()), "the model was loaded (exported) before the check"
 
 
 def test_serve_without_artifacts_serves_the_default_model_from_the_cache(artifacts, tmp_path, monkeypatch):

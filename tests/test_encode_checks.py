@@ -1,0 +1,71 @@
+"""`attnserve encode` checks its input and output before it loads the model: a mistake is one line at once, not
+after the model loads (or, on a first run, after an export of minutes into the cache)."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from .conftest import assert_one_line_error, run_cli
+
+
+def _prepare(tmp_path, case: str):
+    """(input, output, expected fragment) of one mistake."""
+    good = tmp_path / "in.txt"
+    good.write_text("hello\n")
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "folder.txt").mkdir()
+    (tmp_path / "in.csv").write_text("a,b\n")
+    (tmp_path / "out.parquet").mkdir()
+    return {
+        "missing input": (tmp_path / "nope.txt", tmp_path / "o.parquet", "nope.txt: no such file"),
+        "a directory as input": (tmp_path / "folder.txt", tmp_path / "o.parquet", "a directory, not a regular file"),
+        "a directory without a suffix": (tmp_path, tmp_path / "o.parquet", "a directory, not a regular file"),
+        "unknown input suffix": (tmp_path / "in.csv", tmp_path / "o.parquet", "unknown input format '.csv'"),
+        "empty input": (tmp_path / "empty.txt", tmp_path / "o.parquet", "empty input, nothing to encode"),
+        "missing output folder": (good, tmp_path / "no" / "such" / "o.parquet", "the folder"),
+        "output not parquet": (good, tmp_path / "o.csv", "give a file name ending in .parquet"),
+        "output a directory": (good, tmp_path / "out.parquet", "is a directory; give a .parquet file name"),
+    }[case]
+
+
+CASES = ["missing input", "a directory as input", "a directory without a suffix", "unknown input suffix",
+         "empty input", "missing output folder", "output not parquet", "output a directory"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_bad_input_or_output_is_refused_before_the_model_loads(tmp_path, case):
+    """With an empty cache and no --artifacts, loading the model would export it first: the cache stays empty."""
+    source, output, fragment = _prepare(tmp_path, case)
+    cache = tmp_path / "cache"
+    result = run_cli("encode", source, "-o", output, "--no-progress", env={"ATTNSERVE_CACHE": str(cache)})
+    assert_one_line_error(result, fragment)
+    assert "--allow-empty" in result.stderr or case != "empty input"
+    assert not cache.exists() or not any(cache.iterdir()), "the model was loaded (exported) before the check"
+    assert not (tmp_path / "no").exists(), "the output's folder was created"
+
+
+def test_a_missing_output_folder_is_named(tmp_path):
+    (tmp_path / "in.txt").write_text("hello\n")
+    result = run_cli("encode", tmp_path / "in.txt", "-o", tmp_path / "no" / "o.parquet",
+                     env={"ATTNSERVE_CACHE": str(tmp_path / "cache")})
+    assert_one_line_error(result, f"cannot write output {tmp_path / 'no' / 'o.parquet'}: the folder "
+                                  f"{tmp_path / 'no'} does not exist")
+
+
+@pytest.mark.parametrize("name, content", [("empty.txt", ""), ("empty.jsonl", "")])
+def test_allow_empty_writes_an_empty_parquet_file(artifacts, tmp_path, name, content):
+    (tmp_path / name).write_text(content)
+    result = run_cli("encode", tmp_path / name, "-o", tmp_path / "o.parquet", "--artifacts", artifacts,
+                     "--allow-empty")
+    assert result.returncode == 0, result.stderr
+    table = pq.read_table(tmp_path / "o.parquet")
+    assert table.num_rows == 0 and table.column_names == ["id", "embedding", "num_tokens", "truncated"]
+
+
+def test_an_empty_parquet_input_is_empty_too(artifacts, tmp_path):
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), tmp_path / "in.parquet")
+    assert_one_line_error(run_cli("encode", tmp_path / "in.parquet", "-o", tmp_path / "o.parquet",
+                                  "--artifacts", artifacts), "in.parquet: empty input")
