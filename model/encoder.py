@@ -187,6 +187,8 @@ def relative_position_bucket(n: torch.Tensor, num_buckets: int, max_distance: in
 
 
 class Encoder(nn.Module):
+    relative_buckets: torch.Tensor  # (2P - 1,) int64: MPNet's bucket of each distance, a buffer (__init__)
+
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.config = cfg
