@@ -4,8 +4,8 @@ the sentence embeddings against fp32 is taken on calibration texts. The worst fe
 A dynamic recipe quantizes each node on its own (the activations' scales are taken at run time), so the graph with
 one node quantized is the fp32 graph with that node's part of the whole int8 graph put in its place: the whole graph
 is quantized once and each probe is cut from it, instead of running the quantizer over the whole model once per node
-(all-mpnet-base-v2: 72 nodes, about 10 s each for the quantizer alone). tests/test_int8_recipes.py checks that both
-give the same outputs bit for bit.
+(all-mpnet-base-v2: 72 nodes; 6.7 s a probe before, 3.8 s now, most of it the run over the calibration texts).
+tests/test_int8_probes.py checks that both give the same outputs bit for bit.
 """
 
 from __future__ import annotations
