@@ -82,7 +82,7 @@ def test_export_at_a_short_length_encodes_as_sentence_transformers(tmp_path):
 def test_all_mpnet_base_v2_exports_at_its_own_length_with_every_variant_verified():
     from sentence_transformers import SentenceTransformer
 
-    directory, reused = exported("all-mpnet-base-v2", all_mpnet_base_v2())
+    directory, _ = exported("all-mpnet-base-v2", all_mpnet_base_v2())
     # A reused export is checked as serving checks it: every file's sha256 against the manifest.
     manifest = load_manifest(directory)
     assert (manifest.family, manifest.max_seq_length) == ("mpnet", 384)
