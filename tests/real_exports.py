@@ -67,7 +67,9 @@ def exported(name: str, checkpoint: Path, log=print) -> tuple[Path, bool]:
     with _lock(root / f".{name}.lock"):  # concurrent test processes export once
         if (target / "manifest.json").is_file():
             return target, True
-        for old in root.glob(f"{name}-*"):  # exports of older code: 1.7 GB each for MPNet
+        # Exports of older code (1.7 GB each for MPNet), and what a killed export left half-built: under the lock
+        # no other process builds this checkpoint.
+        for old in [*root.glob(f"{name}-*"), *root.glob(f".{name}-*.building-*")]:
             shutil.rmtree(old, ignore_errors=True)
         build_artifacts(read_checkpoint(checkpoint, name), target, log=log)  # renamed into place when verified
     return target, False
