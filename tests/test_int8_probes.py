@@ -1,0 +1,55 @@
+"""The sensitivity probe's graphs cut from one whole int8 graph (export/int8_sensitivity.py) are the graphs
+onnxruntime's quantizer gives with that one node quantized: the same outputs, bit for bit, for every node of a
+tiny BERT (fused Attention -> QAttention) and a tiny MPNet (unfused attention: MatMuls only)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from attnserve.engine.batching import pad
+from attnserve.export.int8_recipes import Int8Recipe, build, quantizable_nodes
+from attnserve.export.int8_sensitivity import _with_recipe_gelu, one_node_quantized, sentence_embeddings
+from attnserve.export.optimize import fuse_attention, quiet
+from attnserve.export.torch_to_onnx import export_graph
+from attnserve.model.checkpoint import load_encoder, read_checkpoint
+from attnserve.model.encoder import SentenceEncoder
+from attnserve.model.head import load_head
+
+from .checkpoints import save_sentence_transformer, save_tiny_family
+
+
+def _feeds(vocab: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    feeds = []
+    for _ in range(3):
+        ids, mask = pad([rng.integers(5, vocab, size=n) for n in rng.integers(3, 40, size=5)])
+        feeds.append({"input_ids": ids, "attention_mask": mask})
+    return feeds
+
+
+@pytest.mark.parametrize("family", ["bert", "mpnet"])
+def test_a_probe_cut_from_the_whole_int8_graph_is_the_quantizers_one_node_graph(family, tmp_path):
+    ckpt = read_checkpoint(save_sentence_transformer(save_tiny_family(tmp_path / "model", family), tmp_path / "st",
+                                                     "mean"))
+    export_graph(SentenceEncoder(load_encoder(ckpt), load_head(ckpt.directory, ckpt.pipeline)),
+                 tmp_path / "plain.onnx")
+    fuse_attention(tmp_path / "plain.onnx", tmp_path / "fused.onnx", ckpt.config)
+    fp32 = onnx.load(str(tmp_path / "fused.onnx"))
+    nodes = quantizable_nodes(fp32)
+    # As export's recipe: FastGelu, and a node kept in fp32 (export keeps the outlier side paths so).
+    recipe = Int8Recipe("probe", fast_gelu=True, keep_fp32=(nodes[-1],))
+    feeds = _feeds(ckpt.config.vocab_size)
+    with quiet():
+        build(recipe, tmp_path / "fused.onnx", tmp_path / "whole.onnx")
+        whole, fp32 = onnx.load(str(tmp_path / "whole.onnx")), _with_recipe_gelu(recipe, fp32)
+        assert {"MatMulInteger"} <= {n.op_type for n in whole.graph.node}
+        for node in nodes[:-1]:
+            build(recipe, tmp_path / "fused.onnx", tmp_path / "quantizer.onnx", only=[node])
+            onnx.save(one_node_quantized(fp32, whole, node), str(tmp_path / "cut.onnx"))
+            expected = sentence_embeddings(tmp_path / "quantizer.onnx", feeds)
+            assert np.array_equal(sentence_embeddings(tmp_path / "cut.onnx", feeds), expected), node
+            cut = onnx.load(str(tmp_path / "cut.onnx"))
+            assert sorted(n.op_type for n in cut.graph.node) == sorted(
+                n.op_type for n in onnx.load(str(tmp_path / "quantizer.onnx")).graph.node), node
