@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -103,10 +104,16 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
+# The lines an export shows before its first step fails (attnserve/progress.py): what it exports, then each step
+# with its time; they are progress, not part of the error.
+_PROGRESS = re.compile(r"^(exporting .* to ONNX|\[ *\d+\.\ds\] .*|\.\.\. still .*)$")
+
+
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
     assert result.returncode != 0, result.stdout
     assert "Traceback" not in result.stderr, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("attnserve: ")]
+    lines = [line for line in result.stderr.splitlines()
+             if line.strip() and not line.startswith("attnserve: ") and not _PROGRESS.match(line)]
     assert len(lines) == 1, result.stderr
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
