@@ -122,14 +122,11 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
 @pytest.fixture(scope="session")
 def server(artifacts, tmp_path_factory):
     """One `attnserve serve` process shared by the tests that leave it as they found it."""
-    from tests.serving import ServerProcess
+    from tests.serving import ServerProcess, serving
 
     process = ServerProcess(artifacts, log_path=tmp_path_factory.mktemp("server") / "server.log")
-    try:
-        process.wait_serving()
+    with serving(process):
         yield process
-    finally:
-        assert process.terminate() == 0, process.log_tail()
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,7 @@ from attnserve.server.http.errors import KSERVE, OPENAI, TEI, http_error
 from attnserve.server.requests import EncodeRequest, RequestLimits, prepare
 from attnserve.v1 import encoder_pb2 as pb
 from tests.conftest import assert_one_line_error, run_cli
-from tests.serving import ServerProcess
+from tests.serving import ServerProcess, serving
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 LONG = "The beginning of a long text. " + "filler words " * 150 + "and its very different ending!"
@@ -47,11 +47,8 @@ def strict(artifacts, reranker_artifacts, tmp_path_factory):
     """A server started with --no-auto-truncate, serving the embedder (the default model) and a reranker."""
     process = ServerProcess(None, "--model", f"minilm={artifacts}", "--model", f"reranker={reranker_artifacts}",
                             "--no-auto-truncate", log_path=tmp_path_factory.mktemp("strict") / "server.log")
-    try:
-        process.wait_serving()
+    with serving(process):
         yield process
-    finally:
-        assert process.terminate() == 0, process.log_tail()
 
 
 @pytest.fixture(scope="module")

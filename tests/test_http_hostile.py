@@ -19,7 +19,7 @@ import pytest
 from attnserve.config import ServerConfig
 from attnserve.errors import ConfigError
 from server.logs import Throttle
-from tests.serving import ServerProcess
+from tests.serving import ServerProcess, serving
 
 KEY = "hostile-Key-8d1f0c"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -34,11 +34,8 @@ def server(artifacts, tmp_path_factory):
                             "--http-header-timeout", str(HEADER_TIMEOUT), "--http-body-timeout", str(BODY_TIMEOUT),
                             env={"ATTNSERVE_THREADS": "1"},
                             log_path=tmp_path_factory.mktemp("hostile") / "server.log")
-    try:
-        process.wait_serving()
+    with serving(process):
         yield process
-    finally:
-        assert process.terminate() == 0, process.log_tail()
 
 
 @pytest.fixture(scope="module")

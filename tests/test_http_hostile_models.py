@@ -17,7 +17,7 @@ from attnserve.default_model import default_checkpoint_dir
 from attnserve.engine.engine import Engine
 from attnserve.v1 import encoder_pb2 as pb
 from tests.checkpoints import save_cross_encoder, save_sentence_transformer, save_tiny_bert
-from tests.serving import ServerProcess
+from tests.serving import ServerProcess, serving
 
 TEXTS = ["the cat sat on the mat", "where is the train", "a"]
 QUERY = "what do cats do"
@@ -54,11 +54,8 @@ def server(models, tmp_path_factory):
     flags = [f for name, d in dirs.items() for f in ("--model", f"{name}={d}")]
     process = ServerProcess(None, *flags, env={"ATTNSERVE_THREADS": "1"},
                             log_path=tmp_path_factory.mktemp("four_models_server") / "server.log")
-    try:
-        process.wait_serving()
+    with serving(process):
         yield process
-    finally:
-        assert process.terminate() == 0, process.log_tail()
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from attnserve.client import Client, RequestError, error_details
 from attnserve.client.client import make_request
 from attnserve.v1 import encoder_pb2 as pb
 from tests.conftest import run_cli
-from tests.serving import ServerProcess
+from tests.serving import ServerProcess, serving
 
 KEY, FILE_KEY = "sk-attnserve-test-1", "sk-attnserve-test-2"
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -53,11 +53,8 @@ def server(artifacts, tmp_path_factory):
         artifacts, "--api-key", KEY, "--api-key-file", str(folder / "keys.txt"),
         "--max-request-bytes", str(MAX_REQUEST_BYTES), "--max-queue-tokens", str(MAX_QUEUE_TOKENS),
         "--max-batch-tokens", "256", env={"PYTHONPATH": str(folder)}, log_path=folder / "server.log")
-    try:
-        process.wait_serving()
+    with serving(process):
         yield process
-    finally:
-        assert process.terminate() == 0, process.log_tail()
     for line in (folder / "server.log").read_text().splitlines():
         record = json.loads(line)  # JSON lines only: no raw traceback
         assert record["level"] != "error" or "injected" in record.get("error", ""), record

@@ -16,7 +16,7 @@ import pytest
 from attnserve.client import error_details
 from attnserve.client.client import make_request
 from attnserve.default_model import DEFAULT_MODEL_NAME
-from tests.serving import ServerProcess
+from tests.serving import ServerProcess, serving
 
 SAMPLE_WORDS = (Path(__file__).resolve().parent.parent / "export/data/sample_texts.txt").read_text().split()
 
@@ -107,11 +107,8 @@ def test_deadline_gives_deadline_exceeded_and_drops_the_queued_inputs(server, st
 @pytest.fixture
 def small_queue_server(artifacts, tmp_path):
     process = ServerProcess(artifacts, "--max-queue-tokens", "1024", log_path=tmp_path / "server.log")
-    try:
-        process.wait_serving()
+    with serving(process):
         yield process
-    finally:
-        assert process.terminate() == 0, process.log_tail()
 
 
 def test_overload_is_resource_exhausted_and_every_accepted_request_completes(small_queue_server):

@@ -58,11 +58,8 @@ def test_client_reranks(reranker_server_target):
 
 @pytest.fixture(scope="module")
 def reranker_server_target(reranker_artifacts, tmp_path_factory):
-    from tests.serving import ServerProcess
+    from tests.serving import ServerProcess, serving
 
     process = ServerProcess(reranker_artifacts, log_path=tmp_path_factory.mktemp("pairs") / "server.log")
-    try:
-        process.wait_serving()
+    with serving(process):
         yield process.target
-    finally:
-        assert process.terminate() == 0, process.log_tail()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from attnserve.v1 import encoder_pb2 as pb
-from tests.serving import ServerProcess
+from tests.serving import ServerProcess, serving
 
 QUERY = "what do cats eat"
 TEXTS = ["Cats are obligate carnivores and eat meat.", "The stock market fell on Monday.", "Kittens drink milk.",
@@ -23,11 +23,8 @@ MAX_INPUTS = 8
 def reranker_server(reranker_artifacts, tmp_path_factory):
     process = ServerProcess(reranker_artifacts, env={"ATTNSERVE_MAX_INPUTS_PER_REQUEST": str(MAX_INPUTS)},
                             log_path=tmp_path_factory.mktemp("reranker_server") / "server.log")
-    try:
-        process.wait_serving()
+    with serving(process):
         yield process
-    finally:
-        assert process.terminate() == 0, process.log_tail()
 
 
 @pytest.fixture(scope="module")
