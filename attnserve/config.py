@@ -267,7 +267,7 @@ class LoadTestConfig:
                                "also write the report as JSON to this file (- : stdout)")
     plot: str | None = setting(
         None, "ATTNSERVE_LOADTEST_PLOT",
-        "draw latency over time and a latency histogram into this PNG (needs matplotlib)")
+        "draw latency over time and a latency histogram into this PNG")
 
     def __post_init__(self) -> None:
         if self.concurrency and self.rate:

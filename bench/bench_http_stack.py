@@ -1,4 +1,4 @@
-"""The measurement behind the HTTP door's stack (README, "Why aiohttp"): requests/s of an OpenAI-shaped
+"""The measurement behind the HTTP door's stack (docs/performance.md, "The HTTP stack"): requests/s of an OpenAI-shaped
 embeddings handler on each candidate stack, under `wrk -t1 -c64`.
 
 Each server parses the body, hops once through the event loop (as awaiting the batcher does) and answers a

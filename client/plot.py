@@ -12,7 +12,7 @@ from attnserve.errors import AttnserveError
 
 
 def pyplot():
-    """matplotlib.pyplot for drawing into files, or a clear error when the plot extra is missing."""
+    """matplotlib.pyplot for drawing into files, or a clear error when matplotlib (a dependency) is missing."""
     try:
         import matplotlib
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds a Python base image from a Debian archive, without Docker Hub: debootstrap + `docker import`.
-# `deploy/build-base-image.sh --help` says how; the README's Deploy section says when.
+# `deploy/build-base-image.sh --help` says how; docs/deployment.md says when.
 set -euo pipefail
 
 usage() {

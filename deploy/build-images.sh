@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the serving image on a machine that reaches package registries but not Docker Hub or
-# download.pytorch.org. `deploy/build-images.sh --help` says how; the README's Deploy section says when.
+# download.pytorch.org. `deploy/build-images.sh --help` says how; docs/deployment.md says when.
 set -euo pipefail
 
 usage() {

@@ -1,4 +1,4 @@
-"""Prometheus metrics, as the README's Metrics table lists them, in a registry of the server's own.
+"""Prometheus metrics, as docs/grpc.md's Metrics table lists them, in a registry of the server's own.
 
 The metrics of a model's queue and batches carry a `model` label (the name it is served under): each model has
 a batcher of its own, which records through its ModelMetrics.

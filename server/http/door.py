@@ -10,7 +10,7 @@ the path takes.
 Clients' protocol mistakes never reach the log as tracebacks or raw bytes (protocol_log.py), and slow clients are
 cut off: the head by head_timeout.py, the body by BodyReader, idle connections by aiohttp's keep-alive timeout.
 
-aiohttp was chosen by measurement (the README's HTTP section): it embeds in grpc.aio's loop without taking
+aiohttp was chosen by measurement (docs/performance.md, The HTTP stack): it embeds in grpc.aio's loop without taking
 over signals, answers 413 itself at client_max_size, and served an OpenAI-shaped request in about 50 us against
 FastAPI's 170 us. A client that disconnects cancels its handler, which drops its queued inputs, as over gRPC.
 """

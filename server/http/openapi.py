@@ -41,7 +41,7 @@ def openapi_spec(routes: list[Route], info: ModelInfo, keys_required: bool) -> d
         operation: dict[str, object] = {
             "summary": route.summary,
             "operationId": f"{route.method.lower()}_{_operation_name(path)}",
-            "responses": {"200": ok, "default": {"description": "an error: its status is in the README's table",
+            "responses": {"200": ok, "default": {"description": "an error: its status is in docs/http.md, Status codes",
                                                  "content": {"application/json": {"schema": error}}}},
         }
         if route.body is not None:
