@@ -187,6 +187,18 @@ def test_malformed_requests_get_a_4xx_and_no_key_nor_traceback_reaches_the_log(s
                for w in warnings)
 
 
+def test_a_request_that_does_not_parse_is_answered_in_json_that_quotes_none_of_its_bytes(server):
+    # aiohttp answers these before any route runs, in text/plain quoting the bad line (the key included): the
+    # door's TEI envelope instead (the path of an unparsed request is unknown), naming the kind of problem.
+    for name, data in MALFORMED.items():
+        reply = exchange(server, data.encode("latin-1"))
+        assert reply is not None and reply.headers["content-type"].startswith("application/json"), (name, reply.body)
+        body = check_envelope("tei", reply, reply.status)
+        assert body["error_type"] == "Validation" and body["error"], name
+        assert KEY.encode() not in reply.body and b"\\x" not in reply.body, (name, reply.body)
+        assert reply.closes, name  # the framing past a bad head cannot be trusted
+
+
 def test_the_throttle_lets_a_few_lines_a_period_through_and_counts_the_rest():
     now = [0.0]
     throttle = Throttle(limit=3, period=60, clock=lambda: now[0])

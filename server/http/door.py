@@ -38,6 +38,7 @@ from .head_timeout import HeadTimeouts
 from .kserve import KServeRoutes
 from .openai import OpenAIRoutes
 from .openapi import index, openapi_spec
+from .parse_errors import answer_in_envelope
 from .protocol_log import ProtocolLog
 from .rerank import RerankRoutes
 from .route import Route, families
@@ -84,7 +85,7 @@ class HttpDoor:
                                      shutdown_timeout=shutdown_timeout, logger=ProtocolLog(log),
                                      keepalive_timeout=self._config.http_keepalive_timeout)
         await self._runner.setup()
-        await self._heads.site(self._runner, host.strip("[]"), port, ssl_context).start()
+        await self._heads.site(self._runner, host.strip("[]"), port, ssl_context, answer_in_envelope).start()
         self.port = self._runner.addresses[0][1]
         return self.port
 
