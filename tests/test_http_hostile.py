@@ -302,6 +302,19 @@ def test_a_405_lists_the_methods_the_route_takes(server, model):
         assert reply.status_code == 405 and "POST" in {m.strip() for m in reply.headers["allow"].split(",")}, path
 
 
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_reading_an_infer_path_is_a_405_not_an_unknown_model(server, model, method):
+    # A model name may hold slashes, so GET /v2/models/NAME/infer reaches the metadata route of a model called
+    # "NAME/infer": for a served NAME that is the infer route asked with the wrong method.
+    for path in (f"/v2/models/{model}/infer", f"/v2/models/{model}/versions/1/infer"):
+        reply = httpx.request(method, server.http_url + path, headers=AUTH, timeout=30)
+        assert reply.status_code == 405 and reply.headers["allow"] == "POST", (path, reply.text)
+        if method == "GET":
+            assert "not allowed" in message(check_envelope("kserve", reply, 405))
+    reply = httpx.request(method, server.http_url + "/v2/models/no-such-model/infer", headers=AUTH, timeout=30)
+    assert reply.status_code == 404
+
+
 def test_get_root_points_to_the_help(server):
     for headers in (AUTH, {}):  # open: the first thing a newcomer asks
         reply = httpx.get(server.http_url + "/", headers=headers, timeout=30)
