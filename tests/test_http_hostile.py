@@ -367,6 +367,37 @@ def test_unknown_paths_are_404_in_the_envelope_of_their_prefix(server, path, fam
     check_envelope(family, reply, 404)
 
 
+def _first_status(server, head: bytes) -> int:
+    """The status of the first reply to a head sent alone (no body follows): 100 when the body is invited."""
+    with Connection(server) as connection:
+        connection.send(head)
+        while b"\r\n" not in connection.buffer:
+            assert connection._fill()
+        return int(connection.buffer.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize("family", ["openai", "tei", "kserve"])
+def test_a_body_that_will_be_refused_is_not_invited_by_100_continue(server, model, family):
+    # 100 Continue starts a client's upload: a body over max_request_bytes, or sent without a valid key, is refused
+    # before a byte of it is sent; a good one is still invited.
+    path, body = _routes(model)[family]
+    expect = {"Expect": "100-continue"}
+    too_large = raw_request("POST", path, headers={**expect, "Content-Length": str(MAX_REQUEST_BYTES + 1)})
+    assert _first_status(server, too_large) == 413
+    for auth in ({}, {"Authorization": "Bearer wrong"}):
+        no_key = raw_request("POST", path, headers={**expect, "Content-Length": str(len(body)), **auth}, auth=False)
+        assert _first_status(server, no_key) == 401
+    with Connection(server) as connection:
+        connection.send(raw_request("POST", path, headers={**expect, "Content-Length": str(len(body)),
+                                                           "Content-Type": "application/json"}))
+        while b"\r\n\r\n" not in connection.buffer:
+            assert connection._fill()
+        assert connection.buffer.startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        connection.buffer = b""
+        connection.send(body)
+        assert connection.reply().status == 200
+
+
 # --- protocol odds that must simply work ---------------------------------------------------------------------------
 
 def test_pipelined_http10_chunked_and_expect_continue_requests_are_answered(server):

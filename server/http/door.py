@@ -25,9 +25,16 @@ from concurrent.futures import Executor
 from functools import partial
 
 from aiohttp import web
+from aiohttp.web_urldispatcher import _default_expect_handler as _continue
 
 from attnserve.config import ServerConfig
-from attnserve.errors import MessageTooLargeError, MethodNotAllowedError, RequestTimeoutError, RouteNotFoundError
+from attnserve.errors import (
+    MessageTooLargeError,
+    MethodNotAllowedError,
+    RequestTimeoutError,
+    RouteNotFoundError,
+    UnauthenticatedError,
+)
 
 from ..auth import ApiKeys
 from ..core import Core
@@ -43,7 +50,7 @@ from .protocol_log import ProtocolLog
 from .rerank import RerankRoutes
 from .route import Route, families
 from .tei import TeiRoutes
-from .wire import BodyReader, dumps, json_response
+from .wire import BODY_INVITED, BodyReader, dumps, json_response
 
 log = logging.getLogger("attnserve.server")
 
@@ -73,7 +80,7 @@ class HttpDoor:
         for route in self.routes:
             # add_get also answers HEAD, as RFC 9110 asks of every GET route (balancers probe with it).
             add = self.app.router.add_get if route.method == "GET" else partial(self.app.router.add_route, route.method)
-            add(route.path, route.handler)
+            add(route.path, route.handler, expect_handler=partial(self._expect, route))
         self._heads = HeadTimeouts(config.http_header_timeout, self._head_timeout_reply)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -143,6 +150,21 @@ class HttpDoor:
                                                "http_header_timeout)"), TEI)
         return (b"HTTP/1.1 %d Request Timeout\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
                 b"Connection: close\r\n\r\n%s" % (error.status, len(error.body), error.body))
+
+    async def _expect(self, route: Route, request: web.Request) -> None:
+        """`Expect: 100-continue`: invite the body only of a request the route will read. aiohttp's own handler
+        invites every body, so a client sent 100 Continue began uploading a body over max_request_bytes, or one
+        without a valid key, before its 413 or 401 came. Without the 100, the middleware answers the refusal
+        before a byte of the body is sent (RFC 9110 10.1.1)."""
+        if (request.content_length or 0) > self._config.max_request_bytes:
+            return
+        if not route.open:
+            try:
+                self._keys.check(request.headers.get("Authorization"))
+            except UnauthenticatedError:
+                return
+        await _continue(request)
+        request[BODY_INVITED] = True
 
     async def _index(self, request: web.Request) -> web.Response:
         return json_response(self._index_body)
