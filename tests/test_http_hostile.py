@@ -396,6 +396,9 @@ def test_a_body_that_will_be_refused_is_not_invited_by_100_continue(server, mode
         connection.buffer = b""
         connection.send(body)
         assert connection.reply().status == 200
+    # An expectation other than 100-continue is ignored (RFC 9110 allows it): the request is answered as any.
+    check_envelope(family, exchange(server, raw_request("POST", path, b"{}", headers={"Expect": "something-else"})),
+                   400)
 
 
 # --- protocol odds that must simply work ---------------------------------------------------------------------------

@@ -24,8 +24,7 @@ import time
 from concurrent.futures import Executor
 from functools import partial
 
-from aiohttp import web
-from aiohttp.web_urldispatcher import _default_expect_handler as _continue
+from aiohttp import HttpVersion11, web
 
 from attnserve.config import ServerConfig
 from attnserve.errors import (
@@ -155,7 +154,10 @@ class HttpDoor:
         """`Expect: 100-continue`: invite the body only of a request the route will read. aiohttp's own handler
         invites every body, so a client sent 100 Continue began uploading a body over max_request_bytes, or one
         without a valid key, before its 413 or 401 came. Without the 100, the middleware answers the refusal
-        before a byte of the body is sent (RFC 9110 10.1.1)."""
+        before a byte of the body is sent (RFC 9110 10.1.1). Another expectation is ignored, as RFC 9110 allows
+        (aiohttp's 417 for it was text/plain, outside every envelope)."""
+        if request.headers.get("Expect", "").lower() != "100-continue" or request.version != HttpVersion11:
+            return
         if (request.content_length or 0) > self._config.max_request_bytes:
             return
         if not route.open:
@@ -163,7 +165,8 @@ class HttpDoor:
                 self._keys.check(request.headers.get("Authorization"))
             except UnauthenticatedError:
                 return
-        await _continue(request)
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the reply proper has not begun (as aiohttp's own handler resets it)
         request[BODY_INVITED] = True
 
     async def _index(self, request: web.Request) -> web.Response:
