@@ -9,6 +9,7 @@ skipped-rows file with its line and reason (on_error "skip"); never silently.
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 from attnserve.errors import InvalidInputError
@@ -87,3 +88,9 @@ def check_before_loading(input_path: Path, output: Path, *, allow_empty: bool, t
     if not folder.is_dir():
         raise InvalidInputError(f"cannot write output {output}: the folder {folder} "
                                 f"{'is not a folder' if folder.exists() else 'does not exist'}")
+    try:  # a file can be made there: permissions alone do not say so (root, read-only mounts, /proc)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise InvalidInputError(f"cannot write output {output}: no file can be made in the folder {folder} "
+                                f"({e.strerror or type(e).__name__})") from None

@@ -31,6 +31,7 @@ import grpc
 import numpy as np
 
 from attnserve.client.client import open_channel
+from attnserve.client.reach import why_no_grpc
 from attnserve.client.retry import Backoff
 from attnserve.client.status import ErrorDetails, error_details
 from attnserve.config import ClientConfig
@@ -210,6 +211,10 @@ class ServerEncoder:
         if details.reason == "SHUTTING_DOWN":
             return AttnserveError(f"server {self.target} is shutting down{resume}")
         if code == grpc.StatusCode.UNAVAILABLE:
+            # No answer from attnserve (no reason): say why, as every client does (nothing listens, or HTTP does).
+            explained = why_no_grpc(self.target) if details.reason is None else None
+            if explained is not None:
+                return AttnserveError(f"{explained}{resume}")
             return AttnserveError(f"server {self.target} is unavailable: {message}{resume}")
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return AttnserveError(f"server {self.target} did not answer within {self.config.timeout:g}s "

@@ -19,7 +19,9 @@ def closed_port() -> int:
 
 
 def _commands(target: str, tmp_path) -> dict[str, list]:
+    (tmp_path / "in.txt").write_text("x\n")
     return {
+        "encode --server": ["encode", tmp_path / "in.txt", "-o", tmp_path / "out.parquet", "--server", target],
         "embed": ["embed", "x", "--target", target],
         "health": ["health", "--target", target],
         "attention": ["attention", "x", "-o", tmp_path / "m.png", "--target", target],
@@ -27,11 +29,12 @@ def _commands(target: str, tmp_path) -> dict[str, list]:
     }
 
 
-@pytest.mark.parametrize("command", ["embed", "health", "attention", "loadtest"])
+@pytest.mark.parametrize("command", ["embed", "health", "attention", "loadtest", "encode --server"])
 def test_no_server_says_so_and_how_to_start_one(command, tmp_path):
     target = f"127.0.0.1:{closed_port()}"
     assert_one_line_error(run_cli(*_commands(target, tmp_path)[command]),
                           f"no attnserve server at {target} (start one with `attnserve serve`)")
+    assert not (tmp_path / "out.parquet").exists()
 
 
 def test_no_http_server_says_so_too():
@@ -40,7 +43,7 @@ def test_no_http_server_says_so_too():
                                   "--requests", 1), f"no attnserve server at 127.0.0.1:{port}")
 
 
-@pytest.mark.parametrize("command", ["embed", "health", "attention", "loadtest"])
+@pytest.mark.parametrize("command", ["embed", "health", "attention", "loadtest", "encode --server"])
 def test_grpc_against_the_http_port_names_the_grpc_port(server, command, tmp_path):
     target = f"127.0.0.1:{server.http_port}"
     assert_one_line_error(run_cli(*_commands(target, tmp_path)[command]),

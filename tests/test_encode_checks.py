@@ -3,6 +3,8 @@ after the model loads (or, on a first run, after an export of minutes into the c
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow.parquet as pq
 import pytest
 
@@ -26,11 +28,14 @@ def _prepare(tmp_path, case: str):
         "missing output folder": (good, tmp_path / "no" / "such" / "o.parquet", "the folder"),
         "output not parquet": (good, tmp_path / "o.csv", "give a file name ending in .parquet"),
         "output a directory": (good, tmp_path / "out.parquet", "is a directory; give a .parquet file name"),
+        # a folder no file can be made in, whoever runs the tests (root included): /proc takes no new files
+        "output folder not writable": (good, Path("/proc/o.parquet"), "no file can be made in the folder /proc"),
     }[case]
 
 
 CASES = ["missing input", "a directory as input", "a directory without a suffix", "unknown input suffix",
-         "empty input", "missing output folder", "output not parquet", "output a directory"]
+         "empty input", "missing output folder", "output not parquet", "output a directory",
+         "output folder not writable"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -119,7 +119,8 @@ def test_unreachable_server_is_one_line(tmp_path):
     (tmp_path / "in.txt").write_text("hello\n")
     target = f"127.0.0.1:{free_port()}"  # nothing listens there
     result = run_cli("encode", tmp_path / "in.txt", "-o", tmp_path / "o.parquet", "--server", target)
-    assert_one_line_error(result, f"server {target} is unavailable")
+    assert_one_line_error(result, f"no attnserve server at {target} (start one with `attnserve serve`)",
+                          "the same command resumes")
     assert not (tmp_path / "o.parquet").exists()
 
 

@@ -184,6 +184,18 @@ def test_malformed_requests_get_a_4xx_and_no_key_nor_traceback_reaches_the_log(s
                for w in warnings)
 
 
+def test_a_request_that_does_not_parse_is_answered_in_json_that_quotes_none_of_its_bytes(server):
+    # aiohttp answers these before any route runs, in text/plain quoting the bad line (the key included): the
+    # door's TEI envelope instead (the path of an unparsed request is unknown), naming the kind of problem.
+    for name, data in MALFORMED.items():
+        reply = exchange(server, data.encode("latin-1"))
+        assert reply is not None and reply.headers["content-type"].startswith("application/json"), (name, reply.body)
+        body = check_envelope("tei", reply, reply.status)
+        assert body["error_type"] == "Validation" and body["error"], name
+        assert KEY.encode() not in reply.body and b"\\x" not in reply.body, (name, reply.body)
+        assert reply.closes, name  # the framing past a bad head cannot be trusted
+
+
 def test_the_throttle_lets_a_few_lines_a_period_through_and_counts_the_rest():
     now = [0.0]
     throttle = Throttle(limit=3, period=60, clock=lambda: now[0])
@@ -287,6 +299,19 @@ def test_a_405_lists_the_methods_the_route_takes(server, model):
         assert reply.status_code == 405 and "POST" in {m.strip() for m in reply.headers["allow"].split(",")}, path
 
 
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_reading_an_infer_path_is_a_405_not_an_unknown_model(server, model, method):
+    # A model name may hold slashes, so GET /v2/models/NAME/infer reaches the metadata route of a model called
+    # "NAME/infer": for a served NAME that is the infer route asked with the wrong method.
+    for path in (f"/v2/models/{model}/infer", f"/v2/models/{model}/versions/1/infer"):
+        reply = httpx.request(method, server.http_url + path, headers=AUTH, timeout=30)
+        assert reply.status_code == 405 and reply.headers["allow"] == "POST", (path, reply.text)
+        if method == "GET":
+            assert "not allowed" in message(check_envelope("kserve", reply, 405))
+    reply = httpx.request(method, server.http_url + "/v2/models/no-such-model/infer", headers=AUTH, timeout=30)
+    assert reply.status_code == 404
+
+
 def test_get_root_points_to_the_help(server):
     for headers in (AUTH, {}):  # open: the first thing a newcomer asks
         reply = httpx.get(server.http_url + "/", headers=headers, timeout=30)
@@ -337,6 +362,40 @@ def test_an_unknown_model_is_a_404_in_the_familys_envelope(server, path, family)
 def test_unknown_paths_are_404_in_the_envelope_of_their_prefix(server, path, family):
     reply = exchange(server, raw_request("GET", path))
     check_envelope(family, reply, 404)
+
+
+def _first_status(server, head: bytes) -> int:
+    """The status of the first reply to a head sent alone (no body follows): 100 when the body is invited."""
+    with Connection(server) as connection:
+        connection.send(head)
+        while b"\r\n" not in connection.buffer:
+            assert connection._fill()
+        return int(connection.buffer.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize("family", ["openai", "tei", "kserve"])
+def test_a_body_that_will_be_refused_is_not_invited_by_100_continue(server, model, family):
+    # 100 Continue starts a client's upload: a body over max_request_bytes, or sent without a valid key, is refused
+    # before a byte of it is sent; a good one is still invited.
+    path, body = _routes(model)[family]
+    expect = {"Expect": "100-continue"}
+    too_large = raw_request("POST", path, headers={**expect, "Content-Length": str(MAX_REQUEST_BYTES + 1)})
+    assert _first_status(server, too_large) == 413
+    for auth in ({}, {"Authorization": "Bearer wrong"}):
+        no_key = raw_request("POST", path, headers={**expect, "Content-Length": str(len(body)), **auth}, auth=False)
+        assert _first_status(server, no_key) == 401
+    with Connection(server) as connection:
+        connection.send(raw_request("POST", path, headers={**expect, "Content-Length": str(len(body)),
+                                                           "Content-Type": "application/json"}))
+        while b"\r\n\r\n" not in connection.buffer:
+            assert connection._fill()
+        assert connection.buffer.startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        connection.buffer = b""
+        connection.send(body)
+        assert connection.reply().status == 200
+    # An expectation other than 100-continue is ignored (RFC 9110 allows it): the request is answered as any.
+    check_envelope(family, exchange(server, raw_request("POST", path, b"{}", headers={"Expect": "something-else"})),
+                   400)
 
 
 # --- protocol odds that must simply work ---------------------------------------------------------------------------

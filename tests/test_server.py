@@ -130,3 +130,20 @@ def test_health_list_answers_every_service(server):
         "": health_pb2.HealthCheckResponse.SERVING, "attnserve.v1.Encoder": health_pb2.HealthCheckResponse.SERVING,
         # each model's own service name, as several models are served (server/models.py)
         "attnserve.v1.Encoder/sentence-transformers/all-MiniLM-L6-v2": health_pb2.HealthCheckResponse.SERVING}
+
+
+def test_health_of_an_unknown_service_is_not_found_naming_the_services(server):
+    from grpc_health.v1 import health_pb2_grpc
+
+    from attnserve.client import error_details
+
+    with server.channel() as channel:
+        for service in ("nope", "attnserve.v1.Encoder/no-such-model"):
+            with pytest.raises(grpc.RpcError) as error:
+                health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            details = error_details(error.value)
+            assert details.code == grpc.StatusCode.NOT_FOUND and details.reason == "NOT_FOUND", details
+            assert repr(service) in details.message and "'attnserve.v1.Encoder'" in details.message, details.message
+        known = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="attnserve.v1.Encoder"), timeout=10)
+        assert known.status == health_pb2.HealthCheckResponse.SERVING

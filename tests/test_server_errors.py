@@ -123,3 +123,31 @@ def test_errors_are_counted_by_code(server, stub):
         stub.Embed(make_request([""]), timeout=30)
     after = server.metrics()['attnserve_requests_total{code="INVALID_ARGUMENT",method="Embed",protocol="grpc"}']
     assert after == before + 1
+
+
+# Requests whose error quotes what the client sent, at a length past any client's metadata limit: the message (and
+# the BadRequest description) travel in the trailers, so unbounded they were dropped by the client, which saw
+# RESOURCE_EXHAUSTED "Stream removed" in place of the status.
+LONG_NAME = "模型/" * 3000  # 15,000 UTF-8 bytes, 3-byte characters: percent-encoded, three times that
+QUOTING_REQUESTS = {
+    "an unknown model in Embed": ("Embed", pb.EmbedRequest(inputs=[pb.Input(text="x")], model=LONG_NAME),
+                                  grpc.StatusCode.NOT_FOUND),
+    "an unknown model in GetModelInfo": ("GetModelInfo", pb.GetModelInfoRequest(model=LONG_NAME),
+                                         grpc.StatusCode.NOT_FOUND),
+    "an unknown model in Rerank": ("Rerank", pb.RerankRequest(query="q", texts=["t"], model=LONG_NAME),
+                                   grpc.StatusCode.NOT_FOUND),
+    "an unknown prompt name": ("Embed", pb.EmbedRequest(inputs=[pb.Input(text="x")], prompt_name="p" * 40_000),
+                               grpc.StatusCode.INVALID_ARGUMENT),
+}
+
+
+@pytest.mark.parametrize("case", list(QUOTING_REQUESTS))
+def test_an_error_quoting_a_long_value_arrives_with_its_status_cut_to_fit(case, server, stub):
+    method, request, code = QUOTING_REQUESTS[case]
+    with pytest.raises(grpc.RpcError) as error:
+        getattr(stub, method)(request, timeout=30)
+    details = error_details(error.value)
+    assert details.code == code, details
+    assert details.message.endswith("…(cut)") and len(details.message.encode()) <= 1024, details.message[-40:]
+    assert details.description is None or len(details.description.encode()) <= 1024
+    assert server.health() == health_pb2.HealthCheckResponse.SERVING

@@ -14,9 +14,9 @@ import asyncio
 import grpc
 from grpc_health.v1 import health, health_pb2
 
-from attnserve.errors import ShuttingDownError
+from attnserve.errors import Reason, ShuttingDownError
 
-from .status import abort, status_for
+from .status import abort, detailed_status, status_for
 
 
 class _StatusSent:
@@ -44,6 +44,17 @@ class HealthService(health.aio.HealthServicer):
         self._watches = 0
         self._no_watches = asyncio.Event()
         self._no_watches.set()
+
+    async def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+                    ) -> health_pb2.HealthCheckResponse:
+        """grpc's Check, whose NOT_FOUND for an unknown service has no message: here it names the services known
+        (the health protocol asks for NOT_FOUND itself, not the UNIMPLEMENTED of an unknown method)."""
+        if request.service not in self._server_status:
+            await abort(context, detailed_status(
+                grpc.StatusCode.NOT_FOUND, f"no health status for the service {request.service!r}; the services "
+                f"are {', '.join(repr(name) for name in sorted(self._server_status))} ('' is the whole server)",
+                Reason.NOT_FOUND))
+        return await super().Check(request, context)
 
     async def List(self, request: health_pb2.HealthListRequest, context: grpc.aio.ServicerContext
                    ) -> health_pb2.HealthListResponse:

@@ -17,6 +17,14 @@ from grpc_status import rpc_status
 
 from attnserve.errors import DOMAIN, InputTooLongError, QueueFullError, Reason, reason_and_message, truncation_fix
 
+# The most UTF-8 bytes of a status's message, and of its BadRequest description. Both travel in the trailers
+# (grpc-message percent-encoded, the details base64-encoded in grpc-status-details-bin), and a client drops trailers
+# over its metadata limit (grpc core's: 8 KiB soft, 16 KiB hard) and reports RESOURCE_EXHAUSTED "Stream removed"
+# instead of the status: an error that quotes what a client sent (a 20 KiB model name) must still arrive. 1 KiB of
+# each, percent-encoded at worst 3 KiB, keeps the whole status under the soft limit.
+MAX_TEXT_BYTES = 1024
+CLIPPED = " …(cut)"
+
 # The status code each reason comes with.
 CODES = {
     Reason.INVALID_INPUT: grpc.StatusCode.INVALID_ARGUMENT,
@@ -63,13 +71,14 @@ def detailed_status(code: grpc.StatusCode, message: str, reason: Reason | str, r
                     retry_delay: float | None = None) -> grpc.Status:
     """A status with the google.rpc details of client/status.py's contract: ErrorInfo always, BadRequest when a
     field is given, RetryInfo when a retry delay is."""
+    message = clip(message)
     info = error_details_pb2.ErrorInfo(reason=str(reason), domain=DOMAIN)
     if request_index is not None:
         info.metadata["request_index"] = str(request_index)
     details: list = [info]
     if field is not None:
         details.append(error_details_pb2.BadRequest(field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(field=field, description=description)]))
+            error_details_pb2.BadRequest.FieldViolation(field=clip(field), description=clip(description or ""))]))
     if retry_delay is not None:
         retry = error_details_pb2.RetryInfo()
         retry.retry_delay.FromNanoseconds(round(retry_delay * 1e9))
@@ -80,6 +89,14 @@ def detailed_status(code: grpc.StatusCode, message: str, reason: Reason | str, r
         any_detail.Pack(detail)
         packed.append(any_detail)
     return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=packed))
+
+
+def clip(text: str) -> str:
+    """text, cut to MAX_TEXT_BYTES of UTF-8 (at a character's boundary) and marked so when it was longer."""
+    data = text.encode()
+    if len(data) <= MAX_TEXT_BYTES:
+        return text
+    return data[:MAX_TEXT_BYTES - len(CLIPPED.encode())].decode(errors="ignore") + CLIPPED
 
 
 async def abort(context: grpc.aio.ServicerContext, status: grpc.Status) -> NoReturn:

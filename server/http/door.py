@@ -24,10 +24,16 @@ import time
 from concurrent.futures import Executor
 from functools import partial
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from attnserve.config import ServerConfig
-from attnserve.errors import MessageTooLargeError, MethodNotAllowedError, RequestTimeoutError, RouteNotFoundError
+from attnserve.errors import (
+    MessageTooLargeError,
+    MethodNotAllowedError,
+    RequestTimeoutError,
+    RouteNotFoundError,
+    UnauthenticatedError,
+)
 
 from ..auth import ApiKeys
 from ..core import Core
@@ -38,11 +44,12 @@ from .head_timeout import HeadTimeouts
 from .kserve import KServeRoutes
 from .openai import OpenAIRoutes
 from .openapi import index, openapi_spec
+from .parse_errors import answer_in_envelope
 from .protocol_log import ProtocolLog
 from .rerank import RerankRoutes
 from .route import Route, families
 from .tei import TeiRoutes
-from .wire import BodyReader, dumps, json_response
+from .wire import BODY_INVITED, BodyReader, dumps, json_response
 
 log = logging.getLogger("attnserve.server")
 
@@ -72,7 +79,7 @@ class HttpDoor:
         for route in self.routes:
             # add_get also answers HEAD, as RFC 9110 asks of every GET route (balancers probe with it).
             add = self.app.router.add_get if route.method == "GET" else partial(self.app.router.add_route, route.method)
-            add(route.path, route.handler)
+            add(route.path, route.handler, expect_handler=partial(self._expect, route))
         self._heads = HeadTimeouts(config.http_header_timeout, self._head_timeout_reply)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -84,7 +91,7 @@ class HttpDoor:
                                      shutdown_timeout=shutdown_timeout, logger=ProtocolLog(log),
                                      keepalive_timeout=self._config.http_keepalive_timeout)
         await self._runner.setup()
-        await self._heads.site(self._runner, host.strip("[]"), port, ssl_context).start()
+        await self._heads.site(self._runner, host.strip("[]"), port, ssl_context, answer_in_envelope).start()
         self.port = self._runner.addresses[0][1]
         return self.port
 
@@ -142,6 +149,25 @@ class HttpDoor:
                                                "http_header_timeout)"), TEI)
         return (b"HTTP/1.1 %d Request Timeout\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
                 b"Connection: close\r\n\r\n%s" % (error.status, len(error.body), error.body))
+
+    async def _expect(self, route: Route, request: web.Request) -> None:
+        """`Expect: 100-continue`: invite the body only of a request the route will read. aiohttp's own handler
+        invites every body, so a client sent 100 Continue began uploading a body over max_request_bytes, or one
+        without a valid key, before its 413 or 401 came. Without the 100, the middleware answers the refusal
+        before a byte of the body is sent (RFC 9110 10.1.1). Another expectation is ignored, as RFC 9110 allows
+        (aiohttp's 417 for it was text/plain, outside every envelope)."""
+        if request.headers.get("Expect", "").lower() != "100-continue" or request.version != HttpVersion11:
+            return
+        if (request.content_length or 0) > self._config.max_request_bytes:
+            return
+        if not route.open:
+            try:
+                self._keys.check(request.headers.get("Authorization"))
+            except UnauthenticatedError:
+                return
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the reply proper has not begun (as aiohttp's own handler resets it)
+        request[BODY_INVITED] = True
 
     async def _index(self, request: web.Request) -> web.Response:
         return json_response(self._index_body)

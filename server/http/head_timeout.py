@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import Callable
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 from yarl import URL
 
 
@@ -35,9 +36,10 @@ class HeadTimeouts:
         if watched is not None:
             watched.in_request = False  # the next byte starts the next head's clock
 
-    def site(self, runner: web.BaseRunner, host: str, port: int, ssl_context) -> web.BaseSite:
-        """A TCP site whose connections are watched."""
-        return _Site(runner, host, port, ssl_context, self)
+    def site(self, runner: web.BaseRunner, host: str, port: int, ssl_context,
+             protocol: Callable[[RequestHandler], RequestHandler] = lambda handler: handler) -> web.BaseSite:
+        """A TCP site whose connections are watched; `protocol` adapts each connection's aiohttp protocol first."""
+        return _Site(runner, host, port, ssl_context, self, protocol)
 
 
 class _Watched(asyncio.Protocol):
@@ -97,9 +99,10 @@ class _Watched(asyncio.Protocol):
 class _Site(web.BaseSite):
     """web.TCPSite's listener, with each connection's protocol watched."""
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, ssl_context, timeouts: HeadTimeouts):
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, ssl_context, timeouts: HeadTimeouts,
+                 protocol: Callable[[RequestHandler], RequestHandler]):
         super().__init__(runner, ssl_context=ssl_context)
-        self._host, self._port, self._timeouts = host, port, timeouts
+        self._host, self._port, self._timeouts, self._protocol = host, port, timeouts, protocol
 
     @property
     def name(self) -> str:
@@ -110,5 +113,5 @@ class _Site(web.BaseSite):
         server = self._runner.server
         assert server is not None  # set by runner.setup()
         self._server = await asyncio.get_running_loop().create_server(
-            lambda: _Watched(server(), self._timeouts), self._host, self._port, ssl=self._ssl_context,
+            lambda: _Watched(self._protocol(server()), self._timeouts), self._host, self._port, ssl=self._ssl_context,
             backlog=self._backlog, reuse_address=True, reuse_port=False)

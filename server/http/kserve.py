@@ -19,6 +19,7 @@ name is the whole path between /v2/models/ and the route's last part. Every mode
 from __future__ import annotations
 
 import math
+import re
 import struct
 from collections.abc import Iterator
 from typing import TypeVar
@@ -26,7 +27,7 @@ from typing import TypeVar
 import numpy as np
 from aiohttp import web
 
-from attnserve.errors import InvalidInputError, MalformedMessageError, ModelNotFoundError
+from attnserve.errors import InvalidInputError, MalformedMessageError, MethodNotAllowedError, ModelNotFoundError
 
 from ..core import BINARY_FLOAT_BYTES, Core
 from ..models import ModelInfo
@@ -46,6 +47,8 @@ LENGTH_PREFIX = struct.Struct("<I")
 P = TypeVar("P", bool, int)
 NAME = r"{name:.+}"  # a model name, slashes included
 VERSIONED = r"{name:.+}/versions/{version:[^/]+}"
+# What a metadata route takes for a model name when it is an infer path: NAME[/versions/V]/infer.
+INFER_PATH = re.compile(r"(?P<name>.+?)(?:/versions/[^/]+)?/infer")
 
 
 class KServeRoutes:
@@ -80,9 +83,20 @@ class KServeRoutes:
         ]
 
     def _info(self, request: web.Request) -> ModelInfo:
-        """The model the path names, at its one version."""
+        """The model the path names, at its one version.
+
+        A GET or HEAD of a served model's infer path reaches here too, as the metadata route of a model named
+        "NAME/infer" (names hold slashes): that is the infer route asked with the wrong method, a 405, not an
+        unknown model."""
         version = request.match_info.get("version")
-        info = self._core.model(request.match_info["name"]).info
+        try:
+            info = self._core.model(request.match_info["name"]).info
+        except ModelNotFoundError:
+            infer = INFER_PATH.fullmatch(request.match_info["name"])
+            if infer is not None and infer["name"] in self._core.models.names:
+                raise MethodNotAllowedError(f"{request.method} is not allowed on {request.path}",
+                                            allowed=("POST",)) from None
+            raise
         if version is not None and version != VERSION:
             raise ModelNotFoundError(f"the model {info.model!r} has no version {version!r}; its one version is "
                                      f"{VERSION!r}")

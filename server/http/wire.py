@@ -40,6 +40,8 @@ BASE64_FLOAT_BYTES = 16 / 3
 # Seconds the client gives the request, as gRPC's deadline does; past it the answer is 504.
 TIMEOUT_HEADER = "X-Request-Timeout"
 JSON = "application/json"
+# Set on a request whose `Expect: 100-continue` was answered 100 (HttpDoor._expect): its body is on its way.
+BODY_INVITED = "attnserve.body_invited"
 NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -85,6 +87,8 @@ class BodyReader:
         content = request.content
         if content.exception() is not None or (request.content_length or 0) > self.max_bytes:
             return False
+        if request.headers.get("Expect", "").lower() == "100-continue" and not request.get(BODY_INVITED):
+            return False  # the client holds its body back until a 100 that never came: it would only time out
         if content.is_eof():  # read whole, or none sent: every request a route answered from its body
             return True
 
