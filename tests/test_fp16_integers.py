@@ -20,7 +20,7 @@ from attnserve.export.optimize import convert_fp16, float_to_integer_casts
 from attnserve.export.torch_to_onnx import export_graph
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.encoder import SentenceEncoder
-from attnserve.model.head import load_head
+from attnserve.model.sentence_head import load_head
 
 from .checkpoints import save_sentence_transformer, save_tiny_family
 

@@ -15,7 +15,7 @@ from attnserve.export.optimize import fuse_attention, quiet
 from attnserve.export.torch_to_onnx import export_graph
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.encoder import SentenceEncoder
-from attnserve.model.head import load_head
+from attnserve.model.sentence_head import load_head
 
 from .checkpoints import save_sentence_transformer, save_tiny_family
 
