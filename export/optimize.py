@@ -13,7 +13,7 @@ import onnx
 
 from attnserve.errors import ExportVerificationError
 from attnserve.model.encoder import EncoderConfig
-from attnserve.model.modernbert import ModernBertConfig
+from attnserve.model.family import ModelConfig
 
 # The TorchScript exporter names nodes after module paths (model/encoder.py).
 FIRST_FFN_DOWN = "/encoder/layers.0/feed_forward/down/MatMul"
@@ -49,12 +49,13 @@ def quiet():
         logging.disable(previous)
 
 
-def expects_attention_fusion(cfg: EncoderConfig | ModernBertConfig) -> bool:
-    """Whether onnxruntime's attention fusion must match every layer. It matches BERT's attention subgraph;
-    ModernBERT's rotary attention is another subgraph, which it leaves unfused: there the "fused" variants have
-    the fusions the optimizer does make (Gelu, and SkipLayerNormalization in fp16), verified like any other.
-    MPNet adds a relative position bias to the scores, which the fusion does not match either."""
-    return not isinstance(cfg, ModernBertConfig) and not cfg.relative_attention_buckets
+def expects_attention_fusion(cfg: EncoderConfig | ModelConfig) -> bool:
+    """Whether onnxruntime's attention fusion must match every layer. It matches BERT's attention subgraph
+    (encoder.py); the rotary families' attention (ModernBERT, Qwen3, ...) is another subgraph, which it leaves
+    unfused: there the "fused" variants have the fusions the optimizer does make (Gelu, and
+    SkipLayerNormalization in fp16), verified like any other. MPNet adds a relative position bias to the
+    scores, which the fusion does not match either."""
+    return isinstance(cfg, EncoderConfig) and not cfg.relative_attention_buckets
 
 
 def fused_attention_nodes(counts: dict[str, int]) -> int:
@@ -67,7 +68,7 @@ def describe_fusions(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} {op}" for op, n in fused.items()) or "none"
 
 
-def _optimized(src: Path, cfg: EncoderConfig | ModernBertConfig, skip_layer_norm: bool):
+def _optimized(src: Path, cfg: EncoderConfig | ModelConfig, skip_layer_norm: bool):
     from onnxruntime.transformers import optimizer
     from onnxruntime.transformers.fusion_options import FusionOptions
 
@@ -94,7 +95,7 @@ def _optimized(src: Path, cfg: EncoderConfig | ModernBertConfig, skip_layer_norm
     return model
 
 
-def fuse_attention(src: Path, dst: Path, cfg: EncoderConfig | ModernBertConfig) -> dict[str, int]:
+def fuse_attention(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig) -> dict[str, int]:
     """Fuse each layer's attention subgraph into one Attention node, for the CPU provider.
 
     SkipLayerNormalization is left unfused: on CPU its kernel is slower than the
@@ -123,7 +124,7 @@ def float_to_integer_casts(model: onnx.ModelProto) -> list[str]:
             and next(a.i for a in node.attribute if a.name == "to") not in FLOAT_TYPES]
 
 
-def convert_fp16(src: Path, dst: Path, cfg: EncoderConfig | ModernBertConfig) -> dict[str, int]:
+def convert_fp16(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig) -> dict[str, int]:
     """The fused graph in fp16 for the CUDA provider, SkipLayerNorm fused too (it pays on GPUs);
     inputs and outputs stay int64/fp32."""
     integer_casts = float_to_integer_casts(onnx.load(str(src), load_external_data=False))
@@ -137,7 +138,7 @@ def convert_fp16(src: Path, dst: Path, cfg: EncoderConfig | ModernBertConfig) ->
     return op_counts(model.model)
 
 
-def quantize_int8(src: Path, dst: Path, cfg: EncoderConfig | ModernBertConfig) -> dict[str, int]:
+def quantize_int8(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig) -> dict[str, int]:
     """Dynamic int8 quantisation of the fused graph's weights, per output channel: export's fallback where
     quantize_int8_measured cannot reach its bar (which it says in the log).
 

@@ -20,7 +20,7 @@ from attnserve.engine.session import CPU, open_session
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ExportVerificationError
 from attnserve.model.encoder import Encoder
-from attnserve.model.modernbert import ModernBertEncoder
+from attnserve.model.family import EncoderModule
 from attnserve.model.sentence_head import SentenceHead
 
 from .token_ids import made_up_token_ids
@@ -72,7 +72,7 @@ class Reference:
     dropped at once. Verification's memory is then one session, one run's maps and the grid's hidden states.
     """
 
-    def __init__(self, encoder: Encoder | ModernBertEncoder, head: SentenceHead, embedding_size: int,
+    def __init__(self, encoder: Encoder | EncoderModule, head: SentenceHead, embedding_size: int,
                  tokenizer: TextTokenizer, n_texts: int = VERIFIED_TEXTS, seed: int = 0,
                  token_types: bool | None = None):
         """token_types: whether the graphs take token_type_ids; None: as the model has token types (False
@@ -120,7 +120,7 @@ class Reference:
             hidden, att = self.encoder(torch.from_numpy(ids), m, attentions,
                                        None if types is None else torch.from_numpy(types))
             sentence = self.head(hidden, m)
-        return hidden.numpy(), sentence.numpy(), (att.numpy() if attentions else None)
+        return hidden.numpy(), sentence.numpy(), (att.numpy() if att is not None else None)
 
     def attention_runs(self, rows: int, seq: int) -> list[slice]:
         """The rows of a case in runs whose attention maps take at most ATTENTION_BYTES each."""

@@ -1,8 +1,9 @@
-"""Encoder checkpoints (config.json + model.safetensors + tokenizer.json) -> Encoder, or ModernBertEncoder.
+"""Encoder checkpoints (config.json + model.safetensors + tokenizer.json) -> the family's encoder.
 
-The family comes from config.json's model_type (FAMILIES: BERT, RoBERTa, XLM-RoBERTa, DistilBERT, MPNet),
-each with its config names and an explicit key map; a ModernBERT checkpoint (model_type "modernbert") has its
-config reader and key map in modernbert.py. A BertForSequenceClassification checkpoint is a reranker (cross_encoder.py).
+The family comes from config.json's model_type: the BERT-like ones (FAMILIES: BERT, RoBERTa, XLM-RoBERTa,
+DistilBERT, MPNet) share encoder.py, each with its config names and an explicit key map; the others
+(OWN_FAMILIES: ModernBERT, ...) have their config reader, key map and encoder in their own file (family.py).
+A BertForSequenceClassification checkpoint is a reranker (cross_encoder.py).
 
 Only safetensors is read: a pickle checkpoint can run code on load. Weights are
 copied through an explicit key map, and any key that is missing, unexpected
@@ -18,12 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import cast
 
 from attnserve.errors import CheckpointError
 
 from . import cross_encoder, modernbert
 from .encoder import ACTIVATIONS, Encoder, EncoderConfig
-from .modernbert import ModernBertConfig, ModernBertEncoder
+from .family import EncoderModule, ModelConfig, SelfContainedFamily, WeightNames
 from .pipeline import Pipeline, read_json, read_pipeline, tokenizer_max_length
 
 # EncoderConfig field -> config.json key, as BERT, RoBERTa, XLM-R and MPNet name them.
@@ -131,23 +133,17 @@ FAMILIES = {
 MPNET_BUCKETS = 32
 
 
-@dataclass(frozen=True)
-class WeightNames:
-    """Where a family's checkpoints keep the encoder's weights, and the keys they carry that it does not use."""
-    task_prefix: str
-    encoder_parts: tuple[str, ...]
-    unused_heads: tuple[str, ...]
-    ignored: tuple[str, ...]
-
-
-MODERNBERT_WEIGHTS = WeightNames(modernbert.TASK_PREFIX, modernbert.ENCODER_PARTS, modernbert.UNUSED_HEADS, ())
+# The families with their own config reader, key map and encoder (family.py), by config.json's model_type.
+OWN_FAMILIES: dict[str, SelfContainedFamily] = {f.model_type: f for f in (
+    modernbert.FAMILY,
+)}
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     directory: Path
     name: str
-    config: EncoderConfig | ModernBertConfig
+    config: EncoderConfig | ModelConfig  # EncoderConfig for FAMILIES, the family's own for OWN_FAMILIES
     pipeline: Pipeline  # the sentence-transformers modules after the encoder, the prompts, max_seq_length
 
     @property
@@ -252,14 +248,14 @@ def family_of(raw: dict, path: Path) -> str:
     """config.json's model_type, if it is one of FAMILIES."""
     family = raw.get("model_type")
     if family not in FAMILIES:
-        raise CheckpointError(f"{path}: model_type {family!r} is not supported (only {', '.join(FAMILIES)} or "
-                              f"{modernbert.MODEL_TYPE!r})")
+        raise CheckpointError(f"{path}: model_type {family!r} is not supported (only "
+                              f"{', '.join([*FAMILIES, *OWN_FAMILIES])})")
     return family
 
 
-def _weight_names(cfg: EncoderConfig | ModernBertConfig) -> WeightNames:
-    if isinstance(cfg, ModernBertConfig):
-        return MODERNBERT_WEIGHTS
+def _weight_names(cfg: EncoderConfig | ModelConfig) -> WeightNames:
+    if not isinstance(cfg, EncoderConfig):
+        return OWN_FAMILIES[cfg.family].weights
     spec = FAMILIES[cfg.family]
     return WeightNames(spec.task_prefix, spec.encoder_parts, spec.unused_heads, IGNORED_KEYS)
 
@@ -303,8 +299,8 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
         raise CheckpointError(f"checkpoint directory not found: {directory}")
     raw = read_json(directory / "config.json")
     # Each family reads its own config; a ModernBERT config is no BERT config with extra fields.
-    is_modernbert = isinstance(raw, dict) and raw.get("model_type") == modernbert.MODEL_TYPE
-    cfg = (modernbert.read_config if is_modernbert else _encoder_config)(raw, directory / "config.json")
+    own = OWN_FAMILIES.get(str(raw.get("model_type"))) if isinstance(raw, dict) else None
+    cfg = (own.read_config if own else _encoder_config)(raw, directory / "config.json")
     for required in ("model.safetensors", "tokenizer.json"):
         if not (directory / required).is_file():
             if required == "model.safetensors" and any(directory.glob("*.bin")):
@@ -353,7 +349,7 @@ def _renamed(key: str) -> str:
     return key
 
 
-def load_encoder(ckpt: Checkpoint) -> Encoder | ModernBertEncoder:
+def load_encoder(ckpt: Checkpoint) -> EncoderModule:
     """Build the Encoder and copy the checkpoint's weights into it, under loud checks."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -369,7 +365,7 @@ def load_encoder(ckpt: Checkpoint) -> Encoder | ModernBertEncoder:
     tensors = {_renamed(k.removeprefix(prefix)): v for k, v in tensors.items()  # CLASSIFIER_KEYS: a reranker's
                if not k.startswith(names.unused_heads) and k not in cross_encoder.CLASSIFIER_KEYS}
     cfg = ckpt.config
-    mapping = modernbert.key_map(cfg) if isinstance(cfg, ModernBertConfig) else key_map(cfg)
+    mapping = key_map(cfg) if isinstance(cfg, EncoderConfig) else OWN_FAMILIES[cfg.family].key_map(cfg)
     missing = sorted(set(mapping) - set(tensors))
     unexpected = sorted(set(tensors) - set(mapping) - set(names.ignored))
     if missing or unexpected:
@@ -378,7 +374,7 @@ def load_encoder(ckpt: Checkpoint) -> Encoder | ModernBertEncoder:
             f"(missing: {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected: {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})"
         )
-    encoder = ModernBertEncoder(cfg) if isinstance(cfg, ModernBertConfig) else Encoder(cfg)
+    encoder = Encoder(cfg) if isinstance(cfg, EncoderConfig) else OWN_FAMILIES[cfg.family].build(cfg)
     own = encoder.state_dict()
     assert len(own) == len(mapping), "key map and Encoder disagree on the parameter count"
     for theirs, ours in mapping.items():
@@ -389,4 +385,4 @@ def load_encoder(ckpt: Checkpoint) -> Encoder | ModernBertEncoder:
             )
     # nn.Linear stores (out, in) exactly as HF does, so no transpose is needed.
     encoder.load_state_dict({ours: tensors[theirs].float() for theirs, ours in mapping.items()}, strict=True)
-    return encoder.eval()
+    return cast(EncoderModule, encoder.eval())

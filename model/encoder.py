@@ -28,8 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-if TYPE_CHECKING:  # modernbert.py imports this file; its encoder has the same forward as Encoder
-    from .modernbert import ModernBertEncoder
+if TYPE_CHECKING:  # the other families' encoders have the same forward as Encoder (family.py)
+    from .family import EncoderModule
 
 
 @dataclass
@@ -238,7 +238,7 @@ class Encoder(nn.Module):
 class SentenceEncoder(nn.Module):
     """The encoder plus the checkpoint's sentence head (model/sentence_head.py): the module that is exported to ONNX."""
 
-    def __init__(self, encoder: Encoder | ModernBertEncoder, head: nn.Module, output_attentions: bool = False):
+    def __init__(self, encoder: EncoderModule, head: nn.Module, output_attentions: bool = False):
         super().__init__()
         self.encoder, self.head, self.output_attentions = encoder, head, output_attentions
 

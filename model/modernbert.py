@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from attnserve.errors import CheckpointError
 
 from .encoder import MASK_VALUE
+from .family import SelfContainedFamily, WeightNames
+from .rotary import RotaryEmbedding, default_inv_freq, rotate
 
 MODEL_TYPE = "modernbert"
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' names of the two layer types
@@ -73,35 +75,6 @@ class ModernBertConfig:
     @property
     def half_window(self) -> int:
         return self.local_attention // 2
-
-
-class RotaryEmbedding(nn.Module):
-    """cos and sin of every position's angles, (T, hs), for one rope_theta; computed once, up to the model's
-    positions, exactly as transformers computes them (fp32 angles), and sliced to T in the graph. A table also
-    keeps the angles exact in the fp16 graph, where position * frequency would lose whole radians."""
-
-    cos: torch.Tensor  # (P, hs), P the model's positions
-    sin: torch.Tensor  # (P, hs)
-
-    def __init__(self, cfg: ModernBertConfig, theta: float):
-        super().__init__()
-        hs = cfg.head_size
-        inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.float) / hs))  # (hs/2,)
-        angles = torch.arange(cfg.max_position_embeddings).float()[:, None] * inv_freq  # (P, hs/2)
-        angles = torch.cat((angles, angles), dim=-1)  # (P, hs): each frequency drives two halves
-        # Not in the state dict: derived from the config, as transformers' inv_freq buffer is.
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
-
-    def forward(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cos[:T], self.sin[:T]  # (T, hs) each
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, nh, T, hs); cos, sin: (T, hs). Rotates each pair (x[i], x[i + hs/2]) by its position's angle."""
-    half = x.shape[-1] // 2
-    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (B, nh, T, hs)
-    return x * cos + rotated_half * sin
 
 
 class RotarySelfAttention(nn.Module):
@@ -164,8 +137,10 @@ class ModernBertEncoder(nn.Module):
         self.config = cfg
         self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embeddings_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=cfg.norm_bias)
-        self.rotary_global = RotaryEmbedding(cfg, cfg.global_rope_theta)
-        self.rotary_local = RotaryEmbedding(cfg, cfg.local_rope_theta)
+        self.rotary_global = RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.global_rope_theta),
+                                             cfg.max_position_embeddings)
+        self.rotary_local = RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.local_rope_theta),
+                                            cfg.max_position_embeddings)
         self.layers = nn.ModuleList(ModernBertLayer(cfg, i) for i in range(cfg.num_layers))
         self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=cfg.norm_bias)
 
@@ -311,3 +286,7 @@ def key_map(cfg: ModernBertConfig) -> dict[str, str]:
             for p in params:
                 keys[f"layers.{i}.{theirs}.{p}"] = f"layers.{i}.{ours}.{p}"
     return keys
+
+
+FAMILY = SelfContainedFamily(MODEL_TYPE, read_config, key_map, ModernBertEncoder,
+                             WeightNames(TASK_PREFIX, ENCODER_PARTS, UNUSED_HEADS, ()))

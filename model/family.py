@@ -1,0 +1,68 @@
+"""What a family with its own config reader and encoder (ModernBERT, Qwen3, Gemma 3, ...) tells checkpoint.py.
+
+The BERT-like families share encoder.py and are described by checkpoint.FAMILIES; the others each have a file
+in model/ that reads its config.json, names its weights and builds its encoder, and declare it here as a
+SelfContainedFamily, listed once in checkpoint.OWN_FAMILIES.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.nn as nn
+
+
+class ModelConfig(Protocol):
+    """What export, verification and the manifest read from any family's config."""
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def num_heads(self) -> int: ...  # query heads: the attention maps have one per layer and query head
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def max_position_embeddings(self) -> int: ...
+    @property
+    def pad_token_id(self) -> int: ...
+    @property
+    def family(self) -> str: ...  # config.json's model_type
+    @property
+    def has_token_types(self) -> bool: ...
+    @property
+    def usable_positions(self) -> int: ...
+
+
+class EncoderModule(Protocol):
+    """The forward every encoder has (encoder.Encoder's): SentenceEncoder, export and verification take any."""
+
+    config: Any
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
+                 token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+
+@dataclass(frozen=True)
+class WeightNames:
+    """Where a family's checkpoints keep the encoder's weights, and the keys they carry that it does not use."""
+    task_prefix: str  # where a task model (XForMaskedLM, ...) puts the encoder's keys
+    encoder_parts: tuple[str, ...]  # the prefixes of the encoder's own keys
+    unused_heads: tuple[str, ...]  # heads AutoModel (what sentence-transformers loads) leaves unused
+    ignored: tuple[str, ...]  # whole keys that are neither
+
+
+@dataclass(frozen=True)
+class SelfContainedFamily:
+    model_type: str  # config.json's model_type
+    read_config: Callable[[dict[str, Any], Path], Any]  # -> the family's config, or CheckpointError in one line
+    key_map: Callable[[Any], dict[str, str]]  # config -> {checkpoint key: encoder key}
+    build: Callable[[Any], nn.Module]  # config -> the encoder, weights uninitialised
+    weights: WeightNames

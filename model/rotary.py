@@ -1,0 +1,46 @@
+"""Rotary position embeddings (RoPE), shared by every family whose positions are rotary.
+
+Queries and keys are rotated by an angle per position and frequency, so that their dot product depends only
+on the distance between the two positions. The cos and sin tables are computed once here, in fp32 and up to
+the model's positions, exactly as transformers computes them, and sliced to T in the graph: a table also keeps
+the angles exact in the fp16 graph, where position * frequency would lose whole radians.
+
+Shapes: B batch, nh heads, T sequence, P the model's positions, d the rotated size (the head size, or a part).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+def default_inv_freq(dim: int, theta: float) -> torch.Tensor:
+    """(d/2,) fp32: the frequencies theta^(-2i/d) of transformers' "default" rope type."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+class RotaryEmbedding(nn.Module):
+    """cos and sin of every position's angles, (P, d), for one set of frequencies."""
+
+    cos: torch.Tensor  # (P, d)
+    sin: torch.Tensor  # (P, d)
+
+    def __init__(self, inv_freq: torch.Tensor, positions: int, scale: float = 1.0):
+        """inv_freq: (d/2,) fp32; scale multiplies cos and sin (transformers' attention_scaling, 1 for most)."""
+        super().__init__()
+        angles = torch.arange(positions, dtype=torch.int64).float()[:, None] * inv_freq[None, :]  # (P, d/2)
+        angles = torch.cat((angles, angles), dim=-1)  # (P, d): each frequency drives two halves
+        # Not in the state dict: derived from the config, as transformers' inv_freq buffer is.
+        self.register_buffer("cos", angles.cos() * scale, persistent=False)
+        self.register_buffer("sin", angles.sin() * scale, persistent=False)
+
+    def forward(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[:T], self.sin[:T]  # (T, d) each
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, nh, T, d); cos, sin: (T, d). Rotates each pair (x[i], x[i + d/2]) by its position's angle
+    (transformers' rotate_half layout, which every family here uses)."""
+    half = x.shape[-1] // 2
+    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (B, nh, T, d)
+    return x * cos + rotated_half * sin
