@@ -142,16 +142,18 @@ def test_attention_maps_match_transformers_and_respect_the_window(model_dir, our
     assert float((got[:, 0, 0] - got[:, 0, 1]).abs().max()) > 0.05
 
 
+@pytest.fixture(scope="module")
+def causal_dir(tmp_path_factory) -> Path:
+    return save_tiny_gemma3(tmp_path_factory.mktemp("gemma3") / "causal", seed=2, use_bidirectional_attention=False)
+
+
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-def test_causal_gemma_matches_transformers(tmp_path_factory, implementation):
+def test_causal_gemma_matches_transformers(causal_dir, implementation):
     """use_bidirectional_attention false: a decoder, causal in every layer, and the sliding layers see the
     sliding_window - 1 keys before a query (the window is not halved)."""
-    model_dir = tmp_path_factory.getbasetemp() / "gemma3-causal"
-    if not model_dir.exists():
-        save_tiny_gemma3(model_dir, seed=2, use_bidirectional_attention=False)
-    encoder = load_encoder(read_checkpoint(model_dir))
+    encoder = load_encoder(read_checkpoint(causal_dir))
     assert not encoder.config.bidirectional
-    assert max_error_on_real_positions(encoder, model_dir, implementation, LENGTHS[1:4]) <= 1e-4
+    assert max_error_on_real_positions(encoder, causal_dir, implementation, LENGTHS[1:4]) <= 1e-4
     ids, mask = padded_batch((20, 11), encoder.config.vocab_size, encoder.config.pad_token_id, seed=0)
     with torch.no_grad():
         _, maps = encoder(ids, mask, output_attentions=True)
