@@ -1,0 +1,225 @@
+"""EuroBERT: Llama's blocks as a bidirectional encoder, and its checkpoints' config and key map.
+
+As transformers' EuroBertModel (5.x) runs it:
+- no position embeddings: rotary positions 0..T-1 on queries and keys in every layer, one base (rope_theta);
+- pre-norm layers with RMSNorm (scale = weight, Llama's): x + attention(norm(x)), then x + feed_forward(norm(x)),
+  and a final norm after the stack;
+- grouped-query attention where num_key_value_heads < num_attention_heads, scores scaled by head_dim^-0.5;
+- SwiGLU feed-forward: down(silu(gate(x)) * up(x));
+- every query attends to every real key (bidirectional); there are no token types.
+classifier_pooling (clf_pooling in the original remote code) only chooses how a classification head pools, and a
+classification head is refused; pretraining_tp is not read by EuroBERT's feed-forward.
+
+Shapes: B batch, T sequence, H hidden, nh query heads, nkv key/value heads, hs head size, L layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn as nn
+
+from attnserve.errors import CheckpointError
+
+from .blocks import GATE_ACTIVATIONS, GatedFeedForward, GroupedQueryAttention, RMSNorm, padding_mask
+from .family import SelfContainedFamily, WeightNames
+from .rotary import RotaryEmbedding, default_inv_freq
+
+MODEL_TYPE = "eurobert"
+
+
+@dataclass(frozen=True)
+class EuroBertConfig:
+    # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int  # config.json's head_dim, hidden_size // num_attention_heads by default
+    intermediate_size: int
+    max_position_embeddings: int
+    rope_theta: float
+    activation: str = "silu"  # hidden_act, a key of blocks.GATE_ACTIVATIONS
+    rms_norm_eps: float = 1e-5
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    pad_token_id: int = 0
+    family: ClassVar[str] = MODEL_TYPE  # as EncoderConfig.family: config.json's model_type
+    # No token types: the graphs take token_type_ids only where a family has more than one.
+    type_vocab_size: ClassVar[int] = 1
+    has_token_types: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        assert self.num_heads % self.num_kv_heads == 0, "num_attention_heads must be a multiple of num_key_value_heads"
+        assert self.head_size % 2 == 0, "rotary embeddings need an even head_dim"
+
+    @property
+    def usable_positions(self) -> int:
+        """Positions an input may fill: rotary positions start at 0, so all of them."""
+        return self.max_position_embeddings
+
+
+class EuroBertLayer(nn.Module):
+    def __init__(self, cfg: EuroBertConfig):
+        super().__init__()
+        H = cfg.hidden_size
+        self.attention_norm = RMSNorm(H, cfg.rms_norm_eps)  # input_layernorm
+        self.attention = GroupedQueryAttention(H, cfg.num_heads, cfg.num_kv_heads, cfg.head_size,
+                                               cfg.attention_bias, cfg.head_size ** -0.5)
+        self.feed_forward_norm = RMSNorm(H, cfg.rms_norm_eps)  # post_attention_layernorm, before the feed-forward
+        self.feed_forward = GatedFeedForward(H, cfg.intermediate_size, cfg.activation, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Pre-norm: each sublayer reads a normalised copy; the residual stream itself is never normalised here.
+        attended, probs = self.attention(self.attention_norm(x), mask, cos, sin)
+        x = x + attended  # (B, T, H)
+        x = x + self.feed_forward(self.feed_forward_norm(x))  # (B, T, H)
+        return x, probs
+
+
+class EuroBertEncoder(nn.Module):
+    """The same forward as encoder.Encoder: SentenceEncoder, export and verification take either."""
+
+    def __init__(self, cfg: EuroBertConfig):
+        super().__init__()
+        self.config = cfg
+        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.rotary = RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.rope_theta), cfg.max_position_embeddings)
+        self.layers = nn.ModuleList(EuroBertLayer(cfg) for _ in range(cfg.num_layers))
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """input_ids, attention_mask: (B, T) int64, mask 1 for real tokens and 0 for padding (on the right: positions
+        are 0..T-1, as transformers numbers them). EuroBERT has no token types: token_type_ids must be None.
+
+        Returns last_hidden_state (B, T, H) and, if asked, every layer's attention probabilities per query head,
+        stacked as (L, B, nh, T, T).
+        """
+        assert token_type_ids is None, "EuroBERT has no token types (its graphs take no token_type_ids)"
+        x = self.word(input_ids)  # (B, T, H)
+        mask = padding_mask(attention_mask, x.dtype)  # (B, 1, 1, T): every query sees every real key
+        cos, sin = self.rotary(input_ids.shape[1])  # (T, hs) each
+        attentions = []
+        for layer in self.layers:
+            x, probs = layer(x, mask, cos, sin)
+            if output_attentions:
+                attentions.append(probs)
+        return self.final_norm(x), (torch.stack(attentions) if output_attentions else None)
+
+
+# The bare model, and the masked-LM model used as an encoder (EuroBERT's released checkpoints are
+# EuroBertForMaskedLM; AutoModel, which sentence-transformers loads, leaves its lm_head unused).
+ENCODER_ARCHITECTURES = ("EuroBertModel", "EuroBertForMaskedLM")
+TASK_PREFIX = "model."
+ENCODER_PARTS = ("embed_tokens.", "layers.", "norm.")
+UNUSED_HEADS = ("lm_head.",)
+ROPE_KEYS = {"rope_type", "rope_theta"}
+DEFAULT_ROPE_THETA = 10_000.0  # transformers' default_theta, which EuroBertConfig keeps
+DEFAULT_PAD_TOKEN_ID = 128001  # EuroBertConfig's: <|end_of_text|>, also the end-of-sequence token
+
+
+def read_config(raw: dict[str, Any], path: Path) -> EuroBertConfig:
+    """config.json of a EuroBERT checkpoint, as transformers' EuroBertConfig reads it (the rope settings in the 4.x
+    or the 5.x form), or a one-line refusal of what the export does not run."""
+    architectures = raw.get("architectures") or []
+    if not isinstance(architectures, list):
+        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
+    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
+    if heads:
+        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
+                              f"{' or '.join(ENCODER_ARCHITECTURES)})")
+    activation = raw.get("hidden_act", "silu")
+    if activation not in GATE_ACTIVATIONS:
+        raise CheckpointError(f"{path}: hidden_act {activation!r} is not supported "
+                              f"(only {', '.join(sorted(GATE_ACTIVATIONS))})")
+    flags = {}
+    for key in ("attention_bias", "mlp_bias"):
+        flags[key] = raw.get(key, False)
+        if not isinstance(flags[key], bool):
+            raise CheckpointError(f"{path}: {key} must be true or false, got {flags[key]!r}")
+    try:
+        hidden_size, num_heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+        cfg = EuroBertConfig(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden_size,
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
+            head_size=int(raw.get("head_dim") or hidden_size // num_heads),
+            intermediate_size=int(raw["intermediate_size"]),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 8192)),
+            rope_theta=_rope_theta(raw, path),
+            activation=activation,
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+            attention_bias=flags["attention_bias"],
+            mlp_bias=flags["mlp_bias"],
+            pad_token_id=int(raw.get("pad_token_id", DEFAULT_PAD_TOKEN_ID) or 0),
+        )
+    except KeyError as e:
+        raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
+    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
+        raise CheckpointError(f"{path}: invalid config: {e}") from None
+    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                          "head_size", "intermediate_size", "max_position_embeddings")}
+    if any(v < 1 for v in sizes.values()) or not (cfg.rms_norm_eps > 0 and cfg.rope_theta > 0):
+        raise CheckpointError(f"{path}: invalid config: sizes must be positive and rms_norm_eps and rope_theta above "
+                              f"0, got {sizes}, {cfg.rms_norm_eps}, {cfg.rope_theta}")
+    return cfg
+
+
+def _rope_theta(raw: dict[str, Any], path: Path) -> float:
+    """rope_parameters["rope_theta"] (transformers 5), else rope_theta (4.x). Only plain rotary (rope_type
+    "default") is reproduced: EuroBERT's released checkpoints use it."""
+    if raw.get("rope_scaling") is not None:
+        raise CheckpointError(f"{path}: cannot reproduce rope_scaling {raw['rope_scaling']!r} (only plain RoPE)")
+    if raw.get("partial_rotary_factor") is not None:
+        raise CheckpointError(f"{path}: cannot reproduce partial_rotary_factor {raw['partial_rotary_factor']!r} "
+                              "(only rotary over the whole head)")
+    legacy = raw.get("rope_theta", DEFAULT_ROPE_THETA)
+    params = raw.get("rope_parameters")
+    if params is None:
+        return float(legacy)
+    if not isinstance(params, dict):
+        raise CheckpointError(f"{path}: rope_parameters must be an object, got {params!r}")
+    if params.get("rope_type", "default") != "default" or set(params) - ROPE_KEYS:
+        raise CheckpointError(f"{path}: cannot reproduce rope_parameters {params!r} "
+                              "(only rope_type 'default' with its rope_theta)")
+    return float(params.get("rope_theta", legacy))
+
+
+# Checkpoint names (transformers' EuroBertModel) -> EuroBertEncoder names, per layer, and whether the config's
+# attention_bias or mlp_bias gives each a bias.
+LAYER_KEYS = {
+    "input_layernorm": ("attention_norm", None),
+    "self_attn.q_proj": ("attention.query", "attention_bias"),
+    "self_attn.k_proj": ("attention.key", "attention_bias"),
+    "self_attn.v_proj": ("attention.value", "attention_bias"),
+    "self_attn.o_proj": ("attention.out", "attention_bias"),
+    "post_attention_layernorm": ("feed_forward_norm", None),
+    "mlp.gate_proj": ("feed_forward.gate", "mlp_bias"),
+    "mlp.up_proj": ("feed_forward.up", "mlp_bias"),
+    "mlp.down_proj": ("feed_forward.down", "mlp_bias"),
+}
+
+
+def key_map(cfg: EuroBertConfig) -> dict[str, str]:
+    """Checkpoint key (transformers' EuroBertModel naming) -> EuroBertEncoder key."""
+    keys = {"embed_tokens.weight": "word.weight", "norm.weight": "final_norm.weight"}
+    for i in range(cfg.num_layers):
+        for theirs, (ours, bias_flag) in LAYER_KEYS.items():
+            keys[f"layers.{i}.{theirs}.weight"] = f"layers.{i}.{ours}.weight"
+            if bias_flag is not None and getattr(cfg, bias_flag):
+                keys[f"layers.{i}.{theirs}.bias"] = f"layers.{i}.{ours}.bias"
+    return keys
+
+
+FAMILY = SelfContainedFamily(MODEL_TYPE, read_config, key_map, EuroBertEncoder,
+                             WeightNames(TASK_PREFIX, ENCODER_PARTS, UNUSED_HEADS, ()))

@@ -1,0 +1,307 @@
+"""Gemma 3's text model (EmbeddingGemma) as an encoder, and its checkpoints' config and key map.
+
+The blocks are Gemma 3's, as transformers' Gemma3TextModel (5.x) runs them:
+- the token embedding is multiplied by sqrt(hidden_size), a constant in the weights' dtype (fp32 here);
+- every RMSNorm scales by 1 + weight (Gemma stores weight - 1), and each layer has four ("sandwich" norms):
+  before and after the attention, before and after the feed-forward; a final norm follows the stack;
+- each query and key head is RMSNorm-ed before its rotation, and scores are scaled by query_pre_attn_scalar^-0.5
+  (not head_dim^-0.5); head_dim need not be hidden / heads, and key/value heads are shared by groups of query
+  heads (grouped-query attention);
+- the feed-forward is GeGLU with the tanh gelu: down(gelu_tanh(gate(x)) * up(x));
+- rotary positions with one base for the sliding layers (rope_local_base_freq) and another for the full ones
+  (rope_theta), positions 0..T-1 whatever the padding (transformers' position_ids);
+- layer_types says which layers attend within a sliding window and which attend to every key.
+With use_bidirectional_attention (EmbeddingGemma) full layers see every real key and sliding layers the keys at most
+sliding_window // 2 positions away on either side: transformers halves the config's window (sliding_window // 2 + 1,
+exclusive). Without it the model is a decoder: full layers are causal, sliding layers see the sliding_window - 1
+keys before a query and the query itself.
+
+attn_logit_softcapping is accepted and not applied, as transformers' Gemma3 attention never passes it on (Gemma 2
+did); final_logit_softcapping caps the language-model head's logits, which an encoder does not have.
+
+Shapes: B batch, T sequence, H hidden, nh query heads, nkv key/value heads, hs head size, L layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn as nn
+
+from attnserve.errors import CheckpointError
+
+from .blocks import GATE_ACTIVATIONS, GatedFeedForward, GroupedQueryAttention, RMSNorm, padding_mask
+from .encoder import MASK_VALUE
+from .family import SelfContainedFamily, WeightNames
+from .rotary import RotaryEmbedding, default_inv_freq
+
+MODEL_TYPE = "gemma3_text"
+FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' names of the two layer types
+
+
+@dataclass(frozen=True)
+class Gemma3Config:
+    # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int  # config.json's head_dim
+    intermediate_size: int
+    max_position_embeddings: int
+    layer_types: tuple[str, ...]  # FULL or SLIDING, one per layer
+    sliding_window: int  # as config.json gives it (transformers halves it for bidirectional attention)
+    bidirectional: bool  # use_bidirectional_attention
+    global_rope_theta: float  # rope_parameters["full_attention"], or rope_theta
+    local_rope_theta: float  # rope_parameters["sliding_attention"], or rope_local_base_freq
+    query_pre_attn_scalar: float
+    activation: str = "gelu_pytorch_tanh"  # hidden_activation, a key of blocks.GATE_ACTIVATIONS
+    rms_norm_eps: float = 1e-6
+    attention_bias: bool = False
+    pad_token_id: int = 0
+    family: ClassVar[str] = MODEL_TYPE  # as EncoderConfig.family: config.json's model_type
+    # No token types: the graphs take token_type_ids only where a family has more than one.
+    type_vocab_size: ClassVar[int] = 1
+    has_token_types: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        assert self.num_heads % self.num_kv_heads == 0, "num_attention_heads must be a multiple of num_key_value_heads"
+        assert self.head_size % 2 == 0, "rotary embeddings need an even head_dim"
+        assert len(self.layer_types) == self.num_layers, "one layer type per layer"
+
+    @property
+    def usable_positions(self) -> int:
+        """Positions an input may fill: rotary positions start at 0, so all of them."""
+        return self.max_position_embeddings
+
+    @property
+    def scale(self) -> float:
+        return self.query_pre_attn_scalar ** -0.5
+
+
+class Gemma3Layer(nn.Module):
+    def __init__(self, cfg: Gemma3Config, index: int):
+        super().__init__()
+        H, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.attention_norm = RMSNorm(H, eps, unit_offset=True)  # input_layernorm
+        self.attention = GroupedQueryAttention(H, cfg.num_heads, cfg.num_kv_heads, cfg.head_size,
+                                               cfg.attention_bias, cfg.scale,
+                                               head_norm=RMSNorm(cfg.head_size, eps, unit_offset=True))
+        self.post_attention_norm = RMSNorm(H, eps, unit_offset=True)
+        self.feed_forward_norm = RMSNorm(H, eps, unit_offset=True)  # pre_feedforward_layernorm
+        self.feed_forward = GatedFeedForward(H, cfg.intermediate_size, cfg.activation)
+        self.post_feed_forward_norm = RMSNorm(H, eps, unit_offset=True)
+        self.is_sliding = cfg.layer_types[index] == SLIDING
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Sandwich norms: each sublayer reads a normalised copy and its output is normalised again before the
+        # residual sum; the residual stream itself is only normalised once, after the last layer.
+        attended, probs = self.attention(self.attention_norm(x), mask, cos, sin)
+        x = x + self.post_attention_norm(attended)  # (B, T, H)
+        x = x + self.post_feed_forward_norm(self.feed_forward(self.feed_forward_norm(x)))  # (B, T, H)
+        return x, probs
+
+
+class Gemma3Encoder(nn.Module):
+    """The same forward as encoder.Encoder: SentenceEncoder, export and verification take either."""
+
+    embed_scale: torch.Tensor
+
+    def __init__(self, cfg: Gemma3Config):
+        super().__init__()
+        self.config = cfg
+        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # sqrt(H) rounded to the weights' dtype, as transformers' Gemma3TextScaledWordEmbedding keeps it.
+        self.register_buffer("embed_scale", torch.tensor(cfg.hidden_size ** 0.5, dtype=torch.float32),
+                             persistent=False)
+        self.rotary_global = RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.global_rope_theta),
+                                             cfg.max_position_embeddings)
+        self.rotary_local = RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.local_rope_theta),
+                                            cfg.max_position_embeddings)
+        self.layers = nn.ModuleList(Gemma3Layer(cfg, i) for i in range(cfg.num_layers))
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=True)
+
+    def _masks(self, attention_mask: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Additive masks of the full and the sliding layers, each broadcastable to (B, nh, T, T)."""
+        cfg, T = self.config, attention_mask.shape[1]
+        padding = padding_mask(attention_mask, dtype)  # (B, 1, 1, T)
+        positions = torch.arange(T, device=attention_mask.device)
+        offset = positions[None, :] - positions[:, None]  # (T, T): key position - query position
+        if cfg.bidirectional:
+            full = padding
+            outside_window = (offset.abs() > cfg.sliding_window // 2).to(dtype) * MASK_VALUE  # (T, T)
+        else:
+            future = (offset > 0).to(dtype) * MASK_VALUE  # (T, T)
+            full = padding + future  # (B, 1, T, T)
+            outside_window = future + (offset <= -cfg.sliding_window).to(dtype) * MASK_VALUE  # (T, T)
+        # Padding counts twice in sliding layers: a padded query whose window holds only padding still has the
+        # real keys outside it to prefer, so padded keys get exactly 0 weight from every query. A real query's
+        # window always holds the query itself, so both kinds of masked keys get exactly 0 there.
+        return full, 2 * padding + outside_window  # (B, 1, 1 or T, T), (B, 1, T, T)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """input_ids, attention_mask: (B, T) int64, mask 1 for real tokens and 0 for padding (on the right: positions
+        are 0..T-1, as transformers numbers them). Gemma 3 has no token types: token_type_ids must be None.
+
+        Returns last_hidden_state (B, T, H) and, if asked, every layer's attention probabilities per query head,
+        stacked as (L, B, nh, T, T).
+        """
+        assert token_type_ids is None, "Gemma 3 has no token types (its graphs take no token_type_ids)"
+        T = input_ids.shape[1]
+        x = self.word(input_ids) * self.embed_scale  # (B, T, H)
+        full_mask, sliding_mask = self._masks(attention_mask, x.dtype)
+        global_cos_sin, local_cos_sin = self.rotary_global(T), self.rotary_local(T)
+        attentions = []
+        for layer in self.layers:
+            if layer.is_sliding:
+                x, probs = layer(x, sliding_mask, *local_cos_sin)
+            else:
+                x, probs = layer(x, full_mask, *global_cos_sin)
+            if output_attentions:
+                attentions.append(probs)
+        return self.final_norm(x), (torch.stack(attentions) if output_attentions else None)
+
+
+# The bare text model is EmbeddingGemma's; a causal LM's or a classifier's head would be dropped by the export.
+ENCODER_ARCHITECTURES = ("Gemma3TextModel",)
+ROPE_KEYS = {"rope_type", "rope_theta"}
+# transformers' Gemma3TextConfig defaults for what a config.json may leave out.
+DEFAULT_THETA = {FULL: 1_000_000.0, SLIDING: 10_000.0}
+LEGACY_THETA_KEYS = {FULL: "rope_theta", SLIDING: "rope_local_base_freq"}
+SLIDING_WINDOW_PATTERN = 6  # without layer_types: every 6th layer full, the others sliding
+
+
+def read_config(raw: dict[str, Any], path: Path) -> Gemma3Config:
+    """config.json of a Gemma 3 text checkpoint, as transformers' Gemma3TextConfig reads it (rope settings in the
+    4.x or the 5.x form), or a one-line refusal of what the export does not run."""
+    architectures = raw.get("architectures") or []
+    if not isinstance(architectures, list):
+        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
+    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
+    if heads:
+        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
+                              f"{' or '.join(ENCODER_ARCHITECTURES)})")
+    activation = raw.get("hidden_activation", "gelu_pytorch_tanh")
+    if activation not in GATE_ACTIVATIONS:
+        raise CheckpointError(f"{path}: hidden_activation {activation!r} is not supported "
+                              f"(only {', '.join(sorted(GATE_ACTIVATIONS))})")
+    bidirectional = raw.get("use_bidirectional_attention", False)
+    if not isinstance(bidirectional, bool | None):
+        raise CheckpointError(f"{path}: use_bidirectional_attention must be true or false, got {bidirectional!r}")
+    attention_bias = raw.get("attention_bias", False)
+    if not isinstance(attention_bias, bool):
+        raise CheckpointError(f"{path}: attention_bias must be true or false, got {attention_bias!r}")
+    try:
+        num_layers = int(raw["num_hidden_layers"])
+        cfg = Gemma3Config(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=int(raw["hidden_size"]),
+            num_layers=num_layers,
+            num_heads=int(raw["num_attention_heads"]),
+            num_kv_heads=int(raw["num_key_value_heads"]),
+            head_size=int(raw.get("head_dim", 256)),
+            intermediate_size=int(raw["intermediate_size"]),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 131_072)),
+            layer_types=_layer_types(raw, num_layers, path),
+            sliding_window=int(raw.get("sliding_window", 4096)),
+            bidirectional=bool(bidirectional),
+            global_rope_theta=_rope_theta(raw, FULL, path),
+            local_rope_theta=_rope_theta(raw, SLIDING, path),
+            query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar", 256)),
+            activation=activation,
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            attention_bias=attention_bias,
+            pad_token_id=int(raw.get("pad_token_id") or 0),
+        )
+    except KeyError as e:
+        raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
+    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
+        raise CheckpointError(f"{path}: invalid config: {e}") from None
+    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                          "head_size", "intermediate_size", "max_position_embeddings",
+                                          "sliding_window")}
+    if any(v < 1 for v in sizes.values()) or not (cfg.rms_norm_eps > 0 and cfg.query_pre_attn_scalar > 0
+                                                  and cfg.global_rope_theta > 0 and cfg.local_rope_theta > 0):
+        raise CheckpointError(f"{path}: invalid config: sizes must be positive and rms_norm_eps, query_pre_attn_scalar "
+                              f"and the rope bases above 0, got {sizes}, {cfg.rms_norm_eps}, "
+                              f"{cfg.query_pre_attn_scalar}, {cfg.global_rope_theta}, {cfg.local_rope_theta}")
+    return cfg
+
+
+def _layer_types(raw: dict[str, Any], num_layers: int, path: Path) -> tuple[str, ...]:
+    """layer_types, or transformers' default from sliding_window_pattern: layer i is full when (i + 1) % pattern
+    is 0. (transformers reads the key sliding_window_pattern; configs also carry _sliding_window_pattern, which it
+    does not read for this.)"""
+    types = raw.get("layer_types")
+    if types is None:
+        pattern = raw.get("sliding_window_pattern", SLIDING_WINDOW_PATTERN)
+        if not isinstance(pattern, int) or pattern < 1:
+            raise CheckpointError(f"{path}: sliding_window_pattern must be a positive integer, got {pattern!r}")
+        return tuple(SLIDING if (i + 1) % pattern else FULL for i in range(num_layers))
+    if not isinstance(types, list) or len(types) != num_layers or any(t not in (FULL, SLIDING) for t in types):
+        raise CheckpointError(f"{path}: layer_types must list {FULL!r} or {SLIDING!r} for each of the "
+                              f"{num_layers} layers, got {types!r}")
+    return tuple(types)
+
+
+def _rope_theta(raw: dict[str, Any], layer_type: str, path: Path) -> float:
+    """The rope base of one layer type: rope_parameters[layer_type] (transformers 5), else rope_theta or
+    rope_local_base_freq (4.x). Only plain rotary (rope_type "default") is reproduced: EmbeddingGemma's."""
+    if raw.get("rope_scaling") is not None:  # transformers applies it to the full layers' rotary
+        raise CheckpointError(f"{path}: cannot reproduce rope_scaling {raw['rope_scaling']!r} (only plain RoPE)")
+    legacy = raw.get(LEGACY_THETA_KEYS[layer_type], DEFAULT_THETA[layer_type])
+    rope_parameters = raw.get("rope_parameters")
+    if rope_parameters is not None and not isinstance(rope_parameters, dict):
+        raise CheckpointError(f"{path}: rope_parameters must be an object, got {rope_parameters!r}")
+    params = (rope_parameters or {}).get(layer_type)
+    if params is None:
+        return float(legacy)
+    if not isinstance(params, dict):
+        raise CheckpointError(f"{path}: rope_parameters[{layer_type!r}] must be an object, got {params!r}")
+    if params.get("rope_type", "default") != "default" or set(params) - ROPE_KEYS:
+        raise CheckpointError(f"{path}: cannot reproduce rope_parameters[{layer_type!r}] {params!r} "
+                              "(only rope_type 'default' with its rope_theta)")
+    return float(params.get("rope_theta", legacy))
+
+
+# Checkpoint names (transformers' Gemma3TextModel) -> Gemma3Encoder names, per layer.
+LAYER_KEYS = {
+    "input_layernorm": "attention_norm",
+    "self_attn.q_proj": "attention.query",
+    "self_attn.k_proj": "attention.key",
+    "self_attn.v_proj": "attention.value",
+    "self_attn.o_proj": "attention.out",
+    "self_attn.q_norm": "attention.query_norm",
+    "self_attn.k_norm": "attention.key_norm",
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "feed_forward_norm",
+    "mlp.gate_proj": "feed_forward.gate",
+    "mlp.up_proj": "feed_forward.up",
+    "mlp.down_proj": "feed_forward.down",
+    "post_feedforward_layernorm": "post_feed_forward_norm",
+}
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+
+
+def key_map(cfg: Gemma3Config) -> dict[str, str]:
+    """Checkpoint key (transformers' Gemma3TextModel naming) -> Gemma3Encoder key."""
+    keys = {"embed_tokens.weight": "word.weight", "norm.weight": "final_norm.weight"}
+    for i in range(cfg.num_layers):
+        for theirs, ours in LAYER_KEYS.items():
+            keys[f"layers.{i}.{theirs}.weight"] = f"layers.{i}.{ours}.weight"
+            if cfg.attention_bias and theirs in PROJECTIONS:
+                keys[f"layers.{i}.{theirs}.bias"] = f"layers.{i}.{ours}.bias"
+    return keys
+
+
+# A task model (Gemma3ForX) would keep the encoder under "model."; those are refused by architecture above.
+FAMILY = SelfContainedFamily(MODEL_TYPE, read_config, key_map, Gemma3Encoder,
+                             WeightNames("model.", ("embed_tokens.", "layers.", "norm."), (), ()))
