@@ -23,7 +23,7 @@ from typing import cast
 
 from attnserve.errors import CheckpointError
 
-from . import cross_encoder, modernbert, nomic_bert
+from . import cross_encoder, gte, modernbert, nomic_bert
 from .encoder import ACTIVATIONS, Encoder, EncoderConfig
 from .family import EncoderModule, ModelConfig, SelfContainedFamily, WeightNames
 from .pipeline import Pipeline, read_json, read_pipeline, tokenizer_max_length
@@ -137,6 +137,7 @@ MPNET_BUCKETS = 32
 OWN_FAMILIES: dict[str, SelfContainedFamily] = {f.model_type: f for f in (
     modernbert.FAMILY,
     nomic_bert.FAMILY,
+    gte.FAMILY,
 )}
 
 
