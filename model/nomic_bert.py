@@ -96,8 +96,10 @@ def _activation(raw: dict[str, Any], path: Path) -> str:
     remote = raw.get("activation_function")
     if remote is not None and remote not in REMOTE_ACTIVATIONS:
         raise CheckpointError(f"{path}: activation_function {remote!r} is not supported (only 'swiglu')")
-    act = _value({"hidden_act": raw.get("hidden_act"), "activation_function": REMOTE_ACTIVATIONS.get(remote)},
-                 ("hidden_act", "activation_function"), "silu", path)
+    implied = REMOTE_ACTIVATIONS[remote] if remote is not None else "silu"  # silu: transformers' default
+    act = raw.get("hidden_act") or implied
+    if remote is not None and act != implied:
+        raise CheckpointError(f"{path}: hidden_act {act!r} and activation_function {remote!r} disagree")
     if act not in GATE_ACTIVATIONS:
         raise CheckpointError(f"{path}: hidden_act {act!r} is not supported (only {', '.join(GATE_ACTIVATIONS)})")
     return act

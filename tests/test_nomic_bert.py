@@ -174,6 +174,8 @@ REFUSED = [
     ({"scale_attn_weights": False}, "cannot reproduce scale_attn_weights False (only True)"),
     ({"activation_function": "gelu"}, "activation_function 'gelu' is not supported (only 'swiglu')"),
     ({"hidden_act": "tanh"}, "hidden_act 'tanh' is not supported"),
+    ({"hidden_act": "gelu", "activation_function": "swiglu"},
+     "hidden_act 'gelu' and activation_function 'swiglu' disagree"),
     ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0}},
      "cannot reproduce rope_parameters"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.5}},
@@ -183,7 +185,7 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("change, fragment", REFUSED, ids=[next(iter(c)) for c, _ in REFUSED])
+@pytest.mark.parametrize("change, fragment", REFUSED, ids=[f"{'-'.join(c)}{i}" for i, (c, _) in enumerate(REFUSED)])
 def test_settings_the_export_cannot_run_are_refused_before_weights_load(model_dir, tmp_path, change, fragment):
     checkpoint = tmp_path / "refused"
     checkpoint.mkdir()
