@@ -87,7 +87,7 @@ def read_config(raw: dict[str, Any], path: Path) -> RotaryBertConfig:
 def _value(raw: dict[str, Any], keys: tuple[str, ...], default: Any, path: Path) -> Any:
     """A setting under transformers' name or the remote code's; both given, they must agree."""
     given = {k: raw[k] for k in keys if raw.get(k) is not None}
-    if len(set(map(str, given.values()))) > 1:
+    if any(v != next(iter(given.values())) for v in given.values()):  # 1000 and 1000.0 agree
         raise CheckpointError(f"{path}: {' and '.join(f'{k} {v!r}' for k, v in given.items())} disagree")
     return next(iter(given.values()), default)
 

@@ -123,6 +123,8 @@ def test_published_config_naming_reads_the_same(model_dir, ours, tmp_path):
     as_published(published / "config.json")
     assert "n_embd" in json.loads((published / "config.json").read_text())
     assert read_checkpoint(published).config == ours.config
+    edit_json(published / "config.json", rope_parameters={"rope_type": "default", "rope_theta": 1000.0}, hidden_size=64)
+    assert read_checkpoint(published).config == ours.config  # both namings, agreeing (rotary_emb_base 1000)
     edit_json(published / "config.json", hidden_size=32)
     with pytest.raises(CheckpointError, match="hidden_size 32 and n_embd 64 disagree"):
         read_checkpoint(published)

@@ -45,7 +45,7 @@ def as_published(config_path: Path) -> None:
     """Rewrite a transformers-saved config.json into the published checkpoints' naming, with their settings."""
     raw = json.loads(config_path.read_text())
     remote = {REMOTE_NAMES.get(k, k): v for k, v in raw.items() if k not in ("hidden_act", "rope_parameters")}
-    remote |= {"activation_function": "swiglu", "rotary_emb_base": raw["rope_parameters"]["rope_theta"],
+    remote |= {"activation_function": "swiglu", "rotary_emb_base": int(raw["rope_parameters"]["rope_theta"]),
                "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False, "rotary_emb_scale_base": None,
                "rotary_scaling_factor": None, "qkv_proj_bias": False, "mlp_fc1_bias": False, "mlp_fc2_bias": False,
                "prenorm": False, "parallel_block": False, "use_rms_norm": False, "causal": False,
