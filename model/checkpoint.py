@@ -23,7 +23,7 @@ from typing import cast
 
 from attnserve.errors import CheckpointError
 
-from . import cross_encoder, eurobert, gemma3, modernbert
+from . import cross_encoder, eurobert, gemma3, gte, modernbert, nomic_bert
 from .encoder import ACTIVATIONS, Encoder, EncoderConfig
 from .family import EncoderModule, ModelConfig, SelfContainedFamily, WeightNames
 from .pipeline import Pipeline, read_json, read_pipeline, tokenizer_max_length
@@ -138,6 +138,8 @@ OWN_FAMILIES: dict[str, SelfContainedFamily] = {f.model_type: f for f in (
     modernbert.FAMILY,
     gemma3.FAMILY,
     eurobert.FAMILY,
+    nomic_bert.FAMILY,
+    gte.FAMILY,
 )}
 
 
