@@ -23,7 +23,7 @@ from typing import cast
 
 from attnserve.errors import CheckpointError
 
-from . import cross_encoder, modernbert
+from . import cross_encoder, jina_v3, modernbert
 from .encoder import ACTIVATIONS, Encoder, EncoderConfig
 from .family import EncoderModule, ModelConfig, SelfContainedFamily, WeightNames
 from .pipeline import Pipeline, read_json, read_pipeline, tokenizer_max_length
@@ -136,6 +136,7 @@ MPNET_BUCKETS = 32
 # The families with their own config reader, key map and encoder (family.py), by config.json's model_type.
 OWN_FAMILIES: dict[str, SelfContainedFamily] = {f.model_type: f for f in (
     modernbert.FAMILY,
+    jina_v3.FAMILY,
 )}
 
 
@@ -385,4 +386,7 @@ def load_encoder(ckpt: Checkpoint) -> EncoderModule:
             )
     # nn.Linear stores (out, in) exactly as HF does, so no transpose is needed.
     encoder.load_state_dict({ours: tensors[theirs].float() for theirs, ours in mapping.items()}, strict=True)
+    own_family = None if isinstance(cfg, EncoderConfig) else OWN_FAMILIES[cfg.family]
+    if own_family is not None and own_family.after_load is not None:
+        own_family.after_load(cfg, encoder)
     return cast(EncoderModule, encoder.eval())
