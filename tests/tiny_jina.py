@@ -13,7 +13,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2", "word_embe
 
 
 def save_tiny_jina(directory: Path, tasks: tuple[str, ...] = TASKS, seed: int = 0, rank: int = 4,
-                   alpha: float = 8.0) -> Path:
+                   alpha: float = 4.0) -> Path:
     import torch
     import transformers
     from peft import LoraConfig, get_peft_model
@@ -47,6 +47,6 @@ def save_tiny_jina(directory: Path, tasks: tuple[str, ...] = TASKS, seed: int = 
         with torch.no_grad():
             for name, param in peft_model.named_parameters():
                 if "lora_" in name:  # both factors random, so that each task's delta is large and its own
-                    param.copy_(0.3 * torch.randn_like(param))
+                    param.copy_(0.2 * torch.randn_like(param))
         peft_model.save_pretrained(str(directory / ADAPTERS / task), safe_serialization=True)
     return directory
