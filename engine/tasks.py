@@ -19,9 +19,10 @@ def check_task(manifest: Manifest, task: str | None) -> None:
         return
     if not manifest.tasks:
         raise InvalidInputError(f"task {task!r}: the model {manifest.model} has no task adapters (only "
-                                "jina-embeddings-v3 models have them); leave task unset")
+                                "jina-embeddings-v3 models have them); leave task unset", field="task")
     if task not in manifest.tasks:
-        raise InvalidInputError(f"task {task!r} is not one of {manifest.model}'s tasks: {', '.join(manifest.tasks)}")
+        raise InvalidInputError(f"task {task!r} is not one of {manifest.model}'s tasks: {', '.join(manifest.tasks)}",
+                                field="task")
 
 
 def task_directory(manifest: Manifest, task: str | None) -> Path:

@@ -91,7 +91,8 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
     _claim_destination(out)
     start = time.perf_counter()
     task = getattr(ckpt.config, "task", None)  # jina v3's adapter merged into this directory's graphs
-    log(f"exporting {ckpt.name}{f' with task {task}' if task else ''} ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size}; "
+    named = f"{ckpt.name} with task {task}" if task else ckpt.name
+    log(f"exporting {named} ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size}; "
         f"{' -> '.join(ckpt.modules)}) to ONNX")
     progress.step("checking the tokenizer")
     check_tokenizer(ckpt)  # before any weight is loaded or graph traced: a refusal is quick
