@@ -210,7 +210,7 @@ def read_config(raw: dict[str, Any], path: Path) -> JinaV3Config:
             intermediate_size=int(raw["intermediate_size"]),
             max_position_embeddings=int(raw.get("max_position_embeddings", 8194)),
             rope_theta=_rope_theta(raw, path), layer_norm_eps=float(raw.get("layer_norm_eps", 1e-5)),
-            pad_token_id=int(raw.get("pad_token_id") if raw.get("pad_token_id") is not None else 1),
+            pad_token_id=int(raw["pad_token_id"] if raw.get("pad_token_id") is not None else 1),
             hidden_act=str(raw.get("hidden_act", "gelu")), tasks=_tasks(raw, path), directory=path.parent,
         )
     except KeyError as e:
@@ -328,7 +328,8 @@ def merge_task(cfg: JinaV3Config, encoder: nn.Module) -> None:
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"corrupt adapter weights {weights}: {e}") from None
     # PEFT key prefix -> (our weight, which third of its rows or None, whether it is an embedding).
-    targets = {"base_model.model.embeddings.word_embeddings.": ("word.weight", None, True)}
+    targets: dict[str, tuple[str, int | None, bool]] = {
+        "base_model.model.embeddings.word_embeddings.": ("word.weight", None, True)}
     for i in range(cfg.num_layers):
         for theirs, (ours, third) in ADAPTER_MODULES.items():
             targets[f"base_model.model.layers.{i}.{theirs}."] = (f"layers.{i}.{ours}.weight", third, False)
@@ -344,7 +345,8 @@ def merge_task(cfg: JinaV3Config, encoder: nn.Module) -> None:
                 raise CheckpointError(f"{weights}: {a_key if a_key not in tensors else b_key} is missing")
             A, B = tensors[a_key].float(), tensors[b_key].float()  # (r, in), (out, r); an embedding's: (r, V), (H, r)
             delta = settings.scale * (B @ A)  # (out, in); an embedding's (H, V)
-            weight = own[ours]
+            weight: torch.Tensor = own[ours]
+            part: torch.Tensor
             if embedding:
                 delta, part = delta.T, weight  # the table is (V, H)
             else:
@@ -353,7 +355,7 @@ def merge_task(cfg: JinaV3Config, encoder: nn.Module) -> None:
             if A.shape[0] != settings.rank or delta.shape != part.shape:
                 raise CheckpointError(f"{weights}: {a_key} {tuple(A.shape)} and {b_key} {tuple(B.shape)} do not make "
                                       f"a rank-{settings.rank} update of {tuple(part.shape)}")
-            part += delta
+            part.add_(delta)
             used |= {a_key, b_key}
     unexpected = sorted(set(tensors) - used)
     if unexpected:

@@ -44,7 +44,7 @@ INPUT = "text"
 OUTPUTS = {"embedding": "FP32", "num_tokens": "INT32"}
 # A BYTES element's length prefix: uint32, little-endian (Triton's serialize_byte_tensor).
 LENGTH_PREFIX = struct.Struct("<I")
-P = TypeVar("P", bool, int)
+P = TypeVar("P", bool, int, str)
 NAME = r"{name:.+}"  # a model name, slashes included
 VERSIONED = r"{name:.+}/versions/{version:[^/]+}"
 # What a metadata route takes for a model name when it is an infer path: NAME[/versions/V]/infer.
