@@ -55,7 +55,7 @@ class OpenAIEmbeddingsBody(_Strict):
                                                       "model's default prompt, if any")
     prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each text, instead of "
                                                  "prompt_name")
-    task: str | None = Field(None, description="attnserve's: the task adapter to encode with (GET /info's tasks; "
+    task: str | None = Field(None, description="attnserve's: the task adapter to encode with (gRPC GetModelInfo.tasks; "
                                                "jina-embeddings-v3: retrieval.query, retrieval.passage, separation, "
                                                "classification, text-matching); unset: no adapter")
 
@@ -113,7 +113,7 @@ class TeiEmbedBody(_TeiBody):
     prompt_name: str | None = Field(None, description="a prompt of the model's to put before each text; unset: "
                                                       "the model's default prompt, if any")
     prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each text")
-    task: str | None = Field(None, description="attnserve's: the task adapter to encode with (GET /info's tasks; "
+    task: str | None = Field(None, description="attnserve's: the task adapter to encode with (gRPC GetModelInfo.tasks; "
                                                "jina-embeddings-v3: retrieval.query, retrieval.passage, separation, "
                                                "classification, text-matching); unset: no adapter")
 
