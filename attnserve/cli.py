@@ -60,7 +60,8 @@ def cmd_encode(args: argparse.Namespace) -> int:
         raise AttnserveError("--model names one of a --server's models; without --server, give --artifacts")
     job = EncodeJob(Path(args.input), Path(args.output), args.normalize, args.text_column, args.id_column,
                     args.chunk_rows, progress=not args.no_progress, on_error=args.on_error, overwrite=args.overwrite,
-                    dimensions=args.dimensions, prompt=Prompt(args.prompt_name, args.prompt), model=args.model)
+                    dimensions=args.dimensions, prompt=Prompt(args.prompt_name, args.prompt), model=args.model,
+                    task=args.task)
     if args.server:
         from attnserve.offline.remote import encode_file_remote
 
@@ -69,16 +70,27 @@ def cmd_encode(args: argparse.Namespace) -> int:
     elif args.engine == "ray":
         from attnserve.offline.ray_encode import encode_file_ray
 
-        stats = encode_file_ray(job, config, resolve_artifacts(config.artifacts), args.ray_address, args.ray_actors)
+        stats = encode_file_ray(job, config, _task_artifacts(resolve_artifacts(config.artifacts), args.task),
+                                args.ray_address, args.ray_actors)
     else:
         from attnserve.engine.engine import Engine
         from attnserve.offline.encode import encode_file
 
-        engine = Engine.from_directory(resolve_artifacts(config.artifacts), config)
+        engine = Engine.from_directory(_task_artifacts(resolve_artifacts(config.artifacts), args.task), config)
         print(f"attnserve: {engine.describe()}", file=sys.stderr)
         stats = encode_file(engine, job)
     print(summary_line(stats, job.output, job.errors_path if job.on_error == "skip" else None))
     return 0
+
+
+def _task_artifacts(directory: Path, task: str | None) -> Path:
+    """The artifact directory of --task's merged graphs (engine/tasks.py), or a one-line refusal."""
+    if task is None:
+        return directory
+    from attnserve.engine.manifest import load_manifest
+    from attnserve.engine.tasks import task_directory
+
+    return task_directory(load_manifest(directory, check_hashes=False), task)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -228,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the --server's API key (env ATTNSERVE_API_KEY)")
     encode.add_argument("--model", default=None, help="with --server: the served model to use (default: the "
                                                       "server's default model)")
+    encode.add_argument("--task", default=None,
+                        help="the task adapter to encode with (jina-embeddings-v3: retrieval.query, retrieval.passage, "
+                             "separation, classification, text-matching; default: no adapter)")
     add_request_options(encode)
     add_arguments(encode, EngineConfig)
     encode.set_defaults(func=cmd_encode)

@@ -71,6 +71,10 @@ class Manifest:
     score_activation: str | None = None  # a reranker's CrossEncoder activation: "sigmoid" or "identity"
     # config.json's model_type; absent from manifests written before families were added: those are BERT.
     family: str = "bert"
+    # Per-task adapters (jina-embeddings-v3): the tasks exported merged, each under tasks/<task>/ (engine/tasks.py),
+    # and in such a task directory's own manifest, its task. Optional on read, omitted from manifest.json if unset.
+    tasks: tuple[str, ...] = ()
+    task: str | None = None
 
     def path(self, name: str) -> Path:
         return self.directory / name
@@ -93,6 +97,8 @@ class Manifest:
             "kind": self.kind,
             **({"num_labels": self.num_labels, "score_activation": self.score_activation}
                if self.kind == "reranker" else {}),
+            **({"tasks": list(self.tasks)} if self.tasks else {}),
+            **({"task": self.task} if self.task is not None else {}),
         }
 
 
@@ -144,6 +150,8 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             kind=str(raw.get("kind", "embedder")),
             num_labels=int(raw.get("num_labels", 0)), score_activation=raw.get("score_activation"),
             family=str(raw.get("family", "bert")),
+            tasks=tuple(str(t) for t in raw.get("tasks", ())),
+            task=None if raw.get("task") is None else str(raw["task"]),
         )
         if manifest.kind not in ("embedder", "reranker"):
             raise ArtifactError(f"{path}: kind {manifest.kind!r} is not embedder or reranker; re-export")

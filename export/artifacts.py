@@ -34,6 +34,7 @@ from .optimize import (
     quantize_int8_measured,
 )
 from .reranker import reranker_variants
+from .task_graphs import build_task_artifacts
 from .tokenizer_parity import check_tokenizer
 from .torch_to_onnx import export_graph
 from .verify import TOLERANCES, Reference, calibration_feeds, verify_all
@@ -89,7 +90,9 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
     log = progress.log
     _claim_destination(out)
     start = time.perf_counter()
-    log(f"exporting {ckpt.name} ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size}; "
+    task = getattr(ckpt.config, "task", None)  # jina v3's adapter merged into this directory's graphs
+    named = f"{ckpt.name} with task {task}" if task else ckpt.name
+    log(f"exporting {named} ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size}; "
         f"{' -> '.join(ckpt.modules)}) to ONNX")
     progress.step("checking the tokenizer")
     check_tokenizer(ckpt)  # before any weight is loaded or graph traced: a refusal is quick
@@ -111,6 +114,8 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
             variants = reranker_variants(ckpt, encoder, tokenizer, work, log)
         else:
             variants = _embedder_variants(ckpt, encoder, tokenizer, work, progress)
+        # jina v3: each task's adapter merged, a whole artifact directory of its own under tasks/<task>/.
+        tasks = build_task_artifacts(ckpt, work, lambda task_ckpt, task_out: _build(task_ckpt, task_out, progress))
         manifest = Manifest(
             directory=out, model=ckpt.name, hidden_size=ckpt.config.hidden_size, num_layers=ckpt.config.num_layers,
             num_heads=ckpt.config.num_heads, intermediate_size=ckpt.config.intermediate_size,
@@ -120,6 +125,7 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
             modules=tuple(ckpt.modules), prompts=dict(ckpt.pipeline.prompts),
             default_prompt_name=ckpt.pipeline.default_prompt_name, kind=ckpt.kind,
             num_labels=ckpt.num_labels, score_activation=ckpt.score_activation, family=ckpt.config.family,
+            tasks=tasks, task=getattr(ckpt.config, "task", None),
         )
         (work / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
         _claim_destination(out)

@@ -23,7 +23,7 @@ from typing import cast
 
 from attnserve.errors import CheckpointError
 
-from . import cross_encoder, eurobert, gemma3, gte, modernbert, nomic_bert
+from . import cross_encoder, eurobert, gemma3, gte, jina_v3, modernbert, nomic_bert
 from .encoder import ACTIVATIONS, Encoder, EncoderConfig
 from .family import EncoderModule, ModelConfig, SelfContainedFamily, WeightNames
 from .pipeline import Pipeline, read_json, read_pipeline, tokenizer_max_length
@@ -140,6 +140,7 @@ OWN_FAMILIES: dict[str, SelfContainedFamily] = {f.model_type: f for f in (
     eurobert.FAMILY,
     nomic_bert.FAMILY,
     gte.FAMILY,
+    jina_v3.FAMILY,
 )}
 
 
@@ -389,4 +390,7 @@ def load_encoder(ckpt: Checkpoint) -> EncoderModule:
             )
     # nn.Linear stores (out, in) exactly as HF does, so no transpose is needed.
     encoder.load_state_dict({ours: tensors[theirs].float() for theirs, ours in mapping.items()}, strict=True)
+    own_family = None if isinstance(cfg, EncoderConfig) else OWN_FAMILIES[cfg.family]
+    if own_family is not None and own_family.after_load is not None:
+        own_family.after_load(cfg, encoder)
     return cast(EncoderModule, encoder.eval())

@@ -66,3 +66,5 @@ class SelfContainedFamily:
     key_map: Callable[[Any], dict[str, str]]  # config -> {checkpoint key: encoder key}
     build: Callable[[Any], nn.Module]  # config -> the encoder, weights uninitialised
     weights: WeightNames
+    # (config, encoder) -> None, run once the checkpoint's weights are in: jina v3 merges a task's adapter here.
+    after_load: Callable[[Any, nn.Module], None] | None = None

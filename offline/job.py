@@ -52,6 +52,7 @@ class EncodeJob:
     dimensions: int | None = None  # keep the first N dimensions (engine/dimensions.py's rule); None: all
     prompt: Prompt = field(default_factory=Prompt)  # before every text; unset: the model's default prompt
     model: str | None = None  # through a server: the served model to use (None: its default)
+    task: str | None = None  # the task adapter (jina v3; engine/tasks.py); None: none
 
     @property
     def errors_path(self) -> Path:
@@ -110,6 +111,7 @@ class Session:
     on_batch: Callable[[int], None]  # n rows were encoded: moves the progress bar
     refuse: Callable[[Record, str], None]  # a row the encoder cannot encode: raises (on_error fail) or returns
     prompt: Prompt = field(default_factory=Prompt)  # what goes before every text
+    task: str | None = None  # a server's task adapter to ask for (local and Ray runs open the task's graphs)
 
 
 class ChunkEncoder(Protocol):
@@ -174,7 +176,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
     errors_path = job.errors_path if job.on_error == "skip" else None
     # Set only when asked, so that the runs of earlier versions' settings read the same.
     asked = {key: value for key, value in (("dimensions", job.dimensions), ("prompt_name", job.prompt.name),
-                                           ("prompt", job.prompt.text)) if value is not None}
+                                           ("prompt", job.prompt.text), ("task", job.task)) if value is not None}
     fingerprint = {"input": str(job.input.resolve()), "text_column": job.text_column, "id_column": job.id_column,
                    "chunk_rows": job.chunk_rows, "normalize": normalize, "model": facts.model,
                    "precision": facts.precision, "graph_sha256": facts.graph_sha256, "server": facts.server,
@@ -221,7 +223,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
         # With dimensions, the encoder's vectors are cut here and normalised after: the rule every door applies.
         session = Session(chunks_left=max(1, -(-total // job.chunk_rows) - run.chunks_done),
                           normalize=normalize and job.dimensions is None, on_batch=progress.advance, refuse=refuse,
-                          prompt=job.prompt)
+                          prompt=job.prompt, task=job.task)
         try:
             with closing(encoder.encode(chunks(), session)) as encoded:
                 for done in encoded:

@@ -328,7 +328,7 @@ _SETTINGS = {
     "input": "the input file", "text_column": "--text-column", "id_column": "--id-column",
     "chunk_rows": "--chunk-rows", "normalize": "--normalize", "model": "the model", "precision": "--precision",
     "graph_sha256": "the model's graph (sha256)", "server": "--server", "attnserve": "attnserve's version",
-    "dimensions": "--dimensions", "prompt_name": "--prompt-name", "prompt": "--prompt",
+    "dimensions": "--dimensions", "prompt_name": "--prompt-name", "prompt": "--prompt", "task": "--task",
 }
 
 

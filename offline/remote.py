@@ -299,6 +299,8 @@ class ServerEncoder:
             message.prompt_name = session.prompt.name
         if session.prompt.text is not None:
             message.prompt = session.prompt.text
+        if session.task is not None:
+            message.task = session.task
         return message
 
     # --- the run --------------------------------------------------------------------------------------

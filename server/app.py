@@ -163,7 +163,8 @@ class Server:
         self._grpc = server
         await server.start()
         for model in models.all:
-            model.batcher.start()
+            for batcher in model.batchers:  # a model with task adapters has one per task
+                batcher.start()
         self._batchers_started = True
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
@@ -213,7 +214,8 @@ class Server:
         end = time.monotonic() + grace
         await self.health.enter_graceful_shutdown()
         for model in self.models.all:
-            model.batcher.close()
+            for batcher in model.batchers:
+                batcher.close()
         if self.core is not None:
             self.core.drain()
             if await self.core.wait_quiet(grace, quiet=0.0):  # the requests in flight are done
@@ -231,7 +233,8 @@ class Server:
             await self._http.stop()
         if self._batchers_started:
             for model in self.models.all:
-                await model.batcher.join()
+                for batcher in model.batchers:
+                    await batcher.join()
         self._release()
         log.info("stopped", extra={"fields": {"event": "stopped"}})
 

@@ -99,7 +99,7 @@ class Core:
         loop = asyncio.get_running_loop()
         self.check_open()
         model = self.models.get(request.model)
-        engine, batcher = model.engine, model.batcher
+        engine, batcher = model.for_task(request.task)  # a batcher per task: a batch never mixes adapters
         body = b""
         self._memory.busy()
         try:

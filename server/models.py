@@ -20,6 +20,7 @@ from attnserve import __version__
 from attnserve.config import EngineConfig, ServerConfig
 from attnserve.engine.engine import Engine
 from attnserve.engine.manifest import MANIFEST
+from attnserve.engine.tasks import check_task, task_directory
 from attnserve.errors import ConfigError, ModelNotFoundError
 
 from .batcher import Batcher, BatcherLimits
@@ -64,6 +65,7 @@ class ModelInfo:
     default_prompt_name: str | None = None
     kind: str = "embedder"  # or "reranker" (manifest.kind)
     num_labels: int = 0  # a reranker's scores per pair
+    tasks: tuple[str, ...] = ()  # the task adapters a request may choose (jina v3), none for other models
 
 
 def model_sources(artifacts: str | None, config: ServerConfig) -> list[ModelSource]:
@@ -132,19 +134,21 @@ def thread_share(threads: int, models: int) -> int:
 
 
 class ServedModel:
-    """One model: its engine, its own batcher (run in its own inference thread) and its metrics."""
+    """One model: its engine, its own batcher (run in its own inference thread) and its metrics; a model with
+    per-task adapters (jina v3) has an engine and a batcher per task too, sharing that one inference thread: each
+    batcher owns its task's queue, so a batch never mixes tasks, and the tasks' batches take turns on the cores."""
 
     def __init__(self, name: str, aliases: tuple[str, ...], engine: Engine, config: ServerConfig,
-                 metrics: Metrics):
+                 metrics: Metrics, task_engines: dict[str, Engine] | None = None):
         self.name, self.engine = name, engine
         if config.max_queue_tokens < engine.manifest.max_seq_length:
             raise ConfigError(f"max_queue_tokens {config.max_queue_tokens} cannot hold one input of "
                               f"max_seq_length {engine.manifest.max_seq_length} (model {name!r})")
         self.metrics: ModelMetrics = metrics.for_model(name)
         self.inference = ThreadPoolExecutor(1, thread_name_prefix=f"attnserve-inference-{name}")
-        self.batcher = Batcher(engine.run, BatcherLimits(
-            engine.batch_tokens, engine.config.max_batch_size, config.max_queue_tokens,
-            config.max_wait_ms / 1e3, config.max_queue_wait_ms / 1e3), self.metrics, self.inference)
+        self.batcher = self._batcher(engine, config)
+        self.tasks = {task: (task_engine, self._batcher(task_engine, config))
+                      for task, task_engine in (task_engines or {}).items()}
         m, batch = engine.manifest, self.batcher.limits
         self.info = ModelInfo(
             model=name, names=(name, *aliases),
@@ -158,7 +162,24 @@ class ServedModel:
             max_request_bytes=config.max_request_bytes, max_response_bytes=config.max_response_bytes,
             max_wait_ms=batch.max_wait_s * 1e3, max_queue_wait_ms=batch.max_queue_wait_s * 1e3,
             auto_truncate=config.auto_truncate,
-            prompts=dict(m.prompts), default_prompt_name=m.default_prompt_name, kind=m.kind, num_labels=m.num_labels)
+            prompts=dict(m.prompts), default_prompt_name=m.default_prompt_name, kind=m.kind, num_labels=m.num_labels,
+            tasks=m.tasks)
+
+    def _batcher(self, engine: Engine, config: ServerConfig) -> Batcher:
+        return Batcher(engine.run, BatcherLimits(
+            engine.batch_tokens, engine.config.max_batch_size, config.max_queue_tokens,
+            config.max_wait_ms / 1e3, config.max_queue_wait_ms / 1e3), self.metrics, self.inference)
+
+    def for_task(self, task: str | None) -> tuple[Engine, Batcher]:
+        """The engine and batcher of a request's task (None: the model's own, no adapter), or InvalidInputError
+        for a task the model has no adapter for."""
+        check_task(self.engine.manifest, task)
+        return (self.engine, self.batcher) if task is None else self.tasks[task]
+
+    @property
+    def batchers(self) -> list[Batcher]:
+        """Every batcher of the model: its own and its tasks'."""
+        return [self.batcher, *(batcher for _, batcher in self.tasks.values())]
 
 
 class Models:
@@ -177,6 +198,9 @@ class Models:
         threads = thread_share(engine_config.threads, len(sources))
         engines = [Engine.from_directory(source.directory, dataclasses.replace(engine_config, threads=threads),
                                          attention=True) for source in sources]
+        # A model with task adapters: one engine per task's merged graphs (engine/tasks.py).
+        task_engines = [{task: Engine.from_directory(task_directory(engine.manifest, task), dataclasses.replace(
+            engine_config, threads=threads), attention=True) for task in engine.manifest.tasks} for engine in engines]
         names = [source.name or engine.manifest.model for source, engine in zip(sources, engines, strict=True)]
         aliases = [tuple(config.served_model_name) if i == 0 else () for i in range(len(names))]
         seen: set[str] = set()
@@ -184,8 +208,8 @@ class Models:
             if given in seen:
                 raise ConfigError(f"the model name {given!r} is given twice; each model and alias needs its own")
             seen.add(given)
-        return cls([ServedModel(name, alias, engine, config, metrics)
-                    for name, alias, engine in zip(names, aliases, engines, strict=True)])
+        return cls([ServedModel(name, alias, engine, config, metrics, tasks)
+                    for name, alias, engine, tasks in zip(names, aliases, engines, task_engines, strict=True)])
 
     def get(self, name: str | None) -> ServedModel:
         """The model a request names (None or "": the default), or ModelNotFoundError naming those served."""

@@ -61,6 +61,9 @@ class EncodeRequest:
     prompt_name: str | None = None  # a prompt of the model's to put before each text (engine/prompts.py)
     prompt: str | None = None  # a raw prompt to put before each text; None with prompt_name None: the default one
     model: str | None = None  # the served model's name or alias; None: the server's default model
+    # jina-embeddings-v3's adapter (engine/tasks.py): retrieval.query, ...; None: no adapter. Refused by a model
+    # without adapters.
+    task: str | None = None
 
 
 @dataclass(frozen=True)

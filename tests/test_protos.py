@@ -27,7 +27,8 @@ def test_the_contract_of_design_md():
     fields = {f.name: f.number for f in pb.EmbedRequest.DESCRIPTOR.fields}
     assert fields == {"inputs": 1, "pooling": 2, "normalize": 3, "return_token_embeddings": 4, "attention": 5,
                       "truncate": 6, "dimensions": 7, "truncation_direction": 8,  # 7, 8: added with the HTTP door
-                      "model": 9, "prompt_name": 10, "prompt": 11}  # 9-11: several models, prompts
+                      "model": 9, "prompt_name": 10, "prompt": 11,  # 9-11: several models, prompts
+                      "task": 12}  # 12: jina-embeddings-v3's task adapters (issue 20)
     # truncate is optional (issue 19): unset (the server's --auto-truncate) and false differ
     assert pb.EmbedRequest.DESCRIPTOR.fields_by_name["truncate"].has_presence
     assert pb.RerankRequest.DESCRIPTOR.fields_by_name["truncate"].has_presence

@@ -33,7 +33,7 @@ FLOAT32: DType
 FLOAT16: DType
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("inputs", "pooling", "normalize", "return_token_embeddings", "attention", "truncate", "dimensions", "truncation_direction", "model", "prompt_name", "prompt")
+    __slots__ = ("inputs", "pooling", "normalize", "return_token_embeddings", "attention", "truncate", "dimensions", "truncation_direction", "model", "prompt_name", "prompt", "task")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     POOLING_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class EmbedRequest(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedCompositeFieldContainer[Input]
     pooling: Pooling
     normalize: bool
@@ -56,7 +57,8 @@ class EmbedRequest(_message.Message):
     model: str
     prompt_name: str
     prompt: str
-    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., return_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionOptions, _Mapping]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ..., model: _Optional[str] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ...) -> None: ...
+    task: str
+    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., return_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionOptions, _Mapping]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ..., model: _Optional[str] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., task: _Optional[str] = ...) -> None: ...
 
 class Input(_message.Message):
     __slots__ = ("text", "token_ids", "pair")
@@ -183,7 +185,7 @@ class ModelList(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "hidden_size", "num_layers", "num_heads", "max_seq_length", "vocab_size", "pooling", "normalize", "provider", "precision", "limits", "version", "names", "prompts", "default_prompt_name", "embedding_size", "kind", "num_labels")
+    __slots__ = ("model", "hidden_size", "num_layers", "num_heads", "max_seq_length", "vocab_size", "pooling", "normalize", "provider", "precision", "limits", "version", "names", "prompts", "default_prompt_name", "embedding_size", "kind", "num_labels", "tasks")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +211,7 @@ class ModelInfo(_message.Message):
     EMBEDDING_SIZE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NUM_LABELS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
     model: str
     hidden_size: int
     num_layers: int
@@ -227,7 +230,8 @@ class ModelInfo(_message.Message):
     embedding_size: int
     kind: str
     num_labels: int
-    def __init__(self, model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., provider: _Optional[str] = ..., precision: _Optional[str] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., version: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., embedding_size: _Optional[int] = ..., kind: _Optional[str] = ..., num_labels: _Optional[int] = ...) -> None: ...
+    tasks: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., provider: _Optional[str] = ..., precision: _Optional[str] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., version: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., embedding_size: _Optional[int] = ..., kind: _Optional[str] = ..., num_labels: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
     __slots__ = ("max_inputs_per_request", "max_batch_tokens", "max_batch_size", "max_queue_tokens", "max_request_bytes", "max_response_bytes", "max_wait_ms", "max_queue_wait_ms", "auto_truncate")

@@ -77,7 +77,8 @@ def to_core(request: pb.EmbedRequest) -> EncodeRequest:
         attention=attention,
         prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
         prompt=request.prompt if request.HasField("prompt") else None,
-        model=request.model or None)
+        model=request.model or None,
+        task=request.task if request.HasField("task") else None)
 
 
 def tensor(array: np.ndarray) -> pb.Tensor:
@@ -115,7 +116,7 @@ def model_info(info: ModelInfo) -> pb.ModelInfo:
             max_wait_ms=info.max_wait_ms, max_queue_wait_ms=info.max_queue_wait_ms,
             auto_truncate=info.auto_truncate),
         kind=info.kind, num_labels=info.num_labels, names=info.names, prompts=info.prompts,
-        default_prompt_name=info.default_prompt_name or "")
+        default_prompt_name=info.default_prompt_name or "", tasks=info.tasks)
 
 
 def rerank_to_core(request: pb.RerankRequest) -> RerankRequest:

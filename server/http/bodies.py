@@ -55,6 +55,9 @@ class OpenAIEmbeddingsBody(_Strict):
                                                       "model's default prompt, if any")
     prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each text, instead of "
                                                  "prompt_name")
+    task: str | None = Field(None, description="attnserve's: the task adapter to encode with (gRPC GetModelInfo.tasks; "
+                                               "jina-embeddings-v3: retrieval.query, retrieval.passage, separation, "
+                                               "classification, text-matching); unset: no adapter")
 
 
 class OpenAIEmbedding(BaseModel):
@@ -110,6 +113,9 @@ class TeiEmbedBody(_TeiBody):
     prompt_name: str | None = Field(None, description="a prompt of the model's to put before each text; unset: "
                                                       "the model's default prompt, if any")
     prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each text")
+    task: str | None = Field(None, description="attnserve's: the task adapter to encode with (gRPC GetModelInfo.tasks; "
+                                               "jina-embeddings-v3: retrieval.query, retrieval.passage, separation, "
+                                               "classification, text-matching); unset: no adapter")
 
 
 class TeiEmbedAllBody(_TeiBody):

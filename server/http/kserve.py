@@ -44,7 +44,7 @@ INPUT = "text"
 OUTPUTS = {"embedding": "FP32", "num_tokens": "INT32"}
 # A BYTES element's length prefix: uint32, little-endian (Triton's serialize_byte_tensor).
 LENGTH_PREFIX = struct.Struct("<I")
-P = TypeVar("P", bool, int)
+P = TypeVar("P", bool, int, str)
 NAME = r"{name:.+}"  # a model name, slashes included
 VERSIONED = r"{name:.+}/versions/{version:[^/]+}"
 # What a metadata route takes for a model name when it is an infer path: NAME[/versions/V]/infer.
@@ -187,7 +187,8 @@ def _read_call(body: bytes, header_length: int | None, model: str) -> _Call:
     params = infer.parameters or {}
     return _Call(EncodeRequest(inputs=texts, model=model, normalize=_parameter(params, "normalize", bool),
                                truncate=_parameter(params, "truncate", bool),
-                               dimensions=_parameter(params, "dimensions", int)),
+                               dimensions=_parameter(params, "dimensions", int),
+                               task=_parameter(params, "task", str)),
                  infer.id, _outputs(infer.outputs, params))
 
 
@@ -283,7 +284,8 @@ def _parameter(params: dict, name: str, kind: type[P]) -> P | None:
     if value is None:
         return None
     if type(value) is not kind:
-        raise InvalidInputError(f"parameters.{name}: must be {'a boolean' if kind is bool else 'an integer'}, got "
+        raise InvalidInputError(f"parameters.{name}: must be "
+                                f"{ {bool: 'a boolean', int: 'an integer', str: 'a string'}[kind]}, got "
                                 f"{value!r}", field=f"parameters.{name}")
     return value  # type(value) is kind
 

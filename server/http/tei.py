@@ -30,7 +30,7 @@ _FLOATS = _list_of({"type": "number"})
 def embed_request(body: TeiEmbedBody) -> EncodeRequest:
     return EncodeRequest(inputs=inputs_of(body.inputs), normalize=body.normalize, truncate=body.truncate,
                          truncation_direction=body.truncation_direction.lower(), dimensions=body.dimensions,
-                         prompt_name=body.prompt_name, prompt=body.prompt)
+                         prompt_name=body.prompt_name, prompt=body.prompt, task=body.task)
 
 
 def embed_all_request(body: TeiEmbedAllBody) -> EncodeRequest:
