@@ -23,7 +23,7 @@ from typing import cast
 
 from attnserve.errors import CheckpointError
 
-from . import cross_encoder, modernbert
+from . import cross_encoder, modernbert, qwen3
 from .encoder import ACTIVATIONS, Encoder, EncoderConfig
 from .family import EncoderModule, ModelConfig, SelfContainedFamily, WeightNames
 from .pipeline import Pipeline, read_json, read_pipeline, tokenizer_max_length
@@ -136,6 +136,7 @@ MPNET_BUCKETS = 32
 # The families with their own config reader, key map and encoder (family.py), by config.json's model_type.
 OWN_FAMILIES: dict[str, SelfContainedFamily] = {f.model_type: f for f in (
     modernbert.FAMILY,
+    qwen3.FAMILY,
 )}
 
 
