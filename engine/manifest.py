@@ -71,6 +71,9 @@ class Manifest:
     score_activation: str | None = None  # a reranker's CrossEncoder activation: "sigmoid" or "identity"
     # config.json's model_type; absent from manifests written before families were added: those are BERT.
     family: str = "bert"
+    # A reranker that scores "{prefix}{body}{suffix}" per pair (Qwen3-Reranker, model/qwen3_reranker.py): the
+    # body's {instruction}, {query} and {document} filled in, only the body truncated. None: the tokenizer's pair.
+    pair_template: dict[str, str] | None = None
 
     def path(self, name: str) -> Path:
         return self.directory / name
@@ -93,6 +96,7 @@ class Manifest:
             "kind": self.kind,
             **({"num_labels": self.num_labels, "score_activation": self.score_activation}
                if self.kind == "reranker" else {}),
+            **({"pair_template": self.pair_template} if self.pair_template is not None else {}),
         }
 
 
@@ -144,6 +148,8 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             kind=str(raw.get("kind", "embedder")),
             num_labels=int(raw.get("num_labels", 0)), score_activation=raw.get("score_activation"),
             family=str(raw.get("family", "bert")),
+            pair_template=None if raw.get("pair_template") is None else {
+                key: str(raw["pair_template"][key]) for key in ("prefix", "body", "suffix", "instruction")},
         )
         if manifest.kind not in ("embedder", "reranker"):
             raise ArtifactError(f"{path}: kind {manifest.kind!r} is not embedder or reranker; re-export")

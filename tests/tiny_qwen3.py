@@ -32,10 +32,13 @@ def qwen3_tokenizer(out: Path, append_end_of_text: bool = True) -> Path:
         pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
-    # "yes" and "no" as often as the answer words of a real corpus, so that each is one token.
-    words = ["yes", "no", "Query", "Document", "Instruct", "Judge"] * 50
+    # "yes" and "no" as often as the answer words of a real corpus, so that each is one token, and the reranker's
+    # template, so that it takes tens of tokens rather than hundreds.
+    from attnserve.model.qwen3_reranker import PREFIX, SUFFIX
+
+    words = ["yes", "no"] * 50 + [PREFIX, SUFFIX, PROMPTS["query"]] * 20
     tokenizer.train_from_iterator(corpus() + words, trainers.BpeTrainer(
-        vocab_size=700, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=1500, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False))
     tokenizer.add_tokens(THINK)
     if append_end_of_text:
