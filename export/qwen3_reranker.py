@@ -114,7 +114,8 @@ def verify(path: Path, precision: str, reference: TemplatedPairReference) -> dic
 def qwen3_reranker_variants(ckpt: Checkpoint, encoder: Qwen3Encoder, tokenizer: TextTokenizer, work: Path,
                             log: Callable[[str], None]) -> dict[str, GraphVariant]:
     assert ckpt.pair_template is not None, "read_checkpoint gives a Qwen3 reranker its template"
-    tied = tied_embeddings(read_json(ckpt.directory / "config.json"))
+    config = ckpt.directory / "config.json"
+    tied = tied_embeddings(read_json(config), config)
     reranker = load_reranker(ckpt.weights_file, ckpt.tokenizer_file, encoder, tied)
     log(f"reranker: logit(yes) - logit(no) at the last token, from "
         f"{'the tied input embeddings' if tied else 'lm_head'}; activation {ckpt.score_activation}")

@@ -340,7 +340,7 @@ def _read_qwen3_reranker(directory: Path, name: str | None, cfg: qwen3.Qwen3Conf
     """Qwen3-Reranker: the causal LM's yes/no answer after the model card's template (qwen3_reranker.py)."""
     _check_no_head(directory / "model.safetensors", _weight_names(cfg))  # lm_head is its only key outside
     qwen3_reranker.answer_ids(directory / "tokenizer.json")
-    qwen3_reranker.tied_embeddings(raw)
+    qwen3_reranker.tied_embeddings(raw, directory / "config.json")
     length = tokenizer_max_length(directory, cfg.usable_positions)
     pipeline = Pipeline(("lasttoken",), (), False, length, "tokenizer", {}, None)
     return Checkpoint(directory, name or directory.name, cfg, pipeline, kind="reranker", num_labels=1,

@@ -62,12 +62,12 @@ def answer_ids(tokenizer_file: Path) -> tuple[int, int]:
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
     except Exception as e:  # tokenizers raises a bare Exception for a bad file
         raise CheckpointError(f"tokenizer unreadable: {tokenizer_file}: {e}") from None
-    ids = [tokenizer.token_to_id(answer) for answer in ANSWERS]
-    if None in ids:
-        missing = [a for a, i in zip(ANSWERS, ids, strict=True) if i is None]
+    yes, no = (tokenizer.token_to_id(answer) for answer in ANSWERS)
+    if yes is None or no is None:
+        missing = [a for a, i in zip(ANSWERS, (yes, no), strict=True) if i is None]
         raise CheckpointError(f"{tokenizer_file}: a Qwen3 reranker's vocabulary needs the tokens "
                               f"{' and '.join(map(repr, ANSWERS))}; {', '.join(map(repr, missing))} is not one")
-    return ids[0], ids[1]
+    return yes, no
 
 
 class Qwen3Reranker(nn.Module):
@@ -113,10 +113,10 @@ def load_reranker(weights: Path, tokenizer_file: Path, encoder: Qwen3Encoder, ti
     return Qwen3Reranker(encoder, rows[yes] - rows[no]).eval()
 
 
-def tied_embeddings(raw: dict[str, Any]) -> bool:
-    """transformers' Qwen3Config default: untied."""
+def tied_embeddings(raw: dict[str, Any], path: Path) -> bool:
+    """config.json's tie_word_embeddings; transformers' Qwen3Config default: untied."""
     value = raw.get("tie_word_embeddings", False)
     if not isinstance(value, bool):
-        raise CheckpointError(f"tie_word_embeddings must be true or false, got {value!r}")
+        raise CheckpointError(f"{path}: tie_word_embeddings must be true or false, got {value!r}")
     return value
 
