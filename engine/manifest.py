@@ -75,6 +75,9 @@ class Manifest:
     # and in such a task directory's own manifest, its task. Optional on read, omitted from manifest.json if unset.
     tasks: tuple[str, ...] = ()
     task: str | None = None
+    # A reranker that scores "{prefix}{body}{suffix}" per pair (Qwen3-Reranker, model/qwen3_reranker.py): the
+    # body's {instruction}, {query} and {document} filled in, only the body truncated. None: the tokenizer's pair.
+    pair_template: dict[str, str] | None = None
 
     def path(self, name: str) -> Path:
         return self.directory / name
@@ -99,6 +102,7 @@ class Manifest:
                if self.kind == "reranker" else {}),
             **({"tasks": list(self.tasks)} if self.tasks else {}),
             **({"task": self.task} if self.task is not None else {}),
+            **({"pair_template": self.pair_template} if self.pair_template is not None else {}),
         }
 
 
@@ -152,6 +156,8 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             family=str(raw.get("family", "bert")),
             tasks=tuple(str(t) for t in raw.get("tasks", ())),
             task=None if raw.get("task") is None else str(raw["task"]),
+            pair_template=None if raw.get("pair_template") is None else {
+                key: str(raw["pair_template"][key]) for key in ("prefix", "body", "suffix", "instruction")},
         )
         if manifest.kind not in ("embedder", "reranker"):
             raise ArtifactError(f"{path}: kind {manifest.kind!r} is not embedder or reranker; re-export")

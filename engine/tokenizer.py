@@ -63,6 +63,8 @@ class TextTokenizer:
         self._left.enable_truncation(max_seq_length, direction="left")
         self.max_seq_length = max_seq_length
         self.vocab_size = vocab_size
+        # A templated reranker's body tokenizers, truncating at what its template leaves (encode_templated_pairs).
+        self._body_tokenizers: dict[tuple[int, str], Tokenizer] = {}
 
     def encode_texts(self, texts: Sequence[str], truncate: bool = True, labels: Sequence[str] | None = None,
                      direction: str = "right") -> list[TokenizedInput]:
@@ -109,6 +111,36 @@ class TextTokenizer:
                     f"{label}: the pair is longer than max_seq_length {self.max_seq_length} tokens")
             out.append(TokenizedInput(np.asarray(encoding.ids, dtype=np.int64), truncated,
                                       np.asarray(encoding.type_ids, dtype=np.int64), _pair_start(encoding)))
+        return out
+
+    def encode_templated_pairs(self, pairs: Sequence[tuple[str, str]], template: dict[str, str],
+                               truncate: bool = True, labels: Sequence[str] | None = None,
+                               direction: str = "right") -> list[TokenizedInput]:
+        """(query, document) pairs as one text each, "{prefix}{body}{suffix}" (Qwen3-Reranker's template, the
+        manifest's pair_template): each part tokenized on its own as the model card does, the prefix and suffix
+        without special tokens, and only the body cut, to what max_seq_length leaves it. The body is tokenized
+        whole before it is cut: its cost is bounded by the request's size."""
+        labels = labels or [f"input {i}" for i in range(len(pairs))]
+        prefix, suffix = (self._whole.encode(template[part], add_special_tokens=False).ids
+                          for part in ("prefix", "suffix"))
+        room = self.max_seq_length - len(prefix) - len(suffix)
+        if room < 1:
+            raise InvalidInputError(f"max_seq_length {self.max_seq_length} leaves no room between the reranker's "
+                                    f"template's {len(prefix)} + {len(suffix)} tokens")
+        body_tokenizer = self._body_tokenizers.get((room, direction))
+        if body_tokenizer is None:  # built once per budget: a large vocabulary takes a while to load
+            body_tokenizer = Tokenizer.from_str(self._whole.to_str())
+            body_tokenizer.enable_truncation(room, direction=direction)
+            self._body_tokenizers[(room, direction)] = body_tokenizer
+        out = []
+        for (query, document), label in zip(pairs, labels, strict=True):
+            body = template["body"].format(instruction=template["instruction"], query=query, document=document)
+            encoding = body_tokenizer.encode(body)
+            truncated = bool(encoding.overflowing)
+            if truncated and not truncate:
+                raise InputTooLongError(f"{label}: the pair is longer than max_seq_length {self.max_seq_length} "
+                                        "tokens")
+            out.append(TokenizedInput(np.asarray(prefix + encoding.ids + suffix, dtype=np.int64), truncated))
         return out
 
     def _pair(self, a: str, b: str, direction: str, whole_lengths: dict[str, int]):

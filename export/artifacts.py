@@ -22,6 +22,7 @@ from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ArtifactError
 from attnserve.model.checkpoint import Checkpoint, load_encoder
 from attnserve.model.encoder import Encoder, SentenceEncoder
+from attnserve.model.qwen3 import Qwen3Encoder
 from attnserve.model.sentence_head import load_head
 from attnserve.progress import Progress
 
@@ -108,7 +109,13 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
     try:
         shutil.copyfile(ckpt.tokenizer_file, work / "tokenizer.json")
         tokenizer = TextTokenizer(work / "tokenizer.json", ckpt.max_seq_length, ckpt.config.vocab_size)
-        if ckpt.kind == "reranker":
+        if ckpt.kind == "reranker" and ckpt.pair_template is not None:
+            from .qwen3_reranker import qwen3_reranker_variants
+
+            assert isinstance(encoder, Qwen3Encoder), "read_checkpoint gives a pair template to Qwen3 rerankers only"
+            progress.step("reranker graphs: tracing, optimizing, verifying each")
+            variants = qwen3_reranker_variants(ckpt, encoder, tokenizer, work, log)
+        elif ckpt.kind == "reranker":
             assert isinstance(encoder, Encoder), "read_checkpoint reads cross-encoders of the BERT family only"
             progress.step("reranker graphs: tracing, optimizing, verifying each")
             variants = reranker_variants(ckpt, encoder, tokenizer, work, log)
@@ -126,6 +133,7 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
             default_prompt_name=ckpt.pipeline.default_prompt_name, kind=ckpt.kind,
             num_labels=ckpt.num_labels, score_activation=ckpt.score_activation, family=ckpt.config.family,
             tasks=tasks, task=getattr(ckpt.config, "task", None),
+            pair_template=ckpt.pair_template.to_json() if ckpt.pair_template is not None else None,
         )
         (work / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
         _claim_destination(out)

@@ -23,7 +23,7 @@ from typing import cast
 
 from attnserve.errors import CheckpointError
 
-from . import cross_encoder, eurobert, gemma3, gte, jina_v3, modernbert, nomic_bert
+from . import cross_encoder, eurobert, gemma3, gte, jina_v3, modernbert, nomic_bert, qwen3, qwen3_reranker
 from .encoder import ACTIVATIONS, Encoder, EncoderConfig
 from .family import EncoderModule, ModelConfig, SelfContainedFamily, WeightNames
 from .pipeline import Pipeline, read_json, read_pipeline, tokenizer_max_length
@@ -141,6 +141,7 @@ OWN_FAMILIES: dict[str, SelfContainedFamily] = {f.model_type: f for f in (
     nomic_bert.FAMILY,
     gte.FAMILY,
     jina_v3.FAMILY,
+    qwen3.FAMILY,
 )}
 
 
@@ -181,12 +182,16 @@ class Checkpoint:
     def modules(self) -> list[str]:
         """The whole pipeline in short words, for the manifest and the export's log."""
         family = self.config.family
+        if self.kind == "reranker" and self.pair_template is not None:
+            return [f"Transformer({family})", f"LogitScore(yes - no at the last token, {self.score_activation})"]
         if self.kind == "reranker":
             return [f"Transformer({family})", f"Classifier({self.num_labels}, {self.score_activation})"]
         return self.pipeline.modules(family)
     kind: str = "embedder"  # or "reranker": a BertForSequenceClassification checkpoint (cross_encoder.py)
     num_labels: int = 0  # a reranker's classifier outputs
     score_activation: str | None = None  # a reranker's CrossEncoder activation (cross_encoder.ACTIVATIONS)
+    # A reranker that scores one templated text per pair rather than the tokenizer's pair (qwen3_reranker.py).
+    pair_template: qwen3_reranker.PairTemplate | None = None
 
     @property
     def weights_file(self) -> Path:
@@ -313,6 +318,8 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
             raise CheckpointError(f"checkpoint file missing: {directory / required}")
     if isinstance(cfg, EncoderConfig) and cross_encoder.is_reranker(raw.get("architectures") or []):
         return _read_reranker(directory, name, cfg, raw)
+    if isinstance(cfg, qwen3.Qwen3Config) and qwen3_reranker.is_reranker(raw, directory):
+        return _read_qwen3_reranker(directory, name, cfg, raw)
     pipeline = read_pipeline(directory, cfg.usable_positions, cfg.hidden_size)
     _check_no_head(directory / "model.safetensors", _weight_names(cfg))
     return Checkpoint(directory, name or directory.name, cfg, pipeline)
@@ -332,6 +339,17 @@ def _read_reranker(directory: Path, name: str | None, cfg: EncoderConfig, raw: d
     pipeline = Pipeline(("cls",), (), False, length, length_from, {}, None)
     return Checkpoint(directory, name or directory.name, cfg, pipeline, kind="reranker", num_labels=spec.num_labels,
                       score_activation=spec.score_activation)
+
+
+def _read_qwen3_reranker(directory: Path, name: str | None, cfg: qwen3.Qwen3Config, raw: dict) -> Checkpoint:
+    """Qwen3-Reranker: the causal LM's yes/no answer after the model card's template (qwen3_reranker.py)."""
+    _check_no_head(directory / "model.safetensors", _weight_names(cfg))  # lm_head is its only key outside
+    qwen3_reranker.answer_ids(directory / "tokenizer.json")
+    qwen3_reranker.tied_embeddings(raw, directory / "config.json")
+    length = tokenizer_max_length(directory, cfg.usable_positions)
+    pipeline = Pipeline(("lasttoken",), (), False, length, "tokenizer", {}, None)
+    return Checkpoint(directory, name or directory.name, cfg, pipeline, kind="reranker", num_labels=1,
+                      score_activation="sigmoid", pair_template=qwen3_reranker.PairTemplate())
 
 
 def key_map(cfg: EncoderConfig) -> dict[str, str]:

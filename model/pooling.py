@@ -1,7 +1,8 @@
 """sentence-transformers' Pooling in torch, for the exported graph: every mode, alone or several concatenated.
 
 Each mode matches sentence-transformers 6.2's Pooling on right-padded inputs (the only padding the engine
-makes); the numpy twin for request-time pooling is engine/pooling.py, and a test checks that they agree.
+makes), and lasttoken on left-padded ones too (Qwen3-Embedding's tokenizer pads left); the numpy twin for
+request-time pooling is engine/pooling.py (right padding only: it takes lengths), and a test checks that they agree.
 Shapes: B batch, T sequence, H hidden.
 """
 
@@ -20,7 +21,9 @@ def pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor, mode: st
         return last_hidden_state[:, 0]
     mask = attention_mask.unsqueeze(-1).to(last_hidden_state.dtype)  # (B, T, 1)
     if mode == "lasttoken":
-        last = (attention_mask.sum(dim=1) - 1).view(B, 1, 1).expand(B, 1, H)  # (B, 1, H) index of the last real token
+        # The last real token's position whichever side is padded (the engine pads right, Qwen3's tokenizer left).
+        positions = torch.arange(T, device=attention_mask.device, dtype=attention_mask.dtype)
+        last = (attention_mask * positions).amax(dim=1).view(B, 1, 1).expand(B, 1, H)  # (B, 1, H)
         return torch.gather(last_hidden_state, 1, last).squeeze(1)
     if mode == "max":
         return last_hidden_state.masked_fill(mask == 0, float("-inf")).max(dim=1).values

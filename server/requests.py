@@ -240,8 +240,14 @@ def prepare_rerank(request: RerankRequest, tokenizer: TextTokenizer, manifest: M
     labels = [f"text {i}" for i in range(len(request.texts))]
     try:
         check_texts(request.texts, labels)  # named as the request names them, not as sides of pairs
-        inputs = tokenizer.encode_pairs([(request.query, text) for text in request.texts],
-                                        truncates(request.truncate, limits), labels, request.truncation_direction)
+        pairs = [(request.query, text) for text in request.texts]
+        if manifest.pair_template is not None:  # one templated text per pair (Qwen3-Reranker)
+            inputs = tokenizer.encode_templated_pairs(pairs, manifest.pair_template,
+                                                      truncates(request.truncate, limits), labels,
+                                                      request.truncation_direction)
+        else:
+            inputs = tokenizer.encode_pairs(pairs, truncates(request.truncate, limits), labels,
+                                            request.truncation_direction)
     except InvalidInputError as error:
         raise _located(error, labels, [f"texts[{i}]" for i in range(len(request.texts))],
                        request.truncate is None) from None
