@@ -25,8 +25,8 @@ FAMILIES = {
                    {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 64}),
     "mpnet": ("MPNetConfig", "MPNetForSequenceClassification", {**TINY, "layer_norm_eps": 1e-5}),
 }
-# The architectures these makers cover, with ModernBERT's two poolings, and BERT's (checkpoints.save_cross_encoder).
-ALL = ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "modernbert-cls", "modernbert-mean")
+# The architectures these makers cover, with ModernBERT's two poolings (BERT's: checkpoints.save_cross_encoder).
+ALL = ("roberta", "xlm-roberta", "distilbert", "mpnet", "modernbert-cls", "modernbert-mean")
 NO_TOKEN_TYPES = ["input_ids", "attention_mask"]
 
 
@@ -89,13 +89,8 @@ def save_tiny_cross_encoder(directory: Path, kind: str, seed: int = 0) -> Path:
     import transformers
     from sentence_transformers import CrossEncoder
 
-    from .checkpoints import save_cross_encoder, save_tiny_bert, save_tiny_modernbert
+    from .checkpoints import save_tiny_modernbert
 
-    if kind == "bert":
-        tokenizer_dir = save_tiny_bert(directory.parent / f"{directory.name}.tokenizer", vocab_size=64)
-        save_cross_encoder(directory, tokenizer_dir, seed)
-        shutil.rmtree(tokenizer_dir)
-        return directory
     staging = directory.parent / f"{directory.name}.hf"
     if kind.startswith("modernbert"):
         save_tiny_modernbert(staging, "ModernBertForSequenceClassification", seed, num_labels=1,
