@@ -305,7 +305,7 @@ def _check_classifier_head(weights: Path, names: WeightNames, head: classifier_h
     prefix = _encoder_prefix(keys, names)
     others = sorted(k for k in keys if k not in expected and not _owned_by_encoder(k, prefix, names))
     if others:
-        raise CheckpointError(f"{weights}: a {head.architecture} checkpoint must hold exactly its head "
+        raise CheckpointError(f"{weights}: a {head.architecture} checkpoint must hold exactly the classifier head "
                               f"({', '.join(sorted(expected))}) outside the encoder, but also has "
                               f"{', '.join(others[:5])}{'...' if len(others) > 5 else ''}")
 

@@ -62,13 +62,14 @@ def read_reranker(directory: Path, config: dict) -> RerankerSpec:
     from .pipeline import read_json
 
     labels = num_labels(config, directory / "config.json")
+    architecture = (config.get("architectures") or ["classification"])[0]  # one of HEADS (classifier_heads.py)
     activation_path = None
     model_config = directory / "config_sentence_transformers.json"
     if model_config.exists():
         raw = _object(read_json(model_config), model_config)
         if raw.get("model_type", "CrossEncoder") != "CrossEncoder":
             raise CheckpointError(f"{model_config}: cannot reproduce model_type {raw['model_type']!r} over a "
-                                  "classification checkpoint (it is exported as a CrossEncoder)")
+                                  f"{architecture} checkpoint (it is exported as a CrossEncoder)")
         if raw.get("default_prompt_name") not in (None, "") and (raw.get("prompts") or {}).get(
                 raw["default_prompt_name"]) != "":
             raise CheckpointError(f"{model_config}: cannot reproduce default_prompt_name "
@@ -85,7 +86,7 @@ def read_reranker(directory: Path, config: dict) -> RerankerSpec:
     else:
         raise CheckpointError(f"{directory}: cannot reproduce the CrossEncoder activation {activation_path!r} "
                               f"(only {', '.join(ACTIVATIONS)})")
-    return RerankerSpec(labels, activation, _transformer_max_length(directory))
+    return RerankerSpec(labels, activation, _transformer_max_length(directory, architecture))
 
 
 def _object(raw, path: Path) -> dict:
@@ -94,7 +95,7 @@ def _object(raw, path: Path) -> dict:
     return raw
 
 
-def _transformer_max_length(directory: Path) -> int | None:
+def _transformer_max_length(directory: Path, architecture: str) -> int | None:
     """modules.json must hold the one Transformer at the root; its config must run the classifier."""
     from .pipeline import read_json
 
@@ -103,8 +104,8 @@ def _transformer_max_length(directory: Path) -> int | None:
         raw = read_json(modules)
         if not isinstance(raw, list) or len(raw) != 1 or not isinstance(raw[0], dict) \
                 or not str(raw[0].get("type", "")).endswith(".Transformer") or raw[0].get("path") != "":
-            raise CheckpointError(f"{modules}: cannot reproduce this pipeline over a classification "
-                                  "checkpoint (a CrossEncoder's is one Transformer module at the checkpoint's root)")
+            raise CheckpointError(f"{modules}: cannot reproduce this pipeline over a {architecture} checkpoint (a "
+                                  "CrossEncoder's is one Transformer module at the checkpoint's root)")
     path = directory / "sentence_bert_config.json"
     if not path.exists():
         return None

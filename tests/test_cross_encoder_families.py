@@ -182,11 +182,11 @@ def test_a_head_with_an_extra_key_is_refused(kind_, tmp_path):
     source = save_tiny_cross_encoder(tmp_path / "source", kind_)
     ckpt = copy_checkpoint(source, tmp_path / "ckpt")
     _add_tensor(ckpt, "classifier.extra.weight")
-    with pytest.raises(CheckpointError, match="must hold exactly its head") as caught:
+    with pytest.raises(CheckpointError, match="must hold exactly the classifier head") as caught:
         read_checkpoint(ckpt)
     assert "classifier.extra.weight" in str(caught.value) and "\n" not in str(caught.value)
     result = run_cli("export", "--checkpoint", ckpt, "--out", tmp_path / "out")
-    assert_one_line_error(result, "must hold exactly its head", "classifier.extra.weight")
+    assert_one_line_error(result, "must hold exactly the classifier head", "classifier.extra.weight")
     assert not (tmp_path / "out").exists()
 
 
