@@ -24,8 +24,9 @@ from .tokenizer import TextTokenizer, TokenizedInput
 # The default graph of each precision: the one that runs where the machine's own choice is not known (on CUDA,
 # and on Ray's driver); on the CPU it is one candidate among the exact graphs of its precision (candidate_graphs).
 EMBEDDINGS_VARIANT = {"fp32": "embeddings_fused", "int8": "embeddings_int8", "fp16": "embeddings_fp16"}
-# A reranker's graphs (export/reranker.py) output scores; it has no int8 graph.
-SCORES_VARIANT = {"fp32": "scores_fused", "fp16": "scores_fp16"}
+# A reranker's graphs (export/reranker.py) output scores. Artifacts exported before rerankers had an int8 graph
+# lack scores_int8: asked for int8, they are told to re-export.
+SCORES_VARIANT = {"fp32": "scores_fused", "int8": "scores_int8", "fp16": "scores_fp16"}
 ATTENTION_VARIANT = "attention"
 
 
@@ -83,9 +84,12 @@ def embeddings_graph(manifest: Manifest, config: EngineConfig) -> tuple[str, str
         raise ConfigError("the int8 graph is for the CPU provider; on CUDA use fp16 or fp32")
     variants = default_graphs(manifest)
     if precision not in variants:
-        raise ConfigError(f"{manifest.model} is a reranker, which has no {precision} graph; use fp32 or fp16")
+        raise ConfigError(f"{manifest.model} has no {precision} graph; use one of {', '.join(variants)}")
     variant_name = variants[precision]
     if variant_name not in manifest.variants:
+        if manifest.kind == "reranker" and precision == "int8":  # export/reranker.py leaves out an int8 off its bar
+            raise ConfigError(f"{manifest.model} has no int8 graph: its int8 scores missed the export's bar, or it "
+                              "was exported before rerankers had one (re-export); use fp32")
         raise ArtifactError(f"{manifest.directory} has no {precision} graph ({variant_name}); re-export")
     if forced is None:
         return provider, precision, manifest.variants[variant_name]
@@ -201,7 +205,9 @@ class Engine:
         types = [x.type_ids for x in inputs]
         if self.takes_token_types:
             feed["token_type_ids"] = pad_types(types, ids.shape[1])
-        elif any(t is not None and t.any() for t in types):
+        # A reranker's graph takes token types exactly where its family has them (export/reranker.py): for the
+        # others (DistilBERT's tokenizer marks segment b with 1s) transformers ignores them too.
+        elif self.manifest.kind != "reranker" and any(t is not None and t.any() for t in types):
             # Requests are checked before they are queued (server/requests.py); this guards other callers.
             raise ValueError(f"{self.manifest.model}'s graph takes no token_type_ids; re-export it to encode pairs")
         return feed

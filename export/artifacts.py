@@ -21,7 +21,7 @@ from attnserve.engine.manifest import MANIFEST, GraphVariant, Manifest, sha256_o
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ArtifactError
 from attnserve.model.checkpoint import Checkpoint, load_encoder
-from attnserve.model.encoder import Encoder, SentenceEncoder
+from attnserve.model.encoder import SentenceEncoder
 from attnserve.model.qwen3 import Qwen3Encoder
 from attnserve.model.sentence_head import load_head
 from attnserve.progress import Progress
@@ -116,7 +116,6 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
             progress.step("reranker graphs: tracing, optimizing, verifying each")
             variants = qwen3_reranker_variants(ckpt, encoder, tokenizer, work, log)
         elif ckpt.kind == "reranker":
-            assert isinstance(encoder, Encoder), "read_checkpoint reads cross-encoders of the BERT family only"
             progress.step("reranker graphs: tracing, optimizing, verifying each")
             variants = reranker_variants(ckpt, encoder, tokenizer, work, log)
         else:

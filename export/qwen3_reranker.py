@@ -102,12 +102,13 @@ def measure(path: Path, reference: TemplatedPairReference, provider: str = CPU) 
 
 def verify(path: Path, precision: str, reference: TemplatedPairReference) -> dict[str, float]:
     metrics = measure(path, reference)
-    metric, limit = SCORE_TOLERANCE[precision]
-    if not metrics[metric] <= limit or metrics.get("max_padded_key_weight", 0.0) != 0:
+    failed = [t for t in SCORE_TOLERANCE[precision] if not t.holds(metrics[t.metric])]
+    if failed or metrics.get("max_padded_key_weight", 0.0) != 0:
         raise ExportVerificationError(
-            f"{path.name} ({precision}) fails parity with PyTorch: {metric} {metrics[metric]:.3g} "
-            f"<= {limit:g} does not hold" + (f"; padded keys got weight {metrics['max_padded_key_weight']:g}"
-                                             if metrics.get("max_padded_key_weight") else ""))
+            f"{path.name} ({precision}) fails parity with PyTorch: "
+            + "; ".join(f"{t.describe(metrics[t.metric])} does not hold" for t in failed)
+            + (f"; padded keys got weight {metrics['max_padded_key_weight']:g}"
+               if metrics.get("max_padded_key_weight") else ""))
     return metrics
 
 
@@ -126,10 +127,14 @@ def qwen3_reranker_variants(ckpt: Checkpoint, encoder: Qwen3Encoder, tokenizer: 
     convert_fp16(work / VARIANTS["scores"][0], work / VARIANTS["scores_fp16"][0], ckpt.config)
     reference = TemplatedPairReference(reranker, tokenizer, ckpt.pair_template.to_json())
     variants = {}
+    # No int8 graph yet: the int8 search (export/reranker_int8.py) calibrates on the tokenizer's pairs, not on
+    # templated texts; precision int8 is refused for this reranker in one line, as where the search misses its bar.
+    log("no int8 graph is written for a templated reranker")
     for name, (file, precision, _, outputs) in VARIANTS.items():
+        if precision == "int8":
+            continue
         parity = verify(work / file, precision, reference)
-        metric, limit = SCORE_TOLERANCE[precision]
-        log(f"verified {file:24s} {metric} {parity[metric]:.3g} <= {limit:g}")
+        log(f"verified {file:24s} " + ", ".join(t.describe(parity[t.metric]) for t in SCORE_TOLERANCE[precision]))
         # fused: False for every graph: the optimizer does not fuse rotary attention.
         variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, False, outputs, parity)
     return variants

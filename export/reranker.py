@@ -1,9 +1,11 @@
 """A cross-encoder's graphs (model/cross_encoder.py): exported, fused, converted and verified against PyTorch.
 
-Inputs input_ids, attention_mask and token_type_ids, all (B, T) int64 with dynamic axes; output scores
-(B, num_labels) of raw logits, and for the attention graph attentions (L, B, nh, T, T) too. Verification runs
-every variant on random pairs (rows of random lengths, a random split into segment a of type 0 and b of type 1)
-over the shape grid, and on real text pairs tokenized as the server tokenizes them.
+Inputs input_ids, attention_mask and, for families with token types (BERT), token_type_ids, all (B, T) int64
+with dynamic axes; output scores (B, num_labels) of raw logits, and for the attention graph attentions
+(L, B, nh, T, T) too. Verification runs every variant on random pairs (rows of random lengths, a random split into
+segment a of type 0 and b of type 1 where the family has token types) over the shape grid, and on real text pairs
+tokenized as the server tokenizes them. The int8 graph (export/reranker_int8.py) is held to the scores a user gets
+on the text pairs, as the embedders' int8 is held to the cosine on texts.
 """
 
 from __future__ import annotations
@@ -22,91 +24,130 @@ from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ExportVerificationError
 from attnserve.model.checkpoint import Checkpoint
 from attnserve.model.cross_encoder import Reranker, load_reranker
-from attnserve.model.encoder import Encoder
+from attnserve.model.family import EncoderModule
 
-from .optimize import convert_fp16, fuse_attention
+from .optimize import convert_fp16, fuse_attention, fused_attention_nodes
+from .reranker_int8 import INT8_MEAN_SCORE_ERROR, INT8_MIN_SPEARMAN, quantize_reranker_int8, score_agreement
 from .token_ids import made_up_token_ids
 from .torch_to_onnx import OPSET
-from .verify import SAMPLE_TEXTS, shape_grid
+from .verify import CALIBRATION_TEXTS, SAMPLE_TEXTS, TEXT_BATCHES, Tolerance, shape_grid
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-# name -> (file, precision, fused, outputs). No int8 graph: its tolerance is stated for embeddings' cosine, and
-# a reranker's order can turn on small score differences; precision int8 is refused for rerankers.
+# name -> (file, precision, fused, outputs)
 VARIANTS = {
     "scores": ("scores.onnx", "fp32", False, ("scores",)),
     "scores_fused": ("scores_fused.onnx", "fp32", True, ("scores",)),
+    "scores_int8": ("scores_int8.onnx", "int8", True, ("scores",)),
+    "scores_int8_skip_layer_norm": ("scores_int8.onnx", "int8", True, ("scores",)),
     "scores_fp16": ("scores_fp16.onnx", "fp16", True, ("scores",)),
     "attention": ("attention.onnx", "fp32", False, ("scores", "attentions")),
 }
+# As the embedders' (export/artifacts.py DISABLED_OPTIMIZERS): the default int8 session runs without onnxruntime's
+# load-time SkipLayerNormalization fusion, slower on CPU than the ops it replaces; the fused one stays a candidate
+# that the engine times on the CPU that runs (engine/calibration.py).
+DISABLED_OPTIMIZERS = {"scores_int8": ("SkipLayerNormFusion",)}
 # Largest error of the raw logits allowed against PyTorch, per precision, relative to the largest logit checked
 # (at least 1, so that for logits within +-1 it is absolute): rounding grows with the logits' scale. Measured on
 # the tests' cross-encoder (logits up to about 8.5): fp32 5.5e-5 absolute, 6.5e-6 relative; fp16 0.09 absolute,
 # 0.011 relative (fp16 keeps about three significant digits), 0.0215 once the embeddings' sum and LayerNorm were
 # fused into one node in fp16 too (SkipLayerNormalization, export/optimize.py). That test model's weights are drawn
 # 25x wider than transformers' initialisation, which the fp16 rounding error grows with.
-SCORE_TOLERANCE = {"fp32": ("max_rel_scores", 1e-4), "fp16": ("max_rel_scores", 3e-2)}
+# int8: on the real text pairs only (random token ids are no text), the largest error of the scores a user gets and
+# the order of the pairs (export/reranker_int8.py), as the embedders' int8 is held to the cosine on texts.
+SCORE_TOLERANCE: dict[str, tuple[Tolerance, ...]] = {
+    "fp32": (Tolerance("max_rel_scores", 1e-4, higher_is_better=False),),
+    "fp16": (Tolerance("max_rel_scores", 3e-2, higher_is_better=False),),
+    "int8": (Tolerance("mean_score_error_texts", INT8_MEAN_SCORE_ERROR, higher_is_better=False),
+             Tolerance("spearman_texts", INT8_MIN_SPEARMAN, higher_is_better=True)),
+}
 TEXT_PAIRS = 256
+
+
+def graph_inputs(module: Reranker) -> tuple[str, ...]:
+    """The graph's inputs: token types only for families that have them (the tokenizer's types of the others, all
+    zeros or ignored by transformers, are not fed)."""
+    return INPUTS if module.encoder.config.has_token_types else INPUTS[:2]
 
 
 def export_reranker_graph(module: Reranker, path: Path) -> None:
     outputs = ["scores"] + (["attentions"] if module.output_attentions else [])
-    axes = {name: {0: "batch", 1: "sequence"} for name in INPUTS}
+    inputs = graph_inputs(module)
+    axes = {name: {0: "batch", 1: "sequence"} for name in inputs}
     axes |= {"scores": {0: "batch"}, "attentions": {1: "batch", 3: "sequence", 4: "sequence"}}
     ids = torch.full((2, 8), made_up_token_ids(module.encoder.config.vocab_size)[0], dtype=torch.int64)
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0
     types = torch.zeros_like(ids)
     types[:, 3:] = 1  # a live token-type path in the trace
+    args = (ids, mask, types)[: len(inputs)]
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (ids, mask, types), str(path), dynamo=False, opset_version=OPSET,
-                          input_names=list(INPUTS), output_names=outputs,
-                          dynamic_axes={k: v for k, v in axes.items() if k in INPUTS or k in outputs})
+        torch.onnx.export(module, args, str(path), dynamo=False, opset_version=OPSET,
+                          input_names=list(inputs), output_names=outputs,
+                          dynamic_axes={k: v for k, v in axes.items() if k in inputs or k in outputs})
 
 
 class PairReference:
     """PyTorch scores (and attentions) on the check inputs, computed once for every variant."""
 
-    def __init__(self, reranker: Reranker, tokenizer: TextTokenizer, seed: int = 0):
+    def __init__(self, reranker: Reranker, tokenizer: TextTokenizer, activation: str, seed: int = 0):
         rng = np.random.default_rng(seed)
         ids_from = made_up_token_ids(reranker.encoder.config.vocab_size)
-        type_count = reranker.encoder.config.type_vocab_size
+        self.inputs, self.activation = graph_inputs(reranker), activation
         self.cases = []  # (feed, scores, attentions)
         for batch, seq in shape_grid(tokenizer.max_seq_length):
             lengths = rng.integers(1, seq + 1, size=batch)
             lengths[rng.integers(batch)] = seq
             ids, mask = pad([rng.integers(ids_from.start, ids_from.stop, size=n) for n in lengths])
-            types = pad_types([(np.arange(n) >= rng.integers(0, n + 1)).astype(np.int64) % type_count
-                               for n in lengths], ids.shape[1])
-            feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            types = pad_types([(np.arange(n) >= rng.integers(0, n + 1)).astype(np.int64) for n in lengths],
+                              ids.shape[1])
+            feed = self._feed(ids, mask, types)
             self.cases.append((feed, *self._torch(reranker, feed)))
-        texts = [t for t in SAMPLE_TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()][: 2 * TEXT_PAIRS]
-        pairs = list(zip(texts[0::2], texts[1::2], strict=False))
-        self.pairs = tokenizer.encode_pairs(pairs)
-        for start in range(0, len(self.pairs), 32):
-            chunk = self.pairs[start:start + 32]
-            ids, mask = pad([x.ids for x in chunk])
-            feed = {"input_ids": ids, "attention_mask": mask,
-                    "token_type_ids": pad_types([x.type_ids for x in chunk], ids.shape[1])}
+        self.random_cases = len(self.cases)  # the cases after these are the text pairs'
+        texts = [t for t in SAMPLE_TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
+        verified = texts[: 2 * TEXT_PAIRS]
+        self.pairs = tokenizer.encode_pairs(list(zip(verified[0::2], verified[1::2], strict=False)))
+        for feed in self.pair_feeds(self.pairs):
             self.cases.append((feed, self._torch(reranker, feed)[0], None))
+        # int8's calibration pairs: the texts after the verified ones, as the embedders' (export/verify.py).
+        calibration = texts[2 * TEXT_PAIRS: 2 * TEXT_PAIRS + 2 * CALIBRATION_TEXTS]
+        self.calibration = self.pair_feeds(tokenizer.encode_pairs(list(zip(calibration[0::2], calibration[1::2],
+                                                                           strict=False))))
 
-    @staticmethod
-    def _torch(reranker: Reranker, feed: dict[str, np.ndarray]):
+    def _feed(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> dict[str, np.ndarray]:
+        feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+        return {name: feed[name] for name in self.inputs}
+
+    def pair_feeds(self, pairs) -> list[dict[str, np.ndarray]]:
+        """Tokenized pairs in engine-style batches, in order."""
+        feeds = []
+        for start in range(0, len(pairs), TEXT_BATCHES[1] // 2):
+            chunk = pairs[start:start + TEXT_BATCHES[1] // 2]
+            ids, mask = pad([x.ids for x in chunk])
+            feeds.append(self._feed(ids, mask, pad_types([x.type_ids for x in chunk], ids.shape[1])))
+        return feeds
+
+    def _torch(self, reranker: Reranker, feed: dict[str, np.ndarray]):
         with torch.no_grad():
             scores, attentions = reranker.with_attentions()(
-                *(torch.from_numpy(feed[name]) for name in INPUTS))
+                *(torch.from_numpy(feed[name]) for name in self.inputs))
         return scores.numpy(), attentions.numpy()
 
 
-def measure(path: Path, reference: PairReference, provider: str = CPU) -> dict[str, float]:
-    session = open_session(path, provider)
+def measure(path: Path, reference: PairReference, provider: str = CPU,
+            disabled_optimizers: tuple[str, ...] = ()) -> dict[str, float]:
+    session = open_session(path, provider, disabled_optimizers=disabled_optimizers)
     wants_attention = "attentions" in [o.name for o in session.get_outputs()]
     max_scores = max_attention = max_padded_key_weight = 0.0
     largest = 1.0
-    for feed, scores, attentions in reference.cases:
+    text_scores, text_want = [], []
+    for i, (feed, scores, attentions) in enumerate(reference.cases):
         outputs = session.run(None, feed)
         max_scores = max(max_scores, float(np.abs(outputs[0] - scores).max()))
         largest = max(largest, float(np.abs(scores).max()))
+        if i >= reference.random_cases:
+            text_scores.append(outputs[0])
+            text_want.append(scores)
         if wants_attention and attentions is not None:
             real = feed["attention_mask"].astype(bool)
             keys, queries = real[None, :, None, None, :], real[None, :, None, :, None]
@@ -114,38 +155,61 @@ def measure(path: Path, reference: PairReference, provider: str = CPU) -> dict[s
             max_attention = max(max_attention, float(np.abs(got - attentions)[np.broadcast_to(
                 keys & queries, got.shape)].max()))
             max_padded_key_weight = max(max_padded_key_weight, float(np.where(keys, 0.0, got).max()))
+    agreement = score_agreement(np.concatenate(text_scores), np.concatenate(text_want), reference.activation)
     metrics = {"max_abs_scores": max_scores, "max_rel_scores": max_scores / largest,
-               "shapes_checked": len(reference.cases), "pairs_checked": len(reference.pairs)}
+               "max_score_error_texts": agreement["max_score_error"],
+               "mean_score_error_texts": agreement["mean_score_error"], "spearman_texts": agreement["spearman"],
+               "shapes_checked": reference.random_cases, "pairs_checked": len(reference.pairs)}
     if wants_attention:
         metrics |= {"max_abs_attentions": max_attention, "max_padded_key_weight": max_padded_key_weight}
     return metrics
 
 
-def verify_reranker(path: Path, precision: str, reference: PairReference) -> dict[str, float]:
-    metrics = measure(path, reference)
-    metric, limit = SCORE_TOLERANCE[precision]
-    if not metrics[metric] <= limit or metrics.get("max_padded_key_weight", 0.0) != 0:
+def describe(precision: str, metrics: dict[str, float]) -> str:
+    return ", ".join(t.describe(metrics[t.metric]) for t in SCORE_TOLERANCE[precision])
+
+
+def verify_reranker(path: Path, precision: str, reference: PairReference,
+                    disabled_optimizers: tuple[str, ...] = ()) -> dict[str, float]:
+    metrics = measure(path, reference, disabled_optimizers=disabled_optimizers)
+    failed = [t for t in SCORE_TOLERANCE[precision] if not t.holds(metrics[t.metric])]
+    if failed or metrics.get("max_padded_key_weight", 0.0) != 0:
         raise ExportVerificationError(
-            f"{path.name} ({precision}) fails parity with PyTorch: {metric} {metrics[metric]:.3g} "
-            f"<= {limit:g} does not hold" + (f"; padded keys got weight {metrics['max_padded_key_weight']:g}"
-                                             if metrics.get("max_padded_key_weight") else ""))
+            f"{path.name} ({precision}) fails parity with PyTorch: "
+            + "; ".join(f"{t.describe(metrics[t.metric])} does not hold" for t in failed)
+            + (f"; padded keys got weight {metrics['max_padded_key_weight']:g}"
+               if metrics.get("max_padded_key_weight") else ""))
     return metrics
 
 
-def reranker_variants(ckpt: Checkpoint, encoder: Encoder, tokenizer: TextTokenizer, work: Path,
+def reranker_variants(ckpt: Checkpoint, encoder: EncoderModule, tokenizer: TextTokenizer, work: Path,
                       log: Callable[[str], None]) -> dict[str, GraphVariant]:
-    reranker = load_reranker(ckpt.weights_file, encoder, ckpt.num_labels)
-    log(f"reranker: classifier over {ckpt.num_labels} label(s), activation {ckpt.score_activation}")
+    assert ckpt.head is not None and ckpt.score_activation is not None, "read_checkpoint reads a reranker's head"
+    reranker = load_reranker(ckpt.weights_file, encoder, ckpt.head, ckpt.num_labels)
+    log(f"reranker: {ckpt.head.architecture} over {ckpt.num_labels} label(s), activation {ckpt.score_activation}")
     export_reranker_graph(reranker, work / VARIANTS["scores"][0])
     export_reranker_graph(reranker.with_attentions(), work / VARIANTS["attention"][0])
     counts = fuse_attention(work / VARIANTS["scores"][0], work / VARIANTS["scores_fused"][0], ckpt.config)
-    log(f"fused attention: {counts.get('Attention', 0)} Attention nodes for {ckpt.config.num_layers} layers")
+    # Where the optimizer cannot fuse the family's attention (ModernBERT's rotary, MPNet's position bias), the
+    # "fused" graphs hold its other fusions and the manifest says fused: false, as for embedders.
+    attention_fused = fused_attention_nodes(counts) == ckpt.config.num_layers
+    log(f"fused attention: {fused_attention_nodes(counts)} Attention nodes for {ckpt.config.num_layers} layers")
     convert_fp16(work / VARIANTS["scores"][0], work / VARIANTS["scores_fp16"][0], ckpt.config)
-    reference = PairReference(reranker, tokenizer)
+    reference = PairReference(reranker, tokenizer, ckpt.score_activation)
+    names = list(VARIANTS)
+    try:
+        quantize_reranker_int8(work / VARIANTS["scores_fused"][0], work / VARIANTS["scores_int8"][0],
+                               reference.calibration, ckpt.score_activation, log)
+    except ValueError as e:  # int8 is a speed option: an fp32 reranker is still served; precision int8 is refused
+        log(f"{e}: no int8 graph is written")
+        names = [name for name in names if VARIANTS[name][1] != "int8"]
     variants = {}
-    for name, (file, precision, fused, outputs) in VARIANTS.items():
-        parity = verify_reranker(work / file, precision, reference)
-        metric, limit = SCORE_TOLERANCE[precision]
-        log(f"verified {file:24s} {metric} {parity[metric]:.3g} <= {limit:g}")
-        variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, fused, outputs, parity)
+    for name in names:
+        file, precision, fused, outputs = VARIANTS[name]
+        disabled = DISABLED_OPTIMIZERS.get(name, ())
+        parity = verify_reranker(work / file, precision, reference, disabled)
+        log(f"verified {name:28s} {describe(precision, parity)}"
+            + (f" (session without {', '.join(disabled)})" if disabled else ""))
+        variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, fused and attention_fused,
+                                      outputs, parity, disabled)
     return variants

@@ -3,7 +3,7 @@
 The family comes from config.json's model_type: the BERT-like ones (FAMILIES: BERT, RoBERTa, XLM-RoBERTa,
 DistilBERT, MPNet) share encoder.py, each with its config names and an explicit key map; the others
 (OWN_FAMILIES: ModernBERT, ...) have their config reader, key map and encoder in their own file (family.py).
-A BertForSequenceClassification checkpoint is a reranker (cross_encoder.py).
+A checkpoint with a classification head of classifier_heads.HEADS is a reranker (cross_encoder.py).
 
 Only safetensors is read: a pickle checkpoint can run code on load. Weights are
 copied through an explicit key map, and any key that is missing, unexpected
@@ -23,7 +23,18 @@ from typing import cast
 
 from attnserve.errors import CheckpointError
 
-from . import cross_encoder, eurobert, gemma3, gte, jina_v3, modernbert, nomic_bert, qwen3, qwen3_reranker
+from . import (
+    classifier_heads,
+    cross_encoder,
+    eurobert,
+    gemma3,
+    gte,
+    jina_v3,
+    modernbert,
+    nomic_bert,
+    qwen3,
+    qwen3_reranker,
+)
 from .encoder import ACTIVATIONS, Encoder, EncoderConfig
 from .family import EncoderModule, ModelConfig, SelfContainedFamily, WeightNames
 from .pipeline import Pipeline, read_json, read_pipeline, tokenizer_max_length
@@ -184,14 +195,16 @@ class Checkpoint:
         family = self.config.family
         if self.kind == "reranker" and self.pair_template is not None:
             return [f"Transformer({family})", f"LogitScore(yes - no at the last token, {self.score_activation})"]
-        if self.kind == "reranker":
-            return [f"Transformer({family})", f"Classifier({self.num_labels}, {self.score_activation})"]
+        if self.head is not None:
+            return [f"Transformer({family})",
+                    f"Classifier({self.head.architecture}, {self.num_labels}, {self.score_activation})"]
         return self.pipeline.modules(family)
-    kind: str = "embedder"  # or "reranker": a BertForSequenceClassification checkpoint (cross_encoder.py)
+    kind: str = "embedder"  # or "reranker": a checkpoint with a classification head (cross_encoder.py)
     num_labels: int = 0  # a reranker's classifier outputs
     score_activation: str | None = None  # a reranker's CrossEncoder activation (cross_encoder.ACTIVATIONS)
     # A reranker that scores one templated text per pair rather than the tokenizer's pair (qwen3_reranker.py).
     pair_template: qwen3_reranker.PairTemplate | None = None
+    head: classifier_heads.Head | None = None  # a reranker's classification head
 
     @property
     def weights_file(self) -> Path:
@@ -216,10 +229,9 @@ def _encoder_config(raw: dict, path: Path) -> EncoderConfig:
     architectures = raw.get("architectures") or []
     if not isinstance(architectures, list):
         raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
+    # A reranker's head (classifier_heads.HEADS) was taken off architectures by read_checkpoint.
     head_archs = [a for a in architectures if a not in spec.architectures]
-    rerankers = cross_encoder.RERANKER_ARCHITECTURES if family == "bert" else ()
-    if len(architectures) == 1 and head_archs and head_archs[0] in rerankers:
-        head_archs = []  # the classifier head is exported as a reranker (cross_encoder.py)
+    rerankers = classifier_heads.architectures_on(family)
     if head_archs:
         raise CheckpointError(f"{path}: cannot reproduce architecture {head_archs[0]} (the export runs the bare "
                               f"encoder: {' or '.join(spec.architectures)}"
@@ -274,31 +286,49 @@ def _encoder_prefix(keys: list[str], names: WeightNames) -> str:
     return names.task_prefix if any(k.startswith(names.task_prefix) for k in keys) else ""
 
 
+def _owned_by_encoder(key: str, prefix: str, names: WeightNames) -> bool:
+    return key.startswith(prefix) and key.removeprefix(prefix).startswith(names.encoder_parts)
+
+
 def _head_keys(keys: list[str], names: WeightNames) -> list[str]:
     """Keys outside the encoder that are not an unused masked-LM head: the weights of a task head."""
     prefix = _encoder_prefix(keys, names)
-    return [k for k in keys if not k.startswith(names.unused_heads)
-            and not (k.startswith(prefix) and k.removeprefix(prefix).startswith(names.encoder_parts))]
+    return [k for k in keys if not k.startswith(names.unused_heads) and not _owned_by_encoder(k, prefix, names)]
 
 
-def _check_no_head(weights: Path, names: WeightNames, allowed: tuple[str, ...] = ()) -> None:
-    """Read the safetensors header only (no tensor data) and refuse a checkpoint that carries a task head other
-    than exactly `allowed` (a reranker's classifier keys)."""
+def _weight_keys(weights: Path) -> list[str]:
+    """The safetensors header's keys only (no tensor data)."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(weights), framework="numpy") as f:
-            keys = list(f.keys())
+            return list(f.keys())
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"corrupt weights file {weights}: {e}") from None
-    head_keys = _head_keys(keys, names)
-    if allowed and sorted(head_keys) != sorted(allowed):
-        raise CheckpointError(f"{weights}: a BertForSequenceClassification checkpoint must hold exactly the "
-                              f"classifier head {', '.join(allowed)} outside the encoder, got {sorted(head_keys)[:5]}")
-    if head_keys and not allowed:
+
+
+def _check_no_head(weights: Path, names: WeightNames) -> None:
+    """Refuse, from the header alone, a checkpoint that carries a task head."""
+    head_keys = _head_keys(_weight_keys(weights), names)
+    if head_keys:
         modules = sorted({k.rsplit(".", 1)[0] for k in head_keys})
         raise CheckpointError(f"{weights}: cannot reproduce the head {', '.join(m + '.*' for m in modules[:3])}"
                               f"{'...' if len(modules) > 3 else ''} ({len(head_keys)} tensors outside the encoder)")
+
+
+def _check_classifier_head(weights: Path, names: WeightNames, head: classifier_heads.Head) -> None:
+    """Refuse, from the header alone, a reranker whose keys outside the encoder are not exactly its head's."""
+    keys = _weight_keys(weights)
+    expected = set(head.keys)
+    missing = sorted(expected - set(keys))
+    if missing:
+        raise CheckpointError(f"{weights}: the {head.architecture} head lacks {', '.join(missing)}")
+    prefix = _encoder_prefix(keys, names)
+    others = sorted(k for k in keys if k not in expected and not _owned_by_encoder(k, prefix, names))
+    if others:
+        raise CheckpointError(f"{weights}: a {head.architecture} checkpoint must hold exactly the classifier head "
+                              f"({', '.join(sorted(expected))}) outside the encoder, but also has "
+                              f"{', '.join(others[:5])}{'...' if len(others) > 5 else ''}")
 
 
 def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoint:
@@ -308,16 +338,19 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {directory}")
     raw = read_json(directory / "config.json")
+    # A cross-encoder's head is read by the head table; the family then reads the encoder as a bare one.
+    head = classifier_heads.head_of(raw, directory / "config.json") if isinstance(raw, dict) else None
+    encoder_raw = {**raw, "architectures": []} if head else raw
     # Each family reads its own config; a ModernBERT config is no BERT config with extra fields.
     own = OWN_FAMILIES.get(str(raw.get("model_type"))) if isinstance(raw, dict) else None
-    cfg = (own.read_config if own else _encoder_config)(raw, directory / "config.json")
+    cfg = (own.read_config if own else _encoder_config)(encoder_raw, directory / "config.json")
     for required in ("model.safetensors", "tokenizer.json"):
         if not (directory / required).is_file():
             if required == "model.safetensors" and any(directory.glob("*.bin")):
                 raise CheckpointError(f"{directory}: only model.safetensors is accepted, not pickle .bin weights")
             raise CheckpointError(f"checkpoint file missing: {directory / required}")
-    if isinstance(cfg, EncoderConfig) and cross_encoder.is_reranker(raw.get("architectures") or []):
-        return _read_reranker(directory, name, cfg, raw)
+    if head is not None:
+        return _read_reranker(directory, name, cfg, raw, head)
     if isinstance(cfg, qwen3.Qwen3Config) and qwen3_reranker.is_reranker(raw, directory):
         return _read_qwen3_reranker(directory, name, cfg, raw)
     pipeline = read_pipeline(directory, cfg.usable_positions, cfg.hidden_size)
@@ -325,20 +358,24 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
     return Checkpoint(directory, name or directory.name, cfg, pipeline)
 
 
-def _read_reranker(directory: Path, name: str | None, cfg: EncoderConfig, raw: dict) -> Checkpoint:
-    """A cross-encoder: the encoder, its pooler and classifier (cross_encoder.py), the CrossEncoder's truncation."""
+def _read_reranker(directory: Path, name: str | None, cfg: EncoderConfig | ModelConfig, raw: dict,
+                   head: classifier_heads.Head) -> Checkpoint:
+    """A cross-encoder: the encoder, its classification head (classifier_heads.py), the CrossEncoder's settings
+    (cross_encoder.py)."""
     spec = cross_encoder.read_reranker(directory, raw)
-    _check_no_head(directory / "model.safetensors", _weight_names(cfg), cross_encoder.CLASSIFIER_KEYS)
+    _check_classifier_head(directory / "model.safetensors", _weight_names(cfg), head)
     length, length_from = spec.max_seq_length, "sentence_bert_config.json"
     if length is None:
         length, length_from = tokenizer_max_length(directory, cfg.usable_positions), "tokenizer"
     if length > cfg.usable_positions:
         raise CheckpointError(f"{directory}: cannot reproduce max_seq_length {length}: the model has only "
                               f"{cfg.usable_positions} positions")
-    # No sentence-transformers pipeline follows the classifier: the manifest's pooling says "cls" (the pooler's).
-    pipeline = Pipeline(("cls",), (), False, length, length_from, {}, None)
+    # No sentence-transformers pipeline follows the classifier: the manifest's pooling says "cls" (the head's,
+    # but for ModernBERT's classifier_pooling "mean").
+    pooling = "mean" if getattr(head.options, "pooling", "cls") == "mean" else "cls"
+    pipeline = Pipeline((pooling,), (), False, length, length_from, {}, None)
     return Checkpoint(directory, name or directory.name, cfg, pipeline, kind="reranker", num_labels=spec.num_labels,
-                      score_activation=spec.score_activation)
+                      score_activation=spec.score_activation, head=head)
 
 
 def _read_qwen3_reranker(directory: Path, name: str | None, cfg: qwen3.Qwen3Config, raw: dict) -> Checkpoint:
@@ -385,8 +422,9 @@ def load_encoder(ckpt: Checkpoint) -> EncoderModule:
     # read_checkpoint has refused any other head, so every other key must be the encoder's.
     names = _weight_names(ckpt.config)
     prefix = _encoder_prefix(list(tensors), names)
-    tensors = {_renamed(k.removeprefix(prefix)): v for k, v in tensors.items()  # CLASSIFIER_KEYS: a reranker's
-               if not k.startswith(names.unused_heads) and k not in cross_encoder.CLASSIFIER_KEYS}
+    head_keys = set(ckpt.head.keys) if ckpt.head else set()  # a reranker's head: loaded by cross_encoder.py
+    tensors = {_renamed(k.removeprefix(prefix)): v for k, v in tensors.items()
+               if not k.startswith(names.unused_heads) and k not in head_keys}
     cfg = ckpt.config
     mapping = key_map(cfg) if isinstance(cfg, EncoderConfig) else OWN_FAMILIES[cfg.family].key_map(cfg)
     missing = sorted(set(mapping) - set(tensors))

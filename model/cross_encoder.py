@@ -1,14 +1,16 @@
-"""Cross-encoders (rerankers): BERT with its pooler and classifier head, scoring sentence pairs.
+"""Cross-encoders (rerankers): an encoder and its classification head, scoring sentence pairs.
 
-A `BertForSequenceClassification` checkpoint is exported as a reranker, never as an embedder: its output is the
-classifier's logits over the pair "[CLS] query [SEP] document [SEP]", which transformers computes as
-classifier(tanh(pooler.dense(hidden[:, 0]))) (dropout is off at inference). sentence-transformers' CrossEncoder
-then applies its activation (a sigmoid for one label): the graph returns the raw logits and the manifest names
-the activation, so that a request may ask for either.
+A checkpoint whose config.json names one of classifier_heads.HEADS (BertForSequenceClassification,
+XLMRobertaForSequenceClassification, ModernBertForSequenceClassification, ...) is exported as a reranker, never
+as an embedder: its output is the head's logits over the pair ("[CLS] query [SEP] document [SEP]", "<s> query
+</s></s> document </s>", as its tokenizer joins a pair), computed as the architecture's transformers class does.
+sentence-transformers' CrossEncoder then applies its activation (a sigmoid for one label): the graph returns the
+raw logits and the manifest names the activation, so that a request may ask for either.
 
-This file owns what a reranker adds to a BERT checkpoint: the architecture, the head's key map, the
-CrossEncoder's files (modules.json, config_sentence_transformers.json, sentence_bert_config.json) and the
-activation, read as sentence-transformers 6.2 reads them, or refused with one line.
+This file owns what a reranker adds to an encoder checkpoint whatever its family: the CrossEncoder's files
+(modules.json, config_sentence_transformers.json, sentence_bert_config.json) and activation, read as
+sentence-transformers 6.2 reads them or refused with one line, and the module that is exported: the encoder
+and its head (classifier_heads.py) over its hidden states.
 """
 
 from __future__ import annotations
@@ -21,19 +23,9 @@ import torch.nn as nn
 
 from attnserve.errors import CheckpointError
 
-from .encoder import Encoder
+from .classifier_heads import Head
+from .family import EncoderModule
 
-# The one head architecture exported; every other head is still refused (checkpoint.py).
-RERANKER_ARCHITECTURES = ("BertForSequenceClassification",)
-# The head's keys in a BertForSequenceClassification checkpoint -> this file's Reranker keys.
-HEAD_KEYS = {
-    "bert.pooler.dense.weight": "pooler.weight",
-    "bert.pooler.dense.bias": "pooler.bias",
-    "classifier.weight": "classifier.weight",
-    "classifier.bias": "classifier.bias",
-}
-# The keys outside the encoder (checkpoint.py counts the pooler as the encoder's) that a reranker must have.
-CLASSIFIER_KEYS = ("classifier.weight", "classifier.bias")
 # CrossEncoder activations (their dotted class paths, as sentence-transformers saves them) -> the manifest's names.
 ACTIVATIONS = {
     "torch.nn.modules.activation.Sigmoid": "sigmoid",
@@ -56,10 +48,6 @@ class RerankerSpec:
     max_seq_length: int | None  # from sentence_bert_config.json; None: the tokenizer's (pipeline.py)
 
 
-def is_reranker(architectures: list) -> bool:
-    return any(a in RERANKER_ARCHITECTURES for a in architectures)
-
-
 def num_labels(raw: dict, path: Path) -> int:
     """transformers' rule: as many labels as id2label names, else num_labels, else 2."""
     labels = raw.get("id2label")
@@ -70,17 +58,18 @@ def num_labels(raw: dict, path: Path) -> int:
 
 
 def read_reranker(directory: Path, config: dict) -> RerankerSpec:
-    """The CrossEncoder's settings over a BertForSequenceClassification checkpoint, or a one-line refusal."""
+    """The CrossEncoder's settings over a checkpoint with a classification head, or a one-line refusal."""
     from .pipeline import read_json
 
     labels = num_labels(config, directory / "config.json")
+    architecture = (config.get("architectures") or ["classification"])[0]  # one of HEADS (classifier_heads.py)
     activation_path = None
     model_config = directory / "config_sentence_transformers.json"
     if model_config.exists():
         raw = _object(read_json(model_config), model_config)
         if raw.get("model_type", "CrossEncoder") != "CrossEncoder":
             raise CheckpointError(f"{model_config}: cannot reproduce model_type {raw['model_type']!r} over a "
-                                  "BertForSequenceClassification checkpoint (it is exported as a CrossEncoder)")
+                                  f"{architecture} checkpoint (it is exported as a CrossEncoder)")
         if raw.get("default_prompt_name") not in (None, "") and (raw.get("prompts") or {}).get(
                 raw["default_prompt_name"]) != "":
             raise CheckpointError(f"{model_config}: cannot reproduce default_prompt_name "
@@ -97,7 +86,7 @@ def read_reranker(directory: Path, config: dict) -> RerankerSpec:
     else:
         raise CheckpointError(f"{directory}: cannot reproduce the CrossEncoder activation {activation_path!r} "
                               f"(only {', '.join(ACTIVATIONS)})")
-    return RerankerSpec(labels, activation, _transformer_max_length(directory))
+    return RerankerSpec(labels, activation, _transformer_max_length(directory, architecture))
 
 
 def _object(raw, path: Path) -> dict:
@@ -106,7 +95,7 @@ def _object(raw, path: Path) -> dict:
     return raw
 
 
-def _transformer_max_length(directory: Path) -> int | None:
+def _transformer_max_length(directory: Path, architecture: str) -> int | None:
     """modules.json must hold the one Transformer at the root; its config must run the classifier."""
     from .pipeline import read_json
 
@@ -115,8 +104,8 @@ def _transformer_max_length(directory: Path) -> int | None:
         raw = read_json(modules)
         if not isinstance(raw, list) or len(raw) != 1 or not isinstance(raw[0], dict) \
                 or not str(raw[0].get("type", "")).endswith(".Transformer") or raw[0].get("path") != "":
-            raise CheckpointError(f"{modules}: cannot reproduce this pipeline over a BertForSequenceClassification "
-                                  "checkpoint (a CrossEncoder's is one Transformer module at the checkpoint's root)")
+            raise CheckpointError(f"{modules}: cannot reproduce this pipeline over a {architecture} checkpoint (a "
+                                  "CrossEncoder's is one Transformer module at the checkpoint's root)")
     path = directory / "sentence_bert_config.json"
     if not path.exists():
         return None
@@ -141,50 +130,43 @@ def _transformer_max_length(directory: Path) -> int | None:
 
 
 class Reranker(nn.Module):
-    """The exported module: encoder, pooler (dense + tanh on the first token) and classifier -> raw logits."""
+    """The exported module: the encoder and its classification head -> raw logits."""
 
-    def __init__(self, encoder: Encoder, num_labels: int, output_attentions: bool = False):
+    def __init__(self, encoder: EncoderModule, head: nn.Module, output_attentions: bool = False):
         super().__init__()
-        H = encoder.config.hidden_size
-        self.encoder, self.output_attentions = encoder, output_attentions
-        self.pooler = nn.Linear(H, H)
-        self.classifier = nn.Linear(H, num_labels)
+        self.encoder, self.head, self.output_attentions = encoder, head, output_attentions
 
     def with_attentions(self) -> Reranker:
         """The same weights, returning every layer's attention probabilities too."""
-        twin = Reranker.__new__(Reranker)
-        nn.Module.__init__(twin)
-        twin.encoder, twin.pooler, twin.classifier, twin.output_attentions = \
-            self.encoder, self.pooler, self.classifier, True
-        return twin
+        return Reranker(self.encoder, self.head, output_attentions=True).eval()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor):
-        """(B, T) int64 each -> scores (B, num_labels) and, for the attention graph, attentions (L, B, nh, T, T)."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None):
+        """(B, T) int64 each (token_type_ids only for families with token types) -> scores (B, num_labels) and,
+        for the attention graph, attentions (L, B, nh, T, T)."""
         hidden, attentions = self.encoder(input_ids, attention_mask, self.output_attentions, token_type_ids)
-        pooled = torch.tanh(self.pooler(hidden[:, 0]))  # (B, H): BERT's pooler reads the [CLS] token
-        scores = self.classifier(pooled)  # (B, num_labels)
+        scores = self.head(hidden, attention_mask)  # (B, num_labels)
         if self.output_attentions:
             return scores, attentions
         return scores
 
 
-def load_reranker(weights: Path, encoder: Encoder, labels: int) -> Reranker:
-    """The head's weights (HEAD_KEYS) on top of a loaded encoder, under the same loud checks."""
+def load_reranker(weights: Path, encoder: EncoderModule, head: Head, labels: int) -> Reranker:
+    """The head's weights (exactly head.keys) on top of a loaded encoder, under the same loud checks."""
     from safetensors import safe_open
 
-    reranker = Reranker(encoder, labels)
-    own = reranker.state_dict()
-    head = {}
+    module = head.build(encoder.config.hidden_size, labels)
+    own = module.state_dict()
+    tensors = {}
     with safe_open(str(weights), framework="pt") as f:
-        present = set(f.keys())
-        missing = sorted(set(HEAD_KEYS) - present)
+        missing = sorted(set(head.keys) - set(f.keys()))
         if missing:
-            raise CheckpointError(f"{weights}: the classifier head lacks {', '.join(missing)}")
-        for theirs, ours in HEAD_KEYS.items():
+            raise CheckpointError(f"{weights}: the {head.architecture} head lacks {', '.join(missing)}")
+        for theirs, ours in head.keys.items():
             tensor = f.get_tensor(theirs)
             if tensor.shape != own[ours].shape:
                 raise CheckpointError(f"{weights}: {theirs} has shape {tuple(tensor.shape)}, "
                                       f"expected {tuple(own[ours].shape)}")
-            head[ours] = tensor.float()
-    reranker.load_state_dict({**{k: v for k, v in own.items() if k not in head}, **head}, strict=True)
-    return reranker.eval()
+            tensors[ours] = tensor.float()
+    module.load_state_dict(tensors, strict=True)
+    return Reranker(encoder, module).eval()

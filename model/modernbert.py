@@ -196,7 +196,8 @@ def read_config(raw: dict[str, Any], path: Path) -> ModernBertConfig:
     heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
     if heads:
         raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
-                              f"{' or '.join(ENCODER_ARCHITECTURES)})")
+                              f"{' or '.join(ENCODER_ARCHITECTURES)}, or a reranker: "
+                              "ModernBertForSequenceClassification)")
     if raw.get("hidden_activation", "gelu") != "gelu":
         raise CheckpointError(f"{path}: hidden_activation {raw['hidden_activation']!r} is not supported (only 'gelu')")
     try:

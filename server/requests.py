@@ -258,8 +258,9 @@ def prepare_rerank(request: RerankRequest, tokenizer: TextTokenizer, manifest: M
 
 def _check_token_types(inputs: Sequence[TokenizedInput], takes_token_types: bool, manifest: Manifest) -> None:
     """A pair whose segment b has token type 1 needs a graph that takes token_type_ids, or it would be silently
-    encoded as one segment."""
-    if takes_token_types:
+    encoded as one segment. A reranker's graph takes them exactly where its family has token types
+    (export/reranker.py); the other families' models ignore them, as transformers does."""
+    if takes_token_types or manifest.kind == "reranker":
         return
     for i, x in enumerate(inputs):
         if x.type_ids is not None and x.type_ids.any():

@@ -32,10 +32,14 @@ def cross_encoder(cross_encoder_dir):
 def test_manifest_names_a_reranker(reranker_artifacts):
     manifest = load_manifest(reranker_artifacts)
     assert (manifest.kind, manifest.num_labels, manifest.score_activation) == ("reranker", 1, "sigmoid")
-    assert set(manifest.variants) == {"scores", "scores_fused", "scores_fp16", "attention"}
+    # int8 where its scores reach the bar (export/reranker_int8.py); this model's weights are drawn 25x wider than
+    # transformers' initialisation, which int8 does not keep to the bar.
+    assert {"scores", "scores_fused", "scores_fp16", "attention"} <= set(manifest.variants)
+    assert set(manifest.variants) - {"scores_int8", "scores_int8_skip_layer_norm"} == {
+        "scores", "scores_fused", "scores_fp16", "attention"}
     for variant in manifest.variants.values():
         assert variant.outputs[0] == "scores"
-        assert variant.parity["max_rel_scores"] <= SCORE_TOLERANCE[variant.precision][1]
+        assert all(t.holds(variant.parity[t.metric]) for t in SCORE_TOLERANCE[variant.precision])
         assert variant.parity["pairs_checked"] == 256
 
 
@@ -66,11 +70,16 @@ def test_attention_graph_shows_both_segments(reranker_artifacts):
     assert np.abs(out.scores - engine.score_tokenized([pair])).max() <= 1e-5
 
 
-def test_a_reranker_has_no_int8_graph(reranker_artifacts):
+def test_int8_is_served_or_refused_in_one_line(reranker_artifacts):
+    """int8 runs where the export wrote it; where its scores missed the bar, asking for it says so."""
     from attnserve.config import EngineConfig
 
-    with pytest.raises(ConfigError, match="is a reranker, which has no int8 graph"):
-        Engine.from_directory(reranker_artifacts, EngineConfig(provider="cpu", precision="int8"))
+    config = EngineConfig(provider="cpu", precision="int8")
+    if "scores_int8" in load_manifest(reranker_artifacts).variants:
+        assert Engine.from_directory(reranker_artifacts, config).precision == "int8"
+        return
+    with pytest.raises(ConfigError, match="has no int8 graph: its int8 scores missed the export's bar"):
+        Engine.from_directory(reranker_artifacts, config)
 
 
 def test_pair_embeddings_use_token_types(artifacts, encoder):
