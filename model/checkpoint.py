@@ -151,6 +151,7 @@ OWN_FAMILIES: dict[str, SelfContainedFamily] = {f.model_type: f for f in (
     eurobert.FAMILY,
     nomic_bert.FAMILY,
     gte.FAMILY,
+    gte.PUBLISHED_FAMILY,  # model_type "new": GTE v1.5 as published, for its remote code
     jina_v3.FAMILY,
     qwen3.FAMILY,
 )}

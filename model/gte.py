@@ -13,6 +13,14 @@ length: the base becomes rope_theta * f and every frequency is further divided b
 transformers 5.24's GteModel has no "ntk" rope type (its rotary embedding fails with KeyError 'ntk'), so the
 tests check this formula by loading the same frequencies into transformers' GteModel.
 The reference is transformers' GteModel (eager and sdpa, transformers 5.x) for everything else.
+
+Two config.json forms, one family each (checkpoint.OWN_FAMILIES is keyed by model_type):
+- "gte": transformers 5's GteModel / GteForMaskedLM (encoder keys under "gte." in the latter);
+- "new": the published checkpoints as they are on the Hub, written for their remote code (auto_map to
+  Alibaba-NLP/new-impl): NewModel, NewForMaskedLM (encoder keys under "new."), and NewForTokenClassification with
+  one label (gte-multilingual-base: its token-weight classifier is unused, as by sentence-transformers, which
+  loads AutoModel, NewModel). The key names are the same in both: transformers 5 renames the remote code's
+  names when it loads (conversion_mapping.py's "gte" entry) and writes them back when it saves.
 """
 
 from __future__ import annotations
@@ -36,6 +44,14 @@ ENCODER_ARCHITECTURES = ("GteModel", "GteForMaskedLM")
 TASK_PREFIX = "gte."
 ENCODER_PARTS = ("embeddings.", "encoder.")
 UNUSED_HEADS = ("lm_head.",)
+PUBLISHED_MODEL_TYPE = "new"
+PUBLISHED_ARCHITECTURES = ("NewModel", "NewForMaskedLM", "NewForTokenClassification")
+PUBLISHED_TASK_PREFIX = "new."
+PUBLISHED_UNUSED_HEADS = ("lm_head.", "classifier.")  # NewForMaskedLM's; NewForTokenClassification's (one label)
+REMOTE_CODE = "Alibaba-NLP/new-impl"  # auto_map's "<repo>--<module>.<class>" values name it
+# NewConfig's defaults are not GteConfig's: a published config must say these itself.
+PUBLISHED_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                      "max_position_embeddings", "type_vocab_size", "rope_theta")
 DEFAULT_THETA = 160_000.0  # transformers' GteConfig.default_theta
 # The remote code's options (the published config.json's), at the value this encoder runs. Irrelevant to the
 # outputs, and accepted as they are: unpad_inputs, use_memory_efficient_attention, dropout.
@@ -48,6 +64,29 @@ def read_config(raw: dict[str, Any], path: Path) -> RotaryBertConfig:
     """config.json of a GTE checkpoint, as transformers' GteConfig reads it (sizes default as there) with the
     published configs' rope_theta and rope_scaling, or a one-line refusal of what the export does not run."""
     check_architectures(raw, path, ENCODER_ARCHITECTURES)
+    return _read_config(raw, path, MODEL_TYPE)
+
+
+def read_published_config(raw: dict[str, Any], path: Path) -> RotaryBertConfig:
+    """config.json of a GTE v1.5 checkpoint as published (model_type "new", for Alibaba-NLP/new-impl's remote
+    code): the same fields, read the same way, once the remote code is known to be GTE v1.5's."""
+    auto_map = raw.get("auto_map")
+    targets = list(auto_map.values()) if isinstance(auto_map, dict) else []
+    if not targets or not all(isinstance(t, str) and t.startswith(f"{REMOTE_CODE}--") for t in targets):
+        raise CheckpointError(f"{path}: model_type 'new' is read only as GTE v1.5, whose auto_map names "
+                              f"{REMOTE_CODE}, but auto_map is {auto_map!r}")
+    check_architectures(raw, path, PUBLISHED_ARCHITECTURES)
+    labels = raw.get("id2label") or {}
+    if "NewForTokenClassification" in (raw.get("architectures") or []) and len(labels) != 1:
+        raise CheckpointError(f"{path}: cannot reproduce NewForTokenClassification with {len(labels) or 'default'} "
+                              "labels (only gte-multilingual-base's one, whose classifier goes unused)")
+    missing = [k for k in PUBLISHED_REQUIRED if raw.get(k) is None]
+    if missing:
+        raise CheckpointError(f"{path}: a published GTE config must give {', '.join(missing)}")
+    return _read_config(raw, path, PUBLISHED_MODEL_TYPE)
+
+
+def _read_config(raw: dict[str, Any], path: Path, family: str) -> RotaryBertConfig:
     check_settings(raw, path, REPRODUCED)
     act = raw.get("hidden_act", "gelu")
     if act not in GATE_ACTIVATIONS:
@@ -65,7 +104,7 @@ def read_config(raw: dict[str, Any], path: Path) -> RotaryBertConfig:
             layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
             pad_token_id=int(raw["pad_token_id"] if raw.get("pad_token_id") is not None else 1),
             activation=act, rope_theta=theta, ntk_factor=factor,
-            qkv_bias=True, out_bias=True, up_bias=False, down_bias=True, family=MODEL_TYPE)
+            qkv_bias=True, out_bias=True, up_bias=False, down_bias=True, family=family)
     except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
         raise CheckpointError(f"{path}: invalid config: {e}") from None
     check_sizes(cfg, path)
@@ -121,7 +160,7 @@ def build(cfg: RotaryBertConfig) -> nn.Module:
 
 
 def key_map(cfg: RotaryBertConfig) -> dict[str, str]:
-    """Checkpoint key (GTE's naming, which transformers also saves) -> RotaryBertEncoder key."""
+    """Checkpoint key (the remote code's naming, which transformers also saves) -> RotaryBertEncoder key."""
     keys = {"embeddings.word_embeddings.weight": "word.weight",
             "embeddings.LayerNorm.weight": "embeddings_norm.weight",
             "embeddings.LayerNorm.bias": "embeddings_norm.bias"}
@@ -139,3 +178,5 @@ def key_map(cfg: RotaryBertConfig) -> dict[str, str]:
 
 FAMILY = SelfContainedFamily(MODEL_TYPE, read_config, key_map, build,
                              WeightNames(TASK_PREFIX, ENCODER_PARTS, UNUSED_HEADS, ()))
+PUBLISHED_FAMILY = SelfContainedFamily(PUBLISHED_MODEL_TYPE, read_published_config, key_map, build,
+                                       WeightNames(PUBLISHED_TASK_PREFIX, ENCODER_PARTS, PUBLISHED_UNUSED_HEADS, ()))
