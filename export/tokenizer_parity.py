@@ -33,7 +33,9 @@ def _reference(ckpt: Checkpoint):
 
     try:
         with quiet():
-            return AutoTokenizer.from_pretrained(str(ckpt.directory), local_files_only=True)
+            # No remote code: a config.json with an auto_map (GTE v1.5's "new") would otherwise have transformers
+            # ask on the terminal whether to run it; without, it reads the tokenizer from tokenizer_config.json.
+            return AutoTokenizer.from_pretrained(str(ckpt.directory), local_files_only=True, trust_remote_code=False)
     except Exception as e:  # transformers raises many types here; each means the same to the user
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CheckpointError(f"{ckpt.directory}: transformers cannot load the checkpoint's tokenizer: "

@@ -126,7 +126,9 @@ def test_published_ntk_config_is_read(published, tmp_path):
     assert (cfg.rope_theta, cfg.ntk_factor, cfg.family) == (500_000.0, 2.0, "new")
 
 
-def test_engine_over_the_published_folder_encodes_as_sentence_transformers_over_the_original(model_dir, tmp_path):
+def test_engine_over_the_published_folder_encodes_as_sentence_transformers_over_the_original(model_dir, tmp_path,
+                                                                                              monkeypatch):
+    """Exported without transformers asking whether to run the auto_map's remote code (its tokenizer check)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
 
@@ -135,6 +137,7 @@ def test_engine_over_the_published_folder_encodes_as_sentence_transformers_over_
     st_dir = save_pipeline(model_dir, tmp_path / "st", lambda size: [Pooling(size, "cls"), Normalize()],
                            max_seq_length=48)
     folder = save_published(st_dir, tmp_path / "published")
+    monkeypatch.setattr("builtins.input", lambda *args: pytest.fail(f"transformers asked: {args}"))
     out = tmp_path / "artifacts"
     build_artifacts(read_checkpoint(folder), out, log=lambda line: None)
     expected = SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS)
