@@ -27,11 +27,16 @@ class GraphVariant:
     # onnxruntime graph transformers the session must not apply: two variants may share one file and differ only
     # in these (export verifies each). Optional on read, omitted from manifest.json when empty.
     disabled_optimizers: tuple[str, ...] = ()
+    # The files the graph reads its weights from (ONNX external data, beside it) -> their sha256: a graph past
+    # protobuf's 2 GB keeps its weights apart (export/external_data.py). Optional on read, omitted when empty.
+    data_files: dict[str, str] = field(default_factory=dict)
 
     @property
     def runs_as(self) -> str:
-        """What identifies the computation: the file's sha256, and the optimizers its session leaves out."""
-        return self.sha256 + "".join(f" without {o}" for o in self.disabled_optimizers)
+        """What identifies the computation: the file's sha256 (and its data files': the graph file names their
+        weights, not holds them), and the optimizers its session leaves out."""
+        return (self.sha256 + "".join(f" {sha}" for _, sha in sorted(self.data_files.items()))
+                + "".join(f" without {o}" for o in self.disabled_optimizers))
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,8 @@ class Manifest:
             "variants": {name: {"file": v.file, "sha256": v.sha256, "precision": v.precision, "fused": v.fused,
                                 "outputs": list(v.outputs), "parity": v.parity,
                                 **({"disabled_optimizers": list(v.disabled_optimizers)}
-                                   if v.disabled_optimizers else {})}
+                                   if v.disabled_optimizers else {}),
+                                **({"data_files": dict(v.data_files)} if v.data_files else {})}
                          for name, v in self.variants.items()},
             "tools": self.tools, "embedding_size": self.embedding_size, "modules": list(self.modules),
             "prompts": self.prompts, "default_prompt_name": self.default_prompt_name,
@@ -127,7 +133,8 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
         variants = {
             name: GraphVariant(name, v["file"], v["sha256"], v["precision"], bool(v["fused"]),
                                tuple(v["outputs"]), dict(v.get("parity", {})),
-                               tuple(str(o) for o in v.get("disabled_optimizers", ())))
+                               tuple(str(o) for o in v.get("disabled_optimizers", ())),
+                               {str(f): str(h) for f, h in v.get("data_files", {}).items()})
             for name, v in raw["variants"].items()
         }
         manifest = Manifest(
@@ -153,6 +160,10 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
         raise ArtifactError(f"{path} is unreadable or incomplete: {type(e).__name__}: {e}") from None
     if check_hashes:
         _check_file(directory, manifest.tokenizer, manifest.tokenizer_sha256)
+        checked: set[str] = set()  # a file several variants share is hashed once
         for v in variants.values():
-            _check_file(directory, v.file, v.sha256)
+            for name, sha in ((v.file, v.sha256), *v.data_files.items()):
+                if name not in checked:
+                    _check_file(directory, name, sha)
+                    checked.add(name)
     return manifest

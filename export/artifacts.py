@@ -25,6 +25,7 @@ from attnserve.model.encoder import Encoder, SentenceEncoder
 from attnserve.model.sentence_head import load_head
 from attnserve.progress import Progress
 
+from . import external_data
 from .optimize import (
     convert_fp16,
     describe_fusions,
@@ -35,7 +36,7 @@ from .optimize import (
 )
 from .reranker import reranker_variants
 from .tokenizer_parity import check_tokenizer
-from .torch_to_onnx import export_graph
+from .torch_to_onnx import export_graph, without_output
 from .verify import TOLERANCES, Reference, calibration_feeds, verify_all
 
 # name -> (file, precision, fused, outputs)
@@ -136,15 +137,20 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
                        ) -> dict[str, GraphVariant]:
     log = progress.log
     head = load_head(ckpt.directory, ckpt.pipeline)
-    progress.step("tracing the embeddings graph (torch.onnx.export)")
-    export_graph(SentenceEncoder(encoder, head), work / VARIANTS["embeddings"][0])
-    progress.step("tracing the attention graph (torch.onnx.export)")
-    export_graph(SentenceEncoder(encoder, head, output_attentions=True), work / VARIANTS["attention"][0])
+    weights = sum(t.numel() * 4 for m in (encoder, head) for t in (*m.parameters(), *m.buffers()))
+    external = external_data.wants_external_data(weights)
+    if external:
+        log(f"{weights / 2**30:.2f} GiB of fp32 weights: every graph keeps its weights in a data file beside it "
+            f"(ONNX external data, above {external_data.threshold() / 2**30:.2f} GiB)")
+    # One trace: the embeddings graph is the attention graph without its attention maps (the same nodes and
+    # weights as a trace of its own gives, which cost as long again: all-mpnet-base-v2, 7 s of 12).
+    progress.step("tracing the graph (torch.onnx.export); the embeddings graph is it without the attention maps")
+    export_graph(SentenceEncoder(encoder, head, output_attentions=True), work / VARIANTS["attention"][0], external)
+    without_output(work / VARIANTS["attention"][0], work / VARIANTS["embeddings"][0], "attentions")
     progress.step("optimizing: fusing attention (onnxruntime's transformer optimizer)")
     counts = fuse_attention(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fused"][0], ckpt.config)
     log(f"fused attention: {fused_attention_nodes(counts)} Attention nodes for {ckpt.config.num_layers} layers")
-    progress.step("int8: searching the quantisation recipe (outlier units, sensitive nodes)")
-    _int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0], tokenizer, ckpt, log)
+    _int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0], tokenizer, ckpt, progress)
     progress.step("fp16: converting the embeddings graph to half precision (with its fusions)")
     fp16_counts = convert_fp16(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fp16"][0], ckpt.config)
     # Whether the fp32 graphs (False) and the fp16 graph (True) have every layer's attention fused. Where the
@@ -163,24 +169,34 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
                            for name in order}, reference,
                           on_graph=lambda name: progress.step(f"verifying {name} against PyTorch"))
     variants = {}
+    hashes: dict[str, str] = {}  # each file's sha256, once (a data file is shared, and can be gigabytes)
+
+    def sha256(file: str) -> str:
+        if file not in hashes:
+            hashes[file] = sha256_of(work / file)
+        return hashes[file]
+
     for name, (file, precision, fused, outputs) in VARIANTS.items():
         parity = parities[name]
         disabled = DISABLED_OPTIMIZERS.get(name, ())
         log(f"verified {file:24s} {TOLERANCES[precision].describe(parity[TOLERANCES[precision].metric])}"
             + (f" (session without {', '.join(disabled)})" if disabled else f" ({name})" if file != f"{name}.onnx"
                else ""))
-        variants[name] = GraphVariant(name, file, sha256_of(work / file), precision,
+        variants[name] = GraphVariant(name, file, sha256(file), precision,
                                       fused and fully_fused[precision == "fp16"], outputs, parity,
-                                      DISABLED_OPTIMIZERS.get(name, ()))
+                                      DISABLED_OPTIMIZERS.get(name, ()),
+                                      {data: sha256(data) for data in external_data.external_files(work / file)})
     return variants
 
 
-def _int8(src: Path, dst: Path, tokenizer: TextTokenizer, ckpt: Checkpoint, log: Callable[[str], None]) -> None:
+def _int8(src: Path, dst: Path, tokenizer: TextTokenizer, ckpt: Checkpoint, progress: Progress) -> None:
     """The measured int8 recipe; quantize_int8's by-name recipe where it cannot reach its accuracy bar."""
+    log = progress.log
     try:
-        _, kept, measures, split = quantize_int8_measured(src, dst, calibration_feeds(tokenizer))
+        _, kept, measures, split = quantize_int8_measured(src, dst, calibration_feeds(tokenizer), progress.step)
     except ValueError as e:
         log(f"{e}; int8 falls back to dynamic per-channel with the family's projections kept in fp32")
+        progress.step("int8: quantizing by the family's recipe")
         quantize_int8(src, dst, ckpt.config)
         return
     units = sum(len(u) for u in split.values())
