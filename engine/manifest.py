@@ -76,6 +76,16 @@ class Manifest:
     score_activation: str | None = None  # a reranker's CrossEncoder activation: "sigmoid" or "identity"
     # config.json's model_type; absent from manifests written before families were added: those are BERT.
     family: str = "bert"
+    # The longest inputs export verified the graphs at, and the attention graph runs at: max_seq_length but for
+    # long-context models, whose attention maps (layers x heads x T^2 a row) would not fit in memory
+    # (export/verify.py). 0: max_seq_length (manifests written before the caps, read by load_manifest as such).
+    verified_max_length: int = 0
+    attention_max_length: int = 0
+
+    @property
+    def attention_cap(self) -> int:
+        """The longest input an attention request may have."""
+        return self.attention_max_length or self.max_seq_length
 
     def path(self, name: str) -> Path:
         return self.directory / name
@@ -86,7 +96,10 @@ class Manifest:
             "hidden_size": self.hidden_size,
             "num_layers": self.num_layers, "num_heads": self.num_heads,
             "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size,
-            "max_seq_length": self.max_seq_length, "pooling": self.pooling, "normalize": self.normalize,
+            "max_seq_length": self.max_seq_length,
+            "verified_max_length": self.verified_max_length or self.max_seq_length,
+            "attention_max_length": self.attention_cap,
+            "pooling": self.pooling, "normalize": self.normalize,
             "tokenizer": {"file": self.tokenizer, "sha256": self.tokenizer_sha256},
             "variants": {name: {"file": v.file, "sha256": v.sha256, "precision": v.precision, "fused": v.fused,
                                 "outputs": list(v.outputs), "parity": v.parity,
@@ -151,6 +164,8 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             kind=str(raw.get("kind", "embedder")),
             num_labels=int(raw.get("num_labels", 0)), score_activation=raw.get("score_activation"),
             family=str(raw.get("family", "bert")),
+            verified_max_length=int(raw.get("verified_max_length", raw["max_seq_length"])),
+            attention_max_length=int(raw.get("attention_max_length", raw["max_seq_length"])),
         )
         if manifest.kind not in ("embedder", "reranker"):
             raise ArtifactError(f"{path}: kind {manifest.kind!r} is not embedder or reranker; re-export")

@@ -106,12 +106,13 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
     try:
         shutil.copyfile(ckpt.tokenizer_file, work / "tokenizer.json")
         tokenizer = TextTokenizer(work / "tokenizer.json", ckpt.max_seq_length, ckpt.config.vocab_size)
+        caps = {"verified_max_length": ckpt.max_seq_length, "attention_max_length": ckpt.max_seq_length}
         if ckpt.kind == "reranker":
             assert isinstance(encoder, Encoder), "read_checkpoint reads cross-encoders of the BERT family only"
             progress.step("reranker graphs: tracing, optimizing, verifying each")
             variants = reranker_variants(ckpt, encoder, tokenizer, work, log)
         else:
-            variants = _embedder_variants(ckpt, encoder, tokenizer, work, progress)
+            variants = _embedder_variants(ckpt, encoder, tokenizer, work, progress, caps)
         manifest = Manifest(
             directory=out, model=ckpt.name, hidden_size=ckpt.config.hidden_size, num_layers=ckpt.config.num_layers,
             num_heads=ckpt.config.num_heads, intermediate_size=ckpt.config.intermediate_size,
@@ -121,6 +122,7 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
             modules=tuple(ckpt.modules), prompts=dict(ckpt.pipeline.prompts),
             default_prompt_name=ckpt.pipeline.default_prompt_name, kind=ckpt.kind,
             num_labels=ckpt.num_labels, score_activation=ckpt.score_activation, family=ckpt.config.family,
+            **caps,
         )
         (work / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
         _claim_destination(out)
@@ -133,8 +135,9 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
     return manifest
 
 
-def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work: Path, progress: Progress
-                       ) -> dict[str, GraphVariant]:
+def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work: Path, progress: Progress,
+                       caps: dict[str, int]) -> dict[str, GraphVariant]:
+    """The graphs, verified; caps gets the lengths verification and the attention graph stop at."""
     log = progress.log
     head = load_head(ckpt.directory, ckpt.pipeline)
     weights = sum(t.numel() * 4 for m in (encoder, head) for t in (*m.parameters(), *m.buffers()))
@@ -163,6 +166,14 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
             f"the fp16 graph {describe_fusions(fp16_counts)}")
     progress.step("verification: PyTorch's outputs for the check texts (the reference)")
     reference = Reference(encoder, head, ckpt.embedding_size, tokenizer)
+    caps.update(verified_max_length=reference.verified_max_length, attention_max_length=reference.attention_max_length)
+    if reference.verified_max_length < ckpt.max_seq_length:
+        log(f"max_seq_length {ckpt.max_seq_length} is past what memory allows verifying: the graphs are verified up "
+            f"to {reference.verified_max_length} tokens, and the attention graph verified and served up to "
+            f"{reference.attention_max_length} (its maps take layers x heads x tokens^2 floats a row)")
+    elif reference.attention_max_length < ckpt.max_seq_length:
+        log(f"attention maps are verified and served up to {reference.attention_max_length} tokens "
+            "(layers x heads x tokens^2 floats a row)")
     # The attention graph first: PyTorch's one pass over the check inputs for it serves the others too.
     order = sorted(VARIANTS, key=lambda name: name != "attention")
     parities = verify_all({name: (work / VARIANTS[name][0], VARIANTS[name][1], DISABLED_OPTIMIZERS.get(name, ()))

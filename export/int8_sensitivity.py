@@ -109,28 +109,44 @@ def probe_rows(feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]
     return [{name: x[::PROBE_ROWS_EVERY] for name, x in feed.items()} for feed in feeds]
 
 
+class _Probes:
+    """The graphs a dynamic recipe's probes are cut from: the whole graph quantized once, and the fp32 graph with
+    its weights in a data file beside the probes (module docstring). drop(nodes): 1 - mean cosine against fp32
+    with those nodes alone quantized."""
+
+    def __init__(self, recipe: Int8Recipe, src: Path, feeds: list[dict[str, np.ndarray]], tmp: Path):
+        self.feeds, self.probe = feeds, tmp / "probe.onnx"
+        self.reference = sentence_embeddings(src, feeds)
+        build(recipe, src, tmp / "whole.onnx")  # every probed node quantized, once
+        self.quantized = onnx.load(str(tmp / "whole.onnx"))
+        external_data.save(_with_recipe_gelu(recipe, onnx.load(str(src))), tmp / "fp32.onnx", external=True)
+        self.fp32 = onnx.load(str(tmp / "fp32.onnx"), load_external_data=False)
+
+    def drop(self, nodes: list[str]) -> float:
+        probe = self.fp32
+        for node in nodes:  # each cut walks back to what the probe computes already (a shared activation quantizer)
+            probe = one_node_quantized(probe, self.quantized, node)
+        onnx.save(probe, str(self.probe))
+        return float(1.0 - cosine(sentence_embeddings(self.probe, self.feeds), self.reference).mean())
+
+
 def node_drops(recipe: Int8Recipe, src: Path, feeds: list[dict[str, np.ndarray]],
                calibration: list[dict[str, np.ndarray]] | None = None) -> dict[str, float]:
     """node -> 1 - mean cosine vs fp32 when only that node is quantized by the recipe, worst first (the nodes the
     recipe keeps in fp32 are not probed)."""
-    reference = sentence_embeddings(src, feeds)
     model = onnx.load(str(src), load_external_data=False)
     nodes = [n for n in quantizable_nodes(model) if n not in recipe.keep_fp32]
     drops = {}
     with tempfile.TemporaryDirectory() as tmp:
-        probe = Path(tmp) / "probe.onnx"
         if not recipe.static:
-            build(recipe, src, Path(tmp) / "whole.onnx")  # every probed node quantized, once (module docstring)
-            quantized = onnx.load(str(Path(tmp) / "whole.onnx"))
-            # The fp32 weights once, in a data file beside the probes, which name it (module docstring).
-            external_data.save(_with_recipe_gelu(recipe, onnx.load(str(src))), Path(tmp) / "fp32.onnx", external=True)
-            model = onnx.load(str(Path(tmp) / "fp32.onnx"), load_external_data=False)
-        for node in nodes:
-            if recipe.static:  # static ranges and Q/DQ placement are the quantizer's to make per probe
-                build(recipe, src, probe, calibration, only=[node])
-            else:
-                onnx.save(one_node_quantized(model, quantized, node), str(probe))
-            drops[node] = float(1.0 - cosine(sentence_embeddings(probe, feeds), reference).mean())
+            probes = _Probes(recipe, src, feeds, Path(tmp))
+            drops = {node: probes.drop([node]) for node in nodes}
+        else:  # static ranges and Q/DQ placement are the quantizer's to make per probe
+            reference = sentence_embeddings(src, feeds)
+            for node in nodes:
+                build(recipe, src, Path(tmp) / "probe.onnx", calibration, only=[node])
+                drops[node] = float(1.0 - cosine(sentence_embeddings(Path(tmp) / "probe.onnx", feeds),
+                                                 reference).mean())
     return dict(sorted(drops.items(), key=lambda kv: -kv[1]))
 
 
