@@ -22,6 +22,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -68,24 +69,40 @@ def child(checkpoint: str, out: str, report: str) -> None:
     from attnserve.model.checkpoint import read_checkpoint
 
     lines: list[tuple[float, str]] = []
+    samples: list[tuple[float, int]] = []  # (time, resident bytes), every 0.2 s: each stage's peak
+    done = threading.Event()
+
+    def sample() -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not done.wait(0.2):
+            with open("/proc/self/statm") as f:
+                samples.append((time.monotonic(), int(f.read().split()[1]) * page))
 
     def log(line: str) -> None:
         lines.append((time.monotonic(), line))
         print(line, file=sys.stderr, flush=True)
 
+    threading.Thread(target=sample, daemon=True).start()
+
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     start = time.monotonic()
     build_artifacts(read_checkpoint(Path(checkpoint), Path(checkpoint).name), Path(out), log=log)
     end = time.monotonic()
+    done.set()
     Path(report).write_text(json.dumps({
-        "start": start, "end": end, "lines": lines, "rss_before_export": before,
+        "start": start, "end": end, "lines": lines, "samples": samples, "rss_before_export": before,
         "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}), encoding="utf-8")
 
 
-def stages(lines: list[tuple[float, str]], end: float) -> list[tuple[str, float]]:
-    """(step, seconds) in order: each step lasts until the next step line."""
+def stages(lines: list[tuple[float, str]], samples: list[tuple[float, int]], end: float
+           ) -> list[tuple[str, float, int]]:
+    """(step, seconds, peak resident bytes sampled in it) in order: each step lasts until the next step line."""
     steps = [(t, STEP.match(line)["what"]) for t, line in lines if STEP.match(line) and not HEARTBEAT.match(line)]
-    return [(what, (steps[i + 1][0] if i + 1 < len(steps) else end) - t) for i, (t, what) in enumerate(steps)]
+    out = []
+    for i, (t, what) in enumerate(steps):
+        until = steps[i + 1][0] if i + 1 < len(steps) else end
+        out.append((what, until - t, max((rss for at, rss in samples if t <= at < until), default=0)))
+    return out
 
 
 def fp32_weight_bytes(checkpoint: Path) -> int:
@@ -140,9 +157,9 @@ def main() -> int:
     total = result["end"] - result["start"]
     print(f"\ncheckpoint: {checkpoint.name}")
     print(f"machine: {this_machine().describe()}; load average {os.getloadavg()[0]:.2f} at the end")
-    print(f"{'stage':86s} {'seconds':>8s} {'share':>6s}")
-    for what, seconds in stages(result["lines"], result["end"]):
-        print(f"{what[:86]:86s} {seconds:8.1f} {seconds / total:6.1%}")
+    print(f"{'stage':86s} {'seconds':>8s} {'share':>6s} {'peak RSS':>9s}")
+    for what, seconds, rss in stages(result["lines"], result["samples"], result["end"]):
+        print(f"{what[:86]:86s} {seconds:8.1f} {seconds / total:6.1%} {rss / 2**30:7.2f}Gi")
     print(f"{'build_artifacts total':86s} {total:8.1f}")
     print(f"{'process wall time (imports, checkpoint read, export)':86s} {wall:8.1f}")
     print(f"peak RSS {result['peak_rss'] / 2**30:.2f} GiB (before the export {result['rss_before_export'] / 2**30:.2f} "

@@ -34,8 +34,10 @@ SAMPLE_TEXTS = Path(__file__).parent / "data" / "sample_texts.txt"
 BATCH_SIZES = (1, 2, 5, 17)
 SHORT_LENGTHS = (1, 2, 13, 64)  # every batch size runs at each of these (those up to max_seq_length)
 FULL_LENGTH_BATCHES = (1, 3)  # the batches at max_seq_length itself: one full row, and rows of mixed lengths
-# The most memory the attention maps of one comparison take, PyTorch's and the graph's each.
-ATTENTION_BYTES = 256 * 2**20
+# The most memory the attention maps of one comparison take, PyTorch's and the graph's each (a run's comparison
+# holds about six such copies: PyTorch's per-layer maps and their stack, the graph's, the difference, the masked
+# values).
+ATTENTION_BYTES = 64 * 2**20
 # Long-context models (ModernBERT at 8,192 tokens, Qwen3 at 32,768) must export and serve within 24 GB. One row's
 # attention maps take L x nh x T^2 x 4 bytes (ModernBERT-base at 8,192: 22 x 12 x 8192^2 x 4 = 71 GB), so the
 # attention graph is verified, and served, up to the length whose maps take at most ATTENTION_MAP_BYTES a row.
