@@ -26,6 +26,7 @@ from attnserve.model.sentence_head import load_head
 from attnserve.progress import Progress
 
 from . import external_data
+from .memory import release_freed_memory
 from .optimize import (
     convert_fp16,
     describe_fusions,
@@ -80,9 +81,17 @@ def _on_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+class _ExportProgress(Progress):
+    """Progress whose every step starts with the memory the last one freed handed back (export/memory.py)."""
+
+    def step(self, what: str) -> None:
+        release_freed_memory()
+        super().step(what)
+
+
 def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = _on_stderr) -> Manifest:
     """log: each step's line as it starts, its results, and a heartbeat while one runs long (attnserve/progress.py)."""
-    with Progress(log) as progress:
+    with _ExportProgress(log) as progress:
         return _build(ckpt, Path(out), progress)
 
 
