@@ -7,12 +7,12 @@ is quantized once and each probe is cut from it, instead of running the quantize
 (all-mpnet-base-v2: 72 nodes; 6.7 s a probe before, 3.8 s now, most of it the run over the calibration texts).
 tests/test_int8_probes.py checks that both give the same outputs bit for bit.
 
-Export's search was still most of an export's time (all-mpnet-base-v2: 440 of 540 s on 2 shared cores, 72 probes
-and 6 trials, to end in the fallback recipe), so the probes are cheaper: the fp32 weights are written once as
-external data that every probe's graph names (a probe writes its graph and its node's int8 weights, not the
-model), the probes rank the nodes on a quarter of the calibration rows (PROBE_ROWS_EVERY; the chosen graph is
-still measured on all of them), and the most nodes allowed are tried first, so that a model the recipe cannot
-reach fails over to the fallback after one trial, not after `most`.
+Export's search was still most of an export's time (all-mpnet-base-v2: 823 of 1,820 s on 2 busy shared cores,
+72 probes and 6 trials, to end in the fallback recipe; 128 s after these changes, the same 6 nodes found), so the
+probes are cheaper: the fp32 weights are written once as external data that every probe's graph names (a probe
+writes its graph and its node's int8 weights, not the model), the probes rank the nodes on a quarter of the
+calibration rows (PROBE_ROWS_EVERY; the chosen graph is still measured on all of them), and the most nodes allowed
+are tried first, so that a model the recipe cannot reach fails over to the fallback after one trial, not `most`.
 """
 
 from __future__ import annotations

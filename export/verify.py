@@ -5,8 +5,8 @@ exercised, and random segments where the model has token types) and on real text
 encoder on the same inputs. The grid puts every batch size at the short lengths and a few rows at the model's own
 max_seq_length (shape_grid): the errors that verification exists to find (a mask path gone from the graph, a
 position table cut short, a dynamic axis made fixed, fp16 overflowing at the longest positions) show in a few rows
-at the full length as in many, and batch sizes show at any length. A full batch at the full length found nothing
-more and cost most of the time (all-mpnet-base-v2: 17 x 384 of the grid's 11,600 tokens a variant were 56%,
+at the full length as in many, and batch sizes show at any length, so a full batch at the full length adds rows of
+the same kind at most of the cost (all-mpnet-base-v2: 17 x 384 of the grid's 11,600 tokens a variant were 56%,
 and more of its time: attention is quadratic). The full length stays in the grid for every variant: a test at a
 shortened length once hid a failing export.
 """
