@@ -101,6 +101,12 @@ class InputTooLongError(InvalidInputError):
         self.server_default = server_default
 
 
+class AttentionTooLongError(InputTooLongError):
+    """An attention request's input is longer than the model's attention_max_length: its attention maps (layers x
+    heads x tokens^2 floats) would not fit in memory. Truncation does not help (it cuts at max_seq_length): the
+    message names the cap, and the doors add no truncation fix."""
+
+
 # The server flag whose default cuts over-long inputs (ServerConfig.auto_truncate), as every door names it.
 AUTO_TRUNCATE_FLAG = "--auto-truncate"
 
@@ -108,6 +114,8 @@ AUTO_TRUNCATE_FLAG = "--auto-truncate"
 def truncation_fix(error: InputTooLongError, how: str) -> str:
     """The fix of an over-long input, for a door's error mapping to append to the message; `how` says how that
     door's requests allow truncation, in its own words ('set "truncate": true in the body')."""
+    if isinstance(error, AttentionTooLongError):
+        return ""
     if error.server_default:
         return (f"; to cut it to max_seq_length instead, {how}, or start the server with {AUTO_TRUNCATE_FLAG} "
                 "(the default)")

@@ -27,11 +27,16 @@ class GraphVariant:
     # onnxruntime graph transformers the session must not apply: two variants may share one file and differ only
     # in these (export verifies each). Optional on read, omitted from manifest.json when empty.
     disabled_optimizers: tuple[str, ...] = ()
+    # The files the graph reads its weights from (ONNX external data, beside it) -> their sha256: a graph past
+    # protobuf's 2 GB keeps its weights apart (export/external_data.py). Optional on read, omitted when empty.
+    data_files: dict[str, str] = field(default_factory=dict)
 
     @property
     def runs_as(self) -> str:
-        """What identifies the computation: the file's sha256, and the optimizers its session leaves out."""
-        return self.sha256 + "".join(f" without {o}" for o in self.disabled_optimizers)
+        """What identifies the computation: the file's sha256 (and its data files': the graph file names their
+        weights, not holds them), and the optimizers its session leaves out."""
+        return (self.sha256 + "".join(f" {sha}" for _, sha in sorted(self.data_files.items()))
+                + "".join(f" without {o}" for o in self.disabled_optimizers))
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,16 @@ class Manifest:
     # A reranker that scores "{prefix}{body}{suffix}" per pair (Qwen3-Reranker, model/qwen3_reranker.py): the
     # body's {instruction}, {query} and {document} filled in, only the body truncated. None: the tokenizer's pair.
     pair_template: dict[str, str] | None = None
+    # The longest inputs export verified the graphs at, and the attention graph runs at: max_seq_length but for
+    # long-context models, whose attention maps (layers x heads x T^2 a row) would not fit in memory
+    # (export/verify.py). 0: max_seq_length (manifests written before the caps, read by load_manifest as such).
+    verified_max_length: int = 0
+    attention_max_length: int = 0
+
+    @property
+    def attention_cap(self) -> int:
+        """The longest input an attention request may have."""
+        return self.attention_max_length or self.max_seq_length
 
     def path(self, name: str) -> Path:
         return self.directory / name
@@ -88,12 +103,16 @@ class Manifest:
             "hidden_size": self.hidden_size,
             "num_layers": self.num_layers, "num_heads": self.num_heads,
             "intermediate_size": self.intermediate_size, "vocab_size": self.vocab_size,
-            "max_seq_length": self.max_seq_length, "pooling": self.pooling, "normalize": self.normalize,
+            "max_seq_length": self.max_seq_length,
+            "verified_max_length": self.verified_max_length or self.max_seq_length,
+            "attention_max_length": self.attention_cap,
+            "pooling": self.pooling, "normalize": self.normalize,
             "tokenizer": {"file": self.tokenizer, "sha256": self.tokenizer_sha256},
             "variants": {name: {"file": v.file, "sha256": v.sha256, "precision": v.precision, "fused": v.fused,
                                 "outputs": list(v.outputs), "parity": v.parity,
                                 **({"disabled_optimizers": list(v.disabled_optimizers)}
-                                   if v.disabled_optimizers else {})}
+                                   if v.disabled_optimizers else {}),
+                                **({"data_files": dict(v.data_files)} if v.data_files else {})}
                          for name, v in self.variants.items()},
             "tools": self.tools, "embedding_size": self.embedding_size, "modules": list(self.modules),
             "prompts": self.prompts, "default_prompt_name": self.default_prompt_name,
@@ -137,7 +156,8 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
         variants = {
             name: GraphVariant(name, v["file"], v["sha256"], v["precision"], bool(v["fused"]),
                                tuple(v["outputs"]), dict(v.get("parity", {})),
-                               tuple(str(o) for o in v.get("disabled_optimizers", ())))
+                               tuple(str(o) for o in v.get("disabled_optimizers", ())),
+                               {str(f): str(h) for f, h in v.get("data_files", {}).items()})
             for name, v in raw["variants"].items()
         }
         manifest = Manifest(
@@ -158,6 +178,8 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             task=None if raw.get("task") is None else str(raw["task"]),
             pair_template=None if raw.get("pair_template") is None else {
                 key: str(raw["pair_template"][key]) for key in ("prefix", "body", "suffix", "instruction")},
+            verified_max_length=int(raw.get("verified_max_length", raw["max_seq_length"])),
+            attention_max_length=int(raw.get("attention_max_length", raw["max_seq_length"])),
         )
         if manifest.kind not in ("embedder", "reranker"):
             raise ArtifactError(f"{path}: kind {manifest.kind!r} is not embedder or reranker; re-export")
@@ -167,6 +189,10 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
         raise ArtifactError(f"{path} is unreadable or incomplete: {type(e).__name__}: {e}") from None
     if check_hashes:
         _check_file(directory, manifest.tokenizer, manifest.tokenizer_sha256)
+        checked: set[str] = set()  # a file several variants share is hashed once
         for v in variants.values():
-            _check_file(directory, v.file, v.sha256)
+            for name, sha in ((v.file, v.sha256), *v.data_files.items()):
+                if name not in checked:
+                    _check_file(directory, name, sha)
+                    checked.add(name)
     return manifest

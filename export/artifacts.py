@@ -26,6 +26,8 @@ from attnserve.model.qwen3 import Qwen3Encoder
 from attnserve.model.sentence_head import load_head
 from attnserve.progress import Progress
 
+from . import external_data
+from .memory import release_freed_memory
 from .optimize import (
     convert_fp16,
     describe_fusions,
@@ -37,7 +39,7 @@ from .optimize import (
 from .reranker import reranker_variants
 from .task_graphs import build_task_artifacts
 from .tokenizer_parity import check_tokenizer
-from .torch_to_onnx import export_graph
+from .torch_to_onnx import export_graph, without_output
 from .verify import TOLERANCES, Reference, calibration_feeds, verify_all
 
 # name -> (file, precision, fused, outputs)
@@ -81,9 +83,17 @@ def _on_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+class _ExportProgress(Progress):
+    """Progress whose every step starts with the memory the last one freed handed back (export/memory.py)."""
+
+    def step(self, what: str) -> None:
+        release_freed_memory()
+        super().step(what)
+
+
 def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = _on_stderr) -> Manifest:
     """log: each step's line as it starts, its results, and a heartbeat while one runs long (attnserve/progress.py)."""
-    with Progress(log) as progress:
+    with _ExportProgress(log) as progress:
         return _build(ckpt, Path(out), progress)
 
 
@@ -109,6 +119,7 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
     try:
         shutil.copyfile(ckpt.tokenizer_file, work / "tokenizer.json")
         tokenizer = TextTokenizer(work / "tokenizer.json", ckpt.max_seq_length, ckpt.config.vocab_size)
+        caps = {"verified_max_length": ckpt.max_seq_length, "attention_max_length": ckpt.max_seq_length}
         if ckpt.kind == "reranker" and ckpt.pair_template is not None:
             from .qwen3_reranker import qwen3_reranker_variants
 
@@ -119,7 +130,7 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
             progress.step("reranker graphs: tracing, optimizing, verifying each")
             variants = reranker_variants(ckpt, encoder, tokenizer, work, log)
         else:
-            variants = _embedder_variants(ckpt, encoder, tokenizer, work, progress)
+            variants = _embedder_variants(ckpt, encoder, tokenizer, work, progress, caps)
         # jina v3: each task's adapter merged, a whole artifact directory of its own under tasks/<task>/.
         tasks = build_task_artifacts(ckpt, work, lambda task_ckpt, task_out: _build(task_ckpt, task_out, progress))
         manifest = Manifest(
@@ -133,6 +144,7 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
             num_labels=ckpt.num_labels, score_activation=ckpt.score_activation, family=ckpt.config.family,
             tasks=tasks, task=getattr(ckpt.config, "task", None),
             pair_template=ckpt.pair_template.to_json() if ckpt.pair_template is not None else None,
+            **caps,
         )
         (work / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
         _claim_destination(out)
@@ -145,19 +157,25 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
     return manifest
 
 
-def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work: Path, progress: Progress
-                       ) -> dict[str, GraphVariant]:
+def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work: Path, progress: Progress,
+                       caps: dict[str, int]) -> dict[str, GraphVariant]:
+    """The graphs, verified; caps gets the lengths verification and the attention graph stop at."""
     log = progress.log
     head = load_head(ckpt.directory, ckpt.pipeline)
-    progress.step("tracing the embeddings graph (torch.onnx.export)")
-    export_graph(SentenceEncoder(encoder, head), work / VARIANTS["embeddings"][0])
-    progress.step("tracing the attention graph (torch.onnx.export)")
-    export_graph(SentenceEncoder(encoder, head, output_attentions=True), work / VARIANTS["attention"][0])
+    weights = sum(t.numel() * 4 for m in (encoder, head) for t in (*m.parameters(), *m.buffers()))
+    external = external_data.wants_external_data(weights)
+    if external:
+        log(f"{weights / 2**30:.2f} GiB of fp32 weights: every graph keeps its weights in a data file beside it "
+            f"(ONNX external data, above {external_data.threshold() / 2**30:.2f} GiB)")
+    # One trace: the embeddings graph is the attention graph without its attention maps (the same nodes and
+    # weights as a trace of its own gives, which cost as long again: all-mpnet-base-v2, 7 s of 12).
+    progress.step("tracing the graph (torch.onnx.export); the embeddings graph is it without the attention maps")
+    export_graph(SentenceEncoder(encoder, head, output_attentions=True), work / VARIANTS["attention"][0], external)
+    without_output(work / VARIANTS["attention"][0], work / VARIANTS["embeddings"][0], "attentions")
     progress.step("optimizing: fusing attention (onnxruntime's transformer optimizer)")
     counts = fuse_attention(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fused"][0], ckpt.config)
     log(f"fused attention: {fused_attention_nodes(counts)} Attention nodes for {ckpt.config.num_layers} layers")
-    progress.step("int8: searching the quantisation recipe (outlier units, sensitive nodes)")
-    _int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0], tokenizer, ckpt, log)
+    _int8(work / VARIANTS["embeddings_fused"][0], work / VARIANTS["embeddings_int8"][0], tokenizer, ckpt, progress)
     progress.step("fp16: converting the embeddings graph to half precision (with its fusions)")
     fp16_counts = convert_fp16(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fp16"][0], ckpt.config)
     # Whether the fp32 graphs (False) and the fp16 graph (True) have every layer's attention fused. Where the
@@ -170,30 +188,48 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
             f"the fp16 graph {describe_fusions(fp16_counts)}")
     progress.step("verification: PyTorch's outputs for the check texts (the reference)")
     reference = Reference(encoder, head, ckpt.embedding_size, tokenizer)
+    caps.update(verified_max_length=reference.verified_max_length, attention_max_length=reference.attention_max_length)
+    if reference.verified_max_length < ckpt.max_seq_length:
+        log(f"max_seq_length {ckpt.max_seq_length} is past what memory allows verifying: the graphs are verified up "
+            f"to {reference.verified_max_length} tokens, and the attention graph verified and served up to "
+            f"{reference.attention_max_length} (its maps take layers x heads x tokens^2 floats a row)")
+    elif reference.attention_max_length < ckpt.max_seq_length:
+        log(f"attention maps are verified and served up to {reference.attention_max_length} tokens "
+            "(layers x heads x tokens^2 floats a row)")
     # The attention graph first: PyTorch's one pass over the check inputs for it serves the others too.
     order = sorted(VARIANTS, key=lambda name: name != "attention")
     parities = verify_all({name: (work / VARIANTS[name][0], VARIANTS[name][1], DISABLED_OPTIMIZERS.get(name, ()))
                            for name in order}, reference,
                           on_graph=lambda name: progress.step(f"verifying {name} against PyTorch"))
     variants = {}
+    hashes: dict[str, str] = {}  # each file's sha256, once (a data file is shared, and can be gigabytes)
+
+    def sha256(file: str) -> str:
+        if file not in hashes:
+            hashes[file] = sha256_of(work / file)
+        return hashes[file]
+
     for name, (file, precision, fused, outputs) in VARIANTS.items():
         parity = parities[name]
         disabled = DISABLED_OPTIMIZERS.get(name, ())
         log(f"verified {file:24s} {TOLERANCES[precision].describe(parity[TOLERANCES[precision].metric])}"
             + (f" (session without {', '.join(disabled)})" if disabled else f" ({name})" if file != f"{name}.onnx"
                else ""))
-        variants[name] = GraphVariant(name, file, sha256_of(work / file), precision,
+        variants[name] = GraphVariant(name, file, sha256(file), precision,
                                       fused and fully_fused[precision == "fp16"], outputs, parity,
-                                      DISABLED_OPTIMIZERS.get(name, ()))
+                                      DISABLED_OPTIMIZERS.get(name, ()),
+                                      {data: sha256(data) for data in external_data.external_files(work / file)})
     return variants
 
 
-def _int8(src: Path, dst: Path, tokenizer: TextTokenizer, ckpt: Checkpoint, log: Callable[[str], None]) -> None:
+def _int8(src: Path, dst: Path, tokenizer: TextTokenizer, ckpt: Checkpoint, progress: Progress) -> None:
     """The measured int8 recipe; quantize_int8's by-name recipe where it cannot reach its accuracy bar."""
+    log = progress.log
     try:
-        _, kept, measures, split = quantize_int8_measured(src, dst, calibration_feeds(tokenizer))
+        _, kept, measures, split = quantize_int8_measured(src, dst, calibration_feeds(tokenizer), progress.step)
     except ValueError as e:
         log(f"{e}; int8 falls back to dynamic per-channel with the family's projections kept in fp32")
+        progress.step("int8: quantizing by the family's recipe")
         quantize_int8(src, dst, ckpt.config)
         return
     units = sum(len(u) for u in split.values())

@@ -32,6 +32,8 @@ from onnx import helper, numpy_helper
 
 from attnserve.engine.session import CPU, open_session
 
+from . import external_data
+
 # A unit is an outlier when its largest |activation| on the calibration texts exceeds this many times the 99th
 # percentile of all the units' largest values. MiniLM: thresholds 7.4-9.8, outliers 13.7-24.6, the next unit ≤ 5.
 OUTLIER_FACTOR = 2.0
@@ -73,10 +75,10 @@ def largest_activations(path: Path, layers: list[FeedForward], feeds: list[dict[
     model = onnx.load(str(path), load_external_data=False)
     model.graph.output.extend(helper.make_tensor_value_info(ff.down.input[0], onnx.TensorProto.FLOAT, None)
                               for ff in layers)
-    with tempfile.TemporaryDirectory() as tmp:
-        probe = Path(tmp) / path.name
-        onnx.save(model, str(probe))
-        session = open_session(probe, CPU, arena=False)
+    # Beside the graph: a graph with external data names its data file relative to its own folder.
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.stem}-activations-", suffix=".onnx") as probe:
+        onnx.save(model, probe.name)
+        session = open_session(Path(probe.name), CPU, arena=False)
         takes_types = "token_type_ids" in {i.name for i in session.get_inputs()}
         largest = [np.zeros(0, dtype=np.float32)] * len(layers)
         for feed in feeds:
@@ -99,7 +101,8 @@ def outlier_units(largest: np.ndarray) -> np.ndarray:
 def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]]) -> dict[str, list[int]]:
     """Write to dst src's fp32 graph with each feed-forward's outlier units computed apart (module docstring).
     Returns the layers split: down-projection node name -> its outlier units."""
-    model = onnx.load(str(src), load_external_data=False)
+    external = external_data.has_external_data(src)
+    model = onnx.load(str(src))  # with its weights: the split changes some, and dst gets the others
     layers = feed_forwards(model)
     largest = largest_activations(src, layers, feeds) if layers else []
     weights = {init.name: init for init in model.graph.initializer}
@@ -136,7 +139,7 @@ def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]]) -> 
         for offset, node in enumerate(side):
             model.graph.node.insert(at + offset, node)
         split[ff.down.name] = [int(u) for u in units]
-    onnx.save(model, str(dst))
+    external_data.save(model, dst, external)
     return split
 
 

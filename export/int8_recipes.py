@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from .external_data import has_external_data
+
 # Node types onnxruntime's quantizer turns into integer ops. The fused graph's Attention node (its Q, K and V
 # projection) has an integer form only in dynamic mode (QAttention); static QDQ/QOperator quantize MatMul.
 DYNAMIC_OPS = ("MatMul", "Attention")
@@ -82,6 +84,7 @@ def build(recipe: Int8Recipe, src: Path, dst: Path, calibration: list[dict[str, 
     # The fused Attention op is from the com.microsoft domain, so shape inference cannot type its output; it is fp32.
     extra: dict[str, object] = {"DefaultTensorType": onnx.TensorProto.FLOAT}
     common = dict(per_channel=recipe.per_channel, reduce_range=recipe.reduce_range,
+                  use_external_data_format=has_external_data(src),
                   weight_type=getattr(QuantType, recipe.weight_type), nodes_to_quantize=only,
                   nodes_to_exclude=list(recipe.keep_fp32))
     if not recipe.static:

@@ -6,6 +6,13 @@ one node quantized is the fp32 graph with that node's part of the whole int8 gra
 is quantized once and each probe is cut from it, instead of running the quantizer over the whole model once per node
 (all-mpnet-base-v2: 72 nodes; 6.7 s a probe before, 3.8 s now, most of it the run over the calibration texts).
 tests/test_int8_probes.py checks that both give the same outputs bit for bit.
+
+Export's search was still most of an export's time (all-mpnet-base-v2: 823 of 1,820 s on 2 busy shared cores,
+72 probes and 6 trials, to end in the fallback recipe; 128 s after these changes, the same 6 nodes found), so the
+probes are cheaper: the fp32 weights are written once as external data that every probe's graph names (a probe
+writes its graph and its node's int8 weights, not the model), the probes rank the nodes on a quarter of the
+calibration rows (PROBE_ROWS_EVERY; the chosen graph is still measured on all of them), and the most nodes allowed
+are tried first, so that a model the recipe cannot reach fails over to the fallback after one trial, not `most`.
 """
 
 from __future__ import annotations
@@ -18,9 +25,13 @@ import onnx
 
 from attnserve.engine.session import CPU, open_session
 
+from . import external_data
 from .int8_recipes import ERF_GELU_OPS, Int8Recipe, build, quantizable_nodes
 
 OUTPUT = "sentence_embedding"
+# The probes rank the nodes on every 4th row of the calibration feeds (16 of 64 texts): the ranking is all they
+# give, and the chosen graph is measured on every row.
+PROBE_ROWS_EVERY = 4
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -93,26 +104,49 @@ def _with_recipe_gelu(recipe: Int8Recipe, model: onnx.ModelProto) -> onnx.ModelP
     return model
 
 
+def probe_rows(feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """Every PROBE_ROWS_EVERY-th row of each feed (the feeds are sorted by length: the rows keep its spread)."""
+    return [{name: x[::PROBE_ROWS_EVERY] for name, x in feed.items()} for feed in feeds]
+
+
+class _Probes:
+    """The graphs a dynamic recipe's probes are cut from: the whole graph quantized once, and the fp32 graph with
+    its weights in a data file beside the probes (module docstring). drop(nodes): 1 - mean cosine against fp32
+    with those nodes alone quantized."""
+
+    def __init__(self, recipe: Int8Recipe, src: Path, feeds: list[dict[str, np.ndarray]], tmp: Path):
+        self.feeds, self.probe = feeds, tmp / "probe.onnx"
+        self.reference = sentence_embeddings(src, feeds)
+        build(recipe, src, tmp / "whole.onnx")  # every probed node quantized, once
+        self.quantized = onnx.load(str(tmp / "whole.onnx"))
+        external_data.save(_with_recipe_gelu(recipe, onnx.load(str(src))), tmp / "fp32.onnx", external=True)
+        self.fp32 = onnx.load(str(tmp / "fp32.onnx"), load_external_data=False)
+
+    def drop(self, nodes: list[str]) -> float:
+        probe = self.fp32
+        for node in nodes:  # each cut walks back to what the probe computes already (a shared activation quantizer)
+            probe = one_node_quantized(probe, self.quantized, node)
+        onnx.save(probe, str(self.probe))
+        return float(1.0 - cosine(sentence_embeddings(self.probe, self.feeds), self.reference).mean())
+
+
 def node_drops(recipe: Int8Recipe, src: Path, feeds: list[dict[str, np.ndarray]],
                calibration: list[dict[str, np.ndarray]] | None = None) -> dict[str, float]:
     """node -> 1 - mean cosine vs fp32 when only that node is quantized by the recipe, worst first (the nodes the
     recipe keeps in fp32 are not probed)."""
-    reference = sentence_embeddings(src, feeds)
     model = onnx.load(str(src), load_external_data=False)
     nodes = [n for n in quantizable_nodes(model) if n not in recipe.keep_fp32]
     drops = {}
     with tempfile.TemporaryDirectory() as tmp:
-        probe = Path(tmp) / "probe.onnx"
         if not recipe.static:
-            build(recipe, src, Path(tmp) / "whole.onnx")  # every probed node quantized, once (module docstring)
-            quantized = onnx.load(str(Path(tmp) / "whole.onnx"))
-            model = _with_recipe_gelu(recipe, model)
-        for node in nodes:
-            if recipe.static:  # static ranges and Q/DQ placement are the quantizer's to make per probe
-                build(recipe, src, probe, calibration, only=[node])
-            else:
-                onnx.save(one_node_quantized(model, quantized, node), str(probe))
-            drops[node] = float(1.0 - cosine(sentence_embeddings(probe, feeds), reference).mean())
+            probes = _Probes(recipe, src, feeds, Path(tmp))
+            drops = {node: probes.drop([node]) for node in nodes}
+        else:  # static ranges and Q/DQ placement are the quantizer's to make per probe
+            reference = sentence_embeddings(src, feeds)
+            for node in nodes:
+                build(recipe, src, Path(tmp) / "probe.onnx", calibration, only=[node])
+                drops[node] = float(1.0 - cosine(sentence_embeddings(Path(tmp) / "probe.onnx", feeds),
+                                                 reference).mean())
     return dict(sorted(drops.items(), key=lambda kv: -kv[1]))
 
 
@@ -120,7 +154,8 @@ def fewest_fp32_nodes(recipe: Int8Recipe, src: Path, feeds: list[dict[str, np.nd
                       p1_bar: float, most: int) -> tuple[list[str], dict[str, float]]:
     """The shortest worst-first prefix of node_drops() whose fp32 keeps the whole int8 graph at cosine mean >=
     mean_bar and p1 >= p1_bar against fp32 on feeds, and those measures. The whole graph in int8 is tried first;
-    the nodes are probed only if it misses. Raises ValueError past `most` nodes."""
+    the nodes are probed (on probe_rows(feeds)) only if it misses. Raises ValueError when `most` nodes do not
+    suffice, which is tried right after the probes (module docstring); then one node, two, ..."""
     reference = sentence_embeddings(src, feeds)
     with tempfile.TemporaryDirectory() as tmp:
         trial = Path(tmp) / "trial.onnx"
@@ -136,10 +171,15 @@ def fewest_fp32_nodes(recipe: Int8Recipe, src: Path, feeds: list[dict[str, np.nd
         measures = measured([])
         if holds(measures):
             return [], measures
-        worst = list(node_drops(recipe, src, feeds))
-        for k in range(1, min(most, len(worst)) + 1):
-            measures = measured(worst[:k])
-            if holds(measures):
-                return worst[:k], measures
+        worst = list(node_drops(recipe, src, probe_rows(feeds)))
+        most = min(most, len(worst))
+        with_most = measured(worst[:most])
+        if holds(with_most):
+            for k in range(1, most):
+                measures = measured(worst[:k])
+                if holds(measures):
+                    return worst[:k], measures
+            return worst[:most], with_most
+        measures = with_most
     raise ValueError(f"int8 ({recipe.name}) misses cosine mean {mean_bar} / p1 {p1_bar} against fp32 even with "
                      f"its {most} most sensitive nodes in fp32 (mean {measures['mean']:.4f}, p1 {measures['p1']:.4f})")

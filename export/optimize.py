@@ -7,6 +7,7 @@ import contextlib
 import logging
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -14,6 +15,8 @@ import onnx
 from attnserve.errors import ExportVerificationError
 from attnserve.model.encoder import EncoderConfig
 from attnserve.model.family import ModelConfig
+
+from .external_data import has_external_data
 
 # The TorchScript exporter names nodes after module paths (model/encoder.py).
 FIRST_FFN_DOWN = "/encoder/layers.0/feed_forward/down/MatMul"
@@ -104,7 +107,7 @@ def fuse_attention(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig) -> di
     """
     with quiet():
         model = _optimized(src, cfg, skip_layer_norm=False)
-        model.save_model_to_file(str(dst))
+        model.save_model_to_file(str(dst), use_external_data_format=has_external_data(src))
     return op_counts(model.model)
 
 
@@ -134,7 +137,7 @@ def convert_fp16(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig) -> dict
     with quiet():
         model = _optimized(src, cfg, skip_layer_norm=True)
         model.convert_float_to_float16(keep_io_types=True)
-        model.save_model_to_file(str(dst))
+        model.save_model_to_file(str(dst), use_external_data_format=has_external_data(src))
     return op_counts(model.model)
 
 
@@ -168,6 +171,7 @@ def quantize_int8(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig) -> dic
     with quiet():
         quantize_dynamic(
             str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep_fp32,
+            use_external_data_format=has_external_data(src),
             # The fused Attention op is from the com.microsoft domain, so shape
             # inference cannot type its output; it is fp32.
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
@@ -185,7 +189,8 @@ INT8_CHOICE_MARGIN = 0.001
 INT8_MOST_FP32 = 6
 
 
-def quantize_int8_measured(src: Path, dst: Path, calibration: list[dict]
+def quantize_int8_measured(src: Path, dst: Path, calibration: list[dict],
+                           on_stage: Callable[[str], None] = lambda what: None
                            ) -> tuple[dict[str, int], list[str], dict, dict[str, list[int]]]:
     """int8 with the feed-forwards' outlier units computed apart and the nodes kept in fp32 chosen by measured
     error, not by name (bench/int8_candidates.md).
@@ -196,7 +201,8 @@ def quantize_int8_measured(src: Path, dst: Path, calibration: list[dict]
     If the whole graph then misses INT8_COSINE_MEAN / INT8_COSINE_P1 (plus INT8_CHOICE_MARGIN) against fp32 on
     those feeds, each quantizable node is quantized alone, its cosine drop measured, and the worst are kept in
     fp32, fewest first, until it holds. ValueError when INT8_MOST_FP32 nodes do not suffice. Returns op counts,
-    the nodes kept, the measures and the layers split (down-projection -> outlier units).
+    the nodes kept, the measures and the layers split (down-projection -> outlier units). on_stage(what) is told
+    as each stage starts (progress).
     """
     from .int8_outliers import side_path_nodes, split_outliers
     from .int8_recipes import Int8Recipe, build
@@ -204,10 +210,13 @@ def quantize_int8_measured(src: Path, dst: Path, calibration: list[dict]
 
     with quiet(), tempfile.TemporaryDirectory() as tmp:
         split_graph = Path(tmp) / src.name
+        on_stage("int8: finding the feed-forwards' outlier units")
         split = split_outliers(src, split_graph, calibration)
+        on_stage("int8: measuring the int8 graph, and each node's sensitivity if it misses")
         recipe = Int8Recipe("dynamic per-channel s8, FastGelu, outlier units apart", fast_gelu=True,
                             keep_fp32=tuple(side_path_nodes(split)))
         kept, measures = fewest_fp32_nodes(recipe, split_graph, calibration, INT8_COSINE_MEAN + INT8_CHOICE_MARGIN,
                                            INT8_COSINE_P1 + INT8_CHOICE_MARGIN, INT8_MOST_FP32)
+        on_stage("int8: writing the chosen int8 graph")
         build(recipe.excluding(kept, recipe.name), split_graph, dst)
     return op_counts(onnx.load(str(dst), load_external_data=False)), kept, measures, split

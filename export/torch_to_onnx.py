@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
+import onnx
 import torch
 
 from attnserve.model.encoder import SentenceEncoder
 
+from . import external_data
 from .token_ids import made_up_token_ids
 
 # Opset 17 has LayerNormalization as one op; every onnxruntime >= 1.14 runs it.
@@ -18,10 +22,10 @@ INPUTS = ("input_ids", "attention_mask")
 TOKEN_TYPES = "token_type_ids"
 
 
-def export_graph(module: SentenceEncoder, path: Path) -> None:
+def export_graph(module: SentenceEncoder, path: Path, external: bool = False) -> None:
     """Write the graph: inputs (B, T) int64 (input_ids, attention_mask and, where the model has token types,
     token_type_ids); outputs last_hidden_state (B, T, H), sentence_embedding (B, D) and, for the attention
-    graph, attentions (L, B, nh, T, T)."""
+    graph, attentions (L, B, nh, T, T). external: its weights in one data file beside it (external_data.py)."""
     cfg = module.encoder.config
     inputs = INPUTS + ((TOKEN_TYPES,) if cfg.has_token_types else ())
     outputs = ["last_hidden_state", "sentence_embedding"] + (["attentions"] if module.output_attentions else [])
@@ -37,10 +41,48 @@ def export_graph(module: SentenceEncoder, path: Path) -> None:
     types[:, 3:5] = 1
     # The TorchScript exporter, not dynamo: its graph is the one onnxruntime's
     # transformers optimizer fuses into Attention nodes (dynamo's optimised graph is not).
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module, (ids, mask, types) if cfg.has_token_types else (ids, mask), str(path), dynamo=False,
-            opset_version=OPSET, input_names=list(inputs), output_names=outputs,
-            dynamic_axes={k: v for k, v in axes.items() if k in inputs or k in outputs},
-        )
+    # Past 2 GB the exporter writes each tensor to a file of its own beside the graph: it writes into a folder of
+    # its own, and the graph is saved again with its tensors in one data file (the same path a forced small graph
+    # takes).
+    traced = Path(tempfile.mkdtemp(prefix=f".{path.stem}-", dir=path.parent)) / path.name if external else path
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module, (ids, mask, types) if cfg.has_token_types else (ids, mask), str(traced), dynamo=False,
+                opset_version=OPSET, input_names=list(inputs), output_names=outputs,
+                dynamic_axes={k: v for k, v in axes.items() if k in inputs or k in outputs},
+            )
+        if external:
+            external_data.save(onnx.load(str(traced)), path, external=True)
+    finally:
+        if external:
+            shutil.rmtree(traced.parent, ignore_errors=True)
+
+
+def without_output(src: Path, dst: Path, output: str) -> None:
+    """src's graph without one of its outputs, and without the nodes and weights that only it needed: the
+    embeddings graph from the attention graph's one trace (each is what tracing without that output gives: the
+    attention maps are the softmax that attention computes anyway, stacked).
+
+    Weights stay where src keeps them: with external data, dst names src's data file, so it must sit beside src.
+    """
+    model = onnx.load(str(src), load_external_data=False)
+    kept_outputs = [o for o in model.graph.output if o.name != output]
+    if len(kept_outputs) == len(model.graph.output):
+        raise ValueError(f"{src.name} has no output {output!r}")
+    del model.graph.output[:]
+    model.graph.output.extend(kept_outputs)
+    needed = {o.name for o in kept_outputs}
+    kept_nodes = []
+    for node in reversed(model.graph.node):  # the exporter's order is topological
+        if needed.intersection(node.output):
+            kept_nodes.append(node)
+            needed.update(node.input)
+    kept_nodes.reverse()
+    del model.graph.node[:]
+    model.graph.node.extend(kept_nodes)
+    weights = [t for t in model.graph.initializer if t.name in needed]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(weights)
+    onnx.save_model(model, str(dst))

@@ -1,9 +1,14 @@
 """Parity of every exported graph against the PyTorch encoder; used at export time and in tests.
 
-Each variant is run at batch sizes 1..17 and sequence lengths 1..max_seq_length
-(rows of random lengths, so padding is exercised, and random segments where the
-model has token types) and on real texts, and compared with the PyTorch encoder
-on the same inputs.
+Each variant is run on a grid of batch sizes and sequence lengths (rows of random lengths, so padding is
+exercised, and random segments where the model has token types) and on real texts, and compared with the PyTorch
+encoder on the same inputs. The grid puts every batch size at the short lengths and a few rows at the model's own
+max_seq_length (shape_grid): the errors that verification exists to find (a mask path gone from the graph, a
+position table cut short, a dynamic axis made fixed, fp16 overflowing at the longest positions) show in a few rows
+at the full length as in many, and batch sizes show at any length, so a full batch at the full length adds rows of
+the same kind at most of the cost (all-mpnet-base-v2: 17 x 384 of the grid's 11,600 tokens a variant were 56%,
+and more of its time: attention is quadratic). The full length stays in the grid for every variant: a test at a
+shortened length once hid a failing export.
 """
 
 from __future__ import annotations
@@ -27,8 +32,22 @@ from .token_ids import made_up_token_ids
 
 SAMPLE_TEXTS = Path(__file__).parent / "data" / "sample_texts.txt"
 BATCH_SIZES = (1, 2, 5, 17)
-# The most memory the attention maps of one comparison take, PyTorch's and the graph's each.
-ATTENTION_BYTES = 256 * 2**20
+SHORT_LENGTHS = (1, 2, 13, 64)  # every batch size runs at each of these (those up to max_seq_length)
+FULL_LENGTH_BATCHES = (1, 3)  # the batches at max_seq_length itself: one full row, and rows of mixed lengths
+# The most memory the attention maps of one comparison take, PyTorch's and the graph's each (a run's comparison
+# holds about six such copies: PyTorch's per-layer maps and their stack, the graph's, the difference, the masked
+# values).
+ATTENTION_BYTES = 64 * 2**20
+# Long-context models (ModernBERT at 8,192 tokens, Qwen3 at 32,768) must export and serve within 24 GB. One row's
+# attention maps take L x nh x T^2 x 4 bytes (ModernBERT-base at 8,192: 22 x 12 x 8192^2 x 4 = 71 GB), so the
+# attention graph is verified, and served, up to the length whose maps take at most ATTENTION_MAP_BYTES a row.
+ATTENTION_MAP_BYTES = 2**30
+# The other graphs hold one layer's scores at a time, nh x T^2 x 4 bytes a row, a few copies alive at once (the
+# scores, their softmax, the masked copy): verification runs them, and PyTorch, up to the length where its widest
+# full-length case's scores take at most SCORES_BYTES (ModernBERT-base: 3,861 tokens; at 8,192 one row's scores
+# take 3.2 GB a copy).
+SCORES_BYTES = 6 * 2**30
+SCORES_COPIES = 3
 VERIFIED_TEXTS = 512  # the first sample texts are verification's; int8 calibrates on the ones after them
 CALIBRATION_TEXTS = 64
 TEXT_BATCHES = (4096, 64)  # the texts' batches: padded-token budget, most rows
@@ -58,9 +77,25 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1) + 1e-12)
 
 
+def attention_max_length(num_layers: int, num_heads: int, max_seq_length: int) -> int:
+    """The longest input whose attention maps (one row: num_layers x num_heads x T^2 float32) fit
+    ATTENTION_MAP_BYTES: the attention graph is verified and served up to it."""
+    return min(max_seq_length, int((ATTENTION_MAP_BYTES / (num_layers * num_heads * 4)) ** 0.5))
+
+
+def verified_max_length(num_heads: int, max_seq_length: int) -> int:
+    """The longest input verification runs the graphs and PyTorch at: one layer's scores of its widest full-length
+    case (FULL_LENGTH_BATCHES rows x num_heads x T^2 float32, SCORES_COPIES alive) fit SCORES_BYTES.
+    max_seq_length for every model up to a few thousand tokens."""
+    rows = max(FULL_LENGTH_BATCHES)
+    return min(max_seq_length, int((SCORES_BYTES / (rows * SCORES_COPIES * num_heads * 4)) ** 0.5))
+
+
 def shape_grid(max_seq_length: int) -> list[tuple[int, int]]:
-    seqs = sorted({1, 2, 13, 64, max_seq_length} & set(range(1, max_seq_length + 1)))
-    return [(b, t) for b in BATCH_SIZES for t in seqs]
+    """(batch, sequence length) of the check cases: every batch size at the short lengths, FULL_LENGTH_BATCHES at
+    max_seq_length (module docstring). Lengths past max_seq_length are left out."""
+    short = [(b, t) for b in BATCH_SIZES for t in SHORT_LENGTHS if t <= max_seq_length]
+    return short + [(b, max_seq_length) for b in FULL_LENGTH_BATCHES if (b, max_seq_length) not in short]
 
 
 class Reference:
@@ -78,11 +113,18 @@ class Reference:
         """token_types: whether the graphs take token_type_ids; None: as the model has token types (False
         checks a graph exported before graphs took them)."""
         rng = np.random.default_rng(seed)
-        ids_from = made_up_token_ids(encoder.config.vocab_size)
+        cfg = encoder.config
+        ids_from = made_up_token_ids(cfg.vocab_size)
         self.encoder, self.head = encoder, head
-        self.token_types = encoder.config.has_token_types if token_types is None else token_types
+        self.token_types = cfg.has_token_types if token_types is None else token_types
+        # The lengths memory allows (module constants): max_seq_length, but for long-context models.
+        self.verified_max_length = verified_max_length(cfg.num_heads, tokenizer.max_seq_length)
+        self.attention_max_length = attention_max_length(cfg.num_layers, cfg.num_heads, self.verified_max_length)
+        grid = shape_grid(self.verified_max_length)
+        if self.attention_max_length < self.verified_max_length:  # the attention graph at its own longest too
+            grid.append((1, self.attention_max_length))
         self.cases = []  # (ids, mask, token types or None), each (B, T) int64
-        for batch, seq in shape_grid(tokenizer.max_seq_length):
+        for batch, seq in grid:
             lengths = rng.integers(1, seq + 1, size=batch)
             lengths[rng.integers(batch)] = seq  # the batch really is `seq` long
             ids, mask = pad([rng.integers(ids_from.start, ids_from.stop, size=n) for n in lengths])
@@ -146,11 +188,14 @@ class _Parity:
 
     def __init__(self, wants_attention: bool):
         self.wants_attention = wants_attention
+        self.cases = 0
         self.max_hidden = self.max_sentence = self.max_attention = self.max_padded_key_weight = 0.0
         self.min_cos = 1.0
 
     def add(self, outputs: list[np.ndarray], mask: np.ndarray, hidden: np.ndarray, sentence: np.ndarray,
             attentions: np.ndarray | None) -> None:
+        if attentions is None:
+            self.cases += 1  # a graph with attention maps counts its cases whole (_pytorch_case), not by runs
         real = mask.astype(bool)  # (B, T): compare real token positions only
         self.max_hidden = max(self.max_hidden, float(np.abs(outputs[0] - hidden)[real].max()))
         self.max_sentence = max(self.max_sentence, float(np.abs(outputs[1] - sentence).max()))
@@ -171,10 +216,11 @@ def measure_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference:
 
     One session is open at a time, in the order given. PyTorch's attention maps are compared with a graph that
     returns them, in runs of rows of bounded size, and dropped at once; its hidden states and sentence embeddings,
-    which are small, are kept for the other graphs. So PyTorch runs over the cases once when the graphs with
-    attention maps come first, twice otherwise. on_graph(name) is told as each graph's turn comes (progress).
+    which are small, are kept for the other graphs. So PyTorch runs over each case once when the graphs with
+    attention maps come first, twice otherwise. A graph with attention maps runs the cases up to the reference's
+    attention_max_length only. on_graph(name) is told as each graph's turn comes (progress).
     """
-    expected: list[tuple[np.ndarray, np.ndarray]] | None = None  # per case: hidden (B, T, H), sentence (B, H)
+    expected: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(reference.cases)  # hidden, sentence
     metrics = {}
     for name, (path, _, disabled_optimizers) in graphs.items():
         on_graph(name)
@@ -184,14 +230,16 @@ def measure_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference:
             raise ExportVerificationError(f"{path.name} {'lacks' if reference.token_types else 'has'} "
                                           "the input token_type_ids that the reference was made for")
         parity = _Parity("attentions" in [o.name for o in session.get_outputs()])
-        if parity.wants_attention or expected is None:
-            computed = [_pytorch_case(session if parity.wants_attention else None, parity, reference, *case)
-                        for case in reference.cases]
-            expected = expected or computed
-        if not parity.wants_attention:
-            for (ids, mask, types), (hidden, sentence) in zip(reference.cases, expected, strict=True):
-                outputs = session.run(["last_hidden_state", "sentence_embedding"], reference.feed(ids, mask, types))
-                parity.add(outputs, mask, hidden, sentence, None)
+        for i, (ids, mask, types) in enumerate(reference.cases):
+            if parity.wants_attention:
+                if ids.shape[1] <= reference.attention_max_length:
+                    expected[i] = _pytorch_case(session, parity, reference, ids, mask, types)
+                continue
+            if expected[i] is None:
+                expected[i] = _pytorch_case(None, parity, reference, ids, mask, types)
+            hidden, sentence = expected[i]  # type: ignore[misc]
+            outputs = session.run(["last_hidden_state", "sentence_embedding"], reference.feed(ids, mask, types))
+            parity.add(outputs, mask, hidden, sentence, None)
         metrics[name] = _metrics(parity, session, reference)
         del session
     return metrics
@@ -210,6 +258,8 @@ def _pytorch_case(session, parity: _Parity, reference: Reference, ids: np.ndarra
         if session is not None:
             parity.add(session.run(None, reference.feed(*part)), mask[rows], hidden[rows], sentence[rows], attentions)
         del attentions
+    if session is not None:
+        parity.cases += 1
     return hidden, sentence
 
 
@@ -226,7 +276,7 @@ def _metrics(parity: _Parity, session, reference: Reference) -> dict[str, float]
         "mean_cosine_sentence_embedding_texts": float(text_cos.mean()),
         "p1_cosine_sentence_embedding_texts": float(np.percentile(text_cos, 1)),
         "min_cosine_sentence_embedding_texts": float(text_cos.min()),
-        "shapes_checked": len(reference.cases),
+        "shapes_checked": parity.cases,
         "texts_checked": len(reference.text_inputs),
     }
     if parity.wants_attention:

@@ -17,7 +17,7 @@ from attnserve.engine.dimensions import check_dimensions
 from attnserve.engine.manifest import REQUEST_POOLINGS, Manifest
 from attnserve.engine.prompts import apply_prompt
 from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, Token, TokenizedInput, check_texts
-from attnserve.errors import DeadlineExpiredError, InputTooLongError, InvalidInputError
+from attnserve.errors import AttentionTooLongError, DeadlineExpiredError, InputTooLongError, InvalidInputError
 
 # "default" is the model's own pooling, as its graph computes it.
 POOLINGS = ("default", *REQUEST_POOLINGS)
@@ -180,6 +180,8 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     inputs = _tokenize(request, tokenizer, manifest, truncates(request.truncate, limits),
                        request.truncation_direction)  # a str now: checked above
     _check_token_types(inputs, takes_token_types, manifest)
+    if options.attention:
+        _check_attention_length(inputs, manifest)
     reply_bytes = sum(_reply_bytes(len(x), options, manifest, float_bytes) for x in inputs)
     if reply_bytes > limits.max_response_bytes:
         raise _invalid(
@@ -376,6 +378,17 @@ def _located(error: InvalidInputError, labels: list[str], fields: list[str], ser
         return InputTooLongError(str(located), field=located.field, description=located.description,
                                  server_default=server_default)
     return located
+
+
+def _check_attention_length(inputs: Sequence[TokenizedInput], manifest: Manifest) -> None:
+    """Attention maps only up to the model's attention_max_length (engine/manifest.py); embeddings go further."""
+    for row, x in enumerate(inputs):
+        if len(x) > manifest.attention_cap:
+            description = (f"{len(x)} tokens exceed this model's attention_max_length {manifest.attention_cap}: "
+                           f"attention maps are served up to it (embeddings up to max_seq_length "
+                           f"{manifest.max_seq_length})")
+            raise AttentionTooLongError(f"input {row}: {description}", field=f"inputs[{row}]",
+                                        description=description)
 
 
 def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest, float_bytes: float) -> int:

@@ -18,10 +18,11 @@ from .checkpoints import save_sentence_transformer, save_tiny_bert
 from .conftest import run_cli
 
 # Every step of an embedder's export, in order.
-EXPORT_STEPS = ["checking the tokenizer", "loading the weights", "tracing the embeddings graph",
-                "tracing the attention graph", "optimizing: fusing attention", "int8: searching",
-                "fp16: converting", "verification: PyTorch", *(f"verifying {name} against PyTorch" for name in
-                                                                  sorted(VARIANTS, key=lambda n: n != "attention"))]
+EXPORT_STEPS = ["checking the tokenizer", "loading the weights", "tracing the graph",
+                "optimizing: fusing attention", "int8: finding the feed-forwards' outlier units",
+                "int8: measuring the int8 graph", "int8: writing the chosen int8 graph", "fp16: converting",
+                "verification: PyTorch",
+                *(f"verifying {name} against PyTorch" for name in sorted(VARIANTS, key=lambda n: n != "attention"))]
 STEP_LINE = re.compile(r"^\[ *\d+\.\ds\] ")
 
 

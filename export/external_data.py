@@ -1,0 +1,75 @@
+"""Graphs whose weights live beside them in a data file (ONNX external data), for models past protobuf's 2 GB.
+
+A serialized ONNX model is one protobuf message, which cannot exceed 2 GiB: a 0.6B-parameter model's fp32 graph
+(2.4 GB of weights) can only be written with its tensors in a separate file, `<graph>.onnx.data` beside
+`<graph>.onnx` (onnxruntime's own naming, which its optimizer's save_model_to_file uses too). Export decides once,
+from the checkpoint's fp32 weight bytes, when it traces the first graph; every graph derived from it (fused, int8,
+fp16, the int8 search's probes) keeps its source's layout, so one decision carries through (has_external_data).
+
+ATTNSERVE_EXTERNAL_DATA_ABOVE (bytes of fp32 weights) sets the threshold; 0 forces external data on any model,
+which is how the tests run this path on a small model: the same code a graph over 2 GB takes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+
+THRESHOLD_ENV = "ATTNSERVE_EXTERNAL_DATA_ABOVE"
+# Graphs with more fp32 weight bytes than this are written with external data. Below protobuf's 2 GiB with room:
+# the int8 search adds fp32 side paths to the graph, and the graph's own structure takes space too.
+DEFAULT_THRESHOLD = 3 * 2**29  # 1.5 GiB
+# Tensors smaller than this stay inside the graph (onnx's and onnxruntime's default).
+SIZE_THRESHOLD = 1024
+
+
+def threshold() -> int:
+    raw = os.environ.get(THRESHOLD_ENV, "")
+    if not raw:
+        return DEFAULT_THRESHOLD
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        from attnserve.errors import ConfigError
+
+        raise ConfigError(f"{THRESHOLD_ENV}={raw!r} is not a number of bytes (0 or more)")
+    return value
+
+
+def wants_external_data(weight_bytes: int) -> bool:
+    return weight_bytes > threshold()
+
+
+def data_file(graph: Path) -> Path:
+    """Where a graph's external data goes: beside it, named after it."""
+    return graph.with_name(graph.name + ".data")
+
+
+def save(model: onnx.ModelProto, path: Path, external: bool) -> None:
+    """Write the model, with its tensors in data_file(path) when external (an old data file is replaced, never
+    appended to)."""
+    if not external:
+        onnx.save_model(model, str(path))
+        return
+    data_file(path).unlink(missing_ok=True)
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data_file(path).name, size_threshold=SIZE_THRESHOLD)
+
+
+def external_files(path: Path) -> list[str]:
+    """The file names, relative to the graph's folder, that the graph at path reads its tensors from (sorted;
+    none for a self-contained graph)."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    # Initializers only: export's graphs keep no tensor in node attributes outside the graph (save() leaves
+    # attributes inline, as onnx does by default).
+    model = onnx.load(str(path), load_external_data=False)
+    return sorted({ExternalDataInfo(t).location for t in model.graph.initializer if uses_external_data(t)})
+
+
+def has_external_data(path: Path) -> bool:
+    return bool(external_files(path))
