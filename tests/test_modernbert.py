@@ -131,7 +131,7 @@ def test_attention_maps_match_transformers_and_give_padding_nothing(model_dir, o
     assert torch.count_nonzero(local[..., distance > 4]) == 0 and torch.count_nonzero(local[..., distance <= 4]) > 0
 
 
-def test_masked_lm_checkpoint_loads_its_encoder_and_a_classifier_is_refused(tmp_path):
+def test_masked_lm_checkpoint_loads_its_encoder_and_a_token_classifier_is_refused(tmp_path):
     masked = save_tiny_modernbert(tmp_path / "mlm", model_class="ModernBertForMaskedLM", seed=1)
     encoder = load_encoder(read_checkpoint(masked))  # keys under "model.", head.* and decoder.* unused
     ids, mask = padded_batch((12, 7), encoder.config.vocab_size, encoder.config.pad_token_id, seed=0)
@@ -140,12 +140,16 @@ def test_masked_lm_checkpoint_loads_its_encoder_and_a_classifier_is_refused(tmp_
         want = transformers_model(masked, "eager")(input_ids=ids, attention_mask=mask).last_hidden_state
     assert float((got - want).abs()[mask.bool()].max()) <= 1e-4
 
+    # A sequence classifier is a cross-encoder (tests/test_cross_encoder_families.py); a token classifier's head
+    # is refused, by its architecture and, with that hidden, by its weights.
     classifier = save_tiny_modernbert(tmp_path / "cls", model_class="ModernBertForSequenceClassification")
-    with pytest.raises(CheckpointError, match="cannot reproduce architecture ModernBertForSequenceClassification"):
-        read_checkpoint(classifier)
-    edit_json(classifier / "config.json", architectures=["ModernBertModel"])  # the head's weights still say so
+    assert read_checkpoint(classifier).kind == "reranker"
+    tagger = save_tiny_modernbert(tmp_path / "tok", model_class="ModernBertForTokenClassification")
+    with pytest.raises(CheckpointError, match="cannot reproduce architecture ModernBertForTokenClassification"):
+        read_checkpoint(tagger)
+    edit_json(tagger / "config.json", architectures=["ModernBertModel"])  # the head's weights still say so
     with pytest.raises(CheckpointError, match=r"cannot reproduce the head classifier\.\*"):
-        read_checkpoint(classifier)
+        read_checkpoint(tagger)
 
 
 def test_biases_where_the_config_asks_for_them(tmp_path):
