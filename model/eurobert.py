@@ -19,14 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import torch
-import torch.nn as nn
-
 from attnserve.errors import CheckpointError
 
-from .blocks import GATE_ACTIVATIONS, GatedFeedForward, GroupedQueryAttention, RMSNorm, padding_mask
+from .blocks import GATE_ACTIVATIONS, PreNormEncoder, PreNormLayer
 from .family import SelfContainedFamily, WeightNames
-from .rotary import RotaryEmbedding, default_inv_freq
 
 MODEL_TYPE = "eurobert"
 
@@ -63,56 +59,13 @@ class EuroBertConfig:
         return self.max_position_embeddings
 
 
-class EuroBertLayer(nn.Module):
-    def __init__(self, cfg: EuroBertConfig):
-        super().__init__()
-        H = cfg.hidden_size
-        self.attention_norm = RMSNorm(H, cfg.rms_norm_eps)  # input_layernorm
-        self.attention = GroupedQueryAttention(H, cfg.num_heads, cfg.num_kv_heads, cfg.head_size,
-                                               cfg.attention_bias, cfg.head_size ** -0.5)
-        self.feed_forward_norm = RMSNorm(H, cfg.rms_norm_eps)  # post_attention_layernorm, before the feed-forward
-        self.feed_forward = GatedFeedForward(H, cfg.intermediate_size, cfg.activation, bias=cfg.mlp_bias)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Pre-norm: each sublayer reads a normalised copy; the residual stream itself is never normalised here.
-        attended, probs = self.attention(self.attention_norm(x), mask, cos, sin)
-        x = x + attended  # (B, T, H)
-        x = x + self.feed_forward(self.feed_forward_norm(x))  # (B, T, H)
-        return x, probs
-
-
-class EuroBertEncoder(nn.Module):
-    """The same forward as encoder.Encoder: SentenceEncoder, export and verification take either."""
+class EuroBertEncoder(PreNormEncoder):
+    """Pre-norm layers (blocks.PreNormLayer), bidirectional attention."""
 
     def __init__(self, cfg: EuroBertConfig):
-        super().__init__()
-        self.config = cfg
-        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.rotary = RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.rope_theta), cfg.max_position_embeddings)
-        self.layers = nn.ModuleList(EuroBertLayer(cfg) for _ in range(cfg.num_layers))
-        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """input_ids, attention_mask: (B, T) int64, mask 1 for real tokens and 0 for padding (on the right: positions
-        are 0..T-1, as transformers numbers them). EuroBERT has no token types: token_type_ids must be None.
-
-        Returns last_hidden_state (B, T, H) and, if asked, every layer's attention probabilities per query head,
-        stacked as (L, B, nh, T, T).
-        """
-        assert token_type_ids is None, "EuroBERT has no token types (its graphs take no token_type_ids)"
-        x = self.word(input_ids)  # (B, T, H)
-        mask = padding_mask(attention_mask, x.dtype)  # (B, 1, 1, T): every query sees every real key
-        cos, sin = self.rotary(input_ids.shape[1])  # (T, hs) each
-        attentions = []
-        for layer in self.layers:
-            x, probs = layer(x, mask, cos, sin)
-            if output_attentions:
-                attentions.append(probs)
-        return self.final_norm(x), (torch.stack(attentions) if output_attentions else None)
+        super().__init__(cfg, cfg.rope_theta, lambda: PreNormLayer(cfg, cfg.activation, cfg.head_size ** -0.5,
+                                                                   mlp_bias=cfg.mlp_bias),
+                         name="EuroBERT", causal=False)
 
 
 # The bare model, and the masked-LM model used as an encoder (EuroBERT's released checkpoints are

@@ -33,7 +33,7 @@ import torch.nn as nn
 
 from attnserve.errors import CheckpointError
 
-from .blocks import GATE_ACTIVATIONS, GatedFeedForward, GroupedQueryAttention, RMSNorm, padding_mask
+from .blocks import GATE_ACTIVATIONS, PreNormLayer, RMSNorm, padding_mask, run_layers
 from .encoder import MASK_VALUE
 from .family import SelfContainedFamily, WeightNames
 from .rotary import RotaryEmbedding, default_inv_freq
@@ -83,28 +83,13 @@ class Gemma3Config:
         return self.query_pre_attn_scalar ** -0.5
 
 
-class Gemma3Layer(nn.Module):
-    def __init__(self, cfg: Gemma3Config, index: int):
-        super().__init__()
-        H, eps = cfg.hidden_size, cfg.rms_norm_eps
-        self.attention_norm = RMSNorm(H, eps, unit_offset=True)  # input_layernorm
-        self.attention = GroupedQueryAttention(H, cfg.num_heads, cfg.num_kv_heads, cfg.head_size,
-                                               cfg.attention_bias, cfg.scale,
-                                               head_norm=RMSNorm(cfg.head_size, eps, unit_offset=True))
-        self.post_attention_norm = RMSNorm(H, eps, unit_offset=True)
-        self.feed_forward_norm = RMSNorm(H, eps, unit_offset=True)  # pre_feedforward_layernorm
-        self.feed_forward = GatedFeedForward(H, cfg.intermediate_size, cfg.activation)
-        self.post_feed_forward_norm = RMSNorm(H, eps, unit_offset=True)
-        self.is_sliding = cfg.layer_types[index] == SLIDING
+class Gemma3Layer(PreNormLayer):
+    """Sandwich norms: each sublayer reads a normalised copy and its output is normalised again before the residual
+    sum; the residual stream itself is only normalised once, after the last layer."""
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Sandwich norms: each sublayer reads a normalised copy and its output is normalised again before the
-        # residual sum; the residual stream itself is only normalised once, after the last layer.
-        attended, probs = self.attention(self.attention_norm(x), mask, cos, sin)
-        x = x + self.post_attention_norm(attended)  # (B, T, H)
-        x = x + self.post_feed_forward_norm(self.feed_forward(self.feed_forward_norm(x)))  # (B, T, H)
-        return x, probs
+    def __init__(self, cfg: Gemma3Config, index: int):
+        super().__init__(cfg, cfg.activation, cfg.scale, head_norm=True, unit_offset=True, sandwich=True)
+        self.is_sliding = cfg.layer_types[index] == SLIDING
 
 
 class Gemma3Encoder(nn.Module):
@@ -159,15 +144,10 @@ class Gemma3Encoder(nn.Module):
         x = self.word(input_ids) * self.embed_scale  # (B, T, H)
         full_mask, sliding_mask = self._masks(attention_mask, x.dtype)
         global_cos_sin, local_cos_sin = self.rotary_global(T), self.rotary_local(T)
-        attentions = []
-        for layer in self.layers:
-            if layer.is_sliding:
-                x, probs = layer(x, sliding_mask, *local_cos_sin)
-            else:
-                x, probs = layer(x, full_mask, *global_cos_sin)
-            if output_attentions:
-                attentions.append(probs)
-        return self.final_norm(x), (torch.stack(attentions) if output_attentions else None)
+        sliding, full = (sliding_mask, *local_cos_sin), (full_mask, *global_cos_sin)
+        x, attentions = run_layers(self.layers, x, output_attentions,
+                                   lambda layer: sliding if layer.is_sliding else full)
+        return self.final_norm(x), attentions
 
 
 # The bare text model is EmbeddingGemma's; a causal LM's or a classifier's head would be dropped by the export.

@@ -25,14 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import torch
-import torch.nn as nn
-
 from attnserve.errors import CheckpointError
 
-from .blocks import GATE_ACTIVATIONS, GatedFeedForward, GroupedQueryAttention, RMSNorm, causal_mask, padding_mask
+from .blocks import GATE_ACTIVATIONS, PreNormEncoder, PreNormLayer
 from .family import SelfContainedFamily, WeightNames
-from .rotary import RotaryEmbedding, default_inv_freq
 
 MODEL_TYPE = "qwen3"
 FULL = "full_attention"  # transformers' name of a layer that sees every earlier token (the only kind run here)
@@ -71,60 +67,13 @@ class Qwen3Config:
         return self.max_position_embeddings
 
 
-class Qwen3Layer(nn.Module):
-    def __init__(self, cfg: Qwen3Config):
-        super().__init__()
-        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # input_layernorm
-        self.attention = GroupedQueryAttention(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_size,
-                                               bias=cfg.attention_bias, scale=cfg.head_size ** -0.5,
-                                               head_norm=RMSNorm(cfg.head_size, cfg.rms_norm_eps))
-        self.feed_forward_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # post_attention_layernorm
-        self.feed_forward = GatedFeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Pre-norm: each sublayer reads a normalised copy; the residual stream itself is never normalised here.
-        attended, probs = self.attention(self.attention_norm(x), mask, cos, sin)
-        x = x + attended  # (B, T, H)
-        x = x + self.feed_forward(self.feed_forward_norm(x))  # (B, T, H)
-        return x, probs
-
-
-class Qwen3Encoder(nn.Module):
-    """The same forward as encoder.Encoder: SentenceEncoder, export and verification take either."""
+class Qwen3Encoder(PreNormEncoder):
+    """Pre-norm layers (blocks.PreNormLayer) with each query and key head RMS-normalised, causal attention."""
 
     def __init__(self, cfg: Qwen3Config):
-        super().__init__()
-        self.config = cfg
-        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.rotary = RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.rope_theta), cfg.max_position_embeddings)
-        self.layers = nn.ModuleList(Qwen3Layer(cfg) for _ in range(cfg.num_layers))
-        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """input_ids, attention_mask: (B, T) int64, mask 1 for real tokens and 0 for padding (either side).
-        Qwen3 has no token types: token_type_ids is taken (as Encoder's forward takes it) and must be None.
-
-        Returns last_hidden_state (B, T, H) and, if asked, every layer's attention probabilities per query head,
-        stacked as (L, B, nh, T, T): lower-triangular, padded keys exactly 0.
-        """
-        assert token_type_ids is None, "Qwen3 has no token types (its graphs take no token_type_ids)"
-        T = input_ids.shape[1]
-        x = self.word(input_ids)  # (B, T, H)
-        # Padding counts twice: a padded query before every real token (left padding) sees only padded keys
-        # and future real keys, and then prefers the future ones, so padded keys get exactly 0 weight from every
-        # query. A real query always sees itself, so both kinds of masked keys get exactly 0 there.
-        mask = 2 * padding_mask(attention_mask, x.dtype) + causal_mask(T, x.device, x.dtype)  # (B, 1, T, T)
-        cos, sin = self.rotary(T)  # (T, hs) each; positions 0..T-1 whatever the padding, as transformers'
-        attentions = []
-        for layer in self.layers:
-            x, probs = layer(x, mask, cos, sin)
-            if output_attentions:
-                attentions.append(probs)
-        return self.final_norm(x), (torch.stack(attentions) if output_attentions else None)
+        super().__init__(cfg, cfg.rope_theta, lambda: PreNormLayer(cfg, cfg.hidden_act, cfg.head_size ** -0.5,
+                                                                   head_norm=True),
+                         name="Qwen3", causal=True)
 
 
 # The architectures whose encoder output is the checkpoint's own: the bare model, and the causal LM used as an
