@@ -110,6 +110,11 @@ def causal_mask(T: int, device: torch.device, dtype: torch.dtype) -> torch.Tenso
     return (positions[None, :] > positions[:, None]).to(dtype) * MASK_VALUE
 
 
+# The sizes a Llama-style config must give as positive integers (config_reading.check_positive).
+LLAMA_STYLE_SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_size",
+                     "intermediate_size", "max_position_embeddings")
+
+
 class LlamaStyleSizes(Protocol):
     """The config fields a pre-norm layer and encoder read (Qwen3Config, EuroBertConfig, Gemma3Config)."""
 

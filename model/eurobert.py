@@ -21,7 +21,17 @@ from typing import Any, ClassVar
 
 from attnserve.errors import CheckpointError
 
-from .blocks import GATE_ACTIVATIONS, PreNormEncoder, PreNormLayer
+from .blocks import GATE_ACTIVATIONS, LLAMA_STYLE_SIZES, PreNormEncoder, PreNormLayer
+from .config_reading import (
+    check_architectures,
+    check_object,
+    check_positive,
+    check_supported,
+    flag,
+    invalid_config,
+    plain_rope_theta,
+    refuse_rope_scaling,
+)
 from .family import SelfContainedFamily, WeightNames
 
 MODEL_TYPE = "eurobert"
@@ -74,7 +84,6 @@ ENCODER_ARCHITECTURES = ("EuroBertModel", "EuroBertForMaskedLM")
 TASK_PREFIX = "model."
 ENCODER_PARTS = ("embed_tokens.", "layers.", "norm.")
 UNUSED_HEADS = ("lm_head.",)
-ROPE_KEYS = {"rope_type", "rope_theta"}
 DEFAULT_ROPE_THETA = 10_000.0  # transformers' default_theta, which EuroBertConfig keeps
 DEFAULT_PAD_TOKEN_ID = 128001  # EuroBertConfig's: <|end_of_text|>, also the end-of-sequence token
 
@@ -82,23 +91,10 @@ DEFAULT_PAD_TOKEN_ID = 128001  # EuroBertConfig's: <|end_of_text|>, also the end
 def read_config(raw: dict[str, Any], path: Path) -> EuroBertConfig:
     """config.json of a EuroBERT checkpoint, as transformers' EuroBertConfig reads it (the rope settings in the 4.x
     or the 5.x form), or a one-line refusal of what the export does not run."""
-    architectures = raw.get("architectures") or []
-    if not isinstance(architectures, list):
-        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
-    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
-    if heads:
-        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
-                              f"{' or '.join(ENCODER_ARCHITECTURES)})")
-    activation = raw.get("hidden_act", "silu")
-    if activation not in GATE_ACTIVATIONS:
-        raise CheckpointError(f"{path}: hidden_act {activation!r} is not supported "
-                              f"(only {', '.join(sorted(GATE_ACTIVATIONS))})")
-    flags = {}
-    for key in ("attention_bias", "mlp_bias"):
-        flags[key] = raw.get(key, False)
-        if not isinstance(flags[key], bool):
-            raise CheckpointError(f"{path}: {key} must be true or false, got {flags[key]!r}")
-    try:
+    check_architectures(raw, path, ENCODER_ARCHITECTURES)
+    activation = check_supported(path, "hidden_act", raw.get("hidden_act", "silu"), sorted(GATE_ACTIVATIONS))
+    flags = {key: flag(raw, key, path) for key in ("attention_bias", "mlp_bias")}
+    with invalid_config(path):
         hidden_size, num_heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
         cfg = EuroBertConfig(
             vocab_size=int(raw["vocab_size"]),
@@ -116,36 +112,20 @@ def read_config(raw: dict[str, Any], path: Path) -> EuroBertConfig:
             mlp_bias=flags["mlp_bias"],
             pad_token_id=int(raw.get("pad_token_id", DEFAULT_PAD_TOKEN_ID) or 0),
         )
-    except KeyError as e:
-        raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{path}: invalid config: {e}") from None
-    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                                          "head_size", "intermediate_size", "max_position_embeddings")}
-    if any(v < 1 for v in sizes.values()) or not (cfg.rms_norm_eps > 0 and cfg.rope_theta > 0):
-        raise CheckpointError(f"{path}: invalid config: sizes must be positive and rms_norm_eps and rope_theta above "
-                              f"0, got {sizes}, {cfg.rms_norm_eps}, {cfg.rope_theta}")
+    check_positive(cfg, path, LLAMA_STYLE_SIZES, "rms_norm_eps and rope_theta", cfg.rms_norm_eps, cfg.rope_theta)
     return cfg
 
 
 def _rope_theta(raw: dict[str, Any], path: Path) -> float:
     """rope_parameters["rope_theta"] (transformers 5), else rope_theta (4.x). Only plain rotary (rope_type
     "default") is reproduced: EuroBERT's released checkpoints use it."""
-    if raw.get("rope_scaling") is not None:
-        raise CheckpointError(f"{path}: cannot reproduce rope_scaling {raw['rope_scaling']!r} (only plain RoPE)")
+    refuse_rope_scaling(raw, path)
     if raw.get("partial_rotary_factor") is not None:
         raise CheckpointError(f"{path}: cannot reproduce partial_rotary_factor {raw['partial_rotary_factor']!r} "
                               "(only rotary over the whole head)")
-    legacy = raw.get("rope_theta", DEFAULT_ROPE_THETA)
     params = raw.get("rope_parameters")
-    if params is None:
-        return float(legacy)
-    if not isinstance(params, dict):
-        raise CheckpointError(f"{path}: rope_parameters must be an object, got {params!r}")
-    if params.get("rope_type", "default") != "default" or set(params) - ROPE_KEYS:
-        raise CheckpointError(f"{path}: cannot reproduce rope_parameters {params!r} "
-                              "(only rope_type 'default' with its rope_theta)")
-    return float(params.get("rope_theta", legacy))
+    check_object(params, path, "rope_parameters")
+    return plain_rope_theta(params, raw.get("rope_theta", DEFAULT_ROPE_THETA), path)
 
 
 # Checkpoint names (transformers' EuroBertModel) -> EuroBertEncoder names, per layer, and whether the config's

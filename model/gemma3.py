@@ -33,7 +33,17 @@ import torch.nn as nn
 
 from attnserve.errors import CheckpointError
 
-from .blocks import GATE_ACTIVATIONS, PreNormLayer, RMSNorm, padding_mask, run_layers
+from .blocks import GATE_ACTIVATIONS, LLAMA_STYLE_SIZES, PreNormLayer, RMSNorm, padding_mask, run_layers
+from .config_reading import (
+    check_architectures,
+    check_object,
+    check_positive,
+    check_supported,
+    flag,
+    invalid_config,
+    plain_rope_theta,
+    refuse_rope_scaling,
+)
 from .encoder import MASK_VALUE
 from .family import SelfContainedFamily, WeightNames
 from .rotary import RotaryEmbedding, default_inv_freq
@@ -152,7 +162,6 @@ class Gemma3Encoder(nn.Module):
 
 # The bare text model is EmbeddingGemma's; a causal LM's or a classifier's head would be dropped by the export.
 ENCODER_ARCHITECTURES = ("Gemma3TextModel",)
-ROPE_KEYS = {"rope_type", "rope_theta"}
 # transformers' Gemma3TextConfig defaults for what a config.json may leave out.
 DEFAULT_THETA = {FULL: 1_000_000.0, SLIDING: 10_000.0}
 LEGACY_THETA_KEYS = {FULL: "rope_theta", SLIDING: "rope_local_base_freq"}
@@ -162,24 +171,12 @@ SLIDING_WINDOW_PATTERN = 6  # without layer_types: every 6th layer full, the oth
 def read_config(raw: dict[str, Any], path: Path) -> Gemma3Config:
     """config.json of a Gemma 3 text checkpoint, as transformers' Gemma3TextConfig reads it (rope settings in the
     4.x or the 5.x form), or a one-line refusal of what the export does not run."""
-    architectures = raw.get("architectures") or []
-    if not isinstance(architectures, list):
-        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
-    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
-    if heads:
-        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
-                              f"{' or '.join(ENCODER_ARCHITECTURES)})")
-    activation = raw.get("hidden_activation", "gelu_pytorch_tanh")
-    if activation not in GATE_ACTIVATIONS:
-        raise CheckpointError(f"{path}: hidden_activation {activation!r} is not supported "
-                              f"(only {', '.join(sorted(GATE_ACTIVATIONS))})")
-    bidirectional = raw.get("use_bidirectional_attention", False)
-    if not isinstance(bidirectional, bool | None):
-        raise CheckpointError(f"{path}: use_bidirectional_attention must be true or false, got {bidirectional!r}")
-    attention_bias = raw.get("attention_bias", False)
-    if not isinstance(attention_bias, bool):
-        raise CheckpointError(f"{path}: attention_bias must be true or false, got {attention_bias!r}")
-    try:
+    check_architectures(raw, path, ENCODER_ARCHITECTURES)
+    activation = check_supported(path, "hidden_activation", raw.get("hidden_activation", "gelu_pytorch_tanh"),
+                                 sorted(GATE_ACTIVATIONS))
+    bidirectional = flag(raw, "use_bidirectional_attention", path, none_is_false=True)
+    attention_bias = flag(raw, "attention_bias", path)
+    with invalid_config(path):
         num_layers = int(raw["num_hidden_layers"])
         cfg = Gemma3Config(
             vocab_size=int(raw["vocab_size"]),
@@ -192,7 +189,7 @@ def read_config(raw: dict[str, Any], path: Path) -> Gemma3Config:
             max_position_embeddings=int(raw.get("max_position_embeddings", 131_072)),
             layer_types=_layer_types(raw, num_layers, path),
             sliding_window=int(raw.get("sliding_window", 4096)),
-            bidirectional=bool(bidirectional),
+            bidirectional=bidirectional,
             global_rope_theta=_rope_theta(raw, FULL, path),
             local_rope_theta=_rope_theta(raw, SLIDING, path),
             query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar", 256)),
@@ -201,18 +198,9 @@ def read_config(raw: dict[str, Any], path: Path) -> Gemma3Config:
             attention_bias=attention_bias,
             pad_token_id=int(raw.get("pad_token_id") or 0),
         )
-    except KeyError as e:
-        raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{path}: invalid config: {e}") from None
-    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                                          "head_size", "intermediate_size", "max_position_embeddings",
-                                          "sliding_window")}
-    if any(v < 1 for v in sizes.values()) or not (cfg.rms_norm_eps > 0 and cfg.query_pre_attn_scalar > 0
-                                                  and cfg.global_rope_theta > 0 and cfg.local_rope_theta > 0):
-        raise CheckpointError(f"{path}: invalid config: sizes must be positive and rms_norm_eps, query_pre_attn_scalar "
-                              f"and the rope bases above 0, got {sizes}, {cfg.rms_norm_eps}, "
-                              f"{cfg.query_pre_attn_scalar}, {cfg.global_rope_theta}, {cfg.local_rope_theta}")
+    check_positive(cfg, path, (*LLAMA_STYLE_SIZES, "sliding_window"),
+                   "rms_norm_eps, query_pre_attn_scalar and the rope bases", cfg.rms_norm_eps,
+                   cfg.query_pre_attn_scalar, cfg.global_rope_theta, cfg.local_rope_theta)
     return cfg
 
 
@@ -235,21 +223,12 @@ def _layer_types(raw: dict[str, Any], num_layers: int, path: Path) -> tuple[str,
 def _rope_theta(raw: dict[str, Any], layer_type: str, path: Path) -> float:
     """The rope base of one layer type: rope_parameters[layer_type] (transformers 5), else rope_theta or
     rope_local_base_freq (4.x). Only plain rotary (rope_type "default") is reproduced: EmbeddingGemma's."""
-    if raw.get("rope_scaling") is not None:  # transformers applies it to the full layers' rotary
-        raise CheckpointError(f"{path}: cannot reproduce rope_scaling {raw['rope_scaling']!r} (only plain RoPE)")
-    legacy = raw.get(LEGACY_THETA_KEYS[layer_type], DEFAULT_THETA[layer_type])
+    refuse_rope_scaling(raw, path)  # transformers applies it to the full layers' rotary
     rope_parameters = raw.get("rope_parameters")
-    if rope_parameters is not None and not isinstance(rope_parameters, dict):
-        raise CheckpointError(f"{path}: rope_parameters must be an object, got {rope_parameters!r}")
-    params = (rope_parameters or {}).get(layer_type)
-    if params is None:
-        return float(legacy)
-    if not isinstance(params, dict):
-        raise CheckpointError(f"{path}: rope_parameters[{layer_type!r}] must be an object, got {params!r}")
-    if params.get("rope_type", "default") != "default" or set(params) - ROPE_KEYS:
-        raise CheckpointError(f"{path}: cannot reproduce rope_parameters[{layer_type!r}] {params!r} "
-                              "(only rope_type 'default' with its rope_theta)")
-    return float(params.get("rope_theta", legacy))
+    check_object(rope_parameters, path, "rope_parameters")
+    params, name = (rope_parameters or {}).get(layer_type), f"rope_parameters[{layer_type!r}]"
+    check_object(params, path, name)
+    return plain_rope_theta(params, raw.get(LEGACY_THETA_KEYS[layer_type], DEFAULT_THETA[layer_type]), path, name)
 
 
 # Checkpoint names (transformers' Gemma3TextModel) -> Gemma3Encoder names, per layer.

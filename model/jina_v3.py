@@ -31,6 +31,14 @@ import torch.nn as nn
 
 from attnserve.errors import CheckpointError
 
+from .config_reading import (
+    check_architectures,
+    check_positive,
+    check_supported,
+    invalid_config,
+    plain_rope_theta,
+    refuse_rope_scaling,
+)
 from .encoder import ACTIVATIONS
 from .family import SelfContainedFamily, WeightNames
 from .rotary import default_inv_freq
@@ -129,19 +137,11 @@ LORA_FIXED = {"peft_type": "LORA", "bias": "none", "use_rslora": False, "use_dor
 def read_config(raw: dict[str, Any], path: Path) -> JinaV3Config:
     """config.json of a JinaEmbeddingsV3 checkpoint and its adapters' adapter_config.json, as transformers and PEFT
     read them, or a one-line refusal of what the export does not run."""
-    architectures = raw.get("architectures") or []
-    if not isinstance(architectures, list):
-        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
-    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
-    if heads:
-        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
-                              f"{' or '.join(ENCODER_ARCHITECTURES)})")
-    if raw.get("hidden_act", "gelu") not in ACTIVATIONS:
-        raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported "
-                              f"(only {', '.join(sorted(ACTIVATIONS))})")
+    check_architectures(raw, path, ENCODER_ARCHITECTURES)
+    check_supported(path, "hidden_act", raw.get("hidden_act", "gelu"), sorted(ACTIVATIONS))
     if raw.get("type_vocab_size", 1) != 1:
         raise CheckpointError(f"{path}: cannot reproduce type_vocab_size {raw['type_vocab_size']!r} (only 1)")
-    try:
+    with invalid_config(path):
         cfg = JinaV3Config(
             vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
             num_layers=int(raw["num_hidden_layers"]), num_heads=int(raw["num_attention_heads"]),
@@ -151,29 +151,17 @@ def read_config(raw: dict[str, Any], path: Path) -> JinaV3Config:
             pad_token_id=int(raw["pad_token_id"] if raw.get("pad_token_id") is not None else 1),
             hidden_act=str(raw.get("hidden_act", "gelu")), tasks=_tasks(raw, path), directory=path.parent,
         )
-    except KeyError as e:
-        raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{path}: invalid config: {e}") from None
-    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads",
-                                          "intermediate_size", "max_position_embeddings")}
-    if any(v < 1 for v in sizes.values()) or not cfg.layer_norm_eps > 0 or not cfg.rope_theta > 0:
-        raise CheckpointError(f"{path}: invalid config: sizes must be positive and layer_norm_eps and rope_theta "
-                              f"above 0, got {sizes}, {cfg.layer_norm_eps}, {cfg.rope_theta}")
+    check_positive(cfg, path, ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                               "max_position_embeddings"),
+                   "layer_norm_eps and rope_theta", cfg.layer_norm_eps, cfg.rope_theta)
     for task in cfg.tasks:
         _adapter_settings(cfg, task)  # every adapter's settings are checked before any weight loads
     return cfg
 
 
 def _rope_theta(raw: dict[str, Any], path: Path) -> float:
-    if raw.get("rope_scaling") is not None:
-        raise CheckpointError(f"{path}: cannot reproduce rope_scaling {raw['rope_scaling']!r} (only plain RoPE)")
-    params = raw.get("rope_parameters") or {}
-    if not isinstance(params, dict) or params.get("rope_type", "default") != "default" or set(params) - {
-            "rope_type", "rope_theta"}:
-        raise CheckpointError(f"{path}: cannot reproduce rope_parameters {params!r} "
-                              "(only rope_type 'default' with its rope_theta)")
-    return float(params.get("rope_theta", raw.get("rotary_emb_base", DEFAULT_ROPE_THETA)))
+    refuse_rope_scaling(raw, path)
+    return plain_rope_theta(raw.get("rope_parameters") or {}, raw.get("rotary_emb_base", DEFAULT_ROPE_THETA), path)
 
 
 def _tasks(raw: dict[str, Any], path: Path) -> tuple[str, ...]:

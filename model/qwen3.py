@@ -27,7 +27,16 @@ from typing import Any, ClassVar
 
 from attnserve.errors import CheckpointError
 
-from .blocks import GATE_ACTIVATIONS, PreNormEncoder, PreNormLayer
+from .blocks import GATE_ACTIVATIONS, LLAMA_STYLE_SIZES, PreNormEncoder, PreNormLayer
+from .config_reading import (
+    check_architectures,
+    check_positive,
+    check_supported,
+    flag,
+    invalid_config,
+    plain_rope_theta,
+    refuse_rope_scaling,
+)
 from .family import SelfContainedFamily, WeightNames
 
 MODEL_TYPE = "qwen3"
@@ -83,7 +92,6 @@ CAUSAL_LM = "Qwen3ForCausalLM"
 TASK_PREFIX = "model."  # where Qwen3ForCausalLM keeps the encoder's keys
 ENCODER_PARTS = ("embed_tokens.", "layers.", "norm.")
 UNUSED_HEADS = ("lm_head.",)
-ROPE_KEYS = {"rope_type", "rope_theta"}
 # config.json settings that change nothing at inference (use_cache, dropout, ...) need no check; those that
 # would, and that this file does not reproduce, are refused by name below.
 
@@ -91,16 +99,8 @@ ROPE_KEYS = {"rope_type", "rope_theta"}
 def read_config(raw: dict[str, Any], path: Path) -> Qwen3Config:
     """config.json of a Qwen3 checkpoint, as transformers' Qwen3Config reads it (rope in the 4.x form or the 5.x
     form), or a one-line refusal of what the export does not run."""
-    architectures = raw.get("architectures") or []
-    if not isinstance(architectures, list):
-        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
-    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
-    if heads:
-        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs "
-                              f"{' or '.join(ENCODER_ARCHITECTURES)})")
-    act = raw.get("hidden_act", "silu")
-    if act not in GATE_ACTIVATIONS:
-        raise CheckpointError(f"{path}: hidden_act {act!r} is not supported (only {', '.join(GATE_ACTIVATIONS)})")
+    check_architectures(raw, path, ENCODER_ARCHITECTURES, runs=" or ".join(ENCODER_ARCHITECTURES))
+    act = check_supported(path, "hidden_act", raw.get("hidden_act", "silu"), GATE_ACTIVATIONS)
     if raw.get("use_sliding_window"):
         raise CheckpointError(f"{path}: cannot reproduce use_sliding_window true (sliding-window layers)")
     types = raw.get("layer_types")
@@ -108,7 +108,7 @@ def read_config(raw: dict[str, Any], path: Path) -> Qwen3Config:
         raise CheckpointError(f"{path}: cannot reproduce layer_types {types!r} (only {FULL!r} layers)")
     if raw.get("is_causal") is False or raw.get("use_bidirectional_attention"):
         raise CheckpointError(f"{path}: cannot reproduce bidirectional attention (Qwen3 attention is causal)")
-    try:
+    with invalid_config(path):
         heads_count = int(raw["num_attention_heads"])
         kv_heads = raw.get("num_key_value_heads")
         hidden = int(raw["hidden_size"])
@@ -124,39 +124,17 @@ def read_config(raw: dict[str, Any], path: Path) -> Qwen3Config:
             rope_theta=_rope_theta(raw, path),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             hidden_act=act,
-            attention_bias=_flag(raw, "attention_bias", path),
+            attention_bias=flag(raw, "attention_bias", path),
             pad_token_id=int(raw.get("pad_token_id") or 0),
         )
-    except KeyError as e:
-        raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{path}: invalid config: {e}") from None
-    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                                          "head_size", "intermediate_size", "max_position_embeddings")}
-    if any(v < 1 for v in sizes.values()) or not cfg.rms_norm_eps > 0 or not cfg.rope_theta > 0:
-        raise CheckpointError(f"{path}: invalid config: sizes must be positive and rms_norm_eps and rope_theta above "
-                              f"0, got {sizes}, {cfg.rms_norm_eps}, {cfg.rope_theta}")
+    check_positive(cfg, path, LLAMA_STYLE_SIZES, "rms_norm_eps and rope_theta", cfg.rms_norm_eps, cfg.rope_theta)
     return cfg
-
-
-def _flag(raw: dict[str, Any], key: str, path: Path) -> bool:
-    value = raw.get(key, False)
-    if not isinstance(value, bool):
-        raise CheckpointError(f"{path}: {key} must be true or false, got {value!r}")
-    return value
 
 
 def _rope_theta(raw: dict[str, Any], path: Path) -> float:
     """The rope base: rope_parameters (transformers 5), else rope_theta (4.x); any scaling is refused."""
-    if raw.get("rope_scaling") is not None:
-        raise CheckpointError(f"{path}: cannot reproduce rope_scaling {raw['rope_scaling']!r} (only plain RoPE)")
-    params = raw.get("rope_parameters")
-    if params is None:
-        return float(raw.get("rope_theta", 10_000.0))
-    if not isinstance(params, dict) or params.get("rope_type", "default") != "default" or set(params) - ROPE_KEYS:
-        raise CheckpointError(f"{path}: cannot reproduce rope_parameters {params!r} "
-                              "(only rope_type 'default' with its rope_theta)")
-    return float(params.get("rope_theta", raw.get("rope_theta", 10_000.0)))
+    refuse_rope_scaling(raw, path)
+    return plain_rope_theta(raw.get("rope_parameters"), raw.get("rope_theta", 10_000.0), path)
 
 
 def key_map(cfg: Qwen3Config) -> dict[str, str]:

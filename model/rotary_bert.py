@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from attnserve.errors import CheckpointError
 
 from .blocks import GATE_ACTIVATIONS, padding_mask, run_layers
+from .config_reading import check_positive
 from .encoder import ACTIVATIONS
 from .rotary import RotaryEmbedding, rotate
 
@@ -183,32 +184,10 @@ class RotaryBertEncoder(nn.Module):
         return run_layers(self.layers, x, output_attentions, lambda _: (mask, cos, sin))
 
 
-# Reading the two families' config.json: the checks both readers make, each a one-line CheckpointError.
-
-def check_architectures(raw: dict[str, Any], path: Path, encoders: tuple[str, ...]) -> None:
-    """Refuse an architecture whose output is not the encoder's (a task head the export would drop)."""
-    architectures = raw.get("architectures") or []
-    if not isinstance(architectures, list):
-        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
-    heads = [a for a in architectures if a not in encoders]
-    if heads:
-        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
-                              f"{' or '.join(encoders)})")
-
-
-def check_settings(raw: dict[str, Any], path: Path, reproduced: dict[str, Any]) -> None:
-    """Refuse each setting whose value is not the one this code runs (a missing key reads as that value)."""
-    for key, value in reproduced.items():
-        if raw.get(key, value) != value:
-            raise CheckpointError(f"{path}: cannot reproduce {key} {raw[key]!r} (only {value!r})")
-
-
 def check_sizes(cfg: RotaryBertConfig, path: Path) -> None:
-    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_size",
-                                          "intermediate_size", "max_position_embeddings")}
-    if any(v < 1 for v in sizes.values()) or not cfg.layer_norm_eps > 0 or not cfg.rope_theta > 0:
-        raise CheckpointError(f"{path}: invalid config: sizes must be positive and layer_norm_eps and the rope base "
-                              f"above 0, got {sizes}, {cfg.layer_norm_eps}, {cfg.rope_theta}")
+    check_positive(cfg, path, ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_size",
+                               "intermediate_size", "max_position_embeddings"),
+                   "layer_norm_eps and the rope base", cfg.layer_norm_eps, cfg.rope_theta)
     if cfg.type_vocab_size < 0:
         raise CheckpointError(f"{path}: invalid config: type_vocab_size must not be negative, "
                               f"got {cfg.type_vocab_size}")
