@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .encoder import MASK_VALUE
+from .family import ModelConfig
 from .rotary import RotaryEmbedding, default_inv_freq, rotate
 
 
@@ -115,25 +116,13 @@ LLAMA_STYLE_SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "nu
                      "intermediate_size", "max_position_embeddings")
 
 
-class LlamaStyleSizes(Protocol):
+class LlamaStyleSizes(ModelConfig, Protocol):
     """The config fields a pre-norm layer and encoder read (Qwen3Config, EuroBertConfig, Gemma3Config)."""
 
-    @property
-    def vocab_size(self) -> int: ...
-    @property
-    def hidden_size(self) -> int: ...
-    @property
-    def num_layers(self) -> int: ...
-    @property
-    def num_heads(self) -> int: ...
     @property
     def num_kv_heads(self) -> int: ...
     @property
     def head_size(self) -> int: ...
-    @property
-    def intermediate_size(self) -> int: ...
-    @property
-    def max_position_embeddings(self) -> int: ...
     @property
     def rms_norm_eps(self) -> float: ...
     @property

@@ -31,6 +31,7 @@ from attnserve.errors import CheckpointError
 from .blocks import GATE_ACTIVATIONS, padding_mask, run_layers
 from .config_reading import check_positive
 from .encoder import ACTIVATIONS
+from .family import ModelConfig
 from .rotary import RotaryEmbedding, rotate
 
 
@@ -72,21 +73,11 @@ class RotaryBertConfig:
         return self.max_position_embeddings
 
 
-class RotaryBertSizes(Protocol):
+class RotaryBertSizes(ModelConfig, Protocol):
     """The config fields the encoder reads (RotaryBertConfig, jina_v3.JinaV3Config)."""
 
     @property
-    def vocab_size(self) -> int: ...
-    @property
-    def hidden_size(self) -> int: ...
-    @property
-    def num_layers(self) -> int: ...
-    @property
-    def num_heads(self) -> int: ...
-    @property
     def head_size(self) -> int: ...
-    @property
-    def max_position_embeddings(self) -> int: ...
     @property
     def type_vocab_size(self) -> int: ...
     @property
