@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .encoder import MASK_VALUE
 from .family import ModelConfig
-from .rotary import RotaryEmbedding, default_inv_freq, rotate
+from .rotary import RotaryEmbedding, RotaryPositions, default_inv_freq, rotate
 
 
 class RMSNorm(nn.Module):
@@ -114,6 +114,18 @@ def causal_mask(T: int, device: torch.device, dtype: torch.dtype) -> torch.Tenso
 # The sizes a Llama-style config must give as positive integers (config_reading.check_positive).
 LLAMA_STYLE_SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_size",
                      "intermediate_size", "max_position_embeddings")
+
+
+class LlamaStyleConfig(RotaryPositions):
+    """Base of the Llama-style configs (Qwen3Config, EuroBertConfig, Gemma3Config): the checks they share."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+
+    def __post_init__(self) -> None:
+        assert self.num_heads % self.num_kv_heads == 0, "num_attention_heads must be a multiple of num_key_value_heads"
+        assert self.head_size % 2 == 0, "rotary embeddings need an even head_dim"
 
 
 class LlamaStyleSizes(ModelConfig, Protocol):

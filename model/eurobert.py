@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from attnserve.errors import CheckpointError
 
-from .blocks import GATE_ACTIVATIONS, LLAMA_STYLE_SIZES, PreNormEncoder, PreNormLayer
+from .blocks import GATE_ACTIVATIONS, LLAMA_STYLE_SIZES, LlamaStyleConfig, PreNormEncoder, PreNormLayer
 from .config_reading import (
     check_architectures,
     check_object,
@@ -38,7 +38,7 @@ MODEL_TYPE = "eurobert"
 
 
 @dataclass(frozen=True)
-class EuroBertConfig:
+class EuroBertConfig(LlamaStyleConfig):
     # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
     vocab_size: int
     hidden_size: int
@@ -58,15 +58,6 @@ class EuroBertConfig:
     # No token types: the graphs take token_type_ids only where a family has more than one.
     type_vocab_size: ClassVar[int] = 1
     has_token_types: ClassVar[bool] = False
-
-    def __post_init__(self) -> None:
-        assert self.num_heads % self.num_kv_heads == 0, "num_attention_heads must be a multiple of num_key_value_heads"
-        assert self.head_size % 2 == 0, "rotary embeddings need an even head_dim"
-
-    @property
-    def usable_positions(self) -> int:
-        """Positions an input may fill: rotary positions start at 0, so all of them."""
-        return self.max_position_embeddings
 
 
 class EuroBertEncoder(PreNormEncoder):

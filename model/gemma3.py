@@ -33,7 +33,15 @@ import torch.nn as nn
 
 from attnserve.errors import CheckpointError
 
-from .blocks import GATE_ACTIVATIONS, LLAMA_STYLE_SIZES, PreNormLayer, RMSNorm, padding_mask, run_layers
+from .blocks import (
+    GATE_ACTIVATIONS,
+    LLAMA_STYLE_SIZES,
+    LlamaStyleConfig,
+    PreNormLayer,
+    RMSNorm,
+    padding_mask,
+    run_layers,
+)
 from .config_reading import (
     check_architectures,
     check_object,
@@ -53,7 +61,7 @@ FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' names of 
 
 
 @dataclass(frozen=True)
-class Gemma3Config:
+class Gemma3Config(LlamaStyleConfig):
     # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
     vocab_size: int
     hidden_size: int
@@ -79,14 +87,8 @@ class Gemma3Config:
     has_token_types: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        assert self.num_heads % self.num_kv_heads == 0, "num_attention_heads must be a multiple of num_key_value_heads"
-        assert self.head_size % 2 == 0, "rotary embeddings need an even head_dim"
+        super().__post_init__()
         assert len(self.layer_types) == self.num_layers, "one layer type per layer"
-
-    @property
-    def usable_positions(self) -> int:
-        """Positions an input may fill: rotary positions start at 0, so all of them."""
-        return self.max_position_embeddings
 
     @property
     def scale(self) -> float:

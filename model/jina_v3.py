@@ -41,7 +41,7 @@ from .config_reading import (
 )
 from .encoder import ACTIVATIONS
 from .family import SelfContainedFamily, WeightNames
-from .rotary import default_inv_freq
+from .rotary import RotaryPositions, default_inv_freq
 from .rotary_bert import PlainFeedForward, RotaryBertEncoder
 
 MODEL_TYPE = "jina_embeddings_v3"
@@ -51,7 +51,7 @@ DEFAULT_ROPE_THETA = 20000.0  # JinaEmbeddingsV3Config.default_theta
 
 
 @dataclass(frozen=True)
-class JinaV3Config:
+class JinaV3Config(RotaryPositions):
     # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
     vocab_size: int
     hidden_size: int
@@ -82,11 +82,6 @@ class JinaV3Config:
     @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_heads
-
-    @property
-    def usable_positions(self) -> int:
-        """Positions an input may fill: rotary positions start at 0, so all of them."""
-        return self.max_position_embeddings
 
 
 class JinaV3Encoder(RotaryBertEncoder):

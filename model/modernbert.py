@@ -38,14 +38,14 @@ from .config_reading import (
 )
 from .encoder import MASK_VALUE
 from .family import SelfContainedFamily, WeightNames
-from .rotary import RotaryEmbedding, default_inv_freq, rotate
+from .rotary import RotaryEmbedding, RotaryPositions, default_inv_freq, rotate
 
 MODEL_TYPE = "modernbert"
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' names of the two layer types
 
 
 @dataclass(frozen=True)
-class ModernBertConfig:
+class ModernBertConfig(RotaryPositions):
     # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
     vocab_size: int
     hidden_size: int
@@ -75,11 +75,6 @@ class ModernBertConfig:
     @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_heads
-
-    @property
-    def usable_positions(self) -> int:
-        """Positions an input may fill: rotary positions start at 0, so all of them."""
-        return self.max_position_embeddings
 
     @property
     def half_window(self) -> int:

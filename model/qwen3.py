@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from attnserve.errors import CheckpointError
 
-from .blocks import GATE_ACTIVATIONS, LLAMA_STYLE_SIZES, PreNormEncoder, PreNormLayer
+from .blocks import GATE_ACTIVATIONS, LLAMA_STYLE_SIZES, LlamaStyleConfig, PreNormEncoder, PreNormLayer
 from .config_reading import (
     check_architectures,
     check_positive,
@@ -44,7 +44,7 @@ FULL = "full_attention"  # transformers' name of a layer that sees every earlier
 
 
 @dataclass(frozen=True)
-class Qwen3Config:
+class Qwen3Config(LlamaStyleConfig):
     # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
     vocab_size: int
     hidden_size: int
@@ -64,16 +64,6 @@ class Qwen3Config:
     # No token types: the graphs take token_type_ids only where a family has more than one.
     type_vocab_size: ClassVar[int] = 1
     has_token_types: ClassVar[bool] = False
-
-    def __post_init__(self) -> None:
-        assert self.num_heads % self.num_kv_heads == 0, \
-            "num_attention_heads must be a multiple of num_key_value_heads"
-        assert self.head_size % 2 == 0, "rotary embeddings need an even head_dim"
-
-    @property
-    def usable_positions(self) -> int:
-        """Positions an input may fill: rotary positions start at 0, so all of them."""
-        return self.max_position_embeddings
 
 
 class Qwen3Encoder(PreNormEncoder):

@@ -32,11 +32,11 @@ from .blocks import GATE_ACTIVATIONS, padding_mask, run_layers
 from .config_reading import check_positive
 from .encoder import ACTIVATIONS
 from .family import ModelConfig
-from .rotary import RotaryEmbedding, rotate
+from .rotary import RotaryEmbedding, RotaryPositions, rotate
 
 
 @dataclass(frozen=True)
-class RotaryBertConfig:
+class RotaryBertConfig(RotaryPositions):
     # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
     vocab_size: int
     hidden_size: int
@@ -66,11 +66,6 @@ class RotaryBertConfig:
     def has_token_types(self) -> bool:
         """Whether the model tells segments apart: only then do its graphs take token_type_ids."""
         return self.type_vocab_size > 1
-
-    @property
-    def usable_positions(self) -> int:
-        """Positions an input may fill: rotary positions start at 0, so all of them."""
-        return self.max_position_embeddings
 
 
 class RotaryBertSizes(ModelConfig, Protocol):
