@@ -1,15 +1,21 @@
 """Helpers the family tests (test_qwen3, test_gemma3, test_eurobert, test_nomic_bert, test_gte, test_jina_v3,
 test_modernbert) share: padded random batches, transformers' model of a checkpoint folder, our encoder loaded
-from it, its export, and the error between the two on real positions."""
+from it, its export, the error between the two on real positions, cosines, and a config's refusal."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
 
+from attnserve.errors import CheckpointError
 from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
+
+from .checkpoints import edit_json
 
 # Padded batches from 1 token to past a max_seq_length of 40; each row's length is its own.
 LENGTHS = [(1,), (5, 3), (16, 9, 1), (40, 17, 33), (100, 64, 7, 100)]
@@ -72,3 +78,20 @@ def export(st_dir: Path, out: Path) -> tuple[Path, list[str]]:
     lines: list[str] = []
     build_artifacts(read_checkpoint(st_dir), out, log=lines.append)
     return out, lines
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def refusal_before_weights_load(model_dir: Path, checkpoint: Path, change: dict) -> str:
+    """The CheckpointError message of reading model_dir's config and tokenizer with `change` made to the config,
+    beside weights that are not weights (reading them would fail differently)."""
+    checkpoint.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(model_dir / name, checkpoint / name)
+    (checkpoint / "model.safetensors").write_bytes(b"not weights: reading them would fail differently")
+    edit_json(checkpoint / "config.json", **change)
+    with pytest.raises(CheckpointError) as refused:
+        read_checkpoint(checkpoint)
+    return str(refused.value)

@@ -22,7 +22,7 @@ from attnserve.model.eurobert import EuroBertEncoder, read_config
 from . import family_parity
 from .checkpoints import edit_json, save_pipeline
 from .conftest import assert_one_line_error, run_cli
-from .family_parity import LENGTHS, export, load_ours, transformers_model
+from .family_parity import LENGTHS, cosines, export, load_ours, transformers_model
 from .tiny_eurobert import save_tiny_eurobert
 
 MAX_SEQ_LENGTH = 40
@@ -172,10 +172,6 @@ def test_exported_graphs_match_pytorch_at_unseen_sizes(exported, ours):
             session = ort.InferenceSession(str(out / graph), providers=["CPUExecutionProvider"])
             got = session.run(["last_hidden_state"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
             assert np.abs(got - want)[mask.bool().numpy()].max() <= 1e-4, (graph, lengths)
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 def test_engine_encodes_as_sentence_transformers_with_prompts(st_dir, exported):

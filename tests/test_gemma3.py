@@ -22,7 +22,15 @@ from attnserve.model.gemma3 import FULL, SLIDING, Gemma3Encoder, read_config
 
 from .checkpoints import edit_json
 from .conftest import assert_one_line_error, run_cli
-from .family_parity import LENGTHS, export, load_ours, max_error_on_real_positions, padded_batch, transformers_model
+from .family_parity import (
+    LENGTHS,
+    cosines,
+    export,
+    load_ours,
+    max_error_on_real_positions,
+    padded_batch,
+    transformers_model,
+)
 from .tiny_gemma3 import PROMPTS, save_embedding_gemma, save_tiny_gemma3
 
 MAX_SEQ_LENGTH = 40
@@ -198,10 +206,6 @@ def test_exported_graphs_match_pytorch_at_unseen_sizes(exported, ours):
             session = ort.InferenceSession(str(out / graph), providers=["CPUExecutionProvider"])
             got = session.run(["last_hidden_state"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
             assert np.abs(got - want)[mask.bool().numpy()].max() <= 1e-4, (graph, lengths)
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 def test_engine_encodes_as_sentence_transformers_with_its_prompts(st_dir, exported):

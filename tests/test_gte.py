@@ -20,7 +20,15 @@ from attnserve.model.rotary_bert import RotaryBertEncoder
 
 from .checkpoints import edit_json, save_pipeline
 from .conftest import assert_one_line_error, run_cli
-from .family_parity import export, load_ours, max_error, padded_batch_with_types, transformers_model
+from .family_parity import (
+    cosines,
+    export,
+    load_ours,
+    max_error,
+    padded_batch_with_types,
+    refusal_before_weights_load,
+    transformers_model,
+)
 from .tiny_gte import alibaba_ntk_inv_freq, save_tiny_gte
 
 MAX_SEQ_LENGTH = 48
@@ -171,15 +179,8 @@ REFUSED = [
 
 @pytest.mark.parametrize("change, fragment", REFUSED, ids=[f"{'-'.join(c)}{i}" for i, (c, _) in enumerate(REFUSED)])
 def test_settings_the_export_cannot_run_are_refused_before_weights_load(model_dir, tmp_path, change, fragment):
-    checkpoint = tmp_path / "refused"
-    checkpoint.mkdir()
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(model_dir / name, checkpoint / name)
-    (checkpoint / "model.safetensors").write_bytes(b"not weights: reading them would fail differently")
-    edit_json(checkpoint / "config.json", **change)
-    with pytest.raises(CheckpointError) as refused:
-        read_checkpoint(checkpoint)
-    assert fragment in str(refused.value) and "\n" not in str(refused.value)
+    message = refusal_before_weights_load(model_dir, tmp_path / "refused", change)
+    assert fragment in message and "\n" not in message
 
 
 def test_export_refuses_in_one_line(model_dir, tmp_path):
@@ -220,10 +221,6 @@ def test_exported_fp32_graphs_match_pytorch_at_unseen_sizes(exported, ours):
         assert max_error(torch.from_numpy(outputs["last_hidden_state"]), want, mask) <= 1e-4, name
         if "attentions" in outputs:
             assert np.abs(outputs["attentions"] - want_attentions.numpy()).max() <= 1e-5
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 def test_engine_encodes_as_sentence_transformers(st_dir, exported):

@@ -25,7 +25,7 @@ from attnserve.model.jina_v3 import TASKS, JinaV3Encoder, with_task
 
 from .checkpoints import edit_json, save_sentence_transformer
 from .conftest import assert_one_line_error, run_cli
-from .family_parity import padded_batch
+from .family_parity import cosines, padded_batch
 from .tiny_jina import save_tiny_jina
 
 MAX_SEQ_LENGTH = 40
@@ -71,10 +71,6 @@ def transformers_model(directory: Path, task: str | None, implementation: str = 
     if task is not None:
         model.load_adapter(str(directory / "adapters" / task), adapter_name=task.replace(".", "_"))
     return model.eval()
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 @pytest.mark.parametrize("task", [None, *TASKS])

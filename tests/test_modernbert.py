@@ -21,7 +21,7 @@ from attnserve.model.modernbert import GLOBAL, LOCAL, ModernBertEncoder
 
 from .checkpoints import edit_json, save_sentence_transformer, save_tiny_modernbert
 from .conftest import assert_one_line_error, run_cli
-from .family_parity import LENGTHS, export, load_ours, padded_batch, transformers_model
+from .family_parity import LENGTHS, cosines, export, load_ours, padded_batch, transformers_model
 
 MAX_SEQ_LENGTH = 40
 TEXTS = ["hello world", "A LONGER sentence, with punctuation!", "café über naïve 42", "x",
@@ -182,10 +182,6 @@ def test_export_verifies_every_variant_and_says_attention_is_unfused(exported):
     assert manifest["variants"]["embeddings_int8"]["parity"]["mean_cosine_sentence_embedding_texts"] >= 0.99
     assert "token_type_ids" not in {i.name for i in __import__("onnx").load(
         str(out / "embeddings.onnx")).graph.input}
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 def test_engine_encodes_as_sentence_transformers(st_dir, exported):

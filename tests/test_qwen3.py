@@ -22,7 +22,7 @@ from attnserve.model.qwen3 import Qwen3Encoder, read_config
 
 from .checkpoints import edit_json
 from .conftest import assert_one_line_error, run_cli
-from .family_parity import LENGTHS, export, load_ours, padded_batch, transformers_model
+from .family_parity import LENGTHS, cosines, export, load_ours, padded_batch, transformers_model
 from .tiny_qwen3 import END_OF_TEXT, PROMPTS, save_qwen3_embedding, save_tiny_qwen3
 
 MAX_SEQ_LENGTH = 40
@@ -205,10 +205,6 @@ def test_every_fp32_graph_matches_pytorch_at_unseen_sizes(exported, ours, side):
                 # Real queries' rows: a left-padded padded query's row is not an output anyone reads.
                 rows = np.broadcast_to(real[None, :, None, :, None] & real[None, :, None, None, :], outputs[2].shape)
                 assert np.abs(outputs[2] - attentions.numpy())[rows].max() <= 1e-5
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 def test_engine_encodes_as_sentence_transformers_with_the_prompts(st_dir, exported):
