@@ -21,14 +21,13 @@ from attnserve.engine.batching import pad
 from attnserve.engine.manifest import GraphVariant, sha256_of
 from attnserve.engine.session import CPU, open_session
 from attnserve.engine.tokenizer import TextTokenizer
-from attnserve.errors import ExportVerificationError
 from attnserve.model.checkpoint import Checkpoint
 from attnserve.model.pipeline import read_json
 from attnserve.model.qwen3 import Qwen3Encoder
 from attnserve.model.qwen3_reranker import Qwen3Reranker, load_reranker, tied_embeddings
 
 from .optimize import convert_fp16, describe_fusions, fuse_attention
-from .reranker import SCORE_TOLERANCE, TEXT_PAIRS, VARIANTS
+from .reranker import TEXT_PAIRS, VARIANTS, attention_errors, check_parity, describe
 from .token_ids import made_up_token_ids
 from .torch_to_onnx import OPSET
 from .verify import SAMPLE_TEXTS, shape_grid
@@ -87,12 +86,8 @@ def measure(path: Path, reference: TemplatedPairReference, provider: str = CPU) 
         max_scores = max(max_scores, float(np.abs(outputs[0] - scores).max()))
         largest = max(largest, float(np.abs(scores).max()))
         if wants_attention and attentions is not None:
-            real = feed["attention_mask"].astype(bool)
-            keys, queries = real[None, :, None, None, :], real[None, :, None, :, None]
-            got = outputs[1]  # (L, B, nh, T, T)
-            max_attention = max(max_attention, float(np.abs(got - attentions)[np.broadcast_to(
-                keys & queries, got.shape)].max()))
-            max_padded_key_weight = max(max_padded_key_weight, float(np.where(keys, 0.0, got).max()))
+            error, padded = attention_errors(feed["attention_mask"], outputs[1], attentions)
+            max_attention, max_padded_key_weight = max(max_attention, error), max(max_padded_key_weight, padded)
     metrics = {"max_abs_scores": max_scores, "max_rel_scores": max_scores / largest,
                "shapes_checked": len(reference.cases), "pairs_checked": len(reference.pairs)}
     if wants_attention:
@@ -101,15 +96,7 @@ def measure(path: Path, reference: TemplatedPairReference, provider: str = CPU) 
 
 
 def verify(path: Path, precision: str, reference: TemplatedPairReference) -> dict[str, float]:
-    metrics = measure(path, reference)
-    failed = [t for t in SCORE_TOLERANCE[precision] if not t.holds(metrics[t.metric])]
-    if failed or metrics.get("max_padded_key_weight", 0.0) != 0:
-        raise ExportVerificationError(
-            f"{path.name} ({precision}) fails parity with PyTorch: "
-            + "; ".join(f"{t.describe(metrics[t.metric])} does not hold" for t in failed)
-            + (f"; padded keys got weight {metrics['max_padded_key_weight']:g}"
-               if metrics.get("max_padded_key_weight") else ""))
-    return metrics
+    return check_parity(path, precision, measure(path, reference))
 
 
 def qwen3_reranker_variants(ckpt: Checkpoint, encoder: Qwen3Encoder, tokenizer: TextTokenizer, work: Path,
@@ -134,7 +121,7 @@ def qwen3_reranker_variants(ckpt: Checkpoint, encoder: Qwen3Encoder, tokenizer: 
         if precision == "int8":
             continue
         parity = verify(work / file, precision, reference)
-        log(f"verified {file:24s} " + ", ".join(t.describe(parity[t.metric]) for t in SCORE_TOLERANCE[precision]))
+        log(f"verified {file:24s} {describe(precision, parity)}")
         # fused: False for every graph: the optimizer does not fuse rotary attention.
         variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, False, outputs, parity)
     return variants

@@ -149,12 +149,8 @@ def measure(path: Path, reference: PairReference, provider: str = CPU,
             text_scores.append(outputs[0])
             text_want.append(scores)
         if wants_attention and attentions is not None:
-            real = feed["attention_mask"].astype(bool)
-            keys, queries = real[None, :, None, None, :], real[None, :, None, :, None]
-            got = outputs[1]  # (L, B, nh, T, T)
-            max_attention = max(max_attention, float(np.abs(got - attentions)[np.broadcast_to(
-                keys & queries, got.shape)].max()))
-            max_padded_key_weight = max(max_padded_key_weight, float(np.where(keys, 0.0, got).max()))
+            error, padded = attention_errors(feed["attention_mask"], outputs[1], attentions)
+            max_attention, max_padded_key_weight = max(max_attention, error), max(max_padded_key_weight, padded)
     agreement = score_agreement(np.concatenate(text_scores), np.concatenate(text_want), reference.activation)
     metrics = {"max_abs_scores": max_scores, "max_rel_scores": max_scores / largest,
                "max_score_error_texts": agreement["max_score_error"],
@@ -169,9 +165,23 @@ def describe(precision: str, metrics: dict[str, float]) -> str:
     return ", ".join(t.describe(metrics[t.metric]) for t in SCORE_TOLERANCE[precision])
 
 
+def attention_errors(attention_mask: np.ndarray, got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+    """attention_mask (B, T); got, want (L, B, nh, T, T): the largest error between real queries and real keys, and
+    the largest weight a padded key got."""
+    real = attention_mask.astype(bool)
+    keys, queries = real[None, :, None, None, :], real[None, :, None, :, None]
+    error = float(np.abs(got - want)[np.broadcast_to(keys & queries, got.shape)].max())
+    return error, float(np.where(keys, 0.0, got).max())
+
+
 def verify_reranker(path: Path, precision: str, reference: PairReference,
                     disabled_optimizers: tuple[str, ...] = ()) -> dict[str, float]:
-    metrics = measure(path, reference, disabled_optimizers=disabled_optimizers)
+    return check_parity(path, precision, measure(path, reference, disabled_optimizers=disabled_optimizers))
+
+
+def check_parity(path: Path, precision: str, metrics: dict[str, float]) -> dict[str, float]:
+    """metrics, if they meet precision's score tolerances and no padded key got weight; else the one-line
+    refusal naming what does not hold."""
     failed = [t for t in SCORE_TOLERANCE[precision] if not t.holds(metrics[t.metric])]
     if failed or metrics.get("max_padded_key_weight", 0.0) != 0:
         raise ExportVerificationError(

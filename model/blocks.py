@@ -1,5 +1,6 @@
 """The building blocks of the Llama-style families (Qwen3, Gemma 3, EuroBERT): RMSNorm, grouped-query attention
-with rotary positions, and the gated feed-forward. Each family's file assembles them in its own order.
+with rotary positions, the gated feed-forward, the pre-norm layer made of them and the encoder around it (Qwen3,
+EuroBERT; Gemma 3 uses the layer with its sandwich norms and its own encoder).
 
 Shapes: B batch, T sequence, H hidden, nh query heads, nkv key/value heads (nh a multiple of it), hs head size,
 F feed-forward size.
@@ -7,14 +8,16 @@ F feed-forward size.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .encoder import MASK_VALUE
-from .rotary import rotate
+from .family import ModelConfig
+from .rotary import RotaryEmbedding, RotaryPositions, default_inv_freq, rotate
 
 
 class RMSNorm(nn.Module):
@@ -106,3 +109,124 @@ def causal_mask(T: int, device: torch.device, dtype: torch.dtype) -> torch.Tenso
     """(T, T) additive: MASK_VALUE where the key comes after the query."""
     positions = torch.arange(T, device=device)
     return (positions[None, :] > positions[:, None]).to(dtype) * MASK_VALUE
+
+
+# The sizes a Llama-style config must give as positive integers (config_reading.check_positive).
+LLAMA_STYLE_SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_size",
+                     "intermediate_size", "max_position_embeddings")
+
+
+class LlamaStyleConfig(RotaryPositions):
+    """Base of the Llama-style configs (Qwen3Config, EuroBertConfig, Gemma3Config): the checks they share."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+
+    def __post_init__(self) -> None:
+        assert self.num_heads % self.num_kv_heads == 0, "num_attention_heads must be a multiple of num_key_value_heads"
+        assert self.head_size % 2 == 0, "rotary embeddings need an even head_dim"
+
+
+class LlamaStyleSizes(ModelConfig, Protocol):
+    """The config fields a pre-norm layer and encoder read (Qwen3Config, EuroBertConfig, Gemma3Config)."""
+
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_size(self) -> int: ...
+    @property
+    def rms_norm_eps(self) -> float: ...
+    @property
+    def attention_bias(self) -> bool: ...
+
+
+class PreNormLayer(nn.Module):
+    """Llama's layer order: x = x + attention(attention_norm(x)); x = x + feed_forward(feed_forward_norm(x)).
+    The residual stream itself is never normalised here. With sandwich (Gemma 3) each sublayer's output is
+    normalised again before the residual sum (post_attention_norm, post_feed_forward_norm).
+
+    head_norm: an RMSNorm over each query and key head before the rotation (Qwen3, Gemma 3); unit_offset: every
+    norm scales by 1 + weight (Gemma); mlp_bias: biases in the feed-forward (EuroBERT's option)."""
+
+    def __init__(self, cfg: LlamaStyleSizes, activation: str, scale: float, head_norm: bool = False,
+                 mlp_bias: bool = False, unit_offset: bool = False, sandwich: bool = False):
+        super().__init__()
+        H, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.attention_norm = RMSNorm(H, eps, unit_offset)  # input_layernorm
+        self.attention = GroupedQueryAttention(
+            H, cfg.num_heads, cfg.num_kv_heads, cfg.head_size, cfg.attention_bias, scale,
+            head_norm=RMSNorm(cfg.head_size, eps, unit_offset) if head_norm else None)
+        self.post_attention_norm = RMSNorm(H, eps, unit_offset) if sandwich else None
+        # post_attention_layernorm (Qwen3, EuroBERT) or pre_feedforward_layernorm (Gemma 3): before the feed-forward
+        self.feed_forward_norm = RMSNorm(H, eps, unit_offset)
+        self.feed_forward = GatedFeedForward(H, cfg.intermediate_size, activation, bias=mlp_bias)
+        self.post_feed_forward_norm = RMSNorm(H, eps, unit_offset) if sandwich else None
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        attended, probs = self.attention(self.attention_norm(x), mask, cos, sin)
+        if self.post_attention_norm is not None:
+            attended = self.post_attention_norm(attended)
+        x = x + attended  # (B, T, H)
+        fed = self.feed_forward(self.feed_forward_norm(x))
+        if self.post_feed_forward_norm is not None:
+            fed = self.post_feed_forward_norm(fed)
+        x = x + fed  # (B, T, H)
+        return x, probs
+
+
+def run_layers(layers: Iterable[nn.Module], x: torch.Tensor, output_attentions: bool,
+               inputs: Callable[[nn.Module], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """x through each layer, layer(x, *inputs(layer)) -> (x, probs); returns the last x and, if asked, every
+    layer's attention probabilities stacked as (L, B, nh, T, T)."""
+    attentions = []
+    for layer in layers:
+        x, probs = layer(x, *inputs(layer))
+        if output_attentions:
+            attentions.append(probs)
+    return x, (torch.stack(attentions) if output_attentions else None)
+
+
+class PreNormEncoder(nn.Module):
+    """A Llama-style encoder (Qwen3, EuroBERT): word embedding, rotary positions 0..T-1 whatever the padding (one
+    base, rope_theta), pre-norm layers and a final RMSNorm; no token types, no position embeddings, no embedding
+    norm. The same forward as encoder.Encoder: SentenceEncoder, export and verification take either.
+
+    causal: a token sees itself and the real tokens before it (a decoder used as an encoder), else every real token."""
+
+    def __init__(self, cfg: LlamaStyleSizes, rope_theta: float, layer: Callable[[], PreNormLayer], name: str,
+                 causal: bool):
+        """layer: builds one layer; name: the family's, for messages."""
+        super().__init__()
+        self.config = cfg
+        self.name, self.causal = name, causal
+        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.rotary = RotaryEmbedding(default_inv_freq(cfg.head_size, rope_theta), cfg.max_position_embeddings)
+        self.layers = nn.ModuleList(layer() for _ in range(cfg.num_layers))
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """input_ids, attention_mask: (B, T) int64, mask 1 for real tokens and 0 for padding. Positions are 0..T-1,
+        as transformers numbers them: padding goes on the right, or (causal only) on either side. There are no
+        token types: token_type_ids is taken (as Encoder's forward takes it) and must be None.
+
+        Returns last_hidden_state (B, T, H) and, if asked, every layer's attention probabilities per query head,
+        stacked as (L, B, nh, T, T); causal ones lower-triangular, padded keys exactly 0.
+        """
+        assert token_type_ids is None, f"{self.name} has no token types (its graphs take no token_type_ids)"
+        T = input_ids.shape[1]
+        x = self.word(input_ids)  # (B, T, H)
+        if self.causal:
+            # Padding counts twice: a padded query before every real token (left padding) sees only padded keys
+            # and future real keys, and then prefers the future ones, so padded keys get exactly 0 weight from
+            # every query. A real query always sees itself, so both kinds of masked keys get exactly 0 there.
+            mask = 2 * padding_mask(attention_mask, x.dtype) + causal_mask(T, x.device, x.dtype)  # (B, 1, T, T)
+        else:
+            mask = padding_mask(attention_mask, x.dtype)  # (B, 1, 1, T): every query sees every real key
+        cos, sin = self.rotary(T)  # (T, hs) each
+        x, attentions = run_layers(self.layers, x, output_attentions, lambda _: (mask, cos, sin))
+        return self.final_norm(x), attentions

@@ -30,6 +30,8 @@ import torch.nn.functional as F
 
 from attnserve.errors import CheckpointError
 
+from .config_reading import flag
+
 
 class FirstTokenHead(nn.Module):
     """out(activation(dense(h[:, 0]))): BERT's pooler and classifier, RoBERTa's ClassificationHead (tanh) and
@@ -108,13 +110,6 @@ def _first_token(activation: Callable[[torch.Tensor], torch.Tensor]) -> Callable
     return lambda options, hidden, labels: FirstTokenHead(hidden, labels, activation)
 
 
-def _flag(raw: dict, key: str, path: Path) -> bool:
-    value = raw.get(key, False)
-    if not isinstance(value, bool):
-        raise CheckpointError(f"{path}: {key} must be true or false, got {value!r}")
-    return value
-
-
 def read_modernbert_head(raw: dict, path: Path) -> ModernBertHeadOptions:
     pooling = raw.get("classifier_pooling", "cls")
     if pooling not in ("cls", "mean"):
@@ -127,8 +122,8 @@ def read_modernbert_head(raw: dict, path: Path) -> ModernBertHeadOptions:
         eps = float(raw.get("norm_eps", 1e-5))
     except (TypeError, ValueError):
         raise CheckpointError(f"{path}: norm_eps must be a number, got {raw.get('norm_eps')!r}") from None
-    return ModernBertHeadOptions(pooling, activation, _flag(raw, "classifier_bias", path), eps,
-                                 _flag(raw, "norm_bias", path))
+    return ModernBertHeadOptions(pooling, activation, flag(raw, "classifier_bias", path), eps,
+                                 flag(raw, "norm_bias", path))
 
 
 def modernbert_head_keys(options: ModernBertHeadOptions) -> dict[str, str]:

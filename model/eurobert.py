@@ -19,20 +19,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import torch
-import torch.nn as nn
-
 from attnserve.errors import CheckpointError
 
-from .blocks import GATE_ACTIVATIONS, GatedFeedForward, GroupedQueryAttention, RMSNorm, padding_mask
+from .blocks import GATE_ACTIVATIONS, LLAMA_STYLE_SIZES, LlamaStyleConfig, PreNormEncoder, PreNormLayer
+from .config_reading import (
+    check_architectures,
+    check_object,
+    check_positive,
+    check_supported,
+    flag,
+    invalid_config,
+    plain_rope_theta,
+    refuse_rope_scaling,
+)
 from .family import SelfContainedFamily, WeightNames
-from .rotary import RotaryEmbedding, default_inv_freq
 
 MODEL_TYPE = "eurobert"
 
 
 @dataclass(frozen=True)
-class EuroBertConfig:
+class EuroBertConfig(LlamaStyleConfig):
     # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
     vocab_size: int
     hidden_size: int
@@ -53,66 +59,14 @@ class EuroBertConfig:
     type_vocab_size: ClassVar[int] = 1
     has_token_types: ClassVar[bool] = False
 
-    def __post_init__(self) -> None:
-        assert self.num_heads % self.num_kv_heads == 0, "num_attention_heads must be a multiple of num_key_value_heads"
-        assert self.head_size % 2 == 0, "rotary embeddings need an even head_dim"
 
-    @property
-    def usable_positions(self) -> int:
-        """Positions an input may fill: rotary positions start at 0, so all of them."""
-        return self.max_position_embeddings
-
-
-class EuroBertLayer(nn.Module):
-    def __init__(self, cfg: EuroBertConfig):
-        super().__init__()
-        H = cfg.hidden_size
-        self.attention_norm = RMSNorm(H, cfg.rms_norm_eps)  # input_layernorm
-        self.attention = GroupedQueryAttention(H, cfg.num_heads, cfg.num_kv_heads, cfg.head_size,
-                                               cfg.attention_bias, cfg.head_size ** -0.5)
-        self.feed_forward_norm = RMSNorm(H, cfg.rms_norm_eps)  # post_attention_layernorm, before the feed-forward
-        self.feed_forward = GatedFeedForward(H, cfg.intermediate_size, cfg.activation, bias=cfg.mlp_bias)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Pre-norm: each sublayer reads a normalised copy; the residual stream itself is never normalised here.
-        attended, probs = self.attention(self.attention_norm(x), mask, cos, sin)
-        x = x + attended  # (B, T, H)
-        x = x + self.feed_forward(self.feed_forward_norm(x))  # (B, T, H)
-        return x, probs
-
-
-class EuroBertEncoder(nn.Module):
-    """The same forward as encoder.Encoder: SentenceEncoder, export and verification take either."""
+class EuroBertEncoder(PreNormEncoder):
+    """Pre-norm layers (blocks.PreNormLayer), bidirectional attention."""
 
     def __init__(self, cfg: EuroBertConfig):
-        super().__init__()
-        self.config = cfg
-        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.rotary = RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.rope_theta), cfg.max_position_embeddings)
-        self.layers = nn.ModuleList(EuroBertLayer(cfg) for _ in range(cfg.num_layers))
-        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """input_ids, attention_mask: (B, T) int64, mask 1 for real tokens and 0 for padding (on the right: positions
-        are 0..T-1, as transformers numbers them). EuroBERT has no token types: token_type_ids must be None.
-
-        Returns last_hidden_state (B, T, H) and, if asked, every layer's attention probabilities per query head,
-        stacked as (L, B, nh, T, T).
-        """
-        assert token_type_ids is None, "EuroBERT has no token types (its graphs take no token_type_ids)"
-        x = self.word(input_ids)  # (B, T, H)
-        mask = padding_mask(attention_mask, x.dtype)  # (B, 1, 1, T): every query sees every real key
-        cos, sin = self.rotary(input_ids.shape[1])  # (T, hs) each
-        attentions = []
-        for layer in self.layers:
-            x, probs = layer(x, mask, cos, sin)
-            if output_attentions:
-                attentions.append(probs)
-        return self.final_norm(x), (torch.stack(attentions) if output_attentions else None)
+        super().__init__(cfg, cfg.rope_theta, lambda: PreNormLayer(cfg, cfg.activation, cfg.head_size ** -0.5,
+                                                                   mlp_bias=cfg.mlp_bias),
+                         name="EuroBERT", causal=False)
 
 
 # The bare model, and the masked-LM model used as an encoder (EuroBERT's released checkpoints are
@@ -121,7 +75,6 @@ ENCODER_ARCHITECTURES = ("EuroBertModel", "EuroBertForMaskedLM")
 TASK_PREFIX = "model."
 ENCODER_PARTS = ("embed_tokens.", "layers.", "norm.")
 UNUSED_HEADS = ("lm_head.",)
-ROPE_KEYS = {"rope_type", "rope_theta"}
 DEFAULT_ROPE_THETA = 10_000.0  # transformers' default_theta, which EuroBertConfig keeps
 DEFAULT_PAD_TOKEN_ID = 128001  # EuroBertConfig's: <|end_of_text|>, also the end-of-sequence token
 
@@ -129,23 +82,10 @@ DEFAULT_PAD_TOKEN_ID = 128001  # EuroBertConfig's: <|end_of_text|>, also the end
 def read_config(raw: dict[str, Any], path: Path) -> EuroBertConfig:
     """config.json of a EuroBERT checkpoint, as transformers' EuroBertConfig reads it (the rope settings in the 4.x
     or the 5.x form), or a one-line refusal of what the export does not run."""
-    architectures = raw.get("architectures") or []
-    if not isinstance(architectures, list):
-        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
-    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
-    if heads:
-        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
-                              f"{' or '.join(ENCODER_ARCHITECTURES)})")
-    activation = raw.get("hidden_act", "silu")
-    if activation not in GATE_ACTIVATIONS:
-        raise CheckpointError(f"{path}: hidden_act {activation!r} is not supported "
-                              f"(only {', '.join(sorted(GATE_ACTIVATIONS))})")
-    flags = {}
-    for key in ("attention_bias", "mlp_bias"):
-        flags[key] = raw.get(key, False)
-        if not isinstance(flags[key], bool):
-            raise CheckpointError(f"{path}: {key} must be true or false, got {flags[key]!r}")
-    try:
+    check_architectures(raw, path, ENCODER_ARCHITECTURES)
+    activation = check_supported(path, "hidden_act", raw.get("hidden_act", "silu"), sorted(GATE_ACTIVATIONS))
+    flags = {key: flag(raw, key, path) for key in ("attention_bias", "mlp_bias")}
+    with invalid_config(path):
         hidden_size, num_heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
         cfg = EuroBertConfig(
             vocab_size=int(raw["vocab_size"]),
@@ -163,36 +103,20 @@ def read_config(raw: dict[str, Any], path: Path) -> EuroBertConfig:
             mlp_bias=flags["mlp_bias"],
             pad_token_id=int(raw.get("pad_token_id", DEFAULT_PAD_TOKEN_ID) or 0),
         )
-    except KeyError as e:
-        raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{path}: invalid config: {e}") from None
-    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                                          "head_size", "intermediate_size", "max_position_embeddings")}
-    if any(v < 1 for v in sizes.values()) or not (cfg.rms_norm_eps > 0 and cfg.rope_theta > 0):
-        raise CheckpointError(f"{path}: invalid config: sizes must be positive and rms_norm_eps and rope_theta above "
-                              f"0, got {sizes}, {cfg.rms_norm_eps}, {cfg.rope_theta}")
+    check_positive(cfg, path, LLAMA_STYLE_SIZES, "rms_norm_eps and rope_theta", cfg.rms_norm_eps, cfg.rope_theta)
     return cfg
 
 
 def _rope_theta(raw: dict[str, Any], path: Path) -> float:
     """rope_parameters["rope_theta"] (transformers 5), else rope_theta (4.x). Only plain rotary (rope_type
     "default") is reproduced: EuroBERT's released checkpoints use it."""
-    if raw.get("rope_scaling") is not None:
-        raise CheckpointError(f"{path}: cannot reproduce rope_scaling {raw['rope_scaling']!r} (only plain RoPE)")
+    refuse_rope_scaling(raw, path)
     if raw.get("partial_rotary_factor") is not None:
         raise CheckpointError(f"{path}: cannot reproduce partial_rotary_factor {raw['partial_rotary_factor']!r} "
                               "(only rotary over the whole head)")
-    legacy = raw.get("rope_theta", DEFAULT_ROPE_THETA)
     params = raw.get("rope_parameters")
-    if params is None:
-        return float(legacy)
-    if not isinstance(params, dict):
-        raise CheckpointError(f"{path}: rope_parameters must be an object, got {params!r}")
-    if params.get("rope_type", "default") != "default" or set(params) - ROPE_KEYS:
-        raise CheckpointError(f"{path}: cannot reproduce rope_parameters {params!r} "
-                              "(only rope_type 'default' with its rope_theta)")
-    return float(params.get("rope_theta", legacy))
+    check_object(params, path, "rope_parameters")
+    return plain_rope_theta(params, raw.get("rope_theta", DEFAULT_ROPE_THETA), path)
 
 
 # Checkpoint names (transformers' EuroBertModel) -> EuroBertEncoder names, per layer, and whether the config's

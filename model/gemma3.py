@@ -33,7 +33,25 @@ import torch.nn as nn
 
 from attnserve.errors import CheckpointError
 
-from .blocks import GATE_ACTIVATIONS, GatedFeedForward, GroupedQueryAttention, RMSNorm, padding_mask
+from .blocks import (
+    GATE_ACTIVATIONS,
+    LLAMA_STYLE_SIZES,
+    LlamaStyleConfig,
+    PreNormLayer,
+    RMSNorm,
+    padding_mask,
+    run_layers,
+)
+from .config_reading import (
+    check_architectures,
+    check_object,
+    check_positive,
+    check_supported,
+    flag,
+    invalid_config,
+    plain_rope_theta,
+    refuse_rope_scaling,
+)
 from .encoder import MASK_VALUE
 from .family import SelfContainedFamily, WeightNames
 from .rotary import RotaryEmbedding, default_inv_freq
@@ -43,7 +61,7 @@ FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' names of 
 
 
 @dataclass(frozen=True)
-class Gemma3Config:
+class Gemma3Config(LlamaStyleConfig):
     # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
     vocab_size: int
     hidden_size: int
@@ -69,42 +87,21 @@ class Gemma3Config:
     has_token_types: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        assert self.num_heads % self.num_kv_heads == 0, "num_attention_heads must be a multiple of num_key_value_heads"
-        assert self.head_size % 2 == 0, "rotary embeddings need an even head_dim"
+        super().__post_init__()
         assert len(self.layer_types) == self.num_layers, "one layer type per layer"
-
-    @property
-    def usable_positions(self) -> int:
-        """Positions an input may fill: rotary positions start at 0, so all of them."""
-        return self.max_position_embeddings
 
     @property
     def scale(self) -> float:
         return self.query_pre_attn_scalar ** -0.5
 
 
-class Gemma3Layer(nn.Module):
-    def __init__(self, cfg: Gemma3Config, index: int):
-        super().__init__()
-        H, eps = cfg.hidden_size, cfg.rms_norm_eps
-        self.attention_norm = RMSNorm(H, eps, unit_offset=True)  # input_layernorm
-        self.attention = GroupedQueryAttention(H, cfg.num_heads, cfg.num_kv_heads, cfg.head_size,
-                                               cfg.attention_bias, cfg.scale,
-                                               head_norm=RMSNorm(cfg.head_size, eps, unit_offset=True))
-        self.post_attention_norm = RMSNorm(H, eps, unit_offset=True)
-        self.feed_forward_norm = RMSNorm(H, eps, unit_offset=True)  # pre_feedforward_layernorm
-        self.feed_forward = GatedFeedForward(H, cfg.intermediate_size, cfg.activation)
-        self.post_feed_forward_norm = RMSNorm(H, eps, unit_offset=True)
-        self.is_sliding = cfg.layer_types[index] == SLIDING
+class Gemma3Layer(PreNormLayer):
+    """Sandwich norms: each sublayer reads a normalised copy and its output is normalised again before the residual
+    sum; the residual stream itself is only normalised once, after the last layer."""
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Sandwich norms: each sublayer reads a normalised copy and its output is normalised again before the
-        # residual sum; the residual stream itself is only normalised once, after the last layer.
-        attended, probs = self.attention(self.attention_norm(x), mask, cos, sin)
-        x = x + self.post_attention_norm(attended)  # (B, T, H)
-        x = x + self.post_feed_forward_norm(self.feed_forward(self.feed_forward_norm(x)))  # (B, T, H)
-        return x, probs
+    def __init__(self, cfg: Gemma3Config, index: int):
+        super().__init__(cfg, cfg.activation, cfg.scale, head_norm=True, unit_offset=True, sandwich=True)
+        self.is_sliding = cfg.layer_types[index] == SLIDING
 
 
 class Gemma3Encoder(nn.Module):
@@ -159,20 +156,14 @@ class Gemma3Encoder(nn.Module):
         x = self.word(input_ids) * self.embed_scale  # (B, T, H)
         full_mask, sliding_mask = self._masks(attention_mask, x.dtype)
         global_cos_sin, local_cos_sin = self.rotary_global(T), self.rotary_local(T)
-        attentions = []
-        for layer in self.layers:
-            if layer.is_sliding:
-                x, probs = layer(x, sliding_mask, *local_cos_sin)
-            else:
-                x, probs = layer(x, full_mask, *global_cos_sin)
-            if output_attentions:
-                attentions.append(probs)
-        return self.final_norm(x), (torch.stack(attentions) if output_attentions else None)
+        sliding, full = (sliding_mask, *local_cos_sin), (full_mask, *global_cos_sin)
+        x, attentions = run_layers(self.layers, x, output_attentions,
+                                   lambda layer: sliding if layer.is_sliding else full)
+        return self.final_norm(x), attentions
 
 
 # The bare text model is EmbeddingGemma's; a causal LM's or a classifier's head would be dropped by the export.
 ENCODER_ARCHITECTURES = ("Gemma3TextModel",)
-ROPE_KEYS = {"rope_type", "rope_theta"}
 # transformers' Gemma3TextConfig defaults for what a config.json may leave out.
 DEFAULT_THETA = {FULL: 1_000_000.0, SLIDING: 10_000.0}
 LEGACY_THETA_KEYS = {FULL: "rope_theta", SLIDING: "rope_local_base_freq"}
@@ -182,24 +173,12 @@ SLIDING_WINDOW_PATTERN = 6  # without layer_types: every 6th layer full, the oth
 def read_config(raw: dict[str, Any], path: Path) -> Gemma3Config:
     """config.json of a Gemma 3 text checkpoint, as transformers' Gemma3TextConfig reads it (rope settings in the
     4.x or the 5.x form), or a one-line refusal of what the export does not run."""
-    architectures = raw.get("architectures") or []
-    if not isinstance(architectures, list):
-        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
-    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
-    if heads:
-        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
-                              f"{' or '.join(ENCODER_ARCHITECTURES)})")
-    activation = raw.get("hidden_activation", "gelu_pytorch_tanh")
-    if activation not in GATE_ACTIVATIONS:
-        raise CheckpointError(f"{path}: hidden_activation {activation!r} is not supported "
-                              f"(only {', '.join(sorted(GATE_ACTIVATIONS))})")
-    bidirectional = raw.get("use_bidirectional_attention", False)
-    if not isinstance(bidirectional, bool | None):
-        raise CheckpointError(f"{path}: use_bidirectional_attention must be true or false, got {bidirectional!r}")
-    attention_bias = raw.get("attention_bias", False)
-    if not isinstance(attention_bias, bool):
-        raise CheckpointError(f"{path}: attention_bias must be true or false, got {attention_bias!r}")
-    try:
+    check_architectures(raw, path, ENCODER_ARCHITECTURES)
+    activation = check_supported(path, "hidden_activation", raw.get("hidden_activation", "gelu_pytorch_tanh"),
+                                 sorted(GATE_ACTIVATIONS))
+    bidirectional = flag(raw, "use_bidirectional_attention", path, none_is_false=True)
+    attention_bias = flag(raw, "attention_bias", path)
+    with invalid_config(path):
         num_layers = int(raw["num_hidden_layers"])
         cfg = Gemma3Config(
             vocab_size=int(raw["vocab_size"]),
@@ -212,7 +191,7 @@ def read_config(raw: dict[str, Any], path: Path) -> Gemma3Config:
             max_position_embeddings=int(raw.get("max_position_embeddings", 131_072)),
             layer_types=_layer_types(raw, num_layers, path),
             sliding_window=int(raw.get("sliding_window", 4096)),
-            bidirectional=bool(bidirectional),
+            bidirectional=bidirectional,
             global_rope_theta=_rope_theta(raw, FULL, path),
             local_rope_theta=_rope_theta(raw, SLIDING, path),
             query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar", 256)),
@@ -221,18 +200,9 @@ def read_config(raw: dict[str, Any], path: Path) -> Gemma3Config:
             attention_bias=attention_bias,
             pad_token_id=int(raw.get("pad_token_id") or 0),
         )
-    except KeyError as e:
-        raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{path}: invalid config: {e}") from None
-    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                                          "head_size", "intermediate_size", "max_position_embeddings",
-                                          "sliding_window")}
-    if any(v < 1 for v in sizes.values()) or not (cfg.rms_norm_eps > 0 and cfg.query_pre_attn_scalar > 0
-                                                  and cfg.global_rope_theta > 0 and cfg.local_rope_theta > 0):
-        raise CheckpointError(f"{path}: invalid config: sizes must be positive and rms_norm_eps, query_pre_attn_scalar "
-                              f"and the rope bases above 0, got {sizes}, {cfg.rms_norm_eps}, "
-                              f"{cfg.query_pre_attn_scalar}, {cfg.global_rope_theta}, {cfg.local_rope_theta}")
+    check_positive(cfg, path, (*LLAMA_STYLE_SIZES, "sliding_window"),
+                   "rms_norm_eps, query_pre_attn_scalar and the rope bases", cfg.rms_norm_eps,
+                   cfg.query_pre_attn_scalar, cfg.global_rope_theta, cfg.local_rope_theta)
     return cfg
 
 
@@ -255,21 +225,12 @@ def _layer_types(raw: dict[str, Any], num_layers: int, path: Path) -> tuple[str,
 def _rope_theta(raw: dict[str, Any], layer_type: str, path: Path) -> float:
     """The rope base of one layer type: rope_parameters[layer_type] (transformers 5), else rope_theta or
     rope_local_base_freq (4.x). Only plain rotary (rope_type "default") is reproduced: EmbeddingGemma's."""
-    if raw.get("rope_scaling") is not None:  # transformers applies it to the full layers' rotary
-        raise CheckpointError(f"{path}: cannot reproduce rope_scaling {raw['rope_scaling']!r} (only plain RoPE)")
-    legacy = raw.get(LEGACY_THETA_KEYS[layer_type], DEFAULT_THETA[layer_type])
+    refuse_rope_scaling(raw, path)  # transformers applies it to the full layers' rotary
     rope_parameters = raw.get("rope_parameters")
-    if rope_parameters is not None and not isinstance(rope_parameters, dict):
-        raise CheckpointError(f"{path}: rope_parameters must be an object, got {rope_parameters!r}")
-    params = (rope_parameters or {}).get(layer_type)
-    if params is None:
-        return float(legacy)
-    if not isinstance(params, dict):
-        raise CheckpointError(f"{path}: rope_parameters[{layer_type!r}] must be an object, got {params!r}")
-    if params.get("rope_type", "default") != "default" or set(params) - ROPE_KEYS:
-        raise CheckpointError(f"{path}: cannot reproduce rope_parameters[{layer_type!r}] {params!r} "
-                              "(only rope_type 'default' with its rope_theta)")
-    return float(params.get("rope_theta", legacy))
+    check_object(rope_parameters, path, "rope_parameters")
+    params, name = (rope_parameters or {}).get(layer_type), f"rope_parameters[{layer_type!r}]"
+    check_object(params, path, name)
+    return plain_rope_theta(params, raw.get(LEGACY_THETA_KEYS[layer_type], DEFAULT_THETA[layer_type]), path, name)
 
 
 # Checkpoint names (transformers' Gemma3TextModel) -> Gemma3Encoder names, per layer.

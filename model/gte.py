@@ -34,9 +34,10 @@ import torch.nn as nn
 from attnserve.errors import CheckpointError
 
 from .blocks import GATE_ACTIVATIONS
+from .config_reading import check_architectures, check_settings, invalid_config
 from .family import SelfContainedFamily, WeightNames
 from .rotary import default_inv_freq
-from .rotary_bert import RotaryBertConfig, RotaryBertEncoder, check_architectures, check_settings, check_sizes
+from .rotary_bert import RotaryBertConfig, RotaryBertEncoder, check_sizes
 
 MODEL_TYPE = "gte"
 ENCODER_ARCHITECTURES = ("GteModel", "GteForMaskedLM")
@@ -92,7 +93,7 @@ def _read_config(raw: dict[str, Any], path: Path, family: str) -> RotaryBertConf
     if act not in GATE_ACTIVATIONS:
         raise CheckpointError(f"{path}: hidden_act {act!r} is not supported (only {', '.join(GATE_ACTIVATIONS)})")
     theta, factor = _rope(raw, path)
-    try:
+    with invalid_config(path):
         hidden, heads = int(raw.get("hidden_size", 768)), int(raw.get("num_attention_heads", 12))
         cfg = RotaryBertConfig(
             vocab_size=int(raw.get("vocab_size", 250048)), hidden_size=hidden,
@@ -105,8 +106,6 @@ def _read_config(raw: dict[str, Any], path: Path, family: str) -> RotaryBertConf
             pad_token_id=int(raw["pad_token_id"] if raw.get("pad_token_id") is not None else 1),
             activation=act, rope_theta=theta, ntk_factor=factor,
             qkv_bias=True, out_bias=True, up_bias=False, down_bias=True, family=family)
-    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{path}: invalid config: {e}") from None
     check_sizes(cfg, path)
     return cfg
 

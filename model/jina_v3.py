@@ -4,7 +4,8 @@ It is XLM-RoBERTa's post-LN encoder with these differences, and only these:
 - positions are rotary (RoPE, transformers' "default" rope, base rope_parameters.rope_theta, 20000 by default),
   applied to queries and keys in every layer; there are no position embeddings (the token type embedding, one
   type, is still added);
-- the feed-forward is fc1 -> activation -> fc2 (CLIP's MLP), the attention q/k/v/o projections with biases;
+- the feed-forward is fc1 -> activation -> fc2 (CLIP's MLP), the attention q/k/v/o projections with biases
+  (so the encoder is rotary_bert.py's with its plain feed-forward);
 - the five task adapters (retrieval.query, retrieval.passage, separation, classification, text-matching) are LoRA
   on the encoder's Linear layers and the word embeddings. transformers' JinaEmbeddingsV3Model carries none itself:
   each task is a PEFT LoRA adapter folder, `adapters/<task>/` (adapter_config.json + adapter_model.safetensors),
@@ -27,13 +28,21 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from attnserve.errors import CheckpointError
 
-from .encoder import ACTIVATIONS, MASK_VALUE
+from .config_reading import (
+    check_architectures,
+    check_positive,
+    check_supported,
+    invalid_config,
+    plain_rope_theta,
+    refuse_rope_scaling,
+)
+from .encoder import ACTIVATIONS
 from .family import SelfContainedFamily, WeightNames
-from .rotary import RotaryEmbedding, default_inv_freq, rotate
+from .rotary import RotaryPositions, default_inv_freq
+from .rotary_bert import PlainFeedForward, RotaryBertEncoder
 
 MODEL_TYPE = "jina_embeddings_v3"
 TASKS = ("retrieval.query", "retrieval.passage", "separation", "classification", "text-matching")
@@ -42,7 +51,7 @@ DEFAULT_ROPE_THETA = 20000.0  # JinaEmbeddingsV3Config.default_theta
 
 
 @dataclass(frozen=True)
-class JinaV3Config:
+class JinaV3Config(RotaryPositions):
     # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
     vocab_size: int
     hidden_size: int
@@ -59,6 +68,9 @@ class JinaV3Config:
     directory: Path | None = None  # where adapters/<task>/ are read from
     task: str | None = None  # the adapter merged into the weights on load; None: none
     family: ClassVar[str] = MODEL_TYPE
+    # Biases on the fused query/key/value projection (mixer.Wqkv) and the output one (mixer.out_proj).
+    qkv_bias: ClassVar[bool] = True
+    out_bias: ClassVar[bool] = True
     # One token type: its embedding is added to every token, and the graphs take no token_type_ids.
     has_token_types: ClassVar[bool] = False
 
@@ -71,93 +83,22 @@ class JinaV3Config:
     def head_size(self) -> int:
         return self.hidden_size // self.num_heads
 
-    @property
-    def usable_positions(self) -> int:
-        """Positions an input may fill: rotary positions start at 0, so all of them."""
-        return self.max_position_embeddings
 
-
-class RotarySelfAttention(nn.Module):
-    def __init__(self, cfg: JinaV3Config):
-        super().__init__()
-        self.nh, self.hs = cfg.num_heads, cfg.head_size
-        # Query, key and value from one projection, as the checkpoint stores them (mixer.Wqkv); transformers
-        # splits it into q_proj, k_proj and v_proj on load.
-        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
-        self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)  # o_proj (mixer.out_proj)
-
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, T, H); key_mask: additive (B, 1, 1, T); cos, sin: (T, hs)."""
-        B, T, H = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.nh, self.hs)  # query, key, value in this order, heads inside each
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # (B, nh, T, hs) each
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * self.hs ** -0.5  # (B, nh, T, T)
-        probs = F.softmax(scores + key_mask, dim=-1)  # (B, nh, T, T), each row sums to 1
-        context = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, H)  # heads concatenated: (B, T, H)
-        return self.out(context), probs
-
-
-class FeedForward(nn.Module):
-    def __init__(self, cfg: JinaV3Config):
-        super().__init__()
-        self.up = nn.Linear(cfg.hidden_size, cfg.intermediate_size)  # fc1
-        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size)  # fc2
-        self.activation = ACTIVATIONS[cfg.hidden_act]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.activation(self.up(x)))  # (B, T, H)
-
-
-class JinaV3Layer(nn.Module):
-    def __init__(self, cfg: JinaV3Config):
-        super().__init__()
-        self.attention = RotarySelfAttention(cfg)
-        self.attention_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)  # post_attention_layernorm
-        self.feed_forward = FeedForward(cfg)
-        self.output_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)  # post_mlp_layernorm
-
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Post-LN, as XLM-R: the residual sum is normalised, not the sublayer input.
-        attended, probs = self.attention(x, key_mask, cos, sin)
-        x = self.attention_norm(x + attended)  # (B, T, H)
-        x = self.output_norm(x + self.feed_forward(x))  # (B, T, H)
-        return x, probs
-
-
-class JinaV3Encoder(nn.Module):
-    """The same forward as encoder.Encoder: SentenceEncoder, export and verification take either."""
+class JinaV3Encoder(RotaryBertEncoder):
+    """rotary_bert's post-LN encoder with BERT's plain feed-forward (fc1 -> activation -> fc2) and one token type."""
 
     def __init__(self, cfg: JinaV3Config):
-        super().__init__()
-        self.config = cfg
-        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
-        self.embeddings_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.rotary = RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.rope_theta), cfg.max_position_embeddings)
-        self.layers = nn.ModuleList(JinaV3Layer(cfg) for _ in range(cfg.num_layers))
+        super().__init__(cfg, lambda c: PlainFeedForward(c.hidden_size, c.intermediate_size, c.hidden_act),
+                         default_inv_freq(cfg.head_size, cfg.rope_theta))
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
         token_type_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """input_ids, attention_mask: (B, T) int64, mask 1 for real tokens and 0 for padding. One token type:
-        token_type_ids must be None (type 0 for every token, as transformers' default).
-
-        Returns last_hidden_state (B, T, H) and, if asked, every layer's attention probabilities (L, B, nh, T, T).
-        """
+        """As RotaryBertEncoder's; one token type: token_type_ids must be None (type 0 for every token, as
+        transformers' default)."""
         assert token_type_ids is None, "jina-embeddings-v3 has one token type (its graphs take no token_type_ids)"
-        x = self.embeddings_norm(self.word(input_ids) + self.token_type.weight[0])  # (B, T, H)
-        key_mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * MASK_VALUE  # (B, 1, 1, T)
-        cos, sin = self.rotary(input_ids.shape[1])  # (T, hs) each
-        attentions = []
-        for layer in self.layers:
-            x, probs = layer(x, key_mask, cos, sin)
-            if output_attentions:
-                attentions.append(probs)
-        return x, (torch.stack(attentions) if output_attentions else None)
+        return super().forward(input_ids, attention_mask, output_attentions)
 
 
 # The bare model and the masked-LM model used as an encoder; any other architecture ends in a head.
@@ -191,19 +132,11 @@ LORA_FIXED = {"peft_type": "LORA", "bias": "none", "use_rslora": False, "use_dor
 def read_config(raw: dict[str, Any], path: Path) -> JinaV3Config:
     """config.json of a JinaEmbeddingsV3 checkpoint and its adapters' adapter_config.json, as transformers and PEFT
     read them, or a one-line refusal of what the export does not run."""
-    architectures = raw.get("architectures") or []
-    if not isinstance(architectures, list):
-        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
-    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
-    if heads:
-        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
-                              f"{' or '.join(ENCODER_ARCHITECTURES)})")
-    if raw.get("hidden_act", "gelu") not in ACTIVATIONS:
-        raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported "
-                              f"(only {', '.join(sorted(ACTIVATIONS))})")
+    check_architectures(raw, path, ENCODER_ARCHITECTURES)
+    check_supported(path, "hidden_act", raw.get("hidden_act", "gelu"), sorted(ACTIVATIONS))
     if raw.get("type_vocab_size", 1) != 1:
         raise CheckpointError(f"{path}: cannot reproduce type_vocab_size {raw['type_vocab_size']!r} (only 1)")
-    try:
+    with invalid_config(path):
         cfg = JinaV3Config(
             vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
             num_layers=int(raw["num_hidden_layers"]), num_heads=int(raw["num_attention_heads"]),
@@ -213,29 +146,17 @@ def read_config(raw: dict[str, Any], path: Path) -> JinaV3Config:
             pad_token_id=int(raw["pad_token_id"] if raw.get("pad_token_id") is not None else 1),
             hidden_act=str(raw.get("hidden_act", "gelu")), tasks=_tasks(raw, path), directory=path.parent,
         )
-    except KeyError as e:
-        raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{path}: invalid config: {e}") from None
-    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads",
-                                          "intermediate_size", "max_position_embeddings")}
-    if any(v < 1 for v in sizes.values()) or not cfg.layer_norm_eps > 0 or not cfg.rope_theta > 0:
-        raise CheckpointError(f"{path}: invalid config: sizes must be positive and layer_norm_eps and rope_theta "
-                              f"above 0, got {sizes}, {cfg.layer_norm_eps}, {cfg.rope_theta}")
+    check_positive(cfg, path, ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                               "max_position_embeddings"),
+                   "layer_norm_eps and rope_theta", cfg.layer_norm_eps, cfg.rope_theta)
     for task in cfg.tasks:
         _adapter_settings(cfg, task)  # every adapter's settings are checked before any weight loads
     return cfg
 
 
 def _rope_theta(raw: dict[str, Any], path: Path) -> float:
-    if raw.get("rope_scaling") is not None:
-        raise CheckpointError(f"{path}: cannot reproduce rope_scaling {raw['rope_scaling']!r} (only plain RoPE)")
-    params = raw.get("rope_parameters") or {}
-    if not isinstance(params, dict) or params.get("rope_type", "default") != "default" or set(params) - {
-            "rope_type", "rope_theta"}:
-        raise CheckpointError(f"{path}: cannot reproduce rope_parameters {params!r} "
-                              "(only rope_type 'default' with its rope_theta)")
-    return float(params.get("rope_theta", raw.get("rotary_emb_base", DEFAULT_ROPE_THETA)))
+    refuse_rope_scaling(raw, path)
+    return plain_rope_theta(raw.get("rope_parameters") or {}, raw.get("rotary_emb_base", DEFAULT_ROPE_THETA), path)
 
 
 def _tasks(raw: dict[str, Any], path: Path) -> tuple[str, ...]:

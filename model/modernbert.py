@@ -27,16 +27,25 @@ import torch.nn.functional as F
 
 from attnserve.errors import CheckpointError
 
+from .config_reading import (
+    check_architectures,
+    check_object,
+    check_positive,
+    flag,
+    invalid_config,
+    plain_rope_theta,
+    refuse_rope_scaling,
+)
 from .encoder import MASK_VALUE
 from .family import SelfContainedFamily, WeightNames
-from .rotary import RotaryEmbedding, default_inv_freq, rotate
+from .rotary import RotaryEmbedding, RotaryPositions, default_inv_freq, rotate
 
 MODEL_TYPE = "modernbert"
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' names of the two layer types
 
 
 @dataclass(frozen=True)
-class ModernBertConfig:
+class ModernBertConfig(RotaryPositions):
     # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
     vocab_size: int
     hidden_size: int
@@ -66,11 +75,6 @@ class ModernBertConfig:
     @property
     def head_size(self) -> int:
         return self.hidden_size // self.num_heads
-
-    @property
-    def usable_positions(self) -> int:
-        """Positions an input may fill: rotary positions start at 0, so all of them."""
-        return self.max_position_embeddings
 
     @property
     def half_window(self) -> int:
@@ -184,23 +188,17 @@ ENCODER_ARCHITECTURES = ("ModernBertModel", "ModernBertForMaskedLM")
 TASK_PREFIX = "model."
 ENCODER_PARTS = ("embeddings.", "layers.", "final_norm.")
 UNUSED_HEADS = ("head.", "decoder.")
-ROPE_KEYS = {"rope_type", "rope_theta"}
 
 
 def read_config(raw: dict[str, Any], path: Path) -> ModernBertConfig:
     """config.json of a ModernBERT checkpoint, as transformers' ModernBertConfig reads it (the rope and layer
     settings in either the 4.x form or the 5.x form), or a one-line refusal of what the export does not run."""
-    architectures = raw.get("architectures") or []
-    if not isinstance(architectures, list):
-        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
-    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
-    if heads:
-        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
-                              f"{' or '.join(ENCODER_ARCHITECTURES)}, or a reranker: "
-                              "ModernBertForSequenceClassification)")
+    check_architectures(raw, path, ENCODER_ARCHITECTURES,
+                        runs=f"the bare encoder: {' or '.join(ENCODER_ARCHITECTURES)}, or a reranker: "
+                        "ModernBertForSequenceClassification")
     if raw.get("hidden_activation", "gelu") != "gelu":
         raise CheckpointError(f"{path}: hidden_activation {raw['hidden_activation']!r} is not supported (only 'gelu')")
-    try:
+    with invalid_config(path):
         num_layers = int(raw["num_hidden_layers"])
         cfg = ModernBertConfig(
             vocab_size=int(raw["vocab_size"]),
@@ -214,29 +212,15 @@ def read_config(raw: dict[str, Any], path: Path) -> ModernBertConfig:
             global_rope_theta=_rope_theta(raw, GLOBAL, "global_rope_theta", 160_000.0, path),
             local_rope_theta=_rope_theta(raw, LOCAL, "local_rope_theta", 10_000.0, path),
             layer_norm_eps=float(raw.get("norm_eps", 1e-5)),
-            norm_bias=_flag(raw, "norm_bias", path),
-            attention_bias=_flag(raw, "attention_bias", path),
-            mlp_bias=_flag(raw, "mlp_bias", path),
+            norm_bias=flag(raw, "norm_bias", path),
+            attention_bias=flag(raw, "attention_bias", path),
+            mlp_bias=flag(raw, "mlp_bias", path),
             pad_token_id=int(raw.get("pad_token_id") or 0),
         )
-    except KeyError as e:
-        raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{path}: invalid config: {e}") from None
-    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads",
-                                          "intermediate_size", "max_position_embeddings", "local_attention")}
-    if any(v < 1 for v in sizes.values()) or not cfg.layer_norm_eps > 0 or not (
-            cfg.global_rope_theta > 0 and cfg.local_rope_theta > 0):
-        raise CheckpointError(f"{path}: invalid config: sizes must be positive and norm_eps and rope_theta above 0, "
-                              f"got {sizes}, {cfg.layer_norm_eps}, {cfg.global_rope_theta}, {cfg.local_rope_theta}")
+    check_positive(cfg, path, ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                               "max_position_embeddings", "local_attention"),
+                   "norm_eps and rope_theta", cfg.layer_norm_eps, cfg.global_rope_theta, cfg.local_rope_theta)
     return cfg
-
-
-def _flag(raw: dict[str, Any], key: str, path: Path) -> bool:
-    value = raw.get(key, False)
-    if not isinstance(value, bool):
-        raise CheckpointError(f"{path}: {key} must be true or false, got {value!r}")
-    return value
 
 
 def _layer_types(raw: dict[str, Any], num_layers: int, path: Path) -> tuple[str, ...]:
@@ -255,17 +239,10 @@ def _layer_types(raw: dict[str, Any], num_layers: int, path: Path) -> tuple[str,
 
 def _rope_theta(raw: dict[str, Any], layer_type: str, legacy_key: str, default: float, path: Path) -> float:
     """The rope base of one layer type: rope_parameters[layer_type] (transformers 5), else the 4.x key."""
-    if raw.get("rope_scaling") is not None:
-        raise CheckpointError(f"{path}: cannot reproduce rope_scaling {raw['rope_scaling']!r} (only plain RoPE)")
-    params = (raw.get("rope_parameters") or {}).get(layer_type)
-    if params is None:
-        return float(raw.get(legacy_key, default))
-    if not isinstance(params, dict):
-        raise CheckpointError(f"{path}: rope_parameters[{layer_type!r}] must be an object, got {params!r}")
-    if params.get("rope_type", "default") != "default" or set(params) - ROPE_KEYS:
-        raise CheckpointError(f"{path}: cannot reproduce rope_parameters[{layer_type!r}] {params!r} "
-                              "(only rope_type 'default' with its rope_theta)")
-    return float(params.get("rope_theta", raw.get(legacy_key, default)))
+    refuse_rope_scaling(raw, path)
+    params, name = (raw.get("rope_parameters") or {}).get(layer_type), f"rope_parameters[{layer_type!r}]"
+    check_object(params, path, name)
+    return plain_rope_theta(params, raw.get(legacy_key, default), path, name)
 
 
 def key_map(cfg: ModernBertConfig) -> dict[str, str]:

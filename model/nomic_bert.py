@@ -23,9 +23,10 @@ import torch.nn as nn
 from attnserve.errors import CheckpointError
 
 from .blocks import GATE_ACTIVATIONS, GatedFeedForward
+from .config_reading import check_architectures, check_settings, invalid_config
 from .family import SelfContainedFamily, WeightNames
 from .rotary import default_inv_freq
-from .rotary_bert import RotaryBertConfig, RotaryBertEncoder, check_architectures, check_settings, check_sizes
+from .rotary_bert import RotaryBertConfig, RotaryBertEncoder, check_sizes
 
 MODEL_TYPE = "nomic_bert"
 ENCODER_ARCHITECTURES = ("NomicBertModel", "NomicBertForMaskedLM")
@@ -66,7 +67,7 @@ def read_config(raw: dict[str, Any], path: Path) -> RotaryBertConfig:
     run; no weight is read."""
     check_architectures(raw, path, ENCODER_ARCHITECTURES)
     check_settings(raw, path, REPRODUCED)
-    try:
+    with invalid_config(path):
         values = {field: _value(raw, keys, default, path) for field, (keys, default) in SIZES.items()}
         hidden, heads = int(values["hidden_size"]), int(values["num_heads"])
         cfg = RotaryBertConfig(
@@ -78,8 +79,6 @@ def read_config(raw: dict[str, Any], path: Path) -> RotaryBertConfig:
             pad_token_id=int(values["pad_token_id"] or 0), activation=_activation(raw, path),
             rope_theta=_rope_theta(raw, path), ntk_factor=1.0, qkv_bias=False, out_bias=False, up_bias=False,
             down_bias=False, family=MODEL_TYPE)
-    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{path}: invalid config: {e}") from None
     check_sizes(cfg, path)
     return cfg
 

@@ -25,21 +25,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import torch
-import torch.nn as nn
-
 from attnserve.errors import CheckpointError
 
-from .blocks import GATE_ACTIVATIONS, GatedFeedForward, GroupedQueryAttention, RMSNorm, causal_mask, padding_mask
+from .blocks import GATE_ACTIVATIONS, LLAMA_STYLE_SIZES, LlamaStyleConfig, PreNormEncoder, PreNormLayer
+from .config_reading import (
+    check_architectures,
+    check_positive,
+    check_supported,
+    flag,
+    invalid_config,
+    plain_rope_theta,
+    refuse_rope_scaling,
+)
 from .family import SelfContainedFamily, WeightNames
-from .rotary import RotaryEmbedding, default_inv_freq
 
 MODEL_TYPE = "qwen3"
 FULL = "full_attention"  # transformers' name of a layer that sees every earlier token (the only kind run here)
 
 
 @dataclass(frozen=True)
-class Qwen3Config:
+class Qwen3Config(LlamaStyleConfig):
     # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
     vocab_size: int
     hidden_size: int
@@ -60,71 +65,14 @@ class Qwen3Config:
     type_vocab_size: ClassVar[int] = 1
     has_token_types: ClassVar[bool] = False
 
-    def __post_init__(self) -> None:
-        assert self.num_heads % self.num_kv_heads == 0, \
-            "num_attention_heads must be a multiple of num_key_value_heads"
-        assert self.head_size % 2 == 0, "rotary embeddings need an even head_dim"
 
-    @property
-    def usable_positions(self) -> int:
-        """Positions an input may fill: rotary positions start at 0, so all of them."""
-        return self.max_position_embeddings
-
-
-class Qwen3Layer(nn.Module):
-    def __init__(self, cfg: Qwen3Config):
-        super().__init__()
-        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # input_layernorm
-        self.attention = GroupedQueryAttention(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_size,
-                                               bias=cfg.attention_bias, scale=cfg.head_size ** -0.5,
-                                               head_norm=RMSNorm(cfg.head_size, cfg.rms_norm_eps))
-        self.feed_forward_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)  # post_attention_layernorm
-        self.feed_forward = GatedFeedForward(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Pre-norm: each sublayer reads a normalised copy; the residual stream itself is never normalised here.
-        attended, probs = self.attention(self.attention_norm(x), mask, cos, sin)
-        x = x + attended  # (B, T, H)
-        x = x + self.feed_forward(self.feed_forward_norm(x))  # (B, T, H)
-        return x, probs
-
-
-class Qwen3Encoder(nn.Module):
-    """The same forward as encoder.Encoder: SentenceEncoder, export and verification take either."""
+class Qwen3Encoder(PreNormEncoder):
+    """Pre-norm layers (blocks.PreNormLayer) with each query and key head RMS-normalised, causal attention."""
 
     def __init__(self, cfg: Qwen3Config):
-        super().__init__()
-        self.config = cfg
-        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.rotary = RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.rope_theta), cfg.max_position_embeddings)
-        self.layers = nn.ModuleList(Qwen3Layer(cfg) for _ in range(cfg.num_layers))
-        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """input_ids, attention_mask: (B, T) int64, mask 1 for real tokens and 0 for padding (either side).
-        Qwen3 has no token types: token_type_ids is taken (as Encoder's forward takes it) and must be None.
-
-        Returns last_hidden_state (B, T, H) and, if asked, every layer's attention probabilities per query head,
-        stacked as (L, B, nh, T, T): lower-triangular, padded keys exactly 0.
-        """
-        assert token_type_ids is None, "Qwen3 has no token types (its graphs take no token_type_ids)"
-        T = input_ids.shape[1]
-        x = self.word(input_ids)  # (B, T, H)
-        # Padding counts twice: a padded query before every real token (left padding) sees only padded keys
-        # and future real keys, and then prefers the future ones, so padded keys get exactly 0 weight from every
-        # query. A real query always sees itself, so both kinds of masked keys get exactly 0 there.
-        mask = 2 * padding_mask(attention_mask, x.dtype) + causal_mask(T, x.device, x.dtype)  # (B, 1, T, T)
-        cos, sin = self.rotary(T)  # (T, hs) each; positions 0..T-1 whatever the padding, as transformers'
-        attentions = []
-        for layer in self.layers:
-            x, probs = layer(x, mask, cos, sin)
-            if output_attentions:
-                attentions.append(probs)
-        return self.final_norm(x), (torch.stack(attentions) if output_attentions else None)
+        super().__init__(cfg, cfg.rope_theta, lambda: PreNormLayer(cfg, cfg.hidden_act, cfg.head_size ** -0.5,
+                                                                   head_norm=True),
+                         name="Qwen3", causal=True)
 
 
 # The architectures whose encoder output is the checkpoint's own: the bare model, and the causal LM used as an
@@ -134,7 +82,6 @@ CAUSAL_LM = "Qwen3ForCausalLM"
 TASK_PREFIX = "model."  # where Qwen3ForCausalLM keeps the encoder's keys
 ENCODER_PARTS = ("embed_tokens.", "layers.", "norm.")
 UNUSED_HEADS = ("lm_head.",)
-ROPE_KEYS = {"rope_type", "rope_theta"}
 # config.json settings that change nothing at inference (use_cache, dropout, ...) need no check; those that
 # would, and that this file does not reproduce, are refused by name below.
 
@@ -142,16 +89,8 @@ ROPE_KEYS = {"rope_type", "rope_theta"}
 def read_config(raw: dict[str, Any], path: Path) -> Qwen3Config:
     """config.json of a Qwen3 checkpoint, as transformers' Qwen3Config reads it (rope in the 4.x form or the 5.x
     form), or a one-line refusal of what the export does not run."""
-    architectures = raw.get("architectures") or []
-    if not isinstance(architectures, list):
-        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
-    heads = [a for a in architectures if a not in ENCODER_ARCHITECTURES]
-    if heads:
-        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs "
-                              f"{' or '.join(ENCODER_ARCHITECTURES)})")
-    act = raw.get("hidden_act", "silu")
-    if act not in GATE_ACTIVATIONS:
-        raise CheckpointError(f"{path}: hidden_act {act!r} is not supported (only {', '.join(GATE_ACTIVATIONS)})")
+    check_architectures(raw, path, ENCODER_ARCHITECTURES, runs=" or ".join(ENCODER_ARCHITECTURES))
+    act = check_supported(path, "hidden_act", raw.get("hidden_act", "silu"), GATE_ACTIVATIONS)
     if raw.get("use_sliding_window"):
         raise CheckpointError(f"{path}: cannot reproduce use_sliding_window true (sliding-window layers)")
     types = raw.get("layer_types")
@@ -159,7 +98,7 @@ def read_config(raw: dict[str, Any], path: Path) -> Qwen3Config:
         raise CheckpointError(f"{path}: cannot reproduce layer_types {types!r} (only {FULL!r} layers)")
     if raw.get("is_causal") is False or raw.get("use_bidirectional_attention"):
         raise CheckpointError(f"{path}: cannot reproduce bidirectional attention (Qwen3 attention is causal)")
-    try:
+    with invalid_config(path):
         heads_count = int(raw["num_attention_heads"])
         kv_heads = raw.get("num_key_value_heads")
         hidden = int(raw["hidden_size"])
@@ -175,39 +114,17 @@ def read_config(raw: dict[str, Any], path: Path) -> Qwen3Config:
             rope_theta=_rope_theta(raw, path),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             hidden_act=act,
-            attention_bias=_flag(raw, "attention_bias", path),
+            attention_bias=flag(raw, "attention_bias", path),
             pad_token_id=int(raw.get("pad_token_id") or 0),
         )
-    except KeyError as e:
-        raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{path}: invalid config: {e}") from None
-    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                                          "head_size", "intermediate_size", "max_position_embeddings")}
-    if any(v < 1 for v in sizes.values()) or not cfg.rms_norm_eps > 0 or not cfg.rope_theta > 0:
-        raise CheckpointError(f"{path}: invalid config: sizes must be positive and rms_norm_eps and rope_theta above "
-                              f"0, got {sizes}, {cfg.rms_norm_eps}, {cfg.rope_theta}")
+    check_positive(cfg, path, LLAMA_STYLE_SIZES, "rms_norm_eps and rope_theta", cfg.rms_norm_eps, cfg.rope_theta)
     return cfg
-
-
-def _flag(raw: dict[str, Any], key: str, path: Path) -> bool:
-    value = raw.get(key, False)
-    if not isinstance(value, bool):
-        raise CheckpointError(f"{path}: {key} must be true or false, got {value!r}")
-    return value
 
 
 def _rope_theta(raw: dict[str, Any], path: Path) -> float:
     """The rope base: rope_parameters (transformers 5), else rope_theta (4.x); any scaling is refused."""
-    if raw.get("rope_scaling") is not None:
-        raise CheckpointError(f"{path}: cannot reproduce rope_scaling {raw['rope_scaling']!r} (only plain RoPE)")
-    params = raw.get("rope_parameters")
-    if params is None:
-        return float(raw.get("rope_theta", 10_000.0))
-    if not isinstance(params, dict) or params.get("rope_type", "default") != "default" or set(params) - ROPE_KEYS:
-        raise CheckpointError(f"{path}: cannot reproduce rope_parameters {params!r} "
-                              "(only rope_type 'default' with its rope_theta)")
-    return float(params.get("rope_theta", raw.get("rope_theta", 10_000.0)))
+    refuse_rope_scaling(raw, path)
+    return plain_rope_theta(raw.get("rope_parameters"), raw.get("rope_theta", 10_000.0), path)
 
 
 def key_map(cfg: Qwen3Config) -> dict[str, str]:

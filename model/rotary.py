@@ -14,6 +14,17 @@ import torch
 import torch.nn as nn
 
 
+class RotaryPositions:
+    """Base of a config whose positions are rotary: they start at 0, so an input may fill all of them."""
+
+    max_position_embeddings: int
+
+    @property
+    def usable_positions(self) -> int:
+        """Positions an input may fill: rotary positions start at 0, so all of them."""
+        return self.max_position_embeddings
+
+
 def default_inv_freq(dim: int, theta: float) -> torch.Tensor:
     """(d/2,) fp32: the frequencies theta^(-2i/d) of transformers' "default" rope type."""
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))

@@ -1,13 +1,14 @@
-"""BERT's post-LayerNorm layout with rotary positions: the shared encoder of NomicBERT (nomic_bert.py) and GTE v1.5
-(gte.py), and the layer transformers' JinaEmbeddingsV3 (XLM-R with rotary positions) is built from too.
+"""BERT's post-LayerNorm layout with rotary positions: the shared encoder of NomicBERT (nomic_bert.py), GTE v1.5
+(gte.py) and jina-embeddings-v3 (jina_v3.py: XLM-R with rotary positions and BERT's plain feed-forward).
 
 It differs from BERT (encoder.py) in these places, and only these:
 - positions are rotary (RoPE, rotary.py), applied to queries and keys in every layer; there are no position
   embeddings, so an input may use every position;
 - query, key and value come from one projection (Wqkv / qkv_proj), heads inside each;
 - the feed-forward is gated (down(act(gate(x)) * up(x))), its two input projections separate or fused as the
-  family stores them (feed_forward is given by the family's file);
-- biases are where the family has them (NomicBERT: none in the linear layers; GTE: on qkv, out and down).
+  family stores them (feed_forward is given by the family's file), or BERT's plain one (PlainFeedForward, jina);
+- biases are where the family has them (NomicBERT: none in the linear layers; GTE: on qkv, out and down; jina:
+  everywhere).
 As in BERT, each sublayer's output is added to its input and the sum is normalised (post-LN), the embeddings
 are normalised, and no norm follows the stack.
 
@@ -16,9 +17,10 @@ Shapes: B batch, T sequence, H hidden, nh heads, hs head size, F feed-forward si
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
@@ -26,12 +28,15 @@ import torch.nn.functional as F
 
 from attnserve.errors import CheckpointError
 
-from .blocks import GATE_ACTIVATIONS, padding_mask
-from .rotary import RotaryEmbedding, rotate
+from .blocks import GATE_ACTIVATIONS, padding_mask, run_layers
+from .config_reading import check_positive
+from .encoder import ACTIVATIONS
+from .family import ModelConfig
+from .rotary import RotaryEmbedding, RotaryPositions, rotate
 
 
 @dataclass(frozen=True)
-class RotaryBertConfig:
+class RotaryBertConfig(RotaryPositions):
     # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
     vocab_size: int
     hidden_size: int
@@ -62,17 +67,29 @@ class RotaryBertConfig:
         """Whether the model tells segments apart: only then do its graphs take token_type_ids."""
         return self.type_vocab_size > 1
 
+
+class RotaryBertSizes(ModelConfig, Protocol):
+    """The config fields the encoder reads (RotaryBertConfig, jina_v3.JinaV3Config)."""
+
     @property
-    def usable_positions(self) -> int:
-        """Positions an input may fill: rotary positions start at 0, so all of them."""
-        return self.max_position_embeddings
+    def head_size(self) -> int: ...
+    @property
+    def type_vocab_size(self) -> int: ...
+    @property
+    def layer_norm_eps(self) -> float: ...
+    @property
+    def qkv_bias(self) -> bool: ...
+    @property
+    def out_bias(self) -> bool: ...
 
 
 class RotarySelfAttention(nn.Module):
-    def __init__(self, cfg: RotaryBertConfig):
+    def __init__(self, cfg: RotaryBertSizes):
         super().__init__()
         self.nh, self.hs = cfg.num_heads, cfg.head_size
-        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.num_heads * cfg.head_size, bias=cfg.qkv_bias)  # Wqkv
+        # Query, key and value from one projection, as the checkpoints store them (Wqkv; transformers' jina splits
+        # it into q_proj, k_proj and v_proj on load).
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.num_heads * cfg.head_size, bias=cfg.qkv_bias)
         self.out = nn.Linear(cfg.num_heads * cfg.head_size, cfg.hidden_size, bias=cfg.out_bias)  # W_O
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -88,10 +105,24 @@ class RotarySelfAttention(nn.Module):
         return self.out(context), probs
 
 
+class PlainFeedForward(nn.Module):
+    """BERT's feed-forward, down(act(up(x))) with biases (jina's fc1 and fc2); activation: a key of
+    encoder.ACTIVATIONS."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, activation: str):
+        super().__init__()
+        self.up = nn.Linear(hidden_size, intermediate_size)  # fc1
+        self.down = nn.Linear(intermediate_size, hidden_size)  # fc2
+        self.activation = ACTIVATIONS[activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.activation(self.up(x)))  # (B, T, H)
+
+
 class PostNormLayer(nn.Module):
     """BERT's layer order: x = norm(x + attention(x)); x = norm(x + feed_forward(x))."""
 
-    def __init__(self, cfg: RotaryBertConfig, feed_forward: nn.Module):
+    def __init__(self, cfg: RotaryBertSizes, feed_forward: nn.Module):
         super().__init__()
         self.attention = RotarySelfAttention(cfg)
         self.attention_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
@@ -109,8 +140,8 @@ class PostNormLayer(nn.Module):
 class RotaryBertEncoder(nn.Module):
     """The same forward as encoder.Encoder: SentenceEncoder, export and verification take either."""
 
-    def __init__(self, cfg: RotaryBertConfig, feed_forward: type[nn.Module], inv_freq: torch.Tensor):
-        """feed_forward: the family's gated feed-forward, built from cfg; inv_freq: (hs/2,) the rotary frequencies,
+    def __init__(self, cfg: RotaryBertSizes, feed_forward: Callable[[Any], nn.Module], inv_freq: torch.Tensor):
+        """feed_forward: the family's feed-forward, built from cfg; inv_freq: (hs/2,) the rotary frequencies,
         as the family computes them (plain, or NTK-scaled)."""
         super().__init__()
         self.config = cfg
@@ -136,40 +167,13 @@ class RotaryBertEncoder(nn.Module):
         x = self.embeddings_norm(x)
         mask = padding_mask(attention_mask, x.dtype)  # (B, 1, 1, T)
         cos, sin = self.rotary(input_ids.shape[1])  # (T, hs) each
-        attentions = []
-        for layer in self.layers:
-            x, probs = layer(x, mask, cos, sin)
-            if output_attentions:
-                attentions.append(probs)
-        return x, (torch.stack(attentions) if output_attentions else None)
-
-
-# Reading the two families' config.json: the checks both readers make, each a one-line CheckpointError.
-
-def check_architectures(raw: dict[str, Any], path: Path, encoders: tuple[str, ...]) -> None:
-    """Refuse an architecture whose output is not the encoder's (a task head the export would drop)."""
-    architectures = raw.get("architectures") or []
-    if not isinstance(architectures, list):
-        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
-    heads = [a for a in architectures if a not in encoders]
-    if heads:
-        raise CheckpointError(f"{path}: cannot reproduce architecture {heads[0]} (the export runs the bare encoder: "
-                              f"{' or '.join(encoders)})")
-
-
-def check_settings(raw: dict[str, Any], path: Path, reproduced: dict[str, Any]) -> None:
-    """Refuse each setting whose value is not the one this code runs (a missing key reads as that value)."""
-    for key, value in reproduced.items():
-        if raw.get(key, value) != value:
-            raise CheckpointError(f"{path}: cannot reproduce {key} {raw[key]!r} (only {value!r})")
+        return run_layers(self.layers, x, output_attentions, lambda _: (mask, cos, sin))
 
 
 def check_sizes(cfg: RotaryBertConfig, path: Path) -> None:
-    sizes = {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_size",
-                                          "intermediate_size", "max_position_embeddings")}
-    if any(v < 1 for v in sizes.values()) or not cfg.layer_norm_eps > 0 or not cfg.rope_theta > 0:
-        raise CheckpointError(f"{path}: invalid config: sizes must be positive and layer_norm_eps and the rope base "
-                              f"above 0, got {sizes}, {cfg.layer_norm_eps}, {cfg.rope_theta}")
+    check_positive(cfg, path, ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_size",
+                               "intermediate_size", "max_position_embeddings"),
+                   "layer_norm_eps and the rope base", cfg.layer_norm_eps, cfg.rope_theta)
     if cfg.type_vocab_size < 0:
         raise CheckpointError(f"{path}: invalid config: type_vocab_size must not be negative, "
                               f"got {cfg.type_vocab_size}")

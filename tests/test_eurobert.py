@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -15,20 +16,22 @@ import torch
 from attnserve.config import EngineConfig
 from attnserve.engine.engine import Engine
 from attnserve.errors import CheckpointError
-from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.eurobert import EuroBertEncoder, read_config
 
+from . import family_parity
 from .checkpoints import edit_json, save_pipeline
 from .conftest import assert_one_line_error, run_cli
+from .family_parity import LENGTHS, cosines, export, load_ours, transformers_model
 from .tiny_eurobert import save_tiny_eurobert
 
 MAX_SEQ_LENGTH = 40
-# Padded batches from 1 token to past max_seq_length; each row's length is its own.
-LENGTHS = [(1,), (5, 3), (16, 9, 1), (40, 17, 33), (100, 64, 7, 100)]
 TEXTS = ["hello world", "A LONGER sentence, with punctuation!", "café über naïve 42", "x",
          "the quick brown fox jumps over the lazy dog " * 12, "東京は日本の首都です。🙂🚀"]
 PROMPTS = {"query": "query: ", "document": "passage: "}
+# Random ids are drawn from 3 up in this file (from 4 in the other family tests).
+padded_batch = partial(family_parity.padded_batch, first_id=3)
+max_error_on_real_positions = partial(family_parity.max_error_on_real_positions, first_id=3)
 
 
 @pytest.fixture(scope="module")
@@ -47,42 +50,12 @@ def st_dir(model_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ours(model_dir) -> EuroBertEncoder:
-    encoder = load_encoder(read_checkpoint(model_dir))
-    assert isinstance(encoder, EuroBertEncoder)
-    return encoder
+    return load_ours(model_dir, EuroBertEncoder)
 
 
 @pytest.fixture(scope="module")
 def exported(st_dir, tmp_path_factory) -> tuple[Path, list[str]]:
-    out, lines = tmp_path_factory.mktemp("eurobert") / "artifacts", []
-    build_artifacts(read_checkpoint(st_dir), out, log=lines.append)
-    return out, lines
-
-
-def padded_batch(lengths: tuple[int, ...], vocab_size: int, pad_id: int, seed: int) -> tuple[torch.Tensor, ...]:
-    """(B, T) ids and mask, padded on the right as the engine pads; ids past a row's length are the padding id."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, vocab_size, (len(lengths), max(lengths)), generator=g)
-    mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()
-    return ids * mask + pad_id * (1 - mask), mask
-
-
-def transformers_model(model_dir: Path, implementation: str):
-    import transformers
-
-    return transformers.AutoModel.from_pretrained(str(model_dir), attn_implementation=implementation).eval()
-
-
-def max_error_on_real_positions(encoder, model_dir: Path, implementation: str, lengths_list=LENGTHS) -> float:
-    reference = transformers_model(model_dir, implementation)
-    errors = []
-    for seed, lengths in enumerate(lengths_list):
-        ids, mask = padded_batch(lengths, encoder.config.vocab_size, encoder.config.pad_token_id, seed)
-        with torch.no_grad():
-            got, _ = encoder(ids, mask)
-            want = reference(input_ids=ids, attention_mask=mask).last_hidden_state
-        errors.append(float((got - want).abs()[mask.bool()].max()))  # real positions only
-    return max(errors)
+    return export(st_dir, tmp_path_factory.mktemp("eurobert") / "artifacts")
 
 
 def test_config_is_read_as_transformers_reads_it(model_dir, ours):
@@ -199,10 +172,6 @@ def test_exported_graphs_match_pytorch_at_unseen_sizes(exported, ours):
             session = ort.InferenceSession(str(out / graph), providers=["CPUExecutionProvider"])
             got = session.run(["last_hidden_state"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
             assert np.abs(got - want)[mask.bool().numpy()].max() <= 1e-4, (graph, lengths)
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 def test_engine_encodes_as_sentence_transformers_with_prompts(st_dir, exported):

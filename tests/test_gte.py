@@ -15,12 +15,20 @@ import torch
 
 from attnserve.engine.engine import Engine
 from attnserve.errors import CheckpointError
-from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.rotary_bert import RotaryBertEncoder
 
 from .checkpoints import edit_json, save_pipeline
 from .conftest import assert_one_line_error, run_cli
+from .family_parity import (
+    cosines,
+    export,
+    load_ours,
+    max_error,
+    padded_batch_with_types,
+    refusal_before_weights_load,
+    transformers_model,
+)
 from .tiny_gte import alibaba_ntk_inv_freq, save_tiny_gte
 
 MAX_SEQ_LENGTH = 48
@@ -46,35 +54,12 @@ def st_dir(model_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ours(model_dir) -> RotaryBertEncoder:
-    encoder = load_encoder(read_checkpoint(model_dir))
-    assert isinstance(encoder, RotaryBertEncoder)
-    return encoder
+    return load_ours(model_dir, RotaryBertEncoder)
 
 
 @pytest.fixture(scope="module")
 def exported(st_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("gte") / "artifacts"
-    build_artifacts(read_checkpoint(st_dir), out, log=lambda line: None)
-    return out
-
-
-def padded_batch(lengths: tuple[int, ...], vocab_size: int, seed: int) -> tuple[torch.Tensor, ...]:
-    """(B, T) ids, mask and token types (a second segment in each row's second half); padding is id 0."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, vocab_size, (len(lengths), max(lengths)), generator=g)
-    mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()
-    types = (torch.arange(max(lengths))[None, :] >= torch.tensor(lengths)[:, None] // 2).long() * mask
-    return ids * mask, mask, types
-
-
-def transformers_model(model_dir: Path, implementation: str):
-    import transformers
-
-    return transformers.AutoModel.from_pretrained(str(model_dir), attn_implementation=implementation).eval()
-
-
-def max_error(got: torch.Tensor, want: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((got - want).abs()[mask.bool()].max())  # real positions only
+    return export(st_dir, tmp_path_factory.mktemp("gte") / "artifacts")[0]
 
 
 def test_config_is_read_as_transformers_reads_it(model_dir, ours):
@@ -93,7 +78,7 @@ def test_config_is_read_as_transformers_reads_it(model_dir, ours):
 def test_last_hidden_state_matches_transformers(model_dir, ours, implementation):
     reference = transformers_model(model_dir, implementation)
     for seed, lengths in enumerate(LENGTHS):
-        ids, mask, _ = padded_batch(lengths, ours.config.vocab_size, seed)
+        ids, mask, _ = padded_batch_with_types(lengths, ours.config.vocab_size, seed)
         with torch.no_grad():
             got, _ = ours(ids, mask)
             want = reference(input_ids=ids, attention_mask=mask).last_hidden_state
@@ -107,7 +92,7 @@ def test_token_types_as_transformers_adds_them(tmp_path, type_vocab_size):
     model = save_tiny_gte(tmp_path / "typed", seed=1, type_vocab_size=type_vocab_size)
     encoder = load_encoder(read_checkpoint(model))
     assert encoder.config.has_token_types == (type_vocab_size == 2)
-    ids, mask, types = padded_batch((30, 11), encoder.config.vocab_size, seed=0)
+    ids, mask, types = padded_batch_with_types((30, 11), encoder.config.vocab_size, seed=0)
     types = types if type_vocab_size == 2 else None
     with torch.no_grad():
         got, _ = encoder(ids, mask, token_type_ids=types)
@@ -138,7 +123,7 @@ def test_ntk_scaled_rotary_matches_transformers_given_alibabas_frequencies(model
     shutil.copytree(model_dir, unscaled)
     edit_json(unscaled / "config.json", rope_parameters={"rope_type": "default", "rope_theta": 500_000.0})
     plain = load_encoder(read_checkpoint(unscaled))
-    ids, mask, _ = padded_batch((100, 64, 7), encoder.config.vocab_size, seed=5)
+    ids, mask, _ = padded_batch_with_types((100, 64, 7), encoder.config.vocab_size, seed=5)
     with torch.no_grad():
         got, _ = encoder(ids, mask)
         want = reference(input_ids=ids, attention_mask=mask).last_hidden_state
@@ -149,7 +134,7 @@ def test_ntk_scaled_rotary_matches_transformers_given_alibabas_frequencies(model
 
 def test_attention_maps_match_transformers_and_give_padding_nothing(model_dir, ours):
     reference = transformers_model(model_dir, "eager")
-    ids, mask, _ = padded_batch((40, 17, 1), ours.config.vocab_size, seed=3)
+    ids, mask, _ = padded_batch_with_types((40, 17, 1), ours.config.vocab_size, seed=3)
     with torch.no_grad():
         _, got = ours(ids, mask, output_attentions=True)  # (L, B, nh, T, T)
         want = torch.stack(reference(input_ids=ids, attention_mask=mask, output_attentions=True).attentions)
@@ -165,7 +150,7 @@ def test_attention_maps_match_transformers_and_give_padding_nothing(model_dir, o
 def test_masked_lm_checkpoint_loads_its_encoder_and_a_classifier_is_refused(tmp_path):
     masked = save_tiny_gte(tmp_path / "mlm", model_class="GteForMaskedLM", seed=1)
     encoder = load_encoder(read_checkpoint(masked))  # keys under "gte.", lm_head.* unused
-    ids, mask, _ = padded_batch((12, 7), encoder.config.vocab_size, seed=0)
+    ids, mask, _ = padded_batch_with_types((12, 7), encoder.config.vocab_size, seed=0)
     with torch.no_grad():
         got, _ = encoder(ids, mask)
         want = transformers_model(masked, "eager")(input_ids=ids, attention_mask=mask).last_hidden_state
@@ -194,15 +179,8 @@ REFUSED = [
 
 @pytest.mark.parametrize("change, fragment", REFUSED, ids=[f"{'-'.join(c)}{i}" for i, (c, _) in enumerate(REFUSED)])
 def test_settings_the_export_cannot_run_are_refused_before_weights_load(model_dir, tmp_path, change, fragment):
-    checkpoint = tmp_path / "refused"
-    checkpoint.mkdir()
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(model_dir / name, checkpoint / name)
-    (checkpoint / "model.safetensors").write_bytes(b"not weights: reading them would fail differently")
-    edit_json(checkpoint / "config.json", **change)
-    with pytest.raises(CheckpointError) as refused:
-        read_checkpoint(checkpoint)
-    assert fragment in str(refused.value) and "\n" not in str(refused.value)
+    message = refusal_before_weights_load(model_dir, tmp_path / "refused", change)
+    assert fragment in message and "\n" not in message
 
 
 def test_export_refuses_in_one_line(model_dir, tmp_path):
@@ -228,7 +206,7 @@ def test_exported_fp32_graphs_match_pytorch_at_unseen_sizes(exported, ours):
     """Batch 5 and 37 tokens: sizes the graphs were neither traced nor verified at here."""
     import onnxruntime as ort
 
-    ids, mask, _ = padded_batch((37, 20, 3, 37, 11), ours.config.vocab_size, seed=7)
+    ids, mask, _ = padded_batch_with_types((37, 20, 3, 37, 11), ours.config.vocab_size, seed=7)
     with torch.no_grad():
         want, want_attentions = ours(ids, mask, output_attentions=True)
     manifest = json.loads((exported / "manifest.json").read_text())
@@ -243,10 +221,6 @@ def test_exported_fp32_graphs_match_pytorch_at_unseen_sizes(exported, ours):
         assert max_error(torch.from_numpy(outputs["last_hidden_state"]), want, mask) <= 1e-4, name
         if "attentions" in outputs:
             assert np.abs(outputs["attentions"] - want_attentions.numpy()).max() <= 1e-5
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 def test_engine_encodes_as_sentence_transformers(st_dir, exported):

@@ -25,6 +25,7 @@ from attnserve.model.jina_v3 import TASKS, JinaV3Encoder, with_task
 
 from .checkpoints import edit_json, save_sentence_transformer
 from .conftest import assert_one_line_error, run_cli
+from .family_parity import cosines, padded_batch
 from .tiny_jina import save_tiny_jina
 
 MAX_SEQ_LENGTH = 40
@@ -70,17 +71,6 @@ def transformers_model(directory: Path, task: str | None, implementation: str = 
     if task is not None:
         model.load_adapter(str(directory / "adapters" / task), adapter_name=task.replace(".", "_"))
     return model.eval()
-
-
-def padded_batch(lengths: tuple[int, ...], vocab_size: int, pad_id: int, seed: int) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(4, vocab_size, (len(lengths), max(lengths)), generator=g)
-    mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()
-    return ids * mask + pad_id * (1 - mask), mask
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 @pytest.mark.parametrize("task", [None, *TASKS])

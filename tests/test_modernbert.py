@@ -16,16 +16,14 @@ import torch
 from attnserve.config import EngineConfig
 from attnserve.engine.engine import Engine
 from attnserve.errors import CheckpointError
-from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.modernbert import GLOBAL, LOCAL, ModernBertEncoder
 
 from .checkpoints import edit_json, save_sentence_transformer, save_tiny_modernbert
 from .conftest import assert_one_line_error, run_cli
+from .family_parity import LENGTHS, cosines, export, load_ours, padded_batch, transformers_model
 
 MAX_SEQ_LENGTH = 40
-# Padded batches from 1 token to past max_seq_length; each row's length is its own.
-LENGTHS = [(1,), (5, 3), (16, 9, 1), (40, 17, 33), (100, 64, 7, 100)]
 TEXTS = ["hello world", "A LONGER sentence, with punctuation!", "café über naïve 42", "x",
          "the quick brown fox jumps over the lazy dog " * 12, "   spaced    out [MASK] text\t\ttabs  ",
          "東京は日本の首都です。🙂🚀 and some more words after it, enough for the local window"]
@@ -44,30 +42,12 @@ def st_dir(model_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ours(model_dir) -> ModernBertEncoder:
-    encoder = load_encoder(read_checkpoint(model_dir))
-    assert isinstance(encoder, ModernBertEncoder)
-    return encoder
+    return load_ours(model_dir, ModernBertEncoder)
 
 
 @pytest.fixture(scope="module")
 def exported(st_dir, tmp_path_factory) -> tuple[Path, list[str]]:
-    out, lines = tmp_path_factory.mktemp("modernbert") / "artifacts", []
-    build_artifacts(read_checkpoint(st_dir), out, log=lines.append)
-    return out, lines
-
-
-def padded_batch(lengths: tuple[int, ...], vocab_size: int, pad_id: int, seed: int) -> tuple[torch.Tensor, ...]:
-    """(B, T) ids and mask; ids past a row's length are the padding id, as a tokenizer pads."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(4, vocab_size, (len(lengths), max(lengths)), generator=g)
-    mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()
-    return ids * mask + pad_id * (1 - mask), mask
-
-
-def transformers_model(model_dir: Path, implementation: str):
-    import transformers
-
-    return transformers.AutoModel.from_pretrained(str(model_dir), attn_implementation=implementation).eval()
+    return export(st_dir, tmp_path_factory.mktemp("modernbert") / "artifacts")
 
 
 def test_config_is_read_as_transformers_reads_it(model_dir, ours):
@@ -206,10 +186,6 @@ def test_export_verifies_every_variant_and_says_attention_is_unfused(exported):
     assert manifest["variants"]["embeddings_int8"]["parity"]["mean_cosine_sentence_embedding_texts"] >= 0.99
     assert "token_type_ids" not in {i.name for i in __import__("onnx").load(
         str(out / "embeddings.onnx")).graph.input}
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 def test_engine_encodes_as_sentence_transformers(st_dir, exported):

@@ -14,12 +14,20 @@ import torch
 
 from attnserve.engine.engine import Engine
 from attnserve.errors import CheckpointError
-from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.rotary_bert import RotaryBertEncoder
 
 from .checkpoints import edit_json, save_pipeline
 from .conftest import assert_one_line_error, run_cli
+from .family_parity import (
+    cosines,
+    export,
+    load_ours,
+    max_error,
+    padded_batch_with_types,
+    refusal_before_weights_load,
+    transformers_model,
+)
 from .tiny_nomic import as_published, save_tiny_nomic
 
 MAX_SEQ_LENGTH = 48
@@ -48,35 +56,12 @@ def st_dir(model_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ours(model_dir) -> RotaryBertEncoder:
-    encoder = load_encoder(read_checkpoint(model_dir))
-    assert isinstance(encoder, RotaryBertEncoder)
-    return encoder
+    return load_ours(model_dir, RotaryBertEncoder)
 
 
 @pytest.fixture(scope="module")
 def exported(st_dir, tmp_path_factory) -> tuple[Path, list[str]]:
-    out, lines = tmp_path_factory.mktemp("nomic") / "artifacts", []
-    build_artifacts(read_checkpoint(st_dir), out, log=lines.append)
-    return out, lines
-
-
-def padded_batch(lengths: tuple[int, ...], vocab_size: int, seed: int) -> tuple[torch.Tensor, ...]:
-    """(B, T) ids, mask and token types (a second segment in each row's second half); padding is id 0."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, vocab_size, (len(lengths), max(lengths)), generator=g)
-    mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()
-    types = (torch.arange(max(lengths))[None, :] >= torch.tensor(lengths)[:, None] // 2).long() * mask
-    return ids * mask, mask, types
-
-
-def transformers_model(model_dir: Path, implementation: str):
-    import transformers
-
-    return transformers.AutoModel.from_pretrained(str(model_dir), attn_implementation=implementation).eval()
-
-
-def max_error(got: torch.Tensor, want: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((got - want).abs()[mask.bool()].max())  # real positions only
+    return export(st_dir, tmp_path_factory.mktemp("nomic") / "artifacts")
 
 
 def test_config_is_read_as_transformers_reads_it(model_dir, ours):
@@ -96,7 +81,7 @@ def test_config_is_read_as_transformers_reads_it(model_dir, ours):
 def test_last_hidden_state_matches_transformers(model_dir, ours, implementation):
     reference = transformers_model(model_dir, implementation)
     for seed, lengths in enumerate(LENGTHS):
-        ids, mask, types = padded_batch(lengths, ours.config.vocab_size, seed)
+        ids, mask, types = padded_batch_with_types(lengths, ours.config.vocab_size, seed)
         with torch.no_grad():
             for token_types in (None, types):
                 got, _ = ours(ids, mask, token_type_ids=token_types)
@@ -106,7 +91,7 @@ def test_last_hidden_state_matches_transformers(model_dir, ours, implementation)
 
 def test_token_types_and_rotary_positions_matter(ours):
     """The parity above would hold for a model that ignored segments or positions; this one's outputs change."""
-    ids, mask, types = padded_batch((30,), ours.config.vocab_size, seed=0)
+    ids, mask, types = padded_batch_with_types((30,), ours.config.vocab_size, seed=0)
     with torch.no_grad():
         plain, _ = ours(ids, mask)
         segmented, _ = ours(ids, mask, token_type_ids=types)
@@ -132,7 +117,7 @@ def test_published_config_naming_reads_the_same(model_dir, ours, tmp_path):
 
 def test_attention_maps_match_transformers_and_give_padding_nothing(model_dir, ours):
     reference = transformers_model(model_dir, "eager")
-    ids, mask, types = padded_batch((40, 17, 1), ours.config.vocab_size, seed=3)
+    ids, mask, types = padded_batch_with_types((40, 17, 1), ours.config.vocab_size, seed=3)
     with torch.no_grad():
         _, got = ours(ids, mask, output_attentions=True, token_type_ids=types)  # (L, B, nh, T, T)
         want = torch.stack(reference(input_ids=ids, attention_mask=mask, token_type_ids=types,
@@ -149,7 +134,7 @@ def test_attention_maps_match_transformers_and_give_padding_nothing(model_dir, o
 def test_masked_lm_checkpoint_loads_its_encoder_and_a_classifier_is_refused(tmp_path):
     masked = save_tiny_nomic(tmp_path / "mlm", model_class="NomicBertForMaskedLM", seed=1)
     encoder = load_encoder(read_checkpoint(masked))  # keys under "nomic_bert.", cls.* unused
-    ids, mask, types = padded_batch((12, 7), encoder.config.vocab_size, seed=0)
+    ids, mask, types = padded_batch_with_types((12, 7), encoder.config.vocab_size, seed=0)
     with torch.no_grad():
         got, _ = encoder(ids, mask, token_type_ids=types)
         want = transformers_model(masked, "eager")(input_ids=ids, attention_mask=mask,
@@ -189,15 +174,8 @@ REFUSED = [
 
 @pytest.mark.parametrize("change, fragment", REFUSED, ids=[f"{'-'.join(c)}{i}" for i, (c, _) in enumerate(REFUSED)])
 def test_settings_the_export_cannot_run_are_refused_before_weights_load(model_dir, tmp_path, change, fragment):
-    checkpoint = tmp_path / "refused"
-    checkpoint.mkdir()
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(model_dir / name, checkpoint / name)
-    (checkpoint / "model.safetensors").write_bytes(b"not weights: reading them would fail differently")
-    edit_json(checkpoint / "config.json", **change)
-    with pytest.raises(CheckpointError) as refused:
-        read_checkpoint(checkpoint)
-    assert fragment in str(refused.value) and "\n" not in str(refused.value)
+    message = refusal_before_weights_load(model_dir, tmp_path / "refused", change)
+    assert fragment in message and "\n" not in message
 
 
 def test_export_refuses_in_one_line(model_dir, tmp_path):
@@ -224,7 +202,7 @@ def test_exported_fp32_graphs_match_pytorch_at_unseen_sizes(exported, ours):
     """Batch 5 and 37 tokens with two segments: sizes the graphs were neither traced nor verified at here."""
     import onnxruntime as ort
 
-    ids, mask, types = padded_batch((37, 20, 3, 37, 11), ours.config.vocab_size, seed=7)
+    ids, mask, types = padded_batch_with_types((37, 20, 3, 37, 11), ours.config.vocab_size, seed=7)
     with torch.no_grad():
         want, want_attentions = ours(ids, mask, output_attentions=True, token_type_ids=types)
     feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(), "token_type_ids": types.numpy()}
@@ -238,10 +216,6 @@ def test_exported_fp32_graphs_match_pytorch_at_unseen_sizes(exported, ours):
         assert max_error(torch.from_numpy(outputs["last_hidden_state"]), want, mask) <= 1e-4, name
         if "attentions" in outputs:
             assert np.abs(outputs["attentions"] - want_attentions.numpy()).max() <= 1e-5
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 def test_engine_encodes_as_sentence_transformers_with_prompts(st_dir, exported):

@@ -16,18 +16,16 @@ import torch
 from attnserve.engine.engine import Engine
 from attnserve.engine.session import open_session
 from attnserve.errors import CheckpointError
-from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.pooling import pool
 from attnserve.model.qwen3 import Qwen3Encoder, read_config
 
 from .checkpoints import edit_json
 from .conftest import assert_one_line_error, run_cli
+from .family_parity import LENGTHS, cosines, export, load_ours, padded_batch, transformers_model
 from .tiny_qwen3 import END_OF_TEXT, PROMPTS, save_qwen3_embedding, save_tiny_qwen3
 
 MAX_SEQ_LENGTH = 40
-# Padded batches from 1 token to past max_seq_length; each row's length is its own.
-LENGTHS = [(1,), (5, 3), (16, 9, 1), (40, 17, 33), (100, 64, 7, 100)]
 TEXTS = ["hello world", "A LONGER sentence, with punctuation!", "café über naïve 42", "x",
          "the quick brown fox jumps over the lazy dog " * 12, "   spaced    out text\t\ttabs  ",
          "東京は日本の首都です。🙂🚀 and some more words after it"]
@@ -45,33 +43,12 @@ def st_dir(model_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ours(model_dir) -> Qwen3Encoder:
-    encoder = load_encoder(read_checkpoint(model_dir))
-    assert isinstance(encoder, Qwen3Encoder)
-    return encoder
+    return load_ours(model_dir, Qwen3Encoder)
 
 
 @pytest.fixture(scope="module")
 def exported(st_dir, tmp_path_factory) -> tuple[Path, list[str]]:
-    out, lines = tmp_path_factory.mktemp("qwen3") / "artifacts", []
-    build_artifacts(read_checkpoint(st_dir), out, log=lines.append)
-    return out, lines
-
-
-def padded_batch(lengths: tuple[int, ...], vocab_size: int, pad_id: int, seed: int, side: str = "right"
-                 ) -> tuple[torch.Tensor, ...]:
-    """(B, T) ids and mask, padded on `side` with the padding id, as a tokenizer pads."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(4, vocab_size, (len(lengths), max(lengths)), generator=g)
-    mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()
-    if side == "left":
-        mask = mask.flip(1)
-    return ids * mask + pad_id * (1 - mask), mask
-
-
-def transformers_model(model_dir: Path, implementation: str):
-    import transformers
-
-    return transformers.AutoModel.from_pretrained(str(model_dir), attn_implementation=implementation).eval()
+    return export(st_dir, tmp_path_factory.mktemp("qwen3") / "artifacts")
 
 
 def test_config_is_read_as_transformers_reads_it(model_dir, ours):
@@ -228,10 +205,6 @@ def test_every_fp32_graph_matches_pytorch_at_unseen_sizes(exported, ours, side):
                 # Real queries' rows: a left-padded padded query's row is not an output anyone reads.
                 rows = np.broadcast_to(real[None, :, None, :, None] & real[None, :, None, None, :], outputs[2].shape)
                 assert np.abs(outputs[2] - attentions.numpy())[rows].max() <= 1e-5
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
 def test_engine_encodes_as_sentence_transformers_with_the_prompts(st_dir, exported):
