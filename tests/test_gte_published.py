@@ -20,7 +20,8 @@ from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 
 from .checkpoints import edit_json
-from .test_gte import TEXTS, cosines, max_error, padded_batch, transformers_model
+from .family_parity import cosines, max_error, padded_batch_with_types, transformers_model
+from .test_gte import TEXTS
 from .tiny_gte import save_tiny_gte
 
 REMOTE = "Alibaba-NLP/new-impl"
@@ -110,7 +111,7 @@ def test_published_checkpoint_matches_transformers_on_the_original(model_dir, tm
     encoder = load_encoder(ckpt)
     reference = transformers_model(model_dir, "eager")
     for seed, lengths in enumerate([(1,), (16, 9, 1), (100, 64, 7, 100)]):
-        ids, mask, _ = padded_batch(lengths, encoder.config.vocab_size, seed)
+        ids, mask, _ = padded_batch_with_types(lengths, encoder.config.vocab_size, seed)
         with torch.no_grad():
             got, _ = encoder(ids, mask)
             want = reference(input_ids=ids, attention_mask=mask).last_hidden_state
