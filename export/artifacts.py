@@ -142,7 +142,7 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
             modules=tuple(ckpt.modules), prompts=dict(ckpt.pipeline.prompts),
             default_prompt_name=ckpt.pipeline.default_prompt_name, kind=ckpt.kind,
             num_labels=ckpt.num_labels, score_activation=ckpt.score_activation, family=ckpt.config.family,
-            tasks=tasks, task=getattr(ckpt.config, "task", None),
+            tasks=tasks, task=task,
             pair_template=ckpt.pair_template.to_json() if ckpt.pair_template is not None else None,
             **caps,
         )
