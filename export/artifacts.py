@@ -108,7 +108,9 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
     progress.step("checking the tokenizer")
     check_tokenizer(ckpt)  # before any weight is loaded or graph traced: a refusal is quick
     progress.step("loading the weights")
-    encoder = load_encoder(ckpt)
+    # In a list so that the embedders' path can take it: the encoder is freed after tracing there, while the
+    # optimizer's child processes run, and loaded again for verification (_embedder_variants).
+    loaded = [load_encoder(ckpt)]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         work = out.parent / f".{out.name}.building-{os.getpid()}"
@@ -123,14 +125,15 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
         if ckpt.kind == "reranker" and ckpt.pair_template is not None:
             from .qwen3_reranker import qwen3_reranker_variants
 
+            encoder = loaded.pop()
             assert isinstance(encoder, Qwen3Encoder), "read_checkpoint gives a pair template to Qwen3 rerankers only"
             progress.step("reranker graphs: tracing, optimizing, verifying each")
             variants = qwen3_reranker_variants(ckpt, encoder, tokenizer, work, log)
         elif ckpt.kind == "reranker":
             progress.step("reranker graphs: tracing, optimizing, verifying each")
-            variants = reranker_variants(ckpt, encoder, tokenizer, work, log)
+            variants = reranker_variants(ckpt, loaded.pop(), tokenizer, work, log)
         else:
-            variants = _embedder_variants(ckpt, encoder, tokenizer, work, progress, caps)
+            variants = _embedder_variants(ckpt, loaded.pop(), tokenizer, work, progress, caps)
         # jina v3: each task's adapter merged, a whole artifact directory of its own under tasks/<task>/.
         tasks = build_task_artifacts(ckpt, work, lambda task_ckpt, task_out: _build(task_ckpt, task_out, progress))
         manifest = Manifest(
@@ -159,7 +162,9 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
 
 def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work: Path, progress: Progress,
                        caps: dict[str, int]) -> dict[str, GraphVariant]:
-    """The graphs, verified; caps gets the lengths verification and the attention graph stop at."""
+    """The graphs, verified; caps gets the lengths verification and the attention graph stop at.
+
+    encoder: the only reference to it (it is freed after tracing and loaded again for verification)."""
     log = progress.log
     head = load_head(ckpt.directory, ckpt.pipeline)
     weights = sum(t.numel() * 4 for m in (encoder, head) for t in (*m.parameters(), *m.buffers()))
@@ -172,6 +177,9 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
     progress.step("tracing the graph (torch.onnx.export); the embeddings graph is it without the attention maps")
     export_graph(SentenceEncoder(encoder, head, output_attentions=True), work / VARIANTS["attention"][0], external)
     without_output(work / VARIANTS["attention"][0], work / VARIANTS["embeddings"][0], "attentions")
+    # Until verification the export's process holds no weights: the optimizer, int8 and fp16 steps run in child
+    # processes (export/isolated.py), whose peaks add to this process's.
+    del encoder
     progress.step("optimizing: fusing attention (onnxruntime's transformer optimizer)")
     counts = fuse_attention(work / VARIANTS["embeddings"][0], work / VARIANTS["embeddings_fused"][0], ckpt.config)
     log(f"fused attention: {fused_attention_nodes(counts)} Attention nodes for {ckpt.config.num_layers} layers")
@@ -187,7 +195,7 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
         log(f"attention left unfused; the fused graph holds {describe_fusions(counts)}, "
             f"the fp16 graph {describe_fusions(fp16_counts)}")
     progress.step("verification: PyTorch's outputs for the check texts (the reference)")
-    reference = Reference(encoder, head, ckpt.embedding_size, tokenizer)
+    reference = Reference(load_encoder(ckpt), head, ckpt.embedding_size, tokenizer)
     caps.update(verified_max_length=reference.verified_max_length, attention_max_length=reference.attention_max_length)
     if reference.verified_max_length < ckpt.max_seq_length:
         log(f"max_seq_length {ckpt.max_seq_length} is past what memory allows verifying: the graphs are verified up "

@@ -13,6 +13,7 @@ which is how the tests run this path on a small model: the same code a graph ove
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -73,3 +74,52 @@ def external_files(path: Path) -> list[str]:
 
 def has_external_data(path: Path) -> bool:
     return bool(external_files(path))
+
+
+def save_streamed(model: onnx.ModelProto, path: Path, source_dir: Path,
+                  convert: dict[str, Callable[[bytes], bytes]] | None = None) -> None:
+    """Write a graph whose tensors may still be in other graphs' data files (it was loaded with
+    load_external_data=False from a graph in source_dir), with every tensor of SIZE_THRESHOLD bytes or more in
+    data_file(path): each is read from where it is, converted by convert[name] if there, and written, one at a
+    time, so that no more than one tensor's bytes is in memory beyond the graph's own. The tensors in memory
+    (ones a step made) go there too, and tensors under SIZE_THRESHOLD bytes into the graph, as save() puts them.
+    Where source_dir is path's folder, the source's data files must be other files than data_file(path)."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    convert = convert or {}
+    data = data_file(path)
+    data.unlink(missing_ok=True)
+    with open(data, "wb") as out:
+        for tensor in model.graph.initializer:
+            if tensor.HasField("raw_data") and uses_external_data(tensor):  # read by a step, maybe changed
+                raw = tensor.raw_data
+                tensor.ClearField("raw_data")
+                del tensor.external_data[:]
+            elif uses_external_data(tensor):
+                info = ExternalDataInfo(tensor)
+                with open(source_dir / info.location, "rb") as f:
+                    f.seek(info.offset or 0)
+                    raw = f.read() if info.length is None else f.read(info.length)
+                del tensor.external_data[:]
+                tensor.ClearField("data_location")
+            elif tensor.HasField("raw_data") and len(tensor.raw_data) >= SIZE_THRESHOLD:  # made by a step
+                raw = tensor.raw_data
+                tensor.ClearField("raw_data")
+            else:
+                continue
+            if tensor.name in convert:
+                raw = convert[tensor.name](raw)
+            if len(raw) < SIZE_THRESHOLD:  # inside the graph, as save() keeps it
+                tensor.ClearField("data_location")
+                tensor.raw_data = raw
+                continue
+            offset = out.tell()
+            out.write(raw)
+            del raw
+            # What onnx's set_external_data writes (which asks for the bytes in raw_data).
+            del tensor.external_data[:]
+            for key, value in (("location", data.name), ("offset", str(offset)), ("length", str(out.tell() - offset))):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+    onnx.save_model(model, str(path))

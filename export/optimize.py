@@ -5,18 +5,23 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from attnserve.errors import ExportVerificationError
-from attnserve.model.encoder import EncoderConfig
-from attnserve.model.family import ModelConfig
 
-from .external_data import has_external_data
+from . import isolated
+from .external_data import has_external_data, save_streamed
+
+if TYPE_CHECKING:  # torch is not imported here: these steps run in child processes that need none of it
+    from attnserve.model.encoder import EncoderConfig
+    from attnserve.model.family import ModelConfig
 
 # The TorchScript exporter names nodes after module paths (model/encoder.py).
 FIRST_FFN_DOWN = "/encoder/layers.0/feed_forward/down/MatMul"
@@ -58,7 +63,15 @@ def expects_attention_fusion(cfg: EncoderConfig | ModelConfig) -> bool:
     unfused: there the "fused" variants have the fusions the optimizer does make (Gelu, and
     SkipLayerNormalization in fp16), verified like any other. MPNet adds a relative position bias to the
     scores, which the fusion does not match either."""
+    from attnserve.model.encoder import EncoderConfig
+
     return isinstance(cfg, EncoderConfig) and not cfg.relative_attention_buckets
+
+
+def _shape(cfg: EncoderConfig | ModelConfig) -> dict[str, Any]:
+    """What the optimizer and the quantizer need of the model's config, for a child process (JSON)."""
+    return {"num_heads": cfg.num_heads, "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
+            "family": cfg.family, "attention_fusion": expects_attention_fusion(cfg)}
 
 
 def fused_attention_nodes(counts: dict[str, int]) -> int:
@@ -71,7 +84,41 @@ def describe_fusions(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} {op}" for op, n in fused.items()) or "none"
 
 
-def _optimized(src: Path, cfg: EncoderConfig | ModelConfig, skip_layer_norm: bool):
+@contextlib.contextmanager
+def _graph(src: Path):
+    """What the optimizer is given: src's path, or for a graph with external data, its graph loaded without its
+    tensors' bytes, which stay in their data file and are read only where a fusion needs a tensor's values
+    (onnx's numpy_helper.to_array reads an external tensor relative to the working directory, src's folder
+    meanwhile). The optimizer, its shape inference (which copies the whole graph) and the fp16 converter then
+    hold the graph's structure, not its weights (_save writes them, one at a time)."""
+    if not has_external_data(src):
+        yield str(src)
+        return
+    previous = os.getcwd()
+    os.chdir(src.parent)
+    try:
+        yield onnx.load(str(src), load_external_data=False)
+    finally:
+        os.chdir(previous)
+
+
+def _save(model, dst: Path, src: Path, convert: dict[str, Callable[[bytes], bytes]] | None = None) -> None:
+    """The optimizer's model (an OnnxModel) written as save_model_to_file writes it (in topological order, with
+    the com.microsoft opset where it has such nodes), external data as src has: for a graph from _graph, each
+    tensor read from src's data file (converted by convert[name] if there) into dst's."""
+    if not has_external_data(src):
+        model.save_model_to_file(str(dst))
+        return
+    model.topological_sort()
+    proto = model.model
+    if any(n.domain == "com.microsoft" for n in proto.graph.node) and not any(
+            o.domain == "com.microsoft" for o in proto.opset_import):
+        proto.opset_import.add(domain="com.microsoft", version=1)
+    save_streamed(proto, dst, src.parent, convert)
+
+
+def _fused(graph, name: str, shape: dict[str, Any], skip_layer_norm: bool):
+    """onnxruntime's transformer optimizer on graph (a path, or a model from _graph) named name."""
     from onnxruntime.transformers import optimizer
     from onnxruntime.transformers.fusion_options import FusionOptions
 
@@ -85,15 +132,15 @@ def _optimized(src: Path, cfg: EncoderConfig | ModelConfig, skip_layer_norm: boo
     # opt_level=0: only the transformers fusions here; onnxruntime applies its
     # provider-specific graph optimisations itself when a session opens.
     model = optimizer.optimize_model(
-        str(src), model_type="bert", num_heads=cfg.num_heads, hidden_size=cfg.hidden_size, opt_level=0,
+        graph, model_type="bert", num_heads=shape["num_heads"], hidden_size=shape["hidden_size"], opt_level=0,
         optimization_options=options,
     )
     counts = op_counts(model.model)
     fused = fused_attention_nodes(counts)
     # Where the fusion cannot match (ModernBERT, MPNet), the graph is the best the optimizer makes, unfused.
-    if fused != cfg.num_layers and (expects_attention_fusion(cfg) or fused != 0):
+    if fused != shape["num_layers"] and (shape["attention_fusion"] or fused != 0):
         raise ExportVerificationError(
-            f"attention fusion matched {fused} of {cfg.num_layers} layers in {src.name}; op counts: {counts}"
+            f"attention fusion matched {fused} of {shape['num_layers']} layers in {name}; op counts: {counts}"
         )
     return model
 
@@ -104,10 +151,17 @@ def fuse_attention(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig) -> di
     SkipLayerNormalization is left unfused: on CPU its kernel is slower than the
     Add + LayerNormalization it replaces (measured on the mixed-length corpus,
     2 cores: 7,751 tokens/s without it, 7,369 with it).
+
+    Runs in a child process (export/isolated.py): the optimizer's copies of the graph die with it.
     """
-    with quiet():
-        model = _optimized(src, cfg, skip_layer_norm=False)
-        model.save_model_to_file(str(dst), use_external_data_format=has_external_data(src))
+    return isolated.run("fusing attention", f"{__name__}:_fuse_attention",
+                        {"src": str(src), "dst": str(dst), "shape": _shape(cfg)})
+
+
+def _fuse_attention(src: str, dst: str, shape: dict[str, Any]) -> dict[str, int]:
+    with quiet(), _graph(Path(src).resolve()) as graph:
+        model = _fused(graph, Path(src).name, shape, skip_layer_norm=False)
+        _save(model, Path(dst).resolve(), Path(src).resolve())
     return op_counts(model.model)
 
 
@@ -129,16 +183,58 @@ def float_to_integer_casts(model: onnx.ModelProto) -> list[str]:
 
 def convert_fp16(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig) -> dict[str, int]:
     """The fused graph in fp16 for the CUDA provider, SkipLayerNorm fused too (it pays on GPUs);
-    inputs and outputs stay int64/fp32."""
-    integer_casts = float_to_integer_casts(onnx.load(str(src), load_external_data=False))
+    inputs and outputs stay int64/fp32. Runs in a child process (export/isolated.py)."""
+    return isolated.run("fp16 conversion", f"{__name__}:_convert_fp16",
+                        {"src": str(src), "dst": str(dst), "shape": _shape(cfg)})
+
+
+def _convert_fp16(src: str, dst: str, shape: dict[str, Any]) -> dict[str, int]:
+    integer_casts = float_to_integer_casts(onnx.load(src, load_external_data=False))
     if integer_casts:
-        raise ExportVerificationError(f"{src.name} computes integers from floats ({', '.join(integer_casts)}), "
+        raise ExportVerificationError(f"{Path(src).name} computes integers from floats ({', '.join(integer_casts)}), "
                                       "which fp16 would change; compute them ahead of the graph")
-    with quiet():
-        model = _optimized(src, cfg, skip_layer_norm=True)
+    with quiet(), _graph(Path(src).resolve()) as graph, _fp16_later() as pending:
+        model = _fused(graph, Path(src).name, shape, skip_layer_norm=True)
         model.convert_float_to_float16(keep_io_types=True)
-        model.save_model_to_file(str(dst), use_external_data_format=has_external_data(src))
+        _save(model, Path(dst).resolve(), Path(src).resolve(), pending)
     return op_counts(model.model)
+
+
+@contextlib.contextmanager
+def _fp16_later():
+    """onnxruntime's fp16 converter made to leave the bytes of tensors still in a data file (_graph) where they
+    are: such a tensor gets its fp16 type, and the conversion it would have made (the same function, the same
+    limits) goes into the dict yielded, tensor name -> fp32 bytes -> fp16 bytes, for _save to apply as it writes
+    the tensor. Tensors in memory are converted as the converter converts them. Undone on leaving."""
+    import sys
+
+    import numpy as np
+    from onnx.external_data_helper import uses_external_data
+    from onnxruntime.transformers import onnx_model
+
+    # The converter's module as OnnxModel imports it (onnxruntime.transformers puts its folder on sys.path, so
+    # that is `float16`, not onnxruntime.transformers.float16).
+    float16: Any = sys.modules[onnx_model.convert_float_to_float16.__module__]
+
+    pending: dict[str, Callable[[bytes], bytes]] = {}
+    convert_tensor, value_info = float16.convert_tensor_float_to_float16, float16.make_value_info_from_tensor
+
+    def later(tensor, min_positive_val=5.96e-08, max_finite_val=65504.0):
+        if tensor.data_type != onnx.TensorProto.FLOAT or not uses_external_data(tensor) or tensor.HasField("raw_data"):
+            return convert_tensor(tensor, min_positive_val, max_finite_val)
+        tensor.data_type = onnx.TensorProto.FLOAT16
+        pending[tensor.name] = lambda raw: float16.convert_np_to_float16(
+            np.frombuffer(raw, dtype=np.float32), min_positive_val, max_finite_val).tobytes()
+        return tensor
+
+    def from_dims(tensor):  # the converter's own reads the tensor's values for its shape
+        return onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))
+
+    float16.convert_tensor_float_to_float16, float16.make_value_info_from_tensor = later, from_dims
+    try:
+        yield pending
+    finally:
+        float16.convert_tensor_float_to_float16, float16.make_value_info_from_tensor = convert_tensor, value_info
 
 
 def quantize_int8(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig) -> dict[str, int]:
@@ -159,24 +255,32 @@ def quantize_int8(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig) -> dic
     down in fp32, mean cosine 0.875 (min 0.71); every FFN down in fp32, 0.990 (min 0.973), at the tolerance's
     edge; the whole feed-forward in fp32 (attention alone in int8), mean 0.9975, p1 0.9939, min 0.9918 (chosen
     for the families in FP32_FEED_FORWARD).
+
+    Runs in a child process (export/isolated.py).
     """
+    return isolated.run("int8 quantization", f"{__name__}:_quantize_int8",
+                        {"src": str(src), "dst": str(dst), "family": cfg.family})
+
+
+def _quantize_int8(src: str, dst: str, family: str) -> dict[str, int]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    model = onnx.load(str(src), load_external_data=False)
+    model = onnx.load(src, load_external_data=False)
     keep_fp32 = [n.name for n in model.graph.node if n.name in (FIRST_FFN_DOWN, TOKEN_TYPE_LOOKUP, RELATIVE_BIAS_LOOKUP)
-                 or (cfg.family in FP32_FEED_FORWARD and n.name.startswith("/encoder/layers.")
+                 or (family in FP32_FEED_FORWARD and n.name.startswith("/encoder/layers.")
                      and n.name.endswith(("/feed_forward/up/MatMul", "/feed_forward/down/MatMul")))]
     if FIRST_FFN_DOWN not in keep_fp32:
-        raise ExportVerificationError(f"{src.name}: no node {FIRST_FFN_DOWN!r} to keep in fp32")
+        raise ExportVerificationError(f"{Path(src).name}: no node {FIRST_FFN_DOWN!r} to keep in fp32")
+    del model
     with quiet():
         quantize_dynamic(
-            str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep_fp32,
-            use_external_data_format=has_external_data(src),
+            src, dst, weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep_fp32,
+            use_external_data_format=has_external_data(Path(src)),
             # The fused Attention op is from the com.microsoft domain, so shape
             # inference cannot type its output; it is fp32.
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
-    return op_counts(onnx.load(str(dst), load_external_data=False))
+    return op_counts(onnx.load(dst, load_external_data=False))
 
 
 # The int8 graph's accuracy against the fp32 graph (issue 14): cosine of sentence embeddings, mean and 1st percentile.
@@ -202,8 +306,36 @@ def quantize_int8_measured(src: Path, dst: Path, calibration: list[dict],
     those feeds, each quantizable node is quantized alone, its cosine drop measured, and the worst are kept in
     fp32, fewest first, until it holds. ValueError when INT8_MOST_FP32 nodes do not suffice. Returns op counts,
     the nodes kept, the measures and the layers split (down-projection -> outlier units). on_stage(what) is told
-    as each stage starts (progress).
+    as each stage starts (progress). Runs in a child process (export/isolated.py); the calibration feeds go to it
+    in a file.
     """
+    import numpy as np
+
+    with tempfile.TemporaryDirectory(prefix=".int8-feeds-", dir=dst.parent) as tmp:
+        feeds = Path(tmp) / "feeds.npz"
+        np.savez(feeds, **{f"{i}/{name}": array for i, feed in enumerate(calibration) for name, array in feed.items()})
+        counts, kept, measures, split = isolated.run(
+            "int8 quantization", f"{__name__}:_quantize_int8_measured",
+            {"src": str(src), "dst": str(dst), "feeds": str(feeds), "_on_stage": True}, on_stage)
+    return counts, kept, measures, {layer: units for layer, units in split.items()}
+
+
+def _quantize_int8_measured(src: str, dst: str, feeds: str, on_stage: Callable[[str], None]
+                            ) -> tuple[dict[str, int], list[str], dict, dict[str, list[int]]]:
+    import numpy as np
+
+    calibration: list[dict] = []
+    with np.load(feeds) as saved:
+        for key in sorted(saved.files, key=lambda k: (int(k.split("/")[0]), k)):
+            i, name = key.split("/")
+            while len(calibration) <= int(i):
+                calibration.append({})
+            calibration[int(i)][name] = saved[key]
+    return _measured(Path(src), Path(dst), calibration, on_stage)
+
+
+def _measured(src: Path, dst: Path, calibration: list[dict], on_stage: Callable[[str], None]
+              ) -> tuple[dict[str, int], list[str], dict, dict[str, list[int]]]:
     from .int8_outliers import side_path_nodes, split_outliers
     from .int8_recipes import Int8Recipe, build
     from .int8_sensitivity import fewest_fp32_nodes

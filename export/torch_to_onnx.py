@@ -53,8 +53,8 @@ def export_graph(module: SentenceEncoder, path: Path, external: bool = False) ->
                 opset_version=OPSET, input_names=list(inputs), output_names=outputs,
                 dynamic_axes={k: v for k, v in axes.items() if k in inputs or k in outputs},
             )
-        if external:
-            external_data.save(onnx.load(str(traced)), path, external=True)
+        if external:  # the tensors copied one at a time: the graph is never whole in memory beside the model
+            external_data.save_streamed(onnx.load(str(traced), load_external_data=False), path, traced.parent)
     finally:
         if external:
             shutil.rmtree(traced.parent, ignore_errors=True)
