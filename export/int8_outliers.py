@@ -102,7 +102,10 @@ def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]]) -> 
     """Write to dst src's fp32 graph with each feed-forward's outlier units computed apart (module docstring).
     Returns the layers split: down-projection node name -> its outlier units."""
     external = external_data.has_external_data(src)
-    model = onnx.load(str(src))  # with its weights: the split changes some, and dst gets the others
+    # With external data, the graph without its weights' bytes: the split reads the few it changes (to_array reads
+    # an external tensor from base), and dst gets the others copied one at a time (save_streamed).
+    model = onnx.load(str(src), load_external_data=not external)
+    base = str(src.parent) if external else ""
     layers = feed_forwards(model)
     largest = largest_activations(src, layers, feeds) if layers else []
     weights = {init.name: init for init in model.graph.initializer}
@@ -112,9 +115,9 @@ def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]]) -> 
         if units.size == 0:
             continue
         prefix = ff.down.name.rsplit("/", 1)[0] + "/outliers"
-        w_up = numpy_helper.to_array(weights[ff.up.input[1]])  # (H, F)
-        b_up = numpy_helper.to_array(weights[ff.gelu.input[1]]).copy()  # (F,)
-        w_down = numpy_helper.to_array(weights[ff.down.input[1]]).copy()  # (F, H)
+        w_up = numpy_helper.to_array(weights[ff.up.input[1]], base)  # (H, F)
+        b_up = numpy_helper.to_array(weights[ff.gelu.input[1]], base).copy()  # (F,)
+        w_down = numpy_helper.to_array(weights[ff.down.input[1]], base).copy()  # (F, H)
         model.graph.initializer.extend([
             numpy_helper.from_array(np.ascontiguousarray(w_up[:, units]), f"{prefix}/up.weight"),  # (H, k)
             numpy_helper.from_array(b_up[units], f"{prefix}/up.bias"),  # (k,)
@@ -139,7 +142,10 @@ def split_outliers(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]]) -> 
         for offset, node in enumerate(side):
             model.graph.node.insert(at + offset, node)
         split[ff.down.name] = [int(u) for u in units]
-    external_data.save(model, dst, external)
+    if external:
+        external_data.save_streamed(model, dst, src.parent)
+    else:
+        external_data.save(model, dst, external)
     return split
 
 
