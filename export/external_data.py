@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import onnx
+from onnx.external_data_helper import uses_external_data
 
 THRESHOLD_ENV = "ATTNSERVE_EXTERNAL_DATA_ABOVE"
 # Graphs with more fp32 weight bytes than this are written with external data. Below protobuf's 2 GiB with room:
@@ -64,7 +65,7 @@ def save(model: onnx.ModelProto, path: Path, external: bool) -> None:
 def external_files(path: Path) -> list[str]:
     """The file names, relative to the graph's folder, that the graph at path reads its tensors from (sorted;
     none for a self-contained graph)."""
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+    from onnx.external_data_helper import ExternalDataInfo
 
     # Initializers only: export's graphs keep no tensor in node attributes outside the graph (save() leaves
     # attributes inline, as onnx does by default).
@@ -84,7 +85,7 @@ def save_streamed(model: onnx.ModelProto, path: Path, source_dir: Path,
     time, so that no more than one tensor's bytes is in memory beyond the graph's own. The tensors in memory
     (ones a step made) go there too, and tensors under SIZE_THRESHOLD bytes into the graph, as save() puts them.
     Where source_dir is path's folder, the source's data files must be other files than data_file(path)."""
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+    from onnx.external_data_helper import ExternalDataInfo
 
     convert = convert or {}
     data = data_file(path)
@@ -122,4 +123,16 @@ def save_streamed(model: onnx.ModelProto, path: Path, source_dir: Path,
                 entry = tensor.external_data.add()
                 entry.key, entry.value = key, value
             tensor.data_location = onnx.TensorProto.EXTERNAL
+    # Tensors in node attributes (a Constant's value: the exporter writes large ones to files of their own) go
+    # into the graph, as onnx.load then save() leave them.
+    for node in model.graph.node:
+        for attribute in node.attribute:
+            for tensor in (attribute.t, *attribute.tensors):
+                if uses_external_data(tensor):
+                    info = ExternalDataInfo(tensor)
+                    with open(source_dir / info.location, "rb") as f:
+                        f.seek(info.offset or 0)
+                        tensor.raw_data = f.read() if info.length is None else f.read(info.length)
+                    del tensor.external_data[:]
+                    tensor.ClearField("data_location")
     onnx.save_model(model, str(path))

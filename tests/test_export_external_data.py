@@ -88,3 +88,45 @@ def test_a_changed_data_file_is_refused(forced, tmp_path):
     (copy / name).unlink()
     with pytest.raises(ArtifactError, match=rf"artifact file missing: .*{name}"):
         load_manifest(copy)
+
+
+def test_save_streamed_gathers_tensors_and_inlines_attribute_tensors(tmp_path):
+    """export/external_data.py save_streamed: initializers read from the data files they are in (converted where
+    asked) into the graph's own data file, small ones and node attributes' tensors (the exporter writes a large
+    Constant's value to a file of its own) into the graph, as onnx.load and save() leave them."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from attnserve.export import external_data
+
+    source = tmp_path / "source"
+    source.mkdir()
+    big, small, constant = (np.arange(n, dtype=np.float32) for n in (4096, 4, 2048))
+    weights = [numpy_helper.from_array(big, "big"), numpy_helper.from_array(small, "small")]
+    value = numpy_helper.from_array(constant, "value")
+    node = helper.make_node("Constant", [], ["c"], value=value)
+    add = helper.make_node("Add", ["big", "c"], ["out"])
+    graph = helper.make_graph([node, add], "g", [],
+                              [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)], weights)
+    model = helper.make_model(graph)
+    # Every tensor in files of its own, as torch.onnx.export writes a graph past 2 GB.
+    onnx.save_model(model, str(source / "g.onnx"), save_as_external_data=True, all_tensors_to_one_file=False,
+                    size_threshold=0, convert_attribute=True)
+    loaded = onnx.load(str(source / "g.onnx"), load_external_data=False)
+    tensors = (*loaded.graph.initializer, loaded.graph.node[0].attribute[0].t)
+    assert all(external_data.uses_external_data(t) for t in tensors)
+
+    out = tmp_path / "out" / "g.onnx"
+    out.parent.mkdir()
+    double = {"big": lambda raw: (np.frombuffer(raw, np.float32) * 2).tobytes()}
+    external_data.save_streamed(loaded, out, source, double)
+    assert external_data.external_files(out) == ["g.onnx.data"]
+    written = onnx.load(str(out))
+    arrays = {t.name: numpy_helper.to_array(t) for t in written.graph.initializer}
+    np.testing.assert_array_equal(arrays["big"], big * 2)
+    np.testing.assert_array_equal(arrays["small"], small)
+    np.testing.assert_array_equal(numpy_helper.to_array(written.graph.node[0].attribute[0].t), constant)
+    bare = onnx.load(str(out), load_external_data=False)
+    assert [external_data.uses_external_data(t) for t in bare.graph.initializer] == [True, False]
+    assert not external_data.uses_external_data(bare.graph.node[0].attribute[0].t)
