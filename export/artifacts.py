@@ -208,7 +208,8 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
     order = sorted(VARIANTS, key=lambda name: name != "attention")
     parities = verify_all({name: (work / VARIANTS[name][0], VARIANTS[name][1], DISABLED_OPTIMIZERS.get(name, ()))
                            for name in order}, reference,
-                          on_graph=lambda name: progress.step(f"verifying {name} against PyTorch"))
+                          on_graph=lambda name: progress.step(f"verifying {name} against PyTorch"),
+                          release_encoder=True)
     variants = {}
     hashes: dict[str, str] = {}  # each file's sha256, once (a data file is shared, and can be gigabytes)
 

@@ -28,6 +28,7 @@ from attnserve.model.encoder import Encoder
 from attnserve.model.family import EncoderModule
 from attnserve.model.sentence_head import SentenceHead
 
+from .memory import release_freed_memory
 from .token_ids import made_up_token_ids
 
 SAMPLE_TEXTS = Path(__file__).parent / "data" / "sample_texts.txt"
@@ -210,7 +211,8 @@ class _Parity:
 
 
 def measure_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference: Reference, provider: str = CPU,
-                on_graph: Callable[[str], None] = lambda name: None) -> dict[str, dict[str, float]]:
+                on_graph: Callable[[str], None] = lambda name: None, release_encoder: bool = False
+                ) -> dict[str, dict[str, float]]:
     """Every parity metric of each graph (name -> (path, precision, onnxruntime optimizers its session must not
     apply)), as floats for the manifest.
 
@@ -219,6 +221,12 @@ def measure_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference:
     which are small, are kept for the other graphs. So PyTorch runs over each case once when the graphs with
     attention maps come first, twice otherwise. A graph with attention maps runs the cases up to the reference's
     attention_max_length only. on_graph(name) is told as each graph's turn comes (progress).
+
+    A graph without attention maps needs only PyTorch's small outputs: those it lacks are computed with its
+    session closed, so that PyTorch's activations and the session are never held at once. release_encoder (the
+    graphs with attention maps coming first): the reference's encoder is dropped once PyTorch's outputs for every
+    case are in, at the first graph without maps (the export's memory is then one session's; the reference cannot
+    measure again).
     """
     expected: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(reference.cases)  # hidden, sentence
     metrics = {}
@@ -226,6 +234,19 @@ def measure_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference:
         on_graph(name)
         # No memory arena: it would keep the session's largest run (the attention maps) for the whole export.
         session = open_session(path, provider, arena=False, disabled_optimizers=disabled_optimizers)
+        maps = "attentions" in [o.name for o in session.get_outputs()]
+        if maps and reference.encoder is None:
+            raise ValueError(f"{path.name} has attention maps, and the reference's encoder was released: graphs with "
+                             "attention maps come first")
+        if not maps and any(e is None for e in expected):
+            del session
+            for i, (ids, mask, types) in enumerate(reference.cases):
+                if expected[i] is None:
+                    expected[i] = _pytorch_case(None, _Parity(False), reference, ids, mask, types)
+            if release_encoder:
+                reference.encoder = None  # type: ignore[assignment]
+            release_freed_memory()
+            session = open_session(path, provider, arena=False, disabled_optimizers=disabled_optimizers)
         if ("token_type_ids" in [i.name for i in session.get_inputs()]) != reference.token_types:
             raise ExportVerificationError(f"{path.name} {'lacks' if reference.token_types else 'has'} "
                                           "the input token_type_ids that the reference was made for")
@@ -302,9 +323,10 @@ def check(path: Path, precision: str, metrics: dict[str, float]) -> None:
 
 
 def verify_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference: Reference, provider: str = CPU,
-               on_graph: Callable[[str], None] = lambda name: None) -> dict[str, dict[str, float]]:
+               on_graph: Callable[[str], None] = lambda name: None, release_encoder: bool = False
+               ) -> dict[str, dict[str, float]]:
     """measure_all(), then check() each graph."""
-    metrics = measure_all(graphs, reference, provider, on_graph)
+    metrics = measure_all(graphs, reference, provider, on_graph, release_encoder)
     for name, (path, precision, _) in graphs.items():
         check(path, precision, metrics[name])
     return metrics
