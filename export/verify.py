@@ -44,10 +44,11 @@ ATTENTION_BYTES = 64 * 2**20
 # attention graph is verified, and served, up to the length whose maps take at most ATTENTION_MAP_BYTES a row.
 ATTENTION_MAP_BYTES = 2**30
 # The other graphs hold one layer's scores at a time, nh x T^2 x 4 bytes a row, a few copies alive at once (the
-# scores, their softmax, the masked copy): verification runs them, and PyTorch, up to the length where its widest
-# full-length case's scores take at most SCORES_BYTES (ModernBERT-base: 3,861 tokens; at 8,192 one row's scores
-# take 3.2 GB a copy).
-SCORES_BYTES = 6 * 2**30
+# scores, their softmax, the masked copy). Verification runs them, and PyTorch, in runs of rows whose scores take
+# at most SCORES_BYTES, up to the length where one row's do (ModernBERT-base: 3,861 tokens; at 8,192 one row's
+# scores take 3.2 GB a copy). The bound is on top of the weights, held once (PyTorch's or one session's): for
+# Qwen3-0.6B (2.2 GiB of fp32 weights) the export's peak stays under 3x its weights.
+SCORES_BYTES = 2 * 2**30
 SCORES_COPIES = 3
 VERIFIED_TEXTS = 512  # the first sample texts are verification's; int8 calibrates on the ones after them
 CALIBRATION_TEXTS = 64
@@ -85,11 +86,10 @@ def attention_max_length(num_layers: int, num_heads: int, max_seq_length: int) -
 
 
 def verified_max_length(num_heads: int, max_seq_length: int) -> int:
-    """The longest input verification runs the graphs and PyTorch at: one layer's scores of its widest full-length
-    case (FULL_LENGTH_BATCHES rows x num_heads x T^2 float32, SCORES_COPIES alive) fit SCORES_BYTES.
-    max_seq_length for every model up to a few thousand tokens."""
-    rows = max(FULL_LENGTH_BATCHES)
-    return min(max_seq_length, int((SCORES_BYTES / (rows * SCORES_COPIES * num_heads * 4)) ** 0.5))
+    """The longest input verification runs the graphs and PyTorch at: one layer's scores of one row (num_heads x
+    T^2 float32, SCORES_COPIES alive) fit SCORES_BYTES. max_seq_length for every model up to a few thousand
+    tokens."""
+    return min(max_seq_length, int((SCORES_BYTES / (SCORES_COPIES * num_heads * 4)) ** 0.5))
 
 
 def shape_grid(max_seq_length: int) -> list[tuple[int, int]]:
@@ -117,6 +117,7 @@ class Reference:
         cfg = encoder.config
         ids_from = made_up_token_ids(cfg.vocab_size)
         self.encoder, self.head = encoder, head
+        self.num_layers, self.num_heads = cfg.num_layers, cfg.num_heads  # kept: the encoder may be released
         self.token_types = cfg.has_token_types if token_types is None else token_types
         # The lengths memory allows (module constants): max_seq_length, but for long-context models.
         self.verified_max_length = verified_max_length(cfg.num_heads, tokenizer.max_seq_length)
@@ -167,10 +168,16 @@ class Reference:
 
     def attention_runs(self, rows: int, seq: int) -> list[slice]:
         """The rows of a case in runs whose attention maps take at most ATTENTION_BYTES each."""
-        cfg = self.encoder.config
-        per_row = cfg.num_layers * cfg.num_heads * seq * seq * 4
-        step = max(1, ATTENTION_BYTES // per_row)
-        return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
+        return _runs(rows, self.num_layers * self.num_heads * seq * seq * 4, ATTENTION_BYTES)
+
+    def score_runs(self, rows: int, seq: int) -> list[slice]:
+        """The rows of a case in runs whose one layer's scores take at most SCORES_BYTES each."""
+        return _runs(rows, SCORES_COPIES * self.num_heads * seq * seq * 4, SCORES_BYTES)
+
+
+def _runs(rows: int, per_row: int, budget: int) -> list[slice]:
+    step = max(1, budget // per_row)
+    return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
 
 
 def calibration_feeds(tokenizer: TextTokenizer) -> list[dict[str, np.ndarray]]:
@@ -195,8 +202,7 @@ class _Parity:
 
     def add(self, outputs: list[np.ndarray], mask: np.ndarray, hidden: np.ndarray, sentence: np.ndarray,
             attentions: np.ndarray | None) -> None:
-        if attentions is None:
-            self.cases += 1  # a graph with attention maps counts its cases whole (_pytorch_case), not by runs
+        """One run of a case's rows (the caller counts the cases)."""
         real = mask.astype(bool)  # (B, T): compare real token positions only
         self.max_hidden = max(self.max_hidden, float(np.abs(outputs[0] - hidden)[real].max()))
         self.max_sentence = max(self.max_sentence, float(np.abs(outputs[1] - sentence).max()))
@@ -259,8 +265,11 @@ def measure_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference:
             if expected[i] is None:
                 expected[i] = _pytorch_case(None, parity, reference, ids, mask, types)
             hidden, sentence = expected[i]  # type: ignore[misc]
-            outputs = session.run(["last_hidden_state", "sentence_embedding"], reference.feed(ids, mask, types))
-            parity.add(outputs, mask, hidden, sentence, None)
+            for rows in reference.score_runs(*ids.shape):
+                part = ids[rows], mask[rows], None if types is None else types[rows]
+                outputs = session.run(["last_hidden_state", "sentence_embedding"], reference.feed(*part))
+                parity.add(outputs, mask[rows], hidden[rows], sentence[rows], None)
+            parity.cases += 1
         metrics[name] = _metrics(parity, session, reference)
         del session
     return metrics
@@ -272,7 +281,7 @@ def _pytorch_case(session, parity: _Parity, reference: Reference, ids: np.ndarra
     compared with the graph's in runs of rows of bounded size, then dropped. Returns (hidden, sentence)."""
     hidden = np.empty((*ids.shape, reference.encoder.config.hidden_size), dtype=np.float32)  # (B, T, H)
     sentence = np.empty((ids.shape[0], reference.embedding_size), dtype=np.float32)  # (B, D)
-    runs = reference.attention_runs(*ids.shape) if session is not None else [slice(0, ids.shape[0])]
+    runs = (reference.attention_runs if session is not None else reference.score_runs)(*ids.shape)
     for rows in runs:
         part = ids[rows], mask[rows], None if types is None else types[rows]
         hidden[rows], sentence[rows], attentions = reference.expected(*part, attentions=session is not None)
