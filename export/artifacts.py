@@ -22,7 +22,6 @@ from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ArtifactError
 from attnserve.model.checkpoint import Checkpoint, load_encoder
 from attnserve.model.encoder import SentenceEncoder
-from attnserve.model.qwen3 import Qwen3Encoder
 from attnserve.model.sentence_head import load_head
 from attnserve.progress import Progress
 
@@ -122,16 +121,9 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
         shutil.copyfile(ckpt.tokenizer_file, work / "tokenizer.json")
         tokenizer = TextTokenizer(work / "tokenizer.json", ckpt.max_seq_length, ckpt.config.vocab_size)
         caps = {"verified_max_length": ckpt.max_seq_length, "attention_max_length": ckpt.max_seq_length}
-        if ckpt.kind == "reranker" and ckpt.pair_template is not None:
-            from .qwen3_reranker import qwen3_reranker_variants
-
-            encoder = loaded.pop()
-            assert isinstance(encoder, Qwen3Encoder), "read_checkpoint gives a pair template to Qwen3 rerankers only"
+        if ckpt.kind == "reranker":
             progress.step("reranker graphs: tracing, optimizing, verifying each")
-            variants = qwen3_reranker_variants(ckpt, encoder, tokenizer, work, log)
-        elif ckpt.kind == "reranker":
-            progress.step("reranker graphs: tracing, optimizing, verifying each")
-            variants = reranker_variants(ckpt, loaded.pop(), tokenizer, work, log)
+            variants = reranker_variants(ckpt, loaded.pop(), tokenizer, work, log, caps)
         else:
             variants = _embedder_variants(ckpt, loaded.pop(), tokenizer, work, progress, caps)
         # jina v3: each task's adapter merged, a whole artifact directory of its own under tasks/<task>/.
@@ -196,14 +188,10 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
             f"the fp16 graph {describe_fusions(fp16_counts)}")
     progress.step("verification: PyTorch's outputs for the check texts (the reference)")
     reference = Reference(load_encoder(ckpt), head, ckpt.embedding_size, tokenizer)
-    caps.update(verified_max_length=reference.verified_max_length, attention_max_length=reference.attention_max_length)
-    if reference.verified_max_length < ckpt.max_seq_length:
-        log(f"max_seq_length {ckpt.max_seq_length} is past what memory allows verifying: the graphs are verified up "
-            f"to {reference.verified_max_length} tokens, and the attention graph verified and served up to "
-            f"{reference.attention_max_length} (its maps take layers x heads x tokens^2 floats a row)")
-    elif reference.attention_max_length < ckpt.max_seq_length:
-        log(f"attention maps are verified and served up to {reference.attention_max_length} tokens "
-            "(layers x heads x tokens^2 floats a row)")
+    caps.update(reference.caps.manifest_fields())
+    note = reference.caps.note(ckpt.max_seq_length)
+    if note:
+        log(note)
     # The attention graph first: PyTorch's one pass over the check inputs for it serves the others too.
     order = sorted(VARIANTS, key=lambda name: name != "attention")
     parities = verify_all({name: (work / VARIANTS[name][0], VARIANTS[name][1], DISABLED_OPTIMIZERS.get(name, ()))

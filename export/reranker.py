@@ -16,21 +16,22 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from attnserve.engine.batching import pad, pad_types
 from attnserve.engine.manifest import GraphVariant, sha256_of
 from attnserve.engine.session import CPU, open_session
-from attnserve.engine.tokenizer import TextTokenizer
+from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
 from attnserve.errors import ExportVerificationError
 from attnserve.model.checkpoint import Checkpoint
 from attnserve.model.cross_encoder import Reranker, load_reranker
 from attnserve.model.family import EncoderModule
 
-from .optimize import convert_fp16, fuse_attention, fused_attention_nodes
+from .optimize import convert_fp16, describe_fusions, fuse_attention, fused_attention_nodes
 from .reranker_int8 import INT8_MEAN_SCORE_ERROR, INT8_MIN_SPEARMAN, quantize_reranker_int8, score_agreement
 from .token_ids import made_up_token_ids
 from .torch_to_onnx import OPSET
-from .verify import CALIBRATION_TEXTS, SAMPLE_TEXTS, TEXT_BATCHES, Tolerance, shape_grid
+from .verify import CALIBRATION_TEXTS, SAMPLE_TEXTS, TEXT_BATCHES, LengthCaps, Tolerance
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # name -> (file, precision, fused, outputs)
@@ -88,37 +89,46 @@ def export_reranker_graph(module: Reranker, path: Path) -> None:
 
 
 class PairReference:
-    """PyTorch scores (and attentions) on the check inputs, computed once for every variant."""
+    """A reranker's check inputs and PyTorch's scores on them, computed once for every variant.
 
-    def __init__(self, reranker: Reranker, tokenizer: TextTokenizer, activation: str, seed: int = 0):
+    Random pairs over the caps' grid (export/verify.py LengthCaps: rows of random lengths, right-padded, and a random
+    split into segment a of type 0 and b of type 1 where the graph takes token types), and real text pairs as the
+    server tokenizes them (encode: the tokenizer's pairs, or a template's). PyTorch's attention maps are computed as
+    an attention graph's turn comes, in runs of rows of bounded size, and dropped at once; the scores in runs whose
+    scores take at most SCORES_BYTES. Verification's memory is then bounded by the model's layers and heads, not by
+    its max_seq_length (bge-reranker-v2-m3's 8,192, Qwen3-Reranker's 32,768)."""
+
+    def __init__(self, reranker: nn.Module, tokenizer: TextTokenizer,
+                 encode: Callable[[list[tuple[str, str]]], list[TokenizedInput]], activation: str, seed: int = 0):
         rng = np.random.default_rng(seed)
-        ids_from = made_up_token_ids(reranker.encoder.config.vocab_size)
-        self.inputs, self.activation = graph_inputs(reranker), activation
-        self.cases = []  # (feed, scores, attentions)
-        for batch, seq in shape_grid(tokenizer.max_seq_length):
+        cfg = reranker.encoder.config
+        ids_from = made_up_token_ids(cfg.vocab_size)
+        self.reranker, self.inputs, self.activation = reranker, graph_inputs(reranker), activation
+        self.caps = LengthCaps.of(cfg.num_layers, cfg.num_heads, tokenizer.max_seq_length)
+        self.cases = []  # (feed, PyTorch's scores (B, labels))
+        for batch, seq in self.caps.grid():
             lengths = rng.integers(1, seq + 1, size=batch)
             lengths[rng.integers(batch)] = seq
             ids, mask = pad([rng.integers(ids_from.start, ids_from.stop, size=n) for n in lengths])
             types = pad_types([(np.arange(n) >= rng.integers(0, n + 1)).astype(np.int64) for n in lengths],
                               ids.shape[1])
             feed = self._feed(ids, mask, types)
-            self.cases.append((feed, *self._torch(reranker, feed)))
+            self.cases.append((feed, self.scores(feed)))
         self.random_cases = len(self.cases)  # the cases after these are the text pairs'
         texts = [t for t in SAMPLE_TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
         verified = texts[: 2 * TEXT_PAIRS]
-        self.pairs = tokenizer.encode_pairs(list(zip(verified[0::2], verified[1::2], strict=False)))
+        self.pairs = encode(list(zip(verified[0::2], verified[1::2], strict=False)))
         for feed in self.pair_feeds(self.pairs):
-            self.cases.append((feed, self._torch(reranker, feed)[0], None))
+            self.cases.append((feed, self.scores(feed)))
         # int8's calibration pairs: the texts after the verified ones, as the embedders' (export/verify.py).
         calibration = texts[2 * TEXT_PAIRS: 2 * TEXT_PAIRS + 2 * CALIBRATION_TEXTS]
-        self.calibration = self.pair_feeds(tokenizer.encode_pairs(list(zip(calibration[0::2], calibration[1::2],
-                                                                           strict=False))))
+        self.calibration = self.pair_feeds(encode(list(zip(calibration[0::2], calibration[1::2], strict=False))))
 
     def _feed(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> dict[str, np.ndarray]:
         feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
         return {name: feed[name] for name in self.inputs}
 
-    def pair_feeds(self, pairs) -> list[dict[str, np.ndarray]]:
+    def pair_feeds(self, pairs: list[TokenizedInput]) -> list[dict[str, np.ndarray]]:
         """Tokenized pairs in engine-style batches, in order."""
         feeds = []
         for start in range(0, len(pairs), TEXT_BATCHES[1] // 2):
@@ -127,35 +137,59 @@ class PairReference:
             feeds.append(self._feed(ids, mask, pad_types([x.type_ids for x in chunk], ids.shape[1])))
         return feeds
 
-    def _torch(self, reranker: Reranker, feed: dict[str, np.ndarray]):
+    def runs(self, feed: dict[str, np.ndarray], attentions: bool) -> list[dict[str, np.ndarray]]:
+        """feed's rows in runs of bounded memory: by attention maps' size, or by one layer's scores'."""
+        rows, seq = feed["input_ids"].shape
+        runs = (self.caps.attention_runs if attentions else self.caps.score_runs)(rows, seq)
+        return [{name: x[run] for name, x in feed.items()} for run in runs]
+
+    def scores(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+        """PyTorch's raw logits (B, labels)."""
         with torch.no_grad():
-            scores, attentions = reranker.with_attentions()(
-                *(torch.from_numpy(feed[name]) for name in self.inputs))
-        return scores.numpy(), attentions.numpy()
+            return np.concatenate([self.reranker(*(torch.from_numpy(part[name]) for name in self.inputs)).numpy()
+                                   for part in self.runs(feed, attentions=False)])
+
+    def attentions(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+        """PyTorch's attention maps (L, B, nh, T, T) for a run of rows (runs(feed, attentions=True))."""
+        with torch.no_grad():
+            return self.reranker.with_attentions()(*(torch.from_numpy(feed[name]) for name in self.inputs))[1].numpy()
 
 
 def measure(path: Path, reference: PairReference, provider: str = CPU,
             disabled_optimizers: tuple[str, ...] = ()) -> dict[str, float]:
-    session = open_session(path, provider, disabled_optimizers=disabled_optimizers)
+    """Every parity metric of one graph. A graph with attention maps runs the random cases up to the caps'
+    attention_max_length, its maps compared run by run; every graph runs the text pairs."""
+    # No memory arena: it would keep the session's largest run for the whole export.
+    session = open_session(path, provider, arena=False, disabled_optimizers=disabled_optimizers)
     wants_attention = "attentions" in [o.name for o in session.get_outputs()]
     max_scores = max_attention = max_padded_key_weight = 0.0
-    largest = 1.0
+    largest, shapes = 1.0, 0
     text_scores, text_want = [], []
-    for i, (feed, scores, attentions) in enumerate(reference.cases):
-        outputs = session.run(None, feed)
-        max_scores = max(max_scores, float(np.abs(outputs[0] - scores).max()))
+    for i, (feed, scores) in enumerate(reference.cases):
+        maps = wants_attention and i < reference.random_cases
+        if maps and feed["input_ids"].shape[1] > reference.caps.attention_max_length:
+            continue
+        got = []
+        for part in reference.runs(feed, attentions=maps):
+            outputs = session.run(["scores", "attentions"] if maps else ["scores"], part)
+            got.append(outputs[0])
+            if maps:
+                error, padded = attention_errors(part["attention_mask"], outputs[1], reference.attentions(part))
+                max_attention, max_padded_key_weight = max(max_attention, error), max(max_padded_key_weight, padded)
+            del outputs
+        got_scores = np.concatenate(got)
+        max_scores = max(max_scores, float(np.abs(got_scores - scores).max()))
         largest = max(largest, float(np.abs(scores).max()))
         if i >= reference.random_cases:
-            text_scores.append(outputs[0])
+            text_scores.append(got_scores)
             text_want.append(scores)
-        if wants_attention and attentions is not None:
-            error, padded = attention_errors(feed["attention_mask"], outputs[1], attentions)
-            max_attention, max_padded_key_weight = max(max_attention, error), max(max_padded_key_weight, padded)
+        else:
+            shapes += 1
     agreement = score_agreement(np.concatenate(text_scores), np.concatenate(text_want), reference.activation)
     metrics = {"max_abs_scores": max_scores, "max_rel_scores": max_scores / largest,
                "max_score_error_texts": agreement["max_score_error"],
                "mean_score_error_texts": agreement["mean_score_error"], "spearman_texts": agreement["spearman"],
-               "shapes_checked": reference.random_cases, "pairs_checked": len(reference.pairs)}
+               "shapes_checked": shapes, "pairs_checked": len(reference.pairs)}
     if wants_attention:
         metrics |= {"max_abs_attentions": max_attention, "max_padded_key_weight": max_padded_key_weight}
     return metrics
@@ -193,19 +227,24 @@ def check_parity(path: Path, precision: str, metrics: dict[str, float]) -> dict[
 
 
 def reranker_variants(ckpt: Checkpoint, encoder: EncoderModule, tokenizer: TextTokenizer, work: Path,
-                      log: Callable[[str], None]) -> dict[str, GraphVariant]:
-    assert ckpt.head is not None and ckpt.score_activation is not None, "read_checkpoint reads a reranker's head"
-    reranker = load_reranker(ckpt.weights_file, encoder, ckpt.head, ckpt.num_labels)
-    log(f"reranker: {ckpt.head.architecture} over {ckpt.num_labels} label(s), activation {ckpt.score_activation}")
+                      log: Callable[[str], None], caps: dict[str, int]) -> dict[str, GraphVariant]:
+    """The graphs of a cross-encoder, or of Qwen3-Reranker (a templated reranker: export/qwen3_reranker.py),
+    verified; caps gets the lengths verification and the attention graph stop at."""
+    reranker, encode = _load(ckpt, encoder, tokenizer, log)
     export_reranker_graph(reranker, work / VARIANTS["scores"][0])
     export_reranker_graph(reranker.with_attentions(), work / VARIANTS["attention"][0])
     counts = fuse_attention(work / VARIANTS["scores"][0], work / VARIANTS["scores_fused"][0], ckpt.config)
-    # Where the optimizer cannot fuse the family's attention (ModernBERT's rotary, MPNet's position bias), the
-    # "fused" graphs hold its other fusions and the manifest says fused: false, as for embedders.
+    # Where the optimizer cannot fuse the family's attention (rotary, MPNet's position bias), the "fused" graphs
+    # hold its other fusions and the manifest says fused: false, as for embedders.
     attention_fused = fused_attention_nodes(counts) == ckpt.config.num_layers
-    log(f"fused attention: {fused_attention_nodes(counts)} Attention nodes for {ckpt.config.num_layers} layers")
+    log(f"fused attention: {fused_attention_nodes(counts)} Attention nodes for {ckpt.config.num_layers} layers"
+        + ("" if attention_fused else f"; the fused graph holds {describe_fusions(counts)}"))
     convert_fp16(work / VARIANTS["scores"][0], work / VARIANTS["scores_fp16"][0], ckpt.config)
-    reference = PairReference(reranker, tokenizer, ckpt.score_activation)
+    reference = PairReference(reranker, tokenizer, encode, ckpt.score_activation)
+    caps.update(reference.caps.manifest_fields())
+    note = reference.caps.note(ckpt.max_seq_length)
+    if note:
+        log(note)
     names = list(VARIANTS)
     try:
         quantize_reranker_int8(work / VARIANTS["scores_fused"][0], work / VARIANTS["scores_int8"][0],
@@ -223,3 +262,16 @@ def reranker_variants(ckpt: Checkpoint, encoder: EncoderModule, tokenizer: TextT
         variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, fused and attention_fused,
                                       outputs, parity, disabled)
     return variants
+
+
+def _load(ckpt: Checkpoint, encoder: EncoderModule, tokenizer: TextTokenizer, log: Callable[[str], None]
+          ) -> tuple[nn.Module, Callable[[list[tuple[str, str]]], list[TokenizedInput]]]:
+    """The reranker module over the loaded encoder, and how its pairs are tokenized."""
+    assert ckpt.score_activation is not None, "read_checkpoint reads a reranker's activation"
+    if ckpt.pair_template is not None:
+        from .qwen3_reranker import load_templated_reranker
+
+        return load_templated_reranker(ckpt, encoder, tokenizer, log)
+    assert ckpt.head is not None, "read_checkpoint reads a cross-encoder's head"
+    log(f"reranker: {ckpt.head.architecture} over {ckpt.num_labels} label(s), activation {ckpt.score_activation}")
+    return load_reranker(ckpt.weights_file, encoder, ckpt.head, ckpt.num_labels), tokenizer.encode_pairs

@@ -99,6 +99,57 @@ def shape_grid(max_seq_length: int) -> list[tuple[int, int]]:
     return short + [(b, max_seq_length) for b in FULL_LENGTH_BATCHES if (b, max_seq_length) not in short]
 
 
+@dataclass(frozen=True)
+class LengthCaps:
+    """How far a model's check inputs go and in runs of how many rows, so that verification's memory is bounded by
+    the model's layers and heads, not by its max_seq_length (the module constants). Embedders' and rerankers'
+    references share it."""
+
+    num_layers: int
+    num_heads: int
+    verified_max_length: int  # the longest case the graphs and PyTorch run
+    attention_max_length: int  # the longest case an attention graph runs (and is served up to)
+
+    @classmethod
+    def of(cls, num_layers: int, num_heads: int, max_seq_length: int) -> LengthCaps:
+        verified = verified_max_length(num_heads, max_seq_length)
+        return cls(num_layers, num_heads, verified, attention_max_length(num_layers, num_heads, verified))
+
+    def grid(self) -> list[tuple[int, int]]:
+        """shape_grid at verified_max_length, and the attention graph's own longest case where it is shorter."""
+        grid = shape_grid(self.verified_max_length)
+        if self.attention_max_length < self.verified_max_length:
+            grid.append((1, self.attention_max_length))
+        return grid
+
+    def manifest_fields(self) -> dict[str, int]:
+        return {"verified_max_length": self.verified_max_length, "attention_max_length": self.attention_max_length}
+
+    def note(self, max_seq_length: int) -> str | None:
+        """What the export's log says where the caps cut max_seq_length; None where they do not."""
+        if self.verified_max_length < max_seq_length:
+            return (f"max_seq_length {max_seq_length} is past what memory allows verifying: the graphs are verified "
+                    f"up to {self.verified_max_length} tokens, and the attention graph verified and served up to "
+                    f"{self.attention_max_length} (its maps take layers x heads x tokens^2 floats a row)")
+        if self.attention_max_length < max_seq_length:
+            return (f"attention maps are verified and served up to {self.attention_max_length} tokens "
+                    "(layers x heads x tokens^2 floats a row)")
+        return None
+
+    def attention_runs(self, rows: int, seq: int) -> list[slice]:
+        """The rows of a case in runs whose attention maps take at most ATTENTION_BYTES each."""
+        return _runs(rows, self.num_layers * self.num_heads * seq * seq * 4, ATTENTION_BYTES)
+
+    def score_runs(self, rows: int, seq: int) -> list[slice]:
+        """The rows of a case in runs whose one layer's scores take at most SCORES_BYTES each."""
+        return _runs(rows, SCORES_COPIES * self.num_heads * seq * seq * 4, SCORES_BYTES)
+
+
+def _runs(rows: int, per_row: int, budget: int) -> list[slice]:
+    step = max(1, budget // per_row)
+    return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
+
+
 class Reference:
     """The check inputs and the PyTorch encoder that gives their expected outputs.
 
@@ -117,16 +168,11 @@ class Reference:
         cfg = encoder.config
         ids_from = made_up_token_ids(cfg.vocab_size)
         self.encoder, self.head = encoder, head
-        self.num_layers, self.num_heads = cfg.num_layers, cfg.num_heads  # kept: the encoder may be released
         self.token_types = cfg.has_token_types if token_types is None else token_types
-        # The lengths memory allows (module constants): max_seq_length, but for long-context models.
-        self.verified_max_length = verified_max_length(cfg.num_heads, tokenizer.max_seq_length)
-        self.attention_max_length = attention_max_length(cfg.num_layers, cfg.num_heads, self.verified_max_length)
-        grid = shape_grid(self.verified_max_length)
-        if self.attention_max_length < self.verified_max_length:  # the attention graph at its own longest too
-            grid.append((1, self.attention_max_length))
+        # The lengths memory allows: max_seq_length, but for long-context models. Kept: the encoder may be released.
+        self.caps = LengthCaps.of(cfg.num_layers, cfg.num_heads, tokenizer.max_seq_length)
         self.cases = []  # (ids, mask, token types or None), each (B, T) int64
-        for batch, seq in grid:
+        for batch, seq in self.caps.grid():
             lengths = rng.integers(1, seq + 1, size=batch)
             lengths[rng.integers(batch)] = seq  # the batch really is `seq` long
             ids, mask = pad([rng.integers(ids_from.start, ids_from.stop, size=n) for n in lengths])
@@ -165,19 +211,6 @@ class Reference:
                                        None if types is None else torch.from_numpy(types))
             sentence = self.head(hidden, m)
         return hidden.numpy(), sentence.numpy(), (att.numpy() if att is not None else None)
-
-    def attention_runs(self, rows: int, seq: int) -> list[slice]:
-        """The rows of a case in runs whose attention maps take at most ATTENTION_BYTES each."""
-        return _runs(rows, self.num_layers * self.num_heads * seq * seq * 4, ATTENTION_BYTES)
-
-    def score_runs(self, rows: int, seq: int) -> list[slice]:
-        """The rows of a case in runs whose one layer's scores take at most SCORES_BYTES each."""
-        return _runs(rows, SCORES_COPIES * self.num_heads * seq * seq * 4, SCORES_BYTES)
-
-
-def _runs(rows: int, per_row: int, budget: int) -> list[slice]:
-    step = max(1, budget // per_row)
-    return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
 
 
 def calibration_feeds(tokenizer: TextTokenizer) -> list[dict[str, np.ndarray]]:
@@ -259,13 +292,13 @@ def measure_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference:
         parity = _Parity("attentions" in [o.name for o in session.get_outputs()])
         for i, (ids, mask, types) in enumerate(reference.cases):
             if parity.wants_attention:
-                if ids.shape[1] <= reference.attention_max_length:
+                if ids.shape[1] <= reference.caps.attention_max_length:
                     expected[i] = _pytorch_case(session, parity, reference, ids, mask, types)
                 continue
             if expected[i] is None:
                 expected[i] = _pytorch_case(None, parity, reference, ids, mask, types)
             hidden, sentence = expected[i]  # type: ignore[misc]
-            for rows in reference.score_runs(*ids.shape):
+            for rows in reference.caps.score_runs(*ids.shape):
                 part = ids[rows], mask[rows], None if types is None else types[rows]
                 outputs = session.run(["last_hidden_state", "sentence_embedding"], reference.feed(*part))
                 parity.add(outputs, mask[rows], hidden[rows], sentence[rows], None)
@@ -281,7 +314,7 @@ def _pytorch_case(session, parity: _Parity, reference: Reference, ids: np.ndarra
     compared with the graph's in runs of rows of bounded size, then dropped. Returns (hidden, sentence)."""
     hidden = np.empty((*ids.shape, reference.encoder.config.hidden_size), dtype=np.float32)  # (B, T, H)
     sentence = np.empty((ids.shape[0], reference.embedding_size), dtype=np.float32)  # (B, D)
-    runs = (reference.attention_runs if session is not None else reference.score_runs)(*ids.shape)
+    runs = (reference.caps.attention_runs if session is not None else reference.caps.score_runs)(*ids.shape)
     for rows in runs:
         part = ids[rows], mask[rows], None if types is None else types[rows]
         hidden[rows], sentence[rows], attentions = reference.expected(*part, attentions=session is not None)

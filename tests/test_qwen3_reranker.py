@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from attnserve.config import EngineConfig
 from attnserve.engine.batching import pad
 from attnserve.engine.engine import Engine
 from attnserve.engine.session import open_session
-from attnserve.errors import CheckpointError
+from attnserve.errors import CheckpointError, ConfigError
 from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.qwen3_reranker import BODY, INSTRUCTION, PREFIX, SUFFIX, load_reranker
@@ -41,7 +42,9 @@ def model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def exported(model_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("qwen3_reranker") / "artifacts"
-    build_artifacts(read_checkpoint(model_dir), out, log=lambda line: None)
+    lines: list[str] = []
+    build_artifacts(read_checkpoint(model_dir), out, log=lines.append)
+    (out.parent / "export.log").write_text("\n".join(lines) + "\n")
     return out
 
 
@@ -130,9 +133,29 @@ def test_every_fp32_graph_takes_the_card_left_padded_batch(model_dir, exported):
     manifest = json.loads((exported / "manifest.json").read_text())
     assert manifest["kind"] == "reranker" and manifest["pair_template"]["instruction"] == INSTRUCTION
     assert {name: v["parity"]["max_rel_scores"] <= (3e-2 if v["precision"] == "fp16" else 1e-4)
-            for name, v in manifest["variants"].items()} == dict.fromkeys(
+            for name, v in manifest["variants"].items() if v["precision"] != "int8"} == dict.fromkeys(
         ("scores", "scores_fused", "scores_fp16", "attention"), True)
     assert manifest["variants"]["attention"]["parity"]["max_padded_key_weight"] == 0
+
+
+def test_int8_is_held_to_the_rerankers_bar_or_refused_in_one_line(model_dir, exported):
+    """The cross-encoders' int8 search (export/reranker_int8.py) on the templated pairs: where it reaches the bar the
+    engine's int8 scores stay near the card's; where it does not, the log says so and int8 is refused."""
+    lines = (exported.parent / "export.log").read_text().splitlines()
+    assert any(line.startswith("int8: ") or "no int8 graph is written" in line for line in lines), lines
+    manifest = json.loads((exported / "manifest.json").read_text())
+    if "scores_int8" not in manifest["variants"]:
+        with pytest.raises(ConfigError, match="has no int8 graph: its int8 scores missed the export's bar"):
+            Engine.from_directory(exported, EngineConfig(provider="cpu", precision="int8"))
+        return
+    parity = manifest["variants"]["scores_int8"]["parity"]
+    assert parity["mean_score_error_texts"] <= 0.01 and parity["spearman_texts"] >= 0.98, parity
+    engine = Engine.from_directory(exported, EngineConfig(provider="cpu", precision="int8"))
+    assert engine.precision == "int8"
+    want = card_scores(model_dir, QUERY, TEXTS)
+    inputs = engine.tokenizer.encode_templated_pairs([(QUERY, t) for t in TEXTS], engine.manifest.pair_template)
+    got = sigmoid(engine.score_tokenized(inputs)[:, 0])
+    assert np.abs(got - want).mean() <= 0.01, np.abs(got - want)
 
 
 def test_untied_checkpoint_scores_with_its_lm_head(tmp_path, exported):

@@ -83,8 +83,9 @@ def _widen(model, scale: float = 0.3) -> None:
                         else scale * torch.randn_like(param))
 
 
-def save_tiny_cross_encoder(directory: Path, kind: str, seed: int = 0) -> Path:
-    """A cross-encoder of `kind` (one of ALL) saved by CrossEncoder into directory."""
+def save_tiny_cross_encoder(directory: Path, kind: str, seed: int = 0, **modernbert_config) -> Path:
+    """A cross-encoder of `kind` (one of ALL) saved by CrossEncoder into directory. modernbert_config: ModernBertConfig
+    settings for the modernbert kinds (max_position_embeddings for a long-context one)."""
     import torch
     import transformers
     from sentence_transformers import CrossEncoder
@@ -94,7 +95,7 @@ def save_tiny_cross_encoder(directory: Path, kind: str, seed: int = 0) -> Path:
     staging = directory.parent / f"{directory.name}.hf"
     if kind.startswith("modernbert"):
         save_tiny_modernbert(staging, "ModernBertForSequenceClassification", seed, num_labels=1,
-                             classifier_pooling=kind.removeprefix("modernbert-"))
+                             classifier_pooling=kind.removeprefix("modernbert-"), **modernbert_config)
         _edit(staging / "tokenizer_config.json", model_input_names=NO_TOKEN_TYPES)
     else:
         vocab_size = _save_tokenizer(kind, staging)
