@@ -5,8 +5,8 @@ Export keeps candidates that compute the same thing (fused attention and SkipLay
 against PyTorch. Which one is fastest depends on the CPU: a fusion that wins with AVX2 can lose with AVX-512. On
 the first start on a machine the engine times every candidate on a few made-up batches at the shapes it will run
 and keeps the fastest. It then times the chosen graph at batch token budgets of max_batch_tokens, its half and its
-quarter (none below max_seq_length), and batches at the fastest: on some CPUs a smaller batch keeps the products'
-operands in cache. The choice is recorded per CPU signature (CPU model, the instruction sets that matter,
+quarter (none below the longest input served), and batches at the fastest: on some CPUs a smaller batch keeps the
+products' operands in cache. The choice is recorded per CPU signature (CPU model, the instruction sets that matter,
 onnxruntime's version, the thread count) in calibration.json beside the artifacts, or, where that directory is
 read-only, in the attnserve cache; the next start on the same machine reads it instead of timing again.
 manifest.json and the sha256-checked files are never touched.
@@ -61,7 +61,7 @@ class Choice:
 def budgets(manifest: Manifest, config: EngineConfig) -> list[int]:
     """The batch token budgets to time, max_batch_tokens (the default) first."""
     cap = config.max_batch_tokens
-    return sorted({cap // d for d in BUDGET_DIVISORS if cap // d >= manifest.max_seq_length}, reverse=True)
+    return sorted({cap // d for d in BUDGET_DIVISORS if cap // d >= manifest.served_max_length}, reverse=True)
 
 
 def signature(threads: int) -> str:
@@ -155,7 +155,7 @@ def calibration_batches(manifest: Manifest, config: EngineConfig, takes_token_ty
     ids_range = made_up_token_ids(manifest.vocab_size)
     rng = np.random.default_rng(0)
     feeds = []
-    for length in sorted({min(t, manifest.max_seq_length) for t in LENGTHS}):
+    for length in sorted({min(t, manifest.served_max_length) for t in LENGTHS}):
         rows = max(1, min(config.max_batch_size, budget // length))
         ids = rng.integers(ids_range.start, ids_range.stop, size=(rows, length), dtype=np.int64)
         feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,6 +21,8 @@ from .pooling import l2_normalize
 from .prompts import apply_prompt
 from .session import CPU, CUDA, open_session, resolve_provider
 from .tokenizer import TextTokenizer, TokenizedInput
+
+log = logging.getLogger("attnserve.engine")
 
 # The default graph of each precision: the one that runs where the machine's own choice is not known (on CUDA,
 # and on Ray's driver); on the CPU it is one candidate among the exact graphs of its precision (candidate_graphs).
@@ -123,12 +126,15 @@ def candidate_graphs(manifest: Manifest, precision: str) -> list[GraphVariant]:
 
 class Engine:
     def __init__(self, manifest: Manifest, config: EngineConfig, attention: bool = False):
+        if config.max_batch_tokens < manifest.served_max_length:
+            # A batch holds at least one input of the longest length served (TEI raises its budget alike).
+            log.info("max_batch_tokens %d raised to %d, the longest input %s serves", config.max_batch_tokens,
+                     manifest.served_max_length, manifest.model)
+            config = replace(config, max_batch_tokens=manifest.served_max_length)
         self.manifest, self.config = manifest, config
-        if config.max_batch_tokens < manifest.max_seq_length:
-            raise ConfigError(
-                f"max_batch_tokens {config.max_batch_tokens} is below max_seq_length {manifest.max_seq_length}")
         self.provider, self.precision, graph = embeddings_graph(manifest, config)
-        self.tokenizer = TextTokenizer(manifest.path(manifest.tokenizer), manifest.max_seq_length, manifest.vocab_size)
+        self.tokenizer = TextTokenizer(manifest.path(manifest.tokenizer), manifest.served_max_length,
+                                       manifest.vocab_size, positions=manifest.max_seq_length)
         self.graph_choice = self._choose_graph(graph)
         self.embeddings_variant = self.graph_choice.graph
         # The padded-token budget batches are planned with (max_batch_tokens, or less where that ran faster here).

@@ -90,6 +90,13 @@ class Manifest:
     attention_max_length: int = 0
 
     @property
+    def served_max_length(self) -> int:
+        """The longest input served: max_seq_length, but for long-context models the length export verified the
+        graphs at, which memory allows (one row's attention scores, export/verify.py: Qwen3 at 32,768 positions
+        would need 68 GB a layer). Longer inputs are truncated or refused as past max_seq_length."""
+        return min(self.max_seq_length, self.verified_max_length or self.max_seq_length)
+
+    @property
     def attention_cap(self) -> int:
         """The longest input an attention request may have."""
         return self.attention_max_length or self.max_seq_length

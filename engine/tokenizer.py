@@ -41,7 +41,9 @@ class TokenizedInput:
 
 
 class TextTokenizer:
-    def __init__(self, path: Path, max_seq_length: int, vocab_size: int):
+    def __init__(self, path: Path, max_seq_length: int, vocab_size: int, positions: int | None = None):
+        """max_seq_length: the longest input served; positions: the model's own, where that is longer (a
+        long-context model served up to the length memory allows: engine/manifest.py served_max_length)."""
         try:
             self._tokenizer = Tokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception for a bad file
@@ -62,6 +64,10 @@ class TextTokenizer:
         self._left = Tokenizer.from_str(self._tokenizer.to_str())
         self._left.enable_truncation(max_seq_length, direction="left")
         self.max_seq_length = max_seq_length
+        # How refusals name the limit, and why it is below the model's own where it is.
+        self.limit = f"max_seq_length {max_seq_length}"
+        self._why = (f" (this model's {positions} positions are served up to {max_seq_length}, the length its "
+                     "export verified in the memory it has)" if positions and positions > max_seq_length else "")
         self.vocab_size = vocab_size
         # A templated reranker's body tokenizers, truncating at what its template leaves (encode_templated_pairs).
         self._body_tokenizers: dict[tuple[int, str], Tokenizer] = {}
@@ -83,7 +89,7 @@ class TextTokenizer:
         for encoding, label in zip(encodings, labels, strict=True):
             truncated = bool(encoding.overflowing)
             if truncated and not truncate:
-                raise InputTooLongError(f"{label}: longer than max_seq_length {self.max_seq_length} tokens")
+                raise InputTooLongError(f"{label}: longer than {self.limit} tokens{self._why}")
             out.append(TokenizedInput(np.asarray(encoding.ids, dtype=np.int64), truncated))
         return out
 
@@ -108,7 +114,7 @@ class TextTokenizer:
             encoding, truncated = self._pair(a, b, direction, whole_lengths)
             if truncated and not truncate:
                 raise InputTooLongError(
-                    f"{label}: the pair is longer than max_seq_length {self.max_seq_length} tokens")
+                    f"{label}: the pair is longer than {self.limit} tokens{self._why}")
             out.append(TokenizedInput(np.asarray(encoding.ids, dtype=np.int64), truncated,
                                       np.asarray(encoding.type_ids, dtype=np.int64), _pair_start(encoding)))
         return out
@@ -125,8 +131,8 @@ class TextTokenizer:
                           for part in ("prefix", "suffix"))
         room = self.max_seq_length - len(prefix) - len(suffix)
         if room < 1:
-            raise InvalidInputError(f"max_seq_length {self.max_seq_length} leaves no room between the reranker's "
-                                    f"template's {len(prefix)} + {len(suffix)} tokens")
+            raise InvalidInputError(f"{self.limit} leaves no room between the reranker's "
+                                    f"template's {len(prefix)} + {len(suffix)} tokens{self._why}")
         body_tokenizer = self._body_tokenizers.get((room, direction))
         if body_tokenizer is None:  # built once per budget: a large vocabulary takes a while to load
             body_tokenizer = Tokenizer.from_str(self._whole.to_str())
@@ -138,8 +144,7 @@ class TextTokenizer:
             encoding = body_tokenizer.encode(body)
             truncated = bool(encoding.overflowing)
             if truncated and not truncate:
-                raise InputTooLongError(f"{label}: the pair is longer than max_seq_length {self.max_seq_length} "
-                                        "tokens")
+                raise InputTooLongError(f"{label}: the pair is longer than {self.limit} tokens{self._why}")
             out.append(TokenizedInput(np.asarray(prefix + encoding.ids + suffix, dtype=np.int64), truncated))
         return out
 
@@ -201,7 +206,7 @@ class TextTokenizer:
             ids = self._checked_ids(seq, label)
             truncated = ids.size > self.max_seq_length
             if truncated and not truncate:
-                raise InputTooLongError(f"{label}: {ids.size} tokens exceed max_seq_length {self.max_seq_length}")
+                raise InputTooLongError(f"{label}: {ids.size} tokens exceed {self.limit}{self._why}")
             kept = ids[-self.max_seq_length:] if direction == "left" else ids[: self.max_seq_length]
             out.append(TokenizedInput(kept, truncated))
         return out

@@ -81,11 +81,13 @@ def warm_up(engine: Engine) -> list[tuple[bool, float, int]]:
     Returns (attention, seconds, tokens) of each graph's larger run: the batcher's first estimate of its speed.
     """
     budget = engine.batch_tokens
-    T = min(engine.manifest.max_seq_length, budget)
-    ids = np.full(T, made_up_token_ids(engine.manifest.vocab_size)[0], dtype=np.int64)  # in any vocabulary
+    ids = np.full(engine.manifest.served_max_length, made_up_token_ids(engine.manifest.vocab_size)[0],
+                  dtype=np.int64)  # in any vocabulary
     timings = []
     for attention in (False, True):
-        for rows, length in ((1, 8), (max(1, min(budget // T, engine.config.max_batch_size)), T)):
+        # The attention graph only up to the length its maps are served at (a long-context model's would not fit).
+        T = min(engine.manifest.attention_cap if attention else engine.manifest.served_max_length, budget)
+        for rows, length in ((1, min(8, T)), (max(1, min(budget // T, engine.config.max_batch_size)), T)):
             if attention and rows > 1:
                 rows = 2  # the attention graph's outputs grow with T^2: a small batch warms it enough
             started = time.perf_counter()

@@ -141,9 +141,9 @@ class ServedModel:
     def __init__(self, name: str, aliases: tuple[str, ...], engine: Engine, config: ServerConfig,
                  metrics: Metrics, task_engines: dict[str, Engine] | None = None):
         self.name, self.engine = name, engine
-        if config.max_queue_tokens < engine.manifest.max_seq_length:
+        if config.max_queue_tokens < engine.manifest.served_max_length:
             raise ConfigError(f"max_queue_tokens {config.max_queue_tokens} cannot hold one input of "
-                              f"max_seq_length {engine.manifest.max_seq_length} (model {name!r})")
+                              f"max_seq_length {engine.manifest.served_max_length} (model {name!r})")
         self.metrics: ModelMetrics = metrics.for_model(name)
         self.inference = ThreadPoolExecutor(1, thread_name_prefix=f"attnserve-inference-{name}")
         self.batcher = self._batcher(engine, config)
@@ -153,7 +153,7 @@ class ServedModel:
         self.info = ModelInfo(
             model=name, names=(name, *aliases),
             hidden_size=m.hidden_size, embedding_size=m.embedding_size, num_layers=m.num_layers, num_heads=m.num_heads,
-            max_seq_length=m.max_seq_length, vocab_size=m.vocab_size, pooling=m.pooling, normalize=m.normalize,
+            max_seq_length=m.served_max_length, vocab_size=m.vocab_size, pooling=m.pooling, normalize=m.normalize,
             provider=engine.provider, precision=engine.precision, version=__version__,
             # The configured limit; batches may be planned smaller where calibration timed that faster (its
             # start-up line says so).

@@ -386,7 +386,7 @@ def _check_attention_length(inputs: Sequence[TokenizedInput], manifest: Manifest
         if len(x) > manifest.attention_cap:
             description = (f"{len(x)} tokens exceed this model's attention_max_length {manifest.attention_cap}: "
                            f"attention maps are served up to it (embeddings up to max_seq_length "
-                           f"{manifest.max_seq_length})")
+                           f"{manifest.served_max_length})")
             raise AttentionTooLongError(f"input {row}: {description}", field=f"inputs[{row}]",
                                         description=description)
 

@@ -1,6 +1,8 @@
 """Long-context models: verification and attention maps stop at the lengths memory allows, the manifest says
 them, and an attention request past the cap is refused in one line on gRPC and HTTP while embeddings are served
-at the full length.
+up to the verified length (past it, one row's attention scores would not fit: Qwen3 at 32,768 tokens needs 68 GB a
+layer), longer inputs truncated or refused as past max_seq_length. Rerankers (bge-reranker-v2-m3 at 8,192 tokens,
+Qwen3-Reranker at 32,768) are capped alike.
 
 A tiny ModernBERT with 8,192 positions stands for ModernBERT-base: its maps are small, so the memory budgets
 (export/verify.py) are scaled down with it, to the caps a real long-context model meets at its own size.
@@ -57,12 +59,16 @@ def test_the_manifest_says_the_caps_and_export_stays_small(long_context):
 
 def test_attention_past_the_cap_is_refused_in_one_line_on_every_door(long_context, tmp_path):
     within, past = " ".join(["a"] * 200), " ".join(["a"] * 300)  # 202 and 302 tokens with [CLS] and [SEP]
-    with serving(ServerProcess(long_context, "--max-batch-tokens", str(POSITIONS),
-                               log_path=tmp_path / "server.log")) as server:
+    with serving(ServerProcess(long_context, log_path=tmp_path / "server.log")) as server:
         ok = httpx.post(f"{server.http_url}/v1/attention", json={"inputs": within}, timeout=60)
         refused = httpx.post(f"{server.http_url}/v1/attention", json={"inputs": past}, timeout=60)
-        embedded = httpx.post(f"{server.http_url}/v1/embeddings", json={"input": " ".join(["a"] * 3000),
+        embedded = httpx.post(f"{server.http_url}/v1/embeddings", json={"input": " ".join(["a"] * 400),
                                                                         "model": "tiny-long"}, timeout=60)
+        cut = httpx.post(f"{server.http_url}/v1/embeddings", json={"input": " ".join(["a"] * 3000),
+                                                                   "model": "tiny-long"}, timeout=60)
+        too_long = httpx.post(f"{server.http_url}/v1/embeddings", json={
+            "input": " ".join(["a"] * 3000), "model": "tiny-long", "truncate": False}, timeout=60)
+        info = httpx.get(f"{server.http_url}/info", timeout=60).json()
         with Client(server.target) as client:
             client.attention(within)
             with pytest.raises(RequestError) as error:
@@ -76,4 +82,40 @@ def test_attention_past_the_cap_is_refused_in_one_line_on_every_door(long_contex
     assert error.value.error_details.reason == "INVALID_INPUT"
     assert "attention_max_length 256" in error.value.details and "\n" not in error.value.details
     assert embedded.status_code == 200, embedded.text
-    assert embedded.json()["usage"]["prompt_tokens"] == 3002  # embeddings go past the cap
+    assert embedded.json()["usage"]["prompt_tokens"] == 402  # embeddings go past the attention cap
+    # ... up to the verified length: longer inputs are cut there (the server's default) or refused, saying why.
+    assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 418, cut.text
+    assert too_long.status_code in (400, 413), too_long.text
+    message = too_long.json()["error"]["message"]
+    assert "max_seq_length 418" in message and f"{POSITIONS} positions" in message and "\n" not in message, message
+    assert info["max_input_length"] == 418
+
+
+def test_a_long_context_reranker_is_verified_and_served_up_to_the_caps(tmp_path):
+    """A cross-encoder's verification stops at the same caps (export/reranker.py PairReference); its pairs are
+    served up to the verified length, cut there as CrossEncoder cuts them at that max_length."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    from attnserve.engine.engine import Engine
+
+    from .tiny_cross_encoders import save_tiny_cross_encoder
+
+    checkpoint = save_tiny_cross_encoder(tmp_path / "ce", "modernbert-mean", max_position_embeddings=POSITIONS)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(verify, "ATTENTION_MAP_BYTES", ATTENTION_MAP_BYTES)
+        patch.setattr(verify, "SCORES_BYTES", SCORES_BYTES)
+        manifest = build_artifacts(read_checkpoint(checkpoint, "tiny-long-reranker"), tmp_path / "artifacts",
+                                   log=lambda m: None)
+    assert (manifest.kind, manifest.verified_max_length, manifest.attention_max_length) == ("reranker", 418, 256)
+    shapes = {name: v.parity["shapes_checked"] for name, v in manifest.variants.items()}
+    assert shapes["scores"] == len(verify.shape_grid(418)) + 1 and shapes["attention"] == shapes["scores"] - 2
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 < 4 * 2**30
+    pairs = [("what do cats eat", " ".join(["cats eat meat"] * 700)), ("a", "b"),
+             ("what do cats eat", " ".join(["cats eat meat"] * 10))]  # past 418 tokens, 4 and about 100
+    engine = Engine.from_directory(tmp_path / "artifacts")
+    inputs = engine.tokenizer.encode_pairs(pairs)
+    assert [len(x) for x in inputs][0] == 418 and inputs[0].truncated and not inputs[2].truncated
+    cross_encoder = CrossEncoder(str(checkpoint), device="cpu", max_length=418)
+    want = cross_encoder.predict(pairs, activation_fn=torch.nn.Identity())
+    assert abs(engine.score_tokenized(inputs)[:, 0] - want).max() <= 1e-4
