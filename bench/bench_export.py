@@ -153,6 +153,7 @@ def main() -> int:
     parser.add_argument("--out", help="artifact directory to write (default: a temporary one, removed)")
     parser.add_argument("--external-data-above", type=int, default=None,
                         help="ATTNSERVE_EXTERNAL_DATA_ABOVE for the export (bytes of weights)")
+    parser.add_argument("--json", help="also write the wall time, the peak and the weights' bytes to this file")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -200,6 +201,9 @@ def main() -> int:
               f"{result['children_peak_rss'] / 2**30:.2f} GiB: at most {bound / 2**30:.2f} GiB together "
               f"({bound / weights:.2f}x) whatever the samples missed")
     print("files: " + ", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in sizes.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"wall_s": wall, "build_s": total, "peak_rss_bytes": peak,
+                                               "fp32_weights_bytes": weights}), encoding="utf-8")
     return 0
 
 

@@ -4,8 +4,8 @@ sentence-transformers, fp32 and int8, each side on the same random-weight checkp
 For each shape, in one run:
   checkpoint  made once by real_size_checkpoints.py (transformers' classes, sentence-transformers' save) under
               --workdir, and reused by later runs;
-  export      the real `attnserve export` in a subprocess: wall seconds and peak resident memory (the child's
-              ru_maxrss), against the fp32 weights' bytes (the issue's bound: at most 3x);
+  export      bench_export.py: the export's stages, wall seconds and the peak resident memory of its process tree,
+              against the fp32 weights' bytes (the issue's bound: at most 3x);
   encode      bench/bench_encode.py over the exported artifacts, with that checkpoint as sentence-transformers'
               model: fp32 tokens/s / sentence-transformers', int8 / fp32, and int8's cosine to fp32.
 The machine's CPU kind and ceilings are printed by bench_encode. The script measures, it does not test.
@@ -21,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -32,37 +31,14 @@ from real_size_checkpoints import SHAPES  # noqa: E402
 EXPORT_MEMORY_BOUND = 3.0  # peak export memory / fp32 weights (issue 20)
 
 
-def weights_bytes(checkpoint: Path) -> int:
-    """The fp32 weights' bytes: every tensor in the checkpoint's safetensors files, at 4 bytes an element."""
-    from safetensors import safe_open
-
-    total = 0
-    for file in checkpoint.rglob("*.safetensors"):
-        with safe_open(str(file), framework="numpy") as f:
-            for key in f.keys():
-                n = 1
-                for d in f.get_slice(key).get_shape():
-                    n *= d
-                total += 4 * n
-    return total
-
-
 def export(checkpoint: Path, out: Path) -> dict:
-    """`attnserve export` in a child: wall seconds and peak RSS bytes (ru_maxrss is the largest child so far, so
-    each export runs in a fresh `python -c` wrapper that reports its own child's)."""
-    wrapper = ("import resource, subprocess, sys; "
-               "rc = subprocess.call(sys.argv[1:]); "
-               "print('peak_rss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); "
-               "sys.exit(rc)")
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", wrapper, "attnserve", "export", "--checkpoint", str(checkpoint),
-                           "--out", str(out)], capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    sys.stderr.write(proc.stderr)
-    if proc.returncode:
-        raise SystemExit(f"attnserve export {checkpoint} failed ({proc.returncode})")
-    peak = next(int(line.split()[1]) for line in proc.stderr.splitlines() if line.startswith("peak_rss_kib"))
-    return {"wall_s": wall, "peak_rss_bytes": peak * 1024}
+    """bench_export.py's run of `attnserve export`: its stages are printed, and the wall seconds, the peak RSS of
+    the export's whole process tree (sampled: onnxruntime's steps run in child processes) and the fp32 weights'
+    bytes returned."""
+    report = out.parent / "bench_export.json"
+    subprocess.run([sys.executable, str(HERE / "bench_export.py"), "--checkpoint", str(checkpoint), "--out", str(out),
+                    "--json", str(report)], check=True)
+    return json.loads(report.read_text())
 
 
 def encode(artifacts: Path, checkpoint: Path, texts: int, rounds: int, workdir: Path) -> dict:
@@ -88,12 +64,13 @@ def main(argv: list[str] | None = None) -> int:
         if not (checkpoint / "modules.json").is_file():
             print(f"[{shape}] making the random-weight checkpoint", file=sys.stderr, flush=True)
             SHAPES[shape](checkpoint)
-        weights = weights_bytes(checkpoint)
-        line = f"{shape}: fp32 weights {weights / 2**30:.2f} GiB"
+        line = shape
         if args.reexport or not (artifacts / "manifest.json").is_file():
             result = export(checkpoint, artifacts)
+            weights = result["fp32_weights_bytes"]
             ratio = result["peak_rss_bytes"] / weights
-            line += (f"; export {result['wall_s']:.0f} s, peak memory {result['peak_rss_bytes'] / 2**30:.2f} GiB = "
+            line += (f": fp32 weights {weights / 2**30:.2f} GiB; export {result['wall_s']:.0f} s, peak memory "
+                     f"{result['peak_rss_bytes'] / 2**30:.2f} GiB = "
                      f"{ratio:.2f}x the fp32 weights (target <= {EXPORT_MEMORY_BOUND:g}x: "
                      f"{'met' if ratio <= EXPORT_MEMORY_BOUND else 'MISSED'})")
         if not args.skip_encode:

@@ -192,8 +192,8 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
     note = reference.caps.note(ckpt.max_seq_length)
     if note:
         log(note)
-    # The attention graph first: PyTorch's one pass over the check inputs for it serves the others too.
-    order = sorted(VARIANTS, key=lambda name: name != "attention")
+    # PyTorch runs over the check inputs once, then each graph's session alone (verify.measure_all).
+    order = list(VARIANTS)
     parities = verify_all({name: (work / VARIANTS[name][0], VARIANTS[name][1], DISABLED_OPTIMIZERS.get(name, ()))
                            for name in order}, reference,
                           on_graph=lambda name: progress.step(f"verifying {name} against PyTorch"),

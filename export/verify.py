@@ -13,11 +13,13 @@ shortened length once hid a failing export.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
 
 from attnserve.engine.batching import pad, plan_batches
@@ -242,11 +244,14 @@ class _Parity:
         self.min_cos = min(self.min_cos, float(_cosine(outputs[1], sentence).min()))
         if attentions is not None:
             got = outputs[2]  # (L, B, nh, T, T)
-            keys = real[None, :, None, None, :]  # broadcast over layers, heads and queries
-            queries = real[None, :, None, :, None]
-            self.max_attention = max(self.max_attention, float(np.abs(got - attentions)[np.broadcast_to(
-                keys & queries, got.shape)].max()))
-            self.max_padded_key_weight = max(self.max_padded_key_weight, float(np.where(keys, 0.0, got).max()))
+            keys = real[:, None, None, :]  # (B, 1, 1, T): broadcast over heads and queries
+            pairs = keys & real[:, None, :, None]  # (B, 1, T, T): real queries x real keys
+            for layer in range(got.shape[0]):  # a layer at a time: the temporaries are 1/L of the maps
+                error = np.where(pairs, np.abs(got[layer] - attentions[layer]), 0.0)
+                self.max_attention = max(self.max_attention, float(error.max()))
+                del error
+                padded = float(np.where(keys, 0.0, got[layer]).max())
+                self.max_padded_key_weight = max(self.max_padded_key_weight, padded)
 
 
 def measure_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference: Reference, provider: str = CPU,
@@ -255,75 +260,87 @@ def measure_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference:
     """Every parity metric of each graph (name -> (path, precision, onnxruntime optimizers its session must not
     apply)), as floats for the manifest.
 
-    One session is open at a time, in the order given. PyTorch's attention maps are compared with a graph that
-    returns them, in runs of rows of bounded size, and dropped at once; its hidden states and sentence embeddings,
-    which are small, are kept for the other graphs. So PyTorch runs over each case once when the graphs with
-    attention maps come first, twice otherwise. A graph with attention maps runs the cases up to the reference's
-    attention_max_length only. on_graph(name) is told as each graph's turn comes (progress).
-
-    A graph without attention maps needs only PyTorch's small outputs: those it lacks are computed with its
-    session closed, so that PyTorch's activations and the session are never held at once. release_encoder (the
-    graphs with attention maps coming first): the reference's encoder is dropped once PyTorch's outputs for every
-    case are in, at the first graph without maps (the export's memory is then one session's; the reference cannot
-    measure again).
+    PyTorch runs over the cases once, before any session opens (_pytorch_outputs): its hidden states and sentence
+    embeddings, which are small, are kept; its attention maps, where a graph returns maps, are written to files and
+    read back run by run. Then one session is open at a time, in the order given, never beside PyTorch's
+    activations. A graph with attention maps runs the cases up to the caps' attention_max_length only; every case
+    runs in runs of rows of bounded memory (LengthCaps). on_graph(name) is told as each graph's turn comes
+    (progress). release_encoder: the reference's encoder is dropped once PyTorch's outputs are in (the export's
+    memory is then one session's; the reference cannot measure again).
     """
-    expected: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(reference.cases)  # hidden, sentence
+    if reference.encoder is None:
+        raise ValueError("the reference's encoder was released: it measures once")
+    with_maps = {name for name, (path, _, _) in graphs.items() if "attentions" in _output_names(path)}
     metrics = {}
-    for name, (path, _, disabled_optimizers) in graphs.items():
-        on_graph(name)
-        # No memory arena: it would keep the session's largest run (the attention maps) for the whole export.
-        session = open_session(path, provider, arena=False, disabled_optimizers=disabled_optimizers)
-        maps = "attentions" in [o.name for o in session.get_outputs()]
-        if maps and reference.encoder is None:
-            raise ValueError(f"{path.name} has attention maps, and the reference's encoder was released: graphs with "
-                             "attention maps come first")
-        if not maps and any(e is None for e in expected):
-            del session
-            for i, (ids, mask, types) in enumerate(reference.cases):
-                if expected[i] is None:
-                    expected[i] = _pytorch_case(None, _Parity(False), reference, ids, mask, types)
-            if release_encoder:
-                reference.encoder = None  # type: ignore[assignment]
-            release_freed_memory()
+    with tempfile.TemporaryDirectory(prefix="attnserve-verify-") as maps_dir:
+        expected = _pytorch_outputs(reference, Path(maps_dir) if with_maps else None)
+        if release_encoder:
+            reference.encoder = None  # type: ignore[assignment]
+        release_freed_memory()
+        for name, (path, _, disabled_optimizers) in graphs.items():
+            on_graph(name)
+            # No memory arena: it would keep the session's largest run (the attention maps) for the whole export.
             session = open_session(path, provider, arena=False, disabled_optimizers=disabled_optimizers)
-        if ("token_type_ids" in [i.name for i in session.get_inputs()]) != reference.token_types:
-            raise ExportVerificationError(f"{path.name} {'lacks' if reference.token_types else 'has'} "
-                                          "the input token_type_ids that the reference was made for")
-        parity = _Parity("attentions" in [o.name for o in session.get_outputs()])
-        for i, (ids, mask, types) in enumerate(reference.cases):
-            if parity.wants_attention:
-                if ids.shape[1] <= reference.caps.attention_max_length:
-                    expected[i] = _pytorch_case(session, parity, reference, ids, mask, types)
-                continue
-            if expected[i] is None:
-                expected[i] = _pytorch_case(None, parity, reference, ids, mask, types)
-            hidden, sentence = expected[i]  # type: ignore[misc]
-            for rows in reference.caps.score_runs(*ids.shape):
-                part = ids[rows], mask[rows], None if types is None else types[rows]
-                outputs = session.run(["last_hidden_state", "sentence_embedding"], reference.feed(*part))
-                parity.add(outputs, mask[rows], hidden[rows], sentence[rows], None)
-            parity.cases += 1
-        metrics[name] = _metrics(parity, session, reference)
-        del session
+            if ("token_type_ids" in [i.name for i in session.get_inputs()]) != reference.token_types:
+                raise ExportVerificationError(f"{path.name} {'lacks' if reference.token_types else 'has'} "
+                                              "the input token_type_ids that the reference was made for")
+            parity = _Parity(name in with_maps)
+            outputs = None if parity.wants_attention else ["last_hidden_state", "sentence_embedding"]
+            for (ids, mask, types), (hidden, sentence, maps_file) in zip(reference.cases, expected, strict=True):
+                if parity.wants_attention and ids.shape[1] > reference.caps.attention_max_length:
+                    continue
+                runs = reference.caps.attention_runs if parity.wants_attention else reference.caps.score_runs
+                for rows in runs(*ids.shape):
+                    got = session.run(outputs, reference.feed(ids[rows], mask[rows],
+                                                              None if types is None else types[rows]))
+                    want = _read_maps(maps_file, rows) if parity.wants_attention else None
+                    parity.add(got, mask[rows], hidden[rows], sentence[rows], want)
+                    del got, want
+                parity.cases += 1
+            metrics[name] = _metrics(parity, session, reference)
+            del session
     return metrics
 
 
-def _pytorch_case(session, parity: _Parity, reference: Reference, ids: np.ndarray, mask: np.ndarray,
-                  types: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """PyTorch's outputs for one case; with an attention graph's session, its attention maps are computed and
-    compared with the graph's in runs of rows of bounded size, then dropped. Returns (hidden, sentence)."""
-    hidden = np.empty((*ids.shape, reference.encoder.config.hidden_size), dtype=np.float32)  # (B, T, H)
-    sentence = np.empty((ids.shape[0], reference.embedding_size), dtype=np.float32)  # (B, D)
-    runs = (reference.caps.attention_runs if session is not None else reference.caps.score_runs)(*ids.shape)
-    for rows in runs:
-        part = ids[rows], mask[rows], None if types is None else types[rows]
-        hidden[rows], sentence[rows], attentions = reference.expected(*part, attentions=session is not None)
-        if session is not None:
-            parity.add(session.run(None, reference.feed(*part)), mask[rows], hidden[rows], sentence[rows], attentions)
-        del attentions
-    if session is not None:
-        parity.cases += 1
-    return hidden, sentence
+def _output_names(path: Path) -> list[str]:
+    return [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
+
+
+def _pytorch_outputs(reference: Reference, maps_dir: Path | None
+                     ) -> list[tuple[np.ndarray, np.ndarray, Path | None]]:
+    """PyTorch's last_hidden_state (B, T, H) and sentence embedding (B, D) of every case, computed in runs of rows of
+    bounded memory; with maps_dir, its attention maps (L, B, nh, T, T) of the cases up to attention_max_length too,
+    each case's in a .npy file there (a long-context model's take a GiB a row)."""
+    cfg = reference.encoder.config
+    expected = []
+    for i, (ids, mask, types) in enumerate(reference.cases):
+        hidden = np.empty((*ids.shape, cfg.hidden_size), dtype=np.float32)
+        sentence = np.empty((ids.shape[0], reference.embedding_size), dtype=np.float32)
+        maps = maps_dir is not None and ids.shape[1] <= reference.caps.attention_max_length
+        maps_file = maps_dir / f"case-{i}.npy" if maps_dir is not None and maps else None
+        stored = None if maps_file is None else np.lib.format.open_memmap(
+            maps_file, mode="w+", dtype=np.float32, shape=(cfg.num_layers, ids.shape[0], cfg.num_heads, *ids.shape[1:],
+                                                           ids.shape[1]))
+        for rows in (reference.caps.attention_runs if maps else reference.caps.score_runs)(*ids.shape):
+            part = ids[rows], mask[rows], None if types is None else types[rows]
+            hidden[rows], sentence[rows], attentions = reference.expected(*part, attentions=maps)
+            if stored is not None:
+                stored[:, rows] = attentions
+            del attentions
+        if stored is not None:
+            stored.flush()
+            del stored
+        expected.append((hidden, sentence, maps_file))
+    return expected
+
+
+def _read_maps(maps_file: Path | None, rows: slice) -> np.ndarray:
+    """The rows' attention maps from a case's file, read into memory and the file unmapped."""
+    assert maps_file is not None, "the maps of every case up to attention_max_length are written"
+    stored = np.load(maps_file, mmap_mode="r")
+    maps = np.array(stored[:, rows])
+    del stored
+    return maps
 
 
 def _metrics(parity: _Parity, session, reference: Reference) -> dict[str, float]:
