@@ -21,7 +21,7 @@ from attnserve.engine.engine import Engine
 from attnserve.engine.manifest import load_manifest
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.export.artifacts import VARIANTS, build_artifacts
-from attnserve.export.verify import TOLERANCES, VERIFIED_TEXTS, shape_grid
+from attnserve.export.verify import FLOAT_TEXTS, TOLERANCES, VERIFIED_TEXTS, shape_grid
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.pooling import pool
 
@@ -92,7 +92,7 @@ def test_all_mpnet_base_v2_exports_at_its_own_length_with_every_variant_verified
         assert variant.precision == VARIANTS[name][1]
         assert tolerance.holds(variant.parity[tolerance.metric]), (name, variant.parity)
         assert variant.parity["shapes_checked"] == len(shape_grid(384)), name
-        assert variant.parity["texts_checked"] == VERIFIED_TEXTS, name
+        assert variant.parity["texts_checked"] == (VERIFIED_TEXTS if variant.precision == "int8" else FLOAT_TEXTS)
     encoded = Engine.from_directory(directory).encode(VARIED_TEXTS)
     assert encoded.num_tokens.max() == 384  # the long texts run at the full length, cut as sentence-transformers cuts
     reference = SentenceTransformer(str(all_mpnet_base_v2()), device="cpu").encode(VARIED_TEXTS)  # both normalise
