@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
 from attnserve.engine.batching import pad, pad_types
 from attnserve.engine.manifest import GraphVariant, sha256_of
@@ -26,6 +25,7 @@ from attnserve.errors import ExportVerificationError
 from attnserve.model.checkpoint import Checkpoint
 from attnserve.model.cross_encoder import Reranker, load_reranker
 from attnserve.model.family import EncoderModule
+from attnserve.model.qwen3_reranker import Qwen3Reranker
 
 from .optimize import convert_fp16, describe_fusions, fuse_attention, fused_attention_nodes
 from .reranker_int8 import INT8_MEAN_SCORE_ERROR, INT8_MIN_SPEARMAN, quantize_reranker_int8, score_agreement
@@ -34,6 +34,7 @@ from .torch_to_onnx import OPSET
 from .verify import CALIBRATION_TEXTS, SAMPLE_TEXTS, TEXT_BATCHES, LengthCaps, Tolerance
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+AnyReranker = Reranker | Qwen3Reranker  # a cross-encoder, or Qwen3-Reranker (export/qwen3_reranker.py)
 # name -> (file, precision, fused, outputs)
 VARIANTS = {
     "scores": ("scores.onnx", "fp32", False, ("scores",)),
@@ -64,13 +65,13 @@ SCORE_TOLERANCE: dict[str, tuple[Tolerance, ...]] = {
 TEXT_PAIRS = 256
 
 
-def graph_inputs(module: Reranker) -> tuple[str, ...]:
+def graph_inputs(module: AnyReranker) -> tuple[str, ...]:
     """The graph's inputs: token types only for families that have them (the tokenizer's types of the others, all
     zeros or ignored by transformers, are not fed)."""
     return INPUTS if module.encoder.config.has_token_types else INPUTS[:2]
 
 
-def export_reranker_graph(module: Reranker, path: Path) -> None:
+def export_reranker_graph(module: AnyReranker, path: Path) -> None:
     outputs = ["scores"] + (["attentions"] if module.output_attentions else [])
     inputs = graph_inputs(module)
     axes = {name: {0: "batch", 1: "sequence"} for name in inputs}
@@ -98,7 +99,7 @@ class PairReference:
     scores take at most SCORES_BYTES. Verification's memory is then bounded by the model's layers and heads, not by
     its max_seq_length (bge-reranker-v2-m3's 8,192, Qwen3-Reranker's 32,768)."""
 
-    def __init__(self, reranker: nn.Module, tokenizer: TextTokenizer,
+    def __init__(self, reranker: AnyReranker, tokenizer: TextTokenizer,
                  encode: Callable[[list[tuple[str, str]]], list[TokenizedInput]], activation: str, seed: int = 0):
         rng = np.random.default_rng(seed)
         cfg = reranker.encoder.config
@@ -230,6 +231,8 @@ def reranker_variants(ckpt: Checkpoint, encoder: EncoderModule, tokenizer: TextT
                       log: Callable[[str], None], caps: dict[str, int]) -> dict[str, GraphVariant]:
     """The graphs of a cross-encoder, or of Qwen3-Reranker (a templated reranker: export/qwen3_reranker.py),
     verified; caps gets the lengths verification and the attention graph stop at."""
+    activation = ckpt.score_activation
+    assert activation is not None, "read_checkpoint reads a reranker's activation"
     reranker, encode = _load(ckpt, encoder, tokenizer, log)
     export_reranker_graph(reranker, work / VARIANTS["scores"][0])
     export_reranker_graph(reranker.with_attentions(), work / VARIANTS["attention"][0])
@@ -240,7 +243,7 @@ def reranker_variants(ckpt: Checkpoint, encoder: EncoderModule, tokenizer: TextT
     log(f"fused attention: {fused_attention_nodes(counts)} Attention nodes for {ckpt.config.num_layers} layers"
         + ("" if attention_fused else f"; the fused graph holds {describe_fusions(counts)}"))
     convert_fp16(work / VARIANTS["scores"][0], work / VARIANTS["scores_fp16"][0], ckpt.config)
-    reference = PairReference(reranker, tokenizer, encode, ckpt.score_activation)
+    reference = PairReference(reranker, tokenizer, encode, activation)
     caps.update(reference.caps.manifest_fields())
     note = reference.caps.note(ckpt.max_seq_length)
     if note:
@@ -248,7 +251,7 @@ def reranker_variants(ckpt: Checkpoint, encoder: EncoderModule, tokenizer: TextT
     names = list(VARIANTS)
     try:
         quantize_reranker_int8(work / VARIANTS["scores_fused"][0], work / VARIANTS["scores_int8"][0],
-                               reference.calibration, ckpt.score_activation, log)
+                               reference.calibration, activation, log)
     except ValueError as e:  # int8 is a speed option: an fp32 reranker is still served; precision int8 is refused
         log(f"{e}: no int8 graph is written")
         names = [name for name in names if VARIANTS[name][1] != "int8"]
@@ -265,7 +268,7 @@ def reranker_variants(ckpt: Checkpoint, encoder: EncoderModule, tokenizer: TextT
 
 
 def _load(ckpt: Checkpoint, encoder: EncoderModule, tokenizer: TextTokenizer, log: Callable[[str], None]
-          ) -> tuple[nn.Module, Callable[[list[tuple[str, str]]], list[TokenizedInput]]]:
+          ) -> tuple[AnyReranker, Callable[[list[tuple[str, str]]], list[TokenizedInput]]]:
     """The reranker module over the loaded encoder, and how its pairs are tokenized."""
     assert ckpt.score_activation is not None, "read_checkpoint reads a reranker's activation"
     if ckpt.pair_template is not None:

@@ -160,9 +160,10 @@ class Reference:
     """The check inputs and the PyTorch encoder that gives their expected outputs.
 
     Only the inputs and the texts' sentence embeddings are kept here. measure_all computes PyTorch's outputs
-    case by case and keeps only the small ones: a case's attention maps grow with rows x T^2 (a 12-layer model's
-    are 150 MB per row at T 512), so they are computed and compared in runs of at most ATTENTION_BYTES and
-    dropped at once. Verification's memory is then one session, one run's maps and the grid's hidden states.
+    case by case and keeps only the small ones in memory: a case's attention maps grow with rows x T^2 (a 12-layer
+    model's are 150 MB per row at T 512), so they are computed in runs of at most ATTENTION_BYTES, written to files
+    and read back run by run as an attention graph is compared. Verification's memory is then PyTorch's or one
+    session's, one run's maps and the grid's hidden states.
     """
 
     def __init__(self, encoder: Encoder | EncoderModule, head: SentenceHead, embedding_size: int,
@@ -320,13 +321,14 @@ def _pytorch_outputs(reference: Reference, maps_dir: Path | None
     cfg = reference.encoder.config
     expected = []
     for i, (ids, mask, types) in enumerate(reference.cases):
-        hidden = np.empty((*ids.shape, cfg.hidden_size), dtype=np.float32)
-        sentence = np.empty((ids.shape[0], reference.embedding_size), dtype=np.float32)
-        maps = maps_dir is not None and ids.shape[1] <= reference.caps.attention_max_length
-        maps_file = maps_dir / f"case-{i}.npy" if maps_dir is not None and maps else None
-        stored = None if maps_file is None else np.lib.format.open_memmap(
-            maps_file, mode="w+", dtype=np.float32, shape=(cfg.num_layers, ids.shape[0], cfg.num_heads, *ids.shape[1:],
-                                                           ids.shape[1]))
+        rows_in_case, seq = ids.shape
+        hidden = np.empty((rows_in_case, seq, cfg.hidden_size), dtype=np.float32)
+        sentence = np.empty((rows_in_case, reference.embedding_size), dtype=np.float32)
+        maps_file = (maps_dir / f"case-{i}.npy"
+                     if maps_dir is not None and seq <= reference.caps.attention_max_length else None)
+        maps = maps_file is not None
+        stored = None if maps_file is None else np.lib.format.open_memmap(  # (L, B, nh, T, T)
+            maps_file, mode="w+", dtype=np.float32, shape=(cfg.num_layers, rows_in_case, cfg.num_heads, seq, seq))
         for rows in (reference.caps.attention_runs if maps else reference.caps.score_runs)(*ids.shape):
             part = ids[rows], mask[rows], None if types is None else types[rows]
             hidden[rows], sentence[rows], attentions = reference.expected(*part, attentions=maps)
