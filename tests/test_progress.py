@@ -22,7 +22,7 @@ EXPORT_STEPS = ["checking the tokenizer", "loading the weights", "tracing the gr
                 "optimizing: fusing attention", "int8: finding the feed-forwards' outlier units",
                 "int8: measuring the int8 graph", "int8: writing the chosen int8 graph", "fp16: converting",
                 "verification: PyTorch",
-                *(f"verifying {name} against PyTorch" for name in sorted(VARIANTS, key=lambda n: n != "attention"))]
+                *(f"verifying {name} against PyTorch" for name in VARIANTS)]
 STEP_LINE = re.compile(r"^\[ *\d+\.\ds\] ")
 
 
