@@ -8,7 +8,9 @@ encoder export makes, and the nodes it keeps in fp32 are chosen by name (FIRST_F
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,8 +90,9 @@ def build(recipe: Int8Recipe, src: Path, dst: Path, calibration: list[dict[str, 
                   weight_type=getattr(QuantType, recipe.weight_type), nodes_to_quantize=only,
                   nodes_to_exclude=list(recipe.keep_fp32))
     if not recipe.static:
-        quantize_dynamic(str(src), str(dst), op_types_to_quantize=list(recipe.op_types or DYNAMIC_OPS),
-                         extra_options=extra, **common)
+        with _shapes_reloaded_without_a_copy():
+            quantize_dynamic(str(src), str(dst), op_types_to_quantize=list(recipe.op_types or DYNAMIC_OPS),
+                             extra_options=extra, **common)
         _approximate_gelu(recipe, dst)
         return
     if not calibration:
@@ -110,6 +113,63 @@ def build(recipe: Int8Recipe, src: Path, dst: Path, calibration: list[dict[str, 
     if recipe.dynamic_attention:
         quantize_dynamic(str(dst), str(dst), op_types_to_quantize=["Attention"], extra_options=extra, **common)
     _approximate_gelu(recipe, dst)
+
+
+@contextmanager
+def _shapes_reloaded_without_a_copy() -> Iterator[None]:
+    """onnxruntime's dynamic quantizer holding the fp32 weights once, not three times.
+
+    Its ONNXQuantizer re-runs shape inference on the graph it loaded (onnx_quantizer.py calls quant_utils'
+    save_and_reload_model_with_shape_infer), and that helper deep-copies the model, saves the copy with external
+    data and loads it again, while the first is still held: the fp32 weights three times at once, 7.1 GiB for the
+    Qwen3-0.6B shape's 2.2 (issue 20 bounds all of export at 3x). Shape inference reads the graph, not the
+    weights, so here it runs on the graph with its large initializers as bare shapes, and the value infos it
+    finds are put on the model the quantizer holds: the same inference, no copy."""
+    from onnxruntime.quantization import onnx_quantizer, quant_utils
+
+    def infer_in_place(model: onnx.ModelProto) -> onnx.ModelProto:
+        inferred = onnx.shape_inference.infer_shapes(_without_large_weights(model))
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(inferred.graph.value_info)
+        quant_utils.add_infer_metadata(model)
+        return model
+
+    copying = onnx_quantizer.save_and_reload_model_with_shape_infer
+    onnx_quantizer.save_and_reload_model_with_shape_infer = infer_in_place
+    try:
+        yield
+    finally:
+        onnx_quantizer.save_and_reload_model_with_shape_infer = copying
+
+
+def _without_large_weights(model: onnx.ModelProto, smallest: int = 1024) -> onnx.ModelProto:
+    """A copy of model whose initializers of `smallest` bytes or more are bare shapes: external data that is never
+    read (shape inference takes their type and dims; it reads the values of small ones, a Reshape's shape)."""
+    shell = onnx.ModelProto()
+    _copy_fields(model, shell, skip="graph")
+    _copy_fields(model.graph, shell.graph, skip="initializer")
+    weights = model.graph.initializer
+    for weight in weights:
+        if weight.ByteSize() < smallest:
+            shell.graph.initializer.append(weight)
+            continue
+        bare = shell.graph.initializer.add(name=weight.name, data_type=weight.data_type, dims=weight.dims,
+                                           data_location=onnx.TensorProto.EXTERNAL)
+        bare.external_data.add(key="location", value="never-read")
+    return shell
+
+
+def _copy_fields(src, dst, skip: str) -> None:
+    """Every field set on the protobuf message src, but `skip`, copied onto dst (CopyFrom copies all)."""
+    for field, value in src.ListFields():
+        if field.name == skip:
+            continue
+        if field.is_repeated:
+            getattr(dst, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
 
 
 # onnxruntime's erf GELU ops (its com.microsoft domain), with the inputs FastGelu takes alike: (X) or (X, bias).
