@@ -26,7 +26,7 @@ from attnserve.model.sentence_head import load_head
 from attnserve.progress import Progress
 
 from . import external_data
-from .memory import keep_heaps_small, release_freed_memory
+from .memory import release_freed_memory
 from .optimize import (
     convert_fp16,
     describe_fusions,
@@ -92,7 +92,6 @@ class _ExportProgress(Progress):
 
 def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = _on_stderr) -> Manifest:
     """log: each step's line as it starts, its results, and a heartbeat while one runs long (attnserve/progress.py)."""
-    keep_heaps_small()
     with _ExportProgress(log) as progress:
         return _build(ckpt, Path(out), progress)
 

@@ -8,7 +8,6 @@ encoder export makes, and the nodes it keeps in fp32 are chosen by name (FIRST_F
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -161,15 +160,15 @@ def _without_large_weights(model: onnx.ModelProto, smallest: int = 1024) -> onnx
 
 def _copy_fields(src, dst, skip: str) -> None:
     """Every field set on the protobuf message src, but `skip`, copied onto dst (CopyFrom copies all)."""
-    for field, value in src.ListFields():
-        if field.name == skip:
+    for descriptor, value in src.ListFields():
+        if descriptor.name == skip:
             continue
-        if field.is_repeated:
-            getattr(dst, field.name).extend(value)
-        elif field.type == field.TYPE_MESSAGE:
-            getattr(dst, field.name).CopyFrom(value)
+        if descriptor.is_repeated:
+            getattr(dst, descriptor.name).extend(value)
+        elif descriptor.type == descriptor.TYPE_MESSAGE:
+            getattr(dst, descriptor.name).CopyFrom(value)
         else:
-            setattr(dst, field.name, value)
+            setattr(dst, descriptor.name, value)
 
 
 # onnxruntime's erf GELU ops (its com.microsoft domain), with the inputs FastGelu takes alike: (X) or (X, bias).

@@ -29,7 +29,6 @@ from typing import Any
 
 from attnserve import errors
 from attnserve.errors import ArtifactError
-from attnserve.export.memory import keep_heaps_small
 
 # Errors raised again in the parent as the type they were in the child (export's own handling depends on them).
 RAISED_AS_IS = {"ValueError": ValueError, **{name: getattr(errors, name) for name in dir(errors)
@@ -83,7 +82,6 @@ def _plain(value: Any) -> Any:
 
 
 def _main(function: str) -> int:
-    keep_heaps_small()
     out = sys.stdout
     sys.stdout = sys.stderr  # libraries' prints must not mix with the answer
 

@@ -10,7 +10,12 @@ Within a step glibc keeps what it frees too: an allocation above its mmap thresh
 but the threshold rises with each such free, up to 32 MiB, and what is freed below it stays in the heap of the
 thread that freed it. A session's runs over long inputs (activations of tens of MB, freed on onnxruntime's
 threads) so grew the export's process by 3-4 GiB in one step: a 0.6B model's fp32 session peaked at 7.64 GiB
-running cases it needs 3.96 GiB for. keep_heaps_small() fixes the threshold at 1 MiB.
+running cases it needs 3.96 GiB for. small_heaps() fixes the threshold at 1 MiB while verification's sessions run.
+
+Only there: a mapping per large allocation costs its page faults on every use, and PyTorch allocates each op's
+output anew (all-mpnet-base-v2's reference pass took 27% longer at 1 MiB, a session's runs without an arena 12-15%
+longer). PyTorch allocates on one thread, so its heap reuses what it frees; onnxruntime's optimizer, fp16 converter
+and quantizer (export/isolated.py's children) run on one thread too.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def release_freed_memory() -> None:
@@ -34,12 +41,25 @@ def release_freed_memory() -> None:
 
 
 MMAP_THRESHOLD = 2**20
+# What glibc's own threshold rises to as large blocks are freed (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit): once the
+# threshold is set it no longer moves, so after small_heaps() it is set here.
+MMAP_THRESHOLD_RISEN = 32 * 2**20
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 
 
-def keep_heaps_small() -> None:
-    """Have glibc map every allocation of MMAP_THRESHOLD or more apart, and unmap it when freed, for the rest of the
-    process (a fixed threshold does not rise); a no-op where libc is not glibc. Export's processes call it first."""
+@contextmanager
+def small_heaps() -> Iterator[None]:
+    """Within the block, glibc maps every allocation of MMAP_THRESHOLD or more apart and unmaps it when freed;
+    after it, the threshold is MMAP_THRESHOLD_RISEN and the freed pages go back. A no-op where libc is not glibc."""
+    _set_mmap_threshold(MMAP_THRESHOLD)
+    try:
+        yield
+    finally:
+        _set_mmap_threshold(MMAP_THRESHOLD_RISEN)
+        release_freed_memory()
+
+
+def _set_mmap_threshold(size: int) -> None:
     name = ctypes.util.find_library("c")
     if not name:
         return
@@ -47,4 +67,4 @@ def keep_heaps_small() -> None:
         mallopt = ctypes.CDLL(name).mallopt
     except (OSError, AttributeError):
         return
-    mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    mallopt(M_MMAP_THRESHOLD, size)

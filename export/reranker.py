@@ -27,6 +27,7 @@ from attnserve.model.cross_encoder import Reranker, load_reranker
 from attnserve.model.family import EncoderModule
 from attnserve.model.qwen3_reranker import Qwen3Reranker
 
+from .memory import small_heaps
 from .optimize import convert_fp16, describe_fusions, fuse_attention, fused_attention_nodes
 from .reranker_int8 import INT8_MEAN_SCORE_ERROR, INT8_MIN_SPEARMAN, quantize_reranker_int8, score_agreement
 from .token_ids import made_up_token_ids
@@ -160,6 +161,12 @@ def measure(path: Path, reference: PairReference, provider: str = CPU,
             disabled_optimizers: tuple[str, ...] = ()) -> dict[str, float]:
     """Every parity metric of one graph. A graph with attention maps runs the random cases up to the caps'
     attention_max_length, its maps compared run by run; every graph runs the text pairs."""
+    with small_heaps():  # the session's runs without an arena (memory.py)
+        return _measure(path, reference, provider, disabled_optimizers)
+
+
+def _measure(path: Path, reference: PairReference, provider: str, disabled_optimizers: tuple[str, ...]
+             ) -> dict[str, float]:
     # No memory arena: it would keep the session's largest run for the whole export.
     session = open_session(path, provider, arena=False, disabled_optimizers=disabled_optimizers)
     wants_attention = "attentions" in [o.name for o in session.get_outputs()]

@@ -30,7 +30,7 @@ from attnserve.model.encoder import Encoder
 from attnserve.model.family import EncoderModule
 from attnserve.model.sentence_head import SentenceHead
 
-from .memory import release_freed_memory
+from .memory import release_freed_memory, small_heaps
 from .token_ids import made_up_token_ids
 
 SAMPLE_TEXTS = Path(__file__).parent / "data" / "sample_texts.txt"
@@ -284,28 +284,30 @@ def measure_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference:
         if release_encoder:
             reference.encoder = None  # type: ignore[assignment]
         release_freed_memory()
-        for name, (path, precision, disabled_optimizers) in graphs.items():
-            on_graph(name)
-            # No memory arena: it would keep the session's largest run (the attention maps) for the whole export.
-            session = open_session(path, provider, arena=False, disabled_optimizers=disabled_optimizers)
-            if ("token_type_ids" in [i.name for i in session.get_inputs()]) != reference.token_types:
-                raise ExportVerificationError(f"{path.name} {'lacks' if reference.token_types else 'has'} "
-                                              "the input token_type_ids that the reference was made for")
-            parity = _Parity(name in with_maps)
-            outputs = None if parity.wants_attention else ["last_hidden_state", "sentence_embedding"]
-            for (ids, mask, types), (hidden, sentence, maps_file) in zip(reference.cases, expected, strict=True):
-                if parity.wants_attention and ids.shape[1] > reference.caps.attention_max_length:
-                    continue
-                runs = reference.caps.attention_runs if parity.wants_attention else reference.caps.score_runs
-                for rows in runs(*ids.shape):
-                    got = session.run(outputs, reference.feed(ids[rows], mask[rows],
-                                                              None if types is None else types[rows]))
-                    want = _read_maps(maps_file, rows) if parity.wants_attention else None
-                    parity.add(got, mask[rows], hidden[rows], sentence[rows], want)
-                    del got, want
-                parity.cases += 1
-            metrics[name] = _metrics(parity, session, reference, all_texts=precision == "int8")
-            del session
+        with small_heaps():  # the sessions' runs without an arena (memory.py)
+            for name, (path, precision, disabled_optimizers) in graphs.items():
+                on_graph(name)
+                # No memory arena: it would keep the session's largest run (the attention maps) for the whole
+                # export.
+                session = open_session(path, provider, arena=False, disabled_optimizers=disabled_optimizers)
+                if ("token_type_ids" in [i.name for i in session.get_inputs()]) != reference.token_types:
+                    raise ExportVerificationError(f"{path.name} {'lacks' if reference.token_types else 'has'} "
+                                                  "the input token_type_ids that the reference was made for")
+                parity = _Parity(name in with_maps)
+                outputs = None if parity.wants_attention else ["last_hidden_state", "sentence_embedding"]
+                for (ids, mask, types), (hidden, sentence, maps_file) in zip(reference.cases, expected, strict=True):
+                    if parity.wants_attention and ids.shape[1] > reference.caps.attention_max_length:
+                        continue
+                    runs = reference.caps.attention_runs if parity.wants_attention else reference.caps.score_runs
+                    for rows in runs(*ids.shape):
+                        got = session.run(outputs, reference.feed(ids[rows], mask[rows],
+                                                                  None if types is None else types[rows]))
+                        want = _read_maps(maps_file, rows) if parity.wants_attention else None
+                        parity.add(got, mask[rows], hidden[rows], sentence[rows], want)
+                        del got, want
+                    parity.cases += 1
+                metrics[name] = _metrics(parity, session, reference, all_texts=precision == "int8")
+                del session
     return metrics
 
 
