@@ -18,11 +18,13 @@ are tried first, so that a model the recipe cannot reach fails over to the fallb
 from __future__ import annotations
 
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+from attnserve.engine.machine import this_machine
 from attnserve.engine.session import CPU, open_session
 
 from . import external_data
@@ -32,6 +34,9 @@ OUTPUT = "sentence_embedding"
 # The probes rank the nodes on every 4th row of the calibration feeds (16 of 64 texts): the ranking is all they
 # give, and the chosen graph is measured on every row.
 PROBE_ROWS_EVERY = 4
+# Probes run at once, one onnxruntime thread each, on as many cores, two at most: each session holds the fp32
+# weights, and issue 20 bounds export's memory at 3x them.
+PROBE_THREADS = min(2, this_machine().usable_cpus)
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -40,9 +45,10 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1) + 1e-12)
 
 
-def sentence_embeddings(path: Path, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:
-    """The graph's sentence embeddings for every row of every feed, in feed order: (rows, D)."""
-    session = open_session(path, CPU)
+def sentence_embeddings(path: Path, feeds: list[dict[str, np.ndarray]], threads: int = 0) -> np.ndarray:
+    """The graph's sentence embeddings for every row of every feed, in feed order: (rows, D). threads: onnxruntime's
+    intra-op threads (0: one per core)."""
+    session = open_session(path, CPU, threads)
     # Graphs of models with token types take token_type_ids: zeros, as the engine feeds single texts.
     types = "token_type_ids" in {i.name for i in session.get_inputs()}
     return np.concatenate([session.run([OUTPUT], {**feed, "token_type_ids": np.zeros_like(feed["input_ids"])}
@@ -112,11 +118,13 @@ def probe_rows(feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]
 class _Probes:
     """The graphs a dynamic recipe's probes are cut from: the whole graph quantized once, and the fp32 graph with
     its weights in a data file beside the probes (module docstring). drop(nodes): 1 - mean cosine against fp32
-    with those nodes alone quantized."""
+    with those nodes alone quantized. Probes run PROBE_THREADS at a time, each session on one thread: a probe is
+    a session's start and a run over a few short rows, which one thread each does faster than two threads one
+    after the other (all-mpnet-base-v2's 72 probes on 2 cores: see int8_sensitivity's module docstring)."""
 
     def __init__(self, recipe: Int8Recipe, src: Path, feeds: list[dict[str, np.ndarray]], tmp: Path):
-        self.feeds, self.probe = feeds, tmp / "probe.onnx"
-        self.reference = sentence_embeddings(src, feeds)
+        self.feeds, self.tmp = feeds, tmp
+        self.reference = sentence_embeddings(src, feeds, threads=1)  # as the probes run
         build(recipe, src, tmp / "whole.onnx")  # every probed node quantized, once
         self.quantized = onnx.load(str(tmp / "whole.onnx"))
         external_data.save(_with_recipe_gelu(recipe, onnx.load(str(src))), tmp / "fp32.onnx", external=True)
@@ -126,8 +134,15 @@ class _Probes:
         probe = self.fp32
         for node in nodes:  # each cut walks back to what the probe computes already (a shared activation quantizer)
             probe = one_node_quantized(probe, self.quantized, node)
-        onnx.save(probe, str(self.probe))
-        return float(1.0 - cosine(sentence_embeddings(self.probe, self.feeds), self.reference).mean())
+        with tempfile.NamedTemporaryFile(dir=self.tmp, suffix=".onnx") as path:  # beside fp32.onnx.data
+            onnx.save(probe, path.name)
+            got = sentence_embeddings(Path(path.name), self.feeds, threads=1)
+        return float(1.0 - cosine(got, self.reference).mean())
+
+    def drops(self, nodes: list[str]) -> list[float]:
+        """drop([node]) for each node, in order."""
+        with ThreadPoolExecutor(max_workers=PROBE_THREADS) as pool:  # onnxruntime lets go of the GIL as it runs
+            return list(pool.map(lambda node: self.drop([node]), nodes))
 
 
 def node_drops(recipe: Int8Recipe, src: Path, feeds: list[dict[str, np.ndarray]],
@@ -140,7 +155,7 @@ def node_drops(recipe: Int8Recipe, src: Path, feeds: list[dict[str, np.ndarray]]
     with tempfile.TemporaryDirectory() as tmp:
         if not recipe.static:
             probes = _Probes(recipe, src, feeds, Path(tmp))
-            drops = {node: probes.drop([node]) for node in nodes}
+            drops = dict(zip(nodes, probes.drops(nodes), strict=True))
         else:  # static ranges and Q/DQ placement are the quantizer's to make per probe
             reference = sentence_embeddings(src, feeds)
             for node in nodes:
