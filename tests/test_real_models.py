@@ -92,7 +92,8 @@ def test_all_mpnet_base_v2_exports_at_its_own_length_with_every_variant_verified
         assert variant.precision == VARIANTS[name][1]
         assert tolerance.holds(variant.parity[tolerance.metric]), (name, variant.parity)
         assert variant.parity["shapes_checked"] == len(shape_grid(384)), name
-        assert variant.parity["texts_checked"] == (VERIFIED_TEXTS if variant.precision == "int8" else FLOAT_TEXTS)
+        # int8's bar on all the texts; its second session (another optimizer set, the same graph) as fp32's.
+        assert variant.parity["texts_checked"] == (VERIFIED_TEXTS if name == "embeddings_int8" else FLOAT_TEXTS)
     encoded = Engine.from_directory(directory).encode(VARIED_TEXTS)
     assert encoded.num_tokens.max() == 384  # the long texts run at the full length, cut as sentence-transformers cuts
     reference = SentenceTransformer(str(all_mpnet_base_v2()), device="cpu").encode(VARIED_TEXTS)  # both normalise
