@@ -167,8 +167,8 @@ class Reference:
     Only the inputs and the texts' sentence embeddings are kept here. measure_all computes PyTorch's outputs
     case by case and keeps only the small ones in memory: a case's attention maps grow with rows x T^2 (a 12-layer
     model's are 150 MB per row at T 512), so they are computed in runs of at most ATTENTION_BYTES, written to files
-    and read back run by run as an attention graph is compared. Verification's memory is then PyTorch's or one
-    session's, one run's maps and the grid's hidden states.
+    and read back run by run, a layer at a time, as an attention graph is compared. Verification's memory is then
+    PyTorch's or one session's, one run's maps and the grid's hidden states.
     """
 
     def __init__(self, encoder: Encoder | EncoderModule, head: SentenceHead, embedding_size: int,
@@ -248,7 +248,7 @@ class _Parity:
         self.min_cos = 1.0
 
     def add(self, outputs: list[np.ndarray], mask: np.ndarray, hidden: np.ndarray, sentence: np.ndarray,
-            attentions: np.ndarray | None) -> None:
+            attentions: np.ndarray | _StoredMaps | None) -> None:
         """One run of a case's rows (the caller counts the cases)."""
         real = mask.astype(bool)  # (B, T): compare real token positions only
         self.max_hidden = max(self.max_hidden, float(np.abs(outputs[0] - hidden)[real].max()))
@@ -308,7 +308,7 @@ def measure_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference:
                     for rows in runs(*ids.shape):
                         got = session.run(outputs, reference.feed(ids[rows], mask[rows],
                                                                   None if types is None else types[rows]))
-                        want = _read_maps(maps_file, rows) if parity.wants_attention else None
+                        want = _StoredMaps(maps_file, rows) if parity.wants_attention else None
                         parity.add(got, mask[rows], hidden[rows], sentence[rows], want)
                         del got, want
                     parity.cases += 1
@@ -352,13 +352,21 @@ def _pytorch_outputs(reference: Reference, maps_dir: Path | None
     return expected
 
 
-def _read_maps(maps_file: Path | None, rows: slice) -> np.ndarray:
-    """The rows' attention maps from a case's file, read into memory and the file unmapped."""
-    assert maps_file is not None, "the maps of every case up to attention_max_length are written"
-    stored = np.load(maps_file, mmap_mode="r")
-    maps = np.array(stored[:, rows])
-    del stored
-    return maps
+class _StoredMaps:
+    """PyTorch's attention maps of a run's rows, (L, B, nh, T, T), read from the case's file a layer at a time as
+    _Parity.add indexes them. Read whole, a long-context run's (a GiB a Qwen3-0.6B row at 774 tokens) sat beside
+    the graph's own and was the export's peak."""
+
+    def __init__(self, maps_file: Path | None, rows: slice):
+        assert maps_file is not None, "the maps of every case up to attention_max_length are written"
+        self.maps_file, self.rows = maps_file, rows
+
+    def __getitem__(self, layer: int) -> np.ndarray:
+        """(B, nh, T, T), in memory, the file unmapped again."""
+        stored = np.load(self.maps_file, mmap_mode="r")
+        maps = np.array(stored[layer, self.rows])
+        del stored
+        return maps
 
 
 def _metrics(parity: _Parity, session, reference: Reference, all_texts: bool) -> dict[str, float]:
