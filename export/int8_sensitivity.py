@@ -34,9 +34,9 @@ OUTPUT = "sentence_embedding"
 # The probes rank the nodes on every 4th row of the calibration feeds (16 of 64 texts): the ranking is all they
 # give, and the chosen graph is measured on every row.
 PROBE_ROWS_EVERY = 4
-# Probes run at once, one onnxruntime thread each, on as many cores, two at most: each session holds the fp32
-# weights, and issue 20 bounds export's memory at 3x them.
-PROBE_THREADS = min(2, this_machine().usable_cpus)
+# Probes run at once, one onnxruntime thread each, on as many cores, this many at most: each session holds the
+# fp32 weights, and issue 20 bounds export's memory at 3x them.
+PROBE_THREADS = 2
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -120,7 +120,7 @@ class _Probes:
     its weights in a data file beside the probes (module docstring). drop(nodes): 1 - mean cosine against fp32
     with those nodes alone quantized. Probes run PROBE_THREADS at a time, each session on one thread: a probe is
     a session's start and a run over a few short rows, which one thread each does faster than two threads one
-    after the other (all-mpnet-base-v2's 72 probes on 2 cores: see int8_sensitivity's module docstring)."""
+    after the other (all-mpnet-base-v2's 72 probes on 2 cores: 67.8 s one at a time, 47.5 s two at a time)."""
 
     def __init__(self, recipe: Int8Recipe, src: Path, feeds: list[dict[str, np.ndarray]], tmp: Path):
         self.feeds, self.tmp = feeds, tmp
@@ -141,7 +141,8 @@ class _Probes:
 
     def drops(self, nodes: list[str]) -> list[float]:
         """drop([node]) for each node, in order."""
-        with ThreadPoolExecutor(max_workers=PROBE_THREADS) as pool:  # onnxruntime lets go of the GIL as it runs
+        # onnxruntime lets go of the GIL as it runs
+        with ThreadPoolExecutor(max_workers=min(PROBE_THREADS, this_machine().usable_cpus)) as pool:
             return list(pool.map(lambda node: self.drop([node]), nodes))
 
 

@@ -313,7 +313,8 @@ def measure_all(graphs: dict[str, tuple[Path, str, tuple[str, ...]]], reference:
                         del got, want
                     parity.cases += 1
                 all_texts = precision == "int8" and path not in on_all_texts
-                on_all_texts |= {path} if all_texts else set()
+                if all_texts:
+                    on_all_texts.add(path)
                 metrics[name] = _metrics(parity, session, reference, all_texts)
                 del session
     return metrics
