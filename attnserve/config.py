@@ -37,8 +37,9 @@ class EngineConfig:
         None, "ATTNSERVE_ARTIFACTS",
         "artifact directory made by `attnserve export`; if unset, the default model's is built once into the cache")
     precision: str = setting(
-        "auto", "ATTNSERVE_PRECISION", "graph variant: auto is fp16 on CUDA and fp32 on CPU",
-        choices=("auto", "fp32", "int8", "fp16"))
+        "auto", "ATTNSERVE_PRECISION", "graph variant: auto is fp16 on CUDA; on the CPU, fp32, or bf16 (OpenVINO) "
+        "where the CPU computes bf16 natively and it was timed faster (engine/calibration.py)",
+        choices=("auto", "fp32", "int8", "fp16", "bf16"))
     graph: str = setting(
         "auto", "ATTNSERVE_GRAPH",
         "which exact graph of the precision runs: auto times the candidates on the first start on a CPU and "

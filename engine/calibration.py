@@ -32,6 +32,7 @@ from attnserve.progress import Progress, progress_log
 
 from .machine import this_machine
 from .manifest import MANIFEST, GraphVariant, Manifest
+from .openvino_session import openvino_version
 
 log = logging.getLogger("attnserve.engine")
 
@@ -70,8 +71,9 @@ def signature(threads: int) -> str:
 
     machine = this_machine()
     thread_word = str(threads) if threads else f"auto of {machine.usable_cpus} CPUs"
+    openvino = f" | openvino {openvino_version()}" if openvino_version() else ""
     return (f"{machine.cpu_model} | {' '.join(machine.instruction_sets) or 'no known instruction sets'} | "
-            f"onnxruntime {onnxruntime.__version__} | threads {thread_word}")
+            f"onnxruntime {onnxruntime.__version__}{openvino} | threads {thread_word}")
 
 
 def record_paths(manifest: Manifest) -> tuple[Path, Path]:
@@ -199,19 +201,22 @@ def _ratios(seconds: dict[Any, float], chosen: Any) -> str:
 
 
 def calibrated_graph(manifest: Manifest, config: EngineConfig, precision: str, candidates: Sequence[GraphVariant],
-                     open_graph: Callable[[GraphVariant], Any], record_key: str | None = None) -> Choice:
+                     open_graph: Callable[[GraphVariant], Any], record_key: str | None = None,
+                     notes: Sequence[str] = ()) -> Choice:
     """The recorded choice for this machine, or the fastest candidate and batch budget timed now (and recorded).
 
-    candidates: the exact graphs of the precision, the default first (one is fine: its budget is still timed).
+    candidates: the exact graphs to choose from, the default first (one is fine: its budget is still timed); with
+    --precision auto on a CPU with native bf16, the fp32 graphs and the bf16 one (OpenVINO's).
     record_key: where the choice is recorded under the CPU signature; the precision by default, so that a graph
-    forced by name keeps its own entry instead of replacing the choice among candidates."""
+    forced by name keeps its own entry instead of replacing the choice among candidates.
+    notes: why a candidate one might expect is not among them (bf16 on a CPU without it), recorded and said."""
     sig = signature(config.threads)
     key = record_key or precision
     recorded = _recorded(manifest, config, sig, key, candidates)
     if recorded is not None:
         graph, batch_tokens, found = recorded
-        return Choice(graph, f"calibrated for this CPU, batches of {batch_tokens} tokens, recorded in {found}",
-                      batch_tokens)
+        return Choice(graph, f"calibrated for this CPU, batches of {batch_tokens} tokens, recorded in {found}"
+                      + "".join(f"; {n}" for n in notes), batch_tokens)
     start = time.perf_counter()
     with Progress(progress_log.info) as progress:  # seconds to tens of seconds, once per machine: say so
         progress.step(f"calibration (first start on this CPU; recorded for the next): opening {len(candidates)} "
@@ -236,11 +241,12 @@ def calibrated_graph(manifest: Manifest, config: EngineConfig, precision: str, c
              "budgets": [cap, *smaller],
              "seconds_per_1k_tokens": {name: round(s * 1e3, 6) for name, s in graph_seconds.items()},
              "budget_seconds_per_1k_tokens": {str(b): round(s * 1e3, 6) for b, s in budget_seconds.items()},
-             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             **({"notes": list(notes)} if notes else {})}
     path = _record(manifest, sig, key, entry)
     timed = [_ratios(graph_seconds, chosen)] if len(graph_seconds) > 1 else []
     if smaller:
         timed.append(f"batches of {batch_tokens} tokens: " + _ratios(budget_seconds, batch_tokens))
     how = (f"calibrated now in {time.perf_counter() - start:.1f}s: {'; '.join(timed)}"
-           + (f", recorded in {path}" if path else ", not recorded"))
+           + (f", recorded in {path}" if path else ", not recorded") + "".join(f"; {n}" for n in notes))
     return Choice(next(v for v in candidates if v.name == chosen), how, batch_tokens, sessions[chosen])

@@ -16,17 +16,20 @@ from attnserve.errors import ArtifactError, ConfigError
 
 from .batching import pad, pad_types, plan_batches
 from .calibration import Choice, budgets, calibrated_graph
+from .machine import this_machine
 from .manifest import GraphVariant, Manifest, load_manifest
+from .openvino_session import openvino_available
 from .pooling import l2_normalize
 from .prompts import apply_prompt
-from .session import CPU, CUDA, open_session, resolve_provider
+from .session import CPU, CUDA, OPENVINO, open_graph, resolve_provider
 from .tokenizer import TextTokenizer, TokenizedInput
 
 log = logging.getLogger("attnserve.engine")
 
 # The default graph of each precision: the one that runs where the machine's own choice is not known (on CUDA,
 # and on Ray's driver); on the CPU it is one candidate among the exact graphs of its precision (candidate_graphs).
-EMBEDDINGS_VARIANT = {"fp32": "embeddings_fused", "int8": "embeddings_int8", "fp16": "embeddings_fp16"}
+EMBEDDINGS_VARIANT = {"fp32": "embeddings_fused", "int8": "embeddings_int8", "fp16": "embeddings_fp16",
+                      "bf16": "embeddings_bf16"}
 # A reranker's graphs (export/reranker.py) output scores. Artifacts exported before rerankers had an int8 graph
 # lack scores_int8: asked for int8, they are told to re-export.
 SCORES_VARIANT = {"fp32": "scores_fused", "int8": "scores_int8", "fp16": "scores_fp16"}
@@ -82,14 +85,20 @@ def embeddings_graph(manifest: Manifest, config: EngineConfig) -> tuple[str, str
     forced = _forced_graph(manifest, config)
     precision = config.precision if config.precision != "auto" else (
         forced.precision if forced else "fp16" if provider == CUDA else "fp32")
-    if precision == "int8" and provider == CUDA:
-        # Dynamic int8 ops have CPU kernels only: on CUDA they would silently run on the CPU.
-        raise ConfigError("the int8 graph is for the CPU provider; on CUDA use fp16 or fp32")
+    if precision in ("int8", "bf16") and provider == CUDA:
+        # Dynamic int8 ops have CPU kernels only: on CUDA they would silently run on the CPU; bf16 is OpenVINO's.
+        raise ConfigError(f"the {precision} graph is for the CPU; on CUDA use fp16 or fp32")
+    if precision == "bf16" and not this_machine().native_bf16:
+        raise ConfigError("--precision bf16 needs a CPU with native bf16 (AVX512-BF16 or AMX), which this one "
+                          f"lacks ({this_machine().describe()}): emulated, it runs slower than fp32; use fp32 or int8")
     variants = default_graphs(manifest)
     if precision not in variants:
         raise ConfigError(f"{manifest.model} has no {precision} graph; use one of {', '.join(variants)}")
     variant_name = variants[precision]
     if variant_name not in manifest.variants:
+        if precision == "bf16":
+            raise ConfigError(f"{manifest.model} has no bf16 graph: export it where OpenVINO is installed "
+                              "(pip install 'attnserve[openvino]') on a CPU with native bf16")
         if manifest.kind == "reranker" and precision == "int8":  # export/reranker.py leaves out an int8 off its bar
             raise ConfigError(f"{manifest.model} has no int8 graph: its int8 scores missed the export's bar, or it "
                               "was exported before rerankers had one (re-export); use fp32")
@@ -117,11 +126,33 @@ def _forced_graph(manifest: Manifest, config: EngineConfig) -> GraphVariant | No
 
 def candidate_graphs(manifest: Manifest, precision: str) -> list[GraphVariant]:
     """The exact graphs of a precision, the default first: the same outputs as the default (so not the attention
-    graph), each verified against PyTorch at export within the precision's tolerance."""
+    graph), each verified against PyTorch at export within the precision's tolerance. OpenVINO's are left out
+    where OpenVINO is not installed."""
     default = manifest.variants[default_graphs(manifest)[precision]]
     others = sorted((v for v in manifest.variants.values() if v is not default and v.precision == precision
-                     and v.outputs == default.outputs), key=lambda v: v.name)
+                     and v.outputs == default.outputs and (v.backend != OPENVINO or openvino_available())),
+                    key=lambda v: v.name)
     return [default, *others]
+
+
+def auto_candidates(manifest: Manifest, provider: str) -> tuple[list[GraphVariant], list[str]]:
+    """What --precision auto times on the CPU: the fp32 graphs, and the bf16 graph where this CPU computes bf16
+    and OpenVINO is installed (issue 21: bf16 runs by default where it is faster). And why bf16 is not among them,
+    for the calibration record."""
+    candidates = candidate_graphs(manifest, "fp32")
+    bf16 = manifest.variants.get(default_graphs(manifest).get("bf16", ""))
+    if provider != CPU or manifest.kind == "reranker":
+        return candidates, []
+    machine = this_machine()
+    if not machine.native_bf16:
+        why = f"this CPU has no native bf16 (AVX512-BF16 or AMX): {machine.describe()}"
+    elif bf16 is None:
+        why = "the artifacts have no bf16 graph (exported without OpenVINO, or on a CPU without native bf16)"
+    elif not openvino_available():
+        why = "OpenVINO, which runs it, is not installed (pip install 'attnserve[openvino]')"
+    else:
+        return [*candidates, bf16], []
+    return candidates, [f"bf16 not timed: {why}"]
 
 
 class Engine:
@@ -137,6 +168,7 @@ class Engine:
                                        manifest.vocab_size, positions=manifest.max_seq_length)
         self.graph_choice = self._choose_graph(graph)
         self.embeddings_variant = self.graph_choice.graph
+        self.precision = self.embeddings_variant.precision  # auto may have timed bf16 faster than fp32
         # The padded-token budget batches are planned with (max_batch_tokens, or less where that ran faster here).
         self.batch_tokens = self.graph_choice.batch_tokens
         self._session = self.graph_choice.session or self._open_graph(self.embeddings_variant, self.provider)
@@ -163,15 +195,22 @@ class Engine:
             choice = calibrated_graph(self.manifest, self.config, self.precision, [graph],
                                       lambda v: self._open_graph(v, CPU), record_key=f"{self.precision} {graph.name}")
             return replace(choice, how=f"forced by --graph; {choice.how}")
-        candidates = candidate_graphs(self.manifest, self.precision)
+        notes: list[str] = []
+        if self.config.precision == "auto":
+            candidates, notes = auto_candidates(self.manifest, self.provider)
+        else:
+            candidates = candidate_graphs(self.manifest, self.precision)
         if len(candidates) == 1 and len(budgets(self.manifest, self.config)) == 1:
-            return Choice(graph, f"the only {self.precision} graph", cap)
+            return Choice(graph, f"the only {self.precision} graph" + "".join(f"; {n}" for n in notes), cap)
         return calibrated_graph(self.manifest, self.config, self.precision, candidates,
-                                lambda v: self._open_graph(v, CPU))
+                                lambda v: self._open_graph(v, CPU),
+                                # auto among precisions has its own entry, apart from a forced precision's
+                                record_key="auto" if any(v.precision != self.precision for v in candidates) else None,
+                                notes=notes)
 
     def _open_graph(self, variant: GraphVariant, provider: str, arena: bool = True):
-        return open_session(self.manifest.path(variant.file), provider, self.config.threads, arena,
-                            variant.disabled_optimizers)
+        return open_graph(self.manifest.path(variant.file), variant.backend, variant.precision, provider,
+                          self.config.threads, arena, variant.disabled_optimizers)
 
     @classmethod
     def from_directory(cls, directory: str | Path, config: EngineConfig | None = None, attention: bool = False
@@ -262,5 +301,6 @@ class Engine:
 
     def describe(self) -> str:
         provider = "CUDA" if self.provider == CUDA else "CPU" if self.provider == CPU else self.provider
+        backend = " (OpenVINO)" if self.embeddings_variant.backend == OPENVINO else ""
         return (f"{self.manifest.model} · {self.precision} ({self.embeddings_variant.name}: {self.graph_choice.how}) "
-                f"on {provider}")
+                f"on {provider}{backend}")

@@ -34,6 +34,12 @@ class Machine:
     instruction_sets: tuple[str, ...]  # names from INSTRUCTION_SETS' values, in its order
     usable_cpus: int  # the CPUs this process may run on (affinity, so a container's cpuset counts)
 
+    @property
+    def native_bf16(self) -> bool:
+        """Whether the CPU computes bfloat16 products itself (AVX512-BF16 or AMX): where it does not, a bf16 graph
+        would be emulated, slower than fp32, and is never a candidate (engine/calibration.py)."""
+        return "AVX-512 BF16" in self.instruction_sets or "AMX-BF16" in self.instruction_sets
+
     def describe(self) -> str:
         sets = ", ".join(self.instruction_sets) or "instruction sets unknown"
         return f"{self.cpu_model} ({sets}); {self.usable_cpus} usable CPUs"

@@ -20,7 +20,7 @@ class GraphVariant:
     name: str  # "embeddings", "embeddings_fused", "embeddings_int8", "embeddings_fp16", "attention"
     file: str
     sha256: str
-    precision: str  # "fp32", "int8" or "fp16"
+    precision: str  # "fp32", "int8", "fp16" or "bf16"
     fused: bool  # attention fused into onnxruntime's Attention op
     outputs: tuple[str, ...]
     parity: dict = field(default_factory=dict)  # errors against PyTorch measured at export
@@ -30,13 +30,17 @@ class GraphVariant:
     # The files the graph reads its weights from (ONNX external data, beside it) -> their sha256: a graph past
     # protobuf's 2 GB keeps its weights apart (export/external_data.py). Optional on read, omitted when empty.
     data_files: dict[str, str] = field(default_factory=dict)
+    # What runs the graph (engine/session.py): onnxruntime, or OpenVINO for the bf16 variant and OpenVINO's fp32
+    # one, which read the plain embeddings graph. Optional on read, omitted from manifest.json for onnxruntime.
+    backend: str = "onnxruntime"
 
     @property
     def runs_as(self) -> str:
         """What identifies the computation: the file's sha256 (and its data files': the graph file names their
         weights, not holds them), and the optimizers its session leaves out."""
         return (self.sha256 + "".join(f" {sha}" for _, sha in sorted(self.data_files.items()))
-                + "".join(f" without {o}" for o in self.disabled_optimizers))
+                + "".join(f" without {o}" for o in self.disabled_optimizers)
+                + (f" on {self.backend} {self.precision}" if self.backend != "onnxruntime" else ""))
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,8 @@ class Manifest:
                                 "outputs": list(v.outputs), "parity": v.parity,
                                 **({"disabled_optimizers": list(v.disabled_optimizers)}
                                    if v.disabled_optimizers else {}),
-                                **({"data_files": dict(v.data_files)} if v.data_files else {})}
+                                **({"data_files": dict(v.data_files)} if v.data_files else {}),
+                                **({"backend": v.backend} if v.backend != "onnxruntime" else {})}
                          for name, v in self.variants.items()},
             "tools": self.tools, "embedding_size": self.embedding_size, "modules": list(self.modules),
             "prompts": self.prompts, "default_prompt_name": self.default_prompt_name,
@@ -164,7 +169,8 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             name: GraphVariant(name, v["file"], v["sha256"], v["precision"], bool(v["fused"]),
                                tuple(v["outputs"]), dict(v.get("parity", {})),
                                tuple(str(o) for o in v.get("disabled_optimizers", ())),
-                               {str(f): str(h) for f, h in v.get("data_files", {}).items()})
+                               {str(f): str(h) for f, h in v.get("data_files", {}).items()},
+                               str(v.get("backend", "onnxruntime")))
             for name, v in raw["variants"].items()
         }
         manifest = Manifest(

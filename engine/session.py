@@ -1,4 +1,9 @@
-"""onnxruntime sessions on the CUDA provider where there is one, the CPU provider otherwise."""
+"""The sessions that run a graph: onnxruntime's (CUDA provider where there is one, CPU otherwise), or OpenVINO's.
+
+A session is what the engine, calibration and verification call, and all they call: run(output names, feed) ->
+arrays, and get_inputs() (the names of the graph's inputs), onnxruntime's InferenceSession methods, which the
+OpenVINO session (engine/openvino_session.py) has too. open_graph() opens one for a backend.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ from pathlib import Path
 from attnserve.errors import ArtifactError, ConfigError
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+ONNXRUNTIME, OPENVINO = "onnxruntime", "openvino"
+BACKENDS = (ONNXRUNTIME, OPENVINO)
 
 
 def available_providers() -> list[str]:
@@ -53,3 +60,21 @@ def open_session(path: Path, provider: str, threads: int = 0, arena: bool = True
     if session.get_providers()[0] != provider:
         raise ConfigError(f"{provider} could not start for {path.name} (CUDA libraries missing?)")
     return session
+
+
+def open_graph(path: Path, backend: str, precision: str, provider: str, threads: int = 0, arena: bool = True,
+               disabled_optimizers: Sequence[str] = ()):
+    """A session for a graph variant on its backend. onnxruntime runs every graph on `provider`; OpenVINO runs
+    fp32 and bf16 graphs on the CPU (arena and disabled_optimizers are onnxruntime's, and do not apply)."""
+    if backend == OPENVINO:
+        if provider != CPU:
+            raise ConfigError("the OpenVINO backend runs on the CPU; use --provider cpu or another precision")
+        from .openvino_session import OpenVINOSession, openvino_available
+
+        if not openvino_available():
+            raise ConfigError(f"{path.name} runs on OpenVINO ({precision}), which is not installed: "
+                              "pip install 'attnserve[openvino]'")
+        return OpenVINOSession(path, precision, threads)
+    if backend != ONNXRUNTIME:
+        raise ArtifactError(f"{path.name}: unknown backend {backend!r} (one of {', '.join(BACKENDS)}); re-export")
+    return open_session(path, provider, threads, arena, disabled_optimizers)

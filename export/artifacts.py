@@ -17,7 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from attnserve import __version__
+from attnserve.engine.machine import this_machine
 from attnserve.engine.manifest import MANIFEST, GraphVariant, Manifest, sha256_of
+from attnserve.engine.openvino_session import openvino_version
+from attnserve.engine.session import ONNXRUNTIME, OPENVINO
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ArtifactError
 from attnserve.model.checkpoint import Checkpoint, load_encoder
@@ -39,7 +42,7 @@ from .reranker import reranker_variants
 from .task_graphs import build_task_artifacts
 from .tokenizer_parity import check_tokenizer
 from .torch_to_onnx import export_graph, without_output
-from .verify import TOLERANCES, Reference, calibration_feeds, verify_all
+from .verify import TOLERANCES, GraphCheck, Reference, calibration_feeds, verify_all
 
 # name -> (file, precision, fused, outputs)
 VARIANTS = {
@@ -59,6 +62,26 @@ VARIANTS = {
 # (bench/int8_candidates.md). The default int8 variant runs without it; the fused one stays a candidate that the
 # engine times on the CPU that runs (engine/calibration.py). The fp32 graphs' sessions make no such fusion.
 DISABLED_OPTIMIZERS = {"embeddings_int8": ("SkipLayerNormFusion",)}
+# Variants OpenVINO runs (engine/openvino_session.py), written where the export's environment has it
+# (attnserve[openvino]): the plain embeddings graph, as it is, compiled by OpenVINO in fp32 and, on a CPU with
+# native bf16, in bf16. Each is verified here like the others and is one more candidate the engine times
+# (engine/calibration.py); bf16 is chosen by default where it is the fastest.
+OPENVINO_VARIANTS = {
+    "embeddings_openvino": ("embeddings.onnx", "fp32", False, ("last_hidden_state", "sentence_embedding")),
+    "embeddings_bf16": ("embeddings.onnx", "bf16", False, ("last_hidden_state", "sentence_embedding")),
+}
+
+
+def openvino_variants(log: Callable[[str], None]) -> dict[str, tuple[str, str, bool, tuple[str, ...]]]:
+    """The OPENVINO_VARIANTS this export can verify: none without OpenVINO, no bf16 on a CPU without native bf16
+    (each said in a line)."""
+    if openvino_version() is None:
+        log("no OpenVINO graphs (bf16): OpenVINO is not installed (pip install 'attnserve[openvino]')")
+        return {}
+    if not this_machine().native_bf16:
+        log("no bf16 graph: this CPU has no native bf16 (AVX512-BF16 or AMX) to verify it on; OpenVINO fp32 only")
+        return {"embeddings_openvino": OPENVINO_VARIANTS["embeddings_openvino"]}
+    return dict(OPENVINO_VARIANTS)
 
 
 def _tool_versions() -> dict[str, str]:
@@ -67,9 +90,12 @@ def _tool_versions() -> dict[str, str]:
     import tokenizers
     import torch
 
-    return {"attnserve": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
-            "onnxruntime": onnxruntime.__version__, "tokenizers": tokenizers.__version__,
-            "python": platform.python_version()}
+    versions = {"attnserve": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
+                "onnxruntime": onnxruntime.__version__, "tokenizers": tokenizers.__version__,
+                "python": platform.python_version()}
+    if openvino_version():  # the OpenVINO that verified the OpenVINO variants
+        versions["openvino"] = openvino_version()
+    return versions
 
 
 def _claim_destination(out: Path) -> None:
@@ -193,9 +219,11 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
     if note:
         log(note)
     # PyTorch runs over the check inputs once, then each graph's session alone (verify.measure_all).
-    order = list(VARIANTS)
-    parities = verify_all({name: (work / VARIANTS[name][0], VARIANTS[name][1], DISABLED_OPTIMIZERS.get(name, ()))
-                           for name in order}, reference,
+    openvino = openvino_variants(log)
+    built = VARIANTS | openvino
+    backend = {name: OPENVINO if name in openvino else ONNXRUNTIME for name in built}
+    parities = verify_all({name: GraphCheck(work / file, precision, DISABLED_OPTIMIZERS.get(name, ()), backend[name])
+                           for name, (file, precision, _, _) in built.items()}, reference,
                           on_graph=lambda name: progress.step(f"verifying {name} against PyTorch"),
                           release_encoder=True)
     variants = {}
@@ -206,7 +234,7 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
             hashes[file] = sha256_of(work / file)
         return hashes[file]
 
-    for name, (file, precision, fused, outputs) in VARIANTS.items():
+    for name, (file, precision, fused, outputs) in built.items():
         parity = parities[name]
         disabled = DISABLED_OPTIMIZERS.get(name, ())
         log(f"verified {file:24s} {TOLERANCES[precision].describe(parity[TOLERANCES[precision].metric])}"
@@ -215,7 +243,8 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
         variants[name] = GraphVariant(name, file, sha256(file), precision,
                                       fused and fully_fused[precision == "fp16"], outputs, parity,
                                       DISABLED_OPTIMIZERS.get(name, ()),
-                                      {data: sha256(data) for data in external_data.external_files(work / file)})
+                                      {data: sha256(data) for data in external_data.external_files(work / file)},
+                                      backend[name])
     return variants
 
 

@@ -63,9 +63,13 @@ def artifacts(tmp_path_factory, checkpoint) -> Path:
 
 @pytest.fixture(scope="session")
 def engine(artifacts):
+    """ATTNSERVE_TEST_GRAPH runs it on one graph of the manifest: .ci/run runs the engine's tests again on
+    OpenVINO's fp32 graph (embeddings_openvino), in a venv with attnserve[openvino]."""
+    from attnserve.config import EngineConfig
     from attnserve.engine.engine import Engine
 
-    return Engine.from_directory(artifacts, attention=True)
+    config = EngineConfig(graph=os.environ.get("ATTNSERVE_TEST_GRAPH", "auto"))
+    return Engine.from_directory(artifacts, config, attention=True)
 
 
 @pytest.fixture(scope="session")

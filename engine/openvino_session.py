@@ -1,0 +1,106 @@
+"""An exported ONNX graph run by the OpenVINO runtime, behind the two methods the engine calls on a session.
+
+Why a second runtime: on CPUs with native bfloat16 (AVX512-BF16, AMX) OpenVINO's CPU plugin runs a graph's
+matrix products in bf16 (its INFERENCE_PRECISION_HINT), about twice onnxruntime's fp32 speed at a cosine of
+0.9999+ to fp32, and onnxruntime's CPU provider has no bf16 path on x86. The artifact stays the exported ONNX
+graph, verified at export like every variant (export/artifacts.py); OpenVINO reads it as it is.
+
+The plain graphs only: OpenVINO does not implement onnxruntime's contrib ops (Attention, SkipLayerNormalization,
+BiasGelu, MatMulInteger's dynamic quantization), so it runs `embeddings.onnx` and `attention.onnx`, and fuses
+them itself when it compiles.
+
+The `openvino` package is an optional extra (`attnserve[openvino]`): nothing imports it unless a bf16 graph or
+the openvino backend is asked for.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from attnserve.errors import ArtifactError, ConfigError
+
+from .machine import this_machine
+
+# attnserve's precision word -> OpenVINO's INFERENCE_PRECISION_HINT.
+HINTS = {"fp32": "f32", "bf16": "bf16"}
+
+
+@dataclass(frozen=True)
+class GraphInput:
+    """What the engine reads of a session's inputs (onnxruntime's NodeArg has the same .name)."""
+
+    name: str
+
+
+@functools.cache
+def openvino_version() -> str | None:
+    """The installed OpenVINO's version (its release, e.g. 2026.4.1), None where it is not installed."""
+    try:
+        import openvino
+    except ImportError:
+        return None
+    return openvino.__version__.split("-")[0]
+
+
+def openvino_available() -> bool:
+    return openvino_version() is not None
+
+
+class OpenVINOSession:
+    """onnxruntime's InferenceSession interface as the engine uses it: run(output names, feed) and get_inputs().
+
+    One compiled model; each calling thread gets its own infer request (a request is not shared between threads,
+    the compiled model is), so run() is safe from several threads as onnxruntime's is."""
+
+    def __init__(self, path: Path, precision: str, threads: int = 0):
+        import openvino as ov
+
+        if precision not in HINTS:
+            raise ConfigError(f"OpenVINO runs fp32 or bf16 graphs, not {precision}")
+        if precision == "bf16" and not this_machine().native_bf16:
+            raise ConfigError("bf16 asked for, but this CPU has no native bfloat16 (AVX512-BF16 or AMX): it would "
+                              "be emulated, slower than fp32; use fp32 or int8")
+        core = ov.Core()
+        config = {
+            "INFERENCE_PRECISION_HINT": HINTS[precision],
+            # One stream, every thread on it: the engine runs one batch at a time per session, as onnxruntime does.
+            "PERFORMANCE_HINT": "LATENCY",
+            "NUM_STREAMS": "1",
+        }
+        if threads:
+            config["INFERENCE_NUM_THREADS"] = str(threads)
+        try:
+            self._compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+        except Exception as e:  # OpenVINO raises RuntimeError with multi-line C++ context
+            raise ArtifactError(f"OpenVINO could not load {path}: {str(e).strip().splitlines()[0]}") from None
+        self.precision = precision
+        self._inputs = [GraphInput(port.get_any_name()) for port in self._compiled.inputs]
+        self._outputs = {port.get_any_name(): port for port in self._compiled.outputs}
+        self._local = threading.local()
+
+    def get_inputs(self) -> list[GraphInput]:
+        return list(self._inputs)
+
+    def run(self, output_names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        request = getattr(self._local, "request", None)
+        if request is None:
+            request = self._local.request = self._compiled.create_infer_request()
+        names = list(self._outputs) if output_names is None else list(output_names)
+        unknown = [n for n in names if n not in self._outputs]
+        if unknown:
+            raise ValueError(f"the graph has no output {unknown[0]!r}")
+        missing = [i.name for i in self._inputs if i.name not in feed]
+        if missing:  # OpenVINO would run on the request's stale buffers: refuse as onnxruntime does
+            raise ValueError(f"the graph's input {missing[0]!r} is not fed")
+        request.infer(feed)
+        # The request owns its output buffers and reuses them on the next run: copy what is returned.
+        return [np.array(request.get_tensor(self._outputs[n]).data, copy=True) for n in names]
+
+    def describe(self) -> str:
+        return f"OpenVINO {self.precision} on CPU"

@@ -1,0 +1,170 @@
+"""bf16 and OpenVINO's fp32 (issue 21): the plain embeddings graph run by the OpenVINO runtime, verified at export
+like every variant, and timed beside onnxruntime's graphs by the engine's calibration.
+
+OpenVINO is an optional extra (attnserve[openvino]). The default install has no OpenVINO: there, the last test
+checks that the artifacts have no OpenVINO graph and that bf16 is refused in one line. .ci/run runs this file again
+in a virtual environment with the extra, where the others run. A CPU without native bf16 (AVX2 only) gets no bf16
+graph at export and is refused bf16; the calibration test for such a CPU describes one through /proc/cpuinfo's
+flags without bf16, since no such CPU is at hand where this one has it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnserve.config import EngineConfig
+from attnserve.engine import machine
+from attnserve.engine.calibration import CALIBRATION, signature
+from attnserve.engine.engine import Engine
+from attnserve.engine.machine import this_machine
+from attnserve.engine.manifest import load_manifest
+from attnserve.engine.openvino_session import openvino_available
+from attnserve.errors import ConfigError
+from tests.conftest import VARIED_TEXTS
+
+SMALL = dict(max_batch_tokens=256, max_batch_size=64)
+SAMPLE_TEXTS = Path(__file__).resolve().parent.parent / "export/data/sample_texts.txt"
+
+needs_openvino = pytest.mark.skipif(
+    not openvino_available(), reason="OpenVINO is not installed: .ci/run runs this file in a venv with it")
+needs_bf16 = pytest.mark.skipif(not this_machine().native_bf16, reason="this CPU has no native bf16")
+
+
+def sample_texts(n: int) -> list[str]:
+    return [t for t in SAMPLE_TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()][:n]
+
+
+@pytest.fixture
+def linked(artifacts, tmp_path, monkeypatch) -> Path:
+    """The artifacts in a directory of the test's own (calibration records beside them), with a cache of its own."""
+    monkeypatch.setenv("ATTNSERVE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "artifacts"
+    shutil.copytree(artifacts, out, copy_function=os.link, ignore=shutil.ignore_patterns(CALIBRATION))
+    return out
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+@needs_openvino
+def test_export_verifies_the_openvino_graphs_against_pytorch(artifacts):
+    manifest = load_manifest(artifacts)
+    fp32 = manifest.variants["embeddings_openvino"]
+    # The plain graph as it is: OpenVINO reads embeddings.onnx, and the manifest says it runs there.
+    assert (fp32.file, fp32.precision, fp32.backend) == ("embeddings.onnx", "fp32", "openvino")
+    assert fp32.sha256 == manifest.variants["embeddings"].sha256
+    assert fp32.runs_as != manifest.variants["embeddings"].runs_as  # a resumed encode tells them apart
+    assert fp32.parity["max_abs_last_hidden_state"] <= 1e-4 and fp32.parity["shapes_checked"] > 0
+    assert manifest.tools["openvino"]
+    if this_machine().native_bf16:
+        bf16 = manifest.variants["embeddings_bf16"]
+        assert (bf16.file, bf16.precision, bf16.backend) == ("embeddings.onnx", "bf16", "openvino")
+        assert bf16.parity["mean_cosine_sentence_embedding_texts"] >= 0.9999
+        assert bf16.parity["texts_checked"] >= 64 and bf16.parity["shapes_checked"] > 0
+        # bf16 really ran: its error is a bf16's, not an fp32 graph's passed off under the name.
+        assert bf16.parity["max_abs_last_hidden_state"] > 1e-4
+    else:
+        assert "embeddings_bf16" not in manifest.variants
+
+
+@needs_openvino
+def test_openvino_fp32_encodes_as_onnxruntime_does(linked):
+    onnxruntime = Engine.from_directory(linked, EngineConfig(graph="embeddings_fused", **SMALL))
+    openvino = Engine.from_directory(linked, EngineConfig(graph="embeddings_openvino", **SMALL))
+    assert "OpenVINO" in openvino.describe() and openvino.precision == "fp32"
+    np.testing.assert_allclose(openvino.encode(VARIED_TEXTS).embeddings, onnxruntime.encode(VARIED_TEXTS).embeddings,
+                               atol=2e-5)
+    # Token embeddings come from the same run (the batch's last_hidden_state).
+    inputs = openvino.tokenizer.encode_texts(VARIED_TEXTS[:3])
+    np.testing.assert_allclose(openvino.run(inputs).last_hidden_state, onnxruntime.run(inputs).last_hidden_state,
+                               atol=1e-4)
+
+
+@needs_openvino
+@needs_bf16
+def test_bf16_holds_its_bar_on_real_texts_and_attention_still_runs(linked):
+    fp32 = Engine.from_directory(linked, EngineConfig(precision="fp32", **SMALL))
+    bf16 = Engine.from_directory(linked, EngineConfig(precision="bf16", **SMALL), attention=True)
+    assert bf16.precision == "bf16" and bf16.embeddings_variant.name == "embeddings_bf16"
+    texts = sample_texts(300) + VARIED_TEXTS
+    cos = cosines(bf16.encode(texts).embeddings, fp32.encode(texts).embeddings)
+    assert cos.mean() >= 0.9999 and cos.min() >= 0.999, (cos.mean(), cos.min())
+    # The attention maps come from the attention graph, on onnxruntime, whatever runs the embeddings.
+    out = bf16.run(bf16.tokenizer.encode_texts(["The cat sat on the mat."]), attention=True)
+    assert out.attentions is not None
+    np.testing.assert_allclose(out.attentions.sum(-1), 1.0, atol=1e-5)
+
+
+@needs_openvino
+def test_one_openvino_session_serves_several_threads(linked):
+    """The server's inference thread and the attention pool share an engine: each thread gets its own request."""
+    engine = Engine.from_directory(linked, EngineConfig(graph="embeddings_openvino", **SMALL))
+    groups = [sample_texts(200)[i::4] for i in range(4)]
+    alone = [engine.encode(g).embeddings for g in groups]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda g: engine.encode(g).embeddings, groups * 3))
+    for i, got in enumerate(together):
+        np.testing.assert_allclose(got, alone[i % 4], atol=1e-6)
+
+
+@needs_openvino
+@needs_bf16
+def test_auto_times_bf16_beside_the_fp32_graphs_and_records_the_choice(linked):
+    engine = Engine.from_directory(linked, EngineConfig(**SMALL))
+    record = json.loads((linked / CALIBRATION).read_text())["choices"][signature(0)]["auto"]
+    assert set(record["seconds_per_1k_tokens"]) == {"embeddings_fused", "embeddings", "embeddings_openvino",
+                                                    "embeddings_bf16"}
+    assert engine.embeddings_variant.name == record["graph"]
+    assert engine.precision == engine.embeddings_variant.precision
+    # The fastest runs, unless within the margin of the default (engine/calibration.py).
+    seconds = record["seconds_per_1k_tokens"]
+    assert seconds[record["graph"]] <= min(seconds.values()) * 1.04
+    again = Engine.from_directory(linked, EngineConfig(**SMALL))
+    assert again.embeddings_variant == engine.embeddings_variant and "recorded in" in again.describe()
+
+
+@pytest.fixture
+def cpu_without_bf16(tmp_path, monkeypatch) -> None:
+    """This CPU as /proc/cpuinfo describes it, less the bf16 flags (AVX512-BF16, AMX)."""
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else "model name\t: CPU\nflags\t: \n"
+    flags = {"avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"}
+    lines = [" ".join(w for w in line.split(" ") if w not in flags) if line.startswith("flags") else line
+             for line in text.splitlines()]
+    fake = tmp_path / "cpuinfo"
+    fake.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(machine, "CPUINFO", fake)
+    assert not this_machine().native_bf16
+
+
+@needs_openvino
+def test_a_cpu_without_bf16_never_runs_bf16_and_the_record_says_why(linked, cpu_without_bf16):
+    engine = Engine.from_directory(linked, EngineConfig(**SMALL))
+    assert engine.precision == "fp32" and engine.embeddings_variant.name != "embeddings_bf16"
+    entry = json.loads((linked / CALIBRATION).read_text())["choices"][signature(0)]["fp32"]
+    assert "embeddings_bf16" not in entry["seconds_per_1k_tokens"]
+    assert "embeddings_openvino" in entry["seconds_per_1k_tokens"]  # OpenVINO's fp32 is still a candidate
+    assert entry["notes"] == [f"bf16 not timed: this CPU has no native bf16 (AVX512-BF16 or AMX): "
+                              f"{this_machine().describe()}"]
+    assert "bf16 not timed: this CPU has no native bf16" in engine.describe()
+    with pytest.raises(ConfigError, match="needs a CPU with native bf16"):
+        Engine.from_directory(linked, EngineConfig(precision="bf16", **SMALL))
+
+
+@pytest.mark.skipif(openvino_available(), reason="the default install's behaviour, without OpenVINO")
+def test_without_openvino_there_is_no_openvino_graph_and_bf16_is_refused_in_one_line(artifacts):
+    manifest = load_manifest(artifacts, check_hashes=False)
+    assert not [v for v in manifest.variants.values() if v.backend != "onnxruntime"]
+    assert "openvino" not in manifest.tools
+    message = "attnserve\\[openvino\\]" if this_machine().native_bf16 else "needs a CPU with native bf16"
+    with pytest.raises(ConfigError, match=message) as refused:
+        Engine.from_directory(artifacts, EngineConfig(precision="bf16", **SMALL))
+    assert "\n" not in str(refused.value)
