@@ -47,6 +47,10 @@ class EngineConfig:
     provider: str = setting(
         "auto", "ATTNSERVE_PROVIDER", "onnxruntime execution provider: auto picks CUDA when it is available",
         choices=("auto", "cpu", "cuda"))
+    backend: str = setting(
+        "auto", "ATTNSERVE_BACKEND", "what runs the graphs on the CPU: auto times onnxruntime's graphs and "
+        "OpenVINO's (where attnserve[openvino] is installed) and keeps the fastest; a name runs only its graphs",
+        choices=("auto", "onnxruntime", "openvino"))
     threads: int = setting(0, "ATTNSERVE_THREADS", "onnxruntime intra-op threads; 0 means one per physical core")
     # 2048 measured fastest on a 2-core AVX2 CPU: larger batches fall out of cache (4096: -3%, 16384: -18%). On the
     # CPU, graph calibration (engine/calibration.py) also times its half and quarter, and batches at the fastest.

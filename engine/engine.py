@@ -188,6 +188,9 @@ class Engine:
             return Choice(graph, "forced by --graph" if self.config.graph != "auto" else
                           "the default on this provider", cap)
         if self.config.graph != "auto":
+            if self.config.backend not in ("auto", graph.backend):
+                raise ConfigError(f"--graph {graph.name} runs on {graph.backend}, not on --backend "
+                                  f"{self.config.backend}")
             # The graph is not chosen here (--graph, or Ray's fingerprinted graph), but its batch budget is: it
             # changes speed, never results. Recorded apart from the choice among candidates.
             if len(budgets(self.manifest, self.config)) == 1:
@@ -200,13 +203,28 @@ class Engine:
             candidates, notes = auto_candidates(self.manifest, self.provider)
         else:
             candidates = candidate_graphs(self.manifest, self.precision)
+        if self.config.backend != "auto":
+            on_backend = [v for v in candidates if v.backend == self.config.backend]
+            if not on_backend:
+                raise ConfigError(
+                    f"--backend {self.config.backend}: {self.manifest.model} has no "
+                    f"{'fp32 or bf16' if self.config.precision == 'auto' else self.precision} graph that it runs "
+                    f"({', '.join(f'{v.name} on {v.backend}' for v in candidates)})"
+                    + ("; OpenVINO runs fp32 and bf16 graphs, exported with attnserve[openvino] installed"
+                       if self.config.backend == OPENVINO else ""))
+            candidates = on_backend
         if len(candidates) == 1 and len(budgets(self.manifest, self.config)) == 1:
-            return Choice(graph, f"the only {self.precision} graph" + "".join(f"; {n}" for n in notes), cap)
+            return Choice(candidates[0], f"the only {candidates[0].precision} graph"
+                          + "".join(f"; {n}" for n in notes), cap)
         return calibrated_graph(self.manifest, self.config, self.precision, candidates,
                                 lambda v: self._open_graph(v, CPU),
-                                # auto among precisions has its own entry, apart from a forced precision's
-                                record_key="auto" if any(v.precision != self.precision for v in candidates) else None,
-                                notes=notes)
+                                record_key=self._record_key(candidates), notes=notes)
+
+    def _record_key(self, candidates: Sequence[GraphVariant]) -> str:
+        """Where the choice among candidates is recorded: by precision, "auto" where precisions compete (bf16 beside
+        fp32), and apart for a forced backend, so that no two candidate sets replace each other's record."""
+        key = "auto" if any(v.precision != self.precision for v in candidates) else self.precision
+        return key if self.config.backend == "auto" else f"{key} on {self.config.backend}"
 
     def _open_graph(self, variant: GraphVariant, provider: str, arena: bool = True):
         return open_graph(self.manifest.path(variant.file), variant.backend, variant.precision, provider,

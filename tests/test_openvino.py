@@ -132,6 +132,18 @@ def test_auto_times_bf16_beside_the_fp32_graphs_and_records_the_choice(linked):
     assert again.embeddings_variant == engine.embeddings_variant and "recorded in" in again.describe()
 
 
+@needs_openvino
+def test_a_forced_backend_runs_only_its_graphs(linked):
+    openvino = Engine.from_directory(linked, EngineConfig(backend="openvino", precision="fp32", **SMALL))
+    assert openvino.embeddings_variant.name == "embeddings_openvino" and "OpenVINO" in openvino.describe()
+    onnxruntime = Engine.from_directory(linked, EngineConfig(backend="onnxruntime", **SMALL))
+    assert onnxruntime.embeddings_variant.backend == "onnxruntime" and onnxruntime.precision == "fp32"
+    with pytest.raises(ConfigError, match="--backend openvino: .* has no int8 graph that it runs"):
+        Engine.from_directory(linked, EngineConfig(backend="openvino", precision="int8", **SMALL))
+    with pytest.raises(ConfigError, match="embeddings_fused runs on onnxruntime, not on --backend openvino"):
+        Engine.from_directory(linked, EngineConfig(backend="openvino", graph="embeddings_fused", **SMALL))
+
+
 @pytest.fixture
 def cpu_without_bf16(tmp_path, monkeypatch) -> None:
     """This CPU as /proc/cpuinfo describes it, less the bf16 flags (AVX512-BF16, AMX)."""
@@ -168,3 +180,5 @@ def test_without_openvino_there_is_no_openvino_graph_and_bf16_is_refused_in_one_
     with pytest.raises(ConfigError, match=message) as refused:
         Engine.from_directory(artifacts, EngineConfig(precision="bf16", **SMALL))
     assert "\n" not in str(refused.value)
+    with pytest.raises(ConfigError, match="--backend openvino: .*exported with attnserve\\[openvino\\] installed"):
+        Engine.from_directory(artifacts, EngineConfig(backend="openvino", **SMALL))
