@@ -105,6 +105,30 @@ def test_bf16_holds_its_bar_on_real_texts_and_attention_still_runs(linked):
 
 
 @needs_openvino
+@needs_bf16
+def test_the_server_runs_bf16_on_every_door_and_says_so(linked):
+    """A real `attnserve serve --precision bf16`: its batcher's inference thread runs OpenVINO's session."""
+    import urllib.request
+
+    from attnserve.client import Client
+    from tests.serving import ServerProcess, serving
+
+    fp32 = Engine.from_directory(linked, EngineConfig(precision="fp32", **SMALL)).encode(VARIED_TEXTS).embeddings
+    with serving(ServerProcess(linked, "--precision", "bf16")) as server:
+        info = json.load(urllib.request.urlopen(f"{server.http_url}/info", timeout=30))
+        assert info["model_dtype"] == "bfloat16"
+        request = urllib.request.Request(f"{server.http_url}/embed", json.dumps({"inputs": VARIED_TEXTS}).encode(),
+                                         {"Content-Type": "application/json"})
+        over_http = np.array(json.load(urllib.request.urlopen(request, timeout=60)), dtype=np.float32)
+        with Client(server.target) as client:
+            over_grpc = client.embed(VARIED_TEXTS)
+            assert client.model_info().precision == "bf16"
+    for got in (over_http, over_grpc):
+        cos = cosines(got, fp32)
+        assert cos.mean() >= 0.9999 and cos.min() >= 0.999, cos
+
+
+@needs_openvino
 def test_one_openvino_session_serves_several_threads(linked):
     """The server's inference thread and the attention pool share an engine: each thread gets its own request."""
     engine = Engine.from_directory(linked, EngineConfig(graph="embeddings_openvino", **SMALL))

@@ -17,7 +17,7 @@ from .route import Route
 from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response
 
 # TEI names the dtype in full.
-DTYPE = {"fp32": "float32", "fp16": "float16", "int8": "int8"}
+DTYPE = {"fp32": "float32", "fp16": "float16", "int8": "int8", "bf16": "bfloat16"}
 
 
 def _list_of(schema: dict) -> dict:
