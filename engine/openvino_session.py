@@ -1,9 +1,9 @@
 """An exported ONNX graph run by the OpenVINO runtime, behind the two methods the engine calls on a session.
 
 Why a second runtime: on CPUs with native bfloat16 (AVX512-BF16, AMX) OpenVINO's CPU plugin runs a graph's
-matrix products in bf16 (its INFERENCE_PRECISION_HINT), about twice onnxruntime's fp32 speed at a cosine of
-0.9999+ to fp32, and onnxruntime's CPU provider has no bf16 path on x86. The artifact stays the exported ONNX
-graph, verified at export like every variant (export/artifacts.py); OpenVINO reads it as it is.
+matrix products in bf16 (its INFERENCE_PRECISION_HINT), 1.9x onnxruntime's fp32 speed on MiniLM at a cosine of
+0.99998 to fp32 (docs/performance.md), and onnxruntime's CPU provider has no bf16 path on x86. The artifact stays
+the exported ONNX graph, verified at export like every variant (export/artifacts.py); OpenVINO reads it as it is.
 
 The plain graphs only: OpenVINO does not implement onnxruntime's contrib ops (Attention, SkipLayerNormalization,
 BiasGelu, MatMulInteger's dynamic quantization), so it runs `embeddings.onnx` and `attention.onnx`, and fuses
@@ -79,7 +79,6 @@ class OpenVINOSession:
             self._compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
         except Exception as e:  # OpenVINO raises RuntimeError with multi-line C++ context
             raise ArtifactError(f"OpenVINO could not load {path}: {str(e).strip().splitlines()[0]}") from None
-        self.precision = precision
         self._inputs = [GraphInput(port.get_any_name()) for port in self._compiled.inputs]
         self._outputs = {port.get_any_name(): port for port in self._compiled.outputs}
         self._local = threading.local()
@@ -101,6 +100,3 @@ class OpenVINOSession:
         request.infer(feed)
         # The request owns its output buffers and reuses them on the next run: copy what is returned.
         return [np.array(request.get_tensor(self._outputs[n]).data, copy=True) for n in names]
-
-    def describe(self) -> str:
-        return f"OpenVINO {self.precision} on CPU"
