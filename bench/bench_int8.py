@@ -10,6 +10,14 @@ alike; read the ratios, not the absolute numbers.
 Every int8 candidate runs as export's default int8 variant does, without onnxruntime's load-time
 SkipLayerNormalization fusion (export/artifacts.py DISABLED_OPTIMIZERS); the shipped recipe runs once more with it.
 
+With attnserve[openvino] and nncf installed (`pip install nncf`), OpenVINO's rows run too (issue 21): the plain
+fp32 graph at OpenVINO's bf16 (where the CPU has it: the bar an int8 recipe must beat to be worth choosing
+there), and OpenVINO's static int8 as NNCF quantizes the plain graph for transformers (SmoothQuant on MatMuls,
+the MIXED and PERFORMANCE presets), calibrated on the same batches, its fp32 parts at OpenVINO's default
+precision. OpenVINO cannot read the int8 graphs onnxruntime runs (QAttention, DynamicQuantizeMatMul are
+onnxruntime's contrib ops), nor the fused graph the outlier split is made on; NNCF's SmoothQuant is its own
+answer to the same outliers.
+
 Cosine: the sentence embedding of each text against the fp32 fused graph's (mean, 1st percentile, min).
 Static candidates are calibrated on sample texts 512.. of export/data/sample_texts.txt (export verifies on the
 first 512). The sensitivity candidates keep in fp32 the nodes whose quantization alone costs the most cosine,
@@ -78,6 +86,7 @@ class Candidate:
     name: str
     path: Path
     spinning: bool = True
+    openvino: str | None = None  # OpenVINO's inference precision ("bf16", "fp32"); None: onnxruntime
     disabled_optimizers: tuple[str, ...] = INT8_SESSION
     best_seconds: float = float("inf")
     embeddings: np.ndarray | None = None
@@ -104,6 +113,10 @@ def run_pass(candidate: Candidate, session, feeds) -> float:
 
 
 def session_for(candidate: Candidate):
+    if candidate.openvino:
+        from attnserve.engine.openvino_session import OpenVINOSession
+
+        return OpenVINOSession(candidate.path, candidate.openvino)
     if candidate.spinning:
         return open_session(candidate.path, CPU, disabled_optimizers=candidate.disabled_optimizers)
     import onnxruntime as ort
@@ -113,6 +126,39 @@ def session_for(candidate: Candidate):
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(candidate.path), options, providers=[CPU],
                                 disabled_optimizers=list(candidate.disabled_optimizers))
+
+
+def openvino_candidates(plain: Path, work: Path, calibration: list[dict[str, np.ndarray]],
+                        notes: list[str]) -> list[Candidate]:
+    """OpenVINO's bf16 and NNCF's static int8 of the plain graph, where openvino and nncf are installed."""
+    try:
+        import nncf
+        import openvino as ov
+        from nncf.quantization.advanced_parameters import AdvancedQuantizationParameters, AdvancedSmoothQuantParameters
+    except ImportError as e:
+        notes.append(f"OpenVINO rows not run: {e.name} is not installed (pip install 'attnserve[openvino]' nncf)")
+        return []
+    # OpenVINO's own default: bf16 for what stays in floating point, where the CPU computes it.
+    native = "bf16" if this_machine().native_bf16 else "fp32"
+    candidates = [Candidate(f"OpenVINO {native}, plain graph (not int8: the speed to beat)", plain, openvino=native)]
+    inputs = {port.get_any_name() for port in ov.Core().read_model(str(plain)).inputs}
+    feeds = [{**f, "token_type_ids": np.zeros_like(f["input_ids"])} if "token_type_ids" in inputs else f
+             for f in calibration]
+    for preset in ("MIXED", "PERFORMANCE"):
+        name = f"OpenVINO static int8, NNCF {preset.lower()} preset, SmoothQuant, {native} elsewhere"
+        start = time.perf_counter()
+        with quiet():
+            model = nncf.quantize(ov.Core().read_model(str(plain)), nncf.Dataset(feeds),
+                                  preset=getattr(nncf.QuantizationPreset, preset), subset_size=len(feeds),
+                                  model_type=nncf.ModelType.TRANSFORMER,
+                                  advanced_parameters=AdvancedQuantizationParameters(
+                                      smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=0.95)))
+            path = work / f"openvino_int8_{preset.lower()}.xml"
+            ov.save_model(model, str(path))
+        print(f"built {name} in {time.perf_counter() - start:.0f}s", file=sys.stderr)
+        candidates.append(Candidate(name, path, openvino=native))
+    notes.append(f"OpenVINO {ov.__version__.split('-')[0]}, NNCF {nncf.__version__}")
+    return candidates
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,9 +218,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"built {recipe.name} in {time.perf_counter() - start:.0f}s", file=sys.stderr)
             candidates.append(Candidate(recipe.name, path))
         shipped = candidates[-1]
-        candidates += [Candidate(f"{shipped.name}, SkipLayerNormalization fused at load", shipped.path,
-                                 disabled_optimizers=()),
-                       Candidate(f"{shipped.name}, intra-op spinning off", shipped.path, spinning=False)]
+        if shipped.name == SHIPPED:  # (not where --only left it out)
+            candidates += [Candidate(f"{shipped.name}, SkipLayerNormalization fused at load", shipped.path,
+                                     disabled_optimizers=()),
+                           Candidate(f"{shipped.name}, intra-op spinning off", shipped.path, spinning=False)]
+        if not args.only or "OpenVINO" in args.only:
+            candidates += openvino_candidates(sources["unfused"], work, calibration, notes)
 
         sessions = [session_for(c) for c in candidates]
         if "token_type_ids" in {i.name for i in sessions[0].get_inputs()}:  # zeros, as the engine feeds a text
