@@ -1,6 +1,7 @@
 """attnserve beside the fastest CPU alternatives, in one run: sentence-transformers on torch, on ONNX (fp32 and its
-dynamic int8), and on OpenVINO (which runs bf16 where the CPU has it, and its static int8 through NNCF), against
-attnserve's precisions through `attnserve encode`, on the same mixed-length texts (issue 21).
+dynamic int8), and on OpenVINO (which runs bf16 where the CPU has it, held to f32 as it runs on a CPU without
+bf16, and its static int8 through NNCF), against attnserve's precisions through `attnserve encode`, on the same
+mixed-length texts (issue 21).
 
     python bench/bench_peers.py                      # MiniLM, 2,000 texts; the peers' venv made on first use
     python bench/bench_peers.py --texts 500 --rounds 1
