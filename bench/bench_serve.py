@@ -73,7 +73,6 @@ from pathlib import Path
 
 import numpy as np
 
-from attnserve.default_model import DEFAULT_MODEL_NAME
 from attnserve.errors import AttnserveError
 from attnserve.loadtest.corpus import mixed_length_corpus
 from attnserve.loadtest.generator import Call, LoadGenerator, LoadShape, Sample
@@ -195,11 +194,21 @@ class ServerCounters:
         return ServerCounters(*(a - b for a, b in pairs))
 
 
+def served_model_label(values: dict[str, float]) -> str:
+    """'model="NAME"' of the one model served (--artifacts may be any model, not only the default one): its queue
+    gauges are labelled from the start."""
+    prefix = "attnserve_queue_depth_tokens{"
+    labels = {name[len(prefix):-1] for name in values if name.startswith(prefix)}
+    if len(labels) != 1:
+        raise BenchError(f"the server's metrics should label one model, not {sorted(labels) or 'none'}")
+    return labels.pop()
+
+
 def scrape(server: ServerProcess, http: bool = False) -> ServerCounters:
     """The counters; the request ones those of gRPC's Embed, or with http, of POST /v1/embeddings."""
     values = server.metrics()
     # A labelled histogram has no samples before its first observation: absent reads as 0.
-    model = f'model="{DEFAULT_MODEL_NAME}"'  # the per-model metrics' label: the one model served here
+    model = served_model_label(values)  # the per-model metrics' label: the one model served here
     emb = f'{{graph="embeddings",{model}}}'
     embed = f'{{method="{EMBEDDINGS_PATH}",protocol="http"}}' if http else '{method="Embed",protocol="grpc"}'
     get = lambda name: values.get(name, 0.0)
