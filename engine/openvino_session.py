@@ -80,7 +80,9 @@ class OpenVINOSession:
         except Exception as e:  # OpenVINO raises RuntimeError with multi-line C++ context
             raise ArtifactError(f"OpenVINO could not load {path}: {str(e).strip().splitlines()[0]}") from None
         self._inputs = [GraphInput(port.get_any_name()) for port in self._compiled.inputs]
-        self._outputs = {port.get_any_name(): port for port in self._compiled.outputs}
+        # Every name of each output: OpenVINO merges tensors, and a graph output that is also another node's tensor
+        # (Qwen3's last-token pooling) keeps both names, get_any_name() giving either.
+        self._outputs = {name: port for port in self._compiled.outputs for name in port.get_names()}
         self._local = threading.local()
 
     def get_inputs(self) -> list[GraphInput]:
