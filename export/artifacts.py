@@ -42,7 +42,7 @@ from .reranker import reranker_variants
 from .task_graphs import build_task_artifacts
 from .tokenizer_parity import check_tokenizer
 from .torch_to_onnx import export_graph, without_output
-from .verify import TOLERANCES, GraphCheck, Reference, calibration_feeds, verify_all
+from .verify import TOLERANCES, GraphCheck, Reference, calibration_feeds, check, measure_all
 
 # name -> (file, precision, fused, outputs)
 VARIANTS = {
@@ -222,10 +222,22 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
     openvino = openvino_variants(log)
     built = VARIANTS | openvino
     backend = {name: OPENVINO if name in openvino else ONNXRUNTIME for name in built}
-    parities = verify_all({name: GraphCheck(work / file, precision, DISABLED_OPTIMIZERS.get(name, ()), backend[name])
-                           for name, (file, precision, _, _) in built.items()}, reference,
-                          on_graph=lambda name: progress.step(f"verifying {name} against PyTorch"),
-                          release_encoder=True)
+    checks = {name: GraphCheck(work / file, precision, DISABLED_OPTIMIZERS.get(name, ()), backend[name])
+              for name, (file, precision, _, _) in built.items()}
+    parities = measure_all(checks, reference, on_graph=lambda name: progress.step(f"verifying {name} against PyTorch"),
+                           release_encoder=True)
+    for name, graph in checks.items():
+        if name not in openvino:
+            check(graph.path, graph.precision, parities[name])  # the export fails: its own graphs must hold
+            continue
+        # OpenVINO's variants are extra candidates, read from the plain graph: one off its bar (bf16 on a model
+        # whose activations bf16 rounds too coarsely) is left out in a line, and the export goes on without it.
+        tolerance = TOLERANCES[graph.precision]
+        value = parities[name][tolerance.metric]
+        if not tolerance.holds(value):
+            log(f"{name} left out: OpenVINO's {graph.precision} misses its bar, {tolerance.describe(value)} "
+                "does not hold")
+            del built[name]
     variants = {}
     hashes: dict[str, str] = {}  # each file's sha256, once (a data file is shared, and can be gigabytes)
 
