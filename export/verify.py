@@ -428,16 +428,6 @@ def check(path: Path, precision: str, metrics: dict[str, float]) -> None:
                if metrics.get("max_padded_key_weight") else ""))
 
 
-def verify_all(graphs: dict[str, GraphCheck], reference: Reference, provider: str = CPU,
-               on_graph: Callable[[str], None] = lambda name: None, release_encoder: bool = False
-               ) -> dict[str, dict[str, float]]:
-    """measure_all(), then check() each graph."""
-    metrics = measure_all(graphs, reference, provider, on_graph, release_encoder)
-    for name, graph in graphs.items():
-        check(graph.path, graph.precision, metrics[name])
-    return metrics
-
-
 def verify(path: Path, precision: str, reference: Reference, provider: str = CPU) -> dict[str, float]:
     """measure(), then check()."""
     metrics = measure(path, precision, reference, provider)
