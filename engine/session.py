@@ -7,12 +7,24 @@ OpenVINO session (engine/openvino_session.py) has too. open_graph() opens one fo
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from attnserve.errors import ArtifactError, ConfigError
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+# The CUDA provider's options (onnxruntime's CUDA execution provider docs):
+#   use_tf32 0: fp32 graphs compute in fp32. Its default, TF32 matmuls, put the fp32 graphs 2.6e-3 from PyTorch on an
+#     H200 (fp32's bar is 1e-4; bench/cuda_parity.py).
+#   sdpa_kernel: the attention kernels the fused Attention ops may pick, as bits (flash 1, memory-efficient 2,
+#     TensorRT fused 4, cuDNN 8, unfused 16, TensorRT flash 32, cross 64, causal 128): all but cuDNN's. Since
+#     onnxruntime 1.31 an fp16 Attention op prefers cuDNN's SDPA on Hopper, which builds a plan for every new
+#     batch shape: cold batches ran the fp16 graph at a fifth of the fp32 graph's speed on an H200, and a server,
+#     whose batch shapes keep changing, at a sixteenth of offline (docs/performance.md, "CUDA").
+CUDA_OPTIONS = {"use_tf32": "0", "sdpa_kernel": str(1 | 2 | 4 | 16 | 32 | 64 | 128)}
 ONNXRUNTIME, OPENVINO = "onnxruntime", "openvino"
 BACKENDS = (ONNXRUNTIME, OPENVINO)
 
@@ -39,6 +51,20 @@ def resolve_provider(requested: str) -> str:
     raise ConfigError(f"unknown provider {requested!r}: choose auto, cpu or cuda")
 
 
+@functools.cache
+def load_cuda_libraries() -> None:
+    """The CUDA provider links libcudart, libcublas and libcudnn, which pip installs as nvidia-* wheels
+    (onnxruntime-gpu[cuda,cudnn]) outside the loader's search path: onnxruntime's preload_dlls (1.21 and later)
+    loads them from there, or by their names from the system's CUDA (an image's LD_LIBRARY_PATH). It prints what it
+    could not load: to stderr, where the server's log is, not to a command's stdout."""
+    import onnxruntime as ort
+
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        with contextlib.redirect_stdout(sys.stderr):
+            preload()
+
+
 def open_session(path: Path, provider: str, threads: int = 0, arena: bool = True,
                  disabled_optimizers: Sequence[str] = ()):
     """arena False: no onnxruntime CPU memory arena, which otherwise keeps the largest run's memory for good.
@@ -51,7 +77,9 @@ def open_session(path: Path, provider: str, threads: int = 0, arena: bool = True
     options.enable_cpu_mem_arena = arena
     if threads:
         options.intra_op_num_threads = threads
-    providers = [provider, CPU] if provider == CUDA else [CPU]
+    providers = [(provider, CUDA_OPTIONS), CPU] if provider == CUDA else [CPU]
+    if provider == CUDA:
+        load_cuda_libraries()
     try:
         session = ort.InferenceSession(str(path), options, providers=providers,
                                        disabled_optimizers=list(disabled_optimizers))
