@@ -106,9 +106,9 @@ def log(message: str) -> None:
 # --- measurements -------------------------------------------------------------------------------
 
 
-def cli_encode(corpus: Path, output: Path, precision: str, artifacts: Path) -> dict:
+def cli_encode(corpus: Path, output: Path, precision: str, artifacts: Path, provider: str = "cpu") -> dict:
     cmd = [sys.executable, "-m", "attnserve.cli", "encode", str(corpus), "-o", str(output),
-           "--precision", precision, "--no-progress", "--provider", "cpu", "--artifacts", str(artifacts)]
+           "--precision", precision, "--no-progress", "--provider", provider, "--artifacts", str(artifacts)]
     env = {k: v for k, v in os.environ.items() if k not in TUNING_ENV}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -188,15 +188,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", help="the checkpoint sentence-transformers loads, the one --artifacts was "
                                              "exported from (default: the default model's)")
     parser.add_argument("--json", help="also write every number to this JSON file")
+    parser.add_argument("--provider", default="cpu", choices=("cpu", "cuda"),
+                        help="cpu (default); cuda runs `attnserve encode` fp16 and fp32 on onnxruntime's CUDA "
+                             "provider beside sentence-transformers on torch CUDA in fp32 and fp16 (run_cuda)")
     args = parser.parse_args(argv)
     if args.texts < 1 or args.rounds < 1:
         parser.error("--texts and --rounds must be positive")
+    measure = run_cuda if args.provider == "cuda" else run
     try:
         if args.workdir:
             Path(args.workdir).mkdir(parents=True, exist_ok=True)
-            return run(args, Path(args.workdir))
+            return measure(args, Path(args.workdir))
         with tempfile.TemporaryDirectory(prefix="bench_encode-") as tmp:
-            return run(args, Path(tmp))
+            return measure(args, Path(tmp))
     except BenchError as e:
         print(f"bench_encode: error: {e}", file=sys.stderr)
         return 1
@@ -402,6 +406,124 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
         }
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         log(f"wrote {args.json}")
+    return 0
+
+
+def gpu_matmul_peak(torch, n: int = 8192, repeats: int = 10) -> float:
+    """FLOP/s of torch's fp16 n x n x n matmul on the GPU, the best of `repeats` after warm-up: the GPU's ceiling
+    for MFU, measured in the same run."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def run_cuda(args: argparse.Namespace, workdir: Path) -> int:
+    """`attnserve encode --provider cuda` (fp16, the CUDA default, and fp32) beside sentence-transformers on torch
+    CUDA (fp32, and fp16 as model.half()), on the same corpus, each run once per round in alternating order. The
+    GPU's ceiling is torch's fp16 matmul, measured here; the CPU ceilings do not apply."""
+    import onnxruntime
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from attnserve import __version__
+    from attnserve.config import EngineConfig
+    from attnserve.default_model import default_checkpoint_dir, resolve_artifacts
+    from attnserve.engine.engine import Engine
+    from attnserve.errors import AttnserveError
+    from attnserve.offline.encode import read_embeddings
+
+    if not torch.cuda.is_available():
+        raise BenchError("--provider cuda: torch sees no GPU")
+    try:
+        artifacts = resolve_artifacts(args.artifacts or os.environ.get("ATTNSERVE_ARTIFACTS"))
+        engine = Engine.from_directory(artifacts, EngineConfig(precision="fp16", provider="cuda"))
+    except AttnserveError as e:
+        raise BenchError(str(e)) from None
+    manifest = engine.manifest
+    texts = mixed_length_corpus(args.texts, args.seed)
+    corpus = workdir / "corpus.txt"
+    corpus.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    lengths = np.array([len(x) for x in engine.tokenizer.encode_texts(texts)], dtype=np.int64)
+    tokens = int(lengths.sum())
+    flop_per_token = model_flop(lengths, manifest.num_layers, manifest.hidden_size,
+                                manifest.intermediate_size) / tokens
+    checkpoint = str(args.checkpoint or default_checkpoint_dir())
+    st32 = SentenceTransformer(checkpoint, device="cuda")
+    st16 = SentenceTransformer(checkpoint, device="cuda").half()
+    peak = gpu_matmul_peak(torch)
+    outputs = {p: workdir / f"encode_{p}.parquet" for p in ("fp16", "fp32")}
+    st_embeddings: dict[str, np.ndarray] = {}
+
+    def st_run(name: str, model):
+        def go():
+            result, st_embeddings[name] = st_encode(model, texts, tokens)
+            torch.cuda.synchronize()
+            return result
+        return go
+
+    runs = {"encode fp16": lambda: cli_encode(corpus, outputs["fp16"], "fp16", artifacts, "cuda"),
+            "encode fp32": lambda: cli_encode(corpus, outputs["fp32"], "fp32", artifacts, "cuda"),
+            "st fp32": st_run("fp32", st32), "st fp16": st_run("fp16", st16)}
+    rounds = []
+    for r in range(args.rounds):
+        results = {}
+        for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
+            log(f"round {r + 1}/{args.rounds}: {name}")
+            results[name] = runs[name]()
+            log(f"  {results[name]['tokens_per_s']:.0f} tokens/s")
+        rounds.append(results)
+    best = {name: max((rd[name] for rd in rounds), key=lambda x: x["tokens_per_s"]) for name in runs}
+    for p, path in outputs.items():
+        if not np.array_equal(pq_num_tokens(path), lengths):
+            raise BenchError(f"`attnserve encode --precision {p}` wrote other token counts than the tokenizer gives")
+    ours = {p: read_embeddings(path) for p, path in outputs.items()}
+    cos = {"encode fp16 vs st fp32": cosine_summary(row_cosines(ours["fp16"], st_embeddings["fp32"])),
+           "encode fp32 vs st fp32": cosine_summary(row_cosines(ours["fp32"], st_embeddings["fp32"])),
+           "st fp16 vs st fp32": cosine_summary(row_cosines(st_embeddings["fp16"], st_embeddings["fp32"]))}
+    base = best["st fp16"]["tokens_per_s"]
+    out = [f"attnserve offline encoding benchmark on CUDA: {manifest.model}, {args.texts} texts (seed {args.seed}), "
+           f"{args.rounds} round(s), best round per run",
+           f"versions: python {platform.python_version()}, attnserve {__version__}, onnxruntime "
+           f"{onnxruntime.__version__}, torch {torch.__version__}, numpy {np.__version__}",
+           f"GPU: {torch.cuda.get_device_name()}; torch fp16 matmul 8192^3 peak {peak / 1e12:.1f} TFLOP/s",
+           f"graphs: {engine.describe()}", f"artifacts: {artifacts}",
+           f"corpus: {tokens} tokens (mean {tokens / len(texts):.1f}, max {lengths.max()}); "
+           f"{flop_per_token / 1e6:.2f} MFLOP/token", ""]
+    rows = []
+    for name, label in [("encode fp16", "attnserve encode fp16 (CUDA)"),
+                        ("encode fp32", "attnserve encode fp32 (CUDA)"),
+                        ("st fp16", f"sentence-transformers fp16 (torch CUDA, batch {BATCH_SIZE})"),
+                        ("st fp32", f"sentence-transformers fp32 (torch CUDA, batch {BATCH_SIZE})")]:
+        rate = best[name]["tokens_per_s"]
+        padding = "-" if best[name]["padding"] is None else f"{best[name]['padding']:.1%}"
+        rows.append((label, f"{rate:.0f}", padding, f"{rate / base:.2f}x"))
+    out.append(table(rows, "st fp16"))
+    out.append("")
+    for name in ("encode fp16", "encode fp32"):
+        mfu = flop_per_token * best[name]["tokens_per_s"] / peak
+        out.append(f"MFU {name}: {mfu:.4f} of the fp16 matmul peak")
+    for name, c in cos.items():
+        out.append(f"cosine {name}: mean {c['mean']:.6f}, p1 {c['p1']:.6f}, min {c['min']:.6f}")
+    ratios = {"fp16_vs_st_fp16": best["encode fp16"]["tokens_per_s"] / base,
+              "fp16_vs_st_fp32": best["encode fp16"]["tokens_per_s"] / best["st fp32"]["tokens_per_s"],
+              "fp32_vs_st_fp32": best["encode fp32"]["tokens_per_s"] / best["st fp32"]["tokens_per_s"]}
+    out.extend(f"{k}: {v:.2f}x" for k, v in ratios.items())
+    print("\n".join(out), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "config": {"texts": args.texts, "seed": args.seed, "rounds": args.rounds, "provider": "cuda",
+                       "artifacts": str(artifacts), "model": manifest.model},
+            "gpu": torch.cuda.get_device_name(), "peak_fp16_flop_per_s": peak, "tokens": tokens,
+            "rounds": rounds, "best": best, "cosines": cos, "ratios": ratios}, indent=2) + "\n", encoding="utf-8")
     return 0
 
 

@@ -8,10 +8,10 @@ absolute tokens/s depend on the machine:
             bench_encode.py prints them), sampled at the start of every round; the
             offline and gRPC tokens/s are also given as MFU of the fp32 peak.
   offline   Engine.encode(texts, truncate=True) in this process (fp32 or --precision, CPU
-            provider, default batch limits): the same length-sorted batching
+            or --provider, default batch limits): the same length-sorted batching
             the server does, with no RPCs. Tokenizing is timed too, because
             the server tokenizes as well.
-  serving   one real `attnserve serve` subprocess (the same precision, CPU provider,
+  serving   one real `attnserve serve` subprocess (the same precision and provider,
             defaults otherwise), started once for the whole run on free
             loopback ports. --concurrency clients (the load test's closed loop,
             loadtest/generator.py, over its grpc.aio Embed call, in this
@@ -90,8 +90,8 @@ LATENCY_WARMUP = 10
 LATENCY_SAMPLES = 300
 REQUEST_TIMEOUT_S = 120.0  # per request; under full load a request waits for ~64 others at most
 STOP_TIMEOUT_S = 60.0  # the server drains for up to its grace period (20 s) after SIGTERM
-# The benchmarks' server: on the CPU provider, at the precision the offline side runs (fp32 unless --precision).
-SERVER_FLAGS = ("--provider", "cpu")
+# The benchmarks' server runs on the provider and at the precision the offline side runs (--provider, cpu unless
+# given; --precision, fp32 unless given).
 
 TARGETS = {  # name: (comparison, bound, bound as shown)
     "serving_vs_offline": (">=", 0.92, "0.92"),  # issue 14 (0.85 before)
@@ -125,10 +125,11 @@ def tuning_env_names() -> list[str]:
     return [f.metadata["env"] for cls in (EngineConfig, ServerConfig) for f in dataclasses.fields(cls)]
 
 
-def start_server(artifacts: Path, env: dict[str, str] | None = None, precision: str = "fp32") -> ServerProcess:
-    """`attnserve serve` on free loopback ports with SERVER_FLAGS and the shipped defaults, whatever this
-    shell's ATTNSERVE_* settings say; env: settings to run with instead of the defaults."""
-    return ServerProcess(artifacts, *SERVER_FLAGS, "--precision", precision,
+def start_server(artifacts: Path, env: dict[str, str] | None = None, precision: str = "fp32",
+                 provider: str = "cpu") -> ServerProcess:
+    """`attnserve serve` on free loopback ports with the provider and precision given and the shipped defaults,
+    whatever this shell's ATTNSERVE_* settings say; env: settings to run with instead of the defaults."""
+    return ServerProcess(artifacts, "--provider", provider, "--precision", precision,
                          env=dict.fromkeys(tuning_env_names()) | (env or {}))
 
 
@@ -497,8 +498,8 @@ def header_lines(args, manifest, artifacts: Path, corpus: dict) -> list[str]:
             f"{args.concurrency} clients over {args.channels} channel(s), {args.rounds} round(s), best round per run",
             "versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()),
             *machine_lines(),
-            f"both sides: {args.precision}, default batch limits; graph {corpus['graph']} (the server reads the "
-            "same record)",
+            f"both sides: {args.precision} on provider {args.provider}, default batch limits; "
+            f"graph {corpus['graph']} (the server reads the same record)",
             f"artifacts: {artifacts}",
             f"corpus: {args.texts} texts, {corpus['tokens']} tokens (mean {corpus['mean']:.1f}, max {corpus['max']}), "
             f"{corpus['truncated']} truncated at max_seq_length {manifest.max_seq_length}"]
@@ -610,8 +611,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-timeout", type=float, default=300.0,
                         help="seconds to wait for the server to serve (default 300)")
     parser.add_argument("--json", help="also write every number to this JSON file")
-    parser.add_argument("--precision", default="fp32", choices=("fp32", "int8", "bf16", "auto"),
-                        help="both sides' --precision (default fp32; bf16 and auto's bf16 need attnserve[openvino])")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "int8", "bf16", "fp16", "auto"),
+                        help="both sides' --precision (default fp32; bf16 and auto's bf16 need attnserve[openvino]; "
+                             "fp16 is for CUDA)")
+    parser.add_argument("--provider", default="cpu", choices=("cpu", "cuda"),
+                        help="both sides' --provider (default cpu; cuda needs attnserve[gpu] and a GPU)")
     args = parser.parse_args(argv)
     if min(args.texts, args.rounds, args.concurrency, args.channels) < 1:
         parser.error("--texts, --rounds, --concurrency and --channels must be positive")
@@ -640,7 +644,7 @@ def run(args: argparse.Namespace) -> int:
     # the fastest (engine/calibration.py), which the server then reads, so both sides run the same graph.
     engine, texts, corpus = setup_offline(artifacts, args)
     ceilings = Ceilings(engine.manifest.hidden_size, engine.manifest.intermediate_size)
-    server = start_server(artifacts, precision=args.precision)
+    server = start_server(artifacts, precision=args.precision, provider=args.provider)
     log(f"started `{' '.join(server.command[1:])}`")
     try:
         server.wait_serving(timeout=args.start_timeout)
@@ -668,7 +672,7 @@ def setup_offline(artifacts: Path, args: argparse.Namespace) -> tuple:
     from attnserve.errors import AttnserveError
 
     try:
-        engine = Engine.from_directory(artifacts, EngineConfig(precision=args.precision, provider="cpu"))
+        engine = Engine.from_directory(artifacts, EngineConfig(precision=args.precision, provider=args.provider))
     except AttnserveError as e:
         raise BenchError(str(e)) from None
     texts = mixed_length_corpus(args.texts, args.seed)
