@@ -61,7 +61,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
     job = EncodeJob(Path(args.input), Path(args.output), args.normalize, args.text_column, args.id_column,
                     args.chunk_rows, progress=not args.no_progress, on_error=args.on_error, overwrite=args.overwrite,
                     dimensions=args.dimensions, prompt=Prompt(args.prompt_name, args.prompt), model=args.model,
-                    task=args.task)
+                    task=args.task, embedding_type=args.precision_out)
     if args.server:
         from attnserve.offline.remote import encode_file_remote
 
@@ -244,6 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the task adapter to encode with (jina-embeddings-v3: retrieval.query, retrieval.passage, "
                              "separation, classification, text-matching; default: no adapter)")
     add_request_options(encode)
+    encode.add_argument("--precision-out", default="float", choices=("float", "int8", "uint8", "binary", "ubinary"),
+                        help="the embedding column's type, as sentence-transformers' quantize_embeddings gives it: "
+                             "float32 (default), int8 / uint8 codes over the model's calibrated ranges (written in "
+                             "the file's metadata), binary / ubinary sign bits, 8 dimensions a byte")
     add_arguments(encode, EngineConfig)
     encode.set_defaults(func=cmd_encode)
 

@@ -92,6 +92,19 @@ class Manifest:
     # (export/verify.py). 0: max_seq_length (manifests written before the caps, read by load_manifest as such).
     verified_max_length: int = 0
     attention_max_length: int = 0
+    # The sentence embeddings of export's verification texts, the int8 / uint8 ranges of quantized embeddings
+    # (engine/quantize.py): {"file", "sha256", "texts"}. None: exported before them, or a reranker.
+    quantization: dict | None = None
+
+    def quantization_ranges(self, dimensions: int | None, normalize: bool):
+        """(2, D) int8 / uint8 ranges for embeddings cut to `dimensions` and normalised or not; None where the
+        artifacts hold no calibration embeddings."""
+        if self.quantization is None:
+            return None
+        from .quantize import calibration_ranges
+
+        return calibration_ranges(self.path(self.quantization["file"]), self.quantization["sha256"], dimensions,
+                                  normalize)
 
     @property
     def served_max_length(self) -> int:
@@ -134,6 +147,7 @@ class Manifest:
             **({"tasks": list(self.tasks)} if self.tasks else {}),
             **({"task": self.task} if self.task is not None else {}),
             **({"pair_template": self.pair_template} if self.pair_template is not None else {}),
+            **({"quantization": self.quantization} if self.quantization is not None else {}),
         }
 
 
@@ -193,6 +207,9 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
                 key: str(raw["pair_template"][key]) for key in ("prefix", "body", "suffix", "instruction")},
             verified_max_length=int(raw.get("verified_max_length", raw["max_seq_length"])),
             attention_max_length=int(raw.get("attention_max_length", raw["max_seq_length"])),
+            quantization=None if raw.get("quantization") is None else {
+                "file": str(raw["quantization"]["file"]), "sha256": str(raw["quantization"]["sha256"]),
+                "texts": int(raw["quantization"]["texts"])},
         )
         if manifest.kind not in ("embedder", "reranker"):
             raise ArtifactError(f"{path}: kind {manifest.kind!r} is not embedder or reranker; re-export")
@@ -208,4 +225,6 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
                 if name not in checked:
                     _check_file(directory, name, sha)
                     checked.add(name)
+        if manifest.quantization is not None:
+            _check_file(directory, manifest.quantization["file"], manifest.quantization["sha256"])
     return manifest

@@ -16,10 +16,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from attnserve import __version__
 from attnserve.engine.machine import this_machine
 from attnserve.engine.manifest import MANIFEST, GraphVariant, Manifest, sha256_of
 from attnserve.engine.openvino_session import openvino_version
+from attnserve.engine.quantize import CALIBRATION_FILE
 from attnserve.engine.session import ONNXRUNTIME, OPENVINO
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ArtifactError, ExportVerificationError
@@ -152,6 +155,10 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
             variants = reranker_variants(ckpt, loaded.pop(), tokenizer, work, log, caps)
         else:
             variants = _embedder_variants(ckpt, loaded.pop(), tokenizer, work, progress, caps)
+        quantization = None
+        if (work / CALIBRATION_FILE).is_file():
+            quantization = {"file": CALIBRATION_FILE, "sha256": sha256_of(work / CALIBRATION_FILE),
+                            "texts": int(np.load(work / CALIBRATION_FILE, mmap_mode="r").shape[0])}
         # jina v3: each task's adapter merged, a whole artifact directory of its own under tasks/<task>/.
         tasks = build_task_artifacts(ckpt, work, lambda task_ckpt, task_out: _build(task_ckpt, task_out, progress))
         manifest = Manifest(
@@ -165,7 +172,7 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
             num_labels=ckpt.num_labels, score_activation=ckpt.score_activation, family=ckpt.config.family,
             tasks=tasks, task=task,
             pair_template=ckpt.pair_template.to_json() if ckpt.pair_template is not None else None,
-            **caps,
+            quantization=quantization, **caps,
         )
         (work / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
         _claim_destination(out)
@@ -214,6 +221,8 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
             f"the fp16 graph {describe_fusions(fp16_counts)}")
     progress.step("verification: PyTorch's outputs for the check texts (the reference)")
     reference = Reference(load_encoder(ckpt), head, ckpt.embedding_size, tokenizer)
+    # PyTorch's sentence embeddings of the verification texts: the int8 / uint8 ranges of quantized embeddings.
+    np.save(work / CALIBRATION_FILE, reference.text_sentences)
     caps.update(reference.caps.manifest_fields())
     note = reference.caps.note(ckpt.max_seq_length)
     if note:

@@ -17,7 +17,7 @@ from .rows import encode_inputs, inputs_of
 def engine_facts(engine: Engine) -> ModelFacts:
     m = engine.manifest
     return ModelFacts(m.model, m.embedding_size, m.vocab_size, m.served_max_length, m.pooling, m.normalize,
-                      engine.precision, engine.embeddings_variant.runs_as)
+                      engine.precision, engine.embeddings_variant.runs_as, quantization_ranges=m.quantization_ranges)
 
 
 class LocalEncoder:
@@ -45,7 +45,8 @@ def encode_file(engine: Engine, job: EncodeJob, **driver) -> EncodeResult:
 
 
 def read_embeddings(path: Path) -> np.ndarray:
-    """(N, H) float32 from an output file: a convenience for tests and notebooks."""
+    """(N, D) from an output file, float32 or the codes `--precision-out` wrote: a convenience for tests and
+    notebooks."""
     table = pq.read_table(path, columns=["embedding"])
     column = table.column("embedding").combine_chunks()
     return column.values.to_numpy().reshape(len(table), -1)

@@ -28,6 +28,8 @@ import numpy as np
 from attnserve import __version__
 from attnserve.engine.dimensions import check_dimensions, cut_and_normalize
 from attnserve.engine.engine import EncodeStats
+from attnserve.engine.quantize import RANGED, check_embedding_types, quantize
+from attnserve.errors import ConfigError, InvalidInputError
 
 from .checks import RowChecks, bad_row_error, error_line
 from .partial import PartialRun, input_digest
@@ -53,6 +55,8 @@ class EncodeJob:
     prompt: Prompt = field(default_factory=Prompt)  # before every text; unset: the model's default prompt
     model: str | None = None  # through a server: the served model to use (None: its default)
     task: str | None = None  # the task adapter (jina v3; engine/tasks.py); None: none
+    # The embedding column's type (engine/quantize.py, `--precision-out`): float, int8, uint8, binary, ubinary.
+    embedding_type: str = "float"
 
     @property
     def errors_path(self) -> Path:
@@ -79,6 +83,9 @@ class ModelFacts:
     precision: str
     graph_sha256: str | None = None  # the graph that runs (GraphVariant.runs_as), where this process can know it
     server: str | None = None  # the server that encodes, if one does
+    # (dimensions, normalize) -> the model's (2, D) int8 / uint8 ranges (Manifest.quantization_ranges), or None
+    # where they are not known here: the artifacts hold none, or a server encodes.
+    quantization_ranges: Callable[[int | None, bool], np.ndarray | None] = lambda dimensions, normalize: None
 
 
 @dataclass(eq=False)
@@ -173,17 +180,20 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
     normalize = facts.normalize if job.normalize is None else job.normalize
     check_dimensions(job.dimensions, facts.embedding_size)  # the same rule as a request's
     size = job.dimensions or facts.embedding_size
+    ranges = _ranges(job, facts, normalize)
     errors_path = job.errors_path if job.on_error == "skip" else None
     # Set only when asked, so that the runs of earlier versions' settings read the same.
     asked = {key: value for key, value in (("dimensions", job.dimensions), ("prompt_name", job.prompt.name),
-                                           ("prompt", job.prompt.text), ("task", job.task)) if value is not None}
+                                           ("prompt", job.prompt.text), ("task", job.task),
+                                           ("embedding_type", None if job.embedding_type == "float"
+                                            else job.embedding_type)) if value is not None}
     fingerprint = {"input": str(job.input.resolve()), "text_column": job.text_column, "id_column": job.id_column,
                    "chunk_rows": job.chunk_rows, "normalize": normalize, "model": facts.model,
                    "precision": facts.precision, "graph_sha256": facts.graph_sha256, "server": facts.server,
                    "attnserve": __version__, **asked}
     metadata = {"model": facts.model, "precision": facts.precision, "pooling": facts.pooling,
                 "normalize": normalize, "input": str(job.input), **({"server": facts.server} if facts.server else {}),
-                **asked}
+                **asked, **({"ranges": ranges.tolist()} if ranges is not None else {})}
     progress = progress or Bar(job.progress)
     result, start = EncodeResult(padding_known=facts.server is None), time.perf_counter()
     with PartialRun(job.output, job.input, errors_path, fingerprint, job.overwrite, notice) as run:
@@ -204,7 +214,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
             nonlocal schema
             for index, records in enumerate(source.chunks(job.chunk_rows)):
                 bad = checks.bad(records)
-                schema = schema or output_schema(source.id_type or int, size, metadata)
+                schema = schema or output_schema(source.id_type or int, size, metadata, job.embedding_type)
                 digest = input_digest(records)
                 if run.trusts(index, digest):
                     first = run.first_error(index)
@@ -232,6 +242,8 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                         [r for i, r in enumerate(chunk.records) if i not in done.refused]
                     embeddings = done.embeddings if job.dimensions is None else \
                         cut_and_normalize(done.embeddings, job.dimensions, normalize)  # (n, D)
+                    # Matryoshka first, then quantization, as sentence-transformers orders them.
+                    embeddings = quantize(embeddings, job.embedding_type, ranges)  # (n, D) or (n, D / 8)
                     table = output_table(schema, kept, embeddings, done.num_tokens, done.truncated)
                     set_aside = chunk.bad + [(chunk.records[i], reason) for i, reason in done.refused.items()]
                     set_aside.sort(key=lambda item: item[0].row)
@@ -241,7 +253,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                     result.skipped += len(set_aside)
                     progress.advance(len(set_aside), rate())
             # An empty input (an empty partition, say) gives an empty output with the same schema.
-            run.finish(schema or output_schema(source.id_type or int, size, metadata))
+            run.finish(schema or output_schema(source.id_type or int, size, metadata, job.embedding_type))
         except KeyboardInterrupt:
             raise EncodeInterrupted(f"interrupted after {run.rows_recorded()} of {total} rows; the same command "
                                     "resumes after them") from None
@@ -249,6 +261,25 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
             progress.close()
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _ranges(job: EncodeJob, facts: ModelFacts, normalize: bool) -> np.ndarray | None:
+    """The int8 / uint8 ranges of the run: the model's calibrated ones, cut and normalised as the run's vectors."""
+    try:
+        check_embedding_types([job.embedding_type], "precision_out")
+    except InvalidInputError as e:
+        raise ConfigError(f"--precision-out: {e}") from None
+    if job.embedding_type not in RANGED:
+        return None
+    ranges = facts.quantization_ranges(job.dimensions, normalize)
+    if ranges is None:
+        raise ConfigError(
+            f"--precision-out {job.embedding_type} needs the model's calibrated ranges, which "
+            + (f"the server {facts.server} does not send: encode with --artifacts (this machine's engine), or ask "
+               "for binary or ubinary" if facts.server else
+               f"{facts.model}'s artifacts do not hold (exported before quantized embeddings): re-export the model "
+               "with `attnserve export`, or ask for binary or ubinary"))
+    return ranges
 
 
 def summary_line(stats: EncodeResult, output: Path, errors_path: Path | None = None) -> str:

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from attnserve.engine.engine import Encoded, Engine
 from attnserve.engine.prompts import prompt_text
+from attnserve.engine.quantize import quantized_size
 from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import InvalidInputError
 
@@ -31,11 +32,18 @@ class Prompt:
         return self.name is not None or self.text is not None
 
 
-def output_schema(id_type: type, embedding_size: int, metadata: dict) -> pa.Schema:
+# The embedding column's values by embedding type (engine/quantize.py): float32, or one byte a code.
+EMBEDDING_ARROW_TYPES = {"float": pa.float32(), "int8": pa.int8(), "uint8": pa.uint8(), "binary": pa.int8(),
+                         "ubinary": pa.uint8()}
+
+
+def output_schema(id_type: type, embedding_size: int, metadata: dict, embedding_type: str = "float") -> pa.Schema:
+    """embedding_size: D; the binary types hold ceil(D / 8) bytes a row."""
+    width = quantized_size(embedding_type, embedding_size)
     return pa.schema(
         [
             pa.field("id", pa.int64() if id_type is int else pa.string(), nullable=False),
-            pa.field("embedding", pa.list_(pa.float32(), embedding_size), nullable=False),
+            pa.field("embedding", pa.list_(EMBEDDING_ARROW_TYPES[embedding_type], width), nullable=False),
             pa.field("num_tokens", pa.int32(), nullable=False),
             pa.field("truncated", pa.bool_(), nullable=False),
         ],
@@ -45,13 +53,15 @@ def output_schema(id_type: type, embedding_size: int, metadata: dict) -> pa.Sche
 
 def output_table(schema: pa.Schema, records: Sequence[Record], embeddings: np.ndarray, num_tokens: np.ndarray,
                  truncated: np.ndarray) -> pa.Table:
-    """The output rows of `records`, in their order: embeddings (N, D) float32, num_tokens (N,), truncated (N,)."""
+    """The output rows of `records`, in their order: embeddings (N, D) float32 (or the codes of the schema's
+    embedding type), num_tokens (N,), truncated (N,)."""
     id_type = schema.field("id").type
     ids = [r.id for r in records]
+    embedding = schema.field("embedding").type  # fixed_size_list<float32 | int8 | uint8>[D]
+    values = np.asarray(embeddings, embedding.value_type.to_pandas_dtype()).reshape(-1)
     return pa.Table.from_arrays(
         [_from_numpy(np.array(ids, np.int64), pa.int64()) if id_type == pa.int64() else pa.array(ids, type=id_type),
-         pa.FixedSizeListArray.from_arrays(_from_numpy(np.asarray(embeddings, np.float32).reshape(-1), pa.float32()),
-                                           schema.field("embedding").type.list_size),
+         pa.FixedSizeListArray.from_arrays(_from_numpy(values, embedding.value_type), embedding.list_size),
          _from_numpy(np.asarray(num_tokens, np.int32), pa.int32()),
          pa.Array.from_buffers(pa.bool_(), len(truncated),
                                [None, pa.py_buffer(np.packbits(np.asarray(truncated, bool), bitorder="little"))])],

@@ -21,11 +21,18 @@ from typing import TypeVar
 
 from attnserve.config import ServerConfig
 from attnserve.engine.tokenizer import Token
-from attnserve.errors import NotServingError, ShuttingDownError
+from attnserve.errors import InvalidInputError, NotServingError, ShuttingDownError
 
 from .memory import MemoryReturn
 from .models import ModelInfo, Models, ServedModel
-from .replies import EncodeReply, RerankReply, build_reply, build_rerank_reply
+from .replies import (
+    EncodeReply,
+    RerankReply,
+    SimilarityReply,
+    build_reply,
+    build_rerank_reply,
+    build_similarity_reply,
+)
 from .requests import (
     Deadline,
     DecodeRequest,
@@ -33,11 +40,13 @@ from .requests import (
     PreparedRequest,
     RequestLimits,
     RerankRequest,
+    SimilarityRequest,
     TokenizeRequest,
     prepare,
     prepare_decode,
     prepare_rerank,
     prepare_tokenize,
+    similarity_error,
 )
 
 # A reply's float on a binary wire (protobuf, numpy bytes): what the reply size limit counts by default.
@@ -46,6 +55,7 @@ BINARY_FLOAT_BYTES = 4.0
 __all__ = ["BINARY_FLOAT_BYTES", "Core", "Deadline", "ModelInfo"]
 
 T = TypeVar("T")
+R = TypeVar("R")  # what a door's render makes of an encode reply: its bytes, or similarity's scores
 
 
 class Core:
@@ -85,22 +95,32 @@ class Core:
     # --- the work -----------------------------------------------------------
 
     async def encode(self, request: EncodeRequest, deadline: Deadline | None,
-                     render: Callable[[EncodeReply], bytes], float_bytes: float = BINARY_FLOAT_BYTES
-                     ) -> tuple[bytes, int]:
-        """One request through validation, tokenizer, batcher and reply; render is the door's serializer.
+                     render: Callable[[EncodeReply], R], float_bytes: float = BINARY_FLOAT_BYTES
+                     ) -> tuple[R, int]:
+        """One request through validation, tokenizer, batcher and reply; render is the door's serializer (its
+        bytes), or what turns the reply into another (similarity's scores).
 
         deadline: None, or when the request must be answered by. float_bytes: what one float of the reply costs
         on the door's wire, for the reply size limit. Returns (the rendered reply, the request's tokens).
         """
         return await _within(self._encode(request, deadline, render, float_bytes), deadline)
 
+    async def similarity(self, request: SimilarityRequest, deadline: Deadline | None) -> SimilarityReply:
+        """The cosine of each sentence with the source sentence: all of them encoded as one request, through
+        the same batcher; errors name source_sentence and sentences[i]."""
+        try:
+            reply, _ = await self.encode(request.to_encode(), deadline, build_similarity_reply)
+        except InvalidInputError as error:
+            raise similarity_error(error) from None
+        return reply
+
     async def _encode(self, request: EncodeRequest, deadline: Deadline | None,
-                      render: Callable[[EncodeReply], bytes], float_bytes: float) -> tuple[bytes, int]:
+                      render: Callable[[EncodeReply], R], float_bytes: float) -> tuple[R, int]:
         loop = asyncio.get_running_loop()
         self.check_open()
         model = self.models.get(request.model)
         engine, batcher = model.for_task(request.task)  # a batcher per task: a batch never mixes adapters
-        body = b""
+        body: R | bytes = b""
         self._memory.busy()
         try:
             batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
@@ -108,14 +128,13 @@ class Core:
                 self._executor, prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
                 engine.takes_token_types)
             rows = await batcher.submit(prepared.inputs, prepared.options.attention, _at(deadline))
-            body = await loop.run_in_executor(self._executor, self._render, rows, prepared, model, render)
-            return body, prepared.tokens
+            rendered = body = await loop.run_in_executor(self._executor, self._render, rows, prepared, model, render)
+            return rendered, prepared.tokens
         finally:
-            self._memory.done(len(body))
+            self._memory.done(len(body) if isinstance(body, bytes) else 0)
 
     @staticmethod
-    def _render(rows, prepared: PreparedRequest, model: ServedModel, render: Callable[[EncodeReply], bytes]
-                ) -> bytes:
+    def _render(rows, prepared: PreparedRequest, model: ServedModel, render: Callable[[EncodeReply], R]) -> R:
         return render(build_reply(rows, prepared.inputs, prepared.options, model.engine.tokenizer, model.name))
 
     async def rerank(self, request: RerankRequest, deadline: Deadline | None) -> RerankReply:

@@ -6,12 +6,13 @@ Built off the event loop, in the same thread-pool job as the door's serializatio
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from attnserve.engine.dimensions import cut_and_normalize
 from attnserve.engine.pooling import pool
+from attnserve.engine.quantize import quantize
 from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
 
 from .batcher import RowOutput
@@ -41,6 +42,9 @@ class EncodeReply:
     tokens: int  # all inputs' tokens: what the request cost
     options: ReplyOptions  # what was asked, resolved: attention layers and heads as non-negative indices
     model: str = ""  # the name of the model that answered, as it is served
+    # Each embedding type asked -> the embeddings in it (engine/quantize.py): (N, D) float32, int8 or uint8, or
+    # (N, ceil(D / 8)) for the binary types. "float" is `embeddings`.
+    typed: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], options: ReplyOptions,
@@ -55,9 +59,12 @@ def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], opt
         sentences = np.stack([pool(tokens[None], np.array([len(tokens)]), options.pooling)[0]
                               for _, tokens in embedded])  # (1, T, H) -> (H,) each
     sentences = cut_and_normalize(sentences, options.dimensions, options.normalize)  # (N, D): Matryoshka
-    return EncodeReply(np.ascontiguousarray(sentences, dtype=np.float32),
+    sentences = np.ascontiguousarray(sentences, dtype=np.float32)
+    # Matryoshka first, then quantization, as sentence-transformers orders them.
+    typed = {kind: quantize(sentences, kind, options.ranges) for kind in options.embedding_types}
+    return EncodeReply(sentences,
                        [_encoded(row, item, options, tokenizer) for row, item in zip(rows, inputs, strict=True)],
-                       sum(len(x) for x in inputs), options, model)
+                       sum(len(x) for x in inputs), options, model, typed)
 
 
 def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokenizer: TextTokenizer
@@ -99,3 +106,16 @@ def build_rerank_reply(rows: Sequence[RowOutput], prepared: PreparedRerank, acti
     order = np.argsort(-scores, kind="stable")[: prepared.top_n]
     return RerankReply([RerankResult(int(i), float(scores[i]), prepared.texts[i] if prepared.return_text else None)
                         for i in order], prepared.tokens, model)
+
+
+@dataclass
+class SimilarityReply:
+    scores: np.ndarray  # (N,) float32: the cosine of each sentence with the source sentence, in request order
+    tokens: int  # the source's and the sentences' tokens: what the request cost
+    model: str
+
+
+def build_similarity_reply(reply: EncodeReply) -> SimilarityReply:
+    """The encode reply of [source, *sentences] (normalised: SimilarityRequest.to_encode) -> their cosines."""
+    embeddings = reply.embeddings  # (1 + N, D), unit length
+    return SimilarityReply(embeddings[1:] @ embeddings[0], reply.tokens, reply.model)  # (N,)

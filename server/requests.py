@@ -9,13 +9,17 @@ to its own wire names; the message names the place as a user reads it ("input 3:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
+
 from attnserve.engine.dimensions import check_dimensions
 from attnserve.engine.manifest import REQUEST_POOLINGS, Manifest
 from attnserve.engine.prompts import apply_prompt
+from attnserve.engine.quantize import RANGED, check_embedding_types, check_ranges, quantized_size
 from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, Token, TokenizedInput, check_texts
 from attnserve.errors import AttentionTooLongError, DeadlineExpiredError, InputTooLongError, InvalidInputError
 
@@ -64,6 +68,11 @@ class EncodeRequest:
     # jina-embeddings-v3's adapter (engine/tasks.py): retrieval.query, ...; None: no adapter. Refused by a model
     # without adapters.
     task: str | None = None
+    # The sentence embedding's types (engine/quantize.py): float, int8, uint8, binary, ubinary; a door passes what
+    # its wire says, checked in prepare(). ranges: a request's own int8 / uint8 ranges, (2, D) minima and maxima
+    # of the embeddings returned; None: the model's calibrated ones.
+    embedding_types: Sequence[str] = ("float",)
+    ranges: object = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,54 @@ class RerankRequest:
     truncation_direction: str | int = "right"
     top_n: int | None = None  # None: every text; more than there are texts: every text, as Cohere's API does
     model: str | None = None  # None: the server's default model
+
+
+@dataclass(frozen=True)
+class SimilarityRequest:
+    """The cosine of each sentence's embedding with the source sentence's (TEI's /similarity), all of them encoded
+    in one request through the batcher."""
+
+    source_sentence: str
+    sentences: Sequence[str]
+    truncate: bool | None = None  # False: an input longer than max_seq_length is refused; None: as the server says
+    truncation_direction: str | int = "right"
+    prompt_name: str | None = None
+    prompt: str | None = None
+    model: str | None = None  # None: the server's default model
+
+    def to_encode(self) -> EncodeRequest:
+        """The source sentence first, then the sentences: one encode request (checked as any is)."""
+        if not isinstance(self.source_sentence, str):
+            raise _invalid("source_sentence", "source_sentence must be a string")
+        if not isinstance(self.sentences, Sequence) or isinstance(self.sentences, str):
+            raise _invalid("sentences", "sentences must be a list of strings")
+        if not self.sentences:
+            raise _invalid("sentences", "no sentences: send 1 or more to compare with source_sentence")
+        for i, sentence in enumerate(self.sentences):
+            if not isinstance(sentence, str):
+                raise _invalid(f"sentences[{i}]", "must be a string", label=f"sentence {i}")
+        return EncodeRequest(inputs=[self.source_sentence, *self.sentences], normalize=True, truncate=self.truncate,
+                             truncation_direction=self.truncation_direction, prompt_name=self.prompt_name,
+                             prompt=self.prompt, model=self.model)
+
+
+def similarity_error(error: InvalidInputError) -> InvalidInputError:
+    """An error about the encode request of a SimilarityRequest, named as the similarity request names its
+    inputs: input 0 is source_sentence, input i + 1 is sentence i; "inputs" is the sentences."""
+    field, message = error.field or "", str(error)
+    match = re.match(r"inputs\[(\d+)\](.*)", field)
+    if match:
+        row = int(match.group(1))
+        field = "source_sentence" if row == 0 else f"sentences[{row - 1}]"
+        label = "source_sentence" if row == 0 else f"sentence {row - 1}"
+        message = re.sub(rf"^input {row}(?=:)", label, message)
+    elif field == "inputs":
+        field = "sentences"
+        message = message.replace("inputs", "sentences (with source_sentence)", 1)
+    if isinstance(error, InputTooLongError):
+        return InputTooLongError(message, field=field, description=error.description,
+                                 server_default=error.server_default)
+    return InvalidInputError(message, field=field, description=error.description)
 
 
 @dataclass(frozen=True)
@@ -113,6 +170,8 @@ class ReplyOptions:
     attention_heads: tuple[int, ...] | None = None  # non-negative indices, every head when none was asked
     every_head: bool = True  # attention_heads are all the model's heads in order: nothing to select
     average_heads: bool = False
+    embedding_types: tuple[str, ...] = ("float",)  # the sentence embedding's types, in the order asked
+    ranges: np.ndarray | None = None  # (2, D) int8 / uint8 ranges, where one of them was asked
 
     @property
     def attention(self) -> bool:
@@ -161,6 +220,9 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
         raise _invalid("truncation_direction", f"truncation_direction {request.truncation_direction!r} is not one "
                                                f"of {', '.join(TRUNCATION_DIRECTIONS)}")
     check_dimensions(request.dimensions, manifest.embedding_size)
+    normalize = manifest.normalize if request.normalize is None else request.normalize
+    types = check_embedding_types(tuple(request.embedding_types))
+    ranges = _ranges(request, types, manifest, pooling, normalize)
     attention = request.attention
     layers = heads = None
     if attention is not None:  # none asked: the last layer, and every head, named in the reply as asked ones are
@@ -169,13 +231,15 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
                  else tuple(range(manifest.num_heads)))
     options = ReplyOptions(
         pooling=pooling,
-        normalize=manifest.normalize if request.normalize is None else request.normalize,
+        normalize=normalize,
         dimensions=request.dimensions,
         token_embeddings=request.token_embeddings,
         attention_layers=layers,
         attention_heads=heads,
         every_head=heads == tuple(range(manifest.num_heads)),
         average_heads=attention is not None and attention.average_heads,
+        embedding_types=types,
+        ranges=ranges,
     )
     inputs = _tokenize(request, tokenizer, manifest, truncates(request.truncate, limits),
                        request.truncation_direction)  # a str now: checked above
@@ -189,6 +253,29 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
             f"({limits.max_response_bytes / 2**20:.1f} MiB); ask for fewer inputs, fewer attention layers or "
             "average_heads")
     return PreparedRequest(inputs, options)
+
+
+def _ranges(request: EncodeRequest, types: tuple[str, ...], manifest: Manifest, pooling: str | None,
+            normalize: bool) -> np.ndarray | None:
+    """The int8 / uint8 ranges of a request: its own, or the model's calibrated ones (engine/quantize.py)."""
+    size = request.dimensions or manifest.embedding_size
+    ranged = [t for t in types if t in RANGED]
+    if request.ranges is not None:
+        if not ranged:
+            raise _invalid("ranges", "ranges apply to the int8 and uint8 embedding types only, and neither was "
+                                     "asked for")
+        return check_ranges(request.ranges, size)
+    if not ranged:
+        return None
+    if pooling is not None:
+        raise _invalid("ranges", f"{ranged[0]} embeddings with pooling {pooling} need ranges: the model's are "
+                                 "calibrated on its own pooling; pass ranges, or ask for the default pooling")
+    ranges = manifest.quantization_ranges(request.dimensions, normalize)
+    if ranges is None:
+        raise _invalid("ranges", f"{ranged[0]} embeddings need per-dimension ranges, and {manifest.model}'s "
+                                 "artifacts hold no calibration embeddings (exported before quantized embeddings): "
+                                 "pass ranges, or re-export the model with `attnserve export`")
+    return ranges
 
 
 def check_embedder(model: str, kind: str) -> None:
@@ -393,7 +480,8 @@ def _check_attention_length(inputs: Sequence[TokenizedInput], manifest: Manifest
 
 def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest, float_bytes: float) -> int:
     heads = len(options.attention_heads or ())
-    floats = options.dimensions or manifest.embedding_size
+    size = options.dimensions or manifest.embedding_size
+    floats = sum(quantized_size(kind, size) for kind in options.embedding_types)  # a code counted as a float
     if options.token_embeddings:
         floats += tokens * manifest.hidden_size  # token embeddings are hidden states, whatever the pipeline
     if options.attention_layers is not None:  # options.attention, spelled so that mypy sees the layers are set

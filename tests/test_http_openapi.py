@@ -15,7 +15,8 @@ SERVED = {("post", "/v1/embeddings"), ("post", "/embeddings"), ("get", "/v1/mode
           ("get", "/v2/health/ready"), ("post", "/v2/models/{name}/infer"),
           ("post", "/v2/models/{name}/versions/{version}/infer"), ("get", "/v2/models/{name}/ready"),
           ("get", "/v2/models/{name}/versions/{version}/ready"), ("get", "/v2/models/{name}"),
-          ("get", "/v2/models/{name}/versions/{version}"), ("get", "/")}
+          ("get", "/v2/models/{name}/versions/{version}"), ("get", "/"), ("post", "/v2/embed"),
+          ("post", "/similarity")}
 # Answered by a reranker (an embedder refuses them, as ERRORS checks): test_rerank_routes_answer_as_described.
 RERANK_CALLS = [
     ("post", "/rerank", {"query": "q", "texts": ["a", "b c"], "return_text": True}),
@@ -52,6 +53,10 @@ CALLS = [
     ("get", f"/v2/models/{MODEL}/versions/1/ready", None),
     ("get", f"/v2/models/{MODEL}", None),
     ("get", f"/v2/models/{MODEL}/versions/1", None),
+    ("post", "/v2/embed", {"model": MODEL, "texts": ["a", "b c"], "embedding_types": ["float", "int8", "ubinary",
+                                                                                     "base64"]}),
+    ("post", "/embed", {"inputs": ["a"], "embedding_type": "binary"}),
+    ("post", "/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b", "a c"]}}),
 ]
 ERRORS = [
     ("post", "/v1/embeddings", {"input": "", "model": MODEL}, 400),
@@ -68,6 +73,7 @@ ERRORS = [
     ("post", f"/v2/models/{MODEL}/infer", {"inputs": []}, 400),
     ("get", "/v2/models/nope", None, 404),
     ("get", "/v2/nowhere", None, 404),
+    ("post", "/v2/embed", {"model": MODEL, "texts": ["a"], "embedding_types": ["int4"]}, 400),
 ]
 
 

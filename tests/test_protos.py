@@ -23,12 +23,14 @@ def test_the_contract_of_design_md():
     methods = {m.name: (m.client_streaming, m.server_streaming) for m in service.methods}
     assert methods == {"Embed": (False, False), "EmbedStream": (True, True), "GetModelInfo": (False, False),
                        "ListModels": (False, False),  # ListModels: added with several models per server
-                       "Rerank": (False, False)}  # Rerank: added with cross-encoders (issue 13)
+                       "Rerank": (False, False),  # Rerank: added with cross-encoders (issue 13)
+                       "Similarity": (False, False)}  # Similarity: TEI's /similarity (issue 22)
     fields = {f.name: f.number for f in pb.EmbedRequest.DESCRIPTOR.fields}
     assert fields == {"inputs": 1, "pooling": 2, "normalize": 3, "return_token_embeddings": 4, "attention": 5,
                       "truncate": 6, "dimensions": 7, "truncation_direction": 8,  # 7, 8: added with the HTTP door
                       "model": 9, "prompt_name": 10, "prompt": 11,  # 9-11: several models, prompts
-                      "task": 12}  # 12: jina-embeddings-v3's task adapters (issue 20)
+                      "task": 12,  # 12: jina-embeddings-v3's task adapters (issue 20)
+                      "embedding_type": 13, "ranges": 14}  # 13, 14: quantized embeddings (issue 22)
     # truncate is optional (issue 19): unset (the server's --auto-truncate) and false differ
     assert pb.EmbedRequest.DESCRIPTOR.fields_by_name["truncate"].has_presence
     assert pb.RerankRequest.DESCRIPTOR.fields_by_name["truncate"].has_presence

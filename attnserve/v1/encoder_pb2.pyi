@@ -7,6 +7,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class EmbeddingType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EMBEDDING_TYPE_FLOAT: _ClassVar[EmbeddingType]
+    EMBEDDING_TYPE_INT8: _ClassVar[EmbeddingType]
+    EMBEDDING_TYPE_UINT8: _ClassVar[EmbeddingType]
+    EMBEDDING_TYPE_BINARY: _ClassVar[EmbeddingType]
+    EMBEDDING_TYPE_UBINARY: _ClassVar[EmbeddingType]
+
 class TruncationDirection(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TRUNCATE_RIGHT: _ClassVar[TruncationDirection]
@@ -23,6 +31,13 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_UNSPECIFIED: _ClassVar[DType]
     FLOAT32: _ClassVar[DType]
     FLOAT16: _ClassVar[DType]
+    INT8: _ClassVar[DType]
+    UINT8: _ClassVar[DType]
+EMBEDDING_TYPE_FLOAT: EmbeddingType
+EMBEDDING_TYPE_INT8: EmbeddingType
+EMBEDDING_TYPE_UINT8: EmbeddingType
+EMBEDDING_TYPE_BINARY: EmbeddingType
+EMBEDDING_TYPE_UBINARY: EmbeddingType
 TRUNCATE_RIGHT: TruncationDirection
 TRUNCATE_LEFT: TruncationDirection
 POOLING_DEFAULT: Pooling
@@ -31,9 +46,11 @@ CLS: Pooling
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT16: DType
+INT8: DType
+UINT8: DType
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("inputs", "pooling", "normalize", "return_token_embeddings", "attention", "truncate", "dimensions", "truncation_direction", "model", "prompt_name", "prompt", "task")
+    __slots__ = ("inputs", "pooling", "normalize", "return_token_embeddings", "attention", "truncate", "dimensions", "truncation_direction", "model", "prompt_name", "prompt", "task", "embedding_type", "ranges")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     POOLING_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +63,8 @@ class EmbedRequest(_message.Message):
     PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    RANGES_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedCompositeFieldContainer[Input]
     pooling: Pooling
     normalize: bool
@@ -58,7 +77,9 @@ class EmbedRequest(_message.Message):
     prompt_name: str
     prompt: str
     task: str
-    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., return_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionOptions, _Mapping]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ..., model: _Optional[str] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., task: _Optional[str] = ...) -> None: ...
+    embedding_type: EmbeddingType
+    ranges: Tensor
+    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., return_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionOptions, _Mapping]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ..., model: _Optional[str] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., task: _Optional[str] = ..., embedding_type: _Optional[_Union[EmbeddingType, str]] = ..., ranges: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class Input(_message.Message):
     __slots__ = ("text", "token_ids", "pair")
@@ -159,6 +180,32 @@ class RerankResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[RerankResult]
     model: str
     def __init__(self, results: _Optional[_Iterable[_Union[RerankResult, _Mapping]]] = ..., model: _Optional[str] = ...) -> None: ...
+
+class SimilarityRequest(_message.Message):
+    __slots__ = ("source_sentence", "sentences", "truncate", "truncation_direction", "prompt_name", "prompt", "model")
+    SOURCE_SENTENCE_FIELD_NUMBER: _ClassVar[int]
+    SENTENCES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATION_DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    source_sentence: str
+    sentences: _containers.RepeatedScalarFieldContainer[str]
+    truncate: bool
+    truncation_direction: TruncationDirection
+    prompt_name: str
+    prompt: str
+    model: str
+    def __init__(self, source_sentence: _Optional[str] = ..., sentences: _Optional[_Iterable[str]] = ..., truncate: _Optional[bool] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+
+class SimilarityResponse(_message.Message):
+    __slots__ = ("scores", "model")
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    scores: _containers.RepeatedScalarFieldContainer[float]
+    model: str
+    def __init__(self, scores: _Optional[_Iterable[float]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "model")

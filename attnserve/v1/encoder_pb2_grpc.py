@@ -59,6 +59,11 @@ class EncoderStub:
                 request_serializer=attnserve_dot_v1_dot_encoder__pb2.RerankRequest.SerializeToString,
                 response_deserializer=attnserve_dot_v1_dot_encoder__pb2.RerankResponse.FromString,
                 _registered_method=True)
+        self.Similarity = channel.unary_unary(
+                '/attnserve.v1.Encoder/Similarity',
+                request_serializer=attnserve_dot_v1_dot_encoder__pb2.SimilarityRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_encoder__pb2.SimilarityResponse.FromString,
+                _registered_method=True)
 
 
 class EncoderServicer:
@@ -101,6 +106,14 @@ class EncoderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Similarity(self, request, context):
+        """The cosine of each sentence's embedding with the source sentence's (TEI's /similarity), all of them encoded
+        as one request through the same batcher.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EncoderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -128,6 +141,11 @@ def add_EncoderServicer_to_server(servicer, server):
                     servicer.Rerank,
                     request_deserializer=attnserve_dot_v1_dot_encoder__pb2.RerankRequest.FromString,
                     response_serializer=attnserve_dot_v1_dot_encoder__pb2.RerankResponse.SerializeToString,
+            ),
+            'Similarity': grpc.unary_unary_rpc_method_handler(
+                    servicer.Similarity,
+                    request_deserializer=attnserve_dot_v1_dot_encoder__pb2.SimilarityRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_encoder__pb2.SimilarityResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -265,6 +283,33 @@ class Encoder:
             '/attnserve.v1.Encoder/Rerank',
             attnserve_dot_v1_dot_encoder__pb2.RerankRequest.SerializeToString,
             attnserve_dot_v1_dot_encoder__pb2.RerankResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Similarity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnserve.v1.Encoder/Similarity',
+            attnserve_dot_v1_dot_encoder__pb2.SimilarityRequest.SerializeToString,
+            attnserve_dot_v1_dot_encoder__pb2.SimilarityResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,14 +18,14 @@ from typing import Any
 import grpc
 import numpy as np
 
-from attnserve.errors import ShuttingDownError
+from attnserve.errors import InvalidInputError, ShuttingDownError
 from attnserve.v1 import encoder_pb2 as pb
 from attnserve.v1 import encoder_pb2_grpc
 
 from ..core import Core, ModelInfo
 from ..metrics import Metrics
 from ..replies import EncodeReply, RerankReply
-from ..requests import AttentionOptions, Deadline, EncodeRequest, Input, RerankRequest
+from ..requests import AttentionOptions, Deadline, EncodeRequest, Input, RerankRequest, SimilarityRequest
 from .status import abort, status_for
 
 log = logging.getLogger("attnserve.server")
@@ -41,6 +41,8 @@ STREAM_WINDOW = 64
 
 POOLING = {pb.POOLING_DEFAULT: "default", pb.MEAN: "mean", pb.CLS: "cls"}
 TRUNCATION_DIRECTION = {pb.TRUNCATE_RIGHT: "right", pb.TRUNCATE_LEFT: "left"}
+EMBEDDING_TYPE = {pb.EMBEDDING_TYPE_FLOAT: "float", pb.EMBEDDING_TYPE_INT8: "int8", pb.EMBEDDING_TYPE_UINT8: "uint8",
+                  pb.EMBEDDING_TYPE_BINARY: "binary", pb.EMBEDDING_TYPE_UBINARY: "ubinary"}
 
 
 class _Inputs(Sequence[Input]):
@@ -78,7 +80,17 @@ def to_core(request: pb.EmbedRequest) -> EncodeRequest:
         prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
         prompt=request.prompt if request.HasField("prompt") else None,
         model=request.model or None,
-        task=request.task if request.HasField("task") else None)
+        task=request.task if request.HasField("task") else None,
+        embedding_types=(EMBEDDING_TYPE.get(request.embedding_type, request.embedding_type),),
+        ranges=_ranges(request.ranges) if request.HasField("ranges") else None)
+
+
+def _ranges(t: pb.Tensor):
+    """A request's [2, D] FLOAT32 ranges; the core checks the shape against the embeddings returned."""
+    if t.dtype != pb.FLOAT32 or len(t.shape) != 2 or min(t.shape) < 0 or len(t.data) != 4 * int(np.prod(t.shape)):
+        problem = "ranges must be a [2, D] FLOAT32 tensor whose data holds its shape's floats"
+        raise InvalidInputError(problem, field="ranges", description=problem)
+    return np.frombuffer(t.data, dtype="<f4").reshape(tuple(t.shape))
 
 
 def tensor(array: np.ndarray) -> pb.Tensor:
@@ -87,10 +99,19 @@ def tensor(array: np.ndarray) -> pb.Tensor:
     return pb.Tensor(shape=a.shape, dtype=pb.FLOAT32, data=a.tobytes())
 
 
+def codes(array: np.ndarray) -> pb.Tensor:
+    """A quantized embedding: int8 or uint8 bytes, as numpy's tobytes() gives them."""
+    return pb.Tensor(shape=array.shape, dtype=pb.INT8 if array.dtype == np.int8 else pb.UINT8,
+                     data=np.ascontiguousarray(array).tobytes())
+
+
 def render(reply: EncodeReply) -> bytes:
     out = pb.EmbedResponse(model=reply.model)
-    for sentence, item in zip(reply.embeddings, reply.inputs, strict=True):
-        embedding = out.embeddings.add(sentence_embedding=tensor(sentence), num_tokens=item.num_tokens,
+    kind = reply.options.embedding_types[0]
+    sentences = reply.embeddings if kind == "float" else reply.typed[kind]
+    for sentence, item in zip(sentences, reply.inputs, strict=True):
+        embedding = out.embeddings.add(sentence_embedding=tensor(sentence) if kind == "float" else codes(sentence),
+                                       num_tokens=item.num_tokens,
                                        truncated=item.truncated)
         if item.token_embeddings is not None:
             embedding.token_embeddings.CopyFrom(tensor(item.token_embeddings))
@@ -117,6 +138,15 @@ def model_info(info: ModelInfo) -> pb.ModelInfo:
             auto_truncate=info.auto_truncate),
         kind=info.kind, num_labels=info.num_labels, names=info.names, prompts=info.prompts,
         default_prompt_name=info.default_prompt_name or "", tasks=info.tasks)
+
+
+def similarity_to_core(request: pb.SimilarityRequest) -> SimilarityRequest:
+    return SimilarityRequest(
+        source_sentence=request.source_sentence, sentences=request.sentences,
+        truncate=request.truncate if request.HasField("truncate") else None,
+        truncation_direction=TRUNCATION_DIRECTION.get(request.truncation_direction, request.truncation_direction),
+        prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
+        prompt=request.prompt if request.HasField("prompt") else None, model=request.model or None)
 
 
 def rerank_to_core(request: pb.RerankRequest) -> RerankRequest:
@@ -224,6 +254,14 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
             return render_rerank(reply), reply.tokens
 
         return await self._unary("Rerank", len(request.texts), context, rerank)
+
+    async def Similarity(self, request: pb.SimilarityRequest, context: grpc.aio.ServicerContext
+                         ) -> pb.SimilarityResponse:
+        async def similarity() -> tuple[pb.SimilarityResponse, int]:
+            reply = await self._core.similarity(similarity_to_core(request), _deadline(context))
+            return pb.SimilarityResponse(scores=reply.scores.tolist(), model=reply.model), reply.tokens
+
+        return await self._unary("Similarity", 1 + len(request.sentences), context, similarity)
 
     async def _unary(self, method: str, inputs: int, context: grpc.aio.ServicerContext,
                      answer: Callable[[], Awaitable[tuple[Any, int]]]) -> Any:

@@ -27,6 +27,7 @@ PAIR_INPUTS_FORMS = INPUTS_FORMS.replace(" or a list", ", a list") + " or a list
 TruncationDirection = Literal["Right", "Left", "right", "left"]
 TRUNCATE_UNSET = "unset: as the server's --auto-truncate says (cut, by default)"
 EncodingFormat = Literal["float", "base64"]
+EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
 Body = TypeVar("Body", bound=BaseModel)  # a route's body model: parse() returns that class, not BaseModel
 
 
@@ -116,6 +117,11 @@ class TeiEmbedBody(_TeiBody):
     task: str | None = Field(None, description="attnserve's: the task adapter to encode with (gRPC GetModelInfo.tasks; "
                                                "jina-embeddings-v3: retrieval.query, retrieval.passage, separation, "
                                                "classification, text-matching); unset: no adapter")
+    embedding_type: EmbeddingType = Field(
+        "float", description="attnserve's: float, or int8, uint8 (the model's calibrated ranges, or `ranges`), binary "
+                             "or ubinary (8 dimensions a byte), as sentence-transformers' quantize_embeddings gives")
+    ranges: list[list[float]] | None = Field(
+        None, description="attnserve's: int8 / uint8 ranges, [minima, maxima] of each dimension returned")
 
 
 class TeiEmbedAllBody(_TeiBody):
@@ -282,6 +288,66 @@ class CohereRerankReply(BaseModel):
     results: list[CohereRerankResult] = Field(description="best first")
     model: str
     usage: Usage
+
+
+class TeiSimilarityInputs(_TeiBody):
+    source_sentence: str
+    sentences: list[str] = Field(description="each compared with source_sentence")
+
+
+class TeiSimilarityBody(_TeiBody):
+    inputs: TeiSimilarityInputs
+    truncate: bool | None = Field(None, description="false: an input over max_seq_length is refused; true: it "
+                                                    "is cut; " + TRUNCATE_UNSET)
+    truncation_direction: TruncationDirection = "Right"
+    prompt_name: str | None = Field(None, description="a prompt of the model's to put before each sentence; unset: "
+                                                      "the model's default prompt, if any")
+    prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each sentence")
+
+
+# Cohere's v2 embed API (POST /v2/embed): its embedding types, base64 among them (the float32 bytes of each vector).
+CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
+CohereInputType = Literal["search_document", "search_query", "classification", "clustering", "image"]
+
+
+class CohereEmbedBody(_Strict):
+    model: str = Field(description="a served model's name or alias; \"\": the server's default model")
+    input_type: CohereInputType | None = Field(
+        None, description="the model's prompt of that purpose where it has one (search_query: \"query\", "
+                          "search_document: \"document\" or \"passage\", classification, clustering); otherwise "
+                          "its default prompt")
+    texts: list[str] | None = Field(None, description="the texts to embed")
+    images: list[str] | None = Field(None, description="refused: a text encoder embeds no images")
+    inputs: list[dict] | None = Field(None, description="refused: send texts")
+    embedding_types: list[CohereEmbeddingType] | None = Field(
+        None, description="unset: float. int8 and uint8 use the model's calibrated ranges (engine/quantize.py); "
+                          "binary and ubinary pack 8 dimensions a byte; base64: the float32 bytes of each vector")
+    output_dimension: int | None = Field(None, description="keep the first N dimensions (Matryoshka), then "
+                                                           "normalise, then quantize")
+    max_tokens: int | None = Field(None, description="refused unless at least max_seq_length: inputs are cut at "
+                                                     "max_seq_length")
+    truncate: Literal["NONE", "START", "END"] | None = Field(
+        None, description="NONE refuses an input over max_seq_length; START cuts its start, END (the default) its "
+                          "end")
+    priority: int | None = Field(None, description="accepted and ignored")
+
+
+class CohereEmbeddings(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+    float_: list[list[float]] | None = Field(None, alias="float")
+    int8: list[list[int]] | None = None
+    uint8: list[list[int]] | None = None
+    binary: list[list[int]] | None = None
+    ubinary: list[list[int]] | None = None
+    base64: list[str] | None = None
+
+
+class CohereEmbedReply(BaseModel):
+    id: str
+    embeddings: CohereEmbeddings = Field(description="each type asked, one list per text")
+    texts: list[str]
+    meta: dict
+    response_type: Literal["embeddings_by_type"]
 
 
 # --- attnserve's own --------------------------------------------------------

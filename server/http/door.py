@@ -39,6 +39,7 @@ from ..auth import ApiKeys
 from ..core import Core
 from ..metrics import Metrics
 from .attention import AttentionRoutes
+from .cohere import CohereRoutes
 from .errors import OPENAI, TEI, http_error
 from .head_timeout import HeadTimeouts
 from .kserve import KServeRoutes
@@ -66,7 +67,7 @@ class HttpDoor:
         self._bodies = bodies = BodyReader(executor, config.max_request_bytes, config.http_body_timeout)
         self.routes: list[Route] = [*OpenAIRoutes(core, bodies).routes(), *TeiRoutes(core, bodies).routes(),
                                     *AttentionRoutes(core, bodies).routes(), *RerankRoutes(core, bodies).routes(),
-                                    *KServeRoutes(core, bodies).routes(),
+                                    *KServeRoutes(core, bodies).routes(), *CohereRoutes(core, bodies).routes(),
                                     Route("GET", "/openapi.json", self._openapi, OPENAI, "this description",
                                           reply_schema={"type": "object"}),
                                     Route("GET", "/", self._index, TEI, "where to start: the help and the routes",

@@ -4,7 +4,8 @@ KServe's clients (tritonclient.http, KServe's InferenceRESTClient) embed texts u
 A model takes one input, `text`: a BYTES tensor of N texts, shape [N] or [N, 1]. It gives two outputs:
 `embedding`, FP32 [N, D], the sentence embeddings as the model's pipeline makes them, and `num_tokens`, INT32 [N].
 Request parameters: `truncate` and `normalize` (booleans), `dimensions` (an integer), as on the other doors;
-`truncate` unset: as the server's --auto-truncate says.
+`truncate` unset: as the server's --auto-truncate says. `embedding_type` (a string: int8, uint8, binary, ubinary;
+engine/quantize.py) makes `embedding` INT8 or UINT8, [N, D] codes or [N, ceil(D / 8)] packed sign bits.
 
 Tensors travel as JSON or, with Triton's binary tensor extension, as raw bytes after the JSON: the request's
 `Inference-Header-Content-Length` header says where the JSON ends, and a tensor with the parameter
@@ -188,7 +189,8 @@ def _read_call(body: bytes, header_length: int | None, model: str) -> _Call:
     return _Call(EncodeRequest(inputs=texts, model=model, normalize=_parameter(params, "normalize", bool),
                                truncate=_parameter(params, "truncate", bool),
                                dimensions=_parameter(params, "dimensions", int),
-                               task=_parameter(params, "task", str)),
+                               task=_parameter(params, "task", str),
+                               embedding_types=(_parameter(params, "embedding_type", str) or "float",)),
                  infer.id, _outputs(infer.outputs, params))
 
 
@@ -308,15 +310,19 @@ def _outputs(requested: list[KServeRequestedOutput] | None, params: dict) -> dic
 def _render(reply: EncodeReply, model: str, id: str | None, outputs: dict[str, bool]
             ) -> tuple[bytes, list[memoryview]]:
     """(the reply's JSON, the binary outputs' bytes to follow it, in the order of the JSON's outputs)."""
+    kind = reply.options.embedding_types[0]
+    codes = reply.typed.get(kind) if kind != "float" else None  # (N, D) or (N, D / 8) int8 / uint8
+    datatypes = {**OUTPUTS, **({"embedding": "INT8" if codes.dtype == np.int8 else "UINT8"} if codes is not None
+                               else {})}
     arrays: dict[str, np.ndarray] = {
-        "embedding": np.ascontiguousarray(reply.embeddings, dtype="<f4"),  # (N, D)
+        "embedding": np.ascontiguousarray(reply.embeddings, dtype="<f4") if codes is None else codes,  # (N, D)
         "num_tokens": np.fromiter((item.num_tokens for item in reply.inputs), dtype="<i4", count=len(reply.inputs)),
     }
     tensors: list[dict[str, object]] = []
     tail: list[memoryview] = []
     for name, binary in outputs.items():
         array = arrays[name]
-        tensor: dict[str, object] = {"name": name, "datatype": OUTPUTS[name], "shape": list(array.shape)}
+        tensor: dict[str, object] = {"name": name, "datatype": datatypes[name], "shape": list(array.shape)}
         if binary:
             tensor["parameters"] = {"binary_data_size": array.nbytes}
             tail.append(array.data)  # a view: the join in render is the one copy

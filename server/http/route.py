@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -28,9 +29,10 @@ class Route:
 
 def families(routes: list[Route]) -> dict[str, str]:
     """The error envelope of a path that matches no route (a 404, or a 405 of a path served for other methods),
-    by its first segment: that of every route under it ("v1" and "embeddings" OpenAI's, "v2" KServe's). Paths
-    under no such segment take TEI's, whose routes share no prefix."""
-    styles: dict[str, set[str]] = {}
+    by its first segment: that of most routes under it ("v1" and "embeddings" OpenAI's, "v2" KServe's, beside
+    which Cohere's POST /v2/embed stands). Paths under no such segment take TEI's, whose routes share no prefix."""
+    styles: dict[str, Counter[str]] = {}
     for route in routes:
-        styles.setdefault(route.path.lstrip("/").partition("/")[0], set()).add(route.style)
-    return {segment: next(iter(found)) for segment, found in styles.items() if len(found) == 1}
+        styles.setdefault(route.path.lstrip("/").partition("/")[0], Counter())[route.style] += 1
+    return {segment: counts.most_common(1)[0][0] for segment, counts in styles.items()
+            if len(counts) == 1 or counts.most_common(2)[0][1] > counts.most_common(2)[1][1]}

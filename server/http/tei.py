@@ -9,13 +9,15 @@ from aiohttp import web
 
 from ..core import Core
 from ..replies import EncodeReply
-from ..requests import DecodeRequest, EncodeRequest, TokenizeRequest
-from .bodies import TeiDecodeBody, TeiEmbedAllBody, TeiEmbedBody, TeiInfo, TeiTokenizeBody
-from .errors import TEI
+from ..requests import DecodeRequest, EncodeRequest, SimilarityRequest, TokenizeRequest
+from .bodies import TeiDecodeBody, TeiEmbedAllBody, TeiEmbedBody, TeiInfo, TeiSimilarityBody, TeiTokenizeBody
+from .errors import TEI, WireNames
 from .inputs import inputs_of
 from .route import Route
 from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response
 
+# TEI's /similarity nests its texts under "inputs".
+SIMILARITY_NAMES = WireNames({"source_sentence": "inputs.source_sentence", "sentences": "inputs.sentences"})
 # TEI names the dtype in full.
 DTYPE = {"fp32": "float32", "fp16": "float16", "int8": "int8", "bf16": "bfloat16"}
 
@@ -30,7 +32,8 @@ _FLOATS = _list_of({"type": "number"})
 def embed_request(body: TeiEmbedBody) -> EncodeRequest:
     return EncodeRequest(inputs=inputs_of(body.inputs), normalize=body.normalize, truncate=body.truncate,
                          truncation_direction=body.truncation_direction.lower(), dimensions=body.dimensions,
-                         prompt_name=body.prompt_name, prompt=body.prompt, task=body.task)
+                         prompt_name=body.prompt_name, prompt=body.prompt, task=body.task,
+                         embedding_types=(body.embedding_type,), ranges=body.ranges)
 
 
 def embed_all_request(body: TeiEmbedAllBody) -> EncodeRequest:
@@ -39,13 +42,22 @@ def embed_all_request(body: TeiEmbedAllBody) -> EncodeRequest:
                          prompt_name=body.prompt_name, prompt=body.prompt)
 
 
+def similarity_request(body: TeiSimilarityBody) -> SimilarityRequest:
+    return SimilarityRequest(source_sentence=body.inputs.source_sentence, sentences=body.inputs.sentences,
+                             truncate=body.truncate, truncation_direction=body.truncation_direction.lower(),
+                             prompt_name=body.prompt_name, prompt=body.prompt)
+
+
 def _id_lists(ids: list) -> list[list[int]]:
     """One input's token ids, or several inputs' (TeiDecodeBody has checked the form; this tells them apart)."""
     return [ids] if ids and isinstance(ids[0], int) else ids
 
 
 def render_embeddings(reply: EncodeReply) -> bytes:
-    return dumps(floats(reply.embeddings, False))  # (N, D) as N lists
+    kind = reply.options.embedding_types[0]
+    if kind == "float":
+        return dumps(floats(reply.embeddings, False))  # (N, D) as N lists
+    return dumps(reply.typed[kind])  # (N, D) integers, or (N, D / 8) bytes of the binary types
 
 
 def render_token_embeddings(reply: EncodeReply) -> bytes:
@@ -79,6 +91,8 @@ class TeiRoutes:
             embed("/", "sentence embeddings (TEI's route for an embedding model)"),
             Route("POST", "/embed_all", self.embed_all, TEI, "token embeddings, [tokens, hidden] per input (TEI)",
                   TeiEmbedAllBody, reply_schema=_list_of(_list_of(_FLOATS))),
+            Route("POST", "/similarity", self.similarity, TEI, "the cosine of each sentence with source_sentence (TEI)",
+                  TeiSimilarityBody, reply_schema=_FLOATS, names=SIMILARITY_NAMES),
             Route("POST", "/tokenize", self.tokenize, TEI, "every token of each whole text, with its characters (TEI)",
                   TeiTokenizeBody, reply_schema=_list_of(_list_of({"$ref": "#/components/schemas/TeiToken"}))),
             Route("POST", "/decode", self.decode, TEI, "token ids back to text (TEI)", TeiDecodeBody,
@@ -98,6 +112,11 @@ class TeiRoutes:
         reply, _ = await self._core.encode(core_request, deadline(request), render_token_embeddings,
                                            JSON_FLOAT_BYTES)
         return json_response(reply)
+
+    async def similarity(self, request: web.Request) -> web.Response:
+        core_request = await self._bodies.read(request, TeiSimilarityBody, similarity_request)
+        reply = await self._core.similarity(core_request, deadline(request))
+        return json_response(dumps(reply.scores))
 
     async def tokenize(self, request: web.Request) -> web.Response:
         core_request = await self._bodies.read(request, TeiTokenizeBody, lambda b: TokenizeRequest(

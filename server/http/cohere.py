@@ -1,0 +1,87 @@
+"""Cohere's v2 embed API over the core: POST /v2/embed, so that Cohere's SDK (ClientV2(base_url=...).embed) works
+unchanged.
+
+`embedding_types` asks for several encodings of the same vectors at once (engine/quantize.py): float, int8, uint8,
+binary, ubinary, and base64 (the float32 bytes of each vector). `output_dimension` cuts them first (Matryoshka),
+then they are normalised as the model's pipeline says, then quantized. `truncate` END (Cohere's default) cuts an
+input's end, START its start, NONE refuses it. `input_type` picks the model's prompt of that purpose where it has
+one. Errors are OpenAI's envelope, as the Cohere-style /v1/rerank's.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from aiohttp import web
+
+from attnserve.errors import InvalidInputError
+
+from ..core import Core
+from ..replies import EncodeReply
+from ..requests import EncodeRequest
+from .bodies import CohereEmbedBody, CohereEmbedReply
+from .errors import OPENAI, WireNames
+from .route import Route
+from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response
+
+NAMES = WireNames({"inputs": "texts", "dimensions": "output_dimension", "embedding_types": "embedding_types",
+                   "ranges": "embedding_types"},
+                  truncate='set "truncate" to "END" or "START"')
+# Cohere's input types -> the prompt names a model may have for them, first found wins.
+PROMPTS = {"search_query": ("query", "search_query"), "search_document": ("document", "passage", "search_document"),
+           "classification": ("classification",), "clustering": ("clustering",)}
+TRUNCATE = {"NONE": (False, "right"), "START": (True, "left"), "END": (True, "right"), None: (True, "right")}
+
+
+def _invalid(field: str, description: str) -> InvalidInputError:
+    return InvalidInputError(description, field=field, description=description)
+
+
+def to_core(body: CohereEmbedBody, prompts: dict[str, str], max_seq_length: int) -> EncodeRequest:
+    if body.images is not None or body.inputs is not None:
+        raise _invalid("inputs", "this server embeds texts: send `texts` (images and inputs are not supported)")
+    if body.texts is None:
+        raise _invalid("inputs", "no texts: send `texts`, a list of strings")
+    if body.input_type == "image":
+        raise _invalid("input_type", "input_type image: this server embeds texts")
+    if body.max_tokens is not None and body.max_tokens < max_seq_length:
+        raise _invalid("max_tokens", f"max_tokens {body.max_tokens} is not supported: inputs are cut at the "
+                                     f"model's max_seq_length {max_seq_length}; leave it unset")
+    names = [name for name in PROMPTS.get(body.input_type or "", ()) if name in prompts]
+    truncate, direction = TRUNCATE[body.truncate]
+    types = [("float" if kind == "base64" else kind) for kind in (body.embedding_types or ["float"])]
+    return EncodeRequest(inputs=body.texts, truncate=truncate, truncation_direction=direction,
+                         dimensions=body.output_dimension, prompt_name=names[0] if names else None,
+                         model=body.model, embedding_types=types)
+
+
+def render(reply: EncodeReply, body: CohereEmbedBody) -> bytes:
+    embeddings = {}
+    for kind in body.embedding_types or ["float"]:
+        if kind == "base64":
+            embeddings[kind] = [floats(row, True) for row in reply.embeddings]
+        else:
+            embeddings[kind] = reply.typed[kind]  # (N, D) or (N, D / 8): orjson writes the lists
+    return dumps({"id": str(uuid.uuid4()), "embeddings": embeddings, "texts": list(body.texts or []),
+                  "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": reply.tokens}},
+                  "response_type": "embeddings_by_type"})
+
+
+class CohereRoutes:
+    def __init__(self, core: Core, bodies: BodyReader):
+        self._core, self._bodies = core, bodies
+
+    def routes(self) -> list[Route]:
+        return [Route("POST", "/v2/embed", self.embed, OPENAI,
+                      "Cohere's v2 embed API: float, int8, uint8, binary, ubinary and base64 embeddings",
+                      CohereEmbedBody, CohereEmbedReply, names=NAMES)]
+
+    async def embed(self, request: web.Request) -> web.Response:
+        def translate(body: CohereEmbedBody) -> tuple[CohereEmbedBody, EncodeRequest]:
+            info = self._core.model(body.model).info
+            return body, to_core(body, info.prompts, info.max_seq_length)
+
+        body, core_request = await self._bodies.read(request, CohereEmbedBody, translate)
+        reply, _ = await self._core.encode(core_request, deadline(request), lambda r: render(r, body),
+                                           JSON_FLOAT_BYTES)
+        return json_response(reply)
