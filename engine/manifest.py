@@ -95,6 +95,10 @@ class Manifest:
     # The sentence embeddings of export's verification texts, the int8 / uint8 ranges of quantized embeddings
     # (engine/quantize.py): {"file", "sha256", "texts"}. None: exported before them, or a reranker.
     quantization: dict | None = None
+    # A classifier's (a reranker's) label names in output order, and its problem_type (model/cross_encoder.py);
+    # optional on read: transformers' LABEL_i and None.
+    labels: tuple[str, ...] = ()
+    problem_type: str | None = None
 
     def quantization_ranges(self, dimensions: int | None, normalize: bool):
         """(2, D) int8 / uint8 ranges for embeddings cut to `dimensions` and normalised or not; None where the
@@ -105,6 +109,11 @@ class Manifest:
 
         return calibration_ranges(self.path(self.quantization["file"]), self.quantization["sha256"], dimensions,
                                   normalize)
+
+    @property
+    def label_names(self) -> tuple[str, ...]:
+        """A reranker's labels in output order; transformers' LABEL_i where the manifest names none."""
+        return self.labels or tuple(f"LABEL_{i}" for i in range(self.num_labels))
 
     @property
     def served_max_length(self) -> int:
@@ -142,7 +151,8 @@ class Manifest:
             "tools": self.tools, "embedding_size": self.embedding_size, "modules": list(self.modules),
             "prompts": self.prompts, "default_prompt_name": self.default_prompt_name,
             "kind": self.kind,
-            **({"num_labels": self.num_labels, "score_activation": self.score_activation}
+            **({"num_labels": self.num_labels, "score_activation": self.score_activation,
+                "labels": list(self.label_names), "problem_type": self.problem_type}
                if self.kind == "reranker" else {}),
             **({"tasks": list(self.tasks)} if self.tasks else {}),
             **({"task": self.task} if self.task is not None else {}),
@@ -207,6 +217,8 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
                 key: str(raw["pair_template"][key]) for key in ("prefix", "body", "suffix", "instruction")},
             verified_max_length=int(raw.get("verified_max_length", raw["max_seq_length"])),
             attention_max_length=int(raw.get("attention_max_length", raw["max_seq_length"])),
+            labels=tuple(str(label) for label in raw.get("labels", ())),
+            problem_type=None if raw.get("problem_type") is None else str(raw["problem_type"]),
             quantization=None if raw.get("quantization") is None else {
                 "file": str(raw["quantization"]["file"]), "sha256": str(raw["quantization"]["sha256"]),
                 "texts": int(raw["quantization"]["texts"])},

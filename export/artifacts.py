@@ -172,7 +172,7 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
             num_labels=ckpt.num_labels, score_activation=ckpt.score_activation, family=ckpt.config.family,
             tasks=tasks, task=task,
             pair_template=ckpt.pair_template.to_json() if ckpt.pair_template is not None else None,
-            quantization=quantization, **caps,
+            quantization=quantization, labels=ckpt.labels, problem_type=ckpt.problem_type, **caps,
         )
         (work / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
         _claim_destination(out)

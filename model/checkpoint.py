@@ -206,6 +206,10 @@ class Checkpoint:
     # A reranker that scores one templated text per pair rather than the tokenizer's pair (qwen3_reranker.py).
     pair_template: qwen3_reranker.PairTemplate | None = None
     head: classifier_heads.Head | None = None  # a reranker's classification head
+    # A classifier's label names in output order (config.json's id2label), and its problem_type
+    # ("single_label_classification", "multi_label_classification" or None), which decide how /predict scores.
+    labels: tuple[str, ...] = ()
+    problem_type: str | None = None
 
     @property
     def weights_file(self) -> Path:
@@ -376,7 +380,9 @@ def _read_reranker(directory: Path, name: str | None, cfg: EncoderConfig | Model
     pooling = "mean" if getattr(head.options, "pooling", "cls") == "mean" else "cls"
     pipeline = Pipeline((pooling,), (), False, length, length_from, {}, None)
     return Checkpoint(directory, name or directory.name, cfg, pipeline, kind="reranker", num_labels=spec.num_labels,
-                      score_activation=spec.score_activation, head=head)
+                      score_activation=spec.score_activation, head=head,
+                      labels=cross_encoder.label_names(raw, spec.num_labels, directory / "config.json"),
+                      problem_type=cross_encoder.problem_type(raw, directory / "config.json"))
 
 
 def _read_qwen3_reranker(directory: Path, name: str | None, cfg: qwen3.Qwen3Config, raw: dict) -> Checkpoint:

@@ -57,6 +57,31 @@ def num_labels(raw: dict, path: Path) -> int:
     return n
 
 
+PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
+
+
+def label_names(raw: dict, n: int, path: Path) -> tuple[str, ...]:
+    """The labels in output order: config.json's id2label ({"0": "negative", ...}), else transformers' LABEL_i."""
+    labels = raw.get("id2label")
+    if not isinstance(labels, dict) or not labels:
+        return tuple(f"LABEL_{i}" for i in range(n))
+    try:
+        by_index = {int(k): str(v) for k, v in labels.items()}
+    except (TypeError, ValueError):
+        raise CheckpointError(f"{path}: id2label keys must be label indices, got {sorted(labels)!r}") from None
+    if sorted(by_index) != list(range(n)):
+        raise CheckpointError(f"{path}: id2label must name labels 0..{n - 1}, got {sorted(by_index)}")
+    return tuple(by_index[i] for i in range(n))
+
+
+def problem_type(raw: dict, path: Path) -> str | None:
+    """config.json's problem_type, which decides a classifier's scores (softmax or sigmoid), or None."""
+    value = raw.get("problem_type")
+    if value is not None and value not in PROBLEM_TYPES:
+        raise CheckpointError(f"{path}: problem_type {value!r} is not one of {', '.join(PROBLEM_TYPES)}")
+    return value
+
+
 def read_reranker(directory: Path, config: dict) -> RerankerSpec:
     """The CrossEncoder's settings over a checkpoint with a classification head, or a one-line refusal."""
     from .pipeline import read_json

@@ -27,8 +27,10 @@ from .memory import MemoryReturn
 from .models import ModelInfo, Models, ServedModel
 from .replies import (
     EncodeReply,
+    PredictReply,
     RerankReply,
     SimilarityReply,
+    build_predict_reply,
     build_reply,
     build_rerank_reply,
     build_similarity_reply,
@@ -37,6 +39,7 @@ from .requests import (
     Deadline,
     DecodeRequest,
     EncodeRequest,
+    PredictRequest,
     PreparedRequest,
     RequestLimits,
     RerankRequest,
@@ -44,6 +47,7 @@ from .requests import (
     TokenizeRequest,
     prepare,
     prepare_decode,
+    prepare_predict,
     prepare_rerank,
     prepare_tokenize,
     similarity_error,
@@ -156,6 +160,27 @@ class Core:
                 engine.takes_token_types)
             rows = await batcher.submit(prepared.inputs, False, _at(deadline))
             return build_rerank_reply(rows, prepared, engine.manifest.score_activation, model.name)
+        finally:
+            self._memory.done(0)
+
+    async def predict(self, request: PredictRequest, deadline: Deadline | None) -> PredictReply:
+        """A classifier's scores for each text or pair, through the same batcher; every label, best first."""
+        return await _within(self._predict(request, deadline), deadline)
+
+    async def _predict(self, request: PredictRequest, deadline: Deadline | None) -> PredictReply:
+        loop = asyncio.get_running_loop()
+        self.check_open()
+        model = self.models.get(request.model)
+        engine, batcher = model.engine, model.batcher
+        self._memory.busy()
+        try:
+            batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
+            prepared = await loop.run_in_executor(
+                self._executor, prepare_predict, request, engine.tokenizer, engine.manifest, self.limits,
+                engine.takes_token_types)
+            rows = await batcher.submit(prepared.inputs, False, _at(deadline))
+            manifest = engine.manifest
+            return build_predict_reply(rows, prepared, manifest.label_names, manifest.problem_type, model.name)
         finally:
             self._memory.done(0)
 

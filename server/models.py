@@ -19,7 +19,8 @@ from pathlib import Path
 from attnserve import __version__
 from attnserve.config import EngineConfig, ServerConfig
 from attnserve.engine.engine import Engine
-from attnserve.engine.manifest import MANIFEST
+from attnserve.engine.manifest import MANIFEST, Manifest
+from attnserve.engine.quantize import EMBEDDING_TYPES, RANGED
 from attnserve.engine.tasks import check_task, task_directory
 from attnserve.errors import ConfigError, ModelNotFoundError
 
@@ -66,6 +67,22 @@ class ModelInfo:
     kind: str = "embedder"  # or "reranker" (manifest.kind)
     num_labels: int = 0  # a reranker's scores per pair
     tasks: tuple[str, ...] = ()  # the task adapters a request may choose (jina v3), none for other models
+    labels: tuple[str, ...] = ()  # a reranker's (a classifier's) label names, in output order
+    # What the model gives, by the request that asks for it: an embedder "embed" (its sentence embeddings, and token
+    # embeddings), "attention" and "similarity"; a reranker "rerank" (one label) and "predict".
+    outputs: tuple[str, ...] = ()
+    # The sentence embedding's types a request may ask for without ranges of its own (engine/quantize.py): int8
+    # and uint8 where the artifacts hold calibration embeddings.
+    embedding_types: tuple[str, ...] = ()
+
+
+def model_outputs(manifest: Manifest) -> tuple[str, ...]:
+    """What a model answers (ModelInfo.outputs)."""
+    if manifest.kind == "reranker":
+        if manifest.pair_template is not None:  # Qwen3-Reranker: a templated (query, document) pair only
+            return ("rerank",)
+        return ("rerank", "predict") if manifest.num_labels == 1 else ("predict",)
+    return ("embed", "attention", "similarity")
 
 
 def model_sources(artifacts: str | None, config: ServerConfig) -> list[ModelSource]:
@@ -163,7 +180,9 @@ class ServedModel:
             max_wait_ms=batch.max_wait_s * 1e3, max_queue_wait_ms=batch.max_queue_wait_s * 1e3,
             auto_truncate=config.auto_truncate,
             prompts=dict(m.prompts), default_prompt_name=m.default_prompt_name, kind=m.kind, num_labels=m.num_labels,
-            tasks=m.tasks)
+            tasks=m.tasks, labels=m.label_names if m.kind == "reranker" else (), outputs=model_outputs(m),
+            embedding_types=() if m.kind == "reranker" else tuple(
+                t for t in EMBEDDING_TYPES if t not in RANGED or m.quantization is not None))
 
     def _batcher(self, engine: Engine, config: ServerConfig) -> Batcher:
         return Batcher(engine.run, BatcherLimits(

@@ -16,7 +16,7 @@ from attnserve.engine.quantize import quantize
 from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
 
 from .batcher import RowOutput
-from .requests import PreparedRerank, ReplyOptions
+from .requests import PreparedPredict, PreparedRerank, ReplyOptions
 
 # A reranker's CrossEncoder activations (model/cross_encoder.py names them in the manifest), on (N,) float32 logits.
 SCORE_ACTIVATIONS = {
@@ -119,3 +119,30 @@ def build_similarity_reply(reply: EncodeReply) -> SimilarityReply:
     """The encode reply of [source, *sentences] (normalised: SimilarityRequest.to_encode) -> their cosines."""
     embeddings = reply.embeddings  # (1 + N, D), unit length
     return SimilarityReply(embeddings[1:] @ embeddings[0], reply.tokens, reply.model)  # (N,)
+
+
+@dataclass
+class PredictReply:
+    predictions: list[list[tuple[str, float]]]  # per input, in request order: every (label, score), best first
+    tokens: int
+    model: str
+
+
+def classifier_scores(logits: np.ndarray, problem_type: str | None) -> np.ndarray:
+    """(N, labels) logits -> scores as transformers' text-classification pipeline gives them: a sigmoid for one
+    label or multi-label classification, else a softmax over the labels."""
+    if problem_type == "multi_label_classification" or logits.shape[1] == 1:
+        return 1.0 / (1.0 + np.exp(-logits))
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+def build_predict_reply(rows: Sequence[RowOutput], prepared: PreparedPredict, labels: Sequence[str],
+                        problem_type: str | None, model: str) -> PredictReply:
+    logits = np.stack([row.scores for row in rows if row.scores is not None]).astype(np.float32)  # (N, labels)
+    scores = logits if prepared.raw_scores else classifier_scores(logits, problem_type)
+    predictions = []
+    for row in scores:
+        order = np.argsort(-row, kind="stable")  # best first; ties in label order
+        predictions.append([(labels[i], float(row[i])) for i in order])
+    return PredictReply(predictions, prepared.tokens, model)

@@ -90,6 +90,46 @@ class RerankRequest:
 
 
 @dataclass(frozen=True)
+class PredictRequest:
+    """A classifier's scores for each input, a text or a sentence pair (TEI's /predict), every label sorted best
+    first."""
+
+    inputs: Sequence[str | tuple[str, str]]
+    raw_scores: bool = False  # True: the logits; False: softmax, or sigmoid for multi-label (transformers' rule)
+    truncate: bool | None = None  # False: an input longer than max_seq_length is refused; None: as the server says
+    truncation_direction: str | int = "right"
+    model: str | None = None  # None: the server's default model
+
+
+@dataclass(frozen=True)
+class PreparedPredict:
+    inputs: list[TokenizedInput]  # in the request's order
+    raw_scores: bool
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(x) for x in self.inputs)
+
+
+def prepare_predict(request: PredictRequest, tokenizer: TextTokenizer, manifest: Manifest, limits: RequestLimits,
+                    takes_token_types: bool) -> PreparedPredict:
+    """Check a predict request before it costs compute and tokenize its texts and pairs."""
+    if manifest.kind != "reranker" or manifest.pair_template is not None:
+        what = ("an embedding model: it has no classifier" if manifest.kind != "reranker" else
+                "a reranker that scores a templated (query, document) pair: ask rerank")
+        raise _invalid("model", f"{manifest.model} is {what}; predict needs a model with a sequence-classification "
+                                "head (a *ForSequenceClassification checkpoint)")
+    if request.truncation_direction not in TRUNCATION_DIRECTIONS:
+        raise _invalid("truncation_direction", f"truncation_direction {request.truncation_direction!r} is not one "
+                                               f"of {', '.join(TRUNCATION_DIRECTIONS)}")
+    check_count(len(request.inputs), limits.max_inputs)
+    inputs = _tokenize(EncodeRequest(inputs=request.inputs), tokenizer, manifest, truncates(request.truncate, limits),
+                       request.truncation_direction)
+    _check_token_types(inputs, takes_token_types, manifest)
+    return PreparedPredict(inputs, request.raw_scores)
+
+
+@dataclass(frozen=True)
 class SimilarityRequest:
     """The cosine of each sentence's embedding with the source sentence's (TEI's /similarity), all of them encoded
     in one request through the batcher."""

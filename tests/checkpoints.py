@@ -89,19 +89,25 @@ def save_tiny_modernbert(directory: Path, model_class: str = "ModernBertModel", 
     return directory
 
 
-def save_cross_encoder(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """A 2-layer, hidden-32 BertForSequenceClassification (one label) with `tokenizer_dir`'s tokenizer, saved by
-    sentence-transformers' CrossEncoder as it saves rerankers (modules.json, config_sentence_transformers.json
-    with its Sigmoid activation). Its weights are drawn wider than transformers' default initialisation (0.5, not
-    0.02), so that the scores spread over the sigmoid rather than all sitting at one value."""
+def save_cross_encoder(directory: Path, tokenizer_dir: Path, seed: int = 0, labels: list[str] | None = None,
+                       problem_type: str | None = None) -> Path:
+    """A 2-layer, hidden-32 BertForSequenceClassification (one label, or `labels` named in id2label, with
+    `problem_type`) with `tokenizer_dir`'s tokenizer, saved by sentence-transformers' CrossEncoder as it saves
+    rerankers (modules.json, config_sentence_transformers.json with its activation). Its weights are drawn wider
+    than transformers' default initialisation (0.5, not 0.02), so that the scores spread over the sigmoid rather
+    than all sitting at one value."""
     import torch
     import transformers
     from sentence_transformers import CrossEncoder
 
     vocab = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
     config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=64, num_labels=1,
-                                     initializer_range=0.5)
+                                     intermediate_size=64, max_position_embeddings=64,
+                                     num_labels=len(labels) if labels else 1, initializer_range=0.5,
+                                     problem_type=problem_type)
+    if labels:
+        config.id2label = dict(enumerate(labels))
+        config.label2id = {label: i for i, label in enumerate(labels)}
     torch.manual_seed(seed)
     model = transformers.BertForSequenceClassification(config)
     staging = directory.parent / f"{directory.name}.hf"

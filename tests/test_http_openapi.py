@@ -16,11 +16,12 @@ SERVED = {("post", "/v1/embeddings"), ("post", "/embeddings"), ("get", "/v1/mode
           ("post", "/v2/models/{name}/versions/{version}/infer"), ("get", "/v2/models/{name}/ready"),
           ("get", "/v2/models/{name}/versions/{version}/ready"), ("get", "/v2/models/{name}"),
           ("get", "/v2/models/{name}/versions/{version}"), ("get", "/"), ("post", "/v2/embed"),
-          ("post", "/similarity")}
+          ("post", "/similarity"), ("post", "/predict")}
 # Answered by a reranker (an embedder refuses them, as ERRORS checks): test_rerank_routes_answer_as_described.
 RERANK_CALLS = [
     ("post", "/rerank", {"query": "q", "texts": ["a", "b c"], "return_text": True}),
     ("post", "/v1/rerank", {"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1, "return_documents": True}),
+    ("post", "/predict", {"inputs": [["a"], ["q", "b"]], "raw_scores": True}),
 ]
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 # A request per route, and what it answers.
@@ -74,6 +75,7 @@ ERRORS = [
     ("get", "/v2/models/nope", None, 404),
     ("get", "/v2/nowhere", None, 404),
     ("post", "/v2/embed", {"model": MODEL, "texts": ["a"], "embedding_types": ["int4"]}, 400),
+    ("post", "/predict", {"inputs": "a"}, 400),  # an embedder has no classifier
 ]
 
 

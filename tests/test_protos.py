@@ -24,7 +24,8 @@ def test_the_contract_of_design_md():
     assert methods == {"Embed": (False, False), "EmbedStream": (True, True), "GetModelInfo": (False, False),
                        "ListModels": (False, False),  # ListModels: added with several models per server
                        "Rerank": (False, False),  # Rerank: added with cross-encoders (issue 13)
-                       "Similarity": (False, False)}  # Similarity: TEI's /similarity (issue 22)
+                       "Similarity": (False, False),  # Similarity: TEI's /similarity (issue 22)
+                       "Classify": (False, False)}  # Classify: TEI's /predict (issue 22)
     fields = {f.name: f.number for f in pb.EmbedRequest.DESCRIPTOR.fields}
     assert fields == {"inputs": 1, "pooling": 2, "normalize": 3, "return_token_embeddings": 4, "attention": 5,
                       "truncate": 6, "dimensions": 7, "truncation_direction": 8,  # 7, 8: added with the HTTP door

@@ -64,6 +64,11 @@ class EncoderStub:
                 request_serializer=attnserve_dot_v1_dot_encoder__pb2.SimilarityRequest.SerializeToString,
                 response_deserializer=attnserve_dot_v1_dot_encoder__pb2.SimilarityResponse.FromString,
                 _registered_method=True)
+        self.Classify = channel.unary_unary(
+                '/attnserve.v1.Encoder/Classify',
+                request_serializer=attnserve_dot_v1_dot_encoder__pb2.ClassifyRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_encoder__pb2.ClassifyResponse.FromString,
+                _registered_method=True)
 
 
 class EncoderServicer:
@@ -114,6 +119,14 @@ class EncoderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Classify(self, request, context):
+        """A classifier's scores for each text or pair (TEI's /predict): every label, best first; softmax over the
+        labels, or a sigmoid for one label or a multi-label classifier, as transformers' pipeline scores them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EncoderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +159,11 @@ def add_EncoderServicer_to_server(servicer, server):
                     servicer.Similarity,
                     request_deserializer=attnserve_dot_v1_dot_encoder__pb2.SimilarityRequest.FromString,
                     response_serializer=attnserve_dot_v1_dot_encoder__pb2.SimilarityResponse.SerializeToString,
+            ),
+            'Classify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Classify,
+                    request_deserializer=attnserve_dot_v1_dot_encoder__pb2.ClassifyRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_encoder__pb2.ClassifyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -310,6 +328,33 @@ class Encoder:
             '/attnserve.v1.Encoder/Similarity',
             attnserve_dot_v1_dot_encoder__pb2.SimilarityRequest.SerializeToString,
             attnserve_dot_v1_dot_encoder__pb2.SimilarityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Classify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnserve.v1.Encoder/Classify',
+            attnserve_dot_v1_dot_encoder__pb2.ClassifyRequest.SerializeToString,
+            attnserve_dot_v1_dot_encoder__pb2.ClassifyResponse.FromString,
             options,
             channel_credentials,
             insecure,

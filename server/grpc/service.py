@@ -24,8 +24,16 @@ from attnserve.v1 import encoder_pb2_grpc
 
 from ..core import Core, ModelInfo
 from ..metrics import Metrics
-from ..replies import EncodeReply, RerankReply
-from ..requests import AttentionOptions, Deadline, EncodeRequest, Input, RerankRequest, SimilarityRequest
+from ..replies import EncodeReply, PredictReply, RerankReply
+from ..requests import (
+    AttentionOptions,
+    Deadline,
+    EncodeRequest,
+    Input,
+    PredictRequest,
+    RerankRequest,
+    SimilarityRequest,
+)
 from .status import abort, status_for
 
 log = logging.getLogger("attnserve.server")
@@ -137,7 +145,22 @@ def model_info(info: ModelInfo) -> pb.ModelInfo:
             max_wait_ms=info.max_wait_ms, max_queue_wait_ms=info.max_queue_wait_ms,
             auto_truncate=info.auto_truncate),
         kind=info.kind, num_labels=info.num_labels, names=info.names, prompts=info.prompts,
-        default_prompt_name=info.default_prompt_name or "", tasks=info.tasks)
+        default_prompt_name=info.default_prompt_name or "", tasks=info.tasks, labels=info.labels,
+        outputs=info.outputs, embedding_types=info.embedding_types)
+
+
+def classify_to_core(request: pb.ClassifyRequest) -> PredictRequest:
+    return PredictRequest(
+        inputs=_Inputs(request.inputs), raw_scores=request.raw_scores,  # type: ignore[arg-type]
+        truncate=request.truncate if request.HasField("truncate") else None,
+        truncation_direction=TRUNCATION_DIRECTION.get(request.truncation_direction, request.truncation_direction),
+        model=request.model or None)
+
+
+def render_predictions(reply: PredictReply) -> pb.ClassifyResponse:
+    return pb.ClassifyResponse(model=reply.model, predictions=[
+        pb.Prediction(scores=[pb.LabelScore(label=label, score=score) for label, score in prediction])
+        for prediction in reply.predictions])
 
 
 def similarity_to_core(request: pb.SimilarityRequest) -> SimilarityRequest:
@@ -262,6 +285,13 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
             return pb.SimilarityResponse(scores=reply.scores.tolist(), model=reply.model), reply.tokens
 
         return await self._unary("Similarity", 1 + len(request.sentences), context, similarity)
+
+    async def Classify(self, request: pb.ClassifyRequest, context: grpc.aio.ServicerContext) -> pb.ClassifyResponse:
+        async def classify() -> tuple[pb.ClassifyResponse, int]:
+            reply = await self._core.predict(classify_to_core(request), _deadline(context))
+            return render_predictions(reply), reply.tokens
+
+        return await self._unary("Classify", len(request.inputs), context, classify)
 
     async def _unary(self, method: str, inputs: int, context: grpc.aio.ServicerContext,
                      answer: Callable[[], Awaitable[tuple[Any, int]]]) -> Any:

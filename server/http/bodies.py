@@ -290,6 +290,17 @@ class CohereRerankReply(BaseModel):
     usage: Usage
 
 
+class TeiPredictBody(_TeiBody):
+    inputs: Union[str, list[Union[str, list[str]]]] = Field(
+        description="a text; a pair [a, b]; or a batch: a list of texts, [text] and [a, b] lists (TEI's forms: a "
+                    "list of exactly two strings is one pair)")
+    raw_scores: bool = Field(False, description="the logits; false: softmax over the labels, or a sigmoid for one "
+                                                "label or a multi-label classifier, as transformers' pipeline")
+    truncate: bool | None = Field(None, description="false: an input over max_seq_length is refused; true: it "
+                                                    "is cut; " + TRUNCATE_UNSET)
+    truncation_direction: TruncationDirection = "Right"
+
+
 class TeiSimilarityInputs(_TeiBody):
     source_sentence: str
     sentences: list[str] = Field(description="each compared with source_sentence")

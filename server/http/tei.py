@@ -7,10 +7,20 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from attnserve.errors import InvalidInputError
+
 from ..core import Core
-from ..replies import EncodeReply
-from ..requests import DecodeRequest, EncodeRequest, SimilarityRequest, TokenizeRequest
-from .bodies import TeiDecodeBody, TeiEmbedAllBody, TeiEmbedBody, TeiInfo, TeiSimilarityBody, TeiTokenizeBody
+from ..replies import EncodeReply, PredictReply
+from ..requests import DecodeRequest, EncodeRequest, PredictRequest, SimilarityRequest, TokenizeRequest
+from .bodies import (
+    TeiDecodeBody,
+    TeiEmbedAllBody,
+    TeiEmbedBody,
+    TeiInfo,
+    TeiPredictBody,
+    TeiSimilarityBody,
+    TeiTokenizeBody,
+)
 from .errors import TEI, WireNames
 from .inputs import inputs_of
 from .route import Route
@@ -42,6 +52,38 @@ def embed_all_request(body: TeiEmbedAllBody) -> EncodeRequest:
                          prompt_name=body.prompt_name, prompt=body.prompt)
 
 
+def predict_inputs(inputs: str | list) -> tuple[list[str | tuple[str, str]], bool]:
+    """TEI's /predict inputs -> (the core's inputs, whether they were a batch). A text, or a list of exactly two
+    texts (one pair), is one input; any other list is a batch, of texts or of [text] / [a, b] lists."""
+    if isinstance(inputs, str):
+        return [inputs], False
+    if len(inputs) == 2 and all(isinstance(x, str) for x in inputs):
+        return [(inputs[0], inputs[1])], False
+    batch: list[str | tuple[str, str]] = []
+    for i, item in enumerate(inputs):
+        if isinstance(item, str):
+            batch.append(item)
+        elif len(item) == 1:
+            batch.append(item[0])
+        elif len(item) == 2:
+            batch.append((item[0], item[1]))
+        else:
+            problem = f"a text or a pair takes 1 or 2 strings, got {len(item)}"
+            raise InvalidInputError(f"input {i}: {problem}", field=f"inputs[{i}]", description=problem)
+    return batch, True
+
+
+def predict_request(body: TeiPredictBody) -> tuple[PredictRequest, bool]:
+    inputs, batch = predict_inputs(body.inputs)
+    return PredictRequest(inputs=inputs, raw_scores=body.raw_scores, truncate=body.truncate,
+                          truncation_direction=body.truncation_direction.lower()), batch
+
+
+def render_predictions(reply: PredictReply, batch: bool) -> bytes:
+    predictions = [[{"score": score, "label": label} for label, score in p] for p in reply.predictions]
+    return dumps(predictions if batch else predictions[0])
+
+
 def similarity_request(body: TeiSimilarityBody) -> SimilarityRequest:
     return SimilarityRequest(source_sentence=body.inputs.source_sentence, sentences=body.inputs.sentences,
                              truncate=body.truncate, truncation_direction=body.truncation_direction.lower(),
@@ -69,12 +111,13 @@ def render_token_embeddings(reply: EncodeReply) -> bytes:
 
 
 def _model_type(info) -> dict:
-    """TEI's model_type: an embedding model's pooling, or a reranker's labels (TEI's clients read it to tell
-    which routes the model answers). The manifest keeps no label names: transformers' default ones."""
+    """TEI's model_type: an embedding model's pooling, or a reranker's (one label) or a classifier's labels (TEI's
+    clients read it to tell which routes the model answers)."""
     if info.kind == "reranker":
-        labels = [f"LABEL_{i}" for i in range(info.num_labels)]
-        return {"reranker": {"id2label": {str(i): name for i, name in enumerate(labels)},
-                             "label2id": {name: i for i, name in enumerate(labels)}}}
+        labels = info.labels or tuple(f"LABEL_{i}" for i in range(info.num_labels))
+        return {"reranker" if info.num_labels == 1 else "classifier": {
+            "id2label": {str(i): name for i, name in enumerate(labels)},
+            "label2id": {name: i for i, name in enumerate(labels)}}}
     return {"embedding": {"pooling": info.pooling}}
 
 
@@ -91,6 +134,9 @@ class TeiRoutes:
             embed("/", "sentence embeddings (TEI's route for an embedding model)"),
             Route("POST", "/embed_all", self.embed_all, TEI, "token embeddings, [tokens, hidden] per input (TEI)",
                   TeiEmbedAllBody, reply_schema=_list_of(_list_of(_FLOATS))),
+            Route("POST", "/predict", self.predict, TEI, "a classifier's scores for each text or pair, every label "
+                                                         "best first (TEI)", TeiPredictBody,
+                  reply_schema={"type": "array"}),
             Route("POST", "/similarity", self.similarity, TEI, "the cosine of each sentence with source_sentence (TEI)",
                   TeiSimilarityBody, reply_schema=_FLOATS, names=SIMILARITY_NAMES),
             Route("POST", "/tokenize", self.tokenize, TEI, "every token of each whole text, with its characters (TEI)",
@@ -112,6 +158,11 @@ class TeiRoutes:
         reply, _ = await self._core.encode(core_request, deadline(request), render_token_embeddings,
                                            JSON_FLOAT_BYTES)
         return json_response(reply)
+
+    async def predict(self, request: web.Request) -> web.Response:
+        core_request, batch = await self._bodies.read(request, TeiPredictBody, predict_request)
+        reply = await self._core.predict(core_request, deadline(request))
+        return json_response(render_predictions(reply, batch))
 
     async def similarity(self, request: web.Request) -> web.Response:
         core_request = await self._bodies.read(request, TeiSimilarityBody, similarity_request)

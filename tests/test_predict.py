@@ -1,0 +1,99 @@
+"""Classification (TEI's POST /predict, gRPC Classify) with *ForSequenceClassification checkpoints of several
+labels, against transformers' own pipeline("text-classification"): single-label (softmax) and multi-label
+(sigmoid) as config.json's problem_type says, id2label's names, raw logits; TEI's client reads /predict."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+import requests
+from tei_client import HttpClient
+
+from attnserve.default_model import default_checkpoint_dir
+from attnserve.v1 import encoder_pb2 as pb
+from tests.serving import ServerProcess, serving
+
+LABELS = ["negative", "neutral", "positive"]
+TEXTS = ["I loved this film.", "The weather is fine, I suppose.", "Terrible service and cold food.",
+         "A long review that goes on about the plot and the actors " * 3]
+PAIRS = [("Is it raining?", "The streets are wet."), ("Who wrote it?", "A cat sat on the mat.")]
+
+
+@pytest.fixture(scope="module", params=["single_label_classification", "multi_label_classification"])
+def classifier(request, tmp_path_factory):
+    """(checkpoint, artifacts, running server) of a 3-label classifier with this problem_type."""
+    from attnserve.export.artifacts import build_artifacts
+    from attnserve.model.checkpoint import read_checkpoint
+    from tests.checkpoints import save_cross_encoder
+
+    base = tmp_path_factory.mktemp(request.param)
+    ckpt = save_cross_encoder(base / "ckpt", default_checkpoint_dir(), seed=3, labels=LABELS,
+                              problem_type=request.param)
+    out = base / "artifacts"
+    build_artifacts(read_checkpoint(ckpt, "tiny-classifier"), out, log=lambda m: None)
+    with serving(ServerProcess(out, log_path=base / "server.log")) as server:
+        yield ckpt, out, server
+
+
+def reference(ckpt, inputs, raw: bool = False) -> list[list[dict]]:
+    import transformers
+
+    pipe = transformers.pipeline("text-classification", model=str(ckpt), tokenizer=str(ckpt), device="cpu",
+                                 top_k=None)
+    batch = [{"text": x[0], "text_pair": x[1]} if isinstance(x, tuple) else x for x in inputs]
+    return pipe(batch, function_to_apply="none" if raw else None)
+
+
+def check(got: list[list[dict]], want: list[list[dict]]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert [s["label"] for s in g] == [s["label"] for s in w]  # the same order: best first
+        np.testing.assert_allclose([s["score"] for s in g], [s["score"] for s in w], atol=1e-5)
+
+
+def test_predict_equals_transformers_pipeline(classifier):
+    ckpt, _, server = classifier
+    url = f"{server.http_url}/predict"
+    batch = requests.post(url, json={"inputs": [[t] for t in TEXTS] + [list(p) for p in PAIRS]}, timeout=60).json()
+    check(batch, reference(ckpt, TEXTS + PAIRS))
+    one = requests.post(url, json={"inputs": TEXTS[0]}, timeout=60).json()  # one text: one list, not a batch
+    check([one], reference(ckpt, TEXTS[:1]))
+    pair = requests.post(url, json={"inputs": list(PAIRS[0])}, timeout=60).json()  # two strings: one pair (TEI)
+    check([pair], reference(ckpt, PAIRS[:1]))
+    raw = requests.post(url, json={"inputs": TEXTS, "raw_scores": True}, timeout=60).json()
+    check(raw, reference(ckpt, TEXTS, raw=True))
+
+
+def test_teis_client_classifies(classifier):
+    ckpt, _, server = classifier
+    tei = HttpClient(server.http_url, timeout=60)
+    got = tei.classify(TEXTS[:2] + [PAIRS[0]])
+    check([[{"label": s.label, "score": s.score} for s in r.scores] for r in got],
+          reference(ckpt, TEXTS[:2] + [PAIRS[0]]))
+
+
+def test_grpc_classify_and_model_info(classifier):
+    ckpt, _, server = classifier
+    with server.channel() as channel:
+        stub = server.stub(channel)
+        inputs = [pb.Input(text=t) for t in TEXTS] + [pb.Input(pair=pb.TextPair(a=a, b=b)) for a, b in PAIRS]
+        reply = stub.Classify(pb.ClassifyRequest(inputs=inputs))
+        check([[{"label": s.label, "score": s.score} for s in p.scores] for p in reply.predictions],
+              reference(ckpt, TEXTS + PAIRS))
+        info = stub.GetModelInfo(pb.GetModelInfoRequest())
+        assert list(info.labels) == LABELS and list(info.outputs) == ["predict"] and info.num_labels == 3
+        with pytest.raises(grpc.RpcError) as raised:  # a 3-label classifier does not rerank
+            stub.Rerank(pb.RerankRequest(query="q", texts=["a"]))
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_an_embedder_asked_to_predict_says_what_it_is(server, stub):
+    reply = requests.post(f"{server.http_url}/predict", json={"inputs": "a"}, timeout=60)
+    assert reply.status_code in (400, 422) and "has no classifier" in reply.json()["error"]
+    with pytest.raises(grpc.RpcError) as raised:
+        stub.Classify(pb.ClassifyRequest(inputs=[pb.Input(text="a")]))
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "has no classifier" in raised.value.details()
+    info = stub.GetModelInfo(pb.GetModelInfoRequest())
+    assert list(info.outputs) == ["embed", "attention", "similarity"]
+    assert list(info.embedding_types) == ["float", "int8", "uint8", "binary", "ubinary"]
