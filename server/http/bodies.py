@@ -84,6 +84,8 @@ class OpenAIModel(BaseModel):
     object: Literal["model"]
     created: int
     owned_by: str
+    outputs: list[str] = Field(description="attnserve's: what the model answers (embed, attention, similarity; "
+                                           "rerank, predict)")
 
 
 class OpenAIModelList(BaseModel):
@@ -179,7 +181,8 @@ class TeiClassifierModel(BaseModel):
 
 class TeiModelType(BaseModel):
     embedding: TeiEmbeddingModel | None = Field(None, description="an embedding model")
-    reranker: TeiClassifierModel | None = Field(None, description="a reranker (a cross-encoder)")
+    reranker: TeiClassifierModel | None = Field(None, description="a reranker (a cross-encoder of one label)")
+    classifier: TeiClassifierModel | None = Field(None, description="a classifier (several labels: /predict)")
 
 
 class TeiInfo(BaseModel):
@@ -198,6 +201,10 @@ class TeiInfo(BaseModel):
     version: str
     sha: str | None
     docker_label: str | None
+    outputs: list[str] = Field(description="attnserve's: what the model answers (embed, attention, similarity; "
+                                           "rerank, predict)")
+    embedding_types: list[str] = Field(description="attnserve's: the embedding types a request may ask for "
+                                                   "without ranges of its own")
 
 
 class TeiError(BaseModel):

@@ -81,4 +81,5 @@ class OpenAIRoutes:
         return json_response(dumps(self._model(name)))
 
     def _model(self, name: str) -> dict:
-        return {"id": name, "object": "model", "created": self._created, "owned_by": OWNER}
+        return {"id": name, "object": "model", "created": self._created, "owned_by": OWNER,
+                "outputs": list(self._core.model(name).info.outputs)}

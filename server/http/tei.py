@@ -188,7 +188,8 @@ class TeiRoutes:
             "max_input_length": info.max_seq_length, "max_batch_tokens": info.max_batch_tokens,
             "max_batch_requests": info.max_batch_size, "max_client_batch_size": info.max_inputs_per_request,
             "auto_truncate": info.auto_truncate, "tokenization_workers": None,
-            "version": info.version, "sha": None, "docker_label": None}))
+            "version": info.version, "sha": None, "docker_label": None,
+            "outputs": list(info.outputs), "embedding_types": list(info.embedding_types)}))
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)  # the door answered 503 for it unless ready (Route.readiness)
