@@ -111,6 +111,12 @@ class Manifest:
                                   normalize)
 
     @property
+    def sparse(self) -> bool:
+        """A SPLADE model (model/splade.py): its sentence embedding is a weight per vocabulary entry, almost all
+        zero, served as (index, value) pairs."""
+        return self.pooling.startswith("splade_")
+
+    @property
     def label_names(self) -> tuple[str, ...]:
         """A reranker's labels in output order; transformers' LABEL_i where the manifest names none."""
         return self.labels or tuple(f"LABEL_{i}" for i in range(self.num_labels))

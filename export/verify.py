@@ -29,7 +29,6 @@ from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ExportVerificationError
 from attnserve.model.encoder import Encoder
 from attnserve.model.family import EncoderModule
-from attnserve.model.sentence_head import SentenceHead
 
 from .memory import release_freed_memory, small_heaps
 from .token_ids import made_up_token_ids
@@ -186,7 +185,7 @@ class Reference:
     PyTorch's or one session's, one run's maps and the grid's hidden states.
     """
 
-    def __init__(self, encoder: Encoder | EncoderModule, head: SentenceHead, embedding_size: int,
+    def __init__(self, encoder: Encoder | EncoderModule, head: torch.nn.Module, embedding_size: int,
                  tokenizer: TextTokenizer, n_texts: int = VERIFIED_TEXTS, seed: int = 0,
                  token_types: bool | None = None):
         """token_types: whether the graphs take token_type_ids; None: as the model has token types (False

@@ -34,6 +34,7 @@ from . import (
     nomic_bert,
     qwen3,
     qwen3_reranker,
+    splade,
 )
 from .encoder import ACTIVATIONS, Encoder, EncoderConfig
 from .family import EncoderModule, ModelConfig, SelfContainedFamily, WeightNames
@@ -360,6 +361,12 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
         return _read_qwen3_reranker(directory, name, cfg, raw)
     pipeline = read_pipeline(directory, cfg.usable_positions, cfg.hidden_size)
     _check_no_head(directory / "model.safetensors", _weight_names(cfg))
+    if pipeline.splade is not None:  # SPLADE over the MLM head (model/splade.py): BERT's only
+        if cfg.family != "bert":
+            raise CheckpointError(f"{directory}: cannot reproduce a SparseEncoder over {cfg.family}'s masked-LM "
+                                  "head (only BERT's, BertForMaskedLM)")
+        splade.check_head_keys({legacy_renamed(k) for k in _weight_keys(directory / "model.safetensors")},
+                               directory / "model.safetensors")
     return Checkpoint(directory, name or directory.name, cfg, pipeline)
 
 
@@ -408,7 +415,7 @@ def key_map(cfg: EncoderConfig) -> dict[str, str]:
     return keys
 
 
-def _renamed(key: str) -> str:
+def legacy_renamed(key: str) -> str:
     """A legacy LayerNorm key under transformers' current name."""
     for old, new in LEGACY_NORM_NAMES.items():
         if key.endswith(old):
@@ -430,7 +437,7 @@ def load_encoder(ckpt: Checkpoint) -> EncoderModule:
     names = _weight_names(ckpt.config)
     prefix = _encoder_prefix(list(tensors), names)
     head_keys = set(ckpt.head.keys) if ckpt.head else set()  # a reranker's head: loaded by cross_encoder.py
-    tensors = {_renamed(k.removeprefix(prefix)): v for k, v in tensors.items()
+    tensors = {legacy_renamed(k.removeprefix(prefix)): v for k, v in tensors.items()
                if not k.startswith(names.unused_heads) and k not in head_keys}
     cfg = ckpt.config
     mapping = key_map(cfg) if isinstance(cfg, EncoderConfig) else OWN_FAMILIES[cfg.family].key_map(cfg)

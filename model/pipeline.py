@@ -13,6 +13,9 @@ that cannot change the output (similarity_fn_name, unpad_inputs) are accepted.
 
 Without modules.json, sentence-transformers builds Transformer + mean pooling and reads none of
 these files; so does this reader.
+
+A SparseEncoder's pipeline (model_type "SparseEncoder": a fill-mask Transformer -> SpladePooling) is read here too,
+and reproduced by model/splade.py.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ from typing import Any
 
 from attnserve.engine.pooling import POOLING_MODES
 from attnserve.errors import CheckpointError
+
+from .splade import ACTIVATIONS as SPLADE_ACTIVATIONS
+from .splade import STRATEGIES as SPLADE_STRATEGIES
+from .splade import Splade
 
 # Pooling's legacy boolean keys, in the order sentence-transformers concatenates their outputs.
 LEGACY_POOLING_KEYS = {
@@ -44,6 +51,11 @@ TRANSFORMER_CONFIG_FILES = ("sentence_bert_config.json", "sentence_roberta_confi
 # sentence_bert_config.json keys and the only values the export reproduces (None: absent or null).
 # The *_kwargs dicts are handed to transformers when the model, tokenizer or config is built.
 FEATURE_EXTRACTION = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
+# A SparseEncoder's Transformer: the MLM head's logits over the vocabulary, per token.
+FILL_MASK = {"transformer_task": ("fill-mask",),
+             "modality_config": ({"text": {"method": "forward", "method_output_name": "logits"}},)}
+SPLADE_KEYS = {"pooling_strategy", "activation_function", "embedding_dimension", "word_embedding_dimension",
+               "chunk_size"}
 TRANSFORMER_FIXED = {
     "transformer_task": ("feature-extraction",),
     "modality_config": (FEATURE_EXTRACTION,),
@@ -99,19 +111,27 @@ class Pipeline:
     max_seq_length_from: str  # "sentence_bert_config.json" or "tokenizer": the export checks the latter
     prompts: dict[str, str]  # config_sentence_transformers.json's named prompts
     default_prompt_name: str | None  # the prompt put before every text a caller gives no prompt for
+    splade: Splade | None = None  # a SparseEncoder's SpladePooling (pooling is then empty): model/splade.py
 
     @property
     def pooling_name(self) -> str:
-        """The manifest's name of the pooling: "mean", or "cls+mean" for several modes concatenated."""
+        """The manifest's name of the pooling: "mean", or "cls+mean" for several modes concatenated; a SPLADE
+        model's "splade_max" or "splade_sum"."""
+        if self.splade is not None:
+            return f"splade_{self.splade.strategy}"
         return "+".join(self.pooling)
 
     def embedding_size(self, hidden_size: int) -> int:
-        """The size of the sentence embedding the pipeline gives."""
+        """The size of the sentence embedding the pipeline gives (a SPLADE model's: its vocabulary)."""
+        if self.splade is not None:
+            return self.splade.vocab_size
         dense = [m for m in self.after_pooling if isinstance(m, Dense)]
         return dense[-1].out_features if dense else len(self.pooling) * hidden_size
 
     def modules(self, family: str) -> list[str]:
         """The pipeline in short words, for the manifest: ["Transformer(bert)", "Pooling(mean)", "Normalize"]."""
+        if self.splade is not None:
+            return [f"Transformer({family}, fill-mask)", self.splade.describe()]
         return ([f"Transformer({family})", f"Pooling({self.pooling_name})"] + [m.describe() for m in self.after_pooling]
                 + (["Normalize"] if self.normalize else []))
 
@@ -141,7 +161,9 @@ def read_pipeline(directory: Path, max_position_embeddings: int, hidden_size: in
     if not modules_file.exists():
         return Pipeline(("mean",), (), False, tokenizer_max_length(directory, max_position_embeddings),
                         "tokenizer", {}, None)
-    prompts, default_prompt_name = _model_config(directory / "config_sentence_transformers.json")
+    prompts, default_prompt_name, model_type = _model_config(directory / "config_sentence_transformers.json")
+    if model_type == "SparseEncoder":
+        return _sparse_pipeline(directory, modules_file, max_position_embeddings, prompts, default_prompt_name)
     pooling_folder, after = _modules(modules_file)
     max_seq_length, length_from = _transformer(directory, max_position_embeddings)
     modes = _pooling(directory / pooling_folder / "config.json")
@@ -163,15 +185,16 @@ def read_pipeline(directory: Path, max_position_embeddings: int, hidden_size: in
                     prompts, default_prompt_name)
 
 
-def _model_config(path: Path) -> tuple[dict[str, str], str | None]:
-    """config_sentence_transformers.json: its prompts and default prompt; refuses what changes encode()'s output
-    otherwise."""
+def _model_config(path: Path) -> tuple[dict[str, str], str | None, str]:
+    """config_sentence_transformers.json: its prompts, default prompt and model_type; refuses what changes
+    encode()'s output otherwise."""
     if not path.exists():
-        return {}, None
+        return {}, None, "SentenceTransformer"
     raw = _read_object(path)
     model_type = raw.get("model_type", "SentenceTransformer")
-    if model_type != "SentenceTransformer":
-        raise _refuse(path, f"model_type {model_type!r} (only SentenceTransformer embedders are exported)")
+    if model_type not in ("SentenceTransformer", "SparseEncoder"):
+        raise _refuse(path, f"model_type {model_type!r} (only SentenceTransformer embedders and SparseEncoder "
+                            "SPLADE models are exported)")
     if raw.get("truncate_dim") is not None:
         # encode() cuts the embeddings after the pipeline's Normalize, leaving them short of unit length.
         raise _refuse(path, f"truncate_dim {raw['truncate_dim']!r}: embeddings cut to fewer dimensions")
@@ -184,7 +207,42 @@ def _model_config(path: Path) -> tuple[dict[str, str], str | None]:
     if default is not None and (not isinstance(default, str) or default not in prompts):
         raise CheckpointError(f"{path}: default_prompt_name {default!r} is not one of the prompts "
                               f"({', '.join(prompts) or 'there are none'})")
-    return prompts, default
+    return prompts, default, model_type
+
+
+def _sparse_pipeline(directory: Path, modules_file: Path, max_position_embeddings: int, prompts: dict[str, str],
+                     default_prompt_name: str | None) -> Pipeline:
+    """A SparseEncoder: a fill-mask Transformer at the root, then SpladePooling, and nothing else."""
+    raw = read_json(modules_file)
+    if not isinstance(raw, list) or not raw:
+        raise CheckpointError(f"{modules_file}: expected a non-empty list of modules")
+    kinds = [_module_kind(entry, modules_file, i) for i, entry in enumerate(raw)]
+    # MLMTransformer: sentence-transformers 5's name of the fill-mask Transformer, which SPLADE models keep.
+    if [name for name, _ in kinds] not in (["Transformer", "SpladePooling"], ["MLMTransformer", "SpladePooling"]) \
+            or kinds[0][1] != "":
+        order = " -> ".join(name for name, _ in kinds)
+        raise _refuse(modules_file, f"the SparseEncoder modules {order} (only a Transformer at the checkpoint's "
+                                    "root -> SpladePooling: SPLADE)")
+    max_seq_length, length_from = _transformer(directory, max_position_embeddings, FILL_MASK)
+    path = directory / kinds[1][1] / "config.json"
+    config = _read_object(path) if path.exists() else {}
+    unknown = sorted(set(config) - SPLADE_KEYS)
+    if unknown:
+        raise _refuse(path, f"the SpladePooling setting {unknown[0]!r}")
+    strategy = config.get("pooling_strategy", "max")
+    activation = config.get("activation_function", "relu")
+    if strategy not in SPLADE_STRATEGIES or activation not in SPLADE_ACTIVATIONS:
+        raise _refuse(path, f"SpladePooling {strategy!r} with {activation!r} (only {' or '.join(SPLADE_STRATEGIES)}"
+                            f" with {' or '.join(SPLADE_ACTIVATIONS)})")
+    vocab_size = _read_object(directory / "config.json").get("vocab_size")
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
+        raise CheckpointError(f"{directory / 'config.json'}: vocab_size must be a positive integer, got "
+                              f"{vocab_size!r}")
+    dimension = config.get("embedding_dimension") or config.get("word_embedding_dimension")
+    if dimension not in (None, vocab_size):
+        raise _refuse(path, f"embedding_dimension {dimension!r} (the vocabulary has {vocab_size})")
+    return Pipeline((), (), False, max_seq_length, length_from, prompts, default_prompt_name,
+                    Splade(strategy, activation, vocab_size))
 
 
 def _module_kind(entry: Any, path: Path, position: int) -> tuple[str, str]:
@@ -222,8 +280,10 @@ def _modules(path: Path) -> tuple[str, list[tuple[str, str]]]:
     return kinds[1][1], kinds[2:]
 
 
-def _transformer(directory: Path, max_position_embeddings: int) -> tuple[int, str]:
-    """The Transformer's config file: returns (max_seq_length, where it came from)."""
+def _transformer(directory: Path, max_position_embeddings: int, task: dict | None = None) -> tuple[int, str]:
+    """The Transformer's config file: returns (max_seq_length, where it came from). task: the settings a
+    SparseEncoder's fill-mask Transformer has instead of feature extraction's."""
+    fixed = TRANSFORMER_FIXED | (task or {})
     found = [directory / name for name in TRANSFORMER_CONFIG_FILES if (directory / name).exists()]
     if not found:
         return tokenizer_max_length(directory, max_position_embeddings), "tokenizer"
@@ -232,9 +292,9 @@ def _transformer(directory: Path, max_position_embeddings: int) -> tuple[int, st
     for key, value in raw.items():
         if key in TRANSFORMER_FREE:
             continue
-        if key not in TRANSFORMER_FIXED:
+        if key not in fixed:
             raise _refuse(path, f"the Transformer setting {key!r}")
-        allowed = TRANSFORMER_FIXED[key]
+        allowed = fixed[key]
         if value is not None and value not in allowed:
             raise _refuse(path, f"{key} {json.dumps(value)} (the export runs "
                                 f"{json.dumps(allowed[0]) if allowed else 'without it'})")

@@ -60,10 +60,17 @@ class SentenceHead(nn.Module):
         return x
 
 
-def load_head(directory: Path, pipeline: Pipeline) -> SentenceHead:
-    """The head with each Dense module's weights loaded from its folder."""
+def load_head(directory: Path, pipeline: Pipeline) -> nn.Module:
+    """The head with each Dense module's weights loaded from its folder; a SparseEncoder's SPLADE head
+    (model/splade.py) with its MLM head's weights."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
+
+    if pipeline.splade is not None:
+        from .pipeline import read_json
+        from .splade import load_splade_head
+
+        return load_splade_head(directory / "model.safetensors", pipeline.splade, read_json(directory / "config.json"))
 
     head = SentenceHead(pipeline)
     for spec, layer in zip(pipeline.after_pooling, head.modules_after, strict=True):

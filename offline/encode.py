@@ -17,7 +17,8 @@ from .rows import encode_inputs, inputs_of
 def engine_facts(engine: Engine) -> ModelFacts:
     m = engine.manifest
     return ModelFacts(m.model, m.embedding_size, m.vocab_size, m.served_max_length, m.pooling, m.normalize,
-                      engine.precision, engine.embeddings_variant.runs_as, quantization_ranges=m.quantization_ranges)
+                      engine.precision, engine.embeddings_variant.runs_as, quantization_ranges=m.quantization_ranges,
+                      sparse=m.sparse)
 
 
 class LocalEncoder:

@@ -86,6 +86,7 @@ class ModelFacts:
     # (dimensions, normalize) -> the model's (2, D) int8 / uint8 ranges (Manifest.quantization_ranges), or None
     # where they are not known here: the artifacts hold none, or a server encodes.
     quantization_ranges: Callable[[int | None, bool], np.ndarray | None] = lambda dimensions, normalize: None
+    sparse: bool = False  # a SPLADE model: its weights are written as (index, value) pairs (sparse_embedding)
 
 
 @dataclass(eq=False)
@@ -180,6 +181,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
     normalize = facts.normalize if job.normalize is None else job.normalize
     check_dimensions(job.dimensions, facts.embedding_size)  # the same rule as a request's
     size = job.dimensions or facts.embedding_size
+    _check_sparse(job, facts)
     ranges = _ranges(job, facts, normalize)
     errors_path = job.errors_path if job.on_error == "skip" else None
     # Set only when asked, so that the runs of earlier versions' settings read the same.
@@ -214,7 +216,8 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
             nonlocal schema
             for index, records in enumerate(source.chunks(job.chunk_rows)):
                 bad = checks.bad(records)
-                schema = schema or output_schema(source.id_type or int, size, metadata, job.embedding_type)
+                schema = schema or output_schema(source.id_type or int, size, metadata, job.embedding_type,
+                                                 facts.sparse)
                 digest = input_digest(records)
                 if run.trusts(index, digest):
                     first = run.first_error(index)
@@ -253,7 +256,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                     result.skipped += len(set_aside)
                     progress.advance(len(set_aside), rate())
             # An empty input (an empty partition, say) gives an empty output with the same schema.
-            run.finish(schema or output_schema(source.id_type or int, size, metadata, job.embedding_type))
+            run.finish(schema or output_schema(source.id_type or int, size, metadata, job.embedding_type, facts.sparse))
         except KeyboardInterrupt:
             raise EncodeInterrupted(f"interrupted after {run.rows_recorded()} of {total} rows; the same command "
                                     "resumes after them") from None
@@ -261,6 +264,17 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
             progress.close()
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _check_sparse(job: EncodeJob, facts: ModelFacts) -> None:
+    """A SPLADE model's weights are written whole, as (index, value) pairs: no cut, normalisation or type."""
+    if not facts.sparse:
+        return
+    for flag, asked in (("--dimensions", job.dimensions is not None), ("--normalize", bool(job.normalize)),
+                        ("--precision-out", job.embedding_type != "float")):
+        if asked:
+            raise ConfigError(f"{flag} does not apply to {facts.model}, a SPLADE model: its sparse embeddings are "
+                              "written whole as (index, value) pairs")
 
 
 def _ranges(job: EncodeJob, facts: ModelFacts, normalize: bool) -> np.ndarray | None:

@@ -75,7 +75,8 @@ class RayEncoder:
     def facts(self) -> ModelFacts:
         m = self.manifest
         return ModelFacts(m.model, m.embedding_size, m.vocab_size, m.served_max_length, m.pooling, m.normalize,
-                          self.config.precision, self.graph.runs_as, quantization_ranges=m.quantization_ranges)
+                          self.config.precision, self.graph.runs_as, quantization_ranges=m.quantization_ranges,
+                          sparse=m.sparse)
 
     def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
         ray = _import_ray()

@@ -199,7 +199,7 @@ class ServerEncoder:
     def facts(self) -> ModelFacts:
         i = self.info
         return ModelFacts(i.model, embedding_size(i), i.vocab_size, i.max_seq_length, i.pooling, i.normalize,
-                          i.precision, server=self.target)
+                          i.precision, server=self.target, sparse=i.pooling.startswith("splade_"))
 
     # --- errors ----------------------------------------------------------------------------------------
 

@@ -37,13 +37,22 @@ EMBEDDING_ARROW_TYPES = {"float": pa.float32(), "int8": pa.int8(), "uint8": pa.u
                          "ubinary": pa.uint8()}
 
 
-def output_schema(id_type: type, embedding_size: int, metadata: dict, embedding_type: str = "float") -> pa.Schema:
-    """embedding_size: D; the binary types hold ceil(D / 8) bytes a row."""
+# A SPLADE model's column: its weights above 0 as (vocabulary id, weight), ascending by id.
+SPARSE_TYPE = pa.list_(pa.struct([pa.field("index", pa.int32(), nullable=False),
+                                  pa.field("value", pa.float32(), nullable=False)]))
+
+
+def output_schema(id_type: type, embedding_size: int, metadata: dict, embedding_type: str = "float",
+                  sparse: bool = False) -> pa.Schema:
+    """embedding_size: D; the binary types hold ceil(D / 8) bytes a row. sparse: a SPLADE model's
+    `sparse_embedding` column instead of `embedding`."""
     width = quantized_size(embedding_type, embedding_size)
+    embedding = (pa.field("sparse_embedding", SPARSE_TYPE, nullable=False) if sparse else
+                 pa.field("embedding", pa.list_(EMBEDDING_ARROW_TYPES[embedding_type], width), nullable=False))
     return pa.schema(
         [
             pa.field("id", pa.int64() if id_type is int else pa.string(), nullable=False),
-            pa.field("embedding", pa.list_(EMBEDDING_ARROW_TYPES[embedding_type], width), nullable=False),
+            embedding,
             pa.field("num_tokens", pa.int32(), nullable=False),
             pa.field("truncated", pa.bool_(), nullable=False),
         ],
@@ -57,15 +66,30 @@ def output_table(schema: pa.Schema, records: Sequence[Record], embeddings: np.nd
     embedding type), num_tokens (N,), truncated (N,)."""
     id_type = schema.field("id").type
     ids = [r.id for r in records]
-    embedding = schema.field("embedding").type  # fixed_size_list<float32 | int8 | uint8>[D]
-    values = np.asarray(embeddings, embedding.value_type.to_pandas_dtype()).reshape(-1)
+    if schema.names[1] == "sparse_embedding":
+        column = _sparse_column(np.asarray(embeddings, np.float32))
+    else:
+        embedding = schema.field("embedding").type  # fixed_size_list<float32 | int8 | uint8>[D]
+        values = np.asarray(embeddings, embedding.value_type.to_pandas_dtype()).reshape(-1)
+        column = pa.FixedSizeListArray.from_arrays(_from_numpy(values, embedding.value_type), embedding.list_size)
     return pa.Table.from_arrays(
         [_from_numpy(np.array(ids, np.int64), pa.int64()) if id_type == pa.int64() else pa.array(ids, type=id_type),
-         pa.FixedSizeListArray.from_arrays(_from_numpy(values, embedding.value_type), embedding.list_size),
+         column,
          _from_numpy(np.asarray(num_tokens, np.int32), pa.int32()),
          pa.Array.from_buffers(pa.bool_(), len(truncated),
                                [None, pa.py_buffer(np.packbits(np.asarray(truncated, bool), bitorder="little"))])],
         schema=schema)
+
+
+def _sparse_column(weights: np.ndarray) -> pa.Array:
+    """(N, V) SPLADE weights -> list<struct<index, value>>: each row's weights above 0, ascending by index."""
+    rows, indices = np.nonzero(weights > 0)  # row-major: each row's indices ascending
+    offsets = np.zeros(len(weights) + 1, dtype=np.int32)
+    np.cumsum(np.bincount(rows, minlength=len(weights)), out=offsets[1:])
+    pairs = pa.StructArray.from_arrays(
+        [_from_numpy(indices.astype(np.int32), pa.int32()), _from_numpy(weights[rows, indices], pa.float32())],
+        fields=list(SPARSE_TYPE.value_type))
+    return pa.ListArray.from_arrays(_from_numpy(offsets, pa.int32()), pairs, type=SPARSE_TYPE)
 
 
 def _from_numpy(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:

@@ -82,7 +82,8 @@ def model_outputs(manifest: Manifest) -> tuple[str, ...]:
         if manifest.pair_template is not None:  # Qwen3-Reranker: a templated (query, document) pair only
             return ("rerank",)
         return ("rerank", "predict") if manifest.num_labels == 1 else ("predict",)
-    return ("embed", "attention", "similarity")
+    return ("embed", "embed_sparse", "attention", "similarity") if manifest.sparse else \
+        ("embed", "attention", "similarity")
 
 
 def model_sources(artifacts: str | None, config: ServerConfig) -> list[ModelSource]:

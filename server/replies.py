@@ -33,6 +33,24 @@ class EncodedInput:
     token_embeddings: np.ndarray | None  # (T, H) float32
     attentions: np.ndarray | None  # (layers, heads or 1, T, T) float32, each row summing to 1
     pair_start: int | None = None  # a pair's index of the first token of segment b; None: not a pair
+    sparse: SparseEmbedding | None = None  # a SPLADE model's weights, when sparse embeddings were asked for
+
+
+@dataclass
+class SparseEmbedding:
+    indices: np.ndarray  # (K,) int32 vocabulary ids with a weight above 0, ascending
+    values: np.ndarray  # (K,) float32 their weights
+    tokens: list[str] | None  # the vocabulary's token of each index, when asked
+
+
+def sparse_of(weights: np.ndarray, top_k: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(V,) SPLADE weights -> the (indices, values) above 0, ascending by index; with top_k, the k largest (ties
+    to the lower index), as sentence-transformers' max_active_dims keeps them."""
+    indices = np.flatnonzero(weights > 0)  # (K,)
+    if top_k is not None and len(indices) > top_k:
+        order = np.argsort(-weights[indices], kind="stable")[:top_k]  # the largest, ties to the lower index
+        indices = np.sort(indices[order])
+    return indices.astype(np.int32), weights[indices].astype(np.float32)
 
 
 @dataclass
@@ -78,11 +96,16 @@ def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokeni
             attentions = attentions[:, list(options.attention_heads)]  # (layers, heads, T, T)
         if options.average_heads:
             attentions = attentions.mean(axis=1, keepdims=True)  # (layers, 1, T, T)
+    sparse = None
+    if options.sparse is not None:
+        assert row.sentence_embedding is not None  # an embedder's row
+        indices, values = sparse_of(row.sentence_embedding, options.sparse.top_k)
+        sparse = SparseEmbedding(indices, values, tokenizer.tokens(indices) if options.sparse.return_tokens else None)
     return EncodedInput(
         num_tokens=len(item), truncated=item.truncated,
         tokens=tokenizer.tokens(item.ids) if options.tokens else None,
         token_embeddings=row.token_embeddings if options.token_embeddings else None,
-        attentions=attentions, pair_start=item.pair_start)
+        attentions=attentions, pair_start=item.pair_start, sparse=sparse)
 
 
 @dataclass

@@ -53,6 +53,12 @@ class AttentionOptions:
 
 
 @dataclass(frozen=True)
+class SparseOptions:
+    top_k: int | None = None  # keep the k largest weights of each input (sentence-transformers' max_active_dims)
+    return_tokens: bool = False  # name each index's vocabulary token, for inspection
+
+
+@dataclass(frozen=True)
 class EncodeRequest:
     inputs: Sequence[Input]
     pooling: str | int = "default"  # one of POOLINGS; a door passes an unknown wire value on as it is
@@ -73,6 +79,9 @@ class EncodeRequest:
     # of the embeddings returned; None: the model's calibrated ones.
     embedding_types: Sequence[str] = ("float",)
     ranges: object = None
+    # A SPLADE model's sparse embeddings (TEI's /embed_sparse) instead of its dense vocabulary-sized vector; None:
+    # the dense one.
+    sparse: SparseOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -212,6 +221,7 @@ class ReplyOptions:
     average_heads: bool = False
     embedding_types: tuple[str, ...] = ("float",)  # the sentence embedding's types, in the order asked
     ranges: np.ndarray | None = None  # (2, D) int8 / uint8 ranges, where one of them was asked
+    sparse: SparseOptions | None = None  # (index, value) pairs of a SPLADE model's weights, instead of its vector
 
     @property
     def attention(self) -> bool:
@@ -260,6 +270,7 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
         raise _invalid("truncation_direction", f"truncation_direction {request.truncation_direction!r} is not one "
                                                f"of {', '.join(TRUNCATION_DIRECTIONS)}")
     check_dimensions(request.dimensions, manifest.embedding_size)
+    _check_sparse(request, manifest)
     normalize = manifest.normalize if request.normalize is None else request.normalize
     types = check_embedding_types(tuple(request.embedding_types))
     ranges = _ranges(request, types, manifest, pooling, normalize)
@@ -280,6 +291,7 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
         average_heads=attention is not None and attention.average_heads,
         embedding_types=types,
         ranges=ranges,
+        sparse=request.sparse,
     )
     inputs = _tokenize(request, tokenizer, manifest, truncates(request.truncate, limits),
                        request.truncation_direction)  # a str now: checked above
@@ -293,6 +305,23 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
             f"({limits.max_response_bytes / 2**20:.1f} MiB); ask for fewer inputs, fewer attention layers or "
             "average_heads")
     return PreparedRequest(inputs, options)
+
+
+def _check_sparse(request: EncodeRequest, manifest: Manifest) -> None:
+    """Sparse embeddings are a SPLADE model's, whole: no other pooling, cut, normalisation or type."""
+    if request.sparse is None:
+        return
+    if not manifest.sparse:
+        raise _invalid("sparse", f"{manifest.model} is a dense embedding model ({manifest.pooling} pooling): it has "
+                                 "no sparse embeddings; ask for its embeddings")
+    top_k = request.sparse.top_k
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise _invalid("top_k", f"top_k {top_k!r} is not a positive integer (keep 1 or more weights)")
+    for field, asked in (("pooling", request.pooling != "default"), ("dimensions", request.dimensions is not None),
+                         ("normalize", bool(request.normalize)),
+                         ("embedding_types", tuple(request.embedding_types) != ("float",))):
+        if asked:
+            raise _invalid(field, f"{field} does not apply to sparse embeddings (top_k keeps the largest weights)")
 
 
 def _ranges(request: EncodeRequest, types: tuple[str, ...], manifest: Manifest, pooling: str | None,
@@ -520,8 +549,10 @@ def _check_attention_length(inputs: Sequence[TokenizedInput], manifest: Manifest
 
 def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest, float_bytes: float) -> int:
     heads = len(options.attention_heads or ())
-    size = options.dimensions or manifest.embedding_size
-    floats = sum(quantized_size(kind, size) for kind in options.embedding_types)  # a code counted as a float
+    dims = options.dimensions or manifest.embedding_size
+    floats = sum(quantized_size(kind, dims) for kind in options.embedding_types)  # a code counted as a float
+    if options.sparse is not None:  # (index, value) pairs: at most top_k, at most one per token of the vocabulary
+        floats = 2 * min(options.sparse.top_k or dims, dims)
     if options.token_embeddings:
         floats += tokens * manifest.hidden_size  # token embeddings are hidden states, whatever the pipeline
     if options.attention_layers is not None:  # options.attention, spelled so that mypy sees the layers are set

@@ -31,7 +31,8 @@ def test_the_contract_of_design_md():
                       "truncate": 6, "dimensions": 7, "truncation_direction": 8,  # 7, 8: added with the HTTP door
                       "model": 9, "prompt_name": 10, "prompt": 11,  # 9-11: several models, prompts
                       "task": 12,  # 12: jina-embeddings-v3's task adapters (issue 20)
-                      "embedding_type": 13, "ranges": 14}  # 13, 14: quantized embeddings (issue 22)
+                      "embedding_type": 13, "ranges": 14,  # 13, 14: quantized embeddings (issue 22)
+                      "sparse": 15}  # 15: SPLADE's sparse embeddings (issue 22)
     # truncate is optional (issue 19): unset (the server's --auto-truncate) and false differ
     assert pb.EmbedRequest.DESCRIPTOR.fields_by_name["truncate"].has_presence
     assert pb.RerankRequest.DESCRIPTOR.fields_by_name["truncate"].has_presence
@@ -39,6 +40,7 @@ def test_the_contract_of_design_md():
     assert fields == {"layers": 1, "average_heads": 2, "heads": 3}
     fields = {f.name: f.number for f in pb.Embedding.DESCRIPTOR.fields}
     assert fields == {"sentence_embedding": 1, "token_embeddings": 2, "attentions": 3, "tokens": 4, "num_tokens": 5,
-                      "truncated": 6, "pair_start": 7}  # 7: added with sentence pairs
+                      "truncated": 6, "pair_start": 7,  # 7: added with sentence pairs
+                      "sparse_embedding": 8}  # 8: SPLADE (issue 22)
     fields = {f.name: f.number for f in pb.Input.DESCRIPTOR.fields}
     assert fields == {"text": 1, "token_ids": 2, "pair": 3}

@@ -50,7 +50,7 @@ INT8: DType
 UINT8: DType
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("inputs", "pooling", "normalize", "return_token_embeddings", "attention", "truncate", "dimensions", "truncation_direction", "model", "prompt_name", "prompt", "task", "embedding_type", "ranges")
+    __slots__ = ("inputs", "pooling", "normalize", "return_token_embeddings", "attention", "truncate", "dimensions", "truncation_direction", "model", "prompt_name", "prompt", "task", "embedding_type", "ranges", "sparse")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     POOLING_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class EmbedRequest(_message.Message):
     TASK_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_TYPE_FIELD_NUMBER: _ClassVar[int]
     RANGES_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedCompositeFieldContainer[Input]
     pooling: Pooling
     normalize: bool
@@ -79,7 +80,26 @@ class EmbedRequest(_message.Message):
     task: str
     embedding_type: EmbeddingType
     ranges: Tensor
-    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., return_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionOptions, _Mapping]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ..., model: _Optional[str] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., task: _Optional[str] = ..., embedding_type: _Optional[_Union[EmbeddingType, str]] = ..., ranges: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    sparse: SparseOptions
+    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., return_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionOptions, _Mapping]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ..., model: _Optional[str] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., task: _Optional[str] = ..., embedding_type: _Optional[_Union[EmbeddingType, str]] = ..., ranges: _Optional[_Union[Tensor, _Mapping]] = ..., sparse: _Optional[_Union[SparseOptions, _Mapping]] = ...) -> None: ...
+
+class SparseOptions(_message.Message):
+    __slots__ = ("top_k", "return_tokens")
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    RETURN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    top_k: int
+    return_tokens: bool
+    def __init__(self, top_k: _Optional[int] = ..., return_tokens: _Optional[bool] = ...) -> None: ...
+
+class SparseEmbedding(_message.Message):
+    __slots__ = ("indices", "values", "tokens")
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    tokens: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, indices: _Optional[_Iterable[int]] = ..., values: _Optional[_Iterable[float]] = ..., tokens: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Input(_message.Message):
     __slots__ = ("text", "token_ids", "pair")
@@ -126,7 +146,7 @@ class Tensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Embedding(_message.Message):
-    __slots__ = ("sentence_embedding", "token_embeddings", "attentions", "tokens", "num_tokens", "truncated", "pair_start")
+    __slots__ = ("sentence_embedding", "token_embeddings", "attentions", "tokens", "num_tokens", "truncated", "pair_start", "sparse_embedding")
     SENTENCE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     TOKEN_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     ATTENTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +154,7 @@ class Embedding(_message.Message):
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     PAIR_START_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     sentence_embedding: Tensor
     token_embeddings: Tensor
     attentions: Tensor
@@ -141,7 +162,8 @@ class Embedding(_message.Message):
     num_tokens: int
     truncated: bool
     pair_start: int
-    def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., pair_start: _Optional[int] = ...) -> None: ...
+    sparse_embedding: SparseEmbedding
+    def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., pair_start: _Optional[int] = ..., sparse_embedding: _Optional[_Union[SparseEmbedding, _Mapping]] = ...) -> None: ...
 
 class RerankRequest(_message.Message):
     __slots__ = ("query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction", "top_n", "model")

@@ -33,6 +33,7 @@ from ..requests import (
     PredictRequest,
     RerankRequest,
     SimilarityRequest,
+    SparseOptions,
 )
 from .status import abort, status_for
 
@@ -89,8 +90,10 @@ def to_core(request: pb.EmbedRequest) -> EncodeRequest:
         prompt=request.prompt if request.HasField("prompt") else None,
         model=request.model or None,
         task=request.task if request.HasField("task") else None,
-        embedding_types=(EMBEDDING_TYPE.get(request.embedding_type, request.embedding_type),),
-        ranges=_ranges(request.ranges) if request.HasField("ranges") else None)
+        embedding_types=(EMBEDDING_TYPE.get(request.embedding_type, str(int(request.embedding_type))),),
+        ranges=_ranges(request.ranges) if request.HasField("ranges") else None,
+        sparse=SparseOptions(request.sparse.top_k if request.sparse.HasField("top_k") else None,
+                             request.sparse.return_tokens) if request.HasField("sparse") else None)
 
 
 def _ranges(t: pb.Tensor):
@@ -118,6 +121,12 @@ def render(reply: EncodeReply) -> bytes:
     kind = reply.options.embedding_types[0]
     sentences = reply.embeddings if kind == "float" else reply.typed[kind]
     for sentence, item in zip(sentences, reply.inputs, strict=True):
+        if item.sparse is not None:  # a SPLADE model's weights instead of its vocabulary-sized vector
+            embedding = out.embeddings.add(num_tokens=item.num_tokens, truncated=item.truncated,
+                                           sparse_embedding=pb.SparseEmbedding(
+                                               indices=item.sparse.indices.tolist(), values=item.sparse.values.tolist(),
+                                               tokens=item.sparse.tokens or []))
+            continue
         embedding = out.embeddings.add(sentence_embedding=tensor(sentence) if kind == "float" else codes(sentence),
                                        num_tokens=item.num_tokens,
                                        truncated=item.truncated)

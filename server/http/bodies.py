@@ -297,6 +297,19 @@ class CohereRerankReply(BaseModel):
     usage: Usage
 
 
+class TeiEmbedSparseBody(_TeiBody):
+    inputs: PairInputs = Field(description=PAIR_INPUTS_FORMS)
+    truncate: bool | None = Field(None, description="false: an input over max_seq_length is refused; true: it "
+                                                    "is cut; " + TRUNCATE_UNSET)
+    truncation_direction: TruncationDirection = "Right"
+    prompt_name: str | None = Field(None, description="a prompt of the model's to put before each text; unset: "
+                                                      "the model's default prompt, if any")
+    prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each text")
+    top_k: int | None = Field(None, description="attnserve's: keep the k largest weights of each input "
+                                                "(sentence-transformers' max_active_dims); unset: all above 0")
+    return_tokens: bool = Field(False, description="attnserve's: each weight's vocabulary token, as `token`")
+
+
 class TeiPredictBody(_TeiBody):
     inputs: Union[str, list[Union[str, list[str]]]] = Field(
         description="a text; a pair [a, b]; or a batch: a list of texts, [text] and [a, b] lists (TEI's forms: a "

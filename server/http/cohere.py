@@ -56,7 +56,7 @@ def to_core(body: CohereEmbedBody, prompts: dict[str, str], max_seq_length: int)
 
 
 def render(reply: EncodeReply, body: CohereEmbedBody) -> bytes:
-    embeddings = {}
+    embeddings: dict[str, object] = {}
     for kind in body.embedding_types or ["float"]:
         if kind == "base64":
             embeddings[kind] = [floats(row, True) for row in reply.embeddings]

@@ -11,11 +11,19 @@ from attnserve.errors import InvalidInputError
 
 from ..core import Core
 from ..replies import EncodeReply, PredictReply
-from ..requests import DecodeRequest, EncodeRequest, PredictRequest, SimilarityRequest, TokenizeRequest
+from ..requests import (
+    DecodeRequest,
+    EncodeRequest,
+    PredictRequest,
+    SimilarityRequest,
+    SparseOptions,
+    TokenizeRequest,
+)
 from .bodies import (
     TeiDecodeBody,
     TeiEmbedAllBody,
     TeiEmbedBody,
+    TeiEmbedSparseBody,
     TeiInfo,
     TeiPredictBody,
     TeiSimilarityBody,
@@ -50,6 +58,27 @@ def embed_all_request(body: TeiEmbedAllBody) -> EncodeRequest:
     return EncodeRequest(inputs=inputs_of(body.inputs), truncate=body.truncate,
                          truncation_direction=body.truncation_direction.lower(), token_embeddings=True,
                          prompt_name=body.prompt_name, prompt=body.prompt)
+
+
+def embed_sparse_request(body: TeiEmbedSparseBody) -> EncodeRequest:
+    return EncodeRequest(inputs=inputs_of(body.inputs), truncate=body.truncate,
+                         truncation_direction=body.truncation_direction.lower(), prompt_name=body.prompt_name,
+                         prompt=body.prompt, sparse=SparseOptions(body.top_k, body.return_tokens))
+
+
+def render_sparse(reply: EncodeReply) -> bytes:
+    """TEI's shape: per input, its [{index, value}] in index order (with each `token` when asked)."""
+    out = []
+    for item in reply.inputs:
+        sparse = item.sparse
+        assert sparse is not None  # embed_sparse_request asks for it
+        if sparse.tokens is None:
+            out.append([{"index": i, "value": v} for i, v in zip(sparse.indices.tolist(), sparse.values.tolist(),
+                                                                  strict=True)])
+        else:
+            out.append([{"index": i, "value": v, "token": t} for i, v, t in zip(
+                sparse.indices.tolist(), sparse.values.tolist(), sparse.tokens, strict=True)])
+    return dumps(out)
 
 
 def predict_inputs(inputs: str | list) -> tuple[list[str | tuple[str, str]], bool]:
@@ -134,6 +163,9 @@ class TeiRoutes:
             embed("/", "sentence embeddings (TEI's route for an embedding model)"),
             Route("POST", "/embed_all", self.embed_all, TEI, "token embeddings, [tokens, hidden] per input (TEI)",
                   TeiEmbedAllBody, reply_schema=_list_of(_list_of(_FLOATS))),
+            Route("POST", "/embed_sparse", self.embed_sparse, TEI, "a SPLADE model's sparse embeddings, [{index, "
+                                                                    "value}] per input (TEI)", TeiEmbedSparseBody,
+                  reply_schema=_list_of(_list_of({"type": "object"}))),
             Route("POST", "/predict", self.predict, TEI, "a classifier's scores for each text or pair, every label "
                                                          "best first (TEI)", TeiPredictBody,
                   reply_schema={"type": "array"}),
@@ -157,6 +189,11 @@ class TeiRoutes:
         core_request = await self._bodies.read(request, TeiEmbedAllBody, embed_all_request)
         reply, _ = await self._core.encode(core_request, deadline(request), render_token_embeddings,
                                            JSON_FLOAT_BYTES)
+        return json_response(reply)
+
+    async def embed_sparse(self, request: web.Request) -> web.Response:
+        core_request = await self._bodies.read(request, TeiEmbedSparseBody, embed_sparse_request)
+        reply, _ = await self._core.encode(core_request, deadline(request), render_sparse, JSON_FLOAT_BYTES)
         return json_response(reply)
 
     async def predict(self, request: web.Request) -> web.Response:
