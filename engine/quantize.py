@@ -81,13 +81,15 @@ def check_ranges(ranges, dimensions: int, field: str = "ranges") -> np.ndarray:
     if array.shape != (2, dimensions):
         raise _invalid(field, f"ranges must be two lists of {dimensions} numbers (minima, then maxima), one per "
                               f"dimension of the embeddings returned; got shape {list(array.shape)}")
-    if not np.isfinite(array).all():
-        raise _invalid(field, "ranges must be finite numbers")
+    with np.errstate(over="ignore"):  # a float64 past float32's range becomes inf here, and is refused
+        as_float32 = array.astype(np.float32)  # the codes are computed in float32
+    if not np.isfinite(as_float32).all():
+        raise _invalid(field, "ranges must be finite float32 numbers (at most 3.4e38 in magnitude)")
     if (array[0] > array[1]).any():
         first = int(np.argmax(array[0] > array[1]))
         raise _invalid(field, f"ranges: dimension {first}'s minimum {array[0, first]:g} is above its maximum "
                               f"{array[1, first]:g}")
-    return array.astype(np.float32)
+    return as_float32
 
 
 def calibration_ranges(path: Path, sha256: str, dimensions: int | None, normalize: bool) -> np.ndarray:

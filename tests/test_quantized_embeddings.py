@@ -114,6 +114,9 @@ def test_tei_embed_with_the_requests_own_ranges(server):
                                      "ranges": ranges[:, :8].tolist()}, timeout=30)
     assert wrong.status_code == 422 or wrong.status_code == 400
     assert "ranges must be two lists of 16 numbers" in wrong.text
+    huge = requests.post(url, json={"inputs": TEXTS, "dimensions": 16, "embedding_type": "int8",
+                                    "ranges": [[-1e300] * 16, [1e300] * 16]}, timeout=30)  # inf in float32
+    assert huge.status_code == 400 and "finite float32" in huge.text
     unused = requests.post(url, json={"inputs": TEXTS, "ranges": ranges.tolist()}, timeout=30)
     assert unused.status_code in (400, 422) and "int8 and uint8" in unused.text
 
