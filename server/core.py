@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
+from functools import partial
 from typing import TypeVar
 
 from attnserve.config import ServerConfig
@@ -60,6 +61,7 @@ __all__ = ["BINARY_FLOAT_BYTES", "Core", "Deadline", "ModelInfo"]
 
 T = TypeVar("T")
 R = TypeVar("R")  # what a door's render makes of an encode reply: its bytes, or similarity's scores
+S = TypeVar("S")  # a scored request's reply: RerankReply, PredictReply
 
 
 class Core:
@@ -148,39 +150,35 @@ class Core:
         return await _within(self._rerank(request, deadline), deadline)
 
     async def _rerank(self, request: RerankRequest, deadline: Deadline | None) -> RerankReply:
-        loop = asyncio.get_running_loop()
-        self.check_open()
-        model = self.models.get(request.model)
-        engine, batcher = model.engine, model.batcher
-        self._memory.busy()
-        try:
-            batcher.check_room(len(request.texts))  # a full queue costs no tokenizing
-            prepared = await loop.run_in_executor(
-                self._executor, prepare_rerank, request, engine.tokenizer, engine.manifest, self.limits,
-                engine.takes_token_types)
-            rows = await batcher.submit(prepared.inputs, False, _at(deadline))
-            return build_rerank_reply(rows, prepared, engine.manifest.score_activation, model.name)
-        finally:
-            self._memory.done(0)
+        return await self._scores(request.model, len(request.texts), partial(prepare_rerank, request), deadline,
+                                  lambda rows, prepared, manifest, name: build_rerank_reply(
+                                      rows, prepared, manifest.score_activation, name))
 
     async def predict(self, request: PredictRequest, deadline: Deadline | None) -> PredictReply:
         """A classifier's scores for each text or pair, through the same batcher; every label, best first."""
         return await _within(self._predict(request, deadline), deadline)
 
     async def _predict(self, request: PredictRequest, deadline: Deadline | None) -> PredictReply:
+        return await self._scores(request.model, len(request.inputs), partial(prepare_predict, request), deadline,
+                                  lambda rows, prepared, manifest, name: build_predict_reply(
+                                      rows, prepared, manifest.label_names, manifest.problem_type, name))
+
+    async def _scores(self, name: str | None, count: int, prepare_scored: Callable, deadline: Deadline | None,
+                      build: Callable[..., S]) -> S:
+        """A request to a model with a classification head (rerank, predict): admission, tokenizing off the event
+        loop (prepare_scored(tokenizer, manifest, limits, takes_token_types)), the batcher, then
+        build(rows, prepared, manifest, the model's name)."""
         loop = asyncio.get_running_loop()
         self.check_open()
-        model = self.models.get(request.model)
+        model = self.models.get(name)
         engine, batcher = model.engine, model.batcher
         self._memory.busy()
         try:
-            batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
-            prepared = await loop.run_in_executor(
-                self._executor, prepare_predict, request, engine.tokenizer, engine.manifest, self.limits,
-                engine.takes_token_types)
+            batcher.check_room(count)  # a full queue costs no tokenizing
+            prepared = await loop.run_in_executor(self._executor, prepare_scored, engine.tokenizer, engine.manifest,
+                                                  self.limits, engine.takes_token_types)
             rows = await batcher.submit(prepared.inputs, False, _at(deadline))
-            manifest = engine.manifest
-            return build_predict_reply(rows, prepared, manifest.label_names, manifest.problem_type, model.name)
+            return build(rows, prepared, engine.manifest, model.name)
         finally:
             self._memory.done(0)
 
