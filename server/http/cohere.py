@@ -24,8 +24,8 @@ from .errors import OPENAI, WireNames
 from .route import Route
 from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response
 
-NAMES = WireNames({"inputs": "texts", "dimensions": "output_dimension", "embedding_types": "embedding_types",
-                   "ranges": "embedding_types"},
+# int8 / uint8 ranges are the model's here (Cohere's API takes none): an error about them is about the types asked.
+NAMES = WireNames({"inputs": "texts", "dimensions": "output_dimension", "ranges": "embedding_types"},
                   truncate='set "truncate" to "END" or "START"')
 # Cohere's input types -> the prompt names a model may have for them, first found wins.
 PROMPTS = {"search_query": ("query", "search_query"), "search_document": ("document", "passage", "search_document"),
