@@ -3,8 +3,11 @@
 An attention reply is tens of MiB, built as numpy arrays, a protobuf message and its bytes. glibc's malloc keeps
 what they freed in its heaps for reuse, so after a burst of them the process stayed hundreds of MiB larger than
 it needs, for good; malloc_trim returns the free pages. It runs only when no request has been in progress for
-IDLE_SECONDS after at least TRIM_AFTER_BYTES of replies, so it costs nothing under load. Where there is no
-malloc_trim (musl, macOS, Windows) nothing is done.
+a while after at least TRIM_AFTER_BYTES of replies, so it costs nothing under load. A door frees a reply's bytes
+only once the client has taken them, seconds after the request was done for a slow client or a large burst (a
+trim before that found the heap still full, and the CI run where it did kept 1.36x the memory), so trims follow
+at TRIM_DELAYS for as long as the server stays idle. Where there is no malloc_trim (musl, macOS, Windows) nothing
+is done.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ log = logging.getLogger("attnserve.server")
 # Replies built since the last trim before the next is worth a call: a few attention replies, or a
 # hundred thousand sentence embeddings.
 TRIM_AFTER_BYTES = 64 * 2**20
-# How long no request may be in progress first: a burst is over, not between two requests.
-IDLE_SECONDS = 1.0
+# Seconds of no request in progress before each trim: the first when a burst is over, not between two
+# requests; the later ones after the doors have sent the burst's replies and freed them.
+TRIM_DELAYS = (1.0, 4.0, 16.0)
 
 
 def _malloc_trim():
@@ -54,13 +58,19 @@ class MemoryReturn:
         self._in_progress -= 1
         self._since_trim += reply_bytes
         if self._in_progress == 0 and self._since_trim >= TRIM_AFTER_BYTES and MALLOC_TRIM is not None:
-            self._timer = asyncio.get_running_loop().call_later(IDLE_SECONDS, self._trim)
+            self._schedule(0)  # a request in between starts the trims over: its own reply is freed later too
 
-    def _trim(self) -> None:
+    def _schedule(self, step: int) -> None:
+        self._timer = asyncio.get_running_loop().call_later(TRIM_DELAYS[step], self._trim, step)
+
+    def _trim(self, step: int) -> None:
         self._timer = None
-        self._since_trim = 0
         try:
             asyncio.get_running_loop().run_in_executor(self._executor, MALLOC_TRIM, 0)
         except RuntimeError:  # the executor is shut down: the server is stopping
             return
-        log.debug("memory trimmed", extra={"fields": {"event": "memory_trimmed"}})
+        log.debug("memory trimmed", extra={"fields": {"event": "memory_trimmed", "step": step}})
+        if step + 1 < len(TRIM_DELAYS):
+            self._schedule(step + 1)
+        else:
+            self._since_trim = 0

@@ -1,48 +1,104 @@
-"""After a burst of large attention replies, the server gives the memory back (server/memory.py)."""
+"""After a burst of large attention replies, the server gives the memory back (server/memory.py), also when the
+client takes the replies only seconds after the server built them (a slow or busy client)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import time
-from concurrent.futures import ThreadPoolExecutor
 
-from attnserve.client.client import make_request
 from tests.serving import ServerProcess
 
 # 16 concurrent requests of 8 inputs of 162 tokens, every layer's every head: 58 MiB per reply, the most
 # that the default max_response_bytes (64 MiB) lets 8 such inputs have; 0.9 GiB of replies in all.
 CLIENTS, INPUTS, WORDS = 16, 8, 160
-LAYERS = list(range(6))
 ALLOWED_GROWTH = 1.2
+# The client's process is stopped from when its requests are sent until the server has built every reply and
+# been idle this long: past the first trim (server/memory.py TRIM_DELAYS), with the replies still unsent.
+STOPPED_AFTER_IDLE_S = 2.5
+
+BURST = textwrap.dedent(f"""
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+    import grpc
+    from attnserve.client.client import CHANNEL_OPTIONS, make_request
+    from attnserve.v1 import encoder_pb2_grpc
+    request = make_request([" ".join(["hello"] * {WORDS})] * {INPUTS}, attention_layers=list(range(6)))
+    with grpc.insecure_channel(sys.argv[1], options=CHANNEL_OPTIONS) as channel:
+        stub = encoder_pb2_grpc.EncoderStub(channel)
+        with ThreadPoolExecutor({CLIENTS}) as pool:
+            replies = list(pool.map(lambda _: stub.Embed(request, timeout=600), range({CLIENTS})))
+    assert all(r.embeddings[0].num_tokens == {WORDS + 2} for r in replies)
+    print(f"{{replies[0].ByteSize() / 2**20:.1f}}")
+""")
 
 
-def status_mib(pid: int, field: str = "VmRSS") -> float:
-    """A memory field of /proc/PID/status (VmRSS: resident now; VmHWM: the most it ever was), in MiB."""
+def status_mib(pid: int, field: str) -> float:
+    """A memory field of /proc/PID/status in MiB. RssAnon: the process's own memory resident now (VmRSS less
+    the files it maps, which the page cache shares and decides on); VmHWM: the most VmRSS ever was."""
     for line in open(f"/proc/{pid}/status"):
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     raise AssertionError(f"no {field} in /proc/{pid}/status")
 
 
-def test_rss_10_s_after_a_burst_of_large_attention_replies_is_back_near_where_it_was(artifacts, tmp_path):
+def cpu_seconds(pid: int) -> float:
+    utime, stime = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[11:13]
+    return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_idle(pid: int, seconds: float, timeout: float = 300) -> None:
+    """Until the process has used no CPU for `seconds` (it may tick a little: under 2%)."""
+    give_up, last, quiet_since = time.monotonic() + timeout, cpu_seconds(pid), time.monotonic()
+    while time.monotonic() - quiet_since < seconds:
+        assert time.monotonic() < give_up, "the server never went idle"
+        time.sleep(0.25)
+        now = cpu_seconds(pid)
+        if now - last > 0.005:
+            quiet_since = time.monotonic()
+        last = now
+
+
+def test_rss_10_s_after_a_burst_of_large_attention_replies_taken_late_is_back_near_where_it_was(
+        artifacts, tmp_path):
     server = ServerProcess(artifacts, log_path=tmp_path / "server.log")
     try:
         server.wait_serving()
         pid = server.process.pid
-        request = make_request([" ".join(["hello"] * WORDS)] * INPUTS, attention_layers=LAYERS)
         with server.channel() as channel:
-            stub = server.stub(channel)
-            stub.Embed(make_request(["one small request first"]), timeout=60)
-            before = status_mib(pid)
-            with ThreadPoolExecutor(CLIENTS) as pool:
-                replies = list(pool.map(lambda _: stub.Embed(request, timeout=600), range(CLIENTS)))
-            assert all(r.embeddings[0].num_tokens == WORDS + 2 for r in replies)
-            reply_mib = replies[0].ByteSize() / 2**20
-            del replies
-            right_after, peak = status_mib(pid), status_mib(pid, "VmHWM")
-            time.sleep(10)
-            after = status_mib(pid)
-        print(f"server RSS: {before:.0f} MiB before; {right_after:.0f} MiB right after {CLIENTS} replies of "
-              f"{reply_mib:.1f} MiB (peak {peak:.0f}); {after:.0f} MiB 10 s later ({after / before:.2f}x)")
-        assert after <= ALLOWED_GROWTH * before, (before, right_after, peak, after)
+            server.stub(channel).Embed(make_small_request(), timeout=60)
+        before = status_mib(pid, "RssAnon")
+        client = subprocess.Popen([sys.executable, "-c", BURST, server.target], stdout=subprocess.PIPE, text=True)
+        wait_for_requests(pid)
+        client.send_signal(signal.SIGSTOP)
+        wait_idle(pid, STOPPED_AFTER_IDLE_S)
+        held = status_mib(pid, "RssAnon")
+        client.send_signal(signal.SIGCONT)
+        out, _ = client.communicate(timeout=600)
+        assert client.returncode == 0
+        right_after, peak = status_mib(pid, "RssAnon"), status_mib(pid, "VmHWM")
+        time.sleep(10)
+        after = status_mib(pid, "RssAnon")
+        print(f"server RssAnon: {before:.0f} MiB before; {held:.0f} MiB with {CLIENTS} replies of {out.strip()} MiB "
+              f"built and unsent; {right_after:.0f} MiB once sent (VmRSS peak {peak:.0f}); {after:.0f} MiB 10 s "
+              f"later ({after / before:.2f}x)")
+        assert after <= ALLOWED_GROWTH * before, (before, held, right_after, peak, after)
     finally:
         assert server.terminate() == 0, server.log_tail()
+
+
+def make_small_request():
+    from attnserve.client.client import make_request
+    return make_request(["one small request first"])
+
+
+def wait_for_requests(pid: int) -> None:
+    """Until the server is busy with the burst: its requests are in, so stopping the client now holds back
+    only the taking of the replies."""
+    start, give_up = cpu_seconds(pid), time.monotonic() + 120
+    while cpu_seconds(pid) - start < 1.0:
+        assert time.monotonic() < give_up, "the burst never reached the server"
+        time.sleep(0.05)
