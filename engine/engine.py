@@ -18,6 +18,7 @@ from .batching import pad, pad_types, plan_batches
 from .calibration import Choice, budgets, calibrated_graph
 from .machine import this_machine
 from .manifest import GraphVariant, Manifest, load_manifest
+from .multi_vector import MultiVectorTokenizer
 from .openvino_session import openvino_available
 from .pooling import l2_normalize
 from .prompts import apply_prompt
@@ -166,6 +167,9 @@ class Engine:
         self.provider, self.precision, graph = embeddings_graph(manifest, config)
         self.tokenizer = TextTokenizer(manifest.path(manifest.tokenizer), manifest.served_max_length,
                                        manifest.vocab_size, positions=manifest.max_seq_length)
+        # A ColBERT model's query and document inputs (engine/multi_vector.py); None for other models.
+        self.multi_vector = (MultiVectorTokenizer(manifest, manifest.path(manifest.tokenizer))
+                             if manifest.multi_vector is not None else None)
         self.graph_choice = self._choose_graph(graph)
         self.embeddings_variant = self.graph_choice.graph
         self.precision = self.embeddings_variant.precision  # auto may have timed bf16 faster than fp32
@@ -249,7 +253,7 @@ class Engine:
     def run(self, inputs: Sequence[TokenizedInput], attention: bool = False) -> BatchOutput:
         """One padded batch through one session; safe to call from several threads."""
         feed = self._feed(inputs)
-        lengths = feed["attention_mask"].sum(axis=1)
+        lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
         if self.manifest.kind == "reranker":
             if attention:
                 scores, attentions = self._open_attention_session().run(None, feed)
@@ -264,6 +268,9 @@ class Engine:
     def _feed(self, inputs: Sequence[TokenizedInput]) -> dict[str, np.ndarray]:
         """The graph's inputs, (B, T) int64 each; token types only where the graph takes them."""
         ids, mask = pad([x.ids for x in inputs])
+        for row, x in enumerate(inputs):
+            if x.attended is not None:  # a ColBERT query's expansion tokens: encoded, not attended to
+                mask[row, x.attended:] = 0
         feed = {"input_ids": ids, "attention_mask": mask}
         types = [x.type_ids for x in inputs]
         if self.takes_token_types:

@@ -99,6 +99,9 @@ class Manifest:
     # optional on read: transformers' LABEL_i and None.
     labels: tuple[str, ...] = ()
     problem_type: str | None = None
+    # A ColBERT model's (model/colbert.py serving_settings; engine/multi_vector.py reads it): its vectors' dimension,
+    # query and document lengths, query expansion, skip-list ids and similarity. None: not a multi-vector model.
+    multi_vector: dict | None = None
 
     def quantization_ranges(self, dimensions: int | None, normalize: bool):
         """(2, D) int8 / uint8 ranges for embeddings cut to `dimensions` and normalised or not; None where the
@@ -164,6 +167,7 @@ class Manifest:
             **({"task": self.task} if self.task is not None else {}),
             **({"pair_template": self.pair_template} if self.pair_template is not None else {}),
             **({"quantization": self.quantization} if self.quantization is not None else {}),
+            **({"multi_vector": self.multi_vector} if self.multi_vector is not None else {}),
         }
 
 
@@ -225,6 +229,7 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             attention_max_length=int(raw.get("attention_max_length", raw["max_seq_length"])),
             labels=tuple(str(label) for label in raw.get("labels", ())),
             problem_type=None if raw.get("problem_type") is None else str(raw["problem_type"]),
+            multi_vector=None if raw.get("multi_vector") is None else dict(raw["multi_vector"]),
             quantization=None if raw.get("quantization") is None else {
                 "file": str(raw["quantization"]["file"]), "sha256": str(raw["quantization"]["sha256"]),
                 "texts": int(raw["quantization"]["texts"])},

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from attnserve import __version__
 from attnserve.engine.machine import this_machine
@@ -27,6 +28,7 @@ from attnserve.engine.session import ONNXRUNTIME, OPENVINO
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ArtifactError, ExportVerificationError
 from attnserve.model.checkpoint import Checkpoint, load_encoder
+from attnserve.model.colbert import serving_settings
 from attnserve.model.encoder import SentenceEncoder
 from attnserve.model.sentence_head import load_head
 from attnserve.progress import Progress
@@ -172,7 +174,10 @@ def _build(ckpt: Checkpoint, out: Path, progress: Progress) -> Manifest:
             num_labels=ckpt.num_labels, score_activation=ckpt.score_activation, family=ckpt.config.family,
             tasks=tasks, task=task,
             pair_template=ckpt.pair_template.to_json() if ckpt.pair_template is not None else None,
-            quantization=quantization, labels=ckpt.labels, problem_type=ckpt.problem_type, **caps,
+            quantization=quantization, labels=ckpt.labels, problem_type=ckpt.problem_type,
+            multi_vector=None if ckpt.pipeline.multi_vector is None else serving_settings(
+                ckpt.pipeline.multi_vector, ckpt.directory, Tokenizer.from_file(str(work / "tokenizer.json"))),
+            **caps,
         )
         (work / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
         _claim_destination(out)

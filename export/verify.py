@@ -344,10 +344,12 @@ def _pytorch_outputs(reference: Reference, maps_dir: Path | None
     bounded memory; with maps_dir, its attention maps (L, B, nh, T, T) of the cases up to attention_max_length too,
     each case's in a .npy file there (a long-context model's take a GiB a row)."""
     cfg = reference.encoder.config
+    # H: the hidden size, or a ColBERT model's vector size (model/colbert.py TokenVectors.output_size)
+    width = getattr(reference.encoder, "output_size", cfg.hidden_size)
     expected = []
     for i, (ids, mask, types) in enumerate(reference.cases):
         rows_in_case, seq = ids.shape
-        hidden = np.empty((rows_in_case, seq, cfg.hidden_size), dtype=np.float32)
+        hidden = np.empty((rows_in_case, seq, width), dtype=np.float32)
         sentence = np.empty((rows_in_case, reference.embedding_size), dtype=np.float32)
         maps_file = (maps_dir / f"case-{i}.npy"
                      if maps_dir is not None and seq <= reference.caps.attention_max_length else None)

@@ -463,4 +463,8 @@ def load_encoder(ckpt: Checkpoint) -> EncoderModule:
     own_family = None if isinstance(cfg, EncoderConfig) else OWN_FAMILIES[cfg.family]
     if own_family is not None and own_family.after_load is not None:
         own_family.after_load(cfg, encoder)
+    if ckpt.pipeline.multi_vector is not None:  # ColBERT: its token vectors are what the encoder gives
+        from .sentence_head import load_token_vectors
+
+        return cast(EncoderModule, load_token_vectors(ckpt.directory, encoder, ckpt.pipeline))
     return cast(EncoderModule, encoder.eval())

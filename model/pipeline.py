@@ -15,7 +15,8 @@ Without modules.json, sentence-transformers builds Transformer + mean pooling an
 these files; so does this reader.
 
 A SparseEncoder's pipeline (model_type "SparseEncoder": a fill-mask Transformer -> SpladePooling) is read here too,
-and reproduced by model/splade.py.
+and reproduced by model/splade.py; so is a MultiVectorEncoder's (Transformer -> Dense* -> MultiVectorMask ->
+Normalize, over token_embeddings: ColBERT), reproduced by model/colbert.py and engine/multi_vector.py.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 from attnserve.engine.pooling import POOLING_MODES
 from attnserve.errors import CheckpointError
 
+from .colbert import EXPANSION_STRATEGIES, SIMILARITIES, Expansion, MultiVector
 from .splade import ACTIVATIONS as SPLADE_ACTIVATIONS
 from .splade import STRATEGIES as SPLADE_STRATEGIES
 from .splade import Splade
@@ -64,6 +66,9 @@ TRANSFORMER_FIXED = {
     "config_kwargs": ({},), "config_args": ({},), "processing_kwargs": ({},),
     "query_length": (), "document_length": (), "query_expansion": (),
 }
+# A MultiVectorEncoder's Transformer may set these; _multi_vector_pipeline checks them.
+MULTI_VECTOR_TRANSFORMER = {"query_length": None, "document_length": None, "query_expansion": None}
+MULTI_VECTOR_MASK_KEYS = {"skiplist_words", "skiplist_tasks", "keep_only_token_ids"}
 # Keys whose value cannot change the output, or that are checked on their own below.
 TRANSFORMER_FREE = {"unpad_inputs", "max_seq_length", "do_lower_case"}
 # A tokenizer with no model_max_length has transformers' "unlimited" one; the model's positions cap it.
@@ -108,10 +113,13 @@ class Pipeline:
     after_pooling: tuple[Dense | Normalize, ...]
     normalize: bool  # the pipeline ends in L2 normalisation (left out of the graph: the engine applies it)
     max_seq_length: int  # inputs are truncated to this many tokens, specials included
-    max_seq_length_from: str  # "sentence_bert_config.json" or "tokenizer": the export checks the latter
+    # "sentence_bert_config.json" or "tokenizer" (the export checks the latter), or "multi_vector" (a ColBERT
+    # model's query and document lengths)
+    max_seq_length_from: str
     prompts: dict[str, str]  # config_sentence_transformers.json's named prompts
     default_prompt_name: str | None  # the prompt put before every text a caller gives no prompt for
     splade: Splade | None = None  # a SparseEncoder's SpladePooling (pooling is then empty): model/splade.py
+    multi_vector: MultiVector | None = None  # a MultiVectorEncoder's (pooling is then empty): model/colbert.py
 
     @property
     def pooling_name(self) -> str:
@@ -119,12 +127,16 @@ class Pipeline:
         model's "splade_max" or "splade_sum"."""
         if self.splade is not None:
             return f"splade_{self.splade.strategy}"
+        if self.multi_vector is not None:
+            return "multi_vector"
         return "+".join(self.pooling)
 
     def embedding_size(self, hidden_size: int) -> int:
         """The size of the sentence embedding the pipeline gives (a SPLADE model's: its vocabulary)."""
         if self.splade is not None:
             return self.splade.vocab_size
+        if self.multi_vector is not None:  # the graph's mean of the vectors, which no door serves
+            return self.multi_vector.dimension
         dense = [m for m in self.after_pooling if isinstance(m, Dense)]
         return dense[-1].out_features if dense else len(self.pooling) * hidden_size
 
@@ -132,6 +144,9 @@ class Pipeline:
         """The pipeline in short words, for the manifest: ["Transformer(bert)", "Pooling(mean)", "Normalize"]."""
         if self.splade is not None:
             return [f"Transformer({family}, fill-mask)", self.splade.describe()]
+        if self.multi_vector is not None:
+            return [f"Transformer({family})", *(d.describe() for d in self.multi_vector.dense), "MultiVectorMask",
+                    *(["Normalize"] if self.multi_vector.normalize else [])]
         return ([f"Transformer({family})", f"Pooling({self.pooling_name})"] + [m.describe() for m in self.after_pooling]
                 + (["Normalize"] if self.normalize else []))
 
@@ -161,11 +176,15 @@ def read_pipeline(directory: Path, max_position_embeddings: int, hidden_size: in
     if not modules_file.exists():
         return Pipeline(("mean",), (), False, tokenizer_max_length(directory, max_position_embeddings),
                         "tokenizer", {}, None)
-    prompts, default_prompt_name, model_type = _model_config(directory / "config_sentence_transformers.json")
+    prompts, default_prompt_name, model_type, similarity = _model_config(
+        directory / "config_sentence_transformers.json")
     if model_type == "SparseEncoder":
         return _sparse_pipeline(directory, modules_file, max_position_embeddings, prompts, default_prompt_name)
+    if model_type == "MultiVectorEncoder":
+        return _multi_vector_pipeline(directory, modules_file, max_position_embeddings, hidden_size, prompts,
+                                      similarity)
     pooling_folder, after = _modules(modules_file)
-    max_seq_length, length_from = _transformer(directory, max_position_embeddings)
+    max_seq_length, length_from, _ = _transformer(directory, max_position_embeddings)
     modes = _pooling(directory / pooling_folder / "config.json")
     size = len(modes) * hidden_size
     head: list[Dense | Normalize] = []
@@ -185,16 +204,16 @@ def read_pipeline(directory: Path, max_position_embeddings: int, hidden_size: in
                     prompts, default_prompt_name)
 
 
-def _model_config(path: Path) -> tuple[dict[str, str], str | None, str]:
-    """config_sentence_transformers.json: its prompts, default prompt and model_type; refuses what changes
-    encode()'s output otherwise."""
+def _model_config(path: Path) -> tuple[dict[str, str], str | None, str, str | None]:
+    """config_sentence_transformers.json: its prompts, default prompt, model_type and similarity_fn_name; refuses
+    what changes encode()'s output otherwise."""
     if not path.exists():
-        return {}, None, "SentenceTransformer"
+        return {}, None, "SentenceTransformer", None
     raw = _read_object(path)
     model_type = raw.get("model_type", "SentenceTransformer")
-    if model_type not in ("SentenceTransformer", "SparseEncoder"):
-        raise _refuse(path, f"model_type {model_type!r} (only SentenceTransformer embedders and SparseEncoder "
-                            "SPLADE models are exported)")
+    if model_type not in ("SentenceTransformer", "SparseEncoder", "MultiVectorEncoder"):
+        raise _refuse(path, f"model_type {model_type!r} (only SentenceTransformer embedders, SparseEncoder "
+                            "SPLADE models and MultiVectorEncoder ColBERT models are exported)")
     if raw.get("truncate_dim") is not None:
         # encode() cuts the embeddings after the pipeline's Normalize, leaving them short of unit length.
         raise _refuse(path, f"truncate_dim {raw['truncate_dim']!r}: embeddings cut to fewer dimensions")
@@ -207,7 +226,8 @@ def _model_config(path: Path) -> tuple[dict[str, str], str | None, str]:
     if default is not None and (not isinstance(default, str) or default not in prompts):
         raise CheckpointError(f"{path}: default_prompt_name {default!r} is not one of the prompts "
                               f"({', '.join(prompts) or 'there are none'})")
-    return prompts, default, model_type
+    similarity = raw.get("similarity_fn_name")
+    return prompts, default, model_type, similarity if isinstance(similarity, str) else None
 
 
 def _sparse_pipeline(directory: Path, modules_file: Path, max_position_embeddings: int, prompts: dict[str, str],
@@ -223,7 +243,7 @@ def _sparse_pipeline(directory: Path, modules_file: Path, max_position_embedding
         order = " -> ".join(name for name, _ in kinds)
         raise _refuse(modules_file, f"the SparseEncoder modules {order} (only a Transformer at the checkpoint's "
                                     "root -> SpladePooling: SPLADE)")
-    max_seq_length, length_from = _transformer(directory, max_position_embeddings, FILL_MASK)
+    max_seq_length, length_from, _ = _transformer(directory, max_position_embeddings, FILL_MASK)
     path = directory / kinds[1][1] / "config.json"
     config = _read_object(path) if path.exists() else {}
     unknown = sorted(set(config) - SPLADE_KEYS)
@@ -280,17 +300,19 @@ def _modules(path: Path) -> tuple[str, list[tuple[str, str]]]:
     return kinds[1][1], kinds[2:]
 
 
-def _transformer(directory: Path, max_position_embeddings: int, task: dict | None = None) -> tuple[int, str]:
-    """The Transformer's config file: returns (max_seq_length, where it came from). task: the settings a
-    SparseEncoder's fill-mask Transformer has instead of feature extraction's."""
+def _transformer(directory: Path, max_position_embeddings: int, task: dict | None = None
+                 ) -> tuple[int, str, dict]:
+    """The Transformer's config file: returns (max_seq_length, where it came from, the file's settings). task:
+    the settings a SparseEncoder's fill-mask Transformer has instead of feature extraction's (None values: keys
+    its caller checks)."""
     fixed = TRANSFORMER_FIXED | (task or {})
     found = [directory / name for name in TRANSFORMER_CONFIG_FILES if (directory / name).exists()]
     if not found:
-        return tokenizer_max_length(directory, max_position_embeddings), "tokenizer"
+        return tokenizer_max_length(directory, max_position_embeddings), "tokenizer", {}
     path = found[0]
     raw = _read_object(path)
     for key, value in raw.items():
-        if key in TRANSFORMER_FREE:
+        if key in TRANSFORMER_FREE or (key in fixed and fixed[key] is None):
             continue
         if key not in fixed:
             raise _refuse(path, f"the Transformer setting {key!r}")
@@ -304,12 +326,12 @@ def _transformer(directory: Path, max_position_embeddings: int, task: dict | Non
                             "that tokenizer.json does not have")
     length = raw.get("max_seq_length")
     if length is None:
-        return tokenizer_max_length(directory, max_position_embeddings), "tokenizer"
+        return tokenizer_max_length(directory, max_position_embeddings), "tokenizer", raw
     if not isinstance(length, int) or isinstance(length, bool) or length < 1:
         raise CheckpointError(f"{path}: max_seq_length must be a positive integer, got {length!r}")
     if length > max_position_embeddings:
         raise _refuse(path, f"max_seq_length {length}: the model has only {max_position_embeddings} positions")
-    return length, path.name
+    return length, path.name, raw
 
 
 def _tokenizer_lowercases(path: Path) -> bool:
@@ -356,8 +378,9 @@ def _pooling(path: Path) -> tuple[str, ...]:
     return tuple(modes)
 
 
-def _dense(directory: Path, folder: str, in_size: int) -> Dense:
-    """A Dense module's config, read as sentence-transformers reads it, and its weights file checked."""
+def _dense(directory: Path, folder: str, in_size: int, on: str = "sentence_embedding") -> Dense:
+    """A Dense module's config, read as sentence-transformers reads it, and its weights file checked. on: the
+    feature it must map in place (a MultiVectorEncoder's: token_embeddings)."""
     path = directory / folder / "config.json"
     raw = _read_object(path)
     # Keys sentence-transformers does not know it drops (a warning); they cannot change its output.
@@ -371,8 +394,8 @@ def _dense(directory: Path, folder: str, in_size: int) -> Dense:
             raise CheckpointError(f"{path}: {key} must be true or false, got {kwargs[key]!r}")
     source = kwargs.get("module_input_name", "sentence_embedding")
     target = kwargs.get("module_output_name") or source
-    if (source, target) != ("sentence_embedding", "sentence_embedding"):
-        raise _refuse(path, f"a Dense from {source!r} to {target!r} (only the sentence embedding in place)")
+    if (source, target) != (on, on):
+        raise _refuse(path, f"a Dense from {source!r} to {target!r} (only {on} in place)")
     if kwargs["in_features"] != in_size:
         raise CheckpointError(f"{path}: in_features {kwargs['in_features']} but the embedding before it has "
                               f"{in_size} dimensions")
@@ -399,10 +422,97 @@ def _activation(path: Path, reference: Any) -> str:
     return name
 
 
-def _normalize(path: Path) -> None:
-    """Normalize L2-normalises the sentence embedding unless its config points it elsewhere."""
+def _normalize(path: Path, on: str = "sentence_embedding") -> None:
+    """Normalize L2-normalises the sentence embedding (on) unless its config points it elsewhere."""
     raw = _read_object(path) if path.exists() else {}
     source = raw.get("module_input_name", "sentence_embedding")
     target = raw.get("module_output_name", source)
-    if (source, target) != ("sentence_embedding", "sentence_embedding"):
-        raise _refuse(path, f"a Normalize from {source!r} to {target!r} (only the sentence embedding in place)")
+    if (source, target) != (on, on):
+        raise _refuse(path, f"a Normalize from {source!r} to {target!r} (only {on} in place)")
+
+
+def _multi_vector_pipeline(directory: Path, modules_file: Path, max_position_embeddings: int, hidden_size: int,
+                           prompts: dict[str, str], similarity: str | None) -> Pipeline:
+    """A MultiVectorEncoder: a Transformer at the root, Dense modules over token_embeddings, a MultiVectorMask and
+    a Normalize over token_embeddings (sentence-transformers 6.2's native save of a ColBERT model)."""
+    raw = read_json(modules_file)
+    if not isinstance(raw, list) or not raw:
+        raise CheckpointError(f"{modules_file}: expected a non-empty list of modules")
+    kinds = [_module_kind(entry, modules_file, i) for i, entry in enumerate(raw)]
+    names = [name for name, _ in kinds]
+    dense_count = len(names) - 2 - (names[-1] == "Normalize")
+    order = " -> ".join(names)
+    if (names[0] != "Transformer" or kinds[0][1] != "" or dense_count < 0
+            or names[1:1 + dense_count] != ["Dense"] * dense_count or names[1 + dense_count] != "MultiVectorMask"):
+        raise _refuse(modules_file, f"the MultiVectorEncoder modules {order} (only a Transformer at the checkpoint's "
+                                    "root -> Dense* -> MultiVectorMask -> Normalize?: ColBERT)")
+    max_seq_length, length_from, transformer = _transformer(directory, max_position_embeddings,
+                                                            MULTI_VECTOR_TRANSFORMER)
+    config_file = directory / (next((n for n in TRANSFORMER_CONFIG_FILES if (directory / n).exists()), "-"))
+    lengths = {}
+    for key in ("query_length", "document_length"):
+        value = transformer.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise CheckpointError(f"{config_file}: {key} must be a positive integer, got {value!r}")
+        if value is not None and value > max_position_embeddings:
+            raise _refuse(config_file, f"{key} {value}: the model has only {max_position_embeddings} positions")
+        lengths[key] = value
+    expansion = _expansion(config_file, transformer.get("query_expansion"), max_position_embeddings)
+    size, dense = hidden_size, []
+    for _, folder in kinds[1:1 + dense_count]:
+        dense.append(_dense(directory, folder, size, on="token_embeddings"))
+        size = dense[-1].out_features
+    mask_path = directory / kinds[1 + dense_count][1] / "config.json"
+    mask = _read_object(mask_path) if mask_path.exists() else {}
+    unknown = sorted(set(mask) - MULTI_VECTOR_MASK_KEYS)
+    if unknown:
+        raise _refuse(mask_path, f"the MultiVectorMask setting {unknown[0]!r}")
+    if mask.get("keep_only_token_ids") is not None:
+        raise _refuse(mask_path, "keep_only_token_ids (image-patch documents)")
+    words = mask.get("skiplist_words") or []
+    tasks = mask.get("skiplist_tasks", ["document"])
+    tasks = [tasks] if isinstance(tasks, str) else tasks
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise CheckpointError(f"{mask_path}: skiplist_words must be a list of strings, got {words!r}")
+    if not isinstance(tasks, list) or not set(tasks) <= {"query", "document"}:
+        raise _refuse(mask_path, f"skiplist_tasks {tasks!r} (only \"query\" and \"document\")")
+    normalize = names[-1] == "Normalize"
+    if normalize:
+        _normalize(directory / kinds[-1][1] / "config.json", on="token_embeddings")
+    if similarity is not None and similarity not in SIMILARITIES:
+        raise _refuse(directory / "config_sentence_transformers.json",
+                      f"similarity_fn_name {similarity!r} (a MultiVectorEncoder scores by {' or '.join(SIMILARITIES)})")
+    # Where sentence-transformers' Transformer.preprocess truncates each: a query at the expansion's length
+    # ("fixed"), at the larger of it and query_length ("min"), else at query_length; max_seq_length where unset.
+    query_length = lengths["query_length"] or max_seq_length
+    if expansion is not None:
+        query_length = expansion.length if expansion.strategy == "fixed" else (
+            max(query_length, expansion.length) if lengths["query_length"] else max_seq_length)
+    document_length = lengths["document_length"] or max_seq_length
+    multi_vector = MultiVector(tuple(dense), normalize, size, query_length, document_length, expansion, tuple(words),
+                               tuple(tasks), similarity or "maxsim")
+    # No default prompt: the query and document prompts go by the input's type (engine/multi_vector.py). The graphs
+    # are verified up to the longer of a query's and a document's width.
+    longest = max(query_length, document_length, expansion.length if expansion else 0)
+    return Pipeline((), (), False, longest, length_from if longest == max_seq_length else "multi_vector", prompts,
+                    None, multi_vector=multi_vector)
+
+
+def _expansion(path: Path, raw: Any, max_position_embeddings: int) -> Expansion | None:
+    """query_expansion, checked as sentence-transformers' _normalize_query_expansion checks it."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"strategy", "attend", "token", "length"}:
+        raise CheckpointError(f"{path}: query_expansion must be an object of strategy, attend, token and length, "
+                              f"got {raw!r}")
+    strategy, attend, token, length = raw.get("strategy"), raw.get("attend", False), raw.get("token"), raw.get("length")
+    if strategy not in EXPANSION_STRATEGIES:
+        raise CheckpointError(f"{path}: query_expansion strategy must be one of {', '.join(EXPANSION_STRATEGIES)}, "
+                              f"got {strategy!r}")
+    if not isinstance(attend, bool) or (token is not None and not isinstance(token, str)):
+        raise CheckpointError(f"{path}: query_expansion attend must be true or false and token a string, got "
+                              f"{attend!r} and {token!r}")
+    if not isinstance(length, int) or isinstance(length, bool) or not 1 <= length <= max_position_embeddings:
+        raise CheckpointError(f"{path}: query_expansion length must be a positive integer within the model's "
+                              f"{max_position_embeddings} positions, got {length!r}")
+    return Expansion(strategy, attend, token, length)

@@ -62,33 +62,53 @@ class SentenceHead(nn.Module):
 
 def load_head(directory: Path, pipeline: Pipeline) -> nn.Module:
     """The head with each Dense module's weights loaded from its folder; a SparseEncoder's SPLADE head
-    (model/splade.py) with its MLM head's weights."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
+    (model/splade.py) with its MLM head's weights; a MultiVectorEncoder's mean of its token vectors."""
     if pipeline.splade is not None:
         from .pipeline import read_json
         from .splade import load_splade_head
 
         return load_splade_head(directory / "model.safetensors", pipeline.splade, read_json(directory / "config.json"))
+    if pipeline.multi_vector is not None:  # the mean of the vectors (model/colbert.py): the graph's shape, unserved
+        return Pooling(("mean",)).eval()
 
     head = SentenceHead(pipeline)
     for spec, layer in zip(pipeline.after_pooling, head.modules_after, strict=True):
-        if not isinstance(spec, Dense):
+        if isinstance(spec, Dense):
+            load_dense(directory, spec, layer)
+        else:
             assert isinstance(spec, Normalize)
-            continue
-        path = directory / spec.folder / DENSE_WEIGHTS
-        try:
-            tensors = load_file(str(path))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(f"corrupt weights file {path}: {e}") from None
-        own = layer.state_dict()
-        if set(tensors) != set(own):
-            raise CheckpointError(f"{path}: keys do not match {spec.describe()} (expected {sorted(own)}, "
-                                  f"found {sorted(tensors)})")
-        for key, tensor in tensors.items():
-            if tensor.shape != own[key].shape:
-                raise CheckpointError(f"{path}: {key} has shape {tuple(tensor.shape)}, expected "
-                                      f"{tuple(own[key].shape)}")
-        layer.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
     return head.eval()
+
+
+def load_dense(directory: Path, spec: Dense, layer: DenseLayer) -> None:
+    """A Dense module's weights from its folder's model.safetensors, under loud key and shape checks."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = directory / spec.folder / DENSE_WEIGHTS
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"corrupt weights file {path}: {e}") from None
+    own = layer.state_dict()
+    if set(tensors) != set(own):
+        raise CheckpointError(f"{path}: keys do not match {spec.describe()} (expected {sorted(own)}, "
+                              f"found {sorted(tensors)})")
+    for key, tensor in tensors.items():
+        if tensor.shape != own[key].shape:
+            raise CheckpointError(f"{path}: {key} has shape {tuple(tensor.shape)}, expected "
+                                  f"{tuple(own[key].shape)}")
+    layer.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
+
+
+def load_token_vectors(directory: Path, encoder: nn.Module, pipeline: Pipeline) -> nn.Module:
+    """A MultiVectorEncoder's encoder: ours, then its Dense modules and Normalize on each token (model/colbert.py)."""
+    from .colbert import TokenVectors
+
+    assert pipeline.multi_vector is not None
+    layers = []
+    for spec in pipeline.multi_vector.dense:
+        layer = DenseLayer(spec)
+        load_dense(directory, spec, layer)
+        layers.append(layer)
+    return TokenVectors(encoder, layers, pipeline.multi_vector.dimension, pipeline.multi_vector.normalize).eval()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from functools import partial
@@ -31,6 +31,7 @@ from .replies import (
     PredictReply,
     RerankReply,
     SimilarityReply,
+    build_multi_vector_rerank_reply,
     build_predict_reply,
     build_reply,
     build_rerank_reply,
@@ -48,6 +49,7 @@ from .requests import (
     TokenizeRequest,
     prepare,
     prepare_decode,
+    prepare_multi_vector_rerank,
     prepare_predict,
     prepare_rerank,
     prepare_tokenize,
@@ -132,7 +134,7 @@ class Core:
             batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
             prepared = await loop.run_in_executor(
                 self._executor, prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
-                engine.takes_token_types)
+                engine.takes_token_types, engine.multi_vector)
             rows = await batcher.submit(prepared.inputs, prepared.options.attention, _at(deadline))
             rendered = body = await loop.run_in_executor(self._executor, self._render, rows, prepared, model, render)
             return rendered, prepared.tokens
@@ -141,7 +143,8 @@ class Core:
 
     @staticmethod
     def _render(rows, prepared: PreparedRequest, model: ServedModel, render: Callable[[EncodeReply], R]) -> R:
-        return render(build_reply(rows, prepared.inputs, prepared.options, model.engine.tokenizer, model.name))
+        return render(build_reply(rows, prepared.inputs, prepared.options, model.engine.tokenizer, model.name,
+                                  model.engine.multi_vector))
 
     async def rerank(self, request: RerankRequest, deadline: Deadline | None) -> RerankReply:
         """Score (query, text) pairs with a reranker through the same batcher as embeddings, sorted best first.
@@ -150,6 +153,13 @@ class Core:
         return await _within(self._rerank(request, deadline), deadline)
 
     async def _rerank(self, request: RerankRequest, deadline: Deadline | None) -> RerankReply:
+        multi_vector = self.models.get(request.model).engine.multi_vector
+        if multi_vector is not None:  # a ColBERT model: MaxSim of its query's and each document's vectors
+            texts = len(request.texts) if isinstance(request.texts, Sequence) else 0  # checked when prepared
+            return await self._scores(request.model, 1 + texts,
+                                      lambda *_: prepare_multi_vector_rerank(request, multi_vector, self.limits),
+                                      deadline, lambda rows, prepared, manifest, name: build_multi_vector_rerank_reply(
+                                          rows, prepared, multi_vector, name))
         return await self._scores(request.model, len(request.texts), partial(prepare_rerank, request), deadline,
                                   lambda rows, prepared, manifest, name: build_rerank_reply(
                                       rows, prepared, manifest.score_activation, name))

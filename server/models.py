@@ -69,7 +69,8 @@ class ModelInfo:
     tasks: tuple[str, ...] = ()  # the task adapters a request may choose (jina v3), none for other models
     labels: tuple[str, ...] = ()  # a reranker's (a classifier's) label names, in output order
     # What the model gives, by the request that asks for it: an embedder "embed" (its sentence embeddings, and token
-    # embeddings), "attention" and "similarity"; a reranker "rerank" (one label) and "predict".
+    # embeddings), "attention" and "similarity" (a SPLADE model also "embed_sparse"); a reranker "rerank" (one label)
+    # and "predict"; a ColBERT model "embed_multi" and "rerank".
     outputs: tuple[str, ...] = ()
     # The sentence embedding's types a request may ask for without ranges of its own (engine/quantize.py): int8
     # and uint8 where the artifacts hold calibration embeddings.
@@ -82,6 +83,8 @@ def model_outputs(manifest: Manifest) -> tuple[str, ...]:
         if manifest.pair_template is not None:  # Qwen3-Reranker: a templated (query, document) pair only
             return ("rerank",)
         return ("rerank", "predict") if manifest.num_labels == 1 else ("predict",)
+    if manifest.multi_vector is not None:  # ColBERT: its vectors (of queries or documents), and MaxSim reranking
+        return ("embed_multi", "rerank")
     return ("embed", "embed_sparse", "attention", "similarity") if manifest.sparse else \
         ("embed", "attention", "similarity")
 
@@ -182,7 +185,8 @@ class ServedModel:
             auto_truncate=config.auto_truncate,
             prompts=dict(m.prompts), default_prompt_name=m.default_prompt_name, kind=m.kind, num_labels=m.num_labels,
             tasks=m.tasks, labels=m.label_names if m.kind == "reranker" else (), outputs=model_outputs(m),
-            embedding_types=() if m.kind == "reranker" else tuple(
+            # A ColBERT model's vectors are float only; a reranker has no embeddings.
+            embedding_types=() if m.kind == "reranker" else ("float",) if m.multi_vector is not None else tuple(
                 t for t in EMBEDDING_TYPES if t not in RANGED or m.quantization is not None))
 
     def _batcher(self, engine: Engine, config: ServerConfig) -> Batcher:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attnserve.engine.dimensions import cut_and_normalize
+from attnserve.engine.multi_vector import MultiVectorTokenizer, maxsim
 from attnserve.engine.pooling import pool
 from attnserve.engine.quantize import quantize
 from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
@@ -34,6 +35,7 @@ class EncodedInput:
     attentions: np.ndarray | None  # (layers, heads or 1, T, T) float32, each row summing to 1
     pair_start: int | None = None  # a pair's index of the first token of segment b; None: not a pair
     sparse: SparseEmbedding | None = None  # a SPLADE model's weights, when sparse embeddings were asked for
+    multi_vector: np.ndarray | None = None  # (K, d) float32 a ColBERT model's vectors, when they were asked for
 
 
 @dataclass
@@ -66,7 +68,9 @@ class EncodeReply:
 
 
 def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], options: ReplyOptions,
-                tokenizer: TextTokenizer, model: str = "") -> EncodeReply:
+                tokenizer: TextTokenizer, model: str = "", multi_vector: MultiVectorTokenizer | None = None
+                ) -> EncodeReply:
+    """multi_vector: a ColBERT model's tokenizer, which says which of each input's vectors it keeps."""
     # An embedder's rows: prepare() refuses to embed with a reranker, whose rows carry scores only.
     embedded = [(row.sentence_embedding, row.token_embeddings) for row in rows
                 if row.sentence_embedding is not None and row.token_embeddings is not None]
@@ -81,12 +85,13 @@ def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], opt
     # Matryoshka first, then quantization, as sentence-transformers orders them.
     typed = {kind: quantize(sentences, kind, options.ranges) for kind in options.embedding_types}
     return EncodeReply(sentences,
-                       [_encoded(row, item, options, tokenizer) for row, item in zip(rows, inputs, strict=True)],
+                       [_encoded(row, item, options, tokenizer, multi_vector)
+                        for row, item in zip(rows, inputs, strict=True)],
                        sum(len(x) for x in inputs), options, model, typed)
 
 
-def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokenizer: TextTokenizer
-             ) -> EncodedInput:
+def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokenizer: TextTokenizer,
+             multi_vector: MultiVectorTokenizer | None) -> EncodedInput:
     attentions = None
     if options.attention_layers is not None:  # options.attention, spelled so that mypy sees the layers are set
         # A request for attention queues in the attention lane, whose batches run the graph that returns them.
@@ -101,11 +106,16 @@ def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokeni
         assert row.sentence_embedding is not None  # an embedder's row
         indices, values = sparse_of(row.sentence_embedding, options.sparse.top_k)
         sparse = SparseEmbedding(indices, values, tokenizer.tokens(indices) if options.sparse.return_tokens else None)
+    vectors = None
+    if options.multi_vector is not None:
+        assert multi_vector is not None and row.token_embeddings is not None  # a ColBERT model's row
+        vectors = np.ascontiguousarray(row.token_embeddings[multi_vector.kept(item.ids, options.multi_vector)],
+                                       dtype=np.float32)  # (K, d)
     return EncodedInput(
         num_tokens=len(item), truncated=item.truncated,
         tokens=tokenizer.tokens(item.ids) if options.tokens else None,
         token_embeddings=row.token_embeddings if options.token_embeddings else None,
-        attentions=attentions, pair_start=item.pair_start, sparse=sparse)
+        attentions=attentions, pair_start=item.pair_start, sparse=sparse, multi_vector=vectors)
 
 
 @dataclass
@@ -126,6 +136,19 @@ def build_rerank_reply(rows: Sequence[RowOutput], prepared: PreparedRerank, acti
                        ) -> RerankReply:
     logits = np.array([row.scores[0] for row in rows if row.scores is not None], dtype=np.float32)  # (N,)
     scores = logits if prepared.raw_scores else SCORE_ACTIVATIONS[activation or "identity"](logits)
+    order = np.argsort(-scores, kind="stable")[: prepared.top_n]
+    return RerankReply([RerankResult(int(i), float(scores[i]), prepared.texts[i] if prepared.return_text else None)
+                        for i in order], prepared.tokens, model)
+
+
+def build_multi_vector_rerank_reply(rows: Sequence[RowOutput], prepared: PreparedRerank,
+                                    multi_vector: MultiVectorTokenizer, model: str) -> RerankReply:
+    """A ColBERT model's rows, the query's first (prepare_multi_vector_rerank), ranked by MaxSim (or MeanMaxSim)."""
+    vectors = [row.token_embeddings[multi_vector.kept(item.ids, kind)]  # (K_i, d)
+               for row, item, kind in zip(rows, prepared.inputs, ["query"] + ["document"] * (len(rows) - 1),
+                                          strict=True) if row.token_embeddings is not None]
+    assert len(vectors) == len(rows), "a ColBERT model's rows have vectors"
+    scores = maxsim(vectors[0], vectors[1:], multi_vector.settings.similarity)  # (N,)
     order = np.argsort(-scores, kind="stable")[: prepared.top_n]
     return RerankReply([RerankResult(int(i), float(scores[i]), prepared.texts[i] if prepared.return_text else None)
                         for i in order], prepared.tokens, model)

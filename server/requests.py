@@ -18,6 +18,7 @@ import numpy as np
 
 from attnserve.engine.dimensions import check_dimensions
 from attnserve.engine.manifest import REQUEST_POOLINGS, Manifest
+from attnserve.engine.multi_vector import INPUT_TYPES, MultiVectorTokenizer
 from attnserve.engine.prompts import apply_prompt
 from attnserve.engine.quantize import RANGED, check_embedding_types, check_ranges, quantized_size
 from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, Token, TokenizedInput, check_texts
@@ -82,6 +83,9 @@ class EncodeRequest:
     # A SPLADE model's sparse embeddings (TEI's /embed_sparse) instead of its dense vocabulary-sized vector; None:
     # the dense one.
     sparse: SparseOptions | None = None
+    # A ColBERT model's vectors, one per token (engine/multi_vector.py), of inputs of this type: "query" or
+    # "document"; None: not asked (a door passes an unknown wire value on, checked in prepare()).
+    multi_vector: str | None = None
 
 
 @dataclass(frozen=True)
@@ -222,6 +226,7 @@ class ReplyOptions:
     embedding_types: tuple[str, ...] = ("float",)  # the sentence embedding's types, in the order asked
     ranges: np.ndarray | None = None  # (2, D) int8 / uint8 ranges, where one of them was asked
     sparse: SparseOptions | None = None  # (index, value) pairs of a SPLADE model's weights, instead of its vector
+    multi_vector: str | None = None  # a ColBERT model's vectors of inputs of this type, instead of its embedding
 
     @property
     def attention(self) -> bool:
@@ -251,13 +256,16 @@ def truncates(asked: bool | None, limits: RequestLimits) -> bool:
 
 
 def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest, limits: RequestLimits,
-            float_bytes: float, takes_token_types: bool = False) -> PreparedRequest:
+            float_bytes: float, takes_token_types: bool = False, multi_vector: MultiVectorTokenizer | None = None
+            ) -> PreparedRequest:
     """Check everything about a request that can be checked before it costs compute; tokenize it.
 
     float_bytes: what one float of the reply costs on the door's wire (4 in binary), for the reply size limit.
+    multi_vector: a ColBERT model's tokenizer (Engine.multi_vector).
     """
     check_count(len(request.inputs), limits.max_inputs)
     check_embedder(manifest.model, manifest.kind)
+    _check_multi_vector(request, manifest)
     if request.pooling not in POOLINGS:
         raise _invalid("pooling", f"pooling {request.pooling} is not one of {', '.join(POOLINGS)}")
     # The model's own pooling comes from its graph; another is computed from the token embeddings, which
@@ -292,9 +300,14 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
         embedding_types=types,
         ranges=ranges,
         sparse=request.sparse,
+        multi_vector=request.multi_vector,
     )
-    inputs = _tokenize(request, tokenizer, manifest, truncates(request.truncate, limits),
-                       request.truncation_direction)  # a str now: checked above
+    if request.multi_vector is not None:
+        assert multi_vector is not None, "a multi-vector model's engine has its tokenizer"
+        inputs = _tokenize_multi_vector(request, multi_vector, truncates(request.truncate, limits))
+    else:
+        inputs = _tokenize(request, tokenizer, manifest, truncates(request.truncate, limits),
+                           request.truncation_direction)  # a str now: checked above
     _check_token_types(inputs, takes_token_types, manifest)
     if options.attention:
         _check_attention_length(inputs, manifest)
@@ -322,6 +335,47 @@ def _check_sparse(request: EncodeRequest, manifest: Manifest) -> None:
                          ("embedding_types", tuple(request.embedding_types) != ("float",))):
         if asked:
             raise _invalid(field, f"{field} does not apply to sparse embeddings (top_k keeps the largest weights)")
+
+
+def _check_multi_vector(request: EncodeRequest, manifest: Manifest) -> None:
+    """A ColBERT model gives its vectors, one per token, of texts taken as queries or documents, and nothing else
+    (its graph's sentence embedding is no embedding it was trained to give)."""
+    if manifest.multi_vector is None:
+        if request.multi_vector is not None:
+            raise _invalid("multi_vector", f"{manifest.model} is not a multi-vector (ColBERT) model: it gives one "
+                                           "embedding per input; ask for its embeddings")
+        return
+    if request.multi_vector is None:
+        raise _invalid("model", f"{manifest.model} is a multi-vector (ColBERT) model: it gives a vector per token, "
+                                "not one embedding per input; ask for its multi-vector embeddings (POST /embed_multi, "
+                                "gRPC multi_vector) or rerank with it")
+    if request.multi_vector not in INPUT_TYPES:
+        raise _invalid("input_type", f"input_type {request.multi_vector!r} is not one of {', '.join(INPUT_TYPES)}")
+    for field, asked in (("pooling", request.pooling != "default"), ("dimensions", request.dimensions is not None),
+                         ("normalize", request.normalize is not None), ("token_embeddings", request.token_embeddings),
+                         ("embedding_types", tuple(request.embedding_types) != ("float",)),
+                         ("sparse", request.sparse is not None),
+                         ("prompt", request.prompt is not None), ("prompt_name", request.prompt_name is not None),
+                         ("task", request.task is not None),
+                         ("truncation_direction", request.truncation_direction != "right")):
+        if asked:
+            raise _invalid(field, f"{field} does not apply to multi-vector embeddings: the model's query or document "
+                                  "prompt, length and vectors are its own")
+
+
+def _tokenize_multi_vector(request: EncodeRequest, tokenizer: MultiVectorTokenizer, truncate: bool
+                           ) -> list[TokenizedInput]:
+    """Texts as the model's queries or documents (engine/multi_vector.py); token ids and pairs are refused."""
+    for row, item in enumerate(request.inputs):
+        if not isinstance(item, str):
+            raise _invalid(f"inputs[{row}]", "multi-vector embeddings are of texts (a query or a document), not "
+                                             "token ids or pairs", label=f"input {row}")
+    labels = [f"input {r}" for r in range(len(request.inputs))]
+    try:
+        return tokenizer.encode(request.inputs, request.multi_vector or "document", truncate, labels)
+    except InvalidInputError as error:
+        raise _located(error, labels, [f"inputs[{r}].text" for r in range(len(labels))],
+                       request.truncate is None) from None
 
 
 def _ranges(request: EncodeRequest, types: tuple[str, ...], manifest: Manifest, pooling: str | None,
@@ -379,22 +433,13 @@ def prepare_rerank(request: RerankRequest, tokenizer: TextTokenizer, manifest: M
                    takes_token_types: bool) -> PreparedRerank:
     """Check a rerank request before it costs compute and tokenize its pairs (query, text)."""
     if manifest.kind != "reranker":
-        raise _invalid("model", f"{manifest.model} is an embedding model, not a reranker (a cross-encoder): it "
-                                "cannot rerank; ask a reranker, or embed the texts and compare them")
+        raise _invalid("model", f"{manifest.model} is an embedding model, not a reranker (a cross-encoder) or a "
+                                "multi-vector (ColBERT) model: it cannot rerank; ask a reranker, or embed the texts "
+                                "and compare them")
     if manifest.num_labels != 1:
         raise _invalid("model", f"{manifest.model} is a classifier with {manifest.num_labels} labels; reranking "
                                 "needs one score per pair (one label)")
-    if not isinstance(request.texts, Sequence) or isinstance(request.texts, str):
-        raise _invalid("texts", "texts must be a list of strings")
-    check_count(len(request.texts), limits.max_inputs, "texts")
-    top_n = len(request.texts) if request.top_n is None else request.top_n
-    if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
-        raise _invalid("top_n", f"top_n {request.top_n!r} is not a positive integer (ask for 1 or more results)")
-    if request.truncation_direction not in TRUNCATION_DIRECTIONS:
-        raise _invalid("truncation_direction", f"truncation_direction {request.truncation_direction!r} is not one "
-                                               f"of {', '.join(TRUNCATION_DIRECTIONS)}")
-    if not isinstance(request.query, str) or not request.query or request.query.isspace():
-        raise _invalid("query", "the query must be a non-empty string", label="query")
+    top_n = _check_rerank(request, limits)
     labels = [f"text {i}" for i in range(len(request.texts))]
     try:
         check_texts(request.texts, labels)  # named as the request names them, not as sides of pairs
@@ -411,6 +456,41 @@ def prepare_rerank(request: RerankRequest, tokenizer: TextTokenizer, manifest: M
                        request.truncate is None) from None
     _check_token_types(inputs, takes_token_types, manifest)
     return PreparedRerank(inputs, request.texts, request.raw_scores, request.return_text,
+                          min(top_n, len(request.texts)))
+
+
+def _check_rerank(request: RerankRequest, limits: RequestLimits) -> int:
+    """What every rerank request must be, whatever scores it; returns top_n, as asked (maybe over the texts)."""
+    if not isinstance(request.texts, Sequence) or isinstance(request.texts, str):
+        raise _invalid("texts", "texts must be a list of strings")
+    check_count(len(request.texts), limits.max_inputs, "texts")
+    top_n = len(request.texts) if request.top_n is None else request.top_n
+    if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
+        raise _invalid("top_n", f"top_n {request.top_n!r} is not a positive integer (ask for 1 or more results)")
+    if request.truncation_direction not in TRUNCATION_DIRECTIONS:
+        raise _invalid("truncation_direction", f"truncation_direction {request.truncation_direction!r} is not one "
+                                               f"of {', '.join(TRUNCATION_DIRECTIONS)}")
+    if not isinstance(request.query, str) or not request.query or request.query.isspace():
+        raise _invalid("query", "the query must be a non-empty string", label="query")
+    return top_n
+
+
+def prepare_multi_vector_rerank(request: RerankRequest, multi_vector: MultiVectorTokenizer, limits: RequestLimits
+                                ) -> PreparedRerank:
+    """A rerank request to a ColBERT model (ranked by MaxSim): the query as a query, then each text as a document."""
+    top_n = _check_rerank(request, limits)
+    if request.truncation_direction != "right":
+        raise _invalid("truncation_direction", "a multi-vector model's queries and documents are cut at their end "
+                                               "(truncation_direction right), as sentence-transformers cuts them")
+    truncate = truncates(request.truncate, limits)
+    labels = [f"text {i}" for i in range(len(request.texts))]
+    try:
+        query = multi_vector.encode([request.query], "query", truncate, ["query"])
+        documents = multi_vector.encode(request.texts, "document", truncate, labels)
+    except InvalidInputError as error:
+        raise _located(error, ["query", *labels], ["query", *(f"texts[{i}]" for i in range(len(labels)))],
+                       request.truncate is None) from None
+    return PreparedRerank([*query, *documents], request.texts, request.raw_scores, request.return_text,
                           min(top_n, len(request.texts)))
 
 
@@ -553,6 +633,8 @@ def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest, float_b
     floats = sum(quantized_size(kind, dims) for kind in options.embedding_types)  # a code counted as a float
     if options.sparse is not None:  # (index, value) pairs: at most top_k, at most one per token of the vocabulary
         floats = 2 * min(options.sparse.top_k or dims, dims)
+    if options.multi_vector is not None:  # a vector per token at most; no sentence embedding
+        floats = tokens * manifest.embedding_size
     if options.token_embeddings:
         floats += tokens * manifest.hidden_size  # token embeddings are hidden states, whatever the pipeline
     if options.attention_layers is not None:  # options.attention, spelled so that mypy sees the layers are set

@@ -341,6 +341,19 @@ CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "ba
 CohereInputType = Literal["search_document", "search_query", "classification", "clustering", "image"]
 
 
+class MultiVectorBody(_Strict):
+    inputs: Union[str, list[str]] = Field(description="a text or a list of texts")
+    input_type: Literal["query", "document"] = Field(
+        "document", description="encode the texts as queries (the model's query prompt, length and expansion) or "
+                                "as documents (its document prompt and length; its skip-list tokens left out)")
+    encoding_format: EncodingFormat = Field(
+        "float", description="float: each input's [tokens, dim] vectors; base64: their row-major little-endian "
+                             "float32 bytes (tokens x dim floats)")
+    truncate: bool | None = Field(None, description="false: an input over its type's length is refused; true: it "
+                                                    "is cut; unset: as the server's --auto-truncate says")
+    model: str = Field("", description="a served model's name or alias; \"\": the server's default model")
+
+
 class CohereEmbedBody(_Strict):
     model: str = Field(description="a served model's name or alias; \"\": the server's default model")
     input_type: CohereInputType | None = Field(

@@ -43,6 +43,7 @@ from .cohere import CohereRoutes
 from .errors import OPENAI, TEI, http_error
 from .head_timeout import HeadTimeouts
 from .kserve import KServeRoutes
+from .multi_vector import MultiVectorRoutes
 from .openai import OpenAIRoutes
 from .openapi import index, openapi_spec
 from .parse_errors import answer_in_envelope
@@ -68,6 +69,7 @@ class HttpDoor:
         self.routes: list[Route] = [*OpenAIRoutes(core, bodies).routes(), *TeiRoutes(core, bodies).routes(),
                                     *AttentionRoutes(core, bodies).routes(), *RerankRoutes(core, bodies).routes(),
                                     *KServeRoutes(core, bodies).routes(), *CohereRoutes(core, bodies).routes(),
+                                    *MultiVectorRoutes(core, bodies).routes(),
                                     Route("GET", "/openapi.json", self._openapi, OPENAI, "this description",
                                           reply_schema={"type": "object"}),
                                     Route("GET", "/", self._index, TEI, "where to start: the help and the routes",
