@@ -61,7 +61,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
     job = EncodeJob(Path(args.input), Path(args.output), args.normalize, args.text_column, args.id_column,
                     args.chunk_rows, progress=not args.no_progress, on_error=args.on_error, overwrite=args.overwrite,
                     dimensions=args.dimensions, prompt=Prompt(args.prompt_name, args.prompt), model=args.model,
-                    task=args.task, embedding_type=args.precision_out)
+                    task=args.task, embedding_type=args.precision_out, input_type=args.input_type)
     if args.server:
         from attnserve.offline.remote import encode_file_remote
 
@@ -248,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the embedding column's type, as sentence-transformers' quantize_embeddings gives it: "
                              "float32 (default), int8 / uint8 codes over the model's calibrated ranges (written in "
                              "the file's metadata), binary / ubinary sign bits, 8 dimensions a byte")
+    encode.add_argument("--input-type", default="document", choices=("document", "query"),
+                        help="a multi-vector (ColBERT) model's: encode the texts as its documents (the default) or "
+                             "its queries, each with its prompt, length and expansion; the `multi_vector` column")
     add_arguments(encode, EngineConfig)
     encode.set_defaults(func=cmd_encode)
 

@@ -68,7 +68,8 @@ class EncodeStats:
 
 @dataclass
 class Encoded:
-    embeddings: np.ndarray  # (N, D) float32 (D: manifest.embedding_size), in input order
+    # (N, D) float32 (D: manifest.embedding_size), in input order; a ColBERT model's: (N,) of (K_i, d) arrays
+    embeddings: np.ndarray
     num_tokens: np.ndarray  # (N,) int32
     truncated: np.ndarray  # (N,) bool
     stats: EncodeStats = field(default_factory=EncodeStats)
@@ -316,6 +317,29 @@ class Engine:
         stats = EncodeStats(len(inputs), int(lengths.sum()), cells, time.perf_counter() - start)
         truncated = np.fromiter((x.truncated for x in inputs), dtype=bool, count=len(inputs))
         return Encoded(embeddings, lengths.astype(np.int32), truncated, stats)
+
+    def encode_multi_vector(self, inputs: Sequence[TokenizedInput], input_type: str,
+                            on_batch: Callable[[int], None] | None = None) -> Encoded:
+        """A ColBERT model's vectors of many inputs (made by self.multi_vector.encode for input_type), batched by
+        length: Encoded.embeddings is then an (N,) object array of (K_i, d) float32 arrays, in input order."""
+        if self.multi_vector is None:
+            raise ConfigError(f"{self.manifest.model} is not a multi-vector (ColBERT) model")
+        start = time.perf_counter()
+        lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
+        vectors = np.empty(len(inputs), dtype=object)
+        cells = 0
+        for batch in plan_batches(lengths, self.batch_tokens, self.config.max_batch_size):
+            out = self.run([inputs[i] for i in batch])
+            assert out.last_hidden_state is not None
+            for row, i in enumerate(batch):  # (T_i, d) -> the kept tokens' (K_i, d)
+                x = inputs[i]
+                vectors[i] = out.last_hidden_state[row, :len(x)][self.multi_vector.kept(x.ids, input_type)]
+            cells += int(lengths[batch].max()) * len(batch)
+            if on_batch is not None:
+                on_batch(len(batch))
+        stats = EncodeStats(len(inputs), int(lengths.sum()), cells, time.perf_counter() - start)
+        truncated = np.fromiter((x.truncated for x in inputs), dtype=bool, count=len(inputs))
+        return Encoded(vectors, lengths.astype(np.int32), truncated, stats)
 
     def encode(self, texts: Sequence[str], normalize: bool | None = None, truncate: bool = True,
                prompt_name: str | None = None, prompt: str | None = None) -> Encoded:

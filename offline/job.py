@@ -28,6 +28,7 @@ import numpy as np
 from attnserve import __version__
 from attnserve.engine.dimensions import check_dimensions, cut_and_normalize
 from attnserve.engine.engine import EncodeStats
+from attnserve.engine.multi_vector import INPUT_TYPES
 from attnserve.engine.quantize import RANGED, check_embedding_types, quantize
 from attnserve.errors import ConfigError, InvalidInputError
 
@@ -57,6 +58,8 @@ class EncodeJob:
     task: str | None = None  # the task adapter (jina v3; engine/tasks.py); None: none
     # The embedding column's type (engine/quantize.py, `--precision-out`): float, int8, uint8, binary, ubinary.
     embedding_type: str = "float"
+    # A ColBERT model's texts are its "document"s or "query"s (engine/multi_vector.py); other models refuse "query".
+    input_type: str = "document"
 
     @property
     def errors_path(self) -> Path:
@@ -87,6 +90,7 @@ class ModelFacts:
     # where they are not known here: the artifacts hold none, or a server encodes.
     quantization_ranges: Callable[[int | None, bool], np.ndarray | None] = lambda dimensions, normalize: None
     sparse: bool = False  # a SPLADE model: its weights are written as (index, value) pairs (sparse_embedding)
+    multi_vector: bool = False  # a ColBERT model: its vectors of each row are written (multi_vector)
 
 
 @dataclass(eq=False)
@@ -103,7 +107,8 @@ class Chunk:
 @dataclass(eq=False)
 class EncodedChunk:
     chunk: Chunk
-    embeddings: np.ndarray  # (n, H) float32: the rows of chunk.records not refused, in order
+    # (n, D) float32: the rows of chunk.records not refused, in order; a ColBERT model's (n,) of (K_i, d) arrays
+    embeddings: np.ndarray
     num_tokens: np.ndarray  # (n,)
     truncated: np.ndarray  # (n,)
     stats: EncodeStats
@@ -120,6 +125,7 @@ class Session:
     refuse: Callable[[Record, str], None]  # a row the encoder cannot encode: raises (on_error fail) or returns
     prompt: Prompt = field(default_factory=Prompt)  # what goes before every text
     task: str | None = None  # a server's task adapter to ask for (local and Ray runs open the task's graphs)
+    input_type: str = "document"  # a ColBERT model's: its texts are its documents or its queries
 
 
 class ChunkEncoder(Protocol):
@@ -182,19 +188,24 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
     check_dimensions(job.dimensions, facts.embedding_size)  # the same rule as a request's
     size = job.dimensions or facts.embedding_size
     _check_sparse(job, facts)
+    _check_multi_vector(job, facts)
     ranges = _ranges(job, facts, normalize)
     errors_path = job.errors_path if job.on_error == "skip" else None
     # Set only when asked, so that the runs of earlier versions' settings read the same.
     asked = {key: value for key, value in (("dimensions", job.dimensions), ("prompt_name", job.prompt.name),
                                            ("prompt", job.prompt.text), ("task", job.task),
                                            ("embedding_type", None if job.embedding_type == "float"
-                                            else job.embedding_type)) if value is not None}
+                                            else job.embedding_type),
+                                           ("input_type", job.input_type if facts.multi_vector else None))
+             if value is not None}
     fingerprint = {"input": str(job.input.resolve()), "text_column": job.text_column, "id_column": job.id_column,
                    "chunk_rows": job.chunk_rows, "normalize": normalize, "model": facts.model,
                    "precision": facts.precision, "graph_sha256": facts.graph_sha256, "server": facts.server,
                    "attnserve": __version__, **asked}
+    # A ColBERT model's vectors are normalised (or not) by its graph, each token's: no run's choice.
     metadata = {"model": facts.model, "precision": facts.precision, "pooling": facts.pooling,
-                "normalize": normalize, "input": str(job.input), **({"server": facts.server} if facts.server else {}),
+                **({} if facts.multi_vector else {"normalize": normalize}), "input": str(job.input),
+                **({"server": facts.server} if facts.server else {}),
                 **asked, **({"ranges": ranges.tolist()} if ranges is not None else {})}
     progress = progress or Bar(job.progress)
     result, start = EncodeResult(padding_known=facts.server is None), time.perf_counter()
@@ -217,7 +228,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
             for index, records in enumerate(source.chunks(job.chunk_rows)):
                 bad = checks.bad(records)
                 schema = schema or output_schema(source.id_type or int, size, metadata, job.embedding_type,
-                                                 facts.sparse)
+                                                 facts.sparse, facts.multi_vector)
                 digest = input_digest(records)
                 if run.trusts(index, digest):
                     first = run.first_error(index)
@@ -236,7 +247,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
         # With dimensions, the encoder's vectors are cut here and normalised after: the rule every door applies.
         session = Session(chunks_left=max(1, -(-total // job.chunk_rows) - run.chunks_done),
                           normalize=normalize and job.dimensions is None, on_batch=progress.advance, refuse=refuse,
-                          prompt=job.prompt, task=job.task)
+                          prompt=job.prompt, task=job.task, input_type=job.input_type)
         try:
             with closing(encoder.encode(chunks(), session)) as encoded:
                 for done in encoded:
@@ -245,8 +256,8 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                         [r for i, r in enumerate(chunk.records) if i not in done.refused]
                     embeddings = done.embeddings if job.dimensions is None else \
                         cut_and_normalize(done.embeddings, job.dimensions, normalize)  # (n, D)
-                    # Matryoshka first, then quantization, as sentence-transformers orders them.
-                    embeddings = quantize(embeddings, job.embedding_type, ranges)  # (n, D) or (n, D / 8)
+                    if not facts.multi_vector:  # Matryoshka first, then quantization, as sentence-transformers
+                        embeddings = quantize(embeddings, job.embedding_type, ranges)  # (n, D) or (n, D / 8)
                     table = output_table(schema, kept, embeddings, done.num_tokens, done.truncated)
                     set_aside = chunk.bad + [(chunk.records[i], reason) for i, reason in done.refused.items()]
                     set_aside.sort(key=lambda item: item[0].row)
@@ -256,7 +267,8 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                     result.skipped += len(set_aside)
                     progress.advance(len(set_aside), rate())
             # An empty input (an empty partition, say) gives an empty output with the same schema.
-            run.finish(schema or output_schema(source.id_type or int, size, metadata, job.embedding_type, facts.sparse))
+            run.finish(schema or output_schema(source.id_type or int, size, metadata, job.embedding_type, facts.sparse,
+                                               facts.multi_vector))
         except KeyboardInterrupt:
             raise EncodeInterrupted(f"interrupted after {run.rows_recorded()} of {total} rows; the same command "
                                     "resumes after them") from None
@@ -275,6 +287,23 @@ def _check_sparse(job: EncodeJob, facts: ModelFacts) -> None:
         if asked:
             raise ConfigError(f"{flag} does not apply to {facts.model}, a SPLADE model: its sparse embeddings are "
                               "written whole as (index, value) pairs")
+
+
+def _check_multi_vector(job: EncodeJob, facts: ModelFacts) -> None:
+    """A ColBERT model's vectors are written whole, of its queries or documents; other models have no input type."""
+    if not facts.multi_vector:
+        if job.input_type != "document":
+            raise ConfigError(f"--input-type {job.input_type} applies to multi-vector (ColBERT) models only; "
+                              f"{facts.model} is not one")
+        return
+    if job.input_type not in INPUT_TYPES:
+        raise ConfigError(f"--input-type {job.input_type!r} is not one of {', '.join(INPUT_TYPES)}")
+    for flag, asked in (("--dimensions", job.dimensions is not None), ("--normalize", job.normalize is not None),
+                        ("--precision-out", job.embedding_type != "float"),
+                        ("--prompt-name / --prompt", job.prompt.asked), ("--task", job.task is not None)):
+        if asked:
+            raise ConfigError(f"{flag} does not apply to {facts.model}, a multi-vector (ColBERT) model: its vectors "
+                              "are written whole, with its own query or document prompt (--input-type)")
 
 
 def _ranges(job: EncodeJob, facts: ModelFacts, normalize: bool) -> np.ndarray | None:

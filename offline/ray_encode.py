@@ -76,7 +76,7 @@ class RayEncoder:
         m = self.manifest
         return ModelFacts(m.model, m.embedding_size, m.vocab_size, m.served_max_length, m.pooling, m.normalize,
                           self.config.precision, self.graph.runs_as, quantization_ranges=m.quantization_ranges,
-                          sparse=m.sparse)
+                          sparse=m.sparse, multi_vector=m.multi_vector is not None)
 
     def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
         ray = _import_ray()
@@ -86,8 +86,8 @@ class RayEncoder:
             count, threads, cpus = _plan_actors(ray, self.config, self.actors, session.chunks_left)
             actor_class = ray.remote(num_cpus=cpus)(_EncoderActor)
             config = dataclasses.replace(self.config, threads=threads)
-            actors = [actor_class.remote(str(self.artifacts_dir), config, session.normalize, session.prompt)
-                      for _ in range(count)]
+            actors = [actor_class.remote(str(self.artifacts_dir), config, session.normalize, session.prompt,
+                                         session.input_type) for _ in range(count)]
             _wait_ready(ray, actors)
             yield from _in_order(ray, actors, chunks, session)
         finally:
@@ -218,8 +218,10 @@ def _attnserve_cause(error: BaseException | None) -> AttnserveError | None:
 class _EncoderActor:
     """One engine; a chunk's inputs in, a count per batch and then the chunk's encoded rows out."""
 
-    def __init__(self, artifacts_dir: str, config: EngineConfig, normalize: bool, prompt: Prompt):
+    def __init__(self, artifacts_dir: str, config: EngineConfig, normalize: bool, prompt: Prompt,
+                 input_type: str = "document"):
         self.artifacts_dir, self.config, self.normalize, self.prompt = artifacts_dir, config, normalize, prompt
+        self.input_type = input_type  # a ColBERT model's: its texts are its documents or its queries
         self.engine: Engine | None = None
 
     def ready(self) -> bool:
@@ -239,7 +241,8 @@ class _EncoderActor:
 
         def work() -> None:
             try:
-                outcome.append(encode_inputs(engine, inputs, self.normalize, counts.put, self.prompt))
+                outcome.append(encode_inputs(engine, inputs, self.normalize, counts.put, self.prompt,
+                                             self.input_type))
             except BaseException as e:  # handed to the caller below, as if raised there
                 outcome.append(e)
             finally:

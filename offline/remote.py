@@ -199,7 +199,8 @@ class ServerEncoder:
     def facts(self) -> ModelFacts:
         i = self.info
         return ModelFacts(i.model, embedding_size(i), i.vocab_size, i.max_seq_length, i.pooling, i.normalize,
-                          i.precision, server=self.target, sparse=i.pooling.startswith("splade_"))
+                          i.precision, server=self.target, sparse=i.pooling.startswith("splade_"),
+                          multi_vector=i.pooling == "multi_vector")
 
     # --- errors ----------------------------------------------------------------------------------------
 
@@ -251,8 +252,9 @@ class ServerEncoder:
         max_bytes = int((limits.max_request_bytes or 4 << 20) * REQUEST_BYTES_SHARE)
         for chunk in chunks:
             good, n = chunk.records, len(chunk.records)
-            pending = _Pending(chunk, np.empty((n, embedding_size(info)), np.float32), np.empty(n, np.int32),
-                               np.empty(n, bool), n)
+            embeddings = (np.empty(n, dtype=object) if info.pooling == "multi_vector"  # (K_i, d) each
+                          else np.empty((n, embedding_size(info)), np.float32))
+            pending = _Pending(chunk, embeddings, np.empty(n, np.int32), np.empty(n, bool), n)
             yield pending
             estimates = [estimate_tokens(r) for r in good]
             sizes = [_item_size(r) for r in good]
@@ -294,6 +296,9 @@ class ServerEncoder:
         # over-long inputs are cut and marked, as a local run cuts them; a server started with --no-auto-truncate
         # refuses them, and each such row stops the run naming its line (or is set aside with --on-error skip).
         # Normalisation as the driver settled it; the prompt is the server's to put before each text.
+        if self.info.pooling == "multi_vector":  # a ColBERT model: its vectors of texts of the run's input type
+            return pb.EmbedRequest(model=self.model or "", multi_vector=pb.MultiVectorOptions(
+                input_type=pb.INPUT_TYPE_QUERY if session.input_type == "query" else pb.INPUT_TYPE_DOCUMENT))
         message = pb.EmbedRequest(normalize=session.normalize, model=self.model or "")
         if session.prompt.name is not None:
             message.prompt_name = session.prompt.name
@@ -405,9 +410,30 @@ class ServerEncoder:
         if not request.rows:
             pending.popleft()
 
+    def _take_vectors(self, reply: pb.EmbedResponse, request: _Request, size: int) -> None:
+        """One reply of a ColBERT model's vectors ([tokens, size] each) into its chunk's rows."""
+        n, embeddings = len(request.rows), reply.embeddings
+        vectors = []
+        for e in embeddings:
+            t = e.multi_vector
+            if t.dtype != pb.FLOAT32 or len(t.shape) != 2 or t.shape[1] != size or len(t.data) != 4 * t.shape[0] * size:
+                raise AttnserveError(f"server {self.target} sent a malformed reply: multi-vector embeddings that are "
+                                     f"not [tokens, {size}] float32")
+            vectors.append(np.frombuffer(t.data, dtype="<f4").reshape(t.shape[0], size))
+        if len(vectors) != n:
+            raise AttnserveError(f"server {self.target} sent a malformed reply: {len(vectors)} embeddings for {n} "
+                                 "inputs")
+        pending, rows = request.pending, request.rows
+        for row, v in zip(rows, vectors, strict=True):
+            pending.embeddings[row] = v
+        self._counted(embeddings, request)
+
     def _take(self, reply: pb.EmbedResponse, request: _Request, size: int) -> None:
         """One reply into its chunk's arrays."""
         n, embeddings = len(request.rows), reply.embeddings
+        if request.message.HasField("multi_vector"):
+            self._take_vectors(reply, request, size)
+            return
         if len(embeddings) != n or any(e.sentence_embedding.dtype != pb.FLOAT32 for e in embeddings):
             raise AttnserveError(f"server {self.target} sent a malformed reply: {len(embeddings)} embeddings "
                                  f"for {n} inputs, or not float32")
@@ -415,8 +441,13 @@ class ServerEncoder:
         if len(data) != 4 * n * size:
             raise AttnserveError(f"server {self.target} sent a malformed reply: {len(data)} bytes of embeddings "
                                  f"for {n} inputs of size {size}")
-        pending, rows = request.pending, request.rows
-        pending.embeddings[rows] = np.frombuffer(data, dtype="<f4").reshape(n, size)
+        request.pending.embeddings[request.rows] = np.frombuffer(data, dtype="<f4").reshape(n, size)
+        self._counted(embeddings, request)
+
+    @staticmethod
+    def _counted(embeddings, request: _Request) -> None:
+        """A reply's token counts and truncation marks into its chunk's rows, and its rows done."""
+        pending, rows, n = request.pending, request.rows, len(request.rows)
         num_tokens = [e.num_tokens for e in embeddings]
         pending.num_tokens[rows] = num_tokens
         pending.truncated[rows] = [e.truncated for e in embeddings]

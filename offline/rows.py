@@ -42,12 +42,19 @@ SPARSE_TYPE = pa.list_(pa.struct([pa.field("index", pa.int32(), nullable=False),
                                   pa.field("value", pa.float32(), nullable=False)]))
 
 
+def multi_vector_type(dimension: int) -> pa.DataType:
+    """A ColBERT model's column: each row's vectors, [tokens][dimension] float32."""
+    return pa.list_(pa.list_(pa.float32(), dimension))
+
+
 def output_schema(id_type: type, embedding_size: int, metadata: dict, embedding_type: str = "float",
-                  sparse: bool = False) -> pa.Schema:
+                  sparse: bool = False, multi_vector: bool = False) -> pa.Schema:
     """embedding_size: D; the binary types hold ceil(D / 8) bytes a row. sparse: a SPLADE model's
-    `sparse_embedding` column instead of `embedding`."""
+    `sparse_embedding` column instead of `embedding`; multi_vector: a ColBERT model's `multi_vector` column of
+    vectors of size D."""
     width = quantized_size(embedding_type, embedding_size)
     embedding = (pa.field("sparse_embedding", SPARSE_TYPE, nullable=False) if sparse else
+                 pa.field("multi_vector", multi_vector_type(embedding_size), nullable=False) if multi_vector else
                  pa.field("embedding", pa.list_(EMBEDDING_ARROW_TYPES[embedding_type], width), nullable=False))
     return pa.schema(
         [
@@ -68,6 +75,8 @@ def output_table(schema: pa.Schema, records: Sequence[Record], embeddings: np.nd
     ids = [r.id for r in records]
     if schema.names[1] == "sparse_embedding":
         column = _sparse_column(np.asarray(embeddings, np.float32))
+    elif schema.names[1] == "multi_vector":
+        column = _multi_vector_column(embeddings, schema.field("multi_vector").type)
     else:
         embedding = schema.field("embedding").type  # fixed_size_list<float32 | int8 | uint8>[D]
         values = np.asarray(embeddings, embedding.value_type.to_pandas_dtype()).reshape(-1)
@@ -92,6 +101,17 @@ def _sparse_column(weights: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(_from_numpy(offsets, pa.int32()), pairs, type=SPARSE_TYPE)
 
 
+def _multi_vector_column(vectors: np.ndarray, arrow_type: pa.ListType) -> pa.Array:
+    """(N,) of (K_i, d) float32 -> list<fixed_size_list<float32, d>>, each row's vectors in token order."""
+    dimension = arrow_type.value_type.list_size
+    offsets = np.zeros(len(vectors) + 1, dtype=np.int32)
+    np.cumsum([len(v) for v in vectors], out=offsets[1:])
+    flat = (np.concatenate([np.asarray(v, np.float32).reshape(-1) for v in vectors]) if len(vectors)
+            else np.zeros(0, np.float32))
+    inner = pa.FixedSizeListArray.from_arrays(_from_numpy(flat, pa.float32()), dimension)
+    return pa.ListArray.from_arrays(_from_numpy(offsets, pa.int32()), inner, type=arrow_type)
+
+
 def _from_numpy(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
     """A numeric column over its numpy buffer, without pa.array(): its first call imports pandas, which cost
     `attnserve encode` 0.2-0.4 s of a 10 s run. A text id column still goes through pa.array."""
@@ -104,25 +124,42 @@ def inputs_of(records: Sequence[Record]) -> list[Input]:
 
 
 def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_batch: Callable[[int], None],
-                  prompt: Prompt = Prompt()) -> tuple[Encoded, dict[int, str]]:
+                  prompt: Prompt = Prompt(), input_type: str = "document") -> tuple[Encoded, dict[int, str]]:
     """One chunk's inputs through the engine, batched by length: (the encoded rows, {position: reason}).
 
     The refused positions (inputs the tokenizer rejects) are left out of the encoded rows, which keep
     the order of the rest. Same inputs in, same bits out: local and Ray runs both come through here.
     A prompt goes before every text (engine/prompts.py); an unknown prompt name stops the run here, at once.
+    A ColBERT model's texts are its queries or documents (input_type; engine/multi_vector.py), with their prompt.
     """
-    before = prompt_text(engine.manifest, prompt.name, prompt.text)
+    if engine.multi_vector is not None:
+        def tokenize(items: Sequence[Input]) -> list[TokenizedInput]:
+            return _tokenize_multi_vector(engine, items, input_type)
+    else:
+        before = prompt_text(engine.manifest, prompt.name, prompt.text)
+
+        def tokenize(items: Sequence[Input]) -> list[TokenizedInput]:
+            return _tokenize(engine, items, before, prompt.asked)
     refused: dict[int, str] = {}
     try:
-        tokenized = _tokenize(engine, inputs, before, prompt.asked)
+        tokenized = tokenize(inputs)
     except InvalidInputError:  # rare: find the inputs it was, one by one, and encode the rest
         tokenized = []
         for i, item in enumerate(inputs):
             try:
-                tokenized.extend(_tokenize(engine, [item], before, prompt.asked))
+                tokenized.extend(tokenize([item]))
             except InvalidInputError as e:
                 refused[i] = str(e).removeprefix(f"{LABEL}: ")
+    if engine.multi_vector is not None:
+        return engine.encode_multi_vector(tokenized, input_type, on_batch), refused
     return engine.encode_tokenized(tokenized, normalize=normalize, on_batch=on_batch), refused
+
+
+def _tokenize_multi_vector(engine: Engine, inputs: Sequence[Input], input_type: str) -> list[TokenizedInput]:
+    assert engine.multi_vector is not None
+    if not all(isinstance(x, str) for x in inputs):
+        raise InvalidInputError(f"{LABEL}: a multi-vector (ColBERT) model encodes texts, not token ids")
+    return engine.multi_vector.encode(inputs, input_type, labels=[LABEL] * len(inputs))  # type: ignore[arg-type]
 
 
 def _tokenize(engine: Engine, inputs: Sequence[Input], before: str, prompt_asked: bool) -> list[TokenizedInput]:

@@ -354,7 +354,7 @@ def _check_multi_vector(request: EncodeRequest, manifest: Manifest) -> None:
     for field, asked in (("pooling", request.pooling != "default"), ("dimensions", request.dimensions is not None),
                          ("normalize", request.normalize is not None), ("token_embeddings", request.token_embeddings),
                          ("embedding_types", tuple(request.embedding_types) != ("float",)),
-                         ("sparse", request.sparse is not None),
+                         ("sparse", request.sparse is not None), ("attention", request.attention is not None),
                          ("prompt", request.prompt is not None), ("prompt_name", request.prompt_name is not None),
                          ("task", request.task is not None),
                          ("truncation_direction", request.truncation_direction != "right")):

@@ -7,6 +7,11 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class InputType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INPUT_TYPE_DOCUMENT: _ClassVar[InputType]
+    INPUT_TYPE_QUERY: _ClassVar[InputType]
+
 class EmbeddingType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     EMBEDDING_TYPE_FLOAT: _ClassVar[EmbeddingType]
@@ -33,6 +38,8 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FLOAT16: _ClassVar[DType]
     INT8: _ClassVar[DType]
     UINT8: _ClassVar[DType]
+INPUT_TYPE_DOCUMENT: InputType
+INPUT_TYPE_QUERY: InputType
 EMBEDDING_TYPE_FLOAT: EmbeddingType
 EMBEDDING_TYPE_INT8: EmbeddingType
 EMBEDDING_TYPE_UINT8: EmbeddingType
@@ -50,7 +57,7 @@ INT8: DType
 UINT8: DType
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("inputs", "pooling", "normalize", "return_token_embeddings", "attention", "truncate", "dimensions", "truncation_direction", "model", "prompt_name", "prompt", "task", "embedding_type", "ranges", "sparse")
+    __slots__ = ("inputs", "pooling", "normalize", "return_token_embeddings", "attention", "truncate", "dimensions", "truncation_direction", "model", "prompt_name", "prompt", "task", "embedding_type", "ranges", "sparse", "multi_vector")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     POOLING_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +73,7 @@ class EmbedRequest(_message.Message):
     EMBEDDING_TYPE_FIELD_NUMBER: _ClassVar[int]
     RANGES_FIELD_NUMBER: _ClassVar[int]
     SPARSE_FIELD_NUMBER: _ClassVar[int]
+    MULTI_VECTOR_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedCompositeFieldContainer[Input]
     pooling: Pooling
     normalize: bool
@@ -81,7 +89,14 @@ class EmbedRequest(_message.Message):
     embedding_type: EmbeddingType
     ranges: Tensor
     sparse: SparseOptions
-    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., return_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionOptions, _Mapping]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ..., model: _Optional[str] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., task: _Optional[str] = ..., embedding_type: _Optional[_Union[EmbeddingType, str]] = ..., ranges: _Optional[_Union[Tensor, _Mapping]] = ..., sparse: _Optional[_Union[SparseOptions, _Mapping]] = ...) -> None: ...
+    multi_vector: MultiVectorOptions
+    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., return_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionOptions, _Mapping]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ..., model: _Optional[str] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., task: _Optional[str] = ..., embedding_type: _Optional[_Union[EmbeddingType, str]] = ..., ranges: _Optional[_Union[Tensor, _Mapping]] = ..., sparse: _Optional[_Union[SparseOptions, _Mapping]] = ..., multi_vector: _Optional[_Union[MultiVectorOptions, _Mapping]] = ...) -> None: ...
+
+class MultiVectorOptions(_message.Message):
+    __slots__ = ("input_type",)
+    INPUT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    input_type: InputType
+    def __init__(self, input_type: _Optional[_Union[InputType, str]] = ...) -> None: ...
 
 class SparseOptions(_message.Message):
     __slots__ = ("top_k", "return_tokens")
@@ -146,7 +161,7 @@ class Tensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Embedding(_message.Message):
-    __slots__ = ("sentence_embedding", "token_embeddings", "attentions", "tokens", "num_tokens", "truncated", "pair_start", "sparse_embedding")
+    __slots__ = ("sentence_embedding", "token_embeddings", "attentions", "tokens", "num_tokens", "truncated", "pair_start", "sparse_embedding", "multi_vector")
     SENTENCE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     TOKEN_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     ATTENTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +170,7 @@ class Embedding(_message.Message):
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     PAIR_START_FIELD_NUMBER: _ClassVar[int]
     SPARSE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    MULTI_VECTOR_FIELD_NUMBER: _ClassVar[int]
     sentence_embedding: Tensor
     token_embeddings: Tensor
     attentions: Tensor
@@ -163,7 +179,8 @@ class Embedding(_message.Message):
     truncated: bool
     pair_start: int
     sparse_embedding: SparseEmbedding
-    def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., pair_start: _Optional[int] = ..., sparse_embedding: _Optional[_Union[SparseEmbedding, _Mapping]] = ...) -> None: ...
+    multi_vector: Tensor
+    def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., pair_start: _Optional[int] = ..., sparse_embedding: _Optional[_Union[SparseEmbedding, _Mapping]] = ..., multi_vector: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class RerankRequest(_message.Message):
     __slots__ = ("query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction", "top_n", "model")

@@ -52,6 +52,7 @@ POOLING = {pb.POOLING_DEFAULT: "default", pb.MEAN: "mean", pb.CLS: "cls"}
 TRUNCATION_DIRECTION = {pb.TRUNCATE_RIGHT: "right", pb.TRUNCATE_LEFT: "left"}
 EMBEDDING_TYPE = {pb.EMBEDDING_TYPE_FLOAT: "float", pb.EMBEDDING_TYPE_INT8: "int8", pb.EMBEDDING_TYPE_UINT8: "uint8",
                   pb.EMBEDDING_TYPE_BINARY: "binary", pb.EMBEDDING_TYPE_UBINARY: "ubinary"}
+INPUT_TYPE = {pb.INPUT_TYPE_DOCUMENT: "document", pb.INPUT_TYPE_QUERY: "query"}
 
 
 class _Inputs(Sequence[Input]):
@@ -93,7 +94,9 @@ def to_core(request: pb.EmbedRequest) -> EncodeRequest:
         embedding_types=(EMBEDDING_TYPE.get(request.embedding_type, str(int(request.embedding_type))),),
         ranges=_ranges(request.ranges) if request.HasField("ranges") else None,
         sparse=SparseOptions(request.sparse.top_k if request.sparse.HasField("top_k") else None,
-                             request.sparse.return_tokens) if request.HasField("sparse") else None)
+                             request.sparse.return_tokens) if request.HasField("sparse") else None,
+        multi_vector=INPUT_TYPE.get(request.multi_vector.input_type, str(int(request.multi_vector.input_type)))
+        if request.HasField("multi_vector") else None)
 
 
 def _ranges(t: pb.Tensor):
@@ -126,6 +129,10 @@ def render(reply: EncodeReply) -> bytes:
                                            sparse_embedding=pb.SparseEmbedding(
                                                indices=item.sparse.indices.tolist(), values=item.sparse.values.tolist(),
                                                tokens=item.sparse.tokens or []))
+            continue
+        if item.multi_vector is not None:  # a ColBERT model's vectors, [tokens, dim]
+            out.embeddings.add(num_tokens=item.num_tokens, truncated=item.truncated,
+                               multi_vector=tensor(item.multi_vector))
             continue
         embedding = out.embeddings.add(sentence_embedding=tensor(sentence) if kind == "float" else codes(sentence),
                                        num_tokens=item.num_tokens,
