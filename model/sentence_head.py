@@ -80,7 +80,7 @@ def load_head(directory: Path, pipeline: Pipeline) -> nn.Module:
     return head.eval()
 
 
-def load_dense(directory: Path, spec: Dense, layer: DenseLayer) -> None:
+def load_dense(directory: Path, spec: Dense, layer: nn.Module) -> None:
     """A Dense module's weights from its folder's model.safetensors, under loud key and shape checks."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -106,7 +106,7 @@ def load_token_vectors(directory: Path, encoder: nn.Module, pipeline: Pipeline) 
     from .colbert import TokenVectors
 
     assert pipeline.multi_vector is not None
-    layers = []
+    layers: list[nn.Module] = []
     for spec in pipeline.multi_vector.dense:
         layer = DenseLayer(spec)
         load_dense(directory, spec, layer)

@@ -370,9 +370,10 @@ def _tokenize_multi_vector(request: EncodeRequest, tokenizer: MultiVectorTokeniz
         if not isinstance(item, str):
             raise _invalid(f"inputs[{row}]", "multi-vector embeddings are of texts (a query or a document), not "
                                              "token ids or pairs", label=f"input {row}")
-    labels = [f"input {r}" for r in range(len(request.inputs))]
+    texts = [item for item in request.inputs if isinstance(item, str)]  # all of them, as checked
+    labels = [f"input {r}" for r in range(len(texts))]
     try:
-        return tokenizer.encode(request.inputs, request.multi_vector or "document", truncate, labels)
+        return tokenizer.encode(texts, request.multi_vector or "document", truncate, labels)
     except InvalidInputError as error:
         raise _located(error, labels, [f"inputs[{r}].text" for r in range(len(labels))],
                        request.truncate is None) from None
@@ -439,18 +440,16 @@ def prepare_rerank(request: RerankRequest, tokenizer: TextTokenizer, manifest: M
     if manifest.num_labels != 1:
         raise _invalid("model", f"{manifest.model} is a classifier with {manifest.num_labels} labels; reranking "
                                 "needs one score per pair (one label)")
-    top_n = _check_rerank(request, limits)
+    top_n, direction = _check_rerank(request, limits)
     labels = [f"text {i}" for i in range(len(request.texts))]
     try:
         check_texts(request.texts, labels)  # named as the request names them, not as sides of pairs
         pairs = [(request.query, text) for text in request.texts]
         if manifest.pair_template is not None:  # one templated text per pair (Qwen3-Reranker)
             inputs = tokenizer.encode_templated_pairs(pairs, manifest.pair_template,
-                                                      truncates(request.truncate, limits), labels,
-                                                      request.truncation_direction)
+                                                      truncates(request.truncate, limits), labels, direction)
         else:
-            inputs = tokenizer.encode_pairs(pairs, truncates(request.truncate, limits), labels,
-                                            request.truncation_direction)
+            inputs = tokenizer.encode_pairs(pairs, truncates(request.truncate, limits), labels, direction)
     except InvalidInputError as error:
         raise _located(error, labels, [f"texts[{i}]" for i in range(len(request.texts))],
                        request.truncate is None) from None
@@ -459,8 +458,9 @@ def prepare_rerank(request: RerankRequest, tokenizer: TextTokenizer, manifest: M
                           min(top_n, len(request.texts)))
 
 
-def _check_rerank(request: RerankRequest, limits: RequestLimits) -> int:
-    """What every rerank request must be, whatever scores it; returns top_n, as asked (maybe over the texts)."""
+def _check_rerank(request: RerankRequest, limits: RequestLimits) -> tuple[int, str]:
+    """What every rerank request must be, whatever scores it; returns top_n, as asked (maybe over the texts), and
+    the truncation direction."""
     if not isinstance(request.texts, Sequence) or isinstance(request.texts, str):
         raise _invalid("texts", "texts must be a list of strings")
     check_count(len(request.texts), limits.max_inputs, "texts")
@@ -472,14 +472,14 @@ def _check_rerank(request: RerankRequest, limits: RequestLimits) -> int:
                                                f"of {', '.join(TRUNCATION_DIRECTIONS)}")
     if not isinstance(request.query, str) or not request.query or request.query.isspace():
         raise _invalid("query", "the query must be a non-empty string", label="query")
-    return top_n
+    return top_n, str(request.truncation_direction)
 
 
 def prepare_multi_vector_rerank(request: RerankRequest, multi_vector: MultiVectorTokenizer, limits: RequestLimits
                                 ) -> PreparedRerank:
     """A rerank request to a ColBERT model (ranked by MaxSim): the query as a query, then each text as a document."""
-    top_n = _check_rerank(request, limits)
-    if request.truncation_direction != "right":
+    top_n, direction = _check_rerank(request, limits)
+    if direction != "right":
         raise _invalid("truncation_direction", "a multi-vector model's queries and documents are cut at their end "
                                                "(truncation_direction right), as sentence-transformers cuts them")
     truncate = truncates(request.truncate, limits)

@@ -16,7 +16,7 @@ SERVED = {("post", "/v1/embeddings"), ("post", "/embeddings"), ("get", "/v1/mode
           ("post", "/v2/models/{name}/versions/{version}/infer"), ("get", "/v2/models/{name}/ready"),
           ("get", "/v2/models/{name}/versions/{version}/ready"), ("get", "/v2/models/{name}"),
           ("get", "/v2/models/{name}/versions/{version}"), ("get", "/"), ("post", "/v2/embed"),
-          ("post", "/similarity"), ("post", "/predict"), ("post", "/embed_sparse")}
+          ("post", "/similarity"), ("post", "/predict"), ("post", "/embed_sparse"), ("post", "/embed_multi")}
 # Answered by a reranker (an embedder refuses them, as ERRORS checks): test_rerank_routes_answer_as_described.
 RERANK_CALLS = [
     ("post", "/rerank", {"query": "q", "texts": ["a", "b c"], "return_text": True}),
@@ -77,9 +77,13 @@ ERRORS = [
     ("post", "/v2/embed", {"model": MODEL, "texts": ["a"], "embedding_types": ["int4"]}, 400),
     ("post", "/predict", {"inputs": "a"}, 400),  # an embedder has no classifier
     ("post", "/embed_sparse", {"inputs": "a"}, 400),  # a dense model has no sparse embeddings
+    ("post", "/embed_multi", {"inputs": "a"}, 400),  # nor multi-vector ones
 ]
 # Answered by a SPLADE model: tests/test_splade.py checks its reply against this description.
 SPARSE_CALLS = [("post", "/embed_sparse", {"inputs": ["a b", "c"], "top_k": 3, "return_tokens": True})]
+# Answered by a ColBERT model: tests/test_colbert.py.
+MULTI_VECTOR_CALLS = [("post", "/embed_multi", {"inputs": ["a b", "c"], "input_type": "query"}),
+                      ("post", "/embed_multi", {"inputs": "a b", "encoding_format": "base64"})]
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +135,7 @@ def test_every_route_answers_as_described(server, spec):
             assert reply.content == b""
         else:
             Draft202012Validator(schema).validate(reply.json())
-    assert answered == SERVED - {(method, path) for method, path, _ in RERANK_CALLS + SPARSE_CALLS}
+    assert answered == SERVED - {(method, path) for method, path, _ in RERANK_CALLS + SPARSE_CALLS + MULTI_VECTOR_CALLS}
 
 
 def test_rerank_routes_answer_as_described(reranker_artifacts, spec, tmp_path):

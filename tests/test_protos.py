@@ -32,7 +32,8 @@ def test_the_contract_of_design_md():
                       "model": 9, "prompt_name": 10, "prompt": 11,  # 9-11: several models, prompts
                       "task": 12,  # 12: jina-embeddings-v3's task adapters (issue 20)
                       "embedding_type": 13, "ranges": 14,  # 13, 14: quantized embeddings (issue 22)
-                      "sparse": 15}  # 15: SPLADE's sparse embeddings (issue 22)
+                      "sparse": 15,  # 15: SPLADE's sparse embeddings (issue 22)
+                      "multi_vector": 16}  # 16: ColBERT's vectors (issue 22)
     # truncate is optional (issue 19): unset (the server's --auto-truncate) and false differ
     assert pb.EmbedRequest.DESCRIPTOR.fields_by_name["truncate"].has_presence
     assert pb.RerankRequest.DESCRIPTOR.fields_by_name["truncate"].has_presence
@@ -41,6 +42,7 @@ def test_the_contract_of_design_md():
     fields = {f.name: f.number for f in pb.Embedding.DESCRIPTOR.fields}
     assert fields == {"sentence_embedding": 1, "token_embeddings": 2, "attentions": 3, "tokens": 4, "num_tokens": 5,
                       "truncated": 6, "pair_start": 7,  # 7: added with sentence pairs
-                      "sparse_embedding": 8}  # 8: SPLADE (issue 22)
+                      "sparse_embedding": 8,  # 8: SPLADE (issue 22)
+                      "multi_vector": 9}  # 9: ColBERT (issue 22)
     fields = {f.name: f.number for f in pb.Input.DESCRIPTOR.fields}
     assert fields == {"text": 1, "token_ids": 2, "pair": 3}

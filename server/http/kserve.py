@@ -7,6 +7,11 @@ Request parameters: `truncate` and `normalize` (booleans), `dimensions` (an inte
 `truncate` unset: as the server's --auto-truncate says. `embedding_type` (a string: int8, uint8, binary, ubinary;
 engine/quantize.py) makes `embedding` INT8 or UINT8, [N, D] codes or [N, ceil(D / 8)] packed sign bits.
 
+A multi-vector (ColBERT) model gives instead `token_embeddings`, FP32 [N, K, d]: each input's vectors
+(engine/multi_vector.py), K the most any input has, the rows after an input's own count zeros; and `num_vectors`,
+INT32 [N], that count, which MaxSim must read (a zero vector would win the max over negative products). The request
+parameter `input_type` ("document", the default, or "query") says how the texts are taken.
+
 Tensors travel as JSON or, with Triton's binary tensor extension, as raw bytes after the JSON: the request's
 `Inference-Header-Content-Length` header says where the JSON ends, and a tensor with the parameter
 `binary_data_size` takes that many bytes from there, in input order. A BYTES element is a 4-byte little-endian
@@ -43,6 +48,11 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 VERSION = "1"  # every model's one version
 INPUT = "text"
 OUTPUTS = {"embedding": "FP32", "num_tokens": "INT32"}
+MULTI_VECTOR_OUTPUTS = {"token_embeddings": "FP32", "num_vectors": "INT32"}  # a ColBERT model's
+
+
+def _outputs_of(info: ModelInfo) -> dict[str, str]:
+    return MULTI_VECTOR_OUTPUTS if "embed_multi" in info.outputs else OUTPUTS
 # A BYTES element's length prefix: uint32, little-endian (Triton's serialize_byte_tensor).
 LENGTH_PREFIX = struct.Struct("<I")
 P = TypeVar("P", bool, int, str)
@@ -123,14 +133,18 @@ class KServeRoutes:
         return json_response(dumps({
             "name": info.model, "versions": [VERSION], "platform": "attnserve_onnxruntime",
             "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
-            "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, info.embedding_size]},
-                        {"name": "num_tokens", "datatype": "INT32", "shape": [-1]}]}))
+            "outputs": [{"name": "token_embeddings", "datatype": "FP32", "shape": [-1, -1, info.embedding_size]},
+                        {"name": "num_vectors", "datatype": "INT32", "shape": [-1]}]
+            if "embed_multi" in info.outputs else
+            [{"name": "embedding", "datatype": "FP32", "shape": [-1, info.embedding_size]},
+             {"name": "num_tokens", "datatype": "INT32", "shape": [-1]}]}))
 
     async def infer(self, request: web.Request) -> web.Response:
         info = self._info(request)
         header_length = _header_length(request)
         # The model of the path computes: the core's request names it, as every door's does.
-        call = await self._bodies.read_bytes(request, lambda body: _read_call(body, header_length, info.model))
+        call = await self._bodies.read_bytes(request, lambda body: _read_call(body, header_length, info.model,
+                                                                              _outputs_of(info)))
         outputs = call.outputs
         json_header: list[int] = []  # render's: where its JSON ends, for the reply's header
 
@@ -164,8 +178,9 @@ def _header_length(request: web.Request) -> int | None:
     return int(raw)
 
 
-def _read_call(body: bytes, header_length: int | None, model: str) -> _Call:
-    """The body (JSON, then the binary tensors when header_length is set) -> the core's request."""
+def _read_call(body: bytes, header_length: int | None, model: str, outputs: dict[str, str] = OUTPUTS) -> _Call:
+    """The body (JSON, then the binary tensors when header_length is set) -> the core's request. outputs: the
+    model's (a ColBERT model's are MULTI_VECTOR_OUTPUTS)."""
     if header_length is not None and header_length > len(body):
         raise MalformedMessageError(f"{HEADER_LENGTH} is {header_length}, but the body holds {len(body)} bytes")
     split = len(body) if header_length is None else header_length
@@ -186,6 +201,10 @@ def _read_call(body: bytes, header_length: int | None, model: str) -> _Call:
         raise MalformedMessageError(f"{len(tail)} bytes follow the binary tensors that the inputs' "
                                     "binary_data_size account for")
     params = infer.parameters or {}
+    if outputs is MULTI_VECTOR_OUTPUTS:  # a ColBERT model: the core refuses the other parameters for it
+        return _Call(EncodeRequest(inputs=texts, model=model, truncate=_parameter(params, "truncate", bool),
+                                   multi_vector=_parameter(params, "input_type", str) or "document"),
+                     infer.id, _outputs(infer.outputs, params, outputs))
     return _Call(EncodeRequest(inputs=texts, model=model, normalize=_parameter(params, "normalize", bool),
                                truncate=_parameter(params, "truncate", bool),
                                dimensions=_parameter(params, "dimensions", int),
@@ -292,16 +311,17 @@ def _parameter(params: dict, name: str, kind: type[P]) -> P | None:
     return value  # type(value) is kind
 
 
-def _outputs(requested: list[KServeRequestedOutput] | None, params: dict) -> dict[str, bool]:
-    """The outputs to send, each with whether it goes as binary data."""
+def _outputs(requested: list[KServeRequestedOutput] | None, params: dict, names: dict[str, str] = OUTPUTS
+             ) -> dict[str, bool]:
+    """The outputs to send (of the model's `names`), each with whether it goes as binary data."""
     binary_default = bool(_parameter(params, "binary_data_output", bool))
     if not requested:  # unset, or empty as protobuf cannot tell apart from unset: every output, as Triton does
-        return dict.fromkeys(OUTPUTS, binary_default)
+        return dict.fromkeys(names, binary_default)
     outputs: dict[str, bool] = {}
     for i, output in enumerate(requested):
-        if output.name not in OUTPUTS:
+        if output.name not in names:
             raise InvalidInputError(f"outputs[{i}].name: no output {output.name!r}; the outputs are "
-                                    + ", ".join(OUTPUTS), field=f"outputs[{i}].name")
+                                    + ", ".join(names), field=f"outputs[{i}].name")
         binary = _parameter(output.parameters or {}, "binary_data", bool)
         outputs[output.name] = binary_default if binary is None else binary
     return outputs
@@ -310,14 +330,18 @@ def _outputs(requested: list[KServeRequestedOutput] | None, params: dict) -> dic
 def _render(reply: EncodeReply, model: str, id: str | None, outputs: dict[str, bool]
             ) -> tuple[bytes, list[memoryview]]:
     """(the reply's JSON, the binary outputs' bytes to follow it, in the order of the JSON's outputs)."""
-    kind = reply.options.embedding_types[0]
-    codes = reply.typed.get(kind) if kind != "float" else None  # (N, D) or (N, D / 8) int8 / uint8
-    datatypes = {**OUTPUTS, **({"embedding": "INT8" if codes.dtype == np.int8 else "UINT8"} if codes is not None
-                               else {})}
-    arrays: dict[str, np.ndarray] = {
-        "embedding": np.ascontiguousarray(reply.embeddings, dtype="<f4") if codes is None else codes,  # (N, D)
-        "num_tokens": np.fromiter((item.num_tokens for item in reply.inputs), dtype="<i4", count=len(reply.inputs)),
-    }
+    if reply.options.multi_vector is not None:
+        datatypes, arrays = MULTI_VECTOR_OUTPUTS, _multi_vector_arrays(reply)
+    else:
+        kind = reply.options.embedding_types[0]
+        codes = reply.typed.get(kind) if kind != "float" else None  # (N, D) or (N, D / 8) int8 / uint8
+        datatypes = {**OUTPUTS, **({"embedding": "INT8" if codes.dtype == np.int8 else "UINT8"} if codes is not None
+                                   else {})}
+        arrays = {
+            "embedding": np.ascontiguousarray(reply.embeddings, dtype="<f4") if codes is None else codes,  # (N, D)
+            "num_tokens": np.fromiter((item.num_tokens for item in reply.inputs), dtype="<i4",
+                                      count=len(reply.inputs)),
+        }
     tensors: list[dict[str, object]] = []
     tail: list[memoryview] = []
     for name, binary in outputs.items():
@@ -334,3 +358,13 @@ def _render(reply: EncodeReply, model: str, id: str | None, outputs: dict[str, b
         header["id"] = id
     return dumps(header), tail
 
+
+
+def _multi_vector_arrays(reply: EncodeReply) -> dict[str, np.ndarray]:
+    """A ColBERT model's vectors as v2 tensors: [N, K, d] zero-padded, and each input's count [N]."""
+    vectors = [item.multi_vector for item in reply.inputs if item.multi_vector is not None]  # (K_i, d) each
+    counts = np.fromiter((len(v) for v in vectors), dtype="<i4", count=len(vectors))
+    padded = np.zeros((len(vectors), int(counts.max(initial=0)), reply.embeddings.shape[1]), dtype="<f4")
+    for row, v in enumerate(vectors):
+        padded[row, :len(v)] = v
+    return {"token_embeddings": padded, "num_vectors": counts}
