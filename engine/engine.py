@@ -302,6 +302,9 @@ class Engine:
         if self.manifest.kind == "reranker":
             raise ConfigError(f"{self.manifest.model} is a reranker (a cross-encoder): it scores pairs and has no "
                               "embeddings to encode")
+        if self.multi_vector is not None:  # its graph's mean of the vectors is no embedding the model gives
+            raise ConfigError(f"{self.manifest.model} is a multi-vector (ColBERT) model: it gives a vector per token, "
+                              "not one embedding per input (encode_multi_vector)")
         start = time.perf_counter()
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
         batches = plan_batches(lengths, self.batch_tokens, self.config.max_batch_size)

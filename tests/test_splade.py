@@ -212,3 +212,21 @@ def test_offline_sparse_column_round_trips_and_resumes(splade, tmp_path):
     np.testing.assert_allclose(densify(out), first, atol=1e-5)
     refused = run_cli(*args, "--dimensions", "8", "--overwrite")
     assert refused.returncode != 0 and "--dimensions does not apply" in refused.stderr
+
+
+def test_offline_sparse_column_through_a_server_equals_the_local_one(splade, splade_server, tmp_path):
+    _, artifacts = splade
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    local, remote = tmp_path / "local.parquet", tmp_path / "remote.parquet"
+    assert run_cli("encode", str(source), "-o", str(local), "--artifacts", str(artifacts), "--no-progress",
+                   ).returncode == 0
+    done = run_cli("encode", str(source), "-o", str(remote), "--server", splade_server.target, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    got, want = (pq.read_table(p).column("sparse_embedding").to_pylist() for p in (remote, local))
+    vocabulary = 1 + max(p["index"] for rows in (got, want) for row in rows for p in row)
+    dense = np.zeros((2, len(TEXTS), vocabulary), np.float32)  # other batches: the same weights, to float noise
+    for side, rows in enumerate((got, want)):
+        for row, pairs in enumerate(rows):
+            dense[side, row, [p["index"] for p in pairs]] = [p["value"] for p in pairs]
+    np.testing.assert_allclose(dense[0], dense[1], atol=1e-5)
