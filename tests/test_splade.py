@@ -212,6 +212,19 @@ def test_offline_sparse_column_round_trips_and_resumes(splade, tmp_path):
     np.testing.assert_allclose(densify(out), first, atol=1e-5)
     refused = run_cli(*args, "--dimensions", "8", "--overwrite")
     assert refused.returncode != 0 and "--dimensions does not apply" in refused.stderr
+    # Stopped by a bad row after two chunks, then resumed once it is fixed: the bytes of a clean run.
+    broken = list(TEXTS)
+    broken[6] = "   "
+    source.write_text("\n".join(broken) + "\n", encoding="utf-8")
+    resumed, clean = tmp_path / "resumed.parquet", tmp_path / "clean.parquet"
+    chunked = ("--artifacts", str(artifacts), "--no-progress", "--chunk-rows", "3")
+    stopped = run_cli("encode", str(source), "-o", str(resumed), *chunked)
+    assert stopped.returncode != 0 and "line 7: empty text" in stopped.stderr
+    source.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    again = run_cli("encode", str(source), "-o", str(resumed), *chunked)
+    assert again.returncode == 0 and "(resumed after 6 rows)" in again.stdout, again.stderr
+    assert run_cli("encode", str(source), "-o", str(clean), *chunked).returncode == 0
+    assert resumed.read_bytes() == clean.read_bytes()
 
 
 def test_offline_sparse_column_through_a_server_equals_the_local_one(splade, splade_server, tmp_path):
