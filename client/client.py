@@ -63,6 +63,8 @@ class EmbeddingResult:
     token_embeddings: np.ndarray | None = None  # (T, H)
     attentions: np.ndarray | None = None  # (layers, heads or 1, T, T)
     pair_start: int | None = None  # for a pair: the index of the first token of segment b
+    rollout: np.ndarray | None = None  # (T, T) attention rollout, when asked (analyses)
+    head_stats: dict[str, np.ndarray] | None = None  # statistic -> (layers, heads), when asked (analyses)
 
 
 @dataclass(frozen=True)
@@ -84,13 +86,18 @@ def to_array(tensor: pb.Tensor) -> np.ndarray:
 
 def to_result(embedding: pb.Embedding) -> EmbeddingResult:
     return EmbeddingResult(
-        sentence_embedding=to_array(embedding.sentence_embedding),
+        # A reranker's attention reply has none: an empty vector.
+        sentence_embedding=to_array(embedding.sentence_embedding) if embedding.HasField("sentence_embedding")
+        else np.zeros(0, np.float32),
         num_tokens=embedding.num_tokens,
         truncated=embedding.truncated,
         tokens=list(embedding.tokens),
         token_embeddings=to_array(embedding.token_embeddings) if embedding.HasField("token_embeddings") else None,
         attentions=to_array(embedding.attentions) if embedding.HasField("attentions") else None,
         pair_start=embedding.pair_start if embedding.HasField("pair_start") else None,
+        rollout=to_array(embedding.analyses.rollout) if embedding.analyses.HasField("rollout") else None,
+        head_stats={name: to_array(t) for name, t in embedding.analyses.head_stats.items()}
+        if embedding.analyses.head_stats else None,
     )
 
 
@@ -98,13 +105,15 @@ def make_request(inputs: Sequence[Input], *, normalize: bool | None = None, pool
                  truncate: bool | None = None, truncation_direction: str = "right", dimensions: int | None = None,
                  token_embeddings: bool = False, attention_layers: Sequence[int] | None = None,
                  attention_heads: Sequence[int] = (), average_heads: bool = False, model: str | None = None,
-                 prompt_name: str | None = None, prompt: str | None = None) -> pb.EmbedRequest:
+                 prompt_name: str | None = None, prompt: str | None = None, analyses: Sequence[str] = (),
+                 weights: bool = True) -> pb.EmbedRequest:
     """attention_layers None: no attention weights; [] : the last layer; negative indices count from the end.
     truncate: True cuts inputs longer than max_seq_length, False has them refused; None leaves it to the server
     (its --auto-truncate: cut, by default). attention_heads: () every head. dimensions: keep the first N of the
     sentence embedding, then normalise.
     model None: the server's default model. prompt_name / prompt: a prompt of the model's, or a raw one, before
-    each text (both None: the model's default prompt, if it has one)."""
+    each text (both None: the model's default prompt, if it has one). analyses: attention analyses computed by the
+    server ("rollout", "head_stats"; with attention_layers); weights False: those alone, without the weights."""
     if isinstance(inputs, str):
         raise TypeError("inputs must be a list of texts (or token id lists), not a single string")
     if pooling not in POOLING:
@@ -136,6 +145,11 @@ def make_request(inputs: Sequence[Input], *, normalize: bool | None = None, pool
         request.attention.layers.extend(attention_layers)
         request.attention.heads.extend(attention_heads)
         request.attention.average_heads = average_heads
+        request.attention.analyses.extend(analyses)
+        if not weights:
+            request.attention.weights = False
+    elif analyses or not weights:
+        raise ConfigError("analyses and weights go with attention: pass attention_layers ([] for the last layer)")
     return request
 
 
@@ -223,11 +237,14 @@ class Client:
         return make_request(inputs, **options)
 
     def attention(self, text: Input, layers: Sequence[int] = (), *, average_heads: bool = False,
-                  truncate: bool | None = None, timeout: float | None = None) -> EmbeddingResult:
-        """Attention weights of one input: .attentions (layers, heads or 1, T, T), labelled by .tokens."""
+                  truncate: bool | None = None, timeout: float | None = None, analyses: Sequence[str] = (),
+                  weights: bool = True) -> EmbeddingResult:
+        """Attention weights of one input: .attentions (layers, heads or 1, T, T), labelled by .tokens; with
+        analyses, .rollout (T, T) and .head_stats {name: (layers, heads)} as numpy arrays (weights False: those
+        alone)."""
         result = self.encode([text], timeout, attention_layers=list(layers), average_heads=average_heads,
-                             truncate=truncate)[0]
-        if result.attentions is None:  # a reply without them (from another server) is no answer to this
+                             truncate=truncate, analyses=analyses, weights=weights)[0]
+        if weights and result.attentions is None:  # a reply without them (from another server) is no answer
             raise AttnserveError("the server's reply carries no attention weights")
         return result
 

@@ -74,6 +74,7 @@ class TextTokenizer:
         self.vocab_size = vocab_size
         # A templated reranker's body tokenizers, truncating at what its template leaves (encode_templated_pairs).
         self._body_tokenizers: dict[tuple[int, str], Tokenizer] = {}
+        self._special_ids: np.ndarray | None = None  # special_mask's, read once
 
     def encode_texts(self, texts: Sequence[str], truncate: bool = True, labels: Sequence[str] | None = None,
                      direction: str = "right") -> list[TokenizedInput]:
@@ -255,6 +256,13 @@ class TextTokenizer:
     def tokens(self, ids: np.ndarray) -> list[str]:
         """The word pieces for ids, to label attention maps."""
         return [self._tokenizer.id_to_token(int(i)) or "[UNK]" for i in ids]
+
+    def special_mask(self, ids: np.ndarray) -> np.ndarray:
+        """(T,) ids -> (T,) bool: which are the tokenizer's special tokens ([CLS], [SEP], <s>, </s>...)."""
+        if self._special_ids is None:
+            self._special_ids = np.array(sorted(i for i, t in self._tokenizer.get_added_tokens_decoder().items()
+                                                if t.special), dtype=np.int64)
+        return np.isin(ids, self._special_ids)
 
 
 def _pair_start(encoding) -> int:

@@ -82,7 +82,8 @@ def model_outputs(manifest: Manifest) -> tuple[str, ...]:
     if manifest.kind == "reranker":
         if manifest.pair_template is not None:  # Qwen3-Reranker: a templated (query, document) pair only
             return ("rerank",)
-        return ("rerank", "predict") if manifest.num_labels == 1 else ("predict",)
+        # A cross-encoder also shows the attention of the pairs it scores.
+        return ("rerank", "predict", "attention") if manifest.num_labels == 1 else ("predict", "attention")
     if manifest.multi_vector is not None:  # ColBERT: its vectors (of queries or documents), and MaxSim reranking
         return ("embed_multi", "rerank")
     return ("embed", "embed_sparse", "attention", "similarity") if manifest.sparse else \

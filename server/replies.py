@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from attnserve.engine.attention_analyses import head_stats, rollout
 from attnserve.engine.dimensions import cut_and_normalize
 from attnserve.engine.multi_vector import MultiVectorTokenizer, maxsim
 from attnserve.engine.pooling import pool
@@ -36,6 +37,8 @@ class EncodedInput:
     pair_start: int | None = None  # a pair's index of the first token of segment b; None: not a pair
     sparse: SparseEmbedding | None = None  # a SPLADE model's weights, when sparse embeddings were asked for
     multi_vector: np.ndarray | None = None  # (K, d) float32 a ColBERT model's vectors, when they were asked for
+    # The attention analyses asked for (engine/attention_analyses.py): "rollout" (T, T), "head_stats" {name: (L, nh)}
+    analyses: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,9 +74,15 @@ def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], opt
                 tokenizer: TextTokenizer, model: str = "", multi_vector: MultiVectorTokenizer | None = None
                 ) -> EncodeReply:
     """multi_vector: a ColBERT model's tokenizer, which says which of each input's vectors it keeps."""
-    # An embedder's rows: prepare() refuses to embed with a reranker, whose rows carry scores only.
+    # An embedder's rows; a reranker's carry its scores and attention only (prepare() asks it for attention alone).
     embedded = [(row.sentence_embedding, row.token_embeddings) for row in rows
                 if row.sentence_embedding is not None and row.token_embeddings is not None]
+    if not embedded and rows:
+        assert options.attention and options.pooling is None, "a reranker's rows have no embeddings"
+        return EncodeReply(np.zeros((len(rows), 0), np.float32),
+                           [_encoded(row, item, options, tokenizer, None) for row, item in zip(rows, inputs,
+                                                                                               strict=True)],
+                           sum(len(x) for x in inputs), options, model, {"float": np.zeros((len(rows), 0), np.float32)})
     assert len(embedded) == len(rows), "a reranker's rows have no embeddings"
     if options.pooling is None:
         sentences = np.stack([sentence for sentence, _ in embedded])  # (N, D) the graph's pipeline
@@ -93,7 +102,14 @@ def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], opt
 def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokenizer: TextTokenizer,
              multi_vector: MultiVectorTokenizer | None) -> EncodedInput:
     attentions = None
-    if options.attention_layers is not None:  # options.attention, spelled so that mypy sees the layers are set
+    analyses: dict[str, object] = {}
+    if options.attention_analyses:  # of every layer's every head, as the attention graph gives them
+        assert row.attentions is not None
+        if "rollout" in options.attention_analyses:
+            analyses["rollout"] = rollout(row.attentions)  # (T, T)
+        if "head_stats" in options.attention_analyses:
+            analyses["head_stats"] = head_stats(row.attentions, tokenizer.special_mask(item.ids), item.pair_start)
+    if options.attention_layers is not None and options.attention_weights:  # spelled so that mypy sees the layers
         # A request for attention queues in the attention lane, whose batches run the graph that returns them.
         assert row.attentions is not None
         attentions = row.attentions[list(options.attention_layers)]  # (layers, nh, T, T)
@@ -115,7 +131,7 @@ def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokeni
         num_tokens=len(item), truncated=item.truncated,
         tokens=tokenizer.tokens(item.ids) if options.tokens else None,
         token_embeddings=row.token_embeddings if options.token_embeddings else None,
-        attentions=attentions, pair_start=item.pair_start, sparse=sparse, multi_vector=vectors)
+        attentions=attentions, pair_start=item.pair_start, sparse=sparse, multi_vector=vectors, analyses=analyses)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from functools import partial
 
 import numpy as np
 
+from attnserve.engine.attention_analyses import ANALYSES, HEAD_STATS, PAIR_STATS
 from attnserve.engine.dimensions import check_dimensions
 from attnserve.engine.manifest import REQUEST_POOLINGS, Manifest
 from attnserve.engine.multi_vector import INPUT_TYPES, MultiVectorTokenizer
@@ -51,6 +52,9 @@ class AttentionOptions:
     layers: Sequence[int] = ()  # empty: the last layer; negative indices count from the end
     heads: Sequence[int] = ()  # empty: every head; negative indices count from the end
     average_heads: bool = False  # average over the chosen heads: the heads axis has size 1
+    # Analyses of every layer's every head, computed here (engine/attention_analyses.py): rollout, head_stats.
+    analyses: Sequence[str] = ()
+    weights: bool = True  # the chosen layers' and heads' weights too; False: the analyses alone
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,8 @@ class ReplyOptions:
     attention_heads: tuple[int, ...] | None = None  # non-negative indices, every head when none was asked
     every_head: bool = True  # attention_heads are all the model's heads in order: nothing to select
     average_heads: bool = False
+    attention_analyses: tuple[str, ...] = ()  # engine/attention_analyses.py's, in ANALYSES order
+    attention_weights: bool = True  # the chosen layers' and heads' weights; False: only the analyses
     embedding_types: tuple[str, ...] = ("float",)  # the sentence embedding's types, in the order asked
     ranges: np.ndarray | None = None  # (2, D) int8 / uint8 ranges, where one of them was asked
     sparse: SparseOptions | None = None  # (index, value) pairs of a SPLADE model's weights, instead of its vector
@@ -264,7 +270,8 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     multi_vector: a ColBERT model's tokenizer (Engine.multi_vector).
     """
     check_count(len(request.inputs), limits.max_inputs)
-    check_embedder(manifest.model, manifest.kind)
+    if manifest.kind == "reranker":
+        _check_reranker_attention(request, manifest)
     _check_multi_vector(request, manifest)
     if request.pooling not in POOLINGS:
         raise _invalid("pooling", f"pooling {request.pooling} is not one of {', '.join(POOLINGS)}")
@@ -284,10 +291,12 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     ranges = _ranges(request, types, manifest, pooling, normalize)
     attention = request.attention
     layers = heads = None
+    analyses: tuple[str, ...] = ()
     if attention is not None:  # none asked: the last layer, and every head, named in the reply as asked ones are
         layers = _indices(attention.layers or [-1], manifest.num_layers, "layer", "attention.layers")
         heads = (_indices(attention.heads, manifest.num_heads, "head", "attention.heads") if attention.heads
                  else tuple(range(manifest.num_heads)))
+        analyses = _analyses(attention)
     options = ReplyOptions(
         pooling=pooling,
         normalize=normalize,
@@ -297,6 +306,8 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
         attention_heads=heads,
         every_head=heads == tuple(range(manifest.num_heads)),
         average_heads=attention is not None and attention.average_heads,
+        attention_analyses=analyses,
+        attention_weights=attention is None or attention.weights,
         embedding_types=types,
         ranges=ranges,
         sparse=request.sparse,
@@ -335,6 +346,35 @@ def _check_sparse(request: EncodeRequest, manifest: Manifest) -> None:
                          ("embedding_types", tuple(request.embedding_types) != ("float",))):
         if asked:
             raise _invalid(field, f"{field} does not apply to sparse embeddings (top_k keeps the largest weights)")
+
+
+def _check_reranker_attention(request: EncodeRequest, manifest: Manifest) -> None:
+    """A reranker (a cross-encoder) has no embeddings; what it shows is the attention of what it scores."""
+    if request.attention is None:
+        check_embedder(manifest.model, manifest.kind)  # its refusal
+    if manifest.pair_template is not None:
+        raise _invalid("model", f"{manifest.model} scores a templated (query, document) pair: its attention is not "
+                                "served")
+    for field, asked in (("token_embeddings", request.token_embeddings), ("dimensions", request.dimensions is not None),
+                         ("pooling", request.pooling != "default"), ("normalize", request.normalize is not None),
+                         ("embedding_types", tuple(request.embedding_types) != ("float",)),
+                         ("prompt", request.prompt is not None), ("prompt_name", request.prompt_name is not None)):
+        if asked:
+            raise _invalid(field, f"{field} does not apply to {manifest.model}, a reranker: it has no embeddings, "
+                                  "only the attention of the pairs it scores")
+
+
+def _analyses(attention: AttentionOptions) -> tuple[str, ...]:
+    """The analyses asked for, known and each once, in ANALYSES order; weights false needs one."""
+    asked = list(attention.analyses)
+    for i, name in enumerate(asked):
+        if name not in ANALYSES:
+            raise _invalid(f"attention.analyses[{i}]", f"analysis {name!r} is not one of {', '.join(ANALYSES)}",
+                           label=f"attention.analyses[{i}]")
+    if not attention.weights and not asked:
+        raise _invalid("attention.weights", "weights false asks for nothing: ask for the weights, or for analyses "
+                                            f"({', '.join(ANALYSES)})")
+    return tuple(name for name in ANALYSES if name in asked)
 
 
 def _check_multi_vector(request: EncodeRequest, manifest: Manifest) -> None:
@@ -637,8 +677,12 @@ def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest, float_b
         floats = tokens * manifest.embedding_size
     if options.token_embeddings:
         floats += tokens * manifest.hidden_size  # token embeddings are hidden states, whatever the pipeline
-    if options.attention_layers is not None:  # options.attention, spelled so that mypy sees the layers are set
+    if options.attention_layers is not None and options.attention_weights:  # spelled so that mypy sees the layers
         floats += len(options.attention_layers) * (1 if options.average_heads else heads) * tokens * tokens
+    if "rollout" in options.attention_analyses:
+        floats += tokens * tokens
+    if "head_stats" in options.attention_analyses:
+        floats += (len(HEAD_STATS) + len(PAIR_STATS)) * manifest.num_layers * manifest.num_heads
     size = EMBEDDING_OVERHEAD_BYTES + float_bytes * floats
     if options.tokens:
         size += 8 * tokens  # a word piece and its tag, on average

@@ -82,7 +82,7 @@ def test_grpc_classify_and_model_info(classifier):
         check([[{"label": s.label, "score": s.score} for s in p.scores] for p in reply.predictions],
               reference(ckpt, TEXTS + PAIRS))
         info = stub.GetModelInfo(pb.GetModelInfoRequest())
-        assert list(info.labels) == LABELS and list(info.outputs) == ["predict"] and info.num_labels == 3
+        assert list(info.labels) == LABELS and list(info.outputs) == ["predict", "attention"] and info.num_labels == 3
         with pytest.raises(grpc.RpcError) as raised:  # a 3-label classifier does not rerank
             stub.Rerank(pb.RerankRequest(query="q", texts=["a"]))
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT

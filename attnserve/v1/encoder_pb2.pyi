@@ -141,14 +141,33 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AttentionOptions(_message.Message):
-    __slots__ = ("layers", "average_heads", "heads")
+    __slots__ = ("layers", "average_heads", "heads", "analyses", "weights")
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     AVERAGE_HEADS_FIELD_NUMBER: _ClassVar[int]
     HEADS_FIELD_NUMBER: _ClassVar[int]
+    ANALYSES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     layers: _containers.RepeatedScalarFieldContainer[int]
     average_heads: bool
     heads: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, layers: _Optional[_Iterable[int]] = ..., average_heads: _Optional[bool] = ..., heads: _Optional[_Iterable[int]] = ...) -> None: ...
+    analyses: _containers.RepeatedScalarFieldContainer[str]
+    weights: bool
+    def __init__(self, layers: _Optional[_Iterable[int]] = ..., average_heads: _Optional[bool] = ..., heads: _Optional[_Iterable[int]] = ..., analyses: _Optional[_Iterable[str]] = ..., weights: _Optional[bool] = ...) -> None: ...
+
+class AttentionAnalyses(_message.Message):
+    __slots__ = ("rollout", "head_stats")
+    class HeadStatsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    HEAD_STATS_FIELD_NUMBER: _ClassVar[int]
+    rollout: Tensor
+    head_stats: _containers.MessageMap[str, Tensor]
+    def __init__(self, rollout: _Optional[_Union[Tensor, _Mapping]] = ..., head_stats: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("shape", "dtype", "data")
@@ -161,7 +180,7 @@ class Tensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Embedding(_message.Message):
-    __slots__ = ("sentence_embedding", "token_embeddings", "attentions", "tokens", "num_tokens", "truncated", "pair_start", "sparse_embedding", "multi_vector")
+    __slots__ = ("sentence_embedding", "token_embeddings", "attentions", "tokens", "num_tokens", "truncated", "pair_start", "sparse_embedding", "multi_vector", "analyses")
     SENTENCE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     TOKEN_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     ATTENTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +190,7 @@ class Embedding(_message.Message):
     PAIR_START_FIELD_NUMBER: _ClassVar[int]
     SPARSE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     MULTI_VECTOR_FIELD_NUMBER: _ClassVar[int]
+    ANALYSES_FIELD_NUMBER: _ClassVar[int]
     sentence_embedding: Tensor
     token_embeddings: Tensor
     attentions: Tensor
@@ -180,7 +200,8 @@ class Embedding(_message.Message):
     pair_start: int
     sparse_embedding: SparseEmbedding
     multi_vector: Tensor
-    def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., pair_start: _Optional[int] = ..., sparse_embedding: _Optional[_Union[SparseEmbedding, _Mapping]] = ..., multi_vector: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    analyses: AttentionAnalyses
+    def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., pair_start: _Optional[int] = ..., sparse_embedding: _Optional[_Union[SparseEmbedding, _Mapping]] = ..., multi_vector: _Optional[_Union[Tensor, _Mapping]] = ..., analyses: _Optional[_Union[AttentionAnalyses, _Mapping]] = ...) -> None: ...
 
 class RerankRequest(_message.Message):
     __slots__ = ("query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction", "top_n", "model")

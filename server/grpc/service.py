@@ -77,7 +77,8 @@ def to_core(request: pb.EmbedRequest) -> EncodeRequest:
     attention = None
     if request.HasField("attention"):
         a = request.attention
-        attention = AttentionOptions(layers=a.layers, heads=a.heads, average_heads=a.average_heads)
+        attention = AttentionOptions(layers=a.layers, heads=a.heads, average_heads=a.average_heads,
+                                     analyses=list(a.analyses), weights=a.weights if a.HasField("weights") else True)
     return EncodeRequest(
         inputs=_Inputs(request.inputs),
         pooling=POOLING.get(request.pooling, request.pooling),
@@ -134,13 +135,17 @@ def render(reply: EncodeReply) -> bytes:
             out.embeddings.add(num_tokens=item.num_tokens, truncated=item.truncated,
                                multi_vector=tensor(item.multi_vector))
             continue
-        embedding = out.embeddings.add(sentence_embedding=tensor(sentence) if kind == "float" else codes(sentence),
-                                       num_tokens=item.num_tokens,
-                                       truncated=item.truncated)
+        embedding = out.embeddings.add(num_tokens=item.num_tokens, truncated=item.truncated)
+        if sentence.size:  # a reranker has none: its reply is the attention of its pairs
+            embedding.sentence_embedding.CopyFrom(tensor(sentence) if kind == "float" else codes(sentence))
         if item.token_embeddings is not None:
             embedding.token_embeddings.CopyFrom(tensor(item.token_embeddings))
         if item.attentions is not None:
             embedding.attentions.CopyFrom(tensor(item.attentions))
+        if "rollout" in item.analyses:
+            embedding.analyses.rollout.CopyFrom(tensor(item.analyses["rollout"]))  # type: ignore[arg-type]
+        for name, grid in item.analyses.get("head_stats", {}).items():  # type: ignore[attr-defined]
+            embedding.analyses.head_stats[name].CopyFrom(tensor(grid))
         if item.tokens is not None:
             embedding.tokens.extend(item.tokens)
         if item.pair_start is not None:

@@ -21,7 +21,8 @@ NAMES = WireNames({"attention.": ""})
 def to_core(body: AttentionBody) -> EncodeRequest:
     return EncodeRequest(
         inputs=inputs_of(body.inputs), truncate=body.truncate, truncation_direction=body.truncation_direction.lower(),
-        attention=AttentionOptions(layers=body.layers, heads=body.heads, average_heads=body.average_heads),
+        attention=AttentionOptions(layers=body.layers, heads=body.heads, average_heads=body.average_heads,
+                                   analyses=body.analyses, weights=body.weights),
         model=body.model)
 
 
@@ -32,11 +33,18 @@ def render(reply: EncodeReply, base64_format: bool) -> bytes:
     layers, heads = list(options.attention_layers), list(options.attention_heads)
     data = []
     for i, item in enumerate(reply.inputs):
-        assert item.attentions is not None  # every input of a request for attention has them (replies.py)
-        data.append({"index": i, "tokens": item.tokens, "num_tokens": item.num_tokens, "truncated": item.truncated,
-                     **({"pair_start": item.pair_start} if item.pair_start is not None else {}),
-                     "layers": layers, "heads": heads,
-                     "shape": list(item.attentions.shape), "attentions": floats(item.attentions, base64_format)})
+        entry: dict[str, object] = {
+            "index": i, "tokens": item.tokens, "num_tokens": item.num_tokens, "truncated": item.truncated,
+            **({"pair_start": item.pair_start} if item.pair_start is not None else {}), "layers": layers,
+            "heads": heads}
+        if item.attentions is not None:  # unless weights false
+            entry |= {"shape": list(item.attentions.shape), "attentions": floats(item.attentions, base64_format)}
+        if "rollout" in item.analyses:
+            entry["rollout"] = floats(item.analyses["rollout"], base64_format)  # type: ignore[arg-type]
+        if "head_stats" in item.analyses:
+            entry["head_stats"] = {name: floats(grid, base64_format)
+                                   for name, grid in item.analyses["head_stats"].items()}  # type: ignore[attr-defined]
+        data.append(entry)
     return dumps({
         "object": "list",
         "model": reply.model,

@@ -403,6 +403,12 @@ class AttentionBody(_Strict):
                                                                 "negative indices count from the end")
     heads: list[int] = Field(default_factory=list, description="heads in this order; empty: every head")
     average_heads: bool = Field(False, description="average the chosen heads: the heads axis has size 1")
+    analyses: list[Literal["rollout", "head_stats"]] = Field(
+        default_factory=list, description="analyses of every layer's every head, computed in the server: rollout "
+                                          "(Abnar & Zuidema, 2020: [tokens, tokens]) and head_stats ([layers, heads] "
+                                          "grids, docs/attention.md)")
+    weights: bool = Field(True, description="return the chosen layers' and heads' weights; false: the analyses "
+                                            "alone")
     truncate: bool | None = Field(None, description="true cuts inputs longer than max_seq_length, false refuses "
                                                     "them; " + TRUNCATE_UNSET)
     truncation_direction: TruncationDirection = "Right"
@@ -418,8 +424,11 @@ class AttentionMap(BaseModel):
     pair_start: int | None = Field(None, description="for a pair: the index of the first token of segment b")
     layers: list[int] = Field(description="the layers returned, as non-negative indices")
     heads: list[int] | None = Field(description="the heads returned or averaged")
-    shape: list[int] = Field(description="[layers, heads or 1, tokens, tokens]; each row sums to 1")
-    attentions: list | str
+    shape: list[int] | None = Field(None, description="[layers, heads or 1, tokens, tokens]; each row sums to 1; "
+                                                      "unset with weights false")
+    attentions: list | str | None = Field(None, description="the weights, unset with weights false")
+    rollout: list | str | None = Field(None, description="[tokens, tokens], if asked; rows sum to 1")
+    head_stats: dict[str, list | str] | None = Field(None, description="statistic -> [layers, heads], if asked")
 
 
 class AttentionReply(BaseModel):

@@ -1,0 +1,170 @@
+"""Attention analyses computed in the server (engine/attention_analyses.py), against references written here from
+each definition, row by row and token by token, over the weights the same server returns: real MiniLM weights, a
+text and a sentence pair, through gRPC and /v1/attention."""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+import numpy as np
+import pytest
+import requests
+
+from attnserve.v1 import encoder_pb2 as pb
+
+TEXT = "The quick brown fox jumps over the lazy dog, then rests."
+PAIR = ("Where does the fox sleep?", "The fox sleeps in a den under the old oak tree.")
+
+
+def as_array(t: pb.Tensor) -> np.ndarray:
+    return np.frombuffer(t.data, "<f4").reshape(tuple(t.shape))
+
+
+def rollout_reference(maps: np.ndarray) -> np.ndarray:
+    """Abnar & Zuidema (2020): A_l the heads' mean, 0.5 A_l + 0.5 I re-normalised by row, R = Â_L ... Â_1."""
+    L, H, T, _ = maps.shape
+    R = np.identity(T)
+    for layer in range(L):
+        A = sum(maps[layer, h].astype(np.float64) for h in range(H)) / H
+        hat = 0.5 * A + 0.5 * np.identity(T)
+        hat = np.array([row / row.sum() for row in hat])
+        R = hat @ R
+    return R
+
+
+def stats_reference(maps: np.ndarray, special: list[bool], pair_start: int | None) -> dict[str, np.ndarray]:
+    """Each statistic for each layer and head, as docs/attention.md defines it, one row and one token at a time."""
+    L, H, T, _ = maps.shape
+    specials = [j for j in range(T) if special[j]]
+    names = ["entropy", "normalized_entropy", "first_special", "separators", "self", "previous", "next", "distance"]
+    names += ["a_to_b", "b_to_a"] if pair_start is not None else []
+    out = {name: np.zeros((L, H)) for name in names}
+    for layer in range(L):
+        for h in range(H):
+            a = maps[layer, h].astype(np.float64)
+            rows: dict[str, list[float]] = {name: [] for name in names}
+            for i in range(T):
+                entropy = -sum(a[i, j] * math.log(a[i, j]) for j in range(T) if a[i, j] > 0)
+                keys = sum(1 for j in range(T) if a[i, j] > 0)
+                rows["entropy"].append(entropy)
+                rows["normalized_entropy"].append(entropy / math.log(keys) if keys > 1 else 0.0)
+                rows["first_special"].append(a[i, specials[0]] if specials else 0.0)
+                rows["separators"].append(sum(a[i, j] for j in specials[1:]))
+                rows["self"].append(a[i, i])
+                if i > 0:
+                    rows["previous"].append(a[i, i - 1])
+                if i < T - 1:
+                    rows["next"].append(a[i, i + 1])
+                rows["distance"].append(sum(a[i, j] * abs(i - j) for j in range(T)))
+                if pair_start is not None:
+                    if i < pair_start:
+                        rows["a_to_b"].append(sum(a[i, j] for j in range(pair_start, T)))
+                    else:
+                        rows["b_to_a"].append(sum(a[i, j] for j in range(pair_start)))
+            for name in names:
+                out[name][layer, h] = sum(rows[name]) / len(rows[name]) if rows[name] else 0.0
+    return out
+
+
+def all_layers(stub, item: pb.Input, **options) -> pb.Embedding:
+    request = pb.EmbedRequest(inputs=[item], attention=pb.AttentionOptions(layers=list(range(6)), **options))
+    return stub.Embed(request, timeout=60).embeddings[0]
+
+
+@pytest.mark.parametrize("item", [pb.Input(text=TEXT), pb.Input(pair=pb.TextPair(a=PAIR[0], b=PAIR[1]))],
+                         ids=["text", "pair"])
+def test_analyses_equal_the_references_written_from_their_definitions(stub, item):
+    reply = all_layers(stub, item, analyses=["rollout", "head_stats"])
+    maps = as_array(reply.attentions)  # (L, H, T, T): every layer's every head, as the reply gives them
+    assert maps.shape[:2] == (6, 12)
+    rollout = as_array(reply.analyses.rollout)
+    np.testing.assert_allclose(rollout, rollout_reference(maps), atol=1e-5)
+    np.testing.assert_allclose(rollout.sum(axis=1), 1.0, atol=1e-5)
+    special = [token in ("[CLS]", "[SEP]") for token in reply.tokens]
+    pair_start = reply.pair_start if reply.HasField("pair_start") else None
+    assert (pair_start is not None) == (item.WhichOneof("content") == "pair")
+    want = stats_reference(maps, special, pair_start)
+    assert set(reply.analyses.head_stats) == set(want)
+    for name, grid in want.items():
+        np.testing.assert_allclose(as_array(reply.analyses.head_stats[name]), grid, atol=1e-5, err_msg=name)
+
+
+def test_analyses_alone_leave_the_weights_out_and_equal_those_with_them(stub):
+    item = pb.Input(text=TEXT)
+    alone = all_layers(stub, item, analyses=["rollout", "head_stats"], weights=False)
+    assert not alone.HasField("attentions") and list(alone.tokens)  # the tokens still label the analyses
+    both = all_layers(stub, item, analyses=["rollout", "head_stats"])
+    np.testing.assert_array_equal(as_array(alone.analyses.rollout), as_array(both.analyses.rollout))
+    assert alone.ByteSize() < both.ByteSize() / 10  # T x T and a few L x H grids, not L x H x T x T
+    only_rollout = all_layers(stub, item, analyses=["rollout"])
+    assert not only_rollout.analyses.head_stats
+
+
+def test_one_layer_asked_still_gives_the_analyses_of_all_of_them(stub):
+    item = pb.Input(text=TEXT)
+    one = stub.Embed(pb.EmbedRequest(inputs=[item], attention=pb.AttentionOptions(
+        layers=[-1], heads=[0], analyses=["rollout"])), timeout=60).embeddings[0]
+    assert list(one.attentions.shape)[:2] == [1, 1]  # only the layer and head asked are copied
+    np.testing.assert_array_equal(as_array(one.analyses.rollout),
+                                  as_array(all_layers(stub, item, analyses=["rollout"]).analyses.rollout))
+
+
+def test_v1_attention_gives_the_same_analyses(server, stub):
+    reply = requests.post(f"{server.http_url}/v1/attention", json={
+        "inputs": [TEXT], "analyses": ["head_stats", "rollout"], "weights": False}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    data = reply.json()["data"][0]
+    assert "attentions" not in data and "shape" not in data
+    grpc_reply = all_layers(stub, pb.Input(text=TEXT), analyses=["rollout", "head_stats"])
+    np.testing.assert_allclose(np.array(data["rollout"]), as_array(grpc_reply.analyses.rollout), atol=1e-6)
+    for name, grid in data["head_stats"].items():
+        np.testing.assert_allclose(np.array(grid), as_array(grpc_reply.analyses.head_stats[name]), atol=1e-6)
+
+
+def test_analyses_asked_wrongly_are_refused_in_words(server, stub):
+    for options, words in (({"analyses": ["nope"]}, "'nope' is not one of rollout, head_stats"),
+                           ({"weights": False}, "weights false asks for nothing")):
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text="x")], attention=pb.AttentionOptions(**options)),
+                       timeout=60)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in refused.value.details()
+    reply = requests.post(f"{server.http_url}/v1/attention", json={"inputs": "x", "analyses": ["norms"]}, timeout=60)
+    assert reply.status_code == 400 and "analyses[0]" in reply.json()["error"]["message"]
+
+
+def test_a_rerankers_attention_over_the_pair_it_scores(reranker_artifacts, tmp_path):
+    from tests.serving import ServerProcess, serving
+
+    with serving(ServerProcess(reranker_artifacts, log_path=tmp_path / "server.log")) as server:
+        reply = requests.post(f"{server.http_url}/v1/attention", json={
+            "inputs": [list(PAIR)], "layers": [0, -1], "analyses": ["rollout", "head_stats"]}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        data = reply.json()["data"][0]
+        T = data["num_tokens"]
+        assert data["shape"][0] == 2 and data["shape"][2:] == [T, T] and data["pair_start"] > 1
+        maps = np.array(data["attentions"])
+        np.testing.assert_allclose(maps.sum(axis=-1), 1.0, atol=1e-5)
+        assert {"a_to_b", "b_to_a"} <= set(data["head_stats"])
+        np.testing.assert_allclose(np.array(data["rollout"]).sum(axis=1), 1.0, atol=1e-5)
+        embed = requests.post(f"{server.http_url}/embed", json={"inputs": "x"}, timeout=60)
+        assert embed.status_code == 400 and "reranker" in embed.text
+        with server.channel() as channel:
+            stub = server.stub(channel)
+            item = stub.Embed(pb.EmbedRequest(inputs=[pb.Input(pair=pb.TextPair(a=PAIR[0], b=PAIR[1]))],
+                                              attention=pb.AttentionOptions(layers=[0, -1])), timeout=60).embeddings[0]
+            assert not item.HasField("sentence_embedding")
+            np.testing.assert_allclose(as_array(item.attentions), maps, atol=1e-6)
+            assert "attention" in stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=60).outputs
+
+
+def test_the_python_client_returns_the_analyses_as_arrays(server, stub):
+    from attnserve.client.client import Client
+
+    with Client(server.target) as client:
+        result = client.attention(TEXT, analyses=["rollout", "head_stats"], weights=False)
+    assert result.attentions is None and result.rollout is not None and result.head_stats is not None
+    want = all_layers(stub, pb.Input(text=TEXT), analyses=["rollout", "head_stats"])
+    np.testing.assert_array_equal(result.rollout, as_array(want.analyses.rollout))
+    assert set(result.head_stats) == set(want.analyses.head_stats)
+    assert result.head_stats["entropy"].shape == (6, 12)
