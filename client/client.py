@@ -65,6 +65,8 @@ class EmbeddingResult:
     pair_start: int | None = None  # for a pair: the index of the first token of segment b
     rollout: np.ndarray | None = None  # (T, T) attention rollout, when asked (analyses)
     head_stats: dict[str, np.ndarray] | None = None  # statistic -> (layers, heads), when asked (analyses)
+    norms: np.ndarray | None = None  # (layers, heads, T, T) norm-weighted attention, when asked (analyses)
+    norms_summed: np.ndarray | None = None  # (layers, T, T) summed over each layer's heads, with norms
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,9 @@ def to_result(embedding: pb.Embedding) -> EmbeddingResult:
         rollout=to_array(embedding.analyses.rollout) if embedding.analyses.HasField("rollout") else None,
         head_stats={name: to_array(t) for name, t in embedding.analyses.head_stats.items()}
         if embedding.analyses.head_stats else None,
+        norms=to_array(embedding.analyses.norms) if embedding.analyses.HasField("norms") else None,
+        norms_summed=to_array(embedding.analyses.norms_summed) if embedding.analyses.HasField("norms_summed")
+        else None,
     )
 
 
@@ -113,7 +118,8 @@ def make_request(inputs: Sequence[Input], *, normalize: bool | None = None, pool
     sentence embedding, then normalise.
     model None: the server's default model. prompt_name / prompt: a prompt of the model's, or a raw one, before
     each text (both None: the model's default prompt, if it has one). analyses: attention analyses computed by the
-    server ("rollout", "head_stats"; with attention_layers); weights False: those alone, without the weights."""
+    server ("rollout", "head_stats", "norms"; with attention_layers); weights False: those alone, without the
+    weights."""
     if isinstance(inputs, str):
         raise TypeError("inputs must be a list of texts (or token id lists), not a single string")
     if pooling not in POOLING:

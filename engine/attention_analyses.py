@@ -20,13 +20,17 @@ maps: (L, nh, T, T) float32, every layer's every head, each row summing to 1 ove
     a_to_b               sum over j in b of a_ij, over the rows i in a
     b_to_a               sum over j in a of a_ij, over the rows i in b
   A statistic over no row or no token (no special token at all, a one-token input's previous) is 0.
+- norms (Kobayashi et al., EMNLP 2020, "Attention is not only a weight"): ||a_ij f_h(x_j)|| = a_ij ||f_h(x_j)||,
+  f_h(x_j) token j's value vector through head h's slice of W_O, whose norms the attention graph gives
+  (model/value_norms.py): (layers, heads, T, T) for the layers and heads asked, and norms_summed, (layers, T, T),
+  the sum over every head of a layer.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-ANALYSES = ("rollout", "head_stats")
+ANALYSES = ("rollout", "head_stats", "norms")
 HEAD_STATS = ("entropy", "normalized_entropy", "first_special", "separators", "self", "previous", "next",
               "distance")
 PAIR_STATS = ("a_to_b", "b_to_a")
@@ -75,3 +79,8 @@ def head_stats(maps: np.ndarray, special: np.ndarray, pair_start: int | None = N
 def _mean_rows(per_row: np.ndarray) -> np.ndarray:
     """(L, nh, R) -> (L, nh): the mean over R rows, 0 where there are none."""
     return per_row.mean(axis=-1) if per_row.shape[-1] else np.zeros(per_row.shape[:-1])
+
+
+def norm_weighted(maps: np.ndarray, norms: np.ndarray) -> np.ndarray:
+    """(..., nh, T, T) weights, (..., nh, T) value norms -> (..., nh, T, T) float32: a_ij ||f_h(x_j)||."""
+    return (maps * norms[..., None, :]).astype(np.float32)

@@ -36,6 +36,9 @@ EMBEDDINGS_VARIANT = {"fp32": "embeddings_fused", "int8": "embeddings_int8", "fp
 SCORES_VARIANT = {"fp32": "scores_fused", "int8": "scores_int8", "fp16": "scores_fp16"}
 ATTENTION_VARIANT = "attention"
 
+# The attention graph's outputs after the embeddings', in order (export/torch_to_onnx.py MAPS).
+MAPS = ("attentions", "value_norms")
+
 
 @dataclass
 class BatchOutput:
@@ -46,6 +49,7 @@ class BatchOutput:
     sentence_embedding: np.ndarray | None  # (B, D), the pipeline before its final normalisation; None: reranker
     attentions: np.ndarray | None = None  # (L, B, nh, T, T) when the attention graph ran
     scores: np.ndarray | None = None  # (B, num_labels) a reranker's raw logits
+    value_norms: np.ndarray | None = None  # (L, B, nh, T) each head's value norms (model/value_norms.py)
 
 
 @dataclass
@@ -261,8 +265,11 @@ class Engine:
                 return BatchOutput(lengths, None, None, attentions, scores)
             return BatchOutput(lengths, None, None, scores=self._session.run(["scores"], feed)[0])
         if attention:
-            hidden, sentence, attentions = self._open_attention_session().run(None, feed)
-            return BatchOutput(lengths, hidden, sentence, attentions)
+            session = self._open_attention_session()
+            # Graphs exported before value norms have none (the "norms" analysis is then refused: requests.py).
+            names = ["last_hidden_state", "sentence_embedding", *MAPS[:len(session.get_outputs()) - 2]]
+            hidden, sentence, attentions, *norms = session.run(names, feed)
+            return BatchOutput(lengths, hidden, sentence, attentions, value_norms=norms[0] if norms else None)
         hidden, sentence = self._session.run(["last_hidden_state", "sentence_embedding"], feed)
         return BatchOutput(lengths, hidden, sentence)
 

@@ -114,6 +114,13 @@ class Manifest:
                                   normalize)
 
     @property
+    def has_value_norms(self) -> bool:
+        """Whether the attention graph gives each head's value norms (model/value_norms.py): exported since they
+        were added, and an embedder's (a reranker's attention graph has none yet)."""
+        attention = self.variants.get("attention")
+        return attention is not None and "value_norms" in attention.outputs
+
+    @property
     def sparse(self) -> bool:
         """A SPLADE model (model/splade.py): its sentence embedding is a weight per vocabulary entry, almost all
         zero, served as (index, value) pairs."""

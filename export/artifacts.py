@@ -46,7 +46,7 @@ from .optimize import (
 from .reranker import reranker_variants
 from .task_graphs import build_task_artifacts
 from .tokenizer_parity import check_tokenizer
-from .torch_to_onnx import export_graph, without_output
+from .torch_to_onnx import MAPS, export_graph, without_output
 from .verify import TOLERANCES, GraphCheck, Reference, calibration_feeds, check, measure_all
 
 # name -> (file, precision, fused, outputs)
@@ -57,7 +57,8 @@ VARIANTS = {
     "embeddings_int8_skip_layer_norm": ("embeddings_int8.onnx", "int8", True,
                                         ("last_hidden_state", "sentence_embedding")),
     "embeddings_fp16": ("embeddings_fp16.onnx", "fp16", True, ("last_hidden_state", "sentence_embedding")),
-    "attention": ("attention.onnx", "fp32", False, ("last_hidden_state", "sentence_embedding", "attentions")),
+    "attention": ("attention.onnx", "fp32", False, ("last_hidden_state", "sentence_embedding", "attentions",
+                                                    "value_norms")),
 }
 # Variants that differ from another only in the onnxruntime optimizers their sessions must not apply. At load,
 # onnxruntime fuses the int8 graph's residual Add + LayerNormalization into SkipLayerNormalization, whose CPU kernel
@@ -206,7 +207,7 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
     # weights as a trace of its own gives, which cost as long again: all-mpnet-base-v2, 7 s of 12).
     progress.step("tracing the graph (torch.onnx.export); the embeddings graph is it without the attention maps")
     export_graph(SentenceEncoder(encoder, head, output_attentions=True), work / VARIANTS["attention"][0], external)
-    without_output(work / VARIANTS["attention"][0], work / VARIANTS["embeddings"][0], "attentions")
+    without_output(work / VARIANTS["attention"][0], work / VARIANTS["embeddings"][0], MAPS)
     # Until verification the export's process holds no weights: the optimizer, int8 and fp16 steps run in child
     # processes (export/isolated.py), whose peaks add to this process's.
     del encoder

@@ -20,19 +20,22 @@ OPSET = 17
 INPUTS = ("input_ids", "attention_mask")
 # Only a model with more than one token type takes them (EncoderConfig.has_token_types).
 TOKEN_TYPES = "token_type_ids"
+# The attention graph's outputs beyond the embeddings graph's: the maps and each head's value norms.
+MAPS = ("attentions", "value_norms")
 
 
 def export_graph(module: SentenceEncoder, path: Path, external: bool = False) -> None:
     """Write the graph: inputs (B, T) int64 (input_ids, attention_mask and, where the model has token types,
     token_type_ids); outputs last_hidden_state (B, T, H), sentence_embedding (B, D) and, for the attention
-    graph, attentions (L, B, nh, T, T). external: its weights in one data file beside it (external_data.py)."""
+    graph, attentions (L, B, nh, T, T) and value_norms (L, B, nh, T) (model/value_norms.py). external: its weights
+    in one data file beside it (external_data.py)."""
     cfg = module.encoder.config
     inputs = INPUTS + ((TOKEN_TYPES,) if cfg.has_token_types else ())
-    outputs = ["last_hidden_state", "sentence_embedding"] + (["attentions"] if module.output_attentions else [])
+    outputs = ["last_hidden_state", "sentence_embedding"] + (list(MAPS) if module.output_attentions else [])
     axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
             TOKEN_TYPES: {0: "batch", 1: "sequence"},
             "last_hidden_state": {0: "batch", 1: "sequence"}, "sentence_embedding": {0: "batch"},
-            "attentions": {1: "batch", 3: "sequence", 4: "sequence"}}
+            "attentions": {1: "batch", 3: "sequence", 4: "sequence"}, "value_norms": {1: "batch", 3: "sequence"}}
     # Trace on a padded batch so that the mask path is live in the graph, and on two segments.
     ids = torch.full((2, 8), made_up_token_ids(cfg.vocab_size)[0], dtype=torch.int64)
     mask = torch.ones_like(ids)
@@ -60,17 +63,18 @@ def export_graph(module: SentenceEncoder, path: Path, external: bool = False) ->
             shutil.rmtree(traced.parent, ignore_errors=True)
 
 
-def without_output(src: Path, dst: Path, output: str) -> None:
-    """src's graph without one of its outputs, and without the nodes and weights that only it needed: the
+def without_output(src: Path, dst: Path, output: str | tuple[str, ...]) -> None:
+    """src's graph without one of its outputs (or several), and without the nodes and weights only they needed: the
     embeddings graph from the attention graph's one trace (each is what tracing without that output gives: the
     attention maps are the softmax that attention computes anyway, stacked).
 
     Weights stay where src keeps them: with external data, dst names src's data file, so it must sit beside src.
     """
     model = onnx.load(str(src), load_external_data=False)
-    kept_outputs = [o for o in model.graph.output if o.name != output]
-    if len(kept_outputs) == len(model.graph.output):
-        raise ValueError(f"{src.name} has no output {output!r}")
+    dropped = (output,) if isinstance(output, str) else output
+    kept_outputs = [o for o in model.graph.output if o.name not in dropped]
+    if len(kept_outputs) != len(model.graph.output) - len(dropped):
+        raise ValueError(f"{src.name} lacks one of the outputs {dropped!r}")
     del model.graph.output[:]
     model.graph.output.extend(kept_outputs)
     needed = {o.name for o in kept_outputs}

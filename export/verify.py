@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 import onnx
@@ -29,6 +29,7 @@ from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ExportVerificationError
 from attnserve.model.encoder import Encoder
 from attnserve.model.family import EncoderModule
+from attnserve.model.value_norms import stacked_value_norms
 
 from .memory import release_freed_memory, small_heaps
 from .token_ids import made_up_token_ids
@@ -89,6 +90,10 @@ TOLERANCES = {
     # fp32: issue 21's bar, a cosine of at least 0.9999 on average over real texts.
     "bf16": Tolerance("mean_cosine_sentence_embedding_texts", 0.9999, higher_is_better=True),
 }
+# The attention graph's value norms (model/value_norms.py) against PyTorch's: the largest error over the real
+# tokens, relative to the largest norm (they are sums of squares of the hidden size's terms: fp32 rounding grows
+# with their scale).
+VALUE_NORMS_BAR = 1e-4
 
 
 class GraphCheck(NamedTuple):
@@ -232,13 +237,14 @@ class Reference:
 
     def expected(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None, attentions: bool):
         """PyTorch's last_hidden_state (B, T, H), sentence embedding (B, D) and, if asked, attentions
-        (L, B, nh, T, T)."""
+        (L, B, nh, T, T) and value norms (L, B, nh, T) (model/value_norms.py)."""
         with torch.no_grad():
             m = torch.from_numpy(mask)
             hidden, att = self.encoder(torch.from_numpy(ids), m, attentions,
                                        None if types is None else torch.from_numpy(types))
             sentence = self.head(hidden, m)
-        return hidden.numpy(), sentence.numpy(), (att.numpy() if att is not None else None)
+            norms = stacked_value_norms(cast(torch.nn.Module, self.encoder)).numpy() if attentions else None
+        return hidden.numpy(), sentence.numpy(), (att.numpy() if att is not None else None), norms
 
 
 def calibration_feeds(tokenizer: TextTokenizer) -> list[dict[str, np.ndarray]]:
@@ -259,12 +265,17 @@ class _Parity:
         self.wants_attention = wants_attention
         self.cases = 0
         self.max_hidden = self.max_sentence = self.max_attention = self.max_padded_key_weight = 0.0
+        self.max_value_norms: float | None = None  # relative to the largest norm; None: the graph gives none
         self.min_cos = 1.0
 
     def add(self, outputs: list[np.ndarray], mask: np.ndarray, hidden: np.ndarray, sentence: np.ndarray,
-            attentions: np.ndarray | _StoredMaps | None) -> None:
-        """One run of a case's rows (the caller counts the cases)."""
+            attentions: np.ndarray | _StoredMaps | None, norms: np.ndarray | None = None) -> None:
+        """One run of a case's rows (the caller counts the cases). norms: PyTorch's value norms (L, B, nh, T)."""
         real = mask.astype(bool)  # (B, T): compare real token positions only
+        if norms is not None and len(outputs) > 3:
+            keys = real[None, :, None, :]  # (1, B, 1, T): the real tokens' norms
+            worst = float(np.where(keys, np.abs(outputs[3] - norms), 0.0).max())
+            self.max_value_norms = max(self.max_value_norms or 0.0, worst / max(float(np.abs(norms).max()), 1e-12))
         self.max_hidden = max(self.max_hidden, float(np.abs(outputs[0] - hidden)[real].max()))
         self.max_sentence = max(self.max_sentence, float(np.abs(outputs[1] - sentence).max()))
         self.min_cos = min(self.min_cos, float(_cosine(outputs[1], sentence).min()))
@@ -315,7 +326,8 @@ def measure_all(graphs: dict[str, GraphCheck], reference: Reference, provider: s
                                                   "the input token_type_ids that the reference was made for")
                 parity = _Parity(name in with_maps)
                 outputs = None if parity.wants_attention else ["last_hidden_state", "sentence_embedding"]
-                for (ids, mask, types), (hidden, sentence, maps_file) in zip(reference.cases, expected, strict=True):
+                for (ids, mask, types), (hidden, sentence, maps_file, norms) in zip(reference.cases, expected,
+                                                                                    strict=True):
                     if parity.wants_attention and ids.shape[1] > reference.caps.attention_max_length:
                         continue
                     runs = reference.caps.attention_runs if parity.wants_attention else reference.caps.score_runs
@@ -323,7 +335,8 @@ def measure_all(graphs: dict[str, GraphCheck], reference: Reference, provider: s
                         got = session.run(outputs, reference.feed(ids[rows], mask[rows],
                                                                   None if types is None else types[rows]))
                         want = _StoredMaps(maps_file, rows) if parity.wants_attention else None
-                        parity.add(got, mask[rows], hidden[rows], sentence[rows], want)
+                        parity.add(got, mask[rows], hidden[rows], sentence[rows], want,
+                                   norms[:, rows] if parity.wants_attention and norms is not None else None)
                         del got, want
                     parity.cases += 1
                 all_texts = precision == "int8" and path not in on_all_texts
@@ -339,7 +352,7 @@ def _output_names(path: Path) -> list[str]:
 
 
 def _pytorch_outputs(reference: Reference, maps_dir: Path | None
-                     ) -> list[tuple[np.ndarray, np.ndarray, Path | None]]:
+                     ) -> list[tuple[np.ndarray, np.ndarray, Path | None, np.ndarray | None]]:
     """PyTorch's last_hidden_state (B, T, H) and sentence embedding (B, D) of every case, computed in runs of rows of
     bounded memory; with maps_dir, its attention maps (L, B, nh, T, T) of the cases up to attention_max_length too,
     each case's in a .npy file there (a long-context model's take a GiB a row)."""
@@ -356,16 +369,19 @@ def _pytorch_outputs(reference: Reference, maps_dir: Path | None
         maps = maps_file is not None
         stored = None if maps_file is None else np.lib.format.open_memmap(  # (L, B, nh, T, T)
             maps_file, mode="w+", dtype=np.float32, shape=(cfg.num_layers, rows_in_case, cfg.num_heads, seq, seq))
+        norms = np.empty((cfg.num_layers, rows_in_case, cfg.num_heads, seq), np.float32) if maps else None
         for rows in (reference.caps.attention_runs if maps else reference.caps.score_runs)(*ids.shape):
             part = ids[rows], mask[rows], None if types is None else types[rows]
-            hidden[rows], sentence[rows], attentions = reference.expected(*part, attentions=maps)
+            hidden[rows], sentence[rows], attentions, run_norms = reference.expected(*part, attentions=maps)
             if stored is not None:
                 stored[:, rows] = attentions
+            if norms is not None:
+                norms[:, rows] = run_norms
             del attentions
         if stored is not None:
             stored.flush()
             del stored
-        expected.append((hidden, sentence, maps_file))
+        expected.append((hidden, sentence, maps_file, norms))
     return expected
 
 
@@ -410,6 +426,8 @@ def _metrics(parity: _Parity, session, reference: Reference, all_texts: bool) ->
     if parity.wants_attention:
         metrics["max_abs_attentions"] = parity.max_attention
         metrics["max_padded_key_weight"] = parity.max_padded_key_weight
+        if parity.max_value_norms is not None:
+            metrics["max_rel_value_norms"] = parity.max_value_norms
     return metrics
 
 
@@ -422,6 +440,10 @@ def check(path: Path, precision: str, metrics: dict[str, float]) -> None:
     """Fail the export with a clear message if the variant's tolerance does not hold."""
     tolerance = TOLERANCES[precision]
     value = metrics[tolerance.metric]
+    norms = metrics.get("max_rel_value_norms")
+    if norms is not None and not norms <= VALUE_NORMS_BAR:
+        raise ExportVerificationError(f"{path.name} ({precision}) fails parity with PyTorch: its value norms are "
+                                      f"{norms:g} of the largest off, over {VALUE_NORMS_BAR:g}")
     if not tolerance.holds(value) or ("max_padded_key_weight" in metrics and metrics["max_padded_key_weight"] != 0):
         raise ExportVerificationError(
             f"{path.name} ({precision}) fails parity with PyTorch: {tolerance.describe(value)} does not hold"

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from .encoder import MASK_VALUE
 from .family import ModelConfig
 from .rotary import RotaryEmbedding, RotaryPositions, default_inv_freq, rotate
+from .value_norms import value_norms
 
 
 class RMSNorm(nn.Module):
@@ -97,6 +98,7 @@ class GroupedQueryAttention(nn.Module):
         scores = torch.matmul(q, self._repeat(k).transpose(-1, -2)) * self.scale  # (B, nh, T, T)
         probs = F.softmax(scores + mask, dim=-1)  # (B, nh, T, T), each row sums to 1
         context = torch.matmul(probs, self._repeat(v)).transpose(1, 2).reshape(B, T, self.nh * self.hs)
+        self.value_norms = value_norms(v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
         return self.out(context), probs
 
 

@@ -22,11 +22,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .value_norms import stacked_value_norms, value_norms
 
 if TYPE_CHECKING:  # the other families' encoders have the same forward as Encoder (family.py)
     from .family import EncoderModule
@@ -137,6 +139,7 @@ class MultiHeadSelfAttention(nn.Module):
         probs = F.softmax(scores, dim=-1)  # (B, nh, T, T), each row sums to 1
         context = torch.matmul(probs, v)  # (B, nh, T, hs)
         context = context.permute(0, 2, 1, 3).contiguous().view(B, T, H)  # heads concatenated: (B, T, H)
+        self.value_norms = value_norms(v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
         return self.out(context), probs
 
 
@@ -246,6 +249,6 @@ class SentenceEncoder(nn.Module):
                 token_type_ids: torch.Tensor | None = None):
         hidden, attentions = self.encoder(input_ids, attention_mask, self.output_attentions, token_type_ids)
         sentence = self.head(hidden, attention_mask)  # (B, D), not normalised
-        if self.output_attentions:
-            return hidden, sentence, attentions
+        if self.output_attentions:  # with each head's value norms (L, B, nh, T): model/value_norms.py
+            return hidden, sentence, attentions, stacked_value_norms(cast(nn.Module, self.encoder))
         return hidden, sentence

@@ -82,6 +82,7 @@ class RowOutput:
     token_embeddings: np.ndarray | None  # (T, H); None for a reranker
     attentions: np.ndarray | None  # (L, nh, T, T) when the attention graph ran
     scores: np.ndarray | None = None  # (num_labels,) a reranker's raw logits
+    value_norms: np.ndarray | None = None  # (L, nh, T) each head's value norms, with attentions (model/value_norms.py)
 
 
 @dataclass(eq=False)
@@ -355,4 +356,5 @@ class Batcher:
                 out.sentence_embedding[row] if out.sentence_embedding is not None else None,
                 out.last_hidden_state[row, :n] if out.last_hidden_state is not None else None,
                 out.attentions[:, row, :, :n, :n] if out.attentions is not None else None,
-                out.scores[row] if out.scores is not None else None))
+                out.scores[row] if out.scores is not None else None,
+                out.value_norms[:, row, :, :n] if out.value_norms is not None else None))

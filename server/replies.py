@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from attnserve.engine.attention_analyses import head_stats, rollout
+from attnserve.engine.attention_analyses import head_stats, norm_weighted, rollout
 from attnserve.engine.dimensions import cut_and_normalize
 from attnserve.engine.multi_vector import MultiVectorTokenizer, maxsim
 from attnserve.engine.pooling import pool
@@ -109,6 +109,13 @@ def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokeni
             analyses["rollout"] = rollout(row.attentions)  # (T, T)
         if "head_stats" in options.attention_analyses:
             analyses["head_stats"] = head_stats(row.attentions, tokenizer.special_mask(item.ids), item.pair_start)
+        if "norms" in options.attention_analyses:  # the layers and heads asked, and each layer's sum over heads
+            assert row.value_norms is not None and options.attention_layers is not None
+            layers = list(options.attention_layers)
+            weighted = norm_weighted(row.attentions[layers], row.value_norms[layers])  # (layers, nh, T, T)
+            analyses["norms_summed"] = weighted.sum(axis=1)  # (layers, T, T)
+            analyses["norms"] = weighted if options.every_head or options.attention_heads is None else \
+                np.ascontiguousarray(weighted[:, list(options.attention_heads)])  # (layers, heads, T, T)
     if options.attention_layers is not None and options.attention_weights:  # spelled so that mypy sees the layers
         # A request for attention queues in the attention lane, whose batches run the graph that returns them.
         assert row.attentions is not None

@@ -296,7 +296,7 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
         layers = _indices(attention.layers or [-1], manifest.num_layers, "layer", "attention.layers")
         heads = (_indices(attention.heads, manifest.num_heads, "head", "attention.heads") if attention.heads
                  else tuple(range(manifest.num_heads)))
-        analyses = _analyses(attention)
+        analyses = _analyses(attention, manifest)
     options = ReplyOptions(
         pooling=pooling,
         normalize=normalize,
@@ -364,12 +364,18 @@ def _check_reranker_attention(request: EncodeRequest, manifest: Manifest) -> Non
                                   "only the attention of the pairs it scores")
 
 
-def _analyses(attention: AttentionOptions) -> tuple[str, ...]:
+def _analyses(attention: AttentionOptions, manifest: Manifest) -> tuple[str, ...]:
     """The analyses asked for, known and each once, in ANALYSES order; weights false needs one."""
     asked = list(attention.analyses)
     for i, name in enumerate(asked):
         if name not in ANALYSES:
             raise _invalid(f"attention.analyses[{i}]", f"analysis {name!r} is not one of {', '.join(ANALYSES)}",
+                           label=f"attention.analyses[{i}]")
+        if name == "norms" and not manifest.has_value_norms:
+            raise _invalid(f"attention.analyses[{i}]", f"norms need each head's value norms, which {manifest.model}'s "
+                                                       "attention graph does not give ("
+                           + ("a reranker's does not yet)" if manifest.kind == "reranker" else
+                              "exported before them): re-export it with `attnserve export`"),
                            label=f"attention.analyses[{i}]")
     if not attention.weights and not asked:
         raise _invalid("attention.weights", "weights false asks for nothing: ask for the weights, or for analyses "
@@ -683,6 +689,8 @@ def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest, float_b
         floats += tokens * tokens
     if "head_stats" in options.attention_analyses:
         floats += (len(HEAD_STATS) + len(PAIR_STATS)) * manifest.num_layers * manifest.num_heads
+    if "norms" in options.attention_analyses and options.attention_layers is not None:
+        floats += len(options.attention_layers) * (heads + 1) * tokens * tokens
     size = EMBEDDING_OVERHEAD_BYTES + float_bytes * floats
     if options.tokens:
         size += 8 * tokens  # a word piece and its tag, on average

@@ -123,13 +123,13 @@ def test_v1_attention_gives_the_same_analyses(server, stub):
 
 
 def test_analyses_asked_wrongly_are_refused_in_words(server, stub):
-    for options, words in (({"analyses": ["nope"]}, "'nope' is not one of rollout, head_stats"),
+    for options, words in (({"analyses": ["nope"]}, "'nope' is not one of rollout, head_stats, norms"),
                            ({"weights": False}, "weights false asks for nothing")):
         with pytest.raises(grpc.RpcError) as refused:
             stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text="x")], attention=pb.AttentionOptions(**options)),
                        timeout=60)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in refused.value.details()
-    reply = requests.post(f"{server.http_url}/v1/attention", json={"inputs": "x", "analyses": ["norms"]}, timeout=60)
+    reply = requests.post(f"{server.http_url}/v1/attention", json={"inputs": "x", "analyses": ["flow"]}, timeout=60)
     assert reply.status_code == 400 and "analyses[0]" in reply.json()["error"]["message"]
 
 
@@ -149,6 +149,9 @@ def test_a_rerankers_attention_over_the_pair_it_scores(reranker_artifacts, tmp_p
         np.testing.assert_allclose(np.array(data["rollout"]).sum(axis=1), 1.0, atol=1e-5)
         embed = requests.post(f"{server.http_url}/embed", json={"inputs": "x"}, timeout=60)
         assert embed.status_code == 400 and "reranker" in embed.text
+        norms = requests.post(f"{server.http_url}/v1/attention", json={"inputs": [list(PAIR)], "analyses": ["norms"]},
+                              timeout=60)
+        assert norms.status_code == 400 and "a reranker's does not yet" in norms.text
         with server.channel() as channel:
             stub = server.stub(channel)
             item = stub.Embed(pb.EmbedRequest(inputs=[pb.Input(pair=pb.TextPair(a=PAIR[0], b=PAIR[1]))],
@@ -168,3 +171,43 @@ def test_the_python_client_returns_the_analyses_as_arrays(server, stub):
     np.testing.assert_array_equal(result.rollout, as_array(want.analyses.rollout))
     assert set(result.head_stats) == set(want.analyses.head_stats)
     assert result.head_stats["entropy"].shape == (6, 12)
+
+
+def transformers_value_norms(text: str) -> np.ndarray:
+    """(L, nh, T): ||(x_j W_V^h + b_V^h) W_O^h|| from transformers' BertModel over the default checkpoint, its value
+    projections read by forward hooks and W_O from its attention output layers: a reference nobody here wrote."""
+    import torch
+    import transformers
+
+    from attnserve.default_model import default_checkpoint_dir
+
+    directory = str(default_checkpoint_dir())
+    model = transformers.BertModel.from_pretrained(directory).eval()
+    ids = transformers.AutoTokenizer.from_pretrained(directory)(text, return_tensors="pt")
+    values: list[torch.Tensor] = []
+    hooks = [layer.attention.self.value.register_forward_hook(lambda m, i, out: values.append(out))
+             for layer in model.encoder.layer]
+    with torch.no_grad():
+        model(**ids)
+    for hook in hooks:
+        hook.remove()
+    nh, hs = model.config.num_attention_heads, model.config.hidden_size // model.config.num_attention_heads
+    norms = []
+    for v, layer in zip(values, model.encoder.layer, strict=True):
+        w = layer.attention.output.dense.weight.detach()  # (H, nh * hs): W_O
+        per_head = [(v[0, :, h * hs:(h + 1) * hs] @ w[:, h * hs:(h + 1) * hs].T).norm(dim=-1) for h in range(nh)]
+        norms.append(torch.stack(per_head).numpy())  # (nh, T)
+    return np.stack(norms)
+
+
+def test_norm_weighted_attention_uses_the_value_norms_transformers_gives(stub):
+    reply = all_layers(stub, pb.Input(text=TEXT), analyses=["norms"])
+    maps, norms = as_array(reply.attentions), as_array(reply.analyses.norms)  # (L, H, T, T) each
+    value_norms = norms.sum(axis=2) / maps.sum(axis=2)  # a_ij ||f(x_j)|| summed over i, over the a_ij: ||f(x_j)||
+    np.testing.assert_allclose(value_norms, transformers_value_norms(TEXT), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(norms, maps * value_norms[:, :, None, :], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(as_array(reply.analyses.norms_summed), norms.sum(axis=1), rtol=1e-5, atol=1e-5)
+    one = stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text=TEXT)], attention=pb.AttentionOptions(
+        layers=[2], heads=[5, 1], analyses=["norms"], weights=False)), timeout=60).embeddings[0]
+    np.testing.assert_allclose(as_array(one.analyses.norms), norms[2:3][:, [5, 1]], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(as_array(one.analyses.norms_summed), norms[2:3].sum(axis=1), rtol=1e-5, atol=1e-5)

@@ -155,7 +155,7 @@ class AttentionOptions(_message.Message):
     def __init__(self, layers: _Optional[_Iterable[int]] = ..., average_heads: _Optional[bool] = ..., heads: _Optional[_Iterable[int]] = ..., analyses: _Optional[_Iterable[str]] = ..., weights: _Optional[bool] = ...) -> None: ...
 
 class AttentionAnalyses(_message.Message):
-    __slots__ = ("rollout", "head_stats")
+    __slots__ = ("rollout", "head_stats", "norms", "norms_summed")
     class HeadStatsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -165,9 +165,13 @@ class AttentionAnalyses(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
     ROLLOUT_FIELD_NUMBER: _ClassVar[int]
     HEAD_STATS_FIELD_NUMBER: _ClassVar[int]
+    NORMS_FIELD_NUMBER: _ClassVar[int]
+    NORMS_SUMMED_FIELD_NUMBER: _ClassVar[int]
     rollout: Tensor
     head_stats: _containers.MessageMap[str, Tensor]
-    def __init__(self, rollout: _Optional[_Union[Tensor, _Mapping]] = ..., head_stats: _Optional[_Mapping[str, Tensor]] = ...) -> None: ...
+    norms: Tensor
+    norms_summed: Tensor
+    def __init__(self, rollout: _Optional[_Union[Tensor, _Mapping]] = ..., head_stats: _Optional[_Mapping[str, Tensor]] = ..., norms: _Optional[_Union[Tensor, _Mapping]] = ..., norms_summed: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("shape", "dtype", "data")

@@ -146,6 +146,9 @@ def render(reply: EncodeReply) -> bytes:
             embedding.analyses.rollout.CopyFrom(tensor(item.analyses["rollout"]))  # type: ignore[arg-type]
         for name, grid in item.analyses.get("head_stats", {}).items():  # type: ignore[attr-defined]
             embedding.analyses.head_stats[name].CopyFrom(tensor(grid))
+        if "norms" in item.analyses:
+            embedding.analyses.norms.CopyFrom(tensor(item.analyses["norms"]))  # type: ignore[arg-type]
+            embedding.analyses.norms_summed.CopyFrom(tensor(item.analyses["norms_summed"]))  # type: ignore[arg-type]
         if item.tokens is not None:
             embedding.tokens.extend(item.tokens)
         if item.pair_start is not None:

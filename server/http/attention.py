@@ -44,6 +44,9 @@ def render(reply: EncodeReply, base64_format: bool) -> bytes:
         if "head_stats" in item.analyses:
             entry["head_stats"] = {name: floats(grid, base64_format)
                                    for name, grid in item.analyses["head_stats"].items()}  # type: ignore[attr-defined]
+        for name in ("norms", "norms_summed"):
+            if name in item.analyses:
+                entry[name] = floats(item.analyses[name], base64_format)  # type: ignore[arg-type]
         data.append(entry)
     return dumps({
         "object": "list",

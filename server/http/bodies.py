@@ -403,10 +403,12 @@ class AttentionBody(_Strict):
                                                                 "negative indices count from the end")
     heads: list[int] = Field(default_factory=list, description="heads in this order; empty: every head")
     average_heads: bool = Field(False, description="average the chosen heads: the heads axis has size 1")
-    analyses: list[Literal["rollout", "head_stats"]] = Field(
-        default_factory=list, description="analyses of every layer's every head, computed in the server: rollout "
+    analyses: list[Literal["rollout", "head_stats", "norms"]] = Field(
+        default_factory=list, description="analyses computed in the server: of every layer's every head, rollout "
                                           "(Abnar & Zuidema, 2020: [tokens, tokens]) and head_stats ([layers, heads] "
-                                          "grids, docs/attention.md)")
+                                          "grids, docs/attention.md); of the layers and heads asked, norms "
+                                          "(Kobayashi et al., 2020: [layers, heads, tokens, tokens], and "
+                                          "norms_summed, [layers, tokens, tokens])")
     weights: bool = Field(True, description="return the chosen layers' and heads' weights; false: the analyses "
                                             "alone")
     truncate: bool | None = Field(None, description="true cuts inputs longer than max_seq_length, false refuses "
@@ -429,6 +431,9 @@ class AttentionMap(BaseModel):
     attentions: list | str | None = Field(None, description="the weights, unset with weights false")
     rollout: list | str | None = Field(None, description="[tokens, tokens], if asked; rows sum to 1")
     head_stats: dict[str, list | str] | None = Field(None, description="statistic -> [layers, heads], if asked")
+    norms: list | str | None = Field(None, description="[layers, heads, tokens, tokens] ||a_ij f_h(x_j)||, if asked")
+    norms_summed: list | str | None = Field(None, description="[layers, tokens, tokens]: norms summed over each "
+                                                              "layer's heads, if asked")
 
 
 class AttentionReply(BaseModel):
