@@ -74,9 +74,12 @@ def load_ours(model_dir: Path, encoder_class: type) -> torch.nn.Module:
 
 
 def export(st_dir: Path, out: Path) -> tuple[Path, list[str]]:
-    """The artifacts of the sentence-transformers folder, and the export's log lines."""
+    """The artifacts of the sentence-transformers folder, and the export's log lines. Every family's attention graph
+    gives each head's value norms, verified against the PyTorch encoder (model/value_norms.py)."""
     lines: list[str] = []
-    build_artifacts(read_checkpoint(st_dir), out, log=lines.append)
+    manifest = build_artifacts(read_checkpoint(st_dir), out, log=lines.append)
+    attention = manifest.variants["attention"]
+    assert "value_norms" in attention.outputs and attention.parity["max_rel_value_norms"] <= 1e-4, attention.parity
     return out, lines
 
 

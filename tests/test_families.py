@@ -85,6 +85,8 @@ def test_export_encodes_as_sentence_transformers(family, tmp_path):
     assert graph_inputs == ["input_ids", "attention_mask"] + (["token_type_ids"] if name == "bert" else [])
     # MPNet's position bias stops the Attention fusion: its "fused" graph says it is not.
     assert manifest.variants["embeddings_fused"].fused == (name != "mpnet")
+    # Each head's value norms (model/value_norms.py), verified against the PyTorch encoder at export.
+    assert manifest.variants["attention"].parity["max_rel_value_norms"] <= 1e-4
     encoded = Engine.from_directory(tmp_path / "artifacts").encode(TEXTS)
     assert encoded.truncated.tolist() == [False] * 4 + [True]
     reference = SentenceTransformer(str(st), device="cpu").encode(TEXTS)
