@@ -129,25 +129,21 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
 def cmd_attention(args: argparse.Namespace) -> int:
     from attnserve.client import Client
-    from attnserve.client.plot import draw_attention
+    from attnserve.client.attention_export import check_request, fetch, write
     from attnserve.server.requests import out_of_range
 
+    path = Path(args.output)
+    check_request(args.view, path, args.head, args.scale)
     with Client(config=from_args(ClientConfig, args), model=args.model) as client:
         info = client.model_info()
         for flag, what, index, size in (("--layer", "layer", args.layer, info.num_layers),
                                         ("--head", "head", args.head, info.num_heads)):
             if index is not None and (problem := out_of_range(what, index, size, named=flag)):
                 raise AttnserveError(problem)
-        result = client.attention(args.text, [args.layer], average_heads=args.head is None, truncate=True)
-    layer = args.layer % info.num_layers
-    assert result.attentions is not None  # Client.attention raises when the reply has none
-    if args.head is None:
-        weights, which = result.attentions[0, 0], f"mean of {info.num_heads} heads"
-    else:
-        weights, which = result.attentions[0, args.head], f"head {args.head % info.num_heads}"
-    title = f"{info.model}: layer {layer}, {which}" + (" (input truncated)" if result.truncated else "")
-    draw_attention(weights, result.tokens, title, Path(args.output))
-    print(f"wrote {args.output}: layer {layer}, {which}, {result.num_tokens} tokens")
+        data = fetch(client, args.text, args.pair, args.layer, info.num_layers, args.view, path,
+                     norms=info.kind != "reranker")
+    what = write(data, info.model, args.view, path, args.head, args.scale)
+    print(f"wrote {path}: {what}, {len(data.tokens)} tokens")
     return 0
 
 
@@ -281,14 +277,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(embed, ClientConfig)
     embed.set_defaults(func=cmd_embed)
 
-    attention = sub.add_parser("attention", parents=[common], help="client: draw an attention heatmap of a text",
-                               description="Fetch one layer's attention weights for TEXT from a running server "
-                                           "and draw them as a heatmap labelled with its word pieces.")
+    attention = sub.add_parser("attention", parents=[common], help="client: draw or export a text's attention",
+                               description="Fetch TEXT's attention weights and analyses from a running server and "
+                                           "write a figure (.png, .svg, .pdf), a standalone explorer page (.html) "
+                                           "or the arrays (.npz, .json), the type following -o's extension.")
     attention.add_argument("text", help="the text (truncated at max_seq_length)")
+    attention.add_argument("--pair", default=None, help="a second text: TEXT and it as a sentence pair")
+    # Checked by client/attention_export.py rather than argparse's choices: a wrong value is then one line.
+    attention.add_argument("--view", default="heatmap",
+                           help="the figure: heatmap (a layer's; the default), heads (its head view), model (every "
+                                "layer x head), rollout, norms (norm-weighted attention), stats (per-head statistics)")
     attention.add_argument("--layer", type=int, default=-1, help="layer index; negative counts from the end "
                                                                   "(default -1, the last)")
-    attention.add_argument("--head", type=int, default=None, help="head index (default: the mean of all heads)")
-    attention.add_argument("-o", "--output", required=True, help="image to write: .png, .svg or .pdf")
+    attention.add_argument("--head", type=int, default=None,
+                           help="head index (default: the mean of all heads; for norms, their sum)")
+    attention.add_argument("--scale", default="fixed",
+                           help="colours: fixed 0..1 (the default: maps compare), row (each row to its largest), log")
+    attention.add_argument("-o", "--output", required=True,
+                           help="the file to write: .png, .svg, .pdf, .html, .npz or .json")
     attention.add_argument("--model", default=None, help="the served model to use (default: the server's default)")
     add_arguments(attention, ClientConfig)
     attention.set_defaults(func=cmd_attention)

@@ -1,0 +1,116 @@
+"""Attention-path benchmark: what asking for attention costs a server, against plain embeddings, in one run.
+
+One real `attnserve serve` (the default settings, on free loopback ports) and --concurrency closed-loop gRPC clients
+(the load test's, as bench_serve.py drives them) work through the same mixed-length corpus (loadtest/corpus.py),
+one text per Embed request, truncate=True, in three loads:
+
+  embeddings     sentence embeddings only: the embeddings graph;
+  one_layer      attention { layers: [-1] }: the last layer's weights, every head, [1, nh, T, T] per reply;
+  rollout_only   attention { analyses: ["rollout"] weights: false }: attention rollout (engine/attention_analyses.py),
+                 [T, T] per reply, no weights.
+
+tokens/s counts the num_tokens the server replies with over the wall time. The loads alternate within each round,
+so that a disturbance of the machine falls on all of them alike; the best round of each is reported. Where time goes
+comes from the server's Prometheus counters over each load: the share of the wall time its inference thread was
+busy, the seconds per cell computed (the attention graph computes every layer's probabilities), the mean batch.
+
+    python bench/bench_attention.py --artifacts /tmp/art                 # 600 texts, 2 rounds, 16 clients
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+
+try:  # run as a script: bench/ is on sys.path
+    from bench_serve import BenchError, log, serving_round, start_server, stop_server
+    from machine import machine_lines
+    from report import target_line
+except ImportError:
+    from bench.bench_serve import BenchError, log, serving_round, start_server, stop_server
+    from bench.machine import machine_lines
+    from bench.report import target_line
+
+from attnserve.errors import AttnserveError
+from attnserve.loadtest.corpus import mixed_length_corpus
+
+LOADS = {"embeddings": "sentence embeddings", "one_layer": "attention, the last layer's weights",
+         "rollout_only": "attention rollout, no weights"}
+TARGETS = {"one_layer_vs_embeddings": (">=", 0.6, "0.6"), "rollout_only_vs_embeddings": (">=", 0.6, "0.6")}
+
+
+def requests_of(texts: list[str], load: str) -> list[bytes]:
+    from attnserve.client.client import make_request
+
+    options: dict = {}
+    if load == "one_layer":
+        options = {"attention_layers": [-1]}
+    elif load == "rollout_only":
+        options = {"attention_layers": [-1], "analyses": ["rollout"], "weights": False}
+    return [make_request([t], truncate=True, **options).SerializeToString() for t in texts]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--texts", type=int, default=600, help="corpus size (default 600)")
+    parser.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of every load; best is kept (default 2)")
+    parser.add_argument("--concurrency", type=int, default=16, help="concurrent clients (default 16)")
+    parser.add_argument("--artifacts", help="artifact directory (default: the default model's, built on first use)")
+    parser.add_argument("--json", help="also write every number to this JSON file")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return run(args)
+    except (BenchError, AttnserveError) as e:
+        print(f"bench_attention: error: {e}", file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnserve.default_model import resolve_artifacts
+
+    artifacts = resolve_artifacts(args.artifacts)
+    texts = mixed_length_corpus(args.texts, args.seed)
+    requests = {load: requests_of(texts, load) for load in LOADS}
+    server = start_server(artifacts)
+    rounds: list[dict] = []
+    try:
+        server.wait_serving(timeout=300)
+        log(f"server serving on {server.target}")
+        serving_round(server, requests["one_layer"][:32], args.concurrency, 1)  # warm the attention graph
+        for r in range(args.rounds):
+            rounds.append({load: serving_round(server, requests[load], args.concurrency, 1) for load in LOADS})
+            log(f"round {r + 1}: " + ", ".join(f"{load} {rounds[-1][load]['tokens_per_s']:.0f} tokens/s"
+                                               for load in LOADS))
+    finally:
+        status = stop_server(server)
+    best = {load: max((rnd[load] for rnd in rounds), key=lambda result: result["tokens_per_s"]) for load in LOADS}
+    lines = [*machine_lines(), f"artifacts: {artifacts}; {len(texts)} texts, {best['embeddings']['tokens']} tokens, "
+             f"{args.concurrency} clients over gRPC, best of {args.rounds} round(s)", "",
+             f"{'load':<14} {'tokens/s':>9} {'vs embed':>9} {'busy':>6} {'us/cell':>8} {'batch':>6} {'handler ms':>11}"]
+    numbers: dict = {"loads": best, "targets": {}}
+    for load in LOADS:
+        result = best[load]
+        ratio = result["tokens_per_s"] / best["embeddings"]["tokens_per_s"]
+        per_cell = 1e6 * result["inference_s"] / result["cells"] if result["cells"] else float("nan")
+        lines.append(f"{load:<14} {result['tokens_per_s']:>9.0f} {ratio:>9.2f} {result['inference_busy']:>6.2f} "
+                     f"{per_cell:>8.2f} {result['mean_batch_size'] or 0:>6.1f} {result['mean_handler_ms'] or 0:>11.1f}")
+    lines.append("")
+    for load in ("one_layer", "rollout_only"):
+        ratio = best[load]["tokens_per_s"] / best["embeddings"]["tokens_per_s"]
+        line, verdict = target_line(TARGETS, f"{load} / embeddings tokens/s", f"{load}_vs_embeddings", ratio,
+                                    f"{ratio:.2f}")
+        lines.append(line)
+        numbers["targets"][f"{load}_vs_embeddings"] = verdict
+    print("\n".join(lines), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(numbers | {"rounds": rounds}, indent=2) + "\n", encoding="utf-8")
+    return 0 if status == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
