@@ -57,6 +57,17 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def engine(artifacts):
+    """The local engine on the graph every Ray actor runs, the default one (offline/ray_encode.py), rather than the
+    one calibration times fastest here: on a loaded machine that can be the other fp32 graph, whose bits differ."""
+    from attnserve.engine.engine import Engine, embeddings_graph
+    from attnserve.engine.manifest import load_manifest
+
+    graph = embeddings_graph(load_manifest(artifacts), EngineConfig())[2]
+    return Engine.from_directory(artifacts, EngineConfig(graph=graph.name))
+
+
 def _both(artifacts, engine, src: Path, tmp_path: Path, ray_actors: int | None = None, **job) -> tuple[Path, Path]:
     """The same job through the local engine and through Ray; returns (local output, ray output)."""
     local, remote = tmp_path / "local.parquet", tmp_path / "ray.parquet"
