@@ -26,11 +26,11 @@ import sys
 from pathlib import Path
 
 try:  # run as a script: bench/ is on sys.path
-    from bench_serve import BenchError, log, serving_round, start_server, stop_server
+    from bench_serve import BenchError, log, served_model_label, serving_round, start_server, stop_server
     from machine import machine_lines
     from report import target_line
 except ImportError:
-    from bench.bench_serve import BenchError, log, serving_round, start_server, stop_server
+    from bench.bench_serve import BenchError, log, served_model_label, serving_round, start_server, stop_server
     from bench.machine import machine_lines
     from bench.report import target_line
 
@@ -51,6 +51,32 @@ def requests_of(texts: list[str], load: str) -> list[bytes]:
     elif load == "rollout_only":
         options = {"attention_layers": [-1], "analyses": ["rollout"], "weights": False}
     return [make_request([t], truncate=True, **options).SerializeToString() for t in texts]
+
+
+def graph_counters(server) -> dict[str, float]:
+    """Seconds in onnxruntime, batches and inputs batched, summed over both graphs (bench_serve's scrape reads the
+    embeddings graph's alone)."""
+    values = server.metrics()
+    model = served_model_label(values)
+    out = {"inference_s": 0.0, "batches": 0.0, "batch_inputs": 0.0}
+    for graph in ("embeddings", "attention"):
+        labels = f'{{graph="{graph}",{model}}}'
+        out["inference_s"] += values.get("attnserve_inference_duration_seconds_sum" + labels, 0.0)
+        out["batches"] += values.get("attnserve_batch_size_count" + labels, 0.0)
+        out["batch_inputs"] += values.get("attnserve_batch_size_sum" + labels, 0.0)
+    return out
+
+
+def measured(server, requests: list[bytes], concurrency: int) -> dict:
+    """One load, with the inference thread's busy share, its seconds per cell and the mean batch over both graphs."""
+    before = graph_counters(server)
+    result = serving_round(server, requests, concurrency, 1)
+    after = graph_counters(server)
+    delta = {k: after[k] - before[k] for k in after}
+    result["inference_busy"] = delta["inference_s"] / result["seconds"]
+    result["inference_s"] = delta["inference_s"]
+    result["mean_batch_size"] = delta["batch_inputs"] / delta["batches"] if delta["batches"] else None
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         log(f"server serving on {server.target}")
         serving_round(server, requests["one_layer"][:32], args.concurrency, 1)  # warm the attention graph
         for r in range(args.rounds):
-            rounds.append({load: serving_round(server, requests[load], args.concurrency, 1) for load in LOADS})
+            rounds.append({load: measured(server, requests[load], args.concurrency) for load in LOADS})
             log(f"round {r + 1}: " + ", ".join(f"{load} {rounds[-1][load]['tokens_per_s']:.0f} tokens/s"
                                                for load in LOADS))
     finally:

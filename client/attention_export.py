@@ -55,16 +55,16 @@ class AttentionData:
         return out
 
     def reply(self) -> dict:
-        """The data as a /v1/attention reply (float lists), for the standalone explorer page."""
+        """The data as a /v1/attention reply (its arrays numpy's), for the standalone explorer page."""
         item: dict[str, object] = {
             "index": 0, "tokens": self.tokens, "num_tokens": len(self.tokens), "truncated": self.truncated,
             "layers": self.layers, "heads": list(range(self.attentions.shape[1])),
-            "shape": list(self.attentions.shape), "attentions": self.attentions.tolist(),
-            "rollout": self.rollout.tolist(), "head_stats": {k: v.tolist() for k, v in self.head_stats.items()}}
+            "shape": list(self.attentions.shape), "attentions": self.attentions,
+            "rollout": self.rollout, "head_stats": dict(self.head_stats)}
         if self.pair_start is not None:
             item["pair_start"] = self.pair_start
         if self.norms is not None and self.norms_summed is not None:
-            item |= {"norms": self.norms.tolist(), "norms_summed": self.norms_summed.tolist()}
+            item |= {"norms": self.norms, "norms_summed": self.norms_summed}
         return {"object": "list", "model": self.model, "data": [item], "text": self.text, "pair": self.pair}
 
 

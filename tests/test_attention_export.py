@@ -62,6 +62,24 @@ def test_npz_and_json_hold_the_servers_arrays(server, stub, tmp_path):
     assert as_json["text"] == TEXT and as_json["pair"] == PAIR
 
 
+def test_html_is_a_standalone_explorer_with_the_data_in_it(server, tmp_path):
+    """tests/test_explorer.py opens such a page in Chromium from file://; here: the file and what it carries."""
+    import re
+
+    out = tmp_path / "cat.html"
+    result = run_cli("attention", TEXT, "--view", "rollout", "-o", out, "--target", server.target)
+    assert result.returncode == 0, result.stderr
+    page = out.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") or page.lower().startswith("<!doctype html>")
+    data = json.loads(re.search(r"window\.ATTNSERVE_DATA = (\{.*?\});</script>", page, re.S).group(1))
+    item = data["data"][0]
+    assert item["tokens"][:3] == ["[CLS]", "the", "cat"] and item["layers"] == list(range(6))
+    assert item["shape"] == [6, 12, len(item["tokens"]), len(item["tokens"])]
+    assert {"rollout", "norms", "norms_summed", "head_stats"} <= set(item)
+    # Nothing is fetched from the network: no script, style sheet or image from elsewhere (the SVG namespace is a name)
+    assert not re.search(r"""(src|href)=["']?https?://""", page) and "@import" not in page
+
+
 def test_bad_combinations_are_one_line(server, tmp_path):
     def attention(*args):
         return run_cli("attention", "x", *args, "--target", server.target)
