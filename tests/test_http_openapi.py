@@ -16,7 +16,10 @@ SERVED = {("post", "/v1/embeddings"), ("post", "/embeddings"), ("get", "/v1/mode
           ("post", "/v2/models/{name}/versions/{version}/infer"), ("get", "/v2/models/{name}/ready"),
           ("get", "/v2/models/{name}/versions/{version}/ready"), ("get", "/v2/models/{name}"),
           ("get", "/v2/models/{name}/versions/{version}"), ("get", "/"), ("post", "/v2/embed"),
-          ("post", "/similarity"), ("post", "/predict"), ("post", "/embed_sparse"), ("post", "/embed_multi")}
+          ("post", "/similarity"), ("post", "/predict"), ("post", "/embed_sparse"), ("post", "/embed_multi"),
+          ("get", "/explorer")}
+# Routes that answer an HTML page, not JSON: the attention explorer (tests/test_explorer.py drives it in a browser).
+PAGES = {("get", "/explorer")}
 # Answered by a reranker (an embedder refuses them, as ERRORS checks): test_rerank_routes_answer_as_described.
 RERANK_CALLS = [
     ("post", "/rerank", {"query": "q", "texts": ["a", "b c"], "return_text": True}),
@@ -135,6 +138,11 @@ def test_every_route_answers_as_described(server, spec):
             assert reply.content == b""
         else:
             Draft202012Validator(schema).validate(reply.json())
+    for method, path in PAGES:
+        reply = call(server, method, path, None)
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/html"), path
+        Draft202012Validator(schema_of(spec, method, path, "200")).validate(reply.text)
+        answered.add((method, path))
     assert answered == SERVED - {(method, path) for method, path, _ in RERANK_CALLS + SPARSE_CALLS + MULTI_VECTOR_CALLS}
 
 

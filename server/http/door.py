@@ -41,6 +41,7 @@ from ..metrics import Metrics
 from .attention import AttentionRoutes
 from .cohere import CohereRoutes
 from .errors import OPENAI, TEI, http_error
+from .explorer import ExplorerRoutes
 from .head_timeout import HeadTimeouts
 from .kserve import KServeRoutes
 from .multi_vector import MultiVectorRoutes
@@ -69,7 +70,7 @@ class HttpDoor:
         self.routes: list[Route] = [*OpenAIRoutes(core, bodies).routes(), *TeiRoutes(core, bodies).routes(),
                                     *AttentionRoutes(core, bodies).routes(), *RerankRoutes(core, bodies).routes(),
                                     *KServeRoutes(core, bodies).routes(), *CohereRoutes(core, bodies).routes(),
-                                    *MultiVectorRoutes(core, bodies).routes(),
+                                    *MultiVectorRoutes(core, bodies).routes(), *ExplorerRoutes().routes(),
                                     Route("GET", "/openapi.json", self._openapi, OPENAI, "this description",
                                           reply_schema={"type": "object"}),
                                     Route("GET", "/", self._index, TEI, "where to start: the help and the routes",
@@ -173,6 +174,10 @@ class HttpDoor:
         request[BODY_INVITED] = True
 
     async def _index(self, request: web.Request) -> web.Response:
+        """A browser (one that accepts HTML) is sent to the explorer; curl and clients get the JSON."""
+        if "text/html" in request.headers.get("Accept", ""):
+            # relative, so that it holds behind a proxy that serves this server under a path prefix
+            return web.Response(status=302, headers={"Location": "explorer"})
         return json_response(self._index_body)
 
     async def _answer(self, route: Route, handler, request: web.Request) -> web.StreamResponse:
