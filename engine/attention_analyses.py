@@ -39,9 +39,11 @@ PAIR_STATS = ("a_to_b", "b_to_a")
 def rollout(maps: np.ndarray) -> np.ndarray:
     """(L, nh, T, T) -> (T, T) float32, rows summing to 1."""
     T = maps.shape[-1]
+    # The heads' mean accumulated in float64 without a float64 copy of the maps (a 256-token row's are 38 MB so).
+    means = maps.mean(axis=1, dtype=np.float64)  # (L, T, T)
     result = np.eye(T)
-    for layer in maps.astype(np.float64):
-        a = 0.5 * layer.mean(axis=0) + 0.5 * np.eye(T)  # (T, T)
+    for mean in means:
+        a = 0.5 * mean + 0.5 * np.eye(T)  # (T, T)
         a /= a.sum(axis=1, keepdims=True)
         result = a @ result  # this layer's flow on top of the layers below it
     return result.astype(np.float32)

@@ -14,6 +14,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from threadpoolctl import threadpool_limits
 
 from attnserve.config import EngineConfig, ServerConfig
 from attnserve.engine.engine import Engine
@@ -267,6 +268,10 @@ async def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
     """Serve the models of engine_config.artifacts or config.model / model_repository until SIGTERM or SIGINT,
     then drain and return 0."""
     check_ports_free(config)  # before the models load, which can take minutes on a first run
+    # onnxruntime's threads do the serving's heavy work. numpy's BLAS (attention rollout's matrix products, MaxSim)
+    # would start threads of its own on the same cores, whose spinning slowed the attention graph's runs beside
+    # them by 1.6x (bench/bench_attention.py: rollout-only requests 0.40 of embeddings' tokens/s, 0.63 with one).
+    threadpool_limits(limits=1, user_api="blas")
     metrics = Metrics()
     models = Models.load(model_sources(engine_config.artifacts, config), engine_config, config, metrics)
     server = Server(models, config, metrics)
