@@ -68,6 +68,32 @@ class EmbeddingResult:
     norms: np.ndarray | None = None  # (layers, heads, T, T) norm-weighted attention, when asked (analyses)
     norms_summed: np.ndarray | None = None  # (layers, T, T) summed over each layer's heads, with norms
 
+    def to_html(self, path: str | Path, model: str = "", text: str = "") -> Path:
+        """Write the attention explorer with this result embedded (server/http/explorer.py), a page that opens from
+        disk with no server. The result must hold every layer's every head, in order: ask
+        client.attention(text, layers=range(num_layers)); its analyses are shown where present."""
+        from attnserve.server.http.explorer import standalone_html
+
+        if self.attentions is None:
+            raise AttnserveError("to_html needs the attention weights: ask for them (weights true)")
+        item: dict = {"index": 0, "tokens": self.tokens, "num_tokens": self.num_tokens, "truncated": self.truncated,
+                      "layers": list(range(self.attentions.shape[0])), "heads": list(range(self.attentions.shape[1])),
+                      "shape": list(self.attentions.shape), "attentions": self.attentions}
+        if self.pair_start is not None:
+            item["pair_start"] = self.pair_start
+        for name in ("rollout", "norms", "norms_summed"):
+            if getattr(self, name) is not None:
+                item[name] = getattr(self, name)
+        if self.head_stats is not None:
+            item["head_stats"] = self.head_stats
+        try:
+            page = standalone_html({"object": "list", "model": model, "data": [item], "text": text})
+        except ValueError as e:
+            raise AttnserveError(f"to_html: {e}") from None
+        path = Path(path)
+        path.write_text(page, encoding="utf-8")
+        return path
+
 
 @dataclass(frozen=True)
 class RerankResult:

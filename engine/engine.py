@@ -261,8 +261,10 @@ class Engine:
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
         if self.manifest.kind == "reranker":
             if attention:
-                scores, attentions = self._open_attention_session().run(None, feed)
-                return BatchOutput(lengths, None, None, attentions, scores)
+                session = self._open_attention_session()
+                # Graphs exported before value norms have none (the "norms" analysis is then refused: requests.py).
+                scores, attentions, *norms = session.run(["scores", *MAPS[:len(session.get_outputs()) - 1]], feed)
+                return BatchOutput(lengths, None, None, attentions, scores, norms[0] if norms else None)
             return BatchOutput(lengths, None, None, scores=self._session.run(["scores"], feed)[0])
         if attention:
             session = self._open_attention_session()

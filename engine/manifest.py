@@ -116,7 +116,7 @@ class Manifest:
     @property
     def has_value_norms(self) -> bool:
         """Whether the attention graph gives each head's value norms (model/value_norms.py): exported since they
-        were added, and an embedder's (a reranker's attention graph has none yet)."""
+        were added."""
         attention = self.variants.get("attention")
         return attention is not None and "value_norms" in attention.outputs
 

@@ -32,7 +32,7 @@ from .optimize import convert_fp16, describe_fusions, fuse_attention, fused_atte
 from .reranker_int8 import INT8_MEAN_SCORE_ERROR, INT8_MIN_SPEARMAN, quantize_reranker_int8, score_agreement
 from .token_ids import made_up_token_ids
 from .torch_to_onnx import OPSET
-from .verify import CALIBRATION_TEXTS, SAMPLE_TEXTS, TEXT_BATCHES, LengthCaps, Tolerance
+from .verify import CALIBRATION_TEXTS, SAMPLE_TEXTS, TEXT_BATCHES, VALUE_NORMS_BAR, LengthCaps, Tolerance
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 AnyReranker = Reranker | Qwen3Reranker  # a cross-encoder, or Qwen3-Reranker (export/qwen3_reranker.py)
@@ -43,7 +43,7 @@ VARIANTS = {
     "scores_int8": ("scores_int8.onnx", "int8", True, ("scores",)),
     "scores_int8_skip_layer_norm": ("scores_int8.onnx", "int8", True, ("scores",)),
     "scores_fp16": ("scores_fp16.onnx", "fp16", True, ("scores",)),
-    "attention": ("attention.onnx", "fp32", False, ("scores", "attentions")),
+    "attention": ("attention.onnx", "fp32", False, ("scores", "attentions", "value_norms")),
 }
 # As the embedders' (export/artifacts.py DISABLED_OPTIMIZERS): the default int8 session runs without onnxruntime's
 # load-time SkipLayerNormalization fusion, slower on CPU than the ops it replaces; the fused one stays a candidate
@@ -73,10 +73,11 @@ def graph_inputs(module: AnyReranker) -> tuple[str, ...]:
 
 
 def export_reranker_graph(module: AnyReranker, path: Path) -> None:
-    outputs = ["scores"] + (["attentions"] if module.output_attentions else [])
+    outputs = ["scores"] + (["attentions", "value_norms"] if module.output_attentions else [])
     inputs = graph_inputs(module)
     axes = {name: {0: "batch", 1: "sequence"} for name in inputs}
-    axes |= {"scores": {0: "batch"}, "attentions": {1: "batch", 3: "sequence", 4: "sequence"}}
+    axes |= {"scores": {0: "batch"}, "attentions": {1: "batch", 3: "sequence", 4: "sequence"},
+             "value_norms": {1: "batch", 3: "sequence"}}
     ids = torch.full((2, 8), made_up_token_ids(module.encoder.config.vocab_size)[0], dtype=torch.int64)
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0
@@ -151,10 +152,12 @@ class PairReference:
             return np.concatenate([self.reranker(*(torch.from_numpy(part[name]) for name in self.inputs)).numpy()
                                    for part in self.runs(feed, attentions=False)])
 
-    def attentions(self, feed: dict[str, np.ndarray]) -> np.ndarray:
-        """PyTorch's attention maps (L, B, nh, T, T) for a run of rows (runs(feed, attentions=True))."""
+    def attentions(self, feed: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """PyTorch's attention maps (L, B, nh, T, T) and value norms (L, B, nh, T) for a run of rows
+        (runs(feed, attentions=True))."""
         with torch.no_grad():
-            return self.reranker.with_attentions()(*(torch.from_numpy(feed[name]) for name in self.inputs))[1].numpy()
+            _, maps, norms = self.reranker.with_attentions()(*(torch.from_numpy(feed[name]) for name in self.inputs))
+        return maps.numpy(), norms.numpy()
 
 
 def measure(path: Path, reference: PairReference, provider: str = CPU,
@@ -169,8 +172,9 @@ def _measure(path: Path, reference: PairReference, provider: str, disabled_optim
              ) -> dict[str, float]:
     # No memory arena: it would keep the session's largest run for the whole export.
     session = open_session(path, provider, arena=False, disabled_optimizers=disabled_optimizers)
-    wants_attention = "attentions" in [o.name for o in session.get_outputs()]
-    max_scores = max_attention = max_padded_key_weight = 0.0
+    names = [o.name for o in session.get_outputs()]
+    wants_attention, wants_norms = "attentions" in names, "value_norms" in names
+    max_scores = max_attention = max_padded_key_weight = max_norms = 0.0
     largest, shapes = 1.0, 0
     text_scores, text_want = [], []
     for i, (feed, scores) in enumerate(reference.cases):
@@ -179,11 +183,15 @@ def _measure(path: Path, reference: PairReference, provider: str, disabled_optim
             continue
         got = []
         for part in reference.runs(feed, attentions=maps):
-            outputs = session.run(["scores", "attentions"] if maps else ["scores"], part)
+            outputs = session.run((["scores", "attentions"] + (["value_norms"] if wants_norms else [])) if maps
+                                  else ["scores"], part)
             got.append(outputs[0])
             if maps:
-                error, padded = attention_errors(part["attention_mask"], outputs[1], reference.attentions(part))
+                want_maps, want_norms = reference.attentions(part)
+                error, padded = attention_errors(part["attention_mask"], outputs[1], want_maps)
                 max_attention, max_padded_key_weight = max(max_attention, error), max(max_padded_key_weight, padded)
+                if wants_norms:
+                    max_norms = max(max_norms, value_norms_error(part["attention_mask"], outputs[2], want_norms))
             del outputs
         got_scores = np.concatenate(got)
         max_scores = max(max_scores, float(np.abs(got_scores - scores).max()))
@@ -200,6 +208,8 @@ def _measure(path: Path, reference: PairReference, provider: str, disabled_optim
                "shapes_checked": shapes, "pairs_checked": len(reference.pairs)}
     if wants_attention:
         metrics |= {"max_abs_attentions": max_attention, "max_padded_key_weight": max_padded_key_weight}
+    if wants_norms:
+        metrics["max_rel_value_norms"] = max_norms
     return metrics
 
 
@@ -216,6 +226,13 @@ def attention_errors(attention_mask: np.ndarray, got: np.ndarray, want: np.ndarr
     return error, float(np.where(keys, 0.0, got).max())
 
 
+def value_norms_error(attention_mask: np.ndarray, got: np.ndarray, want: np.ndarray) -> float:
+    """attention_mask (B, T); got, want (L, B, nh, T): the largest error over the real tokens, relative to the
+    largest norm (export/verify.py VALUE_NORMS_BAR)."""
+    keys = attention_mask.astype(bool)[None, :, None, :]
+    return float(np.where(keys, np.abs(got - want), 0.0).max()) / max(float(np.abs(want).max()), 1e-12)
+
+
 def verify_reranker(path: Path, precision: str, reference: PairReference,
                     disabled_optimizers: tuple[str, ...] = ()) -> dict[str, float]:
     return check_parity(path, precision, measure(path, reference, disabled_optimizers=disabled_optimizers))
@@ -225,6 +242,10 @@ def check_parity(path: Path, precision: str, metrics: dict[str, float]) -> dict[
     """metrics, if they meet precision's score tolerances and no padded key got weight; else the one-line
     refusal naming what does not hold."""
     failed = [t for t in SCORE_TOLERANCE[precision] if not t.holds(metrics[t.metric])]
+    norms = metrics.get("max_rel_value_norms")
+    if norms is not None and not norms <= VALUE_NORMS_BAR:
+        raise ExportVerificationError(f"{path.name} ({precision}) fails parity with PyTorch: its value norms are "
+                                      f"{norms:g} of the largest off, over {VALUE_NORMS_BAR:g}")
     if failed or metrics.get("max_padded_key_weight", 0.0) != 0:
         raise ExportVerificationError(
             f"{path.name} ({precision}) fails parity with PyTorch: "

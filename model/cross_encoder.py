@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -25,6 +26,7 @@ from attnserve.errors import CheckpointError
 
 from .classifier_heads import Head
 from .family import EncoderModule
+from .value_norms import stacked_value_norms
 
 # CrossEncoder activations (their dotted class paths, as sentence-transformers saves them) -> the manifest's names.
 ACTIVATIONS = {
@@ -168,11 +170,11 @@ class Reranker(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None):
         """(B, T) int64 each (token_type_ids only for families with token types) -> scores (B, num_labels) and,
-        for the attention graph, attentions (L, B, nh, T, T)."""
+        for the attention graph, attentions (L, B, nh, T, T) and value norms (L, B, nh, T) (model/value_norms.py)."""
         hidden, attentions = self.encoder(input_ids, attention_mask, self.output_attentions, token_type_ids)
         scores = self.head(hidden, attention_mask)  # (B, num_labels)
         if self.output_attentions:
-            return scores, attentions
+            return scores, attentions, stacked_value_norms(cast(nn.Module, self.encoder))
         return scores
 
 

@@ -26,6 +26,7 @@ from attnserve.errors import CheckpointError
 
 from .pooling import pool
 from .qwen3 import CAUSAL_LM, Qwen3Encoder
+from .value_norms import stacked_value_norms
 
 # The model card's template: the pair is "{prefix}{body}{suffix}", the body formatted with the instruction, the
 # query and the document. Each part is tokenized on its own, as the card does; only the body is ever truncated.
@@ -89,7 +90,9 @@ class Qwen3Reranker(nn.Module):
         hidden, attentions = self.encoder(input_ids, attention_mask, self.output_attentions)  # (B, T, H), final-normed
         last = pool(hidden, attention_mask, "lasttoken")  # (B, H): the position that predicts the answer
         scores = (last @ self.direction)[:, None]  # (B, 1)
-        return (scores, attentions) if self.output_attentions else scores
+        if self.output_attentions:  # with each head's value norms (L, B, nh, T): model/value_norms.py
+            return scores, attentions, stacked_value_norms(self.encoder)
+        return scores
 
 
 def load_reranker(weights: Path, tokenizer_file: Path, encoder: Qwen3Encoder, tied: bool) -> Qwen3Reranker:

@@ -373,9 +373,8 @@ def _analyses(attention: AttentionOptions, manifest: Manifest) -> tuple[str, ...
                            label=f"attention.analyses[{i}]")
         if name == "norms" and not manifest.has_value_norms:
             raise _invalid(f"attention.analyses[{i}]", f"norms need each head's value norms, which {manifest.model}'s "
-                                                       "attention graph does not give ("
-                           + ("a reranker's does not yet)" if manifest.kind == "reranker" else
-                              "exported before them): re-export it with `attnserve export`"),
+                                                       "attention graph does not give (exported before them): "
+                                                       "re-export it with `attnserve export`",
                            label=f"attention.analyses[{i}]")
     if not attention.weights and not asked:
         raise _invalid("attention.weights", "weights false asks for nothing: ask for the weights, or for analyses "

@@ -149,9 +149,13 @@ def test_a_rerankers_attention_over_the_pair_it_scores(reranker_artifacts, tmp_p
         np.testing.assert_allclose(np.array(data["rollout"]).sum(axis=1), 1.0, atol=1e-5)
         embed = requests.post(f"{server.http_url}/embed", json={"inputs": "x"}, timeout=60)
         assert embed.status_code == 400 and "reranker" in embed.text
-        norms = requests.post(f"{server.http_url}/v1/attention", json={"inputs": [list(PAIR)], "analyses": ["norms"]},
-                              timeout=60)
-        assert norms.status_code == 400 and "a reranker's does not yet" in norms.text
+        norms = requests.post(f"{server.http_url}/v1/attention", json={
+            "inputs": [list(PAIR)], "layers": [0, -1], "analyses": ["norms"]}, timeout=60)
+        assert norms.status_code == 200, norms.text
+        weighted = np.array(norms.json()["data"][0]["norms"])  # (2, nh, T, T): a_ij ||f_h(x_j)||
+        value_norms = weighted.sum(axis=2) / maps.sum(axis=2)  # ||f_h(x_j)||, the same for every query row
+        np.testing.assert_allclose(weighted, maps * value_norms[:, :, None, :], rtol=1e-5, atol=1e-6)
+        assert (value_norms > 0).all()
         with server.channel() as channel:
             stub = server.stub(channel)
             item = stub.Embed(pb.EmbedRequest(inputs=[pb.Input(pair=pb.TextPair(a=PAIR[0], b=PAIR[1]))],
@@ -211,3 +215,25 @@ def test_norm_weighted_attention_uses_the_value_norms_transformers_gives(stub):
         layers=[2], heads=[5, 1], analyses=["norms"], weights=False)), timeout=60).embeddings[0]
     np.testing.assert_allclose(as_array(one.analyses.norms), norms[2:3][:, [5, 1]], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(as_array(one.analyses.norms_summed), norms[2:3].sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_the_python_clients_result_writes_a_standalone_explorer(server, tmp_path):
+    """tests/test_explorer.py opens such pages in Chromium; here: the client's to_html and what the page carries."""
+    import json
+    import re
+
+    from attnserve.client.client import Client
+
+    with Client(server.target) as client:
+        result = client.attention(TEXT, layers=range(6), analyses=["rollout", "head_stats", "norms"])
+    page = result.to_html(tmp_path / "fox.html", model="minilm", text=TEXT).read_text(encoding="utf-8")
+    data = json.loads(re.search(r"window\.ATTNSERVE_DATA = (\{.*?\});</script>", page, re.S).group(1))
+    item = data["data"][0]
+    assert item["tokens"] == result.tokens and item["shape"] == [6, 12, len(result.tokens), len(result.tokens)]
+    assert {"rollout", "norms", "norms_summed", "head_stats"} <= set(item) and data["model"] == "minilm"
+    from attnserve.errors import AttnserveError
+
+    with Client(server.target) as client:
+        averaged = client.attention(TEXT, layers=[-1], average_heads=True)
+    with pytest.raises(AttnserveError, match="to_html: a standalone page needs every head's map"):
+        averaged.to_html(tmp_path / "no.html")

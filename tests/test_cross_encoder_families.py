@@ -102,6 +102,9 @@ def test_manifest_and_graphs(exported, kind):
     assert (manifest.kind, manifest.num_labels, manifest.score_activation) == ("reranker", 1, "sigmoid")
     assert any("ForSequenceClassification" in m for m in manifest.modules)
     assert {"scores", "scores_fused", "scores_fp16", "attention"} <= set(manifest.variants)
+    # The attention graph gives each head's value norms, verified against the PyTorch encoder (model/value_norms.py).
+    attention = manifest.variants["attention"]
+    assert "value_norms" in attention.outputs and attention.parity["max_rel_value_norms"] <= 1e-4
     for variant in manifest.variants.values():
         for tolerance in SCORE_TOLERANCE[variant.precision]:
             assert tolerance.holds(variant.parity[tolerance.metric]), (variant.name, variant.parity)
