@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -67,6 +68,10 @@ class EmbeddingResult:
     head_stats: dict[str, np.ndarray] | None = None  # statistic -> (layers, heads), when asked (analyses)
     norms: np.ndarray | None = None  # (layers, heads, T, T) norm-weighted attention, when asked (analyses)
     norms_summed: np.ndarray | None = None  # (layers, T, T) summed over each layer's heads, with norms
+    # What Client.attention asked for, which the reply does not say: its layers (as given) and whether the heads
+    # were averaged. to_html needs them to label the maps.
+    attention_layers: tuple[int, ...] | None = None
+    average_heads: bool = False
 
     def to_html(self, path: str | Path, model: str = "", text: str = "") -> Path:
         """Write the attention explorer with this result embedded (server/http/explorer.py), a page that opens from
@@ -76,6 +81,11 @@ class EmbeddingResult:
 
         if self.attentions is None:
             raise AttnserveError("to_html needs the attention weights: ask for them (weights true)")
+        if self.average_heads:
+            raise AttnserveError("to_html needs every head's map: ask without average_heads")
+        if self.attention_layers is None or list(self.attention_layers) != list(range(len(self.attentions))):
+            raise AttnserveError("to_html needs every layer from the first, in order: ask "
+                                 "client.attention(text, layers=range(num_layers))")
         item: dict = {"index": 0, "tokens": self.tokens, "num_tokens": self.num_tokens, "truncated": self.truncated,
                       "layers": list(range(self.attentions.shape[0])), "heads": list(range(self.attentions.shape[1])),
                       "shape": list(self.attentions.shape), "attentions": self.attentions}
@@ -276,6 +286,7 @@ class Client:
         alone)."""
         result = self.encode([text], timeout, attention_layers=list(layers), average_heads=average_heads,
                              truncate=truncate, analyses=analyses, weights=weights)[0]
+        result = dataclasses.replace(result, attention_layers=tuple(layers), average_heads=average_heads)
         if weights and result.attentions is None:  # a reply without them (from another server) is no answer
             raise AttnserveError("the server's reply carries no attention weights")
         return result

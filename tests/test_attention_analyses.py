@@ -234,6 +234,9 @@ def test_the_python_clients_result_writes_a_standalone_explorer(server, tmp_path
     from attnserve.errors import AttnserveError
 
     with Client(server.target) as client:
-        averaged = client.attention(TEXT, layers=[-1], average_heads=True)
-    with pytest.raises(AttnserveError, match="to_html: a standalone page needs every head's map"):
+        averaged = client.attention(TEXT, layers=range(6), average_heads=True)
+        last = client.attention(TEXT, layers=[-1])
+    with pytest.raises(AttnserveError, match="to_html needs every head's map"):
         averaged.to_html(tmp_path / "no.html")
+    with pytest.raises(AttnserveError, match="to_html needs every layer from the first, in order"):
+        last.to_html(tmp_path / "no.html")  # one map, of layer 5, would be shown as layer 0
