@@ -37,7 +37,8 @@ class EncodedInput:
     pair_start: int | None = None  # a pair's index of the first token of segment b; None: not a pair
     sparse: SparseEmbedding | None = None  # a SPLADE model's weights, when sparse embeddings were asked for
     multi_vector: np.ndarray | None = None  # (K, d) float32 a ColBERT model's vectors, when they were asked for
-    # The attention analyses asked for (engine/attention_analyses.py): "rollout" (T, T), "head_stats" {name: (L, nh)}
+    # The attention analyses asked for (engine/attention_analyses.py): "rollout" (T, T), "head_stats" {name: (L, nh)},
+    # "norms" (layers, heads, T, T) and "norms_summed" (layers, T, T)
     analyses: dict[str, object] = field(default_factory=dict)
 
 
