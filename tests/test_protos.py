@@ -38,11 +38,14 @@ def test_the_contract_of_design_md():
     assert pb.EmbedRequest.DESCRIPTOR.fields_by_name["truncate"].has_presence
     assert pb.RerankRequest.DESCRIPTOR.fields_by_name["truncate"].has_presence
     fields = {f.name: f.number for f in pb.AttentionOptions.DESCRIPTOR.fields}
-    assert fields == {"layers": 1, "average_heads": 2, "heads": 3}
+    assert fields == {"layers": 1, "average_heads": 2, "heads": 3,
+                      "analyses": 4, "weights": 5}  # 4, 5: analyses computed in the server (issue 23)
+    assert pb.AttentionOptions.DESCRIPTOR.fields_by_name["weights"].has_presence  # unset: true
     fields = {f.name: f.number for f in pb.Embedding.DESCRIPTOR.fields}
     assert fields == {"sentence_embedding": 1, "token_embeddings": 2, "attentions": 3, "tokens": 4, "num_tokens": 5,
                       "truncated": 6, "pair_start": 7,  # 7: added with sentence pairs
                       "sparse_embedding": 8,  # 8: SPLADE (issue 22)
-                      "multi_vector": 9}  # 9: ColBERT (issue 22)
+                      "multi_vector": 9,  # 9: ColBERT (issue 22)
+                      "analyses": 10}  # 10: attention analyses (issue 23)
     fields = {f.name: f.number for f in pb.Input.DESCRIPTOR.fields}
     assert fields == {"text": 1, "token_ids": 2, "pair": 3}
