@@ -284,9 +284,10 @@ class Client:
         """Attention weights of one input: .attentions (layers, heads or 1, T, T), labelled by .tokens; with
         analyses, .rollout (T, T) and .head_stats {name: (layers, heads)} as numpy arrays (weights False: those
         alone)."""
-        result = self.encode([text], timeout, attention_layers=list(layers), average_heads=average_heads,
+        asked = tuple(layers)  # read once: any iterable of layers
+        result = self.encode([text], timeout, attention_layers=list(asked), average_heads=average_heads,
                              truncate=truncate, analyses=analyses, weights=weights)[0]
-        result = dataclasses.replace(result, attention_layers=tuple(layers), average_heads=average_heads)
+        result = dataclasses.replace(result, attention_layers=asked, average_heads=average_heads)
         if weights and result.attentions is None:  # a reply without them (from another server) is no answer
             raise AttnserveError("the server's reply carries no attention weights")
         return result
