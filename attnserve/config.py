@@ -35,7 +35,8 @@ def setting(default: Any, env: str, help: str, choices: tuple[str, ...] | None =
 class EngineConfig:
     artifacts: str | None = setting(
         None, "ATTNSERVE_ARTIFACTS",
-        "artifact directory made by `attnserve export`; if unset, the default model's is built once into the cache")
+        "artifact directory made by `attnserve export` (serve also takes a model checkpoint's directory, exported "
+        "into the cache on its first start); if unset, the default model's is built once into the cache")
     precision: str = setting(
         "auto", "ATTNSERVE_PRECISION", "graph variant: auto is fp16 on CUDA; on the CPU, fp32, or bf16 (OpenVINO) "
         "where the CPU computes bf16 natively and it was timed faster (engine/calibration.py)",
@@ -144,7 +145,9 @@ class ServerConfig:
     model: tuple[str, ...] = setting(
         (), "ATTNSERVE_MODEL",
         "serve the artifact directory DIR under the name NAME, given as NAME=DIR (repeatable: several models in "
-        "one server, the first the default; comma-separated in the environment); instead of --artifacts",
+        "one server, the first the default; comma-separated in the environment); instead of --artifacts. DIR may "
+        "also be a model checkpoint's, exported into the cache on the first start (KServe: NAME={{.Name}}, "
+        "DIR=/mnt/models)",
         env_separator=",")
     model_repository: str | None = setting(
         None, "ATTNSERVE_MODEL_REPOSITORY",

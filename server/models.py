@@ -103,19 +103,25 @@ def model_sources(artifacts: str | None, config: ServerConfig) -> list[ModelSour
         if twice is not None:  # before any model loads; Models.load checks the aliases too
             raise ConfigError(f"the model name {twice!r} is given twice; each model and alias needs its own")
         return sources
-    from attnserve.default_model import resolve_artifacts
+    from attnserve.default_model import resolve_artifacts, serving_directory
 
-    return [ModelSource(None, resolve_artifacts(artifacts))]
+    if artifacts:
+        return [ModelSource(None, serving_directory(Path(artifacts), None, "--artifacts"))]
+    return [ModelSource(None, resolve_artifacts(None))]
 
 
 def _named(spec: str) -> ModelSource:
+    """--model NAME=DIR: an artifact directory, or a checkpoint exported into the cache as NAME (KServe's
+    --model_name and --model_dir in one flag: `--model={{.Name}}=/mnt/models`)."""
+    from attnserve.default_model import serving_directory
+
     name, equals, directory = spec.partition("=")
     if not equals or not name.strip() or not directory.strip():
         raise ConfigError(f"--model {spec!r}: give it as NAME=ARTIFACT_DIR")
     path = Path(directory.strip())
     if not path.is_dir():
         raise ConfigError(f"--model {spec!r}: {path} is not a directory")
-    return ModelSource(name.strip(), path)
+    return ModelSource(name.strip(), serving_directory(path, name.strip(), f"--model {spec!r}"))
 
 
 def _repository(root: Path) -> list[ModelSource]:
