@@ -1,9 +1,14 @@
-"""Generate the Python gRPC code in attnserve/v1/ from protos/: the only way that code is made.
+"""Generate the Python gRPC code in attnserve/v1/ and attnserve/kserve/ from protos/: the only way that code is made.
 
-    python protos/generate.py          # write attnserve/v1/*_pb2*.py(i)
+    python protos/generate.py          # write attnserve/{v1,kserve}/*_pb2*.py(i)
     python protos/generate.py --check  # exit 1 if the committed code differs from a fresh generation
 
 grpcio-tools is pinned in the dev extra, so a regeneration is byte-for-byte reproducible.
+
+KServe's protocol (attnserve/kserve/) keeps Triton's proto package, `inference`, which the wire needs. Its messages
+are therefore built in a descriptor pool of their own (attnserve/kserve/__init__.py's POOL), not protobuf's default
+one: tritonclient.grpc registers the same names there, and one process may hold both (a test, an application that
+serves and calls). Generation points the generated code at that pool; nothing else in it changes.
 """
 
 from __future__ import annotations
@@ -16,18 +21,38 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
-PACKAGE = "attnserve/v1"
+PACKAGES = ("attnserve/v1", "attnserve/kserve")
+# The package whose messages live in their own descriptor pool, and how its generated code reaches it.
+OWN_POOL = "attnserve/kserve"
+DEFAULT_POOL = "_descriptor_pool.Default()"
+POOL_IMPORT = "from attnserve.kserve import POOL as _POOL\n"
 
 
 def generate(out: Path) -> list[Path]:
     from grpc_tools import protoc
 
-    sources = sorted(str(p.relative_to(PROTOS)) for p in (PROTOS / PACKAGE).glob("*.proto"))
-    args = ["protoc", f"-I{PROTOS}", f"-I{protoc_include()}", f"--python_out={out}", f"--pyi_out={out}",
-            f"--grpc_python_out={out}", *sources]
-    if protoc.main(args) != 0:
-        raise SystemExit("protoc failed")
-    return sorted(p.relative_to(out) for p in (out / PACKAGE).glob("*_pb2*"))
+    written: list[Path] = []
+    for package in PACKAGES:
+        sources = sorted(str(p.relative_to(PROTOS)) for p in (PROTOS / package).glob("*.proto"))
+        args = ["protoc", f"-I{PROTOS}", f"-I{protoc_include()}", f"--python_out={out}", f"--pyi_out={out}",
+                f"--grpc_python_out={out}", *sources]
+        if protoc.main(args) != 0:
+            raise SystemExit("protoc failed")
+        if package == OWN_POOL:
+            for path in (out / package).glob("*_pb2.py"):
+                _use_own_pool(path)
+        written += sorted(p.relative_to(out) for p in (out / package).glob("*_pb2*"))
+    return written
+
+
+def _use_own_pool(path: Path) -> None:
+    """The generated module, adding its file to POOL instead of the default pool."""
+    code = path.read_text()
+    if code.count(DEFAULT_POOL) != 1:
+        raise SystemExit(f"{path}: expected one {DEFAULT_POOL} in protoc's output; has its form changed?")
+    code = code.replace(DEFAULT_POOL, "_POOL").replace("# @@protoc_insertion_point(imports)\n",
+                                                        f"{POOL_IMPORT}# @@protoc_insertion_point(imports)\n", 1)
+    path.write_text(code)
 
 
 def protoc_include() -> str:
@@ -46,7 +71,7 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         fresh = generate(Path(tmp))
-        committed = sorted(p.relative_to(ROOT) for p in (ROOT / PACKAGE).glob("*_pb2*"))
+        committed = sorted(p.relative_to(ROOT) for package in PACKAGES for p in (ROOT / package).glob("*_pb2*"))
         stale = [str(p) for p in fresh if not (ROOT / p).exists() or not filecmp.cmp(Path(tmp) / p, ROOT / p, False)]
         stale += [str(p) for p in committed if p not in fresh]
     if stale:

@@ -1,5 +1,5 @@
-"""One serving process: the gRPC door (encoder service, health, reflection) and the HTTP door over one core and
-one batcher per model served, with TLS, API keys, metrics and a graceful stop shared by both."""
+"""One serving process: the gRPC door (encoder service, KServe v2, health, reflection) and the HTTP door over one
+core and one batcher per model served, with TLS, API keys, metrics and a graceful stop shared by both."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ from .core import Core
 from .grpc.auth import ApiKeyInterceptor
 from .grpc.guard import RequestGuard, core_receive_limit
 from .grpc.health import HealthService
+from .grpc.kserve import InferenceService
+from .grpc.kserve import add_to_server as add_kserve_to_server
 from .grpc.service import PROTOCOL, SERVICE_NAME, EncoderService, add_to_server
 from .http.door import HttpDoor
 from .metrics import Metrics
@@ -130,6 +132,7 @@ class Server:
               if config.max_connection_age else []),
         ])
         add_to_server(EncoderService(self.core, self.metrics), server)
+        add_kserve_to_server(InferenceService(self.core, self.metrics), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         # The server, the service and each model ("attnserve.v1.Encoder/NAME"): SERVING only after warm-up.
         health_names = ("", SERVICE_NAME, *(f"{SERVICE_NAME}/{model.name}" for model in models.all))

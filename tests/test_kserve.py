@@ -56,14 +56,39 @@ def infer_body(tensor: dict, **extra) -> bytes:
 
 def test_server_and_model_are_described(client):
     assert client.is_server_live() and client.is_server_ready()
-    assert client.get_server_metadata()["extensions"] == ["binary_tensor_data"]
+    assert client.get_server_metadata()["extensions"] == ["binary_tensor_data", "model_configuration",
+                                                          "model_repository"]
     assert client.is_model_ready(MODEL) and client.is_model_ready(MODEL, "1")
     metadata = client.get_model_metadata(MODEL)
     assert metadata["name"] == MODEL and metadata["versions"] == ["1"]
     assert metadata["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
     assert metadata["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 384]},
-                                   {"name": "num_tokens", "datatype": "INT32", "shape": [-1]}]
+                                   {"name": "num_tokens", "datatype": "INT32", "shape": [-1]},
+                                   {"name": "token_embeddings", "datatype": "FP32", "shape": [-1, -1, 384]}]
     assert client.get_model_metadata(MODEL, "1") == metadata
+
+
+def test_model_config_and_repository_index_for_perf_analyzer(server, client):
+    """Triton's model_configuration and model_repository extensions, as tritonclient.http (and perf_analyzer, which
+    reads the same JSON) calls them."""
+    config = client.get_model_config(MODEL)
+    assert config["name"] == MODEL and config["max_batch_size"] == 0 and config["backend"] == "attnserve"
+    assert config["input"] == [{"name": "text", "data_type": "TYPE_STRING", "dims": [-1]}]
+    assert config["output"] == [{"name": "embedding", "data_type": "TYPE_FP32", "dims": [-1, 384]},
+                                {"name": "num_tokens", "data_type": "TYPE_INT32", "dims": [-1]},
+                                {"name": "token_embeddings", "data_type": "TYPE_FP32", "dims": [-1, -1, 384]}]
+    assert config["parameters"]["max_seq_length"] == {"string_value": "256"}
+    assert client.get_model_config(MODEL, "1") == config
+    assert client.get_model_repository_index() == [{"name": MODEL, "version": "1", "state": "READY"}]
+    status, body = post(server, "/v2/repository/index", b'{"ready": true}')
+    assert status == 200 and body == [{"name": MODEL, "version": "1", "state": "READY"}]
+    status, body = post(server, "/v2/repository/index", b'{"ready": "yes"}')
+    assert status == 400 and "ready" in body["error"]
+    status, body = post(server, f"/v2/models/{MODEL}/config", b"{}")  # the config is read with GET
+    assert status == 405 and set(body) == {"error"}
+    with pytest.raises(InferenceServerException) as error:
+        client.get_model_config(MODEL, "2")
+    assert error.value.status() == "404" and "has no version '2'" in error.value.message()
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
@@ -106,7 +131,7 @@ def test_parameters_truncate_normalize_and_dimensions(client, engine):
     (lambda c: c.infer(MODEL, [text_input(["a"], True)], model_version="2"), "404", "has no version '2'"),
     (lambda c: c.infer(MODEL, [text_input([""], True)]), "400", "input 0: empty text"),
     (lambda c: c.infer(MODEL, [text_input(["a"], True)], outputs=[triton.InferRequestedOutput("logits")]), "400",
-     "outputs[0].name: no output 'logits'; the outputs are embedding, num_tokens"),
+     "outputs[0].name: no output 'logits'; the outputs are embedding, num_tokens, token_embeddings"),
     (lambda c: c.infer(MODEL, [text_input(["a"], True)], parameters={"truncate": "yes"}), "400",
      "parameters.truncate: must be a boolean, got 'yes'"),
     (lambda c: c.infer(MODEL, [text_input(["a", "b"], True, (1, 2))]), "400",
@@ -124,7 +149,7 @@ def binary_strings(*items: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("tensor, tail, header_extra, message", [
-    ({"shape": [2], "data": ["a"]}, b"", 0, "inputs[0].data: shape [2] holds 2 elements, data has 1"),
+    ({"shape": [2], "data": ["a"]}, b"", 0, "inputs[0].data: shape [2] holds 2 elements, the data has 1"),
     ({"shape": [1], "data": [5]}, b"", 0, "inputs[0].data[0]: must be a string, got int"),
     ({"shape": [1], "datatype": "FP32", "data": [1.0]}, b"", 0, "inputs[0].datatype: 'text' is BYTES"),
     ({"shape": [10 ** 12], "parameters": {"binary_data_size": 8}}, binary_strings(b"abcd"), 0,
@@ -138,7 +163,7 @@ def binary_strings(*items: bytes) -> bytes:
     ({"shape": [1], "parameters": {"binary_data_size": 50}}, binary_strings(b"ab"), 0,
      "binary_data_size is 50, but only 6 bytes follow the JSON"),
     ({"shape": [1], "parameters": {"binary_data_size": 6}}, binary_strings(b"ab"), 100, "but the body holds"),
-    ({"shape": [1]}, b"", 0, "give the elements either as data or as binary_data_size bytes"),
+    ({"shape": [1]}, b"", 0, "give 'text''s elements once, either typed (data, contents) or as raw bytes"),
 ], ids=["count", "element-type", "datatype", "huge-shape", "element-overrun", "utf8", "trailing", "size-overrun",
         "header-overrun", "no-data"])
 def test_hostile_tensors_get_a_clear_400(server, tensor, tail, header_extra, message):
@@ -159,7 +184,7 @@ def test_a_binary_tensor_by_hand_and_an_input_of_another_name(server, engine):
                                engine.encode(["hello", "a"]).embeddings, atol=1e-5)
     other = json.dumps({"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1], "data": [1]}]})
     status, body = post(server, f"/v2/models/{MODEL}/infer", other.encode())
-    assert status == 400 and "takes one input, 'text', not 'input_ids'" in body["error"]
+    assert status == 400 and "takes 'text', not 'input_ids'" in body["error"]
     for length in ("²", "-1", "abc"):  # "²" passes str.isdigit() and fails int()
         status, body = post(server, f"/v2/models/{MODEL}/infer", b"{}", {"Inference-Header-Content-Length": length})
         assert status == 400 and "is not a byte count" in body["error"], (length, body)

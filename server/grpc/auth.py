@@ -13,10 +13,12 @@ import grpc
 from attnserve.errors import UnauthenticatedError
 
 from ..auth import ApiKeys
+from .kserve import OPEN_METHODS as KSERVE_OPEN_METHODS
 from .status import abort, status_for
 
-# Health stays open, so probes and load balancers need no key.
-OPEN_SERVICES = ("/grpc.health.v1.Health/",)
+# Health stays open, so probes and load balancers need no key: the health service, and KServe's liveness and
+# readiness (as HTTP's /v2/health/*).
+OPEN_SERVICES = ("/grpc.health.v1.Health/", *KSERVE_OPEN_METHODS)
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):

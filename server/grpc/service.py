@@ -10,10 +10,8 @@ call's, run under by the core as on every door.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 import numpy as np
@@ -27,7 +25,6 @@ from ..metrics import Metrics
 from ..replies import EncodeReply, PredictReply, RerankReply
 from ..requests import (
     AttentionOptions,
-    Deadline,
     EncodeRequest,
     Input,
     PredictRequest,
@@ -35,9 +32,8 @@ from ..requests import (
     SimilarityRequest,
     SparseOptions,
 )
-from .status import abort, status_for
-
-log = logging.getLogger("attnserve.server")
+from .calls import Calls, cancel_code, deadline
+from .status import abort
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Encoder"].full_name  # "attnserve.v1.Encoder"
 # Each method's request message ("Rerank" -> "RerankRequest"): the errors that name a field name its message.
@@ -215,7 +211,8 @@ def render_rerank(reply: RerankReply) -> pb.RerankResponse:
 
 class EncoderService(encoder_pb2_grpc.EncoderServicer):
     def __init__(self, core: Core, metrics: Metrics):
-        self._core, self._metrics = core, metrics
+        self._core = core
+        self._calls = Calls(core, metrics, PROTOCOL, REQUEST_TYPES)
 
     async def _next(self, window: asyncio.Queue):
         """The stream's next item, or ShuttingDownError once draining leaves nothing to answer."""
@@ -230,7 +227,7 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
         raise ShuttingDownError("the server is shutting down; reopen the stream on another replica")
 
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> bytes:
-        return await self._unary("Embed", len(request.inputs), context, lambda: self._embed(request, context))
+        return await self._calls.unary("Embed", len(request.inputs), context, lambda: self._embed(request, context))
 
     async def EmbedStream(self, requests: AsyncIterator[pb.EmbedRequest], context: grpc.aio.ServicerContext
                           ) -> AsyncIterator[bytes]:
@@ -265,12 +262,12 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
                     answered += 1
                     yield reply
             except asyncio.CancelledError:
-                code = _cancel_code(context)
+                code = cancel_code(context)
                 raise
             except Exception as error:
-                status = status_for(error, index)
+                status = self._calls.status(error, "EmbedStream", index)
                 code = status.code
-                self._record("EmbedStream", code, start, answered, tokens, context)  # before the status goes out
+                self._calls.record("EmbedStream", code, start, answered, tokens, context)  # before the status goes out
                 recorded = True
                 await abort(context, status)
             finally:
@@ -279,90 +276,41 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
                 while not window.empty():
                     _discard(window.get_nowait())
                 if not recorded:
-                    self._record("EmbedStream", code, start, answered, tokens, context)
+                    self._calls.record("EmbedStream", code, start, answered, tokens, context)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
-        try:
-            info = self._core.model(request.model).info
-        except Exception as error:
-            status = status_for(error)
-            self._metrics.observe_request(PROTOCOL, "GetModelInfo", status.code.name)
-            await abort(context, status)
-        self._metrics.observe_request(PROTOCOL, "GetModelInfo", "OK")
-        return model_info(info)
+        return await self._calls.quick("GetModelInfo", context,
+                                       lambda: model_info(self._core.model(request.model).info))
 
     async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext) -> pb.ModelList:
-        self._metrics.observe_request(PROTOCOL, "ListModels", "OK")
-        return pb.ModelList(models=[model_info(model.info) for model in self._core.models.all])
+        return await self._calls.quick("ListModels", context, lambda: pb.ModelList(
+            models=[model_info(model.info) for model in self._core.models.all]))
 
     async def Rerank(self, request: pb.RerankRequest, context: grpc.aio.ServicerContext) -> pb.RerankResponse:
         async def rerank() -> tuple[pb.RerankResponse, int]:
-            reply = await self._core.rerank(rerank_to_core(request), _deadline(context))
+            reply = await self._core.rerank(rerank_to_core(request), deadline(context))
             return render_rerank(reply), reply.tokens
 
-        return await self._unary("Rerank", len(request.texts), context, rerank)
+        return await self._calls.unary("Rerank", len(request.texts), context, rerank)
 
     async def Similarity(self, request: pb.SimilarityRequest, context: grpc.aio.ServicerContext
                          ) -> pb.SimilarityResponse:
         async def similarity() -> tuple[pb.SimilarityResponse, int]:
-            reply = await self._core.similarity(similarity_to_core(request), _deadline(context))
+            reply = await self._core.similarity(similarity_to_core(request), deadline(context))
             return pb.SimilarityResponse(scores=reply.scores.tolist(), model=reply.model), reply.tokens
 
-        return await self._unary("Similarity", 1 + len(request.sentences), context, similarity)
+        return await self._calls.unary("Similarity", 1 + len(request.sentences), context, similarity)
 
     async def Classify(self, request: pb.ClassifyRequest, context: grpc.aio.ServicerContext) -> pb.ClassifyResponse:
         async def classify() -> tuple[pb.ClassifyResponse, int]:
-            reply = await self._core.predict(classify_to_core(request), _deadline(context))
+            reply = await self._core.predict(classify_to_core(request), deadline(context))
             return render_predictions(reply), reply.tokens
 
-        return await self._unary("Classify", len(request.inputs), context, classify)
-
-    async def _unary(self, method: str, inputs: int, context: grpc.aio.ServicerContext,
-                     answer: Callable[[], Awaitable[tuple[Any, int]]]) -> Any:
-        """One unary call: counted in flight for the drain, its error mapped to a status, recorded in the metrics.
-        answer() gives (the reply, the tokens it cost)."""
-        start, code, tokens, recorded = time.perf_counter(), grpc.StatusCode.OK, 0, False
-        with self._core.in_flight():
-            try:
-                reply, tokens = await answer()
-                return reply
-            except asyncio.CancelledError:
-                code = _cancel_code(context)
-                raise
-            except Exception as error:
-                status = status_for(error, request_type=REQUEST_TYPES[method])
-                code = status.code
-                # Recorded before the status goes out: a client that saw the error then sees it counted.
-                self._record(method, code, start, inputs, tokens, context)
-                recorded = True
-                await abort(context, status)
-            finally:
-                if not recorded:
-                    self._record(method, code, start, inputs, tokens, context)
+        return await self._calls.unary("Classify", len(request.inputs), context, classify)
 
     async def _embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> tuple[bytes, int]:
         """One request through the core: (serialized reply, its token count)."""
-        return await self._core.encode(to_core(request), _deadline(context), render)
-
-    def _record(self, method: str, code: grpc.StatusCode, start: float, inputs: int, tokens: int,
-                context: grpc.aio.ServicerContext) -> None:
-        seconds = time.perf_counter() - start
-        self._metrics.observe_request(PROTOCOL, method, code.name, seconds)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("request", extra={"fields": {
-                "event": "request", "protocol": PROTOCOL, "method": method, "code": code.name, "inputs": inputs,
-                "tokens": tokens, "ms": round(seconds * 1e3, 2), "peer": context.peer()}})
-
-
-def _deadline(context: grpc.aio.ServicerContext) -> Deadline | None:
-    """The call's deadline, or None."""
-    remaining = context.time_remaining()
-    return Deadline(time.monotonic() + remaining) if remaining is not None else None
-
-
-def _cancel_code(context: grpc.aio.ServicerContext) -> grpc.StatusCode:
-    remaining = context.time_remaining()
-    return grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0 else grpc.StatusCode.CANCELLED
+        return await self._core.encode(to_core(request), deadline(context), render)
 
 
 def _discard(item) -> None:

@@ -45,17 +45,18 @@ CODES = {
 }
 
 
-def status_for(error: BaseException, request_index: int | None = None, request_type: str = "EmbedRequest"
-               ) -> grpc.Status:
+def status_for(error: BaseException, request_index: int | None = None, request_type: str = "EmbedRequest",
+               truncate_how: str | None = None) -> grpc.Status:
     """The status a client sees for error; request_index: which request of a stream it answers; request_type:
-    the method's request message, which an over-long input's fix names.
+    the method's request message, which an over-long input's fix names; truncate_how: that fix in the method's own
+    words, when truncation is no field of its message.
 
     Errors we did not expect are logged whole and told apart by name only. BadRequest's description stays the
     problem alone; the message adds the fix.
     """
     reason, message = reason_and_message(error)
     if isinstance(error, InputTooLongError):
-        message += truncation_fix(error, f"set truncate: true (field `truncate` of {request_type})")
+        message += truncation_fix(error, truncate_how or f"set truncate: true (field `truncate` of {request_type})")
     if request_index is not None:
         message = f"request {request_index}: {message}"
     bad_request = CODES[reason] == grpc.StatusCode.INVALID_ARGUMENT

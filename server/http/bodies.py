@@ -231,7 +231,7 @@ class KServeTensor(_TeiBody):
 
 
 class KServeRequestedOutput(_TeiBody):
-    name: str = Field(description="embedding or num_tokens")
+    name: str = Field(description="one of the model's outputs (its metadata lists them)")
     parameters: Parameters | None = Field(None, description="binary_data: true sends the tensor as bytes after "
                                                             "the JSON")
 
@@ -240,11 +240,19 @@ class KServeInferBody(_TeiBody):
     id: str | None = None
     parameters: Parameters | None = Field(None, description="truncate (a boolean; unset: as the server's "
                                                             "--auto-truncate says), normalize (a boolean), "
-                                                            "dimensions (an integer), binary_data_output (a "
-                                                            "boolean)")
-    inputs: list[KServeTensor] = Field(description="one BYTES tensor named text: the texts to embed, shape [N] or "
-                                                   "[N, 1]")
-    outputs: list[KServeRequestedOutput] | None = Field(None, description="unset: every output")
+                                                            "dimensions (an integer), prompt_name, task, "
+                                                            "embedding_type, input_type (strings), raw_scores (a "
+                                                            "boolean, a reranker's), binary_data_output (a boolean)")
+    inputs: list[KServeTensor] = Field(description="BYTES tensors: `text`, the texts, shape [N] or [N, 1]; a "
+                                                   "reranker's `query` [1] and `text`, its documents")
+    outputs: list[KServeRequestedOutput] | None = Field(None, description="unset: the model's usual outputs (all "
+                                                                          "but token_embeddings, which is sent when "
+                                                                          "named)")
+
+
+class KServeRepositoryIndexBody(_TeiBody):
+    repository_name: str | None = None
+    ready: bool | None = Field(None, description="every served model is ready once the server is")
 
 
 class KServeOutputTensor(BaseModel):
