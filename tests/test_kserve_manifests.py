@@ -67,6 +67,18 @@ def model_spec(service: dict) -> dict:
     return service["spec"]["predictor"]["model"]
 
 
+def of_artifacts(services: list[dict], protocol: str) -> dict:
+    """The example of `protocol` serving an artifact directory on the runtime's own image."""
+    (service,) = [s for s in services if model_spec(s)["protocolVersion"] == protocol and "image" not in model_spec(s)]
+    return service
+
+
+def of_checkpoint(services: list[dict]) -> dict:
+    """The example serving a checkpoint, on an image that can export it."""
+    (service,) = [s for s in services if "image" in model_spec(s)]
+    return service
+
+
 def predictor_container(runtime: dict, service: dict) -> dict:
     """The container KServe runs for the InferenceService: the runtime's, with the model spec's container fields
     over it (args appended, ports and env merged by key, as KServe's MergeRuntimeContainers does)."""
@@ -188,16 +200,34 @@ def test_ports_probe_and_metrics_are_the_servers(runtime):
 
 def test_inference_services_name_the_runtime_and_its_ports(runtime, services):
     _, config = configs(runtime_container(runtime), "any")
-    protocols = {model_spec(s)["protocolVersion"]: s for s in services}
-    assert set(protocols) == set(runtime["spec"]["protocolVersions"]), "an example of each protocol"
     for service in services:
         model = model_spec(service)
         assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
         assert model.get("runtime", runtime["metadata"]["name"]) == runtime["metadata"]["name"]
+        assert model["protocolVersion"] in runtime["spec"]["protocolVersions"]
         assert re.match(r"[a-z0-9]+://", model["storageUri"])
-    assert "ports" not in model_spec(protocols["v2"])  # HTTP: KServe's default port, the server's --http-port
-    assert model_spec(protocols["grpc-v2"])["ports"] == [
+        if model["protocolVersion"] == "v2":  # HTTP: KServe's default port, the server's --http-port
+            assert "ports" not in model
+    # gRPC: the one port Knative routes to, named h2c, the server's --port.
+    assert model_spec(of_artifacts(services, "grpc-v2"))["ports"] == [
         {"name": GRPC_PORT_NAME, "containerPort": config.port, "protocol": "TCP"}]
+
+
+def test_the_checkpoint_example_runs_an_image_that_exports_as_the_images_user(runtime, services):
+    model = model_spec(of_checkpoint(services))
+    stages = read_dockerfile().stages
+    # The Dockerfile's export stage: attnserve with the export extra (torch), and no USER of its own.
+    assert any("[cpu,export]" in run for run in stages["export"].values("RUN"))
+    assert model["image"].split(":")[-1] == "export" and not stages["export"].values("USER")
+    uid, gid = stages["serve"].values("USER")[-1].split(":")
+    assert (model["securityContext"]["runAsUser"], model["securityContext"]["runAsGroup"]) == (int(uid), int(gid))
+    # Where it writes (the cache, and a home for the libraries export runs) is the runtime's /tmp volume.
+    env = {e["name"]: e["value"] for e in model["env"]}
+    assert env["ATTNSERVE_CACHE"].startswith("/tmp/") and env["HOME"] == "/tmp"
+    assert "ATTNSERVE_CACHE" not in stages["export"].env()
+    export_env = {k: v for k, v in stages["export"].env().items() if k.startswith("ATTNSERVE_")}
+    errors = configuration_errors({**export_env, **runtime_environment(runtime_container(runtime)), **env})
+    assert not errors, errors
 
 
 def without_ports(args: list[str]) -> list[str]:
@@ -236,8 +266,7 @@ def test_the_runtime_serves_artifacts_where_kserve_puts_them(runtime, services, 
     # /mnt/models as the storage initializer leaves it: the artifact directory's files (hard links: no copy).
     models = tmp_path / "mnt-models"
     shutil.copytree(artifacts, models, copy_function=os.link, ignore=shutil.ignore_patterns("calibration.json"))
-    (service,) = [s for s in services if model_spec(s)["protocolVersion"] == "v2"]
-    name = service["metadata"]["name"]
+    name = of_artifacts(services, "v2")["metadata"]["name"]
     texts = ["The cat sat on the mat.", "KServe mounts the model at /mnt/models."]
     with serving(start_as_kserve(runtime, name, models, tmp_path / "cache")) as server:
         assert get(server.http_url + "/v2/health/ready")[0] == 200
@@ -248,7 +277,7 @@ def test_the_runtime_serves_artifacts_where_kserve_puts_them(runtime, services, 
         assert status == 200 and f'attnserve_queue_duration_seconds_count{{model="{name}"}} {len(texts)}.0' in text
 
 
-def test_the_runtime_exports_a_checkpoint_once(runtime, artifacts, tmp_path, monkeypatch):
+def test_the_runtime_exports_a_checkpoint_once(runtime, services, artifacts, tmp_path, monkeypatch):
     """/mnt/models holding a sentence-transformers checkpoint (the default model's, as its package ships it): the
     model serve loads (server/models.py, from the runtime's command line) is its export into the cache, named as
     the InferenceService, and a second start reuses it. The export itself is `attnserve export`'s, tested with it:
@@ -267,10 +296,11 @@ def test_the_runtime_exports_a_checkpoint_once(runtime, artifacts, tmp_path, mon
 
     monkeypatch.setattr(attnserve.export.artifacts, "build_artifacts", build_artifacts)
     monkeypatch.setenv("ATTNSERVE_CACHE", str(tmp_path / "cache"))
-    args = build_parser().parse_args(rendered_args(runtime_container(runtime), "minilm", str(models)))
+    name = of_checkpoint(services)["metadata"]["name"]
+    args = build_parser().parse_args(rendered_args(runtime_container(runtime), name, str(models)))
     (source,) = model_sources(None, from_args(ServerConfig, args))
-    assert exported == [(models, "minilm")]
-    assert source.name == "minilm" and source.directory.parent == tmp_path / "cache"
+    assert exported == [(models, name)]
+    assert source.name == name and source.directory.parent == tmp_path / "cache"
     assert (source.directory / MANIFEST).is_file()
     assert model_sources(None, from_args(ServerConfig, args)) == [source] and len(exported) == 1
 
