@@ -168,7 +168,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     from attnserve.loadtest.run import run_loadtest
 
     config, client = from_args(LoadTestConfig, args), from_args(ClientConfig, args)
-    if config.protocol == "http" and not is_set(ClientConfig, args, "target"):
+    if config.protocol in ("http", "kserve-http") and not is_set(ClientConfig, args, "target"):
         client.target = HTTP_TARGET  # the HTTP door's port, not the gRPC one that ClientConfig's default names
     return run_loadtest(config, client)
 

@@ -254,7 +254,9 @@ class LoadTestConfig:
     protocol: str = setting(
         "grpc", "ATTNSERVE_LOADTEST_PROTOCOL",
         "grpc: the Embed method; http: OpenAI's POST /v1/embeddings, TARGET then http(s)://host:port or host:port "
-        "(the server's --http-port)", choices=("grpc", "http"))
+        "(the server's --http-port); kserve: KServe v2's ModelInfer over gRPC (as tritonclient.grpc sends it); "
+        "kserve-http: KServe v2's infer over HTTP with binary tensors, TARGET as for http",
+        choices=("grpc", "http", "kserve", "kserve-http"))
     encoding_format: str = setting(
         "base64", "ATTNSERVE_LOADTEST_ENCODING_FORMAT",
         "over http: the vectors as base64 of float32 (what the openai SDK asks for) or as JSON floats",

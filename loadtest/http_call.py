@@ -21,7 +21,7 @@ import itertools
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from ipaddress import ip_address
@@ -41,6 +41,7 @@ from .generator import Answer
 from .target import MODEL_INFO_TIMEOUT_SECONDS, Target
 
 EMBEDDINGS_PATH, INFO_PATH, HEALTH_PATH = "/v1/embeddings", "/info", "/health"
+FRAMED_HEADER = "Inference-Header-Content-Length"  # KServe's: where a body's JSON ends and its binary tensors begin
 # The server's deadline header: it answers 504 once the request's time is spent, as gRPC's deadline does.
 TIMEOUT_HEADER = "X-Request-Timeout"
 # The client waits this much longer than the deadline it sends, so the server's 504 comes back rather than a
@@ -163,12 +164,20 @@ def error_message(body: bytes) -> str:
         return body[:200].decode(errors="replace")
 
 
+def openai_tokens(body: bytes, headers: Mapping[str, str]) -> int:
+    return int(orjson.loads(body)["usage"]["prompt_tokens"])
+
+
 class HttpSender:
-    """Sends on one aiohttp session, to the target's addresses in turn."""
+    """Sends on one aiohttp session, to the target's addresses in turn: POSTs to `path`, and reads a 200's tokens
+    with tokens_of(body, headers). framed: each request starts with its JSON's length (4 bytes, little-endian), sent
+    as KServe's Inference-Header-Content-Length header (kserve_call.py's binary tensors)."""
 
     def __init__(self, session: aiohttp.ClientSession, target: HttpTarget, addresses: list[str],
-                 client: ClientConfig):
+                 client: ClientConfig, path: str = EMBEDDINGS_PATH,
+                 tokens_of: Callable[[bytes, Mapping[str, str]], int] = openai_tokens, framed: bool = False):
         self._session, self._target = session, target
+        self.path, self._tokens_of, self._framed = path, tokens_of, framed
         self._bases = itertools.cycle([f"{target.scheme}://{netloc(a)}:{target.port}" for a in addresses])
         self._server_hostname = None if _is_address(target.host) or target.scheme == "http" else target.host
         self.headers = {"Host": target.authority, "Content-Type": "application/json"}
@@ -179,6 +188,12 @@ class HttpSender:
     async def get(self, base: str, path: str, timeout: float) -> tuple[int, bytes]:
         async with self._session.get(base + path, headers=self.headers, server_hostname=self._server_hostname,
                                      timeout=aiohttp.ClientTimeout(total=timeout)) as reply:
+            return reply.status, await reply.read()
+
+    async def post(self, base: str, path: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+        async with self._session.post(base + path, data=body, headers=self.headers,
+                                      server_hostname=self._server_hostname,
+                                      timeout=aiohttp.ClientTimeout(total=timeout)) as reply:
             return reply.status, await reply.read()
 
     def bases(self, n: int) -> list[str]:
@@ -193,11 +208,16 @@ class HttpSender:
 
     async def call(self, request: bytes, timeout: float) -> Answer:
         client_timeout, headers = self._for(timeout)
+        data: bytes | memoryview = request
+        if self._framed:
+            headers = {**headers, FRAMED_HEADER: str(int.from_bytes(request[:4], "little"))}
+            data = memoryview(request)[4:]
         try:
-            async with self._session.post(next(self._bases) + EMBEDDINGS_PATH, data=request, headers=headers,
+            async with self._session.post(next(self._bases) + self.path, data=data, headers=headers,
                                           timeout=client_timeout, server_hostname=self._server_hostname) as reply:
                 body = await reply.read()
                 status, wait = reply.status, retry_after(reply.headers) if reply.status != 200 else None
+                reply_headers = reply.headers
         except aiohttp.ClientConnectorError:
             return Answer("CONNECTION_FAILED", ok=False, refused=True)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError):
@@ -205,20 +225,22 @@ class HttpSender:
         except asyncio.TimeoutError:
             return Answer("TIMEOUT", ok=False)
         if status == 200:
-            return Answer("200", ok=True, tokens=int(orjson.loads(body)["usage"]["prompt_tokens"]))
+            return Answer("200", ok=True, tokens=self._tokens_of(body, reply_headers))
         reason = error_reason(body)
         refused = reason in RETRYABLE_REASONS if reason else status in RETRYABLE_STATUSES
         return Answer(str(status), ok=False, refused=refused, retry_after=wait)
 
 
-async def wait_serving(sender: HttpSender, target: str, where: HttpTarget, addresses: int, seconds: float) -> None:
-    """Until GET /health on one of the addresses is 200; seconds 0: ask each once. target: as the user gave it."""
+async def wait_serving(sender: HttpSender, target: str, where: HttpTarget, addresses: int, seconds: float,
+                       health_path: str = HEALTH_PATH) -> None:
+    """Until GET health_path on one of the addresses is 200; seconds 0: ask each once. target: as the user gave
+    it."""
     end = time.monotonic() + seconds
     while True:
         last, unanswered = "", False
         for base in sender.bases(addresses):
             try:
-                status, _ = await sender.get(base, HEALTH_PATH, MODEL_INFO_TIMEOUT_SECONDS)
+                status, _ = await sender.get(base, health_path, MODEL_INFO_TIMEOUT_SECONDS)
             except (aiohttp.ClientError, asyncio.TimeoutError) as error:
                 last = f"{type(error).__name__}: {error}"
                 unanswered = isinstance(error, aiohttp.ClientError)
@@ -249,15 +271,24 @@ async def model_info(sender: HttpSender, target: str) -> dict:
 
 
 @asynccontextmanager
-async def http_target(config: LoadTestConfig, client: ClientConfig) -> AsyncIterator[Target]:
+async def open_sender(config: LoadTestConfig, client: ClientConfig, health_path: str = HEALTH_PATH, **sending
+                      ) -> AsyncIterator[tuple[HttpSender, HttpTarget, int]]:
+    """A sender to the target once it serves (GET health_path is 200): (the sender, where it sends, how many
+    addresses). sending: HttpSender's path, tokens_of and framed."""
     target = HttpTarget.parse(client.target, client.tls or bool(client.tls_ca or client.tls_cert))
     addresses = await resolve(target)
     # Closed loop: a connection per stream. Open loop: as many as the schedule has in flight.
     connector = aiohttp.TCPConnector(limit=config.concurrency if not config.rate else 0, limit_per_host=0,
                                      ssl=ssl_context(client) if target.scheme == "https" else False)
     async with aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",)) as session:
-        sender = HttpSender(session, target, addresses, client)
-        await wait_serving(sender, client.target, target, len(addresses), config.wait_ready)
+        sender = HttpSender(session, target, addresses, client, **sending)
+        await wait_serving(sender, client.target, target, len(addresses), config.wait_ready, health_path)
+        yield sender, target, len(addresses)
+
+
+@asynccontextmanager
+async def http_target(config: LoadTestConfig, client: ClientConfig) -> AsyncIterator[Target]:
+    async with open_sender(config, client) as (sender, target, addresses):
         info = await model_info(sender, client.target)
         model, fmt = info["model_id"], config.encoding_format
         truncate = {} if config.truncate is None else {"truncate": config.truncate}  # unset: the server decides
@@ -267,4 +298,4 @@ async def http_target(config: LoadTestConfig, client: ClientConfig) -> AsyncIter
                                 option=orjson.OPT_SERIALIZE_NUMPY)
 
         yield Target(sender.call, serialize, f"{model}, {info['model_dtype']}",
-                     f"http ({fmt}), round robin over {len(addresses)} address(es) of {target.host}")
+                     f"http ({fmt}), round robin over {addresses} address(es) of {target.host}")

@@ -18,10 +18,12 @@ from attnserve.errors import AttnserveError
 from .generator import LoadGenerator, LoadShape, Sample
 from .grpc_call import grpc_target
 from .http_call import http_target
+from .kserve_call import kserve_grpc_target, kserve_http_target
 from .report import format_table, summarize
 from .workload import build_workload
 
-TARGETS = {"grpc": grpc_target, "http": http_target}
+TARGETS = {"grpc": grpc_target, "http": http_target, "kserve": kserve_grpc_target,
+           "kserve-http": kserve_http_target}
 
 
 def check_writable(path: str | None, flag: str) -> None:

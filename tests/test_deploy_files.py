@@ -120,17 +120,19 @@ def test_replicas_threads_load_shape_and_reports_follow_the_environment(tmp_path
     assert f"{tmp_path}:/reports:rw" in loadtest["volumes"] or f"{tmp_path}:/reports" in loadtest["volumes"]
 
 
-def test_the_load_test_goes_over_http_to_the_http_port_when_asked():
-    """LOADTEST_PROTOCOL=http with LOADTEST_TARGET: a command the CLI takes, aimed at the servers' HTTP port."""
+@pytest.mark.parametrize("protocol", ["http", "kserve-http"])
+def test_the_load_test_goes_over_http_to_the_http_port_when_asked(protocol):
+    """LOADTEST_PROTOCOL=http (or kserve-http) with LOADTEST_TARGET: a command the CLI takes, aimed at the servers'
+    HTTP port."""
     port = config_module.ServerConfig.http_port
-    config = compose_config(env={"LOADTEST_PROTOCOL": "http", "LOADTEST_TARGET": f"http://server:{port}"})
+    config = compose_config(env={"LOADTEST_PROTOCOL": protocol, "LOADTEST_TARGET": f"http://server:{port}"})
     loadtest = config["services"]["loadtest"]
-    assert loadtest["environment"]["ATTNSERVE_LOADTEST_PROTOCOL"] == "http"
+    assert loadtest["environment"]["ATTNSERVE_LOADTEST_PROTOCOL"] == protocol
     argv = loadtest["command"]
     assert flag(argv, "--target") == f"http://server:{port}" and not cli_error(argv)
     assert str(port) in map(str, config["services"]["server"]["expose"])
-    protocol = config_module.LoadTestConfig.__dataclass_fields__["protocol"]
-    assert protocol.metadata["env"] == "ATTNSERVE_LOADTEST_PROTOCOL" and "http" in protocol.metadata["choices"]
+    field = config_module.LoadTestConfig.__dataclass_fields__["protocol"]
+    assert field.metadata["env"] == "ATTNSERVE_LOADTEST_PROTOCOL" and protocol in field.metadata["choices"]
 
 
 def test_every_image_is_built_with_the_dockerfiles_source_arguments_from_the_environment(dockerfile):

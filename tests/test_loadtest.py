@@ -50,6 +50,36 @@ def test_over_http_the_same_load_counts_the_same_tokens(server, engine, encoding
     assert 0 < report["latency_ms"]["p50"] <= report["latency_ms"]["p99"]
 
 
+@pytest.mark.parametrize("protocol", ["kserve", "kserve-http"])
+@pytest.mark.parametrize("rate", [0, 40], ids=["closed", "open"])
+def test_over_kserve_v2_the_same_load_counts_the_same_tokens(server, engine, protocol, rate):
+    """KServe v2 as Triton's clients send it (ModelInfer's raw contents over gRPC, binary tensors over HTTP), closed
+    and open loop: every request and token counted from the replies' num_tokens, the same report."""
+    texts = mixed_length_corpus(60, seed=3)
+    target = server.target if protocol == "kserve" else server.http_url.removeprefix("http://")
+    load = ["--rate", rate, "--duration", 60] if rate else ["--concurrency", 4]
+    report = report_of(run_cli("loadtest", "--protocol", protocol, "--target", target, "--corpus-size", 60,
+                               "--seed", 3, "--batch-size", 4, "--requests", 15, *load, "--truncate", "--json", "-"))
+    assert report["protocol"] == protocol and report["route"].startswith(
+        "kserve v2 grpc" if protocol == "kserve" else "kserve v2 http (binary), round robin")
+    assert report["model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert report["mode"] == ("open" if rate else "closed")
+    assert report["requests"] == {"sent": 15, "answered": 15, "ok": 15, "errors": 0, "retried": 0, "warmup": 0}
+    assert report["codes"] == {"OK" if protocol == "kserve" else "200": 15}
+    assert report["tokens"] == sum(len(x) for x in engine.tokenizer.encode_texts(texts, truncate=True))
+
+
+def test_over_kserve_a_refusal_is_counted_under_its_code(server, tmp_path):
+    """Token ids are no KServe v2 input: one line before any load; a deadline no request meets: each counted."""
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text('{"token_ids": [101, 7592, 102]}\n')
+    assert_one_line_error(run_cli("loadtest", "--protocol", "kserve", "--target", server.target, "--input", ids,
+                                  "--requests", 2), "KServe v2 takes texts")
+    result = run_cli("loadtest", "--protocol", "kserve", "--target", server.target, "--requests", 10,
+                     "--concurrency", 5, "--timeout", "0.0005")
+    assert_one_line_error(result, "no request succeeded", "'DEADLINE_EXCEEDED': 10")
+
+
 def test_over_http_failures_are_counted_under_their_http_status(server):
     """A deadline no request can meet, sent as X-Request-Timeout: the server's 504 for each, none lost."""
     result = run_cli("loadtest", "--protocol", "http", "--target", server.http_url, "--requests", 20,
