@@ -257,6 +257,19 @@ def infer(server: ServerProcess, name: str, texts: list[str]) -> np.ndarray:
         client.close()
 
 
+def infer_grpc(server: ServerProcess, name: str, texts: list[str]) -> np.ndarray:
+    import tritonclient.grpc as triton_grpc
+
+    client = triton_grpc.InferenceServerClient(server.target)
+    try:
+        assert client.is_server_ready() and client.is_model_ready(name)
+        tensor = triton_grpc.InferInput("text", [len(texts)], "BYTES")
+        tensor.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_))
+        return client.infer(name, [tensor]).as_numpy("embedding")
+    finally:
+        client.close()
+
+
 def get(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=30) as reply:
         return reply.status, reply.read().decode()
@@ -271,10 +284,13 @@ def test_the_runtime_serves_artifacts_where_kserve_puts_them(runtime, services, 
     with serving(start_as_kserve(runtime, name, models, tmp_path / "cache")) as server:
         assert get(server.http_url + "/v2/health/ready")[0] == 200
         np.testing.assert_allclose(infer(server, name, texts), engine.encode(texts).embeddings, atol=1e-5)
-        # What Prometheus scrapes where the annotations say: the metrics of the model, under its served name.
+        # KServe v2 over gRPC on the gRPC port, the one the grpc-v2 InferenceService names h2c.
+        np.testing.assert_allclose(infer_grpc(server, name, texts), engine.encode(texts).embeddings, atol=1e-5)
+        # What Prometheus scrapes where the annotations say: the metrics of the model (the inputs of both calls),
+        # under its served name.
         path = runtime["spec"]["annotations"]["prometheus.kserve.io/path"]
         status, text = get(f"http://{server.host}:{server.metrics_port}{path}")
-        assert status == 200 and f'attnserve_queue_duration_seconds_count{{model="{name}"}} {len(texts)}.0' in text
+        assert status == 200 and f'attnserve_queue_duration_seconds_count{{model="{name}"}} {2 * len(texts)}.0' in text
 
 
 def test_the_runtime_exports_a_checkpoint_once(runtime, services, artifacts, tmp_path, monkeypatch):
