@@ -205,13 +205,14 @@ def served_model_label(values: dict[str, float]) -> str:
     return labels.pop()
 
 
-def scrape(server: ServerProcess, http: bool = False) -> ServerCounters:
-    """The counters; the request ones those of gRPC's Embed, or with http, of POST /v1/embeddings."""
+def scrape(server: ServerProcess, http: bool = False, label: str | None = None) -> ServerCounters:
+    """The counters; the request ones those of gRPC's Embed, or with http, of POST /v1/embeddings, or those the
+    label names ('{method="ModelInfer",protocol="kserve-grpc"}')."""
     values = server.metrics()
     # A labelled histogram has no samples before its first observation: absent reads as 0.
     model = served_model_label(values)  # the per-model metrics' label: the one model served here
     emb = f'{{graph="embeddings",{model}}}'
-    embed = f'{{method="{EMBEDDINGS_PATH}",protocol="http"}}' if http else '{method="Embed",protocol="grpc"}'
+    embed = label or (f'{{method="{EMBEDDINGS_PATH}",protocol="http"}}' if http else '{method="Embed",protocol="grpc"}')
     get = lambda name: values.get(name, 0.0)
     return ServerCounters(
         tokens=get(f"attnserve_batch_tokens_computed_total{{{model}}}"),
@@ -288,15 +289,16 @@ async def load_async(server: ServerProcess, requests: list[bytes], concurrency: 
 
 
 async def measured_load(server: ServerProcess, call: Call, requests: list[bytes], concurrency: int,
-                        http: bool) -> dict:
-    """The closed loop over call, with the server's counters and the machine's CPU time taken around it."""
+                        http: bool, label: str | None = None) -> dict:
+    """The closed loop over call, with the server's counters (scrape's http and label) and the machine's CPU time
+    taken around it."""
     generator = closed_loop(call, requests, concurrency)
-    before, cpu = scrape(server, http=http), CpuMeter(server.process.pid)
+    before, cpu = scrape(server, http=http, label=label), CpuMeter(server.process.pid)
     start = time.perf_counter()
     samples = await generator.run()
     seconds = time.perf_counter() - start
     cores = cpu.cores(seconds)
-    delta = scrape(server, http=http) - before
+    delta = scrape(server, http=http, label=label) - before
     return load_result(samples, delta, seconds, cores, concurrency)
 
 

@@ -112,6 +112,28 @@ def test_kserve_binary_infer_through_tritonclient_computes_with_the_model_named(
     _close(result.as_numpy("embedding"), offline[model])
 
 
+@pytest.mark.parametrize("model", ["a", "b", "r1", "r2"])
+def test_kserve_grpc_infer_computes_with_the_model_named(server, offline, cross_scores, model):
+    """KServe v2 over gRPC, through tritonclient.grpc: an embedder's embeddings, a reranker's scores (query and
+    text in, score out), each from the model named."""
+    import tritonclient.grpc as triton_grpc
+
+    client = triton_grpc.InferenceServerClient(server.target)
+    names = ("query", "text") if model.startswith("r") else ("text",)
+    tensors = []
+    for name in names:
+        values = [QUERY] if name == "query" else TEXTS
+        tensor = triton_grpc.InferInput(name, [len(values)], "BYTES")
+        tensor.set_data_from_numpy(np.array([v.encode() for v in values], dtype=np.object_))
+        tensors.append(tensor)
+    result = client.infer(model, tensors)
+    if model.startswith("r"):
+        _close(result.as_numpy("score"), cross_scores[model])
+    else:
+        _close(result.as_numpy("embedding"), offline[model])
+    client.close()
+
+
 @pytest.mark.parametrize("model", ["a", "b"])
 def test_attention_computes_with_the_model_of_the_body(server, models, model):
     dirs, _ = models
