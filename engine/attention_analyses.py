@@ -38,9 +38,14 @@ PAIR_STATS = ("a_to_b", "b_to_a")
 
 def rollout(maps: np.ndarray) -> np.ndarray:
     """(L, nh, T, T) -> (T, T) float32, rows summing to 1."""
-    T = maps.shape[-1]
     # The heads' mean accumulated in float64 without a float64 copy of the maps (a 256-token row's are 38 MB so).
-    means = maps.mean(axis=1, dtype=np.float64)  # (L, T, T)
+    return rollout_of_means(maps.mean(axis=1, dtype=np.float64))  # (L, T, T)
+
+
+def rollout_of_means(means: np.ndarray) -> np.ndarray:
+    """(L, T, T) each layer's mean over heads -> (T, T) float32: rollout from there (export/verify.py checks the
+    last-layer graph's rollout with it, from PyTorch's maps read a layer at a time)."""
+    T = means.shape[-1]
     result = np.eye(T)
     for mean in means:
         a = 0.5 * mean + 0.5 * np.eye(T)  # (T, T)

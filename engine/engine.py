@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,11 @@ EMBEDDINGS_VARIANT = {"fp32": "embeddings_fused", "int8": "embeddings_int8", "fp
 # lack scores_int8: asked for int8, they are told to re-export.
 SCORES_VARIANT = {"fp32": "scores_fused", "int8": "scores_int8", "fp16": "scores_fp16"}
 ATTENTION_VARIANT = "attention"
+# The last layer's maps and rollout alone (export/attention_last.py): what the default attention request (the last
+# layer) and rollout without weights need, at about the embeddings graph's cost where the attention graph's every
+# layer and value norms cost about 1.3x (docs/performance.md, "The attention path"). Artifacts exported before it
+# have none: those requests run the attention graph.
+LAST_LAYER_VARIANT = "attention_last"
 
 # The attention graph's outputs after the embeddings', in order (export/torch_to_onnx.py MAPS).
 MAPS = ("attentions", "value_norms")
@@ -47,9 +53,12 @@ class BatchOutput:
     lengths: np.ndarray  # (B,) real token counts
     last_hidden_state: np.ndarray | None  # (B, T, H), padded positions are not meaningful; None for a reranker
     sentence_embedding: np.ndarray | None  # (B, D), the pipeline before its final normalisation; None: reranker
-    attentions: np.ndarray | None = None  # (L, B, nh, T, T) when the attention graph ran
+    # (L, B, nh, T, T) when the attention graph ran; (1, B, nh, T, T), the last layer's, when the last-layer one did
+    attentions: np.ndarray | None = None
     scores: np.ndarray | None = None  # (B, num_labels) a reranker's raw logits
     value_norms: np.ndarray | None = None  # (L, B, nh, T) each head's value norms (model/value_norms.py)
+    rollout: np.ndarray | None = None  # (B, T, T) from the last-layer graph (engine/attention_analyses.py's rollout)
+    map_layers: tuple[int, ...] | None = None  # the layers `attentions` holds, in order; None: every layer
 
 
 @dataclass
@@ -183,10 +192,12 @@ class Engine:
         self._session = self.graph_choice.session or self._open_graph(self.embeddings_variant, self.provider)
         # Graphs of families with token types take them (helper fam adds the input to the embedders' graphs).
         self.takes_token_types = "token_type_ids" in {i.name for i in self._session.get_inputs()}
-        self._attention_session = None
+        self._attention_sessions: dict[str, Any] = {}  # variant name -> its session, opened once
         self._attention_lock = threading.Lock()
         if attention:
-            self._open_attention_session()
+            self._open_attention_session(ATTENTION_VARIANT)
+            if self.has_last_layer_graph:
+                self._open_attention_session(LAST_LAYER_VARIANT)
 
     def _choose_graph(self, graph: GraphVariant) -> Choice:
         """The graph this engine runs and its batch token budget: forced by --graph, timed on this CPU
@@ -244,19 +255,26 @@ class Engine:
                        ) -> Engine:
         return cls(load_manifest(directory), config or EngineConfig(), attention)
 
-    def _open_attention_session(self):
+    @property
+    def has_last_layer_graph(self) -> bool:
+        return LAST_LAYER_VARIANT in self.manifest.variants
+
+    def _open_attention_session(self, name: str = ATTENTION_VARIANT):
         with self._attention_lock:
-            if self._attention_session is None:
-                variant = self.manifest.variants.get(ATTENTION_VARIANT)
+            if name not in self._attention_sessions:
+                variant = self.manifest.variants.get(name)
                 if variant is None:
                     raise ArtifactError(f"{self.manifest.directory} has no attention graph; re-export")
                 # Its intermediates grow with tokens^2 per batch: an arena would keep a burst's peak (about
-                # 250 MB for MiniLM) for the process's life. Without it, runs measured no slower.
-                self._attention_session = self._open_graph(variant, self.provider, arena=False)
-        return self._attention_session
+                # 250 MB for MiniLM) for the process's life (at some cost in speed: docs/performance.md).
+                self._attention_sessions[name] = self._open_graph(variant, self.provider, arena=False)
+        return self._attention_sessions[name]
 
-    def run(self, inputs: Sequence[TokenizedInput], attention: bool = False) -> BatchOutput:
-        """One padded batch through one session; safe to call from several threads."""
+    def run(self, inputs: Sequence[TokenizedInput], attention: bool = False, last_layer: bool = False
+            ) -> BatchOutput:
+        """One padded batch through one session; safe to call from several threads. last_layer (with attention):
+        the batch needs no map but the last layer's, and rollout: the last-layer graph runs where the artifacts
+        have one (BatchOutput.map_layers says which layers came back)."""
         feed = self._feed(inputs)
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
         if self.manifest.kind == "reranker":
@@ -266,6 +284,11 @@ class Engine:
                 scores, attentions, *norms = session.run(["scores", *MAPS[:len(session.get_outputs()) - 1]], feed)
                 return BatchOutput(lengths, None, None, attentions, scores, norms[0] if norms else None)
             return BatchOutput(lengths, None, None, scores=self._session.run(["scores"], feed)[0])
+        if attention and last_layer and self.has_last_layer_graph:
+            names = ["last_hidden_state", "sentence_embedding", "last_attentions", "rollout"]
+            hidden, sentence, last, rollout = self._open_attention_session(LAST_LAYER_VARIANT).run(names, feed)
+            return BatchOutput(lengths, hidden, sentence, last[None], rollout=rollout,  # (1, B, nh, T, T)
+                               map_layers=(self.manifest.num_layers - 1,))
         if attention:
             session = self._open_attention_session()
             # Graphs exported before value norms have none (the "norms" analysis is then refused: requests.py).

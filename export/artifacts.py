@@ -34,6 +34,7 @@ from attnserve.model.sentence_head import load_head
 from attnserve.progress import Progress
 
 from . import external_data
+from .attention_last import LAST_MAPS, ROLLOUT, build_attention_last
 from .memory import release_freed_memory
 from .optimize import (
     convert_fp16,
@@ -59,6 +60,9 @@ VARIANTS = {
     "embeddings_fp16": ("embeddings_fp16.onnx", "fp16", True, ("last_hidden_state", "sentence_embedding")),
     "attention": ("attention.onnx", "fp32", False, ("last_hidden_state", "sentence_embedding", "attentions",
                                                     "value_norms")),
+    # The last layer's maps and rollout alone, at about the embeddings graph's cost (attention_last.py).
+    "attention_last": ("attention_last.onnx", "fp32", False, ("last_hidden_state", "sentence_embedding", LAST_MAPS,
+                                                              ROLLOUT)),
 }
 # Variants that differ from another only in the onnxruntime optimizers their sessions must not apply. At load,
 # onnxruntime fuses the int8 graph's residual Add + LayerNormalization into SkipLayerNormalization, whose CPU kernel
@@ -204,10 +208,12 @@ def _embedder_variants(ckpt: Checkpoint, encoder, tokenizer: TextTokenizer, work
         log(f"{weights / 2**30:.2f} GiB of fp32 weights: every graph keeps its weights in a data file beside it "
             f"(ONNX external data, above {external_data.threshold() / 2**30:.2f} GiB)")
     # One trace: the embeddings graph is the attention graph without its attention maps (the same nodes and
-    # weights as a trace of its own gives, which cost as long again: all-mpnet-base-v2, 7 s of 12).
+    # weights as a trace of its own gives, which cost as long again: all-mpnet-base-v2, 7 s of 12), and the
+    # last-layer graph is it with the last layer's maps and rollout in their place.
     progress.step("tracing the graph (torch.onnx.export); the embeddings graph is it without the attention maps")
     export_graph(SentenceEncoder(encoder, head, output_attentions=True), work / VARIANTS["attention"][0], external)
     without_output(work / VARIANTS["attention"][0], work / VARIANTS["embeddings"][0], MAPS)
+    build_attention_last(work / VARIANTS["attention"][0], work / VARIANTS["attention_last"][0])
     # Until verification the export's process holds no weights: the optimizer, int8 and fp16 steps run in child
     # processes (export/isolated.py), whose peaks add to this process's.
     del encoder

@@ -71,15 +71,19 @@ def without_output(src: Path, dst: Path, output: str | tuple[str, ...]) -> None:
     Weights stay where src keeps them: with external data, dst names src's data file, so it must sit beside src.
     """
     model = onnx.load(str(src), load_external_data=False)
-    dropped = (output,) if isinstance(output, str) else output
+    onnx.save_model(pruned(model, (output,) if isinstance(output, str) else output, src.name), str(dst))
+
+
+def pruned(model: onnx.ModelProto, dropped: tuple[str, ...], name: str = "the graph") -> onnx.ModelProto:
+    """model without the outputs `dropped`, and without the nodes and weights only they needed (changed in place)."""
     kept_outputs = [o for o in model.graph.output if o.name not in dropped]
     if len(kept_outputs) != len(model.graph.output) - len(dropped):
-        raise ValueError(f"{src.name} lacks one of the outputs {dropped!r}")
+        raise ValueError(f"{name} lacks one of the outputs {dropped!r}")
     del model.graph.output[:]
     model.graph.output.extend(kept_outputs)
     needed = {o.name for o in kept_outputs}
     kept_nodes = []
-    for node in reversed(model.graph.node):  # the exporter's order is topological
+    for node in reversed(model.graph.node):  # the exporter's order is topological (and added nodes come last)
         if needed.intersection(node.output):
             kept_nodes.append(node)
             needed.update(node.input)
@@ -89,4 +93,4 @@ def without_output(src: Path, dst: Path, output: str | tuple[str, ...]) -> None:
     weights = [t for t in model.graph.initializer if t.name in needed]
     del model.graph.initializer[:]
     model.graph.initializer.extend(weights)
-    onnx.save_model(model, str(dst))
+    return model

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 import torch
 
+from attnserve.engine.attention_analyses import rollout_of_means
 from attnserve.engine.batching import pad, plan_batches
 from attnserve.engine.session import CPU, ONNXRUNTIME, open_graph
 from attnserve.engine.tokenizer import TextTokenizer
@@ -31,6 +32,7 @@ from attnserve.model.encoder import Encoder
 from attnserve.model.family import EncoderModule
 from attnserve.model.value_norms import stacked_value_norms
 
+from .attention_last import LAST_MAPS, ROLLOUT
 from .memory import release_freed_memory, small_heaps
 from .token_ids import made_up_token_ids
 
@@ -94,6 +96,10 @@ TOLERANCES = {
 # tokens, relative to the largest norm (they are sums of squares of the hidden size's terms: fp32 rounding grows
 # with their scale).
 VALUE_NORMS_BAR = 1e-4
+# The last-layer graph's rollout (export/attention_last.py, float32) against engine/attention_analyses.py's rollout
+# (float64) of PyTorch's maps: the largest error over the real tokens. A product of L row-stochastic matrices, its
+# values are at most 1; fp32's bar on the hidden states.
+ROLLOUT_BAR = 1e-4
 
 
 class GraphCheck(NamedTuple):
@@ -266,29 +272,48 @@ class _Parity:
         self.cases = 0
         self.max_hidden = self.max_sentence = self.max_attention = self.max_padded_key_weight = 0.0
         self.max_value_norms: float | None = None  # relative to the largest norm; None: the graph gives none
+        self.max_rollout: float | None = None  # None: the graph gives no rollout
         self.min_cos = 1.0
 
-    def add(self, outputs: list[np.ndarray], mask: np.ndarray, hidden: np.ndarray, sentence: np.ndarray,
+    def add(self, outputs: dict[str, np.ndarray], mask: np.ndarray, hidden: np.ndarray, sentence: np.ndarray,
             attentions: np.ndarray | _StoredMaps | None, norms: np.ndarray | None = None) -> None:
-        """One run of a case's rows (the caller counts the cases). norms: PyTorch's value norms (L, B, nh, T)."""
+        """One run of a case's rows (the caller counts the cases): the graph's outputs by name. attentions:
+        PyTorch's maps (L, B, nh, T, T); norms: its value norms (L, B, nh, T)."""
         real = mask.astype(bool)  # (B, T): compare real token positions only
-        if norms is not None and len(outputs) > 3:
+        if norms is not None and "value_norms" in outputs:
             keys = real[None, :, None, :]  # (1, B, 1, T): the real tokens' norms
-            worst = float(np.where(keys, np.abs(outputs[3] - norms), 0.0).max())
+            worst = float(np.where(keys, np.abs(outputs["value_norms"] - norms), 0.0).max())
             self.max_value_norms = max(self.max_value_norms or 0.0, worst / max(float(np.abs(norms).max()), 1e-12))
-        self.max_hidden = max(self.max_hidden, float(np.abs(outputs[0] - hidden)[real].max()))
-        self.max_sentence = max(self.max_sentence, float(np.abs(outputs[1] - sentence).max()))
-        self.min_cos = min(self.min_cos, float(_cosine(outputs[1], sentence).min()))
-        if attentions is not None:
-            got = outputs[2]  # (L, B, nh, T, T)
-            keys = real[:, None, None, :]  # (B, 1, 1, T): broadcast over heads and queries
-            pairs = keys & real[:, None, :, None]  # (B, 1, T, T): real queries x real keys
-            for layer in range(got.shape[0]):  # a layer at a time: the temporaries are 1/L of the maps
-                error = np.where(pairs, np.abs(got[layer] - attentions[layer]), 0.0)
-                self.max_attention = max(self.max_attention, float(error.max()))
-                del error
-                padded = float(np.where(keys, 0.0, got[layer]).max())
-                self.max_padded_key_weight = max(self.max_padded_key_weight, padded)
+        self.max_hidden = max(self.max_hidden, float(np.abs(outputs["last_hidden_state"] - hidden)[real].max()))
+        sentences = outputs["sentence_embedding"]
+        self.max_sentence = max(self.max_sentence, float(np.abs(sentences - sentence).max()))
+        self.min_cos = min(self.min_cos, float(_cosine(sentences, sentence).min()))
+        if attentions is None:
+            return
+        # Every layer's maps (the attention graph), or the last layer's alone (the last-layer graph).
+        got = outputs["attentions"] if "attentions" in outputs else outputs[LAST_MAPS][None]  # (L or 1, B, nh, T, T)
+        for k in range(len(got)):  # a layer at a time: the temporaries are 1/L of the maps
+            self._compare_maps(got[k], attentions[k if "attentions" in outputs else -1], real)
+        if ROLLOUT in outputs:
+            self._compare_rollout(outputs[ROLLOUT], attentions, real)
+
+    def _compare_maps(self, got: np.ndarray, want: np.ndarray, real: np.ndarray) -> None:
+        """One layer's maps (B, nh, T, T), the graph's and PyTorch's, over the real queries and keys."""
+        keys = real[:, None, None, :]  # (B, 1, 1, T): broadcast over heads and queries
+        pairs = keys & real[:, None, :, None]  # (B, 1, T, T): real queries x real keys
+        error = np.where(pairs, np.abs(got - want), 0.0)
+        self.max_attention = max(self.max_attention, float(error.max()))
+        del error
+        padded = float(np.where(keys, 0.0, got).max())
+        self.max_padded_key_weight = max(self.max_padded_key_weight, padded)
+
+    def _compare_rollout(self, got: np.ndarray, attentions: np.ndarray | _StoredMaps, real: np.ndarray) -> None:
+        """The graph's rollout (B, T, T) against rollout_of_means of PyTorch's maps, each row's real block."""
+        means = np.stack([attentions[layer].mean(axis=1, dtype=np.float64)  # (L, B, T, T), a layer read at a time
+                          for layer in range(len(attentions))])
+        for row, n in enumerate(real.sum(axis=1)):
+            want = rollout_of_means(means[:, row, :n, :n])  # (n, n)
+            self.max_rollout = max(self.max_rollout or 0.0, float(np.abs(got[row, :n, :n] - want).max()))
 
 
 def measure_all(graphs: dict[str, GraphCheck], reference: Reference, provider: str = CPU,
@@ -306,7 +331,8 @@ def measure_all(graphs: dict[str, GraphCheck], reference: Reference, provider: s
     """
     if reference.encoder is None:
         raise ValueError("the reference's encoder was released: it measures once")
-    with_maps = {name for name, graph in graphs.items() if "attentions" in _output_names(graph.path)}
+    # The attention graph's maps, or the last-layer graph's last layer and rollout (attention_last.py).
+    with_maps = {name for name, graph in graphs.items() if {"attentions", LAST_MAPS} & set(_output_names(graph.path))}
     metrics = {}
     on_all_texts: set[Path] = set()  # int8 files measured on all the texts (FLOAT_TEXTS comment)
     with tempfile.TemporaryDirectory(prefix="attnserve-verify-") as maps_dir:
@@ -325,15 +351,16 @@ def measure_all(graphs: dict[str, GraphCheck], reference: Reference, provider: s
                     raise ExportVerificationError(f"{path.name} {'lacks' if reference.token_types else 'has'} "
                                                   "the input token_type_ids that the reference was made for")
                 parity = _Parity(name in with_maps)
-                outputs = None if parity.wants_attention else ["last_hidden_state", "sentence_embedding"]
+                outputs = ([o.name for o in session.get_outputs()] if parity.wants_attention
+                           else ["last_hidden_state", "sentence_embedding"])
                 for (ids, mask, types), (hidden, sentence, maps_file, norms) in zip(reference.cases, expected,
                                                                                     strict=True):
                     if parity.wants_attention and ids.shape[1] > reference.caps.attention_max_length:
                         continue
                     runs = reference.caps.attention_runs if parity.wants_attention else reference.caps.score_runs
                     for rows in runs(*ids.shape):
-                        got = session.run(outputs, reference.feed(ids[rows], mask[rows],
-                                                                  None if types is None else types[rows]))
+                        got = dict(zip(outputs, session.run(outputs, reference.feed(
+                            ids[rows], mask[rows], None if types is None else types[rows])), strict=True))
                         want = _StoredMaps(maps_file, rows) if parity.wants_attention else None
                         parity.add(got, mask[rows], hidden[rows], sentence[rows], want,
                                    norms[:, rows] if parity.wants_attention and norms is not None else None)
@@ -394,6 +421,13 @@ class _StoredMaps:
         assert maps_file is not None, "the maps of every case up to attention_max_length are written"
         self.maps_file, self.rows = maps_file, rows
 
+    def __len__(self) -> int:
+        """L, the layers."""
+        stored = np.load(self.maps_file, mmap_mode="r")
+        layers = len(stored)
+        del stored
+        return layers
+
     def __getitem__(self, layer: int) -> np.ndarray:
         """(B, nh, T, T), in memory, the file unmapped again."""
         stored = np.load(self.maps_file, mmap_mode="r")
@@ -428,6 +462,8 @@ def _metrics(parity: _Parity, session, reference: Reference, all_texts: bool) ->
         metrics["max_padded_key_weight"] = parity.max_padded_key_weight
         if parity.max_value_norms is not None:
             metrics["max_rel_value_norms"] = parity.max_value_norms
+        if parity.max_rollout is not None:
+            metrics["max_abs_rollout"] = parity.max_rollout
     return metrics
 
 
@@ -444,6 +480,10 @@ def check(path: Path, precision: str, metrics: dict[str, float]) -> None:
     if norms is not None and not norms <= VALUE_NORMS_BAR:
         raise ExportVerificationError(f"{path.name} ({precision}) fails parity with PyTorch: its value norms are "
                                       f"{norms:g} of the largest off, over {VALUE_NORMS_BAR:g}")
+    rollout = metrics.get("max_abs_rollout")
+    if rollout is not None and not rollout <= ROLLOUT_BAR:
+        raise ExportVerificationError(f"{path.name} ({precision}) fails parity with PyTorch: its rollout is "
+                                      f"{rollout:g} off, over {ROLLOUT_BAR:g}")
     if not tolerance.holds(value) or ("max_padded_key_weight" in metrics and metrics["max_padded_key_weight"] != 0):
         raise ExportVerificationError(
             f"{path.name} ({precision}) fails parity with PyTorch: {tolerance.describe(value)} does not hold"

@@ -1,8 +1,10 @@
 """The batcher: the only owner of the queue.
 
 Every input of every request enters one queue (two lanes: inputs that asked
-for attention weights run the attention graph, the rest the fastest
-embeddings graph). One task owns it, as TEI's queue does: handlers only
+for attention weights run an attention graph, the rest the fastest
+embeddings graph). An attention batch runs the last-layer graph where every
+input in it needs no map but the last layer's and rollout (engine.py
+LAST_LAYER_VARIANT), the attention graph of every layer otherwise. One task owns it, as TEI's queue does: handlers only
 append and await their futures. The owner
 
   1. waits until something is queued, then, under load only, up to max_wait
@@ -80,9 +82,17 @@ class RowOutput:
 
     sentence_embedding: np.ndarray | None  # (D,) the pipeline before its final normalisation; None: reranker
     token_embeddings: np.ndarray | None  # (T, H); None for a reranker
-    attentions: np.ndarray | None  # (L, nh, T, T) when the attention graph ran
+    attentions: np.ndarray | None  # (L, nh, T, T) when the attention graph ran; (1, nh, T, T) the last-layer one
     scores: np.ndarray | None = None  # (num_labels,) a reranker's raw logits
     value_norms: np.ndarray | None = None  # (L, nh, T) each head's value norms, with attentions (model/value_norms.py)
+    rollout: np.ndarray | None = None  # (T, T) when the last-layer graph ran
+    map_layers: tuple[int, ...] | None = None  # the layers `attentions` holds; None: every layer
+
+    def layer_maps(self, layers: Sequence[int]) -> np.ndarray:
+        """(len(layers), nh, T, T): these layers' maps (non-negative indices, each among those the row holds)."""
+        assert self.attentions is not None
+        held = self.map_layers
+        return self.attentions[list(layers) if held is None else [held.index(layer) for layer in layers]]
 
 
 @dataclass(eq=False)
@@ -96,12 +106,13 @@ class _Entry:
     seq: int  # arrival order
     input: TokenizedInput
     attention: bool
+    last_layer: bool  # its request needs no map but the last layer's, and rollout (Engine.run)
     request: _Request
     future: asyncio.Future
     enqueued: float = field(default_factory=time.monotonic)
 
 
-RunBatch = Callable[[Sequence[TokenizedInput], bool], BatchOutput]
+RunBatch = Callable[[Sequence[TokenizedInput], bool, bool], BatchOutput]  # Engine.run(inputs, attention, last_layer)
 
 
 class Batcher:
@@ -160,9 +171,10 @@ class Batcher:
         """The retry delay of a refused request: the estimated run time of the queued work that must go first."""
         return max(MIN_RETRY_AFTER_S, seconds_of_work)
 
-    async def submit(self, inputs: Sequence[TokenizedInput], attention: bool, deadline: float | None
-                     ) -> list[RowOutput]:
-        """Queue one request's inputs and wait for their rows, in the order given.
+    async def submit(self, inputs: Sequence[TokenizedInput], attention: bool, deadline: float | None,
+                     last_layer: bool = False) -> list[RowOutput]:
+        """Queue one request's inputs and wait for their rows, in the order given. last_layer (with attention): the
+        request needs no map but the last layer's, and rollout.
 
         Cancelling the awaiting task (client gone, deadline passed) drops the
         inputs that have not run yet.
@@ -186,7 +198,8 @@ class Batcher:
             raise DeadlineExpiredError("the deadline passed before the request was queued")
         loop = asyncio.get_running_loop()
         request = _Request(deadline, len(inputs))
-        entries = [_Entry(next(self._seq), x, attention, request, loop.create_future()) for x in inputs]
+        entries = [_Entry(next(self._seq), x, attention, attention and last_layer, request, loop.create_future())
+                   for x in inputs]
         lane = self._lanes[attention]
         for entry in entries:
             lane[entry.seq] = entry
@@ -316,6 +329,8 @@ class Batcher:
 
     async def _run(self, batch: list[_Entry]) -> None:
         attention = batch[0].attention
+        # The last-layer graph where it answers every input of the batch (and the artifacts have it: Engine.run).
+        last_layer = attention and all(e.last_layer for e in batch)
         graph = "attention" if attention else "embeddings"
         started = time.monotonic()
         for entry in batch:
@@ -325,7 +340,7 @@ class Batcher:
         cells = max(len(x) for x in inputs) * len(inputs)
         try:
             out = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._run_batch, inputs, attention)
+                self._executor, self._run_batch, inputs, attention, last_layer)
             rows = out.scores if out.scores is not None else out.sentence_embedding
             if rows is None or len(rows) != len(batch):
                 raise RuntimeError(f"the session returned {0 if rows is None else len(rows)} rows for "
@@ -342,6 +357,8 @@ class Batcher:
                     entry.future.set_exception(failure)
             return
         seconds = time.monotonic() - started
+        if out.map_layers is not None:
+            graph = "attention_last"
         self.learn_rate(attention, seconds, tokens, cells)
         self._metrics.observe_batch(graph, len(batch), tokens, cells, seconds)
         log.debug("batch", extra={"fields": {
@@ -357,4 +374,5 @@ class Batcher:
                 out.last_hidden_state[row, :n] if out.last_hidden_state is not None else None,
                 out.attentions[:, row, :, :n, :n] if out.attentions is not None else None,
                 out.scores[row] if out.scores is not None else None,
-                out.value_norms[:, row, :, :n] if out.value_norms is not None else None))
+                out.value_norms[:, row, :, :n] if out.value_norms is not None else None,
+                out.rollout[row, :n, :n] if out.rollout is not None else None, out.map_layers))

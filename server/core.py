@@ -135,7 +135,8 @@ class Core:
             prepared = await loop.run_in_executor(
                 self._executor, prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
                 engine.takes_token_types, engine.multi_vector)
-            rows = await batcher.submit(prepared.inputs, prepared.options.attention, _at(deadline))
+            rows = await batcher.submit(prepared.inputs, prepared.options.attention, _at(deadline),
+                                        prepared.options.last_layer_only)
             rendered = body = await loop.run_in_executor(self._executor, self._render, rows, prepared, model, render)
             return rendered, prepared.tokens
         finally:

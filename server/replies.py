@@ -106,8 +106,8 @@ def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokeni
     analyses: dict[str, object] = {}
     if options.attention_analyses:  # of every layer's every head, as the attention graph gives them
         assert row.attentions is not None
-        if "rollout" in options.attention_analyses:
-            analyses["rollout"] = rollout(row.attentions)  # (T, T)
+        if "rollout" in options.attention_analyses:  # the last-layer graph's, or computed from every layer's maps
+            analyses["rollout"] = row.rollout if row.rollout is not None else rollout(row.attentions)  # (T, T)
         if "head_stats" in options.attention_analyses:
             analyses["head_stats"] = head_stats(row.attentions, tokenizer.special_mask(item.ids), item.pair_start)
         if "norms" in options.attention_analyses:  # the layers and heads asked, and each layer's sum over heads
@@ -120,7 +120,7 @@ def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokeni
     if options.attention_layers is not None and options.attention_weights:  # spelled so that mypy sees the layers
         # A request for attention queues in the attention lane, whose batches run the graph that returns them.
         assert row.attentions is not None
-        attentions = row.attentions[list(options.attention_layers)]  # (layers, nh, T, T)
+        attentions = row.layer_maps(options.attention_layers)  # (layers, nh, T, T)
         if not options.every_head and options.attention_heads is not None:
             attentions = attentions[:, list(options.attention_heads)]  # (layers, heads, T, T)
         if options.average_heads:

@@ -229,6 +229,9 @@ class ReplyOptions:
     average_heads: bool = False
     attention_analyses: tuple[str, ...] = ()  # engine/attention_analyses.py's, in ANALYSES order
     attention_weights: bool = True  # the chosen layers' and heads' weights; False: only the analyses
+    # What was asked needs no map but the last layer's, and rollout: the last-layer graph answers it (engine.py
+    # LAST_LAYER_VARIANT), at about the embeddings graph's cost.
+    last_layer_only: bool = False
     embedding_types: tuple[str, ...] = ("float",)  # the sentence embedding's types, in the order asked
     ranges: np.ndarray | None = None  # (2, D) int8 / uint8 ranges, where one of them was asked
     sparse: SparseOptions | None = None  # (index, value) pairs of a SPLADE model's weights, instead of its vector
@@ -308,6 +311,8 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
         average_heads=attention is not None and attention.average_heads,
         attention_analyses=analyses,
         attention_weights=attention is None or attention.weights,
+        last_layer_only=attention is not None and set(analyses) <= {"rollout"} and (
+            not attention.weights or layers == (manifest.num_layers - 1,)),
         embedding_types=types,
         ranges=ranges,
         sparse=request.sparse,

@@ -106,8 +106,59 @@ def test_one_layer_asked_still_gives_the_analyses_of_all_of_them(stub):
     one = stub.Embed(pb.EmbedRequest(inputs=[item], attention=pb.AttentionOptions(
         layers=[-1], heads=[0], analyses=["rollout"])), timeout=60).embeddings[0]
     assert list(one.attentions.shape)[:2] == [1, 1]  # only the layer and head asked are copied
-    np.testing.assert_array_equal(as_array(one.analyses.rollout),
-                                  as_array(all_layers(stub, item, analyses=["rollout"]).analyses.rollout))
+    # The last-layer graph's rollout (float32, in the graph) against the server's from every layer's maps (numpy).
+    np.testing.assert_allclose(as_array(one.analyses.rollout),
+                               as_array(all_layers(stub, item, analyses=["rollout"]).analyses.rollout), atol=1e-5)
+
+
+def _batches(server) -> dict[str, float]:
+    """Batches run so far, by graph (the server's attnserve_batch_size_count)."""
+    counts: dict[str, float] = {}
+    for name, value in server.metrics().items():
+        if name.startswith("attnserve_batch_size_count{"):
+            graph = name.split('graph="', 1)[1].split('"', 1)[0]
+            counts[graph] = counts.get(graph, 0.0) + value
+    return counts
+
+
+def test_the_last_layer_and_rollout_alone_run_the_last_layer_graph_and_equal_the_attention_graphs(server, stub):
+    """What most attention requests ask (the default layer; rollout without weights) runs the graph of the last
+    layer's maps and rollout alone (export/attention_last.py), and gives what every layer's maps give."""
+    full = all_layers(stub, pb.Input(pair=pb.TextPair(a=PAIR[0], b=PAIR[1])))
+    maps = as_array(full.attentions)  # (L, H, T, T), the attention graph's
+    before = _batches(server)
+    item = pb.Input(pair=pb.TextPair(a=PAIR[0], b=PAIR[1]))
+    default = stub.Embed(pb.EmbedRequest(inputs=[item], attention=pb.AttentionOptions()), timeout=60).embeddings[0]
+    alone = stub.Embed(pb.EmbedRequest(inputs=[item], attention=pb.AttentionOptions(
+        analyses=["rollout"], weights=False)), timeout=60).embeddings[0]
+    last = stub.Embed(pb.EmbedRequest(inputs=[item], attention=pb.AttentionOptions(
+        layers=[5], average_heads=True, analyses=["rollout"])), timeout=60).embeddings[0]
+    after = _batches(server)
+    assert after.get("attention_last", 0) - before.get("attention_last", 0) == 3
+    assert after.get("attention", 0) == before.get("attention", 0)
+    assert list(default.tokens) == list(full.tokens) and default.pair_start == full.pair_start
+    np.testing.assert_allclose(as_array(default.attentions)[0], maps[-1], atol=1e-6)
+    np.testing.assert_allclose(as_array(last.attentions)[0, 0], maps[-1].mean(axis=0), atol=1e-6)
+    assert not alone.HasField("attentions")
+    for reply in (alone, last):
+        np.testing.assert_allclose(as_array(reply.analyses.rollout), rollout_reference(maps), atol=1e-5)
+
+
+def test_artifacts_without_the_last_layer_graph_answer_from_the_attention_graph(artifacts_copy):
+    """Artifacts exported before the last-layer graph: a batch that would run it runs the attention graph."""
+    import json
+
+    from attnserve.engine.engine import Engine
+
+    manifest = json.loads((artifacts_copy / "manifest.json").read_text())
+    del manifest["variants"]["attention_last"]
+    (artifacts_copy / "manifest.json").write_text(json.dumps(manifest))
+    (artifacts_copy / "attention_last.onnx").unlink()
+    engine = Engine.from_directory(artifacts_copy, attention=True)
+    assert not engine.has_last_layer_graph
+    out = engine.run(engine.tokenizer.encode_texts([TEXT]), attention=True, last_layer=True)
+    assert out.map_layers is None and out.rollout is None and out.attentions is not None
+    assert out.attentions.shape[:3] == (6, 1, 12)
 
 
 def test_v1_attention_gives_the_same_analyses(server, stub):

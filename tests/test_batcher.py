@@ -25,13 +25,13 @@ class RecordingRunner:
     def __init__(self, engine, gate: threading.Event | None = None):
         self.engine, self.gate, self.batches = engine, gate, []
 
-    def __call__(self, inputs, attention):
+    def __call__(self, inputs, attention, last_layer=False):
         if self.gate is not None:
             self.gate.wait(30)
         self.batches.append(([len(x) for x in inputs], attention))
         if any(POISON in x.ids for x in inputs):
             raise RuntimeError("simulated onnxruntime failure")
-        return self.engine.run(inputs, attention)
+        return self.engine.run(inputs, attention, last_layer)
 
 
 def item(length: int, token: int = 1000) -> TokenizedInput:

@@ -24,12 +24,16 @@ def test_manifest_records_model_variants_and_parity(artifacts):
     assert manifest["intermediate_size"] == 1536
     assert (manifest["vocab_size"], manifest["max_seq_length"], manifest["pooling"]) == (30522, 256, "mean")
     assert set(manifest["variants"]) == {"embeddings", "embeddings_fused", "embeddings_int8",
-                                         "embeddings_int8_skip_layer_norm", "embeddings_fp16", "attention"}
+                                         "embeddings_int8_skip_layer_norm", "embeddings_fp16", "attention",
+                                         "attention_last"}
     for name, variant in manifest["variants"].items():
         assert (artifacts / variant["file"]).is_file() and len(variant["sha256"]) == 64
         tolerance = TOLERANCES[variant["precision"]]
         assert tolerance.holds(variant["parity"][tolerance.metric]), name
     assert manifest["variants"]["attention"]["parity"]["max_padded_key_weight"] == 0.0
+    last = manifest["variants"]["attention_last"]
+    assert last["outputs"] == ["last_hidden_state", "sentence_embedding", "last_attentions", "rollout"]
+    assert last["parity"]["max_padded_key_weight"] == 0.0 and last["parity"]["max_abs_rollout"] <= 1e-4
     assert {"torch", "onnx", "onnxruntime", "tokenizers"} <= set(manifest["tools"])
 
 
@@ -60,7 +64,8 @@ def test_int8_and_fp16_graphs_are_what_they_claim(artifacts):
     assert [o.type.tensor_type.elem_type for o in fp16.graph.output] == [onnx.TensorProto.FLOAT] * 2
 
 
-@pytest.mark.parametrize("variant", ["embeddings.onnx", "embeddings_fused.onnx", "attention.onnx"])
+@pytest.mark.parametrize("variant", ["embeddings.onnx", "embeddings_fused.onnx", "attention.onnx",
+                                     "attention_last.onnx"])
 def test_graphs_run_at_shapes_never_used_in_export(artifacts, encoder, variant):
     session = open_session(artifacts / variant, CPU)
     used = set(shape_grid(256)) | {(2, 8)}  # the verification grid and the tracing shape
@@ -83,6 +88,34 @@ def test_graphs_run_at_shapes_never_used_in_export(artifacts, encoder, variant):
         assert np.abs(outputs[1] - sentence).max() <= 1e-4
         if variant == "attention.onnx":
             assert outputs[2].shape == (6, batch, 12, seq, seq)
+        if variant == "attention_last.onnx":
+            assert outputs[2].shape == (batch, 12, seq, seq) and outputs[3].shape == (batch, seq, seq)
+
+
+def test_the_last_layer_graph_gives_the_attention_graphs_last_layer_and_its_rollout(artifacts):
+    """export/attention_last.py: the last layer's maps as the attention graph gives them, and each row's rollout as
+    the server computes it from every layer's maps, over padded rows of mixed lengths; the other layers' maps are
+    never stacked and no value norm is computed."""
+    from attnserve.engine.attention_analyses import rollout
+
+    ops = op_counts(onnx.load(str(artifacts / "attention_last.onnx"), load_external_data=False))
+    assert "ReduceL2" not in ops and "Identity" not in ops  # no value norms; outputs written where they are made
+    attention = open_session(artifacts / "attention.onnx", CPU, arena=False)
+    last = open_session(artifacts / "attention_last.onnx", CPU, arena=False)
+    rng = np.random.default_rng(3)
+    lengths = [40, 1, 17, 33, 2]
+    ids, mask = pad([rng.integers(1000, 30522, size=n) for n in lengths])
+    feed = {"input_ids": ids, "attention_mask": mask}
+    if "token_type_ids" in [i.name for i in last.get_inputs()]:
+        feed["token_type_ids"] = np.zeros_like(ids)
+    maps = attention.run(["attentions"], feed)[0]  # (L, B, nh, T, T)
+    got_maps, got_rollout = last.run(["last_attentions", "rollout"], feed)  # (B, nh, T, T), (B, T, T)
+    for row, n in enumerate(lengths):
+        np.testing.assert_allclose(got_maps[row, :, :n, :n], maps[-1, row, :, :n, :n], atol=1e-6)
+        assert not got_maps[row, :, :, n:].any()  # padded keys: weight 0
+        want = rollout(maps[:, row, :, :n, :n])  # (n, n)
+        np.testing.assert_allclose(got_rollout[row, :n, :n], want, atol=1e-5)
+        np.testing.assert_allclose(got_rollout[row, :n, :n].sum(axis=1), 1.0, atol=1e-5)
 
 
 def test_verification_fails_with_a_clear_message(artifacts, encoder, checkpoint):

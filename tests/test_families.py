@@ -87,6 +87,9 @@ def test_export_encodes_as_sentence_transformers(family, tmp_path):
     assert manifest.variants["embeddings_fused"].fused == (name != "mpnet")
     # Each head's value norms (model/value_norms.py), verified against the PyTorch encoder at export.
     assert manifest.variants["attention"].parity["max_rel_value_norms"] <= 1e-4
+    # The last layer's maps and rollout in a graph of their own (export/attention_last.py), verified alike.
+    last = manifest.variants["attention_last"].parity
+    assert last["max_abs_rollout"] <= 1e-4 and last["max_abs_attentions"] <= 1e-4 and last["max_padded_key_weight"] == 0
     encoded = Engine.from_directory(tmp_path / "artifacts").encode(TEXTS)
     assert encoded.truncated.tolist() == [False] * 4 + [True]
     reference = SentenceTransformer(str(st), device="cpu").encode(TEXTS)

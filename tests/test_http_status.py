@@ -35,10 +35,10 @@ FAIL_ON_POISON = f"""
 
     _run = engine.Engine.run
 
-    def run(self, inputs, attention=False):
+    def run(self, inputs, attention=False, last_layer=False):
         if any({POISON} in x.ids for x in inputs):
             raise RuntimeError("injected: this batch's session run failed")
-        return _run(self, inputs, attention)
+        return _run(self, inputs, attention, last_layer)
 
     engine.Engine.run = run
 """
