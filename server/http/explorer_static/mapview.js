@@ -49,7 +49,8 @@
       const rows = rowLabels.length, cols = colLabels.length;
       if (values.length !== rows * cols) throw new Error(`a map of ${values.length} values for ${rows} x ${cols}`);
       const colors = makeScale(scale.kind, scale.hi, scale.rowMax);
-      this.map = { values, rowLabels, colLabels, rows, cols, colors, pairStart };
+      this.map = { values, rowLabels, colLabels, rows, cols, colors, pairStart,
+        scale: { kind: scale.kind, hi: scale.hi } }; // what info() reports: two maps compared share one
       if (this.readout) { // the last hovered value was the previous map's
         this.readout.textContent = this.placeholder;
         for (const key of ["row", "col", "value"]) delete this.readout.dataset[key];
@@ -283,8 +284,8 @@
 
     info() {
       if (!this.map) return null;
-      const { rows, cols, rowLabels, colLabels } = this.map;
-      return { rows, cols, rowLabels, colLabels, cell: this.layout.cell, drawCount: this.drawCount };
+      const { rows, cols, rowLabels, colLabels, scale } = this.map;
+      return { rows, cols, rowLabels, colLabels, scale, cell: this.layout.cell, drawCount: this.drawCount };
     }
   }
 
