@@ -59,6 +59,9 @@ class BatchOutput:
     value_norms: np.ndarray | None = None  # (L, B, nh, T) each head's value norms (model/value_norms.py)
     rollout: np.ndarray | None = None  # (B, T, T) from the last-layer graph (engine/attention_analyses.py's rollout)
     map_layers: tuple[int, ...] | None = None  # the layers `attentions` holds, in order; None: every layer
+    # Where run()'s time went, in seconds: building the padded tensors, and the session's run (server/statistics.py).
+    feed_seconds: float = 0.0
+    run_seconds: float = 0.0
 
 
 @dataclass
@@ -275,8 +278,16 @@ class Engine:
         """One padded batch through one session; safe to call from several threads. last_layer (with attention):
         the batch needs no map but the last layer's, and rollout: the last-layer graph runs where the artifacts
         have one (BatchOutput.map_layers says which layers came back)."""
+        started = time.perf_counter()
         feed = self._feed(inputs)
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
+        fed = time.perf_counter()
+        out = self._run(feed, lengths, attention, last_layer)
+        out.feed_seconds, out.run_seconds = fed - started, time.perf_counter() - fed
+        return out
+
+    def _run(self, feed: dict[str, np.ndarray], lengths: np.ndarray, attention: bool, last_layer: bool
+             ) -> BatchOutput:
         if self.manifest.kind == "reranker":
             if attention:
                 session = self._open_attention_session()

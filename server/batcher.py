@@ -52,6 +52,7 @@ from attnserve.errors import (
 
 from .batch_wait import BatchWait
 from .metrics import ModelMetrics
+from .statistics import BatchTimes
 
 log = logging.getLogger("attnserve.batcher")
 
@@ -334,7 +335,7 @@ class Batcher:
         graph = "attention" if attention else "embeddings"
         started = time.monotonic()
         for entry in batch:
-            self._metrics.queue_seconds.observe(started - entry.enqueued)
+            self._metrics.observe_queue(started - entry.enqueued)
         inputs = [e.input for e in batch]
         tokens = sum(len(x) for x in inputs)
         cells = max(len(x) for x in inputs) * len(inputs)
@@ -360,11 +361,19 @@ class Batcher:
         if out.map_layers is not None:
             graph = "attention_last"
         self.learn_rate(attention, seconds, tokens, cells)
-        self._metrics.observe_batch(graph, len(batch), tokens, cells, seconds)
         log.debug("batch", extra={"fields": {
             "event": "batch", "graph": graph, "size": len(batch), "tokens": tokens, "cells": cells,
             "padding": round((cells - tokens) / cells, 4), "ms": round(seconds * 1e3, 2),
             "queued_tokens": self.queued_tokens}})
+        cutting = time.perf_counter()
+        self._answer(batch, out)
+        # Recorded before the loop runs the requests' continuations: a reply never precedes its batch's counts.
+        self._metrics.observe_batch(graph, len(batch), tokens, cells, seconds, BatchTimes(
+            out.feed_seconds, out.run_seconds, time.perf_counter() - cutting))
+
+    @staticmethod
+    def _answer(batch: list[_Entry], out: BatchOutput) -> None:
+        """Each entry's rows of the batch's outputs, to its future."""
         for row, entry in enumerate(batch):
             if entry.future.done():  # its request was cancelled while the batch ran
                 continue

@@ -127,18 +127,20 @@ class Core:
         loop = asyncio.get_running_loop()
         self.check_open()
         model = self.models.get(request.model)
-        engine, batcher = model.for_task(request.task)  # a batcher per task: a batch never mixes adapters
         body: R | bytes = b""
         self._memory.busy()
         try:
-            batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
-            prepared = await loop.run_in_executor(
-                self._executor, prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
-                engine.takes_token_types, engine.multi_vector)
-            rows = await batcher.submit(prepared.inputs, prepared.options.attention, _at(deadline),
-                                        prepared.options.last_layer_only)
-            rendered = body = await loop.run_in_executor(self._executor, self._render, rows, prepared, model, render)
-            return rendered, prepared.tokens
+            with _counted(model):
+                engine, batcher = model.for_task(request.task)  # a batcher per task: a batch never mixes adapters
+                batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
+                prepared = await loop.run_in_executor(
+                    self._executor, prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
+                    engine.takes_token_types, engine.multi_vector)
+                rows = await batcher.submit(prepared.inputs, prepared.options.attention, _at(deadline),
+                                            prepared.options.last_layer_only)
+                rendered = body = await loop.run_in_executor(self._executor, self._render, rows, prepared, model,
+                                                             render)
+                return rendered, prepared.tokens
         finally:
             self._memory.done(len(body) if isinstance(body, bytes) else 0)
 
@@ -185,11 +187,12 @@ class Core:
         engine, batcher = model.engine, model.batcher
         self._memory.busy()
         try:
-            batcher.check_room(count)  # a full queue costs no tokenizing
-            prepared = await loop.run_in_executor(self._executor, prepare_scored, engine.tokenizer, engine.manifest,
-                                                  self.limits, engine.takes_token_types)
-            rows = await batcher.submit(prepared.inputs, False, _at(deadline))
-            return build(rows, prepared, engine.manifest, model.name)
+            with _counted(model):
+                batcher.check_room(count)  # a full queue costs no tokenizing
+                prepared = await loop.run_in_executor(self._executor, prepare_scored, engine.tokenizer,
+                                                      engine.manifest, self.limits, engine.takes_token_types)
+                rows = await batcher.submit(prepared.inputs, False, _at(deadline))
+                return build(rows, prepared, engine.manifest, model.name)
         finally:
             self._memory.done(0)
 
@@ -250,6 +253,19 @@ class Core:
             if since >= quiet:
                 return True
             await asyncio.sleep(min(quiet - since, max(0.0, end - time.monotonic())))
+
+
+@contextmanager
+def _counted(model: ServedModel) -> Iterator[None]:
+    """Around a request that reached its model: its outcome and time in the model's statistics (a failure for any
+    error, and for a cancellation: a deadline passed, or the client left)."""
+    started = time.perf_counter()
+    try:
+        yield
+    except BaseException:
+        model.metrics.statistics.request(False, time.perf_counter() - started)
+        raise
+    model.metrics.statistics.request(True, time.perf_counter() - started)
 
 
 async def _within(work: Awaitable[T], deadline: Deadline | None) -> T:

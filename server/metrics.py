@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from .statistics import BatchTimes, InferenceStatistics
+
 # Seconds: from a sub-millisecond idle request to a queue that is shedding load.
 LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -75,11 +77,23 @@ class ModelMetrics:
         self.queue_seconds_estimate = metrics.queue_seconds_estimate.labels(model)
         self.failed_batches = metrics.failed_batches.labels(model)
         self._tokens_total = self._cells_total = 0  # the gauge's running ratio; counters are write-only
+        # The same measurements in Triton's terms, for KServe v2's statistics (server/statistics.py).
+        self.statistics = InferenceStatistics()
 
     def dropped(self, reason: str) -> Counter:
         return self._metrics.dropped.labels(self.model, reason)
 
-    def observe_batch(self, graph: str, size: int, tokens: int, cells: int, seconds: float) -> None:
+    def observe_queue(self, seconds: float) -> None:
+        """One input's wait in the queue, until its batch started."""
+        self.queue_seconds.observe(seconds)
+        self.statistics.queued(seconds)
+
+    def observe_batch(self, graph: str, size: int, tokens: int, cells: int, seconds: float,
+                      times: BatchTimes | None = None) -> None:
+        """A batch that ran: its size, real tokens, cells computed (padding included) and time; times: where its
+        time went (Engine.run and the batcher), for the statistics."""
+        if times is not None:
+            self.statistics.batch(size, times)
         m, model = self._metrics, self.model
         m.inference_seconds.labels(model, graph).observe(seconds)
         m.batch_size.labels(model, graph).observe(size)

@@ -36,7 +36,7 @@ import numpy as np
 
 from attnserve.errors import InvalidInputError, ModelNotFoundError
 
-from .models import ModelInfo
+from .models import ModelInfo, Models
 from .replies import EncodeReply, RerankReply
 from .requests import EncodeRequest, RerankRequest
 
@@ -49,7 +49,7 @@ LENGTH_PREFIX = struct.Struct("<I")
 CONFIG_DATATYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT32": "TYPE_INT32", "INT8": "TYPE_INT8",
                     "UINT8": "TYPE_UINT8"}
 # What each door serves beyond the core protocol (Triton's extension names), reported by server metadata.
-EXTENSIONS = ("model_configuration", "model_repository")
+EXTENSIONS = ("model_configuration", "model_repository", "statistics")
 P = TypeVar("P", bool, int, str)
 
 
@@ -120,6 +120,15 @@ def model_config(info: ModelInfo) -> dict:
             ("max_inputs_per_request", info.max_inputs_per_request), ("max_seq_length", info.max_seq_length),
             ("max_wait_ms", info.max_wait_ms), ("precision", info.precision), ("provider", info.provider))},
     }
+
+
+def model_statistics(models: Models, name: str, version: str | None) -> dict:
+    """Triton's statistics of the model named, or of every model when name is empty, in their JSON form
+    (server/statistics.py says what each counter counts)."""
+    served = models.all if not name else [models.get(name)]
+    for model in served:
+        check_version(model.info, version)
+    return {"model_stats": [model.metrics.statistics.as_dict(model.name, VERSION) for model in served]}
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ SERVED = {("post", "/v1/embeddings"), ("post", "/embeddings"), ("get", "/v1/mode
           ("get", "/v2/models/{name}/versions/{version}"), ("get", "/"), ("post", "/v2/embed"),
           ("post", "/similarity"), ("post", "/predict"), ("post", "/embed_sparse"), ("post", "/embed_multi"),
           ("get", "/explorer"), ("get", "/v2/models/{name}/config"),
-          ("get", "/v2/models/{name}/versions/{version}/config"), ("post", "/v2/repository/index")}
+          ("get", "/v2/models/{name}/versions/{version}/config"), ("post", "/v2/repository/index"),
+          ("get", "/v2/models/stats"), ("get", "/v2/models/{name}/stats"),
+          ("get", "/v2/models/{name}/versions/{version}/stats")}
 # Routes that answer an HTML page, not JSON: the attention explorer (tests/test_explorer.py drives it in a browser).
 PAGES = {("get", "/explorer")}
 # Answered by a reranker (an embedder refuses them, as ERRORS checks): test_rerank_routes_answer_as_described.
@@ -61,6 +63,9 @@ CALLS = [
     ("get", f"/v2/models/{MODEL}/config", None),
     ("get", f"/v2/models/{MODEL}/versions/1/config", None),
     ("post", "/v2/repository/index", {"ready": True}),
+    ("get", "/v2/models/stats", None),
+    ("get", f"/v2/models/{MODEL}/stats", None),
+    ("get", f"/v2/models/{MODEL}/versions/1/stats", None),
     ("post", "/v2/embed", {"model": MODEL, "texts": ["a", "b c"], "embedding_types": ["float", "int8", "ubinary",
                                                                                      "base64"]}),
     ("post", "/embed", {"inputs": ["a"], "embedding_type": "binary"}),

@@ -57,7 +57,7 @@ def infer_body(tensor: dict, **extra) -> bytes:
 def test_server_and_model_are_described(client):
     assert client.is_server_live() and client.is_server_ready()
     assert client.get_server_metadata()["extensions"] == ["binary_tensor_data", "model_configuration",
-                                                          "model_repository"]
+                                                          "model_repository", "statistics"]
     assert client.is_model_ready(MODEL) and client.is_model_ready(MODEL, "1")
     metadata = client.get_model_metadata(MODEL)
     assert metadata["name"] == MODEL and metadata["versions"] == ["1"]

@@ -60,7 +60,8 @@ def raw_bytes(*items: bytes) -> bytes:
 def test_server_and_model_are_described(client):
     assert client.is_server_live() and client.is_server_ready()
     metadata = client.get_server_metadata(as_json=True)
-    assert metadata["name"] == "attnserve" and metadata["extensions"] == ["model_configuration", "model_repository"]
+    assert metadata["name"] == "attnserve"
+    assert metadata["extensions"] == ["model_configuration", "model_repository", "statistics"]
     assert client.is_model_ready(MODEL) and client.is_model_ready(MODEL, "1")
     assert not client.is_model_ready("nope") and not client.is_model_ready(MODEL, "2")
     model = client.get_model_metadata(MODEL, as_json=True)
@@ -169,7 +170,7 @@ def test_async_infer_with_64_requests_in_flight(client, engine):
      "inputs[0].name: sentence-transformers/all-MiniLM-L6-v2 takes 'text', not 'input_ids'"),
     (lambda c: c.get_model_metadata("nope"), "NOT_FOUND", "the model 'nope' does not exist here"),
     (lambda c: c.get_model_config(MODEL, "3"), "NOT_FOUND", "has no version '3'"),
-    (lambda c: c.get_inference_statistics(MODEL), "UNIMPLEMENTED", ""),
+    (lambda c: c.get_inference_statistics("nope"), "NOT_FOUND", "the model 'nope' does not exist here"),
 ], ids=["model", "version", "empty", "output", "parameter", "shape", "input-name", "metadata", "config",
         "statistics"])
 def test_triton_client_errors_are_typed(client, call, code, message):
@@ -209,6 +210,59 @@ def test_hostile_tensors_are_invalid_argument_naming_the_tensor(raw_stub, inputs
         raw_stub.ModelInfer(request, timeout=60)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in error.value.details(), (
         error.value.details())
+
+
+def _stats(client) -> dict:
+    (stats,) = client.get_inference_statistics(MODEL, as_json=True)["model_stats"]
+    return stats
+
+
+def _count(stats: dict, name: str) -> int:
+    return int(stats["inference_stats"].get(name, {}).get("count", 0))
+
+
+def test_statistics_count_what_the_server_measured(server, client):
+    """Triton's statistics, as perf_analyzer reads them: each counter moves with the requests sent, and agrees
+    with the server's Prometheus metrics, which the same measurements feed."""
+    before = _stats(client)
+    texts = mixed_texts(12, seed=9)
+    for i in range(0, 12, 3):
+        client.infer(MODEL, [text_input(texts[i:i + 3])], parameters={"truncate": True})
+    with pytest.raises(InferenceServerException):
+        client.infer(MODEL, [text_input([""])])  # found and admitted, then refused: a failure
+    after, metrics = _stats(client), server.metrics()
+    assert after["name"] == MODEL and after["version"] == "1"
+    assert _count(after, "success") - _count(before, "success") == 4
+    assert _count(after, "fail") - _count(before, "fail") == 1
+    for name in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert _count(after, name) - _count(before, name) == 12, name  # per input
+    assert int(after["inference_count"]) - int(before.get("inference_count", 0)) == 12
+    assert int(after["execution_count"]) > int(before.get("execution_count", 0))
+    for name in ("success", "queue", "compute_infer"):
+        assert int(after["inference_stats"][name]["ns"]) > int(before["inference_stats"].get(name, {}).get("ns", 0))
+    assert abs(int(after["last_inference"]) / 1e3 - time.time()) < 60
+    assert _count(after, "cache_hit") == _count(after, "cache_miss") == 0  # no response cache
+    # Per batch size: the batches add up to the executions and the inputs to the inference count.
+    batches = after["batch_stats"]
+    assert sum(int(b["compute_infer"]["count"]) for b in batches) == int(after["execution_count"])
+    assert sum(int(b["batch_size"]) * int(b["compute_infer"]["count"]) for b in batches) == int(
+        after["inference_count"])
+    # The Prometheus metrics count the same inputs and batches (warm-up runs outside the batcher: in neither).
+    model = f'model="{MODEL}"'
+    assert metrics[f"attnserve_queue_duration_seconds_count{{{model}}}"] == _count(after, "queue")
+    assert sum(v for k, v in metrics.items() if k.startswith("attnserve_batch_size_count{")) == int(
+        after["execution_count"])
+    assert sum(v for k, v in metrics.items() if k.startswith("attnserve_batch_size_sum{")) == int(
+        after["inference_count"])
+    # Over HTTP, the same counters: tritonclient.http reads them as perf_analyzer does.
+    import tritonclient.http as triton_http
+
+    http = triton_http.InferenceServerClient(server.http_url.removeprefix("http://"))
+    (over_http,) = http.get_inference_statistics(MODEL)["model_stats"]
+    assert over_http["inference_count"] == int(after["inference_count"])
+    assert over_http["inference_stats"]["success"]["count"] == _count(after, "success")
+    assert [s["name"] for s in http.get_inference_statistics()["model_stats"]] == [MODEL]
+    http.close()
 
 
 def test_calls_are_counted_under_kserve_grpc(server, client):

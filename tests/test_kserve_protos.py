@@ -64,4 +64,5 @@ def test_every_method_is_tritons():
         assert (method.input_type.full_name, method.output_type.full_name) == (
             other.input_type.full_name, other.output_type.full_name)
     assert {m.name for m in ours.methods} == {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
-                                             "ModelMetadata", "ModelInfer", "ModelConfig", "RepositoryIndex"}
+                                             "ModelMetadata", "ModelInfer", "ModelConfig", "ModelStatistics",
+                                             "RepositoryIndex"}

@@ -69,6 +69,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=attnserve_dot_kserve_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
                 response_deserializer=attnserve_dot_kserve_dot_grpc__service__pb2.ModelConfigResponse.FromString,
                 _registered_method=True)
+        self.ModelStatistics = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelStatistics',
+                request_serializer=attnserve_dot_kserve_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
+                response_deserializer=attnserve_dot_kserve_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
+                _registered_method=True)
         self.RepositoryIndex = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryIndex',
                 request_serializer=attnserve_dot_kserve_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
@@ -124,6 +129,13 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelStatistics(self, request, context):
+        """Triton's statistics extension, which perf_analyzer reads (server/statistics.py says what each counter counts).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RepositoryIndex(self, request, context):
         """Triton's model_repository extension: the index alone (models are not loaded or unloaded at run time).
         """
@@ -168,6 +180,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelConfig,
                     request_deserializer=attnserve_dot_kserve_dot_grpc__service__pb2.ModelConfigRequest.FromString,
                     response_serializer=attnserve_dot_kserve_dot_grpc__service__pb2.ModelConfigResponse.SerializeToString,
+            ),
+            'ModelStatistics': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelStatistics,
+                    request_deserializer=attnserve_dot_kserve_dot_grpc__service__pb2.ModelStatisticsRequest.FromString,
+                    response_serializer=attnserve_dot_kserve_dot_grpc__service__pb2.ModelStatisticsResponse.SerializeToString,
             ),
             'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryIndex,
@@ -364,6 +381,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelConfig',
             attnserve_dot_kserve_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
             attnserve_dot_kserve_dot_grpc__service__pb2.ModelConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelStatistics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelStatistics',
+            attnserve_dot_kserve_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
+            attnserve_dot_kserve_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
             options,
             channel_credentials,
             insecure,

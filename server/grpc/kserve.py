@@ -1,6 +1,6 @@
 """The inference.GRPCInferenceService servicer: KServe's Open Inference Protocol (v2) over gRPC, as Triton serves it
-(with its model_configuration and model_repository extensions), beside attnserve.v1.Encoder on the same port, so
-that tritonclient.grpc, KServe's InferenceGRPCClient and perf_analyzer call attnserve unchanged.
+(with its model_configuration, model_repository and statistics extensions), beside attnserve.v1.Encoder on the same
+port, so that tritonclient.grpc, KServe's InferenceGRPCClient and perf_analyzer call attnserve unchanged.
 
 It translates protobuf and nothing else: a model's tensors and how they become the core's requests are
 open_inference.py's, shared with the HTTP door; the core validates, batches by length across requests (a ModelInfer
@@ -77,6 +77,11 @@ class InferenceService(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._calls.quick("ModelConfig", context, lambda: pb.ModelConfigResponse(
             config=json_format.ParseDict(oip.model_config(self._info(request.name, request.version)),
                                          model_config_pb2.ModelConfig())))
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
+                              ) -> pb.ModelStatisticsResponse:
+        return await self._calls.quick("ModelStatistics", context, lambda: json_format.ParseDict(
+            oip.model_statistics(self._core.models, request.name, request.version), pb.ModelStatisticsResponse()))
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
                               ) -> pb.RepositoryIndexResponse:

@@ -9,8 +9,9 @@ Tensors travel as JSON or, with Triton's binary tensor extension, as raw bytes a
 length and its bytes. An output asked for with `binary_data: true` (or every output, with the request parameter
 `binary_data_output`) comes back the same way, little-endian.
 
-Triton's model_configuration extension (GET .../config) and model_repository's index (POST /v2/repository/index)
-are served for tritonclient and perf_analyzer; models are not loaded or unloaded at run time.
+Triton's model_configuration extension (GET .../config), its statistics (GET .../stats, server/statistics.py) and
+model_repository's index (POST /v2/repository/index) are served for tritonclient and perf_analyzer; models are not
+loaded or unloaded at run time.
 
 Model names may hold a slash (sentence-transformers/all-MiniLM-L6-v2): tritonclient does not escape it, so the
 name is the whole path between /v2/models/ and the route's last part. Every model has one version, "1".
@@ -46,8 +47,8 @@ EXTENSIONS = ["binary_tensor_data", *oip.EXTENSIONS]
 NAME = r"{name:.+}"  # a model name, slashes included
 VERSIONED = r"{name:.+}/versions/{version:[^/]+}"
 # What a metadata route takes for a model name when it is a suffixed path: NAME[/versions/V]/(infer|config|ready).
-SUFFIXED_PATH = re.compile(r"(?P<name>.+?)(?:/versions/[^/]+)?/(?P<route>infer|config|ready)")
-ALLOWED = {"infer": ("POST",), "config": ("GET",), "ready": ("GET",)}
+SUFFIXED_PATH = re.compile(r"(?P<name>.+?)(?:/versions/[^/]+)?/(?P<route>infer|config|ready|stats)")
+ALLOWED = {"infer": ("POST",), "config": ("GET",), "ready": ("GET",), "stats": ("GET",)}
 
 
 class KServeRoutes:
@@ -61,6 +62,7 @@ class KServeRoutes:
         infer = dict(body=KServeInferBody, reply=KServeInferReply)
         infer_summary = "the model's outputs for its inputs: embeddings of `text`, a reranker's scores (KServe v2)"
         config_summary = "the model's configuration, as Triton gives it (KServe v2, model_configuration)"
+        stats_summary = "the model's inference statistics, as Triton counts them (KServe v2, statistics)"
         obj = {"type": "object"}
         # The versioned and suffixed paths first: a model name may hold slashes, so /v2/models/{name:.+} would
         # also match them.
@@ -73,6 +75,11 @@ class KServeRoutes:
             route("POST", "/v2/repository/index", self.repository_index,
                   "every served model, READY (KServe v2, model_repository)", body=KServeRepositoryIndexBody,
                   reply_schema={"type": "array", "items": obj}),
+            route("GET", "/v2/models/stats", self.statistics,
+                  "every model's inference statistics, as Triton counts them (KServe v2, statistics)",
+                  reply_schema=obj),
+            route("GET", f"/v2/models/{VERSIONED}/stats", self.statistics, stats_summary, reply_schema=obj),
+            route("GET", f"/v2/models/{NAME}/stats", self.statistics, stats_summary, reply_schema=obj),
             route("POST", f"/v2/models/{VERSIONED}/infer", self.infer, infer_summary, **infer),
             route("POST", f"/v2/models/{NAME}/infer", self.infer, infer_summary, **infer),
             route("GET", f"/v2/models/{VERSIONED}/config", self.model_config, config_summary, reply_schema=obj),
@@ -122,6 +129,12 @@ class KServeRoutes:
 
     async def model_config(self, request: web.Request) -> web.Response:
         return json_response(dumps(oip.model_config(self._info(request))))
+
+    async def statistics(self, request: web.Request) -> web.Response:
+        name = request.match_info.get("name", "")
+        if name:
+            self._info(request)  # a 405 for a wrong method on a suffixed path, as the other routes
+        return json_response(dumps(oip.model_statistics(self._core.models, name, request.match_info.get("version"))))
 
     async def repository_index(self, request: web.Request) -> web.Response:
         # tritonclient sends no body at all; one that is sent must be the index request's JSON.
