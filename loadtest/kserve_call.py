@@ -25,6 +25,7 @@ import orjson
 
 from attnserve.client.client import Input, open_channel
 from attnserve.client.health import NotServing
+from attnserve.client.status import error_details
 from attnserve.config import ClientConfig, LoadTestConfig
 from attnserve.errors import AttnserveError
 from attnserve.kserve import grpc_service_pb2 as pb
@@ -59,10 +60,9 @@ def infer_call(channel: grpc.aio.Channel) -> Call:
     async def call(request: bytes, timeout: float) -> Answer:
         try:
             reply = await method(request, timeout=timeout)
-        except grpc.aio.AioRpcError as error:
-            code = error.code()
-            return Answer(code.name, ok=False, refused=code in (grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                                                  grpc.StatusCode.UNAVAILABLE))
+        except grpc.aio.AioRpcError as error:  # retryable as over attnserve.v1: the same statuses and details
+            details = error_details(error)
+            return Answer(error.code().name, ok=False, refused=details.retryable, retry_after=details.retry_delay)
         tokens = next((int(np.frombuffer(raw, "<i4").sum()) for output, raw in
                        zip(reply.outputs, reply.raw_output_contents, strict=False) if output.name == "num_tokens"), 0)
         return Answer("OK", ok=True, tokens=tokens)
