@@ -84,6 +84,16 @@ def test_tls_works_and_a_plaintext_client_is_refused(artifacts, tmp_path, pki):
             with pytest.raises(RequestError) as error:
                 plaintext.embed(["in the clear"])
         assert error.value.code == grpc.StatusCode.UNAVAILABLE
+        # KServe v2 on the same port, over the same TLS: Triton's own client.
+        import numpy as np
+        import tritonclient.grpc as triton
+
+        triton_client = triton.InferenceServerClient(server.target, ssl=True, root_certificates=pki["ca"])
+        text = triton.InferInput("text", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b"over TLS, as Triton's client"], dtype=np.object_))
+        assert triton_client.infer(triton_client.get_model_repository_index().models[0].name,
+                                   [text]).as_numpy("embedding").shape == (1, 384)
+        triton_client.close()
         # The CLI client takes the same flags.
         result = run_cli("embed", "over TLS from the CLI", "--target", server.target, "--tls-ca", pki["ca"])
         assert result.returncode == 0, result.stderr
