@@ -9,10 +9,13 @@ one text per Embed request, truncate=True, in three loads:
   rollout_only   attention { analyses: ["rollout"] weights: false }: attention rollout (engine/attention_analyses.py),
                  [T, T] per reply, no weights.
 
+Both attention loads run the last-layer graph (export/attention_last.py) where the artifacts have one, the attention
+graph of every layer otherwise.
+
 tokens/s counts the num_tokens the server replies with over the wall time. The loads alternate within each round,
 so that a disturbance of the machine falls on all of them alike; the best round of each is reported. Where time goes
 comes from the server's Prometheus counters over each load: the share of the wall time its inference thread was
-busy, the seconds per cell computed (the attention graph computes every layer's probabilities), the mean batch.
+busy, the seconds per cell computed, the mean batch; and which graphs ran the load's batches.
 
     python bench/bench_attention.py --artifacts /tmp/art                 # 600 texts, 2 rounds, 16 clients
 """
@@ -53,16 +56,20 @@ def requests_of(texts: list[str], load: str) -> list[bytes]:
     return [make_request([t], truncate=True, **options).SerializeToString() for t in texts]
 
 
+GRAPHS = ("embeddings", "attention", "attention_last")  # the batcher's graph labels (server/batcher.py)
+
+
 def graph_counters(server) -> dict[str, float]:
-    """Seconds in onnxruntime, batches and inputs batched, summed over both graphs (bench_serve's scrape reads the
-    embeddings graph's alone)."""
+    """Seconds in onnxruntime, batches and inputs batched, summed over the graphs, and each graph's batches
+    (bench_serve's scrape reads the embeddings graph's alone)."""
     values = server.metrics()
     model = served_model_label(values)
     out = {"inference_s": 0.0, "batches": 0.0, "batch_inputs": 0.0}
-    for graph in ("embeddings", "attention"):
+    for graph in GRAPHS:
         labels = f'{{graph="{graph}",{model}}}'
         out["inference_s"] += values.get("attnserve_inference_duration_seconds_sum" + labels, 0.0)
-        out["batches"] += values.get("attnserve_batch_size_count" + labels, 0.0)
+        out[f"batches {graph}"] = values.get("attnserve_batch_size_count" + labels, 0.0)
+        out["batches"] += out[f"batches {graph}"]
         out["batch_inputs"] += values.get("attnserve_batch_size_sum" + labels, 0.0)
     return out
 
@@ -76,6 +83,7 @@ def measured(server, requests: list[bytes], concurrency: int) -> dict:
     result["inference_busy"] = delta["inference_s"] / result["seconds"]
     result["inference_s"] = delta["inference_s"]
     result["mean_batch_size"] = delta["batch_inputs"] / delta["batches"] if delta["batches"] else None
+    result["graphs"] = {graph: int(delta[f"batches {graph}"]) for graph in GRAPHS if delta[f"batches {graph}"]}
     return result
 
 
@@ -117,14 +125,16 @@ def run(args: argparse.Namespace) -> int:
     best = {load: max((rnd[load] for rnd in rounds), key=lambda result: result["tokens_per_s"]) for load in LOADS}
     lines = [*machine_lines(), f"artifacts: {artifacts}; {len(texts)} texts, {best['embeddings']['tokens']} tokens, "
              f"{args.concurrency} clients over gRPC, best of {args.rounds} round(s)", "",
-             f"{'load':<14} {'tokens/s':>9} {'vs embed':>9} {'busy':>6} {'us/cell':>8} {'batch':>6} {'handler ms':>11}"]
+             f"{'load':<14} {'tokens/s':>9} {'vs embed':>9} {'busy':>6} {'us/cell':>8} {'batch':>6} {'handler ms':>11}"
+             "  batches by graph"]
     numbers: dict = {"loads": best, "targets": {}}
     for load in LOADS:
         result = best[load]
         ratio = result["tokens_per_s"] / best["embeddings"]["tokens_per_s"]
         per_cell = 1e6 * result["inference_s"] / result["cells"] if result["cells"] else float("nan")
         lines.append(f"{load:<14} {result['tokens_per_s']:>9.0f} {ratio:>9.2f} {result['inference_busy']:>6.2f} "
-                     f"{per_cell:>8.2f} {result['mean_batch_size'] or 0:>6.1f} {result['mean_handler_ms'] or 0:>11.1f}")
+                     f"{per_cell:>8.2f} {result['mean_batch_size'] or 0:>6.1f} {result['mean_handler_ms'] or 0:>11.1f}"
+                     f"  {', '.join(f'{graph} {n}' for graph, n in result['graphs'].items())}")
     lines.append("")
     for load in ("one_layer", "rollout_only"):
         ratio = best[load]["tokens_per_s"] / best["embeddings"]["tokens_per_s"]

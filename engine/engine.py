@@ -38,7 +38,7 @@ SCORES_VARIANT = {"fp32": "scores_fused", "int8": "scores_int8", "fp16": "scores
 ATTENTION_VARIANT = "attention"
 # The last layer's maps and rollout alone (export/attention_last.py): what the default attention request (the last
 # layer) and rollout without weights need, at about the embeddings graph's cost where the attention graph's every
-# layer and value norms cost about 1.3x (docs/performance.md, "The attention path"). Artifacts exported before it
+# layer and value norms cost 1.2-1.5x (docs/performance.md, "The attention path"). Artifacts exported before it
 # have none: those requests run the attention graph.
 LAST_LAYER_VARIANT = "attention_last"
 

@@ -2,8 +2,8 @@
 
 Most attention requests ask for the default layer (the last) or for rollout alone (docs/attention.md). The attention
 graph answers them by stacking every layer's maps into one [L, B, nh, T, T] output, beside each head's value norms,
-and the server computes rollout from the stack in numpy: that graph ran at about 1.3x the embeddings graph's time a
-batch, and rollout in numpy added about 0.15 more (docs/performance.md, "The attention path"). onnxruntime runs every
+and the server computes rollout from the stack in numpy: that graph ran at 1.2-1.5x the embeddings graph's time a
+batch, and rollout in numpy added 0.15-0.36 more (docs/performance.md, "The attention path"). onnxruntime runs every
 node of a graph whatever outputs a run fetches, so fetching fewer outputs saves nothing: a graph of its own is what
 leaves the other layers' maps unkept.
 
