@@ -149,7 +149,12 @@ class TextTokenizer:
             truncated = bool(encoding.overflowing)
             if truncated and not truncate:
                 raise InputTooLongError(f"{label}: the pair is longer than {self.limit} tokens{self._why}")
-            out.append(TokenizedInput(np.asarray(prefix + encoding.ids + suffix, dtype=np.int64), truncated))
+            # Where the document begins, for attention's pair statistics: the template's text before it (prefix,
+            # instruction, query) is segment a; the document and the suffix are b.
+            before = template["body"].split("{document}")[0].format(instruction=template["instruction"], query=query)
+            start = _token_holding(encoding, len(before))
+            out.append(TokenizedInput(np.asarray(prefix + encoding.ids + suffix, dtype=np.int64), truncated,
+                                      None, len(prefix) + start))
         return out
 
     def _pair(self, a: str, b: str, direction: str, whole_lengths: dict[str, int]):
@@ -263,6 +268,15 @@ class TextTokenizer:
             self._special_ids = np.array(sorted(i for i, t in self._tokenizer.get_added_tokens_decoder().items()
                                                 if t.special), dtype=np.int64)
         return np.isin(ids, self._special_ids)
+
+
+def _token_holding(encoding, char: int) -> int:
+    """The index of the encoding's token that holds the text's character `char`: the first that ends after it (a
+    byte-level BPE joins the space before a word to it). The encoding's length when none does: that part was cut."""
+    for index, (_, end) in enumerate(encoding.offsets):
+        if end > char:
+            return index
+    return len(encoding.ids)
 
 
 def _pair_start(encoding) -> int:

@@ -358,8 +358,10 @@ def _check_reranker_attention(request: EncodeRequest, manifest: Manifest) -> Non
     if request.attention is None:
         check_embedder(manifest.model, manifest.kind)  # its refusal
     if manifest.pair_template is not None:
-        raise _invalid("model", f"{manifest.model} scores a templated (query, document) pair: its attention is not "
-                                "served")
+        for row, item in enumerate(request.inputs):
+            if not isinstance(item, tuple):
+                raise _invalid(f"inputs[{row}]", f"{manifest.model} scores a (query, document) pair put through its "
+                                                 "template: send pairs", label=f"input {row}")
     for field, asked in (("token_embeddings", request.token_embeddings), ("dimensions", request.dimensions is not None),
                          ("pooling", request.pooling != "default"), ("normalize", request.normalize is not None),
                          ("embedding_types", tuple(request.embedding_types) != ("float",)),
@@ -629,7 +631,8 @@ def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manife
     out: list[TokenizedInput | None] = [None] * len(request.inputs)
     for rows, kind, encode in ((text_rows, "text", partial(tokenizer.encode_texts, texts)),
                                (id_rows, "token_ids", partial(tokenizer.encode_ids, ids)),
-                               (pair_rows, "pair", partial(tokenizer.encode_pairs, pairs))):
+                               (pair_rows, "pair", partial(tokenizer.encode_pairs, pairs) if manifest.pair_template
+                                is None else partial(tokenizer.encode_templated_pairs, pairs, manifest.pair_template))):
         if not rows:
             continue
         labels = [f"input {r}" for r in rows]

@@ -187,3 +187,32 @@ def test_served_through_rerank_routes(model_dir, exported, tmp_path):
         assert tei.status_code == 200, tei.text
         assert [r["index"] for r in tei.json()] == order
         assert np.abs(np.array([r["score"] for r in tei.json()]) - want[order]).max() <= 1e-5
+
+
+def test_attention_of_a_templated_pair_is_the_models_own(model_dir, exported, tmp_path):
+    """The attention a reranker researcher asks for: the (query, document) pair put through the model card's
+    template, every layer's maps equal to transformers' Qwen3ForCausalLM (eager) on the same tokens, the document's
+    first token as pair_start; a text that is no pair is refused in one line."""
+    import transformers
+
+    document = TEXTS[0]
+    ids = card_inputs(model_dir, QUERY, [document])["input_ids"]  # (1, T): one pair, no padding
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), attn_implementation="eager")
+    with torch.no_grad():
+        want = torch.stack(model.eval()(input_ids=ids, output_attentions=True).attentions)[:, 0].numpy()  # (L,nh,T,T)
+    with serving(ServerProcess(exported, log_path=tmp_path / "server.log")) as server:
+        reply = httpx.post(f"{server.http_url}/v1/attention", json={
+            "inputs": [[QUERY, document]], "layers": list(range(want.shape[0])), "analyses": ["head_stats"]},
+            timeout=60)
+        assert reply.status_code == 200, reply.text
+        item = reply.json()["data"][0]
+        got = np.reshape(item["attentions"], item["shape"])
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= 1e-4
+        tokens = item["tokens"]
+        assert len(tokens) == ids.shape[1]
+        start = item["pair_start"]
+        # The document's first token (with the space before it, as byte-level BPE joins them) starts segment b.
+        assert "".join(tokens[start - 4:start]).endswith("Document>:") and tokens[start] == "ĠC", tokens[start - 4:]
+        refused = httpx.post(f"{server.http_url}/v1/attention", json={"inputs": "not a pair"}, timeout=60)
+        assert refused.status_code == 400 and "send pairs" in refused.json()["error"]["message"], refused.text
