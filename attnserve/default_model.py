@@ -40,64 +40,73 @@ def artifacts_dir_for(model_name: str) -> Path:
     return cache_root() / f"{slug}-{__version__}"
 
 
-def resolve_artifacts(artifacts: str | None) -> Path:
-    """The artifact directory to serve: the one given, or the default model's, built on first use."""
+def resolve_artifacts(artifacts: str | None, precision: str = "auto", provider: str = "auto",
+                      given_as: str = "--artifacts") -> Path:
+    """The artifact directory to serve or encode with: the one given (a checkpoint given is exported once into the
+    cache: serving_directory), or the default model's, exported on first use. A directory exported here first
+    holds the graph a run of `precision` on `provider` needs (engine/variants.py run_variants); the engine builds
+    others as they are asked for."""
     if artifacts:
-        return Path(artifacts)
+        return serving_directory(Path(artifacts), None, given_as, precision, provider)
     directory = artifacts_dir_for(DEFAULT_MODEL_NAME)
     if (directory / "manifest.json").is_file():
         return directory
-    try:
-        from attnserve.export.artifacts import build_artifacts
-        from attnserve.model.checkpoint import read_checkpoint
-    except ImportError as e:
-        raise ArtifactError(
-            f"no --artifacts given and none built yet in {directory}; building them needs the export extra "
-            f"({e.name} is missing): pip install 'attnserve[export]'") from None
-    # Several processes started together on an empty cache (replicas, a test's servers) build it
-    # once: the first holds the lock, the others wait and then find its manifest.
-    with _build_lock(directory):
-        if not (directory / "manifest.json").is_file():
-            print(f"attnserve: first run: building artifacts for {DEFAULT_MODEL_NAME} in {directory}",
-                  file=sys.stderr)
-            build_artifacts(read_checkpoint(default_checkpoint_dir(), DEFAULT_MODEL_NAME), directory)
+    _export_once(default_checkpoint_dir(), DEFAULT_MODEL_NAME, directory, precision, provider,
+                 f"first run: exporting {DEFAULT_MODEL_NAME} into {directory}")
     return directory
 
 
-def serving_directory(directory: Path, name: str | None, given_as: str) -> Path:
-    """The artifact directory to serve for a directory given to serve (--artifacts DIR, --model NAME=DIR), as
-    KServe mounts a model at /mnt/models: an artifact directory as it is; a checkpoint (config.json, as
-    sentence-transformers and transformers save one) exported once into the cache under `name` (None: the folder's
-    name, as `attnserve export` records it), later starts reusing it; anything else a one-line ArtifactError.
-    A path that is no directory is left to the engine, whose error names it."""
-    if not directory.is_dir() or (directory / "manifest.json").is_file():
+def serving_directory(directory: Path, name: str | None, given_as: str, precision: str = "auto",
+                      provider: str = "auto") -> Path:
+    """The artifact directory to serve for a directory given to serve or encode (--artifacts DIR, --model
+    NAME=DIR), as KServe mounts a model at /mnt/models: an artifact directory as it is; a checkpoint (config.json,
+    as sentence-transformers and transformers save one) exported once into the cache under `name` (None: the
+    folder's name, as `attnserve export` records it), later starts reusing it; anything else a one-line
+    ArtifactError."""
+    if not directory.exists():
+        raise ArtifactError(f"{given_as}: {directory} does not exist")
+    if not directory.is_dir():
+        raise ArtifactError(f"{given_as}: {directory} is not a directory")
+    if (directory / "manifest.json").is_file():
         return directory
     if not (directory / "config.json").is_file():
         held = sorted(p.name + ("/" if p.is_dir() else "") for p in directory.iterdir())
         holds = ", ".join(held[:8]) + (", ..." if len(held) > 8 else "") if held else "nothing"
         raise ArtifactError(f"{given_as}: {directory} is not an artifact directory (no manifest.json, made by "
                             f"`attnserve export`) nor a checkpoint (no config.json); it holds {holds}")
-    out = artifacts_dir_for(f"{name or directory.name}-{_fingerprint(directory)}")
+    out = checkpoint_artifacts_dir(directory, name)
     if (out / "manifest.json").is_file():
         return out
-    try:
-        from attnserve.export.artifacts import build_artifacts
-        from attnserve.model.checkpoint import read_checkpoint
-    except ImportError as e:
-        raise ArtifactError(
-            f"{given_as}: {directory} is a checkpoint, not an artifact directory; exporting it needs the export "
-            f"extra ({e.name} is missing): pip install 'attnserve[export]', or serve `attnserve export`'s "
-            "output") from None
-    with _build_lock(out):
-        if not (out / "manifest.json").is_file():
-            print(f"attnserve: {directory} is a checkpoint: exporting it into {out} (once: later starts reuse it)",
-                  file=sys.stderr)
-            build_artifacts(read_checkpoint(directory, name), out)
+    _export_once(directory, name, out, precision, provider,
+                 f"{directory} is a checkpoint: exporting it into {out} (once: later starts reuse it)")
     return out
 
 
-def _fingerprint(directory: Path) -> str:
-    """Names what a checkpoint's export is cached under: its path and every file's name, size and time, so that
+def checkpoint_artifacts_dir(checkpoint: Path, name: str | None) -> Path:
+    """Where a checkpoint's artifacts are cached, for serve, encode and export alike: the default model's under its
+    name; any other under its name and its files' fingerprint (another checkpoint at the same path exports anew)."""
+    if name == DEFAULT_MODEL_NAME and checkpoint.resolve() == default_checkpoint_dir().resolve():
+        return artifacts_dir_for(DEFAULT_MODEL_NAME)
+    return artifacts_dir_for(f"{name or checkpoint.name}-{checkpoint_fingerprint(checkpoint)}")
+
+
+def _export_once(checkpoint: Path, name: str | None, out: Path, precision: str, provider: str, line: str) -> None:
+    """checkpoint exported into out, in a child process (engine/builds.py), the graph a run of `precision` needs;
+    under out's lock, so that processes started together on an empty cache export it once."""
+    from attnserve.engine.builds import export_in_child
+    from attnserve.engine.session import resolve_provider
+
+    provider = resolve_provider(provider)
+    with build_lock(out):
+        if not (out / "manifest.json").is_file():
+            print(f"attnserve: {line}", file=sys.stderr, flush=True)
+            export_in_child(checkpoint, name, out, precision, provider,
+                            lambda text: print(text, file=sys.stderr, flush=True))
+
+
+def checkpoint_fingerprint(directory: Path) -> str:
+    """Names what a checkpoint's export is cached under, and is recorded as its source (an artifact directory
+    builds more graphs from it only while it matches): its path and every file's name, size and time, so that
     another checkpoint at the same path (a new /mnt/models) exports anew. Reads no weights."""
     digest = hashlib.sha256(str(directory.resolve()).encode())
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
@@ -107,12 +116,15 @@ def _fingerprint(directory: Path) -> str:
 
 
 @contextlib.contextmanager
-def _build_lock(directory: Path) -> Iterator[None]:
+def build_lock(directory: Path) -> Iterator[None]:
+    """The artifact directory's lock, held while it is built or a variant is added to it: processes started
+    together on an empty cache (replicas, a test's servers) build it once; a variant is built by one of them."""
     try:
         directory.parent.mkdir(parents=True, exist_ok=True)
         lock = open(directory.parent / f".{directory.name}.lock", "a")
     except OSError as e:
-        raise ArtifactError(f"cannot write the artifact cache {directory.parent}: {e.strerror}") from None
+        raise ArtifactError(f"cannot lock {directory} to build it: {directory.parent} is not writable "
+                            f"({e.strerror}); build it with `attnserve export --all` where it is") from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
         yield

@@ -36,6 +36,8 @@ class Reason(str, Enum):
     SHUTTING_DOWN = "SHUTTING_DOWN"  # retry on another replica
     NOT_SERVING = "NOT_SERVING"  # before warm-up and while draining (health and readiness)
     BATCH_FAILED = "BATCH_FAILED"  # retry
+    GRAPH_BUILDING = "GRAPH_BUILDING"  # a graph the request needs is being built: retry after retry_after
+    GRAPH_UNAVAILABLE = "GRAPH_UNAVAILABLE"  # a graph the request needs is not built, and cannot be here
     INTERNAL = "INTERNAL"
 
     def __str__(self) -> str:  # "QUEUE_FULL", not "Reason.QUEUE_FULL", in messages and on the wire
@@ -51,7 +53,7 @@ class Reason(str, Enum):
         return self in RETRYABLE
 
 
-RETRYABLE = frozenset({Reason.QUEUE_FULL, Reason.SHUTTING_DOWN, Reason.BATCH_FAILED})
+RETRYABLE = frozenset({Reason.QUEUE_FULL, Reason.SHUTTING_DOWN, Reason.BATCH_FAILED, Reason.GRAPH_BUILDING})
 
 
 class AttnserveError(Exception):
@@ -140,6 +142,24 @@ class QueueFullError(AttnserveError):
     def __init__(self, message: str, retry_after: float):
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class GraphBuildingError(AttnserveError):
+    """A graph the request needs (the attention graph, say) is not built yet and is being built now
+    (engine/builds.py): the same request succeeds once it is, after about `retry_after` seconds."""
+
+    reason = Reason.GRAPH_BUILDING
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class GraphUnavailableError(AttnserveError):
+    """A graph the request needs is not built, and this server cannot build it (no torch, a read-only directory,
+    the checkpoint gone, or its build failed): retrying cannot help; the message says what would."""
+
+    reason = Reason.GRAPH_UNAVAILABLE
 
 
 class ShuttingDownError(AttnserveError):

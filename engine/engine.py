@@ -13,9 +13,11 @@ from typing import Any
 import numpy as np
 
 from attnserve.config import EngineConfig
-from attnserve.errors import ArtifactError, ConfigError
+from attnserve.errors import ArtifactError, ConfigError, GraphUnavailableError
+from attnserve.progress import progress_log
 
 from .batching import pad, pad_types, plan_batches
+from .builds import BackgroundBuilds, add_in_child, has
 from .calibration import Choice, budgets, calibrated_graph
 from .machine import this_machine
 from .manifest import GraphVariant, Manifest, load_manifest
@@ -25,16 +27,10 @@ from .pooling import l2_normalize
 from .prompts import apply_prompt
 from .session import CPU, CUDA, OPENVINO, open_graph, resolve_provider
 from .tokenizer import TextTokenizer, TokenizedInput
+from .variants import defaults_of, first_of, run_variants, variants_of
 
 log = logging.getLogger("attnserve.engine")
 
-# The default graph of each precision: the one that runs where the machine's own choice is not known (on CUDA,
-# and on Ray's driver); on the CPU it is one candidate among the exact graphs of its precision (candidate_graphs).
-EMBEDDINGS_VARIANT = {"fp32": "embeddings_fused", "int8": "embeddings_int8", "fp16": "embeddings_fp16",
-                      "bf16": "embeddings_bf16"}
-# A reranker's graphs (export/reranker.py) output scores. Artifacts exported before rerankers had an int8 graph
-# lack scores_int8: asked for int8, they are told to re-export.
-SCORES_VARIANT = {"fp32": "scores_fused", "int8": "scores_int8", "fp16": "scores_fp16"}
 ATTENTION_VARIANT = "attention"
 # The last layer's maps and rollout alone (export/attention_last.py): what the default attention request (the last
 # layer) and rollout without weights need, at about the embeddings graph's cost where the attention graph's every
@@ -91,14 +87,37 @@ class Encoded:
     stats: EncodeStats = field(default_factory=EncodeStats)
 
 
+class NotBuiltError(ArtifactError):
+    """No graph of the precision a run asks for is built yet: `names` are the variants to build first."""
+
+    def __init__(self, message: str, names: list[str]):
+        super().__init__(message)
+        self.names = names
+
+
 def default_graphs(manifest: Manifest) -> dict[str, str]:
-    """precision -> the name of its default graph, for the artifact's kind."""
-    return SCORES_VARIANT if manifest.kind == "reranker" else EMBEDDINGS_VARIANT
+    """precision -> the name of its default graph, for the artifact's kind (engine/variants.py)."""
+    return defaults_of(manifest.kind)
+
+
+def precision_graph(manifest: Manifest, precision: str) -> GraphVariant | None:
+    """The graph of `precision` that runs where the machine's own choice is not known (on CUDA, on Ray's driver;
+    on the CPU it is one candidate among the exact graphs of its precision, candidate_graphs): the precision's
+    default where it is built, else the one a run builds first, else another built of that precision (the same
+    outputs); None where none is."""
+    for name in (defaults_of(manifest.kind).get(precision), first_of(manifest.kind).get(precision)):
+        if name in manifest.variants:
+            return manifest.variants[name]
+    table = variants_of(manifest.kind)
+    built = [v for name, v in sorted(manifest.variants.items()) if v.precision == precision
+             and name in table and table[name].step not in ("attention",)]
+    return built[0] if built else None
 
 
 def embeddings_graph(manifest: Manifest, config: EngineConfig) -> tuple[str, str, GraphVariant]:
     """(provider, precision, graph) that an engine with `config` runs before any calibration, without opening a
-    session: the graph --graph names, else the precision's default."""
+    session: the graph --graph names, else the precision's (precision_graph). NotBuiltError where the directory
+    holds no graph of the precision yet."""
     provider = resolve_provider(config.provider)
     forced = _forced_graph(manifest, config)
     precision = config.precision if config.precision != "auto" else (
@@ -112,17 +131,25 @@ def embeddings_graph(manifest: Manifest, config: EngineConfig) -> tuple[str, str
     variants = default_graphs(manifest)
     if precision not in variants:
         raise ConfigError(f"{manifest.model} has no {precision} graph; use one of {', '.join(variants)}")
-    variant_name = variants[precision]
-    if variant_name not in manifest.variants:
-        if precision == "bf16":
-            raise ConfigError(f"{manifest.model} has no bf16 graph: export it where OpenVINO is installed "
-                              "(pip install 'attnserve[openvino]') on a CPU with native bf16")
-        if manifest.kind == "reranker" and precision == "int8":  # export/reranker.py leaves out an int8 off its bar
-            raise ConfigError(f"{manifest.model} has no int8 graph: its int8 scores missed the export's bar, or it "
-                              "was exported before rerankers had one (re-export); use fp32")
-        raise ArtifactError(f"{manifest.directory} has no {precision} graph ({variant_name}); re-export")
+    graph = precision_graph(manifest, precision)
+    first = first_of(manifest.kind).get(precision)
+    if graph is None and first in manifest.refused:  # a build made it and left it out: say why, build nothing
+        raise ConfigError(f"{manifest.model} has no {precision} graph: {manifest.refused[first]}; use fp32")
+    if graph is None and precision == "bf16" and not openvino_available():
+        raise ConfigError("bf16 runs on OpenVINO, which is not installed: pip install 'attnserve[openvino]'")
+    if graph is None:
+        if manifest.source is None:  # exported whole, before variants were built as needed: it lacks this one
+            if precision == "bf16":
+                raise ConfigError(f"{manifest.model} has no bf16 graph: export it where OpenVINO is installed "
+                                  "(pip install 'attnserve[openvino]') on a CPU with native bf16")
+            if manifest.kind == "reranker" and precision == "int8":  # export left out an int8 off its bar
+                raise ConfigError(f"{manifest.model} has no int8 graph: its int8 scores missed the export's bar, "
+                                  "or it was exported before rerankers had one (re-export); use fp32")
+            raise ArtifactError(f"{manifest.directory} has no {precision} graph ({variants[precision]}); re-export")
+        raise NotBuiltError(f"{manifest.directory} holds no {precision} graph yet",
+                            run_variants(manifest.kind, precision, provider))
     if forced is None:
-        return provider, precision, manifest.variants[variant_name]
+        return provider, precision, graph
     candidates = candidate_graphs(manifest, precision)
     if forced not in candidates:
         raise ConfigError(f"--graph {forced.name} is not one of the {precision} graphs of {manifest.model}: "
@@ -133,10 +160,15 @@ def embeddings_graph(manifest: Manifest, config: EngineConfig) -> tuple[str, str
 def _forced_graph(manifest: Manifest, config: EngineConfig) -> GraphVariant | None:
     if config.graph == "auto":
         return None
+    table = variants_of(manifest.kind)
+    # The graphs an engine can run: those with the outputs of the fp32 default (not the attention graph).
+    outputs = table[defaults_of(manifest.kind)["fp32"]].outputs
     if config.graph not in manifest.variants:
-        # The graphs an engine can run: those with the outputs of the fp32 default (not the attention graph).
-        default = manifest.variants.get(default_graphs(manifest)["fp32"])
-        runnable = [v.name for v in manifest.variants.values() if default is None or v.outputs == default.outputs]
+        if manifest.source is not None and config.graph in table and table[config.graph].outputs == outputs:
+            raise NotBuiltError(f"{manifest.directory} holds no {config.graph} graph yet", [config.graph])
+        runnable = [v.name for v in manifest.variants.values() if v.outputs == outputs]
+        if manifest.source is not None:
+            runnable += [name for name, v in table.items() if v.outputs == outputs and name not in runnable]
         raise ConfigError(f"--graph {config.graph}: {manifest.model} has no such graph; choose auto or one of "
                           f"{', '.join(runnable)}")
     return manifest.variants[config.graph]
@@ -146,7 +178,8 @@ def candidate_graphs(manifest: Manifest, precision: str) -> list[GraphVariant]:
     """The exact graphs of a precision, the default first: the same outputs as the default (so not the attention
     graph), each verified against PyTorch at export within the precision's tolerance. OpenVINO's are left out
     where OpenVINO is not installed."""
-    default = manifest.variants[default_graphs(manifest)[precision]]
+    default = precision_graph(manifest, precision)
+    assert default is not None, "embeddings_graph found one"
     others = sorted((v for v in manifest.variants.values() if v is not default and v.precision == precision
                      and v.outputs == default.outputs and (v.backend != OPENVINO or openvino_available())),
                     key=lambda v: v.name)
@@ -164,17 +197,30 @@ def auto_candidates(manifest: Manifest, provider: str) -> tuple[list[GraphVarian
     machine = this_machine()
     if not machine.native_bf16:
         why = f"this CPU has no native bf16 (AVX512-BF16 or AMX): {machine.describe()}"
-    elif bf16 is None:
-        why = "the artifacts have no bf16 graph (exported without OpenVINO, or on a CPU without native bf16)"
     elif not openvino_available():
-        why = "OpenVINO, which runs it, is not installed (pip install 'attnserve[openvino]')"
+        why = "OpenVINO, which runs it, is not installed: pip install 'attnserve[openvino]'"
+    elif bf16 is None:
+        why = ("not built yet: `attnserve export --all` builds it, or run once with --precision bf16"
+               if manifest.source is not None else "the artifacts have no bf16 graph (exported without OpenVINO)")
     else:
         return [*candidates, bf16], []
     return candidates, [f"bf16 not timed: {why}"]
 
 
 class Engine:
-    def __init__(self, manifest: Manifest, config: EngineConfig, attention: bool = False):
+    def __init__(self, manifest: Manifest, config: EngineConfig, attention: bool = False, build: bool = True,
+                 build_log: Callable[[str], None] | None = None):
+        """attention: open the attention graphs' sessions now (those built). build: where no graph of the
+        precision (or the --graph) is built yet, build it now, in a child process (engine/builds.py), its lines to
+        build_log (default: the progress logger); else refuse."""
+        self._log = build_log or progress_log.info
+        try:
+            embeddings_graph(manifest, config)
+        except NotBuiltError as missing:
+            if not build:
+                raise ArtifactError(f"{missing}: build it with `attnserve export --all`") from None
+            add_in_child(manifest.directory, missing.names, resolve_provider(config.provider), self._log)
+            manifest = load_manifest(manifest.directory)
         if config.max_batch_tokens < manifest.served_max_length:
             # A batch holds at least one input of the longest length served (TEI raises its budget alike).
             log.info("max_batch_tokens %d raised to %d, the longest input %s serves", config.max_batch_tokens,
@@ -197,10 +243,50 @@ class Engine:
         self.takes_token_types = "token_type_ids" in {i.name for i in self._session.get_inputs()}
         self._attention_sessions: dict[str, Any] = {}  # variant name -> its session, opened once
         self._attention_lock = threading.Lock()
+        self._builds: BackgroundBuilds | None = None  # the server's: background_builds()
         if attention:
-            self._open_attention_session(ATTENTION_VARIANT)
-            if self.has_last_layer_graph:
-                self._open_attention_session(LAST_LAYER_VARIANT)
+            for name in (ATTENTION_VARIANT, LAST_LAYER_VARIANT):
+                if name in self.manifest.variants:
+                    self._open_attention_session(name)
+
+    # -- variants built as they are needed (engine/builds.py) ---------------------------------------------------------
+
+    def background_builds(self) -> None:
+        """From now on, require() builds what a request needs in the background (a server's engine)."""
+        self._builds = BackgroundBuilds(lambda: self.manifest, self.provider, self._log, self.refresh)
+
+    def refresh(self) -> None:
+        """Read the manifest again, after a build added variants (every file checked as at start)."""
+        self.manifest = load_manifest(self.manifest.directory)
+
+    def attention_variants(self) -> tuple[str, ...]:
+        """The graphs an attention request needs: the attention graph and the last-layer one (built together)."""
+        return (ATTENTION_VARIANT,) if self.manifest.kind == "reranker" else (ATTENTION_VARIANT, LAST_LAYER_VARIANT)
+
+    def require(self, needs: Sequence[str], what: str) -> Manifest:
+        """The manifest, once what is needed is built: variants by name, "attention" (attention_variants) or
+        "quantization" (the quantized embeddings' ranges). Built in the background where a server's builds are on
+        (GraphBuildingError, retryable, until then), in the foreground otherwise (offline, a client of the engine).
+        GraphUnavailableError where it cannot be built here. what: what needs them, for the messages."""
+        manifest = self.manifest
+        names = [n for need in needs for n in (self.attention_variants() if need == "attention" else (need,))]
+        missing = [n for n in names if not has(manifest, n)]
+        if not missing:
+            return manifest
+        if manifest.source is None:
+            raise GraphUnavailableError(
+                f"{what} of {manifest.model} need {', '.join(missing)}, which its artifacts ({manifest.directory}) "
+                "lack: they were exported whole before graphs were built as needed; export them again")
+        if self._builds is not None:
+            self._builds.require(missing, what)
+            return self.manifest
+        try:
+            add_in_child(manifest.directory, missing, self.provider, self._log)
+        except ArtifactError as e:
+            raise GraphUnavailableError(f"{what} of {manifest.model} need {', '.join(missing)}, which could not be "
+                                        f"built: {e}") from None
+        self.refresh()
+        return self.manifest
 
     def _choose_graph(self, graph: GraphVariant) -> Choice:
         """The graph this engine runs and its batch token budget: forced by --graph, timed on this CPU
@@ -254,20 +340,25 @@ class Engine:
                           self.config.threads, arena, variant.disabled_optimizers)
 
     @classmethod
-    def from_directory(cls, directory: str | Path, config: EngineConfig | None = None, attention: bool = False
-                       ) -> Engine:
-        return cls(load_manifest(directory), config or EngineConfig(), attention)
+    def from_directory(cls, directory: str | Path, config: EngineConfig | None = None, attention: bool = False,
+                       build: bool = True, build_log: Callable[[str], None] | None = None) -> Engine:
+        return cls(load_manifest(directory), config or EngineConfig(), attention, build, build_log)
 
     @property
     def has_last_layer_graph(self) -> bool:
         return LAST_LAYER_VARIANT in self.manifest.variants
 
+    @property
+    def has_attention_graphs(self) -> bool:
+        """Whether the graphs an attention request runs on are built (attention_variants)."""
+        return all(name in self.manifest.variants for name in self.attention_variants())
+
     def _open_attention_session(self, name: str = ATTENTION_VARIANT):
         with self._attention_lock:
             if name not in self._attention_sessions:
                 variant = self.manifest.variants.get(name)
-                if variant is None:
-                    raise ArtifactError(f"{self.manifest.directory} has no attention graph; re-export")
+                if variant is None:  # requests are checked before they are queued (Engine.require); this guards
+                    raise GraphUnavailableError(f"{self.manifest.directory} has no {name} graph")
                 # Its intermediates grow with tokens^2 per batch: an arena would keep a burst's peak (about
                 # 250 MB for MiniLM) for the process's life (at some cost in speed: docs/performance.md).
                 self._attention_sessions[name] = self._open_graph(variant, self.provider, arena=False)

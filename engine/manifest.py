@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,6 +104,19 @@ class Manifest:
     # A ColBERT model's (model/colbert.py serving_settings; engine/multi_vector.py reads it): its vectors' dimension,
     # query and document lengths, query expansion, skip-list ids and similarity. None: not a multi-vector model.
     multi_vector: dict | None = None
+    # What builds the variants a directory does not hold yet (export/artifacts.py add_variants); None, {}, None for
+    # a directory exported whole before variants were built as needed:
+    # - source: the checkpoint exported, {"checkpoint": its absolute path, "fingerprint": its files' names, sizes
+    #   and times}, loaded again by the steps that need PyTorch;
+    # - traces: the plain graphs traced, by dtype ("fp32", "fp16") -> {"file", "sha256", "data_files"}: what the
+    #   other graphs are built from;
+    # - reference: PyTorch's outputs on the check inputs, {"file", "sha256"} (export/verify.py Reference).
+    source: dict | None = None
+    traces: dict[str, dict] = field(default_factory=dict)
+    reference: dict | None = None
+    # Variants a build made and left out, with why: an int8 graph off its bar, OpenVINO's bf16 off its. A run that
+    # asks for one is told why, and nothing builds it again.
+    refused: dict[str, str] = field(default_factory=dict)
 
     def quantization_ranges(self, dimensions: int | None, normalize: bool):
         """(2, D) int8 / uint8 ranges for embeddings cut to `dimensions` and normalised or not; None where the
@@ -116,9 +131,11 @@ class Manifest:
     @property
     def has_value_norms(self) -> bool:
         """Whether the attention graph gives each head's value norms (model/value_norms.py): exported since they
-        were added."""
+        were added, or to be built as needed by this version (which adds them)."""
         attention = self.variants.get("attention")
-        return attention is not None and "value_norms" in attention.outputs
+        if attention is None:
+            return self.source is not None
+        return "value_norms" in attention.outputs
 
     @property
     def sparse(self) -> bool:
@@ -175,7 +192,25 @@ class Manifest:
             **({"pair_template": self.pair_template} if self.pair_template is not None else {}),
             **({"quantization": self.quantization} if self.quantization is not None else {}),
             **({"multi_vector": self.multi_vector} if self.multi_vector is not None else {}),
+            **({"source": self.source} if self.source is not None else {}),
+            **({"traces": self.traces} if self.traces else {}),
+            **({"reference": self.reference} if self.reference is not None else {}),
+            **({"refused": self.refused} if self.refused else {}),
         }
+
+
+def write_manifest(manifest: Manifest) -> None:
+    """manifest.json written whole, atomically: a reader (a server starting, a build in another process) sees the
+    old manifest or the new one, never a mixture."""
+    path = manifest.path(MANIFEST)
+    tmp = path.with_name(f".{MANIFEST}.{os.getpid()}.{secrets.token_hex(4)}.tmp")  # open() keeps the umask's mode
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(json.dumps(manifest.to_json(), indent=2) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def sha256_of(path: Path) -> str:
@@ -240,6 +275,14 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             quantization=None if raw.get("quantization") is None else {
                 "file": str(raw["quantization"]["file"]), "sha256": str(raw["quantization"]["sha256"]),
                 "texts": int(raw["quantization"]["texts"])},
+            source=None if raw.get("source") is None else {
+                "checkpoint": str(raw["source"]["checkpoint"]), "fingerprint": str(raw["source"]["fingerprint"])},
+            traces={str(dtype): {"file": str(t["file"]), "sha256": str(t["sha256"]),
+                                 "data_files": {str(f): str(h) for f, h in t["data_files"].items()}}
+                    for dtype, t in raw.get("traces", {}).items()},
+            reference=None if raw.get("reference") is None else {
+                "file": str(raw["reference"]["file"]), "sha256": str(raw["reference"]["sha256"])},
+            refused={str(name): str(why) for name, why in raw.get("refused", {}).items()},
         )
         if manifest.kind not in ("embedder", "reranker"):
             raise ArtifactError(f"{path}: kind {manifest.kind!r} is not embedder or reranker; re-export")

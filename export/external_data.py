@@ -1,74 +1,55 @@
-"""Graphs whose weights live beside them in a data file (ONNX external data), for models past protobuf's 2 GB.
+"""Where the graphs keep their weights: in data files beside them (ONNX external data), each tensor stored once.
 
-A serialized ONNX model is one protobuf message, which cannot exceed 2 GiB: a 0.6B-parameter model's fp32 graph
-(2.4 GB of weights) can only be written with its tensors in a separate file, `<graph>.onnx.data` beside
-`<graph>.onnx` (onnxruntime's own naming, which its optimizer's save_model_to_file uses too). Export decides once,
-from the checkpoint's fp32 weight bytes, when it traces the first graph; every graph derived from it (fused, int8,
-fp16, the int8 search's probes) keeps its source's layout, so one decision carries through (has_external_data).
+Every graph of an artifact directory reads its weights from data files in the directory, never from inside the
+graph file, for two reasons:
+- a graph past protobuf's 2 GiB (a 0.6B model's fp32 weights are 2.4 GB) can only be written that way;
+- graphs that hold the same tensor read it from the same place. The embeddings graph, the attention graphs and
+  the plain half of the fused graph are one set of fp32 weights: written once, by the trace, into
+  `weights.fp32.data` (weights_file). A graph built later from another (fused, int8, fp16) writes only the tensors
+  it changed, into a data file of its own (`<graph>.onnx.data`, onnxruntime's naming), and reads every tensor it
+  kept from where it already is (SharedWeights: tensors found by their bytes). The default artifact directory is
+  then about its checkpoint's size, and `export --all` a little over twice it, where every graph once held its own
+  copy (all-mpnet-base-v2: 2.2 GB for a 438 MB checkpoint).
 
-ATTNSERVE_EXTERNAL_DATA_ABOVE (bytes of fp32 weights) sets the threshold; 0 forces external data on any model,
-which is how the tests run this path on a small model: the same code a graph over 2 GB takes.
+Data files are written once and never changed: the manifest holds each one's sha256. Large tensors start at
+ALIGNMENT in their file, so that onnxruntime and OpenVINO can map them into memory rather than copy them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 import onnx
-from onnx.external_data_helper import uses_external_data
+from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
-THRESHOLD_ENV = "ATTNSERVE_EXTERNAL_DATA_ABOVE"
-# Graphs with more fp32 weight bytes than this are written with external data. Below protobuf's 2 GiB with room:
-# the int8 search adds fp32 side paths to the graph, and the graph's own structure takes space too.
-DEFAULT_THRESHOLD = 3 * 2**29  # 1.5 GiB
 # Tensors smaller than this stay inside the graph (onnx's and onnxruntime's default).
 SIZE_THRESHOLD = 1024
-
-
-def threshold() -> int:
-    raw = os.environ.get(THRESHOLD_ENV, "")
-    if not raw:
-        return DEFAULT_THRESHOLD
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        from attnserve.errors import ConfigError
-
-        raise ConfigError(f"{THRESHOLD_ENV}={raw!r} is not a number of bytes (0 or more)")
-    return value
-
-
-def wants_external_data(weight_bytes: int) -> bool:
-    return weight_bytes > threshold()
+# Tensors of ALIGN_ABOVE bytes or more start at a multiple of ALIGNMENT (onnx's align_offset defaults: 1 MiB and
+# Windows' allocation granularity, which Linux's 4 KiB pages divide): onnxruntime maps such a tensor from the file
+# instead of reading it into memory of its own (its ModelSavingOptions' comment), and so does OpenVINO.
+ALIGN_ABOVE = 2**20
+ALIGNMENT = 2**16
 
 
 def data_file(graph: Path) -> Path:
-    """Where a graph's external data goes: beside it, named after it."""
+    """Where a graph's own tensors go: beside it, named after it."""
     return graph.with_name(graph.name + ".data")
 
 
-def save(model: onnx.ModelProto, path: Path, external: bool) -> None:
-    """Write the model, with its tensors in data_file(path) when external (an old data file is replaced, never
-    appended to)."""
-    if not external:
-        onnx.save_model(model, str(path))
-        return
-    data_file(path).unlink(missing_ok=True)
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data_file(path).name, size_threshold=SIZE_THRESHOLD)
+def weights_file(directory: Path, precision: str) -> Path:
+    """The weights a trace writes, that every graph of the same precision reads: weights.fp32.data, ..."""
+    return directory / f"weights.{precision}.data"
 
 
 def external_files(path: Path) -> list[str]:
     """The file names, relative to the graph's folder, that the graph at path reads its tensors from (sorted;
     none for a self-contained graph)."""
-    from onnx.external_data_helper import ExternalDataInfo
-
-    # Initializers only: export's graphs keep no tensor in node attributes outside the graph (save() leaves
-    # attributes inline, as onnx does by default).
+    # Initializers only: export's graphs keep no tensor in node attributes outside the graph (save_streamed puts
+    # them inside, as onnx does by default).
     model = onnx.load(str(path), load_external_data=False)
     return sorted({ExternalDataInfo(t).location for t in model.graph.initializer if uses_external_data(t)})
 
@@ -77,62 +58,159 @@ def has_external_data(path: Path) -> bool:
     return bool(external_files(path))
 
 
-def save_streamed(model: onnx.ModelProto, path: Path, source_dir: Path,
-                  convert: dict[str, Callable[[bytes], bytes]] | None = None) -> None:
-    """Write a graph whose tensors may still be in other graphs' data files (it was loaded with
-    load_external_data=False from a graph in source_dir), with every tensor of SIZE_THRESHOLD bytes or more in
-    data_file(path): each is read from where it is, converted by convert[name] if there, and written, one at a
-    time, so that no more than one tensor's bytes is in memory beyond the graph's own. The tensors in memory
-    (ones a step made) go there too, and tensors under SIZE_THRESHOLD bytes into the graph, as save() puts them.
-    Where source_dir is path's folder, the source's data files must be other files than data_file(path)."""
-    from onnx.external_data_helper import ExternalDataInfo
+def save(model: onnx.ModelProto, path: Path, external: bool = True) -> None:
+    """Write a model whose tensors are in memory, with those of SIZE_THRESHOLD bytes or more in data_file(path) (an
+    old data file is replaced, never appended to); external False: all inside the graph file (a small graph)."""
+    if not external:
+        onnx.save_model(model, str(path))
+        return
+    data_file(path).unlink(missing_ok=True)
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data_file(path).name, size_threshold=SIZE_THRESHOLD)
 
+
+def tensor_bytes(tensor: onnx.TensorProto, base: Path) -> bytes:
+    """A tensor's raw bytes, from the graph or from the data file it names (relative to base, its graph's folder)."""
+    if not uses_external_data(tensor):
+        return tensor.raw_data
+    info = ExternalDataInfo(tensor)
+    with open(base / info.location, "rb") as f:
+        f.seek(info.offset or 0)
+        return f.read() if info.length is None else f.read(info.length)
+
+
+def point_at(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    """Make tensor read its bytes from location[offset:offset + length] (what onnx's set_external_data writes,
+    which asks for the bytes in raw_data)."""
+    tensor.ClearField("raw_data")
+    del tensor.external_data[:]
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+
+
+def _digest(raw: bytes) -> bytes:
+    return hashlib.blake2b(raw, digest_size=20).digest()
+
+
+class TensorWriter:
+    """Appends tensors' bytes to a data file, large ones aligned; created on the first tensor written."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file: BinaryIO | None = None
+
+    def write(self, raw: bytes | memoryview) -> tuple[int, int]:
+        """(offset, length) of raw in the file."""
+        if self._file is None:
+            self.path.unlink(missing_ok=True)  # never appended to: a new file
+            self._file = open(self.path, "wb")  # noqa: SIM115 (closed by close(), after many writes)
+        offset = self._file.tell()
+        if len(raw) >= ALIGN_ABOVE and offset % ALIGNMENT:
+            self._file.write(b"\0" * (ALIGNMENT - offset % ALIGNMENT))
+            offset = self._file.tell()
+        self._file.write(raw)
+        return offset, len(raw)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class SharedWeights:
+    """Tensors already stored in a directory's data files, found by their bytes: a graph being saved reads each
+    tensor it shares with them from there instead of storing it again. Bytes alone decide: a tensor read from the
+    same bytes is the same tensor, whatever the graph that first wrote it called it."""
+
+    def __init__(self) -> None:
+        self._where: dict[bytes, tuple[str, int, int]] = {}  # digest -> (file name, offset, length)
+
+    @classmethod
+    def of_graphs(cls, graphs: Iterable[Path]) -> SharedWeights:
+        """The tensors the graphs read from data files (each graph's folder is where its data files are)."""
+        shared = cls()
+        for graph in graphs:
+            model = onnx.load(str(graph), load_external_data=False)
+            for tensor in model.graph.initializer:
+                if uses_external_data(tensor):
+                    info = ExternalDataInfo(tensor)
+                    raw = tensor_bytes(tensor, graph.parent)
+                    shared.add(raw, info.location, info.offset or 0, len(raw))
+        return shared
+
+    def add(self, raw: bytes, location: str, offset: int, length: int) -> None:
+        self._where.setdefault(_digest(raw), (location, offset, length))
+
+    def find(self, raw: bytes) -> tuple[str, int, int] | None:
+        return self._where.get(_digest(raw))
+
+
+def save_streamed(model: onnx.ModelProto, path: Path, source_dir: Path,
+                  convert: dict[str, Callable[[bytes], bytes]] | None = None,
+                  shared: SharedWeights | None = None) -> None:
+    """Write the graph at path with every tensor of SIZE_THRESHOLD bytes or more outside it: each read from where
+    it is (in memory, or a data file of source_dir that the graph, loaded with load_external_data=False, names),
+    converted by convert[name] if there, then read from a data file of `shared` where its bytes are already
+    stored there, else written into data_file(path), one at a time: no more than one tensor's bytes is in memory
+    beyond the graph's own. data_file(path) is only made for tensors that are new. Tensors under SIZE_THRESHOLD
+    bytes go into the graph. source_dir's data files must be other files than data_file(path)."""
     convert = convert or {}
-    data = data_file(path)
-    data.unlink(missing_ok=True)
-    with open(data, "wb") as out:
+    own = TensorWriter(data_file(path))
+    try:
         for tensor in model.graph.initializer:
-            if tensor.HasField("raw_data") and uses_external_data(tensor):  # read by a step, maybe changed
-                raw = tensor.raw_data
-                tensor.ClearField("raw_data")
-                del tensor.external_data[:]
-            elif uses_external_data(tensor):
-                info = ExternalDataInfo(tensor)
-                with open(source_dir / info.location, "rb") as f:
-                    f.seek(info.offset or 0)
-                    raw = f.read() if info.length is None else f.read(info.length)
-                del tensor.external_data[:]
-                tensor.ClearField("data_location")
-            elif tensor.HasField("raw_data") and len(tensor.raw_data) >= SIZE_THRESHOLD:  # made by a step
-                raw = tensor.raw_data
-                tensor.ClearField("raw_data")
-            else:
-                continue
+            if not uses_external_data(tensor) and not (tensor.HasField("raw_data")
+                                                       and len(tensor.raw_data) >= SIZE_THRESHOLD):
+                continue  # a small tensor in the graph, or one in typed fields (float_data, ...)
+            if uses_external_data(tensor) and source_dir / ExternalDataInfo(tensor).location == own.path:
+                raise ValueError(f"{path.name} would overwrite the data file its tensors are read from")
+            raw = tensor.raw_data if tensor.HasField("raw_data") else tensor_bytes(tensor, source_dir)
             if tensor.name in convert:
                 raw = convert[tensor.name](raw)
-            if len(raw) < SIZE_THRESHOLD:  # inside the graph, as save() keeps it
+            if len(raw) < SIZE_THRESHOLD:  # inside the graph, as onnx keeps a small tensor
+                del tensor.external_data[:]
                 tensor.ClearField("data_location")
                 tensor.raw_data = raw
                 continue
-            offset = out.tell()
-            out.write(raw)
+            found = shared.find(raw) if shared is not None else None
+            if found is None:
+                offset, length = own.write(raw)
+                found = (own.path.name, offset, length)
+                if shared is not None:  # a later tensor of this graph with the same bytes reads these
+                    shared.add(raw, *found)
             del raw
-            # What onnx's set_external_data writes (which asks for the bytes in raw_data).
-            del tensor.external_data[:]
-            for key, value in (("location", data.name), ("offset", str(offset)), ("length", str(out.tell() - offset))):
-                entry = tensor.external_data.add()
-                entry.key, entry.value = key, value
-            tensor.data_location = onnx.TensorProto.EXTERNAL
+            point_at(tensor, *found)
+    finally:
+        own.close()
     # Tensors in node attributes (a Constant's value: the exporter writes large ones to files of their own) go
-    # into the graph, as onnx.load then save() leave them.
+    # into the graph, as onnx.load then save leave them.
     for node in model.graph.node:
         for attribute in node.attribute:
             for tensor in (attribute.t, *attribute.tensors):
                 if uses_external_data(tensor):
-                    info = ExternalDataInfo(tensor)
-                    with open(source_dir / info.location, "rb") as f:
-                        f.seek(info.offset or 0)
-                        tensor.raw_data = f.read() if info.length is None else f.read(info.length)
+                    tensor.raw_data = tensor_bytes(tensor, source_dir)
                     del tensor.external_data[:]
                     tensor.ClearField("data_location")
     onnx.save_model(model, str(path))
+
+
+def share(path: Path, shared: SharedWeights) -> None:
+    """Rewrite the graph at path, which a tool saved with all its tensors in data_file(path) (onnxruntime's
+    quantizer and optimizer do), so that the tensors `shared` already stores are read from there and only the
+    others stay in data_file(path) (none left: the file goes)."""
+    own = data_file(path)
+    held = own.with_name(f".{own.name}.{os.getpid()}.held")
+    if own.exists():
+        os.replace(own, held)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+        attributes = [t for node in model.graph.node for a in node.attribute for t in (a.t, *a.tensors)]
+        for tensor in (*model.graph.initializer, *attributes):  # a tool may put a Constant's value outside too
+            if uses_external_data(tensor) and ExternalDataInfo(tensor).location == own.name:
+                for entry in tensor.external_data:
+                    if entry.key == "location":
+                        entry.value = held.name
+        save_streamed(model, path, path.parent, shared=shared)
+    finally:
+        held.unlink(missing_ok=True)

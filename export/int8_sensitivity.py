@@ -127,7 +127,10 @@ class _Probes:
         self.reference = sentence_embeddings(src, feeds, threads=1)  # as the probes run
         build(recipe, src, tmp / "whole.onnx")  # every probed node quantized, once
         self.quantized = onnx.load(str(tmp / "whole.onnx"))
-        external_data.save(_with_recipe_gelu(recipe, onnx.load(str(src))), tmp / "fp32.onnx", external=True)
+        # Its weights streamed from src's data files (onnx's own loader would hold them all, and refuses a data
+        # file with more than one link).
+        external_data.save_streamed(_with_recipe_gelu(recipe, onnx.load(str(src), load_external_data=False)),
+                                    tmp / "fp32.onnx", src.parent)
         self.fp32 = onnx.load(str(tmp / "fp32.onnx"), load_external_data=False)
 
     def drop(self, nodes: list[str]) -> float:

@@ -10,14 +10,14 @@ import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import onnx
 
 from attnserve.errors import ExportVerificationError
 
 from . import isolated
-from .external_data import has_external_data, save_streamed
+from .external_data import SharedWeights, has_external_data, save_streamed
 
 if TYPE_CHECKING:  # torch is not imported here: these steps run in child processes that need none of it
     from attnserve.model.encoder import EncoderConfig
@@ -59,18 +59,34 @@ def quiet():
         logging.disable(previous)
 
 
-def expects_attention_fusion(cfg: EncoderConfig | ModelConfig) -> bool:
+# The families whose attention onnxruntime's attention fusion matches: BERT's subgraph (model/encoder.py).
+ATTENTION_FUSION_FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert")
+
+
+def expects_attention_fusion(cfg: EncoderConfig | ModelConfig | Shape) -> bool:
     """Whether onnxruntime's attention fusion must match every layer. It matches BERT's attention subgraph
     (encoder.py); the rotary families' attention (ModernBERT, Qwen3, ...) is another subgraph, which it leaves
     unfused: there the "fused" variants have the fusions the optimizer does make (Gelu, and
     SkipLayerNormalization in fp16), verified like any other. MPNet adds a relative position bias to the
     scores, which the fusion does not match either."""
-    from attnserve.model.encoder import EncoderConfig
-
-    return isinstance(cfg, EncoderConfig) and not cfg.relative_attention_buckets
+    return cfg.family in ATTENTION_FUSION_FAMILIES
 
 
-def _shape(cfg: EncoderConfig | ModelConfig) -> dict[str, Any]:
+class Shape(Protocol):
+    """What the optimizer and the quantizer read of a model: a family's config, or a manifest (a graph built later
+    from an artifact directory needs no checkpoint)."""
+
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def family(self) -> str: ...
+
+
+def _shape(cfg: EncoderConfig | ModelConfig | Shape) -> dict[str, Any]:
     """What the optimizer and the quantizer need of the model's config, for a child process (JSON)."""
     return {"num_heads": cfg.num_heads, "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
             "family": cfg.family, "attention_fusion": expects_attention_fusion(cfg)}
@@ -107,7 +123,9 @@ def _graph(src: Path):
 def _save(model, dst: Path, src: Path, convert: dict[str, Callable[[bytes], bytes]] | None = None) -> None:
     """The optimizer's model (an OnnxModel) written as save_model_to_file writes it (in topological order, with
     the com.microsoft opset where it has such nodes), external data as src has: for a graph from _graph, each
-    tensor read from src's data file (converted by convert[name] if there) into dst's."""
+    tensor read from src's data file (converted by convert[name] if there), and stored once: where src's data
+    files hold its bytes already, dst reads it from there, and only the tensors the step made or changed go into
+    dst's own (export/external_data.py)."""
     if not has_external_data(src):
         model.save_model_to_file(str(dst))
         return
@@ -116,7 +134,7 @@ def _save(model, dst: Path, src: Path, convert: dict[str, Callable[[bytes], byte
     if any(n.domain == "com.microsoft" for n in proto.graph.node) and not any(
             o.domain == "com.microsoft" for o in proto.opset_import):
         proto.opset_import.add(domain="com.microsoft", version=1)
-    save_streamed(proto, dst, src.parent, convert)
+    save_streamed(proto, dst, src.parent, convert, SharedWeights.of_graphs([src]))
 
 
 def _fused(graph, name: str, shape: dict[str, Any], skip_layer_norm: bool):
@@ -147,7 +165,7 @@ def _fused(graph, name: str, shape: dict[str, Any], skip_layer_norm: bool):
     return model
 
 
-def fuse_attention(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig) -> dict[str, int]:
+def fuse_attention(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig | Shape) -> dict[str, int]:
     """Fuse each layer's attention subgraph into one Attention node, for the CPU provider.
 
     SkipLayerNormalization is left unfused: on CPU its kernel is slower than the
@@ -183,7 +201,21 @@ def float_to_integer_casts(model: onnx.ModelProto) -> list[str]:
             and next(a.i for a in node.attribute if a.name == "to") not in FLOAT_TYPES]
 
 
-def convert_fp16(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig) -> dict[str, int]:
+def fuse_half(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig | Shape) -> dict[str, int]:
+    """A graph traced in fp16 (export/half_precision.py) fused as convert_fp16 fuses the fp32 one, SkipLayerNorm
+    too: the same fp16 graph for CUDA, without an fp32 graph to convert. Runs in a child process."""
+    return isolated.run("fusing the fp16 graph", f"{__name__}:_fuse_half",
+                        {"src": str(src), "dst": str(dst), "shape": _shape(cfg)})
+
+
+def _fuse_half(src: str, dst: str, shape: dict[str, Any]) -> dict[str, int]:
+    with quiet(), _graph(Path(src).resolve()) as graph:
+        model = _fused(graph, Path(src).name, shape, skip_layer_norm=True)
+        _save(model, Path(dst).resolve(), Path(src).resolve())
+    return op_counts(model.model)
+
+
+def convert_fp16(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig | Shape) -> dict[str, int]:
     """The fused graph in fp16 for the CUDA provider, SkipLayerNorm fused too (it pays on GPUs);
     inputs and outputs stay int64/fp32. Runs in a child process (export/isolated.py)."""
     return isolated.run("fp16 conversion", f"{__name__}:_convert_fp16",
@@ -239,7 +271,7 @@ def _fp16_later():
         float16.convert_tensor_float_to_float16, float16.make_value_info_from_tensor = convert_tensor, value_info
 
 
-def quantize_int8(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig) -> dict[str, int]:
+def quantize_int8(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig | Shape) -> dict[str, int]:
     """Dynamic int8 quantisation of the fused graph's weights, per output channel: export's fallback where
     quantize_int8_measured cannot reach its bar (which it says in the log).
 

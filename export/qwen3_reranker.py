@@ -26,7 +26,7 @@ def load_templated_reranker(ckpt: Checkpoint, encoder: EncoderModule, tokenizer:
     assert isinstance(encoder, Qwen3Encoder), "read_checkpoint gives a pair template to Qwen3 rerankers only"
     config = ckpt.directory / "config.json"
     tied = tied_embeddings(read_json(config), config)
-    reranker = load_reranker(ckpt.weights_file, ckpt.tokenizer_file, encoder, tied)
+    reranker = load_reranker(ckpt.weights, ckpt.tokenizer_file, encoder, tied)
     log(f"reranker: logit(yes) - logit(no) at the last token, from "
         f"{'the tied input embeddings' if tied else 'lm_head'}; activation {ckpt.score_activation}")
     template = ckpt.pair_template.to_json()

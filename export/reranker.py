@@ -10,15 +10,14 @@ on the text pairs, as the embedders' int8 is held to the cosine on texts.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from attnserve.engine.batching import pad, pad_types
-from attnserve.engine.manifest import GraphVariant, sha256_of
 from attnserve.engine.session import CPU, open_session
 from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
 from attnserve.errors import ExportVerificationError
@@ -27,28 +26,15 @@ from attnserve.model.cross_encoder import Reranker, load_reranker
 from attnserve.model.family import EncoderModule
 from attnserve.model.qwen3_reranker import Qwen3Reranker
 
+from .external_data import SharedWeights
 from .memory import small_heaps
-from .optimize import convert_fp16, describe_fusions, fuse_attention, fused_attention_nodes
-from .reranker_int8 import INT8_MEAN_SCORE_ERROR, INT8_MIN_SPEARMAN, quantize_reranker_int8, score_agreement
+from .reranker_int8 import INT8_MEAN_SCORE_ERROR, INT8_MIN_SPEARMAN, score_agreement
 from .token_ids import made_up_token_ids
-from .torch_to_onnx import OPSET
+from .torch_to_onnx import trace
 from .verify import CALIBRATION_TEXTS, SAMPLE_TEXTS, TEXT_BATCHES, VALUE_NORMS_BAR, LengthCaps, Tolerance
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 AnyReranker = Reranker | Qwen3Reranker  # a cross-encoder, or Qwen3-Reranker (export/qwen3_reranker.py)
-# name -> (file, precision, fused, outputs)
-VARIANTS = {
-    "scores": ("scores.onnx", "fp32", False, ("scores",)),
-    "scores_fused": ("scores_fused.onnx", "fp32", True, ("scores",)),
-    "scores_int8": ("scores_int8.onnx", "int8", True, ("scores",)),
-    "scores_int8_skip_layer_norm": ("scores_int8.onnx", "int8", True, ("scores",)),
-    "scores_fp16": ("scores_fp16.onnx", "fp16", True, ("scores",)),
-    "attention": ("attention.onnx", "fp32", False, ("scores", "attentions", "value_norms")),
-}
-# As the embedders' (export/artifacts.py DISABLED_OPTIMIZERS): the default int8 session runs without onnxruntime's
-# load-time SkipLayerNormalization fusion, slower on CPU than the ops it replaces; the fused one stays a candidate
-# that the engine times on the CPU that runs (engine/calibration.py).
-DISABLED_OPTIMIZERS = {"scores_int8": ("SkipLayerNormFusion",)}
 # Largest error of the raw logits allowed against PyTorch, per precision, relative to the largest logit checked
 # (at least 1, so that for logits within +-1 it is absolute): rounding grows with the logits' scale. Measured on
 # the tests' cross-encoder (logits up to about 8.5): fp32 5.5e-5 absolute, 6.5e-6 relative; fp16 0.09 absolute,
@@ -72,23 +58,24 @@ def graph_inputs(module: AnyReranker) -> tuple[str, ...]:
     return INPUTS if module.encoder.config.has_token_types else INPUTS[:2]
 
 
-def export_reranker_graph(module: AnyReranker, path: Path) -> None:
+def export_reranker_graph(module: AnyReranker, path: Path, data: Path | None = None,
+                          shared: SharedWeights | None = None) -> None:
+    """The graph at path, its weights in `data` (default: data_file(path)) but for those `shared` stores
+    (export/torch_to_onnx.py trace())."""
     outputs = ["scores"] + (["attentions", "value_norms"] if module.output_attentions else [])
     inputs = graph_inputs(module)
     axes = {name: {0: "batch", 1: "sequence"} for name in inputs}
     axes |= {"scores": {0: "batch"}, "attentions": {1: "batch", 3: "sequence", 4: "sequence"},
              "value_norms": {1: "batch", 3: "sequence"}}
-    ids = torch.full((2, 8), made_up_token_ids(module.encoder.config.vocab_size)[0], dtype=torch.int64)
+    ids = torch.full((2, 8), made_up_token_ids(module.encoder.config.vocab_size)[0], dtype=torch.int64,
+                     device=next(module.parameters()).device)
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0
     types = torch.zeros_like(ids)
     types[:, 3:] = 1  # a live token-type path in the trace
     args = (ids, mask, types)[: len(inputs)]
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, args, str(path), dynamo=False, opset_version=OPSET,
-                          input_names=list(inputs), output_names=outputs,
-                          dynamic_axes={k: v for k, v in axes.items() if k in inputs or k in outputs})
+    trace(module, args, inputs, outputs, {k: v for k, v in axes.items() if k in inputs or k in outputs}, path, data,
+          shared)
 
 
 class PairReference:
@@ -101,14 +88,18 @@ class PairReference:
     scores take at most SCORES_BYTES. Verification's memory is then bounded by the model's layers and heads, not by
     its max_seq_length (bge-reranker-v2-m3's 8,192, Qwen3-Reranker's 32,768)."""
 
-    def __init__(self, reranker: AnyReranker, tokenizer: TextTokenizer,
+    def __init__(self, reranker: AnyReranker | None, tokenizer: TextTokenizer,
                  encode: Callable[[list[tuple[str, str]]], list[TokenizedInput]], activation: str, seed: int = 0):
+        self.reranker, self.activation = reranker, activation
+        self.cases: list[tuple[dict[str, np.ndarray], np.ndarray]] = []  # (feed, PyTorch's scores (B, labels))
+        self.calibration: list[dict[str, np.ndarray]] = []  # int8's calibration pairs, as the server feeds them
+        if reranker is None:  # load(): the cases and scores come from the file
+            return
         rng = np.random.default_rng(seed)
         cfg = reranker.encoder.config
         ids_from = made_up_token_ids(cfg.vocab_size)
-        self.reranker, self.inputs, self.activation = reranker, graph_inputs(reranker), activation
+        self.inputs = graph_inputs(reranker)
         self.caps = LengthCaps.of(cfg.num_layers, cfg.num_heads, tokenizer.max_seq_length)
-        self.cases = []  # (feed, PyTorch's scores (B, labels))
         for batch, seq in self.caps.grid():
             lengths = rng.integers(1, seq + 1, size=batch)
             lengths[rng.integers(batch)] = seq
@@ -120,12 +111,44 @@ class PairReference:
         self.random_cases = len(self.cases)  # the cases after these are the text pairs'
         texts = [t for t in SAMPLE_TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()]
         verified = texts[: 2 * TEXT_PAIRS]
-        self.pairs = encode(list(zip(verified[0::2], verified[1::2], strict=False)))
-        for feed in self.pair_feeds(self.pairs):
+        pairs = encode(list(zip(verified[0::2], verified[1::2], strict=False)))
+        self.pairs_checked = len(pairs)
+        for feed in self.pair_feeds(pairs):
             self.cases.append((feed, self.scores(feed)))
         # int8's calibration pairs: the texts after the verified ones, as the embedders' (export/verify.py).
         calibration = texts[2 * TEXT_PAIRS: 2 * TEXT_PAIRS + 2 * CALIBRATION_TEXTS]
         self.calibration = self.pair_feeds(encode(list(zip(calibration[0::2], calibration[1::2], strict=False))))
+
+    def save(self, path: Path) -> None:
+        """The cases, PyTorch's scores and the calibration pairs, in one .npz file (export/verify.py Reference's
+        role for rerankers: later graphs are verified against it without PyTorch)."""
+        arrays: dict[str, Any] = {
+            "caps": np.array([self.caps.num_layers, self.caps.num_heads, self.caps.verified_max_length,
+                              self.caps.attention_max_length], dtype=np.int64),
+            "inputs": np.array(self.inputs), "counts": np.array([self.random_cases, self.pairs_checked])}
+        for i, (feed, scores) in enumerate(self.cases):
+            arrays |= {f"case/{i}/{name}": x for name, x in feed.items()} | {f"case/{i}/scores": scores}
+        for i, feed in enumerate(self.calibration):
+            arrays |= {f"calibration/{i}/{name}": x for name, x in feed.items()}
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+
+    @classmethod
+    def load(cls, path: Path, activation: str, reranker: AnyReranker | None = None) -> PairReference:
+        """A reference save() wrote; with the reranker where the build needs PyTorch (the attention maps)."""
+        stored = cls(None, None, None, activation)  # type: ignore[arg-type]
+        with np.load(path) as saved:
+            layers, heads, verified, attention = (int(x) for x in saved["caps"])
+            stored.caps = LengthCaps(layers, heads, verified, attention)
+            stored.inputs = tuple(str(x) for x in saved["inputs"])
+            stored.random_cases, stored.pairs_checked = (int(x) for x in saved["counts"])
+            for group, out in (("case", stored.cases), ("calibration", stored.calibration)):
+                keys = [k.split("/") for k in saved.files if k.startswith(f"{group}/")]
+                for i in range(len({k[1] for k in keys})):
+                    feed = {name: saved[f"{group}/{i}/{name}"] for name in stored.inputs}
+                    out.append((feed, saved[f"{group}/{i}/scores"]) if group == "case" else feed)  # type: ignore
+        stored.reranker = reranker
+        return stored
 
     def _feed(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> dict[str, np.ndarray]:
         feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
@@ -148,16 +171,24 @@ class PairReference:
 
     def scores(self, feed: dict[str, np.ndarray]) -> np.ndarray:
         """PyTorch's raw logits (B, labels)."""
+        assert self.reranker is not None, "PyTorch's scores need the model"
         with torch.no_grad():
-            return np.concatenate([self.reranker(*(torch.from_numpy(part[name]) for name in self.inputs)).numpy()
+            return np.concatenate([self.reranker(*self._tensors(part)).float().cpu().numpy()
                                    for part in self.runs(feed, attentions=False)])
+
+    def _tensors(self, feed: dict[str, np.ndarray]) -> list[torch.Tensor]:
+        """The feed's inputs as tensors where the model is (a GPU's, for a CUDA run)."""
+        device = next(self.reranker.parameters()).device  # type: ignore[union-attr]
+        return [torch.from_numpy(feed[name]).to(device) for name in self.inputs]
 
     def attentions(self, feed: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """PyTorch's attention maps (L, B, nh, T, T) and value norms (L, B, nh, T) for a run of rows
         (runs(feed, attentions=True))."""
+        if self.reranker is None:
+            raise ValueError("the attention maps' verification needs the model in PyTorch; this reference is stored")
         with torch.no_grad():
-            _, maps, norms = self.reranker.with_attentions()(*(torch.from_numpy(feed[name]) for name in self.inputs))
-        return maps.numpy(), norms.numpy()
+            _, maps, norms = self.reranker.with_attentions()(*self._tensors(feed))
+        return maps.float().cpu().numpy(), norms.float().cpu().numpy()
 
 
 def measure(path: Path, reference: PairReference, provider: str = CPU,
@@ -205,7 +236,7 @@ def _measure(path: Path, reference: PairReference, provider: str, disabled_optim
     metrics = {"max_abs_scores": max_scores, "max_rel_scores": max_scores / largest,
                "max_score_error_texts": agreement["max_score_error"],
                "mean_score_error_texts": agreement["mean_score_error"], "spearman_texts": agreement["spearman"],
-               "shapes_checked": shapes, "pairs_checked": len(reference.pairs)}
+               "shapes_checked": shapes, "pairs_checked": reference.pairs_checked}
     if wants_attention:
         metrics |= {"max_abs_attentions": max_attention, "max_padded_key_weight": max_padded_key_weight}
     if wants_norms:
@@ -255,49 +286,10 @@ def check_parity(path: Path, precision: str, metrics: dict[str, float]) -> dict[
     return metrics
 
 
-def reranker_variants(ckpt: Checkpoint, encoder: EncoderModule, tokenizer: TextTokenizer, work: Path,
-                      log: Callable[[str], None], caps: dict[str, int]) -> dict[str, GraphVariant]:
-    """The graphs of a cross-encoder, or of Qwen3-Reranker (a templated reranker: export/qwen3_reranker.py),
-    verified; caps gets the lengths verification and the attention graph stop at."""
-    activation = ckpt.score_activation
-    assert activation is not None, "read_checkpoint reads a reranker's activation"
-    reranker, encode = _load(ckpt, encoder, tokenizer, log)
-    export_reranker_graph(reranker, work / VARIANTS["scores"][0])
-    export_reranker_graph(reranker.with_attentions(), work / VARIANTS["attention"][0])
-    counts = fuse_attention(work / VARIANTS["scores"][0], work / VARIANTS["scores_fused"][0], ckpt.config)
-    # Where the optimizer cannot fuse the family's attention (rotary, MPNet's position bias), the "fused" graphs
-    # hold its other fusions and the manifest says fused: false, as for embedders.
-    attention_fused = fused_attention_nodes(counts) == ckpt.config.num_layers
-    log(f"fused attention: {fused_attention_nodes(counts)} Attention nodes for {ckpt.config.num_layers} layers"
-        + ("" if attention_fused else f"; the fused graph holds {describe_fusions(counts)}"))
-    convert_fp16(work / VARIANTS["scores"][0], work / VARIANTS["scores_fp16"][0], ckpt.config)
-    reference = PairReference(reranker, tokenizer, encode, activation)
-    caps.update(reference.caps.manifest_fields())
-    note = reference.caps.note(ckpt.max_seq_length)
-    if note:
-        log(note)
-    names = list(VARIANTS)
-    try:
-        quantize_reranker_int8(work / VARIANTS["scores_fused"][0], work / VARIANTS["scores_int8"][0],
-                               reference.calibration, activation, log)
-    except ValueError as e:  # int8 is a speed option: an fp32 reranker is still served; precision int8 is refused
-        log(f"{e}: no int8 graph is written")
-        names = [name for name in names if VARIANTS[name][1] != "int8"]
-    variants = {}
-    for name in names:
-        file, precision, fused, outputs = VARIANTS[name]
-        disabled = DISABLED_OPTIMIZERS.get(name, ())
-        parity = verify_reranker(work / file, precision, reference, disabled)
-        log(f"verified {name:28s} {describe(precision, parity)}"
-            + (f" (session without {', '.join(disabled)})" if disabled else ""))
-        variants[name] = GraphVariant(name, file, sha256_of(work / file), precision, fused and attention_fused,
-                                      outputs, parity, disabled)
-    return variants
-
-
-def _load(ckpt: Checkpoint, encoder: EncoderModule, tokenizer: TextTokenizer, log: Callable[[str], None]
-          ) -> tuple[AnyReranker, Callable[[list[tuple[str, str]]], list[TokenizedInput]]]:
-    """The reranker module over the loaded encoder, and how its pairs are tokenized."""
+def load_module(ckpt: Checkpoint, encoder: EncoderModule, tokenizer: TextTokenizer, log: Callable[[str], None]
+                ) -> tuple[AnyReranker, Callable[[list[tuple[str, str]]], list[TokenizedInput]]]:
+    """The reranker module over the loaded encoder (a cross-encoder, or Qwen3-Reranker: a templated reranker,
+    export/qwen3_reranker.py), and how its pairs are tokenized."""
     assert ckpt.score_activation is not None, "read_checkpoint reads a reranker's activation"
     if ckpt.pair_template is not None:
         from .qwen3_reranker import load_templated_reranker
@@ -305,4 +297,4 @@ def _load(ckpt: Checkpoint, encoder: EncoderModule, tokenizer: TextTokenizer, lo
         return load_templated_reranker(ckpt, encoder, tokenizer, log)
     assert ckpt.head is not None, "read_checkpoint reads a cross-encoder's head"
     log(f"reranker: {ckpt.head.architecture} over {ckpt.num_labels} label(s), activation {ckpt.score_activation}")
-    return load_reranker(ckpt.weights_file, encoder, ckpt.head, ckpt.num_labels), tokenizer.encode_pairs
+    return load_reranker(ckpt.weights, encoder, ckpt.head, ckpt.num_labels), tokenizer.encode_pairs

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import onnx
@@ -186,44 +186,95 @@ def _runs(rows: int, per_row: int, budget: int) -> list[slice]:
     return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
 
 
-class Reference:
-    """The check inputs and the PyTorch encoder that gives their expected outputs.
+REFERENCE = "reference.npz"
 
-    Only the inputs and the texts' sentence embeddings are kept here. measure_all computes PyTorch's outputs
-    case by case and keeps only the small ones in memory: a case's attention maps grow with rows x T^2 (a 12-layer
-    model's are 150 MB per row at T 512), so they are computed in runs of at most ATTENTION_BYTES, written to files
-    and read back run by run, a layer at a time, as an attention graph is compared. Verification's memory is then
-    PyTorch's or one session's, one run's maps and the grid's hidden states.
+
+class Reference:
+    """The check inputs and PyTorch's outputs on them, against which every graph is verified.
+
+    Made once, with the PyTorch encoder, when a directory's first graph is exported: the shape grid's cases (rows
+    of random token ids, padded, with random segments where the model has token types), PyTorch's last_hidden_state
+    and sentence embedding of each, and the sentence embeddings of the first `n_texts` sample texts. Saved beside
+    the graphs (save(), REFERENCE) and loaded again (load()), it verifies the graphs built later from the first
+    (fused, fp16, OpenVINO's) without PyTorch: the same inputs, PyTorch's own outputs on them.
+
+    What the stored part cannot give needs the encoder: the attention maps (a 12-layer model's are 150 MB a row
+    at 512 tokens: maps() computes them case by case into files, in runs of at most ATTENTION_BYTES, and
+    measure_all reads them back run by run, a layer at a time), and more texts' embeddings (with_texts(): int8's
+    bar and the quantized embeddings' ranges are the 512 texts').
     """
 
-    def __init__(self, encoder: Encoder | EncoderModule, head: torch.nn.Module, embedding_size: int,
-                 tokenizer: TextTokenizer, n_texts: int = VERIFIED_TEXTS, seed: int = 0,
-                 token_types: bool | None = None):
+    def __init__(self, encoder: Encoder | EncoderModule | None, head: torch.nn.Module | None, embedding_size: int,
+                 tokenizer: TextTokenizer, n_texts: int = FLOAT_TEXTS, seed: int = 0,
+                 token_types: bool | None = None, caps: LengthCaps | None = None, _outputs: bool = True):
         """token_types: whether the graphs take token_type_ids; None: as the model has token types (False
         checks a graph exported before graphs took them)."""
         rng = np.random.default_rng(seed)
-        cfg = encoder.config
-        ids_from = made_up_token_ids(cfg.vocab_size)
-        self.encoder, self.head = encoder, head
-        self.token_types = cfg.has_token_types if token_types is None else token_types
-        # The lengths memory allows: max_seq_length, but for long-context models. Kept: the encoder may be released.
-        self.caps = LengthCaps.of(cfg.num_layers, cfg.num_heads, tokenizer.max_seq_length)
-        self.cases = []  # (ids, mask, token types or None), each (B, T) int64
+        self.encoder, self.head, self.tokenizer = encoder, head, tokenizer
+        if encoder is not None:
+            cfg = encoder.config
+            self.token_types = cfg.has_token_types if token_types is None else token_types
+            # The lengths memory allows: max_seq_length, but for long-context models.
+            self.caps = LengthCaps.of(cfg.num_layers, cfg.num_heads, tokenizer.max_seq_length)
+            ids_from = made_up_token_ids(cfg.vocab_size)
+        else:  # load(): the cases and outputs come from the file
+            assert caps is not None and token_types is not None, "a stored reference has its caps and types"
+            self.token_types, self.caps = token_types, caps
+        self.embedding_size = embedding_size  # D: the pipeline's sentence embedding (Dense, concatenated poolings)
+        self.cases: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []  # (ids, mask, types), (B, T) each
+        self.expected: list[tuple[np.ndarray, np.ndarray]] = []  # PyTorch's (hidden (B, T, H), sentence (B, D))
+        self.text_sentences = np.empty((0, embedding_size), dtype=np.float32)
+        self._set_texts(n_texts)
+        if encoder is None or not _outputs:
+            return
         for batch, seq in self.caps.grid():
             lengths = rng.integers(1, seq + 1, size=batch)
             lengths[rng.integers(batch)] = seq  # the batch really is `seq` long
             ids, mask = pad([rng.integers(ids_from.start, ids_from.stop, size=n) for n in lengths])
             self.cases.append((ids, mask, self._segments(rng, lengths, seq)))
+        self.expected = [self._outputs(*case) for case in self.cases]
+        self.with_texts(n_texts)
+
+    def _set_texts(self, n_texts: int) -> None:
         texts = [t for t in SAMPLE_TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()][:n_texts]
-        self.text_inputs = tokenizer.encode_texts(texts)
+        self.text_inputs = self.tokenizer.encode_texts(texts)
         self.text_batches = plan_batches([len(x) for x in self.text_inputs], *TEXT_BATCHES)
         # The first FLOAT_TEXTS texts' batches (their rows index the same arrays).
         self.float_text_batches = plan_batches([len(x) for x in self.text_inputs[:FLOAT_TEXTS]], *TEXT_BATCHES)
-        self.embedding_size = embedding_size  # D: the pipeline's sentence embedding (Dense, concatenated poolings)
-        self.text_sentences = np.empty((len(texts), embedding_size), dtype=np.float32)
+
+    def with_texts(self, n_texts: int) -> Reference:
+        """PyTorch's sentence embeddings of the first n_texts sample texts (those it has are kept); needs the
+        encoder for texts it has not. Returns self."""
+        done = len(self.text_sentences)
+        if done >= n_texts and len(self.text_inputs) >= n_texts:
+            return self
+        self._set_texts(max(n_texts, done))
+        if self.encoder is None:
+            raise ValueError("the embeddings of more texts need the model in PyTorch; this reference is stored")
+        sentences = np.empty((len(self.text_inputs), self.embedding_size), dtype=np.float32)
+        sentences[:done] = self.text_sentences
         for rows in self.text_batches:
-            ids, mask = pad([self.text_inputs[i].ids for i in rows])
-            self.text_sentences[rows] = self.expected(ids, mask, None, attentions=False)[1]
+            todo = [i for i in rows if i >= done]
+            if todo:
+                ids, mask = pad([self.text_inputs[i].ids for i in todo])
+                sentences[todo] = self.expected_outputs(ids, mask, None, attentions=False)[1]
+        self.text_sentences = sentences
+        return self
+
+    def _outputs(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """PyTorch's (hidden (B, T, H), sentence (B, D)) of a case, computed in runs of rows of bounded memory."""
+        assert self.encoder is not None, "PyTorch's outputs need the encoder"
+        cfg = self.encoder.config
+        # H: the hidden size, or a ColBERT model's vector size (model/colbert.py TokenVectors.output_size)
+        width = getattr(self.encoder, "output_size", cfg.hidden_size)
+        rows_in_case, seq = ids.shape
+        hidden = np.empty((rows_in_case, seq, width), dtype=np.float32)
+        sentence = np.empty((rows_in_case, self.embedding_size), dtype=np.float32)
+        for rows in self.caps.score_runs(rows_in_case, seq):
+            hidden[rows], sentence[rows], _, _ = self.expected_outputs(
+                ids[rows], mask[rows], None if types is None else types[rows], attentions=False)
+        return hidden, sentence
 
     def _segments(self, rng: np.random.Generator, lengths: np.ndarray, seq: int) -> np.ndarray | None:
         """Token types as sentence pairs have them (0 for segment a, 1 from where segment b starts), for a model
@@ -241,16 +292,76 @@ class Reference:
             feed["token_type_ids"] = np.zeros_like(ids) if types is None else types
         return feed
 
-    def expected(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None, attentions: bool):
+    def expected_outputs(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None, attentions: bool):
         """PyTorch's last_hidden_state (B, T, H), sentence embedding (B, D) and, if asked, attentions
         (L, B, nh, T, T) and value norms (L, B, nh, T) (model/value_norms.py)."""
+        assert self.encoder is not None and self.head is not None, "PyTorch's outputs need the encoder"
+        # Where the encoder is: a GPU's, for a model whose reference would take the CPU minutes (the 8B shape).
+        device = next(cast(torch.nn.Module, self.encoder).parameters()).device
         with torch.no_grad():
-            m = torch.from_numpy(mask)
-            hidden, att = self.encoder(torch.from_numpy(ids), m, attentions,
-                                       None if types is None else torch.from_numpy(types))
+            m = torch.from_numpy(mask).to(device)
+            hidden, att = self.encoder(torch.from_numpy(ids).to(device), m, attentions,
+                                       None if types is None else torch.from_numpy(types).to(device))
             sentence = self.head(hidden, m)
-            norms = stacked_value_norms(cast(torch.nn.Module, self.encoder)).numpy() if attentions else None
-        return hidden.numpy(), sentence.numpy(), (att.numpy() if att is not None else None), norms
+            norms = (stacked_value_norms(cast(torch.nn.Module, self.encoder)).float().cpu().numpy() if attentions
+                     else None)
+        return (hidden.float().cpu().numpy(), sentence.float().cpu().numpy(),
+                (att.float().cpu().numpy() if att is not None else None), norms)
+
+    def maps(self, maps_dir: Path) -> list[tuple[Path | None, np.ndarray | None]]:
+        """PyTorch's attention maps (L, B, nh, T, T) of each case up to attention_max_length, in a .npy file per
+        case in maps_dir, and its value norms (L, B, nh, T); (None, None) for the longer cases."""
+        if self.encoder is None:
+            raise ValueError("the attention maps' verification needs the model in PyTorch; this reference is stored")
+        cfg = self.encoder.config
+        out: list[tuple[Path | None, np.ndarray | None]] = []
+        for i, (ids, mask, types) in enumerate(self.cases):
+            rows_in_case, seq = ids.shape
+            if seq > self.caps.attention_max_length:
+                out.append((None, None))
+                continue
+            maps_file = maps_dir / f"case-{i}.npy"
+            stored = np.lib.format.open_memmap(  # (L, B, nh, T, T)
+                maps_file, mode="w+", dtype=np.float32, shape=(cfg.num_layers, rows_in_case, cfg.num_heads, seq, seq))
+            norms = np.empty((cfg.num_layers, rows_in_case, cfg.num_heads, seq), np.float32)
+            for rows in self.caps.attention_runs(rows_in_case, seq):
+                _, _, stored[:, rows], norms[:, rows] = self.expected_outputs(
+                    ids[rows], mask[rows], None if types is None else types[rows], attentions=True)
+            stored.flush()
+            del stored
+            out.append((maps_file, norms))
+        return out
+
+    def save(self, path: Path) -> None:
+        """The cases, PyTorch's outputs on them and the texts' embeddings, in one .npz file."""
+        arrays: dict[str, Any] = {
+            "caps": np.array([self.caps.num_layers, self.caps.num_heads, self.caps.verified_max_length,
+                              self.caps.attention_max_length], dtype=np.int64),
+            "token_types": np.array(self.token_types), "text_sentences": self.text_sentences}
+        for i, ((ids, mask, types), (hidden, sentence)) in enumerate(zip(self.cases, self.expected, strict=True)):
+            arrays |= {f"{i}/ids": ids, f"{i}/mask": mask, f"{i}/hidden": hidden, f"{i}/sentence": sentence}
+            if types is not None:
+                arrays[f"{i}/types"] = types
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+
+    @classmethod
+    def load(cls, path: Path, tokenizer: TextTokenizer, embedding_size: int, encoder: Encoder | EncoderModule | None
+             = None, head: torch.nn.Module | None = None) -> Reference:
+        """A reference save() wrote; with the encoder (and head) where the build needs PyTorch too."""
+        with np.load(path) as saved:
+            layers, heads, verified, attention = (int(x) for x in saved["caps"])
+            token_types = bool(saved["token_types"])
+            stored = cls(None, None, embedding_size, tokenizer, n_texts=len(saved["text_sentences"]),
+                         token_types=token_types, caps=LengthCaps(layers, heads, verified, attention))
+            stored.text_sentences = saved["text_sentences"]
+            count = len({key.split("/")[0] for key in saved.files if "/" in key})
+            for i in range(count):
+                stored.cases.append((saved[f"{i}/ids"], saved[f"{i}/mask"],
+                                     saved[f"{i}/types"] if f"{i}/types" in saved.files else None))
+                stored.expected.append((saved[f"{i}/hidden"], saved[f"{i}/sentence"]))
+        stored.encoder, stored.head = encoder, head
+        return stored
 
 
 def calibration_feeds(tokenizer: TextTokenizer) -> list[dict[str, np.ndarray]]:
@@ -317,28 +428,22 @@ class _Parity:
 
 
 def measure_all(graphs: dict[str, GraphCheck], reference: Reference, provider: str = CPU,
-                on_graph: Callable[[str], None] = lambda name: None, release_encoder: bool = False
-                ) -> dict[str, dict[str, float]]:
+                on_graph: Callable[[str], None] = lambda name: None) -> dict[str, dict[str, float]]:
     """Every parity metric of each graph, as floats for the manifest.
 
-    PyTorch runs over the cases once, before any session opens (_pytorch_outputs): its hidden states and sentence
-    embeddings, which are small, are kept; its attention maps, where a graph returns maps, are written to files and
-    read back run by run. Then one session is open at a time, in the order given, never beside PyTorch's
-    activations. A graph with attention maps runs the cases up to the caps' attention_max_length only; every case
-    runs in runs of rows of bounded memory (LengthCaps). on_graph(name) is told as each graph's turn comes
-    (progress). release_encoder: the reference's encoder is dropped once PyTorch's outputs are in (the export's
-    memory is then one session's; the reference cannot measure again).
+    PyTorch's hidden states and sentence embeddings are the reference's (computed when it was made, or stored).
+    Where a graph returns attention maps, PyTorch's maps are computed first (Reference.maps: the encoder runs before
+    any session opens), written to files and read back run by run. Then one session is open at a time, in the order
+    given, never beside PyTorch's activations. A graph with attention maps runs the cases up to the caps'
+    attention_max_length only; every case runs in runs of rows of bounded memory (LengthCaps). on_graph(name) is
+    told as each graph's turn comes (progress).
     """
-    if reference.encoder is None:
-        raise ValueError("the reference's encoder was released: it measures once")
     # The attention graph's maps, or the last-layer graph's last layer and rollout (attention_last.py).
     with_maps = {name for name, graph in graphs.items() if {"attentions", LAST_MAPS} & set(_output_names(graph.path))}
     metrics = {}
     on_all_texts: set[Path] = set()  # int8 files measured on all the texts (FLOAT_TEXTS comment)
     with tempfile.TemporaryDirectory(prefix="attnserve-verify-") as maps_dir:
-        expected = _pytorch_outputs(reference, Path(maps_dir) if with_maps else None)
-        if release_encoder:
-            reference.encoder = None  # type: ignore[assignment]
+        maps = reference.maps(Path(maps_dir)) if with_maps else [(None, None)] * len(reference.cases)
         release_freed_memory()
         with small_heaps():  # the sessions' runs without an arena (memory.py)
             for name, (path, precision, disabled_optimizers, backend) in graphs.items():
@@ -353,8 +458,8 @@ def measure_all(graphs: dict[str, GraphCheck], reference: Reference, provider: s
                 parity = _Parity(name in with_maps)
                 outputs = ([o.name for o in session.get_outputs()] if parity.wants_attention
                            else ["last_hidden_state", "sentence_embedding"])
-                for (ids, mask, types), (hidden, sentence, maps_file, norms) in zip(reference.cases, expected,
-                                                                                    strict=True):
+                for (ids, mask, types), (hidden, sentence), (maps_file, norms) in zip(
+                        reference.cases, reference.expected, maps, strict=True):
                     if parity.wants_attention and ids.shape[1] > reference.caps.attention_max_length:
                         continue
                     runs = reference.caps.attention_runs if parity.wants_attention else reference.caps.score_runs
@@ -376,40 +481,6 @@ def measure_all(graphs: dict[str, GraphCheck], reference: Reference, provider: s
 
 def _output_names(path: Path) -> list[str]:
     return [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
-
-
-def _pytorch_outputs(reference: Reference, maps_dir: Path | None
-                     ) -> list[tuple[np.ndarray, np.ndarray, Path | None, np.ndarray | None]]:
-    """PyTorch's last_hidden_state (B, T, H) and sentence embedding (B, D) of every case, computed in runs of rows of
-    bounded memory; with maps_dir, its attention maps (L, B, nh, T, T) of the cases up to attention_max_length too,
-    each case's in a .npy file there (a long-context model's take a GiB a row)."""
-    cfg = reference.encoder.config
-    # H: the hidden size, or a ColBERT model's vector size (model/colbert.py TokenVectors.output_size)
-    width = getattr(reference.encoder, "output_size", cfg.hidden_size)
-    expected = []
-    for i, (ids, mask, types) in enumerate(reference.cases):
-        rows_in_case, seq = ids.shape
-        hidden = np.empty((rows_in_case, seq, width), dtype=np.float32)
-        sentence = np.empty((rows_in_case, reference.embedding_size), dtype=np.float32)
-        maps_file = (maps_dir / f"case-{i}.npy"
-                     if maps_dir is not None and seq <= reference.caps.attention_max_length else None)
-        maps = maps_file is not None
-        stored = None if maps_file is None else np.lib.format.open_memmap(  # (L, B, nh, T, T)
-            maps_file, mode="w+", dtype=np.float32, shape=(cfg.num_layers, rows_in_case, cfg.num_heads, seq, seq))
-        norms = np.empty((cfg.num_layers, rows_in_case, cfg.num_heads, seq), np.float32) if maps else None
-        for rows in (reference.caps.attention_runs if maps else reference.caps.score_runs)(*ids.shape):
-            part = ids[rows], mask[rows], None if types is None else types[rows]
-            hidden[rows], sentence[rows], attentions, run_norms = reference.expected(*part, attentions=maps)
-            if stored is not None:
-                stored[:, rows] = attentions
-            if norms is not None:
-                norms[:, rows] = run_norms
-            del attentions
-        if stored is not None:
-            stored.flush()
-            del stored
-        expected.append((hidden, sentence, maps_file, norms))
-    return expected
 
 
 class _StoredMaps:

@@ -17,9 +17,13 @@ is refused here, from metadata and the weights' header, before any weight is loa
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import cast
+
+import torch
 
 from attnserve.errors import CheckpointError
 
@@ -39,6 +43,8 @@ from . import (
 from .encoder import ACTIVATIONS, Encoder, EncoderConfig
 from .family import EncoderModule, ModelConfig, SelfContainedFamily, WeightNames
 from .pipeline import Pipeline, read_json, read_pipeline, tokenizer_max_length
+from .tokenizer_files import tokenizer_json
+from .weights_files import Weights, has_weights
 
 # EncoderConfig field -> config.json key, as BERT, RoBERTa, XLM-R and MPNet name them.
 BERT_CONFIG_NAMES = {
@@ -213,12 +219,14 @@ class Checkpoint:
     problem_type: str | None = None
 
     @property
-    def weights_file(self) -> Path:
-        return self.directory / "model.safetensors"
+    def weights(self) -> Weights:
+        """The weights' files (model.safetensors, or its shards), their headers read; tensors read as asked."""
+        return Weights(self.directory)
 
     @property
     def tokenizer_file(self) -> Path:
-        return self.directory / "tokenizer.json"
+        """tokenizer.json: the checkpoint's, or the one built from its slow tokenizer's files (tokenizer_files.py)."""
+        return tokenizer_json(self.directory)
 
 
 def _encoder_config(raw: dict, path: Path) -> EncoderConfig:
@@ -302,38 +310,28 @@ def _head_keys(keys: list[str], names: WeightNames) -> list[str]:
     return [k for k in keys if not k.startswith(names.unused_heads) and not _owned_by_encoder(k, prefix, names)]
 
 
-def _weight_keys(weights: Path) -> list[str]:
-    """The safetensors header's keys only (no tensor data)."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(weights), framework="numpy") as f:
-            return list(f.keys())
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"corrupt weights file {weights}: {e}") from None
-
-
-def _check_no_head(weights: Path, names: WeightNames) -> None:
-    """Refuse, from the header alone, a checkpoint that carries a task head."""
-    head_keys = _head_keys(_weight_keys(weights), names)
+def _check_no_head(weights: Weights, names: WeightNames) -> None:
+    """Refuse, from the headers alone, a checkpoint that carries a task head."""
+    head_keys = _head_keys(weights.keys(), names)
     if head_keys:
         modules = sorted({k.rsplit(".", 1)[0] for k in head_keys})
-        raise CheckpointError(f"{weights}: cannot reproduce the head {', '.join(m + '.*' for m in modules[:3])}"
-                              f"{'...' if len(modules) > 3 else ''} ({len(head_keys)} tensors outside the encoder)")
+        raise CheckpointError(f"{weights.name}: cannot reproduce the head "
+                              f"{', '.join(m + '.*' for m in modules[:3])}{'...' if len(modules) > 3 else ''} "
+                              f"({len(head_keys)} tensors outside the encoder)")
 
 
-def _check_classifier_head(weights: Path, names: WeightNames, head: classifier_heads.Head) -> None:
-    """Refuse, from the header alone, a reranker whose keys outside the encoder are not exactly its head's."""
-    keys = _weight_keys(weights)
+def _check_classifier_head(weights: Weights, names: WeightNames, head: classifier_heads.Head) -> None:
+    """Refuse, from the headers alone, a reranker whose keys outside the encoder are not exactly its head's."""
+    keys = weights.keys()
     expected = set(head.keys)
     missing = sorted(expected - set(keys))
     if missing:
-        raise CheckpointError(f"{weights}: the {head.architecture} head lacks {', '.join(missing)}")
+        raise CheckpointError(f"{weights.name}: the {head.architecture} head lacks {', '.join(missing)}")
     prefix = _encoder_prefix(keys, names)
     others = sorted(k for k in keys if k not in expected and not _owned_by_encoder(k, prefix, names))
     if others:
-        raise CheckpointError(f"{weights}: a {head.architecture} checkpoint must hold exactly the classifier head "
-                              f"({', '.join(sorted(expected))}) outside the encoder, but also has "
+        raise CheckpointError(f"{weights.name}: a {head.architecture} checkpoint must hold exactly the classifier "
+                              f"head ({', '.join(sorted(expected))}) outside the encoder, but also has "
                               f"{', '.join(others[:5])}{'...' if len(others) > 5 else ''}")
 
 
@@ -350,32 +348,30 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
     # Each family reads its own config; a ModernBERT config is no BERT config with extra fields.
     own = OWN_FAMILIES.get(str(raw.get("model_type"))) if isinstance(raw, dict) else None
     cfg = (own.read_config if own else _encoder_config)(encoder_raw, directory / "config.json")
-    for required in ("model.safetensors", "tokenizer.json"):
-        if not (directory / required).is_file():
-            if required == "model.safetensors" and any(directory.glob("*.bin")):
-                raise CheckpointError(f"{directory}: only model.safetensors is accepted, not pickle .bin weights")
-            raise CheckpointError(f"checkpoint file missing: {directory / required}")
+    if not has_weights(directory) and any(directory.glob("*.bin")):
+        raise CheckpointError(f"{directory}: only model.safetensors is accepted, not pickle .bin weights")
+    weights = Weights(directory)  # the headers, checked; no tensor is read
+    tokenizer_json(directory)  # its own, or built from a slow tokenizer's files: checked before anything else
     if head is not None:
-        return _read_reranker(directory, name, cfg, raw, head)
+        return _read_reranker(directory, name, cfg, raw, head, weights)
     if isinstance(cfg, qwen3.Qwen3Config) and qwen3_reranker.is_reranker(raw, directory):
-        return _read_qwen3_reranker(directory, name, cfg, raw)
+        return _read_qwen3_reranker(directory, name, cfg, raw, weights)
     pipeline = read_pipeline(directory, cfg.usable_positions, cfg.hidden_size)
-    _check_no_head(directory / "model.safetensors", _weight_names(cfg))
+    _check_no_head(weights, _weight_names(cfg))
     if pipeline.splade is not None:  # SPLADE over the MLM head (model/splade.py): BERT's only
         if cfg.family != "bert":
             raise CheckpointError(f"{directory}: cannot reproduce a SparseEncoder over {cfg.family}'s masked-LM "
                                   "head (only BERT's, BertForMaskedLM)")
-        splade.check_head_keys({legacy_renamed(k) for k in _weight_keys(directory / "model.safetensors")},
-                               directory / "model.safetensors")
+        splade.check_head_keys({legacy_renamed(k) for k in weights.keys()}, directory / "model.safetensors")
     return Checkpoint(directory, name or directory.name, cfg, pipeline)
 
 
 def _read_reranker(directory: Path, name: str | None, cfg: EncoderConfig | ModelConfig, raw: dict,
-                   head: classifier_heads.Head) -> Checkpoint:
+                   head: classifier_heads.Head, weights: Weights) -> Checkpoint:
     """A cross-encoder: the encoder, its classification head (classifier_heads.py), the CrossEncoder's settings
     (cross_encoder.py)."""
     spec = cross_encoder.read_reranker(directory, raw)
-    _check_classifier_head(directory / "model.safetensors", _weight_names(cfg), head)
+    _check_classifier_head(weights, _weight_names(cfg), head)
     length, length_from = spec.max_seq_length, "sentence_bert_config.json"
     if length is None:
         length, length_from = tokenizer_max_length(directory, cfg.usable_positions), "tokenizer"
@@ -392,10 +388,11 @@ def _read_reranker(directory: Path, name: str | None, cfg: EncoderConfig | Model
                       problem_type=cross_encoder.problem_type(raw, directory / "config.json"))
 
 
-def _read_qwen3_reranker(directory: Path, name: str | None, cfg: qwen3.Qwen3Config, raw: dict) -> Checkpoint:
+def _read_qwen3_reranker(directory: Path, name: str | None, cfg: qwen3.Qwen3Config, raw: dict, weights: Weights
+                         ) -> Checkpoint:
     """Qwen3-Reranker: the causal LM's yes/no answer after the model card's template (qwen3_reranker.py)."""
-    _check_no_head(directory / "model.safetensors", _weight_names(cfg))  # lm_head is its only key outside
-    qwen3_reranker.answer_ids(directory / "tokenizer.json")
+    _check_no_head(weights, _weight_names(cfg))  # lm_head is its only key outside
+    qwen3_reranker.answer_ids(tokenizer_json(directory))
     qwen3_reranker.tied_embeddings(raw, directory / "config.json")
     length = tokenizer_max_length(directory, cfg.usable_positions)
     pipeline = Pipeline(("lasttoken",), (), False, length, "tokenizer", {}, None)
@@ -423,43 +420,48 @@ def legacy_renamed(key: str) -> str:
     return key
 
 
-def load_encoder(ckpt: Checkpoint) -> EncoderModule:
-    """Build the Encoder and copy the checkpoint's weights into it, under loud checks."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+def load_encoder(ckpt: Checkpoint, dtype: torch.dtype | None = None) -> EncoderModule:
+    """Build the Encoder and copy the checkpoint's weights into it, under loud checks.
 
-    try:
-        tensors = load_file(str(ckpt.weights_file))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"corrupt weights file {ckpt.weights_file}: {e}") from None
+    The weights are held once: the encoder's parameters are allocated but never initialised (their pages are not
+    touched until a weight lands there), and each tensor is read from its file, converted to `dtype` (default
+    float32) and made the parameter, one at a time. A checkpoint's weights loaded whole beside a freshly
+    initialised encoder held them 2.6x (all-mpnet-base-v2: 1.07 GB at its peak for 0.44 GB of weights).
+    A half-precision dtype (export straight into fp16) keeps the encoder's buffers in float32 (rotary and bucket
+    tables): tracing converts them (export/torch_to_onnx.py)."""
+    dtype = dtype or torch.float32
+    weights = ckpt.weights
     # A masked-LM checkpoint prefixes the encoder's keys ("bert.", "roberta.", ...) and adds its (unused) head;
     # read_checkpoint has refused any other head, so every other key must be the encoder's.
     names = _weight_names(ckpt.config)
-    prefix = _encoder_prefix(list(tensors), names)
+    prefix = _encoder_prefix(weights.keys(), names)
     head_keys = set(ckpt.head.keys) if ckpt.head else set()  # a reranker's head: loaded by cross_encoder.py
-    tensors = {legacy_renamed(k.removeprefix(prefix)): v for k, v in tensors.items()
-               if not k.startswith(names.unused_heads) and k not in head_keys}
+    stored = {legacy_renamed(k.removeprefix(prefix)): k for k in weights.keys()
+              if not k.startswith(names.unused_heads) and k not in head_keys}
     cfg = ckpt.config
     mapping = key_map(cfg) if isinstance(cfg, EncoderConfig) else OWN_FAMILIES[cfg.family].key_map(cfg)
-    missing = sorted(set(mapping) - set(tensors))
-    unexpected = sorted(set(tensors) - set(mapping) - set(names.ignored))
+    missing = sorted(set(mapping) - set(stored))
+    unexpected = sorted(set(stored) - set(mapping) - set(names.ignored))
     if missing or unexpected:
         raise CheckpointError(
-            f"{ckpt.weights_file}: keys do not match a {ckpt.config.num_layers}-layer {ckpt.config.family} encoder "
+            f"{weights.name}: keys do not match a {ckpt.config.num_layers}-layer {ckpt.config.family} encoder "
             f"(missing: {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected: {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})"
         )
-    encoder = Encoder(cfg) if isinstance(cfg, EncoderConfig) else OWN_FAMILIES[cfg.family].build(cfg)
+    with uninitialised_weights():
+        encoder = Encoder(cfg) if isinstance(cfg, EncoderConfig) else OWN_FAMILIES[cfg.family].build(cfg)
     own = encoder.state_dict()
     assert len(own) == len(mapping), "key map and Encoder disagree on the parameter count"
     for theirs, ours in mapping.items():
-        if tensors[theirs].shape != own[ours].shape:
+        if weights.shape(stored[theirs]) != tuple(own[ours].shape):
             raise CheckpointError(
-                f"{ckpt.weights_file}: {theirs} has shape {tuple(tensors[theirs].shape)}, "
-                f"expected {tuple(own[ours].shape)}"
+                f"{weights.name}: {theirs} has shape {weights.shape(stored[theirs])}, expected {tuple(own[ours].shape)}"
             )
+    del own
     # nn.Linear stores (out, in) exactly as HF does, so no transpose is needed.
-    encoder.load_state_dict({ours: tensors[theirs].float() for theirs, ours in mapping.items()}, strict=True)
+    for theirs, ours in mapping.items():
+        _assign(encoder, ours, weights.get(stored[theirs]), dtype)
+    weights.close()
     own_family = None if isinstance(cfg, EncoderConfig) else OWN_FAMILIES[cfg.family]
     if own_family is not None and own_family.after_load is not None:
         own_family.after_load(cfg, encoder)
@@ -468,3 +470,44 @@ def load_encoder(ckpt: Checkpoint) -> EncoderModule:
 
         return cast(EncoderModule, load_token_vectors(ckpt.directory, encoder, ckpt.pipeline))
     return cast(EncoderModule, encoder.eval())
+
+
+def _assign(module: torch.nn.Module, key: str, tensor: torch.Tensor, dtype: torch.dtype) -> None:
+    """module's parameter or persistent buffer `key` (a state_dict key) becomes tensor, as dtype where it is a
+    float (an integer buffer keeps its type)."""
+    *path, leaf = key.split(".")
+    owner = module.get_submodule(".".join(path))
+    current = owner._parameters.get(leaf)
+    value = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    if current is not None:
+        owner._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
+    elif leaf in owner._buffers:
+        buffer = owner._buffers[leaf]
+        owner._buffers[leaf] = value if buffer is None or not buffer.is_floating_point() else value.to(buffer.dtype)
+    else:
+        raise CheckpointError(f"{key} is neither a parameter nor a buffer of the encoder")
+
+
+# torch.nn.init's in-place initialisers, which module constructors call on their fresh parameters.
+INITIALISERS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+                "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
+                "sparse_")
+
+
+@contextlib.contextmanager
+def uninitialised_weights() -> Iterator[None]:
+    """Module constructors within leave their parameters as torch.empty allocated them: no random init of weights
+    the checkpoint's replace anyway (seconds, and every page written, for a large model), as transformers'
+    no_init_weights does. Buffers computed in a constructor are computed as ever."""
+    saved = {name: getattr(torch.nn.init, name) for name in INITIALISERS}
+    for name in INITIALISERS:
+        setattr(torch.nn.init, name, _left_as_is)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(torch.nn.init, name, function)
+
+
+def _left_as_is(tensor, *args, **kwargs):
+    return tensor

@@ -26,7 +26,9 @@ from attnserve.errors import CheckpointError
 
 from .classifier_heads import Head
 from .family import EncoderModule
+from .tokenizer_files import tokenizer_json
 from .value_norms import stacked_value_norms
+from .weights_files import Weights
 
 # CrossEncoder activations (their dotted class paths, as sentence-transformers saves them) -> the manifest's names.
 ACTIVATIONS = {
@@ -146,7 +148,7 @@ def _transformer_max_length(directory: Path, architecture: str) -> int | None:
             raise CheckpointError(f"{path}: cannot reproduce the Transformer setting {key} {value!r}")
     from .pipeline import _tokenizer_lowercases
 
-    if raw.get("do_lower_case") and not _tokenizer_lowercases(directory / "tokenizer.json"):
+    if raw.get("do_lower_case") and not _tokenizer_lowercases(tokenizer_json(directory)):
         # sentence-transformers then puts a Lowercase normalizer in front of the tokenizer's own.
         raise CheckpointError(f"{path}: cannot reproduce do_lower_case true: sentence-transformers adds a Lowercase "
                               "normalizer that tokenizer.json does not have")
@@ -178,22 +180,18 @@ class Reranker(nn.Module):
         return scores
 
 
-def load_reranker(weights: Path, encoder: EncoderModule, head: Head, labels: int) -> Reranker:
+def load_reranker(weights: Weights, encoder: EncoderModule, head: Head, labels: int) -> Reranker:
     """The head's weights (exactly head.keys) on top of a loaded encoder, under the same loud checks."""
-    from safetensors import safe_open
-
     module = head.build(encoder.config.hidden_size, labels)
     own = module.state_dict()
     tensors = {}
-    with safe_open(str(weights), framework="pt") as f:
-        missing = sorted(set(head.keys) - set(f.keys()))
-        if missing:
-            raise CheckpointError(f"{weights}: the {head.architecture} head lacks {', '.join(missing)}")
-        for theirs, ours in head.keys.items():
-            tensor = f.get_tensor(theirs)
-            if tensor.shape != own[ours].shape:
-                raise CheckpointError(f"{weights}: {theirs} has shape {tuple(tensor.shape)}, "
-                                      f"expected {tuple(own[ours].shape)}")
-            tensors[ours] = tensor.float()
+    missing = sorted(set(head.keys) - set(weights.keys()))
+    if missing:
+        raise CheckpointError(f"{weights.name}: the {head.architecture} head lacks {', '.join(missing)}")
+    for theirs, ours in head.keys.items():
+        if weights.shape(theirs) != tuple(own[ours].shape):
+            raise CheckpointError(f"{weights.name}: {theirs} has shape {weights.shape(theirs)}, "
+                                  f"expected {tuple(own[ours].shape)}")
+        tensors[ours] = weights.get(theirs).float()
     module.load_state_dict(tensors, strict=True)
     return Reranker(encoder, module).eval()

@@ -33,6 +33,7 @@ from .colbert import EXPANSION_STRATEGIES, SIMILARITIES, Expansion, MultiVector
 from .splade import ACTIVATIONS as SPLADE_ACTIVATIONS
 from .splade import STRATEGIES as SPLADE_STRATEGIES
 from .splade import Splade
+from .tokenizer_files import tokenizer_json
 
 # Pooling's legacy boolean keys, in the order sentence-transformers concatenates their outputs.
 LEGACY_POOLING_KEYS = {
@@ -320,7 +321,7 @@ def _transformer(directory: Path, max_position_embeddings: int, task: dict | Non
         if value is not None and value not in allowed:
             raise _refuse(path, f"{key} {json.dumps(value)} (the export runs "
                                 f"{json.dumps(allowed[0]) if allowed else 'without it'})")
-    if raw.get("do_lower_case") and not _tokenizer_lowercases(directory / "tokenizer.json"):
+    if raw.get("do_lower_case") and not _tokenizer_lowercases(tokenizer_json(directory)):
         # sentence-transformers then puts a Lowercase normalizer in front of the tokenizer's own.
         raise _refuse(path, "do_lower_case true: sentence-transformers adds a Lowercase normalizer "
                             "that tokenizer.json does not have")

@@ -27,6 +27,7 @@ from attnserve.errors import CheckpointError
 from .pooling import pool
 from .qwen3 import CAUSAL_LM, Qwen3Encoder
 from .value_norms import stacked_value_norms
+from .weights_files import Weights
 
 # The model card's template: the pair is "{prefix}{body}{suffix}", the body formatted with the instruction, the
 # query and the document. Each part is tokenized on its own, as the card does; only the body is ever truncated.
@@ -95,25 +96,21 @@ class Qwen3Reranker(nn.Module):
         return scores
 
 
-def load_reranker(weights: Path, tokenizer_file: Path, encoder: Qwen3Encoder, tied: bool) -> Qwen3Reranker:
+def load_reranker(weights: Weights, tokenizer_file: Path, encoder: Qwen3Encoder, tied: bool) -> Qwen3Reranker:
     """The answer rows of lm_head (of the input embeddings where tie_word_embeddings is true, as transformers
     ties them) on top of a loaded encoder."""
-    from safetensors import safe_open
-
     yes, no = answer_ids(tokenizer_file)
-    with safe_open(str(weights), framework="pt") as f:
-        keys = set(f.keys())
-        if tied:
-            rows = encoder.word.weight.detach()  # (V, H), the checkpoint's embed_tokens
-        elif "lm_head.weight" in keys:
-            rows = f.get_tensor("lm_head.weight").float()
-        else:
-            raise CheckpointError(f"{weights}: tie_word_embeddings is false but there is no lm_head.weight "
-                                  f"(the reranker's answers are its rows {yes} and {no})")
+    if tied:
+        rows = encoder.word.weight.detach()  # (V, H), the checkpoint's embed_tokens
+    elif "lm_head.weight" in weights:
+        rows = weights.get("lm_head.weight")  # (V, H) as stored: two of its rows are used
+    else:
+        raise CheckpointError(f"{weights.name}: tie_word_embeddings is false but there is no lm_head.weight "
+                              f"(the reranker's answers are its rows {yes} and {no})")
     if tuple(rows.shape) != (encoder.config.vocab_size, encoder.config.hidden_size):
-        raise CheckpointError(f"{weights}: lm_head.weight has shape {tuple(rows.shape)}, expected "
+        raise CheckpointError(f"{weights.name}: lm_head.weight has shape {tuple(rows.shape)}, expected "
                               f"{(encoder.config.vocab_size, encoder.config.hidden_size)}")
-    return Qwen3Reranker(encoder, rows[yes] - rows[no]).eval()
+    return Qwen3Reranker(encoder, rows[yes].float() - rows[no].float()).eval()
 
 
 def tied_embeddings(raw: dict[str, Any], path: Path) -> bool:

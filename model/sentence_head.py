@@ -66,8 +66,9 @@ def load_head(directory: Path, pipeline: Pipeline) -> nn.Module:
     if pipeline.splade is not None:
         from .pipeline import read_json
         from .splade import load_splade_head
+        from .weights_files import Weights
 
-        return load_splade_head(directory / "model.safetensors", pipeline.splade, read_json(directory / "config.json"))
+        return load_splade_head(Weights(directory), pipeline.splade, read_json(directory / "config.json"))
     if pipeline.multi_vector is not None:  # the mean of the vectors (model/colbert.py): the graph's shape, unserved
         return Pooling(("mean",)).eval()
 

@@ -29,6 +29,8 @@ import torch.nn.functional as F
 
 from attnserve.errors import CheckpointError
 
+from .weights_files import Weights
+
 STRATEGIES = ("max", "sum")
 ACTIVATIONS = ("relu", "log1p_relu")
 # BertForMaskedLM's head, as transformers saves it (the decoder's weight only when untied).
@@ -87,26 +89,20 @@ def check_head_keys(keys: set[str], weights: Path) -> None:
                               f"missing {', '.join(missing)}")
 
 
-def load_splade_head(weights: Path, splade: Splade, config: dict) -> SpladeHead:
-    """The head with its weights from model.safetensors (the decoder tied to the word embeddings unless saved)."""
-    from safetensors import SafetensorError, safe_open
-
+def load_splade_head(weights: Weights, splade: Splade, config: dict) -> SpladeHead:
+    """The head with its weights from the checkpoint's (the decoder tied to the word embeddings unless saved)."""
     from .checkpoint import legacy_renamed  # imported here: checkpoint.py imports this module
 
     head = SpladeHead(splade, int(config["hidden_size"]), float(config.get("layer_norm_eps", 1e-12)),
                       str(config.get("hidden_act", "gelu")))
-    try:
-        with safe_open(str(weights), "pt") as f:
-            keys = {legacy_renamed(k): k for k in f.keys()}  # current name -> as saved (LayerNorm.gamma, ...)
-            check_head_keys(set(keys), weights)
-            tensors = {k: f.get_tensor(keys[k]).float() for k in (*HEAD_KEYS, *DECODER_KEYS) if k in keys}
-            decoder = tensors.get("cls.predictions.decoder.weight")
-            if decoder is None:
-                if WORD_EMBEDDINGS not in keys:
-                    raise CheckpointError(f"{weights}: the MLM decoder is tied to {WORD_EMBEDDINGS}, which is missing")
-                decoder = f.get_tensor(keys[WORD_EMBEDDINGS]).float()
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"corrupt weights file {weights}: {e}") from None
+    keys = {legacy_renamed(k): k for k in weights.keys()}  # current name -> as saved (LayerNorm.gamma, ...)
+    check_head_keys(set(keys), Path(weights.name))
+    tensors = {k: weights.get(keys[k]).float() for k in (*HEAD_KEYS, *DECODER_KEYS) if k in keys}
+    decoder = tensors.get("cls.predictions.decoder.weight")
+    if decoder is None:
+        if WORD_EMBEDDINGS not in keys:
+            raise CheckpointError(f"{weights.name}: the MLM decoder is tied to {WORD_EMBEDDINGS}, which is missing")
+        decoder = weights.get(keys[WORD_EMBEDDINGS]).float()
     state = {"dense.weight": tensors["cls.predictions.transform.dense.weight"],
              "dense.bias": tensors["cls.predictions.transform.dense.bias"],
              "norm.weight": tensors["cls.predictions.transform.LayerNorm.weight"],
@@ -117,7 +113,7 @@ def load_splade_head(weights: Path, splade: Splade, config: dict) -> SpladeHead:
     own = head.state_dict()
     for key, tensor in state.items():
         if tensor.shape != own[key].shape:
-            raise CheckpointError(f"{weights}: the MLM head's {key} has shape {tuple(tensor.shape)}, expected "
+            raise CheckpointError(f"{weights.name}: the MLM head's {key} has shape {tuple(tensor.shape)}, expected "
                                   f"{tuple(own[key].shape)}")
     head.load_state_dict(state, strict=True)
     return head.eval()

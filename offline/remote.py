@@ -213,7 +213,7 @@ class ServerEncoder:
             return AttnserveError(f"server {self.target} is shutting down{resume}")
         if code == grpc.StatusCode.UNAVAILABLE:
             # No answer from attnserve (no reason): say why, as every client does (nothing listens, or HTTP does).
-            explained = why_no_grpc(self.target) if details.reason is None else None
+            explained = why_no_grpc(self.target, "--server") if details.reason is None else None
             if explained is not None:
                 return AttnserveError(f"{explained}{resume}")
             return AttnserveError(f"server {self.target} is unavailable: {message}{resume}")

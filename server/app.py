@@ -79,7 +79,9 @@ def check_ports_free(config: ServerConfig) -> None:
 
 
 def warm_up(engine: Engine) -> list[tuple[bool, float, int]]:
-    """Run every graph once at a small and a full-budget shape, so the first request does not pay for it.
+    """Run every graph once at a small and a full-budget shape, so the first request does not pay for it: the
+    attention graphs where they are built (where they are not, the first attention request builds them:
+    engine/builds.py).
 
     Returns (attention, seconds, tokens) of each graph's larger run: the batcher's first estimate of its speed.
     """
@@ -88,6 +90,8 @@ def warm_up(engine: Engine) -> list[tuple[bool, float, int]]:
                   dtype=np.int64)  # in any vocabulary
     timings = []
     for attention in (False, True):
+        if attention and not engine.has_attention_graphs:
+            continue
         # The attention graph only up to the length its maps are served at (a long-context model's would not fit).
         T = min(engine.manifest.attention_cap if attention else engine.manifest.served_max_length, budget)
         for rows, length in ((1, min(8, T)), (max(1, min(budget // T, engine.config.max_batch_size)), T)):
@@ -207,6 +211,7 @@ class Server:
         found = {"gRPC": f"{netloc}:{self.port}"}
         if self.http_port is not None:
             found["HTTP"] = f"{'https' if tls else 'http'}://{netloc}:{self.http_port}"
+            found["explorer"] = f"{found['HTTP']}/explorer"  # the attention explorer, in a browser
         if self.metrics_port is not None:
             found["metrics"] = f"http://{netloc}:{self.metrics_port}/metrics"
         return found
@@ -279,7 +284,8 @@ async def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
     # them by 1.6x (bench/bench_attention.py: rollout-only requests 0.40 of embeddings' tokens/s, 0.63 with one).
     threadpool_limits(limits=1, user_api="blas")
     metrics = Metrics()
-    models = Models.load(model_sources(engine_config.artifacts, config), engine_config, config, metrics)
+    models = Models.load(model_sources(engine_config.artifacts, config, engine_config.precision,
+                                       engine_config.provider), engine_config, config, metrics)
     server = Server(models, config, metrics)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

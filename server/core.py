@@ -135,7 +135,7 @@ class Core:
                 batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
                 prepared = await loop.run_in_executor(
                     self._executor, prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
-                    engine.takes_token_types, engine.multi_vector)
+                    engine.takes_token_types, engine.multi_vector, engine.require)
                 rows = await batcher.submit(prepared.inputs, prepared.options.attention, _at(deadline),
                                             prepared.options.last_layer_only)
                 rendered = body = await loop.run_in_executor(self._executor, self._render, rows, prepared, model,

@@ -90,14 +90,17 @@ def model_outputs(manifest: Manifest) -> tuple[str, ...]:
         ("embed", "attention", "similarity")
 
 
-def model_sources(artifacts: str | None, config: ServerConfig) -> list[ModelSource]:
-    """The models to serve, the default first; a bad --model or repository is a one-line ConfigError."""
+def model_sources(artifacts: str | None, config: ServerConfig, precision: str = "auto", provider: str = "auto"
+                  ) -> list[ModelSource]:
+    """The models to serve, the default first; a bad --model or repository is a one-line ConfigError. A checkpoint
+    given (or the default model, on first use) is exported into the cache with the graph a run of `precision` on
+    `provider` needs first (attnserve/default_model.py)."""
     if (config.model or config.model_repository) and artifacts:
         raise ConfigError("give --artifacts (one model) or --model / --model-repository (several), not both")
     if config.model_repository:
         return _repository(Path(config.model_repository))
     if config.model:
-        sources = [_named(spec) for spec in config.model]
+        sources = [_named(spec, precision, provider) for spec in config.model]
         names = [source.name for source in sources]
         twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
         if twice is not None:  # before any model loads; Models.load checks the aliases too
@@ -106,11 +109,11 @@ def model_sources(artifacts: str | None, config: ServerConfig) -> list[ModelSour
     from attnserve.default_model import resolve_artifacts, serving_directory
 
     if artifacts:
-        return [ModelSource(None, serving_directory(Path(artifacts), None, "--artifacts"))]
-    return [ModelSource(None, resolve_artifacts(None))]
+        return [ModelSource(None, serving_directory(Path(artifacts), None, "--artifacts", precision, provider))]
+    return [ModelSource(None, resolve_artifacts(None, precision, provider))]
 
 
-def _named(spec: str) -> ModelSource:
+def _named(spec: str, precision: str, provider: str) -> ModelSource:
     """--model NAME=DIR: an artifact directory, or a checkpoint exported into the cache as NAME (KServe's
     --model_name and --model_dir in one flag: `--model={{.Name}}=/mnt/models`)."""
     from attnserve.default_model import serving_directory
@@ -121,7 +124,7 @@ def _named(spec: str) -> ModelSource:
     path = Path(directory.strip())
     if not path.is_dir():
         raise ConfigError(f"--model {spec!r}: {path} is not a directory")
-    return ModelSource(name.strip(), serving_directory(path, name.strip(), f"--model {spec!r}"))
+    return ModelSource(name.strip(), serving_directory(path, name.strip(), f"--model {spec!r}", precision, provider))
 
 
 def _repository(root: Path) -> list[ModelSource]:
@@ -193,8 +196,9 @@ class ServedModel:
             prompts=dict(m.prompts), default_prompt_name=m.default_prompt_name, kind=m.kind, num_labels=m.num_labels,
             tasks=m.tasks, labels=m.label_names if m.kind == "reranker" else (), outputs=model_outputs(m),
             # A ColBERT model's vectors are float only; a reranker has no embeddings.
+            # int8 and uint8 need the model's ranges: held, or built when first asked for (engine/builds.py).
             embedding_types=() if m.kind == "reranker" else ("float",) if m.multi_vector is not None else tuple(
-                t for t in EMBEDDING_TYPES if t not in RANGED or m.quantization is not None))
+                t for t in EMBEDDING_TYPES if t not in RANGED or m.quantization is not None or m.source is not None))
 
     def _batcher(self, engine: Engine, config: ServerConfig) -> Batcher:
         return Batcher(engine.run, BatcherLimits(
@@ -232,6 +236,8 @@ class Models:
         # A model with task adapters: one engine per task's merged graphs (engine/tasks.py).
         task_engines = [{task: Engine.from_directory(task_directory(engine.manifest, task), dataclasses.replace(
             engine_config, threads=threads), attention=True) for task in engine.manifest.tasks} for engine in engines]
+        for engine in [*engines, *(e for tasks in task_engines for e in tasks.values())]:
+            engine.background_builds()  # what a request needs that is not built yet (attention graphs)
         names = [source.name or engine.manifest.model for source, engine in zip(sources, engines, strict=True)]
         aliases = [tuple(config.served_model_name) if i == 0 else () for i in range(len(names))]
         seen: set[str] = set()

@@ -10,7 +10,7 @@ to its own wire names; the message names the place as a user reads it ("input 3:
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -247,6 +247,10 @@ class ReplyOptions:
         return self.token_embeddings or self.attention
 
 
+# (needs: "attention", "quantization"; what needs them) -> the manifest once they are built (Engine.require).
+Require = Callable[[Sequence[str], str], Manifest]
+
+
 @dataclass(frozen=True)
 class PreparedRequest:
     inputs: list[TokenizedInput]
@@ -265,13 +269,16 @@ def truncates(asked: bool | None, limits: RequestLimits) -> bool:
 
 
 def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest, limits: RequestLimits,
-            float_bytes: float, takes_token_types: bool = False, multi_vector: MultiVectorTokenizer | None = None
-            ) -> PreparedRequest:
+            float_bytes: float, takes_token_types: bool = False, multi_vector: MultiVectorTokenizer | None = None,
+            require: Require | None = None) -> PreparedRequest:
     """Check everything about a request that can be checked before it costs compute; tokenize it.
 
     float_bytes: what one float of the reply costs on the door's wire (4 in binary), for the reply size limit.
     multi_vector: a ColBERT model's tokenizer (Engine.multi_vector).
+    require(names, what): the manifest, once the variants a request needs are built (Engine.require: the
+    attention graphs, the quantized embeddings' ranges); it raises GraphBuildingError while they are built.
     """
+    require = require or (lambda names, what: manifest)
     check_count(len(request.inputs), limits.max_inputs)
     if manifest.kind == "reranker":
         _check_reranker_attention(request, manifest)
@@ -291,7 +298,7 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     _check_sparse(request, manifest)
     normalize = manifest.normalize if request.normalize is None else request.normalize
     types = check_embedding_types(tuple(request.embedding_types))
-    ranges = _ranges(request, types, manifest, pooling, normalize)
+    ranges = _ranges(request, types, manifest, pooling, normalize, require)
     attention = request.attention
     layers = heads = None
     analyses: tuple[str, ...] = ()
@@ -327,6 +334,7 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     _check_token_types(inputs, takes_token_types, manifest)
     if options.attention:
         _check_attention_length(inputs, manifest)
+        require(("attention",), "attention weights")
     reply_bytes = sum(_reply_bytes(len(x), options, manifest, float_bytes) for x in inputs)
     if reply_bytes > limits.max_response_bytes:
         raise _invalid(
@@ -432,7 +440,7 @@ def _tokenize_multi_vector(request: EncodeRequest, tokenizer: MultiVectorTokeniz
 
 
 def _ranges(request: EncodeRequest, types: tuple[str, ...], manifest: Manifest, pooling: str | None,
-            normalize: bool) -> np.ndarray | None:
+            normalize: bool, require: Require) -> np.ndarray | None:
     """The int8 / uint8 ranges of a request: its own, or the model's calibrated ones (engine/quantize.py)."""
     size = request.dimensions or manifest.embedding_size
     ranged = [t for t in types if t in RANGED]
@@ -446,6 +454,8 @@ def _ranges(request: EncodeRequest, types: tuple[str, ...], manifest: Manifest, 
     if pooling is not None:
         raise _invalid("ranges", f"{ranged[0]} embeddings with pooling {pooling} need ranges: the model's are "
                                  "calibrated on its own pooling; pass ranges, or ask for the default pooling")
+    if manifest.source is not None:  # built as needed: PyTorch's embeddings of the verification texts
+        manifest = require(("quantization",), f"{ranged[0]} embeddings")
     ranges = manifest.quantization_ranges(request.dimensions, normalize)
     if ranges is None:
         raise _invalid("ranges", f"{ranged[0]} embeddings need per-dimension ranges, and {manifest.model}'s "

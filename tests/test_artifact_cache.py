@@ -2,33 +2,24 @@
 
 from __future__ import annotations
 
-import shutil
-import threading
-import time
+import os
+import subprocess
+import sys
 
-import attnserve.export.artifacts as artifacts_module
-from attnserve.default_model import DEFAULT_MODEL_NAME, artifacts_dir_for, resolve_artifacts
+from attnserve.default_model import DEFAULT_MODEL_NAME, artifacts_dir_for
+from attnserve.engine.manifest import load_manifest
 
 
-def test_concurrent_first_runs_build_the_cache_once(artifacts, tmp_path, monkeypatch):
-    """Two replicas on one empty cache: the second waits for the first's build instead of replacing it.
-
-    The export itself is the real artifact directory copied in slowly, so the test takes a second, not a minute.
-    """
+def test_concurrent_first_runs_build_the_cache_once(tmp_path, monkeypatch):
+    """Three processes on one empty cache, as replicas start: one exports (in its build child), the others wait on
+    the directory's lock and then find its manifest, and every one gets the same verified directory."""
     monkeypatch.setenv("ATTNSERVE_CACHE", str(tmp_path / "cache"))
-    builds = []
-
-    def slow_build(ckpt, out, log=None):
-        builds.append(out)
-        time.sleep(0.5)
-        shutil.copytree(artifacts, out)
-
-    monkeypatch.setattr(artifacts_module, "build_artifacts", slow_build)
-    results = []
-    threads = [threading.Thread(target=lambda: results.append(resolve_artifacts(None))) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert results == [artifacts_dir_for(DEFAULT_MODEL_NAME)] * 3
-    assert len(builds) == 1 and (results[0] / "manifest.json").is_file()
+    code = "from attnserve.default_model import resolve_artifacts; print(resolve_artifacts(None))"
+    runs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=dict(os.environ)) for _ in range(3)]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    assert all(run.returncode == 0 for run in runs), [err for _, err in outputs]
+    expected = artifacts_dir_for(DEFAULT_MODEL_NAME)
+    assert [out.strip() for out, _ in outputs] == [str(expected)] * 3
+    assert sum(err.count(" to ONNX: ") for _, err in outputs) == 1, [err for _, err in outputs]
+    load_manifest(expected)  # every file it lists, whole

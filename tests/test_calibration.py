@@ -22,6 +22,8 @@ from attnserve.engine.machine import INSTRUCTION_SETS, this_machine
 from attnserve.engine.manifest import MANIFEST, load_manifest
 from attnserve.errors import ConfigError
 
+from .conftest import link_but_data
+
 # Small batches (256 padded tokens): the calibration runs the shapes the engine is configured for, so this keeps
 # it to a fraction of a second, and it times the same code as the default's 2048.
 SMALL = dict(max_batch_tokens=256, max_batch_size=64)
@@ -34,7 +36,7 @@ def linked(artifacts, tmp_path, monkeypatch) -> Path:
     empty cache of its own."""
     monkeypatch.setenv("ATTNSERVE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "artifacts"
-    shutil.copytree(artifacts, out, copy_function=os.link, ignore=shutil.ignore_patterns(CALIBRATION))
+    shutil.copytree(artifacts, out, copy_function=link_but_data, ignore=shutil.ignore_patterns(CALIBRATION))
     return out
 
 
@@ -195,7 +197,7 @@ def test_variants_of_one_file_differ_in_the_session_optimizers_they_disable(link
         options.optimized_model_filepath = str(tmp_path / f"{variant.name}.onnx")  # the graph after load's fusions
         direct = ort.InferenceSession(str(linked / variant.file), options, providers=["CPUExecutionProvider"],
                                       disabled_optimizers=list(variant.disabled_optimizers))
-        ops = {n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node}
+        ops = {n.op_type for n in onnx.load(options.optimized_model_filepath, load_external_data=False).graph.node}
         assert ("SkipLayerNormalization" in ops) == has_skip_layer_norm, variant.name
         engine = Engine.from_directory(linked, replace(config, graph=variant.name))
         inputs = engine.tokenizer.encode_texts(TEXTS)
@@ -247,7 +249,7 @@ def test_a_read_only_artifact_directory_records_in_the_cache(linked):
 def test_a_reranker_chooses_among_its_scores_graphs(reranker_artifacts, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNSERVE_CACHE", str(tmp_path / "cache"))
     linked = tmp_path / "reranker"
-    shutil.copytree(reranker_artifacts, linked, copy_function=os.link, ignore=shutil.ignore_patterns(CALIBRATION))
+    shutil.copytree(reranker_artifacts, linked, copy_function=link_but_data, ignore=shutil.ignore_patterns(CALIBRATION))
     engine = Engine.from_directory(linked, EngineConfig(**SMALL))
     assert entry(linked / CALIBRATION)["graph"] == engine.embeddings_variant.name
     assert set(entry(linked / CALIBRATION)["candidates"]) == {"scores_fused", "scores"}

@@ -124,7 +124,7 @@ def test_bad_jsonl_rows_fail_with_their_line(artifacts, tmp_path, line, fragment
 def test_missing_artifacts(tmp_path):
     (tmp_path / "in.txt").write_text("hello\n")
     result = run_cli("encode", tmp_path / "in.txt", "-o", tmp_path / "o.parquet", "--artifacts", tmp_path / "none")
-    assert_one_line_error(result, "not an artifact directory")
+    assert_one_line_error(result, "--artifacts", str(tmp_path / "none"), "does not exist")
 
 
 def test_tampered_artifacts(artifacts_copy, tmp_path):

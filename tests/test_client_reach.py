@@ -46,8 +46,9 @@ def test_no_http_server_says_so_too():
 @pytest.mark.parametrize("command", ["embed", "health", "attention", "loadtest", "encode --server"])
 def test_grpc_against_the_http_port_names_the_grpc_port(server, command, tmp_path):
     target = f"127.0.0.1:{server.http_port}"
+    flag = "--server" if command == "encode --server" else "--target"  # the flag that names the server, as typed
     assert_one_line_error(run_cli(*_commands(target, tmp_path)[command]),
-                          f"{target} speaks HTTP, not gRPC: the gRPC port is 50051 by default (--target)")
+                          f"{target} speaks HTTP, not gRPC: the gRPC port is 50051 by default ({flag})")
 
 
 def test_http_against_the_grpc_port_names_the_http_port(server):

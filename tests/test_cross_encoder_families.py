@@ -86,7 +86,7 @@ def test_logits_match_transformers(checkpoint, implementation):
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(checkpoint))
     batch = tokenizer(PAIRS, padding=True, truncation=True, max_length=64, return_tensors="pt")
     ckpt = read_checkpoint(checkpoint)
-    reranker = load_reranker(ckpt.weights_file, load_encoder(ckpt), ckpt.head, ckpt.num_labels)
+    reranker = load_reranker(ckpt.weights, load_encoder(ckpt), ckpt.head, ckpt.num_labels)
     assert "token_type_ids" not in batch  # these families' tokenizers give none, and the graphs take none
     with torch.no_grad():
         want = model(**batch).logits  # (N, 1)

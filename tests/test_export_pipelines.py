@@ -37,7 +37,7 @@ def test_vocabulary_of_64_exports_verifies_and_encodes_as_sentence_transformers(
     model = save_tiny_bert(tmp_path / "bert", vocab_size=64)
     checkpoint = save_sentence_transformer(model, tmp_path / "st", "mean", normalize=True, max_seq_length=48)
     out = tmp_path / "artifacts"
-    result = run_cli("export", "--checkpoint", checkpoint, "--out", out)
+    result = run_cli("export", "--all", "--checkpoint", checkpoint, "--out", out)
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert (manifest["vocab_size"], manifest["max_seq_length"]) == (64, 48)

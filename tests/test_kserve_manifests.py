@@ -21,7 +21,7 @@ from attnserve.cli import build_parser
 from attnserve.config import EngineConfig, ServerConfig, from_args
 from attnserve.engine.manifest import FORMAT_VERSION, MANIFEST
 from tests.cli_contract import cli_error, configuration_errors, known_environment
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import assert_one_line_error, link_but_data, run_cli
 from tests.dockerfile import read_dockerfile
 from tests.k8s import manifests as k8s_manifests
 from tests.k8s import server_container as k8s_server_container
@@ -278,7 +278,7 @@ def get(url: str) -> tuple[int, str]:
 def test_the_runtime_serves_artifacts_where_kserve_puts_them(runtime, services, artifacts, engine, tmp_path):
     # /mnt/models as the storage initializer leaves it: the artifact directory's files (hard links: no copy).
     models = tmp_path / "mnt-models"
-    shutil.copytree(artifacts, models, copy_function=os.link, ignore=shutil.ignore_patterns("calibration.json"))
+    shutil.copytree(artifacts, models, copy_function=link_but_data, ignore=shutil.ignore_patterns("calibration.json"))
     name = of_artifacts(services, "v2")["metadata"]["name"]
     texts = ["The cat sat on the mat.", "KServe mounts the model at /mnt/models."]
     with serving(start_as_kserve(runtime, name, models, tmp_path / "cache")) as server:
@@ -298,7 +298,7 @@ def test_the_runtime_exports_a_checkpoint_once(runtime, services, artifacts, tmp
     model serve loads (server/models.py, from the runtime's command line) is its export into the cache, named as
     the InferenceService, and a second start reuses it. The export itself is `attnserve export`'s, tested with it:
     here it hands over the session's export of the same checkpoint."""
-    import attnserve.export.artifacts
+    import attnserve.engine.builds
     from attnserve.default_model import default_checkpoint_dir
     from attnserve.server.models import model_sources
 
@@ -306,11 +306,11 @@ def test_the_runtime_exports_a_checkpoint_once(runtime, services, artifacts, tmp
     shutil.copytree(default_checkpoint_dir(), models, copy_function=os.link)
     exported = []
 
-    def build_artifacts(checkpoint, out, **_):
-        exported.append((checkpoint.directory, checkpoint.name))
-        shutil.copytree(artifacts, out, copy_function=os.link, ignore=shutil.ignore_patterns("calibration.json"))
+    def export_in_child(checkpoint, name, out, precision, provider, log):
+        exported.append((checkpoint, name))
+        shutil.copytree(artifacts, out, copy_function=link_but_data, ignore=shutil.ignore_patterns("calibration.json"))
 
-    monkeypatch.setattr(attnserve.export.artifacts, "build_artifacts", build_artifacts)
+    monkeypatch.setattr(attnserve.engine.builds, "export_in_child", export_in_child)
     monkeypatch.setenv("ATTNSERVE_CACHE", str(tmp_path / "cache"))
     name = of_checkpoint(services)["metadata"]["name"]
     args = build_parser().parse_args(rendered_args(runtime_container(runtime), name, str(models)))

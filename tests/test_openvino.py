@@ -11,7 +11,6 @@ flags without bf16, since no such CPU is at hand where this one has it.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,7 +26,7 @@ from attnserve.engine.machine import this_machine
 from attnserve.engine.manifest import load_manifest
 from attnserve.engine.openvino_session import openvino_available
 from attnserve.errors import ConfigError
-from tests.conftest import VARIED_TEXTS
+from tests.conftest import VARIED_TEXTS, link_but_data
 
 SMALL = dict(max_batch_tokens=256, max_batch_size=64)
 SAMPLE_TEXTS = Path(__file__).resolve().parent.parent / "export/data/sample_texts.txt"
@@ -46,7 +45,7 @@ def linked(artifacts, tmp_path, monkeypatch) -> Path:
     """The artifacts in a directory of the test's own (calibration records beside them), with a cache of its own."""
     monkeypatch.setenv("ATTNSERVE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "artifacts"
-    shutil.copytree(artifacts, out, copy_function=os.link, ignore=shutil.ignore_patterns(CALIBRATION))
+    shutil.copytree(artifacts, out, copy_function=link_but_data, ignore=shutil.ignore_patterns(CALIBRATION))
     return out
 
 

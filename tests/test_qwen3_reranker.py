@@ -168,8 +168,8 @@ def test_untied_checkpoint_scores_with_its_lm_head(tmp_path, exported):
         [(QUERY, t) for t in TEXTS[:4]], ckpt.pair_template.to_json())  # the same tokenizer
     ids, mask = (torch.from_numpy(a) for a in pad([x.ids for x in inputs]))
     with torch.no_grad():
-        untied = load_reranker(ckpt.weights_file, ckpt.tokenizer_file, encoder, tied=False)(ids, mask)  # (B, 1)
-        tied = load_reranker(ckpt.weights_file, ckpt.tokenizer_file, encoder, tied=True)(ids, mask)
+        untied = load_reranker(ckpt.weights, ckpt.tokenizer_file, encoder, tied=False)(ids, mask)  # (B, 1)
+        tied = load_reranker(ckpt.weights, ckpt.tokenizer_file, encoder, tied=True)(ids, mask)
     want = card_scores(model, QUERY, TEXTS[:4])
     assert np.abs(sigmoid(untied.numpy()[:, 0]) - want).max() <= 1e-5
     assert np.abs(sigmoid(tied.numpy()[:, 0]) - want).max() > 1e-3  # the input embeddings' rows would not do

@@ -25,10 +25,12 @@ def test_not_on_a_terminal_every_line_is_json_and_the_start_up_event_names_every
     events = [json.loads(line) for line in lines]  # every line parses
     serving = next(e for e in events if e.get("event") == "serving")
     where = (f"gRPC 127.0.0.1:{server.port}, HTTP http://127.0.0.1:{server.http_port}, "
+             f"explorer http://127.0.0.1:{server.http_port}/explorer, "
              f"metrics http://127.0.0.1:{server.metrics_port}/metrics")
     assert serving["message"] == f"serving {serving['model']} on {where}"
     assert serving["addresses"] == {"gRPC": f"127.0.0.1:{server.port}",
                                     "HTTP": f"http://127.0.0.1:{server.http_port}",
+                                    "explorer": f"http://127.0.0.1:{server.http_port}/explorer",
                                     "metrics": f"http://127.0.0.1:{server.metrics_port}/metrics"}
     assert serving["address"] == f"127.0.0.1:{server.port}" and serving["http_port"] == server.http_port
 
@@ -44,7 +46,8 @@ def test_log_format_text_gives_readable_lines(artifacts, tmp_path):
     assert not any(line.startswith("{") for line in lines), lines
     line = serving_line(lines)
     assert f"INFO attnserve.server: serving sentence-transformers/all-MiniLM-L6-v2 on gRPC 127.0.0.1:{server.port}, " \
-           f"HTTP http://127.0.0.1:{server.http_port} " in line, line  # metrics off: not named
+           f"HTTP http://127.0.0.1:{server.http_port}, explorer http://127.0.0.1:{server.http_port}/explorer " \
+           in line, line  # metrics off: not named
     assert "graphs=" not in line and "event=" not in line and f"http_port={server.http_port}" in line
     assert any(" INFO attnserve.server: stopped" in line for line in lines), lines
 

@@ -15,7 +15,15 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from attnserve.errors import DOMAIN, InputTooLongError, QueueFullError, Reason, reason_and_message, truncation_fix
+from attnserve.errors import (
+    DOMAIN,
+    GraphBuildingError,
+    InputTooLongError,
+    QueueFullError,
+    Reason,
+    reason_and_message,
+    truncation_fix,
+)
 
 # The most UTF-8 bytes of a status's message, and of its BadRequest description. Both travel in the trailers
 # (grpc-message percent-encoded, the details base64-encoded in grpc-status-details-bin), and a client drops trailers
@@ -41,6 +49,8 @@ CODES = {
     Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,  # retry on another replica
     Reason.NOT_SERVING: grpc.StatusCode.UNAVAILABLE,
     Reason.BATCH_FAILED: grpc.StatusCode.INTERNAL,  # retry
+    Reason.GRAPH_BUILDING: grpc.StatusCode.UNAVAILABLE,  # retry later (RetryInfo says when)
+    Reason.GRAPH_UNAVAILABLE: grpc.StatusCode.FAILED_PRECONDITION,  # the operator builds it (export --all)
     Reason.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 
@@ -64,7 +74,7 @@ def status_for(error: BaseException, request_index: int | None = None, request_t
         CODES[reason], message, reason, request_index,
         field=(getattr(error, "field", None) or "") if bad_request else None,
         description=getattr(error, "description", message) if bad_request else None,
-        retry_delay=error.retry_after if isinstance(error, QueueFullError) else None)
+        retry_delay=error.retry_after if isinstance(error, QueueFullError | GraphBuildingError) else None)
 
 
 def detailed_status(code: grpc.StatusCode, message: str, reason: Reason | str, request_index: int | None = None,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from attnserve.errors import (
+    GraphBuildingError,
     InputTooLongError,
     MethodNotAllowedError,
     QueueFullError,
@@ -37,6 +38,8 @@ HTTP_STATUS = {
     Reason.REQUEST_TOO_LARGE: 413,  # more tokens than the whole queue holds: never, unlike QUEUE_FULL
     Reason.QUEUE_FULL: 429,  # retry after Retry-After
     Reason.BATCH_FAILED: 500,  # retry
+    Reason.GRAPH_BUILDING: 503,  # retry after Retry-After: the graph the request needs is being built
+    Reason.GRAPH_UNAVAILABLE: 501,  # not built, and not buildable here: the operator builds it (export --all)
     Reason.INTERNAL: 500,
     Reason.SHUTTING_DOWN: 503,  # retry on another replica
     Reason.NOT_SERVING: 503,  # /health before warm-up and while draining
@@ -55,7 +58,8 @@ _TEI_TYPE = {Reason.INVALID_INPUT: "Validation", Reason.MALFORMED_MESSAGE: "Vali
              Reason.METHOD_NOT_ALLOWED: "MethodNotAllowed", Reason.QUEUE_FULL: "Overloaded",
              Reason.DEADLINE_EXCEEDED: "Overloaded", Reason.REQUEST_TIMEOUT: "Validation",
              Reason.SHUTTING_DOWN: "Unhealthy",
-             Reason.NOT_SERVING: "Unhealthy", Reason.BATCH_FAILED: "Backend", Reason.INTERNAL: "Backend"}
+             Reason.NOT_SERVING: "Unhealthy", Reason.BATCH_FAILED: "Backend", Reason.INTERNAL: "Backend",
+             Reason.GRAPH_BUILDING: "Overloaded", Reason.GRAPH_UNAVAILABLE: "Backend"}
 # How a family's requests allow truncation, for the fix of an over-long input.
 _TRUNCATE = {OPENAI: 'set "truncate": true in the body', TEI: 'set "truncate": true in the body',
              KSERVE: 'set "parameters": {"truncate": true} in the request (tritonclient: '
@@ -97,7 +101,7 @@ def http_error(error: BaseException, style: str, names: WireNames | None = None)
     reason, message = reason_and_message(error)
     status = HTTP_STATUS[reason]
     headers = {}
-    if isinstance(error, QueueFullError):
+    if isinstance(error, QueueFullError | GraphBuildingError):
         # Retry-After is whole seconds; the openai SDK reads retry-after-ms first, to the millisecond.
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
         headers["retry-after-ms"] = str(max(1, round(error.retry_after * 1e3)))

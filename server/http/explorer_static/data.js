@@ -47,30 +47,56 @@
     return `HTTP ${status} ${statusText}`.trim();
   }
 
-  // The server's JSON routes, with the API key the page was given on every request.
+  // The most seconds a request waits, in all, while the server builds a graph it needs (a model's first
+  // attention request builds its attention graphs: seconds to minutes, once).
+  const BUILD_WAIT_SECONDS = 600;
+
+  // A 503 whose reason is a graph being built (OpenAI's envelope code "graph_building"): the seconds its
+  // Retry-After names, else null.
+  function buildingDelay(response, text) {
+    if (response.status !== 503) return null;
+    try {
+      if (JSON.parse(text).error.code !== "graph_building") return null;
+    } catch (e) {
+      return null;
+    }
+    const ms = Number(response.headers.get("retry-after-ms"));
+    return ms > 0 ? ms / 1000 : Math.max(1, Number(response.headers.get("Retry-After")) || 1);
+  }
+
+  // The server's JSON routes, with the API key the page was given on every request. waiting(message, seconds) is
+  // told when a request waits for the server to build a graph (the page says so), and asks again after.
   class Api {
-    constructor(key) {
+    constructor(key, waiting = () => {}) {
       this.key = key;
+      this.waiting = waiting;
     }
 
     async request(path, body) {
       const headers = {};
       if (this.key) headers.Authorization = `Bearer ${this.key}`;
       if (body !== undefined) headers["Content-Type"] = "application/json";
-      counts.requests += 1;
-      let response;
-      try {
-        // Relative: the page works behind a proxy that serves the server under a path prefix.
-        response = await fetch(path, {
-          method: body === undefined ? "GET" : "POST", headers,
-          body: body === undefined ? undefined : JSON.stringify(body),
-        });
-      } catch (e) {
-        throw new ApiError(`cannot reach the server: ${e.message}`);
+      const until = performance.now() + BUILD_WAIT_SECONDS * 1000;
+      for (;;) {
+        counts.requests += 1;
+        let response;
+        try {
+          // Relative: the page works behind a proxy that serves the server under a path prefix.
+          response = await fetch(path, {
+            method: body === undefined ? "GET" : "POST", headers,
+            body: body === undefined ? undefined : JSON.stringify(body),
+          });
+        } catch (e) {
+          throw new ApiError(`cannot reach the server: ${e.message}`);
+        }
+        const text = await response.text();
+        if (response.ok) return JSON.parse(text);
+        const delay = buildingDelay(response, text);
+        const message = errorMessage(response.status, response.statusText, text);
+        if (delay === null || performance.now() + delay * 1000 > until) throw new ApiError(message);
+        this.waiting(message, delay);
+        await new Promise((resolve) => setTimeout(resolve, delay * 1000));
       }
-      const text = await response.text();
-      if (!response.ok) throw new ApiError(errorMessage(response.status, response.statusText, text));
-      return JSON.parse(text);
     }
 
     // [{id, attention}] of the served models, the default first (GET /v1/models lists each model's outputs).

@@ -12,7 +12,7 @@
   const SCRIPT_OPEN = "<" + "script>", SCRIPT_CLOSE = "<" + "/script>";
 
   const state = {
-    api: new Api(""),
+    api: new Api("", waiting),
     source: null, // where the shown input's maps come from
     overview: null, // its word pieces, layer and head counts, rollout and head statistics
     layer: -1, // the chosen layer (-1: the last, until the first reply says which that is)
@@ -59,6 +59,11 @@
     $("error").textContent = "";
   }
 
+  // The server is building a graph a request needs (its attention graphs, once): say so while the request waits.
+  function waiting(message, seconds) {
+    setStatus(`${message} (asking again in ${Math.ceil(seconds)} s)`);
+  }
+
   function setStatus(text) {
     $("status").textContent = text;
   }
@@ -102,7 +107,7 @@
     state.shownAt = performance.now();
     clearError();
     const key = $("api-key").value.trim();
-    if (key !== state.api.key) state.api = new Api(key);
+    if (key !== state.api.key) state.api = new Api(key, waiting);
     const source = new ServerSource(state.api, typedInput(), $("model").value);
     // another model may have fewer layers: start again from the last
     if (!state.source || state.source.model !== source.model) state.layer = -1;
@@ -412,7 +417,7 @@
     });
     // The key lives in this page only (never stored): a new one lists the models again.
     $("api-key").addEventListener("change", run(async () => {
-      state.api = new Api($("api-key").value.trim());
+      state.api = new Api($("api-key").value.trim(), waiting);
       await loadModels();
     }));
     $("layer").addEventListener("change", () => {

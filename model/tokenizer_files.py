@@ -1,0 +1,59 @@
+"""A checkpoint's tokenizer.json, which everything after the checkpoint reads: its own, or, for a checkpoint saved with
+only a slow tokenizer's files (BERT's vocab.txt and tokenizer_config.json, a SentencePiece model), the one
+transformers builds from them when sentence-transformers loads the folder (AutoTokenizer's fast tokenizer,
+converted from the slow one), written once into the attnserve cache, never into the checkpoint's folder.
+
+The export then checks that tokenizer.json against transformers' own tokenizer on real and awkward texts
+(export/tokenizer_parity.py), as it checks a checkpoint's own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from attnserve.errors import CheckpointError
+
+TOKENIZER_JSON = "tokenizer.json"
+# The files a slow tokenizer of transformers is built from: WordPiece's vocabulary, a SentencePiece model
+# (XLM-R's, T5's, Llama's), byte-level BPE's vocabulary and merges.
+SLOW_TOKENIZER_FILES = ("vocab.txt", "sentencepiece.bpe.model", "spiece.model", "tokenizer.model", "vocab.json")
+
+
+def tokenizer_json(directory: Path) -> Path:
+    """The checkpoint's tokenizer.json, or the one transformers builds from its slow tokenizer's files (cached);
+    CheckpointError, saying what would do, where there is neither."""
+    own = directory / TOKENIZER_JSON
+    if own.is_file():
+        return own
+    slow = [name for name in SLOW_TOKENIZER_FILES if (directory / name).is_file()]
+    if not slow:
+        raise CheckpointError(f"checkpoint file missing: {own} (and no vocabulary to build it from: one of "
+                              f"{', '.join(SLOW_TOKENIZER_FILES)})")
+    from attnserve.default_model import cache_root, checkpoint_fingerprint
+
+    built = cache_root() / "tokenizers" / checkpoint_fingerprint(directory) / TOKENIZER_JSON
+    if built.is_file():
+        return built
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise CheckpointError(f"{directory} has no {TOKENIZER_JSON}, only {', '.join(slow)}: building one needs "
+                              "transformers (pip install 'attnserve[export]'), or save it with "
+                              "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)") from None
+    print(f"attnserve: {directory} has no {TOKENIZER_JSON}: building it from {', '.join(slow)} as transformers does "
+          f"(once, into {built.parent})", file=sys.stderr, flush=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), use_fast=True)
+    except Exception as e:  # noqa: BLE001 (transformers raises many kinds; the message is what helps)
+        raise CheckpointError(f"{directory} has no {TOKENIZER_JSON}, and transformers could not build one from "
+                              f"{', '.join(slow)}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+    if not tokenizer.is_fast:
+        raise CheckpointError(f"{directory} has no {TOKENIZER_JSON}, and transformers has no fast tokenizer for "
+                              f"{type(tokenizer).__name__} to build one from")
+    built.parent.mkdir(parents=True, exist_ok=True)
+    partial = built.with_name(f".{TOKENIZER_JSON}.{os.getpid()}")
+    tokenizer.backend_tokenizer.save(str(partial))
+    os.replace(partial, built)  # whole or not at all, for processes building it together
+    return built

@@ -1,0 +1,310 @@
+"""Your own model, serving at once (issue 33): a checkpoint's first run builds the one graph it runs; every other
+variant is built when first needed (a request for attention, a --precision, `attnserve export --all`), verified
+before its first use, and listed in the manifest only then.
+
+A request that needs a graph being built is refused at once, retryably: HTTP 503 with Retry-After (code
+graph_building), gRPC UNAVAILABLE with RetryInfo (reason GRAPH_BUILDING), while the build runs in the background;
+the same request then succeeds. One the server cannot build gets HTTP 501 / FAILED_PRECONDITION, saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+
+from attnserve.client import Client
+from attnserve.client.status import error_details
+from attnserve.config import ClientConfig, EngineConfig
+from attnserve.engine.engine import Engine
+from attnserve.engine.manifest import load_manifest
+from attnserve.export.artifacts import build_artifacts
+from attnserve.model.checkpoint import read_checkpoint
+from attnserve.v1 import encoder_pb2 as pb
+
+from .checkpoints import save_sentence_transformer, save_tiny_bert
+from .conftest import assert_one_line_error, run_cli
+from .serving import ServerProcess, serving
+
+TEXT = "The cat sat on the mat because it was tired."
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """A tiny BERT saved by sentence-transformers: builds take seconds."""
+    root = tmp_path_factory.mktemp("tiny_on_demand")
+    return save_sentence_transformer(save_tiny_bert(root / "bert", vocab_size=200), root / "st", "mean", True)
+
+
+@pytest.fixture(scope="module")
+def first_export(tmp_path_factory, checkpoint) -> Path:
+    """all-MiniLM-L6-v2 as a CPU run's first export leaves it: the plain fp32 graph alone."""
+    out = tmp_path_factory.mktemp("first_export") / "artifacts"
+    build_artifacts(checkpoint, out, log=lambda m: None, variants=["embeddings"])
+    return out
+
+
+@pytest.fixture
+def fresh(first_export, tmp_path) -> Path:
+    """A private copy of the first export, for a test that grows it."""
+    copy = tmp_path / "artifacts"
+    shutil.copytree(first_export, copy)
+    return copy
+
+
+def test_a_checkpoint_served_builds_only_the_graph_it_runs(tiny, tmp_path):
+    with serving(ServerProcess(None, "--model", f"tiny={tiny}", env={"ATTNSERVE_CACHE": str(tmp_path / "cache")},
+                               log_path=tmp_path / "server.log")) as server:
+        reply = httpx.post(f"{server.http_url}/v1/embeddings", json={"input": ["hello"], "model": "tiny"}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        log = server.log_tail(20_000)
+    (directory,) = [p for p in (tmp_path / "cache").iterdir() if p.is_dir() and (p / "manifest.json").is_file()]
+    assert set(load_manifest(directory).variants) == {"embeddings"}
+    assert "stage 1 of 1: trace" in log and "to ONNX: embeddings" in log, log
+
+
+def test_an_attention_request_is_refused_retryably_until_its_graphs_are_built(fresh, encoder, tmp_path):
+    """HTTP 503 + Retry-After and gRPC UNAVAILABLE + RetryInfo while the attention graphs build in the background;
+    then the same requests answer with maps equal to PyTorch's, and the manifest lists the graphs."""
+    with serving(ServerProcess(fresh, log_path=tmp_path / "server.log")) as server:
+        first = httpx.post(f"{server.http_url}/v1/attention", json={"inputs": TEXT}, timeout=60)
+        assert first.status_code == 503, first.text
+        assert first.json()["error"]["code"] == "graph_building"
+        assert 1 <= int(first.headers["Retry-After"]) <= 30 and int(first.headers["retry-after-ms"]) > 0
+        assert "being built now" in first.json()["error"]["message"]
+        with server.channel() as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                server.stub(channel).Embed(pb.EmbedRequest(inputs=[pb.Input(text=TEXT)],
+                                                           attention=pb.AttentionOptions()), timeout=30)
+        details = error_details(refused.value)
+        assert details.code == grpc.StatusCode.UNAVAILABLE and details.reason == "GRAPH_BUILDING", details
+        assert details.retry_delay is not None and details.retry_delay > 0 and details.retryable
+        # Embeddings are served meanwhile, by the graph that was there.
+        assert httpx.post(f"{server.http_url}/v1/embeddings", json={"input": [TEXT], "model": MODEL},
+                          timeout=60).status_code == 200
+        deadline = time.monotonic() + 180
+        while True:
+            reply = httpx.post(f"{server.http_url}/v1/attention", json={"inputs": TEXT}, timeout=60)
+            if reply.status_code == 200 or time.monotonic() > deadline:
+                break
+            assert reply.status_code == 503, reply.text
+            time.sleep(float(reply.headers["retry-after-ms"]) / 1e3)
+        assert reply.status_code == 200, server.log_tail()
+        data = reply.json()["data"][0]
+        # The Python client waits on its own while a graph builds (it is built now: one call, the same maps).
+        with Client(server.target) as client:
+            result = client.attention(TEXT)
+        log = server.log_tail(50_000)
+    manifest = load_manifest(fresh)
+    assert {"attention", "attention_last"} <= set(manifest.variants)
+    assert "building attention, attention_last" in log and "verified attention.onnx" in log
+    import torch
+
+    tokens = Engine.from_directory(fresh, build=False).tokenizer.encode_texts([TEXT])[0]
+    ids = torch.from_numpy(np.asarray([tokens.ids]))
+    with torch.no_grad():
+        _, maps = encoder(ids, torch.ones_like(ids), True)
+    want = maps[-1, 0].numpy()  # the last layer (the default), every head
+    np.testing.assert_allclose(np.array(data["attentions"][0], dtype=np.float32), want, atol=1e-5)
+    np.testing.assert_allclose(result.attentions[0], want, atol=1e-5)
+
+
+def test_a_client_waits_for_the_build_it_started(fresh, tmp_path):
+    """Client.attention on a server that has not built the attention graphs: it retries as the server says
+    (build_wait), and answers."""
+    with serving(ServerProcess(fresh, log_path=tmp_path / "server.log")) as server:
+        with Client(config=ClientConfig(target=server.target, build_wait=300)) as client:
+            result = client.attention(TEXT, layers=[0])
+        with Client(config=ClientConfig(target=server.target, build_wait=0)) as client:
+            client.attention(TEXT)  # built now: no wait needed
+    assert result.attentions.shape[0] == 1 and np.allclose(result.attentions.sum(-1), 1, atol=1e-5)
+
+
+def test_a_graph_that_cannot_be_built_is_a_clear_501(fresh, tmp_path):
+    """Artifacts exported whole before graphs were built as needed (no source): the request is refused at once,
+    not retryably, saying what to do; over gRPC FAILED_PRECONDITION."""
+    manifest = json.loads((fresh / "manifest.json").read_text())
+    del manifest["source"]
+    (fresh / "manifest.json").write_text(json.dumps(manifest))
+    with serving(ServerProcess(fresh, log_path=tmp_path / "server.log")) as server:
+        reply = httpx.post(f"{server.http_url}/v1/attention", json={"inputs": TEXT}, timeout=60)
+        assert reply.status_code == 501, reply.text
+        assert reply.json()["error"]["code"] == "graph_unavailable"
+        assert "export them again" in reply.json()["error"]["message"]
+        with server.channel() as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                server.stub(channel).Embed(pb.EmbedRequest(inputs=[pb.Input(text=TEXT)],
+                                                           attention=pb.AttentionOptions()), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert not error_details(refused.value).retryable
+
+
+def test_a_build_that_fails_names_why_and_is_not_retried(fresh, tmp_path):
+    """The checkpoint the directory was exported from is gone: the first request starts a build, which fails;
+    from then on the request gets 501 with the build's own reason, and the server serves the rest."""
+    manifest = json.loads((fresh / "manifest.json").read_text())
+    manifest["source"]["checkpoint"] = str(tmp_path / "moved-away")
+    (fresh / "manifest.json").write_text(json.dumps(manifest))
+    with serving(ServerProcess(fresh, log_path=tmp_path / "server.log")) as server:
+        assert httpx.post(f"{server.http_url}/v1/attention", json={"inputs": TEXT}, timeout=60).status_code == 503
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            reply = httpx.post(f"{server.http_url}/v1/attention", json={"inputs": TEXT}, timeout=60)
+            if reply.status_code != 503:
+                break
+            time.sleep(0.5)
+        assert reply.status_code == 501, reply.text
+        assert "moved-away" in reply.json()["error"]["message"] and "gone" in reply.json()["error"]["message"]
+        assert httpx.post(f"{server.http_url}/v1/embeddings", json={"input": [TEXT], "model": MODEL},
+                          timeout=60).status_code == 200
+        assert "Traceback" not in server.log_tail(50_000)
+
+
+def test_a_precision_not_built_yet_is_built_before_the_run(fresh, checkpoint):
+    """--precision int8 on a directory that holds fp32 only: the engine builds int8 first (its child's lines said),
+    then runs it; it holds its bar against sentence-transformers."""
+    from sentence_transformers import SentenceTransformer
+
+    lines: list[str] = []
+    engine = Engine.from_directory(fresh, EngineConfig(precision="int8"), build_log=lines.append)
+    assert engine.precision == "int8" and "embeddings_int8" in load_manifest(fresh).variants
+    assert any("int8" in line for line in lines), lines
+    got = engine.encode([TEXT, "another sentence about something else"]).embeddings
+    want = SentenceTransformer(str(checkpoint.directory), device="cpu").encode(
+        [TEXT, "another sentence about something else"])
+    cosine = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cosine.min() >= 0.99, cosine
+
+
+def test_processes_adding_one_variant_together_build_it_once(tiny, tmp_path):
+    out = tmp_path / "artifacts"
+    build_artifacts(read_checkpoint(tiny), out, log=lambda m: None, variants=["embeddings"])
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    runs = [subprocess.Popen([sys.executable, "-m", "attnserve.export.build_process", "add", str(out), "--variants",
+                              "embeddings_fused"], stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    said = [run.communicate(timeout=300)[1] for run in runs]
+    assert all(run.returncode == 0 for run in runs), said
+    assert sum(text.count("optimizing: ") for text in said) == 1, said  # one built it, the others found it
+    manifest = load_manifest(out)
+    assert "embeddings_fused" in manifest.variants
+    # What was listed before is as it was: a listed file is never written again.
+    assert {name: (out / name).stat().st_mtime_ns for name in before if name != "manifest.json"} == \
+        {name: t for name, t in before.items() if name != "manifest.json"}
+
+
+def test_export_all_on_its_own_directory_adds_what_it_lacks(tiny, tmp_path):
+    out = tmp_path / "artifacts"
+    first = run_cli("export", "--checkpoint", tiny, "--out", out)
+    assert first.returncode == 0, first.stderr
+    traced = (out / "embeddings.onnx").stat().st_mtime_ns
+    again = run_cli("export", "--all", "--checkpoint", tiny, "--out", out)
+    assert again.returncode == 0, again.stderr
+    assert "tracing the graph" not in again.stderr and (out / "embeddings.onnx").stat().st_mtime_ns == traced
+    assert {"embeddings_fused", "embeddings_int8", "embeddings_fp16", "attention"} <= set(load_manifest(out).variants)
+
+
+def test_export_straight_into_fp16_holds_no_fp32_copy(tiny, tmp_path):
+    """A half-precision run's first export traces the model in fp16 (export/half_precision.py): no fp32 weights
+    file, the fp16 graph verified against PyTorch's fp32 outputs, and it encodes as sentence-transformers does."""
+    from sentence_transformers import SentenceTransformer
+
+    out = tmp_path / "artifacts"
+    build_artifacts(read_checkpoint(tiny), out, log=lambda m: None, variants=["embeddings_fp16"], trace="fp16")
+    manifest = load_manifest(out)
+    assert set(manifest.variants) == {"embeddings_fp16"} and set(manifest.traces) == {"fp16"}
+    assert not (out / "weights.fp32.data").exists() and (out / "weights.fp16.data").is_file()
+    assert manifest.variants["embeddings_fp16"].parity["min_cosine_sentence_embedding"] >= 0.999
+    texts = ["hello world", "a b c d e f"]
+    got = Engine.from_directory(out, EngineConfig(precision="fp16"), build=False).encode(texts).embeddings
+    want = SentenceTransformer(str(tiny), device="cpu").encode(texts)
+    cosine = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cosine.min() >= 0.999, cosine
+
+
+def test_a_sharded_checkpoint_exports(tmp_path):
+    """model.safetensors.index.json and its shards, as transformers saves a model past max_shard_size."""
+    import torch
+    import transformers
+    from sentence_transformers import SentenceTransformer
+
+    plain = save_tiny_bert(tmp_path / "bert", vocab_size=200)
+    sharded = tmp_path / "sharded"
+    torch.manual_seed(0)
+    transformers.BertModel.from_pretrained(plain).save_pretrained(sharded, max_shard_size="20KB")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (plain / name).is_file():
+            shutil.copy(plain / name, sharded / name)
+    assert (sharded / "model.safetensors.index.json").is_file() and not (sharded / "model.safetensors").exists()
+    st = save_sentence_transformer(sharded, tmp_path / "st", "mean", True)
+    out = tmp_path / "artifacts"
+    build_artifacts(read_checkpoint(st), out, log=lambda m: None, variants=["embeddings"])
+    got = Engine.from_directory(out, build=False).encode(["hello world"]).embeddings
+    want = SentenceTransformer(str(st), device="cpu").encode(["hello world"])
+    assert np.abs(got - want).max() <= 1e-5
+
+
+def test_a_checkpoint_with_only_vocab_txt_gets_the_tokenizer_transformers_builds(tmp_path, checkpoint):
+    """No tokenizer.json, but BERT's vocab.txt and tokenizer_config.json: built as transformers' AutoTokenizer
+    builds its fast tokenizer (into the cache, the checkpoint's folder untouched), and the export's own tokenizer
+    check holds it to sentence-transformers'."""
+    from sentence_transformers import SentenceTransformer
+
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(checkpoint.directory, copy)
+    (copy / "tokenizer.json").unlink()
+    result = run_cli("encode", Path(__file__).parent.parent / "examples" / "texts.txt", "-o",
+                     tmp_path / "out.parquet", "--artifacts", copy, env={"ATTNSERVE_CACHE": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    assert "has no tokenizer.json: building it from vocab.txt" in result.stderr
+    assert not (copy / "tokenizer.json").exists()
+    import pyarrow.parquet as pq
+
+    got = np.stack(pq.read_table(tmp_path / "out.parquet")["embedding"].to_numpy(zero_copy_only=False))
+    texts = [line for line in (Path(__file__).parent.parent / "examples" / "texts.txt").read_text().splitlines()
+             if line.strip()]
+    want = SentenceTransformer(str(checkpoint.directory), device="cpu").encode(texts[:len(got)])
+    assert np.abs(got - want).max() <= 1e-5
+
+
+def test_a_mistyped_flag_is_named_by_its_subcommand_with_the_closest(tmp_path):
+    result = run_cli("encode", "in.txt", "-o", tmp_path / "o.parquet", "--precison", "int8")
+    assert_one_line_error(result, "attnserve encode: error: unrecognized argument --precison; did you mean "
+                                  "--precision?")
+
+
+def test_a_missing_artifacts_folder_is_said_to_be_missing(tmp_path):
+    result = run_cli("serve", "--artifacts", tmp_path / "nowhere", "--port", "0", "--http-port", "-1",
+                     "--metrics-port", "-1")
+    assert_one_line_error(result, f"--artifacts: {tmp_path / 'nowhere'} does not exist")
+
+
+def test_calibration_recorded_at_one_thread_count_serves_another(fresh, monkeypatch):
+    """A server of two models gives each model one thread; `encode` runs on all: the record of the same CPU is
+    read at another thread count, and its line says at which it was timed."""
+    monkeypatch.setenv("ATTNSERVE_CACHE", str(fresh.parent / "cache"))
+    small = dict(max_batch_tokens=512)
+    one = Engine.from_directory(fresh, EngineConfig(threads=1, **small), build=False)
+    assert "calibrated now" in one.describe()
+    two = Engine.from_directory(fresh, EngineConfig(threads=2, **small), build=False)
+    assert "timed at 1 threads" in two.describe() and "calibrated now" not in two.describe(), two.describe()
+    assert two.embeddings_variant.name == one.embeddings_variant.name and two.batch_tokens == one.batch_tokens
+
+
+def test_the_build_runs_in_a_process_of_its_own(fresh):
+    """engine/builds.py: a build's failure comes back as one line, the child's own words."""
+    from attnserve.engine.builds import add_in_child
+    from attnserve.errors import ArtifactError
+
+    with pytest.raises(ArtifactError, match="no variant 'nonsense'"):
+        add_in_child(fresh, ["nonsense"], "CPUExecutionProvider", lambda line: None)
+    assert os.path.isfile(fresh / "manifest.json")
