@@ -59,6 +59,7 @@ def main() -> int:
     parser.add_argument("--size", default="8b", choices=("0.6b", "4b", "8b"))
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-cuda-export"))
     parser.add_argument("--texts", type=int, default=64)
+    parser.add_argument("--provider", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the steps")
     args = parser.parse_args()
     from real_size_checkpoints import SHAPES
 
@@ -75,9 +76,9 @@ def main() -> int:
 
     env = {**os.environ, "ATTNSERVE_CACHE": str(args.work / "cache")}
     started = time.monotonic()
-    gpu = GpuMemory()
+    gpu = GpuMemory()  # nvidia-smi's reading; 0 where there is none
     export = subprocess.Popen([sys.executable, "-m", "attnserve.cli", "export", "--checkpoint", str(checkpoint),
-                               "--out", str(artifacts), "--precision", "fp16", "--provider", "cuda"], env=env,
+                               "--out", str(artifacts), "--precision", "fp16", "--provider", args.provider], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     rss = Sampler(export.pid)
     assert export.stderr is not None
@@ -100,7 +101,7 @@ def main() -> int:
     http = free_port()
     started = time.monotonic()
     server = subprocess.Popen([sys.executable, "-m", "attnserve.cli", "serve", "--artifacts", str(artifacts),
-                               "--provider", "cuda", "--precision", "fp16", "--port", str(free_port()),
+                               "--provider", args.provider, "--precision", "fp16", "--port", str(free_port()),
                                "--http-port", str(http), "--metrics-port", "-1"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -129,7 +130,8 @@ def main() -> int:
     from sentence_transformers import SentenceTransformer
 
     started = time.monotonic()
-    model = SentenceTransformer(str(checkpoint), device="cuda", model_kwargs={"torch_dtype": torch.float32})
+    device = "cuda" if args.provider == "cuda" else "cpu"
+    model = SentenceTransformer(str(checkpoint), device=device, model_kwargs={"torch_dtype": torch.float32})
     want = model.encode(texts, normalize_embeddings=True, batch_size=8)
     report["sentence_transformers_fp32_seconds"] = round(time.monotonic() - started, 1)
     got = np.array(served, dtype=np.float32)

@@ -122,28 +122,47 @@ class TensorWriter:
 class SharedWeights:
     """Tensors already stored in a directory's data files, found by their bytes: a graph being saved reads each
     tensor it shares with them from there instead of storing it again. Bytes alone decide: a tensor read from the
-    same bytes is the same tensor, whatever the graph that first wrote it called it."""
+    same bytes is the same tensor, whatever the graph that first wrote it called it.
 
-    def __init__(self) -> None:
+    Lazy, for data files of gigabytes: a stored tensor is read and hashed only when a tensor of its length is
+    looked up, and a tensor a step passed through untouched (still naming its place in one of these files) is kept
+    there without being read at all (save_streamed)."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.directory = directory
+        self.files: set[str] = set()  # the data files, by name (relative to directory)
+        self._stored: dict[int, list[tuple[str, int]]] = {}  # length -> places (file, offset) not hashed yet
         self._where: dict[bytes, tuple[str, int, int]] = {}  # digest -> (file name, offset, length)
 
     @classmethod
     def of_graphs(cls, graphs: Iterable[Path]) -> SharedWeights:
-        """The tensors the graphs read from data files (each graph's folder is where its data files are)."""
-        shared = cls()
+        """The tensors the graphs read from data files (all in one folder, where their data files are)."""
+        graphs = list(graphs)
+        shared = cls(graphs[0].parent if graphs else None)
         for graph in graphs:
             model = onnx.load(str(graph), load_external_data=False)
             for tensor in model.graph.initializer:
-                if uses_external_data(tensor):
-                    info = ExternalDataInfo(tensor)
-                    raw = tensor_bytes(tensor, graph.parent)
-                    shared.add(raw, info.location, info.offset or 0, len(raw))
+                info = ExternalDataInfo(tensor) if uses_external_data(tensor) else None
+                if info is not None and info.length is not None:
+                    shared.files.add(info.location)
+                    shared._stored.setdefault(info.length, []).append((info.location, info.offset or 0))
         return shared
 
-    def add(self, raw: bytes, location: str, offset: int, length: int) -> None:
+    def holds(self, tensor: onnx.TensorProto, source_dir: Path) -> bool:
+        """Whether tensor, as it is, names its place in one of these files (and so is stored already)."""
+        if self.directory is None or not uses_external_data(tensor) or tensor.HasField("raw_data"):
+            return False
+        return source_dir.resolve() == self.directory.resolve() and ExternalDataInfo(tensor).location in self.files
+
+    def add(self, raw: bytes | memoryview, location: str, offset: int, length: int) -> None:
         self._where.setdefault(_digest(raw), (location, offset, length))
 
-    def find(self, raw: bytes) -> tuple[str, int, int] | None:
+    def find(self, raw: bytes | memoryview) -> tuple[str, int, int] | None:
+        for location, offset in self._stored.pop(len(raw), ()):  # the stored tensors of this length, hashed now
+            assert self.directory is not None
+            with open(self.directory / location, "rb") as f:
+                f.seek(offset)
+                self.add(f.read(len(raw)), location, offset, len(raw))
         return self._where.get(_digest(raw))
 
 
@@ -165,6 +184,8 @@ def save_streamed(model: onnx.ModelProto, path: Path, source_dir: Path,
                 continue  # a small tensor in the graph, or one in typed fields (float_data, ...)
             if uses_external_data(tensor) and source_dir / ExternalDataInfo(tensor).location == own.path:
                 raise ValueError(f"{path.name} would overwrite the data file its tensors are read from")
+            if shared is not None and tensor.name not in convert and shared.holds(tensor, source_dir):
+                continue  # passed through as it is: it reads the place it names, nothing read or written
             raw = tensor.raw_data if tensor.HasField("raw_data") else tensor_bytes(tensor, source_dir)
             if tensor.name in convert:
                 raw = convert[tensor.name](raw)
