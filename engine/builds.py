@@ -24,7 +24,9 @@ from pathlib import Path
 
 from attnserve.errors import ArtifactError, GraphBuildingError, GraphUnavailableError
 
+from .machine import this_machine
 from .manifest import Manifest
+from .session import CPU
 from .variants import estimated_seconds as step_seconds
 from .variants import fp32_weight_bytes, variants_of
 
@@ -77,13 +79,15 @@ def has(manifest: Manifest, name: str) -> bool:
     return manifest.quantization is not None if name == "quantization" else name in manifest.variants
 
 
-def estimated_seconds(manifest: Manifest, names: Iterable[str]) -> float:
-    """About how long building the variants takes, from the model's size (engine/variants.py STEP_SECONDS)."""
+def estimated_seconds(manifest: Manifest, names: Iterable[str], gpu: bool = False) -> float:
+    """About how long building the variants takes, from the model's size and this machine's cores
+    (engine/variants.py STEP_SECONDS)."""
     weights = fp32_weight_bytes(manifest.vocab_size, manifest.hidden_size, manifest.num_layers,
                                 manifest.intermediate_size)
     table = variants_of(manifest.kind)
     steps = {table[n].step if n in table else n for n in names}
-    return START_SECONDS + sum(step_seconds(step, weights) for step in steps)
+    cores = this_machine().usable_cpus
+    return START_SECONDS + sum(step_seconds(step, weights, cores, gpu) for step in steps)
 
 
 class BackgroundBuilds:
@@ -119,7 +123,7 @@ class BackgroundBuilds:
                           f"artifact directory keeps them)")
                 thread.start()
             building, started, _ = self._running
-        left = estimated_seconds(manifest, building) - (time.monotonic() - started)
+        left = estimated_seconds(manifest, building, self._provider != CPU) - (time.monotonic() - started)
         raise GraphBuildingError(
             f"{what} of {manifest.model} need its {', '.join(missing)} graph, which is being built now (once; "
             f"{'about ' + str(round(left)) + ' s left' if left > 1 else 'finishing'}): retry shortly",

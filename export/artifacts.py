@@ -461,7 +461,9 @@ class _Build:
             stages.append("quantization")
         weights = fp32_weight_bytes(self.shape.vocab_size, self.shape.hidden_size,  # type: ignore[union-attr]
                                     self.shape.num_layers, self.shape.intermediate_size)  # type: ignore[union-attr]
-        self.progress.plan([(STEP_TITLES[step], estimated_seconds(step, weights)) for step in stages])
+        cores = this_machine().usable_cpus
+        self.progress.plan([(STEP_TITLES[step], estimated_seconds(step, weights, cores, self.device == "cuda"))
+                            for step in stages])
         if self.existing is None:
             # The first build traces in the run's dtype (engine/variants.py trace_precision), or in fp32 where a
             # variant asked for is built from the fp32 plain graph (a reranker's graphs all are).
