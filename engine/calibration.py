@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -186,22 +187,33 @@ def calibration_batches(manifest: Manifest, config: EngineConfig, takes_token_ty
     return feeds
 
 
-def time_runs(runs: dict[Any, tuple[Any, list[dict[str, np.ndarray]]]], outputs: list[str]) -> dict[Any, float]:
+class CalibrationStopped(Exception):
+    """The timing was stopped (a server draining while it timed its graphs): nothing was chosen or recorded."""
+
+
+def time_runs(runs: dict[Any, tuple[Any, list[dict[str, np.ndarray]]]], outputs: list[str],
+              stop: threading.Event | None = None) -> dict[Any, float]:
     """Seconds per token of each run (a session and its feeds): per feed, the fastest of ROUNDS runs over its
-    tokens, summed over the feeds. Runs are interleaved so that a disturbance of the machine falls on all alike."""
+    tokens, summed over the feeds. Runs are interleaved so that a disturbance of the machine falls on all alike.
+    stop: checked before each run (CalibrationStopped once set)."""
+    def run(session, feed) -> None:
+        if stop is not None and stop.is_set():
+            raise CalibrationStopped
+        session.run(outputs, feed)
+
     if not runs:
         return {}
     # Warm-up on the first feed only: the first run loads and allocates. A later shape's first run may allocate
     # more, but of its ROUNDS runs the fastest counts.
     for session, feeds in runs.values():
-        session.run(outputs, feeds[0])
+        run(session, feeds[0])
     best = {name: [float("inf")] * len(feeds) for name, (_, feeds) in runs.items()}
     for _ in range(ROUNDS):
         for i in range(max(len(feeds) for _, feeds in runs.values())):
             for name, (session, feeds) in runs.items():
                 if i < len(feeds):
                     start = time.perf_counter()
-                    session.run(outputs, feeds[i])
+                    run(session, feeds[i])
                     best[name][i] = min(best[name][i], (time.perf_counter() - start) / feeds[i]["input_ids"].size)
     return {name: sum(per_token) for name, per_token in best.items()}
 
@@ -229,14 +241,30 @@ def calibrated_graph(manifest: Manifest, config: EngineConfig, precision: str, c
     record_key: where the choice is recorded under the CPU signature; the precision by default, so that a graph
     forced by name keeps its own entry instead of replacing the choice among candidates.
     notes: why a candidate one might expect is not among them (bf16 on a CPU without it), recorded and said."""
+    recorded = recorded_choice(manifest, config, precision, candidates, record_key, notes)
+    return recorded if recorded is not None else timed_choice(manifest, config, precision, candidates, open_graph,
+                                                              record_key, notes)
+
+
+def recorded_choice(manifest: Manifest, config: EngineConfig, precision: str, candidates: Sequence[GraphVariant],
+                    record_key: str | None = None, notes: Sequence[str] = ()) -> Choice | None:
+    """The choice recorded for this machine (calibrated_graph's arguments), None where none is."""
+    recorded = _recorded(manifest, config, signature(config.threads), record_key or precision, candidates)
+    if recorded is None:
+        return None
+    graph, batch_tokens, found, threads = recorded
+    at = f" (timed at {threads} threads)" if threads else ""
+    return Choice(graph, f"calibrated for this CPU{at}, batches of {batch_tokens} tokens, recorded in {found}"
+                  + "".join(f"; {n}" for n in notes), batch_tokens)
+
+
+def timed_choice(manifest: Manifest, config: EngineConfig, precision: str, candidates: Sequence[GraphVariant],
+                 open_graph: Callable[[GraphVariant], Any], record_key: str | None = None,
+                 notes: Sequence[str] = (), stop: threading.Event | None = None) -> Choice:
+    """The fastest candidate and batch budget, timed now, and recorded (calibrated_graph's arguments). stop: see
+    time_runs."""
     sig = signature(config.threads)
     key = record_key or precision
-    recorded = _recorded(manifest, config, sig, key, candidates)
-    if recorded is not None:
-        graph, batch_tokens, found, threads = recorded
-        at = f" (timed at {threads} threads)" if threads else ""
-        return Choice(graph, f"calibrated for this CPU{at}, batches of {batch_tokens} tokens, recorded in {found}"
-                      + "".join(f"; {n}" for n in notes), batch_tokens)
     start = time.perf_counter()
     with Progress(progress_log.info) as progress:  # seconds to tens of seconds, once per machine: say so
         progress.step(f"calibration (first start on this CPU; recorded for the next): opening {len(candidates)} "
@@ -249,12 +277,13 @@ def calibrated_graph(manifest: Manifest, config: EngineConfig, precision: str, c
         feeds = calibration_batches(manifest, config, takes_types, cap)
         default = candidates[0].name
         progress.step(f"calibration: timing {', '.join(sessions)}")
-        graph_seconds = time_runs({name: (session, feeds) for name, session in sessions.items()}, outputs)
+        graph_seconds = time_runs({name: (session, feeds) for name, session in sessions.items()}, outputs, stop)
         chosen = fastest(graph_seconds, default)
         if smaller:
             progress.step(f"calibration: timing {chosen} in batches of {', '.join(map(str, smaller))} tokens")
         budget_seconds = {cap: graph_seconds[chosen]} | time_runs(
-            {b: (sessions[chosen], calibration_batches(manifest, config, takes_types, b)) for b in smaller}, outputs)
+            {b: (sessions[chosen], calibration_batches(manifest, config, takes_types, b)) for b in smaller}, outputs,
+            stop)
         batch_tokens = fastest(budget_seconds, cap)
     # Timings as seconds per 1,000 tokens, summed over the LENGTHS: what the choices compared.
     entry = {"graph": chosen, "candidates": _key(candidates), "batch_tokens": batch_tokens,

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from attnserve.progress import progress_log
 
 from .batching import pad, pad_types, plan_batches
 from .builds import BackgroundBuilds, add_in_child, has
-from .calibration import Choice, budgets, calibrated_graph
+from .calibration import Choice, budgets, recorded_choice, timed_choice
 from .machine import this_machine
 from .manifest import GraphVariant, Manifest, load_manifest
 from .multi_vector import MultiVectorTokenizer
@@ -209,11 +210,15 @@ def auto_candidates(manifest: Manifest, provider: str) -> tuple[list[GraphVarian
 
 class Engine:
     def __init__(self, manifest: Manifest, config: EngineConfig, attention: bool = False, build: bool = True,
-                 build_log: Callable[[str], None] | None = None):
+                 build_log: Callable[[str], None] | None = None, defer_calibration: bool = False):
         """attention: open the attention graphs' sessions now (those built). build: where no graph of the
         precision (or the --graph) is built yet, build it now, in a child process (engine/builds.py), its lines to
-        build_log (default: the progress logger); else refuse."""
+        build_log (default: the progress logger); else refuse. defer_calibration: on a CPU with no calibration
+        record, start on the precision's default graph and batch budget at once, and time them later
+        (calibrate_pending(): a server does once it serves), rather than first."""
         self._log = build_log or progress_log.info
+        self._defer = defer_calibration
+        self._pending: Callable[[], Choice] | None = None  # the timing deferred
         try:
             embeddings_graph(manifest, config)
         except NotBuiltError as missing:
@@ -304,8 +309,7 @@ class Engine:
             # changes speed, never results. Recorded apart from the choice among candidates.
             if len(budgets(self.manifest, self.config)) == 1:
                 return Choice(graph, "forced by --graph", cap)
-            choice = calibrated_graph(self.manifest, self.config, self.precision, [graph],
-                                      lambda v: self._open_graph(v, CPU), record_key=f"{self.precision} {graph.name}")
+            choice = self._calibrated([graph], record_key=f"{self.precision} {graph.name}")
             return replace(choice, how=f"forced by --graph; {choice.how}")
         notes: list[str] = []
         if self.config.precision == "auto":
@@ -325,9 +329,44 @@ class Engine:
         if len(candidates) == 1 and len(budgets(self.manifest, self.config)) == 1:
             return Choice(candidates[0], f"the only {candidates[0].precision} graph"
                           + "".join(f"; {n}" for n in notes), cap)
-        return calibrated_graph(self.manifest, self.config, self.precision, candidates,
-                                lambda v: self._open_graph(v, CPU),
-                                record_key=self._record_key(candidates), notes=notes)
+        return self._calibrated(candidates, record_key=self._record_key(candidates), notes=notes)
+
+    def _calibrated(self, candidates: Sequence[GraphVariant], record_key: str, notes: Sequence[str] = ()) -> Choice:
+        """The recorded choice for this CPU; else the candidates timed now, or (deferred) the first of them at
+        max_batch_tokens, its timing left for calibrate_pending()."""
+        recorded = recorded_choice(self.manifest, self.config, self.precision, candidates, record_key, notes)
+        if recorded is not None:
+            return recorded
+        timed = partial(timed_choice, self.manifest, self.config, self.precision, candidates, self._timing_session,
+                        record_key, notes)
+        if not self._defer:
+            return timed()
+        self._pending = timed
+        return Choice(candidates[0], "not timed on this CPU yet: timed once serving, and recorded"
+                      + "".join(f"; {n}" for n in notes), self.config.max_batch_tokens)
+
+    def _timing_session(self, variant: GraphVariant):
+        """A session to time a candidate with: the engine's own for the graph it runs (a deferred timing, beside
+        the requests it serves: no second copy of the weights), a new one for another."""
+        running = getattr(self, "_session", None)
+        if running is not None and variant.name == self.embeddings_variant.name:
+            return running
+        return self._open_graph(variant, CPU)
+
+    def calibrate_pending(self, stop: threading.Event | None = None) -> str | None:
+        """Time what the start deferred (defer_calibration), record it, and run from now on the graph and batch
+        budget it chose (the session swapped where the graph changed: a batch running meanwhile finishes on the old
+        one). Its line, or None where nothing was deferred. stop: set, the timing ends before its next run
+        (CalibrationStopped), nothing changed or recorded."""
+        if self._pending is None:
+            return None
+        choice, self._pending = self._pending(stop=stop), None
+        if choice.graph.name != self.embeddings_variant.name:
+            self._session = choice.session or self._open_graph(choice.graph, self.provider)
+            self.embeddings_variant, self.precision = choice.graph, choice.graph.precision
+        self.graph_choice = replace(choice, session=None)
+        self.batch_tokens = choice.batch_tokens
+        return choice.how
 
     def _record_key(self, candidates: Sequence[GraphVariant]) -> str:
         """Where the choice among candidates is recorded: by precision, "auto" where precisions compete (bf16 beside
@@ -341,8 +380,9 @@ class Engine:
 
     @classmethod
     def from_directory(cls, directory: str | Path, config: EngineConfig | None = None, attention: bool = False,
-                       build: bool = True, build_log: Callable[[str], None] | None = None) -> Engine:
-        return cls(load_manifest(directory), config or EngineConfig(), attention, build, build_log)
+                       build: bool = True, build_log: Callable[[str], None] | None = None,
+                       defer_calibration: bool = False) -> Engine:
+        return cls(load_manifest(directory), config or EngineConfig(), attention, build, build_log, defer_calibration)
 
     @property
     def has_last_layer_graph(self) -> bool:

@@ -59,7 +59,7 @@ from . import reranker as rerank
 from .attention_last import build_attention_last
 from .external_data import SharedWeights, external_files, share, weights_file
 from .half_precision import HALF, Float32Outputs, computed_in_fp32
-from .memory import release_freed_memory
+from .memory import release_freed_memory, small_heaps
 from .optimize import (
     convert_fp16,
     describe_fusions,
@@ -76,6 +76,7 @@ from .torch_to_onnx import export_graph
 from .verify import REFERENCE, TOLERANCES, VERIFIED_TEXTS, GraphCheck, Reference, calibration_feeds, check, measure_all
 
 REFERENCE_PAIRS = "reference_pairs.npz"  # a reranker's (export/reranker.py PairReference)
+REFERENCE_HEAP_THRESHOLD = 4 * 2**20  # export/memory.py small_heaps, while PyTorch computes the reference
 
 
 def _on_stderr(line: str) -> None:
@@ -340,7 +341,11 @@ class _Build:
         if self.kind == "embedder":
             encoder = self.encoder(self._encoder_dtype or torch.float32)
             self.progress.step("PyTorch's outputs for the check inputs (the reference every graph is held to)")
-            with computed_in_fp32(encoder, self._head):  # a half-precision encoder computes in fp32 here
+            # small_heaps: what PyTorch frees of 4 MiB or more goes back at once: glibc kept 0.2 GB of
+            # all-mpnet-base-v2's activations otherwise, at the export's peak (1 MiB cost the reference 35% more
+            # time, 4 MiB nothing measurable).
+            # A half-precision encoder computes in fp32 here.
+            with computed_in_fp32(encoder, self._head), small_heaps(REFERENCE_HEAP_THRESHOLD):
                 reference = Reference(encoder, self._head, self.ckpt.embedding_size, self.tokenizer)
         else:
             module = self.reranker_module()
@@ -486,18 +491,11 @@ class _Build:
         (the fp32 plain graph's) verified."""
         self.progress.stage(STEP_TITLES["trace"])
         if dtype not in self.traces:
-            half = dtype == "fp16"
-            encoder = self.encoder(HALF if half else torch.float32)
-            self.reference()
+            self.reference()  # PyTorch's outputs, by the model as it was loaded (a half one computes in fp32)
             self.progress.step(f"tracing the graph in {dtype} (torch.onnx.export), its weights written once")
             weights = self._claim(weights_file(self.work, dtype))
-            if self.kind == "embedder":
-                path = self._claim(self.work / PLAIN[dtype])
-                module = SentenceEncoder(encoder, self._head)
-                export_graph(Float32Outputs(module.to(HALF)) if half else module, path, weights)  # type: ignore
-            else:
-                path = self._claim(self.work / "scores.onnx")
-                rerank.export_reranker_graph(self.reranker_module(), path, weights)
+            path = self._claim(self.work / (PLAIN[dtype] if self.kind == "embedder" else "scores.onnx"))
+            self._trace_into(dtype, path, weights)
             # The model is not held past its trace: verification's sessions hold the weights meanwhile, and a
             # step that needs PyTorch again loads it again (the checkpoint is mapped, not read, until used). A
             # half-precision trace made the module half precision throughout, buffers too.
@@ -506,6 +504,15 @@ class _Build:
                                   "data_files": {weights.name: sha256_of(weights)}}
         if names:
             self._verify(names)
+
+    def _trace_into(self, dtype: str, path: Path, weights: Path) -> None:
+        """The trace itself (its module is this function's alone: once it returns, release_model frees it)."""
+        half = dtype == "fp16"
+        if self.kind == "embedder":
+            module = SentenceEncoder(self.encoder(HALF if half else torch.float32), self._head)
+            export_graph(Float32Outputs(module.to(HALF)) if half else module, path, weights)  # type: ignore
+        else:
+            rerank.export_reranker_graph(self.reranker_module(), path, weights)
 
     def _fuse(self, names: list[str]) -> None:
         plain = self._needs_plain("fp32")

@@ -48,10 +48,10 @@ M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 
 
 @contextmanager
-def small_heaps() -> Iterator[None]:
-    """Within the block, glibc maps every allocation of MMAP_THRESHOLD or more apart and unmaps it when freed;
+def small_heaps(threshold: int = MMAP_THRESHOLD) -> Iterator[None]:
+    """Within the block, glibc maps every allocation of `threshold` bytes or more apart and unmaps it when freed;
     after it, the threshold is MMAP_THRESHOLD_RISEN and the freed pages go back. A no-op where libc is not glibc."""
-    _set_mmap_threshold(MMAP_THRESHOLD)
+    _set_mmap_threshold(threshold)
     try:
         yield
     finally:

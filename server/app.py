@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from threadpoolctl import threadpool_limits
 
 from attnserve.config import EngineConfig, ServerConfig
+from attnserve.engine.calibration import CalibrationStopped
 from attnserve.engine.engine import Engine
 from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import ConfigError
@@ -32,7 +34,7 @@ from .grpc.kserve import add_to_server as add_kserve_to_server
 from .grpc.service import PROTOCOL, SERVICE_NAME, EncoderService, add_to_server
 from .http.door import HttpDoor
 from .metrics import Metrics
-from .models import Models, model_sources
+from .models import Models, ServedModel, model_sources
 from .tls import grpc_credentials, http_ssl_context
 
 log = logging.getLogger("attnserve.server")
@@ -78,6 +80,17 @@ def check_ports_free(config: ServerConfig) -> None:
                                                           for why, ports in taken.items()))
 
 
+def _calibrate(models: list[ServedModel], stop: threading.Event) -> None:
+    for model in models:
+        try:
+            model.calibrate(stop)
+        except CalibrationStopped:
+            log.info("calibration stopped by the drain; the next start times the graphs again")
+            return
+        except Exception:  # noqa: BLE001 (the server serves on as it started: the defaults)
+            log.exception("calibrating %s failed; it keeps its default graph and batch size", model.name)
+
+
 def warm_up(engine: Engine) -> list[tuple[bool, float, int]]:
     """Run every graph once at a small and a full-budget shape, so the first request does not pay for it: the
     attention graphs where they are built (where they are not, the first attention request builds them:
@@ -119,6 +132,8 @@ class Server:
         self._grpc: grpc.aio.Server | None = None
         self._http: HttpDoor | None = None
         self._batchers_started = False
+        self._calibration: threading.Thread | None = None  # a first start's graph timing (_calibrate)
+        self._stop_calibration = threading.Event()
         self.core: Core | None = None
 
     async def start(self) -> None:
@@ -203,6 +218,12 @@ class Server:
                      "tls": credentials is not None, "mutual_tls": bool(config.tls_client_ca),
                      "api_keys": keys.required, "metrics_port": self.metrics_port,
                      "warm_up_ms": round((time.perf_counter() - started) * 1e3)}})
+        # A first start on this CPU served at once, on each precision's default graph and batch budget: its graphs
+        # are timed now, one model after another, beside the requests (engine/calibration.py; recorded for the
+        # next start). What it chooses takes over from the next batch.
+        self._calibration = threading.Thread(target=_calibrate, args=(models.all, self._stop_calibration),
+                                             name="attnserve-calibration", daemon=True)
+        self._calibration.start()
 
     def addresses(self, tls: bool) -> dict[str, str]:
         """Where each door listens, as a client names it: gRPC host:port, HTTP and metrics as URLs."""
@@ -267,6 +288,11 @@ class Server:
         self._release()
 
     def _release(self) -> None:
+        # A calibration still timing stops before its next run and is awaited: onnxruntime aborted the process
+        # ("terminate called without an active exception") when it exited under a session's run.
+        self._stop_calibration.set()
+        if self._calibration is not None:
+            self._calibration.join()
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()

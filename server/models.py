@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,6 +212,18 @@ class ServedModel:
         check_task(self.engine.manifest, task)
         return (self.engine, self.batcher) if task is None else self.tasks[task]
 
+    def calibrate(self, stop: threading.Event | None = None) -> None:
+        """The graph timing a first start on this CPU deferred (Engine.calibrate_pending), for the model and each
+        task, run now (seconds, beside the requests being served), its batches planned at the budget it chose.
+        stop: a drain's (engine/calibration.py CalibrationStopped once set)."""
+        for engine, batcher in [(self.engine, self.batcher), *self.tasks.values()]:
+            how = engine.calibrate_pending(stop)
+            if how is not None:
+                batcher.limits = dataclasses.replace(batcher.limits, max_batch_tokens=engine.batch_tokens)
+                log.info("calibrated %s: %s", self.name, how, extra={"fields": {
+                    "event": "calibrated", "model": self.name, "graph": engine.embeddings_variant.name,
+                    "batch_tokens": engine.batch_tokens}})
+
     @property
     def batchers(self) -> list[Batcher]:
         """Every batcher of the model: its own and its tasks'."""
@@ -231,11 +244,13 @@ class Models:
              metrics: Metrics) -> Models:
         """Open every model's sessions (each with its share of the threads); a name given twice is refused."""
         threads = thread_share(engine_config.threads, len(sources))
+        # A first start on a CPU serves at once and times its graphs afterwards (calibrate_in_background).
         engines = [Engine.from_directory(source.directory, dataclasses.replace(engine_config, threads=threads),
-                                         attention=True) for source in sources]
+                                         attention=True, defer_calibration=True) for source in sources]
         # A model with task adapters: one engine per task's merged graphs (engine/tasks.py).
         task_engines = [{task: Engine.from_directory(task_directory(engine.manifest, task), dataclasses.replace(
-            engine_config, threads=threads), attention=True) for task in engine.manifest.tasks} for engine in engines]
+            engine_config, threads=threads), attention=True, defer_calibration=True)
+            for task in engine.manifest.tasks} for engine in engines]
         for engine in [*engines, *(e for tasks in task_engines for e in tasks.values())]:
             engine.background_builds()  # what a request needs that is not built yet (attention graphs)
         names = [source.name or engine.manifest.model for source, engine in zip(sources, engines, strict=True)]

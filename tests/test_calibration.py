@@ -126,10 +126,21 @@ def test_a_record_for_other_graphs_is_timed_again(linked):
     assert entry(linked / CALIBRATION)["candidates"]["embeddings"] != "1" * 64
 
 
-def test_another_signature_keeps_its_own_choice(linked):
+def test_another_thread_count_reads_the_choice_and_another_cpu_times_its_own(linked):
+    """Which graph is fastest and at which batch size does not turn on the thread count (a server of two models
+    gives each one thread): the choice of the same CPU is read, saying at which count it was timed. Another CPU (or
+    instruction sets, or onnxruntime) times its own."""
     Engine.from_directory(linked, EngineConfig(**SMALL))
-    Engine.from_directory(linked, EngineConfig(threads=1, **SMALL))
-    assert set(record(linked)["choices"]) == {signature(0), signature(1)}
+    one = Engine.from_directory(linked, EngineConfig(threads=1, **SMALL))
+    assert f"timed at {signature(0).rsplit(' | threads ', 1)[1]} threads" in one.describe()
+    assert set(record(linked)["choices"]) == {signature(0)}
+    data = record(linked)
+    other = "Another CPU | AVX2 | " + signature(1).split(" | onnxruntime ", 1)[1]
+    data["choices"] = {other: data["choices"][signature(0)]}
+    (linked / CALIBRATION).write_text(json.dumps(data))
+    again = Engine.from_directory(linked, EngineConfig(threads=1, **SMALL))
+    assert "calibrated now" in again.describe()
+    assert set(record(linked)["choices"]) == {other, signature(1)}
 
 
 def test_a_forced_graph_is_used_and_nothing_is_timed(linked):
@@ -255,3 +266,23 @@ def test_a_reranker_chooses_among_its_scores_graphs(reranker_artifacts, tmp_path
     assert set(entry(linked / CALIBRATION)["candidates"]) == {"scores_fused", "scores"}
     pairs = engine.tokenizer.encode_pairs([("a query", "a passage about it")])
     assert engine.score_tokenized(pairs).shape == (1, engine.manifest.num_labels)
+
+
+def test_a_deferred_timing_stops_when_asked_and_changes_nothing(linked):
+    """A server's first start on a CPU serves on the default graph and times afterwards; a drain stops the timing
+    before its next run (onnxruntime aborted the process when it exited under a run), recording nothing."""
+    import threading
+
+    from attnserve.engine.calibration import CalibrationStopped
+
+    engine = Engine.from_directory(linked, EngineConfig(**SMALL), defer_calibration=True)
+    assert "not timed on this CPU yet" in engine.describe()
+    before = (engine.embeddings_variant.name, engine.batch_tokens)
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(CalibrationStopped):
+        engine.calibrate_pending(stop)
+    assert (engine.embeddings_variant.name, engine.batch_tokens) == before and not (linked / CALIBRATION).exists()
+    assert "calibrated now" in (engine.calibrate_pending() or "")
+    assert entry(linked / CALIBRATION)["graph"] == engine.embeddings_variant.name
+    assert engine.calibrate_pending() is None  # timed once

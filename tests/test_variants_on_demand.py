@@ -308,3 +308,30 @@ def test_the_build_runs_in_a_process_of_its_own(fresh):
     with pytest.raises(ArtifactError, match="no variant 'nonsense'"):
         add_in_child(fresh, ["nonsense"], "CPUExecutionProvider", lambda line: None)
     assert os.path.isfile(fresh / "manifest.json")
+
+
+def test_a_first_start_serves_at_once_and_times_its_graphs_after(fresh, tmp_path):
+    """No calibration record for this CPU: the server serves on the default graph and batch budget at once, times
+    them beside the requests, records the choice (calibration.json) and plans its batches by it from then on; the
+    next start reads the record."""
+    with serving(ServerProcess(fresh, "--log-format", "json", log_path=tmp_path / "server.log")) as server:
+        reply = httpx.post(f"{server.http_url}/embed", json={"inputs": [TEXT]}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        deadline = time.monotonic() + 120
+        while not any(line.startswith("{") and json.loads(line).get("event") == "calibrated"
+                      for line in server.log_tail(100_000).splitlines()) and time.monotonic() < deadline:
+            assert httpx.post(f"{server.http_url}/embed", json={"inputs": [TEXT]}, timeout=60).status_code == 200
+            time.sleep(0.5)
+        events = [json.loads(line) for line in server.log_tail(100_000).splitlines() if line.startswith("{")]
+    serving_event = next(e for e in events if e.get("event") == "serving")
+    assert "not timed on this CPU yet" in serving_event["graphs"][MODEL], serving_event
+    calibrated = next(e for e in events if e.get("event") == "calibrated")
+    assert calibrated["graph"] == "embeddings" and calibrated["batch_tokens"] in (512, 1024, 2048), calibrated
+    assert "calibrated now" in calibrated["message"]
+    assert (fresh / "calibration.json").is_file()
+    again = ServerProcess(fresh, "--log-format", "json", log_path=tmp_path / "again.log")
+    with serving(again):
+        pass
+    lines = [json.loads(line) for line in again.log_tail(100_000).splitlines() if line.startswith("{")]
+    assert "calibrated for this CPU" in next(e for e in lines if e.get("event") == "serving")["graphs"][MODEL]
+    assert not any(e.get("event") == "calibrated" for e in lines)
