@@ -66,15 +66,20 @@ def load_cuda_libraries() -> None:
 
 
 def open_session(path: Path, provider: str, threads: int = 0, arena: bool = True,
-                 disabled_optimizers: Sequence[str] = ()):
+                 disabled_optimizers: Sequence[str] = (), prepack: bool = True):
     """arena False: no onnxruntime CPU memory arena, which otherwise keeps the largest run's memory for good.
-    disabled_optimizers: onnxruntime graph transformers not to apply at load (a variant's own, from its manifest)."""
+    disabled_optimizers: onnxruntime graph transformers not to apply at load (a variant's own, from its manifest).
+    prepack False: the matrix products read their weights where the external-data file is mapped, rather than
+    from a second, repacked copy: one copy of the weights in memory instead of two, for runs about 10% slower (an
+    export's verification sessions: its peak; a server keeps the faster runs)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3  # errors only: the provider-assignment warnings are expected
     options.enable_cpu_mem_arena = arena
+    if not prepack:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     if threads:
         options.intra_op_num_threads = threads
     providers = [(provider, CUDA_OPTIONS), CPU] if provider == CUDA else [CPU]
@@ -91,9 +96,10 @@ def open_session(path: Path, provider: str, threads: int = 0, arena: bool = True
 
 
 def open_graph(path: Path, backend: str, precision: str, provider: str, threads: int = 0, arena: bool = True,
-               disabled_optimizers: Sequence[str] = ()):
+               disabled_optimizers: Sequence[str] = (), prepack: bool = True):
     """A session for a graph variant on its backend. onnxruntime runs every graph on `provider`; OpenVINO runs
-    fp32 and bf16 graphs on the CPU (arena and disabled_optimizers are onnxruntime's, and do not apply)."""
+    fp32 and bf16 graphs on the CPU (arena, disabled_optimizers and prepack are onnxruntime's, and do not
+    apply)."""
     if backend == OPENVINO:
         if provider != CPU:
             raise ConfigError("the OpenVINO backend runs on the CPU; use --provider cpu or another precision")
@@ -105,4 +111,4 @@ def open_graph(path: Path, backend: str, precision: str, provider: str, threads:
         return OpenVINOSession(path, precision, threads)
     if backend != ONNXRUNTIME:
         raise ArtifactError(f"{path.name}: unknown backend {backend!r} (one of {', '.join(BACKENDS)}); re-export")
-    return open_session(path, provider, threads, arena, disabled_optimizers)
+    return open_session(path, provider, threads, arena, disabled_optimizers, prepack)

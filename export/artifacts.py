@@ -77,6 +77,10 @@ from .verify import REFERENCE, TOLERANCES, VERIFIED_TEXTS, GraphCheck, Reference
 
 REFERENCE_PAIRS = "reference_pairs.npz"  # a reranker's (export/reranker.py PairReference)
 REFERENCE_HEAP_THRESHOLD = 4 * 2**20  # export/memory.py small_heaps, while PyTorch computes the reference
+# And while torch.onnx.export traces: its passes copy weights (a transposed one, for shape inference) and free
+# them, and in glibc's heaps what they freed stayed, 0.2 GB of all-mpnet-base-v2's trace at the export's peak
+# (0.07 at 4 MiB, none at 2 MiB, for 2-3 s of the trace's page faults).
+TRACE_HEAP_THRESHOLD = 2 * 2**20
 
 
 def _on_stderr(line: str) -> None:
@@ -495,7 +499,8 @@ class _Build:
             self.progress.step(f"tracing the graph in {dtype} (torch.onnx.export), its weights written once")
             weights = self._claim(weights_file(self.work, dtype))
             path = self._claim(self.work / (PLAIN[dtype] if self.kind == "embedder" else "scores.onnx"))
-            self._trace_into(dtype, path, weights)
+            with small_heaps(TRACE_HEAP_THRESHOLD):
+                self._trace_into(dtype, path, weights)
             # The model is not held past its trace: verification's sessions hold the weights meanwhile, and a
             # step that needs PyTorch again loads it again (the checkpoint is mapped, not read, until used). A
             # half-precision trace made the module half precision throughout, buffers too.

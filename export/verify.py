@@ -30,7 +30,7 @@ from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ExportVerificationError
 from attnserve.model.encoder import Encoder
 from attnserve.model.family import EncoderModule
-from attnserve.model.value_norms import stacked_value_norms
+from attnserve.model.value_norms import keep_value_norms, stacked_value_norms
 
 from .attention_last import LAST_MAPS, ROLLOUT
 from .memory import release_freed_memory, small_heaps
@@ -66,7 +66,13 @@ VERIFIED_TEXTS = 512  # the first sample texts are verification's; int8 calibrat
 # a third of its export.
 FLOAT_TEXTS = 64
 CALIBRATION_TEXTS = 64
-TEXT_BATCHES = (4096, 64)  # the texts' batches: padded-token budget, most rows
+# The texts' batches: padded-token budget, most rows. 4096 tokens' activations (all-mpnet-base-v2's feed-forward alone
+# holds 50 MB of them a layer, twice) were 0.2 GB of its export's peak, in PyTorch's reference and verification's runs.
+TEXT_BATCHES = (1024, 64)
+# PyTorch's reference runs the cases and texts in runs of at most this many tokens (a longer row alone): a
+# 17-row case of 64 tokens took 0.16 GB more in PyTorch's freed blocks at once (export/memory.py), at the peak of
+# all-mpnet-base-v2's first export. Its outputs do not turn on how rows are grouped (verify.py's tolerances).
+REFERENCE_RUN_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -176,9 +182,14 @@ class LengthCaps:
         """The rows of a case in runs whose attention maps take at most ATTENTION_BYTES each."""
         return _runs(rows, self.num_layers * self.num_heads * seq * seq * 4, ATTENTION_BYTES)
 
-    def score_runs(self, rows: int, seq: int) -> list[slice]:
-        """The rows of a case in runs whose one layer's scores take at most SCORES_BYTES each."""
-        return _runs(rows, SCORES_COPIES * self.num_heads * seq * seq * 4, SCORES_BYTES)
+    def score_runs(self, rows: int, seq: int, most_tokens: int | None = None) -> list[slice]:
+        """The rows of a case in runs whose one layer's scores take at most SCORES_BYTES each (and, where
+        most_tokens is given, of at most that many tokens but for a single row's)."""
+        runs = _runs(rows, SCORES_COPIES * self.num_heads * seq * seq * 4, SCORES_BYTES)
+        if most_tokens is None:
+            return runs
+        step = min(runs[0].stop - runs[0].start if runs else 1, max(1, most_tokens // seq))
+        return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
 
 
 def _runs(rows: int, per_row: int, budget: int) -> list[slice]:
@@ -257,7 +268,8 @@ class Reference:
             todo = [i for i in rows if i >= done]
             if todo:
                 ids, mask = pad([self.text_inputs[i].ids for i in todo])
-                sentences[todo] = self.expected_outputs(ids, mask, None, attentions=False)[1]
+                for run in self.caps.score_runs(*ids.shape, REFERENCE_RUN_TOKENS):
+                    sentences[todo[run]] = self.expected_outputs(ids[run], mask[run], None, attentions=False)[1]
         self.text_sentences = sentences
         return self
 
@@ -271,7 +283,7 @@ class Reference:
         rows_in_case, seq = ids.shape
         hidden = np.empty((rows_in_case, seq, width), dtype=np.float32)
         sentence = np.empty((rows_in_case, self.embedding_size), dtype=np.float32)
-        for rows in self.caps.score_runs(rows_in_case, seq):
+        for rows in self.caps.score_runs(rows_in_case, seq, REFERENCE_RUN_TOKENS):
             hidden[rows], sentence[rows], _, _ = self.expected_outputs(
                 ids[rows], mask[rows], None if types is None else types[rows], attentions=False)
         return hidden, sentence
@@ -298,6 +310,7 @@ class Reference:
         assert self.encoder is not None and self.head is not None, "PyTorch's outputs need the encoder"
         # Where the encoder is: a GPU's, for a model whose reference would take the CPU minutes (the 8B shape).
         device = next(cast(torch.nn.Module, self.encoder).parameters()).device
+        keep_value_norms(cast(torch.nn.Module, self.encoder), attentions)
         with torch.no_grad():
             m = torch.from_numpy(mask).to(device)
             hidden, att = self.encoder(torch.from_numpy(ids).to(device), m, attentions,
@@ -449,9 +462,9 @@ def measure_all(graphs: dict[str, GraphCheck], reference: Reference, provider: s
             for name, (path, precision, disabled_optimizers, backend) in graphs.items():
                 on_graph(name)
                 # No memory arena: it would keep the session's largest run (the attention maps) for the whole
-                # export.
+                # export. No prepacked copy of the weights: 0.4 GB of all-mpnet-base-v2's cold start's peak.
                 session = open_graph(path, backend, precision, provider, arena=False,
-                                     disabled_optimizers=disabled_optimizers)
+                                     disabled_optimizers=disabled_optimizers, prepack=False)
                 if ("token_type_ids" in [i.name for i in session.get_inputs()]) != reference.token_types:
                     raise ExportVerificationError(f"{path.name} {'lacks' if reference.token_types else 'has'} "
                                                   "the input token_type_ids that the reference was made for")

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from .encoder import MASK_VALUE
 from .family import ModelConfig
 from .rotary import RotaryEmbedding, RotaryPositions, default_inv_freq, rotate
-from .value_norms import value_norms
+from .value_norms import kept_value_norms
 
 
 class RMSNorm(nn.Module):
@@ -64,6 +64,8 @@ class GroupedQueryAttention(nn.Module):
     The attention maps are returned per query head, (B, nh, T, T): a key/value head's keys are the same for
     every query head of its group, but each query head weighs them its own way."""
 
+    keep_value_norms = False  # set for a forward with attention outputs (model/value_norms.py)
+
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_size: int, bias: bool,
                  scale: float, head_norm: RMSNorm | None = None, out_bias: bool | None = None):
         super().__init__()
@@ -98,7 +100,7 @@ class GroupedQueryAttention(nn.Module):
         scores = torch.matmul(q, self._repeat(k).transpose(-1, -2)) * self.scale  # (B, nh, T, T)
         probs = F.softmax(scores + mask, dim=-1)  # (B, nh, T, T), each row sums to 1
         context = torch.matmul(probs, self._repeat(v)).transpose(1, 2).reshape(B, T, self.nh * self.hs)
-        self.value_norms = value_norms(v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
+        self.value_norms = kept_value_norms(self, v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
         return self.out(context), probs
 
 

@@ -27,7 +27,7 @@ from attnserve.errors import CheckpointError
 from .classifier_heads import Head
 from .family import EncoderModule
 from .tokenizer_files import tokenizer_json
-from .value_norms import stacked_value_norms
+from .value_norms import keep_value_norms, stacked_value_norms
 from .weights_files import Weights
 
 # CrossEncoder activations (their dotted class paths, as sentence-transformers saves them) -> the manifest's names.
@@ -173,6 +173,7 @@ class Reranker(nn.Module):
                 token_type_ids: torch.Tensor | None = None):
         """(B, T) int64 each (token_type_ids only for families with token types) -> scores (B, num_labels) and,
         for the attention graph, attentions (L, B, nh, T, T) and value norms (L, B, nh, T) (model/value_norms.py)."""
+        keep_value_norms(cast(nn.Module, self.encoder), self.output_attentions)
         hidden, attentions = self.encoder(input_ids, attention_mask, self.output_attentions, token_type_ids)
         scores = self.head(hidden, attention_mask)  # (B, num_labels)
         if self.output_attentions:

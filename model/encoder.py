@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .value_norms import stacked_value_norms, value_norms
+from .value_norms import keep_value_norms, kept_value_norms, stacked_value_norms
 
 if TYPE_CHECKING:  # the other families' encoders have the same forward as Encoder (family.py)
     from .family import EncoderModule
@@ -115,6 +115,8 @@ class Embeddings(nn.Module):
 
 
 class MultiHeadSelfAttention(nn.Module):
+    keep_value_norms = False  # set for a forward with attention outputs (model/value_norms.py)
+
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
         self.nh, self.hs = cfg.num_heads, cfg.head_size
@@ -139,7 +141,7 @@ class MultiHeadSelfAttention(nn.Module):
         probs = F.softmax(scores, dim=-1)  # (B, nh, T, T), each row sums to 1
         context = torch.matmul(probs, v)  # (B, nh, T, hs)
         context = context.permute(0, 2, 1, 3).contiguous().view(B, T, H)  # heads concatenated: (B, T, H)
-        self.value_norms = value_norms(v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
+        self.value_norms = kept_value_norms(self, v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
         return self.out(context), probs
 
 
@@ -247,6 +249,7 @@ class SentenceEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None):
+        keep_value_norms(cast(nn.Module, self.encoder), self.output_attentions)
         hidden, attentions = self.encoder(input_ids, attention_mask, self.output_attentions, token_type_ids)
         sentence = self.head(hidden, attention_mask)  # (B, D), not normalised
         if self.output_attentions:  # with each head's value norms (L, B, nh, T): model/value_norms.py

@@ -39,7 +39,7 @@ from .config_reading import (
 from .encoder import MASK_VALUE
 from .family import SelfContainedFamily, WeightNames
 from .rotary import RotaryEmbedding, RotaryPositions, default_inv_freq, rotate
-from .value_norms import value_norms
+from .value_norms import kept_value_norms
 
 MODEL_TYPE = "modernbert"
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' names of the two layer types
@@ -83,6 +83,8 @@ class ModernBertConfig(RotaryPositions):
 
 
 class RotarySelfAttention(nn.Module):
+    keep_value_norms = False  # set for a forward with attention outputs (model/value_norms.py)
+
     def __init__(self, cfg: ModernBertConfig):
         super().__init__()
         self.nh, self.hs = cfg.num_heads, cfg.head_size
@@ -99,7 +101,7 @@ class RotarySelfAttention(nn.Module):
         scores = torch.matmul(q, k.transpose(-1, -2)) * self.hs ** -0.5  # (B, nh, T, T)
         probs = F.softmax(scores + mask, dim=-1)  # (B, nh, T, T), each row sums to 1
         context = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, H)  # heads concatenated: (B, T, H)
-        self.value_norms = value_norms(v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
+        self.value_norms = kept_value_norms(self, v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
         return self.out(context), probs
 
 

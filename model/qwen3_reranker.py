@@ -26,7 +26,7 @@ from attnserve.errors import CheckpointError
 
 from .pooling import pool
 from .qwen3 import CAUSAL_LM, Qwen3Encoder
-from .value_norms import stacked_value_norms
+from .value_norms import keep_value_norms, stacked_value_norms
 from .weights_files import Weights
 
 # The model card's template: the pair is "{prefix}{body}{suffix}", the body formatted with the instruction, the
@@ -88,6 +88,7 @@ class Qwen3Reranker(nn.Module):
         return Qwen3Reranker(self.encoder, self.direction, output_attentions=True)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        keep_value_norms(self.encoder, self.output_attentions)
         hidden, attentions = self.encoder(input_ids, attention_mask, self.output_attentions)  # (B, T, H), final-normed
         last = pool(hidden, attention_mask, "lasttoken")  # (B, H): the position that predicts the answer
         scores = (last @ self.direction)[:, None]  # (B, 1)

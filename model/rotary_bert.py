@@ -33,7 +33,7 @@ from .config_reading import check_positive
 from .encoder import ACTIVATIONS
 from .family import ModelConfig
 from .rotary import RotaryEmbedding, RotaryPositions, rotate
-from .value_norms import value_norms
+from .value_norms import kept_value_norms
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,8 @@ class RotaryBertSizes(ModelConfig, Protocol):
 
 
 class RotarySelfAttention(nn.Module):
+    keep_value_norms = False  # set for a forward with attention outputs (model/value_norms.py)
+
     def __init__(self, cfg: RotaryBertSizes):
         super().__init__()
         self.nh, self.hs = cfg.num_heads, cfg.head_size
@@ -103,7 +105,7 @@ class RotarySelfAttention(nn.Module):
         scores = torch.matmul(q, k.transpose(-1, -2)) * self.hs ** -0.5  # (B, nh, T, T)
         probs = F.softmax(scores + mask, dim=-1)  # (B, nh, T, T), each row sums to 1
         context = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, self.nh * self.hs)  # heads concatenated
-        self.value_norms = value_norms(v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
+        self.value_norms = kept_value_norms(self, v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
         return self.out(context), probs
 
 

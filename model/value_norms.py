@@ -3,8 +3,11 @@ token j's value vector through head h's slice of W_O, ||f_h(x_j)|| with f_h(x) =
 by the attention, ||a_ij f_h(x_j)|| = a_ij ||f_h(x_j)||: how much of token j actually reaches token i through head
 h, which a weight alone does not say (a large weight on a token whose transformed vector is small moves little).
 
-Every family's attention module computes them in its forward (value_norms below, kept as its `value_norms`), and
-SentenceEncoder returns them, (L, B, nh, T), as the attention graph's `value_norms` output.
+Every family's attention module computes them in its forward where asked (kept_value_norms below, kept as its
+`value_norms`), and SentenceEncoder returns them, (L, B, nh, T), as the attention graph's `value_norms` output.
+Only where asked (keep_value_norms: a forward with attention outputs): their product is (B, nh, T, H) a layer, nh
+times the hidden state, and the embeddings' forwards (PyTorch's reference, the trace of the embeddings graph) held
+it for nothing: a 17-row case of 64 tokens took 0.16 GB more for all-mpnet-base-v2's reference.
 """
 
 from __future__ import annotations
@@ -24,9 +27,26 @@ def value_norms(v: torch.Tensor, out_weight: torch.Tensor, num_heads: int) -> to
     return torch.matmul(v, w).norm(dim=-1)  # (B, nh, T, H) -> (B, nh, T)
 
 
+def kept_value_norms(attention: nn.Module, v: torch.Tensor, out_weight: torch.Tensor, num_heads: int
+                     ) -> torch.Tensor | None:
+    """value_norms (B, nh, T) where the attention module's forward is asked for them (keep_value_norms), else
+    None. An attention module declares `keep_value_norms = False` as a class attribute."""
+    return value_norms(v, out_weight, num_heads) if getattr(attention, "keep_value_norms", False) else None
+
+
+def keep_value_norms(encoder: nn.Module, keep: bool) -> None:
+    """Whether the encoder's attention modules compute their value norms in the forwards that follow (those with
+    attention outputs: stacked_value_norms reads them after)."""
+    for module in encoder.modules():
+        if hasattr(type(module), "keep_value_norms"):
+            module.keep_value_norms = keep  # type: ignore[assignment]
+
+
 def stacked_value_norms(encoder: nn.Module) -> torch.Tensor:
     """(L, B, nh, T): the value norms its attention modules kept in the forward just run, in layer order."""
-    norms = [norm for m in encoder.modules() if isinstance(norm := getattr(m, "value_norms", None), torch.Tensor)]
+    norms = [getattr(m, "value_norms", None) for m in encoder.modules() if hasattr(type(m), "keep_value_norms")]
     if not norms:
         raise TypeError(f"{type(encoder).__name__}'s attention modules keep no value norms")
+    if any(norm is None for norm in norms):
+        raise RuntimeError("the forward just run kept no value norms: keep_value_norms(encoder, True) first")
     return torch.stack(norms)
