@@ -20,7 +20,8 @@ from attnserve.engine.batching import pad
 from attnserve.engine.engine import Engine
 from attnserve.engine.manifest import load_manifest
 from attnserve.engine.tokenizer import TextTokenizer
-from attnserve.export.artifacts import VARIANTS, build_artifacts
+from attnserve.engine.variants import variants_of
+from attnserve.export.artifacts import all_variants, build_artifacts
 from attnserve.export.verify import FLOAT_TEXTS, TOLERANCES, VERIFIED_TEXTS, shape_grid
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.pooling import pool
@@ -82,20 +83,21 @@ def test_export_at_a_short_length_encodes_as_sentence_transformers(tmp_path):
 def test_all_mpnet_base_v2_exports_at_its_own_length_with_every_variant_verified():
     from sentence_transformers import SentenceTransformer
 
-    directory, _ = exported("all-mpnet-base-v2", all_mpnet_base_v2())
+    checkpoint = all_mpnet_base_v2()
+    directory, _ = exported("all-mpnet-base-v2", checkpoint)
     # A reused export is checked as serving checks it: every file's sha256 against the manifest.
     manifest = load_manifest(directory)
     assert (manifest.family, manifest.max_seq_length) == ("mpnet", 384)
-    assert set(manifest.variants) == set(VARIANTS)
+    assert set(manifest.variants) == set(all_variants(read_checkpoint(checkpoint)))  # what `export --all` builds
     for name, variant in manifest.variants.items():
         tolerance = TOLERANCES[variant.precision]
-        assert variant.precision == VARIANTS[name][1]
+        assert variant.precision == variants_of(manifest.kind)[name].precision
         assert tolerance.holds(variant.parity[tolerance.metric]), (name, variant.parity)
         assert variant.parity["shapes_checked"] == len(shape_grid(384)), name
         # int8's bar on all the texts; its second session (another optimizer set, the same graph) as fp32's.
         assert variant.parity["texts_checked"] == (VERIFIED_TEXTS if name == "embeddings_int8" else FLOAT_TEXTS)
     encoded = Engine.from_directory(directory).encode(VARIED_TEXTS)
     assert encoded.num_tokens.max() == 384  # the long texts run at the full length, cut as sentence-transformers cuts
-    reference = SentenceTransformer(str(all_mpnet_base_v2()), device="cpu").encode(VARIED_TEXTS)  # both normalise
+    reference = SentenceTransformer(str(checkpoint), device="cpu").encode(VARIED_TEXTS)  # both normalise
     assert _cosine(encoded.embeddings, reference).min() >= 0.99999
     assert np.abs(encoded.embeddings - reference).max() <= 1e-4
