@@ -87,7 +87,7 @@ def estimated_seconds(manifest: Manifest, names: Iterable[str], gpu: bool = Fals
     table = variants_of(manifest.kind)
     steps = {table[n].step if n in table else n for n in names}
     cores = this_machine().usable_cpus
-    return START_SECONDS + sum(step_seconds(step, weights, cores, gpu) for step in steps)
+    return START_SECONDS + sum(step_seconds(step, weights, cores, gpu, manifest.max_seq_length) for step in steps)
 
 
 class BackgroundBuilds:

@@ -218,7 +218,7 @@ class Engine:
         (calibrate_pending(): a server does once it serves), rather than first."""
         self._log = build_log or progress_log.info
         self._defer = defer_calibration
-        self._pending: Callable[[], Choice] | None = None  # the timing deferred
+        self._pending: Callable[..., Choice] | None = None  # the timing deferred: timed(stop=...)
         try:
             embeddings_graph(manifest, config)
         except NotBuiltError as missing:

@@ -110,10 +110,27 @@ def fp32_weight_bytes(vocab_size: int, hidden_size: int, num_layers: int, interm
 MEASURED_CORES, GPU_SPEEDUP = 2, 1.2
 
 
-def estimated_seconds(step: str, weight_bytes: int, cores: int = MEASURED_CORES, gpu: bool = False) -> float:
-    """About how long a step takes, for a model of weight_bytes of fp32 weights, on `cores` CPU cores (and a GPU)."""
+# Verification's work grows with the check rows at the model's length (export/verify.py: three rows at it, beside
+# about 4,200 tokens of short cases and texts), and faster than their tokens (attention is quadratic), up to the
+# length memory allows (a few thousand tokens). STEP_SECONDS holds at all-mpnet-base-v2's 384; the Qwen3-0.6B
+# shape's first export (3,344-token rows) took 5.3 times its per-GB share.
+SHORT_CHECK_TOKENS, LONG_CHECK_ROWS, CHECK_LENGTH_CAP, QUADRATIC_FROM = 4200, 3, 3344, 2048
+MEASURED_LENGTH = 384
+
+
+def _check_work(max_seq_length: int) -> float:
+    length = min(max_seq_length, CHECK_LENGTH_CAP)
+    return SHORT_CHECK_TOKENS + LONG_CHECK_ROWS * length * (1 + length / QUADRATIC_FROM)
+
+
+def estimated_seconds(step: str, weight_bytes: int, cores: int = MEASURED_CORES, gpu: bool = False,
+                      max_seq_length: int = MEASURED_LENGTH) -> float:
+    """About how long a step takes, for a model of weight_bytes of fp32 weights and its max_seq_length, on `cores`
+    CPU cores (and a GPU)."""
     fixed, per_gb = STEP_SECONDS[step]
     scale = MEASURED_CORES / max(1, cores) / (GPU_SPEEDUP if gpu else 1.0)
+    if step != "quantization":  # every other step verifies its graph on the check rows
+        scale *= _check_work(max_seq_length) / _check_work(MEASURED_LENGTH)
     return fixed + per_gb * weight_bytes / 1e9 * scale
 
 

@@ -471,7 +471,8 @@ class _Build:
         weights = fp32_weight_bytes(self.shape.vocab_size, self.shape.hidden_size,  # type: ignore[union-attr]
                                     self.shape.num_layers, self.shape.intermediate_size)  # type: ignore[union-attr]
         cores = this_machine().usable_cpus
-        self.progress.plan([(STEP_TITLES[step], estimated_seconds(step, weights, cores, self.device == "cuda"))
+        length = self.tokenizer.max_seq_length  # the checkpoint's, or the directory's
+        self.progress.plan([(STEP_TITLES[step], estimated_seconds(step, weights, cores, self.device == "cuda", length))
                             for step in stages])
         if self.existing is None:
             # The first build traces in the run's dtype (engine/variants.py trace_precision), or in fp32 where a

@@ -90,7 +90,7 @@ def point_at(tensor: onnx.TensorProto, location: str, offset: int, length: int) 
     tensor.data_location = onnx.TensorProto.EXTERNAL
 
 
-def _digest(raw: bytes) -> bytes:
+def _digest(raw: bytes | memoryview) -> bytes:
     return hashlib.blake2b(raw, digest_size=20).digest()
 
 

@@ -201,9 +201,8 @@ def measure(path: Path, reference: PairReference, provider: str = CPU,
 
 def _measure(path: Path, reference: PairReference, provider: str, disabled_optimizers: tuple[str, ...]
              ) -> dict[str, float]:
-    # No memory arena: it would keep the session's largest run for the whole export; no prepacked second copy of
-    # the weights (export/verify.py).
-    session = open_session(path, provider, arena=False, disabled_optimizers=disabled_optimizers, prepack=False)
+    # An arena emptied after each run, and no prepacked second copy of the weights (export/verify.py).
+    session = open_session(path, provider, arena="per_run", disabled_optimizers=disabled_optimizers, prepack=False)
     names = [o.name for o in session.get_outputs()]
     wants_attention, wants_norms = "attentions" in names, "value_norms" in names
     max_scores = max_attention = max_padded_key_weight = max_norms = 0.0

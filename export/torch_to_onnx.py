@@ -175,11 +175,11 @@ def _initializer(name: str, tensor: torch.Tensor, writer: TensorWriter, shared: 
     if len(raw) < SIZE_THRESHOLD:
         proto.raw_data = raw.tobytes()
         return proto
-    found = shared.find(raw) if shared is not None else None  # type: ignore[arg-type]
+    found = shared.find(raw) if shared is not None else None
     if found is None:
         found = (writer.path.name, *writer.write(raw))
         if shared is not None:
-            shared.add(raw, *found)  # type: ignore[arg-type]
+            shared.add(raw, *found)
     point_at(proto, *found)
     return proto
 

@@ -30,6 +30,7 @@ from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ExportVerificationError
 from attnserve.model.encoder import Encoder
 from attnserve.model.family import EncoderModule
+from attnserve.model.fused_attention import fused_attention
 from attnserve.model.value_norms import keep_value_norms, stacked_value_norms
 
 from .attention_last import LAST_MAPS, ROLLOUT
@@ -268,7 +269,8 @@ class Reference:
             todo = [i for i in rows if i >= done]
             if todo:
                 ids, mask = pad([self.text_inputs[i].ids for i in todo])
-                for run in self.caps.score_runs(*ids.shape, REFERENCE_RUN_TOKENS):
+                rows, seq = ids.shape
+                for run in self.caps.score_runs(rows, seq, REFERENCE_RUN_TOKENS):
                     sentences[todo[run]] = self.expected_outputs(ids[run], mask[run], None, attentions=False)[1]
         self.text_sentences = sentences
         return self
@@ -281,11 +283,14 @@ class Reference:
         # H: the hidden size, or a ColBERT model's vector size (model/colbert.py TokenVectors.output_size)
         width = getattr(self.encoder, "output_size", cfg.hidden_size)
         rows_in_case, seq = ids.shape
-        hidden = np.empty((rows_in_case, seq, width), dtype=np.float32)
+        hidden = np.zeros((rows_in_case, seq, width), dtype=np.float32)  # padded positions: compared nowhere
         sentence = np.empty((rows_in_case, self.embedding_size), dtype=np.float32)
         for rows in self.caps.score_runs(rows_in_case, seq, REFERENCE_RUN_TOKENS):
-            hidden[rows], sentence[rows], _, _ = self.expected_outputs(
-                ids[rows], mask[rows], None if types is None else types[rows], attentions=False)
+            # A run's rows cut to their longest real length (the rows are padded on the right): the real tokens'
+            # outputs are the same, and a padded row of a full-length case costs its own length, not the case's.
+            n = int(mask[rows].sum(axis=1).max())
+            hidden[rows, :n], sentence[rows], _, _ = self.expected_outputs(
+                ids[rows, :n], mask[rows, :n], None if types is None else types[rows, :n], attentions=False)
         return hidden, sentence
 
     def _segments(self, rng: np.random.Generator, lengths: np.ndarray, seq: int) -> np.ndarray | None:
@@ -311,7 +316,8 @@ class Reference:
         # Where the encoder is: a GPU's, for a model whose reference would take the CPU minutes (the 8B shape).
         device = next(cast(torch.nn.Module, self.encoder).parameters()).device
         keep_value_norms(cast(torch.nn.Module, self.encoder), attentions)
-        with torch.no_grad():
+        # No maps wanted: PyTorch's fused kernel, with no (T, T) scores held (model/fused_attention.py).
+        with torch.no_grad(), fused_attention(cast(torch.nn.Module, self.encoder), not attentions):
             m = torch.from_numpy(mask).to(device)
             hidden, att = self.encoder(torch.from_numpy(ids).to(device), m, attentions,
                                        None if types is None else torch.from_numpy(types).to(device))
@@ -461,9 +467,10 @@ def measure_all(graphs: dict[str, GraphCheck], reference: Reference, provider: s
         with small_heaps():  # the sessions' runs without an arena (memory.py)
             for name, (path, precision, disabled_optimizers, backend) in graphs.items():
                 on_graph(name)
-                # No memory arena: it would keep the session's largest run (the attention maps) for the whole
-                # export. No prepacked copy of the weights: 0.4 GB of all-mpnet-base-v2's cold start's peak.
-                session = open_graph(path, backend, precision, provider, arena=False,
+                # An arena emptied after each run: kept, it would hold the session's largest run (the attention
+                # maps) for the whole export; none at all, each layer's buffers were faulted in anew (engine/session.py
+                # _ArenaPerRun). No prepacked copy of the weights: 0.4 GB of all-mpnet-base-v2's cold start's peak.
+                session = open_graph(path, backend, precision, provider, arena="per_run",
                                      disabled_optimizers=disabled_optimizers, prepack=False)
                 if ("token_type_ids" in [i.name for i in session.get_inputs()]) != reference.token_types:
                     raise ExportVerificationError(f"{path.name} {'lacks' if reference.token_types else 'has'} "

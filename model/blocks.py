@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from .encoder import MASK_VALUE
 from .family import ModelConfig
+from .fused_attention import fused, fused_context
 from .rotary import RotaryEmbedding, RotaryPositions, default_inv_freq, rotate
 from .value_norms import kept_value_norms
 
@@ -65,6 +66,7 @@ class GroupedQueryAttention(nn.Module):
     every query head of its group, but each query head weighs them its own way."""
 
     keep_value_norms = False  # set for a forward with attention outputs (model/value_norms.py)
+    fused_attention = False  # set for a forward that wants no maps (model/fused_attention.py)
 
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_size: int, bias: bool,
                  scale: float, head_norm: RMSNorm | None = None, out_bias: bool | None = None):
@@ -91,15 +93,21 @@ class GroupedQueryAttention(nn.Module):
         return x if g == 1 else x[:, :, None].expand(B, nkv, g, T, hs).reshape(B, nkv * g, T, hs)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, T, H); mask: additive, broadcastable to (B, nh, T, T); cos, sin: (T, hs)."""
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, T, H); mask: additive, broadcastable to (B, nh, T, T); cos, sin: (T, hs). Returns the output
+        and the maps (None from the fused kernel)."""
         B, T, _ = x.shape
         q = rotate(self._heads(self.query(x), self.nh, self.query_norm), cos, sin)  # (B, nh, T, hs)
         k = rotate(self._heads(self.key(x), self.nkv, self.key_norm), cos, sin)  # (B, nkv, T, hs)
         v = self._heads(self.value(x), self.nkv, None)  # (B, nkv, T, hs)
-        scores = torch.matmul(q, self._repeat(k).transpose(-1, -2)) * self.scale  # (B, nh, T, T)
-        probs = F.softmax(scores + mask, dim=-1)  # (B, nh, T, T), each row sums to 1
-        context = torch.matmul(probs, self._repeat(v)).transpose(1, 2).reshape(B, T, self.nh * self.hs)
+        probs: torch.Tensor | None = None
+        if fused(self):  # the same function, no (T, T) maps held (model/fused_attention.py)
+            heads = fused_context(q, self._repeat(k), self._repeat(v), mask, self.scale)  # (B, nh, T, hs)
+        else:
+            scores = torch.matmul(q, self._repeat(k).transpose(-1, -2)) * self.scale  # (B, nh, T, T)
+            probs = F.softmax(scores + mask, dim=-1)  # (B, nh, T, T), each row sums to 1
+            heads = torch.matmul(probs, self._repeat(v))  # (B, nh, T, hs)
+        context = heads.transpose(1, 2).reshape(B, T, self.nh * self.hs)
         self.value_norms = kept_value_norms(self, v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
         return self.out(context), probs
 
@@ -168,7 +176,7 @@ class PreNormLayer(nn.Module):
         self.post_feed_forward_norm = RMSNorm(H, eps, unit_offset) if sandwich else None
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         attended, probs = self.attention(self.attention_norm(x), mask, cos, sin)
         if self.post_attention_norm is not None:
             attended = self.post_attention_norm(attended)

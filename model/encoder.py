@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .fused_attention import fused, fused_context
 from .value_norms import keep_value_norms, kept_value_norms, stacked_value_norms
 
 if TYPE_CHECKING:  # the other families' encoders have the same forward as Encoder (family.py)
@@ -116,6 +117,7 @@ class Embeddings(nn.Module):
 
 class MultiHeadSelfAttention(nn.Module):
     keep_value_norms = False  # set for a forward with attention outputs (model/value_norms.py)
+    fused_attention = False  # set for a forward that wants no maps (model/fused_attention.py)
 
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
@@ -129,17 +131,21 @@ class MultiHeadSelfAttention(nn.Module):
         B, T, H = x.shape
         return x.view(B, T, self.nh, self.hs).permute(0, 2, 1, 3)  # (B, nh, T, hs)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, T, H); key_mask: additive, 0 for real keys and MASK_VALUE for padding: (B, 1, 1, T), or
         (B, nh, T, T) with MPNet's relative position bias added."""
         B, T, H = x.shape
         q = self.split_heads(self.query(x))  # (B, nh, T, hs)
         k = self.split_heads(self.key(x))  # (B, nh, T, hs)
         v = self.split_heads(self.value(x))  # (B, nh, T, hs)
-        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.hs)  # (B, nh, T, T)
-        scores = scores + key_mask  # padded keys -> MASK_VALUE, broadcast over heads and queries
-        probs = F.softmax(scores, dim=-1)  # (B, nh, T, T), each row sums to 1
-        context = torch.matmul(probs, v)  # (B, nh, T, hs)
+        probs: torch.Tensor | None = None
+        if fused(self):  # the same function, no (T, T) maps held (model/fused_attention.py)
+            context = fused_context(q, k, v, key_mask, 1 / math.sqrt(self.hs))  # (B, nh, T, hs)
+        else:
+            scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.hs)  # (B, nh, T, T)
+            scores = scores + key_mask  # padded keys -> MASK_VALUE, broadcast over heads and queries
+            probs = F.softmax(scores, dim=-1)  # (B, nh, T, T), each row sums to 1
+            context = torch.matmul(probs, v)  # (B, nh, T, hs)
         context = context.permute(0, 2, 1, 3).contiguous().view(B, T, H)  # heads concatenated: (B, T, H)
         self.value_norms = kept_value_norms(self, v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
         return self.out(context), probs
@@ -164,7 +170,7 @@ class EncoderLayer(nn.Module):
         self.feed_forward = FeedForward(cfg)
         self.output_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         # Post-LN, as in BERT: the residual sum is normalised, not the sublayer input.
         attended, probs = self.attention(x, key_mask)
         x = self.attention_norm(x + attended)  # (B, T, H)

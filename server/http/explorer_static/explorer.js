@@ -280,11 +280,20 @@
       $("compare-note").textContent = "Type a second text, or choose another model, and press Compare.";
       return;
     }
-    const { tokens, heads } = state.overview;
+    const { tokens, heads, numLayers } = state.overview;
     const left = state.source, right = state.compare.source;
-    const [a, b] = await Promise.all([left.layer(state.layer), right.layer(state.layer)]);
+    // Models of different depth are compared at the same relative depth: the last layer beside the last, the first
+    // beside the first, and in between the nearest (layer l of L beside round(l (M-1) / (L-1)) of M).
+    const lastB = (await right.layer(-1)).layer;
+    const layerA = state.layer < 0 ? numLayers + state.layer : state.layer;
+    const layerB = numLayers > 1 ? Math.round(layerA * lastB / (numLayers - 1)) : lastB;
+    const [a, b] = await Promise.all([left.layer(state.layer), right.layer(layerB)]);
     const TA = tokens.length, tokensB = right.tokens, TB = tokensB.length;
     const headsB = [...Array(b.values.length / (TB * TB)).keys()];
+    if (state.head !== "mean" && !headsB.includes(state.head)) {
+      throw new ApiError(`${right.model || "the right-hand model"} has ${headsB.length} heads, no head ${state.head}: `
+        + "choose a head both models have, or the mean of heads");
+    }
     const mapA = pick(a.values, heads, state.head, TA), mapB = pick(b.values, headsB, state.head, TB);
     const kind = $("scale").value;
     // one scale for both: fixed and log are; row shares each row's maximum where the rows are the same tokens' rows
@@ -298,15 +307,20 @@
       pairStart: state.overview.pairStart });
     views["compare-b"].show({ values: mapB, rowLabels: tokensB, colLabels: tokensB,
       scale: { kind, hi: 1, rowMax: rowB } });
-    const describe = (source, T) => `${source.model || "default model"}: ${JSON.stringify(source.input)} (${T} word `
-      + `pieces), layer ${a.layer}, ${headLabel(state.head)}`;
-    $("compare-a-caption").textContent = describe(left, TA);
-    $("compare-b-caption").textContent = describe(right, TB);
+    const depth = (layer, last) => `layer ${layer} of 0..${last}${layer === last ? " (last)" : ""}`;
+    const describe = (source, T, layer, last) => `${source.model || "default model"}: ${JSON.stringify(source.input)} `
+      + `(${T} word pieces), ${depth(layer, last)}, ${headLabel(state.head)}`;
+    $("compare-a-caption").textContent = describe(left, TA, a.layer, numLayers - 1);
+    $("compare-b-caption").textContent = describe(right, TB, b.layer, lastB);
+    // Said whenever the two sides are not the same layer: what is compared with what.
+    const depthNote = lastB === numLayers - 1 ? ""
+      : `The models differ in depth (${numLayers} and ${lastB + 1} layers): layer ${a.layer} is compared with `
+        + `layer ${b.layer}, at the same relative depth. `;
     const figure = $("compare-diff-figure");
     if (TA !== TB) {
       figure.hidden = true;
-      $("compare-note").textContent = `No difference map: the left input has ${TA} word pieces and the right ${TB}; `
-        + "a difference needs the same number of rows and columns.";
+      $("compare-note").textContent = `${depthNote}No difference map: the left input has ${TA} word pieces and the `
+        + `right ${TB}; a difference needs the same number of rows and columns.`;
       return;
     }
     const diff = new Float64Array(TA * TA);
@@ -315,8 +329,8 @@
     figure.hidden = false;
     views["compare-diff"].show({ values: diff, rowLabels: labels, colLabels: labels,
       scale: { kind: "diverging", hi: maximum(diff) } });
-    $("compare-note").textContent = labels.some((l, i) => l !== tokens[i])
-      ? "Both have as many word pieces but not the same ones: a label reads left / right." : "";
+    $("compare-note").textContent = depthNote + (labels.some((l, i) => l !== tokens[i])
+      ? "Both have as many word pieces but not the same ones: a label reads left / right." : "");
   }
 
   // --- tabs and choices
