@@ -140,7 +140,7 @@ class Server:
         config, models = self.config, self.models
         # Unreadable TLS files or API keys fail before anything starts.
         credentials, http_ssl, keys = grpc_credentials(config), http_ssl_context(config), ApiKeys(config.api_keys())
-        self.core = Core(models, config, self._io)
+        self.core = Core(models, config, self._io, IO_THREADS)
         guard = RequestGuard(config.max_request_bytes, self._count_refused)
         # The key is checked first: a call without one is refused before its bytes are parsed.
         server = grpc.aio.server(interceptors=[ApiKeyInterceptor(keys, self._count_refused), guard], options=[

@@ -13,6 +13,7 @@ the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Executor
@@ -64,11 +65,16 @@ __all__ = ["BINARY_FLOAT_BYTES", "Core", "Deadline", "ModelInfo"]
 T = TypeVar("T")
 R = TypeVar("R")  # what a door's render makes of an encode reply: its bytes, or similarity's scores
 S = TypeVar("S")  # a scored request's reply: RerankReply, PredictReply
+# Whether this task's request is counted in its model's statistics already: a door that counts a request from the
+# moment it found the model (KServe's infer, whose parsing can refuse it) wraps the core's own count, which then
+# counts nothing more (one request, one count).
+_COUNTING: contextvars.ContextVar[bool] = contextvars.ContextVar("attnserve_counting", default=False)
 
 
 class Core:
-    def __init__(self, models: Models, config: ServerConfig, executor: Executor):
-        self.models, self._executor = models, executor
+    def __init__(self, models: Models, config: ServerConfig, executor: Executor, workers: int = 1):
+        """executor: the threads that tokenize and render (`workers` of them, as TEI's /info reports)."""
+        self.models, self._executor, self.workers = models, executor, workers
         self.limits = RequestLimits(config.max_inputs_per_request, config.max_response_bytes, config.auto_truncate)
         self._memory = MemoryReturn(executor)
         self._in_flight = 0
@@ -88,6 +94,12 @@ class Core:
     def model(self, name: str | None) -> ServedModel:
         """The model a request names (None or "": the default one), or ModelNotFoundError naming those served."""
         return self.models.get(name)
+
+    def counted(self, name: str | None):
+        """A context around a request that reached the model named, from the moment it was found: its outcome and
+        time in the model's statistics, whatever refuses it after (a door's parsing of its tensors, the core's
+        checks, the batch). Triton's statistics count every request to a model found; KServe's doors use it."""
+        return _counted(self.models.get(name))
 
     def check_open(self) -> None:
         """Refuse new requests once the drain began."""
@@ -198,14 +210,14 @@ class Core:
 
     async def tokenize(self, request: TokenizeRequest) -> list[list[Token]]:
         self.check_open()
-        engine = self.models.default.engine
+        engine = self.models.get(request.model).engine
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, prepare_tokenize, request, engine.tokenizer, engine.manifest, self.limits)
 
     async def decode(self, request: DecodeRequest) -> list[str]:
         self.check_open()
         return await asyncio.get_running_loop().run_in_executor(
-            self._executor, prepare_decode, request, self.models.default.engine.tokenizer, self.limits)
+            self._executor, prepare_decode, request, self.models.get(request.model).engine.tokenizer, self.limits)
 
     # --- serving state and requests in progress, for the drain ----------------
 
@@ -258,13 +270,20 @@ class Core:
 @contextmanager
 def _counted(model: ServedModel) -> Iterator[None]:
     """Around a request that reached its model: its outcome and time in the model's statistics (a failure for any
-    error, and for a cancellation: a deadline passed, or the client left)."""
+    error, and for a cancellation: a deadline passed, or the client left). Inside another count (_COUNTING), the
+    outer one counts it."""
+    if _COUNTING.get():
+        yield
+        return
     started = time.perf_counter()
+    token = _COUNTING.set(True)
     try:
         yield
     except BaseException:
         model.metrics.statistics.request(False, time.perf_counter() - started)
         raise
+    finally:
+        _COUNTING.reset(token)
     model.metrics.statistics.request(True, time.perf_counter() - started)
 
 

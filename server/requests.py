@@ -104,6 +104,8 @@ class RerankRequest:
     truncation_direction: str | int = "right"
     top_n: int | None = None  # None: every text; more than there are texts: every text, as Cohere's API does
     model: str | None = None  # None: the server's default model
+    # Cohere v2's: each text cut to its first N tokens (special tokens aside) before it is paired; None: uncut.
+    max_tokens_per_doc: int | None = None
 
 
 @dataclass(frozen=True)
@@ -200,12 +202,14 @@ class TokenizeRequest:
     add_special_tokens: bool = True
     prompt_name: str | None = None
     prompt: str | None = None
+    model: str | None = None  # None: the server's default model
 
 
 @dataclass(frozen=True)
 class DecodeRequest:
     ids: Sequence[Sequence[int]]
     skip_special_tokens: bool = True
+    model: str | None = None  # None: the server's default model
 
 
 @dataclass(frozen=True)
@@ -364,7 +368,7 @@ def _check_sparse(request: EncodeRequest, manifest: Manifest) -> None:
 def _check_reranker_attention(request: EncodeRequest, manifest: Manifest) -> None:
     """A reranker (a cross-encoder) has no embeddings; what it shows is the attention of what it scores."""
     if request.attention is None:
-        check_embedder(manifest.model, manifest.kind)  # its refusal
+        check_embedder(manifest)  # its refusal
     if manifest.pair_template is not None:
         for row, item in enumerate(request.inputs):
             if not isinstance(item, tuple):
@@ -464,11 +468,17 @@ def _ranges(request: EncodeRequest, types: tuple[str, ...], manifest: Manifest, 
     return ranges
 
 
-def check_embedder(model: str, kind: str) -> None:
-    """Embeddings are asked of, or described for, an embedding model only."""
-    if kind == "reranker":
-        raise _invalid("model", f"{model} is a reranker (a cross-encoder): it scores pairs through rerank "
-                                "and has no embeddings")
+def check_embedder(manifest: Manifest) -> None:
+    """Embeddings are asked of, or described for, an embedding model only. The refusal says what the model is and
+    what it answers: a reranker (one label) reranks, a classifier (several labels) predicts."""
+    if manifest.kind != "reranker":
+        return
+    if manifest.num_labels == 1:
+        raise _invalid("model", f"{manifest.model} is a reranker (a cross-encoder of one label) and has no "
+                                "embeddings: it scores (query, document) pairs through rerank (/rerank, /v1/rerank, "
+                                "/v2/rerank, gRPC Rerank)")
+    raise _invalid("model", f"{manifest.model} is a classifier with {manifest.num_labels} labels and has no "
+                            "embeddings: it scores texts and pairs through predict (/predict, gRPC Classify)")
 
 
 def check_count(n: int, max_inputs: int, field: str = "inputs") -> None:
@@ -506,7 +516,8 @@ def prepare_rerank(request: RerankRequest, tokenizer: TextTokenizer, manifest: M
     labels = [f"text {i}" for i in range(len(request.texts))]
     try:
         check_texts(request.texts, labels)  # named as the request names them, not as sides of pairs
-        pairs = [(request.query, text) for text in request.texts]
+        texts = _first_tokens(request.texts, tokenizer, request.max_tokens_per_doc, labels)
+        pairs = [(request.query, text) for text in texts]
         if manifest.pair_template is not None:  # one templated text per pair (Qwen3-Reranker)
             inputs = tokenizer.encode_templated_pairs(pairs, manifest.pair_template,
                                                       truncates(request.truncate, limits), labels, direction)
@@ -520,6 +531,20 @@ def prepare_rerank(request: RerankRequest, tokenizer: TextTokenizer, manifest: M
                           min(top_n, len(request.texts)))
 
 
+def _first_tokens(texts: Sequence[str], tokenizer: TextTokenizer, most: int | None,
+                  labels: Sequence[str]) -> Sequence[str]:
+    """Each text cut after its first `most` tokens (Cohere v2's max_tokens_per_doc), at the end of the last token's
+    characters; None: the texts as they are. Tokenizing whole costs what the request's size allows."""
+    if most is None:
+        return texts
+    out = []
+    for text, tokens in zip(texts, tokenizer.token_spans(texts, add_special_tokens=False, labels=labels),
+                            strict=True):
+        words = [t for t in tokens if not t.special]
+        out.append(text if len(words) <= most else text[:words[most - 1].stop])
+    return out
+
+
 def _check_rerank(request: RerankRequest, limits: RequestLimits) -> tuple[int, str]:
     """What every rerank request must be, whatever scores it; returns top_n, as asked (maybe over the texts), and
     the truncation direction."""
@@ -529,6 +554,9 @@ def _check_rerank(request: RerankRequest, limits: RequestLimits) -> tuple[int, s
     top_n = len(request.texts) if request.top_n is None else request.top_n
     if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
         raise _invalid("top_n", f"top_n {request.top_n!r} is not a positive integer (ask for 1 or more results)")
+    most = request.max_tokens_per_doc
+    if most is not None and (isinstance(most, bool) or not isinstance(most, int) or most < 1):
+        raise _invalid("max_tokens_per_doc", f"max_tokens_per_doc {most!r} is not a positive integer")
     if request.truncation_direction not in TRUNCATION_DIRECTIONS:
         raise _invalid("truncation_direction", f"truncation_direction {request.truncation_direction!r} is not one "
                                                f"of {', '.join(TRUNCATION_DIRECTIONS)}")

@@ -471,3 +471,32 @@ def test_timeouts_are_settings_that_refuse_nonsense():
     for name in ("http_header_timeout", "http_body_timeout", "http_keepalive_timeout"):
         with pytest.raises(ConfigError, match=name):
             ServerConfig(**{name: 0})
+
+
+def test_a_client_that_leaves_while_sending_its_body_is_logged_once_at_info_and_counted_never_as_an_error(server):
+    """A Content-Length longer than the body sent, a chunked body cut mid-chunk, and a crowd of clients dropping
+    mid-body: the client's network trouble is not the server's failure. Each is one INFO line, with no traceback
+    and no `unexpected error`, and a 499 in the request metrics."""
+    def gone_count() -> float:
+        return sum(v for k, v in server.metrics().items()
+                   if k.startswith("attnserve_requests_total{") and 'code="499"' in k and 'protocol="http"' in k)
+
+    before, log_before = gone_count(), len(server_log(server))
+    cut = [raw_request("POST", "/v1/embeddings", EMBED[:10], {"Content-Length": str(len(EMBED))}),
+           raw_request("POST", "/embed", b"20\r\n" + b'{"inputs": "a', {"Transfer-Encoding": "chunked",
+                                                                       "Content-Type": "application/json"})]
+    sent = 0
+    for data in [*cut, *[cut[i % 2] for i in range(40)]]:
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+            sock.sendall(data)
+            time.sleep(0.05)  # the server is reading the body when the connection closes
+        sent += 1
+    deadline = time.monotonic() + 30
+    while gone_count() - before < sent and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert gone_count() - before == sent
+    log = server_log(server)[log_before:]
+    assert "Traceback" not in log and "unexpected error" not in log and '"level": "error"' not in log
+    lines = [json.loads(line) for line in log.splitlines() if '"client_disconnected"' in line]
+    assert len(lines) == sent and {line["level"] for line in lines} == {"info"}
+    assert {line["method"] for line in lines} == {"/v1/embeddings", "/embed"}

@@ -11,7 +11,8 @@ from openapi_spec_validator import validate
 SERVED = {("post", "/v1/embeddings"), ("post", "/embeddings"), ("get", "/v1/models"), ("get", "/v1/models/{id}"),
           ("post", "/embed"), ("post", "/"), ("post", "/embed_all"), ("post", "/tokenize"), ("post", "/decode"),
           ("get", "/info"), ("get", "/health"), ("post", "/v1/attention"), ("get", "/openapi.json"),
-          ("post", "/rerank"), ("post", "/v1/rerank"), ("get", "/v2"), ("get", "/v2/health/live"),
+          ("post", "/rerank"), ("post", "/v1/rerank"), ("post", "/v2/rerank"), ("get", "/v2"),
+          ("get", "/v2/health/live"),
           ("get", "/v2/health/ready"), ("post", "/v2/models/{name}/infer"),
           ("post", "/v2/models/{name}/versions/{version}/infer"), ("get", "/v2/models/{name}/ready"),
           ("get", "/v2/models/{name}/versions/{version}/ready"), ("get", "/v2/models/{name}"),
@@ -27,6 +28,8 @@ PAGES = {("get", "/explorer")}
 RERANK_CALLS = [
     ("post", "/rerank", {"query": "q", "texts": ["a", "b c"], "return_text": True}),
     ("post", "/v1/rerank", {"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1, "return_documents": True}),
+    ("post", "/v2/rerank", {"model": "", "query": "q", "documents": ["a", "b c"], "top_n": 1,
+                            "max_tokens_per_doc": 2}),
     ("post", "/predict", {"inputs": [["a"], ["q", "b"]], "raw_scores": True}),
 ]
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -83,6 +86,7 @@ ERRORS = [
     ("delete", "/embed", None, 405),
     ("post", "/rerank", {"query": "q", "texts": ["a"]}, 400),  # an embedder does not rerank
     ("post", "/v1/rerank", {"query": "q", "documents": ["a"]}, 400),
+    ("post", "/v2/rerank", {"model": MODEL, "query": "q", "documents": ["a"]}, 400),
     ("post", f"/v2/models/{MODEL}/infer", {"inputs": []}, 400),
     ("get", "/v2/models/nope", None, 404),
     ("get", "/v2/nowhere", None, 404),

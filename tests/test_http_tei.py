@@ -29,6 +29,19 @@ def test_info_says_an_embedding_model(tei):
     assert tei.health()
 
 
+def test_info_gives_every_field_of_teis_info_with_its_type(server):
+    """TEI's Info schema: integers where it says integer (max_concurrent_requests, tokenization_workers), and the
+    served_model_name TEI's --served-model-name sets."""
+    import httpx
+
+    info = httpx.get(f"{server.http_url}/info", timeout=30).json()
+    assert info["served_model_name"] == info["model_id"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert isinstance(info["max_concurrent_requests"], int) and info["max_concurrent_requests"] >= 1
+    assert isinstance(info["tokenization_workers"], int) and info["tokenization_workers"] >= 1
+    for name in ("max_input_length", "max_batch_tokens", "max_client_batch_size"):
+        assert isinstance(info[name], int) and info[name] >= 1, name
+
+
 def test_embed_equals_the_offline_engine(tei, engine):
     got = np.array(tei.embed(TEXTS), dtype=np.float32)
     np.testing.assert_allclose(got, engine.encode(TEXTS, normalize=True).embeddings, atol=1e-5)

@@ -265,6 +265,48 @@ def test_statistics_count_what_the_server_measured(server, client):
     http.close()
 
 
+def test_every_refused_infer_to_a_found_model_counts_one_failure_on_both_doors(server, client, raw_stub):
+    """A request that reached the model is counted however it is refused: a bad datatype, a shape that lies, raw
+    framing, an unknown output (refused while its tensors are read), an empty text (refused by the core), once each."""
+    import httpx
+
+    refused_grpc = [
+        service_pb2.ModelInferRequest(model_name=MODEL, inputs=[_tensor(datatype="FP32")]),
+        service_pb2.ModelInferRequest(model_name=MODEL, inputs=[_tensor(shape=[3])], raw_input_contents=[
+            raw_bytes(b"a")]),
+        service_pb2.ModelInferRequest(model_name=MODEL, inputs=[_tensor()], raw_input_contents=[
+            raw_bytes(b"a"), raw_bytes(b"b")]),
+        service_pb2.ModelInferRequest(model_name=MODEL, inputs=[_tensor()], raw_input_contents=[raw_bytes(b"a")],
+                                      outputs=[service_pb2.ModelInferRequest.InferRequestedOutputTensor(
+                                          name="nope")]),
+        service_pb2.ModelInferRequest(model_name=MODEL, inputs=[_tensor()], raw_input_contents=[raw_bytes(b"")]),
+    ]
+    url = f"{server.http_url}/v2/models/{MODEL}/infer"
+    text = {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}
+    refused_http = [
+        (url, {"inputs": [{**text, "datatype": "FP32"}]}, {}),
+        (url, {"inputs": [{**text, "shape": [3]}]}, {}),
+        (url, {"inputs": [{**text, "data": None, "parameters": {"binary_data_size": 9}}]},
+         {"Inference-Header-Content-Length": "400"}),
+        (url, {"inputs": [text], "outputs": [{"name": "nope"}]}, {}),
+        (url, {"inputs": [{**text, "data": [""]}]}, {}),
+    ]
+    before = _stats(client)
+    for request in refused_grpc:
+        with pytest.raises(grpc.RpcError) as error:
+            raw_stub.ModelInfer(request, timeout=60)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
+    for address, body, headers in refused_http:
+        reply = httpx.post(address, json=body, headers=headers, timeout=60)
+        assert reply.status_code == 400, reply.text
+    unknown = httpx.post(f"{server.http_url}/v2/models/nope/infer", json={"inputs": [text]}, timeout=60)
+    assert unknown.status_code == 404  # no model reached: counted nowhere
+    client.infer(MODEL, [text_input(["fine"])])
+    after = _stats(client)
+    assert _count(after, "fail") - _count(before, "fail") == len(refused_grpc) + len(refused_http)
+    assert _count(after, "success") - _count(before, "success") == 1  # one count per request, not two
+
+
 def test_calls_are_counted_under_kserve_grpc(server, client):
     key = 'attnserve_requests_total{code="OK",method="ModelInfer",protocol="kserve-grpc"}'
     before = server.metrics().get(key, 0)

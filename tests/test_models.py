@@ -130,6 +130,29 @@ def test_the_openai_sdk_selects_by_model_and_lists_them_all(two, client):
             sdk.embeddings.create(input=TEXTS, model="gpt-nope")
 
 
+def test_teis_routes_serve_the_model_a_body_names_and_never_another_silently(two):
+    """TEI's bodies name no model (a TEI server serves one); attnserve's `model` field picks one on every TEI route,
+    and a name not served is refused on each, never answered by the default model."""
+    url = two.http_url
+    bodies = {"/embed": {"inputs": TEXTS}, "/embed_all": {"inputs": TEXTS}, "/tokenize": {"inputs": TEXTS},
+              "/decode": {"ids": [101, 7592, 102]}, "/similarity": {"inputs": {"source_sentence": "a",
+                                                                                "sentences": TEXTS}}}
+    for route, body in bodies.items():
+        refused = httpx.post(f"{url}{route}", json={**body, "model": "mpnet"}, timeout=30)
+        assert refused.status_code == 404, (route, refused.text)
+        assert "'mpnet'" in refused.json()["error"] and "'mini', 'other'" in refused.json()["error"], route
+        for model in ("mini", "other", ""):
+            assert httpx.post(f"{url}{route}", json={**body, "model": model}, timeout=30).status_code == 200, route
+    # mini (the default) has prompts and other has none: the prompt is taken, or refused, by the model named.
+    prompted = httpx.post(f"{url}/embed", json={"inputs": TEXTS, "prompt_name": "query", "model": "mini"}, timeout=30)
+    plain = httpx.post(f"{url}/embed", json={"inputs": [f"query: {t}" for t in TEXTS], "model": "other"}, timeout=30)
+    np.testing.assert_allclose(np.array(prompted.json()), np.array(plain.json()), atol=1e-6)
+    none = httpx.post(f"{url}/embed", json={"inputs": TEXTS, "prompt_name": "query", "model": "other"}, timeout=30)
+    assert none.status_code == 400 and "query" in none.json()["error"], none.text
+    tokens = httpx.post(f"{url}/tokenize", json={"inputs": "a", "prompt_name": "query", "model": "mini"}, timeout=30)
+    assert [t["text"] for t in tokens.json()[0]][1:3] == ["query", ":"]
+
+
 def test_attention_takes_a_model_and_names_it(two):
     reply = httpx.post(f"{two.http_url}/v1/attention", json={"inputs": "hello there", "model": "other"}, timeout=30)
     assert reply.status_code == 200 and reply.json()["model"] == "other"

@@ -88,6 +88,21 @@ def test_grpc_classify_and_model_info(classifier):
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_a_classifier_asked_for_embeddings_is_told_it_predicts_not_that_it_reranks(classifier):
+    """A classifier is neither an embedder nor a reranker: every embeddings route says so and points to predict,
+    which answers, where rerank (a reranker's) refuses it too."""
+    _, _, server = classifier
+    want = ("tiny-classifier is a classifier with 3 labels and has no embeddings: it scores texts and pairs through "
+            "predict (/predict, gRPC Classify)")
+    for route, body in [("/embed", {"inputs": "a"}), ("/embed_sparse", {"inputs": "a"}),
+                        ("/embed_multi", {"inputs": "a"}), ("/embed_all", {"inputs": "a"})]:
+        reply = requests.post(f"{server.http_url}{route}", json=body, timeout=60)
+        assert reply.status_code == 400 and reply.json()["error"].endswith(want), (route, reply.text)
+    rerank = requests.post(f"{server.http_url}/v1/rerank", json={"query": "q", "documents": ["a"]}, timeout=60)
+    assert rerank.status_code == 400 and "3 labels" in rerank.json()["error"]["message"]
+    assert requests.post(f"{server.http_url}/predict", json={"inputs": "a"}, timeout=60).status_code == 200
+
+
 def test_an_embedder_asked_to_predict_says_what_it_is(server, stub):
     reply = requests.post(f"{server.http_url}/predict", json={"inputs": "a"}, timeout=60)
     assert reply.status_code in (400, 422) and "has no classifier" in reply.json()["error"]

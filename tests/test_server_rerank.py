@@ -94,6 +94,38 @@ def test_v1_rerank_cohere_style(reranker_server, expected):
     assert len(everything) == len(TEXTS) and "document" not in everything[0]  # top_n over the count: all, as Cohere
 
 
+def test_cohere_client_v2_reranks_with_its_own_sdk(reranker_server, expected, cross_encoder_dir):
+    """cohere.ClientV2.rerank posts /v2/rerank: its results best first, as CrossEncoder scores them; top_n; and
+    max_tokens_per_doc cuts each document to its first N tokens, as CrossEncoder scores the cut text."""
+    import cohere
+    from sentence_transformers import CrossEncoder
+    from tokenizers import Tokenizer
+
+    scores, _ = expected
+    client = cohere.ClientV2(api_key="unused", base_url=reranker_server.http_url)
+    reply = client.rerank(model="tiny-reranker", query=QUERY, documents=TEXTS, top_n=3)
+    results = reply.results
+    _check_ranking([r.index for r in results], [r.relevance_score for r in results], scores)
+    assert len(results) == 3 and reply.id and reply.meta.billed_units.search_units == 1
+    assert len(client.rerank(model="", query=QUERY, documents=TEXTS).results) == len(TEXTS)
+    # The first 4 tokens of each document, as the checkpoint's tokenizer cuts them at a token's end.
+    tokenizer = Tokenizer.from_file(str(cross_encoder_dir / "tokenizer.json"))
+    tokenizer.no_padding()  # the file pads every text to a length of its own
+    tokenizer.no_truncation()
+    cut = []
+    for text in TEXTS:
+        encoding = tokenizer.encode(text, add_special_tokens=False)
+        cut.append(text if len(encoding.ids) <= 4 else text[:encoding.offsets[3][1]])
+    assert cut != TEXTS
+    want = CrossEncoder(str(cross_encoder_dir), device="cpu").predict([(QUERY, text) for text in cut])
+    short = client.rerank(model="tiny-reranker", query=QUERY, documents=TEXTS, max_tokens_per_doc=4).results
+    _check_ranking([r.index for r in short], [r.relevance_score for r in short], want)
+    with pytest.raises(cohere.errors.BadRequestError, match="max_tokens_per_doc 0 is not a positive integer"):
+        client.rerank(model="tiny-reranker", query=QUERY, documents=TEXTS, max_tokens_per_doc=0)
+    with pytest.raises(cohere.errors.NotFoundError, match="'nope'"):
+        client.rerank(model="nope", query=QUERY, documents=TEXTS)
+
+
 def test_pairs_batch_with_each_other(rerank_stub, expected):
     """Many concurrent requests' pairs go through the one batcher and come back to their own callers."""
     scores, _ = expected
@@ -179,7 +211,9 @@ def test_a_reranker_asked_to_embed_says_what_it_is(rerank_stub, reranker_server)
     with pytest.raises(grpc.RpcError) as caught:
         rerank_stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text="hello")]))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "tiny-reranker is a reranker (a cross-encoder)" in caught.value.details()
+    assert caught.value.details().endswith(
+        "tiny-reranker is a reranker (a cross-encoder of one label) and has no embeddings: it scores (query, document) "
+        "pairs through rerank (/rerank, /v1/rerank, /v2/rerank, gRPC Rerank)")
     reply = httpx.post(f"{reranker_server.http_url}/embed", json={"inputs": "hello"}, timeout=60)
     assert reply.status_code == 400 and "is a reranker" in reply.json()["error"]
 

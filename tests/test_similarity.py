@@ -53,3 +53,26 @@ def test_bad_similarity_requests_name_their_field(server, stub):
         stub.Similarity(pb.SimilarityRequest(source_sentence=SOURCE, sentences=["ok", " "]))
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert raised.value.details().startswith("sentence 1:"), raised.value.details()
+
+
+def test_tei_parameters_carry_truncate_direction_and_prompt_name_as_teis_similarity_takes_them(server):
+    """TEI's SimilarityRequest puts its options under `parameters`: each is honoured there, the same as at the top
+    level (attnserve's older place), and given both ways with different values is refused."""
+    url = f"{server.http_url}/similarity"
+    inputs = {"source_sentence": SOURCE, "sentences": [" ".join(f"word{i}" for i in range(400)), "a short one"]}
+    post = lambda body: requests.post(url, json={"inputs": inputs, **body}, timeout=60)  # noqa: E731
+    for body in ({"parameters": {"truncate": False}}, {"truncate": False}):
+        refused = post(body)
+        assert refused.status_code == 400 and "sentence 0" in refused.json()["error"], (body, refused.text)
+    cut = post({"parameters": {"truncate": True}})
+    assert cut.status_code == 200 and len(cut.json()) == 2
+    left = post({"parameters": {"truncate": True, "truncation_direction": "Left"}}).json()
+    assert left == post({"truncate": True, "truncation_direction": "left"}).json()
+    assert abs(left[0] - cut.json()[0]) > 1e-4 and left[1] == pytest.approx(cut.json()[1], abs=1e-6)
+    unknown = post({"parameters": {"prompt_name": "nope"}})  # was answered 200, the prompt ignored
+    assert unknown.status_code == 400 and "nope" in unknown.json()["error"], unknown.text
+    both = post({"truncate": True, "parameters": {"truncate": False}})
+    assert both.status_code == 400 and both.json()["error"] == (
+        "parameters.truncate: false here and true at the top level: give it once (TEI's place is parameters)")
+    agreeing = post({"truncate": True, "parameters": {"truncate": True}})
+    assert agreeing.status_code == 200 and agreeing.json() == cut.json()

@@ -25,6 +25,7 @@ from attnserve.kserve import grpc_service_pb2_grpc, model_config_pb2
 from .. import open_inference as oip
 from ..core import Core
 from ..metrics import Metrics
+from ..models import ModelInfo
 from ..requests import EncodeRequest, RerankRequest
 from .calls import Calls, deadline
 
@@ -92,6 +93,10 @@ class InferenceService(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> bytes:
         async def infer() -> tuple[bytes, int]:
             info = self._info(request.model_name, request.model_version)
+            with self._core.counted(info.model):  # from here the request reached the model: its statistics count it
+                return await infer_found(info)
+
+        async def infer_found(info: ModelInfo) -> tuple[bytes, int]:
             call = oip.read_call(info, _inputs(request), _parameters(request.parameters, "parameters"),
                                  [oip.RequestedOutput(o.name, _parameters(o.parameters, f"outputs[{i}].parameters"))
                                   for i, o in enumerate(request.outputs)])

@@ -39,6 +39,14 @@ class _TeiBody(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
+class _TeiModelBody(_TeiBody):
+    """A TEI route's body. TEI serves one model and has no `model` field; attnserve serves several, so the field
+    names one (never ignored: a body naming a model not served is refused with the names of those served)."""
+
+    model: str | None = Field(None, description="attnserve's: a served model's name or alias (GET /v1/models lists "
+                                                "them); unset or \"\": the server's default model")
+
+
 # --- OpenAI -----------------------------------------------------------------
 
 class OpenAIEmbeddingsBody(_Strict):
@@ -106,7 +114,7 @@ class OpenAIError(BaseModel):
 
 # --- text-embeddings-inference ----------------------------------------------
 
-class TeiEmbedBody(_TeiBody):
+class TeiEmbedBody(_TeiModelBody):
     inputs: PairInputs = Field(description=PAIR_INPUTS_FORMS)
     normalize: bool = True
     truncate: bool | None = Field(None, description="false: an input over max_seq_length is refused; true: it "
@@ -126,7 +134,7 @@ class TeiEmbedBody(_TeiBody):
         None, description="attnserve's: int8 / uint8 ranges, [minima, maxima] of each dimension returned")
 
 
-class TeiEmbedAllBody(_TeiBody):
+class TeiEmbedAllBody(_TeiModelBody):
     inputs: PairInputs = Field(description=PAIR_INPUTS_FORMS)
     truncate: bool | None = Field(None, description=TRUNCATE_UNSET)
     truncation_direction: TruncationDirection = "Right"
@@ -134,19 +142,19 @@ class TeiEmbedAllBody(_TeiBody):
     prompt: str | None = None
 
 
-class TeiTokenizeBody(_TeiBody):
+class TeiTokenizeBody(_TeiModelBody):
     inputs: str | list[str]
     add_special_tokens: bool = True
     prompt_name: str | None = None
     prompt: str | None = None
 
 
-class TeiDecodeBody(_TeiBody):
+class TeiDecodeBody(_TeiModelBody):
     ids: list[int] | list[list[int]]
     skip_special_tokens: bool = True
 
 
-class TeiRerankBody(_TeiBody):
+class TeiRerankBody(_TeiModelBody):
     query: str
     texts: list[str] = Field(description="each scored as the pair (query, text)")
     raw_scores: bool = Field(False, description="the raw logits rather than the model's activation (a sigmoid)")
@@ -191,13 +199,15 @@ class TeiInfo(BaseModel):
     model_sha: str | None
     model_dtype: str
     model_type: TeiModelType
-    max_concurrent_requests: int | None
+    served_model_name: str = Field(description="the name the model is served under (TEI's --served-model-name)")
+    max_concurrent_requests: int = Field(description="the most requests the queue can hold at once: its token "
+                                                     "budget (max_queue_tokens), since each holds a token at least")
     max_input_length: int
     max_batch_tokens: int
     max_batch_requests: int | None
     max_client_batch_size: int
     auto_truncate: bool
-    tokenization_workers: int | None
+    tokenization_workers: int = Field(description="the threads that tokenize requests and render replies")
     version: str
     sha: str | None
     docker_label: str | None
@@ -291,6 +301,29 @@ class CohereRerankBody(_Strict):
                                                     "max_seq_length; " + TRUNCATE_UNSET)
 
 
+class CohereV2RerankBody(_Strict):
+    """Cohere's v2 rerank (POST /v2/rerank), as cohere.ClientV2.rerank sends it."""
+
+    model: str = Field(description="a served model's name or alias; \"\": the server's default model")
+    query: str
+    documents: list[str] = Field(description="each scored as the pair (query, document)")
+    top_n: int | None = Field(None, description="how many of the best results to return; unset: all")
+    max_tokens_per_doc: int | None = Field(
+        None, description="each document cut to its first N tokens before it is scored; unset: as it is (a pair "
+                          "over the model's max_seq_length is cut, as Cohere cuts long documents)")
+
+
+class CohereV2RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+
+
+class CohereV2RerankReply(BaseModel):
+    id: str
+    results: list[CohereV2RerankResult] = Field(description="best first")
+    meta: dict = Field(description="Cohere's ApiMeta: api_version and billed_units (search_units: 1)")
+
+
 class CohereRerankResult(BaseModel):
     index: int
     relevance_score: float
@@ -305,7 +338,7 @@ class CohereRerankReply(BaseModel):
     usage: Usage
 
 
-class TeiEmbedSparseBody(_TeiBody):
+class TeiEmbedSparseBody(_TeiModelBody):
     inputs: PairInputs = Field(description=PAIR_INPUTS_FORMS)
     truncate: bool | None = Field(None, description="false: an input over max_seq_length is refused; true: it "
                                                     "is cut; " + TRUNCATE_UNSET)
@@ -318,7 +351,7 @@ class TeiEmbedSparseBody(_TeiBody):
     return_tokens: bool = Field(False, description="attnserve's: each weight's vocabulary token, as `token`")
 
 
-class TeiPredictBody(_TeiBody):
+class TeiPredictBody(_TeiModelBody):
     inputs: Union[str, list[Union[str, list[str]]]] = Field(
         description="a text; a pair [a, b]; or a batch: a list of texts, [text] and [a, b] lists (TEI's forms: a "
                     "list of exactly two strings is one pair)")
@@ -334,11 +367,25 @@ class TeiSimilarityInputs(_TeiBody):
     sentences: list[str] = Field(description="each compared with source_sentence")
 
 
-class TeiSimilarityBody(_TeiBody):
-    inputs: TeiSimilarityInputs
+class TeiSimilarityParameters(_TeiBody):
+    """TEI's SimilarityParameters: where TEI's /similarity takes its options."""
+
     truncate: bool | None = Field(None, description="false: an input over max_seq_length is refused; true: it "
                                                     "is cut; " + TRUNCATE_UNSET)
-    truncation_direction: TruncationDirection = "Right"
+    truncation_direction: TruncationDirection | None = Field(None, description="Right (the default) or Left")
+    prompt_name: str | None = Field(None, description="a prompt of the model's to put before each sentence; unset: "
+                                                      "the model's default prompt, if any")
+    prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each sentence")
+
+
+class TeiSimilarityBody(_TeiModelBody):
+    inputs: TeiSimilarityInputs
+    parameters: TeiSimilarityParameters | None = Field(
+        None, description="TEI's place for truncate, truncation_direction and prompt_name; each may be given at the "
+                          "top level instead (attnserve's), but not both ways with different values")
+    truncate: bool | None = Field(None, description="false: an input over max_seq_length is refused; true: it "
+                                                    "is cut; " + TRUNCATE_UNSET)
+    truncation_direction: TruncationDirection | None = Field(None, description="Right (the default) or Left")
     prompt_name: str | None = Field(None, description="a prompt of the model's to put before each sentence; unset: "
                                                       "the model's default prompt, if any")
     prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each sentence")

@@ -52,7 +52,7 @@ from .protocol_log import ProtocolLog
 from .rerank import RerankRoutes
 from .route import Route, families
 from .tei import TeiRoutes
-from .wire import BODY_INVITED, BodyReader, dumps, json_response
+from .wire import BODY_INVITED, BodyReader, ClientGoneError, dumps, json_response
 
 log = logging.getLogger("attnserve.server")
 
@@ -131,6 +131,14 @@ class HttpDoor:
             except asyncio.CancelledError:
                 status = CLIENT_CLOSED
                 raise
+            except ClientGoneError as gone:  # the client's network trouble, not the server's: no traceback
+                status = CLIENT_CLOSED
+                log.info("client disconnected", extra={"fields": {
+                    "event": "client_disconnected", "protocol": PROTOCOL, "method": label, "peer": request.remote,
+                    "detail": str(gone)}})
+                response = web.Response(status=CLIENT_CLOSED)  # nobody reads it: aiohttp drops it quietly
+                response.force_close()
+                return response
             except Exception as e:  # every error becomes the route's envelope
                 error = http_error(e, style, route.names if route is not None else None)
                 response = json_response(error.body, error.status, error.headers)

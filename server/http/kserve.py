@@ -144,6 +144,10 @@ class KServeRoutes:
 
     async def infer(self, request: web.Request) -> web.Response:
         info = self._info(request)
+        with self._core.counted(info.model):  # from here the request reached the model: its statistics count it
+            return await self._infer(request, info)
+
+    async def _infer(self, request: web.Request, info: ModelInfo) -> web.Response:
         header_length = _header_length(request)
         call, id = await self._bodies.read_bytes(request, lambda body: _read_call(body, header_length, info))
         outputs = call.outputs

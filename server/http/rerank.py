@@ -15,7 +15,7 @@ from aiohttp import web
 from ..core import Core
 from ..replies import RerankReply
 from ..requests import RerankRequest
-from .bodies import CohereRerankBody, CohereRerankReply, TeiRerankBody
+from .bodies import CohereRerankBody, CohereRerankReply, CohereV2RerankBody, CohereV2RerankReply, TeiRerankBody
 from .errors import OPENAI, TEI, WireNames
 from .route import Route
 from .wire import BodyReader, deadline, dumps, json_response
@@ -26,13 +26,27 @@ COHERE_NAMES = WireNames({"texts": "documents"})
 def tei_request(body: TeiRerankBody) -> RerankRequest:
     return RerankRequest(query=body.query, texts=body.texts, raw_scores=body.raw_scores,
                          return_text=body.return_text, truncate=body.truncate,
-                         truncation_direction=body.truncation_direction.lower())
+                         truncation_direction=body.truncation_direction.lower(), model=body.model)
 
 
 def cohere_request(body: CohereRerankBody) -> RerankRequest:
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
     return RerankRequest(query=body.query, texts=texts, return_text=body.return_documents, truncate=body.truncate,
                          top_n=body.top_n, model=body.model)
+
+
+def cohere_v2_request(body: CohereV2RerankBody) -> RerankRequest:
+    # Cohere cuts long documents rather than refuse them: a pair over max_seq_length is cut.
+    return RerankRequest(query=body.query, texts=body.documents, truncate=True, top_n=body.top_n,
+                         model=body.model, max_tokens_per_doc=body.max_tokens_per_doc)
+
+
+def render_cohere_v2(reply: RerankReply) -> bytes:
+    return dumps({
+        "id": str(uuid.uuid4()),
+        "results": [{"index": r.index, "relevance_score": r.score} for r in reply.results],
+        "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}},
+    })
 
 
 def render_tei(reply: RerankReply) -> bytes:
@@ -59,12 +73,20 @@ class RerankRoutes:
                   TeiRerankBody, reply_schema={"type": "array", "items": {"$ref": "#/components/schemas/TeiRank"}}),
             Route("POST", "/v1/rerank", self.cohere, OPENAI, "Cohere/Infinity-style reranking, best first",
                   CohereRerankBody, CohereRerankReply, names=COHERE_NAMES),
+            Route("POST", "/v2/rerank", self.cohere_v2, OPENAI, "Cohere's v2 rerank (cohere.ClientV2.rerank), best "
+                                                                "first", CohereV2RerankBody, CohereV2RerankReply,
+                  names=COHERE_NAMES),
         ]
 
     async def tei(self, request: web.Request) -> web.Response:
         core_request = await self._bodies.read(request, TeiRerankBody, tei_request)
         reply = await self._core.rerank(core_request, deadline(request))
         return json_response(render_tei(reply))
+
+    async def cohere_v2(self, request: web.Request) -> web.Response:
+        core_request = await self._bodies.read(request, CohereV2RerankBody, cohere_v2_request)
+        reply = await self._core.rerank(core_request, deadline(request))
+        return json_response(render_cohere_v2(reply))
 
     async def cohere(self, request: web.Request) -> web.Response:
         core_request = await self._bodies.read(request, CohereRerankBody, cohere_request)

@@ -1,9 +1,12 @@
 """text-embeddings-inference's routes over the core, in TEI's request and reply shapes, so that TEI's clients work
 unchanged: POST /embed (also POST /, as TEI answers it for an embedding model), /embed_all, /tokenize, /decode;
-GET /info and /health. A TEI server serves one model, so these routes serve the default model.
+GET /info and /health. A TEI server serves one model, and TEI's bodies name none: these routes serve the default
+model, or the one a body names in `model` (attnserve's field; a name not served is refused, never ignored).
 """
 
 from __future__ import annotations
+
+import json
 
 from aiohttp import web
 
@@ -51,19 +54,19 @@ def embed_request(body: TeiEmbedBody) -> EncodeRequest:
     return EncodeRequest(inputs=inputs_of(body.inputs), normalize=body.normalize, truncate=body.truncate,
                          truncation_direction=body.truncation_direction.lower(), dimensions=body.dimensions,
                          prompt_name=body.prompt_name, prompt=body.prompt, task=body.task,
-                         embedding_types=(body.embedding_type,), ranges=body.ranges)
+                         embedding_types=(body.embedding_type,), ranges=body.ranges, model=body.model)
 
 
 def embed_all_request(body: TeiEmbedAllBody) -> EncodeRequest:
     return EncodeRequest(inputs=inputs_of(body.inputs), truncate=body.truncate,
                          truncation_direction=body.truncation_direction.lower(), token_embeddings=True,
-                         prompt_name=body.prompt_name, prompt=body.prompt)
+                         prompt_name=body.prompt_name, prompt=body.prompt, model=body.model)
 
 
 def embed_sparse_request(body: TeiEmbedSparseBody) -> EncodeRequest:
     return EncodeRequest(inputs=inputs_of(body.inputs), truncate=body.truncate,
                          truncation_direction=body.truncation_direction.lower(), prompt_name=body.prompt_name,
-                         prompt=body.prompt, sparse=SparseOptions(body.top_k, body.return_tokens))
+                         prompt=body.prompt, sparse=SparseOptions(body.top_k, body.return_tokens), model=body.model)
 
 
 def render_sparse(reply: EncodeReply) -> bytes:
@@ -105,7 +108,7 @@ def predict_inputs(inputs: str | list) -> tuple[list[str | tuple[str, str]], boo
 def predict_request(body: TeiPredictBody) -> tuple[PredictRequest, bool]:
     inputs, batch = predict_inputs(body.inputs)
     return PredictRequest(inputs=inputs, raw_scores=body.raw_scores, truncate=body.truncate,
-                          truncation_direction=body.truncation_direction.lower()), batch
+                          truncation_direction=body.truncation_direction.lower(), model=body.model), batch
 
 
 def render_predictions(reply: PredictReply, batch: bool) -> bytes:
@@ -113,10 +116,24 @@ def render_predictions(reply: PredictReply, batch: bool) -> bytes:
     return dumps(predictions if batch else predictions[0])
 
 
+def _similarity_option(body: TeiSimilarityBody, name: str):
+    """An option of /similarity from TEI's `parameters` or the top level (attnserve's older place): either, or both
+    when they agree."""
+    top, nested = getattr(body, name), getattr(body.parameters, name) if body.parameters else None
+    if top is not None and nested is not None and top != nested:
+        description = (f"{json.dumps(nested)} here and {json.dumps(top)} at the top level: give it once (TEI's place "
+                       "is parameters)")
+        raise InvalidInputError(f"parameters.{name}: {description}", field=f"parameters.{name}",
+                                description=description)
+    return nested if nested is not None else top
+
+
 def similarity_request(body: TeiSimilarityBody) -> SimilarityRequest:
+    direction = _similarity_option(body, "truncation_direction") or "Right"
     return SimilarityRequest(source_sentence=body.inputs.source_sentence, sentences=body.inputs.sentences,
-                             truncate=body.truncate, truncation_direction=body.truncation_direction.lower(),
-                             prompt_name=body.prompt_name, prompt=body.prompt)
+                             truncate=_similarity_option(body, "truncate"), truncation_direction=direction.lower(),
+                             prompt_name=_similarity_option(body, "prompt_name"),
+                             prompt=_similarity_option(body, "prompt"), model=body.model)
 
 
 def _id_lists(ids: list) -> list[list[int]]:
@@ -208,23 +225,26 @@ class TeiRoutes:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         core_request = await self._bodies.read(request, TeiTokenizeBody, lambda b: TokenizeRequest(
-            [b.inputs] if isinstance(b.inputs, str) else b.inputs, b.add_special_tokens, b.prompt_name, b.prompt))
+            [b.inputs] if isinstance(b.inputs, str) else b.inputs, b.add_special_tokens, b.prompt_name, b.prompt,
+            b.model))
         return json_response(dumps(await self._core.tokenize(core_request)))  # Token dataclasses, as TEI's
 
     async def decode(self, request: web.Request) -> web.Response:
         core_request = await self._bodies.read(request, TeiDecodeBody, lambda b: DecodeRequest(
-            _id_lists(b.ids), b.skip_special_tokens))
+            _id_lists(b.ids), b.skip_special_tokens, b.model))
         return json_response(dumps(await self._core.decode(core_request)))
 
     async def info(self, request: web.Request) -> web.Response:
         info = self._core.info
         return json_response(dumps({
             "model_id": info.model, "model_sha": None, "model_dtype": DTYPE.get(info.precision, info.precision),
-            "model_type": _model_type(info),
-            "max_concurrent_requests": None,  # no such limit: the queue is bounded in tokens
+            "model_type": _model_type(info), "served_model_name": info.model,
+            # The queue is bounded in tokens, not requests: each queued input holds a token at least, so no more
+            # requests than its tokens are ever in it at once.
+            "max_concurrent_requests": info.max_queue_tokens,
             "max_input_length": info.max_seq_length, "max_batch_tokens": info.max_batch_tokens,
             "max_batch_requests": info.max_batch_size, "max_client_batch_size": info.max_inputs_per_request,
-            "auto_truncate": info.auto_truncate, "tokenization_workers": None,
+            "auto_truncate": info.auto_truncate, "tokenization_workers": self._core.workers,
             "version": info.version, "sha": None, "docker_label": None,
             "outputs": list(info.outputs), "embedding_types": list(info.embedding_types)}))
 

@@ -45,6 +45,11 @@ BODY_INVITED = "attnserve.body_invited"
 NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
+class ClientGoneError(Exception):
+    """The client closed its connection before its request was read: nothing to answer, and not the server's
+    failure (the door logs it at INFO, without a traceback, and counts it as 499)."""
+
+
 class BodyReader:
     """Reads request bodies: at most max_bytes (the Application's client_max_size) within timeout seconds, parsed
     off the loop when large."""
@@ -72,6 +77,8 @@ class BodyReader:
                                       "(the server's http_body_timeout)") from None
         except web.RequestPayloadError:  # its framing or its Content-Encoding does not hold
             raise MalformedMessageError(_payload_problem(request)) from None
+        except ConnectionError:  # aiohttp's "Connection lost": the client went away while it sent the body
+            raise ClientGoneError("the client disconnected while it sent the request body") from None
 
         def parse_and_translate() -> T:
             return translate(body)
