@@ -109,3 +109,25 @@ def test_errors_in_teis_shape(server):
         reply = httpx.post(f"{server.http_url}{route}", json=body, timeout=60)
         assert reply.status_code == status, (route, reply.text)
         assert reply.json()["error"].startswith(message) and reply.json()["error_type"] == kind, (route, reply.json())
+
+
+def test_pooling_per_request_on_the_http_routes_equals_grpcs(server, stub):
+    """`pooling` on /embed and /v1/embeddings, as gRPC's EmbedRequest.pooling: CLS pooling of the same model gives
+    gRPC's vectors (it was ignored on /embed, refused on /v1/embeddings); an unknown pooling is refused, naming it."""
+    import httpx
+
+    from attnserve.v1 import encoder_pb2 as pb
+
+    texts = TEXTS[:4]
+    reply = stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text=t) for t in texts], pooling=pb.CLS, normalize=True))
+    want = np.stack([np.frombuffer(e.sentence_embedding.data, "<f4") for e in reply.embeddings])
+    tei = np.array(httpx.post(f"{server.http_url}/embed", json={"inputs": texts, "pooling": "cls"},
+                              timeout=60).json(), dtype=np.float32)
+    openai = httpx.post(f"{server.http_url}/v1/embeddings", json={"input": texts, "model": "", "pooling": "cls"},
+                        timeout=60).json()
+    np.testing.assert_allclose(tei, want, atol=1e-5)
+    np.testing.assert_allclose(np.array([d["embedding"] for d in openai["data"]], dtype=np.float32), want, atol=1e-5)
+    mean = np.array(httpx.post(f"{server.http_url}/embed", json={"inputs": texts}, timeout=60).json())
+    assert np.abs(mean - tei).max() > 1e-2  # the model's own (mean) pooling is another
+    refused = httpx.post(f"{server.http_url}/embed", json={"inputs": texts, "pooling": "max"}, timeout=60)
+    assert refused.status_code in (400, 422) and "pooling" in refused.json()["error"]

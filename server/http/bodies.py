@@ -28,6 +28,11 @@ TruncationDirection = Literal["Right", "Left", "right", "left"]
 TRUNCATE_UNSET = "unset: as the server's --auto-truncate says (cut, by default)"
 EncodingFormat = Literal["float", "base64"]
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
+# A request's pooling (gRPC's EmbedRequest.pooling): the model's own, or mean or CLS pooling of its token embeddings.
+RequestPooling = Literal["default", "mean", "cls"]
+POOLING_DESCRIPTION = ("attnserve's, as gRPC's EmbedRequest.pooling: default (the model's own), mean or cls, computed "
+                       "from the token embeddings (refused where the model's pipeline does more than pool and "
+                       "normalise)")
 Body = TypeVar("Body", bound=BaseModel)  # a route's body model: parse() returns that class, not BaseModel
 
 
@@ -67,6 +72,7 @@ class OpenAIEmbeddingsBody(_Strict):
     task: str | None = Field(None, description="attnserve's: the task adapter to encode with (gRPC GetModelInfo.tasks; "
                                                "jina-embeddings-v3: retrieval.query, retrieval.passage, separation, "
                                                "classification, text-matching); unset: no adapter")
+    pooling: RequestPooling = Field("default", description=POOLING_DESCRIPTION)
 
 
 class OpenAIEmbedding(BaseModel):
@@ -132,6 +138,7 @@ class TeiEmbedBody(_TeiModelBody):
                              "or ubinary (8 dimensions a byte), as sentence-transformers' quantize_embeddings gives")
     ranges: list[list[float]] | None = Field(
         None, description="attnserve's: int8 / uint8 ranges, [minima, maxima] of each dimension returned")
+    pooling: RequestPooling = Field("default", description=POOLING_DESCRIPTION)
 
 
 class TeiEmbedAllBody(_TeiModelBody):

@@ -31,7 +31,7 @@ def to_core(body: OpenAIEmbeddingsBody) -> EncodeRequest:
     return EncodeRequest(inputs=inputs_of(body.input), normalize=True,
                          truncate=body.truncate,  # None (not sent): as the server's --auto-truncate says
                          dimensions=body.dimensions, prompt_name=body.prompt_name, prompt=body.prompt,
-                         model=body.model, task=body.task)
+                         model=body.model, task=body.task, pooling=body.pooling)
 
 
 def render(reply: EncodeReply, model: str, base64_format: bool) -> bytes:

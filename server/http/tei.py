@@ -54,7 +54,8 @@ def embed_request(body: TeiEmbedBody) -> EncodeRequest:
     return EncodeRequest(inputs=inputs_of(body.inputs), normalize=body.normalize, truncate=body.truncate,
                          truncation_direction=body.truncation_direction.lower(), dimensions=body.dimensions,
                          prompt_name=body.prompt_name, prompt=body.prompt, task=body.task,
-                         embedding_types=(body.embedding_type,), ranges=body.ranges, model=body.model)
+                         embedding_types=(body.embedding_type,), ranges=body.ranges, model=body.model,
+                         pooling=body.pooling)
 
 
 def embed_all_request(body: TeiEmbedAllBody) -> EncodeRequest:
