@@ -385,17 +385,13 @@ class TeiSimilarityParameters(_TeiBody):
     prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each sentence")
 
 
-class TeiSimilarityBody(_TeiModelBody):
+class TeiSimilarityBody(TeiSimilarityParameters, _TeiModelBody):
+    """The options TEI takes under `parameters`, also taken at the top level (attnserve's older place)."""
+
     inputs: TeiSimilarityInputs
     parameters: TeiSimilarityParameters | None = Field(
         None, description="TEI's place for truncate, truncation_direction and prompt_name; each may be given at the "
                           "top level instead (attnserve's), but not both ways with different values")
-    truncate: bool | None = Field(None, description="false: an input over max_seq_length is refused; true: it "
-                                                    "is cut; " + TRUNCATE_UNSET)
-    truncation_direction: TruncationDirection | None = Field(None, description="Right (the default) or Left")
-    prompt_name: str | None = Field(None, description="a prompt of the model's to put before each sentence; unset: "
-                                                      "the model's default prompt, if any")
-    prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each sentence")
 
 
 # Cohere's v2 embed API (POST /v2/embed): its embedding types, base64 among them (the float32 bytes of each vector).
