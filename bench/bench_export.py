@@ -151,6 +151,51 @@ def serve_until_answer(args: list[str], env: dict, timeout: float = 3600) -> tup
         return seconds, peak, log.read().decode(errors="replace")
 
 
+def memory_of(pid: int) -> dict[str, int]:
+    """A process's resident memory in bytes (/proc/PID/smaps_rollup): Rss, Pss, Anonymous (its own) and the file
+    pages among them (Rss_File: the mapped weights, shared with every process mapping the same file)."""
+    fields = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                fields[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    fields["Rss_File"] = fields.get("Rss", 0) - fields.get("Anonymous", 0)
+    return fields
+
+
+def served_memory(args: list[str], env: dict) -> dict[str, int]:
+    """A server over an exported directory (`export --all`): its memory once it has answered embeddings and
+    attention requests (the embeddings and both attention graphs' sessions open)."""
+    http = free_port()
+    child = subprocess.Popen([sys.executable, "-m", "attnserve.cli", "serve", *args, "--port", str(free_port()),
+                              "--http-port", str(http), "--metrics-port", "-1"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def answered(route: str, body: dict) -> None:
+            for _ in range(6000):
+                if child.poll() is not None:
+                    raise RuntimeError("the server exited")
+                try:
+                    if httpx.post(f"http://127.0.0.1:{http}{route}", json=body, timeout=60).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+            raise RuntimeError(f"no answer from {route} in time")
+
+        answered("/embed", {"inputs": [TEXT] * 8})
+        answered("/v1/attention", {"inputs": [TEXT] * 8})
+        answered("/v1/attention", {"inputs": [TEXT] * 8, "layers": [-1], "analyses": ["rollout"]})
+        return memory_of(child.pid)
+    finally:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
 def attnserve(args: list[str], env: dict) -> tuple[float, int, str]:
     """(seconds, peak RSS of its process tree, stderr) of one attnserve command."""
     start = time.monotonic()
@@ -194,6 +239,7 @@ def checkpoint_table(checkpoint: Path, name: str) -> int:
                                                     name], env)
         all_bytes = directory_bytes(directory)
         variants = sorted(json.loads((directory / "manifest.json").read_text())["variants"])
+        served = served_memory(serve, env)
     st = (st_seconds + st_again) / 2
     print(f"\ncheckpoint: {checkpoint} ({weights / 2**20:.0f} MiB of weights)")
     print(f"machine: {machine_line()}")
@@ -216,6 +262,10 @@ def checkpoint_table(checkpoint: Path, name: str) -> int:
     row("`export --all` peak RSS ÷ weights", f"{export_peak / weights:.2f}x", "<= 2.5x", export_peak / weights <= 2.5)
     row("`export --all` directory ÷ weights", f"{all_bytes / weights:.2f}x", "<= 2.5x", all_bytes / weights <= 2.5)
     print(f"variants after --all: {', '.join(variants)}")
+    row("server RSS, embeddings and attention graphs open ÷ weights",
+        f"{served['Rss'] / weights:.2f}x ({served['Rss'] / 2**30:.2f} GiB)")
+    row("  of it its own (anonymous) / mapped files (the shared weights)",
+        f"{served['Anonymous'] / 2**30:.2f} / {served['Rss_File'] / 2**30:.2f} GiB")
     return 0
 
 

@@ -374,9 +374,9 @@ class Engine:
         key = "auto" if any(v.precision != self.precision for v in candidates) else self.precision
         return key if self.config.backend == "auto" else f"{key} on {self.config.backend}"
 
-    def _open_graph(self, variant: GraphVariant, provider: str, arena: bool = True):
+    def _open_graph(self, variant: GraphVariant, provider: str, arena: bool = True, prepack: bool = True):
         return open_graph(self.manifest.path(variant.file), variant.backend, variant.precision, provider,
-                          self.config.threads, arena, variant.disabled_optimizers)
+                          self.config.threads, arena, variant.disabled_optimizers, prepack)
 
     @classmethod
     def from_directory(cls, directory: str | Path, config: EngineConfig | None = None, attention: bool = False,
@@ -401,7 +401,14 @@ class Engine:
                     raise GraphUnavailableError(f"{self.manifest.directory} has no {name} graph")
                 # Its intermediates grow with tokens^2 per batch: an arena would keep a burst's peak (about
                 # 250 MB for MiniLM) for the process's life (at some cost in speed: docs/performance.md).
-                self._attention_sessions[name] = self._open_graph(variant, self.provider, arena=False)
+                # No prepacking: its matrix products read the weights where onnxruntime maps the shared data file
+                # (page cache, shared with every process serving the directory, given back under pressure), not
+                # from a second private repacked copy beside the embeddings session's. onnxruntime shares
+                # prepacked copies between sessions only through a container its Python API lacks, and
+                # add_initializer over the same mapping measured no less (docs/artifacts.md, "Weights stored
+                # once").
+                self._attention_sessions[name] = self._open_graph(variant, self.provider, arena=False,
+                                                                  prepack=False)
         return self._attention_sessions[name]
 
     def run(self, inputs: Sequence[TokenizedInput], attention: bool = False, last_layer: bool = False
