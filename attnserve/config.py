@@ -102,6 +102,13 @@ class ServerConfig:
         True, "ATTNSERVE_AUTO_TRUNCATE",
         "cut inputs longer than max_seq_length (and mark them truncated) when a request does not say `truncate`; "
         "--no-auto-truncate refuses them instead, naming the request field that allows truncation")
+    # TEI's --pooling: its tests run CLS pooling on a mean-pooling model. Computed from the token embeddings, as a
+    # request's own `pooling` is, so only where the model's sentence embedding is a pooling and nothing after it
+    # but normalisation (checked at start).
+    pooling: str = setting(
+        "default", "ATTNSERVE_POOLING",
+        "the pooling a request that names none gets, for every dense embedding model served (a request's own "
+        "`pooling` wins): default (each model's own), mean or cls", choices=("default", "mean", "cls"))
     grace_seconds: float = setting(
         20.0, "ATTNSERVE_GRACE_SECONDS", "on SIGTERM/SIGINT, how long requests in flight may take to finish")
     # Clients resolve DNS again only when a connection closes: an age makes round_robin clients

@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from typing import TypeVar
 
@@ -143,6 +144,8 @@ class Core:
         self._memory.busy()
         try:
             with _counted(model):
+                if request.pooling == "default" and model.pooling != "default":  # serve --pooling
+                    request = replace(request, pooling=model.pooling)
                 engine, batcher = model.for_task(request.task)  # a batcher per task: a batch never mixes adapters
                 batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
                 prepared = await loop.run_in_executor(

@@ -37,6 +37,26 @@ class ModelSource:
     directory: Path
 
 
+def served_pooling(name: str, manifest: Manifest, pooling: str) -> str:
+    """What a request to this model that names no pooling gets under the server's --pooling: "default" (the
+    graph's own) or a pooling of the token embeddings. It applies to dense embedding models; a reranker's scores, a
+    SPLADE model's weights and a ColBERT model's vectors have no pooling to choose. A dense model whose sentence
+    embedding is not a plain pooling (a Dense layer after it, two poolings) cannot be served with another: the
+    start is refused rather than answer with vectors that are not what was configured."""
+    if pooling == "default" or manifest.pooling == pooling:
+        return "default"
+    if manifest.kind != "embedder" or manifest.sparse or manifest.multi_vector is not None:
+        log.info("--pooling %s does not apply to model %s (%s): it has no pooling to choose", pooling, name,
+                    "a reranker" if manifest.kind != "embedder" else
+                    "sparse" if manifest.sparse else "multi-vector")
+        return "default"
+    if not manifest.poolable_at_request_time:
+        raise ConfigError(f"--pooling {pooling}: model {name!r} cannot be pooled otherwise: its pipeline is "
+                          f"{' -> '.join(manifest.modules)}, and its sentence embedding is more than a pooling of "
+                          "its token embeddings; serve it without --pooling")
+    return pooling
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """A model and the server's limits, as every door describes them."""
@@ -182,10 +202,12 @@ class ServedModel:
         self.tasks = {task: (task_engine, self._batcher(task_engine, config))
                       for task, task_engine in (task_engines or {}).items()}
         m, batch = engine.manifest, self.batcher.limits
+        self.pooling = served_pooling(name, m, config.pooling)
         self.info = ModelInfo(
             model=name, names=(name, *aliases),
             hidden_size=m.hidden_size, embedding_size=m.embedding_size, num_layers=m.num_layers, num_heads=m.num_heads,
-            max_seq_length=m.served_max_length, vocab_size=m.vocab_size, pooling=m.pooling, normalize=m.normalize,
+            max_seq_length=m.served_max_length, vocab_size=m.vocab_size,
+            pooling=m.pooling if self.pooling == "default" else self.pooling, normalize=m.normalize,
             provider=engine.provider, precision=engine.precision, version=__version__,
             # The configured limit; batches may be planned smaller where calibration timed that faster (its
             # start-up line says so).

@@ -206,3 +206,52 @@ def test_offline_encoding_writes_the_pipelines_size_with_the_default_prompt(ever
     written = read_embeddings(tmp_path / "out.parquet")
     assert written.shape == (len(texts), 6 * 384)
     assert_parity(written, sentence_transformers(folder).encode(texts))
+
+
+def test_serve_pooling_cls_on_a_mean_model_equals_sentence_transformers_cls_pooling(checkpoint, artifacts, tmp_path):
+    """`serve --pooling cls` (TEI's --pooling; its tests run CLS pooling on a mean-pooling model): a request that
+    names no pooling gets CLS pooling on every door, equal to sentence-transformers' own Pooling(cls) over the same
+    weights; the server says so in its info; a request's own pooling still wins."""
+    import httpx
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    from attnserve.client.client import make_request, to_result
+    from attnserve.v1 import encoder_pb2 as pb
+
+    from .serving import ServerProcess, serving
+
+    transformer = Transformer(str(checkpoint.directory), max_seq_length=256)
+    cls = SentenceTransformer(modules=[transformer, Pooling(384, "cls"), Normalize()], device="cpu")
+    texts = [t for t in TEXTS if len(t) < 400]
+    want = cls.encode(texts)
+    mean = Engine.from_directory(artifacts).encode(texts, normalize=True).embeddings
+    with serving(ServerProcess(artifacts, "--pooling", "cls", log_path=tmp_path / "server.log")) as process:
+        url = process.http_url
+        tei = np.array(httpx.post(f"{url}/embed", json={"inputs": texts}, timeout=60).json(), dtype=np.float32)
+        assert_parity(tei, want)
+        openai = httpx.post(f"{url}/v1/embeddings", json={"input": texts, "model": ""}, timeout=60).json()
+        assert_parity(np.array([d["embedding"] for d in openai["data"]], dtype=np.float32), want)
+        similarity = httpx.post(f"{url}/similarity", json={"inputs": {"source_sentence": texts[0],
+                                                                      "sentences": texts[1:3]}}, timeout=60).json()
+        np.testing.assert_allclose(similarity, want[1:3] @ want[0], atol=1e-4)
+        with process.channel() as channel:
+            stub = process.stub(channel)
+            reply = stub.Embed(make_request(texts, truncate=True), timeout=60)
+            assert_parity(np.stack([to_result(e).sentence_embedding for e in reply.embeddings]), want)
+            assert stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10).pooling == "cls"
+        assert httpx.get(f"{url}/info", timeout=30).json()["model_type"] == {"embedding": {"pooling": "cls"}}
+        own = httpx.post(f"{url}/embed", json={"inputs": texts, "pooling": "mean"}, timeout=60).json()
+        np.testing.assert_allclose(np.array(own, dtype=np.float32), mean, atol=1e-5)
+
+
+def test_serve_pooling_is_refused_at_start_for_a_model_whose_embedding_is_more_than_a_pooling(dense, tmp_path):
+    from .serving import ServerProcess
+
+    _, engine = dense
+    process = ServerProcess(engine.manifest.directory, "--pooling", "cls", log_path=tmp_path / "server.log")
+    assert process.process.wait(120) != 0
+    log = process.log_tail()
+    assert ("--pooling cls: model 'st' cannot be pooled otherwise: its pipeline is Transformer(bert) -> "
+            "Pooling(mean) -> Dense(384->256, tanh)") in log, log
+    assert "Traceback" not in log
