@@ -285,7 +285,9 @@ class _Build:
     def encoder(self, dtype: torch.dtype = torch.float32):
         """The checkpoint's encoder in PyTorch (and an embedder's head), loaded once per dtype asked."""
         if self._encoder is None or self._encoder_dtype != dtype:
-            self._encoder = self._module = None
+            self._encoder = self._module = self._head = None
+            if self._reference is not None:  # it holds the model too: one copy of the weights at a time
+                self._detach(self._reference)
             release_freed_memory()
             self.progress.step(f"loading the weights{' in fp16' if dtype == HALF else ''}")
             self._encoder, self._encoder_dtype = cast(torch.nn.Module, load_encoder(self.ckpt, dtype)).to(
@@ -300,10 +302,7 @@ class _Build:
         """Drop the model (the reference keeps its outputs, not the model) and hand its memory back."""
         self._encoder = self._module = self._head = None
         if self._reference is not None:
-            if self.kind == "embedder":
-                self._reference.encoder = self._reference.head = None
-            else:
-                self._reference.reranker = None
+            self._detach(self._reference)
         release_freed_memory()
         if self.device == "cuda":  # the GPU's memory, for onnxruntime's sessions to verify with
             torch.cuda.empty_cache()
@@ -313,6 +312,12 @@ class _Build:
             module, self._encode_pairs = rerank.load_module(self.ckpt, self.encoder(), self.tokenizer, self.log)
             self._module = module.to(self.device)
         return self._module
+
+    def _detach(self, reference) -> None:
+        if self.kind == "embedder":
+            reference.encoder = reference.head = None
+        else:
+            reference.reranker = None
 
     def _attach(self, reference) -> None:
         if self.kind == "embedder":
@@ -496,6 +501,11 @@ class _Build:
         (the fp32 plain graph's) verified."""
         self.progress.stage(STEP_TITLES["trace"])
         if dtype not in self.traces:
+            if dtype == "fp16" and self._encoder is None and self.kind == "embedder":
+                # Loaded straight into fp16, once: the reference computes it in fp32 a layer at a time, then the
+                # trace reads the same module. Loading fp32 for the reference first held 4x the fp16 weights
+                # (the Qwen3-4B shape: 16 GB, then 8 GB more for the trace: out of memory on 24 GB).
+                self.encoder(HALF)
             self.reference()  # PyTorch's outputs, by the model as it was loaded (a half one computes in fp32)
             self.progress.step(f"tracing the graph in {dtype} (torch.onnx.export), its weights written once")
             weights = self._claim(weights_file(self.work, dtype))

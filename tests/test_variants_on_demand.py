@@ -219,7 +219,12 @@ def test_export_straight_into_fp16_holds_no_fp32_copy(tiny, tmp_path):
     from sentence_transformers import SentenceTransformer
 
     out = tmp_path / "artifacts"
-    build_artifacts(read_checkpoint(tiny), out, log=lambda m: None, variants=["embeddings_fp16"], trace="fp16")
+    lines: list[str] = []
+    build_artifacts(read_checkpoint(tiny), out, log=lines.append, variants=["embeddings_fp16"], trace="fp16")
+    # The weights are loaded once, in fp16, for the reference (computed in fp32 a layer at a time) and the trace
+    # alike: loading them in fp32 first held 4x the fp16 weights (the Qwen3-4B shape ran out of 24 GB).
+    loads = [line for line in lines if "loading the weights" in line]
+    assert len(loads) == 1 and "in fp16" in loads[0], lines
     manifest = load_manifest(out)
     assert set(manifest.variants) == {"embeddings_fp16"} and set(manifest.traces) == {"fp16"}
     assert not (out / "weights.fp32.data").exists() and (out / "weights.fp16.data").is_file()
