@@ -81,7 +81,8 @@ class ServerConfig:
     # legitimate bursts fit, a flood is shed at once instead of queueing for minutes.
     max_queue_tokens: int = setting(
         65536, "ATTNSERVE_MAX_QUEUE_TOKENS", "tokens waiting in the queue; a request that does not fit gets "
-                                             "RESOURCE_EXHAUSTED at once")
+                                             "RESOURCE_EXHAUSTED at once, and one of more tokens than this is "
+                                             "admitted in parts of at most half of it as room frees")
     # Work queued in seconds rather than tokens: the same bound holds on a slow CPU and a fast GPU, and
     # it is what an accepted request's latency is made of under overload.
     max_queue_wait_ms: float = setting(

@@ -25,7 +25,6 @@ class Reason(str, Enum):
     INVALID_INPUT = "INVALID_INPUT"  # an input or option of the request
     MALFORMED_MESSAGE = "MALFORMED_MESSAGE"  # bytes that do not parse as the request message or body
     MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"  # over max_request_bytes: retrying cannot help
-    REQUEST_TOO_LARGE = "REQUEST_TOO_LARGE"  # more tokens than the whole queue holds: split it
     MODEL_NOT_FOUND = "MODEL_NOT_FOUND"  # a model name the server does not serve
     NOT_FOUND = "NOT_FOUND"  # no such route or method
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"  # a route that exists, asked with another method
@@ -199,13 +198,6 @@ class MessageTooLargeError(AttnserveError):
     """A request message is over max_request_bytes: the same request can never succeed."""
 
     reason = Reason.MESSAGE_TOO_LARGE
-
-
-class RequestTooLargeError(InvalidInputError):
-    """A request holds more tokens than the whole queue can: the same request can never succeed, unlike a
-    request refused because the queue is full now."""
-
-    reason = Reason.REQUEST_TOO_LARGE
 
 
 class UnauthenticatedError(AttnserveError):

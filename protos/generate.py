@@ -1,6 +1,7 @@
-"""Generate the Python gRPC code in attnserve/v1/ and attnserve/kserve/ from protos/: the only way that code is made.
+"""Generate the Python gRPC code in attnserve/v1/, attnserve/kserve/ and attnserve/tei/ from protos/: the only way
+that code is made.
 
-    python protos/generate.py          # write attnserve/{v1,kserve}/*_pb2*.py(i)
+    python protos/generate.py          # write attnserve/{v1,kserve,tei}/*_pb2*.py(i)
     python protos/generate.py --check  # exit 1 if the committed code differs from a fresh generation
 
 grpcio-tools is pinned in the dev extra, so a regeneration is byte-for-byte reproducible.
@@ -21,11 +22,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOS = ROOT / "protos"
-PACKAGES = ("attnserve/v1", "attnserve/kserve")
-# The package whose messages live in their own descriptor pool, and how its generated code reaches it.
-OWN_POOL = "attnserve/kserve"
+PACKAGES = ("attnserve/v1", "attnserve/kserve", "attnserve/tei")
+# The packages whose messages live in a descriptor pool of their own (their clients register the same names in the
+# default one: tritonclient.grpc `inference`, tei-client `tei.v1`), and how their generated code reaches it.
+OWN_POOL = ("attnserve/kserve", "attnserve/tei")
 DEFAULT_POOL = "_descriptor_pool.Default()"
-POOL_IMPORT = "from attnserve.kserve import POOL as _POOL\n"
 
 
 def generate(out: Path) -> list[Path]:
@@ -38,20 +39,21 @@ def generate(out: Path) -> list[Path]:
                 f"--grpc_python_out={out}", *sources]
         if protoc.main(args) != 0:
             raise SystemExit("protoc failed")
-        if package == OWN_POOL:
+        if package in OWN_POOL:
             for path in (out / package).glob("*_pb2.py"):
-                _use_own_pool(path)
+                _use_own_pool(path, package.replace("/", "."))
         written += sorted(p.relative_to(out) for p in (out / package).glob("*_pb2*"))
     return written
 
 
-def _use_own_pool(path: Path) -> None:
-    """The generated module, adding its file to POOL instead of the default pool."""
+def _use_own_pool(path: Path, module: str) -> None:
+    """The generated module, adding its file to its package's POOL instead of the default pool."""
     code = path.read_text()
     if code.count(DEFAULT_POOL) != 1:
         raise SystemExit(f"{path}: expected one {DEFAULT_POOL} in protoc's output; has its form changed?")
     code = code.replace(DEFAULT_POOL, "_POOL").replace("# @@protoc_insertion_point(imports)\n",
-                                                        f"{POOL_IMPORT}# @@protoc_insertion_point(imports)\n", 1)
+                                                        f"from {module} import POOL as _POOL\n"
+                                                        "# @@protoc_insertion_point(imports)\n", 1)
     path.write_text(code)
 
 

@@ -1,4 +1,4 @@
-"""One serving process: the gRPC door (encoder service, KServe v2, health, reflection) and the HTTP door over one
+"""One serving process: the gRPC door (encoder service, KServe v2, TEI's, health, reflection) and the HTTP door over one
 core and one batcher per model served, with TLS, API keys, metrics and a graceful stop shared by both."""
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from .grpc.health import HealthService
 from .grpc.kserve import InferenceService
 from .grpc.kserve import add_to_server as add_kserve_to_server
 from .grpc.service import PROTOCOL, SERVICE_NAME, EncoderService, add_to_server
+from .grpc.tei import add_to_server as add_tei_to_server
 from .http.door import HttpDoor
 from .metrics import Metrics
 from .models import Models, ServedModel, model_sources
@@ -155,6 +156,7 @@ class Server:
         ])
         add_to_server(EncoderService(self.core, self.metrics), server)
         add_kserve_to_server(InferenceService(self.core, self.metrics), server)
+        add_tei_to_server(self.core, self.metrics, server)  # TEI's gRPC API, for its clients as they are
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         # The server, the service and each model ("attnserve.v1.Encoder/NAME"): SERVING only after warm-up.
         health_names = ("", SERVICE_NAME, *(f"{SERVICE_NAME}/{model.name}" for model in models.all))

@@ -46,7 +46,6 @@ from attnserve.errors import (
     BatchFailedError,
     DeadlineExpiredError,
     QueueFullError,
-    RequestTooLargeError,
     ShuttingDownError,
 )
 
@@ -127,6 +126,7 @@ class Batcher:
         self._queued_requests = 0
         self._seq = itertools.count()
         self._arrived = asyncio.Event()
+        self._room = asyncio.Event()  # set as tokens leave the queue (_remove)
         self.wait = BatchWait(limits.max_wait_s)
         self._closed = False
         self._running = False
@@ -184,10 +184,59 @@ class Batcher:
         tokens = sum(len(x) for x in inputs)
         capacity = self.limits.max_queue_tokens
         if tokens > capacity:
-            raise RequestTooLargeError(
-                f"the request holds {tokens} tokens, more than the server's whole queue holds "
-                f"(max_queue_tokens {capacity}), so it can never be taken; split it into smaller requests",
-                field="inputs")
+            return await self._submit_in_parts(inputs, attention, deadline, last_layer)
+        return await self._rows(self._enqueue(inputs, tokens, attention, deadline, last_layer))
+
+    async def _submit_in_parts(self, inputs: Sequence[TokenizedInput], attention: bool, deadline: float | None,
+                               last_layer: bool) -> list[RowOutput]:
+        """A request of more tokens than the whole queue holds (a client's big batch: LangChain sends 1,000 texts
+        a request): admitted in parts of at most half the queue, in order, each queued once the queue has room
+        for it, so that it never holds the queue alone and other requests still get in between its parts. The
+        first part is refused at once where the queue is full, as any request is; the later ones wait for room
+        (the connection waits with them: backpressure), within the request's deadline. Its memory is its own
+        inputs and rows, whatever its size."""
+        budget = max(self.limits.max_queue_tokens // 2, max(len(x) for x in inputs))
+        parts: list[list[TokenizedInput]] = [[]]
+        part_tokens = [0]
+        for x in inputs:
+            if parts[-1] and part_tokens[-1] + len(x) > budget:
+                parts.append([])
+                part_tokens.append(0)
+            parts[-1].append(x)
+            part_tokens[-1] += len(x)
+        entries: list[_Entry] = []
+        try:
+            for i, (part, tokens) in enumerate(zip(parts, part_tokens, strict=True)):
+                if i:
+                    await self._room_for(tokens, deadline)
+                # Each part is one queued request; the first is refused at once where there is no room.
+                entries += self._enqueue(part, tokens, attention, deadline, last_layer)
+        except BaseException:
+            for entry in entries:  # what has not run of the parts queued must not cost compute
+                entry.future.cancel()
+            raise
+        return await self._rows(entries)
+
+    async def _room_for(self, tokens: int, deadline: float | None) -> None:
+        """Until the queue has room for `tokens`, the server is not closing, and the deadline has not passed."""
+        while self.queued_tokens + tokens > self.limits.max_queue_tokens:
+            if self._closed:
+                raise ShuttingDownError("the server is shutting down; retry on another replica")
+            self._room.clear()
+            timeout = None if deadline is None else deadline - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                raise DeadlineExpiredError("the deadline passed while the request waited for room in the queue")
+            try:
+                await asyncio.wait_for(self._room.wait(), timeout)
+            except TimeoutError:
+                raise DeadlineExpiredError("the deadline passed while the request waited for room in the queue"
+                                           ) from None
+
+    def _enqueue(self, inputs: Sequence[TokenizedInput], tokens: int, attention: bool, deadline: float | None,
+                 last_layer: bool) -> list[_Entry]:
+        """Queue one request's inputs (or one part's), or refuse them at once: the queue has no room for them, or
+        the deadline has passed."""
+        capacity = self.limits.max_queue_tokens
         if self.queued_tokens + tokens > capacity:
             self._metrics.dropped("queue_full").inc(len(inputs))
             excess = self.queued_tokens + tokens - capacity
@@ -210,6 +259,11 @@ class Batcher:
         self.wait.arrived()
         self._update_gauges()
         self._arrived.set()
+        return entries
+
+    @staticmethod
+    async def _rows(entries: list[_Entry]) -> list[RowOutput]:
+        """The entries' rows, in order, once all have run."""
         try:
             return list(await asyncio.gather(*(e.future for e in entries)))
         except BaseException:
@@ -227,6 +281,7 @@ class Batcher:
         """Take no new requests; what is queued still runs."""
         self._closed = True
         self._arrived.set()
+        self._room.set()
 
     async def join(self) -> None:
         """Wait until the queue is empty and the owner has stopped (after close)."""
@@ -316,6 +371,7 @@ class Batcher:
         if self._lanes[entry.attention].pop(entry.seq, None) is None:
             return
         self._lane_tokens[entry.attention] -= len(entry.input)
+        self._room.set()  # a request admitted in parts may queue its next one
         entry.request.waiting -= 1
         if entry.request.waiting == 0:
             self._queued_requests -= 1

@@ -20,7 +20,7 @@ from pathlib import Path
 from attnserve import __version__
 from attnserve.config import EngineConfig, ServerConfig
 from attnserve.engine.engine import Engine
-from attnserve.engine.manifest import MANIFEST, Manifest
+from attnserve.engine.manifest import MANIFEST, REQUEST_POOLINGS, Manifest
 from attnserve.engine.quantize import EMBEDDING_TYPES, RANGED
 from attnserve.engine.tasks import check_task, task_directory
 from attnserve.errors import ConfigError, ModelNotFoundError
@@ -35,6 +35,18 @@ log = logging.getLogger("attnserve.server")
 class ModelSource:
     name: str | None  # None: the manifest's model name (--artifacts and the default model)
     directory: Path
+
+
+def request_poolings(manifest: Manifest, served: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the poolings a request may name, those under which int8 and uint8 need the request's ranges), for a model
+    served with `served` (served_pooling) as what "default" means (server/requests.py prepare and _ranges)."""
+    dense = manifest.kind == "embedder" and not manifest.sparse and manifest.multi_vector is None
+    if dense and manifest.poolable_at_request_time:
+        named: tuple[str, ...] = ("default", *REQUEST_POOLINGS)
+    else:
+        named = ("default", manifest.pooling) if manifest.pooling in REQUEST_POOLINGS else ("default",)
+    ranged = tuple(p for p in named if (served if p == "default" else p) not in ("default", manifest.pooling))
+    return named, ranged
 
 
 def served_pooling(name: str, manifest: Manifest, pooling: str) -> str:
@@ -96,6 +108,10 @@ class ModelInfo:
     # The sentence embedding's types a request may ask for without ranges of its own (engine/quantize.py): int8
     # and uint8 where the artifacts hold calibration embeddings.
     embedding_types: tuple[str, ...] = ()
+    # The values a request's `pooling` may take ("default": the model's own, or the server's --pooling), and those
+    # under which int8 and uint8 embeddings need the request's own ranges (the model's are of its own pooling).
+    request_poolings: tuple[str, ...] = ("default",)
+    ranged_poolings: tuple[str, ...] = ()
 
 
 def model_outputs(manifest: Manifest) -> tuple[str, ...]:
@@ -203,6 +219,7 @@ class ServedModel:
                       for task, task_engine in (task_engines or {}).items()}
         m, batch = engine.manifest, self.batcher.limits
         self.pooling = served_pooling(name, m, config.pooling)
+        poolings, ranged_poolings = request_poolings(m, self.pooling)
         self.info = ModelInfo(
             model=name, names=(name, *aliases),
             hidden_size=m.hidden_size, embedding_size=m.embedding_size, num_layers=m.num_layers, num_heads=m.num_heads,
@@ -221,7 +238,8 @@ class ServedModel:
             # A ColBERT model's vectors are float only; a reranker has no embeddings.
             # int8 and uint8 need the model's ranges: held, or built when first asked for (engine/builds.py).
             embedding_types=() if m.kind == "reranker" else ("float",) if m.multi_vector is not None else tuple(
-                t for t in EMBEDDING_TYPES if t not in RANGED or m.quantization is not None or m.source is not None))
+                t for t in EMBEDDING_TYPES if t not in RANGED or m.quantization is not None or m.source is not None),
+            request_poolings=poolings, ranged_poolings=ranged_poolings)
 
     def _batcher(self, engine: Engine, config: ServerConfig) -> Batcher:
         return Batcher(engine.run, BatcherLimits(

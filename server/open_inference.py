@@ -37,8 +37,8 @@ import numpy as np
 from attnserve.errors import InvalidInputError, ModelNotFoundError
 
 from .models import ModelInfo, Models
-from .replies import EncodeReply, RerankReply
-from .requests import EncodeRequest, RerankRequest
+from .replies import EncodeReply, PredictReply, RerankReply
+from .requests import EncodeRequest, PredictRequest, RerankRequest
 
 VERSION = "1"  # every model's one version
 PLATFORM = "attnserve_onnxruntime"
@@ -71,6 +71,9 @@ class Signature:
 
 
 def signature(info: ModelInfo) -> Signature:
+    if is_classifier(info):  # several labels: each text's score of every label, in label order
+        return Signature((TensorSpec(TEXT, "BYTES", (-1,)),),
+                         (TensorSpec("scores", "FP32", (-1, info.num_labels)),), ("scores",))
     if info.kind == "reranker":
         return Signature((TensorSpec(QUERY, "BYTES", (1,)), TensorSpec(TEXT, "BYTES", (-1,))),
                          (TensorSpec("score", "FP32", (-1,)),), ("score",))
@@ -82,6 +85,11 @@ def signature(info: ModelInfo) -> Signature:
                             TensorSpec("num_tokens", "INT32", (-1,)),
                             TensorSpec("token_embeddings", "FP32", (-1, -1, info.hidden_size))),
                      ("embedding", "num_tokens"))
+
+
+def is_classifier(info: ModelInfo) -> bool:
+    """A sequence classifier of several labels: it predicts, it does not rerank."""
+    return info.kind == "reranker" and "predict" in info.outputs and "rerank" not in info.outputs
 
 
 def check_version(info: ModelInfo, version: str | None) -> None:
@@ -153,7 +161,7 @@ class Call:
     """An infer request, translated: the core's request and the outputs to send (name -> the wire's binary flag,
     which the HTTP door reads)."""
 
-    request: EncodeRequest | RerankRequest
+    request: EncodeRequest | RerankRequest | PredictRequest
     outputs: dict[str, bool]
 
 
@@ -163,6 +171,10 @@ def read_call(info: ModelInfo, inputs: Sequence[InputTensor], params: dict,
     sig = signature(info)
     texts = _read_inputs(info, sig, inputs)
     outputs = _outputs(sig, requested, binary_default)
+    if is_classifier(info):
+        return Call(PredictRequest(inputs=texts[TEXT], model=info.model,
+                                   raw_scores=bool(parameter(params, "raw_scores", bool)),
+                                   truncate=parameter(params, "truncate", bool)), outputs)
     if info.kind == "reranker":
         (query,) = texts[QUERY]
         return Call(RerankRequest(query=query, texts=texts[TEXT], model=info.model,
@@ -279,6 +291,8 @@ def parameter(params: dict, name: str, kind: type[P], where: str = "parameters")
     value = params.get(name)
     if value is None:
         return None
+    if kind is int and type(value) is float and value.is_integer() and abs(value) < 2**63:
+        value = int(value)  # JSON (and its Schema) counts 111.0 an integer
     if type(value) is not kind:
         raise InvalidInputError(f"{where}.{name}: must be "
                                 f"{ {bool: 'a boolean', int: 'an integer', str: 'a string'}[kind]}, got "
@@ -330,6 +344,16 @@ def _padded(rows: list[np.ndarray]) -> np.ndarray:
     for i, r in enumerate(rows):
         out[i, :len(r)] = r
     return out
+
+
+def predict_outputs(reply: PredictReply, labels: Sequence[str]) -> dict[str, tuple[str, np.ndarray]]:
+    """A classifier's `scores`, [N, labels] FP32, each row in label order (the core's are best first)."""
+    column = {label: j for j, label in enumerate(labels)}
+    scores = np.empty((len(reply.predictions), len(labels)), dtype="<f4")
+    for i, prediction in enumerate(reply.predictions):
+        for label, score in prediction:
+            scores[i, column[label]] = score
+    return {"scores": ("FP32", scores)}
 
 
 def rerank_outputs(reply: RerankReply, count: int) -> dict[str, tuple[str, np.ndarray]]:

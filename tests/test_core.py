@@ -21,7 +21,6 @@ from attnserve.errors import (
     ModelNotFoundError,
     NotServingError,
     QueueFullError,
-    RequestTooLargeError,
     ShuttingDownError,
 )
 from attnserve.server.core import Core, Deadline
@@ -194,10 +193,15 @@ def test_a_full_queue_is_queue_full_and_a_request_larger_than_the_queue_never_fi
             with pytest.raises(QueueFullError, match="queue full") as full:
                 await encode(core, EncodeRequest([LONG]))
             assert full.value.retry_after > 0
-            with pytest.raises(RequestTooLargeError, match="more than the server's whole queue holds"):
-                await encode(core, EncodeRequest([LONG, LONG]))
+            # More tokens than the whole queue holds: refused while the queue is full, as any request is...
+            with pytest.raises(QueueFullError, match="queue full"):
+                await encode(core, EncodeRequest([LONG, LONG, LONG]))
             gated.gate.set()
             assert len((await taken).inputs) == len((await queued).inputs) == 1
+            # ...and admitted in parts, answered whole and in order, once there is room.
+            big = await encode(core, EncodeRequest([LONG, "short", LONG]))
+            want = engine.encode([LONG, "short", LONG], normalize=True).embeddings
+            np.testing.assert_allclose(big.embeddings, want, atol=1e-5)
 
     asyncio.run(scenario())
 

@@ -135,3 +135,28 @@ def test_langchain_embed_documents_on_1000_texts_and_embed_query(server, engine)
     assert documents.shape == (1000, 384)
     np.testing.assert_allclose(documents, engine.encode(texts).embeddings, atol=1e-5)
     np.testing.assert_allclose(query, engine.encode(["what does the fox jump over?"]).embeddings[0], atol=1e-5)
+
+
+def test_langchains_1000_texts_over_the_queues_budget_are_admitted_in_parts(artifacts, engine, tmp_path):
+    """LangChain's default batch, 1,000 texts a request, holding several times what the queue holds
+    (--max-queue-tokens 8192): admitted in parts, answered whole and in order (it was a 413), while a small
+    request sent meanwhile is answered too."""
+    import threading
+
+    from langchain_openai import OpenAIEmbeddings
+
+    from tests.serving import ServerProcess, serving
+
+    texts = mixed_texts(1000, seed=5)
+    tokens = sum(len(ids) for ids in engine.tokenizer.encode_texts(texts))
+    assert tokens > 3 * 8192, tokens
+    with serving(ServerProcess(artifacts, "--max-queue-tokens", "8192", log_path=tmp_path / "server.log")) as server:
+        embeddings = OpenAIEmbeddings(model=MODEL, base_url=f"{server.http_url}/v1", api_key="unused",
+                                      check_embedding_ctx_length=False, max_retries=0, request_timeout=600)
+        small: list[np.ndarray] = []
+        meanwhile = threading.Timer(1.0, lambda: small.append(np.array(embeddings.embed_query("in between"))))
+        meanwhile.start()
+        documents = np.array(embeddings.embed_documents(texts), dtype=np.float32)
+        meanwhile.join()
+    np.testing.assert_allclose(documents, engine.encode(texts).embeddings, atol=1e-5)
+    np.testing.assert_allclose(small[0], engine.encode(["in between"]).embeddings[0], atol=1e-5)

@@ -22,6 +22,9 @@ SERVED = {("post", "/v1/embeddings"), ("post", "/embeddings"), ("get", "/v1/mode
           ("get", "/v2/models/{name}/versions/{version}/config"), ("post", "/v2/repository/index"),
           ("get", "/v2/models/stats"), ("get", "/v2/models/{name}/stats"),
           ("get", "/v2/models/{name}/versions/{version}/stats")}
+# What no embedding model answers: a server of one leaves them out of its description (they answer 400).
+NOT_AN_EMBEDDERS = {("post", "/rerank"), ("post", "/v1/rerank"), ("post", "/v2/rerank"), ("post", "/predict"),
+                    ("post", "/embed_sparse"), ("post", "/embed_multi")}
 # Routes that answer an HTML page, not JSON: the attention explorer (tests/test_explorer.py drives it in a browser).
 PAGES = {("get", "/explorer")}
 # Answered by a reranker (an embedder refuses them, as ERRORS checks): test_rerank_routes_answer_as_described.
@@ -113,7 +116,8 @@ def schema_of(spec: dict, method: str, route: str, status: str) -> dict | None:
     content = spec["paths"][route][method]["responses"][status].get("content")
     if content is None:
         return None
-    return {**content["application/json"]["schema"], "components": spec["components"]}
+    schema = content["application/json" if "application/json" in content else next(iter(content))]["schema"]
+    return {**schema, "components": spec["components"]}
 
 
 def route_of(spec: dict, path: str) -> str:
@@ -131,11 +135,14 @@ def call(server, method: str, path: str, body) -> httpx.Response:
     return httpx.request(method, f"{server.http_url}{path}", json=body, timeout=60)
 
 
-def test_a_valid_openapi_31_description_of_exactly_the_routes_served(spec):
+def listed(spec: dict) -> set[tuple[str, str]]:
+    return {(method, path) for path, methods in spec["paths"].items() for method in methods}
+
+
+def test_a_valid_openapi_31_description_of_exactly_the_routes_its_models_answer(spec):
     validate(spec)
     assert spec["openapi"] == "3.1.0"
-    listed = {(method, path) for path, methods in spec["paths"].items() for method in methods}
-    assert listed == SERVED
+    assert listed(spec) == SERVED - NOT_AN_EMBEDDERS
     assert "security" not in spec  # this server takes no API key
 
 
@@ -156,7 +163,7 @@ def test_every_route_answers_as_described(server, spec):
         assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/html"), path
         Draft202012Validator(schema_of(spec, method, path, "200")).validate(reply.text)
         answered.add((method, path))
-    assert answered == SERVED - {(method, path) for method, path, _ in RERANK_CALLS + SPARSE_CALLS + MULTI_VECTOR_CALLS}
+    assert answered == SERVED - NOT_AN_EMBEDDERS
 
 
 def test_rerank_routes_answer_as_described(reranker_artifacts, spec, tmp_path):
@@ -165,7 +172,12 @@ def test_rerank_routes_answer_as_described(reranker_artifacts, spec, tmp_path):
     reranker = ServerProcess(reranker_artifacts, log_path=tmp_path / "server.log")
     try:
         reranker.wait_serving()
-        for method, path, body in RERANK_CALLS:
+        spec = httpx.get(f"{reranker.http_url}/openapi.json", timeout=30).json()  # the reranker's own
+        validate(spec)
+        assert {("post", "/rerank"), ("post", "/v1/rerank"), ("post", "/v2/rerank"), ("post", "/predict"),
+                ("post", "/")} <= listed(spec)
+        assert not {("post", "/embed"), ("post", "/v1/embeddings"), ("post", "/embed_sparse")} & listed(spec)
+        for method, path, body in [*RERANK_CALLS, ("post", "/", {"inputs": "a"})]:  # TEI's / predicts for it
             reply = call(reranker, method, path, body)
             assert reply.status_code == 200, (path, reply.text)
             Draft202012Validator(schema_of(spec, method, path, "200")).validate(reply.json())
@@ -178,7 +190,7 @@ def test_every_error_answers_as_described(server, spec):
         reply = call(server, method, path, body)
         assert reply.status_code == status, (path, reply.text)
         route = route_of(spec, path)
-        if (method, route) not in SERVED:  # no such route: the envelope of its family
-            route, method = (("/v1/embeddings", "post") if path.startswith("/v1/") else
+        if (method, route) not in listed(spec):  # no such route, or none this model answers: its family's envelope
+            route, method = (("/v1/embeddings", "post") if path.startswith("/v1/") or path == "/v2/rerank" else
                              ("/v2/models/{name}/infer", "post") if path.startswith("/v2") else ("/embed", "post"))
         Draft202012Validator(schema_of(spec, method, route, "default")).validate(reply.json())

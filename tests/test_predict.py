@@ -112,3 +112,32 @@ def test_an_embedder_asked_to_predict_says_what_it_is(server, stub):
     info = stub.GetModelInfo(pb.GetModelInfoRequest())
     assert list(info.outputs) == ["embed", "attention", "similarity"]
     assert list(info.embedding_types) == ["float", "int8", "uint8", "binary", "ubinary"]
+
+
+def test_kserve_infer_gives_a_classifiers_scores_in_label_order_to_tritonclient(classifier):
+    """A classifier over KServe v2 (HTTP and gRPC, tritonclient): `text` in, `scores` [N, labels] out, each row in
+    the label order of its metadata, equal to transformers' pipeline (probabilities, or logits with raw_scores)."""
+    import tritonclient.grpc as triton_grpc
+    import tritonclient.http as triton_http
+
+    ckpt, _, server = classifier
+    name = "tiny-classifier"
+    texts = np.array([t.encode() for t in TEXTS], dtype=np.object_)
+
+    def by_label(predictions: list[list[dict]]) -> np.ndarray:
+        return np.array([[next(s["score"] for s in p if s["label"] == label) for label in LABELS]
+                         for p in predictions], dtype=np.float32)
+
+    http = triton_http.InferenceServerClient(server.http_url.removeprefix("http://"))
+    metadata = http.get_model_metadata(name)
+    assert metadata["outputs"] == [{"name": "scores", "datatype": "FP32", "shape": [-1, len(LABELS)]}]
+    for raw in (False, True):
+        request = triton_http.InferInput("text", [len(TEXTS)], "BYTES")
+        request.set_data_from_numpy(texts)
+        got = http.infer(name, [request], parameters={"raw_scores": raw}).as_numpy("scores")
+        np.testing.assert_allclose(got, by_label(reference(ckpt, TEXTS, raw=raw)), atol=1e-5)
+    grpc_client = triton_grpc.InferenceServerClient(server.target)
+    request = triton_grpc.InferInput("text", [len(TEXTS)], "BYTES")
+    request.set_data_from_numpy(texts)
+    got = grpc_client.infer(name, [request]).as_numpy("scores")
+    np.testing.assert_allclose(got, by_label(reference(ckpt, TEXTS)), atol=1e-5)

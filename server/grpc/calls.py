@@ -1,15 +1,18 @@
-"""What every call of attnserve's gRPC services goes through, whichever service (attnserve.v1's, KServe's): counted
-in flight for the drain, its error mapped to a status (status.py), recorded in the metrics under its protocol."""
+"""What every call of attnserve's gRPC services goes through, whichever service (attnserve.v1's, KServe's,
+TEI's): counted in flight for the drain, its error mapped to a status (status.py), recorded in the metrics under its
+protocol; a stream's requests answered concurrently, its replies in order."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+
+from attnserve.errors import ShuttingDownError
 
 from ..core import Core
 from ..metrics import Metrics
@@ -17,6 +20,8 @@ from ..requests import Deadline
 from .status import abort, status_for
 
 log = logging.getLogger("attnserve.server")
+# How far a stream's answers may run ahead of its replies.
+STREAM_WINDOW = 64
 
 
 class Calls:
@@ -50,6 +55,67 @@ class Calls:
                 if not recorded:
                     self.record(method, code, start, inputs, tokens, context)
 
+    async def stream(self, method: str, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext,
+                     answer: Callable[[Any], Awaitable[tuple[Any, int]]]) -> AsyncIterator[Any]:
+        """A bidirectional stream: requests are taken as they come and answered concurrently (up to STREAM_WINDOW
+        ahead of the replies); replies go back in request order. answer(request) gives (its reply, the tokens it
+        cost). An error ends the stream after the replies to the requests before it, naming the request it
+        answers; the drain ends an idle stream, and a busy one once its requests are answered."""
+        start, code, answered, tokens, recorded = time.perf_counter(), grpc.StatusCode.OK, 0, 0, False
+        window: asyncio.Queue = asyncio.Queue(STREAM_WINDOW)
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await window.put(asyncio.ensure_future(answer(request)))
+                await window.put(None)
+            except Exception as error:  # a message refused (server/grpc/guard.py), or the client's stream broke
+                await window.put(error)
+
+        with self._core.in_flight():
+            reader = asyncio.ensure_future(read())
+            item, index = None, None
+            try:
+                while True:
+                    index = None  # draining while the stream is idle answers no request
+                    if (item := await self._next(window)) is None:
+                        break
+                    index = answered  # replies go in order: the item is the answered-th request
+                    if isinstance(item, BaseException):
+                        raise item
+                    reply, n = await item
+                    tokens += n
+                    answered += 1
+                    yield reply
+            except asyncio.CancelledError:
+                code = cancel_code(context)
+                raise
+            except Exception as error:
+                status = self.status(error, method, index)
+                code = status.code
+                self.record(method, code, start, answered, tokens, context)  # before the status goes out
+                recorded = True
+                await abort(context, status)
+            finally:
+                reader.cancel()
+                _discard(item)  # the request being awaited when the stream ended early
+                while not window.empty():
+                    _discard(window.get_nowait())
+                if not recorded:
+                    self.record(method, code, start, answered, tokens, context)
+
+    async def _next(self, window: asyncio.Queue):
+        """The stream's next item, or ShuttingDownError once draining leaves nothing to answer."""
+        if not window.empty():
+            return window.get_nowait()
+        get, drain = asyncio.ensure_future(window.get()), asyncio.ensure_future(self._core.draining.wait())
+        await asyncio.wait((get, drain), return_when=asyncio.FIRST_COMPLETED)
+        drain.cancel()
+        if get.done():
+            return get.result()
+        get.cancel()
+        raise ShuttingDownError("the server is shutting down; reopen the stream on another replica")
+
     async def quick(self, method: str, context: grpc.aio.ServicerContext, answer: Callable[[], Any]) -> Any:
         """A call answered at once from what the server knows (metadata, readiness): its error mapped, counted
         untimed."""
@@ -74,6 +140,14 @@ class Calls:
             log.debug("request", extra={"fields": {
                 "event": "request", "protocol": self.protocol, "method": method, "code": code.name, "inputs": inputs,
                 "tokens": tokens, "ms": round(seconds * 1e3, 2), "peer": context.peer()}})
+
+
+def _discard(item) -> None:
+    """Cancel a stream's request that will not be answered, and collect its error so none is logged as lost."""
+    if isinstance(item, asyncio.Future):
+        if item.done() and not item.cancelled():
+            item.exception()
+        item.cancel()
 
 
 def deadline(context: grpc.aio.ServicerContext) -> Deadline | None:

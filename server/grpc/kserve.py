@@ -26,7 +26,7 @@ from .. import open_inference as oip
 from ..core import Core
 from ..metrics import Metrics
 from ..models import ModelInfo
-from ..requests import EncodeRequest, RerankRequest
+from ..requests import EncodeRequest, PredictRequest, RerankRequest
 from .calls import Calls, deadline
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name  # "inference.GRPCInferenceService"
@@ -107,6 +107,9 @@ class InferenceService(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
             if isinstance(call.request, RerankRequest):
                 reply = await self._core.rerank(call.request, deadline(context))
                 return render(oip.rerank_outputs(reply, len(call.request.texts))), reply.tokens
+            if isinstance(call.request, PredictRequest):
+                predicted = await self._core.predict(call.request, deadline(context))
+                return render(oip.predict_outputs(predicted, info.labels)), predicted.tokens
             assert isinstance(call.request, EncodeRequest)
             return await self._core.encode(call.request, deadline(context),
                                            lambda r: render(oip.encode_outputs(r, call.outputs)))

@@ -9,14 +9,12 @@ call's, run under by the core as on every door.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 import numpy as np
 
-from attnserve.errors import InvalidInputError, ShuttingDownError
+from attnserve.errors import InvalidInputError
 from attnserve.v1 import encoder_pb2 as pb
 from attnserve.v1 import encoder_pb2_grpc
 
@@ -32,8 +30,7 @@ from ..requests import (
     SimilarityRequest,
     SparseOptions,
 )
-from .calls import Calls, cancel_code, deadline
-from .status import abort
+from .calls import Calls, deadline
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Encoder"].full_name  # "attnserve.v1.Encoder"
 # Each method's request message ("Rerank" -> "RerankRequest"): the errors that name a field name its message.
@@ -42,7 +39,6 @@ PROTOCOL = "grpc"
 
 # Requests of one stream in flight at once: enough to fill batches from a
 # single streaming client, bounded so a fast sender cannot queue without limit.
-STREAM_WINDOW = 64
 
 POOLING = {pb.POOLING_DEFAULT: "default", pb.MEAN: "mean", pb.CLS: "cls"}
 TRUNCATION_DIRECTION = {pb.TRUNCATE_RIGHT: "right", pb.TRUNCATE_LEFT: "left"}
@@ -214,69 +210,18 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
         self._core = core
         self._calls = Calls(core, metrics, PROTOCOL, REQUEST_TYPES)
 
-    async def _next(self, window: asyncio.Queue):
-        """The stream's next item, or ShuttingDownError once draining leaves nothing to answer."""
-        if not window.empty():
-            return window.get_nowait()
-        get, drain = asyncio.ensure_future(window.get()), asyncio.ensure_future(self._core.draining.wait())
-        await asyncio.wait((get, drain), return_when=asyncio.FIRST_COMPLETED)
-        drain.cancel()
-        if get.done():
-            return get.result()
-        get.cancel()
-        raise ShuttingDownError("the server is shutting down; reopen the stream on another replica")
-
     async def Embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> bytes:
         return await self._calls.unary("Embed", len(request.inputs), context, lambda: self._embed(request, context))
 
     async def EmbedStream(self, requests: AsyncIterator[pb.EmbedRequest], context: grpc.aio.ServicerContext
                           ) -> AsyncIterator[bytes]:
-        """Requests are taken as they come and run concurrently; replies go back in request order.
+        """Requests are taken as they come and run concurrently; replies go back in request order (Calls.stream).
 
         An error ends the stream after the replies to the requests before it, naming the request it answers.
         """
-        start, code, answered, tokens, recorded = time.perf_counter(), grpc.StatusCode.OK, 0, 0, False
-        window: asyncio.Queue = asyncio.Queue(STREAM_WINDOW)
-
-        async def read() -> None:
-            try:
-                async for request in requests:
-                    await window.put(asyncio.ensure_future(self._embed(request, context)))
-                await window.put(None)
-            except Exception as error:  # a message refused (server/grpc/guard.py), or the client's stream broke
-                await window.put(error)
-
-        with self._core.in_flight():
-            reader = asyncio.ensure_future(read())
-            item, index = None, None
-            try:
-                while True:
-                    index = None  # draining while the stream is idle answers no request
-                    if (item := await self._next(window)) is None:
-                        break
-                    index = answered  # replies go in order: the item is the answered-th request
-                    if isinstance(item, BaseException):
-                        raise item
-                    reply, n = await item
-                    tokens += n
-                    answered += 1
-                    yield reply
-            except asyncio.CancelledError:
-                code = cancel_code(context)
-                raise
-            except Exception as error:
-                status = self._calls.status(error, "EmbedStream", index)
-                code = status.code
-                self._calls.record("EmbedStream", code, start, answered, tokens, context)  # before the status goes out
-                recorded = True
-                await abort(context, status)
-            finally:
-                reader.cancel()
-                _discard(item)  # the request being awaited when the stream ended early
-                while not window.empty():
-                    _discard(window.get_nowait())
-                if not recorded:
-                    self._calls.record("EmbedStream", code, start, answered, tokens, context)
+        async for reply in self._calls.stream("EmbedStream", requests, context,
+                                              lambda request: self._embed(request, context)):
+            yield reply
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         return await self._calls.quick("GetModelInfo", context,
@@ -311,14 +256,6 @@ class EncoderService(encoder_pb2_grpc.EncoderServicer):
     async def _embed(self, request: pb.EmbedRequest, context: grpc.aio.ServicerContext) -> tuple[bytes, int]:
         """One request through the core: (serialized reply, its token count)."""
         return await self._core.encode(to_core(request), deadline(context), render)
-
-
-def _discard(item) -> None:
-    """Cancel a stream's request that will not be answered, and collect its error so none is logged as lost."""
-    if isinstance(item, asyncio.Future):
-        if item.done() and not item.cancelled():
-            item.exception()
-        item.cancel()
 
 
 def add_to_server(service: EncoderService, server: grpc.aio.Server) -> None:

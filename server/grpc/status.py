@@ -38,7 +38,6 @@ CODES = {
     Reason.INVALID_INPUT: grpc.StatusCode.INVALID_ARGUMENT,
     Reason.MALFORMED_MESSAGE: grpc.StatusCode.INVALID_ARGUMENT,
     Reason.MESSAGE_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,  # retrying cannot help (no RetryInfo)
-    Reason.REQUEST_TOO_LARGE: grpc.StatusCode.INVALID_ARGUMENT,
     Reason.MODEL_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
     Reason.NOT_FOUND: grpc.StatusCode.UNIMPLEMENTED,
     Reason.METHOD_NOT_ALLOWED: grpc.StatusCode.UNIMPLEMENTED,

@@ -63,7 +63,7 @@ class AttentionRoutes:
     def routes(self) -> list[Route]:
         return [Route("POST", "/v1/attention", self.attention, OPENAI,
                       "attention weights [layers, heads or 1, tokens, tokens] with the word pieces", AttentionBody,
-                      AttentionReply, names=NAMES)]
+                      AttentionReply, names=NAMES, needs="attention")]
 
     async def attention(self, request: web.Request) -> web.Response:
         body, core_request = await self._bodies.read(request, AttentionBody, lambda b: (b, to_core(b)))

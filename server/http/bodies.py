@@ -10,21 +10,61 @@ against these.
 
 from __future__ import annotations
 
-from typing import Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
 from pydantic_core import ErrorDetails
 
 from attnserve.errors import InvalidInputError, MalformedMessageError
 
+# What the description says of a field beyond its type, where the server refuses more than the type does: an
+# empty or blank text, an empty list of inputs, a negative token id. Said in the schema only (json_schema_extra):
+# the parser lets them through to the checks every door shares, whose messages name the input ("input 3: empty
+# text"), so /openapi.json and the answers agree (schemathesis checks both, tests/test_http_schemathesis.py).
+Text = Annotated[str, Field(json_schema_extra={"minLength": 1, "pattern": r"\S"})]  # not empty, not all blanks
+# What the default model allows, put in by openapi.py where a field carries its mark (MODEL_MARK): a token id
+# below its vocabulary size, a length from its max_seq_length up, dimensions up to its embedding size, the prompt
+# names and tasks it has, ranges of its embedding size.
+MODEL_MARK = "x-attnserve-model"
+
+
+def _marked(what: str) -> Field:  # type: ignore[valid-type]
+    return Field(json_schema_extra={MODEL_MARK: what})
+
+
+def _integral(value: object) -> object:
+    """JSON Schema counts 40.0 an integer: so does the parser, for a token id (strict pydantic would not)."""
+    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2**63 else value
+
+
+Integer = Annotated[int, BeforeValidator(_integral)]  # a request's integer
+Positive = Annotated[int, BeforeValidator(_integral), Field(json_schema_extra={"minimum": 1})]
+TokenId = Annotated[int, BeforeValidator(_integral), Field(json_schema_extra={"minimum": 0, MODEL_MARK: "token_id"})]
+Layer = Annotated[int, BeforeValidator(_integral), _marked("layer")]  # -layers..layers-1
+Head = Annotated[int, BeforeValidator(_integral), _marked("head")]
+PromptName = Annotated[str | None, _marked("prompt_name")]
+TaskName = Annotated[str | None, _marked("task")]
+Dimensions = Annotated[Integer | None, _marked("dimensions")]
+Ranges = Annotated[list[list[float]] | None, _marked("ranges")]
+MaxTokens = Annotated[Integer | None, _marked("max_seq_length")]
+Texts = Annotated[list[Text], Field(json_schema_extra={"minItems": 1})]
+TokenIds = Annotated[list[TokenId], Field(json_schema_extra={"minItems": 1})]
+TokenIdLists = Annotated[list[TokenIds], Field(json_schema_extra={"minItems": 1})]
+# Sentence pairs take no prompt: none where the model has a default prompt (openapi.py).
+Pairs = Annotated[list[tuple[Text, Text]], Field(json_schema_extra={"minItems": 1, MODEL_MARK: "pairs"})]
+# /decode's ids: one text's, or several texts' (an empty list among them is the empty text).
+DecodeIds = Union[TokenIds, Annotated[list[list[TokenId]], Field(json_schema_extra={"minItems": 1})]]
+
 # A text, texts, one input's token ids (special tokens included) or several inputs' token ids.
-Inputs = Union[str, list[str], list[int], list[list[int]]]
+Inputs = Union[Text, Texts, TokenIds, TokenIdLists]
 INPUTS_FORMS = "a string, a list of strings, a list of token ids or a list of lists of token ids"
 # TEI's routes and attnserve's own also take sentence pairs, written as TEI's /predict writes them: [[a, b], ...]
 # (a list of two strings alone already means two texts).
-PairInputs = Union[str, list[str], list[int], list[list[int]], list[tuple[str, str]]]
+PairInputs = Union[Text, Texts, TokenIds, TokenIdLists, Pairs]
 PAIR_INPUTS_FORMS = INPUTS_FORMS.replace(" or a list", ", a list") + " or a list of [text a, text b] pairs"
-TruncationDirection = Literal["Right", "Left", "right", "left"]
+# A multi-vector model cuts at the end only, as sentence-transformers does (openapi.py).
+TruncationDirection = Annotated[Literal["Right", "Left", "right", "left"], Field(
+    json_schema_extra={MODEL_MARK: "truncation_direction"})]
 TRUNCATE_UNSET = "unset: as the server's --auto-truncate says (cut, by default)"
 EncodingFormat = Literal["float", "base64"]
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
@@ -34,6 +74,24 @@ POOLING_DESCRIPTION = ("attnserve's, as gRPC's EmbedRequest.pooling: default (th
                        "from the token embeddings (refused where the model's pipeline does more than pool and "
                        "normalise)")
 Body = TypeVar("Body", bound=BaseModel)  # a route's body model: parse() returns that class, not BaseModel
+
+
+_TEXTS = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+
+
+def _given(name: str) -> dict:
+    return {"properties": {name: {"type": "string"}}, "required": [name]}
+
+
+# prompt_name or prompt, not both (refused).
+_ONE_PROMPT: dict[str, Any] = {"not": {"allOf": [_given("prompt"), _given("prompt_name")]}}
+
+
+def _prompted_texts(field: str) -> dict:
+    """The conditions on a body with `prompt` and `prompt_name`: one of them at most, and with one, texts in
+    `field`, not token ids or pairs (a prompt goes before texts, and a pair takes none: refused)."""
+    return {"allOf": [_ONE_PROMPT, {"if": {"anyOf": [_given("prompt"), _given("prompt_name")]},
+                                    "then": {"properties": {field: _TEXTS}}}]}
 
 
 class _Strict(BaseModel):
@@ -55,24 +113,25 @@ class _TeiModelBody(_TeiBody):
 # --- OpenAI -----------------------------------------------------------------
 
 class OpenAIEmbeddingsBody(_Strict):
+    model_config = ConfigDict(json_schema_extra=_prompted_texts("input"))  # a prompt goes before texts
     input: Inputs = Field(description=f"{INPUTS_FORMS}; token ids include the special tokens ([CLS] ... [SEP])")
     model: str = Field(description="a served model's name or alias (GET /v1/models lists them); \"\": the "
                                    "server's default model")
     encoding_format: EncodingFormat | None = Field(
         None, description="float (the default) or base64: the little-endian float32 bytes of each vector")
-    dimensions: int | None = Field(None, description="keep the first N dimensions, then L2-normalise")
+    dimensions: Dimensions = Field(None, description="keep the first N dimensions, then L2-normalise")
     user: str | None = Field(None, description="accepted and ignored")
     truncate: bool | None = Field(None, description="attnserve's: true cuts inputs longer than max_seq_length, "
                                                     "false refuses them; " + TRUNCATE_UNSET)
-    prompt_name: str | None = Field(None, description="attnserve's, as sentence-transformers and TEI name it: a "
+    prompt_name: PromptName = Field(None, description="attnserve's, as sentence-transformers and TEI name it: a "
                                                       "prompt of the model's to put before each text; unset: the "
                                                       "model's default prompt, if any")
     prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each text, instead of "
                                                  "prompt_name")
-    task: str | None = Field(None, description="attnserve's: the task adapter to encode with (gRPC GetModelInfo.tasks; "
+    task: TaskName = Field(None, description="attnserve's: the task adapter to encode with (gRPC GetModelInfo.tasks; "
                                                "jina-embeddings-v3: retrieval.query, retrieval.passage, separation, "
                                                "classification, text-matching); unset: no adapter")
-    pooling: RequestPooling = Field("default", description=POOLING_DESCRIPTION)
+    pooling: Annotated[RequestPooling, _marked("pooling")] = Field("default", description=POOLING_DESCRIPTION)
 
 
 class OpenAIEmbedding(BaseModel):
@@ -121,49 +180,57 @@ class OpenAIError(BaseModel):
 # --- text-embeddings-inference ----------------------------------------------
 
 class TeiEmbedBody(_TeiModelBody):
+    # ranges are for int8 and uint8 only (refused beside another type, which they would not change); a prompt goes
+    # before texts.
+    # int8 and uint8 under another pooling than the model's need ranges (openapi.py: MODEL_MARK "ranged_pooling").
+    model_config = ConfigDict(json_schema_extra={MODEL_MARK: "ranged_pooling", "allOf": [
+        {"if": {"properties": {"embedding_type": {"enum": ["float", "binary", "ubinary"]}}},
+         "then": {"properties": {"ranges": {"type": "null"}}}}, *_prompted_texts("inputs")["allOf"]]})
     inputs: PairInputs = Field(description=PAIR_INPUTS_FORMS)
     normalize: bool = True
     truncate: bool | None = Field(None, description="false: an input over max_seq_length is refused; true: it "
                                                     "is cut; " + TRUNCATE_UNSET)
     truncation_direction: TruncationDirection = "Right"
-    dimensions: int | None = None
-    prompt_name: str | None = Field(None, description="a prompt of the model's to put before each text; unset: "
+    dimensions: Dimensions = None
+    prompt_name: PromptName = Field(None, description="a prompt of the model's to put before each text; unset: "
                                                       "the model's default prompt, if any")
     prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each text")
-    task: str | None = Field(None, description="attnserve's: the task adapter to encode with (gRPC GetModelInfo.tasks; "
+    task: TaskName = Field(None, description="attnserve's: the task adapter to encode with (gRPC GetModelInfo.tasks; "
                                                "jina-embeddings-v3: retrieval.query, retrieval.passage, separation, "
                                                "classification, text-matching); unset: no adapter")
     embedding_type: EmbeddingType = Field(
         "float", description="attnserve's: float, or int8, uint8 (the model's calibrated ranges, or `ranges`), binary "
                              "or ubinary (8 dimensions a byte), as sentence-transformers' quantize_embeddings gives")
-    ranges: list[list[float]] | None = Field(
+    ranges: Ranges = Field(
         None, description="attnserve's: int8 / uint8 ranges, [minima, maxima] of each dimension returned")
-    pooling: RequestPooling = Field("default", description=POOLING_DESCRIPTION)
+    pooling: Annotated[RequestPooling, _marked("pooling")] = Field("default", description=POOLING_DESCRIPTION)
 
 
 class TeiEmbedAllBody(_TeiModelBody):
+    model_config = ConfigDict(json_schema_extra=_prompted_texts("inputs"))  # a prompt goes before texts
     inputs: PairInputs = Field(description=PAIR_INPUTS_FORMS)
     truncate: bool | None = Field(None, description=TRUNCATE_UNSET)
     truncation_direction: TruncationDirection = "Right"
-    prompt_name: str | None = None
+    prompt_name: PromptName = None
     prompt: str | None = None
 
 
 class TeiTokenizeBody(_TeiModelBody):
-    inputs: str | list[str]
+    model_config = ConfigDict(json_schema_extra=_ONE_PROMPT)
+    inputs: Union[Text, Texts]
     add_special_tokens: bool = True
-    prompt_name: str | None = None
+    prompt_name: PromptName = None
     prompt: str | None = None
 
 
 class TeiDecodeBody(_TeiModelBody):
-    ids: list[int] | list[list[int]]
+    ids: DecodeIds
     skip_special_tokens: bool = True
 
 
 class TeiRerankBody(_TeiModelBody):
-    query: str
-    texts: list[str] = Field(description="each scored as the pair (query, text)")
+    query: Text
+    texts: Texts = Field(description="each scored as the pair (query, text)")
     raw_scores: bool = Field(False, description="the raw logits rather than the model's activation (a sigmoid)")
     return_text: bool = False
     truncate: bool | None = Field(None, description="false: a pair over max_seq_length is refused; true: it is "
@@ -240,7 +307,7 @@ Parameters = dict[str, Union[str, int, float, bool]]
 
 class KServeTensor(_TeiBody):
     name: str
-    shape: list[int] = Field(description="the tensor's shape; the number of elements is its product")
+    shape: list[Integer] = Field(description="the tensor's shape; the number of elements is its product")
     datatype: str = Field(description="BYTES for texts")
     parameters: Parameters | None = Field(None, description="binary_data_size: the tensor's bytes follow the JSON "
                                                             "(Triton's binary tensor extension)")
@@ -254,6 +321,8 @@ class KServeRequestedOutput(_TeiBody):
 
 
 class KServeInferBody(_TeiBody):
+    # The described body is the default model's (openapi.py: its inputs' and outputs' names, its parameters).
+    model_config = ConfigDict(json_schema_extra={MODEL_MARK: "kserve_infer"})
     id: str | None = None
     parameters: Parameters | None = Field(None, description="truncate (a boolean; unset: as the server's "
                                                             "--auto-truncate says), normalize (a boolean), "
@@ -295,14 +364,15 @@ class KServeError(BaseModel):
 
 class RerankDocument(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
-    text: str
+    text: Text
 
 
 class CohereRerankBody(_Strict):
-    query: str
-    documents: list[str | RerankDocument] = Field(description="strings, or objects with a `text`")
+    query: Text
+    documents: Annotated[list[Text | RerankDocument], Field(json_schema_extra={"minItems": 1})] = Field(
+        description="strings, or objects with a `text`")
     model: str | None = Field(None, description="the served model's name or an alias; unset: the default model")
-    top_n: int | None = Field(None, description="how many of the best results to return; unset: all")
+    top_n: Positive | None = Field(None, description="how many of the best results to return; unset: all")
     return_documents: bool = Field(False, description="return each document with its result")
     truncate: bool | None = Field(None, description="attnserve's: false refuses a (query, document) pair over "
                                                     "max_seq_length; " + TRUNCATE_UNSET)
@@ -312,10 +382,10 @@ class CohereV2RerankBody(_Strict):
     """Cohere's v2 rerank (POST /v2/rerank), as cohere.ClientV2.rerank sends it."""
 
     model: str = Field(description="a served model's name or alias; \"\": the server's default model")
-    query: str
-    documents: list[str] = Field(description="each scored as the pair (query, document)")
-    top_n: int | None = Field(None, description="how many of the best results to return; unset: all")
-    max_tokens_per_doc: int | None = Field(
+    query: Text
+    documents: Texts = Field(description="each scored as the pair (query, document)")
+    top_n: Positive | None = Field(None, description="how many of the best results to return; unset: all")
+    max_tokens_per_doc: Positive | None = Field(
         None, description="each document cut to its first N tokens before it is scored; unset: as it is (a pair "
                           "over the model's max_seq_length is cut, as Cohere cuts long documents)")
 
@@ -346,20 +416,22 @@ class CohereRerankReply(BaseModel):
 
 
 class TeiEmbedSparseBody(_TeiModelBody):
+    model_config = ConfigDict(json_schema_extra=_prompted_texts("inputs"))  # a prompt goes before texts
     inputs: PairInputs = Field(description=PAIR_INPUTS_FORMS)
     truncate: bool | None = Field(None, description="false: an input over max_seq_length is refused; true: it "
                                                     "is cut; " + TRUNCATE_UNSET)
     truncation_direction: TruncationDirection = "Right"
-    prompt_name: str | None = Field(None, description="a prompt of the model's to put before each text; unset: "
+    prompt_name: PromptName = Field(None, description="a prompt of the model's to put before each text; unset: "
                                                       "the model's default prompt, if any")
     prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each text")
-    top_k: int | None = Field(None, description="attnserve's: keep the k largest weights of each input "
+    top_k: Positive | None = Field(None, description="attnserve's: keep the k largest weights of each input "
                                                 "(sentence-transformers' max_active_dims); unset: all above 0")
     return_tokens: bool = Field(False, description="attnserve's: each weight's vocabulary token, as `token`")
 
 
 class TeiPredictBody(_TeiModelBody):
-    inputs: Union[str, list[Union[str, list[str]]]] = Field(
+    inputs: Union[Text, Annotated[list[Union[Text, Annotated[list[Text], Field(json_schema_extra={
+        "minItems": 1, "maxItems": 2})]]], Field(json_schema_extra={"minItems": 1})]] = Field(
         description="a text; a pair [a, b]; or a batch: a list of texts, [text] and [a, b] lists (TEI's forms: a "
                     "list of exactly two strings is one pair)")
     raw_scores: bool = Field(False, description="the logits; false: softmax over the labels, or a sigmoid for one "
@@ -370,23 +442,44 @@ class TeiPredictBody(_TeiModelBody):
 
 
 class TeiSimilarityInputs(_TeiBody):
-    source_sentence: str
-    sentences: list[str] = Field(description="each compared with source_sentence")
+    source_sentence: Text
+    sentences: Texts = Field(description="each compared with source_sentence")
 
 
 class TeiSimilarityParameters(_TeiBody):
     """TEI's SimilarityParameters: where TEI's /similarity takes its options."""
 
+    model_config = ConfigDict(json_schema_extra=_ONE_PROMPT)
+
     truncate: bool | None = Field(None, description="false: an input over max_seq_length is refused; true: it "
                                                     "is cut; " + TRUNCATE_UNSET)
     truncation_direction: TruncationDirection | None = Field(None, description="Right (the default) or Left")
-    prompt_name: str | None = Field(None, description="a prompt of the model's to put before each sentence; unset: "
+    prompt_name: PromptName = Field(None, description="a prompt of the model's to put before each sentence; unset: "
                                                       "the model's default prompt, if any")
     prompt: str | None = Field(None, description="attnserve's: a raw prompt to put before each sentence")
 
 
+def _nested(name: str) -> dict:
+    return {"properties": {"parameters": {"properties": {name: {"not": {"type": "null"}}}, "required": [name]}},
+            "required": ["parameters"]}
+
+
+def _one_place(schema: dict) -> None:
+    """Each option in `parameters` or at the top level, not both; prompt_name or prompt, wherever given."""
+    def top(name: str) -> dict:
+        return {"properties": {name: {"not": {"type": "null"}}}, "required": [name]}
+
+    options = ("truncate", "truncation_direction", "prompt_name", "prompt")
+    schema["allOf"] = [*({"not": {"allOf": [top(n), _nested(n)]}} for n in options),
+                       {"not": {"allOf": [{"anyOf": [top("prompt"), _nested("prompt")]},
+                                          {"anyOf": [top("prompt_name"), _nested("prompt_name")]}]}}]
+    schema.pop("not", None)  # the parameters' own rule, inherited, is in allOf's last
+
+
 class TeiSimilarityBody(TeiSimilarityParameters, _TeiModelBody):
     """The options TEI takes under `parameters`, also taken at the top level (attnserve's older place)."""
+
+    model_config = ConfigDict(json_schema_extra=lambda schema: _one_place(schema))
 
     inputs: TeiSimilarityInputs
     parameters: TeiSimilarityParameters | None = Field(
@@ -397,10 +490,12 @@ class TeiSimilarityBody(TeiSimilarityParameters, _TeiModelBody):
 # Cohere's v2 embed API (POST /v2/embed): its embedding types, base64 among them (the float32 bytes of each vector).
 CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 CohereInputType = Literal["search_document", "search_query", "classification", "clustering", "image"]
+# "image" is Cohere's too, and refused here with a message (this server embeds texts): the description leaves it out.
+TEXT_INPUT_TYPES = ["search_document", "search_query", "classification", "clustering"]
 
 
 class MultiVectorBody(_Strict):
-    inputs: Union[str, list[str]] = Field(description="a text or a list of texts")
+    inputs: Union[Text, Texts] = Field(description="a text or a list of texts")
     input_type: Literal["query", "document"] = Field(
         "document", description="encode the texts as queries (the model's query prompt, length and expansion) or "
                                 "as documents (its document prompt and length; its skip-list tokens left out)")
@@ -412,26 +507,40 @@ class MultiVectorBody(_Strict):
     model: str = Field("", description="a served model's name or alias; \"\": the server's default model")
 
 
+def _texts_required(schema: dict) -> None:
+    schema["required"] = [*schema.get("required", []), "texts"]
+    texts = schema["properties"]["texts"]
+    texts["anyOf"] = [form for form in texts["anyOf"] if form.get("type") != "null"]
+    texts.pop("default", None)
+
+
 class CohereEmbedBody(_Strict):
     model: str = Field(description="a served model's name or alias; \"\": the server's default model")
-    input_type: CohereInputType | None = Field(
+    input_type: Annotated[CohereInputType | None, WithJsonSchema({"anyOf": [{"enum": TEXT_INPUT_TYPES},
+                                                                         {"type": "null"}]})] = Field(
         None, description="the model's prompt of that purpose where it has one (search_query: \"query\", "
                           "search_document: \"document\" or \"passage\", classification, clustering); otherwise "
                           "its default prompt")
-    texts: list[str] | None = Field(None, description="the texts to embed")
-    images: list[str] | None = Field(None, description="refused: a text encoder embeds no images")
-    inputs: list[dict] | None = Field(None, description="refused: send texts")
-    embedding_types: list[CohereEmbeddingType] | None = Field(
+    # Cohere's texts, images or inputs: a text encoder takes texts only, so the description requires texts (the
+    # parser does not, so that their absence is answered as the core words it), and allows the other two only as
+    # null.
+    model_config = ConfigDict(json_schema_extra=lambda schema: _texts_required(schema))
+    texts: Texts | None = Field(None, description="the texts to embed")
+    images: Annotated[list[str] | None, WithJsonSchema({"type": "null"})] = Field(
+        None, description="refused: a text encoder embeds no images")
+    inputs: Annotated[list[dict] | None, WithJsonSchema({"type": "null"})] = Field(
+        None, description="refused: send texts")
+    embedding_types: Annotated[list[CohereEmbeddingType] | None, _marked("cohere_types")] = Field(
         None, description="unset: float. int8 and uint8 use the model's calibrated ranges (engine/quantize.py); "
                           "binary and ubinary pack 8 dimensions a byte; base64: the float32 bytes of each vector")
-    output_dimension: int | None = Field(None, description="keep the first N dimensions (Matryoshka), then "
+    output_dimension: Dimensions = Field(None, description="keep the first N dimensions (Matryoshka), then "
                                                            "normalise, then quantize")
-    max_tokens: int | None = Field(None, description="refused unless at least max_seq_length: inputs are cut at "
-                                                     "max_seq_length")
+    max_tokens: MaxTokens = Field(None, description="refused unless at least max_seq_length: inputs are cut at "
+                                                    "max_seq_length")
     truncate: Literal["NONE", "START", "END"] | None = Field(
         None, description="NONE refuses an input over max_seq_length; START cuts its start, END (the default) its "
                           "end")
-    priority: int | None = Field(None, description="accepted and ignored")
+    priority: Integer | None = Field(None, description="accepted and ignored")
 
 
 class CohereEmbeddings(BaseModel):
@@ -455,11 +564,15 @@ class CohereEmbedReply(BaseModel):
 # --- attnserve's own --------------------------------------------------------
 
 class AttentionBody(_Strict):
+    # weights false with no analyses asks for nothing, and is refused.
+    model_config = ConfigDict(json_schema_extra={
+        "if": {"properties": {"weights": {"const": False}}, "required": ["weights"]},
+        "then": {"properties": {"analyses": {"minItems": 1}}, "required": ["analyses"]}})
     inputs: PairInputs = Field(description=PAIR_INPUTS_FORMS)
     model: str | None = Field(None, description="a served model's name or alias; unset: the default model")
-    layers: list[int] = Field(default_factory=list, description="layers in this order; empty: the last; "
+    layers: list[Layer] = Field(default_factory=list, description="layers in this order; empty: the last; "
                                                                 "negative indices count from the end")
-    heads: list[int] = Field(default_factory=list, description="heads in this order; empty: every head")
+    heads: list[Head] = Field(default_factory=list, description="heads in this order; empty: every head")
     average_heads: bool = Field(False, description="average the chosen heads: the heads axis has size 1")
     analyses: list[Literal["rollout", "head_stats", "norms"]] = Field(
         default_factory=list, description="analyses computed in the server: of every layer's every head, rollout "
@@ -504,8 +617,8 @@ class AttentionReply(BaseModel):
 # --- parsing ----------------------------------------------------------------
 
 _UNION_FORMS: dict[object, str] = {  # keyed by the annotation: typing's union forms
-    Inputs: INPUTS_FORMS, PairInputs: PAIR_INPUTS_FORMS, Union[str, list[str]]: "a string or a list of strings",
-    Union[list[int], list[list[int]]]: "a list of token ids or a list of lists of token ids"}
+    Inputs: INPUTS_FORMS, PairInputs: PAIR_INPUTS_FORMS, Union[Text, Texts]: "a string or a list of strings",
+    DecodeIds: "a list of token ids or a list of lists of token ids"}
 
 
 def parse(model: type[Body], body: bytes) -> Body:

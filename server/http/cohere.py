@@ -74,7 +74,7 @@ class CohereRoutes:
     def routes(self) -> list[Route]:
         return [Route("POST", "/v2/embed", self.embed, OPENAI,
                       "Cohere's v2 embed API: float, int8, uint8, binary, ubinary and base64 embeddings",
-                      CohereEmbedBody, CohereEmbedReply, names=NAMES)]
+                      CohereEmbedBody, CohereEmbedReply, names=NAMES, needs="embed")]
 
     async def embed(self, request: web.Request) -> web.Response:
         def translate(body: CohereEmbedBody) -> tuple[CohereEmbedBody, EncodeRequest]:

@@ -75,7 +75,9 @@ class HttpDoor:
                                           reply_schema={"type": "object"}),
                                     Route("GET", "/", self._index, TEI, "where to start: the help and the routes",
                                           reply_schema={"type": "object"}, open=True)]
-        self._spec = dumps(openapi_spec(self.routes, core.info, keys.required))
+        self._spec = dumps(openapi_spec(
+            self.routes, core.info, keys.required, {output for m in core.models.all for output in m.info.outputs},
+            [name for m in core.models.all for name in m.info.names]))
         self._index_body = dumps(index(self.routes, core.info.version))
         self._by_handler = {route.handler: route for route in self.routes}
         self._families = families(self.routes)

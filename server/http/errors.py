@@ -35,7 +35,6 @@ HTTP_STATUS = {
     Reason.NOT_FOUND: 404,  # no such route
     Reason.METHOD_NOT_ALLOWED: 405,
     Reason.MESSAGE_TOO_LARGE: 413,  # a body over max_request_bytes
-    Reason.REQUEST_TOO_LARGE: 413,  # more tokens than the whole queue holds: never, unlike QUEUE_FULL
     Reason.QUEUE_FULL: 429,  # retry after Retry-After
     Reason.BATCH_FAILED: 500,  # retry
     Reason.GRAPH_BUILDING: 503,  # retry after Retry-After: the graph the request needs is being built
@@ -53,7 +52,7 @@ _OPENAI_TYPE = {400: "invalid_request_error", 401: "authentication_error", 404: 
                 429: "rate_limit_error"}
 _OPENAI_CODE = {Reason.UNAUTHENTICATED: "invalid_api_key"}  # else the reason in lower case: "model_not_found"
 _TEI_TYPE = {Reason.INVALID_INPUT: "Validation", Reason.MALFORMED_MESSAGE: "Validation",
-             Reason.MESSAGE_TOO_LARGE: "Validation", Reason.REQUEST_TOO_LARGE: "Validation",
+             Reason.MESSAGE_TOO_LARGE: "Validation",
              Reason.UNAUTHENTICATED: "Unauthorized", Reason.MODEL_NOT_FOUND: "NotFound", Reason.NOT_FOUND: "NotFound",
              Reason.METHOD_NOT_ALLOWED: "MethodNotAllowed", Reason.QUEUE_FULL: "Overloaded",
              Reason.DEADLINE_EXCEEDED: "Overloaded", Reason.REQUEST_TIMEOUT: "Validation",

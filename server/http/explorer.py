@@ -109,7 +109,7 @@ class ExplorerRoutes:
     def routes(self) -> list[Route]:
         # Open: the page itself needs no key; it sends the one typed into it on its API calls.
         return [Route("GET", "/explorer", self.page, TEI, "the attention explorer: an HTML page over /v1/attention",
-                      reply_schema={"type": "string"}, open=True)]
+                      reply_schema={"type": "string"}, open=True, content_types=("text/html",))]
 
     async def page(self, request: web.Request) -> web.Response:
         html, policy = _page()

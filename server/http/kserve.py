@@ -19,18 +19,17 @@ name is the whole path between /v2/models/ and the route's last part. Every mode
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import numpy as np
 from aiohttp import web
 
-from attnserve.errors import InvalidInputError, MalformedMessageError, MethodNotAllowedError, ModelNotFoundError
+from attnserve.errors import InvalidInputError, MalformedMessageError
 
 from .. import open_inference as oip
 from ..core import BINARY_FLOAT_BYTES, Core
 from ..models import ModelInfo
-from ..requests import RerankRequest
+from ..requests import PredictRequest, RerankRequest
 from .bodies import (
     KServeInferBody,
     KServeInferReply,
@@ -46,9 +45,65 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 EXTENSIONS = ["binary_tensor_data", *oip.EXTENSIONS]
 NAME = r"{name:.+}"  # a model name, slashes included
 VERSIONED = r"{name:.+}/versions/{version:[^/]+}"
-# What a metadata route takes for a model name when it is a suffixed path: NAME[/versions/V]/(infer|config|ready).
-SUFFIXED_PATH = re.compile(r"(?P<name>.+?)(?:/versions/[^/]+)?/(?P<route>infer|config|ready|stats)")
-ALLOWED = {"infer": ("POST",), "config": ("GET",), "ready": ("GET",), "stats": ("GET",)}
+# The metadata route's model name: any name but one ending in a suffixed route's word, which would make
+# GET /v2/models/M/infer the metadata of a model "M/infer", and a 405 there (or an OPTIONS) advertise GET. So the
+# router's 405 names the methods the path takes (Allow: POST for .../infer). A model whose name ends so has no
+# metadata route.
+METADATA_NAME = r"{name:(?!.*/(?:infer|config|ready|stats)$).+}"
+
+
+def _one_of(names: list[str]) -> dict:
+    """One of the names; none at all where there are none (the parameter is then refused)."""
+    return {"enum": names} if names else {"not": {}}
+
+
+def infer_body_schema(info: ModelInfo) -> dict:
+    """The JSON body of an infer request to this model, as far as JSON Schema can say it: its input tensors by
+    name (each once, BYTES, shape [N] or [N, 1], or [1] for a reranker's query; texts, not empty), the outputs it
+    can name, and the parameters it reads with their types. That a shape's product is its data's length, JSON
+    Schema cannot say (the door refuses a shape that lies, naming both); nor the binary form of a tensor, which a
+    body of another content type carries (Inference-Header-Content-Length)."""
+    sig = oip.signature(info)
+    text = {"type": "string", "minLength": 1, "pattern": r"\S"}
+    scalar = {"type": ["string", "number", "boolean"]}
+
+    def tensor(spec: oip.TensorSpec) -> dict:
+        one = spec.shape == (1,)
+        return {"type": "object", "required": ["name", "shape", "datatype", "data"], "properties": {
+            "name": {"const": spec.name},
+            "shape": {"type": "array", "minItems": 1, "maxItems": 2, "prefixItems": [
+                {"type": "integer", "minimum": 1, "maximum": 1 if one else info.max_inputs_per_request},
+                {"const": 1}]},
+            "datatype": {"const": "BYTES"},
+            "parameters": {"type": ["object", "null"], "properties": {"binary_data_size": {"not": {}}},
+                           "additionalProperties": scalar},
+            "data": {"type": "array", "minItems": 1, "maxItems": 1 if one else info.max_inputs_per_request,
+                     "items": {"anyOf": [text, {
+                "type": "array", "items": text, "minItems": 1, "maxItems": 1}]}}}}
+
+    # Parameter values are strings, numbers and booleans (bodies.Parameters); unknown names are ignored.
+    flag: dict = {"type": "boolean"}
+    word: dict = {"type": ["string", "null"]}
+    parameters: dict[str, dict] = {"truncate": flag, "binary_data_output": flag}
+    if info.kind == "reranker":
+        parameters["raw_scores"] = flag
+    elif "embed_multi" in info.outputs:
+        parameters["input_type"] = {"enum": ["query", "document"]}
+    else:
+        parameters.update(normalize=flag, dimensions={"type": "integer", "minimum": 1, "maximum": info.embedding_size},
+                          prompt_name=_one_of(list(info.prompts)), task=_one_of(list(info.tasks)),
+                          embedding_type={"enum": [*info.embedding_types]})
+    return {"type": "object", "required": ["inputs"], "properties": {
+        "id": word,
+        "parameters": {"type": ["object", "null"], "properties": parameters, "additionalProperties": scalar},
+        "inputs": {"type": "array", "minItems": len(sig.inputs), "maxItems": len(sig.inputs),
+                   "items": {"anyOf": [tensor(spec) for spec in sig.inputs]},
+                   "allOf": [{"contains": {"properties": {"name": {"const": spec.name}}}} for spec in sig.inputs]},
+        "outputs": {"anyOf": [{"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
+            "name": {"enum": [spec.name for spec in sig.outputs]},
+            "parameters": {"type": ["object", "null"], "properties": {"binary_data": flag},
+                           "additionalProperties": scalar}}}},
+            {"type": "null"}]}}}
 
 
 class KServeRoutes:
@@ -59,7 +114,9 @@ class KServeRoutes:
         def route(method: str, path: str, handler, summary: str, **kwargs) -> Route:
             return Route(method, path, handler, KSERVE, summary, **kwargs)
 
-        infer = dict(body=KServeInferBody, reply=KServeInferReply)
+        # Outputs asked for as binary data come after the JSON header in an application/octet-stream reply.
+        infer = dict(body=KServeInferBody, reply=KServeInferReply,
+                     content_types=("application/json", "application/octet-stream"))
         infer_summary = "the model's outputs for its inputs: embeddings of `text`, a reranker's scores (KServe v2)"
         config_summary = "the model's configuration, as Triton gives it (KServe v2, model_configuration)"
         stats_summary = "the model's inference statistics, as Triton counts them (KServe v2, statistics)"
@@ -74,6 +131,7 @@ class KServeRoutes:
                                                          "(KServe v2)", open=True, readiness=True),
             route("POST", "/v2/repository/index", self.repository_index,
                   "every served model, READY (KServe v2, model_repository)", body=KServeRepositoryIndexBody,
+                  body_required=False,  # tritonclient's get_model_repository_index posts none
                   reply_schema={"type": "array", "items": obj}),
             route("GET", "/v2/models/stats", self.statistics,
                   "every model's inference statistics, as Triton counts them (KServe v2, statistics)",
@@ -90,23 +148,14 @@ class KServeRoutes:
                   readiness=True),
             route("GET", f"/v2/models/{VERSIONED}", self.model_metadata,
                   "the model's inputs and outputs (KServe v2)", reply_schema=obj),
-            route("GET", f"/v2/models/{NAME}", self.model_metadata, "the model's inputs and outputs (KServe v2)",
+            route("GET", f"/v2/models/{METADATA_NAME}", self.model_metadata,
+                  "the model's inputs and outputs (KServe v2)",
                   reply_schema=obj),
         ]
 
     def _info(self, request: web.Request) -> ModelInfo:
-        """The model the path names, at its one version.
-
-        A route asked with the wrong method (a GET of a served model's infer path) reaches here too, as the metadata
-        route of a model named "NAME/infer" (names hold slashes): that is a 405, not an unknown model."""
-        try:
-            info = self._core.model(request.match_info["name"]).info
-        except ModelNotFoundError:
-            suffixed = SUFFIXED_PATH.fullmatch(request.match_info["name"])
-            if suffixed is not None and suffixed["name"] in self._core.models.names:
-                raise MethodNotAllowedError(f"{request.method} is not allowed on {request.path}",
-                                            allowed=ALLOWED[suffixed["route"]]) from None
-            raise
+        """The model the path names, at its one version."""
+        info = self._core.model(request.match_info["name"]).info
         oip.check_version(info, request.match_info.get("version"))
         return info
 
@@ -163,6 +212,9 @@ class KServeRoutes:
             scores = oip.rerank_outputs(await self._core.rerank(call.request, deadline(request)),
                                         len(call.request.texts))
             reply = render(scores)
+        elif isinstance(call.request, PredictRequest):
+            reply = render(oip.predict_outputs(await self._core.predict(call.request, deadline(request)),
+                                               info.labels))
         else:
             reply, _ = await self._core.encode(
                 call.request, deadline(request), lambda r: render(oip.encode_outputs(r, outputs)),

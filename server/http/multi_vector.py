@@ -39,7 +39,7 @@ class MultiVectorRoutes:
                       "a multi-vector (ColBERT) model's vectors, [tokens, dim] per input, of queries or documents",
                       MultiVectorBody, reply_schema={"type": "array", "items": {
                           "oneOf": [{"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
-                                    {"type": "string"}]}})]
+                                    {"type": "string"}]}}, needs="embed_multi")]
 
     async def embed_multi(self, request: web.Request) -> web.Response:
         body, core_request = await self._bodies.read(request, MultiVectorBody, lambda b: (b, to_core(b)))

@@ -52,7 +52,7 @@ class OpenAIRoutes:
     def routes(self) -> list[Route]:
         def embeddings(path: str, summary: str) -> Route:
             return Route("POST", path, self.embeddings, OPENAI, summary, OpenAIEmbeddingsBody, OpenAIEmbeddingsReply,
-                         names=NAMES)
+                         names=NAMES, needs="embed")
 
         return [
             embeddings("/v1/embeddings", "OpenAI's embeddings API"),

@@ -70,12 +70,13 @@ class RerankRoutes:
     def routes(self) -> list[Route]:
         return [
             Route("POST", "/rerank", self.tei, TEI, "score texts against a query with a reranker, best first (TEI)",
-                  TeiRerankBody, reply_schema={"type": "array", "items": {"$ref": "#/components/schemas/TeiRank"}}),
+                  TeiRerankBody, reply_schema={"type": "array", "items": {"$ref": "#/components/schemas/TeiRank"}},
+                  needs="rerank"),
             Route("POST", "/v1/rerank", self.cohere, OPENAI, "Cohere/Infinity-style reranking, best first",
-                  CohereRerankBody, CohereRerankReply, names=COHERE_NAMES),
+                  CohereRerankBody, CohereRerankReply, names=COHERE_NAMES, needs="rerank"),
             Route("POST", "/v2/rerank", self.cohere_v2, OPENAI, "Cohere's v2 rerank (cohere.ClientV2.rerank), best "
                                                                 "first", CohereV2RerankBody, CohereV2RerankReply,
-                  names=COHERE_NAMES),
+                  names=COHERE_NAMES, needs="rerank"),
         ]
 
     async def tei(self, request: web.Request) -> web.Response:

@@ -24,6 +24,12 @@ class Route:
     reply_schema: dict | None = None  # a 200 reply that is no model (a JSON list)
     names: WireNames = field(default_factory=WireNames)
     open: bool = False  # answered without an API key and while draining: /health
+    # What a served model must give (ModelInfo.outputs) for the route to answer anything but a refusal: "embed",
+    # "rerank", "predict", "embed_sparse", "embed_multi", "attention", "similarity". /openapi.json describes the
+    # operations this server's models answer, and leaves out the others (they answer 400, naming why).
+    needs: str | None = None
+    content_types: tuple[str, ...] = ("application/json",)  # of its 200 reply
+    body_required: bool = True  # where it takes a body: False where an empty one means the defaults
     readiness: bool = False  # a probe: 503 (NotServingError) unless the core is ready, checked by the door
 
 

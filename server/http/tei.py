@@ -118,10 +118,9 @@ def render_predictions(reply: PredictReply, batch: bool) -> bytes:
 
 
 def _similarity_option(body: TeiSimilarityBody, name: str):
-    """An option of /similarity from TEI's `parameters` or the top level (attnserve's older place): either, or both
-    when they agree."""
+    """An option of /similarity from TEI's `parameters` or the top level (attnserve's older place): one of them."""
     top, nested = getattr(body, name), getattr(body.parameters, name) if body.parameters else None
-    if top is not None and nested is not None and top != nested:
+    if top is not None and nested is not None:
         description = (f"{json.dumps(nested)} here and {json.dumps(top)} at the top level: give it once (TEI's place "
                        "is parameters)")
         raise InvalidInputError(f"parameters.{name}: {description}", field=f"parameters.{name}",
@@ -174,21 +173,29 @@ class TeiRoutes:
 
     def routes(self) -> list[Route]:
         def embed(path: str, summary: str) -> Route:
-            return Route("POST", path, self.embed, TEI, summary, TeiEmbedBody, reply_schema=_list_of(_FLOATS))
+            return Route("POST", path, self.embed, TEI, summary, TeiEmbedBody, reply_schema=_list_of(_FLOATS),
+                         needs="embed")
 
+        # TEI's / is the default model's own route: embeddings for an embedding model, predictions for a reranker
+        # or a classifier; a model with neither (ColBERT, Qwen3-Reranker) has none there (405, Allow: GET).
+        outputs = self._core.info.outputs
+        root = ([embed("/", "sentence embeddings (TEI's route for an embedding model)")] if "embed" in outputs
+                else [Route("POST", "/", self.predict, TEI, "a reranker's or classifier's scores (TEI's route for "
+                            "them, as /predict)", TeiPredictBody, reply_schema={"type": "array"}, needs="predict")]
+                if "predict" in outputs else [])
         return [
             embed("/embed", "sentence embeddings (TEI)"),
-            embed("/", "sentence embeddings (TEI's route for an embedding model)"),
+            *root,
             Route("POST", "/embed_all", self.embed_all, TEI, "token embeddings, [tokens, hidden] per input (TEI)",
-                  TeiEmbedAllBody, reply_schema=_list_of(_list_of(_FLOATS))),
+                  TeiEmbedAllBody, reply_schema=_list_of(_list_of(_FLOATS)), needs="embed"),
             Route("POST", "/embed_sparse", self.embed_sparse, TEI, "a SPLADE model's sparse embeddings, [{index, "
                                                                     "value}] per input (TEI)", TeiEmbedSparseBody,
-                  reply_schema=_list_of(_list_of({"type": "object"}))),
+                  reply_schema=_list_of(_list_of({"type": "object"})), needs="embed_sparse"),
             Route("POST", "/predict", self.predict, TEI, "a classifier's scores for each text or pair, every label "
                                                          "best first (TEI)", TeiPredictBody,
-                  reply_schema={"type": "array"}),
+                  reply_schema={"type": "array"}, needs="predict"),
             Route("POST", "/similarity", self.similarity, TEI, "the cosine of each sentence with source_sentence (TEI)",
-                  TeiSimilarityBody, reply_schema=_FLOATS, names=SIMILARITY_NAMES),
+                  TeiSimilarityBody, reply_schema=_FLOATS, names=SIMILARITY_NAMES, needs="similarity"),
             Route("POST", "/tokenize", self.tokenize, TEI, "every token of each whole text, with its characters (TEI)",
                   TeiTokenizeBody, reply_schema=_list_of(_list_of({"$ref": "#/components/schemas/TeiToken"}))),
             Route("POST", "/decode", self.decode, TEI, "token ids back to text (TEI)", TeiDecodeBody,

@@ -1,0 +1,72 @@
+"""/openapi.json against what the server does, judged by schemathesis (a fuzzer nobody here wrote) with its default
+checks on every operation the description lists: no 5xx, a schema-valid body accepted, a schema-violating one
+refused, replies of the documented status, content type and shape, the methods a 405 allows.
+
+One server per kind of model, since each lists the operations its model answers (server/http/openapi.py): an
+embedder (all-MiniLM-L6-v2, its own max length), a reranker, a classifier, a SPLADE model and a ColBERT model
+(tiny, random weights). The two rules JSON Schema has no word for are told to the generator in
+tests/schemathesis_hooks.py. Deterministic: schemathesis's deterministic mode, a bounded number of examples.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnserve.default_model import default_checkpoint_dir
+from tests.checkpoints import save_cross_encoder
+from tests.serving import ServerProcess, serving
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = 30  # per operation and phase; about 3,000 requests for the embedder, 25 s
+
+
+def _export(checkpoint: Path, out: Path) -> Path:
+    from attnserve.export.artifacts import build_artifacts
+    from attnserve.model.checkpoint import read_checkpoint
+
+    build_artifacts(read_checkpoint(checkpoint), out, log=lambda m: None)
+    return out
+
+
+@pytest.fixture(scope="module", params=["embedder", "reranker", "classifier", "splade", "colbert"])
+def served(request, artifacts, tmp_path_factory):
+    kind = request.param
+    root = tmp_path_factory.mktemp(f"schemathesis_{kind}")
+    if kind == "embedder":
+        directory = artifacts
+    elif kind in ("reranker", "classifier"):
+        labels = ["negative", "neutral", "positive"] if kind == "classifier" else None
+        directory = _export(save_cross_encoder(root / "checkpoint", default_checkpoint_dir(), labels=labels),
+                            root / "artifacts")
+    elif kind == "splade":
+        from tests.test_splade import save_splade
+
+        directory = _export(save_splade(root / "checkpoint"), root / "artifacts")
+    else:
+        from tests.test_colbert import CLASSIC, save_colbert
+
+        directory = _export(save_colbert(root / "checkpoint", CLASSIC), root / "artifacts")
+    process = ServerProcess(directory, env={"ATTNSERVE_THREADS": "1"}, log_path=root / "server.log")
+    with serving(process):
+        yield kind, process
+
+
+def test_every_operation_answers_as_openapi_json_describes_it(served, tmp_path):
+    kind, process = served
+    command = [sys.executable, "-m", "schemathesis.cli", "run", f"{process.http_url}/openapi.json",
+               "--max-examples", str(EXAMPLES), "--generation-deterministic", "--workers", "1",
+               "--request-timeout", "60", "--no-color"]
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks", "PYTHONPATH": str(REPO)}
+    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    report = run.stdout + run.stderr
+    (tmp_path / "schemathesis.txt").write_text(report)
+    assert run.returncode == 0, f"{kind}: schemathesis found what the description does not say:\n{report[-6000:]}"
+    summary = report[report.rindex("API Operations:"):]
+    assert "Tested:" in summary and "passed" in summary, summary
+    log = process.log_tail()
+    assert "Traceback" not in log, log
