@@ -122,6 +122,11 @@ class ServerConfig:
     tls_key: str | None = setting(None, "ATTNSERVE_TLS_KEY", "PEM private key of --tls-cert")
     tls_client_ca: str | None = setting(
         None, "ATTNSERVE_TLS_CLIENT_CA", "PEM CA bundle: require client certificates signed by it (mutual TLS)")
+    # As TEI's --otlp-endpoint and vLLM's --otlp-traces-endpoint: the spans go to a collector, not the log.
+    otlp_endpoint: str | None = setting(
+        None, "ATTNSERVE_OTLP_ENDPOINT",
+        "OpenTelemetry: send each request's spans (request, tokenize, queue wait, batch run, reply) to this OTLP/gRPC "
+        "receiver (http://collector:4317); a caller's W3C traceparent makes them part of its trace")
     # A person at a terminal reads lines; a collector (docker logs, journald, Kubernetes) parses JSON.
     log_format: str = setting(
         "auto", "ATTNSERVE_LOG_FORMAT",

@@ -24,6 +24,7 @@ from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import ConfigError
 from attnserve.export.token_ids import made_up_token_ids
 
+from . import tracing
 from .auth import ApiKeys
 from .core import Core
 from .grpc.auth import ApiKeyInterceptor
@@ -141,6 +142,7 @@ class Server:
         config, models = self.config, self.models
         # Unreadable TLS files or API keys fail before anything starts.
         credentials, http_ssl, keys = grpc_credentials(config), http_ssl_context(config), ApiKeys(config.api_keys())
+        tracing.setup(config.otlp_endpoint)
         self.core = Core(models, config, self._io, IO_THREADS)
         guard = RequestGuard(config.max_request_bytes, self._count_refused)
         # The key is checked first: a call without one is refused before its bytes are parsed.
@@ -273,6 +275,7 @@ class Server:
                 for batcher in model.batchers:
                     await batcher.join()
         self._release()
+        await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)  # the spans still buffered
         log.info("stopped", extra={"fields": {"event": "stopped"}})
 
     def _count_refused(self, method: str, code: grpc.StatusCode) -> None:

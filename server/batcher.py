@@ -38,6 +38,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 import numpy as np
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from attnserve.engine.batching import plan_batches
 from attnserve.engine.engine import BatchOutput
@@ -54,6 +56,8 @@ from .metrics import ModelMetrics
 from .statistics import BatchTimes
 
 log = logging.getLogger("attnserve.batcher")
+_TRACER = trace.get_tracer("attnserve")  # server/tracing.py: the no-op one without --otlp-endpoint
+_NO_PARENT = otel_context.Context()  # a batch serves several requests: its span is a root, linked to them
 
 # How many of the oldest waiting inputs one batch is planned from: enough to
 # find inputs of similar length, few enough that planning stays ~2 ms on the
@@ -99,6 +103,9 @@ class RowOutput:
 class _Request:
     deadline: float | None  # time.monotonic() value
     waiting: int  # its inputs still in the queue
+    span: trace.SpanContext | None = None  # its trace's current span when it was queued (server/tracing.py)
+    queued_ns: int = field(default_factory=time.time_ns)  # wall clock, as spans are timed
+    started: bool = False  # a batch has taken one of its inputs (its queue wait is over)
 
 
 @dataclass(eq=False)
@@ -113,6 +120,18 @@ class _Entry:
 
 
 RunBatch = Callable[[Sequence[TokenizedInput], bool, bool], BatchOutput]  # Engine.run(inputs, attention, last_layer)
+
+
+def _queue_wait_spans(requests) -> None:
+    """Each traced request's `queue wait`: from its admission to the first batch that takes one of its inputs."""
+    now = time.time_ns()
+    for request in requests:
+        if request.started:
+            continue
+        request.started = True
+        if request.span is not None:
+            parent = trace.set_span_in_context(trace.NonRecordingSpan(request.span))
+            _TRACER.start_span("queue wait", context=parent, start_time=request.queued_ns).end(end_time=now)
 
 
 class Batcher:
@@ -247,7 +266,8 @@ class Batcher:
         if deadline is not None and deadline <= time.monotonic():
             raise DeadlineExpiredError("the deadline passed before the request was queued")
         loop = asyncio.get_running_loop()
-        request = _Request(deadline, len(inputs))
+        current = trace.get_current_span().get_span_context()
+        request = _Request(deadline, len(inputs), current if current.is_valid else None)
         entries = [_Entry(next(self._seq), x, attention, attention and last_layer, request, loop.create_future())
                    for x in inputs]
         lane = self._lanes[attention]
@@ -395,6 +415,12 @@ class Batcher:
         inputs = [e.input for e in batch]
         tokens = sum(len(x) for x in inputs)
         cells = max(len(x) for x in inputs) * len(inputs)
+        requests = {id(e.request): e.request for e in batch}.values()
+        _queue_wait_spans(requests)
+        span = _TRACER.start_span("batch run", context=_NO_PARENT, links=[
+            trace.Link(r.span) for r in requests if r.span is not None], attributes={
+            "attnserve.batch_size": len(batch), "attnserve.tokens": tokens, "attnserve.cells": cells,
+            "attnserve.graph": graph})
         try:
             out = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._run_batch, inputs, attention, last_layer)
@@ -412,7 +438,10 @@ class Batcher:
             for entry in batch:
                 if not entry.future.done():
                     entry.future.set_exception(failure)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, type(error).__name__))
+            span.end()
             return
+        span.end()
         seconds = time.monotonic() - started
         if out.map_layers is not None:
             graph = "attention_last"

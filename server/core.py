@@ -26,6 +26,7 @@ from attnserve.config import ServerConfig
 from attnserve.engine.tokenizer import Token
 from attnserve.errors import InvalidInputError, NotServingError, ShuttingDownError
 
+from . import tracing
 from .memory import MemoryReturn
 from .models import ModelInfo, Models, ServedModel
 from .replies import (
@@ -64,6 +65,7 @@ BINARY_FLOAT_BYTES = 4.0
 __all__ = ["BINARY_FLOAT_BYTES", "Core", "Deadline", "ModelInfo"]
 
 T = TypeVar("T")
+_TRACER = tracing.tracer()  # the no-op one unless --otlp-endpoint set a provider first (tracing.setup)
 R = TypeVar("R")  # what a door's render makes of an encode reply: its bytes, or similarity's scores
 S = TypeVar("S")  # a scored request's reply: RerankReply, PredictReply
 # Whether this task's request is counted in its model's statistics already: a door that counts a request from the
@@ -143,18 +145,22 @@ class Core:
         body: R | bytes = b""
         self._memory.busy()
         try:
-            with _counted(model):
+            with _counted(model), _TRACER.start_as_current_span("request") as span:
+                span.set_attributes({"attnserve.model": model.name, "attnserve.inputs": len(request.inputs)})
                 if request.pooling == "default" and model.pooling != "default":  # serve --pooling
                     request = replace(request, pooling=model.pooling)
                 engine, batcher = model.for_task(request.task)  # a batcher per task: a batch never mixes adapters
                 batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
-                prepared = await loop.run_in_executor(
-                    self._executor, prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
-                    engine.takes_token_types, engine.multi_vector, engine.require)
+                with _TRACER.start_as_current_span("tokenize"):
+                    prepared = await loop.run_in_executor(
+                        self._executor, prepare, request, engine.tokenizer, engine.manifest, self.limits,
+                        float_bytes, engine.takes_token_types, engine.multi_vector, engine.require)
+                span.set_attribute("attnserve.tokens", prepared.tokens)
                 rows = await batcher.submit(prepared.inputs, prepared.options.attention, _at(deadline),
                                             prepared.options.last_layer_only)
-                rendered = body = await loop.run_in_executor(self._executor, self._render, rows, prepared, model,
-                                                             render)
+                with _TRACER.start_as_current_span("reply"):
+                    rendered = body = await loop.run_in_executor(self._executor, self._render, rows, prepared,
+                                                                 model, render)
                 return rendered, prepared.tokens
         finally:
             self._memory.done(len(body) if isinstance(body, bytes) else 0)
@@ -202,12 +208,16 @@ class Core:
         engine, batcher = model.engine, model.batcher
         self._memory.busy()
         try:
-            with _counted(model):
+            with _counted(model), _TRACER.start_as_current_span("request") as span:
+                span.set_attributes({"attnserve.model": model.name, "attnserve.inputs": count})
                 batcher.check_room(count)  # a full queue costs no tokenizing
-                prepared = await loop.run_in_executor(self._executor, prepare_scored, engine.tokenizer,
-                                                      engine.manifest, self.limits, engine.takes_token_types)
+                with _TRACER.start_as_current_span("tokenize"):
+                    prepared = await loop.run_in_executor(self._executor, prepare_scored, engine.tokenizer,
+                                                          engine.manifest, self.limits, engine.takes_token_types)
+                span.set_attribute("attnserve.tokens", sum(len(x) for x in prepared.inputs))
                 rows = await batcher.submit(prepared.inputs, False, _at(deadline))
-                return build(rows, prepared, engine.manifest, model.name)
+                with _TRACER.start_as_current_span("reply"):
+                    return build(rows, prepared, engine.manifest, model.name)
         finally:
             self._memory.done(0)
 

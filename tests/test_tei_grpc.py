@@ -4,6 +4,8 @@ against the offline engine (embeddings, token embeddings, tokens) and against th
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import numpy as np
 import pytest
@@ -50,7 +52,17 @@ def test_the_proto_holds_teis_field_for_field():
 
 @pytest.fixture(scope="module")
 def tei(server):
-    return GrpcClient(server.target)
+    # tei-client opens an asyncio channel beside its sync one, which needs a current event loop (another test's
+    # asyncio.run may have left none).
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    client = GrpcClient(server.target)
+    yield client
+    client.channel.close()
+    loop.run_until_complete(client.async_channel.close())
+    del client
+    asyncio.set_event_loop(None)
+    loop.close()
 
 
 def test_teis_grpc_client_embeds_as_the_offline_engine(tei, engine):

@@ -5,21 +5,25 @@ protocol; a stream's requests answered concurrently, its replies in order."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import grpc
+from opentelemetry import trace
 
 from attnserve.errors import ShuttingDownError
 
+from .. import tracing
 from ..core import Core
 from ..metrics import Metrics
 from ..requests import Deadline
 from .status import abort, status_for
 
 log = logging.getLogger("attnserve.server")
+_TRACER = tracing.tracer()
 # How far a stream's answers may run ahead of its replies.
 STREAM_WINDOW = 64
 
@@ -37,7 +41,7 @@ class Calls:
                     answer: Callable[[], Awaitable[tuple[Any, int]]]) -> Any:
         """One unary call; answer() gives (the reply, the tokens it cost)."""
         start, code, tokens, recorded = time.perf_counter(), grpc.StatusCode.OK, 0, False
-        with self._core.in_flight():
+        with self._core.in_flight(), self._span(method, context):
             try:
                 reply, tokens = await answer()
                 return reply
@@ -72,7 +76,7 @@ class Calls:
             except Exception as error:  # a message refused (server/grpc/guard.py), or the client's stream broke
                 await window.put(error)
 
-        with self._core.in_flight():
+        with self._core.in_flight(), self._span(method, context):
             reader = asyncio.ensure_future(read())
             item, index = None, None
             try:
@@ -103,6 +107,14 @@ class Calls:
                     _discard(window.get_nowait())
                 if not recorded:
                     self.record(method, code, start, answered, tokens, context)
+
+    @contextlib.contextmanager
+    def _span(self, method: str, context: grpc.aio.ServicerContext) -> Iterator[None]:
+        """The call's server span, the child of the caller's traceparent (gRPC metadata) if it sent one."""
+        with tracing.incoming(dict(context.invocation_metadata() or ())), _TRACER.start_as_current_span(
+                method, kind=trace.SpanKind.SERVER, attributes={"rpc.system": "grpc", "rpc.method": method,
+                                                                "attnserve.protocol": self.protocol}):
+            yield
 
     async def _next(self, window: asyncio.Queue):
         """The stream's next item, or ShuttingDownError once draining leaves nothing to answer."""

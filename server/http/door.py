@@ -25,6 +25,7 @@ from concurrent.futures import Executor
 from functools import partial
 
 from aiohttp import HttpVersion11, web
+from opentelemetry import trace
 
 from attnserve.config import ServerConfig
 from attnserve.errors import (
@@ -35,6 +36,7 @@ from attnserve.errors import (
     UnauthenticatedError,
 )
 
+from .. import tracing
 from ..auth import ApiKeys
 from ..core import Core
 from ..metrics import Metrics
@@ -55,6 +57,7 @@ from .tei import TeiRoutes
 from .wire import BODY_INVITED, BodyReader, ClientGoneError, dumps, json_response
 
 log = logging.getLogger("attnserve.server")
+_TRACER = tracing.tracer()
 
 PROTOCOL = "http"
 # The status of a request whose client went away before its answer (nginx's convention): counted, never sent.
@@ -194,7 +197,18 @@ class HttpDoor:
         """The route's handler; a readiness probe (Route.readiness) is 503 unless the core is ready."""
         if route.readiness:
             self._core.check_ready()
-        return await handler(request)
+        if route.open:  # probes are not traced
+            return await handler(request)
+        # The caller's traceparent, if any, makes this span its child (server/tracing.py). The path as routed: a
+        # handler may serve several (/v1/embeddings and /embeddings).
+        path = request.match_info.route.resource.canonical if request.match_info.route.resource else route.path
+        with tracing.incoming(request.headers), _TRACER.start_as_current_span(
+                f"{request.method} {path}", kind=trace.SpanKind.SERVER, attributes={
+                    "http.request.method": request.method, "http.route": path,
+                    "attnserve.protocol": PROTOCOL}) as span:
+            response = await handler(request)
+            span.set_attribute("http.response.status_code", response.status)
+            return response
 
     async def _openapi(self, request: web.Request) -> web.Response:
         return json_response(self._spec)
