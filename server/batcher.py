@@ -146,6 +146,7 @@ class Batcher:
         self._seq = itertools.count()
         self._arrived = asyncio.Event()
         self._room = asyncio.Event()  # set as tokens leave the queue (_remove)
+        self._in_parts = 0  # requests admitted in parts with parts still to queue: the drain waits for them
         self.wait = BatchWait(limits.max_wait_s)
         self._closed = False
         self._running = False
@@ -223,24 +224,26 @@ class Batcher:
                 part_tokens.append(0)
             parts[-1].append(x)
             part_tokens[-1] += len(x)
-        entries: list[_Entry] = []
+        # Each part is one queued request; the first is refused at once where there is no room.
+        entries = self._enqueue(parts[0], part_tokens[0], attention, deadline, last_layer)
+        self._in_parts += 1  # admitted: a drain starting now lets its later parts in
         try:
-            for i, (part, tokens) in enumerate(zip(parts, part_tokens, strict=True)):
-                if i:
-                    await self._room_for(tokens, deadline)
-                # Each part is one queued request; the first is refused at once where there is no room.
+            for part, tokens in zip(parts[1:], part_tokens[1:], strict=True):
+                await self._room_for(tokens, deadline)
                 entries += self._enqueue(part, tokens, attention, deadline, last_layer)
         except BaseException:
             for entry in entries:  # what has not run of the parts queued must not cost compute
                 entry.future.cancel()
             raise
+        finally:
+            self._in_parts -= 1
+            self._arrived.set()  # a closed, empty queue's owner may stop now
         return await self._rows(entries)
 
     async def _room_for(self, tokens: int, deadline: float | None) -> None:
-        """Until the queue has room for `tokens`, the server is not closing, and the deadline has not passed."""
+        """Until the queue has room for `tokens` (DeadlineExpiredError once the deadline passes). A drain does not
+        end the wait: the request was admitted, and its parts are answered."""
         while self.queued_tokens + tokens > self.limits.max_queue_tokens:
-            if self._closed:
-                raise ShuttingDownError("the server is shutting down; retry on another replica")
             self._room.clear()
             timeout = None if deadline is None else deadline - time.monotonic()
             if timeout is not None and timeout <= 0:
@@ -311,7 +314,7 @@ class Batcher:
     async def _own_queue(self) -> None:
         while True:
             if not self._lanes[False] and not self._lanes[True]:
-                if self._closed:
+                if self._closed and not self._in_parts:  # a request admitted in parts is answered whole
                     return
                 self._arrived.clear()
                 await self._arrived.wait()

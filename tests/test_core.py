@@ -206,6 +206,24 @@ def test_a_full_queue_is_queue_full_and_a_request_larger_than_the_queue_never_fi
     asyncio.run(scenario())
 
 
+def test_a_request_admitted_in_parts_is_answered_whole_when_the_drain_starts_between_its_parts(engine):
+    async def scenario():
+        gated = Gated(engine)
+        async with running(("minilm", gated), max_queue_tokens=300) as core:  # type: ignore[arg-type]
+            batcher = core.models.default.batcher
+            texts = [LONG, LONG + "again", LONG + "and again"]  # a part each: 3 x ~200 tokens in a 300-token queue
+            big = asyncio.ensure_future(encode(core, EncodeRequest(texts)))
+            await until(gated.running.is_set)  # the first part runs, held by the gate; the later ones wait
+            batcher.close()  # the drain's start: no new request, but this one was admitted
+            gated.gate.set()
+            reply = await big
+            np.testing.assert_allclose(reply.embeddings, engine.encode(texts, normalize=True).embeddings, atol=1e-5)
+            with pytest.raises(ShuttingDownError):
+                await encode(core, EncodeRequest(["after the drain began"]))
+
+    asyncio.run(scenario())
+
+
 def test_readiness_and_the_drain(engine):
     async def scenario():
         async with running(("minilm", engine), warm=False) as core:
