@@ -34,15 +34,16 @@ def _export(checkpoint: Path, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module", params=["embedder", "reranker", "classifier", "splade", "colbert"])
-def served(request, artifacts, tmp_path_factory):
+def served(request, artifacts, reranker_artifacts, tmp_path_factory):
     kind = request.param
     root = tmp_path_factory.mktemp(f"schemathesis_{kind}")
     if kind == "embedder":
         directory = artifacts
-    elif kind in ("reranker", "classifier"):
-        labels = ["negative", "neutral", "positive"] if kind == "classifier" else None
-        directory = _export(save_cross_encoder(root / "checkpoint", default_checkpoint_dir(), labels=labels),
-                            root / "artifacts")
+    elif kind == "reranker":
+        directory = reranker_artifacts  # the session's, shared with the other reranker tests
+    elif kind == "classifier":
+        directory = _export(save_cross_encoder(root / "checkpoint", default_checkpoint_dir(),
+                                               labels=["negative", "neutral", "positive"]), root / "artifacts")
     elif kind == "splade":
         from tests.test_splade import save_splade
 
