@@ -29,6 +29,8 @@ def map_case(context, case):
             count = len(tensor["data"])  # each element a text, or a row [text] of a [N, 1] tensor
             tensor["shape"] = [count] if len(tensor["shape"]) == 1 else [count, 1]
     ranges, dimensions = body.get("ranges"), body.get("dimensions")
+    if isinstance(dimensions, float) and dimensions.is_integer():  # 69.0 is JSON Schema's integer 69 too
+        dimensions = int(dimensions)
     if isinstance(ranges, list) and isinstance(dimensions, int) and not isinstance(dimensions, bool):
         ranges = body["ranges"] = [row[:dimensions] if isinstance(row, list) else row for row in ranges]
     if isinstance(ranges, list) and len(ranges) == 2 and all(isinstance(row, list) for row in ranges):
