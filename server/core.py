@@ -65,9 +65,9 @@ BINARY_FLOAT_BYTES = 4.0
 __all__ = ["BINARY_FLOAT_BYTES", "Core", "Deadline", "ModelInfo"]
 
 T = TypeVar("T")
-_TRACER = tracing.tracer()  # the no-op one unless --otlp-endpoint set a provider first (tracing.setup)
 R = TypeVar("R")  # what a door's render makes of an encode reply: its bytes, or similarity's scores
 S = TypeVar("S")  # a scored request's reply: RerankReply, PredictReply
+_TRACER = tracing.tracer()  # the no-op one unless --otlp-endpoint set a provider first (tracing.setup)
 # Whether this task's request is counted in its model's statistics already: a door that counts a request from the
 # moment it found the model (KServe's infer, whose parsing can refuse it) wraps the core's own count, which then
 # counts nothing more (one request, one count).

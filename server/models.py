@@ -58,9 +58,8 @@ def served_pooling(name: str, manifest: Manifest, pooling: str) -> str:
     if pooling == "default" or manifest.pooling == pooling:
         return "default"
     if manifest.kind != "embedder" or manifest.sparse or manifest.multi_vector is not None:
-        log.info("--pooling %s does not apply to model %s (%s): it has no pooling to choose", pooling, name,
-                    "a reranker" if manifest.kind != "embedder" else
-                    "sparse" if manifest.sparse else "multi-vector")
+        kind = "a reranker" if manifest.kind != "embedder" else "sparse" if manifest.sparse else "multi-vector"
+        log.info("--pooling %s does not apply to model %s (%s): it has no pooling to choose", pooling, name, kind)
         return "default"
     if not manifest.poolable_at_request_time:
         raise ConfigError(f"--pooling {pooling}: model {name!r} cannot be pooled otherwise: its pipeline is "

@@ -33,7 +33,8 @@ def _marked(what: str) -> Field:  # type: ignore[valid-type]
 
 
 def _integral(value: object) -> object:
-    """JSON Schema counts 40.0 an integer: so does the parser, for a token id (strict pydantic would not)."""
+    """JSON Schema counts 40.0 an integer: so does the parser, for every integer of a request (strict pydantic
+    would refuse it); 40.5 stays a float, and is refused."""
     return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2**63 else value
 
 
