@@ -68,6 +68,10 @@ def served_pooling(name: str, manifest: Manifest, pooling: str) -> str:
     return pooling
 
 
+# A precision in full, as TEI's Info names a model's dtype (both of TEI's doors: HTTP /info, gRPC Info).
+DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "bf16": "bfloat16"}
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """A model and the server's limits, as every door describes them."""

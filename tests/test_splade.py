@@ -243,3 +243,21 @@ def test_offline_sparse_column_through_a_server_equals_the_local_one(splade, spl
         for row, pairs in enumerate(rows):
             dense[side, row, [p["index"] for p in pairs]] = [p["value"] for p in pairs]
     np.testing.assert_allclose(dense[0], dense[1], atol=1e-5)
+
+
+def test_teis_grpc_embed_sparse_gives_the_http_doors_weights(splade_server):
+    """TEI's gRPC EmbedSparse (and its stream), through the stubs tei-client generates from TEI's proto, gives
+    the (index, value) pairs TEI's HTTP /embed_sparse does."""
+    import grpc
+    from tei_client.stubs import tei_pb2, tei_pb2_grpc
+
+    want = requests.post(f"{splade_server.http_url}/embed_sparse", json={"inputs": TEXTS[:2]}, timeout=60).json()
+    with grpc.insecure_channel(splade_server.target) as channel:
+        embed = tei_pb2_grpc.EmbedStub(channel)
+        one = embed.EmbedSparse(tei_pb2.EmbedSparseRequest(inputs=TEXTS[0]), timeout=60)
+        streamed = list(embed.EmbedSparseStream(iter([tei_pb2.EmbedSparseRequest(inputs=t) for t in TEXTS[:2]])))
+    for reply, pairs in zip([one, *streamed], [want[0], *want], strict=True):
+        assert [v.index for v in reply.sparse_embeddings] == [p["index"] for p in pairs]
+        np.testing.assert_allclose([v.value for v in reply.sparse_embeddings], [p["value"] for p in pairs],
+                                   rtol=1e-6)
+        assert reply.metadata.compute_tokens > 2

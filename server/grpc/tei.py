@@ -13,7 +13,8 @@ input each; its streams are answered concurrently, in order (Calls.stream). What
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TypeVar
 
 import grpc
 
@@ -23,15 +24,16 @@ from attnserve.tei import tei_pb2_grpc
 
 from ..core import Core
 from ..metrics import Metrics
+from ..models import DTYPE_NAMES
 from ..replies import EncodeReply, PredictReply, RerankReply
 from ..requests import DecodeRequest, EncodeRequest, PredictRequest, RerankRequest, SparseOptions, TokenizeRequest
 from .calls import Calls, deadline
 
 PROTOCOL = "tei-grpc"
+R = TypeVar("R")  # a reply message
 SERVICES = ("Info", "Embed", "Predict", "Rerank", "Tokenize")
 REQUEST_TYPES = {m.name: m.input_type.name for name in SERVICES for m in pb.DESCRIPTOR.services_by_name[name].methods}
 DIRECTION: dict[int, str] = {pb.TRUNCATION_DIRECTION_RIGHT: "right", pb.TRUNCATION_DIRECTION_LEFT: "left"}
-DTYPE = {"fp32": "float32", "fp16": "float16", "int8": "int8", "bf16": "bfloat16"}
 
 
 def _truncate(value: bool) -> bool | None:
@@ -57,15 +59,14 @@ class _Tei:
     def __init__(self, core: Core, calls: Calls):
         self._core, self._calls = core, calls
 
-    async def _encode(self, request: EncodeRequest, context: grpc.aio.ServicerContext) -> EncodeReply:
-        replies: list[EncodeReply] = []
-
-        def keep(reply: EncodeReply) -> bytes:
-            replies.append(reply)
-            return b""
-
-        await self._core.encode(request, deadline(context), keep)
-        return replies[0]
+    async def _encode(self, request: EncodeRequest, context: grpc.aio.ServicerContext,
+                      render: Callable[[EncodeReply, pb.Metadata], R]) -> tuple[R, int]:
+        """The request through the core; render(reply, its metadata) builds the message in the core's thread pool,
+        off the event loop, as the other doors' replies are."""
+        start = time.perf_counter()
+        texts = [x for x in request.inputs if isinstance(x, str)]
+        return await self._core.encode(request, deadline(context),
+                                       lambda reply: render(reply, _metadata(texts, reply.tokens, start)))
 
 
 class InfoService(_Tei, tei_pb2_grpc.InfoServicer):
@@ -75,7 +76,7 @@ class InfoService(_Tei, tei_pb2_grpc.InfoServicer):
             kind = (pb.MODEL_TYPE_EMBEDDING if info.kind != "reranker" else
                     pb.MODEL_TYPE_RERANKER if info.num_labels == 1 else pb.MODEL_TYPE_CLASSIFIER)
             return pb.InfoResponse(
-                version=info.version, model_id=info.model, model_dtype=DTYPE.get(info.precision, info.precision),
+                version=info.version, model_id=info.model, model_dtype=DTYPE_NAMES.get(info.precision, info.precision),
                 model_type=kind, max_concurrent_requests=info.max_queue_tokens, max_input_length=info.max_seq_length,
                 max_batch_tokens=info.max_batch_tokens, max_batch_requests=info.max_batch_size,
                 max_client_batch_size=info.max_inputs_per_request, tokenization_workers=self._core.workers)
@@ -93,15 +94,13 @@ class EmbedService(_Tei, tei_pb2_grpc.EmbedServicer):
             yield reply
 
     async def _embed(self, request: pb.EmbedRequest, context) -> tuple[pb.EmbedResponse, int]:
-        start = time.perf_counter()
-        reply = await self._encode(EncodeRequest(
+        return await self._encode(EncodeRequest(
             inputs=[request.inputs], truncate=_truncate(request.truncate),
             normalize=request.normalize if request.HasField("normalize") else None,
             truncation_direction=_direction(request.truncation_direction),
             prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
-            dimensions=request.dimensions if request.HasField("dimensions") else None), context)
-        return pb.EmbedResponse(embeddings=reply.embeddings[0].tolist(),
-                                metadata=_metadata([request.inputs], reply.tokens, start)), reply.tokens
+            dimensions=request.dimensions if request.HasField("dimensions") else None), context,
+            lambda reply, metadata: pb.EmbedResponse(embeddings=reply.embeddings[0].tolist(), metadata=metadata))
 
     async def EmbedSparse(self, request: pb.EmbedSparseRequest, context: grpc.aio.ServicerContext
                           ) -> pb.EmbedSparseResponse:
@@ -114,18 +113,18 @@ class EmbedService(_Tei, tei_pb2_grpc.EmbedServicer):
             yield reply
 
     async def _sparse(self, request: pb.EmbedSparseRequest, context) -> tuple[pb.EmbedSparseResponse, int]:
-        start = time.perf_counter()
-        reply = await self._encode(EncodeRequest(
+        def render(reply: EncodeReply, metadata: pb.Metadata) -> pb.EmbedSparseResponse:
+            sparse = reply.inputs[0].sparse
+            assert sparse is not None  # asked for
+            return pb.EmbedSparseResponse(sparse_embeddings=[
+                pb.SparseValue(index=i, value=v)
+                for i, v in zip(sparse.indices.tolist(), sparse.values.tolist(), strict=True)], metadata=metadata)
+
+        return await self._encode(EncodeRequest(
             inputs=[request.inputs], truncate=_truncate(request.truncate),
             truncation_direction=_direction(request.truncation_direction),
             prompt_name=request.prompt_name if request.HasField("prompt_name") else None,
-            sparse=SparseOptions(None, False)), context)
-        sparse = reply.inputs[0].sparse
-        assert sparse is not None  # asked for
-        values = [pb.SparseValue(index=i, value=v) for i, v in zip(sparse.indices.tolist(), sparse.values.tolist(),
-                                                                   strict=True)]
-        return pb.EmbedSparseResponse(sparse_embeddings=values,
-                                      metadata=_metadata([request.inputs], reply.tokens, start)), reply.tokens
+            sparse=SparseOptions(None, False)), context, render)
 
     async def EmbedAll(self, request: pb.EmbedAllRequest, context: grpc.aio.ServicerContext) -> pb.EmbedAllResponse:
         return await self._calls.unary("EmbedAll", 1, context, lambda: self._all(request, context))
@@ -136,15 +135,16 @@ class EmbedService(_Tei, tei_pb2_grpc.EmbedServicer):
             yield reply
 
     async def _all(self, request: pb.EmbedAllRequest, context) -> tuple[pb.EmbedAllResponse, int]:
-        start = time.perf_counter()
-        reply = await self._encode(EncodeRequest(
+        def render(reply: EncodeReply, metadata: pb.Metadata) -> pb.EmbedAllResponse:
+            rows = reply.inputs[0].token_embeddings
+            assert rows is not None  # asked for
+            return pb.EmbedAllResponse(token_embeddings=[pb.TokenEmbedding(embeddings=row) for row in rows.tolist()],
+                                       metadata=metadata)
+
+        return await self._encode(EncodeRequest(
             inputs=[request.inputs], truncate=_truncate(request.truncate),
             truncation_direction=_direction(request.truncation_direction), token_embeddings=True,
-            prompt_name=request.prompt_name if request.HasField("prompt_name") else None), context)
-        rows = reply.inputs[0].token_embeddings
-        assert rows is not None  # asked for
-        return pb.EmbedAllResponse(token_embeddings=[pb.TokenEmbedding(embeddings=row) for row in rows.tolist()],
-                                   metadata=_metadata([request.inputs], reply.tokens, start)), reply.tokens
+            prompt_name=request.prompt_name if request.HasField("prompt_name") else None), context, render)
 
 
 def _predictions(reply: PredictReply) -> list[pb.Prediction]:

@@ -127,12 +127,12 @@ class HttpDoor:
                            if isinstance(refusal, web.HTTPMethodNotAllowed)
                            else RouteNotFoundError(f"no route {request.path}; GET / and /openapi.json list them"))
                 if route.open:  # not counted: a balancer's health checks must not hold up the drain
-                    response = await self._answer(route, handler, request)
+                    response = await self._answer(route, handler, request, label)
                 else:
                     self._keys.check(request.headers.get("Authorization"))
                     with self._core.in_flight():  # refusals too: the drain waits for late arrivals to stop
                         self._core.check_open()
-                        response = await self._answer(route, handler, request)
+                        response = await self._answer(route, handler, request, label)
             except asyncio.CancelledError:
                 status = CLIENT_CLOSED
                 raise
@@ -193,15 +193,14 @@ class HttpDoor:
             return web.Response(status=302, headers={"Location": "explorer"})
         return json_response(self._index_body)
 
-    async def _answer(self, route: Route, handler, request: web.Request) -> web.StreamResponse:
+    async def _answer(self, route: Route, handler, request: web.Request, path: str) -> web.StreamResponse:
         """The route's handler; a readiness probe (Route.readiness) is 503 unless the core is ready."""
         if route.readiness:
             self._core.check_ready()
         if route.open:  # probes are not traced
             return await handler(request)
-        # The caller's traceparent, if any, makes this span its child (server/tracing.py). The path as routed: a
-        # handler may serve several (/v1/embeddings and /embeddings).
-        path = request.match_info.route.resource.canonical if request.match_info.route.resource else route.path
+        # The caller's traceparent, if any, makes this span its child (server/tracing.py). path: as routed (a
+        # handler may serve several: /v1/embeddings and /embeddings), the metrics' label.
         with tracing.incoming(request.headers), _TRACER.start_as_current_span(
                 f"{request.method} {path}", kind=trace.SpanKind.SERVER, attributes={
                     "http.request.method": request.method, "http.route": path,

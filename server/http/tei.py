@@ -13,6 +13,7 @@ from aiohttp import web
 from attnserve.errors import InvalidInputError
 
 from ..core import Core
+from ..models import DTYPE_NAMES
 from ..replies import EncodeReply, PredictReply
 from ..requests import (
     DecodeRequest,
@@ -39,8 +40,6 @@ from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_re
 
 # TEI's /similarity nests its texts under "inputs".
 SIMILARITY_NAMES = WireNames({"source_sentence": "inputs.source_sentence", "sentences": "inputs.sentences"})
-# TEI names the dtype in full.
-DTYPE = {"fp32": "float32", "fp16": "float16", "int8": "int8", "bf16": "bfloat16"}
 
 
 def _list_of(schema: dict) -> dict:
@@ -245,7 +244,7 @@ class TeiRoutes:
     async def info(self, request: web.Request) -> web.Response:
         info = self._core.info
         return json_response(dumps({
-            "model_id": info.model, "model_sha": None, "model_dtype": DTYPE.get(info.precision, info.precision),
+            "model_id": info.model, "model_sha": None, "model_dtype": DTYPE_NAMES.get(info.precision, info.precision),
             "model_type": _model_type(info), "served_model_name": info.model,
             # The queue is bounded in tokens, not requests: each queued input holds a token at least, so no more
             # requests than its tokens are ever in it at once.
