@@ -461,7 +461,9 @@ class TeiSimilarityParameters(_TeiBody):
 
 
 def _nested(name: str) -> dict:
-    return {"properties": {"parameters": {"properties": {name: {"not": {"type": "null"}}}, "required": [name]}},
+    # "type": "object": properties and required hold of any non-object, so parameters: null would count as given
+    return {"properties": {"parameters": {"type": "object", "properties": {name: {"not": {"type": "null"}}},
+                                          "required": [name]}},
             "required": ["parameters"]}
 
 
