@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="sentence pooling (default: the model's own)")
     embed.add_argument("--truncate", action=argparse.BooleanOptionalAction, default=None,
                        help="cut texts longer than max_seq_length (--no-truncate: refuse them) (default: as the "
-                            "server's --auto-truncate says, which cuts unless turned off)")
+                            "server's --long-inputs says, which cuts unless turned off)")
     embed.add_argument("--token-embeddings", action="store_true", help="also print per-token embeddings")
     embed.add_argument("--model", default=None, help="the served model to use (default: the server's default)")
     add_request_options(embed)

@@ -97,12 +97,20 @@ class ServerConfig:
     max_response_bytes: int = setting(
         64 * 1024 * 1024, "ATTNSERVE_MAX_RESPONSE_BYTES",
         "largest response message sent; a request whose reply would be larger is refused before it runs")
-    # On by default, as in TEI since 1.9: LangChain and LlamaIndex send chunks longer than max_seq_length and
-    # fail whole if one of them is refused. A request's own `truncate` wins either way.
-    auto_truncate: bool = setting(
-        True, "ATTNSERVE_AUTO_TRUNCATE",
-        "cut inputs longer than max_seq_length (and mark them truncated) when a request does not say `truncate`; "
-        "--no-auto-truncate refuses them instead, naming the request field that allows truncation")
+    # Cut by default, as in TEI since 1.9: LangChain and LlamaIndex send chunks longer than max_seq_length and fail
+    # whole if one of them is refused. chunk is vLLM's chunked processing (server/long_inputs.py). A request's own
+    # `truncate` wins either way.
+    long_inputs: str = setting(
+        "truncate", "ATTNSERVE_LONG_INPUTS",
+        "what an input longer than max_seq_length gets when its request does not say `truncate`: truncate cuts it "
+        "(and marks it truncated); chunk embeds a text in windows of max_seq_length tokens and averages their "
+        "embeddings weighted by tokens (and marks it chunked; other outputs and token-id inputs are cut); refuse "
+        "refuses it, naming the request field that allows truncation", choices=("truncate", "chunk", "refuse"))
+    # TEI's flag: kept so that a TEI deployment's settings work unchanged.
+    auto_truncate: bool | None = setting(
+        None, "ATTNSERVE_AUTO_TRUNCATE",
+        "TEI's spelling of --long-inputs: --auto-truncate is --long-inputs truncate, --no-auto-truncate is "
+        "--long-inputs refuse")
     # TEI's --pooling: its tests run CLS pooling on a mean-pooling model. Computed from the token embeddings, as a
     # request's own `pooling` is, so only where the model's sentence embedding is a pooling and nothing after it
     # but normalisation (checked at start).
@@ -195,6 +203,13 @@ class ServerConfig:
             raise ConfigError("TLS needs both --tls-cert and --tls-key")
         if self.tls_client_ca and not self.tls_cert:
             raise ConfigError("--tls-client-ca (mutual TLS) needs --tls-cert and --tls-key")
+        # TEI's spelling, where given: one rule however it is said (chunk refuses nothing, as --auto-truncate says)
+        if (self.auto_truncate, self.long_inputs) in ((True, "refuse"), (False, "chunk")):
+            raise ConfigError(f"--{'' if self.auto_truncate else 'no-'}auto-truncate and --long-inputs "
+                              f"{self.long_inputs} disagree: give one of them")
+        if self.auto_truncate is False:
+            self.long_inputs = "refuse"
+        self.auto_truncate = self.long_inputs != "refuse"
         if any(not name.strip() for name in self.served_model_name):
             raise ConfigError("--served-model-name must not be empty")
         if self.model and self.model_repository:
@@ -288,7 +303,7 @@ class LoadTestConfig:
     truncate: bool | None = setting(
         None, "ATTNSERVE_LOADTEST_TRUNCATE",
         "ask the server to cut inputs longer than max_seq_length (--no-truncate: refuse them, INVALID_ARGUMENT); "
-        "unset: as the server's --auto-truncate says")
+        "unset: as the server's --long-inputs says")
     wait_ready: float = setting(
         0.0, "ATTNSERVE_LOADTEST_WAIT_READY", "seconds to wait for the target to report SERVING before the load starts")
     json: str | None = setting(None, "ATTNSERVE_LOADTEST_JSON",

@@ -93,7 +93,7 @@ class InputTooLongError(InvalidInputError):
     The message names the input and the problem alone, in no protocol's words. The fix depends on the door
     (the request field that allows truncation, as that door spells it) and on who turned truncation off, so each
     door's error mapping adds it: `server_default` is True when the request left `truncate` unset and the
-    server's --no-auto-truncate refused the input, False when the request itself asked for `truncate: false`.
+    server's --long-inputs refuse refused the input, False when the request itself asked for `truncate: false`.
     """
 
     def __init__(self, message: str, *, field: str | None = None, description: str | None = None,
@@ -108,8 +108,9 @@ class AttentionTooLongError(InputTooLongError):
     message names the cap, and the doors add no truncation fix."""
 
 
-# The server flag whose default cuts over-long inputs (ServerConfig.auto_truncate), as every door names it.
-AUTO_TRUNCATE_FLAG = "--auto-truncate"
+# The server setting that takes over-long inputs rather than refusing them (ServerConfig.long_inputs), as every door
+# names it.
+LONG_INPUTS_FIX = "--long-inputs truncate (the default) or chunk"
 
 
 def truncation_fix(error: InputTooLongError, how: str) -> str:
@@ -118,8 +119,7 @@ def truncation_fix(error: InputTooLongError, how: str) -> str:
     if isinstance(error, AttentionTooLongError):
         return ""
     if error.server_default:
-        return (f"; to cut it to max_seq_length instead, {how}, or start the server with {AUTO_TRUNCATE_FLAG} "
-                "(the default)")
+        return f"; to cut it to max_seq_length instead, {how}, or start the server with {LONG_INPUTS_FIX}"
     return f", and the request asked not to truncate; to cut it to max_seq_length instead, {how}"
 
 

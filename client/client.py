@@ -151,7 +151,7 @@ def make_request(inputs: Sequence[Input], *, normalize: bool | None = None, pool
                  weights: bool = True) -> pb.EmbedRequest:
     """attention_layers None: no attention weights; [] : the last layer; negative indices count from the end.
     truncate: True cuts inputs longer than max_seq_length, False has them refused; None leaves it to the server
-    (its --auto-truncate: cut, by default). attention_heads: () every head. dimensions: keep the first N of the
+    (its --long-inputs: cut, by default). attention_heads: () every head. dimensions: keep the first N of the
     sentence embedding, then normalise.
     model None: the server's default model. prompt_name / prompt: a prompt of the model's, or a raw one, before
     each text (both None: the model's default prompt, if it has one). analyses: attention analyses computed by the

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -13,6 +14,9 @@ from attnserve.errors import ArtifactError, InputTooLongError, InvalidInputError
 
 from .shortening import exact_shortening
 from .stable_prefix import StablePrefix
+
+if TYPE_CHECKING:
+    from .windows import Frame
 
 # Which end of an over-long input is cut: "right" keeps its beginning (the default), "left" its end.
 TRUNCATION_DIRECTIONS = ("right", "left")
@@ -75,6 +79,7 @@ class TextTokenizer:
         # A templated reranker's body tokenizers, truncating at what its template leaves (encode_templated_pairs).
         self._body_tokenizers: dict[tuple[int, str], Tokenizer] = {}
         self._special_ids: np.ndarray | None = None  # special_mask's, read once
+        self._frame: Frame | None = None  # windows()'s special tokens around a text, read once
 
     def encode_texts(self, texts: Sequence[str], truncate: bool = True, labels: Sequence[str] | None = None,
                      direction: str = "right") -> list[TokenizedInput]:
@@ -96,6 +101,17 @@ class TextTokenizer:
                 raise InputTooLongError(f"{label}: longer than {self.limit} tokens{self._why}")
             out.append(TokenizedInput(np.asarray(encoding.ids, dtype=np.int64), truncated))
         return out
+
+    def windows(self, texts: Sequence[str], prompt: str = "", labels: Sequence[str] | None = None) -> list:
+        """Each text whole, in windows of at most max_seq_length tokens, each after the prompt (engine/windows.py):
+        list[Windows]. Its cost grows with the texts (bounded by a request's size)."""
+        from .windows import Frame, windows_of  # windows.py builds TokenizedInputs: imported here, not at the top
+
+        labels = labels or [f"input {i}" for i in range(len(texts))]
+        check_texts(texts, labels)
+        frame = self._frame = self._frame or Frame.of(self._whole)
+        return [windows_of(self._whole, frame, text, prompt, self.max_seq_length, label)
+                for text, label in zip(texts, labels, strict=True)]
 
     def encode_pairs(self, pairs: Sequence[tuple[str, str]], truncate: bool = True,
                      labels: Sequence[str] | None = None, direction: str = "right") -> list[TokenizedInput]:

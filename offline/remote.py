@@ -292,9 +292,10 @@ class ServerEncoder:
         return True
 
     def _new_message(self, session: Session) -> pb.EmbedRequest:
-        # Truncation as the server's --auto-truncate says, as any client's request that does not ask: by default
-        # over-long inputs are cut and marked, as a local run cuts them; a server started with --no-auto-truncate
-        # refuses them, and each such row stops the run naming its line (or is set aside with --on-error skip).
+        # Long inputs as the server's --long-inputs says, as any client's request that does not ask: by default
+        # over-long inputs are cut and marked, as a local run cuts them (chunk: embedded in windows); a server
+        # started with --long-inputs refuse refuses them, and each such row stops the run naming its line (or is set
+        # aside with --on-error skip).
         # Normalisation as the driver settled it; the prompt is the server's to put before each text.
         if self.info.pooling == "multi_vector":  # a ColBERT model: its vectors of texts of the run's input type
             return pb.EmbedRequest(model=self.model or "", multi_vector=pb.MultiVectorOptions(

@@ -78,7 +78,7 @@ class Core:
     def __init__(self, models: Models, config: ServerConfig, executor: Executor, workers: int = 1):
         """executor: the threads that tokenize and render (`workers` of them, as TEI's /info reports)."""
         self.models, self._executor, self.workers = models, executor, workers
-        self.limits = RequestLimits(config.max_inputs_per_request, config.max_response_bytes, config.auto_truncate)
+        self.limits = RequestLimits(config.max_inputs_per_request, config.max_response_bytes, config.long_inputs)
         self._memory = MemoryReturn(executor)
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -168,7 +168,7 @@ class Core:
     @staticmethod
     def _render(rows, prepared: PreparedRequest, model: ServedModel, render: Callable[[EncodeReply], R]) -> R:
         return render(build_reply(rows, prepared.inputs, prepared.options, model.engine.tokenizer, model.name,
-                                  model.engine.multi_vector))
+                                  model.engine.multi_vector, prepared.windows, prepared.chunks))
 
     async def rerank(self, request: RerankRequest, deadline: Deadline | None) -> RerankReply:
         """Score (query, text) pairs with a reranker through the same batcher as embeddings, sorted best first.

@@ -97,7 +97,8 @@ class ModelInfo:
     max_response_bytes: int
     max_wait_ms: float
     max_queue_wait_ms: float
-    auto_truncate: bool = True  # what a request that does not say `truncate` gets
+    auto_truncate: bool = True  # whether a request that does not say `truncate` has an over-long input taken
+    long_inputs: str = "truncate"  # how (--long-inputs): truncate, chunk, or refuse (auto_truncate false)
     prompts: dict[str, str] = dataclasses.field(default_factory=dict)  # the checkpoint's, by name
     default_prompt_name: str | None = None
     kind: str = "embedder"  # or "reranker" (manifest.kind)
@@ -126,8 +127,10 @@ def model_outputs(manifest: Manifest) -> tuple[str, ...]:
         return ("rerank", "predict", "attention") if manifest.num_labels == 1 else ("predict", "attention")
     if manifest.multi_vector is not None:  # ColBERT: its vectors (of queries or documents), and MaxSim reranking
         return ("embed_multi", "rerank")
-    return ("embed", "embed_sparse", "attention", "similarity") if manifest.sparse else \
-        ("embed", "attention", "similarity")
+    if manifest.sparse:
+        return ("embed", "embed_sparse", "attention", "similarity")
+    # Late chunking mean-pools token embeddings: where the model's embedding is a pooling of them.
+    return ("embed", "attention", "similarity", *(("late_chunking",) if manifest.poolable_at_request_time else ()))
 
 
 def model_sources(artifacts: str | None, config: ServerConfig, precision: str = "auto", provider: str = "auto"
@@ -235,7 +238,7 @@ class ServedModel:
             max_batch_size=batch.max_batch_size, max_queue_tokens=batch.max_queue_tokens,
             max_request_bytes=config.max_request_bytes, max_response_bytes=config.max_response_bytes,
             max_wait_ms=batch.max_wait_s * 1e3, max_queue_wait_ms=batch.max_queue_wait_s * 1e3,
-            auto_truncate=config.auto_truncate,
+            auto_truncate=config.long_inputs != "refuse", long_inputs=config.long_inputs,
             prompts=dict(m.prompts), default_prompt_name=m.default_prompt_name, kind=m.kind, num_labels=m.num_labels,
             tasks=m.tasks, labels=m.label_names if m.kind == "reranker" else (), outputs=model_outputs(m),
             # A ColBERT model's vectors are float only; a reranker has no embeddings.

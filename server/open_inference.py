@@ -17,7 +17,7 @@ A reranker (a cross-encoder) takes `query`, BYTES [1], and `text`, BYTES [N], th
 logits).
 
 Request parameters, as on the other doors: `truncate`, `normalize` (booleans; `truncate` unset: as the server's
---auto-truncate says), `dimensions` (an integer), `prompt_name`, `task` (strings), `embedding_type` (int8, uint8,
+--long-inputs says), `dimensions` (an integer), `prompt_name`, `task` (strings), `embedding_type` (int8, uint8,
 binary, ubinary; engine/quantize.py).
 
 Every model has one version, "1". Tensors are row-major; a BYTES element in raw form is a 4-byte little-endian length

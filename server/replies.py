@@ -12,13 +12,15 @@ import numpy as np
 
 from attnserve.engine.attention_analyses import head_stats, norm_weighted, rollout
 from attnserve.engine.dimensions import cut_and_normalize
+from attnserve.engine.late_chunking import pool_chunks
 from attnserve.engine.multi_vector import MultiVectorTokenizer, maxsim
 from attnserve.engine.pooling import pool
 from attnserve.engine.quantize import quantize
 from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
+from attnserve.engine.windows import Windows
 
 from .batcher import RowOutput
-from .requests import PreparedPredict, PreparedRerank, ReplyOptions
+from .requests import PreparedPredict, PreparedRerank, ReplyOptions, TextChunks
 
 # A reranker's CrossEncoder activations (model/cross_encoder.py names them in the manifest), on (N,) float32 logits.
 SCORE_ACTIVATIONS = {
@@ -40,6 +42,20 @@ class EncodedInput:
     # The attention analyses asked for (engine/attention_analyses.py): "rollout" (T, T), "head_stats" {name: (L, nh)},
     # "norms" (layers, heads, T, T) and "norms_summed" (layers, T, T)
     analyses: dict[str, object] = field(default_factory=dict)
+    # The windows of max_seq_length tokens a long text was embedded in (--long-inputs chunk), its embedding their
+    # average weighted by the text's tokens in each; 1: the input as it is.
+    windows: int = 1
+    chunks: list[ChunkEmbedding] | None = None  # late chunking's, in the order of the spans
+
+
+@dataclass
+class ChunkEmbedding:
+    """A chunk of a late-chunked text: its span and its tokens' mean embedding, cut and normalised as the text's."""
+
+    start: int  # the span's first character (a Unicode code point's index)
+    stop: int  # one past its last
+    num_tokens: int  # the text's tokens that start in it, whose embeddings it pools
+    embedding: np.ndarray  # (D,) float32
 
 
 @dataclass
@@ -72,9 +88,13 @@ class EncodeReply:
 
 
 def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], options: ReplyOptions,
-                tokenizer: TextTokenizer, model: str = "", multi_vector: MultiVectorTokenizer | None = None
+                tokenizer: TextTokenizer, model: str = "", multi_vector: MultiVectorTokenizer | None = None,
+                windows: Sequence[Windows | None] | None = None, chunks: Sequence[TextChunks] | None = None
                 ) -> EncodeReply:
-    """multi_vector: a ColBERT model's tokenizer, which says which of each input's vectors it keeps."""
+    """rows and inputs: the batcher's, one per window where an input is windowed (windows: each request input's,
+    PreparedRequest.windows); chunks: late chunking's spans and token ranges per input.
+
+    multi_vector: a ColBERT model's tokenizer, which says which of each input's vectors it keeps."""
     # An embedder's rows; a reranker's carry its scores and attention only (prepare() asks it for attention alone).
     embedded = [(row.sentence_embedding, row.token_embeddings) for row in rows
                 if row.sentence_embedding is not None and row.token_embeddings is not None]
@@ -90,14 +110,55 @@ def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], opt
     else:  # each row's padding is cut off already: all T tokens are real
         sentences = np.stack([pool(tokens[None], np.array([len(tokens)]), options.pooling)[0]
                               for _, tokens in embedded])  # (1, T, H) -> (H,) each
+    if windows is None:
+        encoded = [_encoded(row, item, options, tokenizer, multi_vector)
+                   for row, item in zip(rows, inputs, strict=True)]
+    else:
+        sentences, encoded = _windowed(rows, inputs, sentences, windows, chunks, options, tokenizer, multi_vector)
     sentences = cut_and_normalize(sentences, options.dimensions, options.normalize)  # (N, D): Matryoshka
     sentences = np.ascontiguousarray(sentences, dtype=np.float32)
     # Matryoshka first, then quantization, as sentence-transformers orders them.
     typed = {kind: quantize(sentences, kind, options.ranges) for kind in options.embedding_types}
-    return EncodeReply(sentences,
-                       [_encoded(row, item, options, tokenizer, multi_vector)
-                        for row, item in zip(rows, inputs, strict=True)],
-                       sum(len(x) for x in inputs), options, model, typed)
+    return EncodeReply(sentences, encoded, sum(len(x) for x in inputs), options, model, typed)
+
+
+def _windowed(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], pooled: np.ndarray,
+              windows: Sequence[Windows | None], chunks: Sequence[TextChunks] | None, options: ReplyOptions,
+              tokenizer: TextTokenizer, multi_vector: MultiVectorTokenizer | None
+              ) -> tuple[np.ndarray, list[EncodedInput]]:
+    """(R, D) the rows' pooled embeddings -> (N, D) the request inputs', a windowed one's the average of its
+    windows' weighted by the text's tokens in each (vLLM's chunked processing); and each input's EncodedInput,
+    with its late chunks."""
+    out, encoded, r = [], [], 0
+    for i, w in enumerate(windows):
+        if w is None:
+            out.append(pooled[r])
+            encoded.append(_encoded(rows[r], inputs[r], options, tokenizer, multi_vector))
+            r += 1
+            continue
+        n = len(w.inputs)
+        weights = np.asarray(w.text_tokens, dtype=np.float64)  # (n,)
+        out.append((weights @ pooled[r:r + n].astype(np.float64) / weights.sum()).astype(np.float32))  # (D,)
+        item = EncodedInput(num_tokens=sum(len(x) for x in inputs[r:r + n]), truncated=False, tokens=None,
+                            token_embeddings=None, attentions=None, windows=n)
+        if chunks is not None:
+            spans, ranges = chunks[i]
+            item.chunks = _late_chunks(rows[r:r + n], w, spans, ranges, options)
+        encoded.append(item)
+        r += n
+    return np.stack(out), encoded
+
+
+def _late_chunks(rows: Sequence[RowOutput], w: Windows, spans: list[tuple[int, int]],
+                 ranges: list[tuple[int, int]], options: ReplyOptions) -> list[ChunkEmbedding]:
+    """A text's chunks from its windows' rows: the text's token embeddings end to end, mean-pooled per chunk."""
+    if not spans:
+        return []
+    tokens = np.concatenate([row.token_embeddings[w.text_start:w.text_start + k]  # type: ignore[index]
+                             for row, k in zip(rows, w.text_tokens, strict=True)])  # (n, H): the text's tokens
+    pooled = cut_and_normalize(pool_chunks(tokens, ranges), options.dimensions, options.normalize)  # (k, D)
+    return [ChunkEmbedding(start, stop, b - a, np.ascontiguousarray(vector, dtype=np.float32))
+            for (start, stop), (a, b), vector in zip(spans, ranges, pooled, strict=True)]
 
 
 def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokenizer: TextTokenizer,

@@ -18,11 +18,13 @@ import numpy as np
 
 from attnserve.engine.attention_analyses import ANALYSES, HEAD_STATS, PAIR_STATS
 from attnserve.engine.dimensions import check_dimensions
+from attnserve.engine.late_chunking import CHUNKERS, check_spans, chunker_spans, token_ranges
 from attnserve.engine.manifest import REQUEST_POOLINGS, Manifest
 from attnserve.engine.multi_vector import INPUT_TYPES, MultiVectorTokenizer
-from attnserve.engine.prompts import apply_prompt
+from attnserve.engine.prompts import apply_prompt, prompt_text
 from attnserve.engine.quantize import RANGED, check_embedding_types, check_ranges, quantized_size
 from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, Token, TokenizedInput, check_texts
+from attnserve.engine.windows import Windows
 from attnserve.errors import AttentionTooLongError, DeadlineExpiredError, InputTooLongError, InvalidInputError
 
 # "default" is the model's own pooling, as its graph computes it.
@@ -64,6 +66,23 @@ class SparseOptions:
 
 
 @dataclass(frozen=True)
+class LateChunking:
+    """Late chunking (engine/late_chunking.py): each text read whole, its chunks' token embeddings mean-pooled. The
+    chunks are given (spans) or cut by a built-in chunker, one of the two."""
+
+    spans: Sequence[Sequence[Sequence[int]]] | None = None  # per input, its chunks' [start, stop) character spans
+    chunker: str | None = None  # "sentences" or "tokens" (CHUNKERS), where spans are not given
+    chunk_tokens: int | None = None  # the "tokens" chunker's chunk size in tokens (DEFAULT_CHUNK_TOKENS unset)
+
+
+# A text's late chunks: their character spans [start, stop), and their tokens' ranges [a, b) in the text's tokens.
+TextChunks = tuple[list[tuple[int, int]], list[tuple[int, int]]]
+
+# The "tokens" chunker's chunk, unset: the size the late-chunking paper's fixed-size chunks have.
+DEFAULT_CHUNK_TOKENS = 64
+
+
+@dataclass(frozen=True)
 class EncodeRequest:
     inputs: Sequence[Input]
     pooling: str | int = "default"  # one of POOLINGS; a door passes an unknown wire value on as it is
@@ -90,6 +109,8 @@ class EncodeRequest:
     # A ColBERT model's vectors, one per token (engine/multi_vector.py), of inputs of this type: "query" or
     # "document"; None: not asked (a door passes an unknown wire value on, checked in prepare()).
     multi_vector: str | None = None
+    # Each text read whole and its chunks embedded apart (EncodedInput.chunks), beside its own embedding; None: not.
+    late_chunking: LateChunking | None = None
 
 
 @dataclass(frozen=True)
@@ -142,8 +163,8 @@ def prepare_predict(request: PredictRequest, tokenizer: TextTokenizer, manifest:
         raise _invalid("truncation_direction", f"truncation_direction {request.truncation_direction!r} is not one "
                                                f"of {', '.join(TRUNCATION_DIRECTIONS)}")
     check_count(len(request.inputs), limits.max_inputs)
-    inputs = _tokenize(EncodeRequest(inputs=request.inputs), tokenizer, manifest, truncates(request.truncate, limits),
-                       request.truncation_direction)
+    inputs, _ = _flatten(_tokenize(EncodeRequest(inputs=request.inputs), tokenizer, manifest,
+                                   truncates(request.truncate, limits), request.truncation_direction))
     _check_token_types(inputs, takes_token_types, manifest)
     return PreparedPredict(inputs, request.raw_scores)
 
@@ -218,7 +239,7 @@ class RequestLimits:
 
     max_inputs: int
     max_response_bytes: int
-    auto_truncate: bool = True  # what a request that does not say `truncate` gets (--auto-truncate)
+    long_inputs: str = "truncate"  # what an over-long input of a request that does not say `truncate` gets
 
 
 @dataclass(frozen=True)
@@ -257,19 +278,32 @@ Require = Callable[[Sequence[str], str], Manifest]
 
 @dataclass(frozen=True)
 class PreparedRequest:
-    inputs: list[TokenizedInput]
+    inputs: list[TokenizedInput]  # what the batcher runs: an input, or each window of a windowed one, in order
     options: ReplyOptions
+    # Per request input: its windows (--long-inputs chunk, late chunking), or None where it is inputs' one row.
+    # None: no input is windowed (inputs are the request's, one each).
+    windows: list[Windows | None] | None = None
+    # Per request input, with late chunking: its chunks' character spans and their token ranges in the text.
+    chunks: list[TextChunks] | None = None
 
     @property
     def tokens(self) -> int:
         return sum(len(x) for x in self.inputs)
 
 
+def long_input_rule(asked: bool | None, limits: RequestLimits) -> str:
+    """The one rule of every door for an input longer than max_seq_length: a request's own `truncate` when it says
+    one (true "truncate", false "refuse"), else the server's --long-inputs: truncate (the default, as in TEI since
+    1.9: LangChain and LlamaIndex send chunks longer than max_seq_length and expect them cut, not the whole request
+    refused), chunk or refuse."""
+    return limits.long_inputs if asked is None else "truncate" if asked else "refuse"
+
+
 def truncates(asked: bool | None, limits: RequestLimits) -> bool:
-    """The one truncation rule of every door: a request's own `truncate` when it says one, else the server's
-    --auto-truncate (on by default, as in TEI since 1.9: LangChain and LlamaIndex send chunks longer than
-    max_seq_length and expect them cut, not the whole request refused)."""
-    return limits.auto_truncate if asked is None else asked
+    """Whether an over-long input is cut rather than refused, where it cannot be chunked (a pair, token ids, a
+    reranker's or a classifier's input, a multi-vector text, token embeddings or attention): --long-inputs chunk
+    cuts it, as truncate does, and marks it truncated."""
+    return long_input_rule(asked, limits) != "refuse"
 
 
 def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest, limits: RequestLimits,
@@ -329,23 +363,101 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
         sparse=request.sparse,
         multi_vector=request.multi_vector,
     )
+    rule = long_input_rule(request.truncate, limits)
+    if request.late_chunking is not None:
+        _check_late_chunking(request, manifest)
+    # Windows where the sentence embedding is all that is asked: chunked for a long text (--long-inputs chunk), or
+    # every text, read whole, for late chunking.
+    windowed = ("all" if request.late_chunking is not None else
+                "long" if rule == "chunk" and _sentence_embeddings_only(request) else None)
     if request.multi_vector is not None:
         assert multi_vector is not None, "a multi-vector model's engine has its tokenizer"
-        inputs = _tokenize_multi_vector(request, multi_vector, truncates(request.truncate, limits))
+        items: list[TokenizedInput | Windows] = list(_tokenize_multi_vector(request, multi_vector, rule != "refuse"))
     else:
-        inputs = _tokenize(request, tokenizer, manifest, truncates(request.truncate, limits),
-                           request.truncation_direction)  # a str now: checked above
+        items = _tokenize(request, tokenizer, manifest, rule != "refuse", request.truncation_direction,
+                          windowed)  # a str now: checked above
+    inputs, windows = _flatten(items)
     _check_token_types(inputs, takes_token_types, manifest)
     if options.attention:
         _check_attention_length(inputs, manifest)
         require(("attention",), "attention weights")
-    reply_bytes = sum(_reply_bytes(len(x), options, manifest, float_bytes) for x in inputs)
+    chunks = _late_chunks(request, windows) if windows is not None and request.late_chunking is not None else None
+    reply_bytes = sum(_reply_bytes(len(x.inputs[0]) if isinstance(x, Windows) else len(x), options, manifest,
+                                   float_bytes) for x in items)
+    reply_bytes += int(sum(len(spans) for spans, _ in chunks or ()) * (
+        EMBEDDING_OVERHEAD_BYTES + float_bytes * (request.dimensions or manifest.embedding_size)))
     if reply_bytes > limits.max_response_bytes:
         raise _invalid(
             "", f"the reply would be about {reply_bytes / 2**20:.1f} MiB, over this server's max_response_bytes "
             f"({limits.max_response_bytes / 2**20:.1f} MiB); ask for fewer inputs, fewer attention layers or "
-            "average_heads")
-    return PreparedRequest(inputs, options)
+            "average_heads" + (", or fewer chunks" if chunks else ""))
+    return PreparedRequest(inputs, options, windows, chunks)
+
+
+def _sentence_embeddings_only(request: EncodeRequest) -> bool:
+    """Whether the request asks for its inputs' sentence embeddings alone: what chunked embedding gives."""
+    return not request.token_embeddings and request.attention is None and request.sparse is None and \
+        request.multi_vector is None
+
+
+def _flatten(items: list[TokenizedInput | Windows]) -> tuple[list[TokenizedInput], list[Windows | None] | None]:
+    """The batcher's inputs (each window of a windowed input in turn) and, where any is windowed, each request
+    input's windows."""
+    if not any(isinstance(x, Windows) for x in items):
+        return items, None  # type: ignore[return-value]
+    inputs: list[TokenizedInput] = []
+    for x in items:
+        inputs.extend(x.inputs if isinstance(x, Windows) else [x])
+    return inputs, [x if isinstance(x, Windows) else None for x in items]
+
+
+def _check_late_chunking(request: EncodeRequest, manifest: Manifest) -> None:
+    """Late chunking mean-pools token embeddings into each chunk's: a dense model whose embedding is a pooling of
+    them, texts, and nothing asked that the chunks would not have."""
+    late = request.late_chunking
+    assert late is not None
+    if manifest.sparse or not manifest.poolable_at_request_time:
+        raise _invalid("late_chunking", f"late chunking mean-pools token embeddings, and {manifest.model}'s "
+                                        f"embedding is not a pooling of them (its pipeline is "
+                                        f"{' -> '.join(manifest.modules)})")
+    for field, asked in (("pooling", request.pooling != "default"), ("token_embeddings", request.token_embeddings),
+                         ("attention", request.attention is not None), ("sparse", request.sparse is not None),
+                         ("embedding_types", tuple(request.embedding_types) != ("float",)),
+                         ("truncate", request.truncate is not None),
+                         ("truncation_direction", request.truncation_direction != "right")):
+        if asked:
+            raise _invalid(field, f"{field} does not apply to late chunking: each text is read whole (in windows "
+                                  "where it is longer than max_seq_length) and its chunks mean-pooled")
+    if (late.spans is None) == (late.chunker is None):
+        raise _invalid("late_chunking", "late chunking takes the chunks' spans or a chunker "
+                                        f"({', '.join(CHUNKERS)}), one of them")
+    if late.chunker is not None and late.chunker not in CHUNKERS:
+        raise _invalid("late_chunking.chunker", f"chunker {late.chunker!r} is not one of {', '.join(CHUNKERS)}")
+    size = late.chunk_tokens
+    if size is not None and (late.chunker != "tokens" or isinstance(size, bool) or not isinstance(size, int)
+                             or size < 1):
+        raise _invalid("late_chunking.chunk_tokens", f"chunk_tokens {size!r} is not a positive integer"
+                       if late.chunker == "tokens" else "chunk_tokens goes with the tokens chunker")
+    if late.spans is not None and (isinstance(late.spans, str) or not isinstance(late.spans, Sequence)
+                                   or len(late.spans) != len(request.inputs)):
+        raise _invalid("late_chunking.spans", f"give one list of spans per input ({len(request.inputs)})")
+
+
+def _late_chunks(request: EncodeRequest, windows: list[Windows | None]) -> list[TextChunks]:
+    """Each text's chunks: their character spans (given, or the chunker's) and their tokens' ranges."""
+    late = request.late_chunking
+    assert late is not None
+    out = []
+    for row, (text, w) in enumerate(zip(request.inputs, windows, strict=True)):
+        assert isinstance(text, str) and w is not None, "late chunking tokenized every input as a text"
+        label, field = f"input {row}", f"late_chunking.spans[{row}]"
+        if late.spans is not None:
+            spans = check_spans(late.spans[row], text, label, field)
+        else:
+            spans = chunker_spans(text, w.offsets, late.chunker or "sentences", late.chunk_tokens or
+                                  DEFAULT_CHUNK_TOKENS)
+        out.append((spans, token_ranges(spans, w.offsets, label, field)))
+    return out
 
 
 def _check_sparse(request: EncodeRequest, manifest: Manifest) -> None:
@@ -640,9 +752,12 @@ def _indices(asked: Sequence[int], size: int, what: str, field: str) -> tuple[in
     return tuple(out)
 
 
-def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest, truncate: bool, direction: str
-              ) -> list[TokenizedInput]:
-    """Texts (each after the prompt), token ids and pairs through their own paths, back in request order."""
+def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest, truncate: bool, direction: str,
+              windowed: str | None = None) -> list[TokenizedInput | Windows]:
+    """Texts (each after the prompt), token ids and pairs through their own paths, back in request order.
+
+    windowed: "long", a text longer than max_seq_length in windows (--long-inputs chunk; token ids and pairs are
+    cut as truncate cuts them); "all", every input a text in windows (late chunking); None: none."""
     texts, text_rows, ids, id_rows, pairs, pair_rows = [], [], [], [], [], []
     for row, item in enumerate(request.inputs):
         if isinstance(item, str):
@@ -660,14 +775,21 @@ def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manife
     if asked and id_rows:  # token ids are what the model sees already; a prompt would be silently left out
         raise _invalid(asked, f"a {asked} goes before texts; input {id_rows[0]} is token ids: put the prompt's "
                               "tokens in them instead")
-    texts = apply_prompt(manifest, texts, request.prompt_name, request.prompt)
+    if windowed == "all" and (id_rows or pair_rows):
+        row = (id_rows or pair_rows)[0]
+        raise _invalid(f"inputs[{row}]", "late chunking reads texts: this input is "
+                                         f"{'token ids' if id_rows else 'a pair'}", label=f"input {row}")
+    before = prompt_text(manifest, request.prompt_name, request.prompt)
+    raw, texts = texts, [before + text for text in texts] if before else texts
     if pair_rows and (asked or manifest.default_prompt_name is not None):
         # sentence-transformers defines no prompt for a pair: where one would go is not known, so none is guessed
         raise _invalid(asked or "inputs", f"input {pair_rows[0]} is a sentence pair, which takes no prompt"
                                           + ("" if asked else f"; {manifest.model} puts its default prompt "
                                              f"{manifest.default_prompt_name!r} before every text"))
-    out: list[TokenizedInput | None] = [None] * len(request.inputs)
-    for rows, kind, encode in ((text_rows, "text", partial(tokenizer.encode_texts, texts)),
+    out: list[TokenizedInput | Windows | None] = [None] * len(request.inputs)
+    encode_texts = (partial(tokenizer.encode_texts, texts) if windowed is None else
+                    partial(_windowed_texts, tokenizer, raw, texts, before, windowed == "all"))
+    for rows, kind, encode in ((text_rows, "text", encode_texts),
                                (id_rows, "token_ids", partial(tokenizer.encode_ids, ids)),
                                (pair_rows, "pair", partial(tokenizer.encode_pairs, pairs) if manifest.pair_template
                                 is None else partial(tokenizer.encode_templated_pairs, pairs, manifest.pair_template))):
@@ -681,6 +803,19 @@ def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manife
         for row, x in zip(rows, encoded, strict=True):
             out[row] = x
     return out  # type: ignore[return-value]
+
+
+def _windowed_texts(tokenizer: TextTokenizer, raw: list[str], texts: list[str], prompt: str, every: bool,
+                    truncate: bool, labels: list[str], direction: str) -> list[TokenizedInput | Windows]:
+    """Texts in windows (engine/windows.py): every one (late chunking), or those longer than max_seq_length with
+    their prompt (--long-inputs chunk: the others encoded as they are, cut at no point)."""
+    if every:
+        return tokenizer.windows(raw, prompt, labels)
+    encoded: list[TokenizedInput | Windows] = list(tokenizer.encode_texts(texts, True, labels, direction))
+    for i, x in enumerate(encoded):
+        if isinstance(x, TokenizedInput) and x.truncated:
+            encoded[i] = tokenizer.windows([raw[i]], prompt, [labels[i]])[0]
+    return encoded
 
 
 def _invalid(field: str, description: str, label: str | None = None) -> InvalidInputError:

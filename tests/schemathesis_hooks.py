@@ -1,4 +1,4 @@
-"""What JSON Schema cannot say about two of attnserve's bodies, told to schemathesis's generator
+"""What JSON Schema cannot say about three of attnserve's bodies, told to schemathesis's generator
 (tests/test_http_schemathesis.py loads this module through SCHEMATHESIS_HOOKS).
 
 /openapi.json states every other rule the doors hold a body to (non-empty texts, token ids below the vocabulary,
@@ -7,7 +7,9 @@ rules relate one field's length to another field's value, which JSON Schema has 
 field's description, and the server refuses a body that breaks it, naming both fields:
 - a KServe tensor's shape is the count of its data's elements ([N] or [N, 1]);
 - /embed's int8 and uint8 `ranges` have one column per dimension returned (`dimensions`, where it is set), and
-  each column's minimum (first row) is at most its maximum (second row).
+  each column's minimum (first row) is at most its maximum (second row);
+- /embed_chunks's `spans` are one list per input, each span [start, stop) inside its text with a token starting
+  in it (which the tokenizer decides: a text here is made to start with a letter, and its span to cover it).
 A schema-valid body that schemathesis generates (positive mode only) is made to keep them. Negative cases, which
 must be refused, are left as generated; every check stays on for every operation.
 """
@@ -37,4 +39,10 @@ def map_case(context, case):
         pairs = [sorted(pair) if all(isinstance(v, (int, float)) for v in pair) else list(pair)
                  for pair in zip(*ranges, strict=False)]
         body["ranges"] = [[low for low, _ in pairs], [high for _, high in pairs]]
+    if isinstance(body.get("spans"), list) and isinstance(body.get("inputs"), (str, list)):
+        texts = [body["inputs"]] if isinstance(body["inputs"], str) else body["inputs"]
+        if all(isinstance(text, str) for text in texts):
+            texts = ["x" + text for text in texts]
+            body["inputs"] = texts[0] if isinstance(body["inputs"], str) else texts
+            body["spans"] = [[[0, len(text)]] for text in texts]
     return case

@@ -21,7 +21,7 @@ from attnserve.cli import build_parser
 from attnserve.client import Client, RequestError, error_details
 from attnserve.client.client import make_request
 from attnserve.config import LoadTestConfig, ServerConfig, from_args
-from attnserve.errors import InputTooLongError
+from attnserve.errors import ConfigError, InputTooLongError
 from attnserve.server.grpc.status import status_for
 from attnserve.server.http import openai as openai_routes
 from attnserve.server.http.errors import KSERVE, OPENAI, TEI, http_error
@@ -38,7 +38,8 @@ GRPC_FIX = "set truncate: true (field `truncate` of EmbedRequest)"
 JSON_FIX = 'set "truncate": true in the body'
 OPENAI_FIX = 'set "truncate": true in the body (the openai SDK: extra_body={"truncate": True})'
 KSERVE_FIX = 'set "parameters": {"truncate": true} in the request'
-BY_SERVER = "to cut it to max_seq_length instead, {fix}, or start the server with --auto-truncate (the default)"
+BY_SERVER = ("to cut it to max_seq_length instead, {fix}, or start the server with --long-inputs truncate (the "
+             "default) or chunk")
 BY_REQUEST = ", and the request asked not to truncate; to cut it to max_seq_length instead, {fix}"
 
 
@@ -74,16 +75,16 @@ def text_input(texts: list[str]) -> triton.InferInput:
 # --- the rule and its words, in process -------------------------------------------------------------------------
 
 def test_the_rule_is_the_requests_truncate_else_the_servers_default(engine):
-    def prepared(truncate, auto_truncate):
-        limits = RequestLimits(max_inputs=8, max_response_bytes=2**26, auto_truncate=auto_truncate)
+    def prepared(truncate, long_inputs):
+        limits = RequestLimits(max_inputs=8, max_response_bytes=2**26, long_inputs=long_inputs)
         return prepare(EncodeRequest(["short", LONG], truncate=truncate), engine.tokenizer, engine.manifest,
                        limits, 4)
 
-    for truncate, auto_truncate in ((None, True), (True, True), (True, False)):
-        assert [(len(x), x.truncated) for x in prepared(truncate, auto_truncate).inputs] == [(3, False), (256, True)]
-    for truncate, auto_truncate in ((None, False), (False, True), (False, False)):
+    for truncate, long_inputs in ((None, "truncate"), (True, "truncate"), (True, "refuse"), (True, "chunk")):
+        assert [(len(x), x.truncated) for x in prepared(truncate, long_inputs).inputs] == [(3, False), (256, True)]
+    for truncate, long_inputs in ((None, "refuse"), (False, "truncate"), (False, "refuse"), (False, "chunk")):
         with pytest.raises(InputTooLongError) as refused:
-            prepared(truncate, auto_truncate)
+            prepared(truncate, long_inputs)
         assert (refused.value.field, refused.value.description) == ("inputs[1].text",
                                                                     "longer than max_seq_length 256 tokens")
         assert refused.value.server_default == (truncate is None)
@@ -117,6 +118,16 @@ def test_the_setting_is_a_flag_and_an_environment_variable(monkeypatch):
     monkeypatch.setenv("ATTNSERVE_AUTO_TRUNCATE", "false")
     assert from_args(ServerConfig, serve.parse_args(["serve"])).auto_truncate is False
     assert from_args(ServerConfig, serve.parse_args(["serve", "--auto-truncate"])).auto_truncate is True
+    # TEI's flag is --long-inputs spelled another way: one rule, however it is said
+    assert from_args(ServerConfig, serve.parse_args(["serve"])).long_inputs == "refuse"
+    monkeypatch.delenv("ATTNSERVE_AUTO_TRUNCATE")
+    for flags, rule in ((["--long-inputs", "chunk"], "chunk"), (["--long-inputs", "refuse"], "refuse"),
+                        (["--auto-truncate", "--long-inputs", "chunk"], "chunk"), ([], "truncate")):
+        config = from_args(ServerConfig, serve.parse_args(["serve", *flags]))
+        assert (config.long_inputs, config.auto_truncate) == (rule, rule != "refuse"), flags
+    for flags in (["--no-auto-truncate", "--long-inputs", "chunk"], ["--auto-truncate", "--long-inputs", "refuse"]):
+        with pytest.raises(ConfigError, match="disagree: give one of them"):
+            from_args(ServerConfig, serve.parse_args(["serve", *flags]))
 
 
 def test_clients_leave_an_unset_truncate_unset():
@@ -269,7 +280,7 @@ def test_strict_http_doors_name_their_fix(strict):
 
 def test_strict_client_and_encode_server_follow_the_server(strict, tmp_path):
     with Client(strict.target) as client:
-        with pytest.raises(RequestError, match="or start the server with --auto-truncate"):
+        with pytest.raises(RequestError, match="or start the server with --long-inputs truncate"):
             client.embed([LONG])
         assert client.encode([LONG], truncate=True)[0].truncated
     source = tmp_path / "in.txt"

@@ -21,7 +21,7 @@ SERVED = {("post", "/v1/embeddings"), ("post", "/embeddings"), ("get", "/v1/mode
           ("get", "/explorer"), ("get", "/v2/models/{name}/config"),
           ("get", "/v2/models/{name}/versions/{version}/config"), ("post", "/v2/repository/index"),
           ("get", "/v2/models/stats"), ("get", "/v2/models/{name}/stats"),
-          ("get", "/v2/models/{name}/versions/{version}/stats")}
+          ("get", "/v2/models/{name}/versions/{version}/stats"), ("post", "/embed_chunks")}
 # What no embedding model answers: a server of one leaves them out of its description (they answer 400).
 NOT_AN_EMBEDDERS = {("post", "/rerank"), ("post", "/v1/rerank"), ("post", "/v2/rerank"), ("post", "/predict"),
                     ("post", "/embed_sparse"), ("post", "/embed_multi")}
@@ -80,6 +80,9 @@ CALLS = [
     # said otherwise, since properties and required hold of a null)
     ("post", "/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}, "prompt": "q: ",
                              "truncate": True, "parameters": None}),
+    ("post", "/embed_chunks", {"inputs": ["One. Two!", "x y z"], "chunker": "sentences"}),
+    ("post", "/embed_chunks", {"inputs": "One. Two!", "spans": [[[0, 4], [5, 9]]], "encoding_format": "base64"}),
+    ("post", "/embed_chunks", {"inputs": "a b c", "chunker": "tokens", "chunk_tokens": 2, "dimensions": 8}),
 ]
 ERRORS = [
     ("post", "/v1/embeddings", {"input": "", "model": MODEL}, 400),
@@ -101,6 +104,7 @@ ERRORS = [
     ("post", "/predict", {"inputs": "a"}, 400),  # an embedder has no classifier
     ("post", "/embed_sparse", {"inputs": "a"}, 400),  # a dense model has no sparse embeddings
     ("post", "/embed_multi", {"inputs": "a"}, 400),  # nor multi-vector ones
+    ("post", "/embed_chunks", {"inputs": "a b", "spans": [[[0, 9]]]}, 400),  # past the text's end
 ]
 # Answered by a SPLADE model: tests/test_splade.py checks its reply against this description.
 SPARSE_CALLS = [("post", "/embed_sparse", {"inputs": ["a b", "c"], "top_k": 3, "return_tokens": True})]

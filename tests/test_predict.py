@@ -110,7 +110,7 @@ def test_an_embedder_asked_to_predict_says_what_it_is(server, stub):
         stub.Classify(pb.ClassifyRequest(inputs=[pb.Input(text="a")]))
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "has no classifier" in raised.value.details()
     info = stub.GetModelInfo(pb.GetModelInfoRequest())
-    assert list(info.outputs) == ["embed", "attention", "similarity"]
+    assert list(info.outputs) == ["embed", "attention", "similarity", "late_chunking"]
     assert list(info.embedding_types) == ["float", "int8", "uint8", "binary", "ubinary"]
 
 

@@ -33,8 +33,9 @@ def test_the_contract_of_design_md():
                       "task": 12,  # 12: jina-embeddings-v3's task adapters (issue 20)
                       "embedding_type": 13, "ranges": 14,  # 13, 14: quantized embeddings (issue 22)
                       "sparse": 15,  # 15: SPLADE's sparse embeddings (issue 22)
-                      "multi_vector": 16}  # 16: ColBERT's vectors (issue 22)
-    # truncate is optional (issue 19): unset (the server's --auto-truncate) and false differ
+                      "multi_vector": 16,  # 16: ColBERT's vectors (issue 22)
+                      "late_chunking": 17}  # 17: late chunking (issue 34)
+    # truncate is optional (issue 19): unset (the server's --long-inputs) and false differ
     assert pb.EmbedRequest.DESCRIPTOR.fields_by_name["truncate"].has_presence
     assert pb.RerankRequest.DESCRIPTOR.fields_by_name["truncate"].has_presence
     fields = {f.name: f.number for f in pb.AttentionOptions.DESCRIPTOR.fields}
@@ -46,6 +47,7 @@ def test_the_contract_of_design_md():
                       "truncated": 6, "pair_start": 7,  # 7: added with sentence pairs
                       "sparse_embedding": 8,  # 8: SPLADE (issue 22)
                       "multi_vector": 9,  # 9: ColBERT (issue 22)
-                      "analyses": 10}  # 10: attention analyses (issue 23)
+                      "analyses": 10,  # 10: attention analyses (issue 23)
+                      "windows": 11, "chunks": 12}  # 11, 12: long inputs' windows, late chunks (issue 34)
     fields = {f.name: f.number for f in pb.Input.DESCRIPTOR.fields}
     assert fields == {"text": 1, "token_ids": 2, "pair": 3}

@@ -57,7 +57,7 @@ INT8: DType
 UINT8: DType
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("inputs", "pooling", "normalize", "return_token_embeddings", "attention", "truncate", "dimensions", "truncation_direction", "model", "prompt_name", "prompt", "task", "embedding_type", "ranges", "sparse", "multi_vector")
+    __slots__ = ("inputs", "pooling", "normalize", "return_token_embeddings", "attention", "truncate", "dimensions", "truncation_direction", "model", "prompt_name", "prompt", "task", "embedding_type", "ranges", "sparse", "multi_vector", "late_chunking")
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     POOLING_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,7 @@ class EmbedRequest(_message.Message):
     RANGES_FIELD_NUMBER: _ClassVar[int]
     SPARSE_FIELD_NUMBER: _ClassVar[int]
     MULTI_VECTOR_FIELD_NUMBER: _ClassVar[int]
+    LATE_CHUNKING_FIELD_NUMBER: _ClassVar[int]
     inputs: _containers.RepeatedCompositeFieldContainer[Input]
     pooling: Pooling
     normalize: bool
@@ -90,7 +91,44 @@ class EmbedRequest(_message.Message):
     ranges: Tensor
     sparse: SparseOptions
     multi_vector: MultiVectorOptions
-    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., return_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionOptions, _Mapping]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ..., model: _Optional[str] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., task: _Optional[str] = ..., embedding_type: _Optional[_Union[EmbeddingType, str]] = ..., ranges: _Optional[_Union[Tensor, _Mapping]] = ..., sparse: _Optional[_Union[SparseOptions, _Mapping]] = ..., multi_vector: _Optional[_Union[MultiVectorOptions, _Mapping]] = ...) -> None: ...
+    late_chunking: LateChunking
+    def __init__(self, inputs: _Optional[_Iterable[_Union[Input, _Mapping]]] = ..., pooling: _Optional[_Union[Pooling, str]] = ..., normalize: _Optional[bool] = ..., return_token_embeddings: _Optional[bool] = ..., attention: _Optional[_Union[AttentionOptions, _Mapping]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., truncation_direction: _Optional[_Union[TruncationDirection, str]] = ..., model: _Optional[str] = ..., prompt_name: _Optional[str] = ..., prompt: _Optional[str] = ..., task: _Optional[str] = ..., embedding_type: _Optional[_Union[EmbeddingType, str]] = ..., ranges: _Optional[_Union[Tensor, _Mapping]] = ..., sparse: _Optional[_Union[SparseOptions, _Mapping]] = ..., multi_vector: _Optional[_Union[MultiVectorOptions, _Mapping]] = ..., late_chunking: _Optional[_Union[LateChunking, _Mapping]] = ...) -> None: ...
+
+class LateChunking(_message.Message):
+    __slots__ = ("spans", "chunker", "chunk_tokens")
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    CHUNKER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    spans: _containers.RepeatedCompositeFieldContainer[Spans]
+    chunker: str
+    chunk_tokens: int
+    def __init__(self, spans: _Optional[_Iterable[_Union[Spans, _Mapping]]] = ..., chunker: _Optional[str] = ..., chunk_tokens: _Optional[int] = ...) -> None: ...
+
+class Spans(_message.Message):
+    __slots__ = ("spans",)
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    spans: _containers.RepeatedCompositeFieldContainer[Span]
+    def __init__(self, spans: _Optional[_Iterable[_Union[Span, _Mapping]]] = ...) -> None: ...
+
+class Span(_message.Message):
+    __slots__ = ("start", "stop")
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    stop: int
+    def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
+
+class Chunk(_message.Message):
+    __slots__ = ("start", "stop", "num_tokens", "embedding")
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    stop: int
+    num_tokens: int
+    embedding: Tensor
+    def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ..., num_tokens: _Optional[int] = ..., embedding: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
 
 class MultiVectorOptions(_message.Message):
     __slots__ = ("input_type",)
@@ -184,7 +222,7 @@ class Tensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Embedding(_message.Message):
-    __slots__ = ("sentence_embedding", "token_embeddings", "attentions", "tokens", "num_tokens", "truncated", "pair_start", "sparse_embedding", "multi_vector", "analyses")
+    __slots__ = ("sentence_embedding", "token_embeddings", "attentions", "tokens", "num_tokens", "truncated", "pair_start", "sparse_embedding", "multi_vector", "analyses", "windows", "chunks")
     SENTENCE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     TOKEN_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     ATTENTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +233,8 @@ class Embedding(_message.Message):
     SPARSE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     MULTI_VECTOR_FIELD_NUMBER: _ClassVar[int]
     ANALYSES_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     sentence_embedding: Tensor
     token_embeddings: Tensor
     attentions: Tensor
@@ -205,7 +245,9 @@ class Embedding(_message.Message):
     sparse_embedding: SparseEmbedding
     multi_vector: Tensor
     analyses: AttentionAnalyses
-    def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., pair_start: _Optional[int] = ..., sparse_embedding: _Optional[_Union[SparseEmbedding, _Mapping]] = ..., multi_vector: _Optional[_Union[Tensor, _Mapping]] = ..., analyses: _Optional[_Union[AttentionAnalyses, _Mapping]] = ...) -> None: ...
+    windows: int
+    chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
+    def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., pair_start: _Optional[int] = ..., sparse_embedding: _Optional[_Union[SparseEmbedding, _Mapping]] = ..., multi_vector: _Optional[_Union[Tensor, _Mapping]] = ..., analyses: _Optional[_Union[AttentionAnalyses, _Mapping]] = ..., windows: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ...) -> None: ...
 
 class RerankRequest(_message.Message):
     __slots__ = ("query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction", "top_n", "model")
@@ -387,7 +429,7 @@ class ModelInfo(_message.Message):
     def __init__(self, model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., provider: _Optional[str] = ..., precision: _Optional[str] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., version: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., embedding_size: _Optional[int] = ..., kind: _Optional[str] = ..., num_labels: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., labels: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., embedding_types: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
-    __slots__ = ("max_inputs_per_request", "max_batch_tokens", "max_batch_size", "max_queue_tokens", "max_request_bytes", "max_response_bytes", "max_wait_ms", "max_queue_wait_ms", "auto_truncate")
+    __slots__ = ("max_inputs_per_request", "max_batch_tokens", "max_batch_size", "max_queue_tokens", "max_request_bytes", "max_response_bytes", "max_wait_ms", "max_queue_wait_ms", "auto_truncate", "long_inputs")
     MAX_INPUTS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -397,6 +439,7 @@ class ServerLimits(_message.Message):
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     AUTO_TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    LONG_INPUTS_FIELD_NUMBER: _ClassVar[int]
     max_inputs_per_request: int
     max_batch_tokens: int
     max_batch_size: int
@@ -406,4 +449,5 @@ class ServerLimits(_message.Message):
     max_wait_ms: float
     max_queue_wait_ms: float
     auto_truncate: bool
-    def __init__(self, max_inputs_per_request: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queue_tokens: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_response_bytes: _Optional[int] = ..., max_wait_ms: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ..., auto_truncate: _Optional[bool] = ...) -> None: ...
+    long_inputs: str
+    def __init__(self, max_inputs_per_request: _Optional[int] = ..., max_batch_tokens: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queue_tokens: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_response_bytes: _Optional[int] = ..., max_wait_ms: _Optional[float] = ..., max_queue_wait_ms: _Optional[float] = ..., auto_truncate: _Optional[bool] = ..., long_inputs: _Optional[str] = ...) -> None: ...

@@ -25,6 +25,7 @@ from ..requests import (
     AttentionOptions,
     EncodeRequest,
     Input,
+    LateChunking,
     PredictRequest,
     RerankRequest,
     SimilarityRequest,
@@ -89,7 +90,15 @@ def to_core(request: pb.EmbedRequest) -> EncodeRequest:
         sparse=SparseOptions(request.sparse.top_k if request.sparse.HasField("top_k") else None,
                              request.sparse.return_tokens) if request.HasField("sparse") else None,
         multi_vector=INPUT_TYPE.get(request.multi_vector.input_type, str(int(request.multi_vector.input_type)))
-        if request.HasField("multi_vector") else None)
+        if request.HasField("multi_vector") else None,
+        late_chunking=_late_chunking(request.late_chunking) if request.HasField("late_chunking") else None)
+
+
+def _late_chunking(late: pb.LateChunking) -> LateChunking:
+    """Spans (when any is given) or a chunker (an empty name is none: the core asks for one of the two)."""
+    spans = [[(span.start, span.stop) for span in text.spans] for text in late.spans] if late.spans else None
+    return LateChunking(spans=spans, chunker=late.chunker or None,
+                        chunk_tokens=late.chunk_tokens if late.HasField("chunk_tokens") else None)
 
 
 def _ranges(t: pb.Tensor):
@@ -127,7 +136,10 @@ def render(reply: EncodeReply) -> bytes:
             out.embeddings.add(num_tokens=item.num_tokens, truncated=item.truncated,
                                multi_vector=tensor(item.multi_vector))
             continue
-        embedding = out.embeddings.add(num_tokens=item.num_tokens, truncated=item.truncated)
+        embedding = out.embeddings.add(num_tokens=item.num_tokens, truncated=item.truncated, windows=item.windows)
+        for chunk in item.chunks or ():
+            embedding.chunks.add(start=chunk.start, stop=chunk.stop, num_tokens=chunk.num_tokens,
+                                 embedding=tensor(chunk.embedding))
         if sentence.size:  # a reranker has none: its reply is the attention of its pairs
             embedding.sentence_embedding.CopyFrom(tensor(sentence) if kind == "float" else codes(sentence))
         if item.token_embeddings is not None:
@@ -159,7 +171,7 @@ def model_info(info: ModelInfo) -> pb.ModelInfo:
             max_batch_size=info.max_batch_size, max_queue_tokens=info.max_queue_tokens,
             max_request_bytes=info.max_request_bytes, max_response_bytes=info.max_response_bytes,
             max_wait_ms=info.max_wait_ms, max_queue_wait_ms=info.max_queue_wait_ms,
-            auto_truncate=info.auto_truncate),
+            auto_truncate=info.auto_truncate, long_inputs=info.long_inputs),
         kind=info.kind, num_labels=info.num_labels, names=info.names, prompts=info.prompts,
         default_prompt_name=info.default_prompt_name or "", tasks=info.tasks, labels=info.labels,
         outputs=info.outputs, embedding_types=info.embedding_types)

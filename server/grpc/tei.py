@@ -5,7 +5,7 @@ It translates protobuf and nothing else: the core validates, batches by length a
 errors map through status.py and calls are counted under the protocol "tei-grpc" (calls.py). TEI's requests hold one
 input each; its streams are answered concurrently, in order (Calls.stream). What TEI's messages cannot say:
 - `truncate` is a plain bool in TEI's proto, so false cannot be told from unset: false means "as the server's
-  --auto-truncate says" (on by default, as in TEI since 1.9), true cuts;
+  --long-inputs says" (truncate by default, as TEI's --auto-truncate since 1.9), true cuts;
 - every call goes to the server's default model (TEI serves one);
 - Metadata carries the characters and tokens computed and the total time; the stages' times are not split.
 """

@@ -66,7 +66,7 @@ PAIR_INPUTS_FORMS = INPUTS_FORMS.replace(" or a list", ", a list") + " or a list
 # A multi-vector model cuts at the end only, as sentence-transformers does (openapi.py).
 TruncationDirection = Annotated[Literal["Right", "Left", "right", "left"], Field(
     json_schema_extra={MODEL_MARK: "truncation_direction"})]
-TRUNCATE_UNSET = "unset: as the server's --auto-truncate says (cut, by default)"
+TRUNCATE_UNSET = "unset: as the server's --long-inputs says (cut, by default)"
 EncodingFormat = Literal["float", "base64"]
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
 # A request's pooling (gRPC's EmbedRequest.pooling): the model's own, or mean or CLS pooling of its token embeddings.
@@ -282,6 +282,8 @@ class TeiInfo(BaseModel):
     max_batch_requests: int | None
     max_client_batch_size: int
     auto_truncate: bool
+    long_inputs: Literal["truncate", "chunk", "refuse"] = Field(
+        description="attnserve's: what an over-long input gets when its request does not say truncate (--long-inputs)")
     tokenization_workers: int = Field(description="the threads that tokenize requests and render replies")
     version: str
     sha: str | None
@@ -326,7 +328,7 @@ class KServeInferBody(_TeiBody):
     model_config = ConfigDict(json_schema_extra={MODEL_MARK: "kserve_infer"})
     id: str | None = None
     parameters: Parameters | None = Field(None, description="truncate (a boolean; unset: as the server's "
-                                                            "--auto-truncate says), normalize (a boolean), "
+                                                            "--long-inputs says), normalize (a boolean), "
                                                             "dimensions (an integer), prompt_name, task, "
                                                             "embedding_type, input_type (strings), raw_scores (a "
                                                             "boolean, a reranker's), binary_data_output (a boolean)")
@@ -506,7 +508,43 @@ class MultiVectorBody(_Strict):
         "float", description="float: each input's [tokens, dim] vectors; base64: their row-major little-endian "
                              "float32 bytes (tokens x dim floats)")
     truncate: bool | None = Field(None, description="false: an input over its type's length is refused; true: it "
-                                                    "is cut; unset: as the server's --auto-truncate says")
+                                                    "is cut; unset: as the server's --long-inputs says")
+    model: str = Field("", description="a served model's name or alias; \"\": the server's default model")
+
+
+# A chunk of a text: its characters [start, stop), counted in Unicode code points (as JSON indexes a string); the
+# server refuses a span past the text's end, or one no token starts in (engine/late_chunking.py).
+Span = Annotated[list[Annotated[int, BeforeValidator(_integral), Field(json_schema_extra={"minimum": 0})]],
+                 Field(json_schema_extra={"minItems": 2, "maxItems": 2})]
+TextSpans = Annotated[list[Span], Field(json_schema_extra={"minItems": 1})]
+
+
+class LateChunkingBody(_Strict):
+    """attnserve's POST /embed_chunks: late chunking (Günther et al., 2024)."""
+
+    # spans or a chunker, one of them; chunk_tokens with the tokens chunker only; prompt or prompt_name
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        _ONE_PROMPT, {"oneOf": [{"properties": {"spans": {"type": "array"}}, "required": ["spans"]},
+                                {"properties": {"chunker": {"type": "string"}}, "required": ["chunker"]}]},
+        {"if": {"properties": {"chunk_tokens": {"type": "integer"}}, "required": ["chunk_tokens"]},
+         "then": {"properties": {"chunker": {"const": "tokens"}}, "required": ["chunker"]}}]})
+    inputs: Union[Text, Texts] = Field(description="a text (a document) or a list of texts, each read whole, in "
+                                                   "windows of max_seq_length tokens where it is longer")
+    spans: list[TextSpans] | None = Field(
+        None, description="one list per input of its chunks' [start, stop) character spans (Unicode code points); "
+                          "each must lie in its text, and some token of the text must start in it")
+    chunker: Literal["sentences", "tokens"] | None = Field(
+        None, description="instead of spans: sentences (a sentence ends at . ! ? followed by white space, or at a "
+                          "line break) or tokens (every chunk_tokens of the text's tokens)")
+    chunk_tokens: Positive | None = Field(None, description="the tokens chunker's chunk size; unset: 64")
+    normalize: bool = Field(True, description="L2-normalise the text's and each chunk's embedding")
+    dimensions: Dimensions = Field(None, description="keep the first N dimensions, then normalise")
+    prompt_name: PromptName = Field(None, description="a prompt of the model's to put before each window of the "
+                                                      "text; unset: the model's default prompt, if any")
+    prompt: str | None = Field(None, description="a raw prompt to put before each window of the text")
+    task: TaskName = Field(None, description="the task adapter to encode with (jina-embeddings-v3); unset: none")
+    encoding_format: EncodingFormat = Field(
+        "float", description="float, or base64: the little-endian float32 bytes of each vector")
     model: str = Field("", description="a served model's name or alias; \"\": the server's default model")
 
 

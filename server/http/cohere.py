@@ -22,7 +22,7 @@ from ..requests import EncodeRequest
 from .bodies import CohereEmbedBody, CohereEmbedReply
 from .errors import OPENAI, WireNames
 from .route import Route
-from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response
+from .wire import JSON_FLOAT_BYTES, BodyReader, InputMarks, deadline, dumps, floats, json_response
 
 # int8 / uint8 ranges are the model's here (Cohere's API takes none): an error about them is about the types asked.
 NAMES = WireNames({"inputs": "texts", "dimensions": "output_dimension", "ranges": "embedding_types"},
@@ -82,6 +82,6 @@ class CohereRoutes:
             return body, to_core(body, info.prompts, info.max_seq_length)
 
         body, core_request = await self._bodies.read(request, CohereEmbedBody, translate)
-        reply, _ = await self._core.encode(core_request, deadline(request), lambda r: render(r, body),
-                                           JSON_FLOAT_BYTES)
-        return json_response(reply)
+        marks = InputMarks(lambda r: render(r, body))
+        reply, _ = await self._core.encode(core_request, deadline(request), marks, JSON_FLOAT_BYTES)
+        return json_response(reply, headers=marks.headers())

@@ -46,6 +46,7 @@ from .errors import OPENAI, TEI, http_error
 from .explorer import ExplorerRoutes
 from .head_timeout import HeadTimeouts
 from .kserve import KServeRoutes
+from .late_chunking import LateChunkingRoutes
 from .multi_vector import MultiVectorRoutes
 from .openai import OpenAIRoutes
 from .openapi import index, openapi_spec
@@ -73,7 +74,8 @@ class HttpDoor:
         self.routes: list[Route] = [*OpenAIRoutes(core, bodies).routes(), *TeiRoutes(core, bodies).routes(),
                                     *AttentionRoutes(core, bodies).routes(), *RerankRoutes(core, bodies).routes(),
                                     *KServeRoutes(core, bodies).routes(), *CohereRoutes(core, bodies).routes(),
-                                    *MultiVectorRoutes(core, bodies).routes(), *ExplorerRoutes().routes(),
+                                    *MultiVectorRoutes(core, bodies).routes(),
+                                    *LateChunkingRoutes(core, bodies).routes(), *ExplorerRoutes().routes(),
                                     Route("GET", "/openapi.json", self._openapi, OPENAI, "this description",
                                           reply_schema={"type": "object"}),
                                     Route("GET", "/", self._index, TEI, "where to start: the help and the routes",

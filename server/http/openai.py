@@ -19,7 +19,7 @@ from .bodies import OpenAIEmbeddingsBody, OpenAIEmbeddingsReply, OpenAIModel, Op
 from .errors import OPENAI, WireNames
 from .inputs import inputs_of
 from .route import Route
-from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response
+from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, InputMarks, deadline, dumps, floats, json_response
 
 # The openai SDK sends only OpenAI's fields: attnserve's `truncate` goes in its extra_body.
 NAMES = WireNames({"inputs": "input"},
@@ -29,7 +29,7 @@ OWNER = "attnserve"
 
 def to_core(body: OpenAIEmbeddingsBody) -> EncodeRequest:
     return EncodeRequest(inputs=inputs_of(body.input), normalize=True,
-                         truncate=body.truncate,  # None (not sent): as the server's --auto-truncate says
+                         truncate=body.truncate,  # None (not sent): as the server's --long-inputs says
                          dimensions=body.dimensions, prompt_name=body.prompt_name, prompt=body.prompt,
                          model=body.model, task=body.task, pooling=body.pooling)
 
@@ -65,10 +65,10 @@ class OpenAIRoutes:
     async def embeddings(self, request: web.Request) -> web.Response:
         body, core_request = await self._bodies.read(request, OpenAIEmbeddingsBody, lambda b: (b, to_core(b)))
         base64_format = body.encoding_format == "base64"
-        reply, _ = await self._core.encode(core_request, deadline(request),
-                                           lambda r: render(r, body.model, base64_format),
+        marks = InputMarks(lambda r: render(r, body.model, base64_format))
+        reply, _ = await self._core.encode(core_request, deadline(request), marks,
                                            BASE64_FLOAT_BYTES if base64_format else JSON_FLOAT_BYTES)
-        return json_response(reply)
+        return json_response(reply, headers=marks.headers())
 
     async def models(self, request: web.Request) -> web.Response:
         return json_response(dumps({"object": "list", "data": [self._model(name) for name in self._core.models.names]}))

@@ -3,7 +3,8 @@
 TEI's reply is a JSON list `[{index, score, text?}]`, best first. Cohere's and Infinity's `/v1/rerank` reply `{id,
 results: [{index, relevance_score, document?}], model, usage}`, best first; they cut long documents rather than
 refuse them, as both routes do unless the request says `truncate: false` or the server runs with
---no-auto-truncate. A document is returned as Cohere's v1 API returns it: `{"text": ...}`.
+--long-inputs refuse (a pair is never chunked: --long-inputs chunk cuts it). A document is returned as Cohere's v1
+API returns it: `{"text": ...}`.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from .bodies import (
 from .errors import TEI, WireNames
 from .inputs import inputs_of
 from .route import Route
-from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response
+from .wire import JSON_FLOAT_BYTES, BodyReader, InputMarks, deadline, dumps, floats, json_response
 
 # TEI's /similarity nests its texts under "inputs".
 SIMILARITY_NAMES = WireNames({"source_sentence": "inputs.source_sentence", "sentences": "inputs.sentences"})
@@ -206,8 +206,9 @@ class TeiRoutes:
 
     async def embed(self, request: web.Request) -> web.Response:
         core_request = await self._bodies.read(request, TeiEmbedBody, embed_request)
-        reply, _ = await self._core.encode(core_request, deadline(request), render_embeddings, JSON_FLOAT_BYTES)
-        return json_response(reply)
+        marks = InputMarks(render_embeddings)
+        reply, _ = await self._core.encode(core_request, deadline(request), marks, JSON_FLOAT_BYTES)
+        return json_response(reply, headers=marks.headers())
 
     async def embed_all(self, request: web.Request) -> web.Response:
         core_request = await self._bodies.read(request, TeiEmbedAllBody, embed_all_request)
@@ -251,7 +252,8 @@ class TeiRoutes:
             "max_concurrent_requests": info.max_queue_tokens,
             "max_input_length": info.max_seq_length, "max_batch_tokens": info.max_batch_tokens,
             "max_batch_requests": info.max_batch_size, "max_client_batch_size": info.max_inputs_per_request,
-            "auto_truncate": info.auto_truncate, "tokenization_workers": self._core.workers,
+            "auto_truncate": info.auto_truncate, "long_inputs": info.long_inputs,
+            "tokenization_workers": self._core.workers,
             "version": info.version, "sha": None, "docker_label": None,
             "outputs": list(info.outputs), "embedding_types": list(info.embedding_types)}))
 

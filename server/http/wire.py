@@ -23,6 +23,7 @@ from attnserve.errors import (
     RequestTimeoutError,
 )
 
+from ..replies import EncodeReply
 from ..requests import Deadline
 from ..sizes import human_size
 from .bodies import Body, parse
@@ -151,3 +152,24 @@ def floats(array: np.ndarray, base64_format: bool):
     if base64_format:
         return base64.b64encode(np.ascontiguousarray(array, dtype="<f4").data).decode("ascii")
     return np.ascontiguousarray(array, dtype=np.float32)
+
+
+class InputMarks:
+    """A render that also notes which inputs the reply did not take whole, for the routes whose body has no place
+    to say it (TEI's /embed, OpenAI's and Cohere's embeddings): headers() then gives X-Truncated-Inputs (cut at
+    max_seq_length) and X-Chunked-Inputs (embedded in windows: --long-inputs chunk), each the inputs' indices,
+    comma-separated, where there are any."""
+
+    def __init__(self, render: Callable[[EncodeReply], bytes]):
+        self._render = render
+        self._headers: dict[str, str] = {}
+
+    def __call__(self, reply: EncodeReply) -> bytes:
+        for name, marked in (("X-Truncated-Inputs", [i for i, x in enumerate(reply.inputs) if x.truncated]),
+                             ("X-Chunked-Inputs", [i for i, x in enumerate(reply.inputs) if x.windows > 1])):
+            if marked:
+                self._headers[name] = ",".join(map(str, marked))
+        return self._render(reply)
+
+    def headers(self) -> dict[str, str] | None:
+        return self._headers or None

@@ -1,0 +1,84 @@
+"""Late chunking (Günther et al., 2024, arXiv:2409.04701): the encoder reads a whole document once, then the token
+embeddings of each chunk's span are mean-pooled, so that every chunk's embedding carries the document's context.
+
+A chunk is a span [start, stop) of the document's characters (Unicode code points, as Python and JSON index a
+string). Its tokens are the document's tokens that start inside it (tokenizers' character offsets); a document
+longer than the model's length is read in windows (engine/windows.py) whose token embeddings are put end to end.
+The spans come with the request, or from a built-in chunker over the tokens: "sentences" (a sentence ends at . ! ?
+or their full-width forms followed by white space, or at a line break) or "tokens" (every chunk_tokens tokens).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from attnserve.errors import InvalidInputError
+
+CHUNKERS = ("sentences", "tokens")
+# Where a sentence ends: after its closing punctuation (and any closing quotes or brackets) and the white space that
+# follows, or after a line break.
+_SENTENCE_END = re.compile(r"[.!?\u2026\u3002\uff01\uff1f][\"'\u2019\u201d)\]]*\s+|\n+")
+
+
+def chunker_spans(text: str, offsets: np.ndarray, chunker: str, chunk_tokens: int | None) -> list[tuple[int, int]]:
+    """The spans a built-in chunker cuts text into, from its tokens' (n, 2) character offsets: each holds at least
+    one token, runs from its first token's start to its last token's stop, and the spans follow one another."""
+    starts = offsets[:, 0]
+    if chunker == "tokens":
+        assert chunk_tokens is not None and chunk_tokens >= 1, "checked when the request was prepared"
+        groups = [(i, min(i + chunk_tokens, len(offsets))) for i in range(0, len(offsets), chunk_tokens)]
+    else:
+        ends = [m.end() for m in _SENTENCE_END.finditer(text)]  # the character each next sentence starts at
+        cuts = np.searchsorted(starts, ends, side="left")  # (k,) the first token of each next sentence
+        bounds = sorted({0, *(int(c) for c in cuts), len(offsets)})
+        groups = [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    return [(int(offsets[a, 0]), int(offsets[b - 1, 1])) for a, b in groups]
+
+
+def check_spans(spans: Sequence, text: str, label: str, field: str) -> list[tuple[int, int]]:
+    """A request's spans of one text: pairs of integers 0 <= start < stop <= len(text)."""
+    if isinstance(spans, str) or not isinstance(spans, Sequence) or not spans:
+        raise _invalid(field, f"{label}: give the text's chunks as a non-empty list of [start, stop] character spans")
+    out = []
+    for k, span in enumerate(spans):
+        if (isinstance(span, str) or not isinstance(span, Sequence) or len(span) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in span)):
+            raise _invalid(f"{field}[{k}]", f"{label}: chunk {k} is not a [start, stop] pair of integers")
+        start, stop = span
+        if not 0 <= start < stop <= len(text):
+            raise _invalid(f"{field}[{k}]", f"{label}: chunk {k} [{start}, {stop}) is not a span of the text's "
+                                            f"{len(text)} characters (0 <= start < stop <= {len(text)})")
+        out.append((start, stop))
+    return out
+
+
+def token_ranges(spans: Sequence[tuple[int, int]], offsets: np.ndarray, label: str, field: str
+                 ) -> list[tuple[int, int]]:
+    """Each span's tokens, as a range [a, b) of the text's tokens: those that start inside it. A span no token
+    starts in (white space alone, or inside one token) is refused: it has no embedding to give."""
+    starts = offsets[:, 0]  # ascending: tokens follow the text
+    out = []
+    for k, (start, stop) in enumerate(spans):
+        a, b = (int(i) for i in np.searchsorted(starts, [start, stop], side="left"))
+        if b <= a:
+            raise _invalid(f"{field}[{k}]", f"{label}: no token starts in chunk {k} [{start}, {stop}): a chunk needs "
+                                            "one or more of the text's tokens")
+        out.append((a, b))
+    return out
+
+
+def pool_chunks(token_embeddings: np.ndarray, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
+    """(n, H) the text's token embeddings, (a, b) token ranges -> (k, H) float32 means. Through a running sum, so
+    that overlapping chunks cost no more than their count."""
+    sums = np.zeros((len(token_embeddings) + 1, token_embeddings.shape[1]), dtype=np.float64)  # (n + 1, H)
+    np.cumsum(token_embeddings, axis=0, dtype=np.float64, out=sums[1:])
+    bounds = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)  # (k, 2)
+    means = (sums[bounds[:, 1]] - sums[bounds[:, 0]]) / (bounds[:, 1] - bounds[:, 0])[:, None]  # (k, H)
+    return means.astype(np.float32)
+
+
+def _invalid(field: str, message: str) -> InvalidInputError:
+    return InvalidInputError(message, field=field, description=message.split(": ", 1)[-1])
