@@ -20,6 +20,7 @@ from attnserve.config import (
     from_args,
     is_set,
 )
+from attnserve.engine.late_chunking import CHUNKERS, DEFAULT_CHUNK_TOKENS
 from attnserve.errors import AttnserveError
 from attnserve.progress import show_on_stderr
 
@@ -55,7 +56,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
     from attnserve.default_model import resolve_artifacts
     from attnserve.offline.checks import check_before_loading
     from attnserve.offline.job import EncodeJob, summary_line
-    from attnserve.offline.rows import Prompt
+    from attnserve.offline.rows import LateChunks, Prompt
 
     config = from_args(EngineConfig, args)
     check_before_loading(Path(args.input), Path(args.output), allow_empty=args.allow_empty,
@@ -68,10 +69,14 @@ def cmd_encode(args: argparse.Namespace) -> int:
         raise AttnserveError("give --prompt-name or --prompt, not both")
     if args.model and not args.server:
         raise AttnserveError("--model names one of a --server's models; without --server, give --artifacts")
+    if args.chunk_tokens is not None and args.late_chunking != "tokens":
+        raise AttnserveError("--chunk-tokens goes with --late-chunking tokens")
+    late = LateChunks(args.late_chunking, args.chunk_tokens or DEFAULT_CHUNK_TOKENS) if args.late_chunking else None
     job = EncodeJob(Path(args.input), Path(args.output), args.normalize, args.text_column, args.id_column,
                     args.chunk_rows, progress=not args.no_progress, on_error=args.on_error, overwrite=args.overwrite,
                     dimensions=args.dimensions, prompt=Prompt(args.prompt_name, args.prompt), model=args.model,
-                    task=args.task, embedding_type=args.precision_out, input_type=args.input_type)
+                    task=args.task, embedding_type=args.precision_out, input_type=args.input_type,
+                    late_chunking=late)
     if args.server:
         from attnserve.offline.remote import encode_file_remote
 
@@ -269,6 +274,13 @@ def build_parser() -> argparse.ArgumentParser:
     encode.add_argument("--input-type", default="document", choices=("document", "query"),
                         help="a multi-vector (ColBERT) model's: encode the texts as its documents (the default) or "
                              "its queries, each with its prompt, length and expansion; the `multi_vector` column")
+    encode.add_argument("--late-chunking", default=None, choices=CHUNKERS,
+                        help="late chunking: read each text whole (in windows of max_seq_length tokens where it is "
+                             "longer), cut it into sentences or runs of --chunk-tokens tokens, and write one row per "
+                             "chunk (id, chunk, start, stop, embedding, num_tokens): each the mean of its tokens' "
+                             "embeddings, in the context of the whole text")
+    encode.add_argument("--chunk-tokens", type=int, default=None,
+                        help=f"--late-chunking tokens: the chunk size in tokens (default {DEFAULT_CHUNK_TOKENS})")
     add_arguments(encode, EngineConfig)
     encode.set_defaults(func=cmd_encode)
 

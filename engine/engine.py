@@ -20,6 +20,7 @@ from attnserve.progress import progress_log
 from .batching import pad, pad_types, plan_batches
 from .builds import BackgroundBuilds, add_in_child, has
 from .calibration import Choice, budgets, recorded_choice, timed_choice
+from .late_chunking import ChunkMeans
 from .machine import this_machine
 from .manifest import GraphVariant, Manifest, load_manifest
 from .multi_vector import MultiVectorTokenizer
@@ -29,6 +30,7 @@ from .prompts import apply_prompt
 from .session import CPU, CUDA, OPENVINO, open_graph, resolve_provider
 from .tokenizer import TextTokenizer, TokenizedInput
 from .variants import defaults_of, first_of, run_variants, variants_of
+from .windows import Windows
 
 log = logging.getLogger("attnserve.engine")
 
@@ -86,6 +88,9 @@ class Encoded:
     num_tokens: np.ndarray  # (N,) int32
     truncated: np.ndarray  # (N,) bool
     stats: EncodeStats = field(default_factory=EncodeStats)
+    # Late chunking's (embeddings then (N,) of (k_i, H) chunk means): each text's chunks' (k_i, 3) int32 start, stop
+    # (characters) and token count.
+    chunks: np.ndarray | None = None
 
 
 class NotBuiltError(ArtifactError):
@@ -524,6 +529,47 @@ class Engine:
         stats = EncodeStats(len(inputs), int(lengths.sum()), cells, time.perf_counter() - start)
         truncated = np.fromiter((x.truncated for x in inputs), dtype=bool, count=len(inputs))
         return Encoded(vectors, lengths.astype(np.int32), truncated, stats)
+
+    def encode_late_chunks(self, windows: Sequence[Windows], ranges: Sequence[Sequence[tuple[int, int]]],
+                           on_batch: Callable[[int], None] | None = None) -> Encoded:
+        """Late chunking of many texts (engine/late_chunking.py): every text's windows (TextTokenizer.windows) run
+        batched by length with all the others', and each chunk's tokens (ranges: per text, token ranges [a, b))
+        mean-pooled as its windows run. Encoded.embeddings is an (N,) object array of (k_i, H) float32 means, not
+        normalised, in input order; num_tokens, each text's tokens as the model saw them in all its windows.
+
+        on_batch(n): n texts had their last window run."""
+        if not self.manifest.late_chunkable:
+            raise ConfigError(f"late chunking mean-pools token embeddings, and {self.manifest.model}'s embedding is "
+                              f"not a pooling of them (its pipeline is {' -> '.join(self.manifest.modules)})")
+        start = time.perf_counter()
+        flat = [(i, j) for i, w in enumerate(windows) for j in range(len(w.inputs))]  # (text, window) per input
+        inputs = [windows[i].inputs[j] for i, j in flat]
+        firsts = [np.concatenate([[0], np.cumsum(w.text_tokens)[:-1]]) for w in windows]  # each window's 1st token
+        means = [ChunkMeans(r, self.manifest.hidden_size) for r in ranges]
+        left = [len(w.inputs) for w in windows]
+        lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
+        cells = 0
+        for batch in plan_batches(lengths, self.batch_tokens, self.config.max_batch_size):
+            out = self.run([inputs[k] for k in batch])
+            assert out.last_hidden_state is not None
+            finished = 0
+            for row, k in enumerate(batch):
+                i, j = flat[k]
+                w = windows[i]
+                tokens = out.last_hidden_state[row, w.text_start:w.text_start + w.text_tokens[j]]  # (m, H)
+                means[i].add(tokens, int(firsts[i][j]))
+                left[i] -= 1
+                finished += left[i] == 0
+            cells += int(lengths[batch].max()) * len(batch)
+            if on_batch is not None and finished:
+                on_batch(finished)
+        chunks = np.empty(len(windows), dtype=object)
+        for i, m in enumerate(means):
+            chunks[i] = m.means()  # (k_i, H)
+        num_tokens = np.fromiter((sum(len(x) for x in w.inputs) for w in windows), dtype=np.int32,
+                                 count=len(windows))
+        stats = EncodeStats(len(windows), int(lengths.sum()), cells, time.perf_counter() - start)
+        return Encoded(chunks, num_tokens, np.zeros(len(windows), dtype=bool), stats)
 
     def encode(self, texts: Sequence[str], normalize: bool | None = None, truncate: bool = True,
                prompt_name: str | None = None, prompt: str | None = None) -> Encoded:

@@ -18,6 +18,11 @@ import numpy as np
 from attnserve.errors import InvalidInputError
 
 CHUNKERS = ("sentences", "tokens")
+# The "tokens" chunker's chunk, unset: the size of the late-chunking paper's fixed-size chunks.
+DEFAULT_CHUNK_TOKENS = 64
+# Why a chunker's text is refused: it makes no chunk of a text the tokenizer keeps nothing of (an empty list of
+# chunks would lose an offline run's row unsaid).
+NO_TOKEN_TO_CHUNK = "no token to chunk: the tokenizer keeps nothing of the text"
 # Where a sentence ends: after its closing punctuation (and any closing quotes or brackets) and the white space that
 # follows, or after a line break.
 _SENTENCE_END = re.compile(r"[.!?\u2026\u3002\uff01\uff1f][\"'\u2019\u201d)\]]*\s+|\n+")
@@ -70,14 +75,27 @@ def token_ranges(spans: Sequence[tuple[int, int]], offsets: np.ndarray, label: s
     return out
 
 
-def pool_chunks(token_embeddings: np.ndarray, ranges: Sequence[tuple[int, int]]) -> np.ndarray:
-    """(n, H) the text's token embeddings, (a, b) token ranges -> (k, H) float32 means. Through a running sum, so
-    that overlapping chunks cost no more than their count."""
-    sums = np.zeros((len(token_embeddings) + 1, token_embeddings.shape[1]), dtype=np.float64)  # (n + 1, H)
-    np.cumsum(token_embeddings, axis=0, dtype=np.float64, out=sums[1:])
-    bounds = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)  # (k, 2)
-    means = (sums[bounds[:, 1]] - sums[bounds[:, 0]]) / (bounds[:, 1] - bounds[:, 0])[:, None]  # (k, H)
-    return means.astype(np.float32)
+class ChunkMeans:
+    """A text's chunks' mean token embeddings, summed window by window as the windows run: what is held is the
+    chunks' sums, never the text's token embeddings. Each window's share comes from a running sum over its
+    tokens, so that overlapping chunks cost no more than their count."""
+
+    def __init__(self, ranges: Sequence[tuple[int, int]], hidden_size: int):
+        self._ranges = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)  # (k, 2) token ranges [a, b)
+        self._sums = np.zeros((len(self._ranges), hidden_size), dtype=np.float64)  # (k, H)
+
+    def add(self, tokens: np.ndarray, first: int) -> None:
+        """(m, H) the embeddings of the text's tokens first .. first + m - 1 (one window's)."""
+        running = np.zeros((len(tokens) + 1, tokens.shape[1]), dtype=np.float64)  # (m + 1, H)
+        np.cumsum(tokens, axis=0, dtype=np.float64, out=running[1:])
+        low = np.clip(self._ranges[:, 0] - first, 0, len(tokens))  # (k,) each chunk's share of this window
+        high = np.clip(self._ranges[:, 1] - first, 0, len(tokens))
+        self._sums += running[high] - running[low]
+
+    def means(self) -> np.ndarray:
+        """(k, H) float32."""
+        counts = (self._ranges[:, 1] - self._ranges[:, 0]).astype(np.float64)  # (k,) >= 1 (token_ranges)
+        return (self._sums / counts[:, None]).astype(np.float32)
 
 
 def _invalid(field: str, message: str) -> InvalidInputError:

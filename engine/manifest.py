@@ -74,6 +74,13 @@ class Manifest:
         that pooling: its sentence embedding is one such pooling, with nothing after it but normalisation."""
         after = [m for m in self.modules if not m.startswith(("Transformer(", "Pooling("))]
         return self.pooling in REQUEST_POOLINGS and all(m == "Normalize" for m in after)
+
+    @property
+    def late_chunkable(self) -> bool:
+        """Whether late chunking applies (engine/late_chunking.py): a dense embedder whose embedding is a pooling of
+        its token embeddings, which late chunking mean-pools per chunk."""
+        return self.kind != "reranker" and not self.sparse and self.multi_vector is None and \
+            self.poolable_at_request_time
     # Also optional: "embedder", or "reranker" (a cross-encoder whose graphs
     # take token_type_ids and output scores (B, num_labels)
     # of raw logits, model/cross_encoder.py).

@@ -18,7 +18,8 @@ def engine_facts(engine: Engine) -> ModelFacts:
     m = engine.manifest
     return ModelFacts(m.model, m.embedding_size, m.vocab_size, m.served_max_length, m.pooling, m.normalize,
                       engine.precision, engine.embeddings_variant.runs_as, quantization_ranges=m.quantization_ranges,
-                      sparse=m.sparse, multi_vector=m.multi_vector is not None)
+                      sparse=m.sparse, multi_vector=m.multi_vector is not None,
+                      late_chunking=m.late_chunkable)
 
 
 class LocalEncoder:
@@ -33,11 +34,11 @@ class LocalEncoder:
     def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
         for chunk in chunks:
             encoded, refused = encode_inputs(self.engine, inputs_of(chunk.records), session.normalize,
-                                             session.on_batch, session.prompt, session.input_type)
+                                             session.on_batch, session.prompt, session.input_type, session.late)
             for position, reason in refused.items():
                 session.refuse(chunk.records[position], reason)
             yield EncodedChunk(chunk, encoded.embeddings, encoded.num_tokens, encoded.truncated, encoded.stats,
-                               refused)
+                               refused, encoded.chunks)
 
 
 def encode_file(engine: Engine, job: EncodeJob, **driver) -> EncodeResult:

@@ -28,6 +28,7 @@ import numpy as np
 from attnserve import __version__
 from attnserve.engine.dimensions import check_dimensions, cut_and_normalize
 from attnserve.engine.engine import EncodeStats
+from attnserve.engine.late_chunking import CHUNKERS
 from attnserve.engine.multi_vector import INPUT_TYPES
 from attnserve.engine.quantize import RANGED, check_embedding_types, quantize
 from attnserve.errors import ConfigError, InvalidInputError
@@ -35,7 +36,7 @@ from attnserve.errors import ConfigError, InvalidInputError
 from .checks import RowChecks, bad_row_error, error_line
 from .partial import PartialRun, input_digest
 from .readers import InputFile, Record
-from .rows import Prompt, output_schema, output_table
+from .rows import LateChunks, Prompt, late_chunks_schema, late_chunks_table, output_schema, output_table
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -60,6 +61,8 @@ class EncodeJob:
     embedding_type: str = "float"
     # A ColBERT model's texts are its "document"s or "query"s (engine/multi_vector.py); other models refuse "query".
     input_type: str = "document"
+    # Late chunking (engine/late_chunking.py): one output row per chunk of each text, cut by this chunker; None: not.
+    late_chunking: LateChunks | None = None
 
     @property
     def errors_path(self) -> Path:
@@ -91,6 +94,7 @@ class ModelFacts:
     quantization_ranges: Callable[[int | None, bool], np.ndarray | None] = lambda dimensions, normalize: None
     sparse: bool = False  # a SPLADE model: its weights are written as (index, value) pairs (sparse_embedding)
     multi_vector: bool = False  # a ColBERT model: its vectors of each row are written (multi_vector)
+    late_chunking: bool = False  # its embedding is a pooling of its token embeddings: late chunking applies
 
 
 @dataclass(eq=False)
@@ -113,6 +117,8 @@ class EncodedChunk:
     truncated: np.ndarray  # (n,)
     stats: EncodeStats
     refused: dict[int, str] = field(default_factory=dict)  # position in chunk.records -> reason, set aside
+    # Late chunking's (embeddings then (n,) of (k_i, D) chunk means): each row's (k_i, 3) start, stop, token count.
+    chunks: np.ndarray | None = None
 
 
 @dataclass
@@ -126,6 +132,7 @@ class Session:
     prompt: Prompt = field(default_factory=Prompt)  # what goes before every text
     task: str | None = None  # a server's task adapter to ask for (local and Ray runs open the task's graphs)
     input_type: str = "document"  # a ColBERT model's: its texts are its documents or its queries
+    late: LateChunks | None = None  # late chunking's chunker: each row's chunks, not its embedding
 
 
 class ChunkEncoder(Protocol):
@@ -189,6 +196,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
     size = job.dimensions or facts.embedding_size
     _check_sparse(job, facts)
     _check_multi_vector(job, facts)
+    _check_late_chunking(job, facts)
     ranges = _ranges(job, facts, normalize)
     errors_path = job.errors_path if job.on_error == "skip" else None
     # Set only when asked, so that the runs of earlier versions' settings read the same.
@@ -196,7 +204,10 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                                            ("prompt", job.prompt.text), ("task", job.task),
                                            ("embedding_type", None if job.embedding_type == "float"
                                             else job.embedding_type),
-                                           ("input_type", job.input_type if facts.multi_vector else None))
+                                           ("input_type", job.input_type if facts.multi_vector else None),
+                                           ("late_chunking", f"{job.late_chunking.chunker}:"
+                                                             f"{job.late_chunking.chunk_tokens}"
+                                            if job.late_chunking else None))
              if value is not None}
     fingerprint = {"input": str(job.input.resolve()), "text_column": job.text_column, "id_column": job.id_column,
                    "chunk_rows": job.chunk_rows, "normalize": normalize, "model": facts.model,
@@ -215,6 +226,12 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
         checks = RowChecks(facts.vocab_size, source.ids_can_repeat)
         schema = None
 
+        def new_schema():
+            if job.late_chunking is not None:
+                return late_chunks_schema(source.id_type or int, size, metadata)
+            return output_schema(source.id_type or int, size, metadata, job.embedding_type, facts.sparse,
+                                 facts.multi_vector)
+
         def rate() -> float:
             return result.tokens / max(time.perf_counter() - start, 1e-9)
 
@@ -227,8 +244,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
             nonlocal schema
             for index, records in enumerate(source.chunks(job.chunk_rows)):
                 bad = checks.bad(records)
-                schema = schema or output_schema(source.id_type or int, size, metadata, job.embedding_type,
-                                                 facts.sparse, facts.multi_vector)
+                schema = schema or new_schema()
                 digest = input_digest(records)
                 if run.trusts(index, digest):
                     first = run.first_error(index)
@@ -247,18 +263,23 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
         # With dimensions, the encoder's vectors are cut here and normalised after: the rule every door applies.
         session = Session(chunks_left=max(1, -(-total // job.chunk_rows) - run.chunks_done),
                           normalize=normalize and job.dimensions is None, on_batch=progress.advance, refuse=refuse,
-                          prompt=job.prompt, task=job.task, input_type=job.input_type)
+                          prompt=job.prompt, task=job.task, input_type=job.input_type, late=job.late_chunking)
         try:
             with closing(encoder.encode(chunks(), session)) as encoded:
                 for done in encoded:
                     chunk = done.chunk
                     kept = chunk.records if not done.refused else \
                         [r for i, r in enumerate(chunk.records) if i not in done.refused]
-                    embeddings = done.embeddings if job.dimensions is None else \
-                        cut_and_normalize(done.embeddings, job.dimensions, normalize)  # (n, D)
-                    if not facts.multi_vector:  # Matryoshka first, then quantization, as sentence-transformers
-                        embeddings = quantize(embeddings, job.embedding_type, ranges)  # (n, D) or (n, D / 8)
-                    table = output_table(schema, kept, embeddings, done.num_tokens, done.truncated)
+                    if job.late_chunking is not None:  # the chunks' means: cut and normalised here, as the doors do
+                        assert done.chunks is not None
+                        table = late_chunks_table(schema, kept, [cut_and_normalize(e, job.dimensions, normalize)
+                                                                 for e in done.embeddings], done.chunks)
+                    else:
+                        embeddings = done.embeddings if job.dimensions is None else \
+                            cut_and_normalize(done.embeddings, job.dimensions, normalize)  # (n, D)
+                        if not facts.multi_vector:  # Matryoshka first, then quantization, as sentence-transformers
+                            embeddings = quantize(embeddings, job.embedding_type, ranges)  # (n, D) or (n, D / 8)
+                        table = output_table(schema, kept, embeddings, done.num_tokens, done.truncated)
                     set_aside = chunk.bad + [(chunk.records[i], reason) for i, reason in done.refused.items()]
                     set_aside.sort(key=lambda item: item[0].row)
                     run.write_chunk(chunk.index, table, chunk.rows, [error_line(r, why) for r, why in set_aside],
@@ -267,8 +288,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                     result.skipped += len(set_aside)
                     progress.advance(len(set_aside), rate())
             # An empty input (an empty partition, say) gives an empty output with the same schema.
-            run.finish(schema or output_schema(source.id_type or int, size, metadata, job.embedding_type, facts.sparse,
-                                               facts.multi_vector))
+            run.finish(schema or new_schema())
         except KeyboardInterrupt:
             raise EncodeInterrupted(f"interrupted after {run.rows_recorded()} of {total} rows; the same command "
                                     "resumes after them") from None
@@ -304,6 +324,22 @@ def _check_multi_vector(job: EncodeJob, facts: ModelFacts) -> None:
         if asked:
             raise ConfigError(f"{flag} does not apply to {facts.model}, a multi-vector (ColBERT) model: its vectors "
                               "are written whole, with its own query or document prompt (--input-type)")
+
+
+def _check_late_chunking(job: EncodeJob, facts: ModelFacts) -> None:
+    """Late chunking: a chunker, and a model whose embedding is a pooling of its token embeddings, written whole."""
+    late = job.late_chunking
+    if late is None:
+        return
+    if late.chunker not in CHUNKERS:
+        raise ConfigError(f"--late-chunking {late.chunker!r} is not one of {', '.join(CHUNKERS)}")
+    if late.chunk_tokens < 1:
+        raise ConfigError(f"--chunk-tokens must be positive, got {late.chunk_tokens}")
+    if not facts.late_chunking:
+        raise ConfigError(f"--late-chunking mean-pools token embeddings, and {facts.model}'s embedding is not a "
+                          "pooling of them")
+    if job.embedding_type != "float":
+        raise ConfigError("--precision-out does not apply to --late-chunking: its chunks are written as float32")
 
 
 def _ranges(job: EncodeJob, facts: ModelFacts, normalize: bool) -> np.ndarray | None:

@@ -32,7 +32,7 @@ from attnserve.engine.manifest import load_manifest
 from attnserve.errors import AttnserveError, ConfigError
 
 from .job import Chunk, EncodedChunk, EncodeJob, EncodeResult, ModelFacts, Session, run_job
-from .rows import Prompt, encode_inputs, inputs_of
+from .rows import LateChunks, Prompt, encode_inputs, inputs_of
 
 # onnxruntime threads per actor when neither --threads nor --ray-actors says. Measured on a 2-core
 # CPU, 2000 mixed-length texts in 8 chunks: 1 actor x 2 threads 4900-5300 tokens/s, 2 actors x 1
@@ -76,7 +76,7 @@ class RayEncoder:
         m = self.manifest
         return ModelFacts(m.model, m.embedding_size, m.vocab_size, m.served_max_length, m.pooling, m.normalize,
                           self.config.precision, self.graph.runs_as, quantization_ranges=m.quantization_ranges,
-                          sparse=m.sparse, multi_vector=m.multi_vector is not None)
+                          sparse=m.sparse, multi_vector=m.multi_vector is not None, late_chunking=m.late_chunkable)
 
     def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
         ray = _import_ray()
@@ -87,7 +87,7 @@ class RayEncoder:
             actor_class = ray.remote(num_cpus=cpus)(_EncoderActor)
             config = dataclasses.replace(self.config, threads=threads)
             actors = [actor_class.remote(str(self.artifacts_dir), config, session.normalize, session.prompt,
-                                         session.input_type) for _ in range(count)]
+                                         session.input_type, session.late) for _ in range(count)]
             _wait_ready(ray, actors)
             yield from _in_order(ray, actors, chunks, session)
         finally:
@@ -176,10 +176,10 @@ def _in_order(ray, actors: list, chunks: Iterator[Chunk], session: Session) -> I
         busy[i] -= 1
         # The actor's generator ends with the result or raises, which _get raises here: never with neither.
         assert result is not None
-        embeddings, num_tokens, truncated, stats, refused = result
+        embeddings, num_tokens, truncated, stats, refused, late_chunks = result
         for position, reason in refused.items():
             session.refuse(chunk.records[position], reason)
-        yield EncodedChunk(chunk, embeddings, num_tokens, truncated, stats, refused)
+        yield EncodedChunk(chunk, embeddings, num_tokens, truncated, stats, refused, late_chunks)
 
 
 def _get(ray, ref):
@@ -219,9 +219,10 @@ class _EncoderActor:
     """One engine; a chunk's inputs in, a count per batch and then the chunk's encoded rows out."""
 
     def __init__(self, artifacts_dir: str, config: EngineConfig, normalize: bool, prompt: Prompt,
-                 input_type: str = "document"):
+                 input_type: str = "document", late: LateChunks | None = None):
         self.artifacts_dir, self.config, self.normalize, self.prompt = artifacts_dir, config, normalize, prompt
         self.input_type = input_type  # a ColBERT model's: its texts are its documents or its queries
+        self.late = late  # late chunking's chunker, where the run asks for it
         self.engine: Engine | None = None
 
     def ready(self) -> bool:
@@ -230,7 +231,8 @@ class _EncoderActor:
         return True
 
     def encode(self, inputs: list):
-        """Yields the rows of each batch as it runs, then (embeddings, num_tokens, truncated, stats, refused).
+        """Yields the rows of each batch as it runs, then (embeddings, num_tokens, truncated, stats, refused,
+        chunks): chunks, late chunking's spans (Encoded.chunks), or None.
 
         The engine runs in a thread of its own so that this generator can hand out the counts while it works.
         """
@@ -242,7 +244,7 @@ class _EncoderActor:
         def work() -> None:
             try:
                 outcome.append(encode_inputs(engine, inputs, self.normalize, counts.put, self.prompt,
-                                             self.input_type))
+                                             self.input_type, self.late))
             except BaseException as e:  # handed to the caller below, as if raised there
                 outcome.append(e)
             finally:
@@ -256,4 +258,4 @@ class _EncoderActor:
         if isinstance(outcome[0], BaseException):
             raise outcome[0]
         encoded, refused = outcome[0]
-        yield encoded.embeddings, encoded.num_tokens, encoded.truncated, encoded.stats, refused
+        yield encoded.embeddings, encoded.num_tokens, encoded.truncated, encoded.stats, refused, encoded.chunks

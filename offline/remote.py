@@ -112,12 +112,13 @@ class _Pending:
     left: int  # good rows neither answered nor refused yet
     refused: dict[int, str] = field(default_factory=dict)  # position in chunk.records -> reason
     stats: EncodeStats = field(default_factory=EncodeStats)
+    chunks: np.ndarray | None = None  # late chunking's: (n,) of (k_i, 3) start, stop, tokens (embeddings (k_i, H))
 
     def encoded(self) -> EncodedChunk:
         keep = np.ones(len(self.chunk.records), bool)
         keep[list(self.refused)] = False
         return EncodedChunk(self.chunk, self.embeddings[keep], self.num_tokens[keep], self.truncated[keep],
-                            self.stats, self.refused)
+                            self.stats, self.refused, None if self.chunks is None else self.chunks[keep])
 
 
 @dataclass(eq=False)
@@ -200,7 +201,7 @@ class ServerEncoder:
         i = self.info
         return ModelFacts(i.model, embedding_size(i), i.vocab_size, i.max_seq_length, i.pooling, i.normalize,
                           i.precision, server=self.target, sparse=i.pooling.startswith("splade_"),
-                          multi_vector=i.pooling == "multi_vector")
+                          multi_vector=i.pooling == "multi_vector", late_chunking="late_chunking" in i.outputs)
 
     # --- errors ----------------------------------------------------------------------------------------
 
@@ -252,9 +253,11 @@ class ServerEncoder:
         max_bytes = int((limits.max_request_bytes or 4 << 20) * REQUEST_BYTES_SHARE)
         for chunk in chunks:
             good, n = chunk.records, len(chunk.records)
-            embeddings = (np.empty(n, dtype=object) if info.pooling == "multi_vector"  # (K_i, d) each
+            late = session.late is not None  # each row's chunks: (k_i, H) embeddings and (k_i, 3) spans
+            embeddings = (np.empty(n, dtype=object) if info.pooling == "multi_vector" or late  # (K_i, d) each
                           else np.empty((n, embedding_size(info)), np.float32))
-            pending = _Pending(chunk, embeddings, np.empty(n, np.int32), np.empty(n, bool), n)
+            pending = _Pending(chunk, embeddings, np.empty(n, np.int32), np.empty(n, bool), n,
+                               chunks=np.empty(n, dtype=object) if late else None)
             yield pending
             estimates = [estimate_tokens(r) for r in good]
             sizes = [_item_size(r) for r in good]
@@ -265,7 +268,9 @@ class ServerEncoder:
                 request = _Request(pending, [], 0, self._new_message(session))
                 size = 0
                 for i in order[start:start + max_inputs]:
-                    record, cost, item_size = good[i], min(estimates[i], info.max_seq_length), sizes[i]
+                    # A late-chunked text runs whole, in windows; any other is cut at max_seq_length at most.
+                    record, cost, item_size = good[i], estimates[i] if late else min(estimates[i],
+                                                                                     info.max_seq_length), sizes[i]
                     if request.rows and (request.tokens + cost > max_tokens or size + item_size > max_bytes):
                         break
                     if record.text is not None:
@@ -301,6 +306,11 @@ class ServerEncoder:
             return pb.EmbedRequest(model=self.model or "", multi_vector=pb.MultiVectorOptions(
                 input_type=pb.INPUT_TYPE_QUERY if session.input_type == "query" else pb.INPUT_TYPE_DOCUMENT))
         message = pb.EmbedRequest(normalize=session.normalize, model=self.model or "")
+        if session.late is not None:  # the chunks' means, neither cut nor normalised: the driver does both
+            message.normalize = False
+            message.late_chunking.chunker = session.late.chunker
+            if session.late.chunker == "tokens":
+                message.late_chunking.chunk_tokens = session.late.chunk_tokens
         if session.prompt.name is not None:
             message.prompt_name = session.prompt.name
         if session.prompt.text is not None:
@@ -429,11 +439,32 @@ class ServerEncoder:
             pending.embeddings[row] = v
         self._counted(embeddings, request)
 
+    def _take_chunks(self, reply: pb.EmbedResponse, request: _Request, size: int) -> None:
+        """One reply of late chunks ([size] each, with their spans) into its chunk's rows."""
+        n, embeddings = len(request.rows), reply.embeddings
+        if len(embeddings) != n:
+            raise AttnserveError(f"server {self.target} sent a malformed reply: {len(embeddings)} embeddings for {n} "
+                                 "inputs")
+        pending = request.pending
+        assert pending.chunks is not None
+        for row, e in zip(request.rows, embeddings, strict=True):
+            if not e.chunks or any(c.embedding.dtype != pb.FLOAT32 or len(c.embedding.data) != 4 * size
+                                   for c in e.chunks):
+                raise AttnserveError(f"server {self.target} sent a malformed reply: late chunks that are not "
+                                     f"[{size}] float32, or none")
+            pending.embeddings[row] = np.frombuffer(b"".join(c.embedding.data for c in e.chunks),
+                                                    dtype="<f4").reshape(len(e.chunks), size)
+            pending.chunks[row] = np.asarray([(c.start, c.stop, c.num_tokens) for c in e.chunks], np.int32)
+        self._counted(embeddings, request)
+
     def _take(self, reply: pb.EmbedResponse, request: _Request, size: int) -> None:
         """One reply into its chunk's arrays."""
         n, embeddings = len(request.rows), reply.embeddings
         if request.message.HasField("multi_vector"):
             self._take_vectors(reply, request, size)
+            return
+        if request.message.HasField("late_chunking"):
+            self._take_chunks(reply, request, size)
             return
         if len(embeddings) != n or any(e.sentence_embedding.dtype != pb.FLOAT32 for e in embeddings):
             raise AttnserveError(f"server {self.target} sent a malformed reply: {len(embeddings)} embeddings "

@@ -10,14 +10,24 @@ import numpy as np
 import pyarrow as pa
 
 from attnserve.engine.engine import Encoded, Engine
+from attnserve.engine.late_chunking import DEFAULT_CHUNK_TOKENS, NO_TOKEN_TO_CHUNK, chunker_spans, token_ranges
 from attnserve.engine.prompts import prompt_text
 from attnserve.engine.quantize import quantized_size
 from attnserve.engine.tokenizer import TokenizedInput
+from attnserve.engine.windows import Windows
 from attnserve.errors import InvalidInputError
 
 from .readers import Input, Record
 
 LABEL = "input"  # what the tokenizer's messages are prefixed with; cut off again to keep the reason alone
+
+
+@dataclass(frozen=True)
+class LateChunks:
+    """`encode --late-chunking`: a built-in chunker (engine/late_chunking.py) and its chunk size in tokens."""
+
+    chunker: str  # "sentences" or "tokens"
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,42 @@ def output_schema(id_type: type, embedding_size: int, metadata: dict, embedding_
         ],
         metadata={"attnserve": json.dumps(metadata)},
     )
+
+
+def late_chunks_schema(id_type: type, embedding_size: int, metadata: dict) -> pa.Schema:
+    """`encode --late-chunking`'s rows: one per chunk, in the input's order, then the text's: the text's id, the
+    chunk's position in the text, its character span [start, stop), its embedding and its token count."""
+    return pa.schema(
+        [
+            pa.field("id", pa.int64() if id_type is int else pa.string(), nullable=False),
+            pa.field("chunk", pa.int32(), nullable=False),
+            pa.field("start", pa.int32(), nullable=False),
+            pa.field("stop", pa.int32(), nullable=False),
+            pa.field("embedding", pa.list_(pa.float32(), embedding_size), nullable=False),
+            pa.field("num_tokens", pa.int32(), nullable=False),
+        ],
+        metadata={"attnserve": json.dumps(metadata)},
+    )
+
+
+def late_chunks_table(schema: pa.Schema, records: Sequence[Record], embeddings: Sequence[np.ndarray],
+                      chunks: Sequence[np.ndarray] | np.ndarray) -> pa.Table:
+    """The chunk rows of `records`, in their order: each record's (k_i, D) float32 embeddings and (k_i, 3) start,
+    stop and token count."""
+    counts = np.fromiter((len(c) for c in chunks), dtype=np.int64, count=len(chunks))
+    spans = np.concatenate([*chunks, np.zeros((0, 3), np.int32)]).astype(np.int32)  # (K, 3)
+    vectors = np.concatenate([*(np.asarray(e, np.float32).reshape(-1) for e in embeddings), np.zeros(0, np.float32)])
+    positions = np.concatenate([np.arange(n, dtype=np.int32) for n in counts]) if len(counts) else \
+        np.zeros(0, np.int32)
+    ids = [r.id for r, n in zip(records, counts, strict=True) for _ in range(n)]
+    id_type = schema.field("id").type
+    width = schema.field("embedding").type.list_size
+    return pa.Table.from_arrays(
+        [_from_numpy(np.array(ids, np.int64), pa.int64()) if id_type == pa.int64() else pa.array(ids, type=id_type),
+         _from_numpy(positions, pa.int32()), _from_numpy(np.ascontiguousarray(spans[:, 0]), pa.int32()),
+         _from_numpy(np.ascontiguousarray(spans[:, 1]), pa.int32()),
+         pa.FixedSizeListArray.from_arrays(_from_numpy(vectors, pa.float32()), width),
+         _from_numpy(np.ascontiguousarray(spans[:, 2]), pa.int32())], schema=schema)
 
 
 def output_table(schema: pa.Schema, records: Sequence[Record], embeddings: np.ndarray, num_tokens: np.ndarray,
@@ -124,14 +170,18 @@ def inputs_of(records: Sequence[Record]) -> list[Input]:
 
 
 def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_batch: Callable[[int], None],
-                  prompt: Prompt = Prompt(), input_type: str = "document") -> tuple[Encoded, dict[int, str]]:
+                  prompt: Prompt = Prompt(), input_type: str = "document", late: LateChunks | None = None
+                  ) -> tuple[Encoded, dict[int, str]]:
     """One chunk's inputs through the engine, batched by length: (the encoded rows, {position: reason}).
 
     The refused positions (inputs the tokenizer rejects) are left out of the encoded rows, which keep
     the order of the rest. Same inputs in, same bits out: local and Ray runs both come through here.
     A prompt goes before every text (engine/prompts.py); an unknown prompt name stops the run here, at once.
     A ColBERT model's texts are its queries or documents (input_type; engine/multi_vector.py), with their prompt.
+    late: late chunking, Encoded as engine.encode_late_chunks gives it, with each text's chunks.
     """
+    if late is not None:
+        return _late_chunks(engine, inputs, prompt_text(engine.manifest, prompt.name, prompt.text), late, on_batch)
     if engine.multi_vector is not None:
         def tokenize(items: Sequence[Input]) -> list[TokenizedInput]:
             return _tokenize_multi_vector(engine, items, input_type)
@@ -153,6 +203,39 @@ def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_b
     if engine.multi_vector is not None:
         return engine.encode_multi_vector(tokenized, input_type, on_batch), refused
     return engine.encode_tokenized(tokenized, normalize=normalize, on_batch=on_batch), refused
+
+
+def _late_chunks(engine: Engine, inputs: Sequence[Input], before: str, late: LateChunks,
+                 on_batch: Callable[[int], None]) -> tuple[Encoded, dict[int, str]]:
+    """Each text read whole in windows, cut by the chunker, and its chunks' token embeddings mean-pooled; a row of
+    token ids, or a text with no token to chunk, is refused (no row goes without an output row unsaid)."""
+    refused: dict[int, str] = {}
+    kept: list[Windows] = []
+    spans: list[np.ndarray] = []
+    ranges: list[list[tuple[int, int]]] = []
+    for i, item in enumerate(inputs):
+        if not isinstance(item, str):
+            refused[i] = "late chunking reads texts: this input is token ids"  # as a server says it
+            continue
+        try:
+            [windows] = engine.tokenizer.windows([item], before, [LABEL])
+        except InvalidInputError as e:
+            refused[i] = str(e).removeprefix(f"{LABEL}: ")
+            continue
+        cut = chunker_spans(item, windows.offsets, late.chunker, late.chunk_tokens)
+        if not cut:
+            refused[i] = NO_TOKEN_TO_CHUNK
+            continue
+        token_spans = token_ranges(cut, windows.offsets, LABEL, "text")  # each holds a token: the chunker's cuts
+        kept.append(windows)
+        ranges.append(token_spans)
+        spans.append(np.asarray([(a, b, stop - start) for (a, b), (start, stop) in zip(cut, token_spans, strict=True)],
+                                dtype=np.int32).reshape(-1, 3))
+    encoded = engine.encode_late_chunks(kept, ranges, on_batch)
+    encoded.chunks = np.empty(len(spans), dtype=object)
+    for i, text_spans in enumerate(spans):  # one by one: numpy would make arrays of the same shape one array
+        encoded.chunks[i] = text_spans
+    return encoded, refused
 
 
 def _tokenize_multi_vector(engine: Engine, inputs: Sequence[Input], input_type: str) -> list[TokenizedInput]:

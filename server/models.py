@@ -130,7 +130,7 @@ def model_outputs(manifest: Manifest) -> tuple[str, ...]:
     if manifest.sparse:
         return ("embed", "embed_sparse", "attention", "similarity")
     # Late chunking mean-pools token embeddings: where the model's embedding is a pooling of them.
-    return ("embed", "attention", "similarity", *(("late_chunking",) if manifest.poolable_at_request_time else ()))
+    return ("embed", "attention", "similarity", *(("late_chunking",) if manifest.late_chunkable else ()))
 
 
 def model_sources(artifacts: str | None, config: ServerConfig, precision: str = "auto", provider: str = "auto"

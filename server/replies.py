@@ -12,7 +12,7 @@ import numpy as np
 
 from attnserve.engine.attention_analyses import head_stats, norm_weighted, rollout
 from attnserve.engine.dimensions import cut_and_normalize
-from attnserve.engine.late_chunking import pool_chunks
+from attnserve.engine.late_chunking import ChunkMeans
 from attnserve.engine.multi_vector import MultiVectorTokenizer, maxsim
 from attnserve.engine.pooling import pool
 from attnserve.engine.quantize import quantize
@@ -151,12 +151,14 @@ def _windowed(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], poole
 
 def _late_chunks(rows: Sequence[RowOutput], w: Windows, spans: list[tuple[int, int]],
                  ranges: list[tuple[int, int]], options: ReplyOptions) -> list[ChunkEmbedding]:
-    """A text's chunks from its windows' rows: the text's token embeddings end to end, mean-pooled per chunk."""
+    """A text's chunks from its windows' rows: the text's tokens in each window, mean-pooled per chunk."""
     if not spans:
         return []
-    tokens = np.concatenate([row.token_embeddings[w.text_start:w.text_start + k]  # type: ignore[index]
-                             for row, k in zip(rows, w.text_tokens, strict=True)])  # (n, H): the text's tokens
-    pooled = cut_and_normalize(pool_chunks(tokens, ranges), options.dimensions, options.normalize)  # (k, D)
+    means, first = ChunkMeans(ranges, rows[0].token_embeddings.shape[1]), 0  # type: ignore[union-attr]
+    for row, k in zip(rows, w.text_tokens, strict=True):
+        means.add(row.token_embeddings[w.text_start:w.text_start + k], first)  # type: ignore[index]
+        first += k
+    pooled = cut_and_normalize(means.means(), options.dimensions, options.normalize)  # (k, D)
     return [ChunkEmbedding(start, stop, b - a, np.ascontiguousarray(vector, dtype=np.float32))
             for (start, stop), (a, b), vector in zip(spans, ranges, pooled, strict=True)]
 

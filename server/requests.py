@@ -18,7 +18,14 @@ import numpy as np
 
 from attnserve.engine.attention_analyses import ANALYSES, HEAD_STATS, PAIR_STATS
 from attnserve.engine.dimensions import check_dimensions
-from attnserve.engine.late_chunking import CHUNKERS, check_spans, chunker_spans, token_ranges
+from attnserve.engine.late_chunking import (
+    CHUNKERS,
+    DEFAULT_CHUNK_TOKENS,
+    NO_TOKEN_TO_CHUNK,
+    check_spans,
+    chunker_spans,
+    token_ranges,
+)
 from attnserve.engine.manifest import REQUEST_POOLINGS, Manifest
 from attnserve.engine.multi_vector import INPUT_TYPES, MultiVectorTokenizer
 from attnserve.engine.prompts import apply_prompt, prompt_text
@@ -72,14 +79,11 @@ class LateChunking:
 
     spans: Sequence[Sequence[Sequence[int]]] | None = None  # per input, its chunks' [start, stop) character spans
     chunker: str | None = None  # "sentences" or "tokens" (CHUNKERS), where spans are not given
-    chunk_tokens: int | None = None  # the "tokens" chunker's chunk size in tokens (DEFAULT_CHUNK_TOKENS unset)
+    chunk_tokens: int | None = None  # the "tokens" chunker's chunk size in tokens (unset: DEFAULT_CHUNK_TOKENS)
 
 
 # A text's late chunks: their character spans [start, stop), and their tokens' ranges [a, b) in the text's tokens.
 TextChunks = tuple[list[tuple[int, int]], list[tuple[int, int]]]
-
-# The "tokens" chunker's chunk, unset: the size the late-chunking paper's fixed-size chunks have.
-DEFAULT_CHUNK_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -416,7 +420,7 @@ def _check_late_chunking(request: EncodeRequest, manifest: Manifest) -> None:
     them, texts, and nothing asked that the chunks would not have."""
     late = request.late_chunking
     assert late is not None
-    if manifest.sparse or not manifest.poolable_at_request_time:
+    if not manifest.late_chunkable:
         raise _invalid("late_chunking", f"late chunking mean-pools token embeddings, and {manifest.model}'s "
                                         f"embedding is not a pooling of them (its pipeline is "
                                         f"{' -> '.join(manifest.modules)})")
@@ -456,6 +460,8 @@ def _late_chunks(request: EncodeRequest, windows: list[Windows | None]) -> list[
         else:
             spans = chunker_spans(text, w.offsets, late.chunker or "sentences", late.chunk_tokens or
                                   DEFAULT_CHUNK_TOKENS)
+            if not spans:  # refused, not answered with no chunk: an offline run's row would vanish unsaid
+                raise _invalid(f"inputs[{row}].text", NO_TOKEN_TO_CHUNK, label)
         out.append((spans, token_ranges(spans, w.offsets, label, field)))
     return out
 

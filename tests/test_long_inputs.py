@@ -1,12 +1,15 @@
 """Long inputs (issue 34, item 10): --long-inputs chunk, checked against the same computation written out with
 sentence-transformers' own modules, and late chunking, checked against a reference written with transformers'
-AutoModel and its tokenizer's offsets. Both on a real server (gRPC and HTTP), on all-MiniLM-L6-v2 at its own
-max_seq_length (256)."""
+AutoModel and its tokenizer's offsets. Both on a real server (gRPC and HTTP), late chunking also offline (local and
+through a server; tests/test_ray_encode.py on Ray), on all-MiniLM-L6-v2 at its own max_seq_length (256)."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -242,3 +245,70 @@ def test_late_chunking_refuses_what_it_cannot_pool(stub):
         with pytest.raises(grpc.RpcError) as refused:
             stub.Embed(request, timeout=60)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in refused.value.details()
+
+
+# --- late chunking offline: one row per chunk ------------------------------------------------------------------------
+
+def _late_input(tmp_path):
+    rows = [{"id": "doc", "text": DOC}, {"id": "long", "text": LONG}, {"id": "ids", "token_ids": [101, 2023, 102]},
+            {"id": "nothing", "text": "\u0000\u0001"}, {"id": "last", "text": "One more. And the end!"}]
+    src = tmp_path / "docs.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return src
+
+
+def test_an_offline_run_writes_a_row_per_chunk_as_transformers_computes_them(artifacts, hf, server, tmp_path):
+    from attnserve.config import ClientConfig
+    from attnserve.engine.engine import Engine
+    from attnserve.offline.encode import encode_file
+    from attnserve.offline.job import EncodeJob
+    from attnserve.offline.remote import encode_file_remote
+    from attnserve.offline.rows import LateChunks
+
+    src, local, remote = _late_input(tmp_path), tmp_path / "local.parquet", tmp_path / "remote.parquet"
+    job = dict(progress=False, on_error="skip", late_chunking=LateChunks("sentences"))
+    stats = encode_file(Engine.from_directory(artifacts), EncodeJob(src, local, **job))
+    assert stats.texts == 3 and stats.skipped == 2
+    table = pq.read_table(local)
+    assert table.column_names == ["id", "chunk", "start", "stop", "embedding", "num_tokens"]
+    rows = table.drop(["embedding"]).to_pylist()
+    texts = {"doc": DOC, "long": LONG, "last": "One more. And the end!"}
+    assert [r["id"] for r in rows if r["chunk"] == 0] == ["doc", "long", "last"]  # the input's order
+    for name, text in texts.items():
+        mine = [r for r in rows if r["id"] == name]
+        assert [r["chunk"] for r in mine] == list(range(len(mine)))
+        spans = [(r["start"], r["stop"]) for r in mine]
+        vectors = np.stack([v for v, r in zip(table.column("embedding").to_pylist(), rows, strict=True)
+                            if r["id"] == name])
+        np.testing.assert_allclose(vectors, hf_late_chunks(hf, text, spans), atol=2e-5)
+    assert len([r for r in rows if r["id"] == "long"]) == 80  # a sentence each, across its windows
+    reasons = [json.loads(line)["reason"] for line in (tmp_path / "local.errors.jsonl").read_text().splitlines()]
+    assert reasons == ["late chunking reads texts: this input is token ids",
+                       "no token to chunk: the tokenizer keeps nothing of the text"]
+    # through a server: the same rows, and the same rows set aside
+    encode_file_remote(EncodeJob(src, remote, **job), ClientConfig(target=server.target))
+    got = pq.read_table(remote)
+    assert got.drop(["embedding"]).equals(table.drop(["embedding"]))
+    np.testing.assert_allclose(np.stack(got.column("embedding").to_pylist()),
+                               np.stack(table.column("embedding").to_pylist()), atol=1e-6)
+    assert (tmp_path / "remote.errors.jsonl").read_text() == (tmp_path / "local.errors.jsonl").read_text()
+
+
+def test_the_encode_command_takes_late_chunking_flags(artifacts, tmp_path):
+    from tests.conftest import assert_one_line_error, run_cli
+
+    src = tmp_path / "docs.txt"
+    src.write_text(DOC + "\nSecond line. Two sentences.\n")
+    out = tmp_path / "out.parquet"
+    done = run_cli("encode", src, "-o", out, "--artifacts", artifacts, "--late-chunking", "tokens",
+                   "--chunk-tokens", "5", "--dimensions", "32", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    table = pq.read_table(out)
+    assert set(table.column("num_tokens").to_pylist()) <= set(range(1, 6))
+    assert table.schema.field("embedding").type.list_size == 32
+    assert_one_line_error(run_cli("encode", src, "-o", tmp_path / "x.parquet", "--artifacts", artifacts,
+                                  "--late-chunking", "sentences", "--chunk-tokens", "5"),
+                          "--chunk-tokens goes with --late-chunking tokens")
+    assert_one_line_error(run_cli("encode", src, "-o", tmp_path / "y.parquet", "--artifacts", artifacts,
+                                  "--late-chunking", "tokens", "--precision-out", "int8"),
+                          "--precision-out does not apply to --late-chunking")

@@ -325,3 +325,22 @@ def _read(fd: int) -> bytes:
         return os.read(fd, 4096) if ready else b""
     except OSError:  # the process closed the terminal
         return b""
+
+
+def test_late_chunking_on_ray_writes_the_local_bytes(local_ray, artifacts, engine, tmp_path):
+    """One row per chunk (tests/test_long_inputs.py checks them against transformers), the same on the actors."""
+    from attnserve.offline.rows import LateChunks
+
+    rows = [{"id": 1, "text": " ".join(f"Sentence {i} of a long text." for i in range(90))},
+            {"id": 2, "token_ids": [101, 2023, 102]}, {"id": 3, "text": "Short. Two sentences."}]
+    src = tmp_path / "docs.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    job = dict(progress=False, on_error="skip", late_chunking=LateChunks("tokens", 50), chunk_rows=2)
+    local, remote = tmp_path / "local.parquet", tmp_path / "ray.parquet"
+    encode_file(engine, EncodeJob(src, local, **job))
+    stats = encode_file_ray(EncodeJob(src, remote, **job), EngineConfig(), artifacts)
+    assert stats.texts == 2 and stats.skipped == 1
+    assert_same_output(local, remote)
+    table = pq.read_table(remote)
+    assert table.column_names == ["id", "chunk", "start", "stop", "embedding", "num_tokens"]
+    assert set(table.column("num_tokens").to_pylist()[:-2]) == {50}
