@@ -126,6 +126,21 @@ def test_openai_and_cohere_replies_mark_long_inputs_in_a_header(chunking):
         "model": "", "texts": [LONG], "input_type": "search_document", "embedding_types": ["float"]})
     # Cohere's truncate is END unless said (its API's default): cut, and marked so
     assert answer.status_code == 200 and answer.headers["x-truncated-inputs"] == "0"
+    # KServe v2, through tritonclient: the header on its reply, JSON or binary
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(chunking.http_url.removeprefix("http://"))
+    for binary in (False, True):
+        tensor = triton.InferInput("text", [2], "BYTES")
+        tensor.set_data_from_numpy(np.array([b"short", LONG.encode()], dtype=np.object_), binary_data=binary)
+        result = client.infer("sentence-transformers/all-MiniLM-L6-v2", [tensor], outputs=[
+            triton.InferRequestedOutput("embedding", binary_data=binary)])
+        assert result.get_response()["outputs"][0]["shape"] == [2, 384]
+        answer = httpx.post(f"{chunking.http_url}/v2/models/sentence-transformers/all-MiniLM-L6-v2/infer", json={
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["short", LONG]}],
+            "outputs": [{"name": "embedding", "parameters": {"binary_data": binary}}]}, timeout=60)
+        assert answer.status_code == 200 and answer.headers["x-chunked-inputs"] == "1"
+        assert answer.headers["content-type"] == ("application/octet-stream" if binary else "application/json")
 
 
 # --- late chunking ------------------------------------------------------------------------------------------------

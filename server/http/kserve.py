@@ -39,7 +39,7 @@ from .bodies import (
 )
 from .errors import KSERVE
 from .route import Route
-from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, json_response
+from .wire import JSON_FLOAT_BYTES, BodyReader, InputMarks, deadline, dumps, json_response
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 EXTENSIONS = ["binary_tensor_data", *oip.EXTENSIONS]
@@ -208,6 +208,7 @@ class KServeRoutes:
             return b"".join([header, *tensors])  # one copy of the tensors' bytes
 
         binary = any(outputs.values())
+        marks = InputMarks(lambda r: render(oip.encode_outputs(r, outputs)))  # an embedding request's long inputs
         if isinstance(call.request, RerankRequest):
             scores = oip.rerank_outputs(await self._core.rerank(call.request, deadline(request)),
                                         len(call.request.texts))
@@ -216,13 +217,12 @@ class KServeRoutes:
             reply = render(oip.predict_outputs(await self._core.predict(call.request, deadline(request)),
                                                info.labels))
         else:
-            reply, _ = await self._core.encode(
-                call.request, deadline(request), lambda r: render(oip.encode_outputs(r, outputs)),
-                BINARY_FLOAT_BYTES if binary else JSON_FLOAT_BYTES)
+            reply, _ = await self._core.encode(call.request, deadline(request), marks,
+                                               BINARY_FLOAT_BYTES if binary else JSON_FLOAT_BYTES)
         if not binary:
-            return json_response(reply)
+            return json_response(reply, headers=marks.headers())
         return web.Response(body=reply, content_type="application/octet-stream",
-                            headers={HEADER_LENGTH: str(json_header[0])})
+                            headers={HEADER_LENGTH: str(json_header[0]), **(marks.headers() or {})})
 
 
 def _header_length(request: web.Request) -> int | None:

@@ -156,7 +156,7 @@ def floats(array: np.ndarray, base64_format: bool):
 
 class InputMarks:
     """A render that also notes which inputs the reply did not take whole, for the routes whose body has no place
-    to say it (TEI's /embed, OpenAI's and Cohere's embeddings): headers() then gives X-Truncated-Inputs (cut at
+    to say it (TEI's /embed, OpenAI's and Cohere's embeddings, KServe's infer): headers() then gives X-Truncated-Inputs (cut at
     max_seq_length) and X-Chunked-Inputs (embedded in windows: --long-inputs chunk), each the inputs' indices,
     comma-separated, where there are any."""
 
