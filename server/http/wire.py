@@ -156,9 +156,9 @@ def floats(array: np.ndarray, base64_format: bool):
 
 class InputMarks:
     """A render that also notes which inputs the reply did not take whole, for the routes whose body has no place
-    to say it (TEI's /embed, OpenAI's and Cohere's embeddings, KServe's infer): headers() then gives X-Truncated-Inputs (cut at
-    max_seq_length) and X-Chunked-Inputs (embedded in windows: --long-inputs chunk), each the inputs' indices,
-    comma-separated, where there are any."""
+    to say it (TEI's /embed, OpenAI's and Cohere's embeddings, KServe's infer): headers() then gives
+    X-Truncated-Inputs (cut at max_seq_length) and X-Chunked-Inputs (embedded in windows: --long-inputs chunk),
+    each the inputs' indices, comma-separated, where there are any."""
 
     def __init__(self, render: Callable[[EncodeReply], bytes]):
         self._render = render
