@@ -18,6 +18,7 @@ from attnserve.errors import ArtifactError, ConfigError, GraphUnavailableError
 from attnserve.progress import progress_log
 
 from .batching import pad, pad_types, plan_batches
+from .bge_m3 import BgeM3Heads
 from .builds import BackgroundBuilds, add_in_child, has
 from .calibration import Choice, budgets, recorded_choice, timed_choice
 from .late_chunking import ChunkMeans
@@ -243,6 +244,8 @@ class Engine:
         # A ColBERT model's query and document inputs (engine/multi_vector.py); None for other models.
         self.multi_vector = (MultiVectorTokenizer(manifest, manifest.path(manifest.tokenizer))
                              if manifest.multi_vector is not None else None)
+        # bge-m3's sparse and ColBERT heads (engine/bge_m3.py), applied to the last hidden state; None for others.
+        self.bge_m3 = BgeM3Heads(manifest.directory, manifest.bge_m3) if manifest.bge_m3 is not None else None
         self.graph_choice = self._choose_graph(graph)
         self.embeddings_variant = self.graph_choice.graph
         self.precision = self.embeddings_variant.precision  # auto may have timed bf16 faster than fp32

@@ -111,6 +111,9 @@ class Manifest:
     # A ColBERT model's (model/colbert.py serving_settings; engine/multi_vector.py reads it): its vectors' dimension,
     # query and document lengths, query expansion, skip-list ids and similarity. None: not a multi-vector model.
     multi_vector: dict | None = None
+    # bge-m3's sparse and ColBERT heads (model/bge_m3.py; engine/bge_m3.py reads them): {"file", "sha256",
+    # "colbert_dim", "unused_ids"}. None: a model without them.
+    bge_m3: dict | None = None
     # What builds the variants a directory does not hold yet (export/artifacts.py add_variants); None, {}, None for
     # a directory exported whole before variants were built as needed:
     # - source: the checkpoint exported, {"checkpoint": its absolute path, "fingerprint": its files' names, sizes
@@ -199,6 +202,7 @@ class Manifest:
             **({"pair_template": self.pair_template} if self.pair_template is not None else {}),
             **({"quantization": self.quantization} if self.quantization is not None else {}),
             **({"multi_vector": self.multi_vector} if self.multi_vector is not None else {}),
+            **({"bge_m3": self.bge_m3} if self.bge_m3 is not None else {}),
             **({"source": self.source} if self.source is not None else {}),
             **({"traces": self.traces} if self.traces else {}),
             **({"reference": self.reference} if self.reference is not None else {}),
@@ -279,6 +283,10 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             labels=tuple(str(label) for label in raw.get("labels", ())),
             problem_type=None if raw.get("problem_type") is None else str(raw["problem_type"]),
             multi_vector=None if raw.get("multi_vector") is None else dict(raw["multi_vector"]),
+            bge_m3=None if raw.get("bge_m3") is None else {
+                "file": str(raw["bge_m3"]["file"]), "sha256": str(raw["bge_m3"]["sha256"]),
+                "colbert_dim": int(raw["bge_m3"]["colbert_dim"]),
+                "unused_ids": [int(i) for i in raw["bge_m3"]["unused_ids"]]},
             quantization=None if raw.get("quantization") is None else {
                 "file": str(raw["quantization"]["file"]), "sha256": str(raw["quantization"]["sha256"]),
                 "texts": int(raw["quantization"]["texts"])},

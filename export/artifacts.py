@@ -49,6 +49,7 @@ from attnserve.engine.variants import (
     variants_of,
 )
 from attnserve.errors import ArtifactError, ExportVerificationError
+from attnserve.model.bge_m3 import has_heads, save_heads
 from attnserve.model.checkpoint import Checkpoint, load_encoder, read_checkpoint
 from attnserve.model.colbert import serving_settings
 from attnserve.model.encoder import SentenceEncoder
@@ -650,6 +651,15 @@ class _Build:
 
     # -- the manifest ----------------------------------------------------------------------------------------------
 
+    def _bge_m3(self) -> dict | None:
+        """bge-m3's heads, copied into the directory, where a dense embedder's checkpoint has them."""
+        ckpt = self.ckpt
+        if self.kind != "embedder" or ckpt.pipeline.splade is not None or ckpt.pipeline.multi_vector is not None \
+                or not has_heads(ckpt.directory):
+            return None
+        settings = save_heads(ckpt.directory, self.work, ckpt.config.hidden_size)
+        return {**settings, "sha256": sha256_of(self.work / settings["file"])}
+
     def manifest(self, tasks: tuple[str, ...]) -> Manifest:
         """The first build's manifest (the caller writes it)."""
         ckpt, work = self.ckpt, self.work
@@ -669,6 +679,7 @@ class _Build:
             problem_type=ckpt.problem_type,
             multi_vector=None if ckpt.pipeline.multi_vector is None else serving_settings(
                 ckpt.pipeline.multi_vector, ckpt.directory, Tokenizer.from_file(str(work / "tokenizer.json"))),
+            bge_m3=self._bge_m3(),
             source={"checkpoint": str(ckpt.directory.resolve()), "fingerprint": checkpoint_fingerprint(ckpt.directory)},
             reference={"file": reference.name, "sha256": sha256_of(reference)}, traces=dict(self.traces),
             **self.caps,

@@ -168,7 +168,7 @@ class Core:
     @staticmethod
     def _render(rows, prepared: PreparedRequest, model: ServedModel, render: Callable[[EncodeReply], R]) -> R:
         return render(build_reply(rows, prepared.inputs, prepared.options, model.engine.tokenizer, model.name,
-                                  model.engine.multi_vector, prepared.windows, prepared.chunks))
+                                  model.engine.multi_vector, prepared.windows, prepared.chunks, model.engine.bge_m3))
 
     async def rerank(self, request: RerankRequest, deadline: Deadline | None) -> RerankReply:
         """Score (query, text) pairs with a reranker through the same batcher as embeddings, sorted best first.

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from attnserve.engine.attention_analyses import head_stats, norm_weighted, rollout
+from attnserve.engine.bge_m3 import BgeM3Heads
 from attnserve.engine.dimensions import cut_and_normalize
 from attnserve.engine.late_chunking import ChunkMeans
 from attnserve.engine.multi_vector import MultiVectorTokenizer, maxsim
@@ -69,10 +70,16 @@ def sparse_of(weights: np.ndarray, top_k: int | None) -> tuple[np.ndarray, np.nd
     """(V,) SPLADE weights -> the (indices, values) above 0, ascending by index; with top_k, the k largest (ties
     to the lower index), as sentence-transformers' max_active_dims keeps them."""
     indices = np.flatnonzero(weights > 0)  # (K,)
-    if top_k is not None and len(indices) > top_k:
-        order = np.argsort(-weights[indices], kind="stable")[:top_k]  # the largest, ties to the lower index
-        indices = np.sort(indices[order])
-    return indices.astype(np.int32), weights[indices].astype(np.float32)
+    return keep_top(indices.astype(np.int32), weights[indices].astype(np.float32), top_k)
+
+
+def keep_top(indices: np.ndarray, values: np.ndarray, top_k: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(K,) ascending indices and their values -> the top_k largest (ties to the lower index), still ascending;
+    all of them where top_k is None."""
+    if top_k is None or len(indices) <= top_k:
+        return indices, values
+    kept = np.sort(np.argsort(-values, kind="stable")[:top_k])  # the largest, ties to the lower index
+    return indices[kept], values[kept]
 
 
 @dataclass
@@ -89,19 +96,20 @@ class EncodeReply:
 
 def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], options: ReplyOptions,
                 tokenizer: TextTokenizer, model: str = "", multi_vector: MultiVectorTokenizer | None = None,
-                windows: Sequence[Windows | None] | None = None, chunks: Sequence[TextChunks] | None = None
-                ) -> EncodeReply:
+                windows: Sequence[Windows | None] | None = None, chunks: Sequence[TextChunks] | None = None,
+                bge_m3: BgeM3Heads | None = None) -> EncodeReply:
     """rows and inputs: the batcher's, one per window where an input is windowed (windows: each request input's,
     PreparedRequest.windows); chunks: late chunking's spans and token ranges per input.
 
-    multi_vector: a ColBERT model's tokenizer, which says which of each input's vectors it keeps."""
+    multi_vector: a ColBERT model's tokenizer, which says which of each input's vectors it keeps. bge_m3: bge-m3's
+    heads, which give its sparse and multi-vector outputs from the rows' last hidden states."""
     # An embedder's rows; a reranker's carry its scores and attention only (prepare() asks it for attention alone).
     embedded = [(row.sentence_embedding, row.token_embeddings) for row in rows
                 if row.sentence_embedding is not None and row.token_embeddings is not None]
     if not embedded and rows:
         assert options.attention and options.pooling is None, "a reranker's rows have no embeddings"
         return EncodeReply(np.zeros((len(rows), 0), np.float32),
-                           [_encoded(row, item, options, tokenizer, None) for row, item in zip(rows, inputs,
+                           [_encoded(row, item, options, tokenizer, None, None) for row, item in zip(rows, inputs,
                                                                                                strict=True)],
                            sum(len(x) for x in inputs), options, model, {"float": np.zeros((len(rows), 0), np.float32)})
     assert len(embedded) == len(rows), "a reranker's rows have no embeddings"
@@ -111,7 +119,7 @@ def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], opt
         sentences = np.stack([pool(tokens[None], np.array([len(tokens)]), options.pooling)[0]
                               for _, tokens in embedded])  # (1, T, H) -> (H,) each
     if windows is None:
-        encoded = [_encoded(row, item, options, tokenizer, multi_vector)
+        encoded = [_encoded(row, item, options, tokenizer, multi_vector, bge_m3)
                    for row, item in zip(rows, inputs, strict=True)]
     else:
         sentences, encoded = _windowed(rows, inputs, sentences, windows, chunks, options, tokenizer, multi_vector)
@@ -133,7 +141,7 @@ def _windowed(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], poole
     for i, w in enumerate(windows):
         if w is None:
             out.append(pooled[r])
-            encoded.append(_encoded(rows[r], inputs[r], options, tokenizer, multi_vector))
+            encoded.append(_encoded(rows[r], inputs[r], options, tokenizer, multi_vector, None))
             r += 1
             continue
         n = len(w.inputs)
@@ -164,7 +172,7 @@ def _late_chunks(rows: Sequence[RowOutput], w: Windows, spans: list[tuple[int, i
 
 
 def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokenizer: TextTokenizer,
-             multi_vector: MultiVectorTokenizer | None) -> EncodedInput:
+             multi_vector: MultiVectorTokenizer | None, bge_m3: BgeM3Heads | None) -> EncodedInput:
     attentions = None
     analyses: dict[str, object] = {}
     if options.attention_analyses:  # of every layer's every head, as the attention graph gives them
@@ -189,12 +197,19 @@ def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokeni
         if options.average_heads:
             attentions = attentions.mean(axis=1, keepdims=True)  # (layers, 1, T, T)
     sparse = None
-    if options.sparse is not None:
+    if options.sparse is not None and bge_m3 is not None:  # bge-m3's: each token's weight, the most per id
+        assert row.token_embeddings is not None
+        indices, values = keep_top(*bge_m3.sparse(item.ids, row.token_embeddings), options.sparse.top_k)
+        sparse = SparseEmbedding(indices, values, tokenizer.tokens(indices) if options.sparse.return_tokens else None)
+    elif options.sparse is not None:
         assert row.sentence_embedding is not None  # an embedder's row
         indices, values = sparse_of(row.sentence_embedding, options.sparse.top_k)
         sparse = SparseEmbedding(indices, values, tokenizer.tokens(indices) if options.sparse.return_tokens else None)
     vectors = None
-    if options.multi_vector is not None:
+    if options.multi_vector is not None and bge_m3 is not None:  # its ColBERT head's, every token's but CLS
+        assert row.token_embeddings is not None
+        vectors = bge_m3.colbert(row.token_embeddings)  # (T - 1, d)
+    elif options.multi_vector is not None:
         assert multi_vector is not None and row.token_embeddings is not None  # a ColBERT model's row
         vectors = np.ascontiguousarray(row.token_embeddings[multi_vector.kept(item.ids, options.multi_vector)],
                                        dtype=np.float32)  # (K, d)

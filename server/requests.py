@@ -265,6 +265,7 @@ class ReplyOptions:
     ranges: np.ndarray | None = None  # (2, D) int8 / uint8 ranges, where one of them was asked
     sparse: SparseOptions | None = None  # (index, value) pairs of a SPLADE model's weights, instead of its vector
     multi_vector: str | None = None  # a ColBERT model's vectors of inputs of this type, instead of its embedding
+    dense: bool = True  # the sentence embedding is in the reply (not where sparse or multi_vector replace it)
 
     @property
     def attention(self) -> bool:
@@ -366,6 +367,10 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
         ranges=ranges,
         sparse=request.sparse,
         multi_vector=request.multi_vector,
+        # A SPLADE model's sparse embedding, or a ColBERT model's vectors, is its answer; bge-m3's come beside its
+        # dense embedding, all from one pass.
+        dense=not ((request.sparse is not None and manifest.sparse) or
+                   (request.multi_vector is not None and manifest.multi_vector is not None)),
     )
     rule = long_input_rule(request.truncate, limits)
     if request.late_chunking is not None:
@@ -374,7 +379,7 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     # every text, read whole, for late chunking.
     windowed = ("all" if request.late_chunking is not None else
                 "long" if rule == "chunk" and _sentence_embeddings_only(request) else None)
-    if request.multi_vector is not None:
+    if request.multi_vector is not None and manifest.multi_vector is not None:
         assert multi_vector is not None, "a multi-vector model's engine has its tokenizer"
         items: list[TokenizedInput | Windows] = list(_tokenize_multi_vector(request, multi_vector, rule != "refuse"))
     else:
@@ -470,7 +475,7 @@ def _check_sparse(request: EncodeRequest, manifest: Manifest) -> None:
     """Sparse embeddings are a SPLADE model's, whole: no other pooling, cut, normalisation or type."""
     if request.sparse is None:
         return
-    if not manifest.sparse:
+    if not manifest.sparse and manifest.bge_m3 is None:
         raise _invalid("sparse", f"{manifest.model} is a dense embedding model ({manifest.pooling} pooling): it has "
                                  "no sparse embeddings; ask for its embeddings")
     top_k = request.sparse.top_k
@@ -523,9 +528,22 @@ def _check_multi_vector(request: EncodeRequest, manifest: Manifest) -> None:
     """A ColBERT model gives its vectors, one per token, of texts taken as queries or documents, and nothing else
     (its graph's sentence embedding is no embedding it was trained to give)."""
     if manifest.multi_vector is None:
-        if request.multi_vector is not None:
+        if request.multi_vector is not None and manifest.bge_m3 is None:
             raise _invalid("multi_vector", f"{manifest.model} is not a multi-vector (ColBERT) model: it gives one "
                                            "embedding per input; ask for its embeddings")
+        if request.multi_vector is not None:  # bge-m3's ColBERT vectors, beside its dense embedding
+            if request.multi_vector not in INPUT_TYPES:
+                raise _invalid("input_type", f"input_type {request.multi_vector!r} is not one of "
+                                             f"{', '.join(INPUT_TYPES)}")
+            for field, asked in (("pooling", request.pooling != "default"),
+                                 ("dimensions", request.dimensions is not None),
+                                 ("normalize", request.normalize is not None),
+                                 ("token_embeddings", request.token_embeddings),
+                                 ("embedding_types", tuple(request.embedding_types) != ("float",)),
+                                 ("attention", request.attention is not None)):
+                if asked:
+                    raise _invalid(field, f"{field} does not apply with {manifest.model}'s multi-vector "
+                                          "embeddings (its ColBERT head's vectors, each normalised)")
         return
     if request.multi_vector is None:
         raise _invalid("model", f"{manifest.model} is a multi-vector (ColBERT) model: it gives a vector per token, "
@@ -862,11 +880,13 @@ def _check_attention_length(inputs: Sequence[TokenizedInput], manifest: Manifest
 def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest, float_bytes: float) -> int:
     heads = len(options.attention_heads or ())
     dims = options.dimensions or manifest.embedding_size
-    floats = sum(quantized_size(kind, dims) for kind in options.embedding_types)  # a code counted as a float
-    if options.sparse is not None:  # (index, value) pairs: at most top_k, at most one per token of the vocabulary
-        floats = 2 * min(options.sparse.top_k or dims, dims)
-    if options.multi_vector is not None:  # a vector per token at most; no sentence embedding
-        floats = tokens * manifest.embedding_size
+    # a code counted as a float
+    floats = sum(quantized_size(kind, dims) for kind in options.embedding_types) if options.dense else 0
+    if options.sparse is not None:  # (index, value) pairs: at most top_k, one per word of the vocabulary or token
+        most = tokens if manifest.bge_m3 is not None else dims
+        floats += 2 * min(options.sparse.top_k or most, most)
+    if options.multi_vector is not None:  # a vector per token at most
+        floats += tokens * (manifest.bge_m3["colbert_dim"] if manifest.bge_m3 is not None else manifest.embedding_size)
     if options.token_embeddings:
         floats += tokens * manifest.hidden_size  # token embeddings are hidden states, whatever the pipeline
     if options.attention_layers is not None and options.attention_weights:  # spelled so that mypy sees the layers

@@ -126,17 +126,15 @@ def render(reply: EncodeReply) -> bytes:
     kind = reply.options.embedding_types[0]
     sentences = reply.embeddings if kind == "float" else reply.typed[kind]
     for sentence, item in zip(sentences, reply.inputs, strict=True):
-        if item.sparse is not None:  # a SPLADE model's weights instead of its vocabulary-sized vector
-            embedding = out.embeddings.add(num_tokens=item.num_tokens, truncated=item.truncated,
-                                           sparse_embedding=pb.SparseEmbedding(
-                                               indices=item.sparse.indices.tolist(), values=item.sparse.values.tolist(),
-                                               tokens=item.sparse.tokens or []))
-            continue
-        if item.multi_vector is not None:  # a ColBERT model's vectors, [tokens, dim]
-            out.embeddings.add(num_tokens=item.num_tokens, truncated=item.truncated,
-                               multi_vector=tensor(item.multi_vector))
-            continue
         embedding = out.embeddings.add(num_tokens=item.num_tokens, truncated=item.truncated, windows=item.windows)
+        if item.sparse is not None:  # a SPLADE model's weights (instead of its vocabulary-sized vector), bge-m3's
+            embedding.sparse_embedding.CopyFrom(pb.SparseEmbedding(
+                indices=item.sparse.indices.tolist(), values=item.sparse.values.tolist(),
+                tokens=item.sparse.tokens or []))
+        if item.multi_vector is not None:  # a ColBERT model's vectors (instead of an embedding), bge-m3's
+            embedding.multi_vector.CopyFrom(tensor(item.multi_vector))  # [tokens, dim]
+        if not reply.options.dense:
+            continue
         for chunk in item.chunks or ():
             embedding.chunks.add(start=chunk.start, stop=chunk.stop, num_tokens=chunk.num_tokens,
                                  embedding=tensor(chunk.embedding))

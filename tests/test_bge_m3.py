@@ -1,0 +1,138 @@
+"""bge-m3 (issue 34, item 11): dense, sparse and ColBERT outputs from one pass, checked against FlagEmbedding's own
+M3Embedder (BGEM3FlagModel) on a random-weight XLM-R carrying bge-m3's head files (colbert_linear.pt,
+sparse_linear.pt), served on /embed, /embed_sparse, /embed_multi and gRPC (all three in one request).
+
+FlagEmbedding 1.4.2's package __init__ imports a reranker module written for transformers 4
+(transformers.modeling_attn_mask_utils, gone in 5); its M3 embedder itself runs on 5. So the embedder's module is
+imported with the package's own __init__ files left out (flag_m3); its code is FlagEmbedding's, unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+
+from attnserve.v1 import encoder_pb2 as pb
+from tests.checkpoints import save_sentence_transformer, save_tiny_family
+from tests.serving import ServerProcess, serving
+
+TEXTS = ["The Eiffel Tower stands in Paris.", "a b a b a", "Berlin ist die Hauptstadt von Deutschland.",
+         " ".join(["long"] * 80)]  # past max_seq_length (64): cut, as FlagEmbedding cuts it
+MAX = 64
+
+
+def flag_m3():
+    """FlagEmbedding's M3Embedder, its packages' __init__ files left out (the module docstring says why)."""
+    spec = importlib.util.find_spec("FlagEmbedding")
+    if spec is None or spec.submodule_search_locations is None:
+        pytest.skip("FlagEmbedding is not installed (attnserve[dev] installs it)")
+    root = Path(spec.submodule_search_locations[0])
+    for name in ("FlagEmbedding", "FlagEmbedding.inference", "FlagEmbedding.inference.embedder",
+                 "FlagEmbedding.inference.embedder.encoder_only"):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
+            sys.modules[name] = package
+    from FlagEmbedding.inference.embedder.encoder_only.m3 import M3Embedder
+
+    return M3Embedder
+
+
+def save_bge_m3(directory: Path, seed: int = 0) -> Path:
+    """A 2-layer, hidden-32 XLM-R (random weights, a real Unigram tokenizer) under Transformer -> Pooling(cls) ->
+    Normalize, as bge-m3's sentence-transformers pipeline is, with bge-m3's heads beside it: colbert_linear.pt, a
+    Linear(32, 32), and sparse_linear.pt, a Linear(32, 1), saved as FlagEmbedding saves them."""
+    import torch
+
+    base = save_tiny_family(directory.parent / f"{directory.name}.xlmr", "xlm-roberta", seed=seed)
+    save_sentence_transformer(base, directory, pooling="cls", normalize=True, max_seq_length=MAX)
+    torch.manual_seed(seed + 1)
+    torch.save(torch.nn.Linear(32, 32).state_dict(), directory / "colbert_linear.pt")
+    sparse = torch.nn.Linear(32, 1)
+    torch.nn.init.normal_(sparse.weight, std=0.5)  # weights above 0 for about half the tokens
+    torch.save(sparse.state_dict(), directory / "sparse_linear.pt")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return save_bge_m3(tmp_path_factory.mktemp("bge_m3") / "checkpoint")
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint):
+    """FlagEmbedding's three outputs of TEXTS, in fp32 on the CPU."""
+    model = flag_m3()(str(checkpoint), use_fp16=False, devices="cpu", normalize_embeddings=True)
+    out = model.encode(TEXTS, batch_size=4, max_length=MAX, return_dense=True, return_sparse=True,
+                       return_colbert_vecs=True)
+    return out["dense_vecs"], out["lexical_weights"], out["colbert_vecs"]
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint, tmp_path_factory):
+    from attnserve.export.artifacts import build_artifacts
+    from attnserve.model.checkpoint import read_checkpoint
+
+    root = tmp_path_factory.mktemp("bge_m3_served")
+    build_artifacts(read_checkpoint(checkpoint), root / "artifacts", log=lambda m: None)
+    process = ServerProcess(root / "artifacts", log_path=root / "server.log")
+    with serving(process):
+        yield process
+
+
+def as_dict(indices, values) -> dict[str, float]:
+    return {str(int(i)): float(v) for i, v in zip(indices, values, strict=True)}
+
+
+def assert_same_sparse(got: dict[str, float], expected: dict) -> None:
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(float(value), abs=2e-5), key
+
+
+def test_the_http_routes_give_flag_embeddings_three_outputs(served, reference):
+    dense, lexical, colbert = reference
+    answer = httpx.post(f"{served.http_url}/embed", json={"inputs": TEXTS}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    np.testing.assert_allclose(np.asarray(answer.json()), dense, atol=2e-5)
+    answer = httpx.post(f"{served.http_url}/embed_sparse", json={"inputs": TEXTS}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    for got, expected in zip(answer.json(), lexical, strict=True):
+        assert_same_sparse({str(x["index"]): x["value"] for x in got}, expected)
+    answer = httpx.post(f"{served.http_url}/embed_multi", json={"inputs": TEXTS}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    for got, expected in zip(answer.json(), colbert, strict=True):
+        np.testing.assert_allclose(np.asarray(got), expected, atol=2e-5)  # every token's but CLS, eos included
+    info = httpx.get(f"{served.http_url}/info", timeout=10).json()
+    assert info["outputs"] == ["embed", "embed_sparse", "embed_multi", "attention", "similarity", "late_chunking"]
+
+
+def test_one_grpc_request_gives_all_three_from_one_pass(served, reference):
+    dense, lexical, colbert = reference
+    with served.channel() as channel:
+        stub = served.stub(channel)
+        reply = stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text=t) for t in TEXTS], sparse=pb.SparseOptions(),
+                                           multi_vector=pb.MultiVectorOptions()), timeout=60)
+        for e, d, w, c in zip(reply.embeddings, dense, lexical, colbert, strict=True):
+            np.testing.assert_allclose(np.frombuffer(e.sentence_embedding.data, "<f4"), d, atol=2e-5)
+            assert_same_sparse(as_dict(e.sparse_embedding.indices, e.sparse_embedding.values), w)
+            vectors = np.frombuffer(e.multi_vector.data, "<f4").reshape(tuple(e.multi_vector.shape))
+            np.testing.assert_allclose(vectors, c, atol=2e-5)
+        assert [e.truncated for e in reply.embeddings] == [False, False, False, True]
+        # top_k keeps the largest weights, as for a SPLADE model
+        top = stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text=TEXTS[0])], sparse=pb.SparseOptions(top_k=2)),
+                         timeout=60).embeddings[0].sparse_embedding
+        best = sorted(lexical[0].items(), key=lambda kv: -kv[1])[:2]
+        assert sorted(top.indices) == sorted(int(k) for k, _ in best)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text="a")], multi_vector=pb.MultiVectorOptions(),
+                                       dimensions=8), timeout=60)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "dimensions does not apply" in refused.value.details()
