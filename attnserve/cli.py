@@ -76,7 +76,8 @@ def cmd_encode(args: argparse.Namespace) -> int:
                     args.chunk_rows, progress=not args.no_progress, on_error=args.on_error, overwrite=args.overwrite,
                     dimensions=args.dimensions, prompt=Prompt(args.prompt_name, args.prompt), model=args.model,
                     task=args.task, embedding_type=args.precision_out, input_type=args.input_type,
-                    late_chunking=late)
+                    late_chunking=late,
+                    outputs=tuple(name.strip() for name in args.outputs.split(",")) if args.outputs else ())
     if args.server:
         from attnserve.offline.remote import encode_file_remote
 
@@ -279,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "longer), cut it into sentences or runs of --chunk-tokens tokens, and write one row per "
                              "chunk (id, chunk, start, stop, embedding, num_tokens): each the mean of its tokens' "
                              "embeddings, in the context of the whole text")
+    encode.add_argument("--outputs", default=None, metavar="COLUMNS",
+                        help="a bge-m3 model's columns to write from one pass, comma-separated: some of embedding "
+                             "(dense), sparse_embedding and multi_vector (its ColBERT vectors); default: embedding")
     encode.add_argument("--chunk-tokens", type=int, default=None,
                         help=f"--late-chunking tokens: the chunk size in tokens (default {DEFAULT_CHUNK_TOKENS})")
     add_arguments(encode, EngineConfig)

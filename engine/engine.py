@@ -92,6 +92,10 @@ class Encoded:
     # Late chunking's (embeddings then (N,) of (k_i, H) chunk means): each text's chunks' (k_i, 3) int32 start, stop
     # (characters) and token count.
     chunks: np.ndarray | None = None
+    # bge-m3's other outputs of the same pass (Engine.encode_bge_m3), where asked: (N,) of (indices, values) pairs,
+    # and (N,) of (T_i - 1, d) ColBERT vectors.
+    sparse: np.ndarray | None = None
+    multi_vector: np.ndarray | None = None
 
 
 class NotBuiltError(ArtifactError):
@@ -532,6 +536,38 @@ class Engine:
         stats = EncodeStats(len(inputs), int(lengths.sum()), cells, time.perf_counter() - start)
         truncated = np.fromiter((x.truncated for x in inputs), dtype=bool, count=len(inputs))
         return Encoded(vectors, lengths.astype(np.int32), truncated, stats)
+
+    def encode_bge_m3(self, inputs: Sequence[TokenizedInput], sparse: bool, multi_vector: bool,
+                      normalize: bool | None = None, on_batch: Callable[[int], None] | None = None) -> Encoded:
+        """bge-m3's dense embeddings and, from the same pass, its sparse weights and ColBERT vectors where asked
+        (engine/bge_m3.py); rows in input order, batched by length."""
+        heads = self.bge_m3
+        if heads is None:
+            raise ConfigError(f"{self.manifest.model} has no bge-m3 heads (colbert_linear.pt, sparse_linear.pt)")
+        start = time.perf_counter()
+        lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
+        embeddings = np.empty((len(inputs), self.manifest.embedding_size), dtype=np.float32)
+        weights = np.empty(len(inputs), dtype=object) if sparse else None
+        vectors = np.empty(len(inputs), dtype=object) if multi_vector else None
+        cells = 0
+        for batch in plan_batches(lengths, self.batch_tokens, self.config.max_batch_size):
+            out = self.run([inputs[i] for i in batch])
+            assert out.last_hidden_state is not None and out.sentence_embedding is not None
+            embeddings[batch] = out.sentence_embedding
+            for row, i in enumerate(batch):
+                hidden = out.last_hidden_state[row, :len(inputs[i])]  # (T_i, H)
+                if weights is not None:
+                    weights[i] = heads.sparse(inputs[i].ids, hidden)
+                if vectors is not None:
+                    vectors[i] = heads.colbert(hidden)
+            cells += int(lengths[batch].max()) * len(batch)
+            if on_batch is not None:
+                on_batch(len(batch))
+        if self.manifest.normalize if normalize is None else normalize:
+            embeddings = l2_normalize(embeddings)
+        stats = EncodeStats(len(inputs), int(lengths.sum()), cells, time.perf_counter() - start)
+        truncated = np.fromiter((x.truncated for x in inputs), dtype=bool, count=len(inputs))
+        return Encoded(embeddings, lengths.astype(np.int32), truncated, stats, sparse=weights, multi_vector=vectors)
 
     def encode_late_chunks(self, windows: Sequence[Windows], ranges: Sequence[Sequence[tuple[int, int]]],
                            on_batch: Callable[[int], None] | None = None) -> Encoded:

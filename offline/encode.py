@@ -19,7 +19,8 @@ def engine_facts(engine: Engine) -> ModelFacts:
     return ModelFacts(m.model, m.embedding_size, m.vocab_size, m.served_max_length, m.pooling, m.normalize,
                       engine.precision, engine.embeddings_variant.runs_as, quantization_ranges=m.quantization_ranges,
                       sparse=m.sparse, multi_vector=m.multi_vector is not None,
-                      late_chunking=m.late_chunkable)
+                      late_chunking=m.late_chunkable,
+                      bge_m3_vector_size=None if m.bge_m3 is None else int(m.bge_m3["colbert_dim"]))
 
 
 class LocalEncoder:
@@ -34,11 +35,12 @@ class LocalEncoder:
     def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
         for chunk in chunks:
             encoded, refused = encode_inputs(self.engine, inputs_of(chunk.records), session.normalize,
-                                             session.on_batch, session.prompt, session.input_type, session.late)
+                                             session.on_batch, session.prompt, session.input_type, session.late,
+                                             session.outputs)
             for position, reason in refused.items():
                 session.refuse(chunk.records[position], reason)
             yield EncodedChunk(chunk, encoded.embeddings, encoded.num_tokens, encoded.truncated, encoded.stats,
-                               refused, encoded.chunks)
+                               refused, encoded.chunks, encoded.sparse, encoded.multi_vector)
 
 
 def encode_file(engine: Engine, job: EncodeJob, **driver) -> EncodeResult:

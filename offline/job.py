@@ -36,7 +36,15 @@ from attnserve.errors import ConfigError, InvalidInputError
 from .checks import RowChecks, bad_row_error, error_line
 from .partial import PartialRun, input_digest
 from .readers import InputFile, Record
-from .rows import LateChunks, Prompt, late_chunks_schema, late_chunks_table, output_schema, output_table
+from .rows import (
+    BGE_M3_COLUMNS,
+    LateChunks,
+    Prompt,
+    late_chunks_schema,
+    late_chunks_table,
+    output_schema,
+    output_table,
+)
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -63,6 +71,8 @@ class EncodeJob:
     input_type: str = "document"
     # Late chunking (engine/late_chunking.py): one output row per chunk of each text, cut by this chunker; None: not.
     late_chunking: LateChunks | None = None
+    # A bge-m3 model's columns to write, from one pass: some of rows.BGE_M3_COLUMNS; (): the model's own column.
+    outputs: tuple[str, ...] = ()
 
     @property
     def errors_path(self) -> Path:
@@ -95,6 +105,7 @@ class ModelFacts:
     sparse: bool = False  # a SPLADE model: its weights are written as (index, value) pairs (sparse_embedding)
     multi_vector: bool = False  # a ColBERT model: its vectors of each row are written (multi_vector)
     late_chunking: bool = False  # its embedding is a pooling of its token embeddings: late chunking applies
+    bge_m3_vector_size: int | None = None  # a bge-m3 model's ColBERT vectors' size (its sparse too); None: not one
 
 
 @dataclass(eq=False)
@@ -119,6 +130,9 @@ class EncodedChunk:
     refused: dict[int, str] = field(default_factory=dict)  # position in chunk.records -> reason, set aside
     # Late chunking's (embeddings then (n,) of (k_i, D) chunk means): each row's (k_i, 3) start, stop, token count.
     chunks: np.ndarray | None = None
+    # A bge-m3 model's other outputs, where asked (Encoded.sparse, Encoded.multi_vector): (n,) each.
+    sparse: np.ndarray | None = None
+    multi_vector: np.ndarray | None = None
 
 
 @dataclass
@@ -133,6 +147,7 @@ class Session:
     task: str | None = None  # a server's task adapter to ask for (local and Ray runs open the task's graphs)
     input_type: str = "document"  # a ColBERT model's: its texts are its documents or its queries
     late: LateChunks | None = None  # late chunking's chunker: each row's chunks, not its embedding
+    outputs: tuple[str, ...] = ()  # a bge-m3 model's columns (EncodeJob.outputs)
 
 
 class ChunkEncoder(Protocol):
@@ -197,6 +212,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
     _check_sparse(job, facts)
     _check_multi_vector(job, facts)
     _check_late_chunking(job, facts)
+    _check_outputs(job, facts)
     ranges = _ranges(job, facts, normalize)
     errors_path = job.errors_path if job.on_error == "skip" else None
     # Set only when asked, so that the runs of earlier versions' settings read the same.
@@ -207,7 +223,8 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                                            ("input_type", job.input_type if facts.multi_vector else None),
                                            ("late_chunking", f"{job.late_chunking.chunker}:"
                                                              f"{job.late_chunking.chunk_tokens}"
-                                            if job.late_chunking else None))
+                                            if job.late_chunking else None),
+                                           ("outputs", list(job.outputs) if job.outputs else None))
              if value is not None}
     fingerprint = {"input": str(job.input.resolve()), "text_column": job.text_column, "id_column": job.id_column,
                    "chunk_rows": job.chunk_rows, "normalize": normalize, "model": facts.model,
@@ -230,7 +247,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
             if job.late_chunking is not None:
                 return late_chunks_schema(source.id_type or int, size, metadata)
             return output_schema(source.id_type or int, size, metadata, job.embedding_type, facts.sparse,
-                                 facts.multi_vector)
+                                 facts.multi_vector, job.outputs, facts.bge_m3_vector_size)
 
         def rate() -> float:
             return result.tokens / max(time.perf_counter() - start, 1e-9)
@@ -263,7 +280,8 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
         # With dimensions, the encoder's vectors are cut here and normalised after: the rule every door applies.
         session = Session(chunks_left=max(1, -(-total // job.chunk_rows) - run.chunks_done),
                           normalize=normalize and job.dimensions is None, on_batch=progress.advance, refuse=refuse,
-                          prompt=job.prompt, task=job.task, input_type=job.input_type, late=job.late_chunking)
+                          prompt=job.prompt, task=job.task, input_type=job.input_type, late=job.late_chunking,
+                          outputs=job.outputs)
         try:
             with closing(encoder.encode(chunks(), session)) as encoded:
                 for done in encoded:
@@ -279,7 +297,8 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                             cut_and_normalize(done.embeddings, job.dimensions, normalize)  # (n, D)
                         if not facts.multi_vector:  # Matryoshka first, then quantization, as sentence-transformers
                             embeddings = quantize(embeddings, job.embedding_type, ranges)  # (n, D) or (n, D / 8)
-                        table = output_table(schema, kept, embeddings, done.num_tokens, done.truncated)
+                        table = output_table(schema, kept, embeddings, done.num_tokens, done.truncated, done.sparse,
+                                             done.multi_vector)
                     set_aside = chunk.bad + [(chunk.records[i], reason) for i, reason in done.refused.items()]
                     set_aside.sort(key=lambda item: item[0].row)
                     run.write_chunk(chunk.index, table, chunk.rows, [error_line(r, why) for r, why in set_aside],
@@ -324,6 +343,20 @@ def _check_multi_vector(job: EncodeJob, facts: ModelFacts) -> None:
         if asked:
             raise ConfigError(f"{flag} does not apply to {facts.model}, a multi-vector (ColBERT) model: its vectors "
                               "are written whole, with its own query or document prompt (--input-type)")
+
+
+def _check_outputs(job: EncodeJob, facts: ModelFacts) -> None:
+    """--outputs: a bge-m3 model's columns, each known and once."""
+    if not job.outputs:
+        return
+    if facts.bge_m3_vector_size is None:
+        raise ConfigError(f"--outputs chooses among a bge-m3 model's outputs; {facts.model} has no bge-m3 heads "
+                          "(colbert_linear.pt, sparse_linear.pt)")
+    unknown = [name for name in job.outputs if name not in BGE_M3_COLUMNS]
+    if unknown or len(set(job.outputs)) != len(job.outputs):
+        raise ConfigError(f"--outputs {','.join(job.outputs)}: give some of {', '.join(BGE_M3_COLUMNS)}, each once")
+    if job.late_chunking is not None:
+        raise ConfigError("--outputs and --late-chunking write different rows: give one of them")
 
 
 def _check_late_chunking(job: EncodeJob, facts: ModelFacts) -> None:

@@ -76,7 +76,8 @@ class RayEncoder:
         m = self.manifest
         return ModelFacts(m.model, m.embedding_size, m.vocab_size, m.served_max_length, m.pooling, m.normalize,
                           self.config.precision, self.graph.runs_as, quantization_ranges=m.quantization_ranges,
-                          sparse=m.sparse, multi_vector=m.multi_vector is not None, late_chunking=m.late_chunkable)
+                          sparse=m.sparse, multi_vector=m.multi_vector is not None, late_chunking=m.late_chunkable,
+                          bge_m3_vector_size=None if m.bge_m3 is None else int(m.bge_m3["colbert_dim"]))
 
     def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
         ray = _import_ray()
@@ -87,7 +88,7 @@ class RayEncoder:
             actor_class = ray.remote(num_cpus=cpus)(_EncoderActor)
             config = dataclasses.replace(self.config, threads=threads)
             actors = [actor_class.remote(str(self.artifacts_dir), config, session.normalize, session.prompt,
-                                         session.input_type, session.late) for _ in range(count)]
+                                         session.input_type, session.late, session.outputs) for _ in range(count)]
             _wait_ready(ray, actors)
             yield from _in_order(ray, actors, chunks, session)
         finally:
@@ -176,10 +177,10 @@ def _in_order(ray, actors: list, chunks: Iterator[Chunk], session: Session) -> I
         busy[i] -= 1
         # The actor's generator ends with the result or raises, which _get raises here: never with neither.
         assert result is not None
-        embeddings, num_tokens, truncated, stats, refused, late_chunks = result
+        embeddings, num_tokens, truncated, stats, refused, late_chunks, sparse, vectors = result
         for position, reason in refused.items():
             session.refuse(chunk.records[position], reason)
-        yield EncodedChunk(chunk, embeddings, num_tokens, truncated, stats, refused, late_chunks)
+        yield EncodedChunk(chunk, embeddings, num_tokens, truncated, stats, refused, late_chunks, sparse, vectors)
 
 
 def _get(ray, ref):
@@ -219,10 +220,11 @@ class _EncoderActor:
     """One engine; a chunk's inputs in, a count per batch and then the chunk's encoded rows out."""
 
     def __init__(self, artifacts_dir: str, config: EngineConfig, normalize: bool, prompt: Prompt,
-                 input_type: str = "document", late: LateChunks | None = None):
+                 input_type: str = "document", late: LateChunks | None = None, outputs: tuple[str, ...] = ()):
         self.artifacts_dir, self.config, self.normalize, self.prompt = artifacts_dir, config, normalize, prompt
         self.input_type = input_type  # a ColBERT model's: its texts are its documents or its queries
         self.late = late  # late chunking's chunker, where the run asks for it
+        self.outputs = outputs  # a bge-m3 model's columns, where the run asks for them
         self.engine: Engine | None = None
 
     def ready(self) -> bool:
@@ -232,7 +234,7 @@ class _EncoderActor:
 
     def encode(self, inputs: list):
         """Yields the rows of each batch as it runs, then (embeddings, num_tokens, truncated, stats, refused,
-        chunks): chunks, late chunking's spans (Encoded.chunks), or None.
+        chunks, sparse, multi_vector): late chunking's spans and bge-m3's other outputs (Encoded's), or None.
 
         The engine runs in a thread of its own so that this generator can hand out the counts while it works.
         """
@@ -244,7 +246,7 @@ class _EncoderActor:
         def work() -> None:
             try:
                 outcome.append(encode_inputs(engine, inputs, self.normalize, counts.put, self.prompt,
-                                             self.input_type, self.late))
+                                             self.input_type, self.late, self.outputs))
             except BaseException as e:  # handed to the caller below, as if raised there
                 outcome.append(e)
             finally:
@@ -258,4 +260,5 @@ class _EncoderActor:
         if isinstance(outcome[0], BaseException):
             raise outcome[0]
         encoded, refused = outcome[0]
-        yield encoded.embeddings, encoded.num_tokens, encoded.truncated, encoded.stats, refused, encoded.chunks
+        yield (encoded.embeddings, encoded.num_tokens, encoded.truncated, encoded.stats, refused, encoded.chunks,
+               encoded.sparse, encoded.multi_vector)

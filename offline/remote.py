@@ -113,12 +113,15 @@ class _Pending:
     refused: dict[int, str] = field(default_factory=dict)  # position in chunk.records -> reason
     stats: EncodeStats = field(default_factory=EncodeStats)
     chunks: np.ndarray | None = None  # late chunking's: (n,) of (k_i, 3) start, stop, tokens (embeddings (k_i, H))
+    sparse: np.ndarray | None = None  # bge-m3's, where asked: (n,) of (indices, values)
+    multi_vector: np.ndarray | None = None  # bge-m3's, where asked: (n,) of (T_i - 1, d)
 
     def encoded(self) -> EncodedChunk:
         keep = np.ones(len(self.chunk.records), bool)
         keep[list(self.refused)] = False
         return EncodedChunk(self.chunk, self.embeddings[keep], self.num_tokens[keep], self.truncated[keep],
-                            self.stats, self.refused, None if self.chunks is None else self.chunks[keep])
+                            self.stats, self.refused, *(None if a is None else a[keep]
+                                                         for a in (self.chunks, self.sparse, self.multi_vector)))
 
 
 @dataclass(eq=False)
@@ -201,7 +204,10 @@ class ServerEncoder:
         i = self.info
         return ModelFacts(i.model, embedding_size(i), i.vocab_size, i.max_seq_length, i.pooling, i.normalize,
                           i.precision, server=self.target, sparse=i.pooling.startswith("splade_"),
-                          multi_vector=i.pooling == "multi_vector", late_chunking="late_chunking" in i.outputs)
+                          multi_vector=i.pooling == "multi_vector", late_chunking="late_chunking" in i.outputs,
+                          # bge-m3: a dense model that also gives sparse and multi-vector embeddings
+                          bge_m3_vector_size=i.multi_vector_size or None if i.pooling != "multi_vector" and
+                          "embed_multi" in i.outputs and "embed_sparse" in i.outputs else None)
 
     # --- errors ----------------------------------------------------------------------------------------
 
@@ -257,7 +263,9 @@ class ServerEncoder:
             embeddings = (np.empty(n, dtype=object) if info.pooling == "multi_vector" or late  # (K_i, d) each
                           else np.empty((n, embedding_size(info)), np.float32))
             pending = _Pending(chunk, embeddings, np.empty(n, np.int32), np.empty(n, bool), n,
-                               chunks=np.empty(n, dtype=object) if late else None)
+                               chunks=np.empty(n, dtype=object) if late else None,
+                               sparse=np.empty(n, dtype=object) if "sparse_embedding" in session.outputs else None,
+                               multi_vector=np.empty(n, dtype=object) if "multi_vector" in session.outputs else None)
             yield pending
             estimates = [estimate_tokens(r) for r in good]
             sizes = [_item_size(r) for r in good]
@@ -306,6 +314,10 @@ class ServerEncoder:
             return pb.EmbedRequest(model=self.model or "", multi_vector=pb.MultiVectorOptions(
                 input_type=pb.INPUT_TYPE_QUERY if session.input_type == "query" else pb.INPUT_TYPE_DOCUMENT))
         message = pb.EmbedRequest(normalize=session.normalize, model=self.model or "")
+        if "sparse_embedding" in session.outputs:  # bge-m3's other outputs, beside its dense one: one pass
+            message.sparse.SetInParent()
+        if "multi_vector" in session.outputs:
+            message.multi_vector.SetInParent()
         if session.late is not None:  # the chunks' means, neither cut nor normalised: the driver does both
             message.normalize = False
             message.late_chunking.chunker = session.late.chunker
@@ -460,7 +472,7 @@ class ServerEncoder:
     def _take(self, reply: pb.EmbedResponse, request: _Request, size: int) -> None:
         """One reply into its chunk's arrays."""
         n, embeddings = len(request.rows), reply.embeddings
-        if request.message.HasField("multi_vector"):
+        if request.message.HasField("multi_vector") and request.pending.multi_vector is None:  # a ColBERT model's
             self._take_vectors(reply, request, size)
             return
         if request.message.HasField("late_chunking"):
@@ -474,7 +486,26 @@ class ServerEncoder:
             raise AttnserveError(f"server {self.target} sent a malformed reply: {len(data)} bytes of embeddings "
                                  f"for {n} inputs of size {size}")
         request.pending.embeddings[request.rows] = np.frombuffer(data, dtype="<f4").reshape(n, size)
+        self._take_bge_m3(embeddings, request)
         self._counted(embeddings, request)
+
+    def _take_bge_m3(self, embeddings, request: _Request) -> None:
+        """bge-m3's sparse and multi-vector embeddings of a reply, where the run asked for them."""
+        pending, size = request.pending, self.info.multi_vector_size
+        for row, e in zip(request.rows, embeddings, strict=True):
+            if pending.sparse is not None:
+                s = e.sparse_embedding
+                if len(s.indices) != len(s.values):
+                    raise AttnserveError(f"server {self.target} sent a malformed reply: sparse indices and values "
+                                         "of different lengths")
+                pending.sparse[row] = (np.asarray(s.indices, np.int32), np.asarray(s.values, np.float32))
+            if pending.multi_vector is not None:
+                t = e.multi_vector
+                if t.dtype != pb.FLOAT32 or len(t.shape) != 2 or t.shape[1] != size or \
+                        len(t.data) != 4 * t.shape[0] * size:
+                    raise AttnserveError(f"server {self.target} sent a malformed reply: multi-vector embeddings "
+                                         f"that are not [tokens, {size}] float32")
+                pending.multi_vector[row] = np.frombuffer(t.data, dtype="<f4").reshape(t.shape[0], size)
 
     @staticmethod
     def _counted(embeddings, request: _Request) -> None:

@@ -57,19 +57,28 @@ def multi_vector_type(dimension: int) -> pa.DataType:
     return pa.list_(pa.list_(pa.float32(), dimension))
 
 
+# The columns a bge-m3 model's run may write at once (`encode --outputs`), from one pass.
+BGE_M3_COLUMNS = ("embedding", "sparse_embedding", "multi_vector")
+
+
 def output_schema(id_type: type, embedding_size: int, metadata: dict, embedding_type: str = "float",
-                  sparse: bool = False, multi_vector: bool = False) -> pa.Schema:
+                  sparse: bool = False, multi_vector: bool = False, columns: tuple[str, ...] = (),
+                  vector_size: int | None = None) -> pa.Schema:
     """embedding_size: D; the binary types hold ceil(D / 8) bytes a row. sparse: a SPLADE model's
     `sparse_embedding` column instead of `embedding`; multi_vector: a ColBERT model's `multi_vector` column of
-    vectors of size D."""
+    vectors of size D. columns: a bge-m3 model's, some of BGE_M3_COLUMNS, in that order (its vectors of size
+    vector_size)."""
     width = quantized_size(embedding_type, embedding_size)
-    embedding = (pa.field("sparse_embedding", SPARSE_TYPE, nullable=False) if sparse else
-                 pa.field("multi_vector", multi_vector_type(embedding_size), nullable=False) if multi_vector else
-                 pa.field("embedding", pa.list_(EMBEDDING_ARROW_TYPES[embedding_type], width), nullable=False))
+    kinds = {"sparse_embedding": pa.field("sparse_embedding", SPARSE_TYPE, nullable=False),
+             "multi_vector": pa.field("multi_vector", multi_vector_type(vector_size or embedding_size),
+                                      nullable=False),
+             "embedding": pa.field("embedding", pa.list_(EMBEDDING_ARROW_TYPES[embedding_type], width),
+                                   nullable=False)}
+    columns = columns or (("sparse_embedding",) if sparse else ("multi_vector",) if multi_vector else ("embedding",))
     return pa.schema(
         [
             pa.field("id", pa.int64() if id_type is int else pa.string(), nullable=False),
-            embedding,
+            *(kinds[name] for name in BGE_M3_COLUMNS if name in columns),
             pa.field("num_tokens", pa.int32(), nullable=False),
             pa.field("truncated", pa.bool_(), nullable=False),
         ],
@@ -114,22 +123,30 @@ def late_chunks_table(schema: pa.Schema, records: Sequence[Record], embeddings: 
 
 
 def output_table(schema: pa.Schema, records: Sequence[Record], embeddings: np.ndarray, num_tokens: np.ndarray,
-                 truncated: np.ndarray) -> pa.Table:
+                 truncated: np.ndarray, sparse: np.ndarray | None = None, multi_vector: np.ndarray | None = None
+                 ) -> pa.Table:
     """The output rows of `records`, in their order: embeddings (N, D) float32 (or the codes of the schema's
-    embedding type), num_tokens (N,), truncated (N,)."""
+    embedding type; a SPLADE model's (N, V) weights; a ColBERT model's (N,) of (K_i, d) vectors), num_tokens (N,),
+    truncated (N,); a bge-m3 model's sparse ((N,) of (indices, values)) and multi_vector ((N,) of (T_i - 1, d))
+    where its schema has their columns."""
     id_type = schema.field("id").type
     ids = [r.id for r in records]
-    if schema.names[1] == "sparse_embedding":
-        column = _sparse_column(np.asarray(embeddings, np.float32))
-    elif schema.names[1] == "multi_vector":
-        column = _multi_vector_column(embeddings, schema.field("multi_vector").type)
-    else:
-        embedding = schema.field("embedding").type  # fixed_size_list<float32 | int8 | uint8>[D]
-        values = np.asarray(embeddings, embedding.value_type.to_pandas_dtype()).reshape(-1)
-        column = pa.FixedSizeListArray.from_arrays(_from_numpy(values, embedding.value_type), embedding.list_size)
+    columns = []
+    for name in schema.names[1:-2]:
+        if name == "sparse_embedding":
+            columns.append(_sparse_column(np.asarray(embeddings, np.float32)) if sparse is None
+                           else _sparse_pairs_column(sparse))
+        elif name == "multi_vector":
+            columns.append(_multi_vector_column(embeddings if multi_vector is None else multi_vector,
+                                                schema.field("multi_vector").type))
+        else:
+            embedding = schema.field("embedding").type  # fixed_size_list<float32 | int8 | uint8>[D]
+            values = np.asarray(embeddings, embedding.value_type.to_pandas_dtype()).reshape(-1)
+            columns.append(pa.FixedSizeListArray.from_arrays(_from_numpy(values, embedding.value_type),
+                                                             embedding.list_size))
     return pa.Table.from_arrays(
         [_from_numpy(np.array(ids, np.int64), pa.int64()) if id_type == pa.int64() else pa.array(ids, type=id_type),
-         column,
+         *columns,
          _from_numpy(np.asarray(num_tokens, np.int32), pa.int32()),
          pa.Array.from_buffers(pa.bool_(), len(truncated),
                                [None, pa.py_buffer(np.packbits(np.asarray(truncated, bool), bitorder="little"))])],
@@ -145,6 +162,17 @@ def _sparse_column(weights: np.ndarray) -> pa.Array:
         [_from_numpy(indices.astype(np.int32), pa.int32()), _from_numpy(weights[rows, indices], pa.float32())],
         fields=list(SPARSE_TYPE.value_type))
     return pa.ListArray.from_arrays(_from_numpy(offsets, pa.int32()), pairs, type=SPARSE_TYPE)
+
+
+def _sparse_pairs_column(pairs: np.ndarray) -> pa.Array:
+    """(N,) of ((K_i,) int32 indices ascending, (K_i,) float32 values) -> list<struct<index, value>>."""
+    offsets = np.zeros(len(pairs) + 1, dtype=np.int32)
+    np.cumsum([len(indices) for indices, _ in pairs], out=offsets[1:])
+    indices = np.concatenate([np.zeros(0, np.int32), *(np.asarray(i, np.int32) for i, _ in pairs)])
+    values = np.concatenate([np.zeros(0, np.float32), *(np.asarray(v, np.float32) for _, v in pairs)])
+    structs = pa.StructArray.from_arrays([_from_numpy(indices, pa.int32()), _from_numpy(values, pa.float32())],
+                                         fields=list(SPARSE_TYPE.value_type))
+    return pa.ListArray.from_arrays(_from_numpy(offsets, pa.int32()), structs, type=SPARSE_TYPE)
 
 
 def _multi_vector_column(vectors: np.ndarray, arrow_type: pa.ListType) -> pa.Array:
@@ -170,15 +198,16 @@ def inputs_of(records: Sequence[Record]) -> list[Input]:
 
 
 def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_batch: Callable[[int], None],
-                  prompt: Prompt = Prompt(), input_type: str = "document", late: LateChunks | None = None
-                  ) -> tuple[Encoded, dict[int, str]]:
+                  prompt: Prompt = Prompt(), input_type: str = "document", late: LateChunks | None = None,
+                  outputs: tuple[str, ...] = ()) -> tuple[Encoded, dict[int, str]]:
     """One chunk's inputs through the engine, batched by length: (the encoded rows, {position: reason}).
 
     The refused positions (inputs the tokenizer rejects) are left out of the encoded rows, which keep
     the order of the rest. Same inputs in, same bits out: local and Ray runs both come through here.
     A prompt goes before every text (engine/prompts.py); an unknown prompt name stops the run here, at once.
     A ColBERT model's texts are its queries or documents (input_type; engine/multi_vector.py), with their prompt.
-    late: late chunking, Encoded as engine.encode_late_chunks gives it, with each text's chunks.
+    late: late chunking, Encoded as engine.encode_late_chunks gives it, with each text's chunks. outputs: a bge-m3
+    model's columns (BGE_M3_COLUMNS), all from one pass (engine.encode_bge_m3).
     """
     if late is not None:
         return _late_chunks(engine, inputs, prompt_text(engine.manifest, prompt.name, prompt.text), late, on_batch)
@@ -202,6 +231,9 @@ def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_b
                 refused[i] = str(e).removeprefix(f"{LABEL}: ")
     if engine.multi_vector is not None:
         return engine.encode_multi_vector(tokenized, input_type, on_batch), refused
+    if outputs:
+        return engine.encode_bge_m3(tokenized, "sparse_embedding" in outputs, "multi_vector" in outputs, normalize,
+                                    on_batch), refused
     return engine.encode_tokenized(tokenized, normalize=normalize, on_batch=on_batch), refused
 
 

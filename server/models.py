@@ -112,6 +112,7 @@ class ModelInfo:
     # The sentence embedding's types a request may ask for without ranges of its own (engine/quantize.py): int8
     # and uint8 where the artifacts hold calibration embeddings.
     embedding_types: tuple[str, ...] = ()
+    multi_vector_size: int = 0  # a ColBERT model's or bge-m3's vectors' size; 0: it gives none
     # The values a request's `pooling` may take ("default": the model's own, or the server's --pooling), and those
     # under which int8 and uint8 embeddings need the request's own ranges (the model's are of its own pooling).
     request_poolings: tuple[str, ...] = ("default",)
@@ -247,7 +248,9 @@ class ServedModel:
             # int8 and uint8 need the model's ranges: held, or built when first asked for (engine/builds.py).
             embedding_types=() if m.kind == "reranker" else ("float",) if m.multi_vector is not None else tuple(
                 t for t in EMBEDDING_TYPES if t not in RANGED or m.quantization is not None or m.source is not None),
-            request_poolings=poolings, ranged_poolings=ranged_poolings)
+            request_poolings=poolings, ranged_poolings=ranged_poolings,
+            multi_vector_size=int(m.bge_m3["colbert_dim"]) if m.bge_m3 is not None else
+            m.embedding_size if m.multi_vector is not None else 0)
 
     def _batcher(self, engine: Engine, config: ServerConfig) -> Batcher:
         return Batcher(engine.run, BatcherLimits(

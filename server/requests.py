@@ -482,7 +482,8 @@ def _check_sparse(request: EncodeRequest, manifest: Manifest) -> None:
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise _invalid("top_k", f"top_k {top_k!r} is not a positive integer (keep 1 or more weights)")
     for field, asked in (("pooling", request.pooling != "default"), ("dimensions", request.dimensions is not None),
-                         ("normalize", bool(request.normalize)),
+                         # bge-m3's dense embedding comes beside them: normalize is its
+                         ("normalize", bool(request.normalize) and manifest.bge_m3 is None),
                          ("embedding_types", tuple(request.embedding_types) != ("float",))):
         if asked:
             raise _invalid(field, f"{field} does not apply to sparse embeddings (top_k keeps the largest weights)")
@@ -535,9 +536,10 @@ def _check_multi_vector(request: EncodeRequest, manifest: Manifest) -> None:
             if request.multi_vector not in INPUT_TYPES:
                 raise _invalid("input_type", f"input_type {request.multi_vector!r} is not one of "
                                              f"{', '.join(INPUT_TYPES)}")
+            # normalize is the dense embedding's (the vectors are normalised, as FlagEmbedding's); a cut or another
+            # pooling would leave the dense embedding and the vectors disagreeing on what was asked
             for field, asked in (("pooling", request.pooling != "default"),
                                  ("dimensions", request.dimensions is not None),
-                                 ("normalize", request.normalize is not None),
                                  ("token_embeddings", request.token_embeddings),
                                  ("embedding_types", tuple(request.embedding_types) != ("float",)),
                                  ("attention", request.attention is not None)):

@@ -1,6 +1,7 @@
 """bge-m3 (issue 34, item 11): dense, sparse and ColBERT outputs from one pass, checked against FlagEmbedding's own
 M3Embedder (BGEM3FlagModel) on a random-weight XLM-R carrying bge-m3's head files (colbert_linear.pt,
-sparse_linear.pt), served on /embed, /embed_sparse, /embed_multi and gRPC (all three in one request).
+sparse_linear.pt), served on /embed, /embed_sparse, /embed_multi and gRPC (all three in one request), and written
+as three columns by one offline run (locally and through a server).
 
 FlagEmbedding 1.4.2's package __init__ imports a reranker module written for transformers 4
 (transformers.modeling_attn_mask_utils, gone in 5); its M3 embedder itself runs on 5. So the embedder's module is
@@ -17,6 +18,7 @@ from pathlib import Path
 import grpc
 import httpx
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from attnserve.v1 import encoder_pb2 as pb
@@ -62,27 +64,32 @@ def save_bge_m3(directory: Path, seed: int = 0) -> Path:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def m3_checkpoint(tmp_path_factory):
     return save_bge_m3(tmp_path_factory.mktemp("bge_m3") / "checkpoint")
 
 
 @pytest.fixture(scope="module")
-def reference(checkpoint):
+def reference(m3_checkpoint):
     """FlagEmbedding's three outputs of TEXTS, in fp32 on the CPU."""
-    model = flag_m3()(str(checkpoint), use_fp16=False, devices="cpu", normalize_embeddings=True)
+    model = flag_m3()(str(m3_checkpoint), use_fp16=False, devices="cpu", normalize_embeddings=True)
     out = model.encode(TEXTS, batch_size=4, max_length=MAX, return_dense=True, return_sparse=True,
                        return_colbert_vecs=True)
     return out["dense_vecs"], out["lexical_weights"], out["colbert_vecs"]
 
 
 @pytest.fixture(scope="module")
-def served(checkpoint, tmp_path_factory):
+def m3_artifacts(m3_checkpoint, tmp_path_factory) -> Path:
     from attnserve.export.artifacts import build_artifacts
     from attnserve.model.checkpoint import read_checkpoint
 
-    root = tmp_path_factory.mktemp("bge_m3_served")
-    build_artifacts(read_checkpoint(checkpoint), root / "artifacts", log=lambda m: None)
-    process = ServerProcess(root / "artifacts", log_path=root / "server.log")
+    out = tmp_path_factory.mktemp("bge_m3_artifacts") / "artifacts"
+    build_artifacts(read_checkpoint(m3_checkpoint), out, log=lambda m: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(m3_artifacts, tmp_path_factory):
+    process = ServerProcess(m3_artifacts, log_path=tmp_path_factory.mktemp("bge_m3_served") / "server.log")
     with serving(process):
         yield process
 
@@ -136,3 +143,39 @@ def test_one_grpc_request_gives_all_three_from_one_pass(served, reference):
                                        dimensions=8), timeout=60)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "dimensions does not apply" in refused.value.details()
+
+
+def test_one_offline_run_writes_all_three_columns_locally_and_through_a_server(m3_artifacts, artifacts, served,
+                                                                               reference, tmp_path):
+    from attnserve.config import ClientConfig
+    from attnserve.engine.engine import Engine
+    from attnserve.offline.encode import encode_file
+    from attnserve.offline.job import EncodeJob
+    from attnserve.offline.remote import encode_file_remote
+
+    dense, lexical, colbert = reference
+    src = tmp_path / "texts.txt"
+    src.write_text("\n".join(TEXTS) + "\n")
+    columns = ("embedding", "sparse_embedding", "multi_vector")
+    local, remote = tmp_path / "local.parquet", tmp_path / "remote.parquet"
+    encode_file(Engine.from_directory(m3_artifacts), EncodeJob(src, local, progress=False, outputs=columns))
+    encode_file_remote(EncodeJob(src, remote, progress=False, outputs=columns), ClientConfig(target=served.target))
+    for path in (local, remote):
+        table = pq.read_table(path)
+        assert table.column_names == ["id", *columns, "num_tokens", "truncated"]
+        np.testing.assert_allclose(np.stack(table.column("embedding").to_pylist()), dense, atol=2e-5)
+        for got, expected in zip(table.column("sparse_embedding").to_pylist(), lexical, strict=True):
+            assert_same_sparse({str(x["index"]): x["value"] for x in got}, expected)
+        for got, expected in zip(table.column("multi_vector").to_pylist(), colbert, strict=True):
+            np.testing.assert_allclose(np.asarray(got), expected, atol=2e-5)
+        assert table.column("truncated").to_pylist() == [False, False, False, True]
+    # one column alone; and a model without the heads refuses the flag in one line
+    only = tmp_path / "sparse.parquet"
+    encode_file(Engine.from_directory(m3_artifacts), EncodeJob(src, only, progress=False,
+                                                                    outputs=("sparse_embedding",)))
+    assert pq.read_table(only).column_names == ["id", "sparse_embedding", "num_tokens", "truncated"]
+    from tests.conftest import assert_one_line_error, run_cli
+
+    assert_one_line_error(run_cli("encode", src, "-o", tmp_path / "x.parquet", "--artifacts", artifacts,
+                                  "--outputs", "sparse_embedding"),  # all-MiniLM-L6-v2's
+                          "--outputs chooses among a bge-m3 model's outputs")

@@ -374,7 +374,7 @@ class ModelList(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "hidden_size", "num_layers", "num_heads", "max_seq_length", "vocab_size", "pooling", "normalize", "provider", "precision", "limits", "version", "names", "prompts", "default_prompt_name", "embedding_size", "kind", "num_labels", "tasks", "labels", "outputs", "embedding_types")
+    __slots__ = ("model", "hidden_size", "num_layers", "num_heads", "max_seq_length", "vocab_size", "pooling", "normalize", "provider", "precision", "limits", "version", "names", "prompts", "default_prompt_name", "embedding_size", "kind", "num_labels", "tasks", "labels", "outputs", "embedding_types", "multi_vector_size")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -404,6 +404,7 @@ class ModelInfo(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_TYPES_FIELD_NUMBER: _ClassVar[int]
+    MULTI_VECTOR_SIZE_FIELD_NUMBER: _ClassVar[int]
     model: str
     hidden_size: int
     num_layers: int
@@ -426,7 +427,8 @@ class ModelInfo(_message.Message):
     labels: _containers.RepeatedScalarFieldContainer[str]
     outputs: _containers.RepeatedScalarFieldContainer[str]
     embedding_types: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., provider: _Optional[str] = ..., precision: _Optional[str] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., version: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., embedding_size: _Optional[int] = ..., kind: _Optional[str] = ..., num_labels: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., labels: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., embedding_types: _Optional[_Iterable[str]] = ...) -> None: ...
+    multi_vector_size: int
+    def __init__(self, model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., provider: _Optional[str] = ..., precision: _Optional[str] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., version: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., embedding_size: _Optional[int] = ..., kind: _Optional[str] = ..., num_labels: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., labels: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., embedding_types: _Optional[_Iterable[str]] = ..., multi_vector_size: _Optional[int] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
     __slots__ = ("max_inputs_per_request", "max_batch_tokens", "max_batch_size", "max_queue_tokens", "max_request_bytes", "max_response_bytes", "max_wait_ms", "max_queue_wait_ms", "auto_truncate", "long_inputs")

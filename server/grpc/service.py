@@ -172,7 +172,7 @@ def model_info(info: ModelInfo) -> pb.ModelInfo:
             auto_truncate=info.auto_truncate, long_inputs=info.long_inputs),
         kind=info.kind, num_labels=info.num_labels, names=info.names, prompts=info.prompts,
         default_prompt_name=info.default_prompt_name or "", tasks=info.tasks, labels=info.labels,
-        outputs=info.outputs, embedding_types=info.embedding_types)
+        outputs=info.outputs, embedding_types=info.embedding_types, multi_vector_size=info.multi_vector_size)
 
 
 def classify_to_core(request: pb.ClassifyRequest) -> PredictRequest:
