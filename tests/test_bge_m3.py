@@ -147,8 +147,9 @@ def test_one_grpc_request_gives_all_three_from_one_pass(served, reference):
 
 def test_one_offline_run_writes_all_three_columns_locally_and_through_a_server(m3_artifacts, artifacts, served,
                                                                                reference, tmp_path):
-    from attnserve.config import ClientConfig
-    from attnserve.engine.engine import Engine
+    from attnserve.config import ClientConfig, EngineConfig
+    from attnserve.engine.engine import Engine, embeddings_graph
+    from attnserve.engine.manifest import load_manifest
     from attnserve.offline.encode import encode_file
     from attnserve.offline.job import EncodeJob
     from attnserve.offline.remote import encode_file_remote
@@ -158,7 +159,10 @@ def test_one_offline_run_writes_all_three_columns_locally_and_through_a_server(m
     src.write_text("\n".join(TEXTS) + "\n")
     columns = ("embedding", "sparse_embedding", "multi_vector")
     local, remote = tmp_path / "local.parquet", tmp_path / "remote.parquet"
-    encode_file(Engine.from_directory(m3_artifacts), EncodeJob(src, local, progress=False, outputs=columns))
+    # the graph Ray's actors run (the default one), not the one a calibration here may time faster: same bits
+    graph = embeddings_graph(load_manifest(m3_artifacts), EngineConfig())[2].name
+    engine = Engine.from_directory(m3_artifacts, EngineConfig(graph=graph))
+    encode_file(engine, EncodeJob(src, local, progress=False, outputs=columns))
     encode_file_remote(EncodeJob(src, remote, progress=False, outputs=columns), ClientConfig(target=served.target))
     for path in (local, remote):
         table = pq.read_table(path)
@@ -169,10 +173,24 @@ def test_one_offline_run_writes_all_three_columns_locally_and_through_a_server(m
         for got, expected in zip(table.column("multi_vector").to_pylist(), colbert, strict=True):
             np.testing.assert_allclose(np.asarray(got), expected, atol=2e-5)
         assert table.column("truncated").to_pylist() == [False, False, False, True]
+    # on Ray: the local file, byte for byte
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    import logging
+
+    import ray
+
+    from attnserve.offline.ray_encode import encode_file_ray
+
+    on_ray = tmp_path / "ray.parquet"
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    try:
+        encode_file_ray(EncodeJob(src, on_ray, progress=False, outputs=columns), EngineConfig(), m3_artifacts)
+    finally:
+        ray.shutdown()
+    assert pq.read_table(on_ray).equals(pq.read_table(local))
     # one column alone; and a model without the heads refuses the flag in one line
     only = tmp_path / "sparse.parquet"
-    encode_file(Engine.from_directory(m3_artifacts), EncodeJob(src, only, progress=False,
-                                                                    outputs=("sparse_embedding",)))
+    encode_file(engine, EncodeJob(src, only, progress=False, outputs=("sparse_embedding",)))
     assert pq.read_table(only).column_names == ["id", "sparse_embedding", "num_tokens", "truncated"]
     from tests.conftest import assert_one_line_error, run_cli
 
