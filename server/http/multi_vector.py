@@ -36,7 +36,8 @@ class MultiVectorRoutes:
 
     def routes(self) -> list[Route]:
         return [Route("POST", "/embed_multi", self.embed_multi, TEI,
-                      "a multi-vector (ColBERT) model's vectors, [tokens, dim] per input, of queries or documents",
+                      "a multi-vector (ColBERT) model's vectors, or bge-m3's, [tokens, dim] per input, of queries "
+                      "or documents",
                       MultiVectorBody, reply_schema={"type": "array", "items": {
                           "oneOf": [{"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
                                     {"type": "string"}]}}, needs="embed_multi")]
