@@ -12,10 +12,7 @@ from ..requests import EncodeRequest, LateChunking
 from .bodies import LateChunkingBody
 from .errors import TEI
 from .route import Route
-from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response
-
-# What one float costs in base64: 4 bytes in 4/3 characters.
-BASE64_FLOAT_BYTES = 16 / 3
+from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response
 _VECTOR = {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]}
 REPLY_SCHEMA = {"type": "array", "items": {
     "type": "object", "required": ["embedding", "num_tokens", "windows", "chunks"],

@@ -11,10 +11,7 @@ from ..requests import EncodeRequest
 from .bodies import MultiVectorBody
 from .errors import TEI
 from .route import Route
-from .wire import JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response
-
-# What one float costs in base64: 4 bytes in 4/3 characters.
-BASE64_FLOAT_BYTES = 16 / 3
+from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response
 
 
 def to_core(body: MultiVectorBody) -> EncodeRequest:
