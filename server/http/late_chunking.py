@@ -13,6 +13,7 @@ from .bodies import LateChunkingBody
 from .errors import TEI
 from .route import Route
 from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response
+
 _VECTOR = {"oneOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]}
 REPLY_SCHEMA = {"type": "array", "items": {
     "type": "object", "required": ["embedding", "num_tokens", "windows", "chunks"],
