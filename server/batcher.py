@@ -106,6 +106,9 @@ class _Request:
     span: trace.SpanContext | None = None  # its trace's current span when it was queued (server/tracing.py)
     queued_ns: int = field(default_factory=time.time_ns)  # wall clock, as spans are timed
     started: bool = False  # a batch has taken one of its inputs (its queue wait is over)
+    # Its rows keep their token states (the last hidden state); False: their sentence embeddings alone, copied, so
+    # that no row holds its batch's [B, T, H] array once the batch is answered (a request of many long inputs).
+    token_states: bool = True
 
 
 @dataclass(eq=False)
@@ -193,9 +196,10 @@ class Batcher:
         return max(MIN_RETRY_AFTER_S, seconds_of_work)
 
     async def submit(self, inputs: Sequence[TokenizedInput], attention: bool, deadline: float | None,
-                     last_layer: bool = False) -> list[RowOutput]:
+                     last_layer: bool = False, token_states: bool = True) -> list[RowOutput]:
         """Queue one request's inputs and wait for their rows, in the order given. last_layer (with attention): the
-        request needs no map but the last layer's, and rollout.
+        request needs no map but the last layer's, and rollout. token_states False: the rows' sentence embeddings
+        are all the request needs (RowOutput.token_embeddings None).
 
         Cancelling the awaiting task (client gone, deadline passed) drops the
         inputs that have not run yet.
@@ -204,11 +208,11 @@ class Batcher:
         tokens = sum(len(x) for x in inputs)
         capacity = self.limits.max_queue_tokens
         if tokens > capacity:
-            return await self._submit_in_parts(inputs, attention, deadline, last_layer)
-        return await self._rows(self._enqueue(inputs, tokens, attention, deadline, last_layer))
+            return await self._submit_in_parts(inputs, attention, deadline, last_layer, token_states)
+        return await self._rows(self._enqueue(inputs, tokens, attention, deadline, last_layer, token_states))
 
     async def _submit_in_parts(self, inputs: Sequence[TokenizedInput], attention: bool, deadline: float | None,
-                               last_layer: bool) -> list[RowOutput]:
+                               last_layer: bool, token_states: bool) -> list[RowOutput]:
         """A request of more tokens than the whole queue holds (a client's big batch: LangChain sends 1,000 texts
         a request): admitted in parts of at most half the queue, in order, each queued once the queue has room
         for it, so that it never holds the queue alone and other requests still get in between its parts. The
@@ -225,12 +229,12 @@ class Batcher:
             parts[-1].append(x)
             part_tokens[-1] += len(x)
         # Each part is one queued request; the first is refused at once where there is no room.
-        entries = self._enqueue(parts[0], part_tokens[0], attention, deadline, last_layer)
+        entries = self._enqueue(parts[0], part_tokens[0], attention, deadline, last_layer, token_states)
         self._in_parts += 1  # admitted: a drain starting now lets its later parts in
         try:
             for part, tokens in zip(parts[1:], part_tokens[1:], strict=True):
                 await self._room_for(tokens, deadline)
-                entries += self._enqueue(part, tokens, attention, deadline, last_layer)
+                entries += self._enqueue(part, tokens, attention, deadline, last_layer, token_states)
         except BaseException:
             for entry in entries:  # what has not run of the parts queued must not cost compute
                 entry.future.cancel()
@@ -255,7 +259,7 @@ class Batcher:
                                            ) from None
 
     def _enqueue(self, inputs: Sequence[TokenizedInput], tokens: int, attention: bool, deadline: float | None,
-                 last_layer: bool) -> list[_Entry]:
+                 last_layer: bool, token_states: bool = True) -> list[_Entry]:
         """Queue one request's inputs (or one part's), or refuse them at once: the queue has no room for them, or
         the deadline has passed."""
         capacity = self.limits.max_queue_tokens
@@ -270,7 +274,7 @@ class Batcher:
             raise DeadlineExpiredError("the deadline passed before the request was queued")
         loop = asyncio.get_running_loop()
         current = trace.get_current_span().get_span_context()
-        request = _Request(deadline, len(inputs), current if current.is_valid else None)
+        request = _Request(deadline, len(inputs), current if current.is_valid else None, token_states=token_states)
         entries = [_Entry(next(self._seq), x, attention, attention and last_layer, request, loop.create_future())
                    for x in inputs]
         lane = self._lanes[attention]
@@ -465,10 +469,11 @@ class Batcher:
         for row, entry in enumerate(batch):
             if entry.future.done():  # its request was cancelled while the batch ran
                 continue
-            n = len(entry.input)
+            n, states = len(entry.input), entry.request.token_states
             entry.future.set_result(RowOutput(
-                out.sentence_embedding[row] if out.sentence_embedding is not None else None,
-                out.last_hidden_state[row, :n] if out.last_hidden_state is not None else None,
+                None if out.sentence_embedding is None else
+                out.sentence_embedding[row] if states else out.sentence_embedding[row].copy(),
+                out.last_hidden_state[row, :n] if out.last_hidden_state is not None and states else None,
                 out.attentions[:, row, :, :n, :n] if out.attentions is not None else None,
                 out.scores[row] if out.scores is not None else None,
                 out.value_norms[:, row, :, :n] if out.value_norms is not None else None,

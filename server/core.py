@@ -157,7 +157,7 @@ class Core:
                         float_bytes, engine.takes_token_types, engine.multi_vector, engine.require)
                 span.set_attribute("attnserve.tokens", prepared.tokens)
                 rows = await batcher.submit(prepared.inputs, prepared.options.attention, _at(deadline),
-                                            prepared.options.last_layer_only)
+                                            prepared.options.last_layer_only, prepared.token_states)
                 with _TRACER.start_as_current_span("reply"):
                     rendered = body = await loop.run_in_executor(self._executor, self._render, rows, prepared,
                                                                  model, render)

@@ -103,9 +103,9 @@ def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], opt
 
     multi_vector: a ColBERT model's tokenizer, which says which of each input's vectors it keeps. bge_m3: bge-m3's
     heads, which give its sparse and multi-vector outputs from the rows' last hidden states."""
-    # An embedder's rows; a reranker's carry its scores and attention only (prepare() asks it for attention alone).
-    embedded = [(row.sentence_embedding, row.token_embeddings) for row in rows
-                if row.sentence_embedding is not None and row.token_embeddings is not None]
+    # An embedder's rows (their token states where the request needs them: PreparedRequest.token_states); a
+    # reranker's carry its scores and attention only (prepare() asks it for attention alone).
+    embedded = [(row.sentence_embedding, row.token_embeddings) for row in rows if row.sentence_embedding is not None]
     if not embedded and rows:
         assert options.attention and options.pooling is None, "a reranker's rows have no embeddings"
         return EncodeReply(np.zeros((len(rows), 0), np.float32),
@@ -116,8 +116,10 @@ def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], opt
     if options.pooling is None:
         sentences = np.stack([sentence for sentence, _ in embedded])  # (N, D) the graph's pipeline
     else:  # each row's padding is cut off already: all T tokens are real
+        states = [tokens for _, tokens in embedded if tokens is not None]
+        assert len(states) == len(embedded), "pooling at request time keeps the token states"
         sentences = np.stack([pool(tokens[None], np.array([len(tokens)]), options.pooling)[0]
-                              for _, tokens in embedded])  # (1, T, H) -> (H,) each
+                              for tokens in states])  # (1, T, H) -> (H,) each
     if windows is None:
         encoded = [_encoded(row, item, options, tokenizer, multi_vector, bge_m3)
                    for row, item in zip(rows, inputs, strict=True)]

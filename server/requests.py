@@ -290,6 +290,9 @@ class PreparedRequest:
     windows: list[Windows | None] | None = None
     # Per request input, with late chunking: its chunks' character spans and their token ranges in the text.
     chunks: list[TextChunks] | None = None
+    # The reply needs the rows' token states (the last hidden state), not only their sentence embeddings: token
+    # embeddings, pooling at request time, attention, multi-vector or bge-m3's sparse output, late chunking.
+    token_states: bool = True
 
     @property
     def tokens(self) -> int:
@@ -400,7 +403,10 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
             "", f"the reply would be about {reply_bytes / 2**20:.1f} MiB, over this server's max_response_bytes "
             f"({limits.max_response_bytes / 2**20:.1f} MiB); ask for fewer inputs, fewer attention layers or "
             "average_heads" + (", or fewer chunks" if chunks else ""))
-    return PreparedRequest(inputs, options, windows, chunks)
+    token_states = (options.token_embeddings or options.pooling is not None or options.attention
+                    or options.multi_vector is not None or chunks is not None
+                    or (options.sparse is not None and manifest.bge_m3 is not None))
+    return PreparedRequest(inputs, options, windows, chunks, token_states)
 
 
 def _sentence_embeddings_only(request: EncodeRequest) -> bool:

@@ -74,14 +74,15 @@ def test_rss_10_s_after_a_burst_of_large_attention_replies_taken_late_is_back_ne
         # opens sessions: the baseline is the server at rest after it, not before (CI's fresh artifacts).
         wait_idle(pid, STOPPED_AFTER_IDLE_S)
         before = status_mib(pid, "RssAnon")
-        client = subprocess.Popen([sys.executable, "-c", BURST, server.target], stdout=subprocess.PIPE, text=True)
+        client = subprocess.Popen([sys.executable, "-c", BURST, server.target], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
         wait_for_requests(pid)
         client.send_signal(signal.SIGSTOP)
         wait_idle(pid, STOPPED_AFTER_IDLE_S)
         held = status_mib(pid, "RssAnon")
         client.send_signal(signal.SIGCONT)
-        out, _ = client.communicate(timeout=600)
-        assert client.returncode == 0
+        out, err = client.communicate(timeout=600)
+        assert client.returncode == 0, err[-3000:]
         right_after, peak = status_mib(pid, "RssAnon"), status_mib(pid, "VmHWM")
         time.sleep(10)
         after = status_mib(pid, "RssAnon")
