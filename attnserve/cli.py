@@ -71,7 +71,8 @@ def cmd_encode(args: argparse.Namespace) -> int:
         raise AttnserveError("--model names one of a --server's models; without --server, give --artifacts")
     if args.chunk_tokens is not None and args.late_chunking != "tokens":
         raise AttnserveError("--chunk-tokens goes with --late-chunking tokens")
-    late = LateChunks(args.late_chunking, args.chunk_tokens or DEFAULT_CHUNK_TOKENS) if args.late_chunking else None
+    late = LateChunks(args.late_chunking, DEFAULT_CHUNK_TOKENS if args.chunk_tokens is None else args.chunk_tokens
+                      ) if args.late_chunking else None
     job = EncodeJob(Path(args.input), Path(args.output), args.normalize, args.text_column, args.id_column,
                     args.chunk_rows, progress=not args.no_progress, on_error=args.on_error, overwrite=args.overwrite,
                     dimensions=args.dimensions, prompt=Prompt(args.prompt_name, args.prompt), model=args.model,

@@ -32,10 +32,6 @@ class Windows:
     text_start: int  # the index, in every window, of its first text token (after the prefix and the prompt)
     offsets: np.ndarray  # (n, 2) int64: the character span [start, stop) of each of the text's n tokens, in order
 
-    @property
-    def chunked(self) -> bool:
-        return len(self.inputs) > 1
-
 
 @dataclass(frozen=True)
 class Frame:

@@ -162,8 +162,6 @@ def _windowed(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], poole
 def _late_chunks(rows: Sequence[RowOutput], w: Windows, spans: list[tuple[int, int]],
                  ranges: list[tuple[int, int]], options: ReplyOptions) -> list[ChunkEmbedding]:
     """A text's chunks from its windows' rows: the text's tokens in each window, mean-pooled per chunk."""
-    if not spans:
-        return []
     means, first = ChunkMeans(ranges, rows[0].token_embeddings.shape[1]), 0  # type: ignore[union-attr]
     for row, k in zip(rows, w.text_tokens, strict=True):
         means.add(row.token_embeddings[w.text_start:w.text_start + k], first)  # type: ignore[index]

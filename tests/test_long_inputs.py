@@ -80,7 +80,7 @@ def test_a_long_text_is_embedded_in_windows_as_sentence_transformers_computes_it
     windows = [-(-n // (MAX - 2)) for n in lengths]  # the windows of 254 tokens each of the text's tokens fill
     assert windows[0] >= 4 and windows[2] == 2
     assert [(e.windows, e.truncated, e.num_tokens) for e in reply.embeddings] == [
-        (w, False, n + 2 * w) for w, n in zip(windows, lengths, strict=True)]  # every window's tokens, framed
+        (w if w > 1 else 0, False, n + 2 * w) for w, n in zip(windows, lengths, strict=True)]  # each window framed
     for text, vector in zip(texts, vectors, strict=True):
         expected = st_chunked(st_model, text) if text != "a short one" else st_model.encode(text)
         np.testing.assert_allclose(vector, expected, atol=2e-5)
@@ -99,7 +99,7 @@ def test_every_window_has_the_prompt(chunking_stub, st_model):
 def test_what_cannot_be_chunked_is_cut_and_marked(chunking, chunking_stub):
     """A request's own truncate wins; token ids, pairs and token-level outputs are cut, as truncate cuts them."""
     reply, _ = grpc_embeddings(chunking_stub, [LONG], truncate=True)
-    assert (reply.embeddings[0].windows, reply.embeddings[0].truncated, reply.embeddings[0].num_tokens) == (1, True,
+    assert (reply.embeddings[0].windows, reply.embeddings[0].truncated, reply.embeddings[0].num_tokens) == (0, True,
                                                                                                             MAX)
     reply, _ = grpc_embeddings(chunking_stub, [LONG], return_token_embeddings=True)
     assert reply.embeddings[0].truncated and reply.embeddings[0].token_embeddings.shape[0] == MAX
@@ -187,7 +187,7 @@ def test_late_chunks_over_grpc_are_transformers_token_embeddings_pooled_per_span
     reply = stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text=DOC)], late_chunking=late), timeout=60)
     embedding = reply.embeddings[0]
     got_spans, vectors = chunk_vectors(embedding)
-    assert got_spans == spans and embedding.windows == 1
+    assert got_spans == spans and embedding.windows == 0  # whole: left off the wire
     np.testing.assert_allclose(vectors, hf_late_chunks(hf, DOC, spans), atol=2e-5)
     # the chunks carry the document's context: not what each span embeds to alone
     alone = stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text=DOC[34:60])]), timeout=60).embeddings[0]
@@ -327,3 +327,6 @@ def test_the_encode_command_takes_late_chunking_flags(artifacts, tmp_path):
     assert_one_line_error(run_cli("encode", src, "-o", tmp_path / "y.parquet", "--artifacts", artifacts,
                                   "--late-chunking", "tokens", "--precision-out", "int8"),
                           "--precision-out does not apply to --late-chunking")
+    assert_one_line_error(run_cli("encode", src, "-o", tmp_path / "z.parquet", "--artifacts", artifacts,
+                                  "--late-chunking", "tokens", "--chunk-tokens", "0"),
+                          "--chunk-tokens must be positive, got 0")

@@ -126,7 +126,9 @@ def render(reply: EncodeReply) -> bytes:
     kind = reply.options.embedding_types[0]
     sentences = reply.embeddings if kind == "float" else reply.typed[kind]
     for sentence, item in zip(sentences, reply.inputs, strict=True):
-        embedding = out.embeddings.add(num_tokens=item.num_tokens, truncated=item.truncated, windows=item.windows)
+        # windows only where there were several: 0 (whole, as the proto says) is left off the wire
+        embedding = out.embeddings.add(num_tokens=item.num_tokens, truncated=item.truncated,
+                                       windows=item.windows if item.windows > 1 else 0)
         if item.sparse is not None:  # a SPLADE model's weights (instead of its vocabulary-sized vector), bge-m3's
             embedding.sparse_embedding.CopyFrom(pb.SparseEmbedding(
                 indices=item.sparse.indices.tolist(), values=item.sparse.values.tolist(),
