@@ -224,3 +224,36 @@ def test_without_openvino_there_is_no_openvino_graph_and_bf16_is_refused_in_one_
     assert "\n" not in str(refused.value)
     with pytest.raises(ConfigError, match="--backend openvino: .*exported with attnserve\\[openvino\\] installed"):
         Engine.from_directory(artifacts, EngineConfig(backend="openvino", **SMALL))
+
+
+@needs_openvino
+@needs_bf16
+def test_bf16_on_the_half_trace_keeps_its_weights_fp16(checkpoint, tmp_path):
+    """A bf16 run's first export traces in fp16 and writes no fp32 graph (export/half_precision.py). OpenVINO reads
+    that graph's fp16 weights as compressed ones (engine/openvino_session.py _read): compiled, they stay fp16
+    constants mapped from the data file, not fp32 copies held beside the bf16 ones its matrix products pack (the
+    Qwen3-4B shape did not fit in 24 GiB that way); and it encodes as sentence-transformers does."""
+    from collections import Counter
+
+    from sentence_transformers import SentenceTransformer
+
+    from attnserve.default_model import default_checkpoint_dir
+    from attnserve.engine.openvino_session import OpenVINOSession
+    from attnserve.export.artifacts import build_artifacts
+
+    out = tmp_path / "artifacts"
+    build_artifacts(checkpoint, out, log=lambda m: None, variants=["embeddings_bf16"], trace="fp16")
+    manifest = load_manifest(out)
+    assert set(manifest.traces) == {"fp16"} and not (out / "weights.fp32.data").exists()
+    session = OpenVINOSession(out / manifest.variants["embeddings_bf16"].file, "bf16")
+    elements: Counter = Counter()  # the compiled graph's constants: element type -> elements
+    for op in session._compiled.get_runtime_model().get_ordered_ops():
+        shape = op.output(0).get_partial_shape()
+        if op.get_rt_info()["layerType"].astype(str) == "Const" and shape.is_static:
+            elements[op.output(0).get_element_type().get_type_name()] += int(np.prod(list(op.output(0).get_shape())))
+    assert elements["f16"] >= 0.99 * sum(elements.values()), elements
+    engine = Engine.from_directory(out, EngineConfig(precision="bf16", **SMALL), build=False)
+    assert engine.embeddings_variant.name == "embeddings_bf16"
+    want = SentenceTransformer(str(default_checkpoint_dir()), device="cpu").encode(VARIED_TEXTS)
+    cos = cosines(engine.encode(VARIED_TEXTS).embeddings, want)
+    assert cos.mean() >= 0.9999 and cos.min() >= 0.999, cos
