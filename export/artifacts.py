@@ -637,16 +637,19 @@ class _Build:
         graphs = [self.work / t["file"] for t in self.traces.values()] + [self.work / v.file
                                                                           for v in self.variants.values()]
         shared = SharedWeights.of_graphs(sorted(set(graphs)))
-        path = self._claim(self.work / self.table["attention"].file)
         self.progress.stage(STEP_TITLES["attention"])
-        module = self.encoder() if self.kind == "embedder" else self.reranker_module()
-        self.progress.step("tracing the attention graph (torch.onnx.export)")
-        if self.kind == "embedder":
-            export_graph(SentenceEncoder(module, self._head, output_attentions=True), path, shared=shared)
-            if "attention_last" in names:
-                build_attention_last(path, self._claim(self.work / self.table["attention_last"].file))
+        if "attention" in self.variants:  # listed (verified): attention_last is cut from it, not traced again
+            path = self.work / self.variants["attention"].file
         else:
-            rerank.export_reranker_graph(module.with_attentions(), path, shared=shared)
+            path = self._claim(self.work / self.table["attention"].file)
+            module = self.encoder() if self.kind == "embedder" else self.reranker_module()
+            self.progress.step("tracing the attention graph (torch.onnx.export)")
+            if self.kind == "embedder":
+                export_graph(SentenceEncoder(module, self._head, output_attentions=True), path, shared=shared)
+            else:
+                rerank.export_reranker_graph(module.with_attentions(), path, shared=shared)
+        if self.kind == "embedder" and "attention_last" in names:
+            build_attention_last(path, self._claim(self.work / self.table["attention_last"].file))
         self._verify(names)
 
     # -- the manifest ----------------------------------------------------------------------------------------------

@@ -54,21 +54,33 @@ def encoder(checkpoint):
 
 @pytest.fixture(scope="session")
 def artifacts(tmp_path_factory, checkpoint) -> Path:
-    """Exported once per test run, through the same code path as `attnserve export` (verification included).
+    """Exported once per test run, through the same code path as `attnserve export --all` (verification included),
+    and shared by the run's pytest-xdist workers: the first to get the artifact lock exports, the others wait and
+    read it. What the directory lacks of this install's variants is added (.ci/run's OpenVINO venv adds the
+    OpenVINO graphs to the directory the main run exported).
 
-    ATTNSERVE_TEST_ARTIFACTS reuses a directory across local runs; CI always exports afresh.
+    ATTNSERVE_TEST_ARTIFACTS names that directory, to reuse it across runs; otherwise it is the run's own (CI's
+    runs export afresh).
     """
-    reuse = os.environ.get("ATTNSERVE_TEST_ARTIFACTS")
-    if reuse and (Path(reuse) / "manifest.json").exists():
-        # Hard links in a directory of this run's own: engines record their graph calibration beside the
-        # artifacts (calibration.json), which must not change the directory reused, nor carry over between runs.
-        out = tmp_path_factory.mktemp("artifacts") / "minilm"
-        shutil.copytree(reuse, out, copy_function=link_but_data, ignore=shutil.ignore_patterns("calibration.json"))
-        return out
-    from attnserve.export.artifacts import build_artifacts
+    from attnserve.default_model import build_lock
+    from attnserve.export.artifacts import add_variants, all_variants, build_artifacts
 
-    out = Path(reuse) if reuse else tmp_path_factory.mktemp("artifacts") / "minilm"
-    build_artifacts(checkpoint, out, log=lambda m: None)
+    reuse = os.environ.get("ATTNSERVE_TEST_ARTIFACTS")
+    if reuse:
+        shared = Path(reuse)
+    elif os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' base temporary directories share a parent
+        shared = tmp_path_factory.getbasetemp().parent / "shared-artifacts" / "minilm"
+    else:
+        shared = tmp_path_factory.mktemp("shared-artifacts") / "minilm"
+    if not (shared / "manifest.json").exists():
+        with build_lock(shared):
+            if not (shared / "manifest.json").exists():
+                build_artifacts(checkpoint, shared, log=lambda m: None)
+    add_variants(shared, all_variants(checkpoint), log=lambda m: None)  # nothing, where it has them all
+    # Hard links in a directory of this session's own: engines record their graph calibration beside the
+    # artifacts (calibration.json), which must not change the directory shared, nor carry over between runs.
+    out = tmp_path_factory.mktemp("artifacts") / "minilm"
+    shutil.copytree(shared, out, copy_function=link_but_data, ignore=shutil.ignore_patterns("calibration.json"))
     return out
 
 
@@ -148,3 +160,10 @@ def server(artifacts, tmp_path_factory):
 def stub(server):
     with server.channel() as channel:
         yield server.stub(channel)
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject.toml's addopts): a worker per usable CPU, at most 4. The suite's exports and servers
+    use both cores of a 2-core machine only in part (tracing, imports and start-ups run on one), so two workers
+    cut CI's time by about a third; past 4, memory rather than cores bounds them."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))

@@ -55,12 +55,14 @@ def export_key(checkpoint: Path) -> str:
     return digest.hexdigest()
 
 
-def exported(name: str, checkpoint: Path, log=print) -> tuple[Path, bool]:
+def exported(name: str, checkpoint: Path, log=print, variants: list[str] | None = None) -> tuple[Path, bool]:
     """The artifact directory of the checkpoint at its own max_seq_length, exported (every variant verified, as
-    `attnserve export` does) unless an export with the same key is cached. Returns (directory, whether it was
-    reused). The caller checks it with load_manifest()."""
+    `attnserve export --all` does, or those of `variants`) unless an export with the same key is cached. Returns
+    (directory, whether it was reused). The caller checks it with load_manifest()."""
     root = models_cache() / "exports"
-    target = root / f"{name}-{export_key(checkpoint)[:20]}"
+    key = export_key(checkpoint) if variants is None else hashlib.sha256(
+        f"{export_key(checkpoint)} {' '.join(variants)}".encode()).hexdigest()
+    target = root / f"{name}-{key[:20]}"
     if (target / "manifest.json").is_file():
         return target, True
     root.mkdir(parents=True, exist_ok=True)
@@ -71,5 +73,6 @@ def exported(name: str, checkpoint: Path, log=print) -> tuple[Path, bool]:
         # no other process builds this checkpoint.
         for old in [*root.glob(f"{name}-*"), *root.glob(f".{name}-*.building-*")]:
             shutil.rmtree(old, ignore_errors=True)
-        build_artifacts(read_checkpoint(checkpoint, name), target, log=log)  # renamed into place when verified
+        # Renamed into place when verified.
+        build_artifacts(read_checkpoint(checkpoint, name), target, log=log, variants=variants)
     return target, False

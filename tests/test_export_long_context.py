@@ -40,7 +40,11 @@ def long_context(tmp_path_factory) -> Path:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(verify, "ATTENTION_MAP_BYTES", ATTENTION_MAP_BYTES)
         patch.setattr(verify, "SCORES_BYTES", SCORES_BYTES)
-        build_artifacts(read_checkpoint(checkpoint, "tiny-long"), root / "artifacts", log=lambda m: None)
+        # The graphs whose verification the caps bound, and what the server runs: the fp32 graph and the maps'
+        # The other variants are verified by the same code over the same grid (tests/test_weights_once.py and
+        # the families' tests build them all).
+        build_artifacts(read_checkpoint(checkpoint, "tiny-long"), root / "artifacts", log=lambda m: None,
+                        variants=["embeddings", "attention", "attention_last"])
     return root / "artifacts"
 
 
@@ -106,7 +110,7 @@ def test_a_long_context_reranker_is_verified_and_served_up_to_the_caps(tmp_path)
         patch.setattr(verify, "ATTENTION_MAP_BYTES", ATTENTION_MAP_BYTES)
         patch.setattr(verify, "SCORES_BYTES", SCORES_BYTES)
         manifest = build_artifacts(read_checkpoint(checkpoint, "tiny-long-reranker"), tmp_path / "artifacts",
-                                   log=lambda m: None)
+                                   log=lambda m: None, variants=["scores", "attention"])
     assert (manifest.kind, manifest.verified_max_length, manifest.attention_max_length) == ("reranker", 418, 256)
     shapes = {name: v.parity["shapes_checked"] for name, v in manifest.variants.items()}
     assert shapes["scores"] == len(verify.shape_grid(418)) + 1 and shapes["attention"] == shapes["scores"] - 2

@@ -56,7 +56,7 @@ def test_vocabulary_of_1000_masked_lm_with_cls_pooling_encodes_as_sentence_trans
     checkpoint = save_sentence_transformer(model, tmp_path / "st", "cls", normalize=False, max_seq_length=40)
     ckpt = read_checkpoint(checkpoint)
     assert (ckpt.pooling, ckpt.normalize, ckpt.max_seq_length) == ("cls", False, 40)
-    build_artifacts(ckpt, tmp_path / "artifacts", log=lambda m: None)
+    build_artifacts(ckpt, tmp_path / "artifacts", log=lambda m: None, variants=["embeddings"])  # what it reads
     encoded = Engine.from_directory(tmp_path / "artifacts").encode(TEXTS)
     assert np.abs(encoded.embeddings - sentence_transformers_encode(checkpoint)).max() <= 1e-5
 
@@ -76,7 +76,7 @@ def test_every_dense_activation_with_and_without_bias_encodes_as_sentence_transf
                                max_seq_length=48)
     ckpt = read_checkpoint(checkpoint)
     assert [m.split(",")[1].strip(" )") for m in ckpt.modules[2:]] == [a.lower() for a in DENSE_ACTIVATIONS]
-    build_artifacts(ckpt, tmp_path / "artifacts", log=lambda m: None)
+    build_artifacts(ckpt, tmp_path / "artifacts", log=lambda m: None, variants=["embeddings"])  # what it reads
     encoded = Engine.from_directory(tmp_path / "artifacts").encode(TEXTS)
     assert encoded.embeddings.shape == (len(TEXTS), 48)
     assert np.abs(encoded.embeddings - sentence_transformers_encode(checkpoint)).max() <= 1e-5

