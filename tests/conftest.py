@@ -167,3 +167,14 @@ def pytest_xdist_auto_num_workers(config) -> int:
     use both cores of a 2-core machine only in part (tracing, imports and start-ups run on one), so two workers
     cut CI's time by about a third; past 4, memory rather than cores bounds them."""
     return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+# The files that take minutes (their exports, Docker's image), collected first: pytest-xdist hands its workers whole
+# files in collection order, and one of these left to the end ran alone there for five minutes.
+FIRST = ("test_real_models.py", "test_http_schemathesis.py", "test_docker_fleet.py", "test_variants_on_demand.py",
+         "test_jina_v3.py", "test_cross_encoder_families.py", "test_colbert.py", "test_families.py")
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: the others keep their order
