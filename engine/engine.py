@@ -388,7 +388,8 @@ class Engine:
 
     def _open_graph(self, variant: GraphVariant, provider: str, arena: bool = True, prepack: bool = True):
         return open_graph(self.manifest.path(variant.file), variant.backend, variant.precision, provider,
-                          self.config.threads, arena, variant.disabled_optimizers, prepack)
+                          self.config.threads, arena, variant.disabled_optimizers, prepack,
+                          spin=self.config.spin_wait != "off")
 
     @classmethod
     def from_directory(cls, directory: str | Path, config: EngineConfig | None = None, attention: bool = False,

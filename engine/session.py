@@ -86,13 +86,15 @@ class _ArenaPerRun:
 
 
 def open_session(path: Path, provider: str, threads: int = 0, arena: bool | str = True,
-                 disabled_optimizers: Sequence[str] = (), prepack: bool = True):
+                 disabled_optimizers: Sequence[str] = (), prepack: bool = True, spin: bool = True):
     """arena False: no onnxruntime CPU memory arena, which otherwise keeps the largest run's memory for good;
     "per_run": an arena emptied after each run (_ArenaPerRun: an export's verification sessions).
     disabled_optimizers: onnxruntime graph transformers not to apply at load (a variant's own, from its manifest).
     prepack False: the matrix products read their weights where the external-data file is mapped, rather than
     from a second, repacked copy: one copy of the weights in memory instead of two, for runs about 10% slower (an
-    export's verification sessions: its peak; a server keeps the faster runs)."""
+    export's verification sessions: its peak; a server keeps the faster runs).
+    spin False: the intra-op threads sleep as soon as a run ends, instead of spinning for its successor (a server,
+    whose door needs the cores between its batches: 0.3 ms of CPU a request with a tiny model, spinning)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -103,6 +105,8 @@ def open_session(path: Path, provider: str, threads: int = 0, arena: bool | str 
         options.add_session_config_entry("session.disable_prepacking", "1")
     if threads:
         options.intra_op_num_threads = threads
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers = [(provider, CUDA_OPTIONS), CPU] if provider == CUDA else [CPU]
     if provider == CUDA:
         load_cuda_libraries()
@@ -117,9 +121,9 @@ def open_session(path: Path, provider: str, threads: int = 0, arena: bool | str 
 
 
 def open_graph(path: Path, backend: str, precision: str, provider: str, threads: int = 0, arena: bool | str = True,
-               disabled_optimizers: Sequence[str] = (), prepack: bool = True):
+               disabled_optimizers: Sequence[str] = (), prepack: bool = True, spin: bool = True):
     """A session for a graph variant on its backend. onnxruntime runs every graph on `provider`; OpenVINO runs
-    fp32 and bf16 graphs on the CPU (arena, disabled_optimizers and prepack are onnxruntime's, and do not
+    fp32 and bf16 graphs on the CPU (arena, disabled_optimizers, prepack and spin are onnxruntime's, and do not
     apply)."""
     if backend == OPENVINO:
         if provider != CPU:
@@ -132,4 +136,4 @@ def open_graph(path: Path, backend: str, precision: str, provider: str, threads:
         return OpenVINOSession(path, precision, threads)
     if backend != ONNXRUNTIME:
         raise ArtifactError(f"{path.name}: unknown backend {backend!r} (one of {', '.join(BACKENDS)}); re-export")
-    return open_session(path, provider, threads, arena, disabled_optimizers, prepack)
+    return open_session(path, provider, threads, arena, disabled_optimizers, prepack, spin)

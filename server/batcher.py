@@ -51,6 +51,7 @@ from attnserve.errors import (
     ShuttingDownError,
 )
 
+from . import tracing
 from .batch_wait import BatchWait
 from .metrics import ModelMetrics
 from .statistics import BatchTimes
@@ -273,8 +274,9 @@ class Batcher:
         if deadline is not None and deadline <= time.monotonic():
             raise DeadlineExpiredError("the deadline passed before the request was queued")
         loop = asyncio.get_running_loop()
-        current = trace.get_current_span().get_span_context()
-        request = _Request(deadline, len(inputs), current if current.is_valid else None, token_states=token_states)
+        current = trace.get_current_span().get_span_context() if tracing.enabled() else None
+        request = _Request(deadline, len(inputs), current if current is not None and current.is_valid else None,
+                           token_states=token_states)
         entries = [_Entry(next(self._seq), x, attention, attention and last_layer, request, loop.create_future())
                    for x in inputs]
         lane = self._lanes[attention]
@@ -422,12 +424,14 @@ class Batcher:
         inputs = [e.input for e in batch]
         tokens = sum(len(x) for x in inputs)
         cells = max(len(x) for x in inputs) * len(inputs)
-        requests = {id(e.request): e.request for e in batch}.values()
-        _queue_wait_spans(requests)
-        span = _TRACER.start_span("batch run", context=_NO_PARENT, links=[
-            trace.Link(r.span) for r in requests if r.span is not None], attributes={
-            "attnserve.batch_size": len(batch), "attnserve.tokens": tokens, "attnserve.cells": cells,
-            "attnserve.graph": graph})
+        span: trace.Span = trace.INVALID_SPAN
+        if tracing.enabled():
+            requests = {id(e.request): e.request for e in batch}.values()
+            _queue_wait_spans(requests)
+            span = _TRACER.start_span("batch run", context=_NO_PARENT, links=[
+                trace.Link(r.span) for r in requests if r.span is not None], attributes={
+                "attnserve.batch_size": len(batch), "attnserve.tokens": tokens, "attnserve.cells": cells,
+                "attnserve.graph": graph})
         try:
             out = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._run_batch, inputs, attention, last_layer)

@@ -6,8 +6,8 @@ happens here once: resolving the model a request names (models.py; None is the d
 every limit (requests.py), admission and submission to that model's batcher, the request's deadline (the call
 runs under it and ends with DeadlineExpiredError, on every door), pooling, `dimensions` and normalisation
 (replies.py), readiness, the count of requests in progress that a drain waits for, and returning memory after
-large replies. Tokenizing, building a reply and the door's serialization of it run in the thread pool, never on
-the event loop.
+large replies. Tokenizing, building a reply and the door's serialization of it run in the thread pool, except for
+a small request (requests.light, light_reply), whose work costs less than the hop to a thread and back.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ from .requests import (
     RerankRequest,
     SimilarityRequest,
     TokenizeRequest,
+    light,
+    light_reply,
     prepare,
     prepare_decode,
     prepare_multi_vector_rerank,
@@ -145,22 +147,23 @@ class Core:
         body: R | bytes = b""
         self._memory.busy()
         try:
-            with _counted(model), _TRACER.start_as_current_span("request") as span:
+            with _counted(model), tracing.span(_TRACER, "request") as span:
                 span.set_attributes({"attnserve.model": model.name, "attnserve.inputs": len(request.inputs)})
                 if request.pooling == "default" and model.pooling != "default":  # serve --pooling
                     request = replace(request, pooling=model.pooling)
                 engine, batcher = model.for_task(request.task)  # a batcher per task: a batch never mixes adapters
                 batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
-                with _TRACER.start_as_current_span("tokenize"):
-                    prepared = await loop.run_in_executor(
-                        self._executor, prepare, request, engine.tokenizer, engine.manifest, self.limits,
-                        float_bytes, engine.takes_token_types, engine.multi_vector, engine.require)
+                preparing = partial(prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
+                                    engine.takes_token_types, engine.multi_vector, engine.require)
+                with tracing.span(_TRACER, "tokenize"):  # a small request here, others in the pool (INLINE_*)
+                    prepared = preparing() if light(request) else await loop.run_in_executor(self._executor, preparing)
                 span.set_attribute("attnserve.tokens", prepared.tokens)
                 rows = await batcher.submit(prepared.inputs, prepared.options.attention, _at(deadline),
                                             prepared.options.last_layer_only, prepared.token_states)
-                with _TRACER.start_as_current_span("reply"):
-                    rendered = body = await loop.run_in_executor(self._executor, self._render, rows, prepared,
-                                                                 model, render)
+                with tracing.span(_TRACER, "reply"):
+                    rendered = body = (self._render(rows, prepared, model, render) if light_reply(prepared) else
+                                       await loop.run_in_executor(self._executor, self._render, rows, prepared,
+                                                                  model, render))
                 return rendered, prepared.tokens
         finally:
             self._memory.done(len(body) if isinstance(body, bytes) else 0)
@@ -208,15 +211,15 @@ class Core:
         engine, batcher = model.engine, model.batcher
         self._memory.busy()
         try:
-            with _counted(model), _TRACER.start_as_current_span("request") as span:
+            with _counted(model), tracing.span(_TRACER, "request") as span:
                 span.set_attributes({"attnserve.model": model.name, "attnserve.inputs": count})
                 batcher.check_room(count)  # a full queue costs no tokenizing
-                with _TRACER.start_as_current_span("tokenize"):
+                with tracing.span(_TRACER, "tokenize"):
                     prepared = await loop.run_in_executor(self._executor, prepare_scored, engine.tokenizer,
                                                           engine.manifest, self.limits, engine.takes_token_types)
                 span.set_attribute("attnserve.tokens", sum(len(x) for x in prepared.inputs))
                 rows = await batcher.submit(prepared.inputs, False, _at(deadline))
-                with _TRACER.start_as_current_span("reply"):
+                with tracing.span(_TRACER, "reply"):
                     return build(rows, prepared, engine.manifest, model.name)
         finally:
             self._memory.done(0)

@@ -55,12 +55,20 @@ class Metrics:
                                ["model", "reason"], registry=r)
         self.failed_batches = Counter("attnserve_batches_failed", "Batches whose session run failed", ["model"],
                                       registry=r)
+        # Each label set's children, found once: labels() costs a lock and a dict lookup on every request. Bounded
+        # as the labels are: the doors' methods and routes (one label for every unmatched path) and status codes.
+        self._request_children: dict[tuple[str, str, str], tuple] = {}
 
     def observe_request(self, protocol: str, method: str, code: str, seconds: float | None = None) -> None:
         """One request answered; seconds None: not timed (refused before it began)."""
-        self.requests.labels(protocol, method, code).inc()
+        key = (protocol, method, code)
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = (self.requests.labels(protocol, method, code),
+                                                      self.request_seconds.labels(protocol, method))
+        children[0].inc()
         if seconds is not None:
-            self.request_seconds.labels(protocol, method).observe(seconds)
+            children[1].observe(seconds)
 
     def for_model(self, model: str) -> ModelMetrics:
         return ModelMetrics(self, model)

@@ -294,14 +294,16 @@ class Models:
     def load(cls, sources: list[ModelSource], engine_config: EngineConfig, config: ServerConfig,
              metrics: Metrics) -> Models:
         """Open every model's sessions (each with its share of the threads); a name given twice is refused."""
-        threads = thread_share(engine_config.threads, len(sources))
+        # Each model's share of the threads; by default they do not spin between batches (EngineConfig.spin_wait).
+        serving = dataclasses.replace(engine_config, threads=thread_share(engine_config.threads, len(sources)),
+                                      spin_wait="off" if engine_config.spin_wait == "auto" else engine_config.spin_wait)
         # A first start on a CPU serves at once and times its graphs afterwards (calibrate_in_background).
-        engines = [Engine.from_directory(source.directory, dataclasses.replace(engine_config, threads=threads),
-                                         attention=True, defer_calibration=True) for source in sources]
+        engines = [Engine.from_directory(source.directory, serving, attention=True, defer_calibration=True)
+                   for source in sources]
         # A model with task adapters: one engine per task's merged graphs (engine/tasks.py).
-        task_engines = [{task: Engine.from_directory(task_directory(engine.manifest, task), dataclasses.replace(
-            engine_config, threads=threads), attention=True, defer_calibration=True)
-            for task in engine.manifest.tasks} for engine in engines]
+        task_engines = [{task: Engine.from_directory(task_directory(engine.manifest, task), serving, attention=True,
+                                                     defer_calibration=True)
+                         for task in engine.manifest.tasks} for engine in engines]
         for engine in [*engines, *(e for tasks in task_engines for e in tasks.values())]:
             engine.background_builds()  # what a request needs that is not built yet (attention graphs)
         names = [source.name or engine.manifest.model for source, engine in zip(sources, engines, strict=True)]

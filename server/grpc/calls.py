@@ -108,12 +108,16 @@ class Calls:
                 if not recorded:
                     self.record(method, code, start, answered, tokens, context)
 
+    def _span(self, method: str, context: grpc.aio.ServicerContext):
+        """The call's server span, the child of the caller's traceparent (gRPC metadata) if it sent one; none where
+        spans are not exported."""
+        return self._traced(method, context) if tracing.enabled() else tracing.OFF
+
     @contextlib.contextmanager
-    def _span(self, method: str, context: grpc.aio.ServicerContext) -> Iterator[None]:
-        """The call's server span, the child of the caller's traceparent (gRPC metadata) if it sent one."""
-        with tracing.incoming(dict(context.invocation_metadata() or ())), _TRACER.start_as_current_span(
-                method, kind=trace.SpanKind.SERVER, attributes={"rpc.system": "grpc", "rpc.method": method,
-                                                                "attnserve.protocol": self.protocol}):
+    def _traced(self, method: str, context: grpc.aio.ServicerContext) -> Iterator[None]:
+        with tracing.incoming(lambda: dict(context.invocation_metadata() or ())), _TRACER.start_as_current_span(
+                method, kind=trace.SpanKind.SERVER,
+                attributes={"rpc.system": "grpc", "rpc.method": method, "attnserve.protocol": self.protocol}):
             yield
 
     async def _next(self, window: asyncio.Queue):

@@ -199,11 +199,11 @@ class HttpDoor:
         """The route's handler; a readiness probe (Route.readiness) is 503 unless the core is ready."""
         if route.readiness:
             self._core.check_ready()
-        if route.open:  # probes are not traced
+        if route.open or not tracing.enabled():  # probes are not traced
             return await handler(request)
         # The caller's traceparent, if any, makes this span its child (server/tracing.py). path: as routed (a
         # handler may serve several: /v1/embeddings and /embeddings), the metrics' label.
-        with tracing.incoming(request.headers), _TRACER.start_as_current_span(
+        with tracing.incoming(lambda: request.headers), _TRACER.start_as_current_span(
                 f"{request.method} {path}", kind=trace.SpanKind.SERVER, attributes={
                     "http.request.method": request.method, "http.route": path,
                     "attnserve.protocol": PROTOCOL}) as span:

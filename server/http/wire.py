@@ -70,7 +70,9 @@ class BodyReader:
         if (request.content_length or 0) > self.max_bytes:  # said up front: refused before a byte is read
             raise too_large
         try:
-            body = await asyncio.wait_for(request.read(), self.timeout)
+            # A body that arrived with its head (most) is read without a timer: wait_for costs a task a request.
+            body = await (request.read() if request.content.is_eof() else
+                          asyncio.wait_for(request.read(), self.timeout))
         except web.HTTPRequestEntityTooLarge:  # aiohttp stops reading at client_max_size
             raise too_large from None
         except asyncio.TimeoutError:
