@@ -318,7 +318,7 @@ def light(request: EncodeRequest) -> bool:
     for item in inputs:
         if isinstance(item, str):
             characters += len(item)
-        elif isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item):
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], str):
             characters += len(item[0]) + len(item[1])
         elif isinstance(item, Sequence):
             characters += len(item)

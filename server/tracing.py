@@ -65,8 +65,8 @@ class _Off:
     def __enter__(self) -> trace.Span:
         return trace.INVALID_SPAN
 
-    def __exit__(self, *exc) -> bool:
-        return False
+    def __exit__(self, *exc) -> None:
+        return None
 
 
 OFF = _Off()
