@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -116,11 +117,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
     from attnserve.server import logs
-    from attnserve.server.app import serve
 
     engine_config, server_config = from_args(EngineConfig, args), from_args(ServerConfig, args)
     logs.configure(args.log_level or "INFO", server_config.log_format)
+    if server_config.workers > 1:
+        return serve_workers(engine_config, server_config, args.log_level or "INFO")
+    from attnserve.server.app import serve
+
     return asyncio.run(serve(engine_config, server_config))
+
+
+def serve_workers(engine_config: EngineConfig, server_config: ServerConfig, log_level: str) -> int:
+    """`serve --workers N` (server/workers/): every process's metrics go to files in one directory, which
+    prometheus_client must know of before it is imported in any of them."""
+    import asyncio
+    import shutil
+    import tempfile
+
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    directory = given or tempfile.mkdtemp(prefix="attnserve-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # the workers inherit it
+    # Imported already, its values would stay this process's alone (a bug, not a user's mistake).
+    assert "prometheus_client" not in sys.modules, "prometheus_client imported before its multiprocess directory"
+    from attnserve.server.workers.supervisor import serve_workers as run
+
+    try:
+        return asyncio.run(run(engine_config, server_config, log_level))
+    finally:
+        if not given:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def cmd_embed(args: argparse.Namespace) -> int:

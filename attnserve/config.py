@@ -144,6 +144,11 @@ class ServerConfig:
         "auto", "ATTNSERVE_LOG_FORMAT",
         "log lines as JSON objects (one per line) or human-readable text; auto: text when stderr is a terminal, "
         "JSON otherwise", choices=("auto", "json", "text"))
+    workers: int = setting(
+        1, "ATTNSERVE_WORKERS",
+        "front-door processes: each parses, authenticates, validates and tokenizes requests and writes replies, on "
+        "the same ports (SO_REUSEPORT), in front of one engine process that owns the models' batchers (one queue "
+        "per model across every worker); 1 serves in one process")
     http_port: int = setting(
         8080, "ATTNSERVE_HTTP_PORT",
         "HTTP port (OpenAI- and TEI-compatible routes) on the same host, TLS and batcher; 0 picks a free one, "
@@ -191,6 +196,8 @@ class ServerConfig:
             if getattr(self, name) < (0 if name == "port" else 1):
                 raise ConfigError(f"{name} must be {'>= 0' if name == 'port' else 'positive'}, "
                                   f"got {getattr(self, name)}")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, got {self.workers}")
         for name in ("metrics_port", "http_port"):
             if getattr(self, name) < -1:
                 raise ConfigError(f"{name} must be >= -1, got {getattr(self, name)}")

@@ -167,6 +167,11 @@ class ShuttingDownError(AttnserveError):
     reason = Reason.SHUTTING_DOWN
 
 
+class EngineStoppedError(ShuttingDownError):
+    """`serve --workers N`: the engine process this front-door worker sends its requests to is gone; the request
+    was not answered (retryable: UNAVAILABLE, 503), and the server exits."""
+
+
 class DeadlineExpiredError(AttnserveError):
     """The request's deadline passed before its inputs could run."""
 

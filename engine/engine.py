@@ -218,6 +218,18 @@ def auto_candidates(manifest: Manifest, provider: str) -> tuple[list[GraphVarian
     return candidates, [f"bf16 not timed: {why}"]
 
 
+def host_parts(manifest: Manifest) -> tuple[TextTokenizer, MultiVectorTokenizer | None, BgeM3Heads | None]:
+    """What a request's host-side work needs of a model (an engine's, and a front-door worker's of `serve
+    --workers`): its tokenizer; a ColBERT model's query and document inputs (engine/multi_vector.py); bge-m3's
+    sparse and ColBERT heads (engine/bge_m3.py), applied to the last hidden state. None where the model has none."""
+    tokenizer = TextTokenizer(manifest.path(manifest.tokenizer), manifest.served_max_length, manifest.vocab_size,
+                              positions=manifest.max_seq_length)
+    multi_vector = (MultiVectorTokenizer(manifest, manifest.path(manifest.tokenizer))
+                    if manifest.multi_vector is not None else None)
+    bge_m3 = BgeM3Heads(manifest.directory, manifest.bge_m3) if manifest.bge_m3 is not None else None
+    return tokenizer, multi_vector, bge_m3
+
+
 class Engine:
     def __init__(self, manifest: Manifest, config: EngineConfig, attention: bool = False, build: bool = True,
                  build_log: Callable[[str], None] | None = None, defer_calibration: bool = False):
@@ -243,13 +255,7 @@ class Engine:
             config = replace(config, max_batch_tokens=manifest.served_max_length)
         self.manifest, self.config = manifest, config
         self.provider, self.precision, graph = embeddings_graph(manifest, config)
-        self.tokenizer = TextTokenizer(manifest.path(manifest.tokenizer), manifest.served_max_length,
-                                       manifest.vocab_size, positions=manifest.max_seq_length)
-        # A ColBERT model's query and document inputs (engine/multi_vector.py); None for other models.
-        self.multi_vector = (MultiVectorTokenizer(manifest, manifest.path(manifest.tokenizer))
-                             if manifest.multi_vector is not None else None)
-        # bge-m3's sparse and ColBERT heads (engine/bge_m3.py), applied to the last hidden state; None for others.
-        self.bge_m3 = BgeM3Heads(manifest.directory, manifest.bge_m3) if manifest.bge_m3 is not None else None
+        self.tokenizer, self.multi_vector, self.bge_m3 = host_parts(manifest)
         self.graph_choice = self._choose_graph(graph)
         self.embeddings_variant = self.graph_choice.graph
         self.precision = self.embeddings_variant.precision  # auto may have timed bf16 faster than fp32

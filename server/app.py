@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import threading
@@ -121,12 +122,38 @@ def warm_up(engine: Engine) -> list[tuple[bool, float, int]]:
     return timings
 
 
+async def start_models(models: Models) -> None:
+    """Start every model's batchers and warm every model up at once, each in its own inference thread; the warm-up
+    runs seed the batchers' estimates of their speed."""
+    for model in models.all:
+        for batcher in model.batchers:  # a model with task adapters has one per task
+            batcher.start()
+    loop = asyncio.get_running_loop()
+    warmed = await asyncio.gather(*(loop.run_in_executor(model.inference, warm_up, model.engine)
+                                    for model in models.all))
+    for model, timings in zip(models.all, warmed, strict=True):
+        for attention, seconds, tokens in timings:
+            model.batcher.learn_rate(attention, seconds, tokens, tokens)
+
+
+def start_calibration(models: Models, stop: threading.Event) -> threading.Thread:
+    """A first start on this CPU served at once, on each precision's default graph and batch budget: its graphs
+    are timed now, one model after another, beside the requests (engine/calibration.py; recorded for the next
+    start). What it chooses takes over from the next batch."""
+    thread = threading.Thread(target=_calibrate, args=(models.all, stop), name="attnserve-calibration", daemon=True)
+    thread.start()
+    return thread
+
+
 class Server:
     """One serving process: started by start(), stopped by stop(); `attnserve serve` runs serve()."""
 
-    def __init__(self, models: Models, config: ServerConfig, metrics: Metrics):
-        """models: loaded with Models.load(..., metrics), each with its batcher and inference thread."""
-        self.models, self.config, self.metrics = models, config, metrics
+    def __init__(self, models: Models, config: ServerConfig, metrics: Metrics, worker: bool = False):
+        """models: loaded with Models.load(..., metrics), each with its batcher and inference thread; or, worker
+        True, one front-door worker of `serve --workers N` (server/workers/): the doors alone, on ports shared with
+        the other workers, over the engine process's models (RemoteModels), which owns the batchers, warm-up,
+        calibration and the metrics port."""
+        self.models, self.config, self.metrics, self.worker = models, config, metrics, worker
         self._io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="attnserve-io")
         self.health = HealthService()
         self.port = self.metrics_port = self.http_port = None
@@ -137,6 +164,7 @@ class Server:
         self._calibration: threading.Thread | None = None  # a first start's graph timing (_calibrate)
         self._stop_calibration = threading.Event()
         self.core: Core | None = None
+        self._health_names: tuple[str, ...] = ()
 
     async def start(self) -> None:
         config, models = self.config, self.models
@@ -151,7 +179,8 @@ class Server:
             # limit, higher, only bounds what one message can take before that.
             ("grpc.max_receive_message_length", core_receive_limit(config.max_request_bytes)),
             ("grpc.max_send_message_length", config.max_response_bytes + RESPONSE_SLACK_BYTES),
-            ("grpc.so_reuseport", 0),  # a port in use is an error, not a second listener
+            # A port in use is an error, not a second listener; the workers of --workers N share theirs.
+            ("grpc.so_reuseport", int(self.worker)),
             *([("grpc.max_connection_age_ms", int(config.max_connection_age * 1e3)),
                ("grpc.max_connection_age_grace_ms", int(config.grace_seconds * 1e3))]
               if config.max_connection_age else []),
@@ -161,14 +190,16 @@ class Server:
         add_tei_to_server(self.core, self.metrics, server)  # TEI's gRPC API, for its clients as they are
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         # The server, the service and each model ("attnserve.v1.Encoder/NAME"): SERVING only after warm-up.
-        health_names = ("", SERVICE_NAME, *(f"{SERVICE_NAME}/{model.name}" for model in models.all))
+        health_names = self._health_names = ("", SERVICE_NAME,
+                                             *(f"{SERVICE_NAME}/{model.name}" for model in models.all))
         for service in health_names:
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server)
         address = f"{config.host}:{config.port}"
-        check_ports_free(config)
+        if not self.worker:  # the supervisor of the workers checked them before any started
+            check_ports_free(config)
         try:
             self.port = (server.add_secure_port(address, credentials) if credentials
                          else server.add_insecure_port(address))
@@ -176,7 +207,7 @@ class Server:
             raise ConfigError(f"cannot listen on {address}: {e}") from None
         if not self.port:
             raise ConfigError(f"cannot listen on {address} (in use, or not an address of this machine?)")
-        if config.metrics_port >= 0:
+        if config.metrics_port >= 0 and not self.worker:
             from prometheus_client import start_http_server
 
             try:
@@ -189,26 +220,22 @@ class Server:
         if config.http_port >= 0:
             self._http = HttpDoor(self.core, self.metrics, keys, config, self._io)
             try:
-                self.http_port = await self._http.start(config.host, config.http_port, http_ssl, STOP_GRACE_SECONDS)
+                self.http_port = await self._http.start(config.host, config.http_port, http_ssl, STOP_GRACE_SECONDS,
+                                                        reuse_port=self.worker)
             except OSError as e:
                 raise ConfigError(f"cannot listen for HTTP on {config.host}:{config.http_port}: {e.strerror}") from None
         self._grpc = server
         await server.start()
-        for model in models.all:
-            for batcher in model.batchers:  # a model with task adapters has one per task
-                batcher.start()
-        self._batchers_started = True
         started = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        # Every model warms up at once, each in its own inference thread; SERVING once all have.
-        warmed = await asyncio.gather(*(loop.run_in_executor(model.inference, warm_up, model.engine)
-                                        for model in models.all))
-        for model, timings in zip(models.all, warmed, strict=True):
-            for attention, seconds, tokens in timings:
-                model.batcher.learn_rate(attention, seconds, tokens, tokens)
+        if not self.worker:
+            await start_models(models)
+            self._batchers_started = True
         for service in health_names:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         self.core.warmed_up()
+        if self.worker:
+            log.info("worker %d serving", os.getpid(), extra={"fields": {"event": "worker_serving"}})
+            return
         default = models.default.engine
         addresses = self.addresses(credentials is not None)
         more = f" and {len(models.all) - 1} more" if len(models.all) > 1 else ""
@@ -222,12 +249,12 @@ class Server:
                      "tls": credentials is not None, "mutual_tls": bool(config.tls_client_ca),
                      "api_keys": keys.required, "metrics_port": self.metrics_port,
                      "warm_up_ms": round((time.perf_counter() - started) * 1e3)}})
-        # A first start on this CPU served at once, on each precision's default graph and batch budget: its graphs
-        # are timed now, one model after another, beside the requests (engine/calibration.py; recorded for the
-        # next start). What it chooses takes over from the next batch.
-        self._calibration = threading.Thread(target=_calibrate, args=(models.all, self._stop_calibration),
-                                             name="attnserve-calibration", daemon=True)
-        self._calibration.start()
+        self._calibration = start_calibration(models, self._stop_calibration)
+
+    async def not_serving(self) -> None:
+        """Health NOT_SERVING for the server and every model (a worker whose engine process is gone)."""
+        for service in self._health_names:
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def addresses(self, tls: bool) -> dict[str, str]:
         """Where each door listens, as a client names it: gRPC host:port, HTTP and metrics as URLs."""
@@ -253,7 +280,7 @@ class Server:
         end = time.monotonic() + grace
         await self.health.enter_graceful_shutdown()
         for model in self.models.all:
-            for batcher in model.batchers:
+            for batcher in model.batchers:  # none in a worker: the engine process's
                 batcher.close()
         if self.core is not None:
             self.core.drain()
@@ -302,8 +329,9 @@ class Server:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
         self._io.shutdown(wait=False)
-        for model in self.models.all:
-            model.inference.shutdown(wait=True)
+        if not self.worker:
+            for model in self.models.all:
+                model.inference.shutdown(wait=True)
 
 
 async def serve(engine_config: EngineConfig, config: ServerConfig) -> int:

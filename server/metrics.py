@@ -6,6 +6,8 @@ a batcher of its own, which records through its ModelMetrics.
 
 from __future__ import annotations
 
+from typing import Final
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .statistics import BatchTimes, InferenceStatistics
@@ -14,6 +16,9 @@ from .statistics import BatchTimes, InferenceStatistics
 LATENCY_BUCKETS = (.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TOKEN_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# How `serve --workers N` sums a gauge over its processes (prometheus_client's multiprocess mode): the queue's are
+# set by the engine process alone, so the living processes' sum is its value, labelled as in one process.
+ENGINE_GAUGE: Final = "livesum"
 
 
 class Metrics:
@@ -43,14 +48,14 @@ class Metrics:
                              registry=r)
         self.padding_fraction = Gauge("attnserve_padding_fraction",
                                       "Padded cells / all cells computed, since the server started", ["model"],
-                                      registry=r)
+                                      registry=r, multiprocess_mode=ENGINE_GAUGE)
         self.queue_requests = Gauge("attnserve_queue_depth_requests", "Requests with inputs waiting in the queue",
-                                    ["model"], registry=r)
+                                    ["model"], registry=r, multiprocess_mode=ENGINE_GAUGE)
         self.queue_tokens = Gauge("attnserve_queue_depth_tokens", "Tokens waiting in the queue", ["model"],
-                                  registry=r)
+                                  registry=r, multiprocess_mode=ENGINE_GAUGE)
         self.queue_seconds_estimate = Gauge("attnserve_queue_depth_seconds",
                                             "Estimated time to run the work waiting in the queue", ["model"],
-                                            registry=r)
+                                            registry=r, multiprocess_mode=ENGINE_GAUGE)
         self.dropped = Counter("attnserve_inputs_dropped", "Inputs dropped before they ran, by reason",
                                ["model", "reason"], registry=r)
         self.failed_batches = Counter("attnserve_batches_failed", "Batches whose session run failed", ["model"],

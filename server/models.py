@@ -330,3 +330,9 @@ class Models:
     def names(self) -> list[str]:
         """Every name a request may use, each model's in turn."""
         return list(self._by_name)
+
+    async def statistics(self, name: str, version: str | None) -> dict:
+        """Triton's statistics of the model named, or of every model when name is empty (KServe's doors)."""
+        from .open_inference import model_statistics
+
+        return model_statistics(self, name, version)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -133,10 +134,12 @@ class Calls:
         raise ShuttingDownError("the server is shutting down; reopen the stream on another replica")
 
     async def quick(self, method: str, context: grpc.aio.ServicerContext, answer: Callable[[], Any]) -> Any:
-        """A call answered at once from what the server knows (metadata, readiness): its error mapped, counted
-        untimed."""
+        """A call answered at once from what the server knows (metadata, readiness, statistics: answer() may be a
+        coroutine function): its error mapped, counted untimed."""
         try:
             reply = answer()
+            if inspect.isawaitable(reply):
+                reply = await reply
         except Exception as error:
             status = self.status(error, method)
             self._metrics.observe_request(self.protocol, method, status.code.name)

@@ -81,8 +81,10 @@ class InferenceService(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
                               ) -> pb.ModelStatisticsResponse:
-        return await self._calls.quick("ModelStatistics", context, lambda: json_format.ParseDict(
-            oip.model_statistics(self._core.models, request.name, request.version), pb.ModelStatisticsResponse()))
+        async def answer() -> pb.ModelStatisticsResponse:
+            return json_format.ParseDict(await self._core.models.statistics(request.name, request.version),
+                                         pb.ModelStatisticsResponse())
+        return await self._calls.quick("ModelStatistics", context, answer)
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
                               ) -> pb.RepositoryIndexResponse:

@@ -96,13 +96,14 @@ class HttpDoor:
         self.port: int | None = None
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None,
-                    shutdown_timeout: float) -> int:
-        """Listen; returns the port bound."""
+                    shutdown_timeout: float, reuse_port: bool = False) -> int:
+        """Listen; returns the port bound. reuse_port: shared with the other workers of `serve --workers N`."""
         self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True,
                                      shutdown_timeout=shutdown_timeout, logger=ProtocolLog(log),
                                      keepalive_timeout=self._config.http_keepalive_timeout)
         await self._runner.setup()
-        await self._heads.site(self._runner, host.strip("[]"), port, ssl_context, answer_in_envelope).start()
+        await self._heads.site(self._runner, host.strip("[]"), port, ssl_context, answer_in_envelope,
+                               reuse_port).start()
         self.port = self._runner.addresses[0][1]
         return self.port
 

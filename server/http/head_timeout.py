@@ -37,9 +37,11 @@ class HeadTimeouts:
             watched.in_request = False  # the next byte starts the next head's clock
 
     def site(self, runner: web.BaseRunner, host: str, port: int, ssl_context,
-             protocol: Callable[[RequestHandler], RequestHandler] = lambda handler: handler) -> web.BaseSite:
-        """A TCP site whose connections are watched; `protocol` adapts each connection's aiohttp protocol first."""
-        return _Site(runner, host, port, ssl_context, self, protocol)
+             protocol: Callable[[RequestHandler], RequestHandler] = lambda handler: handler,
+             reuse_port: bool = False) -> web.BaseSite:
+        """A TCP site whose connections are watched; `protocol` adapts each connection's aiohttp protocol first.
+        reuse_port: the port is shared with the other workers of `serve --workers N` (SO_REUSEPORT)."""
+        return _Site(runner, host, port, ssl_context, self, protocol, reuse_port)
 
 
 class _Watched(asyncio.Protocol):
@@ -100,9 +102,10 @@ class _Site(web.BaseSite):
     """web.TCPSite's listener, with each connection's protocol watched."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, ssl_context, timeouts: HeadTimeouts,
-                 protocol: Callable[[RequestHandler], RequestHandler]):
+                 protocol: Callable[[RequestHandler], RequestHandler], reuse_port: bool):
         super().__init__(runner, ssl_context=ssl_context)
         self._host, self._port, self._timeouts, self._protocol = host, port, timeouts, protocol
+        self._reuse_port = reuse_port
 
     @property
     def name(self) -> str:
@@ -114,4 +117,4 @@ class _Site(web.BaseSite):
         assert server is not None  # set by runner.setup()
         self._server = await asyncio.get_running_loop().create_server(
             lambda: _Watched(self._protocol(server()), self._timeouts), self._host, self._port, ssl=self._ssl_context,
-            backlog=self._backlog, reuse_address=True, reuse_port=False)
+            backlog=self._backlog, reuse_address=True, reuse_port=self._reuse_port)

@@ -183,7 +183,7 @@ class KServeRoutes:
         name = request.match_info.get("name", "")
         if name:
             self._info(request)  # a 405 for a wrong method on a suffixed path, as the other routes
-        return json_response(dumps(oip.model_statistics(self._core.models, name, request.match_info.get("version"))))
+        return json_response(dumps(await self._core.models.statistics(name, request.match_info.get("version"))))
 
     async def repository_index(self, request: web.Request) -> web.Response:
         # tritonclient sends no body at all; one that is sent must be the index request's JSON.

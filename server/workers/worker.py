@@ -1,0 +1,62 @@
+"""One front-door worker of `serve --workers N` (started by supervisor.py, its settings read from stdin): the gRPC and
+HTTP doors on the ports every worker shares, over the engine process's models (front.py). It stops on SIGTERM or
+SIGINT with the drain of one process, and when the engine process is gone, with exit status 1."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import signal
+import sys
+
+from threadpoolctl import threadpool_limits
+
+from attnserve.config import ServerConfig
+
+from .. import logs
+from ..app import STOP_GRACE_SECONDS, Server, _let_calls_finish
+from ..metrics import Metrics
+from .front import EngineLink, RemoteModels
+
+
+async def run(config: ServerConfig, link_address: str) -> int:
+    # The reply's analyses (attention rollout's products) run here: numpy's BLAS kept to one thread, as in one process.
+    threadpool_limits(limits=1, user_api="blas")
+    stopping = asyncio.Event()
+    server: Server | None = None
+
+    def engine_lost() -> None:
+        if server is not None:
+            asyncio.ensure_future(server.not_serving())
+        stopping.set()
+
+    link = EngineLink(link_address, engine_lost)
+    table = await link.connect()
+    server = Server(RemoteModels(table, link), config, Metrics(), worker=True)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    try:
+        await server.start()
+    except BaseException:
+        await server.abandon()
+        await link.close()
+        raise
+    try:
+        await stopping.wait()
+    finally:
+        await server.stop()
+        await _let_calls_finish(STOP_GRACE_SECONDS)
+        await link.close()
+    return 1 if link.lost else 0
+
+
+def main() -> int:
+    settings = pickle.loads(sys.stdin.buffer.read())  # noqa: S301 (from the supervisor, our parent, by a pipe)
+    config: ServerConfig = settings["config"]
+    logs.configure(settings["log_level"], config.log_format)
+    return asyncio.run(run(config, settings["link"]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
