@@ -80,14 +80,15 @@ class EngineLink:
         self._tasks: list[asyncio.Task] = []
         self.lost = False
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
 
     async def connect(self) -> ModelTable:
         """Connect, and read the model table (the engine process is serving when it answers)."""
         self.loop = asyncio.get_running_loop()
-        monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._socket.connect(self._address)
         self._tasks = [self.loop.create_task(self._read(), name="attnserve-engine-link"),
-                       self.loop.create_task(self._watch(monitor), name="attnserve-engine-watch")]
+                       self.loop.create_task(self._watch(self._monitor), name="attnserve-engine-watch")]
         head, frames = await asyncio.wait_for(self.call({"k": "hello"}), HELLO_TIMEOUT_S)
         table = wire.unpack_table(frames[0])
         assert isinstance(table, ModelTable)
@@ -167,7 +168,10 @@ class EngineLink:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._socket.disable_monitor()
+        # Every socket closed before the context ends (term() waits for them).
+        if self._monitor is not None:
+            self._socket.disable_monitor()
+            self._monitor.close(0)
         self._socket.close(0)
         self._context.term()
 
