@@ -197,6 +197,12 @@ def candidate_graphs(manifest: Manifest, precision: str) -> list[GraphVariant]:
     return [default, *others]
 
 
+# What --precision auto needs of a bf16 graph to choose it over fp32 unasked (issue 21: it stays close to fp32): its
+# parity metric at export and the least value. A bf16 graph under it is still served where bf16 is asked for (it
+# holds fp16's bar, export/verify.py TOLERANCES).
+AUTO_BF16 = ("mean_cosine_sentence_embedding_texts", 0.9999)
+
+
 def auto_candidates(manifest: Manifest, provider: str) -> tuple[list[GraphVariant], list[str]]:
     """What --precision auto times on the CPU: the fp32 graphs, and the bf16 graph where this CPU computes bf16
     and OpenVINO is installed (issue 21: bf16 runs by default where it is faster). And why bf16 is not among them,
@@ -213,6 +219,9 @@ def auto_candidates(manifest: Manifest, provider: str) -> tuple[list[GraphVarian
     elif bf16 is None:
         why = ("not built yet: `attnserve export --all` builds it, or run once with --precision bf16"
                if manifest.source is not None else "the artifacts have no bf16 graph (exported without OpenVINO)")
+    elif (cosine := bf16.parity.get(AUTO_BF16[0], 0.0)) < AUTO_BF16[1]:
+        why = (f"its embeddings' cosine to PyTorch's, {cosine:.5f} on average over real texts, is under the "
+               f"{AUTO_BF16[1]:g} auto needs to choose it over fp32 (--precision bf16 serves it)")
     else:
         return [*candidates, bf16], []
     return candidates, [f"bf16 not timed: {why}"]

@@ -86,7 +86,7 @@ class Tolerance:
         return value >= self.limit if self.higher_is_better else value <= self.limit
 
     def describe(self, value: float) -> str:
-        # A cosine bar near 1 (bf16's 0.9999) needs the digits past it to say by how much it holds.
+        # A cosine bar near 1 (0.999, auto's 0.9999 for bf16) needs the digits past it to say by how much it holds.
         digits = 7 if self.higher_is_better else 3
         return f"{self.metric} {value:.{digits}g} {'>=' if self.higher_is_better else '<='} {self.limit:g}"
 
@@ -95,9 +95,10 @@ TOLERANCES = {
     "fp32": Tolerance("max_abs_last_hidden_state", 1e-4, higher_is_better=False),
     "fp16": Tolerance("min_cosine_sentence_embedding", 0.999, higher_is_better=True),
     "int8": Tolerance("mean_cosine_sentence_embedding_texts", 0.99, higher_is_better=True),
-    # bf16 (OpenVINO on a CPU with native bf16) is chosen by default where it is faster, so it is held close to
-    # fp32: issue 21's bar, a cosine of at least 0.9999 on average over real texts.
-    "bf16": Tolerance("mean_cosine_sentence_embedding_texts", 0.9999, higher_is_better=True),
+    # bf16 (OpenVINO on a CPU with native bf16) is listed where it holds fp16's bar, what a run that asks for half
+    # precision gets (issue 33's for the Qwen3-Embedding-4B shape); --precision auto chooses it over fp32 only where
+    # it also holds engine.py's AUTO_BF16 (issue 21's bar, 0.9999 on average over real texts).
+    "bf16": Tolerance("min_cosine_sentence_embedding", 0.999, higher_is_better=True),
 }
 # The attention graph's value norms (model/value_norms.py) against PyTorch's: the largest error over the real
 # tokens, relative to the largest norm (they are sums of squares of the hidden size's terms: fp32 rounding grows

@@ -177,6 +177,24 @@ def test_auto_times_bf16_beside_the_fp32_graphs_and_records_the_choice(linked):
 
 
 @needs_openvino
+@needs_bf16
+def test_a_bf16_graph_under_autos_bar_is_served_only_when_asked_for(linked, monkeypatch):
+    """bf16 is listed where it holds fp16's bar (a min cosine of 0.999: what asking for half precision gets); auto
+    chooses it over fp32 unasked only where it also holds 0.9999 on average over real texts (engine.AUTO_BF16). A
+    graph between the two (the Qwen3-Embedding-4B shape's, at 0.99978) is not timed by auto, which says why."""
+    import attnserve.engine.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "AUTO_BF16", ("mean_cosine_sentence_embedding_texts", 1.01))
+    auto = Engine.from_directory(linked, EngineConfig(**SMALL))
+    assert auto.precision == "fp32"
+    how = auto.graph_choice.how
+    assert "bf16 not timed: its embeddings' cosine to PyTorch's" in how and "under the 1.01 auto needs" in how, how
+    assert "--precision bf16 serves it" in how
+    asked = Engine.from_directory(linked, EngineConfig(precision="bf16", **SMALL))
+    assert asked.embeddings_variant.name == "embeddings_bf16"
+
+
+@needs_openvino
 def test_a_forced_backend_runs_only_its_graphs(linked):
     openvino = Engine.from_directory(linked, EngineConfig(backend="openvino", precision="fp32", **SMALL))
     assert openvino.embeddings_variant.name == "embeddings_openvino" and "OpenVINO" in openvino.describe()
