@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
-from attnserve.engine.engine import Engine
+from attnserve.engine.engine import Encoded, Engine
 
 from .job import Chunk, EncodedChunk, EncodeJob, EncodeResult, ModelFacts, Session, run_job
-from .rows import encode_inputs, inputs_of
+from .rows import TokenizedChunk, encode_inputs, encode_tokenized_inputs, inputs_of, tokenize_inputs
 
 
 def engine_facts(engine: Engine) -> ModelFacts:
@@ -24,7 +25,10 @@ def engine_facts(engine: Engine) -> ModelFacts:
 
 
 class LocalEncoder:
-    """Each chunk through this process's engine, one after another."""
+    """Each chunk through this process's engine, in order. While the engine runs one chunk, a thread tokenizes the
+    next (the tokenizers library and onnxruntime both release the GIL), and the driver reads the one after and
+    writes the one before (offline/job.py): reading, tokenizing, running and writing overlap. Late chunking
+    tokenizes each text as it encodes it, a chunk at a time."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -33,14 +37,44 @@ class LocalEncoder:
         return engine_facts(self.engine)
 
     def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
-        for chunk in chunks:
-            encoded, refused = encode_inputs(self.engine, inputs_of(chunk.records), session.normalize,
-                                             session.on_batch, session.prompt, session.input_type, session.late,
-                                             session.outputs)
-            for position, reason in refused.items():
-                session.refuse(chunk.records[position], reason)
-            yield EncodedChunk(chunk, encoded.embeddings, encoded.num_tokens, encoded.truncated, encoded.stats,
-                               refused, encoded.chunks, encoded.sparse, encoded.multi_vector)
+        if session.late is not None:
+            for chunk in chunks:
+                yield self._done(chunk, session, *encode_inputs(
+                    self.engine, inputs_of(chunk.records), session.normalize, session.on_batch, session.prompt,
+                    session.input_type, session.late, session.outputs))
+            return
+        yield from self._pipelined(chunks, session)
+
+    def _pipelined(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
+        with ThreadPoolExecutor(1, thread_name_prefix="attnserve-tokenize") as pool:
+            def tokenizing(chunk: Chunk) -> Future[TokenizedChunk]:
+                return pool.submit(tokenize_inputs, self.engine, inputs_of(chunk.records), session.prompt,
+                                   session.input_type)
+
+            upcoming = iter(chunks)
+            current = next(upcoming, None)
+            tokens = tokenizing(current) if current is not None else None
+            while current is not None and tokens is not None:
+                failure: Exception | None = None
+                try:  # the next chunk read and checked while the thread tokenizes this one
+                    following = next(upcoming, None)
+                except Exception as error:  # noqa: BLE001 (a bad row there: raised after this chunk is done)
+                    following, failure = None, error
+                tokenized = tokens.result()
+                tokens = tokenizing(following) if following is not None else None  # beside this chunk's run
+                yield self._done(current, session, *encode_tokenized_inputs(
+                    self.engine, tokenized, session.normalize, session.on_batch, session.input_type,
+                    session.outputs))
+                if failure is not None:
+                    raise failure
+                current = following
+
+    @staticmethod
+    def _done(chunk: Chunk, session: Session, encoded: Encoded, refused: dict[int, str]) -> EncodedChunk:
+        for position, reason in refused.items():
+            session.refuse(chunk.records[position], reason)
+        return EncodedChunk(chunk, encoded.embeddings, encoded.num_tokens, encoded.truncated, encoded.stats,
+                            refused, encoded.chunks, encoded.sparse, encoded.multi_vector)
 
 
 def encode_file(engine: Engine, job: EncodeJob, **driver) -> EncodeResult:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,30 +283,47 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                           normalize=normalize and job.dimensions is None, on_batch=progress.advance, refuse=refuse,
                           prompt=job.prompt, task=job.task, input_type=job.input_type, late=job.late_chunking,
                           outputs=job.outputs)
+
+        def write(done: EncodedChunk) -> tuple[EncodeStats, int]:
+            """One chunk's rows (and those set aside) as its part, in the writer thread: (its stats, rows set aside)."""
+            chunk = done.chunk
+            kept = chunk.records if not done.refused else \
+                [r for i, r in enumerate(chunk.records) if i not in done.refused]
+            if job.late_chunking is not None:  # the chunks' means: cut and normalised here, as the doors do
+                assert done.chunks is not None
+                table = late_chunks_table(schema, kept, [cut_and_normalize(e, job.dimensions, normalize)
+                                                         for e in done.embeddings], done.chunks)
+            else:
+                embeddings = done.embeddings if job.dimensions is None else \
+                    cut_and_normalize(done.embeddings, job.dimensions, normalize)  # (n, D)
+                if not facts.multi_vector:  # Matryoshka first, then quantization, as sentence-transformers
+                    embeddings = quantize(embeddings, job.embedding_type, ranges)  # (n, D) or (n, D / 8)
+                table = output_table(schema, kept, embeddings, done.num_tokens, done.truncated, done.sparse,
+                                     done.multi_vector)
+            set_aside = chunk.bad + [(chunk.records[i], reason) for i, reason in done.refused.items()]
+            set_aside.sort(key=lambda item: item[0].row)
+            run.write_chunk(chunk.index, table, chunk.rows, [error_line(r, why) for r, why in set_aside],
+                            chunk.digest)
+            return done.stats, len(set_aside)
+
+        def written(part: Future) -> None:
+            stats, set_aside = part.result()  # a write's error is raised here, in this thread
+            result.add(stats)
+            result.skipped += set_aside
+            progress.advance(set_aside, rate())
+
         try:
-            with closing(encoder.encode(chunks(), session)) as encoded:
+            # Each chunk is written (its table built, compressed, recorded) in a thread while the encoder runs the
+            # next: one write at a time, in order, each recorded before the next begins.
+            with ThreadPoolExecutor(1, thread_name_prefix="attnserve-write") as writer, \
+                    closing(encoder.encode(chunks(), session)) as encoded:
+                part: Future | None = None
                 for done in encoded:
-                    chunk = done.chunk
-                    kept = chunk.records if not done.refused else \
-                        [r for i, r in enumerate(chunk.records) if i not in done.refused]
-                    if job.late_chunking is not None:  # the chunks' means: cut and normalised here, as the doors do
-                        assert done.chunks is not None
-                        table = late_chunks_table(schema, kept, [cut_and_normalize(e, job.dimensions, normalize)
-                                                                 for e in done.embeddings], done.chunks)
-                    else:
-                        embeddings = done.embeddings if job.dimensions is None else \
-                            cut_and_normalize(done.embeddings, job.dimensions, normalize)  # (n, D)
-                        if not facts.multi_vector:  # Matryoshka first, then quantization, as sentence-transformers
-                            embeddings = quantize(embeddings, job.embedding_type, ranges)  # (n, D) or (n, D / 8)
-                        table = output_table(schema, kept, embeddings, done.num_tokens, done.truncated, done.sparse,
-                                             done.multi_vector)
-                    set_aside = chunk.bad + [(chunk.records[i], reason) for i, reason in done.refused.items()]
-                    set_aside.sort(key=lambda item: item[0].row)
-                    run.write_chunk(chunk.index, table, chunk.rows, [error_line(r, why) for r, why in set_aside],
-                                    chunk.digest)
-                    result.add(done.stats)
-                    result.skipped += len(set_aside)
-                    progress.advance(len(set_aside), rate())
+                    if part is not None:
+                        written(part)
+                    part = writer.submit(write, done)
+                if part is not None:
+                    written(part)
             # An empty input (an empty partition, say) gives an empty output with the same schema.
             run.finish(schema or new_schema())
         except KeyboardInterrupt:

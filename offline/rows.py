@@ -211,6 +211,22 @@ def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_b
     """
     if late is not None:
         return _late_chunks(engine, inputs, prompt_text(engine.manifest, prompt.name, prompt.text), late, on_batch)
+    return encode_tokenized_inputs(engine, tokenize_inputs(engine, inputs, prompt, input_type), normalize, on_batch,
+                                   input_type, outputs)
+
+
+@dataclass(frozen=True)
+class TokenizedChunk:
+    """A chunk's inputs tokenized (its refused positions, {position: reason}, left out): what encoding it takes."""
+
+    inputs: list[TokenizedInput]
+    refused: dict[int, str]
+
+
+def tokenize_inputs(engine: Engine, inputs: Sequence[Input], prompt: Prompt = Prompt(),
+                    input_type: str = "document") -> TokenizedChunk:
+    """encode_inputs' first half (not for late chunking, which tokenizes as it encodes): the tokenizer's work, which
+    a local run does for the next chunk while the engine runs this one (offline/encode.py)."""
     if engine.multi_vector is not None:
         def tokenize(items: Sequence[Input]) -> list[TokenizedInput]:
             return _tokenize_multi_vector(engine, items, input_type)
@@ -229,6 +245,14 @@ def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_b
                 tokenized.extend(tokenize([item]))
             except InvalidInputError as e:
                 refused[i] = str(e).removeprefix(f"{LABEL}: ")
+    return TokenizedChunk(tokenized, refused)
+
+
+def encode_tokenized_inputs(engine: Engine, chunk: TokenizedChunk, normalize: bool, on_batch: Callable[[int], None],
+                            input_type: str = "document", outputs: tuple[str, ...] = ()
+                            ) -> tuple[Encoded, dict[int, str]]:
+    """encode_inputs' second half: the tokenized inputs through the engine, batched by length."""
+    tokenized, refused = chunk.inputs, chunk.refused
     if engine.multi_vector is not None:
         return engine.encode_multi_vector(tokenized, input_type, on_batch), refused
     if outputs:
