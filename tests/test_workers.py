@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -103,6 +104,36 @@ def test_two_workers_answer_as_one_process_does(two_workers, server):
     for a, b in zip(maps["one"], maps["two"], strict=True):
         assert a.size > 0
         np.testing.assert_allclose(b, a, atol=2e-5)
+
+
+def test_the_http_door_of_the_workers_answers_the_openai_sdk(two_workers):
+    import openai
+
+    with openai.OpenAI(base_url=f"{two_workers.http_url}/v1", api_key="unused", max_retries=0, timeout=60) as client:
+        got = client.embeddings.create(input=TEXTS, model="sentence-transformers/all-MiniLM-L6-v2")
+    openai_vectors = np.array([d.embedding for d in got.data], dtype=np.float32)
+    np.testing.assert_allclose(openai_vectors, vectors(embed(two_workers, TEXTS)), atol=2e-5)
+    assert got.usage.prompt_tokens == sum(e.num_tokens for e in embed(two_workers, TEXTS).embeddings)
+
+
+def test_api_keys_hold_in_every_worker(artifacts, tmp_path):
+    key = "k-" + "7" * 20
+    server = ServerProcess(artifacts, "--workers", "2", "--api-key", key, log_path=tmp_path / "server.log")
+    with serving(server):
+        workers_of(server, 2)
+        with server.channel() as channel:
+            stub = server.stub(channel)
+            for _ in range(4):  # new connections: either worker
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.Embed(make_request(TEXTS[:1]), timeout=30)
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                reply = stub.Embed(make_request(TEXTS[:1]), timeout=30, metadata=(("authorization", f"Bearer {key}"),))
+                assert len(reply.embeddings) == 1
+        request = urllib.request.Request(f"{server.http_url}/v1/embeddings", data=json.dumps({"input": "hi"}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as http_refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert http_refused.value.code == 401
 
 
 def test_every_worker_serves_and_every_request_is_counted(two_workers):
