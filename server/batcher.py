@@ -294,6 +294,8 @@ class Batcher:
     async def _rows(entries: list[_Entry]) -> list[RowOutput]:
         """The entries' rows, in order, once all have run."""
         try:
+            if len(entries) == 1:  # most requests: one input, no gathering future
+                return [await entries[0].future]
             return list(await asyncio.gather(*(e.future for e in entries)))
         except BaseException:
             # Cancelled, or one input's batch failed: what has not run yet must not cost compute.
@@ -387,7 +389,8 @@ class Batcher:
         chosen = next(batch for batch in plan if 0 in batch)
         taken = [candidates[i] for i in sorted(chosen)]
         for entry in taken:
-            self._remove(entry, None)
+            self._remove(entry, None, gauges=False)
+        self._update_gauges()  # once for the batch
         self.wait.batch_started()
         return taken
 
@@ -395,8 +398,9 @@ class Batcher:
         """An entry's future is done: if it still waits in the queue, its request was cancelled."""
         self._remove(entry, "cancelled")
 
-    def _remove(self, entry: _Entry, reason: str | None) -> None:
-        """Take an entry out of the queue, once; reason is why it will not run, None when it will."""
+    def _remove(self, entry: _Entry, reason: str | None, gauges: bool = True) -> None:
+        """Take an entry out of the queue, once; reason is why it will not run, None when it will. gauges False: the
+        caller updates the queue's gauges once it has removed several."""
         if self._lanes[entry.attention].pop(entry.seq, None) is None:
             return
         self._lane_tokens[entry.attention] -= len(entry.input)
@@ -406,7 +410,8 @@ class Batcher:
             self._queued_requests -= 1
         if reason is not None:
             self._metrics.dropped(reason).inc()
-        self._update_gauges()
+        if gauges:
+            self._update_gauges()
 
     def _update_gauges(self) -> None:
         self._metrics.queue_tokens.set(self.queued_tokens)

@@ -62,13 +62,21 @@ class RequestGuard(grpc.aio.ServerInterceptor):
 
     def __init__(self, max_request_bytes: int, refused: Callable[[str, grpc.StatusCode], None]):
         self._max_bytes, self._refused = max_request_bytes, refused
+        # Each method's handler as guarded, made once: the same registered handler comes back for every call (a
+        # refusing one, new for each call the key check refuses, is guarded anew).
+        self._guarded_handlers: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable],
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler = await continuation(details)
         if handler is None:  # no such method: grpc answers UNIMPLEMENTED
             return None
-        return self._guarded(handler, details.method)
+        known = self._guarded_handlers.get(details.method)
+        if known is not None and known[0] is handler:
+            return known[1]
+        guarded = self._guarded(handler, details.method)
+        self._guarded_handlers[details.method] = (handler, guarded)
+        return guarded
 
     def _deserializer(self, parse: Callable[[bytes], object] | None) -> Callable[[bytes], object]:
         limit = self._max_bytes
