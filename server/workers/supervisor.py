@@ -36,8 +36,10 @@ from threadpoolctl import threadpool_limits
 from attnserve.config import EngineConfig, ServerConfig
 
 from ..app import check_ports_free, start_calibration, start_models
+from ..auth import ApiKeys
 from ..metrics import Metrics
 from ..models import Models, model_sources
+from ..tls import grpc_credentials, http_ssl_context
 from .engine_side import EngineService
 from .front import EngineEntry, ModelEntry, ModelTable
 
@@ -84,6 +86,8 @@ class Supervisor:
     async def run(self) -> int:
         config = self.config
         check_ports_free(config)  # before the models load, which can take minutes on a first run
+        # Unreadable TLS files or API keys fail here, in one line, not in every worker started again and again.
+        grpc_credentials(config), http_ssl_context(config), ApiKeys(config.api_keys())
         threadpool_limits(limits=1, user_api="blas")  # as one process does (app.serve)
         for name in ("port", "http_port"):
             if getattr(config, name) >= 0:
