@@ -37,6 +37,7 @@ import numpy as np
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_serve import cpu_seconds as tree_cpu_seconds  # noqa: E402
 from machine import machine_lines  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog."
@@ -80,35 +81,6 @@ def tiny_model(root: Path) -> Path:
                     "--out", str(artifacts), "--name", "tiny", "--precision", "fp32", "--provider", "cpu"],
                    check=True)
     return artifacts
-
-
-# --- CPU of a process tree -----------------------------------------------------------------------------------
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found += [int(x) for x in f.read().split()]
-    except OSError:
-        pass
-    return found
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """user + system CPU seconds of a process and its living descendants."""
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        todo += _children(p)
-    return total
 
 
 def machine_busy() -> float:

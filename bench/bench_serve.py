@@ -126,22 +126,43 @@ def tuning_env_names() -> list[str]:
 
 
 def start_server(artifacts: Path, env: dict[str, str] | None = None, precision: str = "fp32",
-                 provider: str = "cpu") -> ServerProcess:
+                 provider: str = "cpu", flags: tuple[str, ...] = ()) -> ServerProcess:
     """`attnserve serve` on free loopback ports with the provider and precision given and the shipped defaults,
-    whatever this shell's ATTNSERVE_* settings say; env: settings to run with instead of the defaults."""
-    return ServerProcess(artifacts, "--provider", provider, "--precision", precision,
+    whatever this shell's ATTNSERVE_* settings say; env: settings to run with instead of the defaults; flags:
+    more of serve's flags."""
+    return ServerProcess(artifacts, "--provider", provider, "--precision", precision, *flags,
                          env=dict.fromkeys(tuning_env_names()) | (env or {}))
 
 
 def cpu_seconds(pid: int | None = None) -> float:
-    """user + system CPU seconds of a process, all its threads; None: this process."""
+    """user + system CPU seconds of a process, all its threads, and of its living descendants (a server's workers,
+    serve --workers); None: this process alone."""
     if pid is None:
         t = os.times()
         return t.user + t.system
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)"; comm may hold spaces
-    # fields[0] is the state (field 3 of proc(5)): utime and stime are fields 14 and 15.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        process = todo.pop()
+        try:
+            with open(f"/proc/{process}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)"; comm may hold spaces
+        except OSError:  # gone since its parent listed it
+            continue
+        # fields[0] is the state (field 3 of proc(5)): utime and stime are fields 14 and 15.
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        todo += _children(process)
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return found
 
 
 def machine_seconds() -> tuple[float, float]:
@@ -618,6 +639,9 @@ def main(argv: list[str] | None = None) -> int:
                              "fp16 is for CUDA)")
     parser.add_argument("--provider", default="cpu", choices=("cpu", "cuda"),
                         help="both sides' --provider (default cpu; cuda needs attnserve[gpu] and a GPU)")
+    parser.add_argument("--spin-wait", default="auto", choices=("auto", "on", "off"),
+                        help="the server's --spin-wait (default auto: as serve runs; offline spins, as encode does)")
+    parser.add_argument("--workers", type=int, default=1, help="the server's --workers (default 1)")
     args = parser.parse_args(argv)
     if min(args.texts, args.rounds, args.concurrency, args.channels) < 1:
         parser.error("--texts, --rounds, --concurrency and --channels must be positive")
@@ -646,7 +670,8 @@ def run(args: argparse.Namespace) -> int:
     # the fastest (engine/calibration.py), which the server then reads, so both sides run the same graph.
     engine, texts, corpus = setup_offline(artifacts, args)
     ceilings = Ceilings(engine.manifest.hidden_size, engine.manifest.intermediate_size)
-    server = start_server(artifacts, precision=args.precision, provider=args.provider)
+    server = start_server(artifacts, precision=args.precision, provider=args.provider,
+                          flags=("--spin-wait", args.spin_wait, "--workers", str(args.workers)))
     log(f"started `{' '.join(server.command[1:])}`")
     try:
         server.wait_serving(timeout=args.start_timeout)
