@@ -29,6 +29,13 @@ def plan_batches(lengths: Sequence[int] | np.ndarray, max_batch_tokens: int, max
     n = len(order)
     if n == 0:
         return []
+    # Inputs so alike in length that no split saves a run's overhead in padding, and that fit one batch, are one
+    # batch: any plan of k >= 2 batches costs at least min x N + 2 runs, one batch max x N + 1 run. (A server under
+    # a load of similar texts plans every batch from such a queue: the loop below costs ~10 us an input.)
+    longest, shortest = int(sorted_lengths[0]), int(sorted_lengths[-1])
+    if (longest - shortest) * n <= BATCH_OVERHEAD_CELLS and n <= max_batch_size and \
+            n <= max(1, max_batch_tokens // max(longest, 1)):
+        return [order]
     # Most inputs a batch starting at i may take: (N,)
     room = np.minimum(max_batch_size, np.maximum(1, max_batch_tokens // np.maximum(sorted_lengths, 1)))
     window = int(room.max())

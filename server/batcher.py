@@ -43,6 +43,7 @@ from opentelemetry import trace
 
 from attnserve.engine.batching import plan_batches
 from attnserve.engine.engine import BatchOutput
+from attnserve.engine.pooling import l2_normalize
 from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import (
     BatchFailedError,
@@ -92,6 +93,9 @@ class RowOutput:
     value_norms: np.ndarray | None = None  # (L, nh, T) each head's value norms, with attentions (model/value_norms.py)
     rollout: np.ndarray | None = None  # (T, T) when the last-layer graph ran
     map_layers: tuple[int, ...] | None = None  # the layers `attentions` holds; None: every layer
+    # (D,) sentence_embedding L2-normalised, with the rest of its batch at once (what most requests return); None
+    # where the batch had no sentence embeddings.
+    normalized: np.ndarray | None = None
 
     def layer_maps(self, layers: Sequence[int]) -> np.ndarray:
         """(len(layers), nh, T, T): these layers' maps (non-negative indices, each among those the row holds)."""
@@ -475,6 +479,8 @@ class Batcher:
     @staticmethod
     def _answer(batch: list[_Entry], out: BatchOutput) -> None:
         """Each entry's rows of the batch's outputs, to its future."""
+        # The batch's sentence embeddings normalised at once: a reply of normalised full vectors only slices them.
+        normalized = None if out.sentence_embedding is None else l2_normalize(out.sentence_embedding)  # (B, D)
         for row, entry in enumerate(batch):
             if entry.future.done():  # its request was cancelled while the batch ran
                 continue
@@ -486,4 +492,5 @@ class Batcher:
                 out.attentions[:, row, :, :n, :n] if out.attentions is not None else None,
                 out.scores[row] if out.scores is not None else None,
                 out.value_norms[:, row, :, :n] if out.value_norms is not None else None,
-                out.rollout[row, :n, :n] if out.rollout is not None else None, out.map_layers))
+                out.rollout[row, :n, :n] if out.rollout is not None else None, out.map_layers,
+                None if normalized is None else normalized[row] if states else normalized[row].copy()))

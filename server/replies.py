@@ -113,6 +113,15 @@ def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], opt
                                                                                                strict=True)],
                            sum(len(x) for x in inputs), options, model, {"float": np.zeros((len(rows), 0), np.float32)})
     assert len(embedded) == len(rows), "a reranker's rows have no embeddings"
+    if (options.pooling is None and windows is None and options.normalize and options.dimensions is None
+            and all(row.normalized is not None for row in rows)):
+        # Normalised full vectors of the graph's pipeline, as most requests ask: the batcher normalised them with
+        # their batch (Batcher._answer).
+        sentences = np.stack([row.normalized for row in rows])  # type: ignore[misc]  # (N, D)
+        typed = {kind: quantize(sentences, kind, options.ranges) for kind in options.embedding_types}
+        return EncodeReply(sentences, [_encoded(row, item, options, tokenizer, multi_vector, bge_m3)
+                                       for row, item in zip(rows, inputs, strict=True)],
+                           sum(len(x) for x in inputs), options, model, typed)
     if options.pooling is None:
         sentences = np.stack([sentence for sentence, _ in embedded])  # (N, D) the graph's pipeline
     else:  # each row's padding is cut off already: all T tokens are real

@@ -33,7 +33,8 @@ from ..batcher import RowOutput
 _ENCODE = msgspec.msgpack.Encoder()
 _DECODE = msgspec.msgpack.Decoder()
 # RowOutput's array fields, in the order their frames follow a row's header.
-ROW_ARRAYS = ("sentence_embedding", "token_embeddings", "attentions", "scores", "value_norms", "rollout")
+ROW_ARRAYS = ("sentence_embedding", "token_embeddings", "attentions", "scores", "value_norms", "rollout",
+              "normalized")
 
 
 class Outbox:
