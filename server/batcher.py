@@ -157,6 +157,7 @@ class Batcher:
         self._in_parts = 0  # requests admitted in parts with parts still to queue: the drain waits for them
         self.wait = BatchWait(limits.max_wait_s)
         self._closed = False
+        self._gauges_due = False
         self._running = False
         self._task: asyncio.Task | None = None
 
@@ -418,6 +419,14 @@ class Batcher:
             self._update_gauges()
 
     def _update_gauges(self) -> None:
+        """The queue's gauges, set once at the end of the event loop's turn however often the queue changed in it
+        (each set takes a lock: under load, several a request)."""
+        if not self._gauges_due:
+            self._gauges_due = True
+            asyncio.get_running_loop().call_soon(self._set_gauges)
+
+    def _set_gauges(self) -> None:
+        self._gauges_due = False
         self._metrics.queue_tokens.set(self.queued_tokens)
         self._metrics.queue_seconds_estimate.set(self.queued_seconds)
         self._metrics.queue_requests.set(self._queued_requests)

@@ -157,14 +157,15 @@ class Core:
                                     engine.takes_token_types, engine.multi_vector, engine.require)
                 with tracing.span(_TRACER, "tokenize"):  # a small request here, others in the pool (INLINE_*)
                     prepared = preparing() if light(request) else await loop.run_in_executor(self._executor, preparing)
-                span.set_attribute("attnserve.tokens", prepared.tokens)
+                tokens = prepared.tokens
+                span.set_attribute("attnserve.tokens", tokens)
                 rows = await batcher.submit(prepared.inputs, prepared.options.attention, _at(deadline),
                                             prepared.options.last_layer_only, prepared.token_states)
                 with tracing.span(_TRACER, "reply"):
                     rendered = body = (self._render(rows, prepared, model, render) if light_reply(prepared) else
                                        await loop.run_in_executor(self._executor, self._render, rows, prepared,
                                                                   model, render))
-                return rendered, prepared.tokens
+                return rendered, tokens
         finally:
             self._memory.done(len(body) if isinstance(body, bytes) else 0)
 
