@@ -19,9 +19,11 @@ TEXTS = ["Cats are obligate carnivores and eat meat.", "The stock market fell on
 MAX_INPUTS = 8
 
 
-@pytest.fixture(scope="module")
-def reranker_server(reranker_artifacts, tmp_path_factory):
-    process = ServerProcess(reranker_artifacts, env={"ATTNSERVE_MAX_INPUTS_PER_REQUEST": str(MAX_INPUTS)},
+@pytest.fixture(scope="module", params=["1", "2"], ids=["one process", "two workers"])
+def reranker_server(request, reranker_artifacts, tmp_path_factory):
+    """Every rerank door in one process, and through two front-door workers (serve --workers)."""
+    process = ServerProcess(reranker_artifacts, "--workers", request.param,
+                            env={"ATTNSERVE_MAX_INPUTS_PER_REQUEST": str(MAX_INPUTS)},
                             log_path=tmp_path_factory.mktemp("reranker_server") / "server.log")
     with serving(process):
         yield process

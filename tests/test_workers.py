@@ -116,6 +116,13 @@ def test_the_http_door_of_the_workers_answers_the_openai_sdk(two_workers):
     assert got.usage.prompt_tokens == sum(e.num_tokens for e in embed(two_workers, TEXTS).embeddings)
 
 
+def test_teis_client_embeds_through_the_workers(two_workers):
+    from tei_client import HttpClient
+
+    got = np.array(HttpClient(two_workers.http_url, timeout=60).embed(TEXTS), dtype=np.float32)
+    np.testing.assert_allclose(got, vectors(embed(two_workers, TEXTS)), atol=2e-5)
+
+
 def test_api_keys_hold_in_every_worker(artifacts, tmp_path):
     key = "k-" + "7" * 20
     server = ServerProcess(artifacts, "--workers", "2", "--api-key", key, log_path=tmp_path / "server.log")
