@@ -171,6 +171,8 @@ class Supervisor:
         process.stdin.close()
         self._workers[process.pid] = process
         self._watchers.append(asyncio.get_running_loop().create_task(self._watch(process, service)))
+        if self._stopping.is_set():  # the drain began while it started: it drains too
+            process.send_signal(signal.SIGTERM)
 
     async def _watch(self, process: asyncio.subprocess.Process, service: EngineService) -> None:
         code = await process.wait()
