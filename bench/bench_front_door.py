@@ -4,6 +4,7 @@ A tiny model (one layer, hidden 32, all-MiniLM-L6-v2's tokenizer, random weights
 request negligible, so what is measured is the door: parsing, validation, tokenizing, the batcher, the reply and
 its serialization, metrics. Side by side in one run, each under the same closed-loop load:
 
+  core  the protocol-neutral core alone, in-process (no network, no door): one-text requests from 64 tasks;
   http  wrk -t1 -c64 POSTing OpenAI's /v1/embeddings with one short text (base64, as the openai SDK asks),
         against `attnserve serve` (each --workers count given) and a bare aiohttp app that parses the body with
         orjson, hops once through the event loop and answers a fixed 32-float vector;
@@ -87,6 +88,54 @@ def machine_busy() -> float:
     with open("/proc/stat") as f:
         ticks = [int(x) for x in f.readline().split()[1:]]
     return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+# --- the core alone ------------------------------------------------------------------------------------------
+
+
+def core_alone(artifacts: Path, requests: int = 9600, clients: int = 64) -> float:
+    """In a child process: microseconds of CPU per one-text request through the protocol-neutral core (validation,
+    tokenizing, the batcher, the graph, the reply and OpenAI's JSON), no network and no door: the share of a
+    request's cost that is attnserve's own beside its stack's."""
+    out = subprocess.run([sys.executable, __file__, "--core-alone", str(artifacts), str(requests), str(clients)],
+                         capture_output=True, text=True, check=True).stdout
+    return float(out.split()[-1])
+
+
+def run_core_alone(artifacts: Path, requests: int, clients: int) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from attnserve.config import EngineConfig, ServerConfig
+    from attnserve.server.app import start_models
+    from attnserve.server.core import Core
+    from attnserve.server.http.openai import render
+    from attnserve.server.http.wire import BASE64_FLOAT_BYTES
+    from attnserve.server.metrics import Metrics
+    from attnserve.server.models import Models, ModelSource
+    from attnserve.server.requests import EncodeRequest
+
+    async def main() -> None:
+        config = ServerConfig()
+        models = Models.load([ModelSource("tiny", artifacts)], EngineConfig(precision="fp32", provider="cpu"), config,
+                             Metrics())
+        core = Core(models, config, ThreadPoolExecutor(4), 4)
+        await start_models(models)
+
+        async def client(n: int) -> None:
+            for _ in range(n):
+                await core.encode(EncodeRequest(inputs=[TEXT], normalize=True), None,
+                                  lambda reply: render(reply, "tiny", True), BASE64_FLOAT_BYTES)
+
+        await asyncio.gather(*(client(20) for _ in range(clients)))  # warm
+        cpu = time.process_time()
+        await asyncio.gather(*(client(requests // clients) for _ in range(clients)))
+        print((time.process_time() - cpu) / (requests // clients * clients) * 1e6)
+        for batcher in models.default.batchers:
+            batcher.close()
+            await batcher.join()
+        models.default.inference.shutdown()
+
+    asyncio.run(main())
 
 
 # --- the bare stacks -----------------------------------------------------------------------------------------
@@ -258,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         lua.write(POST_LUA)
     stacks = ["bare", *(f"attnserve w{n}" for n in args.workers)]
     results: dict[tuple[str, str], list[dict]] = {}
+    core_us = min(core_alone(artifacts) for _ in range(args.rounds))
+    log(f"the core alone: {core_us:.1f} us of CPU a request")
     try:
         for round_ in range(args.rounds):
             for stack in stacks:
@@ -279,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         os.unlink(lua.name)
     print(report(results, args))
+    print(f"the core alone (in this machine's process, no network: validation, tokenizing, batcher, graph, reply, "
+          f"OpenAI's JSON): {core_us:.1f} us of CPU a request, best of {args.rounds}")
     return 0
 
 
@@ -317,6 +370,8 @@ if __name__ == "__main__":
         serve_bare_http(int(sys.argv[2]))
     elif sys.argv[1:2] == ["--bare-grpc"]:
         serve_bare_grpc(int(sys.argv[2]))
+    elif sys.argv[1:2] == ["--core-alone"]:
+        run_core_alone(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
     elif sys.argv[1:2] == ["--grpc-client"]:
         grpc_client(int(sys.argv[2]), float(sys.argv[3]))
     else:
