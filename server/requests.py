@@ -308,11 +308,13 @@ INLINE_INPUTS = 16
 
 def light(request: EncodeRequest) -> bool:
     """Small enough to prepare on the event loop (INLINE_*): few inputs of few characters (a token id counts as
-    one), and nothing asked whose preparation may cost more than tokenizing (attention, late chunking, a request's
-    own ranges). What does not look like an input is left to prepare(), which refuses it, off the loop."""
+    one), and nothing asked whose preparation may cost more than tokenizing or wait for a graph (attention, late
+    chunking, quantized types and their ranges: prepare() may call require(), which in a worker of `serve
+    --workers` asks the engine process and waits). What does not look like an input is left to prepare(), which
+    refuses it, off the loop."""
     inputs = request.inputs
     if (len(inputs) > INLINE_INPUTS or request.attention is not None or request.late_chunking is not None
-            or request.ranges is not None):
+            or request.ranges is not None or tuple(request.embedding_types) != ("float",)):
         return False
     characters = 0
     for item in inputs:

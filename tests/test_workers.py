@@ -116,6 +116,19 @@ def test_the_http_door_of_the_workers_answers_the_openai_sdk(two_workers):
     assert got.usage.prompt_tokens == sum(e.num_tokens for e in embed(two_workers, TEXTS).embeddings)
 
 
+def test_quantized_embeddings_ask_the_engine_for_their_ranges(two_workers, server):
+    """int8 needs the model's calibrated ranges (Engine.require("quantization")): a worker asks the engine process
+    from its thread pool, and answers as one process does."""
+    codes = {}
+    for name, target in (("one", server), ("two", two_workers)):
+        request = make_request(TEXTS, truncate=True)
+        request.embedding_type = pb.EMBEDDING_TYPE_INT8
+        with target.channel() as channel:
+            reply = target.stub(channel).Embed(request, timeout=60)
+        codes[name] = np.stack([np.frombuffer(e.sentence_embedding.data, np.int8) for e in reply.embeddings])
+    assert np.abs(codes["two"].astype(int) - codes["one"].astype(int)).max() <= 1  # a rounding step at most
+
+
 def test_teis_client_embeds_through_the_workers(two_workers):
     from tei_client import HttpClient
 

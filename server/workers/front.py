@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,10 +82,12 @@ class EngineLink:
         self.lost = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self._monitor: zmq.asyncio.Socket | None = None
+        self._loop_thread: int | None = None
 
     async def connect(self) -> ModelTable:
         """Connect, and read the model table (the engine process is serving when it answers)."""
         self.loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._socket.connect(self._address)
         self._tasks = [self.loop.create_task(self._read(), name="attnserve-engine-link"),
@@ -160,8 +163,11 @@ class EngineLink:
         self._on_lost()
 
     def call_from_thread(self, head: dict, timeout: float = 30.0) -> tuple[dict, list]:
-        """call() from a thread of the pool (prepare's require): the loop runs it."""
+        """call() from a thread of the pool (prepare's require): the loop runs it. Never from the loop's own thread,
+        which would wait for itself (requests.light keeps such requests off the loop)."""
         assert self.loop is not None
+        if threading.get_ident() == self._loop_thread:
+            raise RuntimeError("the engine link was called synchronously from its own event loop")
         return asyncio.run_coroutine_threadsafe(self.call(head), self.loop).result(timeout)
 
     async def close(self) -> None:
