@@ -133,14 +133,17 @@ class EngineLink:
     async def _read(self) -> None:
         while True:
             frames = await self._socket.recv_multipart(copy=False)
-            for head, body in wire.messages([f.buffer for f in frames]):
-                future = self._waiting.get(head["id"])
-                if future is None or future.done():
-                    continue  # cancelled here before its answer came
-                if head["k"] == "error":
-                    future.set_exception(wire.unpack_error(head["error"]))
-                else:
-                    future.set_result((head, body))
+            try:
+                for head, body in wire.messages([f.buffer for f in frames]):
+                    future = self._waiting.get(head["id"])
+                    if future is None or future.done():
+                        continue  # cancelled here before its answer came
+                    if head["k"] == "error":
+                        future.set_exception(wire.unpack_error(head["error"]))
+                    else:
+                        future.set_result((head, body))
+            except Exception:  # noqa: BLE001 (a malformed message from our own engine is a bug: logged, not fatal)
+                log.exception("engine link: a message from the engine could not be read")
 
     async def _watch(self, monitor) -> None:
         connected = False

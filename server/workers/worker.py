@@ -5,6 +5,7 @@ SIGINT with the drain of one process, and when the engine process is gone, with 
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 import signal
 import sys
@@ -16,7 +17,9 @@ from attnserve.config import ServerConfig
 from .. import logs
 from ..app import STOP_GRACE_SECONDS, Server, _let_calls_finish
 from ..metrics import Metrics
-from .front import EngineLink, RemoteModels
+from .front import HELLO_TIMEOUT_S, EngineLink, RemoteModels
+
+log = logging.getLogger("attnserve.server")
 
 
 async def run(config: ServerConfig, link_address: str) -> int:
@@ -31,7 +34,13 @@ async def run(config: ServerConfig, link_address: str) -> int:
         stopping.set()
 
     link = EngineLink(link_address, engine_lost)
-    table = await link.connect()
+    try:
+        table = await link.connect()
+    except asyncio.TimeoutError:
+        log.error("the engine process did not answer this worker within %g s", HELLO_TIMEOUT_S,
+                  extra={"fields": {"event": "engine_silent"}})
+        await link.close()
+        return 1
     server = Server(RemoteModels(table, link), config, Metrics(), worker=True)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
