@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import pickle
+import shutil
 import signal
 import socket
 import sys
@@ -34,6 +35,7 @@ from pathlib import Path
 from threadpoolctl import threadpool_limits
 
 from attnserve.config import EngineConfig, ServerConfig
+from attnserve.errors import ConfigError
 
 from ..app import check_ports_free, start_calibration, start_models
 from ..auth import ApiKeys
@@ -96,6 +98,7 @@ class Supervisor:
                  zip([n for n in ("port", "http_port") if getattr(config, n) >= 0], self._reserved, strict=True)}
         self.worker_config = config.__class__(**{**vars(config), **ports})
         metrics = Metrics()
+        metrics_http = self._serve_metrics(metrics)  # before the models load: a port taken fails at once
         models = Models.load(model_sources(self.engine_config.artifacts, config, self.engine_config.precision,
                                            self.engine_config.provider), self.engine_config, config, metrics)
         service = EngineService(models, lambda: model_table(models))
@@ -104,7 +107,6 @@ class Supervisor:
         await start_models(models)
         stop_calibration = threading.Event()
         calibration = start_calibration(models, stop_calibration)
-        metrics_http = self._serve_metrics(metrics)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
@@ -112,19 +114,13 @@ class Supervisor:
             for _ in range(config.workers):
                 await self._start_worker(service)
             starting = asyncio.ensure_future(service.wait_greeted(config.workers))
-            await asyncio.wait([starting, asyncio.ensure_future(self._stopping.wait())],
-                               return_when=asyncio.FIRST_COMPLETED)
+            stopped = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait([starting, stopped], return_when=asyncio.FIRST_COMPLETED)
             starting.cancel()
-            if self._stopping.is_set():
-                return 1 if self._failed else 0
-            log.info("serving %s on gRPC %s:%d%s with %d workers", models.default.name, config.host,
-                     ports.get("port"), f", HTTP port {ports['http_port']}" if "http_port" in ports else "",
-                     config.workers, extra={"fields": {
-                         "event": "serving", "model": models.default.name, "models": [m.name for m in models.all],
-                         "workers": config.workers, "port": ports.get("port"), "http_port": ports.get("http_port"),
-                         "metrics_port": metrics_http.server_port if metrics_http else None,
-                         "graphs": {m.name: m.engine.describe() for m in models.all}}})
-            await self._stopping.wait()
+            stopped.cancel()
+            if not self._stopping.is_set():  # every worker serves
+                self._serving(models, ports, metrics_http)
+                await self._stopping.wait()
         finally:
             await self._stop_workers()
             for model in models.all:
@@ -143,11 +139,22 @@ class Supervisor:
                 model.inference.shutdown(wait=True)
             for sock in self._reserved:
                 sock.close()
+            shutil.rmtree(self._directory, ignore_errors=True)
             log.info("stopped", extra={"fields": {"event": "stopped"}})
         if self._failed:
             log.error(self._failed, extra={"fields": {"event": "workers_failed"}})
             return 1
         return 0
+
+    def _serving(self, models: Models, ports: dict[str, int], metrics_http) -> None:
+        config = self.config
+        log.info("serving %s on gRPC %s:%d%s with %d workers", models.default.name, config.host, ports.get("port"),
+                 f", HTTP port {ports['http_port']}" if "http_port" in ports else "", config.workers,
+                 extra={"fields": {
+                     "event": "serving", "model": models.default.name, "models": [m.name for m in models.all],
+                     "workers": config.workers, "port": ports.get("port"), "http_port": ports.get("http_port"),
+                     "metrics_port": metrics_http.server_port if metrics_http else None,
+                     "graphs": {m.name: m.engine.describe() for m in models.all}}})
 
     def _serve_metrics(self, metrics: Metrics):
         if self.config.metrics_port < 0:
@@ -157,7 +164,11 @@ class Supervisor:
 
         registry = CollectorRegistry()
         MultiProcessCollector(registry)  # every process's files in PROMETHEUS_MULTIPROC_DIR, summed
-        server, _ = start_http_server(self.config.metrics_port, self.config.host, registry=registry)
+        try:
+            server, _ = start_http_server(self.config.metrics_port, self.config.host, registry=registry)
+        except OSError as e:
+            raise ConfigError(f"cannot serve metrics on {self.config.host}:{self.config.metrics_port}: "
+                              f"{e.strerror}") from None
         return server
 
     async def _start_worker(self, service: EngineService) -> None:
