@@ -345,8 +345,13 @@ async def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
     metrics = Metrics()
     models = Models.load(model_sources(engine_config.artifacts, config, engine_config.precision,
                                        engine_config.provider), engine_config, config, metrics)
-    server = Server(models, config, metrics)
-    stopping = asyncio.Event()
+    await run_until_signalled(Server(models, config, metrics))
+    return 0
+
+
+async def run_until_signalled(server: Server, stopping: asyncio.Event | None = None) -> None:
+    """Start the server and serve until SIGTERM or SIGINT (or until `stopping` is set otherwise), then drain."""
+    stopping = stopping or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
@@ -360,7 +365,6 @@ async def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
     finally:
         await server.stop()
         await _let_calls_finish(STOP_GRACE_SECONDS)
-    return 0
 
 
 async def _let_calls_finish(timeout: float) -> None:

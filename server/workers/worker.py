@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
-import signal
 import sys
 
 from threadpoolctl import threadpool_limits
@@ -15,7 +14,7 @@ from threadpoolctl import threadpool_limits
 from attnserve.config import ServerConfig
 
 from .. import logs
-from ..app import STOP_GRACE_SECONDS, Server, _let_calls_finish
+from ..app import Server, run_until_signalled
 from ..metrics import Metrics
 from .front import HELLO_TIMEOUT_S, EngineLink, RemoteModels
 
@@ -42,20 +41,9 @@ async def run(config: ServerConfig, link_address: str) -> int:
         await link.close()
         return 1
     server = Server(RemoteModels(table, link), config, Metrics(), worker=True)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
     try:
-        await server.start()
-    except BaseException:
-        await server.abandon()
-        await link.close()
-        raise
-    try:
-        await stopping.wait()
+        await run_until_signalled(server, stopping)
     finally:
-        await server.stop()
-        await _let_calls_finish(STOP_GRACE_SECONDS)
         await link.close()
     return 1 if link.lost else 0
 
