@@ -51,10 +51,17 @@ class EngineService:
             frames = await self._socket.recv_multipart(copy=False)
             identity = frames[0].bytes
             try:
-                for message, body in wire.messages([f.buffer for f in frames[1:]]):
-                    self._take(identity, message, body)
+                messages = list(wire.messages([f.buffer for f in frames[1:]]))
             except Exception:  # noqa: BLE001 (a malformed message from our own worker is a bug: logged, not fatal)
-                log.exception("engine link: a worker's message could not be taken")
+                log.exception("engine link: a worker's message could not be read")
+                continue
+            for message, body in messages:
+                try:
+                    self._take(identity, message, body)
+                except Exception as error:  # noqa: BLE001 (the rest of the messages still taken)
+                    log.exception("engine link: a worker's message could not be taken")
+                    if "id" in message and message.get("k") != "cancel":  # its caller waits: it gets the error
+                        self._send(identity, {"k": "error", "id": message["id"], "error": wire.pack_error(error)})
 
     def _take(self, identity: bytes, message: dict, body: list) -> None:
         kind = message["k"]
@@ -133,10 +140,6 @@ class EngineService:
         for task in tasks:
             task.cancel()
         return len(tasks)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
 
     async def close(self) -> None:
         reader = self._reader
