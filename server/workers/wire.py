@@ -33,8 +33,9 @@ from ..batcher import RowOutput
 _ENCODE = msgspec.msgpack.Encoder()
 _DECODE = msgspec.msgpack.Decoder()
 # RowOutput's array fields, in the order their frames follow a row's header.
-ROW_ARRAYS = ("sentence_embedding", "token_embeddings", "attentions", "scores", "value_norms", "rollout",
-              "normalized")
+# RowOutput.normalized is not sent: it is sentence_embedding normalised, which the worker's reply computes again
+# rather than have every embedding cross the link twice.
+ROW_ARRAYS = ("sentence_embedding", "token_embeddings", "attentions", "scores", "value_norms", "rollout")
 
 
 class Outbox:
@@ -88,7 +89,8 @@ def pack_inputs(inputs: Sequence[TokenizedInput]) -> tuple[list, list[np.ndarray
     """(each input's header, the arrays that follow): ids, then its token types where it has them."""
     metas, frames = [], []
     for x in inputs:
-        metas.append([bool(x.truncated), x.type_ids is not None, x.pair_start, x.attended])
+        metas.append([bool(x.truncated), x.type_ids is not None, None if x.pair_start is None else int(x.pair_start),
+                      None if x.attended is None else int(x.attended)])
         frames.append(np.ascontiguousarray(x.ids, dtype=np.int64))
         if x.type_ids is not None:
             frames.append(np.ascontiguousarray(x.type_ids, dtype=np.int64))
