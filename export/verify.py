@@ -40,10 +40,11 @@ from .token_ids import made_up_token_ids
 SAMPLE_TEXTS = Path(__file__).parent / "data" / "sample_texts.txt"
 BATCH_SIZES = (1, 2, 5, 17)
 SHORT_LENGTHS = (1, 2, 13, 64)  # every batch size runs at each of these (those up to max_seq_length)
-# The batches at max_seq_length itself: one full row, and two rows of mixed lengths (one full, one padded). Two,
-# not three: the long rows are most of verification's time (quadratic attention; a 0.6B model's 3,344-token rows
-# ran in each of 7 passes), and a padded row beside a full one at the full length is what they check.
-FULL_LENGTH_BATCHES = (1, 2)
+# The batch at max_seq_length itself: two rows, one full and one padded. One case, not two: the long rows are most
+# of verification's time (quadratic attention: a 0.6B model's 3,344-token rows were 2/3 of its first export), and a
+# padded row beside a full one at the full length is what they check; a lone full row (the (1, T) case this grid
+# had) ran the same row again, in PyTorch and in the graph, and checked a batch of one, which the short lengths do.
+FULL_LENGTH_BATCHES = (2,)
 # The most memory the attention maps of one comparison take, PyTorch's and the graph's each (a run's comparison
 # holds about six such copies: PyTorch's per-layer maps and their stack, the graph's, the difference, the masked
 # values).
