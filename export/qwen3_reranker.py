@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
 from attnserve.model.checkpoint import Checkpoint
+from attnserve.model.checkpoint_files import read_json
 from attnserve.model.family import EncoderModule
-from attnserve.model.pipeline import read_json
 from attnserve.model.qwen3 import Qwen3Encoder
 from attnserve.model.qwen3_reranker import Qwen3Reranker, load_reranker, tied_embeddings
 

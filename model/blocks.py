@@ -15,11 +15,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .attention import SelfAttention
 from .encoder import MASK_VALUE
 from .family import ModelConfig
-from .fused_attention import fused, fused_context
 from .rotary import RotaryEmbedding, RotaryPositions, default_inv_freq, rotate
-from .value_norms import kept_value_norms
 
 
 class RMSNorm(nn.Module):
@@ -58,21 +57,18 @@ class GatedFeedForward(nn.Module):
         return self.down(self.activation(self.gate(x)) * self.up(x))  # (B, T, H)
 
 
-class GroupedQueryAttention(nn.Module):
+class GroupedQueryAttention(SelfAttention):
     """Self-attention with nkv key/value heads shared by groups of nh / nkv query heads, rotary positions and,
     where the family has it, an RMSNorm over each query and key head before the rotation (Qwen3, Gemma 3).
 
     The attention maps are returned per query head, (B, nh, T, T): a key/value head's keys are the same for
     every query head of its group, but each query head weighs them its own way."""
 
-    keep_value_norms = False  # set for a forward with attention outputs (model/value_norms.py)
-    fused_attention = False  # set for a forward that wants no maps (model/fused_attention.py)
-
     def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_size: int, bias: bool,
-                 scale: float, head_norm: RMSNorm | None = None, out_bias: bool | None = None):
+                 divisor: float, head_norm: RMSNorm | None = None, out_bias: bool | None = None):
         super().__init__()
         assert num_heads % num_kv_heads == 0, "query heads must split evenly into key/value groups"
-        self.nh, self.nkv, self.hs, self.scale = num_heads, num_kv_heads, head_size, scale
+        self.nh, self.nkv, self.hs, self.divisor = num_heads, num_kv_heads, head_size, divisor
         self.query = nn.Linear(hidden_size, num_heads * head_size, bias=bias)
         self.key = nn.Linear(hidden_size, num_kv_heads * head_size, bias=bias)
         self.value = nn.Linear(hidden_size, num_kv_heads * head_size, bias=bias)
@@ -86,30 +82,14 @@ class GroupedQueryAttention(nn.Module):
         x = x.view(B, T, n, self.hs)  # (B, T, n, hs)
         return (x if norm is None else norm(x)).transpose(1, 2)  # (B, n, T, hs)
 
-    def _repeat(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, nkv, T, hs) -> (B, nh, T, hs): key/value head j serves query heads j*g .. j*g + g - 1."""
-        B, nkv, T, hs = x.shape
-        g = self.nh // nkv
-        return x if g == 1 else x[:, :, None].expand(B, nkv, g, T, hs).reshape(B, nkv * g, T, hs)
-
     def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, T, H); mask: additive, broadcastable to (B, nh, T, T); cos, sin: (T, hs). Returns the output
-        and the maps (None from the fused kernel)."""
-        B, T, _ = x.shape
+        and the maps (None from the fused kernel: attention.py)."""
         q = rotate(self._heads(self.query(x), self.nh, self.query_norm), cos, sin)  # (B, nh, T, hs)
         k = rotate(self._heads(self.key(x), self.nkv, self.key_norm), cos, sin)  # (B, nkv, T, hs)
         v = self._heads(self.value(x), self.nkv, None)  # (B, nkv, T, hs)
-        probs: torch.Tensor | None = None
-        if fused(self):  # the same function, no (T, T) maps held (model/fused_attention.py)
-            heads = fused_context(q, self._repeat(k), self._repeat(v), mask, self.scale)  # (B, nh, T, hs)
-        else:
-            scores = torch.matmul(q, self._repeat(k).transpose(-1, -2)) * self.scale  # (B, nh, T, T)
-            probs = F.softmax(scores + mask, dim=-1)  # (B, nh, T, T), each row sums to 1
-            heads = torch.matmul(probs, self._repeat(v))  # (B, nh, T, hs)
-        context = heads.transpose(1, 2).reshape(B, T, self.nh * self.hs)
-        self.value_norms = kept_value_norms(self, v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
-        return self.out(context), probs
+        return self.attend(q, k, v, mask)
 
 
 def padding_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -158,16 +138,17 @@ class PreNormLayer(nn.Module):
     The residual stream itself is never normalised here. With sandwich (Gemma 3) each sublayer's output is
     normalised again before the residual sum (post_attention_norm, post_feed_forward_norm).
 
-    head_norm: an RMSNorm over each query and key head before the rotation (Qwen3, Gemma 3); unit_offset: every
-    norm scales by 1 + weight (Gemma); mlp_bias: biases in the feed-forward (EuroBERT's option)."""
+    divisor: the attention scores' (attention.py), sqrt(head size) but for Gemma 3; head_norm: an RMSNorm over
+    each query and key head before the rotation (Qwen3, Gemma 3); unit_offset: every norm scales by 1 + weight
+    (Gemma); mlp_bias: biases in the feed-forward (EuroBERT's option)."""
 
-    def __init__(self, cfg: LlamaStyleSizes, activation: str, scale: float, head_norm: bool = False,
+    def __init__(self, cfg: LlamaStyleSizes, activation: str, divisor: float, head_norm: bool = False,
                  mlp_bias: bool = False, unit_offset: bool = False, sandwich: bool = False):
         super().__init__()
         H, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.attention_norm = RMSNorm(H, eps, unit_offset)  # input_layernorm
         self.attention = GroupedQueryAttention(
-            H, cfg.num_heads, cfg.num_kv_heads, cfg.head_size, cfg.attention_bias, scale,
+            H, cfg.num_heads, cfg.num_kv_heads, cfg.head_size, cfg.attention_bias, divisor,
             head_norm=RMSNorm(cfg.head_size, eps, unit_offset) if head_norm else None)
         self.post_attention_norm = RMSNorm(H, eps, unit_offset) if sandwich else None
         # post_attention_layernorm (Qwen3, EuroBERT) or pre_feedforward_layernorm (Gemma 3): before the feed-forward

@@ -1,8 +1,8 @@
 """Encoder checkpoints (config.json + model.safetensors + tokenizer.json) -> the family's encoder.
 
-The family comes from config.json's model_type: the BERT-like ones (FAMILIES: BERT, RoBERTa, XLM-RoBERTa,
-DistilBERT, MPNet) share encoder.py, each with its config names and an explicit key map; the others
-(OWN_FAMILIES: ModernBERT, ...) have their config reader, key map and encoder in their own file (family.py).
+The family comes from config.json's model_type, through the one registry (families.py): each family reads its
+own config.json, maps its weights' keys and builds its encoder (family.py; the BERT-likes share encoder.py and
+are rows of bert_likes.py).
 A checkpoint with a classification head of classifier_heads.HEADS is a reranker (cross_encoder.py).
 
 Only safetensors is read: a pickle checkpoint can run code on load. Weights are
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -27,148 +27,21 @@ import torch
 
 from attnserve.errors import CheckpointError
 
-from . import (
-    classifier_heads,
-    cross_encoder,
-    eurobert,
-    gemma3,
-    gte,
-    jina_v3,
-    modernbert,
-    nomic_bert,
-    qwen3,
-    qwen3_reranker,
-    splade,
-)
-from .encoder import ACTIVATIONS, Encoder, EncoderConfig
-from .family import EncoderModule, ModelConfig, SelfContainedFamily, WeightNames
-from .pipeline import Pipeline, read_json, read_pipeline, tokenizer_max_length
+from . import classifier_heads, cross_encoder, qwen3, qwen3_reranker, splade
+from .checkpoint_files import legacy_renamed, read_json
+from .families import FAMILIES, family_of
+from .family import EncoderModule, ModelConfig, WeightNames
+from .pipeline import Pipeline, read_pipeline, tokenizer_max_length
+from .sentence_head import load_token_vectors
 from .tokenizer_files import tokenizer_json
 from .weights_files import Weights, has_weights
-
-# EncoderConfig field -> config.json key, as BERT, RoBERTa, XLM-R and MPNet name them.
-BERT_CONFIG_NAMES = {
-    "vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
-    "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
-    "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
-    "layer_norm_eps": "layer_norm_eps", "pad_token_id": "pad_token_id", "hidden_act": "hidden_act",
-    "relative_attention_buckets": "relative_attention_num_buckets",
-}
-# EncoderConfig fields that config.json must give; the others default as the family's transformers config does.
-REQUIRED = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "max_position_embeddings")
-# Checkpoint key (in the family's naming, after the task prefix) -> Encoder key, per layer with {i}.
-BERT_EMBEDDINGS = {
-    "embeddings.word_embeddings.weight": "embeddings.word.weight",
-    "embeddings.position_embeddings.weight": "embeddings.position.weight",
-    "embeddings.token_type_embeddings.weight": "embeddings.token_type.weight",
-    "embeddings.LayerNorm.weight": "embeddings.norm.weight",
-    "embeddings.LayerNorm.bias": "embeddings.norm.bias",
-}
-BERT_LAYER = {
-    "attention.self.query": "attention.query",
-    "attention.self.key": "attention.key",
-    "attention.self.value": "attention.value",
-    "attention.output.dense": "attention.out",
-    "attention.output.LayerNorm": "attention_norm",
-    "intermediate.dense": "feed_forward.up",
-    "output.dense": "feed_forward.down",
-    "output.LayerNorm": "output_norm",
-}
-# Keys some checkpoints carry that the encoder does not use: BERT's NSP pooler
-# (sentence embeddings pool the hidden states instead) and a position-id buffer.
-IGNORED_KEYS = ("pooler.dense.weight", "pooler.dense.bias", "embeddings.position_ids")
-# Old TensorFlow-era LayerNorm names, which transformers renames on load (its "legacy" key renaming).
-LEGACY_NORM_NAMES = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
-
-
-@dataclass(frozen=True)
-class Family:
-    """How one config.json model_type's checkpoints are written, and where it differs from BERT."""
-
-    # Architectures whose output is the encoder's own: the bare encoder, and a masked-LM model used as an
-    # encoder. Any other (ForSequenceClassification, ForQuestionAnswering, ForPreTraining, ...) ends in a
-    # head whose output the export would silently drop.
-    architectures: tuple[str, ...]
-    task_prefix: str  # where a task model (XForMaskedLM) puts the encoder's keys
-    encoder_parts: tuple[str, ...]  # the prefixes of the encoder's own keys
-    # The masked-LM head of an XForMaskedLM checkpoint: used as an encoder, the head goes unused,
-    # exactly as transformers' AutoModel (what sentence-transformers loads) leaves it.
-    unused_heads: tuple[str, ...]
-    layers: str  # the prefix of layer i's keys, with {i}
-    layer_keys: dict[str, str]  # per-layer module names -> the Encoder's (weight and bias each)
-    embedding_keys: dict[str, str] = field(default_factory=lambda: BERT_EMBEDDINGS)
-    extra_keys: dict[str, str] = field(default_factory=dict)  # other whole keys -> the Encoder's
-    config_names: dict[str, str] = field(default_factory=lambda: BERT_CONFIG_NAMES)
-    # transformers' defaults for the config fields a config.json may leave out.
-    defaults: dict = field(default_factory=dict)
-    # Fields set by the family whatever config.json says: where transformers' class hard-codes them.
-    fixed: dict = field(default_factory=dict)
-
-
-BERT_DEFAULTS = {"type_vocab_size": 2, "layer_norm_eps": 1e-12, "pad_token_id": 0, "hidden_act": "gelu"}
-ROBERTA_DEFAULTS = {**BERT_DEFAULTS, "pad_token_id": 1}
-FAMILIES = {
-    "bert": Family(("BertModel", "BertForMaskedLM"), "bert.", ("embeddings.", "encoder.", "pooler."),
-                   ("cls.predictions.",), "encoder.layer.{i}.", BERT_LAYER, defaults=BERT_DEFAULTS,
-                   fixed={"relative_attention_buckets": 0}),
-    # RoBERTa and XLM-R: BERT's keys and layout; positions after padding (their config has one token type).
-    "roberta": Family(("RobertaModel", "RobertaForMaskedLM"), "roberta.", ("embeddings.", "encoder.", "pooler."),
-                      ("lm_head.",), "encoder.layer.{i}.", BERT_LAYER, defaults=ROBERTA_DEFAULTS,
-                      fixed={"positions_after_padding": True, "relative_attention_buckets": 0}),
-    "xlm-roberta": Family(("XLMRobertaModel", "XLMRobertaForMaskedLM"), "roberta.",
-                          ("embeddings.", "encoder.", "pooler."), ("lm_head.",), "encoder.layer.{i}.", BERT_LAYER,
-                          defaults=ROBERTA_DEFAULTS,
-                          fixed={"positions_after_padding": True, "relative_attention_buckets": 0}),
-    # DistilBERT: its own config and key names, no token types, and eps 1e-12 hard-coded in transformers.
-    "distilbert": Family(
-        ("DistilBertModel", "DistilBertForMaskedLM"), "distilbert.", ("embeddings.", "transformer."),
-        ("vocab_transform.", "vocab_layer_norm.", "vocab_projector."), "transformer.layer.{i}.",
-        {"attention.q_lin": "attention.query", "attention.k_lin": "attention.key", "attention.v_lin": "attention.value",
-         "attention.out_lin": "attention.out", "sa_layer_norm": "attention_norm", "ffn.lin1": "feed_forward.up",
-         "ffn.lin2": "feed_forward.down", "output_layer_norm": "output_norm"},
-        embedding_keys={k: v for k, v in BERT_EMBEDDINGS.items() if "token_type" not in k},
-        config_names={"vocab_size": "vocab_size", "hidden_size": "dim", "num_layers": "n_layers",
-                      "num_heads": "n_heads", "intermediate_size": "hidden_dim",
-                      "max_position_embeddings": "max_position_embeddings", "pad_token_id": "pad_token_id",
-                      "hidden_act": "activation"},
-        defaults={"pad_token_id": 0, "hidden_act": "gelu"},
-        fixed={"type_vocab_size": 0, "layer_norm_eps": 1e-12, "relative_attention_buckets": 0}),
-    # MPNet: no token types, positions after padding with padding index 1 (hard-coded in transformers'
-    # MPNetEmbeddings, whatever pad_token_id says), and one relative position bias table for all layers.
-    "mpnet": Family(
-        ("MPNetModel", "MPNetForMaskedLM"), "mpnet.", ("embeddings.", "encoder.", "pooler."), ("lm_head.",),
-        "encoder.layer.{i}.",
-        {"attention.attn.q": "attention.query", "attention.attn.k": "attention.key",
-         "attention.attn.v": "attention.value", "attention.attn.o": "attention.out",
-         "attention.LayerNorm": "attention_norm", "intermediate.dense": "feed_forward.up",
-         "output.dense": "feed_forward.down", "output.LayerNorm": "output_norm"},
-        embedding_keys={k: v for k, v in BERT_EMBEDDINGS.items() if "token_type" not in k},
-        extra_keys={"encoder.relative_attention_bias.weight": "relative_attention_bias.weight"},
-        defaults={"layer_norm_eps": 1e-12, "hidden_act": "gelu", "relative_attention_buckets": 32},
-        fixed={"type_vocab_size": 0, "pad_token_id": 1, "positions_after_padding": True}),
-}
-# transformers' MPNetEncoder buckets relative positions into 32 whatever the config's table size.
-MPNET_BUCKETS = 32
-
-
-# The families with their own config reader, key map and encoder (family.py), by config.json's model_type.
-OWN_FAMILIES: dict[str, SelfContainedFamily] = {f.model_type: f for f in (
-    modernbert.FAMILY,
-    gemma3.FAMILY,
-    eurobert.FAMILY,
-    nomic_bert.FAMILY,
-    gte.FAMILY,
-    gte.PUBLISHED_FAMILY,  # model_type "new": GTE v1.5 as published, for its remote code
-    jina_v3.FAMILY,
-    qwen3.FAMILY,
-)}
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     directory: Path
     name: str
-    config: EncoderConfig | ModelConfig  # EncoderConfig for FAMILIES, the family's own for OWN_FAMILIES
+    config: ModelConfig  # the family's own (families.py): encoder.EncoderConfig for the BERT-likes
     pipeline: Pipeline  # the sentence-transformers modules after the encoder, the prompts, max_seq_length
 
     @property
@@ -229,73 +102,6 @@ class Checkpoint:
         return tokenizer_json(self.directory)
 
 
-def _encoder_config(raw: dict, path: Path) -> EncoderConfig:
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    family = family_of(raw, path)
-    spec = FAMILIES[family]
-    act = raw.get(spec.config_names["hidden_act"], spec.defaults["hidden_act"])
-    if act not in ACTIVATIONS:
-        raise CheckpointError(f"{path}: {spec.config_names['hidden_act']} {act!r} is not supported "
-                              f"(only {', '.join(sorted(ACTIVATIONS))})")
-    if raw.get("position_embedding_type") not in (None, "absolute"):
-        raise CheckpointError(f"{path}: only absolute position embeddings are supported")
-    architectures = raw.get("architectures") or []
-    if not isinstance(architectures, list):
-        raise CheckpointError(f"{path}: architectures must be a list, got {architectures!r}")
-    # A reranker's head (classifier_heads.HEADS) was taken off architectures by read_checkpoint.
-    head_archs = [a for a in architectures if a not in spec.architectures]
-    rerankers = classifier_heads.architectures_on(family)
-    if head_archs:
-        raise CheckpointError(f"{path}: cannot reproduce architecture {head_archs[0]} (the export runs the bare "
-                              f"encoder: {' or '.join(spec.architectures)}"
-                              + (f", or a reranker: {' or '.join(rerankers)})" if rerankers else ")"))
-    if raw.get("is_decoder"):
-        raise CheckpointError(f"{path}: cannot reproduce is_decoder true (causal attention)")
-    if family == "mpnet" and raw.get("relative_attention_num_buckets", MPNET_BUCKETS) != MPNET_BUCKETS:
-        raise CheckpointError(f"{path}: cannot reproduce relative_attention_num_buckets "
-                              f"{raw['relative_attention_num_buckets']!r} (transformers buckets into {MPNET_BUCKETS})")
-    kinds = {f.name: f.type for f in fields(EncoderConfig)}
-    convert = {"int": int, "float": float, "str": str, "bool": bool}
-    values: dict = {"family": family, **spec.fixed}
-    try:
-        for ours, theirs in spec.config_names.items():
-            if ours in values:
-                continue
-            value = raw[theirs] if ours in REQUIRED else raw.get(theirs, spec.defaults.get(ours))
-            if value is not None:
-                values[ours] = convert[str(kinds[ours])](value)
-        cfg = EncoderConfig(**values)
-    except KeyError as e:
-        raise CheckpointError(f"{path}: missing field {e.args[0]!r}") from None
-    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as e:
-        raise CheckpointError(f"{path}: invalid config: {e}") from None
-    sizes = {k: getattr(cfg, k) for k in REQUIRED}
-    if any(v < 1 for v in sizes.values()) or not cfg.layer_norm_eps > 0 or cfg.usable_positions < 1:
-        raise CheckpointError(f"{path}: invalid config: sizes must be positive and layer_norm_eps above 0, got {sizes}"
-                              f" and {cfg.layer_norm_eps}")
-    if cfg.type_vocab_size < 0 or (cfg.positions_after_padding and cfg.pad_token_id < 0):
-        raise CheckpointError(f"{path}: invalid config: type_vocab_size {cfg.type_vocab_size} and pad_token_id "
-                              f"{cfg.pad_token_id} must not be negative")
-    return cfg
-
-
-def family_of(raw: dict, path: Path) -> str:
-    """config.json's model_type, if it is one of FAMILIES."""
-    family = raw.get("model_type")
-    if family not in FAMILIES:
-        raise CheckpointError(f"{path}: model_type {family!r} is not supported (only "
-                              f"{', '.join([*FAMILIES, *OWN_FAMILIES])})")
-    return family
-
-
-def _weight_names(cfg: EncoderConfig | ModelConfig) -> WeightNames:
-    if not isinstance(cfg, EncoderConfig):
-        return OWN_FAMILIES[cfg.family].weights
-    spec = FAMILIES[cfg.family]
-    return WeightNames(spec.task_prefix, spec.encoder_parts, spec.unused_heads, IGNORED_KEYS)
-
-
 def _encoder_prefix(keys: list[str], names: WeightNames) -> str:
     return names.task_prefix if any(k.startswith(names.task_prefix) for k in keys) else ""
 
@@ -346,8 +152,8 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
     head = classifier_heads.head_of(raw, directory / "config.json") if isinstance(raw, dict) else None
     encoder_raw = {**raw, "architectures": []} if head else raw
     # Each family reads its own config; a ModernBERT config is no BERT config with extra fields.
-    own = OWN_FAMILIES.get(str(raw.get("model_type"))) if isinstance(raw, dict) else None
-    cfg = (own.read_config if own else _encoder_config)(encoder_raw, directory / "config.json")
+    family = family_of(raw, directory / "config.json")
+    cfg = family.read_config(encoder_raw, directory / "config.json")
     if not has_weights(directory) and any(directory.glob("*.bin")):
         raise CheckpointError(f"{directory}: only model.safetensors is accepted, not pickle .bin weights")
     weights = Weights(directory)  # the headers, checked; no tensor is read
@@ -357,7 +163,7 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
     if isinstance(cfg, qwen3.Qwen3Config) and qwen3_reranker.is_reranker(raw, directory):
         return _read_qwen3_reranker(directory, name, cfg, raw, weights)
     pipeline = read_pipeline(directory, cfg.usable_positions, cfg.hidden_size)
-    _check_no_head(weights, _weight_names(cfg))
+    _check_no_head(weights, FAMILIES[cfg.family].weights)
     if pipeline.splade is not None:  # SPLADE over the MLM head (model/splade.py): BERT's only
         if cfg.family != "bert":
             raise CheckpointError(f"{directory}: cannot reproduce a SparseEncoder over {cfg.family}'s masked-LM "
@@ -366,12 +172,12 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
     return Checkpoint(directory, name or directory.name, cfg, pipeline)
 
 
-def _read_reranker(directory: Path, name: str | None, cfg: EncoderConfig | ModelConfig, raw: dict,
+def _read_reranker(directory: Path, name: str | None, cfg: ModelConfig, raw: dict,
                    head: classifier_heads.Head, weights: Weights) -> Checkpoint:
     """A cross-encoder: the encoder, its classification head (classifier_heads.py), the CrossEncoder's settings
     (cross_encoder.py)."""
     spec = cross_encoder.read_reranker(directory, raw)
-    _check_classifier_head(weights, _weight_names(cfg), head)
+    _check_classifier_head(weights, FAMILIES[cfg.family].weights, head)
     length, length_from = spec.max_seq_length, "sentence_bert_config.json"
     if length is None:
         length, length_from = tokenizer_max_length(directory, cfg.usable_positions), "tokenizer"
@@ -391,33 +197,13 @@ def _read_reranker(directory: Path, name: str | None, cfg: EncoderConfig | Model
 def _read_qwen3_reranker(directory: Path, name: str | None, cfg: qwen3.Qwen3Config, raw: dict, weights: Weights
                          ) -> Checkpoint:
     """Qwen3-Reranker: the causal LM's yes/no answer after the model card's template (qwen3_reranker.py)."""
-    _check_no_head(weights, _weight_names(cfg))  # lm_head is its only key outside
+    _check_no_head(weights, FAMILIES[cfg.family].weights)  # lm_head is its only key outside
     qwen3_reranker.answer_ids(tokenizer_json(directory))
     qwen3_reranker.tied_embeddings(raw, directory / "config.json")
     length = tokenizer_max_length(directory, cfg.usable_positions)
     pipeline = Pipeline(("lasttoken",), (), False, length, "tokenizer", {}, None)
     return Checkpoint(directory, name or directory.name, cfg, pipeline, kind="reranker", num_labels=1,
                       score_activation="sigmoid", pair_template=qwen3_reranker.PairTemplate())
-
-
-def key_map(cfg: EncoderConfig) -> dict[str, str]:
-    """Checkpoint key (the family's transformers naming) -> Encoder key. The only place the namings meet."""
-    spec = FAMILIES[cfg.family]
-    keys = {k: v for k, v in spec.embedding_keys.items() if cfg.type_vocab_size or "token_type" not in k}
-    keys.update(spec.extra_keys)
-    for i in range(cfg.num_layers):
-        for theirs, ours in spec.layer_keys.items():
-            for param in ("weight", "bias"):
-                keys[f"{spec.layers.format(i=i)}{theirs}.{param}"] = f"layers.{i}.{ours}.{param}"
-    return keys
-
-
-def legacy_renamed(key: str) -> str:
-    """A legacy LayerNorm key under transformers' current name."""
-    for old, new in LEGACY_NORM_NAMES.items():
-        if key.endswith(old):
-            return key.removesuffix(old) + new
-    return key
 
 
 def load_encoder(ckpt: Checkpoint, dtype: torch.dtype | None = None) -> EncoderModule:
@@ -433,13 +219,14 @@ def load_encoder(ckpt: Checkpoint, dtype: torch.dtype | None = None) -> EncoderM
     weights = ckpt.weights
     # A masked-LM checkpoint prefixes the encoder's keys ("bert.", "roberta.", ...) and adds its (unused) head;
     # read_checkpoint has refused any other head, so every other key must be the encoder's.
-    names = _weight_names(ckpt.config)
+    family = FAMILIES[ckpt.config.family]
+    names = family.weights
     prefix = _encoder_prefix(weights.keys(), names)
     head_keys = set(ckpt.head.keys) if ckpt.head else set()  # a reranker's head: loaded by cross_encoder.py
     stored = {legacy_renamed(k.removeprefix(prefix)): k for k in weights.keys()
               if not k.startswith(names.unused_heads) and k not in head_keys}
     cfg = ckpt.config
-    mapping = key_map(cfg) if isinstance(cfg, EncoderConfig) else OWN_FAMILIES[cfg.family].key_map(cfg)
+    mapping = family.key_map(cfg)
     missing = sorted(set(mapping) - set(stored))
     unexpected = sorted(set(stored) - set(mapping) - set(names.ignored))
     if missing or unexpected:
@@ -449,7 +236,7 @@ def load_encoder(ckpt: Checkpoint, dtype: torch.dtype | None = None) -> EncoderM
             f"unexpected: {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})"
         )
     with uninitialised_weights():
-        encoder = Encoder(cfg) if isinstance(cfg, EncoderConfig) else OWN_FAMILIES[cfg.family].build(cfg)
+        encoder = family.build(cfg)
     own = encoder.state_dict()
     assert len(own) == len(mapping), "key map and Encoder disagree on the parameter count"
     for theirs, ours in mapping.items():
@@ -462,12 +249,9 @@ def load_encoder(ckpt: Checkpoint, dtype: torch.dtype | None = None) -> EncoderM
     for theirs, ours in mapping.items():
         _assign(encoder, ours, weights.get(stored[theirs]), dtype)
     weights.close()
-    own_family = None if isinstance(cfg, EncoderConfig) else OWN_FAMILIES[cfg.family]
-    if own_family is not None and own_family.after_load is not None:
-        own_family.after_load(cfg, encoder)
+    if family.after_load is not None:
+        family.after_load(cfg, encoder)
     if ckpt.pipeline.multi_vector is not None:  # ColBERT: its token vectors are what the encoder gives
-        from .sentence_head import load_token_vectors
-
         return cast(EncoderModule, load_token_vectors(ckpt.directory, encoder, ckpt.pipeline))
     return cast(EncoderModule, encoder.eval())
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -28,8 +27,7 @@ from tokenizers import Tokenizer
 
 from attnserve.errors import CheckpointError
 
-if TYPE_CHECKING:  # pipeline.py reads a MultiVector, with its Dense modules
-    from .pipeline import Dense
+from .dense import Dense
 
 SIMILARITIES = ("maxsim", "meanmaxsim")
 EXPANSION_STRATEGIES = ("fixed", "min")

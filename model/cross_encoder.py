@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from attnserve.errors import CheckpointError
 
+from .checkpoint_files import read_json, tokenizer_lowercases
 from .classifier_heads import Head
 from .family import EncoderModule
 from .tokenizer_files import tokenizer_json
@@ -88,8 +89,6 @@ def problem_type(raw: dict, path: Path) -> str | None:
 
 def read_reranker(directory: Path, config: dict) -> RerankerSpec:
     """The CrossEncoder's settings over a checkpoint with a classification head, or a one-line refusal."""
-    from .pipeline import read_json
-
     labels = num_labels(config, directory / "config.json")
     architecture = (config.get("architectures") or ["classification"])[0]  # one of HEADS (classifier_heads.py)
     activation_path = None
@@ -126,8 +125,6 @@ def _object(raw, path: Path) -> dict:
 
 def _transformer_max_length(directory: Path, architecture: str) -> int | None:
     """modules.json must hold the one Transformer at the root; its config must run the classifier."""
-    from .pipeline import read_json
-
     modules = directory / "modules.json"
     if modules.exists():
         raw = read_json(modules)
@@ -146,9 +143,7 @@ def _transformer_max_length(directory: Path, architecture: str) -> int | None:
             continue
         if key not in TRANSFORMER_EXPECTED or value != TRANSFORMER_EXPECTED[key]:
             raise CheckpointError(f"{path}: cannot reproduce the Transformer setting {key} {value!r}")
-    from .pipeline import _tokenizer_lowercases
-
-    if raw.get("do_lower_case") and not _tokenizer_lowercases(tokenizer_json(directory)):
+    if raw.get("do_lower_case") and not tokenizer_lowercases(tokenizer_json(directory)):
         # sentence-transformers then puts a Lowercase normalizer in front of the tokenizer's own.
         raise CheckpointError(f"{path}: cannot reproduce do_lower_case true: sentence-transformers adds a Lowercase "
                               "normalizer that tokenizer.json does not have")

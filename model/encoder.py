@@ -4,12 +4,12 @@ Reading order: config, embeddings, multi-head self-attention, feed-forward,
 one encoder layer, the stack, then the sentence encoder that adds the
 sentence-transformers modules after it (sentence_head.py). The code follows the original
 BERT layout (post-LayerNorm) so that BERT-family checkpoints (MiniLM, BGE,
-E5, GTE) load into it key for key; see checkpoint.py for the key map.
+E5, GTE) load into it key for key; see bert_likes.py for the key map.
 
 The BERT-like families differ from BERT only in a few places, each a field of
-EncoderConfig (checkpoint.py sets them from config.json's model_type):
+EncoderConfig (bert_likes.py sets them from config.json's model_type):
 - RoBERTa, XLM-RoBERTa: positions count from after the padding index, one token type;
-- DistilBERT: no token types (and its own key names and config names, checkpoint.py);
+- DistilBERT: no token types (and its own key names and config names, bert_likes.py);
 - MPNet: positions as RoBERTa's, no token types, and a relative position bias
   shared by every layer, added to the attention scores.
 
@@ -28,8 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .fused_attention import fused, fused_context
-from .value_norms import keep_value_norms, kept_value_norms, stacked_value_norms
+from .attention import SelfAttention
+from .value_norms import keep_value_norms, stacked_value_norms
 
 if TYPE_CHECKING:  # the other families' encoders have the same forward as Encoder (family.py)
     from .family import EncoderModule
@@ -115,13 +115,10 @@ class Embeddings(nn.Module):
         return self.norm(x)
 
 
-class MultiHeadSelfAttention(nn.Module):
-    keep_value_norms = False  # set for a forward with attention outputs (model/value_norms.py)
-    fused_attention = False  # set for a forward that wants no maps (model/fused_attention.py)
-
+class MultiHeadSelfAttention(SelfAttention):
     def __init__(self, cfg: EncoderConfig):
         super().__init__()
-        self.nh, self.hs = cfg.num_heads, cfg.head_size
+        self.nh, self.hs, self.divisor = cfg.num_heads, cfg.head_size, math.sqrt(cfg.head_size)
         self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
@@ -133,22 +130,9 @@ class MultiHeadSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, T, H); key_mask: additive, 0 for real keys and MASK_VALUE for padding: (B, 1, 1, T), or
-        (B, nh, T, T) with MPNet's relative position bias added."""
-        B, T, H = x.shape
-        q = self.split_heads(self.query(x))  # (B, nh, T, hs)
-        k = self.split_heads(self.key(x))  # (B, nh, T, hs)
-        v = self.split_heads(self.value(x))  # (B, nh, T, hs)
-        probs: torch.Tensor | None = None
-        if fused(self):  # the same function, no (T, T) maps held (model/fused_attention.py)
-            context = fused_context(q, k, v, key_mask, 1 / math.sqrt(self.hs))  # (B, nh, T, hs)
-        else:
-            scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.hs)  # (B, nh, T, T)
-            scores = scores + key_mask  # padded keys -> MASK_VALUE, broadcast over heads and queries
-            probs = F.softmax(scores, dim=-1)  # (B, nh, T, T), each row sums to 1
-            context = torch.matmul(probs, v)  # (B, nh, T, hs)
-        context = context.permute(0, 2, 1, 3).contiguous().view(B, T, H)  # heads concatenated: (B, T, H)
-        self.value_norms = kept_value_norms(self, v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
-        return self.out(context), probs
+        (B, nh, T, T) with MPNet's relative position bias added. Returns the output and the maps (attention.py)."""
+        q, k, v = (self.split_heads(proj(x)) for proj in (self.query, self.key, self.value))  # (B, nh, T, hs) each
+        return self.attend(q, k, v, key_mask)
 
 
 class FeedForward(nn.Module):

@@ -15,6 +15,7 @@ Shapes: B batch, T sequence, H hidden, nh query heads, nkv key/value heads, hs h
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,7 +33,7 @@ from .config_reading import (
     plain_rope_theta,
     refuse_rope_scaling,
 )
-from .family import SelfContainedFamily, WeightNames
+from .family import Family, WeightNames
 
 MODEL_TYPE = "eurobert"
 
@@ -64,7 +65,7 @@ class EuroBertEncoder(PreNormEncoder):
     """Pre-norm layers (blocks.PreNormLayer), bidirectional attention."""
 
     def __init__(self, cfg: EuroBertConfig):
-        super().__init__(cfg, cfg.rope_theta, lambda: PreNormLayer(cfg, cfg.activation, cfg.head_size ** -0.5,
+        super().__init__(cfg, cfg.rope_theta, lambda: PreNormLayer(cfg, cfg.activation, math.sqrt(cfg.head_size),
                                                                    mlp_bias=cfg.mlp_bias),
                          name="EuroBERT", causal=False)
 
@@ -145,5 +146,5 @@ def key_map(cfg: EuroBertConfig) -> dict[str, str]:
     return keys
 
 
-FAMILY = SelfContainedFamily(MODEL_TYPE, read_config, key_map, EuroBertEncoder,
+FAMILY = Family(MODEL_TYPE, read_config, key_map, EuroBertEncoder,
                              WeightNames(TASK_PREFIX, ENCODER_PARTS, UNUSED_HEADS, ()))

@@ -1,8 +1,7 @@
-"""What a family with its own config reader and encoder (ModernBERT, Qwen3, Gemma 3, ...) tells checkpoint.py.
+"""What a model family tells checkpoint.py: how to read its config.json, name its weights and build its encoder.
 
-The BERT-like families share encoder.py and are described by checkpoint.FAMILIES; the others each have a file
-in model/ that reads its config.json, names its weights and builds its encoder, and declare it here as a
-SelfContainedFamily, listed once in checkpoint.OWN_FAMILIES.
+Each family is a Family value, declared in its own file in model/ (qwen3.FAMILY, ...; the BERT-likes, which share
+encoder.py, as rows of bert_likes.py) and listed once in families.py, keyed by config.json's model_type.
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ class WeightNames:
 
 
 @dataclass(frozen=True)
-class SelfContainedFamily:
+class Family:
     model_type: str  # config.json's model_type
     read_config: Callable[[dict[str, Any], Path], Any]  # -> the family's config, or CheckpointError in one line
     key_map: Callable[[Any], dict[str, str]]  # config -> {checkpoint key: encoder key}

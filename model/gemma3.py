@@ -53,7 +53,7 @@ from .config_reading import (
     refuse_rope_scaling,
 )
 from .encoder import MASK_VALUE
-from .family import SelfContainedFamily, WeightNames
+from .family import Family, WeightNames
 from .rotary import RotaryEmbedding, default_inv_freq
 
 MODEL_TYPE = "gemma3_text"
@@ -91,8 +91,8 @@ class Gemma3Config(LlamaStyleConfig):
         assert len(self.layer_types) == self.num_layers, "one layer type per layer"
 
     @property
-    def scale(self) -> float:
-        return self.query_pre_attn_scalar ** -0.5
+    def score_divisor(self) -> float:
+        return self.query_pre_attn_scalar ** 0.5
 
 
 class Gemma3Layer(PreNormLayer):
@@ -100,7 +100,7 @@ class Gemma3Layer(PreNormLayer):
     sum; the residual stream itself is only normalised once, after the last layer."""
 
     def __init__(self, cfg: Gemma3Config, index: int):
-        super().__init__(cfg, cfg.activation, cfg.scale, head_norm=True, unit_offset=True, sandwich=True)
+        super().__init__(cfg, cfg.activation, cfg.score_divisor, head_norm=True, unit_offset=True, sandwich=True)
         self.is_sliding = cfg.layer_types[index] == SLIDING
 
 
@@ -264,5 +264,5 @@ def key_map(cfg: Gemma3Config) -> dict[str, str]:
 
 
 # A task model (Gemma3ForX) would keep the encoder under "model."; those are refused by architecture above.
-FAMILY = SelfContainedFamily(MODEL_TYPE, read_config, key_map, Gemma3Encoder,
+FAMILY = Family(MODEL_TYPE, read_config, key_map, Gemma3Encoder,
                              WeightNames("model.", ("embed_tokens.", "layers.", "norm."), (), ()))

@@ -14,7 +14,7 @@ transformers 5.24's GteModel has no "ntk" rope type (its rotary embedding fails 
 tests check this formula by loading the same frequencies into transformers' GteModel.
 The reference is transformers' GteModel (eager and sdpa, transformers 5.x) for everything else.
 
-Two config.json forms, one family each (checkpoint.OWN_FAMILIES is keyed by model_type):
+Two config.json forms, one family each (families.FAMILIES is keyed by model_type):
 - "gte": transformers 5's GteModel / GteForMaskedLM (encoder keys under "gte." in the latter);
 - "new": the published checkpoints as they are on the Hub, written for their remote code (auto_map to
   Alibaba-NLP/new-impl): NewModel, NewForMaskedLM (encoder keys under "new."), and NewForTokenClassification with
@@ -35,7 +35,7 @@ from attnserve.errors import CheckpointError
 
 from .blocks import GATE_ACTIVATIONS
 from .config_reading import check_architectures, check_settings, invalid_config
-from .family import SelfContainedFamily, WeightNames
+from .family import Family, WeightNames
 from .rotary import default_inv_freq
 from .rotary_bert import RotaryBertConfig, RotaryBertEncoder, check_sizes
 
@@ -175,7 +175,7 @@ def key_map(cfg: RotaryBertConfig) -> dict[str, str]:
     return keys
 
 
-FAMILY = SelfContainedFamily(MODEL_TYPE, read_config, key_map, build,
+FAMILY = Family(MODEL_TYPE, read_config, key_map, build,
                              WeightNames(TASK_PREFIX, ENCODER_PARTS, UNUSED_HEADS, ()))
-PUBLISHED_FAMILY = SelfContainedFamily(PUBLISHED_MODEL_TYPE, read_published_config, key_map, build,
+PUBLISHED_FAMILY = Family(PUBLISHED_MODEL_TYPE, read_published_config, key_map, build,
                                        WeightNames(PUBLISHED_TASK_PREFIX, ENCODER_PARTS, PUBLISHED_UNUSED_HEADS, ()))

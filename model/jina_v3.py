@@ -40,7 +40,7 @@ from .config_reading import (
     refuse_rope_scaling,
 )
 from .encoder import ACTIVATIONS
-from .family import SelfContainedFamily, WeightNames
+from .family import Family, WeightNames
 from .rotary import RotaryPositions, default_inv_freq
 from .rotary_bert import PlainFeedForward, RotaryBertEncoder
 
@@ -289,7 +289,7 @@ def with_task(cfg: JinaV3Config, task: str | None) -> JinaV3Config:
     return replace(cfg, task=task)
 
 
-FAMILY = SelfContainedFamily(
+FAMILY = Family(
     model_type=MODEL_TYPE, read_config=read_config, key_map=key_map, build=build,
     weights=WeightNames(TASK_PREFIX, ENCODER_PARTS, UNUSED_HEADS, ("pooler.dense.weight", "pooler.dense.bias")),
     after_load=merge_task,

@@ -17,6 +17,7 @@ Shapes: B batch, T sequence, H hidden, nh heads, hs head size (H // nh), F inter
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 
 from attnserve.errors import CheckpointError
 
+from .attention import SelfAttention
 from .config_reading import (
     check_architectures,
     check_object,
@@ -37,9 +39,8 @@ from .config_reading import (
     refuse_rope_scaling,
 )
 from .encoder import MASK_VALUE
-from .family import SelfContainedFamily, WeightNames
+from .family import Family, WeightNames
 from .rotary import RotaryEmbedding, RotaryPositions, default_inv_freq, rotate
-from .value_norms import kept_value_norms
 
 MODEL_TYPE = "modernbert"
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' names of the two layer types
@@ -82,27 +83,21 @@ class ModernBertConfig(RotaryPositions):
         return self.local_attention // 2
 
 
-class RotarySelfAttention(nn.Module):
-    keep_value_norms = False  # set for a forward with attention outputs (model/value_norms.py)
-
+class RotarySelfAttention(SelfAttention):
     def __init__(self, cfg: ModernBertConfig):
         super().__init__()
-        self.nh, self.hs = cfg.num_heads, cfg.head_size
+        self.nh, self.hs, self.divisor = cfg.num_heads, cfg.head_size, math.sqrt(cfg.head_size)
         self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.attention_bias)  # Wqkv
         self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.attention_bias)  # W_O
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, T, H); mask: additive, broadcastable to (B, nh, T, T); cos, sin: (T, hs)."""
-        B, T, H = x.shape
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, T, H); mask: additive, broadcastable to (B, nh, T, T); cos, sin: (T, hs). Returns the output
+        and the maps (attention.py)."""
+        B, T, _ = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.nh, self.hs)  # query, key, value in this order, heads inside each
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # (B, nh, T, hs) each
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * self.hs ** -0.5  # (B, nh, T, T)
-        probs = F.softmax(scores + mask, dim=-1)  # (B, nh, T, T), each row sums to 1
-        context = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, H)  # heads concatenated: (B, T, H)
-        self.value_norms = kept_value_norms(self, v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
-        return self.out(context), probs
+        return self.attend(rotate(q, cos, sin), rotate(k, cos, sin), v, mask)
 
 
 class GeGLU(nn.Module):
@@ -270,5 +265,5 @@ def key_map(cfg: ModernBertConfig) -> dict[str, str]:
     return keys
 
 
-FAMILY = SelfContainedFamily(MODEL_TYPE, read_config, key_map, ModernBertEncoder,
+FAMILY = Family(MODEL_TYPE, read_config, key_map, ModernBertEncoder,
                              WeightNames(TASK_PREFIX, ENCODER_PARTS, UNUSED_HEADS, ()))

@@ -24,7 +24,7 @@ from attnserve.errors import CheckpointError
 
 from .blocks import GATE_ACTIVATIONS, GatedFeedForward
 from .config_reading import check_architectures, check_settings, invalid_config
-from .family import SelfContainedFamily, WeightNames
+from .family import Family, WeightNames
 from .rotary import default_inv_freq
 from .rotary_bert import RotaryBertConfig, RotaryBertEncoder, check_sizes
 
@@ -146,5 +146,5 @@ def key_map(cfg: RotaryBertConfig) -> dict[str, str]:
     return keys
 
 
-FAMILY = SelfContainedFamily(MODEL_TYPE, read_config, key_map, build,
+FAMILY = Family(MODEL_TYPE, read_config, key_map, build,
                              WeightNames(TASK_PREFIX, ENCODER_PARTS, UNUSED_HEADS, ()))

@@ -29,7 +29,9 @@ from typing import Any
 from attnserve.engine.pooling import POOLING_MODES
 from attnserve.errors import CheckpointError
 
+from .checkpoint_files import read_json, read_object, tokenizer_lowercases
 from .colbert import EXPANSION_STRATEGIES, SIMILARITIES, Expansion, MultiVector
+from .dense import DENSE_ACTIVATIONS, DENSE_DEFAULT_ACTIVATION, DENSE_KEYS, DENSE_WEIGHTS, Dense, Normalize
 from .splade import ACTIVATIONS as SPLADE_ACTIVATIONS
 from .splade import STRATEGIES as SPLADE_STRATEGIES
 from .splade import Splade
@@ -74,39 +76,6 @@ MULTI_VECTOR_MASK_KEYS = {"skiplist_words", "skiplist_tasks", "keep_only_token_i
 TRANSFORMER_FREE = {"unpad_inputs", "max_seq_length", "do_lower_case"}
 # A tokenizer with no model_max_length has transformers' "unlimited" one; the model's positions cap it.
 UNLIMITED = 10**30
-# Dense's activation_function: torch.nn classes built without arguments (sentence-transformers imports the
-# class a "torch." path names and calls it), that the ONNX export writes as one standard op each.
-DENSE_ACTIVATIONS = ("Identity", "Tanh", "ReLU", "GELU", "Sigmoid", "SiLU", "LeakyReLU", "ELU")
-DENSE_DEFAULT_ACTIVATION = "Tanh"  # sentence-transformers' default when the config names none
-DENSE_KEYS = {"in_features", "out_features", "bias", "activation_function", "module_input_name",
-              "module_output_name", "use_residual"}
-DENSE_WEIGHTS = "model.safetensors"
-
-
-@dataclass(frozen=True)
-class Dense:
-    """A Dense module: linear (+ residual) then activation, over the sentence embedding."""
-
-    folder: str  # relative to the checkpoint; its DENSE_WEIGHTS hold linear.weight/.bias (and residual.weight)
-    in_features: int
-    out_features: int
-    bias: bool
-    activation: str  # one of DENSE_ACTIVATIONS
-    use_residual: bool  # add the input (projected without bias when the sizes differ) after the activation
-
-    def describe(self) -> str:
-        return (f"Dense({self.in_features}->{self.out_features}, {self.activation.lower()}"
-                f"{'' if self.bias else ', no bias'}{', residual' if self.use_residual else ''})")
-
-
-@dataclass(frozen=True)
-class Normalize:
-    """L2 normalisation of the sentence embedding."""
-
-    def describe(self) -> str:
-        return "Normalize"
-
-
 @dataclass(frozen=True)
 class Pipeline:
     pooling: tuple[str, ...]  # POOLING_MODES, concatenated in this order
@@ -152,22 +121,6 @@ class Pipeline:
                 + (["Normalize"] if self.normalize else []))
 
 
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint file missing: {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint file unreadable: {path}: {e}") from None
-
-
-def _read_object(path: Path) -> dict:
-    raw = read_json(path)
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(raw).__name__}")
-    return raw
-
-
 def _refuse(path: Path, what: str) -> CheckpointError:
     return CheckpointError(f"{path}: cannot reproduce {what}")
 
@@ -210,7 +163,7 @@ def _model_config(path: Path) -> tuple[dict[str, str], str | None, str, str | No
     what changes encode()'s output otherwise."""
     if not path.exists():
         return {}, None, "SentenceTransformer", None
-    raw = _read_object(path)
+    raw = read_object(path)
     model_type = raw.get("model_type", "SentenceTransformer")
     if model_type not in ("SentenceTransformer", "SparseEncoder", "MultiVectorEncoder"):
         raise _refuse(path, f"model_type {model_type!r} (only SentenceTransformer embedders, SparseEncoder "
@@ -246,7 +199,7 @@ def _sparse_pipeline(directory: Path, modules_file: Path, max_position_embedding
                                     "root -> SpladePooling: SPLADE)")
     max_seq_length, length_from, _ = _transformer(directory, max_position_embeddings, FILL_MASK)
     path = directory / kinds[1][1] / "config.json"
-    config = _read_object(path) if path.exists() else {}
+    config = read_object(path) if path.exists() else {}
     unknown = sorted(set(config) - SPLADE_KEYS)
     if unknown:
         raise _refuse(path, f"the SpladePooling setting {unknown[0]!r}")
@@ -255,7 +208,7 @@ def _sparse_pipeline(directory: Path, modules_file: Path, max_position_embedding
     if strategy not in SPLADE_STRATEGIES or activation not in SPLADE_ACTIVATIONS:
         raise _refuse(path, f"SpladePooling {strategy!r} with {activation!r} (only {' or '.join(SPLADE_STRATEGIES)}"
                             f" with {' or '.join(SPLADE_ACTIVATIONS)})")
-    vocab_size = _read_object(directory / "config.json").get("vocab_size")
+    vocab_size = read_object(directory / "config.json").get("vocab_size")
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
         raise CheckpointError(f"{directory / 'config.json'}: vocab_size must be a positive integer, got "
                               f"{vocab_size!r}")
@@ -311,7 +264,7 @@ def _transformer(directory: Path, max_position_embeddings: int, task: dict | Non
     if not found:
         return tokenizer_max_length(directory, max_position_embeddings), "tokenizer", {}
     path = found[0]
-    raw = _read_object(path)
+    raw = read_object(path)
     for key, value in raw.items():
         if key in TRANSFORMER_FREE or (key in fixed and fixed[key] is None):
             continue
@@ -321,7 +274,7 @@ def _transformer(directory: Path, max_position_embeddings: int, task: dict | Non
         if value is not None and value not in allowed:
             raise _refuse(path, f"{key} {json.dumps(value)} (the export runs "
                                 f"{json.dumps(allowed[0]) if allowed else 'without it'})")
-    if raw.get("do_lower_case") and not _tokenizer_lowercases(tokenizer_json(directory)):
+    if raw.get("do_lower_case") and not tokenizer_lowercases(tokenizer_json(directory)):
         # sentence-transformers then puts a Lowercase normalizer in front of the tokenizer's own.
         raise _refuse(path, "do_lower_case true: sentence-transformers adds a Lowercase normalizer "
                             "that tokenizer.json does not have")
@@ -335,20 +288,11 @@ def _transformer(directory: Path, max_position_embeddings: int, task: dict | Non
     return length, path.name, raw
 
 
-def _tokenizer_lowercases(path: Path) -> bool:
-    """sentence-transformers' own test: a Lowercase normalizer, alone or in a Sequence."""
-    normalizer = _read_object(path).get("normalizer")
-    if not isinstance(normalizer, dict):
-        return False
-    parts = normalizer.get("normalizers") if normalizer.get("type") == "Sequence" else [normalizer]
-    return isinstance(parts, list) and any(isinstance(p, dict) and p.get("type") == "Lowercase" for p in parts)
-
-
 def tokenizer_max_length(directory: Path, max_position_embeddings: int) -> int:
     """What sentence-transformers truncates at when sentence_bert_config.json sets no max_seq_length:
     the tokenizer's model_max_length, capped at the model's positions."""
     config = directory / "tokenizer_config.json"
-    length = _read_object(config).get("model_max_length", UNLIMITED) if config.exists() else UNLIMITED
+    length = read_object(config).get("model_max_length", UNLIMITED) if config.exists() else UNLIMITED
     if not isinstance(length, (int, float)) or isinstance(length, bool) or length < 1:
         raise CheckpointError(f"{config}: model_max_length must be a positive number, got {length!r}")
     return int(min(length, max_position_embeddings))
@@ -356,7 +300,7 @@ def tokenizer_max_length(directory: Path, max_position_embeddings: int) -> int:
 
 def _pooling(path: Path) -> tuple[str, ...]:
     """Pooling's config, read as sentence-transformers 6 reads it (pooling_mode, else the legacy booleans)."""
-    raw = _read_object(path)
+    raw = read_object(path)
     unknown = sorted(set(raw) - POOLING_KEYS)
     if unknown:
         raise _refuse(path, f"the Pooling setting {unknown[0]!r}")
@@ -383,7 +327,7 @@ def _dense(directory: Path, folder: str, in_size: int, on: str = "sentence_embed
     """A Dense module's config, read as sentence-transformers reads it, and its weights file checked. on: the
     feature it must map in place (a MultiVectorEncoder's: token_embeddings)."""
     path = directory / folder / "config.json"
-    raw = _read_object(path)
+    raw = read_object(path)
     # Keys sentence-transformers does not know it drops (a warning); they cannot change its output.
     kwargs = {k: v for k, v in raw.items() if k in DENSE_KEYS}
     for key in ("in_features", "out_features"):
@@ -425,7 +369,7 @@ def _activation(path: Path, reference: Any) -> str:
 
 def _normalize(path: Path, on: str = "sentence_embedding") -> None:
     """Normalize L2-normalises the sentence embedding (on) unless its config points it elsewhere."""
-    raw = _read_object(path) if path.exists() else {}
+    raw = read_object(path) if path.exists() else {}
     source = raw.get("module_input_name", "sentence_embedding")
     target = raw.get("module_output_name", source)
     if (source, target) != (on, on):
@@ -464,7 +408,7 @@ def _multi_vector_pipeline(directory: Path, modules_file: Path, max_position_emb
         dense.append(_dense(directory, folder, size, on="token_embeddings"))
         size = dense[-1].out_features
     mask_path = directory / kinds[1 + dense_count][1] / "config.json"
-    mask = _read_object(mask_path) if mask_path.exists() else {}
+    mask = read_object(mask_path) if mask_path.exists() else {}
     unknown = sorted(set(mask) - MULTI_VECTOR_MASK_KEYS)
     if unknown:
         raise _refuse(mask_path, f"the MultiVectorMask setting {unknown[0]!r}")

@@ -21,6 +21,7 @@ L layers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -37,7 +38,7 @@ from .config_reading import (
     plain_rope_theta,
     refuse_rope_scaling,
 )
-from .family import SelfContainedFamily, WeightNames
+from .family import Family, WeightNames
 
 MODEL_TYPE = "qwen3"
 FULL = "full_attention"  # transformers' name of a layer that sees every earlier token (the only kind run here)
@@ -70,7 +71,7 @@ class Qwen3Encoder(PreNormEncoder):
     """Pre-norm layers (blocks.PreNormLayer) with each query and key head RMS-normalised, causal attention."""
 
     def __init__(self, cfg: Qwen3Config):
-        super().__init__(cfg, cfg.rope_theta, lambda: PreNormLayer(cfg, cfg.hidden_act, cfg.head_size ** -0.5,
+        super().__init__(cfg, cfg.rope_theta, lambda: PreNormLayer(cfg, cfg.hidden_act, math.sqrt(cfg.head_size),
                                                                    head_norm=True),
                          name="Qwen3", causal=True)
 
@@ -149,5 +150,5 @@ def key_map(cfg: Qwen3Config) -> dict[str, str]:
     return keys
 
 
-FAMILY = SelfContainedFamily(MODEL_TYPE, read_config, key_map, Qwen3Encoder,
+FAMILY = Family(MODEL_TYPE, read_config, key_map, Qwen3Encoder,
                              WeightNames(TASK_PREFIX, ENCODER_PARTS, UNUSED_HEADS, ()))

@@ -17,6 +17,7 @@ Shapes: B batch, T sequence, H hidden, nh heads, hs head size, F feed-forward si
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,16 +25,15 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from attnserve.errors import CheckpointError
 
+from .attention import SelfAttention
 from .blocks import GATE_ACTIVATIONS, padding_mask, run_layers
 from .config_reading import check_positive
 from .encoder import ACTIVATIONS
 from .family import ModelConfig
 from .rotary import RotaryEmbedding, RotaryPositions, rotate
-from .value_norms import kept_value_norms
 
 
 @dataclass(frozen=True)
@@ -84,29 +84,23 @@ class RotaryBertSizes(ModelConfig, Protocol):
     def out_bias(self) -> bool: ...
 
 
-class RotarySelfAttention(nn.Module):
-    keep_value_norms = False  # set for a forward with attention outputs (model/value_norms.py)
-
+class RotarySelfAttention(SelfAttention):
     def __init__(self, cfg: RotaryBertSizes):
         super().__init__()
-        self.nh, self.hs = cfg.num_heads, cfg.head_size
+        self.nh, self.hs, self.divisor = cfg.num_heads, cfg.head_size, math.sqrt(cfg.head_size)
         # Query, key and value from one projection, as the checkpoints store them (Wqkv; transformers' jina splits
         # it into q_proj, k_proj and v_proj on load).
         self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.num_heads * cfg.head_size, bias=cfg.qkv_bias)
         self.out = nn.Linear(cfg.num_heads * cfg.head_size, cfg.hidden_size, bias=cfg.out_bias)  # W_O
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x: (B, T, H); mask: additive, broadcastable to (B, nh, T, T); cos, sin: (T, hs)."""
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, T, H); mask: additive, broadcastable to (B, nh, T, T); cos, sin: (T, hs). Returns the output
+        and the maps (attention.py)."""
         B, T, _ = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.nh, self.hs)  # query, key, value in this order, heads inside each
         q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # (B, nh, T, hs) each
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * self.hs ** -0.5  # (B, nh, T, T)
-        probs = F.softmax(scores + mask, dim=-1)  # (B, nh, T, T), each row sums to 1
-        context = torch.matmul(probs, v).transpose(1, 2).reshape(B, T, self.nh * self.hs)  # heads concatenated
-        self.value_norms = kept_value_norms(self, v, self.out.weight, self.nh)  # (B, nh, T): model/value_norms.py
-        return self.out(context), probs
+        return self.attend(rotate(q, cos, sin), rotate(k, cos, sin), v, mask)
 
 
 class PlainFeedForward(nn.Module):

@@ -13,11 +13,18 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from attnserve.errors import CheckpointError
 
-from .pipeline import DENSE_WEIGHTS, Dense, Normalize, Pipeline
+from .checkpoint_files import read_json
+from .colbert import TokenVectors
+from .dense import DENSE_WEIGHTS, Dense, Normalize
+from .pipeline import Pipeline
 from .pooling import Pooling
+from .splade import load_splade_head
+from .weights_files import Weights
 
 
 class DenseLayer(nn.Module):
@@ -64,10 +71,6 @@ def load_head(directory: Path, pipeline: Pipeline) -> nn.Module:
     """The head with each Dense module's weights loaded from its folder; a SparseEncoder's SPLADE head
     (model/splade.py) with its MLM head's weights; a MultiVectorEncoder's mean of its token vectors."""
     if pipeline.splade is not None:
-        from .pipeline import read_json
-        from .splade import load_splade_head
-        from .weights_files import Weights
-
         return load_splade_head(Weights(directory), pipeline.splade, read_json(directory / "config.json"))
     if pipeline.multi_vector is not None:  # the mean of the vectors (model/colbert.py): the graph's shape, unserved
         return Pooling(("mean",)).eval()
@@ -83,9 +86,6 @@ def load_head(directory: Path, pipeline: Pipeline) -> nn.Module:
 
 def load_dense(directory: Path, spec: Dense, layer: nn.Module) -> None:
     """A Dense module's weights from its folder's model.safetensors, under loud key and shape checks."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     path = directory / spec.folder / DENSE_WEIGHTS
     try:
         tensors = load_file(str(path))
@@ -104,8 +104,6 @@ def load_dense(directory: Path, spec: Dense, layer: nn.Module) -> None:
 
 def load_token_vectors(directory: Path, encoder: nn.Module, pipeline: Pipeline) -> nn.Module:
     """A MultiVectorEncoder's encoder: ours, then its Dense modules and Normalize on each token (model/colbert.py)."""
-    from .colbert import TokenVectors
-
     assert pipeline.multi_vector is not None
     layers: list[nn.Module] = []
     for spec in pipeline.multi_vector.dense:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from attnserve.errors import CheckpointError
 
+from .checkpoint_files import legacy_renamed
 from .weights_files import Weights
 
 STRATEGIES = ("max", "sum")
@@ -91,8 +92,6 @@ def check_head_keys(keys: set[str], weights: Path) -> None:
 
 def load_splade_head(weights: Weights, splade: Splade, config: dict) -> SpladeHead:
     """The head with its weights from the checkpoint's (the decoder tied to the word embeddings unless saved)."""
-    from .checkpoint import legacy_renamed  # imported here: checkpoint.py imports this module
-
     head = SpladeHead(splade, int(config["hidden_size"]), float(config.get("layer_norm_eps", 1e-12)),
                       str(config.get("hidden_act", "gelu")))
     keys = {legacy_renamed(k): k for k in weights.keys()}  # current name -> as saved (LayerNorm.gamma, ...)

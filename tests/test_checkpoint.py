@@ -9,7 +9,8 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from attnserve.errors import CheckpointError
-from attnserve.model.checkpoint import key_map, load_encoder, read_checkpoint
+from attnserve.model.checkpoint import load_encoder, read_checkpoint
+from attnserve.model.families import key_map
 
 from .conftest import assert_one_line_error, run_cli
 

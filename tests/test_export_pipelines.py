@@ -66,7 +66,7 @@ def test_every_dense_activation_with_and_without_bias_encodes_as_sentence_transf
     import torch
     from sentence_transformers.sentence_transformer.modules import Dense, Pooling
 
-    from attnserve.model.pipeline import DENSE_ACTIVATIONS
+    from attnserve.model.dense import DENSE_ACTIVATIONS
 
     model = save_tiny_bert(tmp_path / "bert", vocab_size=64)
     torch.manual_seed(0)

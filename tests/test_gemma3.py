@@ -63,7 +63,7 @@ def exported(st_dir, tmp_path_factory) -> tuple[Path, list[str]]:
 def test_config_is_read_as_transformers_reads_it(model_dir, ours):
     cfg = ours.config
     assert cfg.layer_types == (SLIDING, FULL, SLIDING, SLIDING) and cfg.sliding_window == 8 and cfg.bidirectional
-    assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_size, cfg.scale) == (4, 2, 32, 24 ** -0.5)
+    assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_size, cfg.score_divisor) == (4, 2, 32, 24 ** 0.5)
     assert (cfg.global_rope_theta, cfg.local_rope_theta) == (1000.0, 100.0)
     # The 4.x form (rope_theta and rope_local_base_freq, layer types from sliding_window_pattern) reads the same,
     # here and in transformers, whose bidirectional window is exclusive: sliding_window // 2 + 1.

@@ -151,7 +151,7 @@ def test_encoder_token_types_match_transformers_bert():
     theirs = transformers.BertModel(config, add_pooling_layer=False).eval()
     ours = Encoder(EncoderConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                                  max_position_embeddings=64)).eval()
-    from attnserve.model.checkpoint import key_map
+    from attnserve.model.families import key_map
 
     state = theirs.state_dict()
     ours.load_state_dict({o: state[t] for t, o in key_map(ours.config).items()})
