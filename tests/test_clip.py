@@ -1,0 +1,198 @@
+"""CLIP and SigLIP (model/clip.py, model/vision_transformer.py) against transformers' CLIPModel and SiglipModel at
+real configurations (ViT-B/16 with CLIP's text tower, SigLIP base-patch16-224), random weights saved as
+transformers saves them: image and text features, the logits, and the attention maps over the patches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnserve.errors import CheckpointError
+from attnserve.model.clip import load_image_text_model, read_config
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
+    return torch.nn.functional.cosine_similarity(a, b, dim=-1).numpy()
+
+
+def _save(model, directory):
+    model.save_pretrained(str(directory), safe_serialization=True)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def clip_dir(tmp_path_factory):
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.CLIPConfig(vision_config={"patch_size": 16}, projection_dim=512)  # ViT-B/16
+    return _save(transformers.CLIPModel(config).eval(), tmp_path_factory.mktemp("clip") / "model")
+
+
+@pytest.fixture(scope="module")
+def siglip_dir(tmp_path_factory):
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.SiglipModel(transformers.SiglipConfig()).eval()  # base-patch16-224
+    with torch.no_grad():  # random, not the init's 0 and 0: the scale and bias are checked too
+        model.logit_scale.fill_(2.3)
+        model.logit_bias.fill_(-10.0)
+    return _save(model, tmp_path_factory.mktemp("siglip") / "model")
+
+
+def _pixels(n: int, side: int = 224) -> torch.Tensor:
+    return torch.from_numpy(np.random.default_rng(1).normal(size=(n, 3, side, side)).astype(np.float32))
+
+
+def _clip_texts() -> tuple[torch.Tensor, torch.Tensor]:
+    """Three texts as CLIP's tokenizer gives them: <|startoftext|> ... <|endoftext|>, padded with
+    <|endoftext|> (its pad token), one of them as long as the model's 77 positions."""
+    rng = np.random.default_rng(2)
+    lengths = [5, 77, 12]
+    ids = np.full((3, 77), 49407, dtype=np.int64)
+    mask = np.zeros((3, 77), dtype=np.int64)
+    for row, n in enumerate(lengths):
+        ids[row, 0], ids[row, 1:n - 1], ids[row, n - 1] = 49406, rng.integers(300, 49000, n - 2), 49407
+        mask[row, :n] = 1
+    return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+def test_clip_image_and_text_features_and_logits_equal_transformers(clip_dir):
+    import transformers
+
+    reference = transformers.CLIPModel.from_pretrained(str(clip_dir)).eval()
+    ours = load_image_text_model(clip_dir)
+    pixels, (ids, mask) = _pixels(2), _clip_texts()
+    with torch.no_grad():
+        want = reference(input_ids=ids, attention_mask=mask, pixel_values=pixels)
+        images, texts = ours.image_features(pixels), ours.text_features(ids, mask)
+        logits = ours.logits_per_image(images, texts)
+    assert _cosine(images, want.image_embeds).min() >= 0.99999
+    assert _cosine(texts, want.text_embeds).min() >= 0.99999
+    assert torch.allclose(images, reference.get_image_features(pixel_values=pixels).pooler_output, atol=1e-4)
+    assert torch.allclose(logits, want.logits_per_image, atol=1e-3)
+    # The cosine of an image and a text is the logit over exp(logit_scale), as the issue's check reads it.
+    cosine = torch.nn.functional.normalize(images, dim=-1) @ torch.nn.functional.normalize(texts, dim=-1).T
+    assert torch.allclose(cosine, want.logits_per_image / reference.logit_scale.exp(), atol=1e-5)
+    assert torch.allclose(ours.zero_shot(logits), want.logits_per_image.softmax(dim=-1), atol=1e-5)
+
+
+def test_clip_attention_over_patches_equals_transformers_eager(clip_dir):
+    import transformers
+
+    reference = transformers.CLIPModel.from_pretrained(str(clip_dir), attn_implementation="eager").eval()
+    ours = load_image_text_model(clip_dir)
+    pixels = _pixels(2)
+    with torch.no_grad():
+        want = reference.vision_model(pixel_values=pixels, output_attentions=True)
+        hidden, pooled, maps = ours.vision(pixels, output_attentions=True)
+    assert maps is not None and maps.shape == (12, 2, 12, 197, 197)  # L, B, nh, class token + 14 x 14 patches
+    assert (maps - torch.stack(want.attentions)).abs().max() <= 1e-5
+    assert torch.allclose(maps.sum(-1), torch.ones(()), atol=1e-5)
+    assert (hidden - want.last_hidden_state).abs().max() <= 1e-4
+    assert ours.vision.value_norms().shape == (12, 2, 12, 197)
+
+
+def test_clip_text_tower_is_causal_and_pools_the_end_of_text(clip_dir):
+    import transformers
+
+    reference = transformers.CLIPModel.from_pretrained(str(clip_dir), attn_implementation="eager").eval()
+    ours = load_image_text_model(clip_dir)
+    ids, mask = _clip_texts()
+    with torch.no_grad():
+        want = reference.text_model(input_ids=ids, attention_mask=mask, output_attentions=True)
+        hidden, pooled, maps = ours.text(ids, mask, output_attentions=True)
+    real = mask.bool()
+    assert (hidden - want.last_hidden_state)[real].abs().max() <= 1e-4
+    assert (pooled - want.pooler_output).abs().max() <= 1e-4
+    assert maps is not None and torch.all(maps[..., 0, 1:] == 0)  # the first token sees only itself
+
+
+def test_clip_config_with_the_legacy_end_of_text_id_pools_the_highest_id(tmp_path):
+    import transformers
+
+    torch.manual_seed(0)
+    small = transformers.CLIPConfig(
+        text_config={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                     "eos_token_id": 2},
+        vision_config={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "image_size": 32, "patch_size": 8}, projection_dim=32)
+    directory = _save(transformers.CLIPModel(small).eval(), tmp_path / "model")
+    reference = transformers.CLIPModel.from_pretrained(str(directory)).eval()
+    ours = load_image_text_model(directory)
+    assert ours.config.text.eos_token_id == 2
+    ids, mask = _clip_texts()
+    with torch.no_grad():
+        want = reference.get_text_features(input_ids=ids, attention_mask=mask).pooler_output
+        assert torch.allclose(ours.text_features(ids, mask), want, atol=1e-5)
+
+
+def test_siglip_features_logits_and_zero_shot_equal_transformers(siglip_dir):
+    import transformers
+
+    reference = transformers.SiglipModel.from_pretrained(str(siglip_dir)).eval()
+    ours = load_image_text_model(siglip_dir)
+    assert ours.config.vision.attention_pooling and not ours.config.text.causal
+    pixels = _pixels(2)
+    # SigLIP's tokenizer pads every text to 64 tokens, and the model is run without a mask: the pooled output is
+    # the last position's.
+    ids = torch.from_numpy(np.random.default_rng(3).integers(2, 32000, size=(3, 64)))
+    ones = torch.ones_like(ids)
+    with torch.no_grad():
+        want = reference(input_ids=ids, pixel_values=pixels)
+        images, texts = ours.image_features(pixels), ours.text_features(ids, ones)
+        logits = ours.logits_per_image(images, texts)
+    assert _cosine(images, want.image_embeds).min() >= 0.99999
+    assert _cosine(texts, want.text_embeds).min() >= 0.99999
+    assert torch.allclose(logits, want.logits_per_image, atol=1e-3)
+    assert torch.allclose(ours.zero_shot(logits), torch.sigmoid(want.logits_per_image), atol=1e-5)
+
+
+def test_siglip_attention_over_patches_equals_transformers_eager(siglip_dir):
+    import transformers
+
+    reference = transformers.SiglipModel.from_pretrained(str(siglip_dir), attn_implementation="eager").eval()
+    ours = load_image_text_model(siglip_dir)
+    pixels = _pixels(1)
+    with torch.no_grad():
+        want = reference.vision_model(pixel_values=pixels, output_attentions=True)
+        hidden, pooled, maps = ours.vision(pixels, output_attentions=True)
+    assert maps is not None and maps.shape == (12, 1, 12, 196, 196)  # no class token: the 14 x 14 patches
+    assert (maps - torch.stack(want.attentions)).abs().max() <= 1e-5
+    assert (pooled - want.pooler_output).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize(("change", "fragment"), [
+    ({"architectures": ["CLIPForImageClassification"]}, "CLIPForImageClassification"),
+    ({"vision_config": {"hidden_act": "swish"}}, "vision_config.hidden_act 'swish' is not supported"),
+    ({"vision_config": {"image_size": 225}}, "must be a multiple of patch_size"),
+    ({"text_config": {"num_attention_heads": 7}}, "a multiple of num_attention_heads"),
+    ({"text_config": "nope"}, "text_config must be an object"),
+])
+def test_configs_the_towers_cannot_reproduce_are_refused_in_one_line(clip_dir, tmp_path, change, fragment):
+    import json
+    import shutil
+
+    directory = tmp_path / "model"
+    shutil.copytree(clip_dir, directory)
+    raw = json.loads((directory / "config.json").read_text())
+    for key, value in change.items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
+    (directory / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match=fragment):
+        read_config(raw, directory / "config.json")
+
+
+def test_a_checkpoint_with_a_missing_tower_weight_is_refused_naming_it(clip_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    directory = tmp_path / "model"
+    directory.mkdir()
+    (directory / "config.json").write_bytes((clip_dir / "config.json").read_bytes())
+    tensors = load_file(str(clip_dir / "model.safetensors"))
+    del tensors["visual_projection.weight"]
+    save_file(tensors, str(directory / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="visual_projection.weight"):
+        load_image_text_model(directory)

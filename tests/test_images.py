@@ -1,0 +1,176 @@
+"""Images in: decoding under limits (engine/images.py) and the pixels of CLIP's and SigLIP's preprocessing
+(engine/image_processor.py), equal to transformers' own image processors (their Pillow backend) after its
+load_image, on real files of every mode, and the hostile ones refused in one line each."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from attnserve.engine.image_processor import read_image_processor
+from attnserve.engine.images import ImageError, decode_image
+from attnserve.errors import CheckpointError
+
+
+def _gradient(width: int, height: int) -> np.ndarray:
+    """(H, W, 3) uint8 with detail at every scale: resizing and cropping errors show."""
+    y, x = np.mgrid[0:height, 0:width]
+    rng = np.random.default_rng(width * 1000 + height)
+    return np.stack([(x * 255 // max(width - 1, 1)), (y * 255 // max(height - 1, 1)),
+                     rng.integers(0, 256, (height, width))], axis=-1).astype(np.uint8)
+
+
+def _encoded(image: Image.Image, fmt: str, **options) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format=fmt, **options)
+    return out.getvalue()
+
+
+def _exif_rotated_jpeg() -> bytes:
+    """A 160 x 90 JPEG whose EXIF says "rotate 90 clockwise to view" (orientation 6), as phones save them."""
+    image = Image.fromarray(_gradient(160, 90))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    return _encoded(image, "JPEG", exif=exif.tobytes(), quality=95)
+
+
+def real_images() -> dict[str, bytes]:
+    rgb = Image.fromarray(_gradient(300, 200))
+    rgba = Image.fromarray(np.dstack([_gradient(123, 457), np.linspace(0, 255, 123 * 457).reshape(457, 123)
+                                      .astype(np.uint8)]), "RGBA")
+    palette = rgb.convert("P", palette=Image.Palette.ADAPTIVE, colors=64)
+    palette.info["transparency"] = 3
+    sixteen = Image.fromarray(np.arange(64 * 48, dtype=np.uint16).reshape(48, 64) * 20)  # mode I;16
+    return {
+        "RGB png": _encoded(rgb, "PNG"),
+        "RGB jpeg": _encoded(rgb, "JPEG", quality=90),
+        "RGBA png": _encoded(rgba, "PNG"),
+        "L png": _encoded(rgb.convert("L"), "PNG"),
+        "P png with transparency": _encoded(palette, "PNG"),
+        "CMYK jpeg": _encoded(rgb.convert("CMYK"), "JPEG", quality=90),
+        "I;16 png": _encoded(sixteen, "PNG"),
+        "EXIF-rotated jpeg": _exif_rotated_jpeg(),
+        "tiny webp": _encoded(Image.fromarray(_gradient(10, 7)), "WEBP", lossless=True),
+        "wide bmp": _encoded(Image.fromarray(_gradient(640, 64)), "BMP"),
+    }
+
+
+@pytest.fixture(scope="module")
+def processors(tmp_path_factory) -> dict[str, Path]:
+    """preprocessor_config.json as transformers saves each, and a variant with an old file's int sizes and a
+    crop larger than the resize (the padded crop)."""
+    import transformers
+
+    root = tmp_path_factory.mktemp("processors")
+    out = {}
+    for name, processor in {"clip": transformers.CLIPImageProcessor(),
+                            "siglip": transformers.SiglipImageProcessor(),
+                            "clip-odd": transformers.CLIPImageProcessor(size=200, crop_size=230, resample=2)}.items():
+        processor.save_pretrained(str(root / name))
+        out[name] = root / name
+    config = json.loads((out["clip-odd"] / "preprocessor_config.json").read_text())
+    config.update(size=200, crop_size=230)  # an old CLIPFeatureExtractor file's ints
+    (out["clip-odd"] / "preprocessor_config.json").write_text(json.dumps(config))
+    return out
+
+
+def _theirs(directory: Path, data: bytes) -> np.ndarray:
+    import transformers
+    from PIL import ImageOps
+
+    # The file opened and turned upright as transformers' load_image does, then given to the processor as it is
+    # (load_image's own convert("RGB") would drop an alpha channel that the processor composites over white).
+    image = ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
+    processor = transformers.AutoImageProcessor.from_pretrained(str(directory), backend="pil")
+    return processor(images=image, return_tensors="np")["pixel_values"][0]
+
+
+@pytest.mark.parametrize("kind", ["clip", "siglip", "clip-odd"])
+@pytest.mark.parametrize("name", list(real_images()))
+def test_pixels_equal_transformers_image_processor(processors, kind, name):
+    data = real_images()[name]
+    ours = read_image_processor(processors[kind] / "preprocessor_config.json").pixels(decode_image(data))
+    theirs = _theirs(processors[kind], data)
+    assert ours.shape == theirs.shape and ours.dtype == np.float32
+    assert np.abs(ours - theirs).max() <= 1e-6
+
+
+def test_an_exif_rotated_jpeg_is_seen_upright():
+    image = decode_image(_exif_rotated_jpeg())
+    assert image.size == (90, 160)  # stored 160 x 90, viewed rotated
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height and whose data is a few bytes: a decompression bomb's shape."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) \
+        + chunk(b"IEND", b"")
+
+
+def _animated_gif() -> bytes:
+    frames = [Image.fromarray(np.roll(_gradient(20, 20), shift, axis=1)).convert("P") for shift in (0, 5, 10)]
+    return _encoded(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+
+
+HOSTILE = {
+    "empty": (b"", "empty"),
+    "text": (b"hello, this is not an image at all", "cannot be read as PNG"),
+    "svg": (b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>', "SVG"),
+    "svg without a prolog": (b' <svg xmlns="http://www.w3.org/2000/svg"><script>alert(1)</script></svg>', "SVG"),
+    "eps (Ghostscript)": (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n", "cannot be read as PNG"),
+    "20,000 x 20,000 png": (_png_header_only(20_000, 20_000), "over this server's limit"),
+    "zero-width png": (_png_header_only(0, 10), "cannot be read as PNG"),
+    "truncated png": (real_images()["RGB png"][:400], "truncated"),
+    "corrupt png": (real_images()["RGB png"][:60] + bytes(200) + real_images()["RGB png"][260:], "corrupt"),
+    "animated gif": (_animated_gif(), "3 frames"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_images_are_refused_in_one_line(name):
+    data, fragment = HOSTILE[name]
+    with pytest.raises(ImageError, match=fragment) as refused:
+        decode_image(data)
+    assert "\n" not in str(refused.value) and len(str(refused.value)) < 300
+
+
+def test_a_declared_type_must_agree_with_the_bytes():
+    png = real_images()["RGB png"]
+    assert decode_image(png, declared="image/png").size == (300, 200)
+    with pytest.raises(ImageError, match="declared image/jpeg but its bytes are PNG"):
+        decode_image(png, declared="image/jpeg")
+    with pytest.raises(ImageError, match="image/svg\\+xml' is not accepted"):
+        decode_image(png, declared="image/svg+xml")
+
+
+def test_the_pixel_limit_is_the_servers(tmp_path):
+    png = real_images()["RGB png"]  # 300 x 200 = 60,000 pixels
+    assert decode_image(png, max_pixels=60_000).size == (300, 200)
+    with pytest.raises(ImageError, match="60,000 pixels, over this server's limit of 59,999"):
+        decode_image(png, max_pixels=59_999)
+
+
+@pytest.mark.parametrize(("change", "fragment"), [
+    ({"do_pad": True}, "do_pad"),
+    ({"image_processor_type": "ViTImageProcessor"}, "ViTImageProcessor"),
+    ({"size": {"longest_edge": 224}}, "only shortest_edge"),
+    ({"image_std": [0.5, 0.0, 0.5]}, "must be above 0"),
+    ({"do_reduce_labels": True}, "do_reduce_labels"),
+    ({"resample": 99}, "invalid image processor setting"),
+])
+def test_preprocessing_it_cannot_reproduce_is_refused_in_one_line(processors, tmp_path, change, fragment):
+    config = json.loads((processors["clip"] / "preprocessor_config.json").read_text())
+    config.update(change)
+    path = tmp_path / "preprocessor_config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=fragment):
+        read_image_processor(path)
