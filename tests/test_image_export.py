@@ -1,0 +1,67 @@
+"""The image tower's graphs (export/image_tower.py) for CLIP ViT-B/32's and SigLIP's shapes, random weights: each
+verified against PyTorch at export, then run here on batch sizes the export never saw."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnserve.engine.session import CPU, open_session
+from attnserve.errors import ExportVerificationError
+from attnserve.export.image_tower import BARS, GRAPHS, ImageTower, export_image_tower, verify_image_graph
+from attnserve.model.clip import load_image_text_model
+
+
+@pytest.fixture(scope="module", params=["clip", "siglip"])
+def exported(request, tmp_path_factory):
+    import transformers
+
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp(request.param)
+    if request.param == "clip":  # openai/clip-vit-base-patch32's shape
+        reference = transformers.CLIPModel(transformers.CLIPConfig(projection_dim=512))
+    else:  # a SigLIP with base's vision tower at 2 layers (the same graph code; SigLIP's head and no class token)
+        reference = transformers.SiglipModel(transformers.SiglipConfig(
+            vision_config={"num_hidden_layers": 2}, text_config={"num_hidden_layers": 1}))
+    reference.eval().save_pretrained(str(root / "model"))
+    model = load_image_text_model(root / "model")
+    parities = export_image_tower(model, root / "graphs")
+    return model, root / "graphs", parities
+
+
+def test_every_graph_is_written_and_holds_its_bar(exported):
+    _, graphs, parities = exported
+    assert set(parities) == set(GRAPHS)
+    for name, precision in GRAPHS.items():
+        assert (graphs / f"{name}.onnx").is_file()
+        assert parities[name]["min_cosine_image_embeds"] >= BARS[precision].min_cosine, (name, parities[name])
+        assert parities[name]["images_checked"] == 8
+    assert parities["image_embeds"]["max_abs_last_hidden_state"] <= 1e-4
+    assert parities["image_attention"]["max_abs_attentions"] <= 1e-5
+
+
+@pytest.mark.parametrize("batch", [3, 7])
+def test_graphs_run_at_unseen_batch_sizes_as_pytorch(exported, batch):
+    model, graphs, _ = exported
+    side = model.config.vision.image_size
+    pixels = np.random.default_rng(batch).normal(size=(batch, 3, side, side)).astype(np.float32)
+    with torch.no_grad():
+        embeds, hidden, maps, norms = ImageTower(model, True)(torch.from_numpy(pixels))
+    session = open_session(graphs / "image_attention.onnx", CPU)
+    got_embeds, got_hidden, got_maps, got_norms = session.run(None, {"pixel_values": pixels})
+    assert np.abs(got_embeds - embeds.numpy()).max() <= 1e-4
+    assert np.abs(got_maps - maps.numpy()).max() <= 1e-5 and got_maps.shape[1] == batch
+    assert np.allclose(got_maps.sum(-1), 1, atol=1e-5)
+    assert np.abs(got_norms - norms.numpy()).max() <= 1e-3 * max(1.0, float(norms.abs().max()))
+
+
+def test_a_graph_off_its_bar_is_refused(exported):
+    model, graphs, _ = exported
+    side = model.config.vision.image_size
+    pixels = [np.zeros((1, 3, side, side), dtype=np.float32)]
+    with torch.no_grad():
+        embeds, hidden, maps, norms = ImageTower(model, True)(torch.from_numpy(pixels[0]))
+    wrong = [(-embeds.numpy(), hidden.numpy(), maps.numpy(), norms.numpy())]  # the opposite direction
+    with pytest.raises(ExportVerificationError, match="image_embeds.onnx \\(fp32\\) fails parity with PyTorch"):
+        verify_image_graph(graphs / "image_embeds.onnx", "fp32", pixels, wrong)
