@@ -14,7 +14,8 @@ from aiohttp import web
 from attnserve.engine.images import ImageError
 from attnserve.server.image_inputs import UrlPolicy, fetch_image, image_from_string
 
-PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQ"
+                       "AAAABJRU5ErkJggg==")  # one pixel
 
 
 def test_data_uris_and_base64_forms():
