@@ -86,31 +86,33 @@ async def fetch_image(url: str, policy: UrlPolicy, session: aiohttp.ClientSessio
         raise ImageError("this server fetches no image URLs: send the image as base64 or a data URI "
                          "(the operator allows hosts with --allow-image-urls)")
     try:
-        async with asyncio.timeout(policy.timeout_s):
-            for _ in range(policy.max_redirects + 1):
-                _check_allowed(url, policy)
-                async with session.get(url, allow_redirects=False) as reply:
-                    if reply.status in (301, 302, 303, 307, 308):
-                        url = urljoin(url, reply.headers.get("Location", ""))
-                        continue
-                    if reply.status != 200:
-                        raise ImageError(f"fetching the image URL answered HTTP {reply.status}")
-                    if (reply.content_length or 0) > policy.max_bytes:
-                        raise ImageError(f"the image at the URL is over this server's limit of "
-                                         f"{policy.max_bytes:,} bytes")
-                    data = bytearray()
-                    async for chunk in reply.content.iter_chunked(64 * 1024):
-                        data += chunk
-                        if len(data) > policy.max_bytes:  # a server that sent no length, or lied about it
-                            raise ImageError(f"the image at the URL is over this server's limit of "
-                                             f"{policy.max_bytes:,} bytes")
-                    declared = reply.content_type if reply.content_type.startswith("image/") else None
-                    return ImageBytes(bytes(data), declared)
-            raise ImageError(f"the image URL redirected more than {policy.max_redirects} times")
-    except TimeoutError:
+        return await asyncio.wait_for(_fetch(url, policy, session), policy.timeout_s)
+    except asyncio.TimeoutError:
         raise ImageError(f"fetching the image URL took over {policy.timeout_s:g} s") from None
     except aiohttp.ClientError as e:
         raise ImageError(f"fetching the image URL failed: {type(e).__name__}") from None
+
+
+async def _fetch(url: str, policy: UrlPolicy, session: aiohttp.ClientSession) -> ImageBytes:
+    for _ in range(policy.max_redirects + 1):
+        _check_allowed(url, policy)
+        async with session.get(url, allow_redirects=False) as reply:
+            if reply.status in (301, 302, 303, 307, 308):
+                url = urljoin(url, reply.headers.get("Location", ""))
+                continue
+            if reply.status != 200:
+                raise ImageError(f"fetching the image URL answered HTTP {reply.status}")
+            if (reply.content_length or 0) > policy.max_bytes:
+                raise ImageError(f"the image at the URL is over this server's limit of {policy.max_bytes:,} bytes")
+            data = bytearray()
+            async for chunk in reply.content.iter_chunked(64 * 1024):
+                data += chunk
+                if len(data) > policy.max_bytes:  # a server that sent no length, or lied about it
+                    raise ImageError(f"the image at the URL is over this server's limit of "
+                                     f"{policy.max_bytes:,} bytes")
+            declared = reply.content_type if reply.content_type.startswith("image/") else None
+            return ImageBytes(bytes(data), declared)
+    raise ImageError(f"the image URL redirected more than {policy.max_redirects} times")
 
 
 def _check_allowed(url: str, policy: UrlPolicy) -> None:
