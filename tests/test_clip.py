@@ -42,6 +42,23 @@ def siglip_dir(tmp_path_factory):
     return _save(model, tmp_path_factory.mktemp("siglip") / "model")
 
 
+@pytest.fixture(scope="module")
+def clip_models(clip_dir):
+    """transformers' CLIPModel (eager attention, which gives the maps) and ours, over the same checkpoint."""
+    import transformers
+
+    reference = transformers.CLIPModel.from_pretrained(str(clip_dir), attn_implementation="eager").eval()
+    return reference, load_image_text_model(clip_dir)
+
+
+@pytest.fixture(scope="module")
+def siglip_models(siglip_dir):
+    import transformers
+
+    reference = transformers.SiglipModel.from_pretrained(str(siglip_dir), attn_implementation="eager").eval()
+    return reference, load_image_text_model(siglip_dir)
+
+
 def _pixels(n: int, side: int = 224) -> torch.Tensor:
     return torch.from_numpy(np.random.default_rng(1).normal(size=(n, 3, side, side)).astype(np.float32))
 
@@ -59,11 +76,8 @@ def _clip_texts() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
-def test_clip_image_and_text_features_and_logits_equal_transformers(clip_dir):
-    import transformers
-
-    reference = transformers.CLIPModel.from_pretrained(str(clip_dir)).eval()
-    ours = load_image_text_model(clip_dir)
+def test_clip_image_and_text_features_and_logits_equal_transformers(clip_models):
+    reference, ours = clip_models
     pixels, (ids, mask) = _pixels(2), _clip_texts()
     with torch.no_grad():
         want = reference(input_ids=ids, attention_mask=mask, pixel_values=pixels)
@@ -79,11 +93,8 @@ def test_clip_image_and_text_features_and_logits_equal_transformers(clip_dir):
     assert torch.allclose(ours.zero_shot(logits), want.logits_per_image.softmax(dim=-1), atol=1e-5)
 
 
-def test_clip_attention_over_patches_equals_transformers_eager(clip_dir):
-    import transformers
-
-    reference = transformers.CLIPModel.from_pretrained(str(clip_dir), attn_implementation="eager").eval()
-    ours = load_image_text_model(clip_dir)
+def test_clip_attention_over_patches_equals_transformers_eager(clip_models):
+    reference, ours = clip_models
     pixels = _pixels(2)
     with torch.no_grad():
         want = reference.vision_model(pixel_values=pixels, output_attentions=True)
@@ -95,11 +106,8 @@ def test_clip_attention_over_patches_equals_transformers_eager(clip_dir):
     assert ours.vision.value_norms().shape == (12, 2, 12, 197)
 
 
-def test_clip_text_tower_is_causal_and_pools_the_end_of_text(clip_dir):
-    import transformers
-
-    reference = transformers.CLIPModel.from_pretrained(str(clip_dir), attn_implementation="eager").eval()
-    ours = load_image_text_model(clip_dir)
+def test_clip_text_tower_is_causal_and_pools_the_end_of_text(clip_models):
+    reference, ours = clip_models
     ids, mask = _clip_texts()
     with torch.no_grad():
         want = reference.text_model(input_ids=ids, attention_mask=mask, output_attentions=True)
@@ -129,11 +137,8 @@ def test_clip_config_with_the_legacy_end_of_text_id_pools_the_highest_id(tmp_pat
         assert torch.allclose(ours.text_features(ids, mask), want, atol=1e-5)
 
 
-def test_siglip_features_logits_and_zero_shot_equal_transformers(siglip_dir):
-    import transformers
-
-    reference = transformers.SiglipModel.from_pretrained(str(siglip_dir)).eval()
-    ours = load_image_text_model(siglip_dir)
+def test_siglip_features_logits_and_zero_shot_equal_transformers(siglip_models):
+    reference, ours = siglip_models
     assert ours.config.vision.attention_pooling and not ours.config.text.causal
     pixels = _pixels(2)
     # SigLIP's tokenizer pads every text to 64 tokens, and the model is run without a mask: the pooled output is
@@ -150,11 +155,8 @@ def test_siglip_features_logits_and_zero_shot_equal_transformers(siglip_dir):
     assert torch.allclose(ours.zero_shot(logits), torch.sigmoid(want.logits_per_image), atol=1e-5)
 
 
-def test_siglip_attention_over_patches_equals_transformers_eager(siglip_dir):
-    import transformers
-
-    reference = transformers.SiglipModel.from_pretrained(str(siglip_dir), attn_implementation="eager").eval()
-    ours = load_image_text_model(siglip_dir)
+def test_siglip_attention_over_patches_equals_transformers_eager(siglip_models):
+    reference, ours = siglip_models
     pixels = _pixels(1)
     with torch.no_grad():
         want = reference.vision_model(pixel_values=pixels, output_attentions=True)

@@ -19,11 +19,13 @@ def exported(request, tmp_path_factory):
 
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp(request.param)
-    if request.param == "clip":  # openai/clip-vit-base-patch32's shape
-        reference = transformers.CLIPModel(transformers.CLIPConfig(projection_dim=512))
-    else:  # a SigLIP with base's vision tower at 2 layers (the same graph code; SigLIP's head and no class token)
-        reference = transformers.SiglipModel(transformers.SiglipConfig(
-            vision_config={"num_hidden_layers": 2}, text_config={"num_hidden_layers": 1}))
+    # openai/clip-vit-base-patch32's and siglip-base-patch16-224's widths, patches and heads, at 2 layers: the same
+    # graph code as at 12 (tests/test_clip.py checks the towers at their full depth against transformers).
+    depth = {"vision_config": {"num_hidden_layers": 2}, "text_config": {"num_hidden_layers": 1}}
+    if request.param == "clip":
+        reference = transformers.CLIPModel(transformers.CLIPConfig(projection_dim=512, **depth))
+    else:
+        reference = transformers.SiglipModel(transformers.SiglipConfig(**depth))
     reference.eval().save_pretrained(str(root / "model"))
     model = load_image_text_model(root / "model")
     parities = export_image_tower(model, root / "graphs")
