@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -14,9 +13,10 @@ from attnserve.errors import ArtifactError, InputTooLongError, InvalidInputError
 
 from .shortening import exact_shortening
 from .stable_prefix import StablePrefix
+from .tokenized import TokenizedInput
+from .windows import Frame, Windows, windows_of
 
-if TYPE_CHECKING:
-    from .windows import Frame
+__all__ = ["TRUNCATION_DIRECTIONS", "TextTokenizer", "Token", "TokenizedInput", "check_texts"]
 
 # Which end of an over-long input is cut: "right" keeps its beginning (the default), "left" its end.
 TRUNCATION_DIRECTIONS = ("right", "left")
@@ -31,20 +31,6 @@ class Token:
     special: bool
     start: int | None  # character offsets into the input; None for a special token
     stop: int | None
-
-
-@dataclass(frozen=True)
-class TokenizedInput:
-    ids: np.ndarray  # (T,) int64, special tokens included
-    truncated: bool
-    type_ids: np.ndarray | None = None  # (T,) int64 token types (segment b is 1 for BERT); None: all zeros
-    pair_start: int | None = None  # a pair's index of the first token of segment b; None: not a pair
-    # The encoder attends to the first `attended` tokens only; None: to all. A ColBERT query's expansion tokens
-    # after them are encoded, and score, unattended (engine/multi_vector.py).
-    attended: int | None = None
-
-    def __len__(self) -> int:
-        return len(self.ids)
 
 
 class TextTokenizer:
@@ -102,11 +88,10 @@ class TextTokenizer:
             out.append(TokenizedInput(np.asarray(encoding.ids, dtype=np.int64), truncated))
         return out
 
-    def windows(self, texts: Sequence[str], prompt: str = "", labels: Sequence[str] | None = None) -> list:
-        """Each text whole, in windows of at most max_seq_length tokens, each after the prompt (engine/windows.py):
-        list[Windows]. Its cost grows with the texts (bounded by a request's size)."""
-        from .windows import Frame, windows_of  # windows.py builds TokenizedInputs: imported here, not at the top
-
+    def windows(self, texts: Sequence[str], prompt: str = "", labels: Sequence[str] | None = None
+                ) -> list[Windows]:
+        """Each text whole, in windows of at most max_seq_length tokens, each after the prompt (engine/windows.py).
+        Its cost grows with the texts (bounded by a request's size)."""
         labels = labels or [f"input {i}" for i in range(len(texts))]
         check_texts(texts, labels)
         frame = self._frame = self._frame or Frame.of(self._whole)

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from attnserve.errors import InvalidInputError
 
-from .tokenizer import TokenizedInput
+from .tokenized import TokenizedInput
 
 
 @dataclass(frozen=True)

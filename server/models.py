@@ -69,6 +69,7 @@ def served_pooling(name: str, manifest: Manifest, pooling: str) -> str:
 
 
 # A precision in full, as TEI's Info names a model's dtype (both of TEI's doors: HTTP /info, gRPC Info).
+VERSION = "1"  # every model's one version (KServe v2 names versions)
 DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "int8": "int8", "bf16": "bfloat16"}
 
 
@@ -333,6 +334,20 @@ class Models:
 
     async def statistics(self, name: str, version: str | None) -> dict:
         """Triton's statistics of the model named, or of every model when name is empty (KServe's doors)."""
-        from .open_inference import model_statistics
-
         return model_statistics(self, name, version)
+
+
+def check_version(info: ModelInfo, version: str | None) -> None:
+    """version: as a request names it (KServe's doors); None or "": the model's one version."""
+    if version and version != VERSION:
+        raise ModelNotFoundError(f"the model {info.model!r} has no version {version!r}; its one version is "
+                                 f"{VERSION!r}")
+
+
+def model_statistics(models: Models, name: str, version: str | None) -> dict:
+    """Triton's statistics of the model named, or of every model when name is empty, in their JSON form
+    (server/statistics.py says what each counter counts)."""
+    served = models.all if not name else [models.get(name)]
+    for model in served:
+        check_version(model.info, version)
+    return {"model_stats": [model.metrics.statistics.as_dict(model.name, VERSION) for model in served]}

@@ -34,13 +34,12 @@ from typing import TypeVar
 
 import numpy as np
 
-from attnserve.errors import InvalidInputError, ModelNotFoundError
+from attnserve.errors import InvalidInputError
 
-from .models import ModelInfo, Models
+from .models import VERSION, ModelInfo
 from .replies import EncodeReply, PredictReply, RerankReply
 from .requests import EncodeRequest, PredictRequest, RerankRequest
 
-VERSION = "1"  # every model's one version
 PLATFORM = "attnserve_onnxruntime"
 TEXT, QUERY = "text", "query"
 # BYTES elements' length prefix: uint32, little-endian.
@@ -92,13 +91,6 @@ def is_classifier(info: ModelInfo) -> bool:
     return info.kind == "reranker" and "predict" in info.outputs and "rerank" not in info.outputs
 
 
-def check_version(info: ModelInfo, version: str | None) -> None:
-    """version: as a request names it; None or "": the model's one version."""
-    if version and version != VERSION:
-        raise ModelNotFoundError(f"the model {info.model!r} has no version {version!r}; its one version is "
-                                 f"{VERSION!r}")
-
-
 def model_metadata(info: ModelInfo) -> dict:
     """The model's metadata, in v2's JSON form (the gRPC door fills its message from it)."""
     def tensors(specs: Iterable[TensorSpec]) -> list[dict]:
@@ -128,15 +120,6 @@ def model_config(info: ModelInfo) -> dict:
             ("max_inputs_per_request", info.max_inputs_per_request), ("max_seq_length", info.max_seq_length),
             ("max_wait_ms", info.max_wait_ms), ("precision", info.precision), ("provider", info.provider))},
     }
-
-
-def model_statistics(models: Models, name: str, version: str | None) -> dict:
-    """Triton's statistics of the model named, or of every model when name is empty, in their JSON form
-    (server/statistics.py says what each counter counts)."""
-    served = models.all if not name else [models.get(name)]
-    for model in served:
-        check_version(model.info, version)
-    return {"model_stats": [model.metrics.statistics.as_dict(model.name, VERSION) for model in served]}
 
 
 @dataclass(frozen=True)

@@ -882,7 +882,7 @@ def _windowed_texts(tokenizer: TextTokenizer, raw: list[str], texts: list[str], 
     """Texts in windows (engine/windows.py): every one (late chunking), or those longer than max_seq_length with
     their prompt (--long-inputs chunk: the others encoded as they are, cut at no point)."""
     if every:
-        return tokenizer.windows(raw, prompt, labels)
+        return list[TokenizedInput | Windows](tokenizer.windows(raw, prompt, labels))
     encoded: list[TokenizedInput | Windows] = list(tokenizer.encode_texts(texts, True, labels, direction))
     for i, x in enumerate(encoded):
         if isinstance(x, TokenizedInput) and x.truncated:

@@ -25,7 +25,7 @@ from attnserve.kserve import grpc_service_pb2_grpc, model_config_pb2
 from .. import open_inference as oip
 from ..core import Core
 from ..metrics import Metrics
-from ..models import ModelInfo
+from ..models import VERSION, ModelInfo, check_version
 from ..requests import EncodeRequest, PredictRequest, RerankRequest
 from .calls import Calls, deadline
 
@@ -89,7 +89,7 @@ class InferenceService(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
                               ) -> pb.RepositoryIndexResponse:
         return await self._calls.quick("RepositoryIndex", context, lambda: pb.RepositoryIndexResponse(models=[
-            pb.RepositoryIndexResponse.ModelIndex(name=model.name, version=oip.VERSION, state="READY")
+            pb.RepositoryIndexResponse.ModelIndex(name=model.name, version=VERSION, state="READY")
             for model in self._core.models.all]))
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> bytes:
@@ -120,7 +120,7 @@ class InferenceService(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def _info(self, name: str, version: str):
         info = self._core.model(name).info
-        oip.check_version(info, version)
+        check_version(info, version)
         return info
 
 
@@ -159,7 +159,7 @@ def _parameters(parameters, where: str) -> dict:
 
 def _reply(arrays: dict[str, tuple[str, np.ndarray]], model: str, id: str, outputs: dict[str, bool]) -> bytes:
     """The serialized ModelInferResponse: each output's datatype and shape, its data in raw_output_contents."""
-    reply = pb.ModelInferResponse(model_name=model, model_version=oip.VERSION, id=id)
+    reply = pb.ModelInferResponse(model_name=model, model_version=VERSION, id=id)
     for name in outputs:
         datatype, array = arrays[name]
         reply.outputs.add(name=name, datatype=datatype, shape=array.shape)

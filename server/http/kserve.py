@@ -28,7 +28,7 @@ from attnserve.errors import InvalidInputError, MalformedMessageError
 
 from .. import open_inference as oip
 from ..core import BINARY_FLOAT_BYTES, Core
-from ..models import ModelInfo
+from ..models import VERSION, ModelInfo, check_version
 from ..requests import PredictRequest, RerankRequest
 from .bodies import (
     KServeInferBody,
@@ -156,7 +156,7 @@ class KServeRoutes:
     def _info(self, request: web.Request) -> ModelInfo:
         """The model the path names, at its one version."""
         info = self._core.model(request.match_info["name"]).info
-        oip.check_version(info, request.match_info.get("version"))
+        check_version(info, request.match_info.get("version"))
         return info
 
     async def server_metadata(self, request: web.Request) -> web.Response:
@@ -188,7 +188,7 @@ class KServeRoutes:
     async def repository_index(self, request: web.Request) -> web.Response:
         # tritonclient sends no body at all; one that is sent must be the index request's JSON.
         await self._bodies.read_bytes(request, lambda body: body and parse(KServeRepositoryIndexBody, body))
-        return json_response(dumps([{"name": model.name, "version": oip.VERSION, "state": "READY"}
+        return json_response(dumps([{"name": model.name, "version": VERSION, "state": "READY"}
                                     for model in self._core.models.all]))
 
     async def infer(self, request: web.Request) -> web.Response:
@@ -282,7 +282,7 @@ def _render(arrays: dict[str, tuple[str, np.ndarray]], model: str, id: str | Non
         else:
             tensor["data"] = array.reshape(-1)  # row-major, flat
         tensors.append(tensor)
-    header: dict[str, object] = {"model_name": model, "model_version": oip.VERSION, "outputs": tensors}
+    header: dict[str, object] = {"model_name": model, "model_version": VERSION, "outputs": tensors}
     if id is not None:
         header["id"] = id
     return dumps(header), tail

@@ -15,8 +15,7 @@ from functools import partial
 import zmq
 import zmq.asyncio
 
-from ..models import Models
-from ..open_inference import model_statistics
+from ..models import Models, model_statistics
 from . import wire
 
 log = logging.getLogger("attnserve.server")

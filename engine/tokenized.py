@@ -1,0 +1,21 @@
+"""A text or pair as token ids, what the batcher queues and the engine runs: made by tokenizer.py and windows.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TokenizedInput:
+    ids: np.ndarray  # (T,) int64, special tokens included
+    truncated: bool
+    type_ids: np.ndarray | None = None  # (T,) int64 token types (segment b is 1 for BERT); None: all zeros
+    pair_start: int | None = None  # a pair's index of the first token of segment b; None: not a pair
+    # The encoder attends to the first `attended` tokens only; None: to all. A ColBERT query's expansion tokens
+    # after them are encoded, and score, unattended (engine/multi_vector.py).
+    attended: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
