@@ -72,11 +72,12 @@ def save_colbert(directory: Path, settings: dict, seed: int = 0) -> Path:
     return directory
 
 
-def export(checkpoint: Path, out: Path) -> Path:
+def export(checkpoint: Path, out: Path, variants: list[str] | None = None) -> Path:
+    """Every variant (None), as `attnserve export --all`, or those named."""
     from attnserve.export.artifacts import build_artifacts
     from attnserve.model.checkpoint import read_checkpoint
 
-    build_artifacts(read_checkpoint(checkpoint), out, log=lambda m: None)
+    build_artifacts(read_checkpoint(checkpoint), out, log=lambda m: None, variants=variants)
     return out
 
 
@@ -133,7 +134,7 @@ def test_engine_equals_multi_vector_encoder(colbert, input_type):
 
 def test_the_other_settings_equal_multi_vector_encoder(tmp_path):
     checkpoint = save_colbert(tmp_path / "ckpt", VARIANT, seed=1)
-    artifacts = export(checkpoint, tmp_path / "artifacts")
+    artifacts = export(checkpoint, tmp_path / "artifacts", ["embeddings"])  # the module's export builds them all
     engine = Engine.from_directory(artifacts, EngineConfig())
     manifest = engine.manifest.multi_vector
     assert manifest is not None and manifest["similarity"] == "meanmaxsim" and manifest["document_length"] == 128
@@ -262,7 +263,8 @@ def test_meanmaxsim_reranking_equals_sentence_transformers_similarity(tmp_path):
     from sentence_transformers import MultiVectorEncoder
 
     checkpoint = save_colbert(tmp_path / "ckpt", VARIANT, seed=2)
-    with serving(ServerProcess(export(checkpoint, tmp_path / "artifacts"), log_path=tmp_path / "server.log")) as s:
+    artifacts = export(checkpoint, tmp_path / "artifacts", ["embeddings"])
+    with serving(ServerProcess(artifacts, log_path=tmp_path / "server.log")) as s:
         results = requests.post(f"{s.http_url}/v1/rerank", json={"model": "", "query": QUERIES[2],
                                                                   "documents": DOCUMENTS}, timeout=60).json()["results"]
     model = MultiVectorEncoder(str(checkpoint), device="cpu")
