@@ -26,13 +26,10 @@ EXAMPLES = 30  # per operation and phase; about 3,000 requests for the embedder,
 
 
 def _export(checkpoint: Path, out: Path) -> Path:
-    """Every graph a route may run but int8's, whose search is most of a tiny model's export and which no route's
-    body can ask for (the server serves the fp32 graphs instead)."""
-    from attnserve.export.artifacts import all_variants, build_artifacts
+    from attnserve.export.artifacts import build_artifacts
     from attnserve.model.checkpoint import read_checkpoint
 
-    ckpt = read_checkpoint(checkpoint)
-    build_artifacts(ckpt, out, log=lambda m: None, variants=[v for v in all_variants(ckpt) if "int8" not in v])
+    build_artifacts(read_checkpoint(checkpoint), out, log=lambda m: None)
     return out
 
 
