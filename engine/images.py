@@ -67,13 +67,14 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, declared: st
     frames = int(getattr(image, "n_frames", 1))
     if frames > 1 and fmt != "MPO":
         raise ImageError(f"the image has {frames} frames (an animation or a multi-page file): send one frame")
+    if ImageFile.LOAD_TRUNCATED_IMAGES:  # set by some other code in this process: Pillow would pad what is missing
+        raise ImageError("this process decodes truncated images as if whole (PIL.ImageFile.LOAD_TRUNCATED_IMAGES), "
+                         "so it decodes none")
     try:
-        assert not ImageFile.LOAD_TRUNCATED_IMAGES, "a truncated image must be refused, not padded"
         image.load()
-        upright = ImageOps.exif_transpose(image)
-    except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as e:
+        return ImageOps.exif_transpose(image)
+    except Exception as e:  # noqa: BLE001 -- Pillow's decoders and its EXIF reader raise many kinds on bad data
         raise ImageError(f"the image is corrupt or truncated ({fmt}): {_first_line(e)}") from None
-    return upright
 
 
 def _first_line(error: Exception) -> str:
