@@ -31,11 +31,10 @@ from attnserve.errors import CheckpointError
 from .checkpoint import uninitialised_weights
 from .checkpoint_files import read_object
 from .config_reading import check_architectures
+from .encoder import MASK_VALUE
 from .family import WeightNames
 from .vision_transformer import ACTIVATIONS, PreNormLayer, TowerSizes, VisionConfig, VisionTransformer, run_layers
 from .weights_files import Weights
-
-MASK_VALUE = -10000.0  # as encoder.MASK_VALUE: exp() underflows to 0 in fp32, finite in fp16
 
 # transformers' defaults where a config.json leaves a field out (CLIPTextConfig, CLIPVisionConfig,
 # SiglipTextConfig, SiglipVisionConfig).

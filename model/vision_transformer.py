@@ -25,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import SelfAttention
+from .blocks import GATE_ACTIVATIONS
 from .value_norms import keep_value_norms, stacked_value_norms
 
 
@@ -33,11 +34,9 @@ def quick_gelu(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(1.702 * x)
 
 
-# config.json's hidden_act -> the function (transformers' ACT2FN entries these towers use).
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "quick_gelu": quick_gelu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu,
-}
+# config.json's hidden_act -> the function (transformers' ACT2FN): the Llama-style blocks' and CLIP's own.
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {**GATE_ACTIVATIONS, "quick_gelu": quick_gelu,
+                                                                  "relu": F.relu}
 
 
 @dataclass(frozen=True)

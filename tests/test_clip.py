@@ -168,7 +168,7 @@ def test_siglip_attention_over_patches_equals_transformers_eager(siglip_models):
 
 @pytest.mark.parametrize(("change", "fragment"), [
     ({"architectures": ["CLIPForImageClassification"]}, "CLIPForImageClassification"),
-    ({"vision_config": {"hidden_act": "swish"}}, "vision_config.hidden_act 'swish' is not supported"),
+    ({"vision_config": {"hidden_act": "prelu"}}, "vision_config.hidden_act 'prelu' is not supported"),
     ({"vision_config": {"image_size": 225}}, "must be a multiple of patch_size"),
     ({"text_config": {"num_attention_heads": 7}}, "a multiple of num_attention_heads"),
     ({"text_config": "nope"}, "text_config must be an object"),
