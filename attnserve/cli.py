@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import logging
 import os
@@ -120,7 +121,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     engine_config, server_config = from_args(EngineConfig, args), from_args(ServerConfig, args)
     logs.configure(args.log_level or "INFO", server_config.log_format)
-    if server_config.workers > 1:
+    if server_config.workers == "auto":
+        from attnserve.server.workers.auto import auto_workers
+
+        server_config = dataclasses.replace(server_config, workers=str(auto_workers(engine_config, server_config)))
+    if server_config.worker_count > 1:
         return serve_workers(engine_config, server_config, args.log_level or "INFO")
     from attnserve.server.app import serve
 

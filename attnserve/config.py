@@ -144,11 +144,12 @@ class ServerConfig:
         "auto", "ATTNSERVE_LOG_FORMAT",
         "log lines as JSON objects (one per line) or human-readable text; auto: text when stderr is a terminal, "
         "JSON otherwise", choices=("auto", "json", "text"))
-    workers: int = setting(
-        1, "ATTNSERVE_WORKERS",
+    workers: str = setting(
+        "auto", "ATTNSERVE_WORKERS",
         "front-door processes: each parses, authenticates, validates and tokenizes requests and writes replies, on "
         "the same ports (SO_REUSEPORT), in front of one engine process that owns the models' batchers (one queue "
-        "per model across every worker); 1 serves in one process")
+        "per model across every worker); 1 serves in one process; auto: as many as the default model's measured "
+        "door and graph costs call for on this machine, measured on its first start and recorded in the cache")
     http_port: int = setting(
         8080, "ATTNSERVE_HTTP_PORT",
         "HTTP port (OpenAI- and TEI-compatible routes) on the same host, TLS and batcher; 0 picks a free one, "
@@ -190,14 +191,21 @@ class ServerConfig:
     api_key_file: str | None = setting(
         None, "ATTNSERVE_API_KEY_FILE", "file of API keys, one per line, added to --api-key")
 
+    @property
+    def worker_count(self) -> int:
+        """--workers as a number; auto is resolved first (server/workers/auto.py, before the server starts)."""
+        if self.workers == "auto":
+            raise ConfigError("workers auto is resolved before a server starts (server/workers/auto.py)")
+        return int(self.workers)
+
     def __post_init__(self) -> None:
         for name in ("port", "max_queue_tokens", "max_inputs_per_request", "max_request_bytes",
                      "max_response_bytes"):
             if getattr(self, name) < (0 if name == "port" else 1):
                 raise ConfigError(f"{name} must be {'>= 0' if name == 'port' else 'positive'}, "
                                   f"got {getattr(self, name)}")
-        if self.workers < 1:
-            raise ConfigError(f"workers must be >= 1, got {self.workers}")
+        if self.workers != "auto" and not (self.workers.isdigit() and int(self.workers) >= 1):
+            raise ConfigError(f"workers must be auto or a whole number >= 1, got {self.workers!r}")
         for name in ("metrics_port", "http_port"):
             if getattr(self, name) < -1:
                 raise ConfigError(f"{name} must be >= -1, got {getattr(self, name)}")

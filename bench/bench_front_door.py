@@ -111,7 +111,8 @@ def run_core_alone(artifacts: Path, requests: int, clients: int) -> None:
     from attnserve.server.http.openai import render
     from attnserve.server.http.wire import BASE64_FLOAT_BYTES
     from attnserve.server.metrics import Metrics
-    from attnserve.server.models import Models, ModelSource
+    from attnserve.server.model_sources import ModelSource
+    from attnserve.server.models import Models
     from attnserve.server.requests import EncodeRequest
 
     async def main() -> None:

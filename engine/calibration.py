@@ -139,7 +139,7 @@ def _recorded(manifest: Manifest, config: EngineConfig, sig: str, key: str,
     return None
 
 
-def _write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict) -> None:
     """Atomically: replicas starting together each write a whole file, never a mixture."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -160,7 +160,7 @@ def _record(manifest: Manifest, sig: str, key: str, entry: dict) -> Path | None:
         choices = _read(path)
         choices.setdefault(sig, {})[key] = entry
         try:
-            _write_json(path, {"format_version": FORMAT_VERSION, "choices": choices})
+            write_json(path, {"format_version": FORMAT_VERSION, "choices": choices})
             return path
         except OSError as e:
             errors.append(f"{path}: {e.strerror or e}")

@@ -37,7 +37,8 @@ from .grpc.service import PROTOCOL, SERVICE_NAME, EncoderService, add_to_server
 from .grpc.tei import add_to_server as add_tei_to_server
 from .http.door import HttpDoor
 from .metrics import Metrics
-from .models import Models, ServedModel, model_sources
+from .model_sources import model_sources
+from .models import Models, ServedModel
 from .tls import grpc_credentials, http_ssl_context
 
 log = logging.getLogger("attnserve.server")

@@ -13,6 +13,11 @@ import pytest
 
 from attnserve.default_model import DEFAULT_MODEL_NAME, default_checkpoint_dir
 
+# The servers the tests start serve in one process unless a test asks for workers: `--workers auto` (the default)
+# measures each new model on its first start, and may choose two processes for a tiny one (server/workers/auto.py;
+# tests/test_workers_auto.py tests it).
+os.environ.setdefault("ATTNSERVE_WORKERS", "1")
+
 # Varied on purpose: unicode in several scripts, punctuation runs, emoji, and
 # texts far past max_seq_length (256) so truncation is exercised.
 VARIED_TEXTS = [

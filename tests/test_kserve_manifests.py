@@ -300,7 +300,7 @@ def test_the_runtime_exports_a_checkpoint_once(runtime, services, artifacts, tmp
     here it hands over the session's export of the same checkpoint."""
     import attnserve.engine.builds
     from attnserve.default_model import default_checkpoint_dir
-    from attnserve.server.models import model_sources
+    from attnserve.server.model_sources import model_sources
 
     models = tmp_path / "mnt-models"
     shutil.copytree(default_checkpoint_dir(), models, copy_function=os.link)

@@ -17,7 +17,8 @@ from attnserve.client import Client, RequestError
 from attnserve.config import ServerConfig
 from attnserve.engine.manifest import load_manifest
 from attnserve.errors import ConfigError
-from attnserve.server.models import model_sources, thread_share
+from attnserve.server.model_sources import model_sources
+from attnserve.server.models import thread_share
 from tests.conftest import run_cli
 from tests.serving import ServerProcess
 

@@ -40,7 +40,8 @@ from attnserve.errors import ConfigError
 from ..app import check_ports_free, start_calibration, start_models
 from ..auth import ApiKeys
 from ..metrics import Metrics
-from ..models import Models, model_sources
+from ..model_sources import model_sources
+from ..models import Models
 from ..tls import grpc_credentials, http_ssl_context
 from .engine_side import EngineService
 from .front import EngineEntry, ModelEntry, ModelTable
@@ -111,9 +112,9 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
         try:
-            for _ in range(config.workers):
+            for _ in range(config.worker_count):
                 await self._start_worker(service)
-            starting = asyncio.ensure_future(service.wait_greeted(config.workers))
+            starting = asyncio.ensure_future(service.wait_greeted(config.worker_count))
             stopped = asyncio.ensure_future(self._stopping.wait())
             await asyncio.wait([starting, stopped], return_when=asyncio.FIRST_COMPLETED)
             starting.cancel()
@@ -149,10 +150,10 @@ class Supervisor:
     def _serving(self, models: Models, ports: dict[str, int], metrics_http) -> None:
         config = self.config
         log.info("serving %s on gRPC %s:%d%s with %d workers", models.default.name, config.host, ports.get("port"),
-                 f", HTTP port {ports['http_port']}" if "http_port" in ports else "", config.workers,
+                 f", HTTP port {ports['http_port']}" if "http_port" in ports else "", config.worker_count,
                  extra={"fields": {
                      "event": "serving", "model": models.default.name, "models": [m.name for m in models.all],
-                     "workers": config.workers, "port": ports.get("port"), "http_port": ports.get("http_port"),
+                     "workers": config.worker_count, "port": ports.get("port"), "http_port": ports.get("http_port"),
                      "metrics_port": metrics_http.server_port if metrics_http else None,
                      "graphs": {m.name: m.engine.describe() for m in models.all}}})
 

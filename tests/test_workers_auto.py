@@ -1,0 +1,65 @@
+"""`serve --workers auto` (server/workers/auto.py): the count follows the measured door and graph costs, is
+measured on a model's first start on a machine and read back on the next, and never fails a start."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from attnserve.server.workers.auto import FORMAT_VERSION, Measured, choose, predicted_rate, record_path
+from attnserve.server_process import ServerProcess
+
+
+def test_a_graph_that_takes_every_core_keeps_one_process():
+    # all-MiniLM-L6-v2 on 2 CPUs, as measured: the graph's CPU is what limits; a second door only takes from it
+    minilm = Measured(door=0.34e-3, graph=1.97e-3, graph_cpu=3.72e-3, cpus=2)
+    assert choose(minilm) == 1
+
+
+def test_a_gpu_or_a_small_model_gets_doors_up_to_the_cores():
+    # an H200's MiniLM fp16: about 2.3 million tokens/s (docs/performance.md, "CUDA"), 12 tokens a text
+    gpu = Measured(door=0.29e-3, graph=12 / 2.3e6, graph_cpu=0.02e-3, cpus=16)
+    assert 8 < choose(gpu) <= 16  # the doors share the cores with the engine process
+    assert predicted_rate(16, gpu) > 10 * predicted_rate(1, gpu)
+    # a 1-layer hidden-32 model on 2 CPUs (bench/bench_front_door.py): the door is all the cost
+    tiny = Measured(door=0.29e-3, graph=0.012e-3, graph_cpu=0.012e-3, cpus=2)
+    assert choose(tiny) == 2
+    # one CPU: never more doors than CPUs
+    assert choose(Measured(door=0.29e-3, graph=1e-6, graph_cpu=1e-6, cpus=1)) == 1
+
+
+def test_the_choice_is_never_more_processes_for_nothing():
+    # doors that could serve 10x what the graph can: one is enough
+    slow_graph = Measured(door=0.1e-3, graph=1e-2, graph_cpu=1e-4, cpus=8)
+    assert choose(slow_graph) == 1
+
+
+def start(artifacts, cache, tmp_path, name: str) -> str:
+    server = ServerProcess(artifacts, "--workers", "auto", "--log-format", "text",
+                           env={"ATTNSERVE_CACHE": str(cache), "ATTNSERVE_WORKERS": None},
+                           log_path=tmp_path / f"{name}.log")
+    try:
+        server.wait_serving(timeout=120)
+    finally:
+        assert server.terminate() == 0
+    return (tmp_path / f"{name}.log").read_text()
+
+
+def test_auto_measures_on_the_first_start_and_reads_the_record_after(artifacts, tmp_path):
+    cache = tmp_path / "cache"
+    first = start(artifacts, cache, tmp_path, "first")
+    measured = re.search(r"workers auto: (\d+) \(measured on this machine's first start, recorded in", first)
+    assert measured, first
+    count = int(measured.group(1))
+    file = cache / "workers" / record_path(artifacts).name  # named by the manifest's digest
+    record = json.loads(file.read_text())
+    assert record["format_version"] == FORMAT_VERSION
+    (entry,) = record["choices"].values()
+    assert entry["workers"] == count and entry["measured"]["cpus"] >= 1 and entry["measured"]["graph"] > 0
+    assert choose(Measured(**entry["measured"])) == count
+    second = start(artifacts, cache, tmp_path, "second")
+    assert f"workers auto: {count} (recorded in {file}" in second, second
+    # a record that is not one is measured again, never a failed start
+    file.write_text("{not json")
+    third = start(artifacts, cache, tmp_path, "third")
+    assert "ignoring the workers record" in third and f"workers auto: {count} (measured" in third, third
