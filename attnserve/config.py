@@ -81,6 +81,12 @@ class ServerConfig:
         2.0, "ATTNSERVE_MAX_WAIT_MS",
         "longest wait to fill a batch when the queue holds less than a full one (never when it holds one); "
         "only under load: an idle server runs a lone request at once")
+    # One: on a CPU the graph takes every core, and a second batch would only share them. On a GPU a second one
+    # overlaps a batch's host work (its feeds and copies, pooling, answering) with the other's device time.
+    batches_in_flight: int = setting(
+        1, "ATTNSERVE_BATCHES_IN_FLIGHT",
+        "batches a model runs at once (each in its own inference thread, from the same length-sorted queue): more "
+        "than 1 overlaps one batch's host work with another's run on a GPU; on a CPU they share the same cores")
     # About 8 s of work for MiniLM on a 2-core CPU, and 64 clients x 4 inputs x 256 tokens:
     # legitimate bursts fit, a flood is shed at once instead of queueing for minutes.
     max_queue_tokens: int = setting(
@@ -199,7 +205,7 @@ class ServerConfig:
         return int(self.workers)
 
     def __post_init__(self) -> None:
-        for name in ("port", "max_queue_tokens", "max_inputs_per_request", "max_request_bytes",
+        for name in ("port", "batches_in_flight", "max_queue_tokens", "max_inputs_per_request", "max_request_bytes",
                      "max_response_bytes"):
             if getattr(self, name) < (0 if name == "port" else 1):
                 raise ConfigError(f"{name} must be {'>= 0' if name == 'port' else 'positive'}, "

@@ -642,6 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spin-wait", default="auto", choices=("auto", "on", "off"),
                         help="the server's --spin-wait (default auto: as serve runs; offline spins, as encode does)")
     parser.add_argument("--workers", type=int, default=1, help="the server's --workers (default 1)")
+    parser.add_argument("--batches-in-flight", type=int, default=1,
+                        help="the server's --batches-in-flight (default 1; 2 overlaps batches on a GPU)")
     args = parser.parse_args(argv)
     if min(args.texts, args.rounds, args.concurrency, args.channels) < 1:
         parser.error("--texts, --rounds, --concurrency and --channels must be positive")
@@ -671,7 +673,8 @@ def run(args: argparse.Namespace) -> int:
     engine, texts, corpus = setup_offline(artifacts, args)
     ceilings = Ceilings(engine.manifest.hidden_size, engine.manifest.intermediate_size)
     server = start_server(artifacts, precision=args.precision, provider=args.provider,
-                          flags=("--spin-wait", args.spin_wait, "--workers", str(args.workers)))
+                          flags=("--spin-wait", args.spin_wait, "--workers", str(args.workers),
+                                 "--batches-in-flight", str(args.batches_in_flight)))
     log(f"started `{' '.join(server.command[1:])}`")
     try:
         server.wait_serving(timeout=args.start_timeout)

@@ -80,6 +80,7 @@ class BatcherLimits:
     max_queue_tokens: int
     max_wait_s: float
     max_queue_wait_s: float = 0.0  # 0: no time bound
+    in_flight: int = 1  # batches run at once (--batches-in-flight); the executor has as many threads
 
 
 @dataclass
@@ -160,6 +161,8 @@ class Batcher:
         self._gauges_due = False
         self._running = False
         self._task: asyncio.Task | None = None
+        self._slots = asyncio.Semaphore(limits.in_flight)  # a batch is taken only when one is free
+        self._runs: set[asyncio.Task] = set()  # the batches running
 
     # --- the handlers' side -------------------------------------------------
 
@@ -320,9 +323,11 @@ class Batcher:
         self._room.set()
 
     async def join(self) -> None:
-        """Wait until the queue is empty and the owner has stopped (after close)."""
+        """Wait until the queue is empty, the owner has stopped and every batch has answered (after close)."""
         if self._task is not None:
             await self._task
+        while self._runs:
+            await asyncio.wait(set(self._runs))
 
     async def _own_queue(self) -> None:
         while True:
@@ -333,14 +338,42 @@ class Batcher:
                 await self._arrived.wait()
                 continue
             try:
-                await self._wait_to_fill()
-                taken = self._take_batch()
-                if taken:
-                    await self._run(taken)
+                # Formed only once it can run: with every slot taken, the queue goes on filling the next batch.
+                await self._slots.acquire()
+                try:
+                    await self._wait_to_fill()
+                    taken = self._take_batch()
+                except BaseException:
+                    self._slots.release()
+                    raise
+                if not taken:
+                    self._slots.release()
+                elif self.limits.in_flight == 1:
+                    try:
+                        await self._run(taken)
+                    finally:
+                        self._slots.release()
+                else:
+                    run = asyncio.get_running_loop().create_task(self._run_in_slot(taken))
+                    self._runs.add(run)
+                    run.add_done_callback(self._runs.discard)
             except Exception as error:  # a bug here must not leave callers waiting forever
                 log.error("batcher error; failing the queued requests", exc_info=error,
                           extra={"fields": {"event": "batcher_error"}})
                 self._fail_queued(BatchFailedError(f"the server's batcher failed ({type(error).__name__}); retry"))
+
+    async def _run_in_slot(self, batch: list[_Entry]) -> None:
+        """One of several batches in flight; its slot is free again once it has answered."""
+        try:
+            await self._run(batch)
+        except Exception as error:  # a bug: its callers get an error, never silence
+            log.error("batcher error; failing the batch", exc_info=error, extra={"fields": {"event": "batcher_error"}})
+            failure = BatchFailedError(f"the server's batcher failed ({type(error).__name__}); retry")
+            for entry in batch:
+                if not entry.future.done():
+                    entry.future.set_exception(failure)
+        finally:
+            self._slots.release()
 
     def _fail_queued(self, error: Exception) -> None:
         for lane in self._lanes.values():

@@ -165,7 +165,7 @@ class ServedModel:
             raise ConfigError(f"max_queue_tokens {config.max_queue_tokens} cannot hold one input of "
                               f"max_seq_length {engine.manifest.served_max_length} (model {name!r})")
         self.metrics: ModelMetrics = metrics.for_model(name)
-        self.inference = ThreadPoolExecutor(1, thread_name_prefix=f"attnserve-inference-{name}")
+        self.inference = ThreadPoolExecutor(config.batches_in_flight, thread_name_prefix=f"attnserve-inference-{name}")
         self.batcher = self._batcher(engine, config)
         self.tasks = {task: (task_engine, self._batcher(task_engine, config))
                       for task, task_engine in (task_engines or {}).items()}
@@ -198,7 +198,8 @@ class ServedModel:
     def _batcher(self, engine: Engine, config: ServerConfig) -> Batcher:
         return Batcher(engine.run, BatcherLimits(
             engine.batch_tokens, engine.config.max_batch_size, config.max_queue_tokens,
-            config.max_wait_ms / 1e3, config.max_queue_wait_ms / 1e3), self.metrics, self.inference)
+            config.max_wait_ms / 1e3, config.max_queue_wait_ms / 1e3, config.batches_in_flight), self.metrics,
+            self.inference)
 
     def for_task(self, task: str | None) -> tuple[Engine, Batcher]:
         """The engine and batcher of a request's task (None: the model's own, no adapter), or InvalidInputError

@@ -45,7 +45,7 @@ def run(engine, scenario, gate=None, **limits):
     settings.update(limits)
 
     async def main():
-        with ThreadPoolExecutor(1) as executor:
+        with ThreadPoolExecutor(settings.get("in_flight", 1)) as executor:
             batcher = Batcher(runner, BatcherLimits(**settings), Metrics().for_model("m"), executor)
             batcher.start()
             try:
@@ -70,6 +70,56 @@ def test_rows_come_back_in_request_order_and_equal_a_lone_run(engine):
         alone = engine.run([x])
         assert row.token_embeddings.shape == (len(x), 384)
         np.testing.assert_allclose(row.sentence_embedding, alone.sentence_embedding[0], atol=1e-5)
+
+
+class OverlapRunner:
+    """A runner whose first batch holds until a later one has started: only batches in flight at once finish."""
+
+    def __init__(self, engine):
+        self.engine, self.started, self.first, self.most = engine, 0, threading.Event(), 0
+        self._lock, self._running = threading.Lock(), 0
+
+    def __call__(self, inputs, attention, last_layer=False):
+        with self._lock:
+            self.started += 1
+            first = self.started == 1
+            self._running += 1
+            self.most = max(self.most, self._running)
+        try:
+            if first:
+                assert self.first.wait(30), "no second batch ran beside the first"
+            else:
+                self.first.set()
+            return self.engine.run(inputs, attention, last_layer)
+        finally:
+            with self._lock:
+                self._running -= 1
+
+
+def test_batches_in_flight_run_side_by_side_and_answer_each_their_own_rows(engine):
+    """--batches-in-flight 2: a second batch runs while the first does, every row is the input's own, and the
+    drain (close, join) waits for both."""
+    runner = OverlapRunner(engine)
+    inputs = [item(n, token=1000 + n) for n in (5, 9, 40, 120, 7, 64, 33, 250)]
+
+    async def main():
+        with ThreadPoolExecutor(2) as executor:
+            batcher = Batcher(runner, BatcherLimits(256, 256, 65536, 0.0, in_flight=2), Metrics().for_model("m"),
+                              executor)
+            batcher.start()
+            try:
+                first = asyncio.ensure_future(batcher.submit(inputs[:1], False, None))
+                await asyncio.sleep(0.05)  # the first batch is running, and holds
+                rest = [asyncio.ensure_future(batcher.submit([x], False, None)) for x in inputs[1:]]
+                return [*(await first), *[row for r in await asyncio.gather(*rest) for row in r]]
+            finally:
+                batcher.close()
+                await batcher.join()
+
+    rows = asyncio.run(main())
+    assert runner.most == 2 and runner.started >= 2
+    for x, row in zip(inputs, rows, strict=True):
+        np.testing.assert_allclose(row.sentence_embedding, engine.run([x]).sentence_embedding[0], atol=1e-5)
 
 
 def test_concurrent_requests_are_batched_by_length(engine):
