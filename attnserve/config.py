@@ -54,9 +54,10 @@ class EngineConfig:
         choices=("auto", "onnxruntime", "openvino"))
     threads: int = setting(0, "ATTNSERVE_THREADS", "onnxruntime intra-op threads; 0 means one per physical core")
     spin_wait: str = setting(
-        "auto", "ATTNSERVE_SPIN_WAIT", "onnxruntime's intra-op threads spin-wait for work between runs: auto spins "
-        "in encode, whose batches follow each other, and not in serve, whose front door needs the cores between "
-        "batches", choices=("auto", "on", "off"))
+        "auto", "ATTNSERVE_SPIN_WAIT", "onnxruntime's intra-op threads spin-wait for work: on, within runs and "
+        "between them; run, within a run only, stopping as it returns; off, never (each of a run's parallel steps "
+        "wakes them); auto: on in encode, whose batches follow each other, run in serve, whose front door needs the "
+        "cores between batches and whose lone requests need fast runs", choices=("auto", "on", "run", "off"))
     # 2048 measured fastest on a 2-core AVX2 CPU: larger batches fall out of cache (4096: -3%, 16384: -18%). On the
     # CPU, graph calibration (engine/calibration.py) also times its half and quarter, and batches at the fastest.
     max_batch_tokens: int = setting(

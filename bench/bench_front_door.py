@@ -282,7 +282,7 @@ class Attnserve:
     def __init__(self, artifacts: Path, workers: int):
         from attnserve.server_process import ServerProcess
 
-        flags = ["--precision", "fp32", "--provider", "cpu"] + (["--workers", str(workers)] if workers > 1 else [])
+        flags = ["--precision", "fp32", "--provider", "cpu", "--workers", str(workers)]  # never auto's choice
         self.server = ServerProcess(artifacts, *flags, env={"ATTNSERVE_MAX_QUEUE_WAIT_MS": None})
         self.server.wait_serving(timeout=300)
         self.pid, self.port, self.http_port = self.server.process.pid, self.server.port, self.server.http_port

@@ -639,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
                              "fp16 is for CUDA)")
     parser.add_argument("--provider", default="cpu", choices=("cpu", "cuda"),
                         help="both sides' --provider (default cpu; cuda needs attnserve[gpu] and a GPU)")
-    parser.add_argument("--spin-wait", default="auto", choices=("auto", "on", "off"),
+    parser.add_argument("--spin-wait", default="auto", choices=("auto", "on", "run", "off"),
                         help="the server's --spin-wait (default auto: as serve runs; offline spins, as encode does)")
     parser.add_argument("--workers", type=int, default=1, help="the server's --workers (default 1)")
     parser.add_argument("--batches-in-flight", type=int, default=1,

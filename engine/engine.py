@@ -404,7 +404,7 @@ class Engine:
     def _open_graph(self, variant: GraphVariant, provider: str, arena: bool = True, prepack: bool = True):
         return open_graph(self.manifest.path(variant.file), variant.backend, variant.precision, provider,
                           self.config.threads, arena, variant.disabled_optimizers, prepack,
-                          spin=self.config.spin_wait != "off")
+                          spin="on" if self.config.spin_wait == "auto" else self.config.spin_wait)
 
     @classmethod
     def from_directory(cls, directory: str | Path, config: EngineConfig | None = None, attention: bool = False,

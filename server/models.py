@@ -238,9 +238,9 @@ class Models:
     def load(cls, sources: list[ModelSource], engine_config: EngineConfig, config: ServerConfig,
              metrics: Metrics) -> Models:
         """Open every model's sessions (each with its share of the threads); a name given twice is refused."""
-        # Each model's share of the threads; by default they do not spin between batches (EngineConfig.spin_wait).
+        # Each model's share of the threads; by default they spin within a batch, not between (EngineConfig.spin_wait).
         serving = dataclasses.replace(engine_config, threads=thread_share(engine_config.threads, len(sources)),
-                                      spin_wait="off" if engine_config.spin_wait == "auto" else engine_config.spin_wait)
+                                      spin_wait="run" if engine_config.spin_wait == "auto" else engine_config.spin_wait)
         # A first start on a CPU serves at once and times its graphs afterwards (calibrate_in_background).
         engines = [Engine.from_directory(source.directory, serving, attention=True, defer_calibration=True)
                    for source in sources]

@@ -21,9 +21,11 @@ def test_a_gpu_or_a_small_model_gets_doors_up_to_the_cores():
     gpu = Measured(door=0.29e-3, graph=12 / 2.3e6, graph_cpu=0.02e-3, cpus=16)
     assert 8 < choose(gpu) <= 16  # the doors share the cores with the engine process
     assert predicted_rate(16, gpu) > 10 * predicted_rate(1, gpu)
-    # a 1-layer hidden-32 model on 2 CPUs (bench/bench_front_door.py): the door is all the cost
+    # a 1-layer hidden-32 model (bench/bench_front_door.py): the door is all the cost. On 2 CPUs a second door
+    # is predicted 1.27x, within the margin (measured: 1.02x to 1.24x); on 4 CPUs, 3 doors give 2.4x
     tiny = Measured(door=0.29e-3, graph=0.012e-3, graph_cpu=0.012e-3, cpus=2)
-    assert choose(tiny) == 2
+    assert choose(tiny) == 1
+    assert choose(Measured(door=0.29e-3, graph=0.012e-3, graph_cpu=0.012e-3, cpus=4)) == 3
     # one CPU: never more doors than CPUs
     assert choose(Measured(door=0.29e-3, graph=1e-6, graph_cpu=1e-6, cpus=1)) == 1
 
