@@ -106,8 +106,28 @@ def center_crop(x: np.ndarray, crop: tuple[int, int]) -> np.ndarray:
     return padded[..., max(0, top):min(new_height, top + crop_height), max(0, left):min(new_width, left + crop_width)]
 
 
+# Where a checkpoint keeps its image preprocessing: transformers' own file, or (transformers 5 and
+# sentence-transformers 5.4 and later) the processor's file, under "image_processor".
+PREPROCESSOR_CONFIG, PROCESSOR_CONFIG = "preprocessor_config.json", "processor_config.json"
+
+
+def image_processor_in(directory: Path) -> ImageProcessor:
+    """The ImageProcessor of a checkpoint directory, from whichever of its two files holds it."""
+    if (directory / PREPROCESSOR_CONFIG).exists() or not (directory / PROCESSOR_CONFIG).exists():
+        return read_image_processor(directory / PREPROCESSOR_CONFIG)
+    path = directory / PROCESSOR_CONFIG
+    raw = _read_object(path)
+    if not isinstance(raw.get("image_processor"), dict):
+        raise CheckpointError(f"{path}: no image_processor object (an image model's preprocessing)")
+    return _processor(raw["image_processor"], path)
+
+
 def read_image_processor(path: Path) -> ImageProcessor:
     """preprocessor_config.json -> its ImageProcessor, or CheckpointError naming what it cannot reproduce."""
+    return _processor(_read_object(path), path)
+
+
+def _read_object(path: Path) -> dict:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -116,6 +136,10 @@ def read_image_processor(path: Path) -> ImageProcessor:
         raise CheckpointError(f"checkpoint file unreadable: {path}: {e}") from None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path}: expected a JSON object")
+    return raw
+
+
+def _processor(raw: dict, path: Path) -> ImageProcessor:
     kind = raw.get("image_processor_type") or raw.get("feature_extractor_type")
     if kind not in PROCESSOR_TYPES:
         raise CheckpointError(f"{path}: cannot reproduce image processor {kind!r} (only {', '.join(PROCESSOR_TYPES)})")

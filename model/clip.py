@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from attnserve.errors import CheckpointError
 
 from .checkpoint import uninitialised_weights
-from .checkpoint_files import read_object
+from .checkpoint_files import read_json, read_object
 from .config_reading import check_architectures
 from .encoder import MASK_VALUE
 from .family import WeightNames
@@ -55,6 +55,15 @@ VISION_DEFAULTS = {
                "num_channels": 3, "vision_use_head": True},
 }
 ARCHITECTURES = {"clip": ("CLIPModel",), "siglip": ("SiglipModel",)}
+# sentence-transformers' save of an image-text model: one module over the transformers checkpoint, perhaps a
+# Normalize after it. Since 5.4 a Transformer at the root, whose modality_config calls these methods; before, a
+# CLIPModel module in its own folder (0_CLIPModel).
+ST_MODELS = ("sentence_transformers.models.CLIPModel", "sentence_transformers.models.Transformer",
+             "sentence_transformers.base.modules.transformer.Transformer",
+             "sentence_transformers.sentence_transformer.modules.clip_model.CLIPModel")
+ST_NORMALIZE = ("sentence_transformers.models.Normalize", "sentence_transformers.base.modules.normalize.Normalize",
+                "sentence_transformers.sentence_transformer.modules.normalize.Normalize")
+ST_METHODS = {"text": ("get_text_features", "pooler_output"), "image": ("get_image_features", "pooler_output")}
 # Keys some checkpoints carry that the towers do not use: the position-id buffers older versions saved.
 IGNORED_KEYS = ("text_model.embeddings.position_ids", "vision_model.embeddings.position_ids")
 
@@ -193,6 +202,7 @@ class ImageTextModel(nn.Module):
         shape = (1,) if cfg.siglip else ()  # as the checkpoints store them
         self.logit_scale = nn.Parameter(torch.empty(shape))
         self.logit_bias = nn.Parameter(torch.empty(shape)) if cfg.siglip else None
+        self.normalize = False  # the checkpoint's pipeline normalises its embeddings (sentence-transformers')
 
     def text_features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B, T) -> (B, D), unnormalised (transformers' get_text_features)."""
@@ -267,14 +277,56 @@ WEIGHTS = WeightNames("", ("text_model.", "vision_model.", "text_projection.", "
                       (), IGNORED_KEYS)
 
 
+@dataclass(frozen=True)
+class ImageTextCheckpoint:
+    directory: Path  # the transformers checkpoint: config.json, the weights, the preprocessing
+    normalize: bool  # sentence-transformers' pipeline ends in Normalize: its embeddings are unit vectors
+
+
+def image_text_checkpoint(directory: Path) -> ImageTextCheckpoint:
+    """Where a directory's image-text checkpoint is: itself (as transformers saves it), or the folder of
+    sentence-transformers' model module (modules.json); a pipeline it cannot reproduce is a one-line refusal."""
+    modules = directory / "modules.json"
+    if not modules.exists():
+        return ImageTextCheckpoint(directory, False)
+    raw = read_json(modules)
+    if not isinstance(raw, list) or not raw or not all(isinstance(m, dict) for m in raw):
+        raise CheckpointError(f"{modules}: expected a list of module objects")
+    types = [str(m.get("type", "")) for m in raw]
+    if types[0] not in ST_MODELS or any(t not in ST_NORMALIZE for t in types[1:]) or len(types) > 2:
+        names = ", ".join(t.rsplit(".", 1)[-1] for t in types)
+        raise CheckpointError(f"{modules}: cannot reproduce the modules {names} (an image-text model is its model "
+                              "module, perhaps followed by Normalize)")
+    folder = raw[0].get("path", "")
+    if not isinstance(folder, str) or Path(folder).is_absolute() or ".." in Path(folder).parts:
+        raise CheckpointError(f"{modules}: the model module's path {folder!r} is not a folder inside {directory}")
+    inner = directory / folder
+    settings = inner / "sentence_bert_config.json"
+    if settings.exists():  # the Transformer's: which methods of the model give each modality's embedding
+        modality = read_object(settings).get("modality_config")
+        if modality is not None:
+            given = {k: (v.get("method"), v.get("method_output_name")) if isinstance(v, dict) else v
+                     for k, v in modality.items()} if isinstance(modality, dict) else modality
+            if given != ST_METHODS:
+                raise CheckpointError(f"{settings}: cannot reproduce modality_config {modality!r} (an image-text "
+                                      "model's embeddings are its get_text_features and get_image_features)")
+    return ImageTextCheckpoint(inner, len(types) == 2)
+
+
 def load_image_text_model(directory: Path) -> ImageTextModel:
-    """A CLIPModel or SiglipModel checkpoint's two towers, its weights read a tensor at a time (safetensors only)."""
+    """A CLIPModel or SiglipModel checkpoint's two towers, its weights read a tensor at a time (safetensors only);
+    as transformers saves it, or as sentence-transformers does (image_text_checkpoint). The model's `normalize`
+    says whether the checkpoint's pipeline normalises its embeddings."""
+    checkpoint = image_text_checkpoint(directory)
+    directory = checkpoint.directory
     cfg = read_config(read_object(directory / "config.json"), directory / "config.json")
     weights = Weights(directory)
     try:
         with uninitialised_weights():
             model = ImageTextModel(cfg)
-        return load_weights(model, {key: weights.get(key) for key in weights.keys()})
+        model = load_weights(model, {key: weights.get(key) for key in weights.keys()})
+        model.normalize = checkpoint.normalize
+        return model
     finally:
         weights.close()
 
