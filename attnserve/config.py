@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -211,7 +212,7 @@ class ServerConfig:
             if getattr(self, name) < (0 if name == "port" else 1):
                 raise ConfigError(f"{name} must be {'>= 0' if name == 'port' else 'positive'}, "
                                   f"got {getattr(self, name)}")
-        if self.workers != "auto" and not (self.workers.isdigit() and int(self.workers) >= 1):
+        if self.workers != "auto" and not (re.fullmatch(r"[0-9]+", self.workers) and int(self.workers) >= 1):
             raise ConfigError(f"workers must be auto or a whole number >= 1, got {self.workers!r}")
         for name in ("metrics_port", "http_port"):
             if getattr(self, name) < -1:

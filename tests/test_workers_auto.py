@@ -4,6 +4,8 @@ measured on a model's first start on a machine and read back on the next, and ne
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 
 from attnserve.server.workers.auto import FORMAT_VERSION, Measured, choose, predicted_rate, record_path
@@ -65,3 +67,22 @@ def test_auto_measures_on_the_first_start_and_reads_the_record_after(artifacts, 
     file.write_text("{not json")
     third = start(artifacts, cache, tmp_path, "third")
     assert "ignoring the workers record" in third and f"workers auto: {count} (measured" in third, third
+
+
+def test_a_large_model_on_a_cpu_is_not_loaded_twice_to_be_timed(artifacts, tmp_path, caplog, monkeypatch):
+    from attnserve.config import EngineConfig, ServerConfig
+    from attnserve.server.workers import auto
+
+    copy = tmp_path / "large"
+    copy.mkdir()
+    for file in artifacts.iterdir():
+        if file.is_file():
+            os.link(file, copy / file.name)
+    with open(copy / "weights.data", "wb") as f:  # sparse: its size, not its disk
+        f.truncate(auto.LARGE_ON_CPU + 1)
+    monkeypatch.setenv("ATTNSERVE_CACHE", str(tmp_path / "cache"))
+    opened = []
+    monkeypatch.setattr("attnserve.engine.engine.Engine.from_directory", lambda *a, **k: opened.append(a))
+    with caplog.at_level(logging.INFO, logger="attnserve.server"):
+        assert auto.auto_workers(EngineConfig(artifacts=str(copy), provider="cpu"), ServerConfig()) == 1
+    assert not opened and "workers auto: 1 (not measured: a model of" in caplog.text

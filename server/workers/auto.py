@@ -36,6 +36,7 @@ from attnserve.config import EngineConfig, ServerConfig
 from attnserve.engine.calibration import signature, write_json
 from attnserve.engine.machine import this_machine
 from attnserve.engine.manifest import MANIFEST, load_manifest
+from attnserve.engine.session import CPU, resolve_provider
 
 from ..model_sources import model_sources
 
@@ -58,6 +59,9 @@ WORKER_COST, ENGINE_SIDE = 1.23, 0.30
 # machine: a 1-layer model on 2 CPUs was predicted 1.27x with two doors, and measured 1.02x to 1.24x
 # (bench_front_door, its load generator on the same 2 CPUs).
 AUTO_MARGIN = 0.30
+# On a CPU, a model this large (its graphs, all variants) is not loaded a second time to be timed: its graph takes
+# every core long before its door does (all-MiniLM-L6-v2, 90 MB of weights, already keeps one process).
+LARGE_ON_CPU = 2**30
 
 
 @dataclass(frozen=True)
@@ -119,9 +123,10 @@ def auto_workers(engine_config: EngineConfig, config: ServerConfig) -> int:
     Nothing here fails a start: where it cannot measure, it says why and serves with one process."""
     from attnserve.engine.engine import Engine
 
+    # A bad --artifacts or --model is the server's one-line refusal, here as there.
+    directory = model_sources(engine_config.artifacts, config, engine_config.precision,
+                              engine_config.provider)[0].directory
     try:
-        directory = model_sources(engine_config.artifacts, config, engine_config.precision,
-                                  engine_config.provider)[0].directory
         manifest = load_manifest(directory, check_hashes=False)
         key = (f"{signature(engine_config.threads)} | provider {engine_config.provider} | precision "
                f"{engine_config.precision}")
@@ -132,6 +137,11 @@ def auto_workers(engine_config: EngineConfig, config: ServerConfig) -> int:
             n = choose(m)
             log.info("workers auto: %d (recorded in %s): %s", n, path, why(n, m))
             return n
+        weights = _graph_bytes(directory)
+        if resolve_provider(engine_config.provider) == CPU and weights > LARGE_ON_CPU:
+            log.info("workers auto: 1 (not measured: a model of %.1f GiB of graphs on a CPU, whose graph takes every "
+                     "core; loading it twice to time it is not worth a first start's minutes)", weights / 2**30)
+            return 1
         engine = Engine.from_directory(directory, dataclasses.replace(engine_config, spin_wait="run"),
                                        defer_calibration=True)
         m = measure(engine, engine_config)
@@ -149,6 +159,11 @@ def auto_workers(engine_config: EngineConfig, config: ServerConfig) -> int:
     except Exception as e:  # noqa: BLE001 (a start must not fail on a choice that has a safe default)
         log.warning("workers auto: serving with one process; the measurement failed (%s: %s)", type(e).__name__, e)
         return 1
+
+
+def _graph_bytes(directory: Path) -> int:
+    """The artifact directory's graphs and their external data, in bytes."""
+    return sum(f.stat().st_size for f in Path(directory).iterdir() if f.suffix in (".onnx", ".data") and f.is_file())
 
 
 def record_path(directory: Path) -> Path:
