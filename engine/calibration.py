@@ -88,18 +88,23 @@ def record_paths(manifest: Manifest) -> tuple[Path, Path]:
 
 
 def _read(path: Path) -> dict:
-    """A record file's choices by signature; {} (with a warning) when it is unreadable or not one."""
+    """This record file's choices by signature."""
+    return read_record(path, "graph calibration record", "timing the graphs again")
+
+
+def read_record(path: Path, what: str, again: str) -> dict:
+    """A record file's choices by key (format_version 1: this one's, and server/workers/auto.py's); {} with a
+    warning naming `what` and what happens `again` when it is unreadable or not one."""
     if not path.is_file():
         return {}
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         if raw.get("format_version") != FORMAT_VERSION or not isinstance(raw.get("choices"), dict):
-            raise ValueError("not a calibration record of format_version 1")
+            raise ValueError(f"not a {what} of format_version {FORMAT_VERSION}")
         # Entries of another shape (a hand-edited file) are dropped, so that they are timed and written anew.
-        return {sig: entry for sig, entry in raw["choices"].items() if isinstance(entry, dict)}
+        return {key: entry for key, entry in raw["choices"].items() if isinstance(entry, dict)}
     except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
-        log.warning("ignoring the graph calibration record %s (%s: %s); timing the graphs again",
-                    path, type(e).__name__, e)
+        log.warning("ignoring the %s %s (%s: %s); %s", what, path, type(e).__name__, e, again)
         return {}
 
 

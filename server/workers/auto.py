@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ import numpy as np
 import orjson
 
 from attnserve.config import EngineConfig, ServerConfig
-from attnserve.engine.calibration import signature, write_json
+from attnserve.engine.calibration import FORMAT_VERSION, read_record, signature, write_json
 from attnserve.engine.machine import this_machine
 from attnserve.engine.manifest import MANIFEST, load_manifest
 from attnserve.engine.session import CPU, resolve_provider
@@ -42,7 +41,6 @@ from ..model_sources import model_sources
 
 log = logging.getLogger("attnserve.server")
 
-FORMAT_VERSION = 1
 TEXT = "Request {}: the quick brown fox jumps over the lazy dog."
 SAMPLES = 400  # one-text requests timed through the door's work
 BATCH = 64  # texts in each timed batch of the graph
@@ -174,15 +172,7 @@ def record_path(directory: Path) -> Path:
 
 
 def _read(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-        if raw.get("format_version") != FORMAT_VERSION or not isinstance(raw.get("choices"), dict):
-            raise ValueError(f"not a workers record of format_version {FORMAT_VERSION}")
-        return {k: v for k, v in raw["choices"].items()
-                if isinstance(v, dict) and isinstance(v.get("measured"), dict)
-                and set(v["measured"]) == {f.name for f in dataclasses.fields(Measured)}}
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as e:
-        log.warning("ignoring the workers record %s (%s: %s); measuring again", path, type(e).__name__, e)
-        return {}
+    """The record's entries by key; one of another shape (a hand-edited file) is dropped, and measured again."""
+    fields = {f.name for f in dataclasses.fields(Measured)}
+    return {key: entry for key, entry in read_record(path, "workers record", "measuring again").items()
+            if isinstance(entry.get("measured"), dict) and set(entry["measured"]) == fields}
