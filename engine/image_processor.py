@@ -112,14 +112,16 @@ PREPROCESSOR_CONFIG, PROCESSOR_CONFIG = "preprocessor_config.json", "processor_c
 
 
 def image_processor_in(directory: Path) -> ImageProcessor:
-    """The ImageProcessor of a checkpoint directory, from whichever of its two files holds it."""
-    if (directory / PREPROCESSOR_CONFIG).exists() or not (directory / PROCESSOR_CONFIG).exists():
-        return read_image_processor(directory / PREPROCESSOR_CONFIG)
+    """The ImageProcessor of a checkpoint directory, read where transformers 5 reads it: processor_config.json's
+    image_processor where it has one, else preprocessor_config.json."""
     path = directory / PROCESSOR_CONFIG
-    raw = _read_object(path)
-    if not isinstance(raw.get("image_processor"), dict):
-        raise CheckpointError(f"{path}: no image_processor object (an image model's preprocessing)")
-    return _processor(raw["image_processor"], path)
+    if path.exists():
+        raw = _read_object(path)
+        if "image_processor" in raw:
+            if not isinstance(raw["image_processor"], dict):
+                raise CheckpointError(f"{path}: image_processor must be an object")
+            return _processor(raw["image_processor"], path)
+    return read_image_processor(directory / PREPROCESSOR_CONFIG)
 
 
 def read_image_processor(path: Path) -> ImageProcessor:

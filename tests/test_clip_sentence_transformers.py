@@ -119,3 +119,28 @@ def test_other_methods_for_a_modality_are_refused(tmp_path):
         "image": {"method": "forward", "method_output_name": "image_embeds"}}}))
     with pytest.raises(CheckpointError, match="cannot reproduce modality_config"):
         image_text_checkpoint(tmp_path)
+
+
+def test_the_preprocessing_is_read_where_transformers_reads_it(clip_dir, tmp_path):
+    import transformers
+
+    processor = json.loads((clip_dir / "preprocessor_config.json").read_text())
+    (tmp_path / "processor_config.json").write_text(json.dumps({"image_processor": processor,
+                                                                "processor_class": "CLIPProcessor"}))
+    assert image_processor_in(tmp_path) == image_processor_in(clip_dir)
+    # both files, each its own crop: transformers 5 reads processor_config.json's, and so do we
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({**processor, "crop_size": {"height": 16,
+                                                                                           "width": 16}}))
+    theirs = transformers.AutoImageProcessor.from_pretrained(str(tmp_path), backend="pil").crop_size
+    assert image_processor_in(tmp_path).crop == (theirs["height"], theirs["width"]) == (32, 32)
+    # a processor file without image_processor (an older one): preprocessor_config.json's
+    (tmp_path / "processor_config.json").write_text(json.dumps({"processor_class": "CLIPProcessor"}))
+    theirs = transformers.AutoImageProcessor.from_pretrained(str(tmp_path), backend="pil").crop_size
+    assert image_processor_in(tmp_path).crop == (theirs["height"], theirs["width"]) == (16, 16)
+    (tmp_path / "processor_config.json").write_text(json.dumps({"image_processor": [1, 2]}))
+    with pytest.raises(CheckpointError, match="image_processor must be an object"):
+        image_processor_in(tmp_path)
+    (tmp_path / "processor_config.json").unlink()
+    (tmp_path / "preprocessor_config.json").unlink()
+    with pytest.raises(CheckpointError, match="checkpoint file missing: .*preprocessor_config.json"):
+        image_processor_in(tmp_path)
