@@ -76,7 +76,8 @@ def test_a_large_model_on_a_cpu_is_not_loaded_twice_to_be_timed(artifacts, tmp_p
     copy = tmp_path / "large"
     copy.mkdir()
     for file in artifacts.iterdir():
-        if file.is_file():
+        # never a second link to a data file: onnx refuses to read one with two (tests/conftest.py link_but_data)
+        if file.is_file() and file.suffix != ".data":
             os.link(file, copy / file.name)
     with open(copy / "weights.data", "wb") as f:  # sparse: its size, not its disk
         f.truncate(auto.LARGE_ON_CPU + 1)
