@@ -304,13 +304,17 @@ def image_text_checkpoint(directory: Path) -> ImageTextCheckpoint:
     settings = inner / "sentence_bert_config.json"
     if settings.exists():  # the Transformer's: which methods of the model give each modality's embedding
         modality = read_object(settings).get("modality_config")
-        if modality is not None:
-            given = {k: (v.get("method"), v.get("method_output_name")) if isinstance(v, dict) else v
-                     for k, v in modality.items()} if isinstance(modality, dict) else modality
-            if given != ST_METHODS:
-                raise CheckpointError(f"{settings}: cannot reproduce modality_config {modality!r} (an image-text "
-                                      "model's embeddings are its get_text_features and get_image_features)")
+        if modality is not None and _methods(modality) != ST_METHODS:
+            raise CheckpointError(f"{settings}: cannot reproduce modality_config {modality!r} (an image-text "
+                                  "model's embeddings are its get_text_features and get_image_features)")
     return ImageTextCheckpoint(inner, len(types) == 2)
+
+
+def _methods(modality: object) -> object:
+    """modality_config as {modality: (method, its output)}; itself where it is not of that shape (no match)."""
+    if isinstance(modality, dict) and all(isinstance(v, dict) for v in modality.values()):
+        return {k: (v.get("method"), v.get("method_output_name")) for k, v in modality.items()}
+    return modality
 
 
 def load_image_text_model(directory: Path) -> ImageTextModel:

@@ -348,12 +348,7 @@ class Batcher:
                     raise
                 if not taken:
                     self._slots.release()
-                elif self.limits.in_flight == 1:
-                    try:
-                        await self._run(taken)
-                    finally:
-                        self._slots.release()
-                else:
+                else:  # with one slot, the next acquire waits for this batch as an await of it would
                     run = asyncio.get_running_loop().create_task(self._run_in_slot(taken))
                     self._runs.add(run)
                     run.add_done_callback(self._runs.discard)
@@ -363,7 +358,7 @@ class Batcher:
                 self._fail_queued(BatchFailedError(f"the server's batcher failed ({type(error).__name__}); retry"))
 
     async def _run_in_slot(self, batch: list[_Entry]) -> None:
-        """One of several batches in flight; its slot is free again once it has answered."""
+        """A batch in flight; its slot is free again once it has answered."""
         try:
             await self._run(batch)
         except Exception as error:  # a bug: its callers get an error, never silence
