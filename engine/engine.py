@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from .batching import pad, pad_types, plan_batches
 from .bge_m3 import BgeM3Heads
 from .builds import BackgroundBuilds, add_in_child, has
 from .calibration import Choice, budgets, recorded_choice, timed_choice
+from .image_encoder import ImageInput, ImageEncoder
 from .late_chunking import ChunkMeans
 from .machine import this_machine
 from .manifest import GraphVariant, Manifest, load_manifest
@@ -276,6 +277,10 @@ class Engine:
         self._attention_sessions: dict[str, Any] = {}  # variant name -> its session, opened once
         self._attention_lock = threading.Lock()
         self._builds: BackgroundBuilds | None = None  # the server's: background_builds()
+        # An image-text model's image tower (CLIP, SigLIP), at the text graph's precision.
+        self.images = None if manifest.images is None else ImageEncoder(
+            manifest, self.precision, self.provider, config.threads,
+            "on" if config.spin_wait == "auto" else config.spin_wait)
         if attention:
             for name in (ATTENTION_VARIANT, LAST_LAYER_VARIANT):
                 if name in self.manifest.variants:
@@ -439,11 +444,15 @@ class Engine:
                                                                   prepack=False)
         return self._attention_sessions[name]
 
-    def run(self, inputs: Sequence[TokenizedInput], attention: bool = False, last_layer: bool = False
+    def run(self, inputs: Sequence[TokenizedInput | ImageInput], attention: bool = False, last_layer: bool = False
             ) -> BatchOutput:
         """One padded batch through one session; safe to call from several threads. last_layer (with attention):
         the batch needs no map but the last layer's, and rollout: the last-layer graph runs where the artifacts
-        have one (BatchOutput.map_layers says which layers came back)."""
+        have one (BatchOutput.map_layers says which layers came back). A batch of images (all ImageInput) runs
+        the image tower's graph: its embeddings are the sentence embeddings, its maps over the patches."""
+        if inputs and isinstance(inputs[0], ImageInput):
+            return self._run_images(cast(Sequence[ImageInput], inputs), attention)
+        inputs = cast(Sequence[TokenizedInput], inputs)
         started = time.perf_counter()
         feed = self._feed(inputs)
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
@@ -451,6 +460,17 @@ class Engine:
         out = self._run(feed, lengths, attention, last_layer)
         out.feed_seconds, out.run_seconds = fed - started, time.perf_counter() - fed
         return out
+
+    def _run_images(self, inputs: Sequence[ImageInput], attention: bool) -> BatchOutput:
+        if self.images is None:  # requests are checked before they are queued (server/requests.py); this guards
+            raise GraphUnavailableError(f"{self.manifest.model} has no image tower")
+        started = time.perf_counter()
+        out = self.images.run(list(inputs), attention)
+        lengths = np.full(len(inputs), self.images.positions, dtype=np.int64)
+        batch = BatchOutput(lengths, out["last_hidden_state"], out["image_embeds"], out.get("attentions"),
+                            value_norms=out.get("value_norms"))
+        batch.run_seconds = time.perf_counter() - started
+        return batch
 
     def _run(self, feed: dict[str, np.ndarray], lengths: np.ndarray, attention: bool, last_layer: bool
              ) -> BatchOutput:

@@ -114,14 +114,22 @@ PREPROCESSOR_CONFIG, PROCESSOR_CONFIG = "preprocessor_config.json", "processor_c
 def image_processor_in(directory: Path) -> ImageProcessor:
     """The ImageProcessor of a checkpoint directory, read where transformers 5 reads it: processor_config.json's
     image_processor where it has one, else preprocessor_config.json."""
+    raw, path = processor_config_in(directory)
+    return _processor(raw, path)
+
+
+def processor_config_in(directory: Path) -> tuple[dict, Path]:
+    """The image processor's settings as the checkpoint holds them (what export copies beside the graphs as
+    preprocessor_config.json), and the file they are in."""
     path = directory / PROCESSOR_CONFIG
     if path.exists():
         raw = _read_object(path)
         if "image_processor" in raw:
             if not isinstance(raw["image_processor"], dict):
                 raise CheckpointError(f"{path}: image_processor must be an object")
-            return _processor(raw["image_processor"], path)
-    return read_image_processor(directory / PREPROCESSOR_CONFIG)
+            return raw["image_processor"], path
+    path = directory / PREPROCESSOR_CONFIG
+    return _read_object(path), path
 
 
 def read_image_processor(path: Path) -> ImageProcessor:

@@ -127,6 +127,12 @@ class Manifest:
     # Variants a build made and left out, with why: an int8 graph off its bar, OpenVINO's bf16 off its. A run that
     # asks for one is told why, and nothing builds it again.
     refused: dict[str, str] = field(default_factory=dict)
+    # An image-text model's image tower (CLIP, SigLIP: export/image_tower.py; engine/image_encoder.py reads it), the
+    # text tower being the model above: {"graphs": {name: {"file", "sha256", "precision", "data_files", "parity",
+    # "outputs"}}, "processor": {"file", "sha256"}, "image_size", "patch_size", "num_channels", "class_token",
+    # "hidden_size", "num_layers", "num_heads", "embedding_size", "logit_scale" (exp'd), "logit_bias" (or None),
+    # "zero_shot" ("softmax" or "sigmoid")}. None: a text model.
+    images: dict | None = None
 
     def quantization_ranges(self, dimensions: int | None, normalize: bool):
         """(2, D) int8 / uint8 ranges for embeddings cut to `dimensions` and normalised or not; None where the
@@ -207,6 +213,7 @@ class Manifest:
             **({"traces": self.traces} if self.traces else {}),
             **({"reference": self.reference} if self.reference is not None else {}),
             **({"refused": self.refused} if self.refused else {}),
+            **({"images": self.images} if self.images is not None else {}),
         }
 
 
@@ -298,6 +305,7 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
             reference=None if raw.get("reference") is None else {
                 "file": str(raw["reference"]["file"]), "sha256": str(raw["reference"]["sha256"])},
             refused={str(name): str(why) for name, why in raw.get("refused", {}).items()},
+            images=None if raw.get("images") is None else _images(raw["images"]),
         )
         if manifest.kind not in ("embedder", "reranker"):
             raise ArtifactError(f"{path}: kind {manifest.kind!r} is not embedder or reranker; re-export")
@@ -315,4 +323,27 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
                     checked.add(name)
         if manifest.quantization is not None:
             _check_file(directory, manifest.quantization["file"], manifest.quantization["sha256"])
+        if manifest.images is not None:
+            _check_file(directory, manifest.images["processor"]["file"], manifest.images["processor"]["sha256"])
+            for graph in manifest.images["graphs"].values():
+                for name, sha in ((graph["file"], graph["sha256"]), *graph["data_files"].items()):
+                    if name not in checked:
+                        _check_file(directory, name, sha)
+                        checked.add(name)
     return manifest
+
+
+def _images(raw: dict) -> dict:
+    """The manifest's images entry, its types checked (KeyError, TypeError, ValueError: unreadable)."""
+    return {
+        "graphs": {str(name): {"file": str(g["file"]), "sha256": str(g["sha256"]), "precision": str(g["precision"]),
+                               "data_files": {str(f): str(h) for f, h in g.get("data_files", {}).items()},
+                               "outputs": [str(o) for o in g["outputs"]], "parity": dict(g.get("parity", {}))}
+                   for name, g in raw["graphs"].items()},
+        "processor": {"file": str(raw["processor"]["file"]), "sha256": str(raw["processor"]["sha256"])},
+        **{key: int(raw[key]) for key in ("image_size", "patch_size", "num_channels", "hidden_size", "num_layers",
+                                          "num_heads", "embedding_size")},
+        "class_token": bool(raw["class_token"]), "logit_scale": float(raw["logit_scale"]),
+        "logit_bias": None if raw.get("logit_bias") is None else float(raw["logit_bias"]),
+        "zero_shot": str(raw["zero_shot"]),
+    }

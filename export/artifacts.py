@@ -51,6 +51,7 @@ from attnserve.engine.variants import (
 from attnserve.errors import ArtifactError, ExportVerificationError
 from attnserve.model.bge_m3 import has_heads, save_heads
 from attnserve.model.checkpoint import Checkpoint, load_encoder, read_checkpoint
+from attnserve.model.clip import ImageTextConfig
 from attnserve.model.colbert import serving_settings
 from attnserve.model.encoder import SentenceEncoder
 from attnserve.model.sentence_head import load_head
@@ -60,6 +61,7 @@ from . import reranker as rerank
 from .attention_last import build_attention_last
 from .external_data import SharedWeights, external_files, share, weights_file
 from .half_precision import HALF, Float32Outputs, computed_in_fp32
+from .image_tower import image_artifacts
 from .memory import release_freed_memory, small_heaps
 from .optimize import (
     convert_fp16,
@@ -663,6 +665,14 @@ class _Build:
         settings = save_heads(ckpt.directory, self.work, ckpt.config.hidden_size)
         return {**settings, "sha256": sha256_of(self.work / settings["file"])}
 
+    def _images(self) -> dict | None:
+        """An image-text model's image tower (CLIP, SigLIP), exported beside the text tower's graphs."""
+        if not isinstance(self.ckpt.config, ImageTextConfig):
+            return None
+        self.release_model()
+        self.progress.step("the image tower")
+        return image_artifacts(self.ckpt.directory, self.work, self.progress.log)
+
     def manifest(self, tasks: tuple[str, ...]) -> Manifest:
         """The first build's manifest (the caller writes it)."""
         ckpt, work = self.ckpt, self.work
@@ -683,6 +693,7 @@ class _Build:
             multi_vector=None if ckpt.pipeline.multi_vector is None else serving_settings(
                 ckpt.pipeline.multi_vector, ckpt.directory, Tokenizer.from_file(str(work / "tokenizer.json"))),
             bge_m3=self._bge_m3(),
+            images=self._images(),
             source={"checkpoint": str(ckpt.directory.resolve()), "fingerprint": checkpoint_fingerprint(ckpt.directory)},
             reference={"file": reference.name, "sha256": sha256_of(reference)}, traces=dict(self.traces),
             **self.caps,

@@ -19,6 +19,7 @@ L layers, nh heads.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,11 +28,14 @@ import onnx
 import torch
 import torch.nn as nn
 
+from attnserve.engine.image_processor import image_processor_in, processor_config_in
+from attnserve.engine.manifest import sha256_of
 from attnserve.engine.session import CPU, open_session
-from attnserve.errors import ExportVerificationError
-from attnserve.model.clip import ImageTextModel
+from attnserve.errors import CheckpointError, ExportVerificationError
+from attnserve.model.clip import ImageTextModel, load_image_text_model
 from attnserve.model.value_norms import keep_value_norms
 
+from .external_data import external_files
 from .isolated import run as run_isolated
 from .torch_to_onnx import trace
 
@@ -158,3 +162,42 @@ def verify_image_graph(path: Path, precision: str, checks: list[np.ndarray],
     if failed:
         raise ExportVerificationError(f"{path.name} ({precision}) fails parity with PyTorch: {'; '.join(failed)}")
     return parity
+
+
+PROCESSOR_FILE = "preprocessor_config.json"
+GRAPH_OUTPUTS = {"image_embeds": ("image_embeds", "last_hidden_state"),
+                 "image_attention": ("image_embeds", "last_hidden_state", "attentions", "value_norms")}
+
+
+def image_artifacts(checkpoint: Path, work: Path, log) -> dict:
+    """An image-text checkpoint's image tower into the artifact directory being built (`work`): every graph of
+    GRAPHS, verified, and its preprocessing; returns the manifest's `images` entry (engine/manifest.py)."""
+    processor = image_processor_in(checkpoint)  # what it cannot reproduce is refused before any weight is read
+    raw_processor, _ = processor_config_in(checkpoint)
+    model = load_image_text_model(checkpoint)
+    cfg = model.config
+    side = cfg.vision.image_size
+    if processor.output_side != (side, side):
+        raise CheckpointError(f"{checkpoint}: the image processor gives {processor.output_side or 'images of any size'}"
+                              f", not the {side} x {side} the image tower takes")
+    log(f"exporting the image tower ({cfg.vision.num_layers} layers, hidden {cfg.vision.hidden_size}, "
+        f"{cfg.vision.num_patches} patches of {cfg.vision.patch_size} px): {', '.join(GRAPHS)}")
+    parities = export_image_tower(model, work)
+    for name, parity in parities.items():
+        log(f"verified {name}.onnx  min cosine {parity['min_cosine_image_embeds']:.6f} ({GRAPHS[name]})")
+    (work / PROCESSOR_FILE).write_text(json.dumps(raw_processor, indent=2) + "\n", encoding="utf-8")
+    with torch.no_grad():
+        scale = float(model.logit_scale.exp().reshape(()))
+        bias = None if model.logit_bias is None else float(model.logit_bias.reshape(()))
+    return {
+        "graphs": {name: {"file": f"{name}.onnx", "sha256": sha256_of(work / f"{name}.onnx"),
+                          "precision": GRAPHS[name], "outputs": list(GRAPH_OUTPUTS.get(name, GRAPH_OUTPUTS["image_embeds"])),
+                          "data_files": {f: sha256_of(work / f) for f in external_files(work / f"{name}.onnx")},
+                          "parity": parity} for name, parity in parities.items()},
+        "processor": {"file": PROCESSOR_FILE, "sha256": sha256_of(work / PROCESSOR_FILE)},
+        "image_size": side, "patch_size": cfg.vision.patch_size, "num_channels": cfg.vision.num_channels,
+        "class_token": cfg.vision.class_token, "hidden_size": cfg.vision.hidden_size,
+        "num_layers": cfg.vision.num_layers, "num_heads": cfg.vision.num_heads,
+        "embedding_size": cfg.projection_dim, "logit_scale": scale, "logit_bias": bias,
+        "zero_shot": "sigmoid" if cfg.siglip else "softmax",
+    }

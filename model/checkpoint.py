@@ -17,8 +17,6 @@ is refused here, from metadata and the weights' header, before any weight is loa
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -34,6 +32,7 @@ from .family import EncoderModule, ModelConfig, WeightNames
 from .pipeline import Pipeline, read_pipeline, tokenizer_max_length
 from .sentence_head import load_token_vectors
 from .tokenizer_files import tokenizer_json
+from .uninitialised import uninitialised_weights
 from .weights_files import Weights, has_weights
 
 
@@ -162,7 +161,8 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
         return _read_reranker(directory, name, cfg, raw, head, weights)
     if isinstance(cfg, qwen3.Qwen3Config) and qwen3_reranker.is_reranker(raw, directory):
         return _read_qwen3_reranker(directory, name, cfg, raw, weights)
-    pipeline = read_pipeline(directory, cfg.usable_positions, cfg.hidden_size)
+    pipeline = (family.pipeline(directory, cfg) if family.pipeline is not None else
+                read_pipeline(directory, cfg.usable_positions, cfg.hidden_size))
     _check_no_head(weights, FAMILIES[cfg.family].weights)
     if pipeline.splade is not None:  # SPLADE over the MLM head (model/splade.py): BERT's only
         if cfg.family != "bert":
@@ -270,28 +270,3 @@ def _assign(module: torch.nn.Module, key: str, tensor: torch.Tensor, dtype: torc
         owner._buffers[leaf] = value if buffer is None or not buffer.is_floating_point() else value.to(buffer.dtype)
     else:
         raise CheckpointError(f"{key} is neither a parameter nor a buffer of the encoder")
-
-
-# torch.nn.init's in-place initialisers, which module constructors call on their fresh parameters.
-INITIALISERS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
-                "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
-                "sparse_")
-
-
-@contextlib.contextmanager
-def uninitialised_weights() -> Iterator[None]:
-    """Module constructors within leave their parameters as torch.empty allocated them: no random init of weights
-    the checkpoint's replace anyway (seconds, and every page written, for a large model), as transformers'
-    no_init_weights does. Buffers computed in a constructor are computed as ever."""
-    saved = {name: getattr(torch.nn.init, name) for name in INITIALISERS}
-    for name in INITIALISERS:
-        setattr(torch.nn.init, name, _left_as_is)
-    try:
-        yield
-    finally:
-        for name, function in saved.items():
-            setattr(torch.nn.init, name, function)
-
-
-def _left_as_is(tensor, *args, **kwargs):
-    return tensor

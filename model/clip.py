@@ -28,12 +28,14 @@ import torch.nn.functional as F
 
 from attnserve.errors import CheckpointError
 
-from .checkpoint import uninitialised_weights
 from .checkpoint_files import read_json, read_object
 from .config_reading import check_architectures
 from .encoder import MASK_VALUE
-from .family import WeightNames
+from .dense import Dense
+from .family import Family, WeightNames
+from .pipeline import Pipeline, tokenizer_max_length
 from .vision_transformer import ACTIVATIONS, PreNormLayer, TowerSizes, VisionConfig, VisionTransformer, run_layers
+from .uninitialised import uninitialised_weights
 from .weights_files import Weights
 
 # transformers' defaults where a config.json leaves a field out (CLIPTextConfig, CLIPVisionConfig,
@@ -41,10 +43,10 @@ from .weights_files import Weights
 TEXT_DEFAULTS = {
     "clip": {"vocab_size": 49408, "hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 12,
              "num_attention_heads": 8, "max_position_embeddings": 77, "hidden_act": "quick_gelu",
-             "layer_norm_eps": 1e-5, "eos_token_id": 49407},
+             "layer_norm_eps": 1e-5, "eos_token_id": 49407, "pad_token_id": 1},
     "siglip": {"vocab_size": 32000, "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
                "num_attention_heads": 12, "max_position_embeddings": 64, "hidden_act": "gelu_pytorch_tanh",
-               "layer_norm_eps": 1e-6, "eos_token_id": 49407},
+               "layer_norm_eps": 1e-6, "eos_token_id": 49407, "pad_token_id": 1},
 }
 VISION_DEFAULTS = {
     "clip": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
@@ -75,6 +77,7 @@ class TextConfig(TowerSizes):
     eos_token_id: int
     causal: bool  # CLIP's; SigLIP's text tower attends both ways
     last_token_pooling: bool  # SigLIP's: the last position; CLIP's: the end-of-text token
+    pad_token_id: int = 1
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,42 @@ class ImageTextConfig:
     @property
     def siglip(self) -> bool:
         return self.family == "siglip"
+
+    # As a text family's config (family.ModelConfig): the text tower's, which export treats as any text encoder's;
+    # the image tower is exported beside it (export/image_tower.py).
+    @property
+    def vocab_size(self) -> int:
+        return self.text.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.text.hidden_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.text.num_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.text.num_heads
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.text.intermediate_size
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return self.text.max_position_embeddings
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.text.pad_token_id
+
+    @property
+    def usable_positions(self) -> int:
+        return self.text.max_position_embeddings
+
+    has_token_types = False
 
 
 def _tower(raw: dict, key: str, defaults: dict, path: Path) -> dict[str, Any]:
@@ -120,7 +159,7 @@ def read_config(raw: dict[str, Any], path: Path) -> ImageTextConfig:
         text_cfg = TextConfig(**_sizes(text), vocab_size=int(text["vocab_size"]),
                               max_position_embeddings=int(text["max_position_embeddings"]),
                               eos_token_id=int(text["eos_token_id"]), causal=family == "clip",
-                              last_token_pooling=family == "siglip")
+                              last_token_pooling=family == "siglip", pad_token_id=int(text["pad_token_id"]))
         siglip = family == "siglip"
         if siglip and not vision.get("vision_use_head", True):
             raise CheckpointError(f"{path}: cannot reproduce vision_config.vision_use_head false (a SiglipModel "
@@ -360,3 +399,52 @@ def load_weights(model: ImageTextModel, tensors: dict[str, torch.Tensor]) -> Ima
     model.load_state_dict({k: v.float() for k, v in loaded.items()}, strict=True)
     return model.eval()
 
+
+# --- the text tower as a text family (families.py): what `attnserve export` exports as the text encoder -----------
+
+class TextEncoder(nn.Module):
+    """The text tower as every family's encoder is (family.EncoderModule): input_ids, attention_mask (B, T) ->
+    (last_hidden_state (B, T, H) after final_layer_norm, attentions (L, B, nh, T, T) or None). Its pooling and
+    projection are the pipeline's (text_pipeline)."""
+
+    def __init__(self, cfg: ImageTextConfig):
+        super().__init__()
+        self.config = cfg
+        self.text = TextTower(cfg.text)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
+                token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        hidden, _, attentions = self.text(input_ids, attention_mask, output_attentions)
+        return hidden, attentions
+
+
+def text_key_map(cfg: ImageTextConfig) -> dict[str, str]:
+    """The text tower's keys (TextEncoder's), its projection left to the pipeline's Dense."""
+    return {k: v for k, v in key_map(cfg).items() if k.startswith("text_model.") and not k.startswith(
+        "text_model.head.")}
+
+
+def text_pipeline(directory: Path, cfg: ImageTextConfig) -> Pipeline:
+    """The text embedding as transformers' get_text_features gives it: the end-of-text token's state (CLIP's; the
+    tokenizer ends every text with it, so it is the last real token), projected without bias; normalised where
+    sentence-transformers' save ends in Normalize. SigLIP's pools the last of 64 positions its tokenizer pads every
+    text to, which the engine's padding (masked, to the batch's longest) does not reproduce: refused."""
+    if cfg.siglip:
+        raise CheckpointError(f"{directory}: cannot reproduce SigLIP's text tower yet (it pools the last of the "
+                              f"{cfg.text.max_position_embeddings} positions every text is padded to)")
+    checkpoint = image_text_checkpoint(directory)
+    if checkpoint.directory != directory:
+        raise CheckpointError(f"{directory}: export this sentence-transformers save's model folder "
+                              f"{checkpoint.directory} (the checkpoint is there, not at the root)")
+    projection = Dense("", cfg.text.hidden_size, cfg.projection_dim, False, "Identity", False,
+                       checkpoint_keys=("text_projection.weight",))
+    length = tokenizer_max_length(directory, cfg.usable_positions)
+    return Pipeline(("lasttoken",), (projection,), checkpoint.normalize, length, "tokenizer", {}, None)
+
+
+# The text families' weight names: the text tower's are the encoder's; the projection is the pipeline's Dense
+# (read from the same file), the image tower and the logit scale the image export's (export/image_tower.py).
+TEXT_WEIGHTS = WeightNames("", ("text_model.",), ("vision_model.", "visual_projection.", "text_projection.",
+                                                  "text_model.head.", "logit_scale", "logit_bias"), IGNORED_KEYS)
+FAMILIES = tuple(Family(model_type, read_config, text_key_map, TextEncoder, TEXT_WEIGHTS, pipeline=text_pipeline)
+                 for model_type in ARCHITECTURES)

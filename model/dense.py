@@ -25,6 +25,9 @@ class Dense:
     bias: bool
     activation: str  # one of DENSE_ACTIVATIONS
     use_residual: bool  # add the input (projected without bias when the sizes differ) after the activation
+    # Where the weights are the checkpoint's own (folder ""): the keys of linear.weight and linear.bias in its
+    # model weights (CLIP's text_projection). Empty: the folder's DENSE_WEIGHTS.
+    checkpoint_keys: tuple[str, ...] = ()
 
     def describe(self) -> str:
         return (f"Dense({self.in_features}->{self.out_features}, {self.activation.lower()}"

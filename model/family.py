@@ -67,3 +67,7 @@ class Family:
     weights: WeightNames
     # (config, encoder) -> None, run once the checkpoint's weights are in: jina v3 merges a task's adapter here.
     after_load: Callable[[Any, nn.Module], None] | None = None
+    # (checkpoint directory, config) -> the sentence pipeline (pipeline.Pipeline), for a family whose checkpoints
+    # say it themselves rather than in sentence-transformers' files: CLIP's text tower pools its end-of-text token
+    # and projects it (clip.py). None: the sentence-transformers pipeline the directory holds.
+    pipeline: Callable[[Path, Any], Any] | None = None

@@ -87,10 +87,18 @@ def load_head(directory: Path, pipeline: Pipeline) -> nn.Module:
 def load_dense(directory: Path, spec: Dense, layer: nn.Module) -> None:
     """A Dense module's weights from its folder's model.safetensors, under loud key and shape checks."""
     path = directory / spec.folder / DENSE_WEIGHTS
-    try:
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"corrupt weights file {path}: {e}") from None
+    if spec.checkpoint_keys:  # the checkpoint's own weights hold it (CLIP's text_projection)
+        weights = Weights(directory)
+        try:
+            tensors = {ours: weights.get(theirs) for ours, theirs in zip(("linear.weight", "linear.bias"),
+                                                                          spec.checkpoint_keys, strict=False)}
+        finally:
+            weights.close()
+    else:
+        try:
+            tensors = load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"corrupt weights file {path}: {e}") from None
     own = layer.state_dict()
     if set(tensors) != set(own):
         raise CheckpointError(f"{path}: keys do not match {spec.describe()} (expected {sorted(own)}, "

@@ -1,8 +1,11 @@
 """The batcher: the only owner of the queue.
 
-Every input of every request enters one queue (two lanes: inputs that asked
+Every input of every request enters one queue, in lanes: inputs that asked
 for attention weights run an attention graph, the rest the fastest
-embeddings graph). An attention batch runs the last-layer graph where every
+embeddings graph; an image-text model's images (engine/image_encoder.py)
+have lanes of their own beside its texts', each image counted as the
+tokens its tower's positions are, so that images share the budget and
+admission with texts. An attention batch runs the last-layer graph where every
 input in it needs no map but the last layer's and rollout (engine.py
 LAST_LAYER_VARIANT), the attention graph of every layer otherwise. One task owns it, as TEI's queue does: handlers only
 append and await their futures. The owner
@@ -43,6 +46,7 @@ from opentelemetry import trace
 
 from attnserve.engine.batching import plan_batches
 from attnserve.engine.engine import BatchOutput
+from attnserve.engine.image_encoder import ImageInput
 from attnserve.engine.pooling import l2_normalize
 from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import (
@@ -117,18 +121,27 @@ class _Request:
     token_states: bool = True
 
 
+Lane = tuple[bool, bool]  # (attention, image): a batch is taken from one lane
+LANES: tuple[Lane, ...] = ((False, False), (True, False), (False, True), (True, True))
+
+
 @dataclass(eq=False)
 class _Entry:
     seq: int  # arrival order
-    input: TokenizedInput
+    input: TokenizedInput | ImageInput
     attention: bool
     last_layer: bool  # its request needs no map but the last layer's, and rollout (Engine.run)
     request: _Request
     future: asyncio.Future
     enqueued: float = field(default_factory=time.monotonic)
 
+    @property
+    def lane(self) -> Lane:
+        return self.attention, isinstance(self.input, ImageInput)
 
-RunBatch = Callable[[Sequence[TokenizedInput], bool, bool], BatchOutput]  # Engine.run(inputs, attention, last_layer)
+
+# Engine.run(inputs, attention, last_layer): a batch's inputs are all texts or all images (one lane)
+RunBatch = Callable[[Sequence[TokenizedInput | ImageInput], bool, bool], BatchOutput]
 
 
 def _queue_wait_spans(requests) -> None:
@@ -147,10 +160,10 @@ class Batcher:
     def __init__(self, run_batch: RunBatch, limits: BatcherLimits, metrics: ModelMetrics, executor: Executor):
         """run_batch is Engine.run; it is called in executor, one batch at a time; metrics: its model's."""
         self._run_batch, self.limits, self._metrics, self._executor = run_batch, limits, metrics, executor
-        # Per lane (attention or not), insertion-ordered: the first entry is the oldest.
-        self._lanes: dict[bool, dict[int, _Entry]] = {False: {}, True: {}}
-        self._lane_tokens = {False: 0, True: 0}
-        self._seconds_per_token: dict[bool, float | None] = {False: None, True: None}
+        # Per lane (LANES), insertion-ordered: the first entry is the oldest.
+        self._lanes: dict[Lane, dict[int, _Entry]] = {lane: {} for lane in LANES}
+        self._lane_tokens = dict.fromkeys(LANES, 0)
+        self._seconds_per_token: dict[Lane, float | None] = dict.fromkeys(LANES)
         self._queued_requests = 0
         self._seq = itertools.count()
         self._arrived = asyncio.Event()
@@ -168,24 +181,25 @@ class Batcher:
 
     @property
     def queued_tokens(self) -> int:
-        return self._lane_tokens[False] + self._lane_tokens[True]
+        return sum(self._lane_tokens.values())
 
     @property
     def queued_seconds(self) -> float:
         """Estimated time to run what is queued, from recent batches (0 for a lane not yet measured)."""
-        return sum(self._lane_tokens[a] * (self._seconds_per_token[a] or 0.0) for a in (False, True))
+        return sum(self._lane_tokens[lane] * (self._seconds_per_token[lane] or 0.0) for lane in LANES)
 
-    def learn_rate(self, attention: bool, seconds: float, tokens: int, cells: int) -> None:
+    def learn_rate(self, attention: bool, seconds: float, tokens: int, cells: int, image: bool = False) -> None:
         """Fold one batch's time into its lane's seconds-per-token estimate (warm-up seeds it).
 
         Only batches at least half the budget count once there is an estimate: a queue long enough
         to matter drains in full batches, and a lone short input costs several times more per token.
         """
-        old = self._seconds_per_token[attention]
+        lane = (attention, image)
+        old = self._seconds_per_token[lane]
         if tokens <= 0 or (old is not None and cells < self.limits.max_batch_tokens // 2):
             return
         rate = seconds / tokens
-        self._seconds_per_token[attention] = rate if old is None else old + RATE_WEIGHT * (rate - old)
+        self._seconds_per_token[lane] = rate if old is None else old + RATE_WEIGHT * (rate - old)
 
     def check_room(self, n_inputs: int) -> None:
         """Refuse a request before any work is spent on it: the server is draining, or the work queued
@@ -204,7 +218,7 @@ class Batcher:
         """The retry delay of a refused request: the estimated run time of the queued work that must go first."""
         return max(MIN_RETRY_AFTER_S, seconds_of_work)
 
-    async def submit(self, inputs: Sequence[TokenizedInput], attention: bool, deadline: float | None,
+    async def submit(self, inputs: Sequence[TokenizedInput | ImageInput], attention: bool, deadline: float | None,
                      last_layer: bool = False, token_states: bool = True) -> list[RowOutput]:
         """Queue one request's inputs and wait for their rows, in the order given. last_layer (with attention): the
         request needs no map but the last layer's, and rollout. token_states False: the rows' sentence embeddings
@@ -220,7 +234,7 @@ class Batcher:
             return await self._submit_in_parts(inputs, attention, deadline, last_layer, token_states)
         return await self._rows(self._enqueue(inputs, tokens, attention, deadline, last_layer, token_states))
 
-    async def _submit_in_parts(self, inputs: Sequence[TokenizedInput], attention: bool, deadline: float | None,
+    async def _submit_in_parts(self, inputs: Sequence[TokenizedInput | ImageInput], attention: bool, deadline: float | None,
                                last_layer: bool, token_states: bool) -> list[RowOutput]:
         """A request of more tokens than the whole queue holds (a client's big batch: LangChain sends 1,000 texts
         a request): admitted in parts of at most half the queue, in order, each queued once the queue has room
@@ -229,7 +243,7 @@ class Batcher:
         (the connection waits with them: backpressure), within the request's deadline. Its memory is its own
         inputs and rows, whatever its size."""
         budget = max(self.limits.max_queue_tokens // 2, max(len(x) for x in inputs))
-        parts: list[list[TokenizedInput]] = [[]]
+        parts: list[list[TokenizedInput | ImageInput]] = [[]]
         part_tokens = [0]
         for x in inputs:
             if parts[-1] and part_tokens[-1] + len(x) > budget:
@@ -267,7 +281,7 @@ class Batcher:
                 raise DeadlineExpiredError("the deadline passed while the request waited for room in the queue"
                                            ) from None
 
-    def _enqueue(self, inputs: Sequence[TokenizedInput], tokens: int, attention: bool, deadline: float | None,
+    def _enqueue(self, inputs: Sequence[TokenizedInput | ImageInput], tokens: int, attention: bool, deadline: float | None,
                  last_layer: bool, token_states: bool = True) -> list[_Entry]:
         """Queue one request's inputs (or one part's), or refuse them at once: the queue has no room for them, or
         the deadline has passed."""
@@ -287,11 +301,10 @@ class Batcher:
                            token_states=token_states)
         entries = [_Entry(next(self._seq), x, attention, attention and last_layer, request, loop.create_future())
                    for x in inputs]
-        lane = self._lanes[attention]
         for entry in entries:
-            lane[entry.seq] = entry
+            self._lanes[entry.lane][entry.seq] = entry
+            self._lane_tokens[entry.lane] += len(entry.input)
             entry.future.add_done_callback(functools.partial(self._cancelled, entry))
-        self._lane_tokens[attention] += tokens
         self._queued_requests += 1
         self.wait.arrived()
         self._update_gauges()
@@ -331,7 +344,7 @@ class Batcher:
 
     async def _own_queue(self) -> None:
         while True:
-            if not self._lanes[False] and not self._lanes[True]:
+            if not any(self._lanes.values()):
                 if self._closed and not self._in_parts:  # a request admitted in parts is answered whole
                     return
                 self._arrived.clear()
@@ -377,20 +390,20 @@ class Batcher:
                 if not entry.future.done():
                     entry.future.set_exception(error)
 
-    def _oldest_lane(self) -> bool:
-        heads = [(next(iter(lane)), attention) for attention, lane in self._lanes.items() if lane]
+    def _oldest_lane(self) -> Lane:
+        heads = [(next(iter(entries)), lane) for lane, entries in self._lanes.items() if entries]
         return min(heads)[1]
 
-    def _full(self, attention: bool) -> bool:
-        return (self._lane_tokens[attention] >= self.limits.max_batch_tokens
-                or len(self._lanes[attention]) >= self.limits.max_batch_size)
+    def _full(self, lane: Lane) -> bool:
+        return (self._lane_tokens[lane] >= self.limits.max_batch_tokens
+                or len(self._lanes[lane]) >= self.limits.max_batch_size)
 
     async def _wait_to_fill(self) -> None:
-        while not self._closed and (self._lanes[False] or self._lanes[True]):
-            attention = self._oldest_lane()
-            if self._full(attention):
+        while not self._closed and any(self._lanes.values()):
+            lane = self._oldest_lane()
+            if self._full(lane):
                 return
-            oldest = next(iter(self._lanes[attention].values()))
+            oldest = next(iter(self._lanes[lane].values()))
             left = oldest.enqueued + self.wait.wait_s() - time.monotonic()
             if left <= 0:
                 return
@@ -402,7 +415,7 @@ class Batcher:
 
     def _take_batch(self) -> list[_Entry]:
         """Remove and return the next batch: the oldest input and those of similar length."""
-        if not self._lanes[False] and not self._lanes[True]:
+        if not any(self._lanes.values()):
             return []
         lane = self._lanes[self._oldest_lane()]
         now = time.monotonic()
@@ -434,9 +447,9 @@ class Batcher:
     def _remove(self, entry: _Entry, reason: str | None, gauges: bool = True) -> None:
         """Take an entry out of the queue, once; reason is why it will not run, None when it will. gauges False: the
         caller updates the queue's gauges once it has removed several."""
-        if self._lanes[entry.attention].pop(entry.seq, None) is None:
+        if self._lanes[entry.lane].pop(entry.seq, None) is None:
             return
-        self._lane_tokens[entry.attention] -= len(entry.input)
+        self._lane_tokens[entry.lane] -= len(entry.input)
         self._room.set()  # a request admitted in parts may queue its next one
         entry.request.waiting -= 1
         if entry.request.waiting == 0:
@@ -460,10 +473,10 @@ class Batcher:
         self._metrics.queue_requests.set(self._queued_requests)
 
     async def _run(self, batch: list[_Entry]) -> None:
-        attention = batch[0].attention
+        attention, image = batch[0].lane
         # The last-layer graph where it answers every input of the batch (and the artifacts have it: Engine.run).
-        last_layer = attention and all(e.last_layer for e in batch)
-        graph = "attention" if attention else "embeddings"
+        last_layer = attention and not image and all(e.last_layer for e in batch)
+        graph = ("image_" if image else "") + ("attention" if attention else "embeddings")
         started = time.monotonic()
         for entry in batch:
             self._metrics.observe_queue(started - entry.enqueued)
@@ -502,7 +515,7 @@ class Batcher:
         seconds = time.monotonic() - started
         if out.map_layers is not None:
             graph = "attention_last"
-        self.learn_rate(attention, seconds, tokens, cells)
+        self.learn_rate(attention, seconds, tokens, cells, image)
         log.debug("batch", extra={"fields": {
             "event": "batch", "graph": graph, "size": len(batch), "tokens": tokens, "cells": cells,
             "padding": round((cells - tokens) / cells, 4), "ms": round(seconds * 1e3, 2),

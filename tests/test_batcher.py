@@ -321,7 +321,7 @@ def test_the_speed_estimate_follows_full_batches_only():
     batcher = Batcher(lambda *a: None, BatcherLimits(2048, 256, 65536, 0.002, 1.0), Metrics().for_model("m"), None)
     batcher.learn_rate(False, seconds=0.2, tokens=2000, cells=2048)  # the warm-up seed: 0.1 ms a token
     batcher.learn_rate(False, seconds=0.01, tokens=10, cells=10)  # a lone short input: 1 ms a token, ignored
-    batcher._lane_tokens[False] = 1000
+    batcher._lane_tokens[(False, False)] = 1000
     assert batcher.queued_seconds == pytest.approx(0.1)
     batcher.learn_rate(False, seconds=0.4, tokens=2000, cells=2048)  # the machine got slower: 0.2 ms a token
     assert batcher.queued_seconds == pytest.approx(0.1 + 0.2 * 0.1)

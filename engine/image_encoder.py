@@ -1,0 +1,99 @@
+"""An image-text model's image tower at serving time (CLIP, SigLIP: the manifest's `images`, export/image_tower.py):
+an image's bytes -> an ImageInput the batcher queues like a tokenized text -> a batch run on the tower's graph.
+
+An ImageInput counts as many tokens as the tower's sequence has positions (its patches, and the class token), so
+images share the batcher's budget and admission with texts: a ViT-B/16 image at 224 px is 197 tokens, a batch of
+max_batch_tokens 16,384 holds 83 of them. Every image of a model is the same size (the processor's crop), so a
+batch of images has no padding.
+
+The graph is the one of the text graph's precision: fp32 (and bf16, whose image graph is not built: fp32), int8,
+fp16; an attention request runs the attention graph (fp32), with the maps over the patches.
+Shapes: B batch, C channels, S side, T positions (patches and the class token), H hidden, D the shared space,
+L layers, nh heads.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .image_processor import ImageProcessor, read_image_processor
+from .images import DEFAULT_MAX_PIXELS, decode_image
+from .manifest import Manifest
+from .session import open_graph
+
+# The text graph's precision -> the image graph run beside it.
+IMAGE_GRAPHS = {"fp32": "image_embeds", "bf16": "image_embeds", "int8": "image_embeds_int8",
+                "fp16": "image_embeds_fp16"}
+IMAGE_ATTENTION = "image_attention"
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """One image, preprocessed: what the batcher queues (its len() is the tower's positions, as a text's tokens)."""
+
+    pixels: np.ndarray  # (C, S, S) float32, as the checkpoint's image processor gives them
+    positions: int  # T
+    truncated: bool = False  # an image is never cut; as TokenizedInput's, for the reply's counts
+
+    def __len__(self) -> int:
+        return self.positions
+
+
+class ImageEncoder:
+    """The image tower's sessions and preprocessing for one served model."""
+
+    def __init__(self, manifest: Manifest, precision: str, provider: str, threads: int = 0, spin: str = "on"):
+        images = manifest.images
+        assert images is not None, "ImageEncoder is for a manifest with images"
+        self.manifest, self.provider, self.threads, self.spin = manifest, provider, threads, spin
+        self.settings = images
+        self.processor: ImageProcessor = read_image_processor(manifest.path(images["processor"]["file"]))
+        self.grid = images["image_size"] // images["patch_size"]  # g: patches along a side (patch_attention.py)
+        self.class_token: bool = images["class_token"]
+        self.graph = IMAGE_GRAPHS.get(precision, "image_embeds")
+        if self.graph not in images["graphs"]:
+            self.graph = "image_embeds"
+        self.precision = images["graphs"][self.graph]["precision"]
+        self._session = self._open(self.graph)
+        self._attention: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def positions(self) -> int:
+        """T: the patches, and the class token where there is one."""
+        return self.grid ** 2 + int(self.class_token)
+
+    @property
+    def embedding_size(self) -> int:
+        return int(self.settings["embedding_size"])
+
+    def _open(self, name: str, arena: bool = True):
+        graph = self.settings["graphs"][name]
+        return open_graph(self.manifest.path(graph["file"]), "onnxruntime", graph["precision"], self.provider,
+                          self.threads, arena, spin=self.spin)
+
+    def prepare(self, data: bytes, declared: str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInput:
+        """An image's bytes -> its ImageInput, or ImageError (engine/images.py) in one line."""
+        image = decode_image(data, max_pixels, declared)
+        try:
+            return ImageInput(self.processor.pixels(image), self.positions)
+        finally:
+            image.close()
+
+    def run(self, inputs: list[ImageInput], attention: bool = False) -> dict[str, np.ndarray]:
+        """A batch of images -> {"image_embeds" (B, D), "last_hidden_state" (B, T, H), and with attention
+        "attentions" (L, B, nh, T, T) and "value_norms" (L, B, nh, T)}."""
+        pixels = np.stack([x.pixels for x in inputs])  # (B, C, S, S)
+        session = self._attention_session() if attention else self._session
+        names = [o.name for o in session.get_outputs()]
+        return dict(zip(names, session.run(names, {"pixel_values": pixels}), strict=True))
+
+    def _attention_session(self):
+        with self._lock:
+            if self._attention is None:  # its intermediates grow with the batch: no arena keeps a burst's peak
+                self._attention = self._open(IMAGE_ATTENTION, arena=False)
+        return self._attention
