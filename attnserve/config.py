@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance  # typeshed's protocol of a dataclass; not importable at run time
 
 T = TypeVar("T", bound="DataclassInstance")
+# Pillow's own decompression-bomb limit (PIL.Image.MAX_IMAGE_PIXELS): the server's image pixel limit stays below it,
+# so that a bomb is refused by the server's check, not merely warned about by Pillow (engine/images.py).
+MAX_IMAGE_PIXELS_CEILING = 89_478_485
 
 
 def setting(default: Any, env: str, help: str, choices: tuple[str, ...] | None = None, *,
@@ -109,6 +112,22 @@ class ServerConfig:
     max_response_bytes: int = setting(
         64 * 1024 * 1024, "ATTNSERVE_MAX_RESPONSE_BYTES",
         "largest response message sent; a request whose reply would be larger is refused before it runs")
+    # Images (an image-text model's: CLIP, SigLIP). The pixel limit is below Pillow's own bomb limit (89 megapixels),
+    # so a decompression bomb is refused from its header, never decoded; the bytes come within max_request_bytes.
+    max_image_pixels: int = setting(
+        25_000_000, "ATTNSERVE_MAX_IMAGE_PIXELS",
+        "most pixels (width x height) an image in a request may have; one with more is refused from its header, "
+        "before any pixel is decoded")
+    # A server that fetches what a request names can be made to reach what only it reaches (SSRF): none by default.
+    allow_image_urls: tuple[str, ...] = setting(
+        (), "ATTNSERVE_ALLOW_IMAGE_URLS",
+        "fetch images a request names by http(s) URL from this host (repeatable; comma-separated in the "
+        "environment; exact names, each redirect checked too), within max_image_url_bytes and "
+        "image_url_timeout; none by default: images come as base64 or data URIs", env_separator=",")
+    max_image_url_bytes: int = setting(
+        20 * 1024 * 1024, "ATTNSERVE_MAX_IMAGE_URL_BYTES", "largest image fetched from an allowed URL")
+    image_url_timeout: float = setting(
+        10.0, "ATTNSERVE_IMAGE_URL_TIMEOUT", "seconds a fetch of an image URL may take, redirects included")
     # Cut by default, as in TEI since 1.9: LangChain and LlamaIndex send chunks longer than max_seq_length and fail
     # whole if one of them is refused. chunk is vLLM's chunked processing (server/long_inputs.py). A request's own
     # `truncate` wins either way.
@@ -208,7 +227,7 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         for name in ("port", "batches_in_flight", "max_queue_tokens", "max_inputs_per_request", "max_request_bytes",
-                     "max_response_bytes"):
+                     "max_response_bytes", "max_image_pixels", "max_image_url_bytes"):
             if getattr(self, name) < (0 if name == "port" else 1):
                 raise ConfigError(f"{name} must be {'>= 0' if name == 'port' else 'positive'}, "
                                   f"got {getattr(self, name)}")
@@ -223,7 +242,10 @@ class ServerConfig:
                               f"{self.metrics_port}")
         if min(self.max_wait_ms, self.grace_seconds, self.max_queue_wait_ms, self.max_connection_age) < 0:
             raise ConfigError("max_wait_ms, max_queue_wait_ms, max_connection_age and grace_seconds must be >= 0")
-        for name in ("http_header_timeout", "http_body_timeout", "http_keepalive_timeout"):
+        if self.max_image_pixels >= MAX_IMAGE_PIXELS_CEILING:
+            raise ConfigError(f"max_image_pixels must be below Pillow's bomb limit {MAX_IMAGE_PIXELS_CEILING:,}, got "
+                              f"{self.max_image_pixels:,}")
+        for name in ("http_header_timeout", "http_body_timeout", "http_keepalive_timeout", "image_url_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {getattr(self, name)}")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -21,7 +21,7 @@ from .batching import pad, pad_types, plan_batches
 from .bge_m3 import BgeM3Heads
 from .builds import BackgroundBuilds, add_in_child, has
 from .calibration import Choice, budgets, recorded_choice, timed_choice
-from .image_encoder import ImageInput, ImageEncoder
+from .image_encoder import ImageEncoder, ImageInput
 from .late_chunking import ChunkMeans
 from .machine import this_machine
 from .manifest import GraphVariant, Manifest, load_manifest

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -38,6 +38,10 @@ class ImageInput:
     pixels: np.ndarray  # (C, S, S) float32, as the checkpoint's image processor gives them
     positions: int  # T
     truncated: bool = False  # an image is never cut; as TokenizedInput's, for the reply's counts
+    # What a TokenizedInput has and an image has none of, read where texts and images are checked and counted alike.
+    type_ids: ClassVar[None] = None
+    pair_start: ClassVar[None] = None
+    attended: ClassVar[None] = None
 
     def __len__(self) -> int:
         return self.positions
@@ -46,7 +50,10 @@ class ImageInput:
 class ImageEncoder:
     """The image tower's sessions and preprocessing for one served model."""
 
-    def __init__(self, manifest: Manifest, precision: str, provider: str, threads: int = 0, spin: str = "on"):
+    def __init__(self, manifest: Manifest, precision: str, provider: str, threads: int = 0, spin: str = "on",
+                 sessions: bool = True):
+        """sessions False: preprocessing only, no graph opened (a front-door worker's, server/workers/front.py:
+        the engine process runs the batches)."""
         images = manifest.images
         assert images is not None, "ImageEncoder is for a manifest with images"
         self.manifest, self.provider, self.threads, self.spin = manifest, provider, threads, spin
@@ -58,7 +65,7 @@ class ImageEncoder:
         if self.graph not in images["graphs"]:
             self.graph = "image_embeds"
         self.precision = images["graphs"][self.graph]["precision"]
-        self._session = self._open(self.graph)
+        self._session = self._open(self.graph) if sessions else None
         self._attention: Any = None
         self._lock = threading.Lock()
 
@@ -89,6 +96,7 @@ class ImageEncoder:
         "attentions" (L, B, nh, T, T) and "value_norms" (L, B, nh, T)}."""
         pixels = np.stack([x.pixels for x in inputs])  # (B, C, S, S)
         session = self._attention_session() if attention else self._session
+        assert session is not None, "an ImageEncoder without sessions prepares images only"
         names = [o.name for o in session.get_outputs()]
         return dict(zip(names, session.run(names, {"pixel_values": pixels}), strict=True))
 

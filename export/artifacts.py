@@ -136,7 +136,7 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = _o
     `trace` ("fp32", or "fp16": straight into half precision, export/half_precision.py), and the `variants` named
     built and verified (None: all_variants, as `attnserve export --all`). provider: what runs verification.
     log: each step's line as it starts, its results, and a heartbeat while one runs long (attnserve/progress.py)."""
-    out = Path(out)
+    out = Path(out).absolute()  # the optimizer's step changes the working directory (optimize.py)
     names = all_variants(ckpt) if variants is None else list(variants)
     with _ExportProgress(log) as progress:
         return _build_new(ckpt, out, names, trace, provider, progress)
@@ -185,7 +185,7 @@ def add_variants(directory: Path, names: Iterable[str], log: Callable[[str], Non
     the directory's lock: a variant another process built meanwhile is read from its manifest, not built again.
     The steps that need PyTorch load the checkpoint the manifest's source names (ArtifactError where it is gone
     or changed). Returns the manifest as it then is."""
-    directory = Path(directory)
+    directory = Path(directory).absolute()  # the optimizer's step changes the working directory (optimize.py)
     names = list(names)
     with build_lock(directory):
         manifest = load_manifest(directory, check_hashes=False)

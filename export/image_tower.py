@@ -191,7 +191,8 @@ def image_artifacts(checkpoint: Path, work: Path, log) -> dict:
         bias = None if model.logit_bias is None else float(model.logit_bias.reshape(()))
     return {
         "graphs": {name: {"file": f"{name}.onnx", "sha256": sha256_of(work / f"{name}.onnx"),
-                          "precision": GRAPHS[name], "outputs": list(GRAPH_OUTPUTS.get(name, GRAPH_OUTPUTS["image_embeds"])),
+                          "precision": GRAPHS[name], "outputs": list(GRAPH_OUTPUTS[
+                              "image_attention" if name == "image_attention" else "image_embeds"]),
                           "data_files": {f: sha256_of(work / f) for f in external_files(work / f"{name}.onnx")},
                           "parity": parity} for name, parity in parities.items()},
         "processor": {"file": PROCESSOR_FILE, "sha256": sha256_of(work / PROCESSOR_FILE)},

@@ -30,12 +30,12 @@ from attnserve.errors import CheckpointError
 
 from .checkpoint_files import read_json, read_object
 from .config_reading import check_architectures
-from .encoder import MASK_VALUE
 from .dense import Dense
+from .encoder import MASK_VALUE
 from .family import Family, WeightNames
 from .pipeline import Pipeline, tokenizer_max_length
-from .vision_transformer import ACTIVATIONS, PreNormLayer, TowerSizes, VisionConfig, VisionTransformer, run_layers
 from .uninitialised import uninitialised_weights
+from .vision_transformer import ACTIVATIONS, PreNormLayer, TowerSizes, VisionConfig, VisionTransformer, run_layers
 from .weights_files import Weights
 
 # transformers' defaults where a config.json leaves a field out (CLIPTextConfig, CLIPVisionConfig,

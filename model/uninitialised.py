@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 import torch
 
-
 # torch.nn.init's in-place initialisers, which module constructors call on their fresh parameters.
 INITIALISERS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
                 "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",

@@ -302,6 +302,8 @@ class Server:
             for model in self.models.all:
                 for batcher in model.batchers:
                     await batcher.join()
+        if self.core is not None:
+            await self.core.close()
         self._release()
         await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)  # the spans still buffered
         log.info("stopped", extra={"fields": {"event": "stopped"}})

@@ -121,6 +121,7 @@ class _Request:
     token_states: bool = True
 
 
+QueuedInput = TokenizedInput | ImageInput  # a text (or pair, or token ids), or an image
 Lane = tuple[bool, bool]  # (attention, image): a batch is taken from one lane
 LANES: tuple[Lane, ...] = ((False, False), (True, False), (False, True), (True, True))
 
@@ -128,7 +129,7 @@ LANES: tuple[Lane, ...] = ((False, False), (True, False), (False, True), (True, 
 @dataclass(eq=False)
 class _Entry:
     seq: int  # arrival order
-    input: TokenizedInput | ImageInput
+    input: QueuedInput
     attention: bool
     last_layer: bool  # its request needs no map but the last layer's, and rollout (Engine.run)
     request: _Request
@@ -141,7 +142,7 @@ class _Entry:
 
 
 # Engine.run(inputs, attention, last_layer): a batch's inputs are all texts or all images (one lane)
-RunBatch = Callable[[Sequence[TokenizedInput | ImageInput], bool, bool], BatchOutput]
+RunBatch = Callable[[Sequence[QueuedInput], bool, bool], BatchOutput]
 
 
 def _queue_wait_spans(requests) -> None:
@@ -218,7 +219,7 @@ class Batcher:
         """The retry delay of a refused request: the estimated run time of the queued work that must go first."""
         return max(MIN_RETRY_AFTER_S, seconds_of_work)
 
-    async def submit(self, inputs: Sequence[TokenizedInput | ImageInput], attention: bool, deadline: float | None,
+    async def submit(self, inputs: Sequence[QueuedInput], attention: bool, deadline: float | None,
                      last_layer: bool = False, token_states: bool = True) -> list[RowOutput]:
         """Queue one request's inputs and wait for their rows, in the order given. last_layer (with attention): the
         request needs no map but the last layer's, and rollout. token_states False: the rows' sentence embeddings
@@ -234,7 +235,7 @@ class Batcher:
             return await self._submit_in_parts(inputs, attention, deadline, last_layer, token_states)
         return await self._rows(self._enqueue(inputs, tokens, attention, deadline, last_layer, token_states))
 
-    async def _submit_in_parts(self, inputs: Sequence[TokenizedInput | ImageInput], attention: bool, deadline: float | None,
+    async def _submit_in_parts(self, inputs: Sequence[QueuedInput], attention: bool, deadline: float | None,
                                last_layer: bool, token_states: bool) -> list[RowOutput]:
         """A request of more tokens than the whole queue holds (a client's big batch: LangChain sends 1,000 texts
         a request): admitted in parts of at most half the queue, in order, each queued once the queue has room
@@ -243,7 +244,7 @@ class Batcher:
         (the connection waits with them: backpressure), within the request's deadline. Its memory is its own
         inputs and rows, whatever its size."""
         budget = max(self.limits.max_queue_tokens // 2, max(len(x) for x in inputs))
-        parts: list[list[TokenizedInput | ImageInput]] = [[]]
+        parts: list[list[QueuedInput]] = [[]]
         part_tokens = [0]
         for x in inputs:
             if parts[-1] and part_tokens[-1] + len(x) > budget:
@@ -281,7 +282,7 @@ class Batcher:
                 raise DeadlineExpiredError("the deadline passed while the request waited for room in the queue"
                                            ) from None
 
-    def _enqueue(self, inputs: Sequence[TokenizedInput | ImageInput], tokens: int, attention: bool, deadline: float | None,
+    def _enqueue(self, inputs: Sequence[QueuedInput], tokens: int, attention: bool, deadline: float | None,
                  last_layer: bool, token_states: bool = True) -> list[_Entry]:
         """Queue one request's inputs (or one part's), or refuse them at once: the queue has no room for them, or
         the deadline has passed."""

@@ -20,13 +20,16 @@ from concurrent.futures import Executor
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
-from typing import TypeVar
+from typing import TypeVar, cast
+
+import aiohttp
 
 from attnserve.config import ServerConfig
 from attnserve.engine.tokenizer import Token
 from attnserve.errors import InvalidInputError, NotServingError, ShuttingDownError
 
 from . import tracing
+from .image_inputs import ImageUrl, UrlPolicy, fetch_image
 from .memory import MemoryReturn
 from .models import ModelInfo, Models, ServedModel
 from .replies import (
@@ -80,7 +83,11 @@ class Core:
     def __init__(self, models: Models, config: ServerConfig, executor: Executor, workers: int = 1):
         """executor: the threads that tokenize and render (`workers` of them, as TEI's /info reports)."""
         self.models, self._executor, self.workers = models, executor, workers
-        self.limits = RequestLimits(config.max_inputs_per_request, config.max_response_bytes, config.long_inputs)
+        self.limits = RequestLimits(config.max_inputs_per_request, config.max_response_bytes, config.long_inputs,
+                                    config.max_image_pixels)
+        # Image URLs: fetched only from the hosts the operator allows (none by default: server/image_inputs.py).
+        self.url_policy = UrlPolicy(config.allow_image_urls, config.max_image_url_bytes, config.image_url_timeout)
+        self._fetcher: aiohttp.ClientSession | None = None
         self._memory = MemoryReturn(executor)
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -153,8 +160,9 @@ class Core:
                     request = replace(request, pooling=model.pooling)
                 engine, batcher = model.for_task(request.task)  # a batcher per task: a batch never mixes adapters
                 batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
+                request = await self._fetch_images(request)
                 preparing = partial(prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
-                                    engine.takes_token_types, engine.multi_vector, engine.require)
+                                    engine.takes_token_types, engine.multi_vector, engine.require, engine.images)
                 with tracing.span(_TRACER, "tokenize"):  # a small request here, others in the pool (INLINE_*)
                     prepared = preparing() if light(request) else await loop.run_in_executor(self._executor, preparing)
                 tokens = prepared.tokens
@@ -168,6 +176,29 @@ class Core:
                 return rendered, tokens
         finally:
             self._memory.done(len(body) if isinstance(body, bytes) else 0)
+
+    async def _fetch_images(self, request: EncodeRequest) -> EncodeRequest:
+        """The request with each image it names by URL fetched (ImageBytes), where the server allows the host; the
+        rest of it as it is. A refused or failed fetch is the request's 4xx, naming the input."""
+        rows = [row for row, item in enumerate(request.inputs) if isinstance(item, ImageUrl)]
+        if not rows:
+            return request
+        if self._fetcher is None:
+            self._fetcher = aiohttp.ClientSession(trust_env=False)
+        inputs = list(request.inputs)
+        for row in rows:
+            try:
+                inputs[row] = await fetch_image(cast(ImageUrl, inputs[row]).url, self.url_policy, self._fetcher)
+            except InvalidInputError as error:
+                raise InvalidInputError(f"input {row}: {error}", field=f"inputs[{row}]",
+                                        description=str(error)) from None
+        return replace(request, inputs=inputs)
+
+    async def close(self) -> None:
+        """What the core holds open: the image fetcher's connections."""
+        if self._fetcher is not None:
+            await self._fetcher.close()
+            self._fetcher = None
 
     @staticmethod
     def _render(rows, prepared: PreparedRequest, model: ServedModel, render: Callable[[EncodeReply], R]) -> R:

@@ -36,6 +36,14 @@ class ImageBytes:
 
 
 @dataclass(frozen=True)
+class ImageUrl:
+    """An image a request names by http(s) URL: fetched by the core (fetch_image) before the request is prepared,
+    where the server allows its host."""
+
+    url: str
+
+
+@dataclass(frozen=True)
 class UrlPolicy:
     """Which URLs are fetched and under what bounds; the default fetches none."""
 

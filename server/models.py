@@ -128,8 +128,10 @@ def model_outputs(manifest: Manifest) -> tuple[str, ...]:
         return ("embed", "embed_sparse", "attention", "similarity")
     if manifest.bge_m3 is not None:  # bge-m3: dense, sparse and ColBERT outputs of one pass
         return ("embed", "embed_sparse", "embed_multi", "attention", "similarity", "late_chunking")
-    # Late chunking mean-pools token embeddings: where the model's embedding is a pooling of them.
-    return ("embed", "attention", "similarity", *(("late_chunking",) if manifest.late_chunkable else ()))
+    # Late chunking mean-pools token embeddings: where the model's embedding is a pooling of them. An image-text
+    # model (CLIP, SigLIP) embeds images too, in its texts' space.
+    return ("embed", "attention", "similarity", *(("late_chunking",) if manifest.late_chunkable else ()),
+            *(("embed_image",) if manifest.images is not None else ()))
 
 
 def physical_cores() -> int:

@@ -18,6 +18,8 @@ import numpy as np
 
 from attnserve.engine.attention_analyses import ANALYSES, HEAD_STATS, PAIR_STATS
 from attnserve.engine.dimensions import check_dimensions
+from attnserve.engine.image_encoder import ImageEncoder, ImageInput
+from attnserve.engine.images import DEFAULT_MAX_PIXELS, ImageError
 from attnserve.engine.late_chunking import (
     CHUNKERS,
     DEFAULT_CHUNK_TOKENS,
@@ -34,12 +36,14 @@ from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, Tok
 from attnserve.engine.windows import Windows
 from attnserve.errors import AttentionTooLongError, DeadlineExpiredError, InputTooLongError, InvalidInputError
 
+from .image_inputs import ImageBytes, ImageUrl
+
 # "default" is the model's own pooling, as its graph computes it.
 POOLINGS = ("default", *REQUEST_POOLINGS)
 
-# An input is a text, token ids (special tokens included), a sentence pair (text a, text b) as a tuple, or None
-# where the wire format allows none of them.
-Input = str | Sequence[int] | tuple[str, str] | None
+# An input is a text, token ids (special tokens included), a sentence pair (text a, text b) as a tuple, an image (an
+# image-text model's: its bytes, or a URL the core fetches first), or None where the wire format allows none of them.
+Input = str | Sequence[int] | tuple[str, str] | ImageBytes | ImageUrl | None
 
 # Per-embedding overhead of a reply beyond its arrays: tags, lengths, shapes.
 EMBEDDING_OVERHEAD_BYTES = 64
@@ -244,6 +248,7 @@ class RequestLimits:
     max_inputs: int
     max_response_bytes: int
     long_inputs: str = "truncate"  # what an over-long input of a request that does not say `truncate` gets
+    max_image_pixels: int = DEFAULT_MAX_PIXELS  # an image's width x height (engine/images.py)
 
 
 @dataclass(frozen=True)
@@ -283,7 +288,8 @@ Require = Callable[[Sequence[str], str], Manifest]
 
 @dataclass(frozen=True)
 class PreparedRequest:
-    inputs: list[TokenizedInput]  # what the batcher runs: an input, or each window of a windowed one, in order
+    # What the batcher runs: an input, or each window of a windowed one, in order; an image as its ImageInput.
+    inputs: list[TokenizedInput | ImageInput]
     options: ReplyOptions
     # Per request input: its windows (--long-inputs chunk, late chunking), or None where it is inputs' one row.
     # None: no input is windowed (inputs are the request's, one each).
@@ -356,13 +362,14 @@ def truncates(asked: bool | None, limits: RequestLimits) -> bool:
 
 def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest, limits: RequestLimits,
             float_bytes: float, takes_token_types: bool = False, multi_vector: MultiVectorTokenizer | None = None,
-            require: Require | None = None) -> PreparedRequest:
+            require: Require | None = None, images: ImageEncoder | None = None) -> PreparedRequest:
     """Check everything about a request that can be checked before it costs compute; tokenize it.
 
     float_bytes: what one float of the reply costs on the door's wire (4 in binary), for the reply size limit.
     multi_vector: a ColBERT model's tokenizer (Engine.multi_vector).
     require(names, what): the manifest, once the variants a request needs are built (Engine.require: the
     attention graphs, the quantized embeddings' ranges); it raises GraphBuildingError while they are built.
+    images: an image-text model's image tower (Engine.images), which decodes and preprocesses the request's images.
     """
     require = require or (lambda names, what: manifest)
     check_count(len(request.inputs), limits.max_inputs)
@@ -420,14 +427,21 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
         _check_late_chunking(request, manifest)
     # Windows where the sentence embedding is all that is asked: chunked for a long text (--long-inputs chunk), or
     # every text, read whole, for late chunking.
+    image_rows = [row for row, item in enumerate(request.inputs) if isinstance(item, ImageBytes | ImageUrl)]
     windowed = ("all" if request.late_chunking is not None else
-                "long" if rule == "chunk" and _sentence_embeddings_only(request) else None)
+                "long" if rule == "chunk" and _sentence_embeddings_only(request) and not image_rows else None)
+    if image_rows:
+        _check_images(request, options, manifest, images, image_rows[0])
     if request.multi_vector is not None and manifest.multi_vector is not None:
         assert multi_vector is not None, "a multi-vector model's engine has its tokenizer"
         items: list[TokenizedInput | Windows] = list(_tokenize_multi_vector(request, multi_vector, rule != "refuse"))
     else:
         items = _tokenize(request, tokenizer, manifest, rule != "refuse", request.truncation_direction,
                           windowed)  # a str now: checked above
+    if image_rows:
+        assert images is not None, "_check_images refuses images without a tower"
+        for row in image_rows:
+            items[row] = _image_input(images, request.inputs[row], row, limits)
     inputs, windows = _flatten(items)
     _check_token_types(inputs, takes_token_types, manifest)
     if options.attention:
@@ -447,6 +461,35 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
                     or options.multi_vector is not None or chunks is not None
                     or (options.sparse is not None and manifest.bge_m3 is not None))
     return PreparedRequest(inputs, options, windows, chunks, token_states)
+
+
+def _check_images(request: EncodeRequest, options: ReplyOptions, manifest: Manifest, images: ImageEncoder | None,
+                  row: int) -> None:
+    """What a request with images may ask: an image's embedding (in the model's shared space with its texts), cut
+    to `dimensions`, normalised or not, as float or binary. Its patches' states and maps are not served here."""
+    if images is None:
+        raise _invalid(f"inputs[{row}]", f"{manifest.model} is a text model: it embeds no images", f"input {row}")
+    refused = [name for name, asked in (
+        ("token_embeddings", options.token_embeddings), ("attention", options.attention),
+        ("pooling", options.pooling is not None), ("late_chunking", request.late_chunking is not None),
+        ("sparse", request.sparse is not None), ("multi_vector", request.multi_vector is not None)) if asked]
+    if refused:
+        raise _invalid(refused[0], f"{refused[0]} is not served for images (input {row} is one): an image's "
+                                   "embedding is its tower's pooled output in the space it shares with texts")
+    calibrated = [t for t in options.embedding_types if t in ("int8", "uint8")]
+    if calibrated and request.ranges is None:
+        raise _invalid("embedding_types", f"{calibrated[0]} embeddings of images need the request's own ranges: "
+                                          "the model's are calibrated on texts (binary and float need none)")
+
+
+def _image_input(images: ImageEncoder, item: object, row: int, limits: RequestLimits) -> ImageInput:
+    """A request's image -> its ImageInput (decoded, preprocessed), or a 4xx naming the input."""
+    if not isinstance(item, ImageBytes):  # the core fetches URLs before it prepares (Core._fetch_images)
+        raise _invalid(f"inputs[{row}]", "this image URL was not fetched", f"input {row}")
+    try:
+        return images.prepare(item.data, item.declared, limits.max_image_pixels)
+    except ImageError as error:
+        raise _invalid(f"inputs[{row}]", str(error), f"input {row}") from None
 
 
 def _sentence_embeddings_only(request: EncodeRequest) -> bool:
@@ -838,6 +881,8 @@ def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manife
         elif isinstance(item, tuple):
             pairs.append(item)
             pair_rows.append(row)
+        elif isinstance(item, ImageBytes | ImageUrl):
+            continue  # prepare() decodes the images
         elif item is not None:
             ids.append(item)
             id_rows.append(row)

@@ -220,3 +220,33 @@ def save_tiny_family(directory: Path, family: str, model_class: str | None = Non
         stale.unlink()
     getattr(transformers, model_class or bare_class)(config).save_pretrained(directory, safe_serialization=True)
     return directory
+
+
+# CLIP's tokenizer for a tiny CLIP: its byte-level BPE (each byte's character, and each as a word's end "</w>"), a
+# few merges, and its two specials, in CLIP's own class (transformers' CLIPTokenizer, saved as tokenizer.json).
+CLIP_MERGES = [("t", "h"), ("th", "e</w>"), ("a", "n"), ("an", "d</w>"), ("o", "f</w>"), ("c", "a"), ("ca", "t</w>"),
+               ("d", "o"), ("do", "g</w>"), ("p", "h"), ("ph", "o"), ("pho", "t"), ("phot", "o</w>")]
+
+
+def save_tiny_clip(directory: Path, seed: int = 0, image_size: int = 32, patch_size: int = 8) -> Path:
+    """A small random-weight CLIPModel as transformers saves it with its CLIPProcessor (a CLIP tokenizer and image
+    processor: shortest edge and center crop to image_size): 2 layers a tower, hidden 64, a 32-dimensional space."""
+    import torch
+    import transformers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    characters = list(bytes_to_unicode().values())
+    tokens = characters + [c + "</w>" for c in characters] + [a + b for a, b in CLIP_MERGES]
+    vocab = {t: i for i, t in enumerate(tokens + ["<|startoftext|>", "<|endoftext|>"])}
+    tokenizer = transformers.CLIPTokenizerFast(vocab=vocab, merges=list(CLIP_MERGES))
+    torch.manual_seed(seed)
+    tower = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    config = transformers.CLIPConfig(
+        text_config={**tower, "vocab_size": len(vocab), "eos_token_id": vocab["<|endoftext|>"],
+                     "bos_token_id": vocab["<|startoftext|>"], "pad_token_id": vocab["<|endoftext|>"]},
+        vision_config={**tower, "image_size": image_size, "patch_size": patch_size}, projection_dim=32)
+    transformers.CLIPModel(config).eval().save_pretrained(str(directory), safe_serialization=True)
+    processor = transformers.CLIPImageProcessor(size={"shortest_edge": image_size},
+                                                crop_size={"height": image_size, "width": image_size})
+    transformers.CLIPProcessor(image_processor=processor, tokenizer=tokenizer).save_pretrained(str(directory))
+    return directory

@@ -120,6 +120,26 @@ def reranker_artifacts(cross_encoder_dir, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def clip_dir(tmp_path_factory) -> Path:
+    """A tiny random-weight CLIPModel with its CLIPProcessor, as transformers saves them (tests/checkpoints.py)."""
+    from tests.checkpoints import save_tiny_clip
+
+    return save_tiny_clip(tmp_path_factory.mktemp("clip") / "tiny-clip")
+
+
+@pytest.fixture(scope="session")
+def clip_artifacts(clip_dir, tmp_path_factory) -> Path:
+    """The tiny CLIP exported as `attnserve export --all` would: its text tower's graphs and its image tower's."""
+    from attnserve.export.artifacts import build_artifacts
+    from attnserve.model.checkpoint import read_checkpoint
+
+    out = tmp_path_factory.mktemp("clip_artifacts") / "artifacts"
+    build_artifacts(read_checkpoint(clip_dir, "tiny-clip"), out, log=lambda m: None,
+                    variants=["embeddings", "embeddings_int8", "attention"])
+    return out
+
+
 @pytest.fixture
 def artifacts_copy(artifacts, tmp_path) -> Path:
     """A private copy for tests that damage files."""

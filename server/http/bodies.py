@@ -59,6 +59,62 @@ DecodeIds = Union[TokenIds, Annotated[list[list[TokenId]], Field(json_schema_ext
 # A text, texts, one input's token ids (special tokens included) or several inputs' token ids.
 Inputs = Union[Text, Texts, TokenIds, TokenIdLists]
 INPUTS_FORMS = "a string, a list of strings, a list of token ids or a list of lists of token ids"
+# An image as clients send one: a data URI (data:image/png;base64,...), bare base64, or an http(s) URL (fetched only
+# from hosts the server allows: --allow-image-urls). Image forms are described where the default model embeds images
+# (openapi.py leaves out what carries the "images" mark otherwise); a text model refuses them, naming why.
+ImageString = Annotated[str, Field(json_schema_extra={"minLength": 1})]
+IMAGE_FORMS = "an image: a data URI (data:image/png;base64,...), bare base64, or an http(s) URL the server allows"
+
+
+class _StrictPart(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class JinaText(_StrictPart):
+    """Jina's and Infinity's multimodal input: a text ..."""
+
+    text: Text
+
+
+class JinaImage(_StrictPart):
+    """... or an image."""
+
+    image: ImageString = Field(description=IMAGE_FORMS)
+
+
+class ImageUrlField(_StrictPart):
+    url: ImageString = Field(description=IMAGE_FORMS)
+    detail: str | None = Field(None, description="accepted and ignored")
+
+
+class ContentText(_StrictPart):
+    """OpenAI chat's content parts, as vLLM's embeddings `messages` and Cohere's `inputs` take them: a text ..."""
+
+    type: Literal["text"]
+    text: Text
+
+
+class ContentImage(_StrictPart):
+    """... or an image (image_url.url)."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrlField
+
+
+ContentPart = Annotated[Union[ContentText, ContentImage], Field(discriminator="type")]
+ContentParts = Annotated[list[ContentPart], Field(json_schema_extra={"minItems": 1})]
+# Jina's form of `input`: texts and images, each an object ({"text": ...} or {"image": ...}).
+MultimodalInputs = Annotated[list[Union[JinaText, JinaImage]], Field(json_schema_extra={"minItems": 1,
+                                                                                        MODEL_MARK: "images"})]
+
+
+class ChatMessage(_StrictPart):
+    """vLLM's multimodal embeddings request: the message's content is one input, a text or one image."""
+
+    role: str
+    content: Union[Text, ContentParts]
+
+
 # TEI's routes and attnserve's own also take sentence pairs, written as TEI's /predict writes them: [[a, b], ...]
 # (a list of two strings alone already means two texts).
 PairInputs = Union[Text, Texts, TokenIds, TokenIdLists, Pairs]
@@ -113,9 +169,27 @@ class _TeiModelBody(_TeiBody):
 
 # --- OpenAI -----------------------------------------------------------------
 
+OPENAI_INPUTS_FORMS = INPUTS_FORMS.replace(" or a list of lists", ", a list of lists") + (
+    " or (an image-text model's, as Jina's API) a list of {\"text\": ...} and {\"image\": ...} objects")
+
+
+def _input_or_messages(schema: dict) -> None:
+    """`input`, or (vLLM's multimodal form, where the default model embeds images) `messages`: one of them."""
+    schema.setdefault("allOf", []).extend(_prompted_texts("input")["allOf"])
+    schema["oneOf"] = [{"required": ["input"]}, {"required": ["messages"]}]
+    for name in ("input", "messages"):  # null is the parser's "not given", not a form to send
+        field = schema["properties"][name]
+        field["anyOf"] = [form for form in field["anyOf"] if form.get("type") != "null"]
+        field.pop("default", None)
+
+
 class OpenAIEmbeddingsBody(_Strict):
-    model_config = ConfigDict(json_schema_extra=_prompted_texts("input"))  # a prompt goes before texts
-    input: Inputs = Field(description=f"{INPUTS_FORMS}; token ids include the special tokens ([CLS] ... [SEP])")
+    model_config = ConfigDict(json_schema_extra=_input_or_messages)  # a prompt goes before texts
+    input: Union[Inputs, MultimodalInputs, None] = Field(
+        None, description=f"{OPENAI_INPUTS_FORMS}; token ids include the special tokens ([CLS] ... [SEP])")
+    messages: Annotated[list[ChatMessage] | None, _marked("images")] = Field(
+        None, description="vLLM's multimodal form, instead of input: one input, the content of the messages (a "
+                          "text, or one image as an image_url part)")
     model: str = Field(description="a served model's name or alias (GET /v1/models lists them); \"\": the "
                                    "server's default model")
     encoding_format: EncodingFormat | None = Field(
@@ -133,6 +207,18 @@ class OpenAIEmbeddingsBody(_Strict):
                                                "jina-embeddings-v3: retrieval.query, retrieval.passage, separation, "
                                                "classification, text-matching); unset: no adapter")
     pooling: Annotated[RequestPooling, _marked("pooling")] = Field("default", description=POOLING_DESCRIPTION)
+
+
+class InfinityImagesBody(_Strict):
+    """Infinity's POST /embeddings_image: images (URLs, data URIs or base64) -> OpenAI's reply."""
+
+    input: Annotated[Union[ImageString, Annotated[list[ImageString], Field(json_schema_extra={"minItems": 1})]],
+                     _marked("images")] = Field(description=f"{IMAGE_FORMS}, or a list of them")
+    model: str = Field(description="a served model's name or alias; \"\": the server's default model")
+    encoding_format: EncodingFormat | None = Field(
+        None, description="float (the default) or base64: the little-endian float32 bytes of each vector")
+    dimensions: Dimensions = Field(None, description="keep the first N dimensions, then L2-normalise")
+    user: str | None = Field(None, description="accepted and ignored")
 
 
 class OpenAIEmbedding(BaseModel):
@@ -548,29 +634,39 @@ class LateChunkingBody(_Strict):
     model: str = Field("", description="a served model's name or alias; \"\": the server's default model")
 
 
-def _texts_required(schema: dict) -> None:
-    schema["required"] = [*schema.get("required", []), "texts"]
-    texts = schema["properties"]["texts"]
-    texts["anyOf"] = [form for form in texts["anyOf"] if form.get("type") != "null"]
-    texts.pop("default", None)
+def _one_input_field(schema: dict) -> None:
+    """texts, images or inputs: one of them (images and inputs only where the default model embeds images:
+    openapi.py leaves them out otherwise)."""
+    schema["oneOf"] = [{"required": [name]} for name in ("texts", "images", "inputs")]
+    for name in ("texts", "images", "inputs"):  # null is the parser's "not given", not a form to send
+        field = schema["properties"][name]
+        field["anyOf"] = [form for form in field["anyOf"] if form.get("type") != "null"]
+        field.pop("default", None)
+
+
+class CohereInput(_StrictPart):
+    """Cohere's `inputs` entry: its content parts, one embedding per entry (an image-text model embeds one part: a
+    text or an image)."""
+
+    content: ContentParts
 
 
 class CohereEmbedBody(_Strict):
     model: str = Field(description="a served model's name or alias; \"\": the server's default model")
     input_type: Annotated[CohereInputType | None, WithJsonSchema({"anyOf": [{"enum": TEXT_INPUT_TYPES},
-                                                                         {"type": "null"}]})] = Field(
+                                                                         {"type": "null"}]}),
+                          _marked("cohere_input_type")] = Field(
         None, description="the model's prompt of that purpose where it has one (search_query: \"query\", "
                           "search_document: \"document\" or \"passage\", classification, clustering); otherwise "
-                          "its default prompt")
-    # Cohere's texts, images or inputs: a text encoder takes texts only, so the description requires texts (the
-    # parser does not, so that their absence is answered as the core words it), and allows the other two only as
-    # null.
-    model_config = ConfigDict(json_schema_extra=lambda schema: _texts_required(schema))
+                          "its default prompt; image (an image-text model's): the inputs are images")
+    # Cohere's texts, images or inputs: one of them (the parser takes none or several, so that it is answered as
+    # the door words it); a text model takes texts only (openapi.py leaves the other two out of its description).
+    model_config = ConfigDict(json_schema_extra=lambda schema: _one_input_field(schema))
     texts: Texts | None = Field(None, description="the texts to embed")
-    images: Annotated[list[str] | None, WithJsonSchema({"type": "null"})] = Field(
-        None, description="refused: a text encoder embeds no images")
-    inputs: Annotated[list[dict] | None, WithJsonSchema({"type": "null"})] = Field(
-        None, description="refused: send texts")
+    images: Annotated[list[ImageString] | None, Field(json_schema_extra={"minItems": 1}), _marked("images")] = Field(
+        None, description=f"an image-text model's: the images to embed, each {IMAGE_FORMS}")
+    inputs: Annotated[list[CohereInput] | None, Field(json_schema_extra={"minItems": 1}), _marked("images")] = Field(
+        None, description="an image-text model's: inputs of content parts (a text part or an image_url part each)")
     embedding_types: Annotated[list[CohereEmbeddingType] | None, _marked("cohere_types")] = Field(
         None, description="unset: float. int8 and uint8 use the model's calibrated ranges (engine/quantize.py); "
                           "binary and ubinary pack 8 dimensions a byte; base64: the float32 bytes of each vector")
@@ -658,7 +754,7 @@ class AttentionReply(BaseModel):
 # --- parsing ----------------------------------------------------------------
 
 _UNION_FORMS: dict[object, str] = {  # keyed by the annotation: typing's union forms
-    Inputs: INPUTS_FORMS, PairInputs: PAIR_INPUTS_FORMS, Union[Text, Texts]: "a string or a list of strings",
+    Inputs: INPUTS_FORMS, Union[Inputs, MultimodalInputs, None]: OPENAI_INPUTS_FORMS, PairInputs: PAIR_INPUTS_FORMS, Union[Text, Texts]: "a string or a list of strings",
     DecodeIds: "a list of token ids or a list of lists of token ids"}
 
 

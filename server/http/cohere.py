@@ -5,7 +5,9 @@ unchanged.
 binary, ubinary, and base64 (the float32 bytes of each vector). `output_dimension` cuts them first (Matryoshka),
 then they are normalised as the model's pipeline says, then quantized. `truncate` END (Cohere's default) cuts an
 input's end, START its start, NONE refuses it. `input_type` picks the model's prompt of that purpose where it has
-one. Errors are OpenAI's envelope, as the Cohere-style /v1/rerank's.
+one. Errors are OpenAI's envelope, as the Cohere-style /v1/rerank's. An image-text model (CLIP, SigLIP) takes
+`images` (data URIs; input_type image) and `inputs` (content parts: a text or an image_url each), embedded in the
+space its texts share.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from attnserve.errors import InvalidInputError
 
 from ..core import Core
 from ..replies import EncodeReply
-from ..requests import EncodeRequest
-from .bodies import CohereEmbedBody, CohereEmbedReply
+from ..requests import EncodeRequest, Input
+from .bodies import CohereEmbedBody, CohereEmbedReply, ContentText
 from .errors import OPENAI, WireNames
+from .inputs import image_of
 from .route import Route
 from .wire import JSON_FLOAT_BYTES, BodyReader, InputMarks, deadline, dumps, floats, json_response
 
@@ -38,21 +41,42 @@ def _invalid(field: str, description: str) -> InvalidInputError:
 
 
 def to_core(body: CohereEmbedBody, prompts: dict[str, str], max_seq_length: int) -> EncodeRequest:
-    if body.images is not None or body.inputs is not None:
-        raise _invalid("inputs", "this server embeds texts: send `texts` (images and inputs are not supported)")
-    if body.texts is None:
-        raise _invalid("inputs", "no texts: send `texts`, a list of strings")
-    if body.input_type == "image":
-        raise _invalid("input_type", "input_type image: this server embeds texts")
+    given = [name for name in ("texts", "images", "inputs") if getattr(body, name) is not None]
+    if len(given) != 1:
+        raise _invalid("inputs", "send one of `texts`, `images` (an image-text model's) or `inputs`"
+                       + (f", not {' and '.join(given)}" if given else ""))
+    inputs: list[Input]
+    if body.images is not None:  # an image-text model's (the core refuses images to a text model, naming it)
+        if body.input_type not in (None, "image"):
+            raise _invalid("input_type", f"input_type {body.input_type} is for texts: images take input_type image")
+        inputs = [image_of(image, f"images[{i}]", i) for i, image in enumerate(body.images)]
+    elif body.inputs is not None:
+        inputs = [_content(entry.content, i) for i, entry in enumerate(body.inputs)]
+    else:
+        if body.input_type == "image":
+            raise _invalid("input_type", "input_type image is for `images`: texts take a text input_type")
+        inputs = list(body.texts or [])
     if body.max_tokens is not None and body.max_tokens < max_seq_length:
         raise _invalid("max_tokens", f"max_tokens {body.max_tokens} is not supported: inputs are cut at the "
                                      f"model's max_seq_length {max_seq_length}; leave it unset")
     names = [name for name in PROMPTS.get(body.input_type or "", ()) if name in prompts]
     truncate, direction = TRUNCATE[body.truncate]
     types = [("float" if kind == "base64" else kind) for kind in (body.embedding_types or ["float"])]
-    return EncodeRequest(inputs=body.texts, truncate=truncate, truncation_direction=direction,
+    return EncodeRequest(inputs=inputs, truncate=truncate, truncation_direction=direction,
                          dimensions=body.output_dimension, prompt_name=names[0] if names else None,
                          model=body.model, embedding_types=types)
+
+
+def _content(parts: list, row: int) -> Input:
+    """One `inputs` entry's content -> its input: one text part or one image part (an image-text model embeds
+    either, not both as one)."""
+    if len(parts) != 1:
+        raise _invalid(f"inputs[{row}].content", f"{len(parts)} content parts: an image-text model embeds one text "
+                                                  "or one image an input")
+    part = parts[0]
+    if isinstance(part, ContentText):
+        return part.text
+    return image_of(part.image_url.url, f"inputs[{row}].content[0].image_url.url", row)
 
 
 def render(reply: EncodeReply, body: CohereEmbedBody) -> bytes:

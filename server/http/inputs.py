@@ -1,17 +1,64 @@
-"""The JSON forms of a request's inputs (OpenAI's `input`, TEI's `inputs`) -> the core's list of inputs.
+"""The JSON forms of a request's inputs (OpenAI's `input`, TEI's `inputs`, images in the forms Jina, vLLM, Cohere and
+Infinity take) -> the core's list of inputs.
 
-The body model has checked the form already (bodies.Inputs); this only tells the forms apart.
+The body model has checked the form already (bodies.py); this only tells the forms apart, and reads each image's
+string (server/image_inputs.py: a data URI or base64 decoded here, a URL left for the core to fetch).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from attnserve.errors import InvalidInputError
+
+from ..image_inputs import ImageBytes, ImageUrl, image_from_string, is_url
 from ..requests import Input
+from .bodies import ChatMessage, ContentImage, ContentText, JinaImage, JinaText
+
+# An image's decoded bytes: bounded here only by the body's own size (max_request_bytes, checked before parsing).
+MAX_IMAGE_BYTES = 2**31
 
 
 def inputs_of(value: str | list) -> list[Input]:
-    """A text, texts, one input's token ids, several inputs' token ids, or sentence pairs (tuples)."""
+    """A text, texts, one input's token ids, several inputs' token ids, sentence pairs (tuples), or Jina's texts
+    and images ({"text": ...}, {"image": ...})."""
     if isinstance(value, str):
         return [value]
     if value and isinstance(value[0], int):
         return [value]
+    if value and isinstance(value[0], JinaText | JinaImage):
+        return [item.text if isinstance(item, JinaText) else image_of(item.image, f"input[{i}].image", i)
+                for i, item in enumerate(value)]
     return [tuple(item) if isinstance(item, tuple) else item for item in value]
+
+
+def image_of(value: str, field: str, row: int | None = None) -> ImageBytes | ImageUrl:
+    """An image string as clients send it -> the core's image input, or a 4xx naming the field."""
+    if is_url(value):
+        return ImageUrl(value)
+    try:
+        return image_from_string(value, MAX_IMAGE_BYTES)
+    except InvalidInputError as error:
+        where = f"input {row}: " if row is not None else ""
+        raise InvalidInputError(f"{where}{error}", field=field, description=str(error)) from None
+
+
+def message_input(messages: Sequence[ChatMessage]) -> Input:
+    """vLLM's `messages` -> the one input they are: a text, or one image (an image-text model embeds either, not
+    both at once)."""
+    parts: list[tuple[str, ContentText | ContentImage | str]] = []
+    for i, message in enumerate(messages):
+        if isinstance(message.content, str):
+            parts.append((f"messages[{i}].content", message.content))
+        else:
+            parts.extend((f"messages[{i}].content[{j}]", part) for j, part in enumerate(message.content))
+    if len(parts) != 1:
+        raise InvalidInputError(f"messages: {len(parts)} content parts: an image-text model embeds one text or "
+                                "one image a request in this form (send several as `input`)", field="messages",
+                                description=f"{len(parts)} content parts, not one")
+    field, part = parts[0]
+    if isinstance(part, str):
+        return part
+    if isinstance(part, ContentText):
+        return part.text
+    return image_of(part.image_url.url, f"{field}.image_url.url")

@@ -1,5 +1,8 @@
 """OpenAI's embeddings API over the core: POST /v1/embeddings (also /embeddings), GET /v1/models[/{id}].
 
+Images go in Jina's form (`input` of {"text": ...} and {"image": ...} objects) or vLLM's (`messages` whose content is
+an image_url part), to an image-text model (CLIP, SigLIP), into the space its texts share.
+POST /embeddings_image is Infinity's route for images alone.
 Embeddings are L2-normalised, as OpenAI's are; `dimensions` keeps the first N dimensions before that
 (Matryoshka). `usage` counts the tokens the model saw, special tokens included.
 """
@@ -10,14 +13,14 @@ import time
 
 from aiohttp import web
 
-from attnserve.errors import ModelNotFoundError
+from attnserve.errors import InvalidInputError, ModelNotFoundError
 
 from ..core import Core
 from ..replies import EncodeReply
 from ..requests import EncodeRequest
-from .bodies import OpenAIEmbeddingsBody, OpenAIEmbeddingsReply, OpenAIModel, OpenAIModelList
+from .bodies import InfinityImagesBody, OpenAIEmbeddingsBody, OpenAIEmbeddingsReply, OpenAIModel, OpenAIModelList
 from .errors import OPENAI, WireNames
-from .inputs import inputs_of
+from .inputs import image_of, inputs_of, message_input
 from .route import Route
 from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, InputMarks, deadline, dumps, floats, json_response
 
@@ -28,10 +31,21 @@ OWNER = "attnserve"
 
 
 def to_core(body: OpenAIEmbeddingsBody) -> EncodeRequest:
-    return EncodeRequest(inputs=inputs_of(body.input), normalize=True,
+    if (body.input is None) == (body.messages is None):
+        raise InvalidInputError("input: required (or vLLM's `messages`, not both)", field="input",
+                                description="required (or messages, not both)")
+    inputs = inputs_of(body.input) if body.input is not None else [message_input(body.messages or [])]
+    return EncodeRequest(inputs=inputs, normalize=True,
                          truncate=body.truncate,  # None (not sent): as the server's --long-inputs says
                          dimensions=body.dimensions, prompt_name=body.prompt_name, prompt=body.prompt,
                          model=body.model, task=body.task, pooling=body.pooling)
+
+
+def images_to_core(body: InfinityImagesBody) -> EncodeRequest:
+    images = [body.input] if isinstance(body.input, str) else body.input
+    return EncodeRequest(inputs=[image_of(image, "input" if isinstance(body.input, str) else f"input[{i}]", i)
+                                 for i, image in enumerate(images)],
+                         normalize=True, dimensions=body.dimensions, model=body.model)
 
 
 def render(reply: EncodeReply, model: str, base64_format: bool) -> bytes:
@@ -57,6 +71,10 @@ class OpenAIRoutes:
         return [
             embeddings("/v1/embeddings", "OpenAI's embeddings API"),
             embeddings("/embeddings", "OpenAI's embeddings API (without /v1)"),
+            Route("POST", "/embeddings_image", self.embeddings_image, OPENAI,
+                  "Infinity's image embeddings: an image-text model's images, answered as OpenAI's embeddings",
+                  InfinityImagesBody, OpenAIEmbeddingsReply, names=WireNames({"inputs": "input"}),
+                  needs="embed_image"),
             Route("GET", "/v1/models", self.models, OPENAI, "every name of every model served, the default first",
                   reply=OpenAIModelList),
             Route("GET", "/v1/models/{id:.+}", self.model, OPENAI, "one served model's name", reply=OpenAIModel),
@@ -64,6 +82,14 @@ class OpenAIRoutes:
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body, core_request = await self._bodies.read(request, OpenAIEmbeddingsBody, lambda b: (b, to_core(b)))
+        base64_format = body.encoding_format == "base64"
+        marks = InputMarks(lambda r: render(r, body.model, base64_format))
+        reply, _ = await self._core.encode(core_request, deadline(request), marks,
+                                           BASE64_FLOAT_BYTES if base64_format else JSON_FLOAT_BYTES)
+        return json_response(reply, headers=marks.headers())
+
+    async def embeddings_image(self, request: web.Request) -> web.Response:
+        body, core_request = await self._bodies.read(request, InfinityImagesBody, lambda b: (b, images_to_core(b)))
         base64_format = body.encoding_format == "base64"
         marks = InputMarks(lambda r: render(r, body.model, base64_format))
         reply, _ = await self._core.encode(core_request, deadline(request), marks,

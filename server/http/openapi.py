@@ -13,7 +13,7 @@ from attnserve.engine.quantize import RANGED
 
 from .. import open_inference as oip
 from ..core import ModelInfo
-from .bodies import MODEL_MARK, KServeError, OpenAIError, TeiError, TeiRank, TeiToken
+from .bodies import MODEL_MARK, TEXT_INPUT_TYPES, KServeError, OpenAIError, TeiError, TeiRank, TeiToken
 from .errors import KSERVE, OPENAI
 from .kserve import infer_body_schema
 from .route import Route
@@ -102,6 +102,11 @@ def _model_bounds(schema: object, info: ModelInfo) -> None:
             description = schema.get("description")
             schema.clear()
             schema.update(infer_body_schema(info), **({"description": description} if description else {}))
+        elif mark == "images" and "embed_image" not in info.outputs:  # a text model: no image forms
+            schema.clear()
+            schema["not"] = {}
+        elif mark == "cohere_input_type" and "embed_image" in info.outputs:
+            schema["anyOf"] = [{"enum": [*TEXT_INPUT_TYPES, "image"]}, {"type": "null"}]
         elif mark == "pairs" and info.default_prompt_name is not None:
             schema.clear()
             schema["not"] = {}

@@ -26,6 +26,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from attnserve.config import EngineConfig
 from attnserve.engine.engine import host_parts
+from attnserve.engine.image_encoder import ImageEncoder, ImageInput
 from attnserve.engine.manifest import Manifest, load_manifest
 from attnserve.engine.tasks import check_task
 from attnserve.engine.tokenizer import TokenizedInput
@@ -196,7 +197,7 @@ class RemoteBatcher:
         if self._link.lost:
             raise EngineStoppedError("the server's engine process stopped; retry on another replica")
 
-    async def submit(self, inputs: Sequence[TokenizedInput], attention: bool, deadline: float | None,
+    async def submit(self, inputs: Sequence[TokenizedInput | ImageInput], attention: bool, deadline: float | None,
                      last_layer: bool = False, token_states: bool = True) -> list[RowOutput]:
         metas, frames = wire.pack_inputs(inputs)
         head, body = await self._link.call({
@@ -214,6 +215,9 @@ class EngineFront:
         self.tokenizer, self.multi_vector, self.bge_m3 = host_parts(self.manifest)
         self.takes_token_types, self.provider, self.precision = (entry.takes_token_types, entry.provider,
                                                                  entry.precision)
+        # An image-text model's images are decoded and preprocessed here, and run in the engine process.
+        self.images = None if self.manifest.images is None else ImageEncoder(
+            self.manifest, entry.precision, entry.provider, sessions=False)
         self.config = entry.config
         self._link, self._model, self._task = link, model, task
 

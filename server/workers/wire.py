@@ -26,6 +26,7 @@ import msgspec
 import numpy as np
 
 from attnserve import errors
+from attnserve.engine.image_encoder import ImageInput
 from attnserve.engine.tokenizer import TokenizedInput
 
 from ..batcher import RowOutput
@@ -85,10 +86,15 @@ def _view(meta: list, frame) -> np.ndarray:
 # --- inputs ------------------------------------------------------------------------------------------------------
 
 
-def pack_inputs(inputs: Sequence[TokenizedInput]) -> tuple[list, list[np.ndarray]]:
-    """(each input's header, the arrays that follow): ids, then its token types where it has them."""
+def pack_inputs(inputs: Sequence[TokenizedInput | ImageInput]) -> tuple[list, list[np.ndarray]]:
+    """(each input's header, the arrays that follow): ids, then its token types where it has them; an image's
+    header ["image", positions, its pixels' dtype and shape], then its pixels."""
     metas, frames = [], []
     for x in inputs:
+        if isinstance(x, ImageInput):
+            metas.append(["image", int(x.positions), _array_meta(x.pixels)])
+            frames.append(np.ascontiguousarray(x.pixels))
+            continue
         metas.append([bool(x.truncated), x.type_ids is not None, None if x.pair_start is None else int(x.pair_start),
                       None if x.attended is None else int(x.attended)])
         frames.append(np.ascontiguousarray(x.ids, dtype=np.int64))
@@ -97,9 +103,15 @@ def pack_inputs(inputs: Sequence[TokenizedInput]) -> tuple[list, list[np.ndarray
     return metas, frames
 
 
-def unpack_inputs(metas: list, frames: Sequence) -> list[TokenizedInput]:
-    out, i = [], 0
-    for truncated, has_types, pair_start, attended in metas:
+def unpack_inputs(metas: list, frames: Sequence) -> list[TokenizedInput | ImageInput]:
+    out: list[TokenizedInput | ImageInput] = []
+    i = 0
+    for meta in metas:
+        if meta[0] == "image":
+            out.append(ImageInput(_view(meta[2], frames[i]), int(meta[1])))
+            i += 1
+            continue
+        truncated, has_types, pair_start, attended = meta
         ids = np.frombuffer(frames[i], dtype=np.int64)
         i += 1
         types = None
