@@ -23,10 +23,16 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 
 from attnserve.engine.images import ImageError
+from attnserve.errors import InvalidInputError
 
 DATA_URI = re.compile(r"^data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,",
                       re.IGNORECASE)
 BASE64_CHARS = re.compile(rb"^[A-Za-z0-9+/_-]*={0,2}$")
+
+
+# An image's decoded bytes, as a door reads them: bounded only by the message's own size (max_request_bytes, checked
+# before it is parsed).
+MAX_IMAGE_BYTES = 2**31
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,17 @@ class UrlPolicy:
 
 def is_url(value: str) -> bool:
     return value[:8].lower().startswith(("http://", "https://"))
+
+
+def image_of(value: str, field: str, row: int | None = None) -> ImageBytes | ImageUrl:
+    """An image string as clients send it -> the core's image input, or a 4xx naming the field."""
+    if is_url(value):
+        return ImageUrl(value)
+    try:
+        return image_from_string(value, MAX_IMAGE_BYTES)
+    except InvalidInputError as error:
+        where = f"input {row}: " if row is not None else ""
+        raise InvalidInputError(f"{where}{error}", field=field, description=str(error)) from None
 
 
 def image_from_string(value: str, max_bytes: int) -> ImageBytes:

@@ -8,6 +8,10 @@ FP32 [N, D], the sentence embeddings as the model's pipeline makes them (INT8 / 
 `embedding_type`), and `num_tokens`, INT32 [N]; and, only when asked for by name, `token_embeddings`, FP32 [N, T, H],
 each input's last hidden states padded with zeros after its num_tokens rows.
 
+An image-text model (CLIP, SigLIP) takes `image` too, BYTES [N]: each element an image file's bytes (raw, or in
+JSON a data URI or base64 string; an http(s) URL where the server allows its host). A request gives `text`, `image`
+or both; `embedding`'s rows are the texts in order, then the images, all in the space the model's towers share.
+
 A multi-vector (ColBERT) model gives `token_embeddings`, FP32 [N, K, d], each input's vectors (engine/multi_vector.py)
 padded with zeros, and `num_vectors`, INT32 [N], which MaxSim must read (a zero vector would win the max over negative
 products). The parameter `input_type` ("document", the default, or "query") says how the texts are taken.
@@ -36,12 +40,13 @@ import numpy as np
 
 from attnserve.errors import InvalidInputError
 
+from .image_inputs import ImageBytes, ImageUrl, image_of
 from .models import VERSION, ModelInfo
 from .replies import EncodeReply, PredictReply, RerankReply
-from .requests import EncodeRequest, PredictRequest, RerankRequest
+from .requests import EncodeRequest, Input, PredictRequest, RerankRequest
 
 PLATFORM = "attnserve_onnxruntime"
-TEXT, QUERY = "text", "query"
+TEXT, QUERY, IMAGE = "text", "query", "image"
 # BYTES elements' length prefix: uint32, little-endian.
 LENGTH_PREFIX = struct.Struct("<I")
 # Triton's model configuration names datatypes its own way.
@@ -57,6 +62,7 @@ class TensorSpec:
     name: str
     datatype: str
     shape: tuple[int, ...]  # -1: any size
+    optional: bool = False  # an image-text model's text and image: either, or both
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,9 @@ def signature(info: ModelInfo) -> Signature:
     if info.kind == "reranker":
         return Signature((TensorSpec(QUERY, "BYTES", (1,)), TensorSpec(TEXT, "BYTES", (-1,))),
                          (TensorSpec("score", "FP32", (-1,)),), ("score",))
-    text = (TensorSpec(TEXT, "BYTES", (-1,)),)
+    text: tuple[TensorSpec, ...] = (TensorSpec(TEXT, "BYTES", (-1,)),)
+    if "embed_image" in info.outputs:
+        text = (TensorSpec(TEXT, "BYTES", (-1,), optional=True), TensorSpec(IMAGE, "BYTES", (-1,), optional=True))
     if "embed_multi" in info.outputs:
         return Signature(text, (TensorSpec("token_embeddings", "FP32", (-1, -1, info.embedding_size)),
                                 TensorSpec("num_vectors", "INT32", (-1,))), ("token_embeddings", "num_vectors"))
@@ -112,7 +120,8 @@ def model_config(info: ModelInfo) -> dict:
 
     return {
         "name": info.model, "platform": PLATFORM, "backend": "attnserve", "max_batch_size": 0,
-        "input": [{"name": s.name, "data_type": CONFIG_DATATYPES[s.datatype], "dims": dims(s)} for s in sig.inputs],
+        "input": [{"name": s.name, "data_type": CONFIG_DATATYPES[s.datatype], "dims": dims(s),
+                   **({"optional": True} if s.optional else {})} for s in sig.inputs],
         "output": [{"name": s.name, "data_type": CONFIG_DATATYPES[s.datatype], "dims": dims(s)}
                    for s in sig.outputs],
         "parameters": {name: {"string_value": str(value)} for name, value in (
@@ -166,7 +175,8 @@ def read_call(info: ModelInfo, inputs: Sequence[InputTensor], params: dict,
     if "embed_multi" in info.outputs:  # a ColBERT model: the core refuses the other parameters for it
         return Call(EncodeRequest(inputs=texts[TEXT], model=info.model, truncate=parameter(params, "truncate", bool),
                                   multi_vector=parameter(params, "input_type", str) or "document"), outputs)
-    return Call(EncodeRequest(inputs=texts[TEXT], model=info.model, normalize=parameter(params, "normalize", bool),
+    inputs: list[Input] = [*texts.get(TEXT, []), *texts.get(IMAGE, [])]  # (texts and images both: the image model's)
+    return Call(EncodeRequest(inputs=inputs, model=info.model, normalize=parameter(params, "normalize", bool),
                               truncate=parameter(params, "truncate", bool),
                               dimensions=parameter(params, "dimensions", int),
                               prompt_name=parameter(params, "prompt_name", str),
@@ -175,10 +185,10 @@ def read_call(info: ModelInfo, inputs: Sequence[InputTensor], params: dict,
                               embedding_types=(parameter(params, "embedding_type", str) or "float",)), outputs)
 
 
-def _read_inputs(info: ModelInfo, sig: Signature, inputs: Sequence[InputTensor]) -> dict[str, list[str]]:
+def _read_inputs(info: ModelInfo, sig: Signature, inputs: Sequence[InputTensor]) -> dict[str, list]:
     specs = {spec.name: spec for spec in sig.inputs}
     names = " and ".join(f"{name!r}" for name in specs)
-    texts: dict[str, list[str]] = {}
+    texts: dict[str, list] = {}
     for index, tensor in enumerate(inputs):
         if tensor.name not in specs:
             raise InvalidInputError(f"inputs[{index}].name: {info.model} takes {names}, not {tensor.name!r}",
@@ -187,18 +197,23 @@ def _read_inputs(info: ModelInfo, sig: Signature, inputs: Sequence[InputTensor])
             raise InvalidInputError(f"inputs[{index}]: the input {tensor.name!r} is given twice",
                                     field=f"inputs[{index}]")
         texts[tensor.name] = _texts(tensor, index, specs[tensor.name])
-    missing = [name for name in specs if name not in texts]
+    if not texts and all(spec.optional for spec in specs.values()):
+        raise InvalidInputError(f"inputs: {info.model} takes {' or '.join(repr(n) for n in specs)} (BYTES), or both; "
+                                "neither is given", field="inputs")
+    missing = [name for name in specs if name not in texts and not specs[name].optional]
     if missing:
         raise InvalidInputError(f"inputs: {info.model} takes {names} (BYTES); {missing[0]!r} is missing",
                                 field="inputs")
     return texts
 
 
-def _texts(tensor: InputTensor, index: int, spec: TensorSpec) -> list[str]:
-    """The tensor's texts, its shape, datatype and data checked against each other and against the spec."""
+def _texts(tensor: InputTensor, index: int, spec: TensorSpec) -> list:
+    """The tensor's texts (or an `image` tensor's images), its shape, datatype and data checked against each other
+    and against the spec."""
     where = f"inputs[{index}]"
     if tensor.datatype != "BYTES":
-        raise InvalidInputError(f"{where}.datatype: {tensor.name!r} is BYTES (texts), not {tensor.datatype!r}",
+        kind = "images" if spec.name == IMAGE else "texts"
+        raise InvalidInputError(f"{where}.datatype: {tensor.name!r} is BYTES ({kind}), not {tensor.datatype!r}",
                                 field=f"{where}.datatype")
     shape = list(tensor.shape)
     one = spec.shape == (1,)  # the reranker's query: one text
@@ -219,6 +234,8 @@ def _texts(tensor: InputTensor, index: int, spec: TensorSpec) -> list[str]:
         if len(elements) != count:
             raise InvalidInputError(f"{where}.data: shape {shape} holds {count} elements, the data has "
                                     f"{len(elements)}", field=f"{where}.data")
+    if spec.name == IMAGE:
+        return [_image(element, f"{where}.data[{i}]") for i, element in enumerate(elements)]
     texts = []
     for i, element in enumerate(elements):
         if isinstance(element, str):
@@ -233,6 +250,16 @@ def _texts(tensor: InputTensor, index: int, spec: TensorSpec) -> list[str]:
             raise InvalidInputError(f"{where}.data[{i}]: not UTF-8 text ({e.reason} at byte {e.start})",
                                     field=f"{where}.data[{i}]") from None
     return texts
+
+
+def _image(element: object, field: str) -> ImageBytes | ImageUrl:
+    """An `image` element: a file's bytes (raw), or a data URI, base64 or URL string (JSON)."""
+    if isinstance(element, bytes):
+        return ImageBytes(element, None)
+    if isinstance(element, str):
+        return image_of(element, field)
+    raise InvalidInputError(f"{field}: must be an image's bytes or a string, got {type(element).__name__}",
+                            field=field)
 
 
 def _flat(data: Sequence[object]) -> Iterator[object]:

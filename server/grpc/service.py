@@ -19,6 +19,7 @@ from attnserve.v1 import encoder_pb2 as pb
 from attnserve.v1 import encoder_pb2_grpc
 
 from ..core import Core, ModelInfo
+from ..image_inputs import ImageBytes, ImageUrl
 from ..metrics import Metrics
 from ..replies import EncodeReply, PredictReply, RerankReply
 from ..requests import (
@@ -63,6 +64,11 @@ class _Inputs(Sequence[Input]):
         kind = item.WhichOneof("content")
         if kind == "pair":
             return (item.pair.a, item.pair.b)
+        if kind == "image":  # an image-text model's: its bytes (checked when prepared) or a URL the core fetches
+            image = item.image
+            if image.WhichOneof("source") == "url":
+                return ImageUrl(image.url)
+            return ImageBytes(image.data, image.mime_type or None)
         return item.text if kind == "text" else item.token_ids.ids if kind == "token_ids" else None
 
 

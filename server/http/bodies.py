@@ -754,7 +754,8 @@ class AttentionReply(BaseModel):
 # --- parsing ----------------------------------------------------------------
 
 _UNION_FORMS: dict[object, str] = {  # keyed by the annotation: typing's union forms
-    Inputs: INPUTS_FORMS, Union[Inputs, MultimodalInputs, None]: OPENAI_INPUTS_FORMS, PairInputs: PAIR_INPUTS_FORMS, Union[Text, Texts]: "a string or a list of strings",
+    Inputs: INPUTS_FORMS, Union[Inputs, MultimodalInputs, None]: OPENAI_INPUTS_FORMS, PairInputs: PAIR_INPUTS_FORMS,
+    Union[Text, Texts]: "a string or a list of strings",
     DecodeIds: "a list of token ids or a list of lists of token ids"}
 
 

@@ -19,11 +19,11 @@ from aiohttp import web
 from attnserve.errors import InvalidInputError
 
 from ..core import Core
+from ..image_inputs import image_of
 from ..replies import EncodeReply
 from ..requests import EncodeRequest, Input
 from .bodies import CohereEmbedBody, CohereEmbedReply, ContentText
 from .errors import OPENAI, WireNames
-from .inputs import image_of
 from .route import Route
 from .wire import JSON_FLOAT_BYTES, BodyReader, InputMarks, deadline, dumps, floats, json_response
 

@@ -11,12 +11,9 @@ from collections.abc import Sequence
 
 from attnserve.errors import InvalidInputError
 
-from ..image_inputs import ImageBytes, ImageUrl, image_from_string, is_url
+from ..image_inputs import image_of
 from ..requests import Input
 from .bodies import ChatMessage, ContentImage, ContentText, JinaImage, JinaText
-
-# An image's decoded bytes: bounded here only by the body's own size (max_request_bytes, checked before parsing).
-MAX_IMAGE_BYTES = 2**31
 
 
 def inputs_of(value: str | list) -> list[Input]:
@@ -30,17 +27,6 @@ def inputs_of(value: str | list) -> list[Input]:
         return [item.text if isinstance(item, JinaText) else image_of(item.image, f"input[{i}].image", i)
                 for i, item in enumerate(value)]
     return [tuple(item) if isinstance(item, tuple) else item for item in value]
-
-
-def image_of(value: str, field: str, row: int | None = None) -> ImageBytes | ImageUrl:
-    """An image string as clients send it -> the core's image input, or a 4xx naming the field."""
-    if is_url(value):
-        return ImageUrl(value)
-    try:
-        return image_from_string(value, MAX_IMAGE_BYTES)
-    except InvalidInputError as error:
-        where = f"input {row}: " if row is not None else ""
-        raise InvalidInputError(f"{where}{error}", field=field, description=str(error)) from None
 
 
 def message_input(messages: Sequence[ChatMessage]) -> Input:

@@ -96,9 +96,10 @@ def infer_body_schema(info: ModelInfo) -> dict:
     return {"type": "object", "required": ["inputs"], "properties": {
         "id": word,
         "parameters": {"type": ["object", "null"], "properties": parameters, "additionalProperties": scalar},
-        "inputs": {"type": "array", "minItems": len(sig.inputs), "maxItems": len(sig.inputs),
-                   "items": {"anyOf": [tensor(spec) for spec in sig.inputs]},
-                   "allOf": [{"contains": {"properties": {"name": {"const": spec.name}}}} for spec in sig.inputs]},
+        "inputs": {"type": "array", "minItems": 1 if all(s.optional for s in sig.inputs) else len(sig.inputs),
+                   "maxItems": len(sig.inputs), "items": {"anyOf": [tensor(spec) for spec in sig.inputs]},
+                   "allOf": [{"contains": {"properties": {"name": {"const": spec.name}}}} for spec in sig.inputs
+                             if not spec.optional]},
         "outputs": {"anyOf": [{"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
             "name": {"enum": [spec.name for spec in sig.outputs]},
             "parameters": {"type": ["object", "null"], "properties": {"binary_data": flag},

@@ -16,11 +16,12 @@ from aiohttp import web
 from attnserve.errors import InvalidInputError, ModelNotFoundError
 
 from ..core import Core
+from ..image_inputs import image_of
 from ..replies import EncodeReply
 from ..requests import EncodeRequest
 from .bodies import InfinityImagesBody, OpenAIEmbeddingsBody, OpenAIEmbeddingsReply, OpenAIModel, OpenAIModelList
 from .errors import OPENAI, WireNames
-from .inputs import image_of, inputs_of, message_input
+from .inputs import inputs_of, message_input
 from .route import Route
 from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, InputMarks, deadline, dumps, floats, json_response
 
