@@ -63,6 +63,7 @@ from .requests import (
     prepare_tokenize,
     similarity_error,
 )
+from .zero_shot import ZeroShotReply, ZeroShotRequest, build_zero_shot_reply, zero_shot_error
 
 # A reply's float on a binary wire (protobuf, numpy bytes): what the reply size limit counts by default.
 BINARY_FLOAT_BYTES = 4.0
@@ -144,6 +145,21 @@ class Core:
             reply, _ = await self.encode(request.to_encode(), deadline, build_similarity_reply)
         except InvalidInputError as error:
             raise similarity_error(error) from None
+        return reply
+
+    async def zero_shot(self, request: ZeroShotRequest, deadline: Deadline | None) -> ZeroShotReply:
+        """Each image's score for each label (server/zero_shot.py), all encoded as one request through the same
+        batcher; errors name labels[i] and images[i]."""
+        images = self.models.get(request.model).engine.manifest.images
+        if images is None:
+            raise InvalidInputError(f"{self.models.get(request.model).name} is a text model: zero-shot image "
+                                    "classification needs an image-text model (CLIP, SigLIP)", field="model",
+                                    description="a text model")
+        try:
+            reply, _ = await self.encode(request.to_encode(), deadline,
+                                         partial(build_zero_shot_reply, labels=request.labels, images=images))
+        except InvalidInputError as error:
+            raise zero_shot_error(error, len(request.labels)) from None
         return reply
 
     async def _encode(self, request: EncodeRequest, deadline: Deadline | None,

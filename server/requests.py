@@ -182,8 +182,8 @@ class SimilarityRequest:
     """The cosine of each sentence's embedding with the source sentence's (TEI's /similarity), all of them encoded
     in one request through the batcher."""
 
-    source_sentence: str
-    sentences: Sequence[str]
+    source_sentence: Input  # a text, or (an image-text model's) an image
+    sentences: Sequence[Input]
     truncate: bool | None = None  # False: an input longer than max_seq_length is refused; None: as the server says
     truncation_direction: str | int = "right"
     prompt_name: str | None = None
@@ -192,14 +192,14 @@ class SimilarityRequest:
 
     def to_encode(self) -> EncodeRequest:
         """The source sentence first, then the sentences: one encode request (checked as any is)."""
-        if not isinstance(self.source_sentence, str):
+        if not isinstance(self.source_sentence, str | ImageBytes | ImageUrl):
             raise _invalid("source_sentence", "source_sentence must be a string")
         if not isinstance(self.sentences, Sequence) or isinstance(self.sentences, str):
             raise _invalid("sentences", "sentences must be a list of strings")
         if not self.sentences:
             raise _invalid("sentences", "no sentences: send 1 or more to compare with source_sentence")
         for i, sentence in enumerate(self.sentences):
-            if not isinstance(sentence, str):
+            if not isinstance(sentence, str | ImageBytes | ImageUrl):
                 raise _invalid(f"sentences[{i}]", "must be a string", label=f"sentence {i}")
         return EncodeRequest(inputs=[self.source_sentence, *self.sentences], normalize=True, truncate=self.truncate,
                              truncation_direction=self.truncation_direction, prompt_name=self.prompt_name,

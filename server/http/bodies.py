@@ -530,9 +530,15 @@ class TeiPredictBody(_TeiModelBody):
     truncation_direction: TruncationDirection = "Right"
 
 
+# A sentence of /similarity: a text, or (an image-text model's) an image as {"image": ...}.
+ImageObject = Annotated[JinaImage, _marked("images")]
+
+
 class TeiSimilarityInputs(_TeiBody):
-    source_sentence: Text
-    sentences: Texts = Field(description="each compared with source_sentence")
+    source_sentence: Union[Text, ImageObject] = Field(description="a text, or (an image-text model's) {\"image\": "
+                                                                  "...}")
+    sentences: Annotated[list[Union[Text, ImageObject]], Field(json_schema_extra={"minItems": 1})] = Field(
+        description="each compared with source_sentence: texts, or (an image-text model's) {\"image\": ...} too")
 
 
 class TeiSimilarityParameters(_TeiBody):
@@ -678,6 +684,38 @@ class CohereEmbedBody(_Strict):
         None, description="NONE refuses an input over max_seq_length; START cuts its start, END (the default) its "
                           "end")
     priority: Integer | None = Field(None, description="accepted and ignored")
+
+
+class ZeroShotBody(_Strict):
+    """Zero-shot classification by an image-text model: each image's score for each label, as CLIP's softmax over
+    the labels or SigLIP's sigmoid of each."""
+
+    model: str = Field("", description="a served model's name or alias; \"\": the server's default model")
+    images: Annotated[list[ImageString], Field(json_schema_extra={"minItems": 1})] = Field(
+        description=f"the images to classify, each {IMAGE_FORMS}")
+    labels: Annotated[list[Text], Field(json_schema_extra={"minItems": 1})] = Field(
+        description="the candidate labels, each a text")
+    template: str = Field("{}", description="the text each label is put into ({} for the label), as CLIP's "
+                                            "\"a photo of a {}.\"; default: the label alone")
+
+
+class ZeroShotScore(BaseModel):
+    label: str
+    score: float = Field(description="CLIP: the softmax over the labels; SigLIP: the sigmoid of the label's logit")
+    logit: float = Field(description="the cosine x the model's logit scale (+ its bias)")
+
+
+class ZeroShotResult(BaseModel):
+    index: int = Field(description="the image's, in the request")
+    scores: list[ZeroShotScore] = Field(description="every label's, best first")
+
+
+class ZeroShotReply(BaseModel):
+    object: Literal["list"]
+    data: list[ZeroShotResult]
+    activation: Literal["softmax", "sigmoid"]
+    model: str
+    usage: Usage
 
 
 class CohereEmbeddings(BaseModel):

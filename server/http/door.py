@@ -56,6 +56,7 @@ from .rerank import RerankRoutes
 from .route import Route, families
 from .tei import TeiRoutes
 from .wire import BODY_INVITED, BodyReader, ClientGoneError, dumps, json_response
+from .zero_shot import ZeroShotRoutes
 
 log = logging.getLogger("attnserve.server")
 _TRACER = tracing.tracer()
@@ -75,7 +76,8 @@ class HttpDoor:
                                     *AttentionRoutes(core, bodies).routes(), *RerankRoutes(core, bodies).routes(),
                                     *KServeRoutes(core, bodies).routes(), *CohereRoutes(core, bodies).routes(),
                                     *MultiVectorRoutes(core, bodies).routes(),
-                                    *LateChunkingRoutes(core, bodies).routes(), *ExplorerRoutes().routes(),
+                                    *LateChunkingRoutes(core, bodies).routes(), *ZeroShotRoutes(core, bodies).routes(),
+                                    *ExplorerRoutes().routes(),
                                     Route("GET", "/openapi.json", self._openapi, OPENAI, "this description",
                                           reply_schema={"type": "object"}),
                                     Route("GET", "/", self._index, TEI, "where to start: the help and the routes",

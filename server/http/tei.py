@@ -13,17 +13,20 @@ from aiohttp import web
 from attnserve.errors import InvalidInputError
 
 from ..core import Core
+from ..image_inputs import image_of
 from ..models import DTYPE_NAMES
 from ..replies import EncodeReply, PredictReply
 from ..requests import (
     DecodeRequest,
     EncodeRequest,
+    Input,
     PredictRequest,
     SimilarityRequest,
     SparseOptions,
     TokenizeRequest,
 )
 from .bodies import (
+    JinaImage,
     TeiDecodeBody,
     TeiEmbedAllBody,
     TeiEmbedBody,
@@ -129,7 +132,12 @@ def _similarity_option(body: TeiSimilarityBody, name: str):
 
 def similarity_request(body: TeiSimilarityBody) -> SimilarityRequest:
     direction = _similarity_option(body, "truncation_direction") or "Right"
-    return SimilarityRequest(source_sentence=body.inputs.source_sentence, sentences=body.inputs.sentences,
+    def sentence(value: str | JinaImage, field: str) -> Input:
+        return value if isinstance(value, str) else image_of(value.image, field)
+
+    return SimilarityRequest(source_sentence=sentence(body.inputs.source_sentence, "inputs.source_sentence.image"),
+                             sentences=[sentence(s, f"inputs.sentences[{i}].image")
+                                        for i, s in enumerate(body.inputs.sentences)],
                              truncate=_similarity_option(body, "truncate"), truncation_direction=direction.lower(),
                              prompt_name=_similarity_option(body, "prompt_name"),
                              prompt=_similarity_option(body, "prompt"), model=body.model)

@@ -1,0 +1,257 @@
+"""An image-text model served (a tiny random-weight CLIP exported by `attnserve export`), through every door users send
+images to, with their own clients: openai (Jina's form), vLLM's `messages`, Cohere's SDK (images and inputs),
+Infinity's /embeddings_image, gRPC's Input.image, KServe v2 through tritonclient; /similarity and /v1/zero_shot.
+
+Each embedding is held to transformers' CLIPModel on the same image and text (cosine >= 0.99999), and an image's
+cosine with a caption, times the model's scale, to transformers' logits_per_image. Served in one process and through
+two front-door workers (the images cross to the engine process)."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from attnserve.v1 import encoder_pb2 as pb
+from tests.serving import ServerProcess, serving
+
+CAPTIONS = ["a photo of the cat", "the dog", "and of the photo"]
+
+
+def png(seed: int, size: tuple[int, int] = (50, 40), mode: str = "RGB") -> bytes:
+    rng = np.random.default_rng(seed)
+    channels = {"RGB": 3, "RGBA": 4}.get(mode)
+    shape = (size[1], size[0], channels) if channels else (size[1], size[0])
+    buffer = io.BytesIO()
+    Image.fromarray((rng.random(shape) * 255).astype(np.uint8), mode).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def data_uri(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+IMAGES = [png(0), png(1, (33, 64), "RGBA"), png(2, (64, 48), "L")]
+
+
+@pytest.fixture(scope="module", params=["1", "2"], ids=["one process", "two workers"])
+def clip_server(request, clip_artifacts, tmp_path_factory):
+    process = ServerProcess(clip_artifacts, "--workers", request.param,
+                            log_path=tmp_path_factory.mktemp("clip_server") / "server.log")
+    with serving(process):
+        yield process
+
+
+@pytest.fixture(scope="module")
+def reference(clip_dir):
+    """transformers' own: each image's and caption's embedding (unit length), and logits_per_image."""
+    import torch
+    import transformers
+
+    model = transformers.CLIPModel.from_pretrained(str(clip_dir)).eval()
+    processor = transformers.CLIPProcessor.from_pretrained(str(clip_dir))
+    pictures = [Image.open(io.BytesIO(data)) for data in IMAGES]
+    inputs = processor(text=CAPTIONS, images=pictures, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = model(**inputs)
+    return {"images": out.image_embeds.numpy(), "texts": out.text_embeds.numpy(),
+            "logits_per_image": out.logits_per_image.numpy(), "scale": float(model.logit_scale.detach().exp())}
+
+
+def unit(rows) -> np.ndarray:
+    rows = np.asarray(rows, dtype=np.float64)
+    return rows / np.linalg.norm(rows, axis=-1, keepdims=True)
+
+
+def assert_same(got, want, floor: float = 0.99999) -> None:
+    cosines = (unit(got) * unit(want)).sum(-1)
+    assert cosines.min() >= floor, cosines
+
+
+def test_openai_client_embeds_images_and_captions_in_one_space(clip_server, reference):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{clip_server.http_url}/v1", api_key="unused")
+    items = [{"image": data_uri(data)} for data in IMAGES] + [{"text": caption} for caption in CAPTIONS]
+    reply = client.embeddings.create(model="", input=items)  # type: ignore[arg-type]  (Jina's form)
+    vectors = np.array([d.embedding for d in reply.data])
+    assert_same(vectors[:3], reference["images"])
+    assert_same(vectors[3:], reference["texts"])
+    # One space: an image's cosine with a caption, times the model's scale, is transformers' logits_per_image.
+    logits = unit(vectors[:3]) @ unit(vectors[3:]).T * reference["scale"]
+    assert np.allclose(logits, reference["logits_per_image"], atol=1e-4 * reference["scale"])
+
+
+def test_vllm_messages_and_infinity_embeddings_image(clip_server, reference):
+    image_part = {"type": "image_url", "image_url": {"url": data_uri(IMAGES[0])}}
+    reply = httpx.post(f"{clip_server.http_url}/v1/embeddings", timeout=30, json={
+        "model": "", "messages": [{"role": "user", "content": [image_part]}]})
+    assert reply.status_code == 200, reply.text
+    assert_same([reply.json()["data"][0]["embedding"]], reference["images"][:1])
+    # Infinity's route: bare base64 and data URIs alike
+    reply = httpx.post(f"{clip_server.http_url}/embeddings_image", timeout=30, json={
+        "model": "", "input": [base64.b64encode(IMAGES[0]).decode(), data_uri(IMAGES[1]), data_uri(IMAGES[2])]})
+    assert reply.status_code == 200, reply.text
+    assert_same([d["embedding"] for d in reply.json()["data"]], reference["images"])
+    both = httpx.post(f"{clip_server.http_url}/v1/embeddings", timeout=30, json={
+        "model": "", "messages": [{"role": "user", "content": [image_part, {"type": "text", "text": "x"}]}]})
+    assert both.status_code == 400 and "one text or one image" in both.json()["error"]["message"]
+
+
+def test_cohere_sdk_embeds_images_and_inputs(clip_server, reference):
+    import cohere
+
+    client = cohere.ClientV2(base_url=clip_server.http_url, api_key="unused")
+    reply = client.embed(model="", input_type="image", images=[data_uri(data) for data in IMAGES],
+                         embedding_types=["float"])
+    assert_same(reply.embeddings.float_, reference["images"])
+    reply = client.embed(model="", input_type="search_document", embedding_types=["float"], inputs=[
+        {"content": [{"type": "text", "text": CAPTIONS[0]}]},
+        {"content": [{"type": "image_url", "image_url": {"url": data_uri(IMAGES[1])}}]}])
+    assert_same(reply.embeddings.float_, [reference["texts"][0], reference["images"][1]])
+
+
+def test_grpc_embeds_image_bytes(clip_server, reference):
+    with clip_server.channel() as channel:
+        reply = clip_server.stub(channel).Embed(pb.EmbedRequest(inputs=[
+            *(pb.Input(image=pb.Image(data=data)) for data in IMAGES), pb.Input(text=CAPTIONS[0])]))
+    vectors = [np.frombuffer(e.sentence_embedding.data, dtype=np.float32) for e in reply.embeddings]
+    assert_same(vectors[:3], reference["images"])
+    assert_same(vectors[3:], reference["texts"][:1])
+    with clip_server.channel() as channel, pytest.raises(grpc.RpcError) as refused:
+        clip_server.stub(channel).Embed(pb.EmbedRequest(inputs=[pb.Input(image=pb.Image(data=IMAGES[0],
+                                                                                        mime_type="image/jpeg"))]))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "declared image/jpeg but its bytes are PNG" in refused.value.details()
+
+
+def test_kserve_v2_image_bytes_tensor_through_tritonclient(clip_server, reference):
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(clip_server.http_url.removeprefix("http://"))
+    model = client.get_model_repository_index()[0]["name"]
+    inputs = {spec["name"] for spec in client.get_model_metadata(model)["inputs"]}
+    assert inputs == {"text", "image"}
+    text = triton.InferInput("text", [1], "BYTES")
+    text.set_data_from_numpy(np.array([CAPTIONS[0]], dtype=object))
+    image = triton.InferInput("image", [3], "BYTES")
+    image.set_data_from_numpy(np.array(IMAGES, dtype=object))
+    result = client.infer(model, [text, image])
+    vectors = result.as_numpy("embedding")  # the texts, then the images
+    assert_same(vectors[1:], reference["images"])
+    assert_same(vectors[:1], reference["texts"][:1])
+
+
+def test_similarity_is_the_models_logits_and_zero_shot_scores_sum_to_one(clip_server, reference):
+    reply = httpx.post(f"{clip_server.http_url}/similarity", timeout=30, json={
+        "inputs": {"source_sentence": {"image": data_uri(IMAGES[0])}, "sentences": CAPTIONS}})
+    assert reply.status_code == 200, reply.text
+    assert np.allclose(np.array(reply.json()) * reference["scale"], reference["logits_per_image"][0], atol=1e-3)
+    reply = httpx.post(f"{clip_server.http_url}/v1/zero_shot", timeout=30, json={
+        "model": "", "images": [data_uri(data) for data in IMAGES], "labels": ["cat", "dog", "photo"],
+        "template": "a photo of the {}"})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["activation"] == "softmax" and len(body["data"]) == 3
+    for result in body["data"]:
+        scores = [s["score"] for s in result["scores"]]
+        assert scores == sorted(scores, reverse=True) and abs(sum(scores) - 1) < 1e-5
+
+
+def test_zero_shot_equals_transformers_softmax(clip_server, clip_dir):
+    import torch
+    import transformers
+
+    model = transformers.CLIPModel.from_pretrained(str(clip_dir)).eval()
+    processor = transformers.CLIPProcessor.from_pretrained(str(clip_dir))
+    labels = ["cat", "dog", "photo"]
+    inputs = processor(text=[f"a photo of the {label}" for label in labels],
+                       images=[Image.open(io.BytesIO(d)) for d in IMAGES], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        want = model(**inputs).logits_per_image.softmax(dim=-1).numpy()  # (I, L)
+    body = httpx.post(f"{clip_server.http_url}/v1/zero_shot", timeout=30, json={
+        "images": [data_uri(d) for d in IMAGES], "labels": labels, "template": "a photo of the {}"}).json()
+    for i, result in enumerate(body["data"]):
+        got = {s["label"]: s["score"] for s in result["scores"]}
+        assert np.allclose([got[label] for label in labels], want[i], atol=1e-4), (got, want[i])
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose header says width x height, with a few bytes of pixel data: what a decompression bomb's header
+    looks like, without the bomb (the server must refuse it from the header)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit greyscale
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 1024)) + \
+        chunk(b"IEND", b"")
+
+
+def _gif_two_frames() -> bytes:
+    frames = [Image.new("RGB", (8, 8), color) for color in ((255, 0, 0), (0, 0, 255))]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:])
+    return buffer.getvalue()
+
+
+HOSTILE = {
+    "corrupt": (b"\x89PNG\r\n\x1a\n" + b"\0" * 64, "cannot be read"),
+    "truncated": (IMAGES[0][:len(IMAGES[0]) // 2], "corrupt or truncated"),
+    "20000 x 20000": (_png_header_only(20000, 20000), "over this server's limit"),
+    "zero width": (_png_header_only(0, 10), "image"),
+    "two frames": (_gif_two_frames(), "2 frames"),
+    "svg": (b'<svg xmlns="http://www.w3.org/2000/svg" width="9" height="9"/>', "SVG"),
+    "empty": (b"", "empty"),
+}
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_images_get_a_clear_4xx_and_the_server_lives(clip_server, name):
+    data, fragment = HOSTILE[name]
+    before = _rss_kb(clip_server.process.pid)
+    for _ in range(3):
+        reply = httpx.post(f"{clip_server.http_url}/v1/embeddings", timeout=30, json={
+            "model": "", "input": [{"text": "fine"}, {"image": base64.b64encode(data).decode()}]})
+        assert reply.status_code == 400, reply.text
+        message = reply.json()["error"]["message"]
+        assert message.startswith("input 1: ") and fragment in message and "Traceback" not in message, message
+    assert _rss_kb(clip_server.process.pid) - before < 100 * 1024  # memory bounded by limits, not by the input
+    ok = httpx.post(f"{clip_server.http_url}/embeddings_image", timeout=30, json={"model": "", "input": data_uri(
+        IMAGES[0])})
+    assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ({"input": [{"image": data_uri(IMAGES[0], "image/svg+xml")}]}, "image/svg+xml"),
+    ({"input": [{"image": "http://169.254.169.254/latest/meta-data"}]}, "fetches no image URLs"),
+    ({"input": [{"image": "file:///etc/passwd"}]}, "http(s) only"),
+    ({"input": [{"image": "data:image/png,notbase64"}]}, "must be base64"),
+    ({"input": [{"image": "!!!"}]}, "not base64"),
+    ({"input": [{"image": data_uri(IMAGES[0])}], "encoding_format": "float", "pooling": "mean"}, "pooling"),
+])
+def test_image_requests_that_cannot_be_served_are_refused_naming_why(clip_server, body, fragment):
+    reply = httpx.post(f"{clip_server.http_url}/v1/embeddings", timeout=30, json={"model": "", **body})
+    assert reply.status_code == 400, reply.text
+    assert fragment in reply.json()["error"]["message"]
+
+
+def test_a_text_model_refuses_images_naming_why(server):
+    reply = httpx.post(f"{server.http_url}/v1/embeddings", timeout=30, json={
+        "model": "", "input": [{"image": data_uri(IMAGES[0])}]})
+    assert reply.status_code == 400 and "is a text model" in reply.json()["error"]["message"], reply.text
+    reply = httpx.post(f"{server.http_url}/v1/zero_shot", timeout=30, json={
+        "images": [data_uri(IMAGES[0])], "labels": ["x"]})
+    assert reply.status_code in (400, 404), reply.text
