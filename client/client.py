@@ -32,8 +32,36 @@ DTYPES: dict[int, np.dtype] = {pb.FLOAT32: np.dtype("<f4"), pb.FLOAT16: np.dtype
 POOLING = {None: pb.POOLING_DEFAULT, "default": pb.POOLING_DEFAULT, "mean": pb.MEAN, "cls": pb.CLS}
 TRUNCATION_DIRECTION = {"right": pb.TRUNCATE_RIGHT, "left": pb.TRUNCATE_LEFT}
 
-# A text, token ids with special tokens included, or a sentence pair (text a, text b) as a tuple.
-Input = str | Sequence[int] | tuple[str, str]
+@dataclass(frozen=True)
+class ImageInput:
+    """An image for an image-text model (CLIP, SigLIP): its file's bytes (PNG, JPEG, WebP, ...), or an http(s) URL
+    the server is allowed to fetch. ImageInput.read(path) reads a file."""
+
+    data: bytes = b""
+    url: str = ""
+    mime_type: str = ""  # what the bytes are, if the caller knows: the server holds the bytes to it
+
+    @classmethod
+    def read(cls, path: str | Path) -> ImageInput:
+        try:
+            return cls(Path(path).read_bytes())
+        except OSError as e:
+            raise ConfigError(f"image unreadable: {path}: {e.strerror}") from None
+
+
+# A text, token ids with special tokens included, a sentence pair (text a, text b) as a tuple, or an image.
+Input = str | Sequence[int] | tuple[str, str] | ImageInput
+
+
+@dataclass(frozen=True)
+class PatchPositions:
+    """Where an image's positions (the maps' axes) lie in the square image its tower takes."""
+
+    image_size: int
+    patch_size: int
+    grid: int  # patches along a side
+    class_token: bool  # the first position is the class token (CLIP), whose box is the whole image
+    boxes: np.ndarray  # (T, 4) int: each position's top, left, bottom, right
 
 
 class RequestError(AttnserveError):
@@ -73,6 +101,7 @@ class EmbeddingResult:
     # were averaged. to_html needs them to label the maps.
     attention_layers: tuple[int, ...] | None = None
     average_heads: bool = False
+    patches: PatchPositions | None = None  # an image's, with attention: where its positions lie
 
     def to_html(self, path: str | Path, model: str = "", text: str = "") -> Path:
         """Write the attention explorer with this result embedded (server/http/explorer.py), a page that opens from
@@ -140,6 +169,10 @@ def to_result(embedding: pb.Embedding) -> EmbeddingResult:
         norms=to_array(embedding.analyses.norms) if embedding.analyses.HasField("norms") else None,
         norms_summed=to_array(embedding.analyses.norms_summed) if embedding.analyses.HasField("norms_summed")
         else None,
+        patches=PatchPositions(embedding.patches.image_size, embedding.patches.patch_size, embedding.patches.grid,
+                               embedding.patches.class_token,
+                               np.array(embedding.patches.boxes, dtype=np.int64).reshape(-1, 4))
+        if embedding.HasField("patches") else None,
     )
 
 
@@ -181,6 +214,10 @@ def make_request(inputs: Sequence[Input], *, normalize: bool | None = None, pool
         elif isinstance(item, tuple):
             text_a, text_b = item
             request.inputs.add(pair=pb.TextPair(a=text_a, b=text_b))
+        elif isinstance(item, ImageInput):
+            image = pb.Image(url=item.url) if item.url else pb.Image(data=item.data)
+            image.mime_type = item.mime_type
+            request.inputs.add(image=image)
         else:
             request.inputs.add(token_ids=pb.TokenIds(ids=[int(i) for i in item]))
     if attention_layers is not None:
@@ -284,7 +321,8 @@ class Client:
                   weights: bool = True) -> EmbeddingResult:
         """Attention weights of one input: .attentions (layers, heads or 1, T, T), labelled by .tokens; with
         analyses, .rollout (T, T) and .head_stats {name: (layers, heads)} as numpy arrays (weights False: those
-        alone)."""
+        alone). An image (ImageInput) gets its image tower's maps over the patches, and .patches says where each
+        position lies."""
         asked = tuple(layers)  # read once: any iterable of layers
         result = self.encode([text], timeout, attention_layers=list(asked), average_heads=average_heads,
                              truncate=truncate, analyses=analyses, weights=weights)[0]

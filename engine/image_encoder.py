@@ -23,6 +23,7 @@ import numpy as np
 from .image_processor import ImageProcessor, read_image_processor
 from .images import DEFAULT_MAX_PIXELS, decode_image
 from .manifest import Manifest
+from .patch_attention import patch_boxes
 from .session import open_graph
 
 # The text graph's precision -> the image graph run beside it.
@@ -32,12 +33,45 @@ IMAGE_ATTENTION = "image_attention"
 
 
 @dataclass(frozen=True)
+class PatchLayout:
+    """Where an image tower's positions lie in the S x S image it takes: the class token first where there is one
+    (CLIP; SigLIP has none), then g x g patches of P px in row-major order (engine/patch_attention.py)."""
+
+    image_size: int  # S
+    patch_size: int  # P
+    class_token: bool
+
+    @property
+    def grid(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def positions(self) -> int:
+        return self.grid ** 2 + int(self.class_token)
+
+    def labels(self) -> list[str]:
+        """Each position's name, as a text's word pieces label its maps: "<class>", then "patch ROW,COL"."""
+        g = self.grid
+        return ["<class>"] * int(self.class_token) + [f"patch {i // g},{i % g}" for i in range(g * g)]
+
+    def boxes(self) -> np.ndarray:
+        """(T, 4) int64: each position's top, left, bottom, right in the S x S image; the class token's is the
+        whole image."""
+        patches = patch_boxes(self.grid, self.patch_size)  # (g * g, 4)
+        if not self.class_token:
+            return patches
+        whole = np.array([[0, 0, self.image_size, self.image_size]], dtype=np.int64)
+        return np.concatenate([whole, patches])
+
+
+@dataclass(frozen=True)
 class ImageInput:
     """One image, preprocessed: what the batcher queues (its len() is the tower's positions, as a text's tokens)."""
 
     pixels: np.ndarray  # (C, S, S) float32, as the checkpoint's image processor gives them
     positions: int  # T
     truncated: bool = False  # an image is never cut; as TokenizedInput's, for the reply's counts
+    layout: PatchLayout | None = None  # where its positions lie; None where only the pixels travel (workers' wire)
     # What a TokenizedInput has and an image has none of, read where texts and images are checked and counted alike.
     type_ids: ClassVar[None] = None
     pair_start: ClassVar[None] = None
@@ -59,8 +93,7 @@ class ImageEncoder:
         self.manifest, self.provider, self.threads, self.spin = manifest, provider, threads, spin
         self.settings = images
         self.processor: ImageProcessor = read_image_processor(manifest.path(images["processor"]["file"]))
-        self.grid = images["image_size"] // images["patch_size"]  # g: patches along a side (patch_attention.py)
-        self.class_token: bool = images["class_token"]
+        self.layout = PatchLayout(images["image_size"], images["patch_size"], images["class_token"])
         self.graph = IMAGE_GRAPHS.get(precision, "image_embeds")
         if self.graph not in images["graphs"]:
             self.graph = "image_embeds"
@@ -72,7 +105,15 @@ class ImageEncoder:
     @property
     def positions(self) -> int:
         """T: the patches, and the class token where there is one."""
-        return self.grid ** 2 + int(self.class_token)
+        return self.layout.positions
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.settings["num_layers"])
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.settings["num_heads"])
 
     @property
     def embedding_size(self) -> int:
@@ -87,7 +128,7 @@ class ImageEncoder:
         """An image's bytes -> its ImageInput, or ImageError (engine/images.py) in one line."""
         image = decode_image(data, max_pixels, declared)
         try:
-            return ImageInput(self.processor.pixels(image), self.positions)
+            return ImageInput(self.processor.pixels(image), self.positions, layout=self.layout)
         finally:
             image.close()
 

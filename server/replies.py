@@ -13,6 +13,7 @@ import numpy as np
 from attnserve.engine.attention_analyses import head_stats, norm_weighted, rollout
 from attnserve.engine.bge_m3 import BgeM3Heads
 from attnserve.engine.dimensions import cut_and_normalize
+from attnserve.engine.image_encoder import ImageInput, PatchLayout
 from attnserve.engine.late_chunking import ChunkMeans
 from attnserve.engine.multi_vector import MultiVectorTokenizer, maxsim
 from attnserve.engine.pooling import pool
@@ -47,6 +48,8 @@ class EncodedInput:
     # average weighted by the text's tokens in each; 1: the input as it is.
     windows: int = 1
     chunks: list[ChunkEmbedding] | None = None  # late chunking's, in the order of the spans
+    # An image's: where its positions (the maps' axes) lie in the image its tower takes (with attention).
+    layout: PatchLayout | None = None
 
 
 @dataclass
@@ -94,7 +97,7 @@ class EncodeReply:
     typed: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput], options: ReplyOptions,
+def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput | ImageInput], options: ReplyOptions,
                 tokenizer: TextTokenizer, model: str = "", multi_vector: MultiVectorTokenizer | None = None,
                 windows: Sequence[Windows | None] | None = None, chunks: Sequence[TextChunks] | None = None,
                 bge_m3: BgeM3Heads | None = None) -> EncodeReply:
@@ -180,7 +183,7 @@ def _late_chunks(rows: Sequence[RowOutput], w: Windows, spans: list[tuple[int, i
             for (start, stop), (a, b), vector in zip(spans, ranges, pooled, strict=True)]
 
 
-def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokenizer: TextTokenizer,
+def _encoded(row: RowOutput, item: TokenizedInput | ImageInput, options: ReplyOptions, tokenizer: TextTokenizer,
              multi_vector: MultiVectorTokenizer | None, bge_m3: BgeM3Heads | None) -> EncodedInput:
     attentions = None
     analyses: dict[str, object] = {}
@@ -189,6 +192,7 @@ def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokeni
         if "rollout" in options.attention_analyses:  # the last-layer graph's, or computed from every layer's maps
             analyses["rollout"] = row.rollout if row.rollout is not None else rollout(row.attentions)  # (T, T)
         if "head_stats" in options.attention_analyses:
+            assert isinstance(item, TokenizedInput), "prepare() refuses head_stats for images"
             analyses["head_stats"] = head_stats(row.attentions, tokenizer.special_mask(item.ids), item.pair_start)
         if "norms" in options.attention_analyses:  # the layers and heads asked, and each layer's sum over heads
             assert row.value_norms is not None and options.attention_layers is not None
@@ -222,6 +226,11 @@ def _encoded(row: RowOutput, item: TokenizedInput, options: ReplyOptions, tokeni
         assert multi_vector is not None and row.token_embeddings is not None  # a ColBERT model's row
         vectors = np.ascontiguousarray(row.token_embeddings[multi_vector.kept(item.ids, options.multi_vector)],
                                        dtype=np.float32)  # (K, d)
+    if isinstance(item, ImageInput):  # its maps' axes are its positions: the class token, then the patches
+        return EncodedInput(num_tokens=len(item), truncated=False,
+                            tokens=item.layout.labels() if options.tokens and item.layout else None,
+                            token_embeddings=None, attentions=attentions, analyses=analyses,
+                            layout=item.layout if options.attention else None)
     return EncodedInput(
         num_tokens=len(item), truncated=item.truncated,
         tokens=tokenizer.tokens(item.ids) if options.tokens else None,

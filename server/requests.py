@@ -395,11 +395,21 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     attention = request.attention
     layers = heads = None
     analyses: tuple[str, ...] = ()
+    image_rows = [row for row, item in enumerate(request.inputs) if isinstance(item, ImageBytes | ImageUrl)]
+    # The maps of the tower the inputs go through: the image tower's over the patches for images (all of them images)
+    num_layers, num_heads = (manifest.num_layers, manifest.num_heads) if not (image_rows and images) else (
+        images.num_layers, images.num_heads)
     if attention is not None:  # none asked: the last layer, and every head, named in the reply as asked ones are
-        layers = _indices(attention.layers or [-1], manifest.num_layers, "layer", "attention.layers")
-        heads = (_indices(attention.heads, manifest.num_heads, "head", "attention.heads") if attention.heads
-                 else tuple(range(manifest.num_heads)))
+        if image_rows and len(image_rows) != len(request.inputs):
+            raise _invalid("inputs", "attention over texts and images in one request: their towers' maps differ; "
+                                     "send the texts and the images apart")
+        layers = _indices(attention.layers or [-1], num_layers, "layer", "attention.layers")
+        heads = (_indices(attention.heads, num_heads, "head", "attention.heads") if attention.heads
+                 else tuple(range(num_heads)))
         analyses = _analyses(attention, manifest)
+        if image_rows and "head_stats" in analyses:
+            raise _invalid("attention.analyses", "head_stats reads word pieces (special tokens, pairs): ask images "
+                                                 "for rollout or norms")
     options = ReplyOptions(
         pooling=pooling,
         normalize=normalize,
@@ -407,11 +417,11 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
         token_embeddings=request.token_embeddings,
         attention_layers=layers,
         attention_heads=heads,
-        every_head=heads == tuple(range(manifest.num_heads)),
+        every_head=heads == tuple(range(num_heads)),
         average_heads=attention is not None and attention.average_heads,
         attention_analyses=analyses,
         attention_weights=attention is None or attention.weights,
-        last_layer_only=attention is not None and set(analyses) <= {"rollout"} and (
+        last_layer_only=attention is not None and not image_rows and set(analyses) <= {"rollout"} and (
             not attention.weights or layers == (manifest.num_layers - 1,)),
         embedding_types=types,
         ranges=ranges,
@@ -427,7 +437,6 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
         _check_late_chunking(request, manifest)
     # Windows where the sentence embedding is all that is asked: chunked for a long text (--long-inputs chunk), or
     # every text, read whole, for late chunking.
-    image_rows = [row for row, item in enumerate(request.inputs) if isinstance(item, ImageBytes | ImageUrl)]
     windowed = ("all" if request.late_chunking is not None else
                 "long" if rule == "chunk" and _sentence_embeddings_only(request) and not image_rows else None)
     if image_rows:
@@ -444,7 +453,7 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
             items[row] = _image_input(images, request.inputs[row], row, limits)
     inputs, windows = _flatten(items)
     _check_token_types(inputs, takes_token_types, manifest)
-    if options.attention:
+    if options.attention and not image_rows:  # the image tower's attention graph is exported with it
         _check_attention_length(inputs, manifest)
         require(("attention",), "attention weights")
     chunks = _late_chunks(request, windows) if windows is not None and request.late_chunking is not None else None
@@ -466,11 +475,12 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
 def _check_images(request: EncodeRequest, options: ReplyOptions, manifest: Manifest, images: ImageEncoder | None,
                   row: int) -> None:
     """What a request with images may ask: an image's embedding (in the model's shared space with its texts), cut
-    to `dimensions`, normalised or not, as float or binary. Its patches' states and maps are not served here."""
+    to `dimensions`, normalised or not, as float or binary, and the image tower's maps over its patches (with
+    attention; prepare() holds them to the tower's layers and heads). Its patches' states are not served."""
     if images is None:
         raise _invalid(f"inputs[{row}]", f"{manifest.model} is a text model: it embeds no images", f"input {row}")
     refused = [name for name, asked in (
-        ("token_embeddings", options.token_embeddings), ("attention", options.attention),
+        ("token_embeddings", options.token_embeddings),
         ("pooling", options.pooling is not None), ("late_chunking", request.late_chunking is not None),
         ("sparse", request.sparse is not None), ("multi_vector", request.multi_vector is not None)) if asked]
     if refused:

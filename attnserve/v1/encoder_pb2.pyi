@@ -234,7 +234,7 @@ class Tensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Embedding(_message.Message):
-    __slots__ = ("sentence_embedding", "token_embeddings", "attentions", "tokens", "num_tokens", "truncated", "pair_start", "sparse_embedding", "multi_vector", "analyses", "windows", "chunks")
+    __slots__ = ("sentence_embedding", "token_embeddings", "attentions", "tokens", "num_tokens", "truncated", "pair_start", "sparse_embedding", "multi_vector", "analyses", "windows", "chunks", "patches")
     SENTENCE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     TOKEN_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     ATTENTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -247,6 +247,7 @@ class Embedding(_message.Message):
     ANALYSES_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    PATCHES_FIELD_NUMBER: _ClassVar[int]
     sentence_embedding: Tensor
     token_embeddings: Tensor
     attentions: Tensor
@@ -259,7 +260,22 @@ class Embedding(_message.Message):
     analyses: AttentionAnalyses
     windows: int
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
-    def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., pair_start: _Optional[int] = ..., sparse_embedding: _Optional[_Union[SparseEmbedding, _Mapping]] = ..., multi_vector: _Optional[_Union[Tensor, _Mapping]] = ..., analyses: _Optional[_Union[AttentionAnalyses, _Mapping]] = ..., windows: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ...) -> None: ...
+    patches: PatchPositions
+    def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., pair_start: _Optional[int] = ..., sparse_embedding: _Optional[_Union[SparseEmbedding, _Mapping]] = ..., multi_vector: _Optional[_Union[Tensor, _Mapping]] = ..., analyses: _Optional[_Union[AttentionAnalyses, _Mapping]] = ..., windows: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., patches: _Optional[_Union[PatchPositions, _Mapping]] = ...) -> None: ...
+
+class PatchPositions(_message.Message):
+    __slots__ = ("image_size", "patch_size", "grid", "class_token", "boxes")
+    IMAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GRID_FIELD_NUMBER: _ClassVar[int]
+    CLASS_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BOXES_FIELD_NUMBER: _ClassVar[int]
+    image_size: int
+    patch_size: int
+    grid: int
+    class_token: bool
+    boxes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, image_size: _Optional[int] = ..., patch_size: _Optional[int] = ..., grid: _Optional[int] = ..., class_token: _Optional[bool] = ..., boxes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RerankRequest(_message.Message):
     __slots__ = ("query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction", "top_n", "model")

@@ -163,6 +163,11 @@ def render(reply: EncodeReply) -> bytes:
             embedding.tokens.extend(item.tokens)
         if item.pair_start is not None:
             embedding.pair_start = item.pair_start
+        if item.layout is not None:  # an image's: where the maps' positions lie
+            layout = item.layout
+            embedding.patches.CopyFrom(pb.PatchPositions(
+                image_size=layout.image_size, patch_size=layout.patch_size, grid=layout.grid,
+                class_token=layout.class_token, boxes=layout.boxes().ravel().tolist()))
     return out.SerializeToString()
 
 

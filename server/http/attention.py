@@ -1,5 +1,9 @@
 """attnserve's own route: POST /v1/attention, the attention weights of texts or token ids, labelled with their
 word pieces, as nested lists or base64 with their shape. The attention explorer calls it.
+
+An image-text model's images ({"image": ...}, as /v1/embeddings takes them) get their image tower's maps over the
+patches: the positions are labelled "<class>" (CLIP's class token) and "patch ROW,COL", and `image` says where each
+lies in the image the tower takes (its boxes: top, left, bottom, right).
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ def render(reply: EncodeReply, base64_format: bool) -> bytes:
             "index": i, "tokens": item.tokens, "num_tokens": item.num_tokens, "truncated": item.truncated,
             **({"pair_start": item.pair_start} if item.pair_start is not None else {}), "layers": layers,
             "heads": heads}
+        if item.layout is not None:  # an image's: where each position (both axes) lies in the image its tower takes
+            entry["image"] = {"size": item.layout.image_size, "patch_size": item.layout.patch_size,
+                              "grid": item.layout.grid, "class_token": item.layout.class_token,
+                              "boxes": item.layout.boxes().tolist()}
         if item.attentions is not None:  # unless weights false
             entry |= {"shape": list(item.attentions.shape), "attentions": floats(item.attentions, base64_format)}
         if "rollout" in item.analyses:

@@ -743,7 +743,8 @@ class AttentionBody(_Strict):
     model_config = ConfigDict(json_schema_extra={
         "if": {"properties": {"weights": {"const": False}}, "required": ["weights"]},
         "then": {"properties": {"analyses": {"minItems": 1}}, "required": ["analyses"]}})
-    inputs: PairInputs = Field(description=PAIR_INPUTS_FORMS)
+    inputs: Union[PairInputs, MultimodalInputs] = Field(
+        description=PAIR_INPUTS_FORMS + " or (an image-text model's) a list of {\"image\": ...} objects")
     model: str | None = Field(None, description="a served model's name or alias; unset: the default model")
     layers: list[Layer] = Field(default_factory=list, description="layers in this order; empty: the last; "
                                                                 "negative indices count from the end")
@@ -764,6 +765,15 @@ class AttentionBody(_Strict):
         "float", description="float: nested lists; base64: the little-endian float32 bytes, row-major in `shape`")
 
 
+class PatchPositions(BaseModel):
+    size: int = Field(description="the side of the square image the tower takes (after resize and crop)")
+    patch_size: int
+    grid: int = Field(description="patches along a side")
+    class_token: bool = Field(description="whether the first position is the class token (CLIP), not a patch")
+    boxes: list[list[int]] = Field(description="each position's [top, left, bottom, right] in that image, in the "
+                                               "maps' order (the class token's: the whole image)")
+
+
 class AttentionMap(BaseModel):
     index: int
     tokens: list[str] = Field(description="the word pieces, special tokens included: the labels of both axes")
@@ -780,6 +790,7 @@ class AttentionMap(BaseModel):
     norms: list | str | None = Field(None, description="[layers, heads, tokens, tokens] ||a_ij f_h(x_j)||, if asked")
     norms_summed: list | str | None = Field(None, description="[layers, tokens, tokens]: norms summed over each "
                                                               "layer's heads, if asked")
+    image: PatchPositions | None = Field(None, description="an image's: where its positions lie")
 
 
 class AttentionReply(BaseModel):
@@ -793,6 +804,7 @@ class AttentionReply(BaseModel):
 
 _UNION_FORMS: dict[object, str] = {  # keyed by the annotation: typing's union forms
     Inputs: INPUTS_FORMS, Union[Inputs, MultimodalInputs, None]: OPENAI_INPUTS_FORMS, PairInputs: PAIR_INPUTS_FORMS,
+    Union[PairInputs, MultimodalInputs]: PAIR_INPUTS_FORMS + " or a list of {\"image\": ...} objects",
     Union[Text, Texts]: "a string or a list of strings",
     DecodeIds: "a list of token ids or a list of lists of token ids"}
 
