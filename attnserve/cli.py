@@ -179,9 +179,12 @@ def cmd_embed(args: argparse.Namespace) -> int:
 def cmd_attention(args: argparse.Namespace) -> int:
     from attnserve.client import Client
     from attnserve.client.attention_export import check_request, fetch, write
+    from attnserve.client.image_attention import is_image_file
     from attnserve.server.requests import out_of_range
 
     path = Path(args.output)
+    if is_image_file(args.text):  # an image-text model's image: its maps over the patches
+        return _image_attention(args, path)
     check_request(args.view, path, args.head, args.scale)
     with Client(config=from_args(ClientConfig, args), model=args.model) as client:
         info = client.model_info()
@@ -193,6 +196,31 @@ def cmd_attention(args: argparse.Namespace) -> int:
                      norms=info.kind != "reranker")
     what = write(data, info.model, args.view, path, args.head, args.scale)
     print(f"wrote {path}: {what}, {len(data.tokens)} tokens")
+    return 0
+
+
+def _image_attention(args: argparse.Namespace, path: Path) -> int:
+    from attnserve.client import Client
+    from attnserve.client.image_attention import check_image_request, fetch_image, write_image
+    from attnserve.server.requests import out_of_range
+
+    check_image_request(args.view, path)
+    if args.pair is not None:
+        raise AttnserveError("--pair is for texts: an image has no second segment")
+    with Client(config=from_args(ClientConfig, args), model=args.model) as client:
+        info = client.model_info()
+        if not info.HasField("image_tower"):
+            raise AttnserveError(f"{info.model} is a text model: {args.text} is an image (ask a server of an "
+                                 "image-text model: CLIP, SigLIP)")
+        tower = info.image_tower
+        for flag, what, index, size in (("--layer", "layer", args.layer, tower.num_layers),
+                                        ("--head", "head", args.head, tower.num_heads)):
+            if index is not None and (problem := out_of_range(what, index, size, named=flag)):
+                raise AttnserveError(problem)
+        data = fetch_image(client, Path(args.text), tower.num_layers)
+    what = write_image(data, args.view, path, args.layer % tower.num_layers,
+                       None if args.head is None else args.head % tower.num_heads)
+    print(f"wrote {path}: {what}, {len(data.tokens)} positions")
     return 0
 
 
@@ -346,11 +374,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(embed, ClientConfig)
     embed.set_defaults(func=cmd_embed)
 
-    attention = sub.add_parser("attention", parents=[common], help="client: draw or export a text's attention",
+    attention = sub.add_parser("attention", parents=[common],
+                               help="client: draw or export a text's or an image's attention",
                                description="Fetch TEXT's attention weights and analyses from a running server and "
                                            "write a figure (.png, .svg, .pdf), a standalone explorer page (.html) "
                                            "or the arrays (.npz, .json), the type following -o's extension.")
-    attention.add_argument("text", help="the text (truncated at max_seq_length)")
+    attention.add_argument("text", help="the text (truncated at max_seq_length), or an image file's path (.png, "
+                                        ".jpg, .webp, ...: an image-text model's maps over its patches, drawn over "
+                                        "it as .png or .jpg, or its arrays as .npz or .json)")
     attention.add_argument("--pair", default=None, help="a second text: TEXT and it as a sentence pair")
     # Checked by client/attention_export.py rather than argparse's choices: a wrong value is then one line.
     attention.add_argument("--view", default="heatmap",

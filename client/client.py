@@ -62,6 +62,7 @@ class PatchPositions:
     grid: int  # patches along a side
     class_token: bool  # the first position is the class token (CLIP), whose box is the whole image
     boxes: np.ndarray  # (T, 4) int: each position's top, left, bottom, right
+    fit: str = "crop"  # how the picture became the square image: "crop" (CLIP's) or "stretch" (SigLIP's)
 
 
 class RequestError(AttnserveError):
@@ -171,7 +172,8 @@ def to_result(embedding: pb.Embedding) -> EmbeddingResult:
         else None,
         patches=PatchPositions(embedding.patches.image_size, embedding.patches.patch_size, embedding.patches.grid,
                                embedding.patches.class_token,
-                               np.array(embedding.patches.boxes, dtype=np.int64).reshape(-1, 4))
+                               np.array(embedding.patches.boxes, dtype=np.int64).reshape(-1, 4),
+                               embedding.patches.fit or "crop")
         if embedding.HasField("patches") else None,
     )
 

@@ -40,6 +40,9 @@ class PatchLayout:
     image_size: int  # S
     patch_size: int  # P
     class_token: bool
+    # How a picture became the S x S image: "crop" (its shortest edge resized to S, then the center S x S: CLIP's
+    # processor) or "stretch" (resized to S x S: SigLIP's); where to draw the maps over the original picture.
+    fit: str = "crop"
 
     @property
     def grid(self) -> int:
@@ -93,7 +96,8 @@ class ImageEncoder:
         self.manifest, self.provider, self.threads, self.spin = manifest, provider, threads, spin
         self.settings = images
         self.processor: ImageProcessor = read_image_processor(manifest.path(images["processor"]["file"]))
-        self.layout = PatchLayout(images["image_size"], images["patch_size"], images["class_token"])
+        self.layout = PatchLayout(images["image_size"], images["patch_size"], images["class_token"],
+                                  "crop" if self.processor.crop is not None else "stretch")
         self.graph = IMAGE_GRAPHS.get(precision, "image_embeds")
         if self.graph not in images["graphs"]:
             self.graph = "image_embeds"

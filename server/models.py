@@ -113,6 +113,8 @@ class ModelInfo:
     # under which int8 and uint8 embeddings need the request's own ranges (the model's are of its own pooling).
     request_poolings: tuple[str, ...] = ("default",)
     ranged_poolings: tuple[str, ...] = ()
+    # An image-text model's image tower: (image_size, patch_size, num_layers, num_heads); None for a text model.
+    image_tower: tuple[int, int, int, int] | None = None
 
 
 def model_outputs(manifest: Manifest) -> tuple[str, ...]:
@@ -195,7 +197,9 @@ class ServedModel:
                 t for t in EMBEDDING_TYPES if t not in RANGED or m.quantization is not None or m.source is not None),
             request_poolings=poolings, ranged_poolings=ranged_poolings,
             multi_vector_size=int(m.bge_m3["colbert_dim"]) if m.bge_m3 is not None else
-            m.embedding_size if m.multi_vector is not None else 0)
+            m.embedding_size if m.multi_vector is not None else 0,
+            image_tower=None if m.images is None else tuple(int(m.images[key]) for key in (  # type: ignore[arg-type]
+                "image_size", "patch_size", "num_layers", "num_heads")))
 
     def _batcher(self, engine: Engine, config: ServerConfig) -> Batcher:
         return Batcher(engine.run, BatcherLimits(

@@ -263,19 +263,33 @@ class Embedding(_message.Message):
     patches: PatchPositions
     def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., pair_start: _Optional[int] = ..., sparse_embedding: _Optional[_Union[SparseEmbedding, _Mapping]] = ..., multi_vector: _Optional[_Union[Tensor, _Mapping]] = ..., analyses: _Optional[_Union[AttentionAnalyses, _Mapping]] = ..., windows: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., patches: _Optional[_Union[PatchPositions, _Mapping]] = ...) -> None: ...
 
+class ImageTower(_message.Message):
+    __slots__ = ("image_size", "patch_size", "num_layers", "num_heads")
+    IMAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_HEADS_FIELD_NUMBER: _ClassVar[int]
+    image_size: int
+    patch_size: int
+    num_layers: int
+    num_heads: int
+    def __init__(self, image_size: _Optional[int] = ..., patch_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ...) -> None: ...
+
 class PatchPositions(_message.Message):
-    __slots__ = ("image_size", "patch_size", "grid", "class_token", "boxes")
+    __slots__ = ("image_size", "patch_size", "grid", "class_token", "boxes", "fit")
     IMAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     GRID_FIELD_NUMBER: _ClassVar[int]
     CLASS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BOXES_FIELD_NUMBER: _ClassVar[int]
+    FIT_FIELD_NUMBER: _ClassVar[int]
     image_size: int
     patch_size: int
     grid: int
     class_token: bool
     boxes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, image_size: _Optional[int] = ..., patch_size: _Optional[int] = ..., grid: _Optional[int] = ..., class_token: _Optional[bool] = ..., boxes: _Optional[_Iterable[int]] = ...) -> None: ...
+    fit: str
+    def __init__(self, image_size: _Optional[int] = ..., patch_size: _Optional[int] = ..., grid: _Optional[int] = ..., class_token: _Optional[bool] = ..., boxes: _Optional[_Iterable[int]] = ..., fit: _Optional[str] = ...) -> None: ...
 
 class RerankRequest(_message.Message):
     __slots__ = ("query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction", "top_n", "model")
@@ -402,7 +416,7 @@ class ModelList(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "hidden_size", "num_layers", "num_heads", "max_seq_length", "vocab_size", "pooling", "normalize", "provider", "precision", "limits", "version", "names", "prompts", "default_prompt_name", "embedding_size", "kind", "num_labels", "tasks", "labels", "outputs", "embedding_types", "multi_vector_size")
+    __slots__ = ("model", "hidden_size", "num_layers", "num_heads", "max_seq_length", "vocab_size", "pooling", "normalize", "provider", "precision", "limits", "version", "names", "prompts", "default_prompt_name", "embedding_size", "kind", "num_labels", "tasks", "labels", "outputs", "embedding_types", "multi_vector_size", "image_tower")
     class PromptsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -433,6 +447,7 @@ class ModelInfo(_message.Message):
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_TYPES_FIELD_NUMBER: _ClassVar[int]
     MULTI_VECTOR_SIZE_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_TOWER_FIELD_NUMBER: _ClassVar[int]
     model: str
     hidden_size: int
     num_layers: int
@@ -456,7 +471,8 @@ class ModelInfo(_message.Message):
     outputs: _containers.RepeatedScalarFieldContainer[str]
     embedding_types: _containers.RepeatedScalarFieldContainer[str]
     multi_vector_size: int
-    def __init__(self, model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., provider: _Optional[str] = ..., precision: _Optional[str] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., version: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., embedding_size: _Optional[int] = ..., kind: _Optional[str] = ..., num_labels: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., labels: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., embedding_types: _Optional[_Iterable[str]] = ..., multi_vector_size: _Optional[int] = ...) -> None: ...
+    image_tower: ImageTower
+    def __init__(self, model: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., max_seq_length: _Optional[int] = ..., vocab_size: _Optional[int] = ..., pooling: _Optional[str] = ..., normalize: _Optional[bool] = ..., provider: _Optional[str] = ..., precision: _Optional[str] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., version: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ..., prompts: _Optional[_Mapping[str, str]] = ..., default_prompt_name: _Optional[str] = ..., embedding_size: _Optional[int] = ..., kind: _Optional[str] = ..., num_labels: _Optional[int] = ..., tasks: _Optional[_Iterable[str]] = ..., labels: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., embedding_types: _Optional[_Iterable[str]] = ..., multi_vector_size: _Optional[int] = ..., image_tower: _Optional[_Union[ImageTower, _Mapping]] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
     __slots__ = ("max_inputs_per_request", "max_batch_tokens", "max_batch_size", "max_queue_tokens", "max_request_bytes", "max_response_bytes", "max_wait_ms", "max_queue_wait_ms", "auto_truncate", "long_inputs")

@@ -167,7 +167,7 @@ def render(reply: EncodeReply) -> bytes:
             layout = item.layout
             embedding.patches.CopyFrom(pb.PatchPositions(
                 image_size=layout.image_size, patch_size=layout.patch_size, grid=layout.grid,
-                class_token=layout.class_token, boxes=layout.boxes().ravel().tolist()))
+                class_token=layout.class_token, boxes=layout.boxes().ravel().tolist(), fit=layout.fit))
     return out.SerializeToString()
 
 
@@ -185,7 +185,10 @@ def model_info(info: ModelInfo) -> pb.ModelInfo:
             auto_truncate=info.auto_truncate, long_inputs=info.long_inputs),
         kind=info.kind, num_labels=info.num_labels, names=info.names, prompts=info.prompts,
         default_prompt_name=info.default_prompt_name or "", tasks=info.tasks, labels=info.labels,
-        outputs=info.outputs, embedding_types=info.embedding_types, multi_vector_size=info.multi_vector_size)
+        outputs=info.outputs, embedding_types=info.embedding_types, multi_vector_size=info.multi_vector_size,
+        image_tower=None if info.image_tower is None else pb.ImageTower(
+            image_size=info.image_tower[0], patch_size=info.image_tower[1], num_layers=info.image_tower[2],
+            num_heads=info.image_tower[3]))
 
 
 def classify_to_core(request: pb.ClassifyRequest) -> PredictRequest:

@@ -44,6 +44,7 @@ def render(reply: EncodeReply, base64_format: bool) -> bytes:
         if item.layout is not None:  # an image's: where each position (both axes) lies in the image its tower takes
             entry["image"] = {"size": item.layout.image_size, "patch_size": item.layout.patch_size,
                               "grid": item.layout.grid, "class_token": item.layout.class_token,
+                              "fit": item.layout.fit,
                               "boxes": item.layout.boxes().tolist()}
         if item.attentions is not None:  # unless weights false
             entry |= {"shape": list(item.attentions.shape), "attentions": floats(item.attentions, base64_format)}

@@ -770,6 +770,9 @@ class PatchPositions(BaseModel):
     patch_size: int
     grid: int = Field(description="patches along a side")
     class_token: bool = Field(description="whether the first position is the class token (CLIP), not a patch")
+    fit: Literal["crop", "stretch"] = Field(description="how the picture became the square image: its shortest "
+                                                         "edge resized to size, then the center square (crop: CLIP),"
+                                                         " or resized to size x size (stretch: SigLIP)")
     boxes: list[list[int]] = Field(description="each position's [top, left, bottom, right] in that image, in the "
                                                "maps' order (the class token's: the whole image)")
 
