@@ -654,3 +654,71 @@ def test_a_512_token_input_is_drawn_within_3_seconds(browser, keyed, shots):
     assert js(browser, "window.explorer.mapInfo('norms-summed').rows") == 512
     assert not element(browser, "error").is_displayed(), element(browser, "error").text
     assert page_errors(browser) == []
+
+
+# --- an image's attention over its patches (an image-text model's) ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def clip_server(clip_artifacts, tmp_path_factory):
+    process = ServerProcess(clip_artifacts, log_path=tmp_path_factory.mktemp("clip_explorer") / "server.log")
+    with serving(process):
+        yield process
+
+
+@pytest.fixture(scope="module")
+def picture(tmp_path_factory) -> Path:
+    """A 60 x 40 JPEG: wider than tall, so the model sees its centre square (CLIP's crop)."""
+    from PIL import Image
+
+    path = tmp_path_factory.mktemp("pictures") / "wide.jpg"
+    rng = np.random.default_rng(7)
+    Image.fromarray((rng.random((40, 60, 3)) * 255).astype(np.uint8)).save(path, quality=95)
+    return path
+
+
+def test_the_image_tab_draws_the_class_tokens_map_and_rollout_over_the_picture(browser, clip_server, picture,
+                                                                               shots):
+    from attnserve.engine.patch_attention import patch_maps, patch_rollout
+
+    open_page(browser, clip_server.http_url)
+    element(browser, "image-file").send_keys(str(picture))
+    element(browser, "show-image").click()
+    wait_for(browser, "(window.explorer.imageInfo('map') && window.explorer.imageInfo('rollout')) || "
+                      "!document.getElementById('error').hidden")
+    idle(browser)
+    assert not element(browser, "error").is_displayed(), element(browser, "error").text
+    assert js(browser, "window.explorer.state().tab") == "image"
+    with clip_server.channel() as channel:  # the server's own maps of the same image, over gRPC
+        served = grpc_attention(clip_server.stub(channel), pb.Input(image=pb.Image(data=picture.read_bytes())),
+                                [0, 1], ["rollout"])
+    maps, rollout = as_array(served.attentions), as_array(served.analyses.rollout)  # (L, nh, T, T), (T, T)
+    shown = js(browser, "window.explorer.imageInfo('map')")
+    assert shown["g"] == 4 and shown["fit"] == "crop"
+    assert np.allclose(shown["grid"], patch_maps(maps, True)[1].mean(axis=0).ravel(), atol=1e-6)  # the last layer
+    assert np.allclose(js(browser, "window.explorer.imageInfo('rollout')")["grid"],
+                       patch_rollout(maps, True).ravel(), atol=1e-5)
+    assert rollout.shape == (17, 17)
+    select(browser, "image-layer", "0")
+    select(browser, "image-head", "2")
+    wait_for(browser, "document.getElementById('image-map-caption').textContent.startsWith('layer 0, head 2')")
+    idle(browser)
+    assert np.allclose(js(browser, "window.explorer.imageInfo('map')")["grid"], patch_maps(maps, True)[0, 2].ravel(),
+                       atol=1e-6)
+    centre = js(browser, "window.explorer.imagePatchCenter('map', 1, 2)")
+    js(browser, "arguments[0].scrollIntoView({block: 'center'})", element(browser, "image-map"))
+    centre = js(browser, "window.explorer.imagePatchCenter('map', 1, 2)")
+    point_at(browser, 1, 1)
+    point_at(browser, centre["x"], centre["y"])
+    assert element(browser, "hover-image-map").text.startswith("patch 1,2: ")
+    screenshot(browser, shots, "image", at="tabs")
+    assert page_errors(browser) == []
+
+
+def test_an_image_for_a_text_model_is_refused_on_the_page(browser, server, picture):
+    open_page(browser, server.http_url)
+    element(browser, "image-file").send_keys(str(picture))
+    element(browser, "show-image").click()
+    wait_for(browser, "!document.getElementById('error').hidden")
+    idle(browser)
+    assert "is a text model" in element(browser, "error").text
+    assert js(browser, "window.explorer.state().errors") == []

@@ -246,6 +246,9 @@ class OpenAIModel(BaseModel):
     owned_by: str
     outputs: list[str] = Field(description="attnserve's: what the model answers (embed, attention, similarity; "
                                            "rerank, predict)")
+    image_tower: dict[str, int] | None = Field(None, description="attnserve's, an image-text model's: its image "
+                                                                 "tower's image_size, patch_size, num_layers and "
+                                                                 "num_heads")
 
 
 class OpenAIModelList(BaseModel):

@@ -99,10 +99,12 @@
       }
     }
 
-    // [{id, attention}] of the served models, the default first (GET /v1/models lists each model's outputs).
+    // [{id, attention, imageTower}] of the served models, the default first (GET /v1/models lists each model's
+    // outputs, and an image-text model's image tower: its layers and heads).
     async models() {
       const reply = await this.request("v1/models");
-      return reply.data.map((m) => ({ id: m.id, attention: !m.outputs || m.outputs.includes("attention") }));
+      return reply.data.map((m) => ({ id: m.id, attention: !m.outputs || m.outputs.includes("attention"),
+        imageTower: m.image_tower || null }));
     }
 
     attention(body) {

@@ -25,6 +25,8 @@
     drawnMs: null, // Show click to heatmap drawn, of the last Show
     busy: 0, // operations in flight
     compare: null, // {source}: the right-hand input of the compare tab
+    models: [], // the served models, as Api.models gives them
+    image: null, // the shown image: {picture, maps: Float32Array [L, heads, T, T], rollout, T, L, heads, layout}
     errors: [], // the page's own failures (bugs), never the server's refusals
   };
 
@@ -38,6 +40,8 @@
     "compare-b": new ns.MapView($("compare-b"), $("hover-compare-b"), beside),
     "compare-diff": new ns.MapView($("compare-diff"), $("hover-compare-diff"), beside),
   };
+  const imageViews = { map: new ns.ImageView($("image-map"), $("hover-image-map")),
+    rollout: new ns.ImageView($("image-rollout"), $("hover-image-rollout")) };
   const headView = new ns.HeadView($("headview"), $("head-toggles"));
   const modelView = new ns.ModelView($("modelview"), (layer, head) => open(layer, head));
 
@@ -83,7 +87,7 @@
   // --- models and input
 
   async function loadModels() {
-    const models = await state.api.models();
+    const models = state.models = await state.api.models();
     for (const select of [$("model"), $("compare-model")]) {
       const previous = select.value;
       select.replaceChildren(...models.map((m) => {
@@ -177,9 +181,11 @@
   }
 
   async function renderActive() {
+    if (state.tab === "image") return renderImage(); // an image's maps need no text shown
     if (!state.overview) return;
     const render = { heatmap: renderHeatmap, headview: renderHeadView, modelview: renderModelView,
-      rollout: renderRollout, norms: renderNorms, stats: renderStats, compare: renderCompare }[state.tab];
+      rollout: renderRollout, norms: renderNorms, stats: renderStats, compare: renderCompare,
+      image: renderImage }[state.tab];
     await render();
   }
 
@@ -335,6 +341,63 @@
 
   // --- tabs and choices
 
+  // --- an image's attention over its patches (imageview.js)
+
+  function readFile(file) {
+    return new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(reader.result);
+      reader.onerror = () => reject(new ApiError(`cannot read ${file.name}`));
+      reader.readAsDataURL(file);
+    });
+  }
+
+  async function showImage() {
+    clearError();
+    const file = $("image-file").files[0];
+    if (!file) throw new ApiError("choose an image file first");
+    const key = $("api-key").value.trim();
+    if (key !== state.api.key) state.api = new Api(key, waiting);
+    const model = $("model").value;
+    const entry = state.models.find((m) => m.id === model);
+    if (!entry || !entry.imageTower) {
+      throw new ApiError(`${model || "the default model"} is a text model: images need an image-text model`);
+    }
+    const url = await readFile(file);
+    const picture = new Image();
+    picture.src = url;
+    await picture.decode().catch(() => { throw new ApiError(`the browser cannot show ${file.name}`); });
+    const L = entry.imageTower.num_layers;
+    setStatus(`asking for ${file.name}'s attention over its patches...`);
+    const reply = await state.api.attention({ inputs: [{ image: url }], model, layers: [...Array(L).keys()],
+      analyses: ["rollout"] });
+    const item = reply.data[0], T = item.num_tokens;
+    state.image = { picture, maps: ns.data.floats(item.attentions), rollout: ns.data.floats(item.rollout), T, L,
+      heads: item.shape[1], layout: item.image, name: file.name };
+    const layerSelect = $("image-layer"), headSelect = $("image-head");
+    layerSelect.replaceChildren(...[...Array(L).keys()].map((l) => new Option(`${l}`, String(l))));
+    layerSelect.value = String(L - 1);
+    headSelect.replaceChildren(new Option("mean of heads", "mean"),
+      ...[...Array(state.image.heads).keys()].map((h) => new Option(`${h}`, String(h))));
+    setStatus(`${file.name}: ${item.image.grid} x ${item.image.grid} patches of ${item.image.patch_size} px, ` +
+      `${L} layers, ${state.image.heads} heads`);
+    await switchTab("image");
+  }
+
+  async function renderImage() {
+    const image = state.image;
+    if (!image) return;
+    const layer = Number($("image-layer").value), head = $("image-head").value;
+    const { T, heads, layout } = image, block = heads * T * T;
+    const grid = ns.patchGrids.layerGrid(image.maps.subarray(layer * block, (layer + 1) * block), heads, T, head,
+      layout.class_token);
+    imageViews.map.draw(image.picture, grid, layout.grid, layout.fit, "max");
+    $("image-map-caption").textContent = `layer ${layer}, ${head === "mean" ? "mean of heads" : `head ${head}`}: ` +
+      (layout.class_token ? "class token → patches" : "attention each patch receives");
+    imageViews.rollout.draw(image.picture, ns.patchGrids.patchGrid(image.rollout, T, layout.class_token),
+      layout.grid, layout.fit, "max");
+  }
+
   function switchTab(tab) {
     state.tab = tab;
     for (const button of document.querySelectorAll("#tabs [data-tab]")) {
@@ -447,6 +510,9 @@
       button.addEventListener("click", () => switchTab(button.dataset.tab));
     }
     $("compare-show").addEventListener("click", run(compare));
+    $("show-image").addEventListener("click", () => track(showImage));
+    $("image-layer").addEventListener("change", () => track(renderImage));
+    $("image-head").addEventListener("change", () => track(renderImage));
     $("download-png").addEventListener("click", run(async () => download(fileName(currentMap()[0], "png"), png())));
     $("download-svg").addEventListener("click", run(async () => {
       download(fileName(currentMap()[0], "svg"), blobUrl(svg(), "image/svg+xml"));
@@ -486,6 +552,9 @@
       busy: state.busy, tab: state.tab, tokens: state.overview ? state.overview.tokens : null,
       numLayers: state.overview ? state.overview.numLayers : null,
       heads: state.overview ? state.overview.heads : null, errors: state.errors }),
+    // the image tab: what each of its two pictures shows (grid, side, fit), and a patch's centre on the page
+    imageInfo: (name) => imageViews[name].info(),
+    imagePatchCenter: (name, row, col) => imageViews[name].patchCenter(row, col),
     open, switchTab, png, svg, standaloneHTML,
   };
 
