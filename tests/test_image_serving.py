@@ -255,3 +255,57 @@ def test_a_text_model_refuses_images_naming_why(server):
     reply = httpx.post(f"{server.http_url}/v1/zero_shot", timeout=30, json={
         "images": [data_uri(IMAGES[0])], "labels": ["x"]})
     assert reply.status_code in (400, 404), reply.text
+
+
+@pytest.fixture(scope="module")
+def reference_maps(clip_dir):
+    """transformers' eager attention of the image tower over each image's patches: (L, I, nh, T, T)."""
+    import torch
+    import transformers
+
+    model = transformers.CLIPModel.from_pretrained(str(clip_dir), attn_implementation="eager").eval()
+    processor = transformers.CLIPProcessor.from_pretrained(str(clip_dir))
+    pixels = processor(images=[Image.open(io.BytesIO(d)) for d in IMAGES], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        return torch.stack(model.vision_model(pixel_values=pixels, output_attentions=True).attentions).numpy()
+
+
+def test_attention_over_patches_equals_transformers_on_every_door(clip_server, reference_maps):
+    from attnserve.client import Client
+    from attnserve.client.client import ImageInput
+
+    reply = httpx.post(f"{clip_server.http_url}/v1/attention", timeout=30, json={
+        "inputs": [{"image": data_uri(d)} for d in IMAGES], "layers": [0, 1], "analyses": ["rollout"]})
+    assert reply.status_code == 200, reply.text
+    for i, item in enumerate(reply.json()["data"]):
+        assert np.abs(np.array(item["attentions"]) - reference_maps[:, i]).max() < 1e-5
+        assert item["tokens"][:2] == ["<class>", "patch 0,0"] and item["num_tokens"] == 17
+        assert item["image"] == {"size": 32, "patch_size": 8, "grid": 4, "class_token": True, "fit": "crop",
+                                 "boxes": [[0, 0, 32, 32]] + [[r * 8, c * 8, r * 8 + 8, c * 8 + 8]
+                                                              for r in range(4) for c in range(4)]}
+    with Client(clip_server.target) as client:
+        result = client.attention(ImageInput(IMAGES[1]), [0, 1], analyses=["rollout", "norms"])
+        assert client.model_info().image_tower.num_layers == 2
+    assert np.abs(result.attentions - reference_maps[:, 1]).max() < 1e-5
+    assert result.patches is not None and result.patches.grid == 4 and result.patches.boxes.shape == (17, 4)
+    assert result.rollout.shape == (17, 17) and result.norms.shape == (2, 4, 17, 17)
+
+
+def test_the_cli_draws_an_images_attention_over_it(clip_server, tmp_path):
+    from tests.conftest import run_cli
+
+    picture = tmp_path / "wide.png"
+    picture.write_bytes(png(3, (90, 60)))
+    for view in ("heatmap", "rollout", "model"):
+        out = tmp_path / f"{view}.png"
+        done = run_cli("attention", picture, "-o", out, "--view", view, "--target", clip_server.target)
+        assert done.returncode == 0, done.stderr
+        assert out.is_file() and f"wrote {out}" in done.stdout
+        if view != "model":  # drawn over the centre square the model saw, at the picture's resolution
+            assert Image.open(out).size == (60, 60)
+    arrays = tmp_path / "maps.npz"
+    assert run_cli("attention", picture, "-o", arrays, "--target", clip_server.target).returncode == 0
+    with np.load(arrays) as saved:
+        assert saved["attentions"].shape == (2, 4, 17, 17) and saved["boxes"].shape == (17, 4)
+    refused = run_cli("attention", picture, "-o", tmp_path / "x.png", "--layer", "7", "--target", clip_server.target)
+    assert refused.returncode != 0 and "--layer 7 is out of range" in refused.stderr
