@@ -309,3 +309,69 @@ def test_the_cli_draws_an_images_attention_over_it(clip_server, tmp_path):
         assert saved["attentions"].shape == (2, 4, 17, 17) and saved["boxes"].shape == (17, 4)
     refused = run_cli("attention", picture, "-o", tmp_path / "x.png", "--layer", "7", "--target", clip_server.target)
     assert refused.returncode != 0 and "--layer 7 is out of range" in refused.stderr
+
+
+@pytest.fixture(scope="module")
+def image_host():
+    """A web server on loopback (a thread of its own) with an image, a redirect off the allowed host, one too
+    large and one too slow."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    async def slow(request):
+        await asyncio.sleep(5)
+        return web.Response(body=IMAGES[0], content_type="image/png")
+
+    def redirect(to: str):
+        async def handler(request):
+            raise web.HTTPFound(to)
+        return handler
+
+    app = web.Application()
+    app.router.add_get("/cat.png", lambda r: web.Response(body=IMAGES[0], content_type="image/png"))
+    app.router.add_get("/away", redirect("http://localhost:1/cat.png"))
+    app.router.add_get("/here", redirect("/cat.png"))
+    app.router.add_get("/big.png", lambda r: web.Response(body=png(9, (400, 400)), content_type="image/png"))
+    app.router.add_get("/slow.png", slow)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{port}"
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def fetching_server(clip_artifacts, tmp_path_factory):
+    process = ServerProcess(clip_artifacts, "--allow-image-urls", "127.0.0.1", "--max-image-url-bytes", "100000",
+                            "--image-url-timeout", "1",
+                            log_path=tmp_path_factory.mktemp("fetching_server") / "server.log")
+    with serving(process):
+        yield process
+
+
+@pytest.mark.parametrize("path, status, fragment", [
+    ("/cat.png", 200, None), ("/here", 200, None),
+    ("/away", 400, "does not fetch images from 'localhost'"),
+    ("/big.png", 400, "over this server's limit of 100,000 bytes"),
+    ("/slow.png", 400, "took over 1 s"),
+])
+def test_image_urls_are_fetched_only_from_allowed_hosts_within_limits(fetching_server, image_host, reference, path,
+                                                                     status, fragment):
+    reply = httpx.post(f"{fetching_server.http_url}/embeddings_image", timeout=30, json={
+        "model": "", "input": [image_host + path]})
+    assert reply.status_code == status, reply.text
+    if status == 200:
+        assert_same([reply.json()["data"][0]["embedding"]], reference["images"][:1])
+    else:
+        assert fragment in reply.json()["error"]["message"]
+    other = httpx.post(f"{fetching_server.http_url}/embeddings_image", timeout=30, json={
+        "model": "", "input": ["http://10.0.0.1/cat.png"]})  # a host off the list: never contacted
+    assert other.status_code == 400 and "does not fetch images from '10.0.0.1'" in other.json()["error"]["message"]
