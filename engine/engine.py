@@ -233,7 +233,8 @@ def host_parts(manifest: Manifest) -> tuple[TextTokenizer, MultiVectorTokenizer 
     --workers`): its tokenizer; a ColBERT model's query and document inputs (engine/multi_vector.py); bge-m3's
     sparse and ColBERT heads (engine/bge_m3.py), applied to the last hidden state. None where the model has none."""
     tokenizer = TextTokenizer(manifest.path(manifest.tokenizer), manifest.served_max_length, manifest.vocab_size,
-                              positions=manifest.max_seq_length)
+                              positions=manifest.max_seq_length, pad_to=manifest.pad_to_length,
+                              pad_id=manifest.pad_id)
     multi_vector = (MultiVectorTokenizer(manifest, manifest.path(manifest.tokenizer))
                     if manifest.multi_vector is not None else None)
     bge_m3 = BgeM3Heads(manifest.directory, manifest.bge_m3) if manifest.bge_m3 is not None else None

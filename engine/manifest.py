@@ -133,6 +133,10 @@ class Manifest:
     # "hidden_size", "num_layers", "num_heads", "embedding_size", "logit_scale" (exp'd), "logit_bias" (or None),
     # "zero_shot" ("softmax" or "sigmoid")}. None: a text model.
     images: dict | None = None
+    # A model whose texts are padded to a fixed length with pad_id, the pads attended to (SigLIP's text tower:
+    # engine/tokenizer.py); 0: none. Optional on read, omitted from manifest.json when 0.
+    pad_to_length: int = 0
+    pad_id: int = 0
 
     def quantization_ranges(self, dimensions: int | None, normalize: bool):
         """(2, D) int8 / uint8 ranges for embeddings cut to `dimensions` and normalised or not; None where the
@@ -214,6 +218,7 @@ class Manifest:
             **({"reference": self.reference} if self.reference is not None else {}),
             **({"refused": self.refused} if self.refused else {}),
             **({"images": self.images} if self.images is not None else {}),
+            **({"pad_to_length": self.pad_to_length, "pad_id": self.pad_id} if self.pad_to_length else {}),
         }
 
 
@@ -306,6 +311,7 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
                 "file": str(raw["reference"]["file"]), "sha256": str(raw["reference"]["sha256"])},
             refused={str(name): str(why) for name, why in raw.get("refused", {}).items()},
             images=None if raw.get("images") is None else _images(raw["images"]),
+            pad_to_length=int(raw.get("pad_to_length", 0)), pad_id=int(raw.get("pad_id", 0)),
         )
         if manifest.kind not in ("embedder", "reranker"):
             raise ArtifactError(f"{path}: kind {manifest.kind!r} is not embedder or reranker; re-export")

@@ -34,9 +34,14 @@ class Token:
 
 
 class TextTokenizer:
-    def __init__(self, path: Path, max_seq_length: int, vocab_size: int, positions: int | None = None):
+    def __init__(self, path: Path, max_seq_length: int, vocab_size: int, positions: int | None = None,
+                 pad_to: int = 0, pad_id: int = 0):
         """max_seq_length: the longest input served; positions: the model's own, where that is longer (a
-        long-context model served up to the length memory allows: engine/manifest.py served_max_length)."""
+        long-context model served up to the length memory allows: engine/manifest.py served_max_length).
+        pad_to: every input padded with pad_id to this many tokens, the pads real inputs the model attends to
+        (SigLIP's text tower, trained on texts padded to its 64 positions and pooling the last: model/clip.py);
+        0: none (the engine pads batches itself, the pads masked)."""
+        self.pad_to, self.pad_id = pad_to, pad_id
         try:
             self._tokenizer = Tokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception for a bad file
@@ -86,6 +91,19 @@ class TextTokenizer:
             if truncated and not truncate:
                 raise InputTooLongError(f"{label}: longer than {self.limit} tokens{self._why}")
             out.append(TokenizedInput(np.asarray(encoding.ids, dtype=np.int64), truncated))
+        return self._padded(out)
+
+    def _padded(self, inputs: list[TokenizedInput]) -> list[TokenizedInput]:
+        """Each input padded to pad_to with pad_id, where the model takes its texts so (pad_to)."""
+        if not self.pad_to:
+            return inputs
+        out = []
+        for x in inputs:
+            pads = self.pad_to - len(x)
+            out.append(x if pads <= 0 else TokenizedInput(
+                np.concatenate([x.ids, np.full(pads, self.pad_id, dtype=np.int64)]), x.truncated,
+                None if x.type_ids is None else np.concatenate([x.type_ids, np.zeros(pads, dtype=np.int64)]),
+                x.pair_start, x.attended))
         return out
 
     def windows(self, texts: Sequence[str], prompt: str = "", labels: Sequence[str] | None = None
@@ -122,7 +140,7 @@ class TextTokenizer:
                     f"{label}: the pair is longer than {self.limit} tokens{self._why}")
             out.append(TokenizedInput(np.asarray(encoding.ids, dtype=np.int64), truncated,
                                       np.asarray(encoding.type_ids, dtype=np.int64), _pair_start(encoding)))
-        return out
+        return self._padded(out)
 
     def encode_templated_pairs(self, pairs: Sequence[tuple[str, str]], template: dict[str, str],
                                truncate: bool = True, labels: Sequence[str] | None = None,
@@ -219,7 +237,7 @@ class TextTokenizer:
                 raise InputTooLongError(f"{label}: {ids.size} tokens exceed {self.limit}{self._why}")
             kept = ids[-self.max_seq_length:] if direction == "left" else ids[: self.max_seq_length]
             out.append(TokenizedInput(kept, truncated))
-        return out
+        return self._padded(out)
 
     def _checked_ids(self, seq: Sequence[int], label: str, allow_empty: bool = False) -> np.ndarray:
         """(T,) int64 ids of the vocabulary, or an InvalidInputError naming the input."""

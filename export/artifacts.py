@@ -262,7 +262,9 @@ class _Build:
         self.shape = ckpt.config if ckpt is not None else manifest  # what the optimizer reads of the model
         length = ckpt.max_seq_length if ckpt is not None else manifest.max_seq_length  # type: ignore[union-attr]
         vocab = ckpt.config.vocab_size if ckpt is not None else manifest.vocab_size  # type: ignore[union-attr]
-        self.tokenizer = TextTokenizer(work / "tokenizer.json", length, vocab)
+        pad_to, pad_id = ((ckpt.pipeline.pad_to, ckpt.pipeline.pad_id) if ckpt is not None else
+                          (manifest.pad_to_length, manifest.pad_id))  # type: ignore[union-attr]
+        self.tokenizer = TextTokenizer(work / "tokenizer.json", length, vocab, pad_to=pad_to, pad_id=pad_id)
         self._encoder: Any = None
         self._encoder_dtype: torch.dtype | None = None
         self._head: Any = None
@@ -693,7 +695,7 @@ class _Build:
             multi_vector=None if ckpt.pipeline.multi_vector is None else serving_settings(
                 ckpt.pipeline.multi_vector, ckpt.directory, Tokenizer.from_file(str(work / "tokenizer.json"))),
             bge_m3=self._bge_m3(),
-            images=self._images(),
+            images=self._images(), pad_to_length=ckpt.pipeline.pad_to, pad_id=ckpt.pipeline.pad_id,
             source={"checkpoint": str(ckpt.directory.resolve()), "fingerprint": checkpoint_fingerprint(ckpt.directory)},
             reference={"file": reference.name, "sha256": sha256_of(reference)}, traces=dict(self.traces),
             **self.caps,

@@ -34,6 +34,7 @@ from .dense import Dense
 from .encoder import MASK_VALUE
 from .family import Family, WeightNames
 from .pipeline import Pipeline, tokenizer_max_length
+from .tokenizer_files import tokenizer_json
 from .uninitialised import uninitialised_weights
 from .vision_transformer import ACTIVATIONS, PreNormLayer, TowerSizes, VisionConfig, VisionTransformer, run_layers
 from .weights_files import Weights
@@ -425,21 +426,43 @@ def text_key_map(cfg: ImageTextConfig) -> dict[str, str]:
 
 
 def text_pipeline(directory: Path, cfg: ImageTextConfig) -> Pipeline:
-    """The text embedding as transformers' get_text_features gives it: the end-of-text token's state (CLIP's; the
-    tokenizer ends every text with it, so it is the last real token), projected without bias; normalised where
-    sentence-transformers' save ends in Normalize. SigLIP's pools the last of 64 positions its tokenizer pads every
-    text to, which the engine's padding (masked, to the batch's longest) does not reproduce: refused."""
-    if cfg.siglip:
-        raise CheckpointError(f"{directory}: cannot reproduce SigLIP's text tower yet (it pools the last of the "
-                              f"{cfg.text.max_position_embeddings} positions every text is padded to)")
+    """The text embedding as transformers' get_text_features gives it, normalised where sentence-transformers' save
+    ends in Normalize:
+    - CLIP: the end-of-text token's state (the tokenizer ends every text with it, so it is the last real token),
+      projected without bias;
+    - SigLIP: every text padded to the tower's positions (64) with the tokenizer's pad token, which the tower
+      attends to as its processor's padding="max_length" has it do, the last position's state through the text head
+      (a Linear with bias). The pad id is the tokenizer's own (tokenizer.json's padding), else the config's."""
     checkpoint = image_text_checkpoint(directory)
     if checkpoint.directory != directory:
         raise CheckpointError(f"{directory}: export this sentence-transformers save's model folder "
                               f"{checkpoint.directory} (the checkpoint is there, not at the root)")
+    length = tokenizer_max_length(directory, cfg.usable_positions)
+    if cfg.siglip:
+        head = Dense("", cfg.text.hidden_size, cfg.projection_dim, True, "Identity", False,
+                     checkpoint_keys=("text_model.head.weight", "text_model.head.bias"))
+        positions = cfg.text.max_position_embeddings
+        return Pipeline(("lasttoken",), (head,), checkpoint.normalize, positions, "tokenizer", {}, None,
+                        pad_to=positions, pad_id=_pad_id(directory, cfg))
     projection = Dense("", cfg.text.hidden_size, cfg.projection_dim, False, "Identity", False,
                        checkpoint_keys=("text_projection.weight",))
-    length = tokenizer_max_length(directory, cfg.usable_positions)
     return Pipeline(("lasttoken",), (projection,), checkpoint.normalize, length, "tokenizer", {}, None)
+
+
+def _pad_id(directory: Path, cfg: ImageTextConfig) -> int:
+    """The id SigLIP's texts are padded with: the tokenizer's pad token (tokenizer.json's padding, or its added
+    token named in tokenizer_config.json's pad_token), else the text config's pad_token_id."""
+    tokenizer = read_json(tokenizer_json(directory))
+    padding = tokenizer.get("padding") if isinstance(tokenizer, dict) else None
+    if isinstance(padding, dict) and isinstance(padding.get("pad_id"), int):
+        return int(padding["pad_id"])
+    settings = directory / "tokenizer_config.json"
+    name = read_object(settings).get("pad_token") if settings.is_file() else None
+    name = name.get("content") if isinstance(name, dict) else name
+    for token in tokenizer.get("added_tokens", []) if isinstance(tokenizer, dict) else []:
+        if isinstance(token, dict) and token.get("content") == name and isinstance(token.get("id"), int):
+            return int(token["id"])
+    return cfg.text.pad_token_id
 
 
 # The text families' weight names: the text tower's are the encoder's; the projection is the pipeline's Dense

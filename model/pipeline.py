@@ -90,6 +90,10 @@ class Pipeline:
     default_prompt_name: str | None  # the prompt put before every text a caller gives no prompt for
     splade: Splade | None = None  # a SparseEncoder's SpladePooling (pooling is then empty): model/splade.py
     multi_vector: MultiVector | None = None  # a MultiVectorEncoder's (pooling is then empty): model/colbert.py
+    # Every text padded with pad_id to pad_to tokens that the model attends to (SigLIP's text tower: model/clip.py);
+    # 0: none.
+    pad_to: int = 0
+    pad_id: int = 0
 
     @property
     def pooling_name(self) -> str:

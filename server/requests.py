@@ -438,7 +438,8 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     # Windows where the sentence embedding is all that is asked: chunked for a long text (--long-inputs chunk), or
     # every text, read whole, for late chunking.
     windowed = ("all" if request.late_chunking is not None else
-                "long" if rule == "chunk" and _sentence_embeddings_only(request) and not image_rows else None)
+                "long" if rule == "chunk" and _sentence_embeddings_only(request) and not image_rows
+                and not manifest.pad_to_length else None)  # a fixed-length model's texts are cut (SigLIP's)
     if image_rows:
         _check_images(request, options, manifest, images, image_rows[0])
     if request.multi_vector is not None and manifest.multi_vector is not None:

@@ -228,22 +228,50 @@ CLIP_MERGES = [("t", "h"), ("th", "e</w>"), ("a", "n"), ("an", "d</w>"), ("o", "
                ("d", "o"), ("do", "g</w>"), ("p", "h"), ("ph", "o"), ("pho", "t"), ("phot", "o</w>")]
 
 
-def save_tiny_clip(directory: Path, seed: int = 0, image_size: int = 32, patch_size: int = 8) -> Path:
-    """A small random-weight CLIPModel as transformers saves it with its CLIPProcessor (a CLIP tokenizer and image
-    processor: shortest edge and center crop to image_size): 2 layers a tower, hidden 64, a 32-dimensional space."""
-    import torch
+def clip_tokenizer():
+    """CLIP's tokenizer class over a tiny byte-level BPE (CLIP_MERGES)."""
     import transformers
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     characters = list(bytes_to_unicode().values())
     tokens = characters + [c + "</w>" for c in characters] + [a + b for a, b in CLIP_MERGES]
     vocab = {t: i for i, t in enumerate(tokens + ["<|startoftext|>", "<|endoftext|>"])}
-    tokenizer = transformers.CLIPTokenizerFast(vocab=vocab, merges=list(CLIP_MERGES))
+    return transformers.CLIPTokenizerFast(vocab=vocab, merges=list(CLIP_MERGES))
+
+
+def save_tiny_siglip(directory: Path, seed: int = 0, image_size: int = 32, patch_size: int = 8) -> Path:
+    """A small random-weight SiglipModel as transformers saves it, with a fast tokenizer (the tiny BPE of
+    clip_tokenizer: SigLIP's own is SentencePiece; SigLIP 2's is Gemma's) and SigLIP's image processor (resized to
+    image_size square, no crop): 2 layers a tower, hidden 64, 64 text positions every text is padded to."""
+    import torch
+    import transformers
+
+    tokenizer = clip_tokenizer()
+    torch.manual_seed(seed)
+    tower = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    config = transformers.SiglipConfig(
+        text_config={**tower, "vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+                     "eos_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.bos_token_id,
+                     "max_position_embeddings": 64},
+        vision_config={**tower, "image_size": image_size, "patch_size": patch_size})
+    transformers.SiglipModel(config).eval().save_pretrained(str(directory), safe_serialization=True)
+    tokenizer.save_pretrained(str(directory))
+    transformers.SiglipImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(str(directory))
+    return directory
+
+
+def save_tiny_clip(directory: Path, seed: int = 0, image_size: int = 32, patch_size: int = 8) -> Path:
+    """A small random-weight CLIPModel as transformers saves it with its CLIPProcessor (a CLIP tokenizer and image
+    processor: shortest edge and center crop to image_size): 2 layers a tower, hidden 64, a 32-dimensional space."""
+    import torch
+    import transformers
+
+    tokenizer = clip_tokenizer()
     torch.manual_seed(seed)
     tower = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
     config = transformers.CLIPConfig(
-        text_config={**tower, "vocab_size": len(vocab), "eos_token_id": vocab["<|endoftext|>"],
-                     "bos_token_id": vocab["<|startoftext|>"], "pad_token_id": vocab["<|endoftext|>"]},
+        text_config={**tower, "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id,
+                     "bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id},
         vision_config={**tower, "image_size": image_size, "patch_size": patch_size}, projection_dim=32)
     transformers.CLIPModel(config).eval().save_pretrained(str(directory), safe_serialization=True)
     processor = transformers.CLIPImageProcessor(size={"shortest_edge": image_size},

@@ -140,6 +140,21 @@ def clip_artifacts(clip_dir, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def siglip_artifacts(tmp_path_factory) -> Path:
+    """A tiny random-weight SiglipModel (tests/checkpoints.py), exported: its text tower's graphs and its image
+    tower's."""
+    from attnserve.export.artifacts import build_artifacts
+    from attnserve.model.checkpoint import read_checkpoint
+    from tests.checkpoints import save_tiny_siglip
+
+    checkpoint = save_tiny_siglip(tmp_path_factory.mktemp("siglip") / "tiny-siglip")
+    out = tmp_path_factory.mktemp("siglip_artifacts") / "artifacts"
+    build_artifacts(read_checkpoint(checkpoint, "tiny-siglip"), out, log=lambda m: None,
+                    variants=["embeddings", "attention"])
+    return out
+
+
 @pytest.fixture
 def artifacts_copy(artifacts, tmp_path) -> Path:
     """A private copy for tests that damage files."""
