@@ -25,7 +25,7 @@ import torch
 
 from attnserve.errors import CheckpointError
 
-from . import classifier_heads, cross_encoder, qwen3, qwen3_reranker, splade
+from . import classifier_heads, clip, cross_encoder, qwen3, qwen3_reranker, splade
 from .checkpoint_files import legacy_renamed, read_json
 from .families import FAMILIES, family_of
 from .family import EncoderModule, ModelConfig, WeightNames
@@ -146,6 +146,8 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {directory}")
+    # A legacy sentence-transformers save of CLIP keeps the checkpoint in its model module's folder (0_CLIPModel).
+    name, directory = name or directory.name, clip.module_folder(directory) or directory
     raw = read_json(directory / "config.json")
     # A cross-encoder's head is read by the head table; the family then reads the encoder as a bare one.
     head = classifier_heads.head_of(raw, directory / "config.json") if isinstance(raw, dict) else None

@@ -350,6 +350,19 @@ def image_text_checkpoint(directory: Path) -> ImageTextCheckpoint:
     return ImageTextCheckpoint(inner, len(types) == 2)
 
 
+def module_folder(directory: Path) -> Path | None:
+    """The model module's folder of a legacy sentence-transformers save of an image-text model (its CLIPModel module
+    in a folder of its own, 0_CLIPModel, and no config.json at the root), which is what export reads; None for any
+    other directory."""
+    if (directory / "config.json").exists() or not (directory / "modules.json").is_file():
+        return None
+    try:
+        inner = image_text_checkpoint(directory).directory
+    except CheckpointError:
+        return None
+    return inner if inner != directory and (inner / "config.json").is_file() else None
+
+
 def _methods(modality: object) -> object:
     """modality_config as {modality: (method, its output)}; itself where it is not of that shape (no match)."""
     if isinstance(modality, dict) and all(isinstance(v, dict) for v in modality.values()):
@@ -433,10 +446,9 @@ def text_pipeline(directory: Path, cfg: ImageTextConfig) -> Pipeline:
     - SigLIP: every text padded to the tower's positions (64) with the tokenizer's pad token, which the tower
       attends to as its processor's padding="max_length" has it do, the last position's state through the text head
       (a Linear with bias). The pad id is the tokenizer's own (tokenizer.json's padding), else the config's."""
-    checkpoint = image_text_checkpoint(directory)
-    if checkpoint.directory != directory:
-        raise CheckpointError(f"{directory}: export this sentence-transformers save's model folder "
-                              f"{checkpoint.directory} (the checkpoint is there, not at the root)")
+    # A legacy save's model folder (module_folder): its Normalize is in the save's root, one folder up.
+    root = directory.parent if module_folder(directory.parent) == directory else directory
+    checkpoint = image_text_checkpoint(root)
     length = tokenizer_max_length(directory, cfg.usable_positions)
     if cfg.siglip:
         head = Dense("", cfg.text.hidden_size, cfg.projection_dim, True, "Identity", False,

@@ -144,3 +144,33 @@ def test_the_preprocessing_is_read_where_transformers_reads_it(clip_dir, tmp_pat
     (tmp_path / "preprocessor_config.json").unlink()
     with pytest.raises(CheckpointError, match="checkpoint file missing: .*preprocessor_config.json"):
         image_processor_in(tmp_path)
+
+
+def test_a_legacy_save_exports_and_serves_as_sentence_transformers_encodes(tmp_path):
+    """sentence-transformers' own legacy CLIP save (a CLIPModel module in 0_CLIPModel, then Normalize): `attnserve
+    export` of its root, then the engine's image and text embeddings against its encode()."""
+    from sentence_transformers import SentenceTransformer
+
+    from attnserve.engine.engine import Engine
+    from attnserve.export.artifacts import build_artifacts
+    from attnserve.model.checkpoint import read_checkpoint
+    from tests.checkpoints import save_tiny_clip
+
+    checkpoint = save_tiny_clip(tmp_path / "clip")
+    saved = tmp_path / "legacy"
+    shutil.copytree(checkpoint, saved / "0_CLIPModel")
+    (saved / "1_Normalize").mkdir()
+    (saved / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "0_CLIPModel", "type": "sentence_transformers.models.CLIPModel"},
+        {"idx": 1, "name": "1", "path": "1_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    manifest = build_artifacts(read_checkpoint(saved), tmp_path / "artifacts", log=lambda m: None,
+                               variants=["embeddings"])
+    assert manifest.model == "legacy" and manifest.normalize and manifest.images is not None
+    engine = Engine.from_directory(tmp_path / "artifacts")
+    texts = ["a photo of the cat", "the dog"]
+    theirs = SentenceTransformer(str(saved), device="cpu")
+    check_equal(engine.encode(texts).embeddings, theirs.encode(texts, convert_to_numpy=True))
+    assert engine.images is not None
+    rows = engine.run([engine.images.prepare(data) for data in images()]).sentence_embedding
+    ours = rows / np.linalg.norm(rows, axis=-1, keepdims=True)
+    check_equal(ours, theirs.encode([Image.open(io.BytesIO(data)) for data in images()], convert_to_numpy=True))
