@@ -54,17 +54,40 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+# Rows read, encoded and written together when --chunk-rows does not say: texts, and images (whose files' bytes a chunk
+# holds: 256 photos of a few MB each are about a GB).
+CHUNK_ROWS = 8192
+IMAGE_CHUNK_ROWS = 256
+
+
 def cmd_encode(args: argparse.Namespace) -> int:
+    from attnserve.config import MAX_IMAGE_PIXELS_CEILING
     from attnserve.default_model import resolve_artifacts
+    from attnserve.engine.images import DEFAULT_MAX_PIXELS
     from attnserve.offline.checks import check_before_loading
+    from attnserve.offline.image_readers import is_image_folder
     from attnserve.offline.job import EncodeJob, summary_line
     from attnserve.offline.rows import LateChunks, Prompt
 
     config = from_args(EngineConfig, args)
+    if args.image_column is not None and args.text_column is not None:
+        raise AttnserveError("give --text-column or --image-column, not both")
+    text_column = args.text_column or "text"
     check_before_loading(Path(args.input), Path(args.output), allow_empty=args.allow_empty,
-                         text_column=args.text_column, id_column=args.id_column)
-    if args.chunk_rows < 1:
-        raise AttnserveError(f"--chunk-rows must be positive, got {args.chunk_rows}")
+                         text_column=text_column, id_column=args.id_column, image_column=args.image_column)
+    images = args.image_column is not None or is_image_folder(args.input)
+    chunk_rows = args.chunk_rows if args.chunk_rows is not None else IMAGE_CHUNK_ROWS if images else CHUNK_ROWS
+    if chunk_rows < 1:
+        raise AttnserveError(f"--chunk-rows must be positive, got {chunk_rows}")
+    if args.max_image_pixels is not None:
+        if not images:
+            raise AttnserveError(f"--max-image-pixels applies to images; {args.input} holds texts")
+        if args.server:
+            raise AttnserveError("--max-image-pixels applies to this process's decoding; through --server, the "
+                                 "server's own limit (serve --max-image-pixels) applies")
+        if not 1 <= args.max_image_pixels < MAX_IMAGE_PIXELS_CEILING:
+            raise AttnserveError(f"--max-image-pixels must be from 1 to below Pillow's bomb limit "
+                                 f"{MAX_IMAGE_PIXELS_CEILING:,}, got {args.max_image_pixels:,}")
     if args.server and args.engine != "local":
         raise AttnserveError("--server sends the work to a running server; it does not combine with --engine ray")
     if args.prompt_name is not None and args.prompt is not None:
@@ -75,12 +98,14 @@ def cmd_encode(args: argparse.Namespace) -> int:
         raise AttnserveError("--chunk-tokens goes with --late-chunking tokens")
     late = LateChunks(args.late_chunking, DEFAULT_CHUNK_TOKENS if args.chunk_tokens is None else args.chunk_tokens
                       ) if args.late_chunking else None
-    job = EncodeJob(Path(args.input), Path(args.output), args.normalize, args.text_column, args.id_column,
-                    args.chunk_rows, progress=not args.no_progress, on_error=args.on_error, overwrite=args.overwrite,
+    job = EncodeJob(Path(args.input), Path(args.output), args.normalize, text_column, args.id_column,
+                    chunk_rows, progress=not args.no_progress, on_error=args.on_error, overwrite=args.overwrite,
                     dimensions=args.dimensions, prompt=Prompt(args.prompt_name, args.prompt), model=args.model,
                     task=args.task, embedding_type=args.precision_out, input_type=args.input_type,
                     late_chunking=late,
-                    outputs=tuple(name.strip() for name in args.outputs.split(",")) if args.outputs else ())
+                    outputs=tuple(name.strip() for name in args.outputs.split(",")) if args.outputs else (),
+                    image_column=args.image_column,
+                    max_image_pixels=DEFAULT_MAX_PIXELS if args.max_image_pixels is None else args.max_image_pixels)
     if args.server:
         from attnserve.offline.remote import encode_file_remote
 
@@ -100,7 +125,8 @@ def cmd_encode(args: argparse.Namespace) -> int:
             config.artifacts, config.precision, config.provider), args.task), config)
         print(f"attnserve: {engine.describe()}", file=sys.stderr)
         stats = encode_file(engine, job)
-    print(summary_line(stats, job.output, job.errors_path if job.on_error == "skip" else None))
+    print(summary_line(stats, job.output, job.errors_path if job.on_error == "skip" else None,
+                       "images" if images else "texts"))
     return 0
 
 
@@ -290,20 +316,31 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=cmd_export)
 
     encode = sub.add_parser("encode", parents=[common],
-                            help="encode a .txt, .jsonl or .parquet file into Parquet embeddings",
+                            help="encode a .txt, .jsonl or .parquet file, or a folder of images, into Parquet "
+                                 "embeddings",
                             description="Offline batch encoding. Output columns: id, embedding, num_tokens, "
                                         "truncated; rows in input order.")
-    encode.add_argument("input", help=".txt (one text per line), .jsonl ('text' or 'token_ids', optional 'id') "
-                                      "or .parquet (a text column, optional id column)")
+    encode.add_argument("input", help=".txt (one text per line), .jsonl ('text' or 'token_ids', optional 'id'), "
+                                      ".parquet (a text column, or --image-column; optional id column), or a folder "
+                                      "of images (an image-text model's: every .png, .jpg, .jpeg, .webp, .gif, .bmp, "
+                                      ".tif, .tiff file under it, by path; each row's id its path in the folder)")
     encode.add_argument("-o", "--output", required=True, help="the .parquet file to write, in a folder that exists")
     encode.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                         help="L2-normalise embeddings (default: as the model's own pipeline does)")
-    encode.add_argument("--text-column", default="text", help="text field or column (default: text)")
+    encode.add_argument("--text-column", default=None, help="text field or column (default: text)")
+    encode.add_argument("--image-column", default=None, metavar="NAME",
+                        help="a .parquet input's column of images, instead of texts: binary (the files' bytes) or "
+                             "strings (their paths, relative ones from the Parquet file's folder)")
+    encode.add_argument("--max-image-pixels", type=int, default=None,
+                        help="an image of more pixels (width x height) is a bad row, refused from its header "
+                             "(default 25,000,000)")
     encode.add_argument("--id-column", default="id", help="id field or column, if present (default: id)")
-    encode.add_argument("--chunk-rows", type=int, default=8192, help="rows read and written together (default 8192)")
+    encode.add_argument("--chunk-rows", type=int, default=None,
+                        help=f"rows read and written together (default {CHUNK_ROWS}; of images, {IMAGE_CHUNK_ROWS})")
     encode.add_argument("--no-progress", action="store_true", help="no progress bar")
     encode.add_argument("--on-error", choices=("fail", "skip"), default="fail",
-                        help="a bad row (invalid JSON, no text, empty text, duplicate id, token id out of range): "
+                        help="a bad row (invalid JSON, no text, empty text, duplicate id, token id out of range, an "
+                             "image that cannot be read or decoded): "
                              "fail the run naming its line (default), or skip it into OUT.errors.jsonl beside "
                              "OUT.parquet")
     encode.add_argument("--overwrite", action="store_true",

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from attnserve.errors import InvalidInputError
 
+from .image_readers import IMAGE_SUFFIXES, ImageFolder, open_input
 from .partial import same_file
-from .readers import InputFile, Record
+from .readers import Record
 
 SKIP_HINT = " (--on-error skip sets such rows aside)"
 
@@ -54,9 +55,18 @@ def bad_row_error(path: Path, where: str, reason: str) -> InvalidInputError:
 
 
 def error_line(record: Record, reason: str) -> dict:
-    """A row of the skipped-rows file: where, why, and the input as it was read (or as parsed)."""
-    where = {"line": record.row + 1} if record.where.startswith("line") else {"row": record.row}
+    """A row of the skipped-rows file: where, why, and the input as it was read (or as parsed). A folder's image
+    is named by its path as well as its row (offline/image_readers.py); an image's input is its path, or its
+    column's value described (never its bytes)."""
+    where: dict = {"line": record.row + 1} if record.where == f"line {record.row + 1}" else {"row": record.row}
+    if record.where not in (f"line {record.row + 1}", f"row {record.row}"):
+        where["path"] = record.where
     return {**where, "reason": reason, "input": record.raw if record.raw is not None else _parsed(record)}
+
+
+def where_of(line: dict) -> str:
+    """The row an error_line names, as the one line that stops a run names it."""
+    return line["path"] if "path" in line else f"line {line['line']}" if "line" in line else f"row {line['row']}"
 
 
 def _parsed(record: Record) -> str:
@@ -66,15 +76,21 @@ def _parsed(record: Record) -> str:
 
 
 def check_before_loading(input_path: Path, output: Path, *, allow_empty: bool, text_column: str = "text",
-                         id_column: str = "id") -> None:
+                         id_column: str = "id", image_column: str | None = None) -> None:
     """A run's input and output, checked before the model loads (and, on a first run, before its export of
     minutes), so a mistake in either is one line within a second. Raises InvalidInputError.
 
-    The input: a known suffix, a readable file (not a folder), Parquet's columns, and at least one row unless
-    allow_empty (then an empty input gives an empty Parquet file). The output: a .parquet name, not the input,
-    in a folder that exists (never created: a mistyped folder is more often a mistake than a wish).
+    The input: a known suffix, a readable file, Parquet's columns (image_column: a column of images), or a folder
+    of images; and at least one row unless allow_empty (then an empty input gives an empty Parquet file). The
+    output: a .parquet name, not the input, in a folder that exists (never created: a mistyped folder is more often
+    a mistake than a wish).
     """
-    source = InputFile(input_path, text_column, id_column)  # suffix, exists, a regular file, readable, columns
+    # suffix, exists, a regular file, readable, columns; or a folder, listed
+    source = open_input(input_path, text_column, id_column, image_column)
+    if not allow_empty and isinstance(source, ImageFolder) and source.is_empty():
+        raise InvalidInputError(f"{input_path}: a folder with no image files in it ({', '.join(IMAGE_SUFFIXES)}); "
+                                "encode reads a folder of images, or one .txt, .jsonl or .parquet file "
+                                "(--allow-empty writes an empty Parquet file)")
     if not allow_empty and source.is_empty():
         raise InvalidInputError(f"{input_path}: empty input, nothing to encode (--allow-empty writes an empty "
                                 "Parquet file)")

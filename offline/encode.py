@@ -10,8 +10,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from attnserve.engine.engine import Encoded, Engine
+from attnserve.engine.image_encoder import ImageEncoder
 
-from .job import Chunk, EncodedChunk, EncodeJob, EncodeResult, ModelFacts, Session, run_job
+from .job import Chunk, EncodedChunk, EncodeJob, EncodeResult, ImageFacts, ModelFacts, Session, run_job
 from .rows import TokenizedChunk, encode_inputs, encode_tokenized_inputs, inputs_of, tokenize_inputs
 
 
@@ -21,14 +22,24 @@ def engine_facts(engine: Engine) -> ModelFacts:
                       engine.precision, engine.embeddings_variant.runs_as, quantization_ranges=m.quantization_ranges,
                       sparse=m.sparse, multi_vector=m.multi_vector is not None,
                       late_chunking=m.late_chunkable,
-                      bge_m3_vector_size=None if m.bge_m3 is None else int(m.bge_m3["colbert_dim"]))
+                      bge_m3_vector_size=None if m.bge_m3 is None else int(m.bge_m3["colbert_dim"]),
+                      images=None if engine.images is None else image_facts(engine.images))
+
+
+def image_facts(tower: ImageEncoder) -> ImageFacts:
+    """The graph an image tower runs (local and Ray runs choose it alike, by the text graph's precision)."""
+    graph = tower.settings["graphs"][tower.graph]
+    # As GraphVariant.runs_as: the file's sha256 and its data files' (the file names its weights, not holds them).
+    runs_as = graph["sha256"] + "".join(f" {sha}" for _, sha in sorted(graph["data_files"].items()))
+    return ImageFacts(tower.embedding_size, tower.precision, runs_as)
 
 
 class LocalEncoder:
     """Each chunk through this process's engine, in order. While the engine runs one chunk, a thread tokenizes the
     next (the tokenizers library and onnxruntime both release the GIL), and the driver reads the one after and
     writes the one before (offline/job.py): reading, tokenizing, running and writing overlap. Late chunking
-    tokenizes each text as it encodes it, a chunk at a time."""
+    tokenizes each text as it encodes it, a chunk at a time; images are decoded a batch ahead of the one that runs
+    (offline/image_encode.py), a chunk at a time."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -37,11 +48,11 @@ class LocalEncoder:
         return engine_facts(self.engine)
 
     def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
-        if session.late is not None:
+        if session.late is not None or session.image_pixels is not None:
             for chunk in chunks:
                 yield self._done(chunk, session, *encode_inputs(
                     self.engine, inputs_of(chunk.records), session.normalize, session.on_batch, session.prompt,
-                    session.input_type, session.late, session.outputs))
+                    session.input_type, session.late, session.outputs, session.image_pixels))
             return
         yield from self._pipelined(chunks, session)
 

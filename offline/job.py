@@ -11,10 +11,17 @@ the end the output is assembled and the totals returned for the summary line.
 An encoder gets each chunk's good rows and gives back, per chunk and in order, their
 embeddings, num_tokens and truncated, and the rows it could not encode (with the reason),
 which the driver fails on or sets aside, as it does the rows the checks found.
+
+Images (a folder of them, or a Parquet column: offline/image_readers.py) are rows like any
+other: the same chunks, checks, parts and resume, each row's bytes its input, which an
+image-text model's image tower encodes (offline/image_encode.py) and a text model refuses
+before anything is read. Their embeddings are written as texts' are, num_tokens counting
+the tower's positions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -29,14 +36,16 @@ import numpy as np
 from attnserve import __version__
 from attnserve.engine.dimensions import check_dimensions, cut_and_normalize
 from attnserve.engine.engine import EncodeStats
+from attnserve.engine.images import DEFAULT_MAX_PIXELS
 from attnserve.engine.late_chunking import CHUNKERS
 from attnserve.engine.multi_vector import INPUT_TYPES
 from attnserve.engine.quantize import RANGED, check_embedding_types, quantize
 from attnserve.errors import ConfigError, InvalidInputError
 
-from .checks import RowChecks, bad_row_error, error_line
+from .checks import RowChecks, bad_row_error, error_line, where_of
+from .image_readers import is_image_folder, open_input
 from .partial import PartialRun, input_digest
-from .readers import InputFile, Record
+from .readers import Record
 from .rows import (
     BGE_M3_COLUMNS,
     LateChunks,
@@ -74,10 +83,18 @@ class EncodeJob:
     late_chunking: LateChunks | None = None
     # A bge-m3 model's columns to write, from one pass: some of rows.BGE_M3_COLUMNS; (): the model's own column.
     outputs: tuple[str, ...] = ()
+    # Images: a Parquet column of their bytes or paths (an input folder's files are images without it).
+    image_column: str | None = None
+    max_image_pixels: int = DEFAULT_MAX_PIXELS  # an image of more is a bad row (engine/images.py), locally and on Ray
 
     @property
     def errors_path(self) -> Path:
         return self.output.with_name(self.output.name.removesuffix(".parquet") + ".errors.jsonl")
+
+    @property
+    def images(self) -> bool:
+        """The input's rows are images: a folder, or a Parquet column of them."""
+        return self.image_column is not None or is_image_folder(self.input)
 
 
 @dataclass
@@ -85,6 +102,15 @@ class EncodeResult(EncodeStats):
     skipped: int = 0  # bad rows set aside (on_error "skip")
     resumed_rows: int = 0  # rows an earlier, interrupted run had already encoded
     padding_known: bool = True  # False through a server, which batches out of sight
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """An image-text model's image tower, as a run of images needs to know it."""
+
+    embedding_size: int  # D, of the space its texts share
+    precision: str | None = None  # its graph's, where this process can know it (not through a server)
+    graph_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +133,7 @@ class ModelFacts:
     multi_vector: bool = False  # a ColBERT model: its vectors of each row are written (multi_vector)
     late_chunking: bool = False  # its embedding is a pooling of its token embeddings: late chunking applies
     bge_m3_vector_size: int | None = None  # a bge-m3 model's ColBERT vectors' size (its sparse too); None: not one
+    images: ImageFacts | None = None  # an image-text model's image tower; None: a text model
 
 
 @dataclass(eq=False)
@@ -149,6 +176,8 @@ class Session:
     input_type: str = "document"  # a ColBERT model's: its texts are its documents or its queries
     late: LateChunks | None = None  # late chunking's chunker: each row's chunks, not its embedding
     outputs: tuple[str, ...] = ()  # a bge-m3 model's columns (EncodeJob.outputs)
+    # The rows are images, each decoded within this many pixels (rows.encode_inputs); None: texts or token ids.
+    image_pixels: int | None = None
 
 
 class ChunkEncoder(Protocol):
@@ -172,15 +201,15 @@ class Progress(Protocol):
 class Bar:
     """The progress bar on a terminal (never in logs or pipes), moved per batch."""
 
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
+    def __init__(self, enabled: bool, unit: str = "text"):
+        self.enabled, self.unit = enabled, unit
         self._bar: tqdm | None = None  # made by start(): tqdm draws as soon as it is made
 
     def start(self, total: int) -> None:
         from tqdm import tqdm
 
         # disable=None: tqdm draws only on a terminal.
-        self._bar = tqdm(total=total, unit="text", disable=None if self.enabled else True, dynamic_ncols=True,
+        self._bar = tqdm(total=total, unit=self.unit, disable=None if self.enabled else True, dynamic_ncols=True,
                          desc="encode")
 
     def advance(self, rows: int, tokens_per_s: float | None = None) -> None:
@@ -205,8 +234,10 @@ class EncodeInterrupted(KeyboardInterrupt):
 def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = None,
             notice: Callable[[str], None] = notice_on_stderr) -> EncodeResult:
     """Encode job.input into job.output, resuming an unfinished run of the same job; returns the totals."""
-    source = InputFile(job.input, job.text_column, job.id_column)
+    source = open_input(job.input, job.text_column, job.id_column, job.image_column, job.max_image_pixels)
     facts = encoder.facts()
+    if job.images:
+        facts = _image_facts(job, facts)
     normalize = facts.normalize if job.normalize is None else job.normalize
     check_dimensions(job.dimensions, facts.embedding_size)  # the same rule as a request's
     size = job.dimensions or facts.embedding_size
@@ -225,7 +256,11 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                                            ("late_chunking", f"{job.late_chunking.chunker}:"
                                                              f"{job.late_chunking.chunk_tokens}"
                                             if job.late_chunking else None),
-                                           ("outputs", list(job.outputs) if job.outputs else None))
+                                           ("outputs", list(job.outputs) if job.outputs else None),
+                                           ("image_column", job.image_column),
+                                           # a server decodes within its own limit
+                                           ("max_image_pixels", job.max_image_pixels
+                                            if job.images and facts.server is None else None))
              if value is not None}
     fingerprint = {"input": str(job.input.resolve()), "text_column": job.text_column, "id_column": job.id_column,
                    "chunk_rows": job.chunk_rows, "normalize": normalize, "model": facts.model,
@@ -233,10 +268,11 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                    "attnserve": __version__, **asked}
     # A ColBERT model's vectors are normalised (or not) by its graph, each token's: no run's choice.
     metadata = {"model": facts.model, "precision": facts.precision, "pooling": facts.pooling,
+                **({"inputs": "images"} if job.images else {}),
                 **({} if facts.multi_vector else {"normalize": normalize}), "input": str(job.input),
                 **({"server": facts.server} if facts.server else {}),
                 **asked, **({"ranges": ranges.tolist()} if ranges is not None else {})}
-    progress = progress or Bar(job.progress)
+    progress = progress or Bar(job.progress, "image" if job.images else "text")
     result, start = EncodeResult(padding_known=facts.server is None), time.perf_counter()
     with PartialRun(job.output, job.input, errors_path, fingerprint, job.overwrite, notice) as run:
         total = source.count_rows()
@@ -267,8 +303,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
                 if run.trusts(index, digest):
                     first = run.first_error(index)
                     if job.on_error == "fail" and first is not None:  # set aside by a run with --on-error skip
-                        where = f"line {first['line']}" if "line" in first else f"row {first['row']}"
-                        raise bad_row_error(source.path, where, first["reason"])
+                        raise bad_row_error(source.path, where_of(first), first["reason"])
                     result.resumed_rows += len(records)
                     progress.advance(len(records))
                     continue
@@ -282,7 +317,7 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
         session = Session(chunks_left=max(1, -(-total // job.chunk_rows) - run.chunks_done),
                           normalize=normalize and job.dimensions is None, on_batch=progress.advance, refuse=refuse,
                           prompt=job.prompt, task=job.task, input_type=job.input_type, late=job.late_chunking,
-                          outputs=job.outputs)
+                          outputs=job.outputs, image_pixels=job.max_image_pixels if job.images else None)
 
         def write(done: EncodedChunk) -> tuple[EncodeStats, int]:
             """One chunk's rows (and those set aside) as its part, in the writer thread: (its stats, rows set aside)."""
@@ -333,6 +368,27 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
             progress.close()
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _image_facts(job: EncodeJob, facts: ModelFacts) -> ModelFacts:
+    """A run of images: the model's image tower, whose embeddings and graph the run's are; what applies to texts
+    alone, or to a text model, refused in one line before anything is read."""
+    if facts.images is None:
+        raise ConfigError(f"{facts.model} is a text model: it embeds no images")
+    for flag, asked in (("--prompt-name / --prompt", job.prompt.asked), ("--task", job.task is not None),
+                        ("--late-chunking", job.late_chunking is not None), ("--outputs", bool(job.outputs)),
+                        ("--input-type", job.input_type != "document")):
+        if asked:
+            raise ConfigError(f"{flag} applies to texts; {job.input} holds images")
+    if job.embedding_type in RANGED:
+        raise ConfigError(f"--precision-out {job.embedding_type} takes the model's ranges, calibrated on texts; "
+                          "images take float, binary or ubinary")
+    if job.max_image_pixels < 1:
+        raise ConfigError(f"--max-image-pixels must be positive, got {job.max_image_pixels}")
+    tower = facts.images
+    # The tower's own pooled and projected output, in the space the texts share.
+    return dataclasses.replace(facts, embedding_size=tower.embedding_size, pooling="image_tower",
+                               precision=tower.precision or facts.precision, graph_sha256=tower.graph_sha256)
 
 
 def _check_sparse(job: EncodeJob, facts: ModelFacts) -> None:
@@ -412,10 +468,11 @@ def _ranges(job: EncodeJob, facts: ModelFacts, normalize: bool) -> np.ndarray | 
     return ranges
 
 
-def summary_line(stats: EncodeResult, output: Path, errors_path: Path | None = None) -> str:
+def summary_line(stats: EncodeResult, output: Path, errors_path: Path | None = None, rows: str = "texts") -> str:
+    """rows: what the rows are, "texts" or "images" (whose tokens are the image tower's positions)."""
     rate = stats.tokens / stats.seconds if stats.seconds else 0.0
     padding = f"{stats.padding_fraction:.1%}" if stats.padding_known else "n/a"
-    line = (f"encoded {stats.texts} texts, {stats.tokens} tokens in {stats.seconds:.2f}s: "
+    line = (f"encoded {stats.texts} {rows}, {stats.tokens} tokens in {stats.seconds:.2f}s: "
             f"{rate:.0f} tokens/s, padding {padding} -> {output}")
     if stats.resumed_rows:
         line += f" (resumed after {stats.resumed_rows} rows)"

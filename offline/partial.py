@@ -41,7 +41,7 @@ DIGEST_SLICE = 1 << 20  # characters of a text hashed at a time
 
 
 def input_digest(records: list[Record]) -> str:
-    """What a chunk's output is made from: every row's number, id, text or token ids, and error."""
+    """What a chunk's output is made from: every row's number, id, text, token ids or image bytes, and error."""
     digest = hashlib.sha256()
     for r in records:
         digest.update(repr((r.row, r.id, r.error, r.text is None)).encode())
@@ -50,6 +50,9 @@ def input_digest(records: list[Record]) -> str:
                 digest.update(r.text[start:start + DIGEST_SLICE].encode("utf-8", "surrogatepass"))
         elif r.token_ids is not None:  # any ints: a bad row may hold ids past int64
             digest.update(repr(r.token_ids).encode())
+        elif r.image is not None:  # an image file edited since is encoded again
+            digest.update(b"image\0" + len(r.image).to_bytes(8, "little"))
+            digest.update(r.image)
         digest.update(b"\0")
     return digest.hexdigest()
 
@@ -329,6 +332,7 @@ _SETTINGS = {
     "chunk_rows": "--chunk-rows", "normalize": "--normalize", "model": "the model", "precision": "--precision",
     "graph_sha256": "the model's graph (sha256)", "server": "--server", "attnserve": "attnserve's version",
     "dimensions": "--dimensions", "prompt_name": "--prompt-name", "prompt": "--prompt", "task": "--task",
+    "image_column": "--image-column", "max_image_pixels": "--max-image-pixels",
 }
 
 

@@ -1,8 +1,8 @@
 """`attnserve encode --engine ray`: the chunk encoder that runs on a pool of Ray actors, one engine per actor.
 
 The job driver (offline/job.py) reads and checks the input in this process, as for a local
-run, and hands over chunks; each chunk's inputs (texts or token ids, nothing else) go to an
-actor as the arguments of one call, through Ray's object store, so the actors may sit on any
+run, and hands over chunks; each chunk's inputs (texts, token ids or image files' bytes, nothing
+else) go to an actor as the arguments of one call, through Ray's object store, so the actors may sit on any
 node of a cluster. An actor encodes the chunk with the code a local run uses
 (rows.encode_inputs): the same chunk gives the same bits, so the output is the same file,
 byte for byte, as a local run with the same --chunk-rows.
@@ -28,9 +28,11 @@ from pathlib import Path
 
 from attnserve.config import EngineConfig
 from attnserve.engine.engine import Engine, embeddings_graph
+from attnserve.engine.image_encoder import ImageEncoder
 from attnserve.engine.manifest import load_manifest
 from attnserve.errors import AttnserveError, ConfigError
 
+from .encode import image_facts
 from .job import Chunk, EncodedChunk, EncodeJob, EncodeResult, ModelFacts, Session, run_job
 from .rows import LateChunks, Prompt, encode_inputs, inputs_of
 
@@ -77,7 +79,10 @@ class RayEncoder:
         return ModelFacts(m.model, m.embedding_size, m.vocab_size, m.served_max_length, m.pooling, m.normalize,
                           self.config.precision, self.graph.runs_as, quantization_ranges=m.quantization_ranges,
                           sparse=m.sparse, multi_vector=m.multi_vector is not None, late_chunking=m.late_chunkable,
-                          bge_m3_vector_size=None if m.bge_m3 is None else int(m.bge_m3["colbert_dim"]))
+                          bge_m3_vector_size=None if m.bge_m3 is None else int(m.bge_m3["colbert_dim"]),
+                          # the tower each actor's engine opens beside this graph (no session opened here)
+                          images=None if m.images is None else image_facts(
+                              ImageEncoder(m, self.graph.precision, "cpu", sessions=False)))
 
     def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
         ray = _import_ray()
@@ -88,7 +93,8 @@ class RayEncoder:
             actor_class = ray.remote(num_cpus=cpus)(_EncoderActor)
             config = dataclasses.replace(self.config, threads=threads)
             actors = [actor_class.remote(str(self.artifacts_dir), config, session.normalize, session.prompt,
-                                         session.input_type, session.late, session.outputs) for _ in range(count)]
+                                         session.input_type, session.late, session.outputs, session.image_pixels)
+                      for _ in range(count)]
             _wait_ready(ray, actors)
             yield from _in_order(ray, actors, chunks, session)
         finally:
@@ -220,11 +226,13 @@ class _EncoderActor:
     """One engine; a chunk's inputs in, a count per batch and then the chunk's encoded rows out."""
 
     def __init__(self, artifacts_dir: str, config: EngineConfig, normalize: bool, prompt: Prompt,
-                 input_type: str = "document", late: LateChunks | None = None, outputs: tuple[str, ...] = ()):
+                 input_type: str = "document", late: LateChunks | None = None, outputs: tuple[str, ...] = (),
+                 image_pixels: int | None = None):
         self.artifacts_dir, self.config, self.normalize, self.prompt = artifacts_dir, config, normalize, prompt
         self.input_type = input_type  # a ColBERT model's: its texts are its documents or its queries
         self.late = late  # late chunking's chunker, where the run asks for it
         self.outputs = outputs  # a bge-m3 model's columns, where the run asks for them
+        self.image_pixels = image_pixels  # the inputs are images, decoded within this many pixels; None: texts
         self.engine: Engine | None = None
 
     def ready(self) -> bool:
@@ -246,7 +254,7 @@ class _EncoderActor:
         def work() -> None:
             try:
                 outcome.append(encode_inputs(engine, inputs, self.normalize, counts.put, self.prompt,
-                                             self.input_type, self.late, self.outputs))
+                                             self.input_type, self.late, self.outputs, self.image_pixels))
             except BaseException as e:  # handed to the caller below, as if raised there
                 outcome.append(e)
             finally:

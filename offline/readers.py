@@ -33,7 +33,7 @@ BOM = b"\xef\xbb\xbf"
 # encoded as UTF-8, so the tokenizer, protobuf and Arrow would each fail on it in their own way.
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
-Input = str | list[int]  # a text, or token ids with special tokens included
+Input = str | list[int] | bytes  # a text, token ids with special tokens included, or an image file's bytes
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,18 @@ class Record:
     text: str | None = None
     token_ids: list[int] | None = None
     error: str | None = None  # why this row cannot be encoded
-    raw: str | None = None  # the line as read, kept only where the row is set aside as it was read
+    # The line as read, kept only where the row is set aside as it was read; an image row's source, always (its
+    # path, or its column's value described: offline/image_readers.py).
+    raw: str | None = None
+    image: bytes | None = None  # an image file's bytes, not decoded (offline/image_readers.py)
 
     @property
     def input(self) -> Input:
-        """What the model sees: the text or the token ids, of which a good row (no error) has exactly one."""
+        """What the model sees: the text, the token ids or the image, of which a good row (no error) has one."""
         if self.text is not None:
             return self.text
+        if self.image is not None:
+            return self.image
         assert self.token_ids is not None, f"{self.where} has no input: {self.error}"
         return self.token_ids
 
@@ -96,21 +101,32 @@ class InputFile:
             pf = pq.ParquetFile(self.path)
         except (pa.ArrowException, OSError) as e:
             raise InvalidInputError(f"{self.path}: not a readable Parquet file: {e}") from None
-        names = pf.schema_arrow.names
-        if self.text_column not in names:
+        self._check_column(pf.schema_arrow)
+        self._read_id_type(pf.schema_arrow)
+        return pf
+
+    def _check_column(self, schema) -> None:
+        """The Parquet column of the inputs: there, and of text."""
+        import pyarrow as pa
+
+        if self.text_column not in schema.names:
             raise InvalidInputError(
-                f"{self.path}: no column {self.text_column!r} (columns: {', '.join(names)}); "
+                f"{self.path}: no column {self.text_column!r} (columns: {', '.join(schema.names)}); "
                 "choose one with --text-column")
-        kind = pf.schema_arrow.field(self.text_column).type
+        kind = schema.field(self.text_column).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
             raise InvalidInputError(f"{self.path}: column {self.text_column!r} is {kind}, not text")
-        if self.id_column in names:
-            id_kind = pf.schema_arrow.field(self.id_column).type
+
+    def _read_id_type(self, schema) -> None:
+        """A Parquet file's ids: int or str where it has the id column, of integers or text."""
+        import pyarrow as pa
+
+        if self.id_column in schema.names:
+            id_kind = schema.field(self.id_column).type
             self.id_type = int if pa.types.is_integer(id_kind) else str if (
                 pa.types.is_string(id_kind) or pa.types.is_large_string(id_kind)) else None
             if self.id_type is None:
                 raise InvalidInputError(f"{self.path}: id column {self.id_column!r} is {id_kind}; use integers or text")
-        return pf
 
     def is_empty(self) -> bool:
         """No rows at all: a text file of no bytes, or a Parquet file of no rows (metadata only, so it is quick)."""

@@ -15,6 +15,10 @@ aside with --on-error skip); QUEUE_FULL is retried from the first unanswered req
 stream, with backoff; anything else (MESSAGE_TOO_LARGE, unreachable, SHUTTING_DOWN, no reply
 within the client timeout) stops the run with one line, and the same command resumes after
 the chunks already written.
+
+Images go as their files' bytes (Input.image), decoded by the server within its own pixel
+limit; an image it refuses (corrupt, SVG, too many pixels) is an INVALID_INPUT like any
+other, and so a bad row.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from attnserve.errors import AttnserveError
 from attnserve.v1 import encoder_pb2 as pb
 from attnserve.v1 import encoder_pb2_grpc
 
-from .job import Chunk, EncodedChunk, EncodeJob, EncodeResult, ModelFacts, Session, run_job
+from .job import Chunk, EncodedChunk, EncodeJob, EncodeResult, ImageFacts, ModelFacts, Session, run_job
 from .readers import Record
 
 # Inputs per request, and estimated tokens per request: a request ends at whichever comes first, so
@@ -63,6 +67,10 @@ WINDOW_QUEUE_SHARE = 4
 # measured, 2.2-2.5% padded cells sorted against 4.2-4.7% in input order (the server sorts only the
 # 256 oldest inputs it holds).
 SORT_BY_LENGTH = True
+# What an image costs the server's queue, estimated: the positions of the largest common tower (ViT-L/14 at 336 px:
+# 24 x 24 patches and the class token). The server counts an image as its tower's positions, which ModelInfo does not
+# say; erring high keeps the window within the share of the queue it means to take.
+IMAGE_TOKENS = 577
 # QUEUE_FULL is the server's "retry later": other clients are filling its queue. The server ends the
 # stream at the request it could not queue; the replies before it are good and the requests after it
 # were dropped unanswered. So we reopen the stream and resend from the first unanswered request, in
@@ -93,6 +101,8 @@ def estimate_tokens(record: Record) -> int:
     English word pieces average over 4 characters, so this errs high for the window's budget; CJK text and
     punctuation runs come closer to 1 per character, which the server's own queue limit then catches.
     """
+    if record.image is not None:
+        return IMAGE_TOKENS
     item = record.input
     return 2 + len(item) // 3 if isinstance(item, str) else len(item)
 
@@ -207,7 +217,9 @@ class ServerEncoder:
                           multi_vector=i.pooling == "multi_vector", late_chunking="late_chunking" in i.outputs,
                           # bge-m3: a dense model that also gives sparse and multi-vector embeddings
                           bge_m3_vector_size=i.multi_vector_size or None if i.pooling != "multi_vector" and
-                          "embed_multi" in i.outputs and "embed_sparse" in i.outputs else None)
+                          "embed_multi" in i.outputs and "embed_sparse" in i.outputs else None,
+                          # an image-text model: its images are embedded in its texts' space, of the same size
+                          images=ImageFacts(embedding_size(i)) if "embed_image" in i.outputs else None)
 
     # --- errors ----------------------------------------------------------------------------------------
 
@@ -276,13 +288,17 @@ class ServerEncoder:
                 request = _Request(pending, [], 0, self._new_message(session))
                 size = 0
                 for i in order[start:start + max_inputs]:
-                    # A late-chunked text runs whole, in windows; any other is cut at max_seq_length at most.
-                    record, cost, item_size = good[i], estimates[i] if late else min(estimates[i],
-                                                                                     info.max_seq_length), sizes[i]
+                    # A late-chunked text runs whole, in windows; any other is cut at max_seq_length at most; an
+                    # image is never cut.
+                    record, item_size = good[i], sizes[i]
+                    cost = estimates[i] if late or record.image is not None else min(estimates[i],
+                                                                                     info.max_seq_length)
                     if request.rows and (request.tokens + cost > max_tokens or size + item_size > max_bytes):
                         break
                     if record.text is not None:
                         request.message.inputs.add(text=record.text)
+                    elif record.image is not None:
+                        request.message.inputs.add(image=pb.Image(data=record.image))
                     else:
                         request.message.inputs.add(token_ids=pb.TokenIds(ids=record.token_ids))
                     request.rows.append(i)
@@ -521,7 +537,10 @@ class ServerEncoder:
 
 
 def _item_size(record: Record) -> int:
-    """Bytes a row adds to a request, about: its UTF-8 text (or 10 per token id) and some framing."""
+    """Bytes a row adds to a request, about: its UTF-8 text (or 10 per token id, or its image's bytes) and some
+    framing."""
+    if record.image is not None:
+        return 16 + len(record.image)
     item = record.input
     return 16 + (len(item.encode("utf-8")) if isinstance(item, str) else 10 * len(item))
 

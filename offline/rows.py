@@ -17,6 +17,7 @@ from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.engine.windows import Windows
 from attnserve.errors import InvalidInputError
 
+from .image_encode import encode_images
 from .readers import Input, Record
 
 LABEL = "input"  # what the tokenizer's messages are prefixed with; cut off again to keep the reason alone
@@ -193,13 +194,13 @@ def _from_numpy(values: np.ndarray, arrow_type: pa.DataType) -> pa.Array:
 
 
 def inputs_of(records: Sequence[Record]) -> list[Input]:
-    """What the model sees of each record: its text or its token ids."""
+    """What the model sees of each record: its text, its token ids or its image's bytes."""
     return [r.input for r in records]
 
 
 def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_batch: Callable[[int], None],
                   prompt: Prompt = Prompt(), input_type: str = "document", late: LateChunks | None = None,
-                  outputs: tuple[str, ...] = ()) -> tuple[Encoded, dict[int, str]]:
+                  outputs: tuple[str, ...] = (), image_pixels: int | None = None) -> tuple[Encoded, dict[int, str]]:
     """One chunk's inputs through the engine, batched by length: (the encoded rows, {position: reason}).
 
     The refused positions (inputs the tokenizer rejects) are left out of the encoded rows, which keep
@@ -207,8 +208,11 @@ def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_b
     A prompt goes before every text (engine/prompts.py); an unknown prompt name stops the run here, at once.
     A ColBERT model's texts are its queries or documents (input_type; engine/multi_vector.py), with their prompt.
     late: late chunking, Encoded as engine.encode_late_chunks gives it, with each text's chunks. outputs: a bge-m3
-    model's columns (BGE_M3_COLUMNS), all from one pass (engine.encode_bge_m3).
+    model's columns (BGE_M3_COLUMNS), all from one pass (engine.encode_bge_m3). image_pixels: the inputs are image
+    files' bytes, each decoded within this many pixels (offline/image_encode.py); None: texts or token ids.
     """
+    if image_pixels is not None:
+        return encode_images(engine, inputs, normalize, on_batch, image_pixels)  # type: ignore[arg-type]
     if late is not None:
         return _late_chunks(engine, inputs, prompt_text(engine.manifest, prompt.name, prompt.text), late, on_batch)
     return encode_tokenized_inputs(engine, tokenize_inputs(engine, inputs, prompt, input_type), normalize, on_batch,

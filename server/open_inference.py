@@ -175,8 +175,8 @@ def read_call(info: ModelInfo, inputs: Sequence[InputTensor], params: dict,
     if "embed_multi" in info.outputs:  # a ColBERT model: the core refuses the other parameters for it
         return Call(EncodeRequest(inputs=texts[TEXT], model=info.model, truncate=parameter(params, "truncate", bool),
                                   multi_vector=parameter(params, "input_type", str) or "document"), outputs)
-    inputs: list[Input] = [*texts.get(TEXT, []), *texts.get(IMAGE, [])]  # (texts and images both: the image model's)
-    return Call(EncodeRequest(inputs=inputs, model=info.model, normalize=parameter(params, "normalize", bool),
+    items: list[Input] = [*texts.get(TEXT, []), *texts.get(IMAGE, [])]  # (texts and images both: the image model's)
+    return Call(EncodeRequest(inputs=items, model=info.model, normalize=parameter(params, "normalize", bool),
                               truncate=parameter(params, "truncate", bool),
                               dimensions=parameter(params, "dimensions", int),
                               prompt_name=parameter(params, "prompt_name", str),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -136,7 +137,9 @@ def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput | Ima
         encoded = [_encoded(row, item, options, tokenizer, multi_vector, bge_m3)
                    for row, item in zip(rows, inputs, strict=True)]
     else:
-        sentences, encoded = _windowed(rows, inputs, sentences, windows, chunks, options, tokenizer, multi_vector)
+        # windows are texts': a request with images is never windowed (requests.prepare)
+        sentences, encoded = _windowed(rows, cast(Sequence[TokenizedInput], inputs), sentences, windows, chunks,
+                                       options, tokenizer, multi_vector)
     sentences = cut_and_normalize(sentences, options.dimensions, options.normalize)  # (N, D): Matryoshka
     sentences = np.ascontiguousarray(sentences, dtype=np.float32)
     # Matryoshka first, then quantization, as sentence-transformers orders them.
@@ -209,6 +212,11 @@ def _encoded(row: RowOutput, item: TokenizedInput | ImageInput, options: ReplyOp
             attentions = attentions[:, list(options.attention_heads)]  # (layers, heads, T, T)
         if options.average_heads:
             attentions = attentions.mean(axis=1, keepdims=True)  # (layers, 1, T, T)
+    if isinstance(item, ImageInput):  # its maps' axes are its positions: the class token, then the patches
+        return EncodedInput(num_tokens=len(item), truncated=False,
+                            tokens=item.layout.labels() if options.tokens and item.layout else None,
+                            token_embeddings=None, attentions=attentions, analyses=analyses,
+                            layout=item.layout if options.attention else None)
     sparse = None
     if options.sparse is not None and bge_m3 is not None:  # bge-m3's: each token's weight, the most per id
         assert row.token_embeddings is not None
@@ -226,11 +234,6 @@ def _encoded(row: RowOutput, item: TokenizedInput | ImageInput, options: ReplyOp
         assert multi_vector is not None and row.token_embeddings is not None  # a ColBERT model's row
         vectors = np.ascontiguousarray(row.token_embeddings[multi_vector.kept(item.ids, options.multi_vector)],
                                        dtype=np.float32)  # (K, d)
-    if isinstance(item, ImageInput):  # its maps' axes are its positions: the class token, then the patches
-        return EncodedInput(num_tokens=len(item), truncated=False,
-                            tokens=item.layout.labels() if options.tokens and item.layout else None,
-                            token_embeddings=None, attentions=attentions, analyses=analyses,
-                            layout=item.layout if options.attention else None)
     return EncodedInput(
         num_tokens=len(item), truncated=item.truncated,
         tokens=tokenizer.tokens(item.ids) if options.tokens else None,

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 import numpy as np
 
@@ -172,9 +173,10 @@ def prepare_predict(request: PredictRequest, tokenizer: TextTokenizer, manifest:
                                                f"of {', '.join(TRUNCATION_DIRECTIONS)}")
     check_count(len(request.inputs), limits.max_inputs)
     inputs, _ = _flatten(_tokenize(EncodeRequest(inputs=request.inputs), tokenizer, manifest,
-                                   truncates(request.truncate, limits), request.truncation_direction))
+                                   truncates(request.truncate, limits), request.truncation_direction,
+                                   images=False))
     _check_token_types(inputs, takes_token_types, manifest)
-    return PreparedPredict(inputs, request.raw_scores)
+    return PreparedPredict(cast(list[TokenizedInput], inputs), request.raw_scores)  # texts: images refused
 
 
 @dataclass(frozen=True)
@@ -448,18 +450,19 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     else:
         items = _tokenize(request, tokenizer, manifest, rule != "refuse", request.truncation_direction,
                           windowed)  # a str now: checked above
+    queued: list[TokenizedInput | Windows | ImageInput] = list(items)
     if image_rows:
         assert images is not None, "_check_images refuses images without a tower"
         for row in image_rows:
-            items[row] = _image_input(images, request.inputs[row], row, limits)
-    inputs, windows = _flatten(items)
+            queued[row] = _image_input(images, request.inputs[row], row, limits)
+    inputs, windows = _flatten(queued)
     _check_token_types(inputs, takes_token_types, manifest)
     if options.attention and not image_rows:  # the image tower's attention graph is exported with it
         _check_attention_length(inputs, manifest)
         require(("attention",), "attention weights")
     chunks = _late_chunks(request, windows) if windows is not None and request.late_chunking is not None else None
     reply_bytes = sum(_reply_bytes(len(x.inputs[0]) if isinstance(x, Windows) else len(x), options, manifest,
-                                   float_bytes) for x in items)
+                                   float_bytes) for x in queued)
     reply_bytes += int(sum(len(spans) for spans, _ in chunks or ()) * (
         EMBEDDING_OVERHEAD_BYTES + float_bytes * (request.dimensions or manifest.embedding_size)))
     if reply_bytes > limits.max_response_bytes:
@@ -509,12 +512,13 @@ def _sentence_embeddings_only(request: EncodeRequest) -> bool:
         request.multi_vector is None
 
 
-def _flatten(items: list[TokenizedInput | Windows]) -> tuple[list[TokenizedInput], list[Windows | None] | None]:
+def _flatten(items: Sequence[TokenizedInput | Windows | ImageInput]
+             ) -> tuple[list[TokenizedInput | ImageInput], list[Windows | None] | None]:
     """The batcher's inputs (each window of a windowed input in turn) and, where any is windowed, each request
     input's windows."""
     if not any(isinstance(x, Windows) for x in items):
-        return items, None  # type: ignore[return-value]
-    inputs: list[TokenizedInput] = []
+        return list(items), None  # type: ignore[arg-type]
+    inputs: list[TokenizedInput | ImageInput] = []
     for x in items:
         inputs.extend(x.inputs if isinstance(x, Windows) else [x])
     return inputs, [x if isinstance(x, Windows) else None for x in items]
@@ -822,7 +826,8 @@ def prepare_multi_vector_rerank(request: RerankRequest, multi_vector: MultiVecto
                           min(top_n, len(request.texts)))
 
 
-def _check_token_types(inputs: Sequence[TokenizedInput], takes_token_types: bool, manifest: Manifest) -> None:
+def _check_token_types(inputs: Sequence[TokenizedInput | ImageInput], takes_token_types: bool,
+                       manifest: Manifest) -> None:
     """A pair whose segment b has token type 1 needs a graph that takes token_type_ids, or it would be silently
     encoded as one segment. A reranker's graph takes them exactly where its family has token types
     (export/reranker.py); the other families' models ignore them, as transformers does."""
@@ -879,11 +884,12 @@ def _indices(asked: Sequence[int], size: int, what: str, field: str) -> tuple[in
 
 
 def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest, truncate: bool, direction: str,
-              windowed: str | None = None) -> list[TokenizedInput | Windows]:
+              windowed: str | None = None, images: bool = True) -> list[TokenizedInput | Windows]:
     """Texts (each after the prompt), token ids and pairs through their own paths, back in request order.
 
     windowed: "long", a text longer than max_seq_length in windows (--long-inputs chunk; token ids and pairs are
-    cut as truncate cuts them); "all", every input a text in windows (late chunking); None: none."""
+    cut as truncate cuts them); "all", every input a text in windows (late chunking); None: none.
+    images: whether images may be among the inputs (left for prepare() to decode); False: refused, naming the input."""
     texts, text_rows, ids, id_rows, pairs, pair_rows = [], [], [], [], [], []
     for row, item in enumerate(request.inputs):
         if isinstance(item, str):
@@ -893,6 +899,8 @@ def _tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manife
             pairs.append(item)
             pair_rows.append(row)
         elif isinstance(item, ImageBytes | ImageUrl):
+            if not images:
+                raise _invalid(f"inputs[{row}]", "an image: this request takes texts", f"input {row}")
             continue  # prepare() decodes the images
         elif item is not None:
             ids.append(item)
@@ -970,7 +978,7 @@ def _located(error: InvalidInputError, labels: list[str], fields: list[str], ser
     return located
 
 
-def _check_attention_length(inputs: Sequence[TokenizedInput], manifest: Manifest) -> None:
+def _check_attention_length(inputs: Sequence[TokenizedInput | ImageInput], manifest: Manifest) -> None:
     """Attention maps only up to the model's attention_max_length (engine/manifest.py); embeddings go further."""
     for row, x in enumerate(inputs):
         if len(x) > manifest.attention_cap:

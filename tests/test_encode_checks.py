@@ -22,7 +22,8 @@ def _prepare(tmp_path, case: str):
     return {
         "missing input": (tmp_path / "nope.txt", tmp_path / "o.parquet", "nope.txt: no such file"),
         "a directory as input": (tmp_path / "folder.txt", tmp_path / "o.parquet", "a directory, not a regular file"),
-        "a directory without a suffix": (tmp_path, tmp_path / "o.parquet", "a directory, not a regular file"),
+        # any other folder is one of images (tests/test_offline_images.py): one with none is a mistake, said at once
+        "a directory without a suffix": (tmp_path, tmp_path / "o.parquet", "a folder with no image files in it"),
         "unknown input suffix": (tmp_path / "in.csv", tmp_path / "o.parquet", "unknown input format '.csv'"),
         "empty input": (tmp_path / "empty.txt", tmp_path / "o.parquet", "empty input, nothing to encode"),
         "missing output folder": (good, tmp_path / "no" / "such" / "o.parquet", "the folder"),

@@ -78,7 +78,7 @@ def test_openai_client_embeds_images_and_captions_in_one_space(clip_server, refe
 
     client = openai.OpenAI(base_url=f"{clip_server.http_url}/v1", api_key="unused")
     items = [{"image": data_uri(data)} for data in IMAGES] + [{"text": caption} for caption in CAPTIONS]
-    reply = client.embeddings.create(model="", input=items)  # type: ignore[arg-type]  (Jina's form)
+    reply = client.embeddings.create(model="", input=items)  # type: ignore[arg-type]  # Jina's form
     vectors = np.array([d.embedding for d in reply.data])
     assert_same(vectors[:3], reference["images"])
     assert_same(vectors[3:], reference["texts"])
@@ -329,11 +329,16 @@ def image_host():
             raise web.HTTPFound(to)
         return handler
 
+    def serve(body: bytes):
+        async def handler(request):
+            return web.Response(body=body, content_type="image/png")
+        return handler
+
     app = web.Application()
-    app.router.add_get("/cat.png", lambda r: web.Response(body=IMAGES[0], content_type="image/png"))
+    app.router.add_get("/cat.png", serve(IMAGES[0]))
     app.router.add_get("/away", redirect("http://localhost:1/cat.png"))
     app.router.add_get("/here", redirect("/cat.png"))
-    app.router.add_get("/big.png", lambda r: web.Response(body=png(9, (400, 400)), content_type="image/png"))
+    app.router.add_get("/big.png", serve(png(9, (400, 400))))
     app.router.add_get("/slow.png", slow)
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app)
