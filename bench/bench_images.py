@@ -25,8 +25,6 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from machine import machine_lines  # noqa: E402
-
 TORCH_ROW = "transformers CLIPProcessor + CLIPModel (torch fp32)"
 OPTIMUM_ROW = "optimum-intel OVModelForZeroShotImageClassification (OpenVINO fp32)"
 
@@ -114,6 +112,7 @@ def main() -> int:
 
     import torch
     import transformers
+    from machine import machine_lines  # attnserve's: not in the optimum process's environment
     from PIL import Image
 
     from attnserve.config import EngineConfig
