@@ -10,6 +10,8 @@ Embeddings are L2-normalised, as OpenAI's are; `dimensions` keeps the first N di
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -29,6 +31,7 @@ from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, InputMarks, 
 NAMES = WireNames({"inputs": "input"},
                   truncate='set "truncate": true in the body (the openai SDK: extra_body={"truncate": True})')
 OWNER = "attnserve"
+Embeddings = TypeVar("Embeddings", OpenAIEmbeddingsBody, InfinityImagesBody)
 
 
 def to_core(body: OpenAIEmbeddingsBody) -> EncodeRequest:
@@ -82,15 +85,15 @@ class OpenAIRoutes:
         ]
 
     async def embeddings(self, request: web.Request) -> web.Response:
-        body, core_request = await self._bodies.read(request, OpenAIEmbeddingsBody, lambda b: (b, to_core(b)))
-        base64_format = body.encoding_format == "base64"
-        marks = InputMarks(lambda r: render(r, body.model, base64_format))
-        reply, _ = await self._core.encode(core_request, deadline(request), marks,
-                                           BASE64_FLOAT_BYTES if base64_format else JSON_FLOAT_BYTES)
-        return json_response(reply, headers=marks.headers())
+        return await self._embed(request, OpenAIEmbeddingsBody, to_core)
 
     async def embeddings_image(self, request: web.Request) -> web.Response:
-        body, core_request = await self._bodies.read(request, InfinityImagesBody, lambda b: (b, images_to_core(b)))
+        return await self._embed(request, InfinityImagesBody, images_to_core)
+
+    async def _embed(self, request: web.Request, model: type[Embeddings],
+                     translate: Callable[[Embeddings], EncodeRequest]) -> web.Response:
+        """A body of OpenAI's embeddings shape (or Infinity's images) through the core, answered in OpenAI's."""
+        body, core_request = await self._bodies.read(request, model, lambda b: (b, translate(b)))
         base64_format = body.encoding_format == "base64"
         marks = InputMarks(lambda r: render(r, body.model, base64_format))
         reply, _ = await self._core.encode(core_request, deadline(request), marks,
