@@ -84,7 +84,7 @@ def test_cohere_v2_refusals_name_the_field(server):
     bad = requests.post(url, json={"model": "", "texts": ["a"], "embedding_types": ["int4"]}, timeout=30)
     assert bad.status_code == 400 and "embedding_types" in bad.text
     images = requests.post(url, json={"model": "", "images": ["data:image/png;base64,AA=="]}, timeout=30)
-    assert images.status_code == 400 and "embeds texts" in images.json()["error"]["message"]
+    assert images.status_code == 400 and "is a text model: it embeds no images" in images.json()["error"]["message"]
     short = requests.post(url, json={"model": "", "texts": ["a"], "max_tokens": 8}, timeout=30)
     assert short.status_code == 400 and "max_tokens" in short.json()["error"]["message"]
 
