@@ -6,8 +6,8 @@ images share the batcher's budget and admission with texts: a ViT-B/16 image at 
 max_batch_tokens 16,384 holds 83 of them. Every image of a model is the same size (the processor's crop), so a
 batch of images has no padding.
 
-The graph is the one of the text graph's precision: fp32 (and bf16, whose image graph is not built: fp32), int8,
-fp16; an attention request runs the attention graph (fp32), with the maps over the patches.
+The graph is the one of the text graph's precision: fp32, int8, fp16, bf16 (OpenVINO's, where export could verify
+it; fp32 otherwise); an attention request runs the attention graph (fp32), with the maps over the patches.
 Shapes: B batch, C channels, S side, T positions (patches and the class token), H hidden, D the shared space,
 L layers, nh heads.
 """
@@ -27,7 +27,7 @@ from .patch_attention import patch_boxes
 from .session import open_graph
 
 # The text graph's precision -> the image graph run beside it.
-IMAGE_GRAPHS = {"fp32": "image_embeds", "bf16": "image_embeds", "int8": "image_embeds_int8",
+IMAGE_GRAPHS = {"fp32": "image_embeds", "bf16": "image_embeds_bf16", "int8": "image_embeds_int8",
                 "fp16": "image_embeds_fp16"}
 IMAGE_ATTENTION = "image_attention"
 
@@ -125,8 +125,8 @@ class ImageEncoder:
 
     def _open(self, name: str, arena: bool = True):
         graph = self.settings["graphs"][name]
-        return open_graph(self.manifest.path(graph["file"]), "onnxruntime", graph["precision"], self.provider,
-                          self.threads, arena, spin=self.spin)
+        return open_graph(self.manifest.path(graph["file"]), graph.get("backend", "onnxruntime"), graph["precision"],
+                          self.provider, self.threads, arena, spin=self.spin)
 
     def prepare(self, data: bytes, declared: str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInput:
         """An image's bytes -> its ImageInput, or ImageError (engine/images.py) in one line."""
@@ -142,7 +142,7 @@ class ImageEncoder:
         pixels = np.stack([x.pixels for x in inputs])  # (B, C, S, S)
         session = self._attention_session() if attention else self._session
         assert session is not None, "an ImageEncoder without sessions prepares images only"
-        names = [o.name for o in session.get_outputs()]
+        names = self.settings["graphs"][IMAGE_ATTENTION if attention else self.graph]["outputs"]
         return dict(zip(names, session.run(names, {"pixel_values": pixels}), strict=True))
 
     def _attention_session(self):

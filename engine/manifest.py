@@ -344,7 +344,8 @@ def _images(raw: dict) -> dict:
     return {
         "graphs": {str(name): {"file": str(g["file"]), "sha256": str(g["sha256"]), "precision": str(g["precision"]),
                                "data_files": {str(f): str(h) for f, h in g.get("data_files", {}).items()},
-                               "outputs": [str(o) for o in g["outputs"]], "parity": dict(g.get("parity", {}))}
+                               "outputs": [str(o) for o in g["outputs"]], "parity": dict(g.get("parity", {})),
+                               "backend": str(g.get("backend", "onnxruntime"))}
                    for name, g in raw["graphs"].items()},
         "processor": {"file": str(raw["processor"]["file"]), "sha256": str(raw["processor"]["sha256"])},
         **{key: int(raw[key]) for key in ("image_size", "patch_size", "num_channels", "hidden_size", "num_layers",

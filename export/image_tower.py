@@ -7,11 +7,13 @@ Graphs (pixel_values (B, C, S, S) float32 in; S is fixed by the model):
 - image_embeds_int8.onnx: weights int8 per output channel, activations quantised at run time (the patch
   projection, a Conv, stays fp32);
 - image_attention.onnx: with attentions (L, B, nh, T, T) and value_norms (L, B, nh, T) too: the maps over the
-  patches the explorer draws.
+  patches the explorer draws;
+- image_embeds_bf16: image_embeds.onnx run by OpenVINO in bf16, as the text tower's bf16 variant (where OpenVINO is
+  installed and the CPU computes bf16 natively: only there can it be verified).
 Each is run on check batches of 1, 2 and 5 random images and compared with PyTorch's outputs on the same pixels:
-fp32 to 1e-4 in the hidden states and a cosine of 0.99999 in the embeddings; fp16 a min cosine of 0.999 (the text
-graphs' fp16 bar); int8 a mean cosine of 0.99 and a min of 0.98. A graph off its bar is an ExportVerificationError,
-not a file.
+fp32 to 1e-4 in the hidden states and a cosine of 0.99999 in the embeddings; fp16 and bf16 a min cosine of 0.999
+(the text graphs' bar for them); int8 a mean cosine of 0.99 and a min of 0.98. A graph off its bar is an
+ExportVerificationError, not a file.
 
 Shapes: B batch, C channels, S image side, T patches (and the class token), H hidden, D the shared space,
 L layers, nh heads.
@@ -29,8 +31,10 @@ import torch
 import torch.nn as nn
 
 from attnserve.engine.image_processor import image_processor_in, processor_config_in
+from attnserve.engine.machine import this_machine
 from attnserve.engine.manifest import sha256_of
-from attnserve.engine.session import CPU, open_session
+from attnserve.engine.openvino_session import openvino_available
+from attnserve.engine.session import CPU, OPENVINO, open_graph
 from attnserve.errors import CheckpointError, ExportVerificationError
 from attnserve.model.clip import ImageTextModel, load_image_text_model
 from attnserve.model.value_norms import keep_value_norms
@@ -41,7 +45,9 @@ from .torch_to_onnx import trace
 
 CHECK_BATCHES = (1, 2, 5)
 GRAPHS = {"image_embeds": "fp32", "image_embeds_fp16": "fp16", "image_embeds_int8": "int8",
-          "image_attention": "fp32"}
+          "image_attention": "fp32", "image_embeds_bf16": "bf16"}
+# The graphs whose file is another's, run on another backend: name -> (file, backend).
+SHARED = {"image_embeds_bf16": ("image_embeds", OPENVINO)}
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,14 @@ class Bar:
     max_abs_hidden: float | None  # fp32 only
 
 
-BARS = {"fp32": Bar(0.99999, 0.99999, 1e-4), "fp16": Bar(0.999, 0.999, None), "int8": Bar(0.98, 0.99, None)}
+BARS = {"fp32": Bar(0.99999, 0.99999, 1e-4), "fp16": Bar(0.999, 0.999, None), "bf16": Bar(0.999, 0.999, None),
+        "int8": Bar(0.98, 0.99, None)}
+
+
+def graph_names() -> tuple[str, ...]:
+    """The graphs export builds here: bf16 only where OpenVINO is installed and the CPU computes bf16 natively."""
+    return tuple(name for name in GRAPHS if name != "image_embeds_bf16" or (
+        openvino_available() and this_machine().native_bf16))
 
 
 class ImageTower(nn.Module):
@@ -77,10 +90,11 @@ def check_pixels(cfg_side: int, channels: int, seed: int = 0) -> list[np.ndarray
     return [rng.normal(size=(b, channels, cfg_side, cfg_side)).astype(np.float32) for b in CHECK_BATCHES]
 
 
-def export_image_tower(model: ImageTextModel, out: Path, names: tuple[str, ...] = tuple(GRAPHS)
+def export_image_tower(model: ImageTextModel, out: Path, names: tuple[str, ...] | None = None
                        ) -> dict[str, dict[str, float]]:
     """The graphs `names` (keys of GRAPHS) of the model's image tower in `out`, each verified; returns each one's
-    parity numbers."""
+    parity numbers (names None: graph_names())."""
+    names = graph_names() if names is None else names
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.config.vision
     checks = check_pixels(cfg.image_size, cfg.num_channels)
@@ -90,7 +104,7 @@ def export_image_tower(model: ImageTextModel, out: Path, names: tuple[str, ...] 
     plain = out / "image_embeds.onnx"
     _trace(ImageTower(model), plain, cfg.image_size, cfg.num_channels, attentions=False)
     for name in names:
-        path = out / f"{name}.onnx"
+        path = out / f"{SHARED.get(name, (name,))[0]}.onnx"
         if name == "image_attention":
             _trace(ImageTower(model, output_attentions=True), path, cfg.image_size, cfg.num_channels, True)
         elif name == "image_embeds_fp16":
@@ -99,8 +113,9 @@ def export_image_tower(model: ImageTextModel, out: Path, names: tuple[str, ...] 
         elif name == "image_embeds_int8":
             run_isolated("the image tower's int8 quantization", f"{__name__}:_quantize_int8",
                          {"src": str(plain), "dst": str(path)})
-        parities[name] = verify_image_graph(path, GRAPHS[name], checks, expected)
-    if "image_embeds" not in names:
+        parities[name] = verify_image_graph(path, GRAPHS[name], checks, expected,
+                                            SHARED.get(name, (name, "onnxruntime"))[1])
+    if "image_embeds" not in names and not any(SHARED.get(n, ("",))[0] == "image_embeds" for n in names):
         for file in out.glob("image_embeds.onnx*"):
             file.unlink()
     return parities
@@ -133,10 +148,10 @@ def _quantize_int8(src: str, dst: str) -> dict[str, int]:
 
 
 def verify_image_graph(path: Path, precision: str, checks: list[np.ndarray],
-                       expected: list[tuple[np.ndarray, ...]]) -> dict[str, float]:
+                       expected: list[tuple[np.ndarray, ...]], backend: str = "onnxruntime") -> dict[str, float]:
     """The graph's outputs on the check batches against PyTorch's, held to its precision's bar."""
-    session = open_session(path, CPU, threads=0)
-    wanted = [o.name for o in session.get_outputs()]
+    session = open_graph(path, backend, precision, CPU)
+    wanted = list(GRAPH_OUTPUTS["image_attention" if path.stem == "image_attention" else "image_embeds"])
     cosines, worst_hidden, worst_maps = [], 0.0, 0.0
     for pixels, (embeds, hidden, attentions, _) in zip(checks, expected, strict=True):
         got = dict(zip(wanted, session.run(wanted, {"pixel_values": pixels}), strict=True))
@@ -190,11 +205,7 @@ def image_artifacts(checkpoint: Path, work: Path, log) -> dict:
         scale = float(model.logit_scale.exp().reshape(()))
         bias = None if model.logit_bias is None else float(model.logit_bias.reshape(()))
     return {
-        "graphs": {name: {"file": f"{name}.onnx", "sha256": sha256_of(work / f"{name}.onnx"),
-                          "precision": GRAPHS[name], "outputs": list(GRAPH_OUTPUTS[
-                              "image_attention" if name == "image_attention" else "image_embeds"]),
-                          "data_files": {f: sha256_of(work / f) for f in external_files(work / f"{name}.onnx")},
-                          "parity": parity} for name, parity in parities.items()},
+        "graphs": {name: _entry(work, name, parity) for name, parity in parities.items()},
         "processor": {"file": PROCESSOR_FILE, "sha256": sha256_of(work / PROCESSOR_FILE)},
         "image_size": side, "patch_size": cfg.vision.patch_size, "num_channels": cfg.vision.num_channels,
         "class_token": cfg.vision.class_token, "hidden_size": cfg.vision.hidden_size,
@@ -202,3 +213,13 @@ def image_artifacts(checkpoint: Path, work: Path, log) -> dict:
         "embedding_size": cfg.projection_dim, "logit_scale": scale, "logit_bias": bias,
         "zero_shot": "sigmoid" if cfg.siglip else "softmax",
     }
+
+
+def _entry(work: Path, name: str, parity: dict[str, float]) -> dict:
+    """A graph's entry in the manifest's images: its file (another graph's, for bf16) and what runs it."""
+    file, backend = SHARED.get(name, (name, "onnxruntime"))
+    path = work / f"{file}.onnx"
+    return {"file": path.name, "sha256": sha256_of(path), "precision": GRAPHS[name],
+            "outputs": list(GRAPH_OUTPUTS["image_attention" if name == "image_attention" else "image_embeds"]),
+            "data_files": {f: sha256_of(work / f) for f in external_files(path)}, "parity": parity,
+            **({"backend": backend} if backend != "onnxruntime" else {})}

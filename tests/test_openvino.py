@@ -277,3 +277,28 @@ def test_bf16_on_the_half_trace_keeps_its_weights_fp16(checkpoint, tmp_path):
     want = SentenceTransformer(str(default_checkpoint_dir()), device="cpu").encode(VARIED_TEXTS)
     cos = cosines(engine.encode(VARIED_TEXTS).embeddings, want)
     assert cos.mean() >= 0.9999 and cos.min() >= 0.999, cos
+
+
+@needs_openvino
+@needs_bf16
+def test_an_image_towers_bf16_graph_runs_on_openvino_beside_its_text_towers(clip_artifacts):
+    """A CLIP exported where OpenVINO runs bf16 natively: its image tower's bf16 graph (image_embeds.onnx on
+    OpenVINO) is verified at export, and a bf16 engine runs it for images, near the fp32 graph's embeddings."""
+    import io
+
+    from PIL import Image
+
+    manifest = load_manifest(clip_artifacts)
+    assert manifest.images is not None
+    graph = manifest.images["graphs"]["image_embeds_bf16"]
+    assert graph["backend"] == "openvino" and graph["file"] == "image_embeds.onnx"
+    assert graph["parity"]["min_cosine_image_embeds"] >= 0.999
+    picture = io.BytesIO()
+    Image.fromarray((np.random.default_rng(0).random((40, 50, 3)) * 255).astype(np.uint8)).save(picture, "PNG")
+    rows = {}
+    for precision in ("bf16", "fp32"):
+        engine = Engine.from_directory(clip_artifacts, EngineConfig(precision=precision))
+        assert engine.images is not None and engine.images.precision == precision
+        rows[precision] = engine.run([engine.images.prepare(picture.getvalue())]).sentence_embedding[0]
+    a, b = rows["bf16"], rows["fp32"]
+    assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) >= 0.999
