@@ -3,8 +3,8 @@ images to, with their own clients: openai (Jina's form), vLLM's `messages`, Cohe
 Infinity's /embeddings_image, gRPC's Input.image, KServe v2 through tritonclient; /similarity and /v1/zero_shot.
 
 Each embedding is held to transformers' CLIPModel on the same image and text (cosine >= 0.99999), and an image's
-cosine with a caption, times the model's scale, to transformers' logits_per_image. Served in one process and through
-two front-door workers (the images cross to the engine process)."""
+cosine with a caption, times the model's scale, to transformers' logits_per_image. Served in one process, and
+through two front-door workers (the images cross to the engine process)."""
 
 from __future__ import annotations
 
@@ -39,10 +39,18 @@ def data_uri(data: bytes, mime: str = "image/png") -> str:
 IMAGES = [png(0), png(1, (33, 64), "RGBA"), png(2, (64, 48), "L")]
 
 
-@pytest.fixture(scope="module", params=["1", "2"], ids=["one process", "two workers"])
-def clip_server(request, clip_artifacts, tmp_path_factory):
-    process = ServerProcess(clip_artifacts, "--workers", request.param,
-                            log_path=tmp_path_factory.mktemp("clip_server") / "server.log")
+@pytest.fixture(scope="module")
+def clip_server(clip_artifacts, tmp_path_factory):
+    process = ServerProcess(clip_artifacts, log_path=tmp_path_factory.mktemp("clip_server") / "server.log")
+    with serving(process):
+        yield process
+
+
+@pytest.fixture(scope="module")
+def clip_workers(clip_artifacts, tmp_path_factory):
+    """Two front-door workers: images are decoded there, and their pixels cross to the engine process."""
+    process = ServerProcess(clip_artifacts, "--workers", "2",
+                            log_path=tmp_path_factory.mktemp("clip_workers") / "server.log")
     with serving(process):
         yield process
 
@@ -380,3 +388,22 @@ def test_image_urls_are_fetched_only_from_allowed_hosts_within_limits(fetching_s
     other = httpx.post(f"{fetching_server.http_url}/embeddings_image", timeout=30, json={
         "model": "", "input": ["http://10.0.0.1/cat.png"]})  # a host off the list: never contacted
     assert other.status_code == 400 and "does not fetch images from '10.0.0.1'" in other.json()["error"]["message"]
+
+
+def test_images_through_two_front_door_workers(clip_workers, reference, reference_maps):
+    """HTTP, gRPC and the maps, through `serve --workers 2`: each worker decodes, the engine process runs."""
+    reply = httpx.post(f"{clip_workers.http_url}/v1/embeddings", timeout=30, json={
+        "model": "", "input": [{"image": data_uri(d)} for d in IMAGES] + [{"text": c} for c in CAPTIONS]})
+    assert reply.status_code == 200, reply.text
+    vectors = [d["embedding"] for d in reply.json()["data"]]
+    assert_same(vectors[:3], reference["images"])
+    assert_same(vectors[3:], reference["texts"])
+    with clip_workers.channel() as channel:
+        embedded = clip_workers.stub(channel).Embed(pb.EmbedRequest(inputs=[pb.Input(image=pb.Image(data=IMAGES[2]))]))
+    assert_same([np.frombuffer(embedded.embeddings[0].sentence_embedding.data, np.float32)], reference["images"][2:])
+    maps = httpx.post(f"{clip_workers.http_url}/v1/attention", timeout=30, json={
+        "inputs": [{"image": data_uri(IMAGES[0])}], "layers": [0, 1]}).json()["data"][0]
+    assert np.abs(np.array(maps["attentions"]) - reference_maps[:, 0]).max() < 1e-5 and maps["image"]["grid"] == 4
+    refused = httpx.post(f"{clip_workers.http_url}/embeddings_image", timeout=30, json={
+        "model": "", "input": base64.b64encode(HOSTILE["20000 x 20000"][0]).decode()})
+    assert refused.status_code == 400 and "over this server's limit" in refused.json()["error"]["message"]
