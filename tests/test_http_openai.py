@@ -107,7 +107,8 @@ def test_errors_arrive_as_the_sdks_typed_exceptions(client):
         "an unknown field": (dict(input="x", extra_body={"temperature": 1}), "temperature",
                              "temperature: not a field of this route"),
         "a mixed input": (dict(input=["x", 5]), "input", "input: must be a string, a list of strings, a list of "
-                                                         "token ids or a list of lists of token ids"),
+                                                         "token ids, a list of lists of token ids or (an image-text "
+                                                         "model's, as Jina's API) a list of"),
     }
     for case, (kwargs, param, message) in cases.items():
         with pytest.raises(openai.BadRequestError) as error:

@@ -48,6 +48,8 @@ def test_the_contract_of_design_md():
                       "sparse_embedding": 8,  # 8: SPLADE (issue 22)
                       "multi_vector": 9,  # 9: ColBERT (issue 22)
                       "analyses": 10,  # 10: attention analyses (issue 23)
-                      "windows": 11, "chunks": 12}  # 11, 12: long inputs' windows, late chunks (issue 34)
+                      "windows": 11, "chunks": 12,  # 11, 12: long inputs' windows, late chunks (issue 34)
+                      "patches": 13}  # 13: where an image's positions lie (issue 36)
     fields = {f.name: f.number for f in pb.Input.DESCRIPTOR.fields}
-    assert fields == {"text": 1, "token_ids": 2, "pair": 3}
+    assert fields == {"text": 1, "token_ids": 2, "pair": 3, "image": 4}  # 4: an image-text model's image (issue 36)
+    assert {f.name: f.number for f in pb.Image.DESCRIPTOR.fields} == {"data": 1, "url": 2, "mime_type": 3}

@@ -95,14 +95,16 @@ class ContentText(_StrictPart):
 
 
 class ContentImage(_StrictPart):
-    """... or an image (image_url.url)."""
+    """... or an image (image_url.url): an image-text model's (openapi.py leaves it out for a text model)."""
 
+    model_config = ConfigDict(json_schema_extra={MODEL_MARK: "images"})
     type: Literal["image_url"]
     image_url: ImageUrlField
 
 
 ContentPart = Annotated[Union[ContentText, ContentImage], Field(discriminator="type")]
-ContentParts = Annotated[list[ContentPart], Field(json_schema_extra={"minItems": 1})]
+# One part: an image-text model embeds a text or an image, not both as one (its two towers).
+ContentParts = Annotated[list[ContentPart], Field(json_schema_extra={"minItems": 1, "maxItems": 1})]
 # Jina's form of `input`: texts and images, each an object ({"text": ...} or {"image": ...}).
 MultimodalInputs = Annotated[list[Union[JinaText, JinaImage]], Field(json_schema_extra={"minItems": 1,
                                                                                         MODEL_MARK: "images"})]
@@ -173,23 +175,25 @@ OPENAI_INPUTS_FORMS = INPUTS_FORMS.replace(" or a list of lists", ", a list of l
     " or (an image-text model's, as Jina's API) a list of {\"text\": ...} and {\"image\": ...} objects")
 
 
+def _given_one_of(schema: dict, names: tuple[str, ...]) -> None:
+    """Exactly one of the fields `names` given, and not null (a null is the parser's "not given", as the field
+    left out)."""
+    schema["oneOf"] = [{"required": [name], "properties": {name: {"not": {"type": "null"}}}} for name in names]
+
+
 def _input_or_messages(schema: dict) -> None:
-    """`input`, or (vLLM's multimodal form, where the default model embeds images) `messages`: one of them."""
+    """`input`, or vLLM's `messages`: one of them."""
     schema.setdefault("allOf", []).extend(_prompted_texts("input")["allOf"])
-    schema["oneOf"] = [{"required": ["input"]}, {"required": ["messages"]}]
-    for name in ("input", "messages"):  # null is the parser's "not given", not a form to send
-        field = schema["properties"][name]
-        field["anyOf"] = [form for form in field["anyOf"] if form.get("type") != "null"]
-        field.pop("default", None)
+    _given_one_of(schema, ("input", "messages"))
 
 
 class OpenAIEmbeddingsBody(_Strict):
     model_config = ConfigDict(json_schema_extra=_input_or_messages)  # a prompt goes before texts
     input: Union[Inputs, MultimodalInputs, None] = Field(
         None, description=f"{OPENAI_INPUTS_FORMS}; token ids include the special tokens ([CLS] ... [SEP])")
-    messages: Annotated[list[ChatMessage] | None, _marked("images")] = Field(
-        None, description="vLLM's multimodal form, instead of input: one input, the content of the messages (a "
-                          "text, or one image as an image_url part)")
+    messages: Annotated[list[ChatMessage] | None, Field(json_schema_extra={"minItems": 1, "maxItems": 1})] = Field(
+        None, description="vLLM's form, instead of input: one input, the content of the messages (a text, or an "
+                          "image-text model's one image as an image_url part)")
     model: str = Field(description="a served model's name or alias (GET /v1/models lists them); \"\": the "
                                    "server's default model")
     encoding_format: EncodingFormat | None = Field(
@@ -644,13 +648,9 @@ class LateChunkingBody(_Strict):
 
 
 def _one_input_field(schema: dict) -> None:
-    """texts, images or inputs: one of them (images and inputs only where the default model embeds images:
-    openapi.py leaves them out otherwise)."""
-    schema["oneOf"] = [{"required": [name]} for name in ("texts", "images", "inputs")]
-    for name in ("texts", "images", "inputs"):  # null is the parser's "not given", not a form to send
-        field = schema["properties"][name]
-        field["anyOf"] = [form for form in field["anyOf"] if form.get("type") != "null"]
-        field.pop("default", None)
+    """texts, images or inputs: one of them, not null (images where the default model embeds images: openapi.py
+    leaves only their null otherwise; inputs' image parts likewise)."""
+    _given_one_of(schema, ("texts", "images", "inputs"))
 
 
 class CohereInput(_StrictPart):
@@ -672,10 +672,12 @@ class CohereEmbedBody(_Strict):
     # the door words it); a text model takes texts only (openapi.py leaves the other two out of its description).
     model_config = ConfigDict(json_schema_extra=lambda schema: _one_input_field(schema))
     texts: Texts | None = Field(None, description="the texts to embed")
-    images: Annotated[list[ImageString] | None, Field(json_schema_extra={"minItems": 1}), _marked("images")] = Field(
+    images: Annotated[list[ImageString] | None, Field(json_schema_extra={"minItems": 1}),
+                      _marked("nullable_images")] = Field(
         None, description=f"an image-text model's: the images to embed, each {IMAGE_FORMS}")
-    inputs: Annotated[list[CohereInput] | None, Field(json_schema_extra={"minItems": 1}), _marked("images")] = Field(
-        None, description="an image-text model's: inputs of content parts (a text part or an image_url part each)")
+    inputs: Annotated[list[CohereInput] | None, Field(json_schema_extra={"minItems": 1})] = Field(
+        None, description="inputs of content parts, one part each: a text part, or (an image-text model's) an "
+                          "image_url part")
     embedding_types: Annotated[list[CohereEmbeddingType] | None, _marked("cohere_types")] = Field(
         None, description="unset: float. int8 and uint8 use the model's calibrated ranges (engine/quantize.py); "
                           "binary and ubinary pack 8 dimensions a byte; base64: the float32 bytes of each vector")

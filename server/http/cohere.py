@@ -12,6 +12,7 @@ space its texts share.
 
 from __future__ import annotations
 
+import copy
 import uuid
 
 from aiohttp import web
@@ -28,7 +29,8 @@ from .route import Route
 from .wire import JSON_FLOAT_BYTES, BodyReader, InputMarks, deadline, dumps, floats, json_response
 
 # int8 / uint8 ranges are the model's here (Cohere's API takes none): an error about them is about the types asked.
-NAMES = WireNames({"inputs": "texts", "dimensions": "output_dimension", "ranges": "embedding_types"},
+# The core's "inputs" is the body's texts, images or inputs, whichever it sent: renamed per request (embed()).
+NAMES = WireNames({"dimensions": "output_dimension", "ranges": "embedding_types"},
                   truncate='set "truncate" to "END" or "START"')
 # Cohere's input types -> the prompt names a model may have for them, first found wins.
 PROMPTS = {"search_query": ("query", "search_query"), "search_document": ("document", "passage", "search_document"),
@@ -107,5 +109,21 @@ class CohereRoutes:
 
         body, core_request = await self._bodies.read(request, CohereEmbedBody, translate)
         marks = InputMarks(lambda r: render(r, body))
-        reply, _ = await self._core.encode(core_request, deadline(request), marks, JSON_FLOAT_BYTES)
+        try:
+            reply, _ = await self._core.encode(core_request, deadline(request), marks, JSON_FLOAT_BYTES)
+        except InvalidInputError as error:
+            raise _named(error, "images" if body.images is not None else "inputs" if body.inputs is not None
+                         else "texts") from None
         return json_response(reply, headers=marks.headers())
+
+
+def _named(error: InvalidInputError, field: str) -> InvalidInputError:
+    """An error of the core's about its inputs, named by the body's field that sent them: texts, images or
+    inputs (an `inputs` entry's text is its content's part)."""
+    if error.field is not None and error.field.startswith("inputs"):
+        error = copy.copy(error)
+        rest = error.field[len("inputs"):]
+        if field == "inputs" and rest.endswith((".text", ".token_ids")):
+            rest = rest.rsplit(".", 1)[0] + ".content[0]"
+        error.field = field + rest
+    return error

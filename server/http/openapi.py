@@ -105,6 +105,9 @@ def _model_bounds(schema: object, info: ModelInfo) -> None:
         elif mark == "images" and "embed_image" not in info.outputs:  # a text model: no image forms
             schema.clear()
             schema["not"] = {}
+        elif mark == "nullable_images" and "embed_image" not in info.outputs:  # its null: the field not given
+            schema.clear()
+            schema["type"] = "null"
         elif mark == "cohere_input_type" and "embed_image" in info.outputs:
             schema["anyOf"] = [{"enum": [*TEXT_INPUT_TYPES, "image"]}, {"type": "null"}]
         elif mark == "pairs" and info.default_prompt_name is not None:
