@@ -49,7 +49,8 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, declared: st
         # and twice it only warns, and the server's own limit, below it, refuses below.
         image = Image.open(io.BytesIO(data), formats=OPENED)
     except Image.DecompressionBombError as e:
-        raise ImageError(f"the image is over this server's limit of {max_pixels:,} pixels ({_first_line(e)})") from None
+        raise ImageError(f"the image is over the limit of {max_pixels:,} pixels (--max-image-pixels; "
+                         f"{_first_line(e)})") from None
     except UnidentifiedImageError:
         raise ImageError(f"the image cannot be read as {', '.join(OPENED)} (corrupt, or another format; its first "
                          f"bytes: {data[:8]!r})") from None
@@ -62,7 +63,7 @@ def decode_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, declared: st
     if width < 1 or height < 1:
         raise ImageError(f"the image has no pixels ({width} x {height})")
     if width * height > max_pixels:
-        raise ImageError(f"the image is {width} x {height} = {width * height:,} pixels, over this server's limit of "
+        raise ImageError(f"the image is {width} x {height} = {width * height:,} pixels, over the limit of "
                          f"{max_pixels:,}")
     frames = int(getattr(image, "n_frames", 1))
     if frames > 1 and fmt != "MPO":

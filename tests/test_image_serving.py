@@ -213,7 +213,7 @@ def _gif_two_frames() -> bytes:
 HOSTILE = {
     "corrupt": (b"\x89PNG\r\n\x1a\n" + b"\0" * 64, "cannot be read"),
     "truncated": (IMAGES[0][:len(IMAGES[0]) // 2], "corrupt or truncated"),
-    "20000 x 20000": (_png_header_only(20000, 20000), "over this server's limit"),
+    "20000 x 20000": (_png_header_only(20000, 20000), "over the limit of 25,000,000"),
     "zero width": (_png_header_only(0, 10), "image"),
     "two frames": (_gif_two_frames(), "2 frames"),
     "svg": (b'<svg xmlns="http://www.w3.org/2000/svg" width="9" height="9"/>', "SVG"),
@@ -406,4 +406,4 @@ def test_images_through_two_front_door_workers(clip_workers, reference, referenc
     assert np.abs(np.array(maps["attentions"]) - reference_maps[:, 0]).max() < 1e-5 and maps["image"]["grid"] == 4
     refused = httpx.post(f"{clip_workers.http_url}/embeddings_image", timeout=30, json={
         "model": "", "input": base64.b64encode(HOSTILE["20000 x 20000"][0]).decode()})
-    assert refused.status_code == 400 and "over this server's limit" in refused.json()["error"]["message"]
+    assert refused.status_code == 400 and "over the limit of" in refused.json()["error"]["message"]

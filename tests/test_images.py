@@ -127,7 +127,7 @@ HOSTILE = {
     "svg": (b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>', "SVG"),
     "svg without a prolog": (b' <svg xmlns="http://www.w3.org/2000/svg"><script>alert(1)</script></svg>', "SVG"),
     "eps (Ghostscript)": (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n", "cannot be read as PNG"),
-    "20,000 x 20,000 png": (_png_header_only(20_000, 20_000), "over this server's limit"),
+    "20,000 x 20,000 png": (_png_header_only(20_000, 20_000), "over the limit of"),
     "zero-width png": (_png_header_only(0, 10), "cannot be read as PNG"),
     "truncated png": (real_images()["RGB png"][:400], "truncated"),
     "corrupt png": (real_images()["RGB png"][:60] + bytes(200) + real_images()["RGB png"][260:], "corrupt"),
@@ -155,7 +155,7 @@ def test_a_declared_type_must_agree_with_the_bytes():
 def test_the_pixel_limit_is_the_servers(tmp_path):
     png = real_images()["RGB png"]  # 300 x 200 = 60,000 pixels
     assert decode_image(png, max_pixels=60_000).size == (300, 200)
-    with pytest.raises(ImageError, match="60,000 pixels, over this server's limit of 59,999"):
+    with pytest.raises(ImageError, match="60,000 pixels, over the limit of 59,999"):
         decode_image(png, max_pixels=59_999)
 
 

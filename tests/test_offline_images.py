@@ -173,7 +173,7 @@ def test_an_image_over_the_pixel_limit_is_a_bad_row(clip_artifacts, photos, tmp_
     result = encode(photos, "-o", out, "--on-error", "skip", "--max-image-pixels", "2500", artifacts=clip_artifacts)
     assert result.returncode == 0, result.stderr
     errors = {e["path"]: e["reason"] for e in map(json.loads, (tmp_path / "out.errors.jsonl").read_text().splitlines())}
-    assert errors["nested/c.webp"] == "the image is 64 x 48 = 3,072 pixels, over this server's limit of 2,500"
+    assert errors["nested/c.webp"] == "the image is 64 x 48 = 3,072 pixels, over the limit of 2,500"
     assert sorted(errors) == [CORRUPT, "nested/c.webp"]  # B.JPG's 33 x 64 = 2,112 is within it
     assert pq.read_table(out).column("id").to_pylist() == ["B.JPG", "a.png", "nested/d.PNG", "nested/e.gif"]
 
