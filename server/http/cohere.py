@@ -120,9 +120,10 @@ class CohereRoutes:
 def _named(error: InvalidInputError, field: str) -> InvalidInputError:
     """An error of the core's about its inputs, named by the body's field that sent them: texts, images or
     inputs (an `inputs` entry's text is its content's part)."""
-    if error.field is not None and error.field.startswith("inputs"):
+    neutral = error.field
+    if neutral is not None and neutral.startswith("inputs"):
         error = copy.copy(error)
-        rest = error.field[len("inputs"):]
+        rest = neutral[len("inputs"):]
         if field == "inputs" and rest.endswith((".text", ".token_ids")):
             rest = rest.rsplit(".", 1)[0] + ".content[0]"
         error.field = field + rest
