@@ -5,9 +5,13 @@ The steps are transformers' own, in its order and arithmetic, done with Pillow a
 1. convert to RGB, compositing any transparency over white (image_transforms.convert_to_rgb);
 2. resize with Pillow (its resample filter): the shortest edge to `size.shortest_edge`, the other edge scaled
    and truncated to an integer (CLIP), or to `size.height` x `size.width` (SigLIP);
+   or (SigLIP 2's NaFlex, Siglip2ImageProcessor) to the largest size of whole patches, its aspect ratio kept, that
+   has at most max_num_patches patches (get_image_size_for_max_num_patches);
 3. center crop to crop_size, padding with zeros where the image is smaller (np_center_crop);
 4. rescale: uint8 -> float64 x rescale_factor -> float32;
 5. normalize: (x - mean) / std in float32, per channel.
+SigLIP 2's processor then cuts the image into flattened patches (engine/image_encoder.py's `flat_patches`, where
+a batch is assembled): the pixels here stay (C, H, W).
 A setting it does not reproduce (padding, another processor class, a longest edge) is refused in one line when
 the model is read, not met by a request.
 
@@ -17,6 +21,7 @@ Shapes: C channels (3), H and W the image's height and width, S the side the tow
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +32,13 @@ from PIL import Image
 from attnserve.errors import CheckpointError
 
 PROCESSOR_TYPES = ("CLIPImageProcessor", "CLIPImageProcessorFast", "CLIPFeatureExtractor", "SiglipImageProcessor",
-                   "SiglipImageProcessorFast")
+                   "SiglipImageProcessorFast", "Siglip2ImageProcessor", "Siglip2ImageProcessorFast")
 # Keys that do not change the pixels.
 FREE_KEYS = {"image_processor_type", "feature_extractor_type", "processor_class", "default_to_square",
              "_valid_processor_keys", "image_seq_length"}
 KNOWN_KEYS = {"do_resize", "size", "resample", "do_center_crop", "crop_size", "do_rescale", "rescale_factor",
-              "do_normalize", "image_mean", "image_std", "do_convert_rgb", "do_pad"} | FREE_KEYS
+              "do_normalize", "image_mean", "image_std", "do_convert_rgb", "do_pad", "patch_size",
+              "max_num_patches"} | FREE_KEYS
 RESAMPLE = {int(f): f for f in Image.Resampling}  # 0 NEAREST ... 5 LANCZOS, as transformers' PILImageResampling
 
 
@@ -45,16 +51,22 @@ class ImageProcessor:
     rescale_factor: float | None  # None: no rescale
     mean: tuple[float, ...] | None  # None: no normalize
     std: tuple[float, ...] | None
+    # SigLIP 2's NaFlex: (patch side P, max_num_patches): each image resized to whole patches, at most that many.
+    patches: tuple[int, int] | None = None
 
     @property
     def output_side(self) -> tuple[int, int] | None:
-        """(height, width) of every output, or None where it follows the image (no crop, shortest-edge resize)."""
-        return self.crop or self.size
+        """(height, width) of every output, or None where it follows the image (no crop, shortest-edge resize,
+        NaFlex)."""
+        return None if self.patches is not None else self.crop or self.size
 
     def pixels(self, image: Image.Image) -> np.ndarray:
-        """A decoded image (engine/images.py) -> (C, S, S) float32."""
+        """A decoded image (engine/images.py) -> (C, S, S) float32 (NaFlex: (C, H, W), H and W whole patches)."""
         rgb = to_rgb(image)
-        if self.shortest_edge is not None:
+        if self.patches is not None:
+            height, width = size_for_max_patches(rgb.height, rgb.width, *self.patches)
+            rgb = rgb.resize((width, height), resample=self.resample)
+        elif self.shortest_edge is not None:
             rgb = rgb.resize(shortest_edge_size(rgb.size, self.shortest_edge), resample=self.resample)
         elif self.size is not None:
             rgb = rgb.resize((self.size[1], self.size[0]), resample=self.resample)
@@ -88,6 +100,24 @@ def shortest_edge_size(size: tuple[int, int], shortest: int) -> tuple[int, int]:
     short, long = (width, height) if width <= height else (height, width)
     new_long = int(shortest * long / short)
     return (shortest, new_long) if width <= height else (new_long, shortest)
+
+
+def size_for_max_patches(height: int, width: int, patch: int, max_patches: int, eps: float = 1e-5
+                         ) -> tuple[int, int]:
+    """(height, width) in whole patches of `patch` px, at least one each way, at most max_patches in all, the
+    image's aspect ratio kept as near as whole patches allow: transformers' get_image_size_for_max_num_patches, its
+    binary search over the scale step for step (so that its sizes are these)."""
+    def scaled(scale: float, size: int) -> int:
+        return max(patch, math.ceil(size * scale / patch) * patch)
+
+    low, high = eps / 10, 100.0
+    while high - low >= eps:
+        scale = (low + high) / 2
+        if (scaled(scale, height) / patch) * (scaled(scale, width) / patch) <= max_patches:
+            low = scale
+        else:
+            high = scale
+    return scaled(low, height), scaled(low, width)
 
 
 def center_crop(x: np.ndarray, crop: tuple[int, int]) -> np.ndarray:
@@ -158,10 +188,11 @@ def _processor(raw: dict, path: Path) -> ImageProcessor:
         raise CheckpointError(f"{path}: cannot reproduce the image processor setting {unknown[0]!r}")
     if raw.get("do_pad"):
         raise CheckpointError(f"{path}: cannot reproduce do_pad true")
-    siglip = kind.startswith("Siglip")
-    # The class's defaults where the file leaves a setting out (transformers' CLIPImageProcessor and
-    # SiglipImageProcessor).
-    defaults: dict[str, Any] = {"do_resize": True, "resample": 3, "do_center_crop": not siglip, "do_rescale": True,
+    siglip, naflex = kind.startswith("Siglip"), kind.startswith("Siglip2")
+    # The class's defaults where the file leaves a setting out (transformers' CLIPImageProcessor,
+    # SiglipImageProcessor and Siglip2ImageProcessor).
+    defaults: dict[str, Any] = {"do_resize": True, "resample": 2 if naflex else 3, "do_center_crop": not siglip,
+                                "do_rescale": True, "patch_size": 16, "max_num_patches": 256,
                                 "rescale_factor": 1 / 255, "do_normalize": True,
                                 "size": {"height": 224, "width": 224} if siglip else {"shortest_edge": 224},
                                 "crop_size": {"height": 224, "width": 224},
@@ -169,7 +200,13 @@ def _processor(raw: dict, path: Path) -> ImageProcessor:
                                 "image_std": [0.5] * 3 if siglip else [0.26862954, 0.26130258, 0.27577711]}
     settings = {**defaults, **{k: v for k, v in raw.items() if v is not None}}
     try:
-        shortest, size = _size(settings["size"]) if settings["do_resize"] else (None, None)
+        patches = None
+        if naflex:  # every image resized to its patches: no size, no crop (transformers' class ignores both)
+            if not settings["do_resize"]:
+                raise ValueError("do_resize false (a NaFlex image must be resized to whole patches)")
+            patches = (_positive(settings["patch_size"]), _positive(settings["max_num_patches"]))
+            settings.update(do_center_crop=False)
+        shortest, size = _size(settings["size"]) if settings["do_resize"] and not naflex else (None, None)
         crop = _side(settings["crop_size"]) if settings["do_center_crop"] else None
         resample = RESAMPLE[int(settings["resample"])]
         factor = float(settings["rescale_factor"]) if settings["do_rescale"] else None
@@ -180,7 +217,7 @@ def _processor(raw: dict, path: Path) -> ImageProcessor:
                 raise ValueError(f"image_std {std} must be above 0")
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: invalid image processor setting: {e}") from None
-    return ImageProcessor(shortest, size, resample, crop, factor, mean, std)
+    return ImageProcessor(shortest, size, resample, crop, factor, mean, std, patches)
 
 
 def _size(value: Any) -> tuple[int | None, tuple[int, int] | None]:

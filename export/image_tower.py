@@ -1,7 +1,9 @@
 """The image tower of a CLIP or SigLIP model (model/clip.py) as ONNX graphs with a dynamic batch axis, each
 verified against PyTorch before it is kept.
 
-Graphs (pixel_values (B, C, S, S) float32 in; S is fixed by the model):
+Graphs (pixel_values (B, C, S, S) float32 in; S is fixed by the model. SigLIP 2's NaFlex towers take each image at
+its own size instead: pixel_values (B, N, C * P * P) flattened patches, pixel_attention_mask (B, N) int64 and
+spatial_shapes (B, 2) int64, N dynamic too):
 - image_embeds.onnx: image_embeds (B, D) and last_hidden_state (B, T, H);
 - image_embeds_fp16.onnx: the same in fp16 inside (onnxruntime's converter; inputs and outputs stay fp32);
 - image_embeds_int8.onnx: weights int8 per output channel, activations quantised at run time (the patch
@@ -10,7 +12,9 @@ Graphs (pixel_values (B, C, S, S) float32 in; S is fixed by the model):
   patches the explorer draws;
 - image_embeds_bf16: image_embeds.onnx run by OpenVINO in bf16, as the text tower's bf16 variant (where OpenVINO is
   installed and the CPU computes bf16 natively: only there can it be verified).
-Each is run on check batches of 1, 2 and 5 random images and compared with PyTorch's outputs on the same pixels:
+Each is run on check batches of 1, 2 and 5 random images (NaFlex: of sizes from one patch to the processor's most,
+wide and tall, the batches padded) and compared with PyTorch's outputs on the same pixels, at each image's own
+positions:
 fp32 to 1e-4 in the hidden states and a cosine of 0.99999 in the embeddings; fp16 and bf16 a min cosine of 0.999
 (the text graphs' bar for them); int8 a mean cosine of 0.99 and a min of 0.98. A graph off its bar is an
 ExportVerificationError, not a file.
@@ -75,38 +79,72 @@ class ImageTower(nn.Module):
         self.vision, self.projection = model.vision, model.visual_projection
         self.output_attentions = output_attentions
 
-    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(self, pixel_values: torch.Tensor, pixel_attention_mask: torch.Tensor | None = None,
+                spatial_shapes: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         keep_value_norms(self.vision, self.output_attentions)
-        hidden, pooled, attentions = self.vision(pixel_values, output_attentions=self.output_attentions)
+        hidden, pooled, attentions = self.vision(pixel_values, output_attentions=self.output_attentions,
+                                                 patch_mask=pixel_attention_mask, spatial_shapes=spatial_shapes)
         embeds = pooled if self.projection is None else self.projection(pooled)  # (B, D)
         if attentions is None:
             return embeds, hidden
         return embeds, hidden, attentions, self.vision.value_norms()
 
 
-def check_pixels(cfg_side: int, channels: int, seed: int = 0) -> list[np.ndarray]:
+Feed = dict[str, np.ndarray]  # a graph's inputs by name
+
+
+def check_pixels(cfg_side: int, channels: int, seed: int = 0) -> list[Feed]:
     """The check batches: pixels as the preprocessing gives them (normalised, about -2..2)."""
     rng = np.random.default_rng(seed)
-    return [rng.normal(size=(b, channels, cfg_side, cfg_side)).astype(np.float32) for b in CHECK_BATCHES]
+    return [{"pixel_values": rng.normal(size=(b, channels, cfg_side, cfg_side)).astype(np.float32)}
+            for b in CHECK_BATCHES]
 
 
-def export_image_tower(model: ImageTextModel, out: Path, names: tuple[str, ...] | None = None
-                       ) -> dict[str, dict[str, float]]:
+def naflex_feed(shapes: list[tuple[int, int]], patch_pixels: int, rng: np.random.Generator) -> Feed:
+    """A NaFlex batch of images of rows x cols patches each, padded to the most: flattened patches (B, N, C*P*P),
+    their mask (B, N) and spatial_shapes (B, 2)."""
+    n = max(r * c for r, c in shapes)
+    pixels = np.zeros((len(shapes), n, patch_pixels), dtype=np.float32)
+    mask = np.zeros((len(shapes), n), dtype=np.int64)
+    for i, (r, c) in enumerate(shapes):
+        pixels[i, :r * c] = rng.normal(size=(r * c, patch_pixels))
+        mask[i, :r * c] = 1
+    return {"pixel_values": pixels, "pixel_attention_mask": mask, "spatial_shapes": np.array(shapes, dtype=np.int64)}
+
+
+def naflex_checks(max_patches: int, patch_pixels: int, seed: int = 0) -> list[Feed]:
+    """The check batches of a NaFlex tower: one patch, the most patches in one wide and one tall row of sizes, and
+    sizes between, so that the position grid is resized up and down along each axis."""
+    rng = np.random.default_rng(seed)
+    side = max(1, int(max_patches ** 0.5))
+    wide = (max(1, max_patches // (2 * side)), 2 * side)
+    sizes = [[(side, max_patches // side)], [(1, 1), wide],
+             [wide[::-1], (1, min(max_patches, 7)), (2, max(1, max_patches // 2 // 3)), (side, 1), (side, side)]]
+    return [naflex_feed(batch, patch_pixels, rng) for batch in sizes]
+
+
+def export_image_tower(model: ImageTextModel, out: Path, names: tuple[str, ...] | None = None,
+                       max_patches: int = 0) -> dict[str, dict[str, float]]:
     """The graphs `names` (keys of GRAPHS) of the model's image tower in `out`, each verified; returns each one's
-    parity numbers (names None: graph_names())."""
+    parity numbers (names None: graph_names()). max_patches: a NaFlex tower's most patches an image (its
+    processor's), which its checks span."""
     names = graph_names() if names is None else names
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.config.vision
-    checks = check_pixels(cfg.image_size, cfg.num_channels)
+    if cfg.variable_resolution:
+        checks = naflex_checks(max_patches or cfg.num_patches, cfg.num_channels * cfg.patch_size ** 2)
+    else:
+        checks = check_pixels(cfg.image_size, cfg.num_channels)
     with torch.no_grad():
-        expected = [tuple(t.numpy() for t in ImageTower(model, True)(torch.from_numpy(p))) for p in checks]
+        expected = [tuple(t.numpy() for t in ImageTower(model, True)(**{k: torch.from_numpy(v) for k, v in f.items()}))
+                    for f in checks]
     parities = {}
     plain = out / "image_embeds.onnx"
-    _trace(ImageTower(model), plain, cfg.image_size, cfg.num_channels, attentions=False)
+    _trace(ImageTower(model), plain, checks[1], attentions=False)
     for name in names:
         path = out / f"{SHARED.get(name, (name,))[0]}.onnx"
         if name == "image_attention":
-            _trace(ImageTower(model, output_attentions=True), path, cfg.image_size, cfg.num_channels, True)
+            _trace(ImageTower(model, output_attentions=True), path, checks[1], True)
         elif name == "image_embeds_fp16":
             run_isolated("the image tower's fp16 conversion", f"{__name__}:_convert_fp16",
                          {"src": str(plain), "dst": str(path)})
@@ -121,13 +159,21 @@ def export_image_tower(model: ImageTextModel, out: Path, names: tuple[str, ...] 
     return parities
 
 
-def _trace(module: ImageTower, path: Path, side: int, channels: int, attentions: bool) -> None:
+def _trace(module: ImageTower, path: Path, example: Feed, attentions: bool) -> None:
+    """example: a check batch of two images (the batch axis, and a NaFlex batch's patch axis, traced as such)."""
     outputs = ["image_embeds", "last_hidden_state"] + (["attentions", "value_norms"] if attentions else [])
-    axes = {"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}, "last_hidden_state": {0: "batch"},
-            "attentions": {1: "batch"}, "value_norms": {1: "batch"}}
-    example = torch.zeros(2, channels, side, side)  # two rows: the batch axis is traced as one
-    trace(module.eval(), (example,), ["pixel_values"], outputs, {k: v for k, v in axes.items()
-                                                                  if k in outputs or k == "pixel_values"}, path)
+    inputs = list(example)
+    if len(inputs) == 1:
+        axes = {"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}, "last_hidden_state": {0: "batch"},
+                "attentions": {1: "batch"}, "value_norms": {1: "batch"}}
+    else:  # NaFlex: N, the batch's most patches, varies too
+        axes = {"pixel_values": {0: "batch", 1: "patches"}, "pixel_attention_mask": {0: "batch", 1: "patches"},
+                "spatial_shapes": {0: "batch"}, "image_embeds": {0: "batch"},
+                "last_hidden_state": {0: "batch", 1: "patches"},
+                "attentions": {1: "batch", 3: "patches", 4: "patches"}, "value_norms": {1: "batch", 3: "patches"}}
+    args = tuple(torch.from_numpy(example[name]) for name in inputs)
+    trace(module.eval(), args, inputs, outputs, {k: v for k, v in axes.items() if k in outputs or k in inputs},
+          path)
 
 
 def _convert_fp16(src: str, dst: str) -> dict[str, int]:
@@ -139,27 +185,39 @@ def _convert_fp16(src: str, dst: str) -> dict[str, int]:
     return {}
 
 
+POSITIONS = "vision.embeddings.position_embedding.weight"  # the initializer's name in the traced graph
+
+
 def _quantize_int8(src: str, dst: str) -> dict[str, int]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    # A NaFlex tower's position embeddings are resized by a MatMul of interpolation weights: kept fp32, since
+    # an image's positions are what tell its patches apart.
+    graph = onnx.load(src, load_external_data=False).graph
+    resize = [n.name for n in graph.node if n.op_type == "MatMul" and POSITIONS in n.input]
     quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"],
-                     use_external_data_format=True)
+                     use_external_data_format=True, nodes_to_exclude=resize)
     return {}
 
 
-def verify_image_graph(path: Path, precision: str, checks: list[np.ndarray],
+def verify_image_graph(path: Path, precision: str, checks: list[Feed],
                        expected: list[tuple[np.ndarray, ...]], backend: str = "onnxruntime") -> dict[str, float]:
-    """The graph's outputs on the check batches against PyTorch's, held to its precision's bar."""
+    """The graph's outputs on the check batches against PyTorch's, held to its precision's bar: each image's
+    states and maps at its own positions (a NaFlex batch's padding is no image's)."""
     session = open_graph(path, backend, precision, CPU)
     wanted = list(GRAPH_OUTPUTS["image_attention" if path.stem == "image_attention" else "image_embeds"])
     cosines, worst_hidden, worst_maps = [], 0.0, 0.0
-    for pixels, (embeds, hidden, attentions, _) in zip(checks, expected, strict=True):
-        got = dict(zip(wanted, session.run(wanted, {"pixel_values": pixels}), strict=True))
+    for feed, (embeds, hidden, attentions, _) in zip(checks, expected, strict=True):
+        got = dict(zip(wanted, session.run(wanted, feed), strict=True))
         a, b = got["image_embeds"].astype(np.float64), embeds.astype(np.float64)
         cosines.extend((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1))
-        worst_hidden = max(worst_hidden, float(np.abs(got["last_hidden_state"] - hidden).max()))
-        if "attentions" in got:
-            worst_maps = max(worst_maps, float(np.abs(got["attentions"] - attentions).max()))
+        counts = feed["pixel_attention_mask"].sum(1) if "pixel_attention_mask" in feed else \
+            np.full(len(embeds), hidden.shape[1])
+        for i, n in enumerate(counts.tolist()):
+            worst_hidden = max(worst_hidden, float(np.abs(got["last_hidden_state"][i, :n] - hidden[i, :n]).max()))
+            if "attentions" in got:
+                worst_maps = max(worst_maps, float(np.abs(got["attentions"][:, i, :, :n, :n]
+                                                          - attentions[:, i, :, :n, :n]).max()))
     bar = BARS[precision]
     parity = {"min_cosine_image_embeds": float(min(cosines)), "mean_cosine_image_embeds": float(np.mean(cosines)),
               "max_abs_last_hidden_state": worst_hidden, "images_checked": float(len(cosines))}
@@ -191,13 +249,21 @@ def image_artifacts(checkpoint: Path, work: Path, log) -> dict:
     raw_processor, _ = processor_config_in(checkpoint)
     model = load_image_text_model(checkpoint)
     cfg = model.config
-    side = cfg.vision.image_size
-    if processor.output_side != (side, side):
+    side, patch = cfg.vision.image_size, cfg.vision.patch_size
+    max_patches = 0
+    if cfg.vision.variable_resolution:  # NaFlex: the processor's patches are the tower's, as many as it says
+        if processor.patches is None or processor.patches[0] != patch:
+            given = f"patches of {processor.patches[0]} px" if processor.patches else "whole images"
+            raise CheckpointError(f"{checkpoint}: a {cfg.family} image tower takes images in patches of {patch} px, "
+                                  f"and its image processor gives {given}")
+        max_patches = processor.patches[1]
+    elif processor.output_side != (side, side):
         raise CheckpointError(f"{checkpoint}: the image processor gives {processor.output_side or 'images of any size'}"
                               f", not the {side} x {side} the image tower takes")
+    sizes = f"up to {max_patches} patches an image, of" if max_patches else f"{cfg.vision.num_patches} patches of"
     log(f"exporting the image tower ({cfg.vision.num_layers} layers, hidden {cfg.vision.hidden_size}, "
-        f"{cfg.vision.num_patches} patches of {cfg.vision.patch_size} px): {', '.join(GRAPHS)}")
-    parities = export_image_tower(model, work)
+        f"{sizes} {patch} px): {', '.join(GRAPHS)}")
+    parities = export_image_tower(model, work, max_patches=max_patches)
     for name, parity in parities.items():
         log(f"verified {name}.onnx  min cosine {parity['min_cosine_image_embeds']:.6f} ({GRAPHS[name]})")
     (work / PROCESSOR_FILE).write_text(json.dumps(raw_processor, indent=2) + "\n", encoding="utf-8")
@@ -211,7 +277,7 @@ def image_artifacts(checkpoint: Path, work: Path, log) -> dict:
         "class_token": cfg.vision.class_token, "hidden_size": cfg.vision.hidden_size,
         "num_layers": cfg.vision.num_layers, "num_heads": cfg.vision.num_heads,
         "embedding_size": cfg.projection_dim, "logit_scale": scale, "logit_bias": bias,
-        "zero_shot": "sigmoid" if cfg.siglip else "softmax",
+        "zero_shot": "sigmoid" if cfg.siglip else "softmax", "max_patches": max_patches,
     }
 
 

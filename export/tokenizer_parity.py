@@ -53,8 +53,10 @@ def check_tokenizer(ckpt: Checkpoint) -> None:
             raise CheckpointError(f"{ckpt.directory}: cannot reproduce the tokenizer's length: transformers' "
                                   f"{name} truncates at {theirs}, the export read {ckpt.max_seq_length}")
     for side in ("padding_side", "truncation_side"):
-        # A causal model's real outputs (and its last real token) do not depend on which side is padded.
-        if side == "padding_side" and getattr(ckpt.config, "causal", False):
+        # A causal model's real outputs (and its last real token) do not depend on which side is padded; a model
+        # whose texts are padded to a fixed length (SigLIP's, SigLIP 2's) is padded on the right, the pads attended,
+        # as it was trained (model/clip.py), whichever side transformers' tokenizer class pads by default.
+        if side == "padding_side" and (getattr(ckpt.config, "causal", False) or ckpt.pipeline.pad_to):
             continue
         if getattr(reference, side, "right") != "right":
             raise CheckpointError(f"{ckpt.directory}: cannot reproduce {side} {getattr(reference, side)!r} "

@@ -18,6 +18,7 @@ Shapes: B batch, T tokens, H a tower's hidden size, D the shared space's size.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,13 @@ VISION_DEFAULTS = {
     "siglip": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
                "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6, "image_size": 224, "patch_size": 16,
                "num_channels": 3, "vision_use_head": True},
+    # SigLIP 2's NaFlex towers: no image size, a grid of num_patches position embeddings resized to each image.
+    "siglip2": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+                "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6, "num_patches": 256, "patch_size": 16,
+                "num_channels": 3, "vision_use_head": True},
 }
-ARCHITECTURES = {"clip": ("CLIPModel",), "siglip": ("SiglipModel",)}
+TEXT_DEFAULTS["siglip2"] = TEXT_DEFAULTS["siglip"]  # Siglip2TextConfig's are SiglipTextConfig's
+ARCHITECTURES = {"clip": ("CLIPModel",), "siglip": ("SiglipModel",), "siglip2": ("Siglip2Model",)}
 # sentence-transformers' save of an image-text model: one module over the transformers checkpoint, perhaps a
 # Normalize after it. Since 5.4 a Transformer at the root, whose modality_config calls these methods; before, a
 # CLIPModel module in its own folder (0_CLIPModel).
@@ -85,14 +91,15 @@ class TextConfig(TowerSizes):
 class ImageTextConfig:
     """Both towers and the space they share."""
 
-    family: str  # config.json's model_type: "clip" or "siglip"
+    family: str  # config.json's model_type: "clip", "siglip" or "siglip2" (NaFlex)
     text: TextConfig
     vision: VisionConfig
     projection_dim: int  # D
 
     @property
     def siglip(self) -> bool:
-        return self.family == "siglip"
+        """SigLIP's text head, pooling head and sigmoid scores (SigLIP 2's NaFlex towers are SigLIP's too)."""
+        return self.family in ("siglip", "siglip2")
 
     # As a text family's config (family.ModelConfig): the text tower's, which export treats as any text encoder's;
     # the image tower is exported beside it (export/image_tower.py).
@@ -152,7 +159,8 @@ def read_config(raw: dict[str, Any], path: Path) -> ImageTextConfig:
     """config.json of a CLIPModel or SiglipModel checkpoint -> its ImageTextConfig, or a one-line refusal."""
     family = raw.get("model_type")
     if family not in ARCHITECTURES:
-        raise CheckpointError(f"{path}: model_type {family!r} is not an image-text model (only clip, siglip)")
+        raise CheckpointError(f"{path}: model_type {family!r} is not an image-text model (only "
+                              f"{', '.join(ARCHITECTURES)})")
     check_architectures(raw, path, ARCHITECTURES[family])
     text = _tower(raw, "text_config", TEXT_DEFAULTS[family], path)
     vision = _tower(raw, "vision_config", VISION_DEFAULTS[family], path)
@@ -160,15 +168,21 @@ def read_config(raw: dict[str, Any], path: Path) -> ImageTextConfig:
         text_cfg = TextConfig(**_sizes(text), vocab_size=int(text["vocab_size"]),
                               max_position_embeddings=int(text["max_position_embeddings"]),
                               eos_token_id=int(text["eos_token_id"]), causal=family == "clip",
-                              last_token_pooling=family == "siglip", pad_token_id=int(text["pad_token_id"]))
-        siglip = family == "siglip"
+                              last_token_pooling=family != "clip", pad_token_id=int(text["pad_token_id"]))
+        siglip, naflex = family != "clip", family == "siglip2"
         if siglip and not vision.get("vision_use_head", True):
             raise CheckpointError(f"{path}: cannot reproduce vision_config.vision_use_head false (a SiglipModel "
                                   "pools with its head)")
-        vision_cfg = VisionConfig(**_sizes(vision), image_size=int(vision["image_size"]),
-                                  patch_size=int(vision["patch_size"]), num_channels=int(vision["num_channels"]),
-                                  class_token=not siglip, pre_norm=not siglip, patch_bias=siglip,
-                                  attention_pooling=siglip)
+        patch = int(vision["patch_size"])
+        if naflex:  # the position embeddings' grid, g x g = num_patches, as an image side of g x P
+            side = math.isqrt(int(vision["num_patches"]))
+            if side * side != int(vision["num_patches"]) or side < 1:
+                raise ValueError(f"vision_config.num_patches {vision['num_patches']} must be a square")
+        image_size = side * patch if naflex else int(vision["image_size"])
+        vision_cfg = VisionConfig(**_sizes(vision), image_size=image_size, patch_size=patch,
+                                  num_channels=int(vision["num_channels"]), class_token=not siglip,
+                                  pre_norm=not siglip, patch_bias=siglip, attention_pooling=siglip,
+                                  variable_resolution=naflex)
         # SigLIP's space is the text head's output, which must be the image tower's width; CLIP's is projection_dim.
         projection = vision_cfg.hidden_size if siglip else int(raw.get("projection_dim", 512))
     except (TypeError, ValueError) as e:
@@ -248,9 +262,11 @@ class ImageTextModel(nn.Module):
         """(B, T) -> (B, D), unnormalised (transformers' get_text_features)."""
         return self.text_projection(self.text(input_ids, attention_mask)[1])
 
-    def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """(B, C, S, S) -> (B, D), unnormalised (transformers' get_image_features)."""
-        pooled = self.vision(pixel_values)[1]
+    def image_features(self, pixel_values: torch.Tensor, patch_mask: torch.Tensor | None = None,
+                       spatial_shapes: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, C, S, S) -> (B, D), unnormalised (transformers' get_image_features); NaFlex: (B, N, C * P * P) with
+        patch_mask (B, N) and spatial_shapes (B, 2)."""
+        pooled = self.vision(pixel_values, patch_mask=patch_mask, spatial_shapes=spatial_shapes)[1]
         return pooled if self.visual_projection is None else self.visual_projection(pooled)
 
     def logits_per_image(self, image_embeds: torch.Tensor, text_embeds: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,9 @@ only a slow tokenizer's files (BERT's vocab.txt and tokenizer_config.json, a Sen
 transformers builds from them when sentence-transformers loads the folder (AutoTokenizer's fast tokenizer,
 converted from the slow one), written once into the attnserve cache, never into the checkpoint's folder.
 
+A checkpoint whose transformers tokenizer class changes its tokenizer.json as it loads it gets the one transformers
+builds too: SigLIP 2's (Siglip2Tokenizer puts a Lowercase normalizer in front of Gemma's, as SigLIP 2 was trained).
+
 The export then checks that tokenizer.json against transformers' own tokenizer on real and awkward texts
 (export/tokenizer_parity.py), as it checks a checkpoint's own.
 """
@@ -15,19 +18,25 @@ from pathlib import Path
 
 from attnserve.errors import CheckpointError
 
+from .checkpoint_files import read_json
+
 TOKENIZER_JSON = "tokenizer.json"
 # The files a slow tokenizer of transformers is built from: WordPiece's vocabulary, a SentencePiece model
 # (XLM-R's, T5's, Llama's), byte-level BPE's vocabulary and merges.
 SLOW_TOKENIZER_FILES = ("vocab.txt", "sentencepiece.bpe.model", "spiece.model", "tokenizer.model", "vocab.json")
+# config.json model types whose tokenizer class changes tokenizer.json as it loads it (module docstring).
+CHANGED_ON_LOAD = ("siglip2",)
 
 
 def tokenizer_json(directory: Path) -> Path:
     """The checkpoint's tokenizer.json, or the one transformers builds from its slow tokenizer's files (cached);
     CheckpointError, saying what would do, where there is neither."""
     own = directory / TOKENIZER_JSON
-    if own.is_file():
+    changed = _model_type(directory) in CHANGED_ON_LOAD
+    if own.is_file() and not changed:
         return own
-    slow = [name for name in SLOW_TOKENIZER_FILES if (directory / name).is_file()]
+    slow = [TOKENIZER_JSON] if changed and own.is_file() else [
+        name for name in SLOW_TOKENIZER_FILES if (directory / name).is_file()]
     if not slow:
         raise CheckpointError(f"checkpoint file missing: {own} (and no vocabulary to build it from: one of "
                               f"{', '.join(SLOW_TOKENIZER_FILES)})")
@@ -42,7 +51,8 @@ def tokenizer_json(directory: Path) -> Path:
         raise CheckpointError(f"{directory} has no {TOKENIZER_JSON}, only {', '.join(slow)}: building one needs "
                               "transformers (pip install 'attnserve[export]'), or save it with "
                               "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)") from None
-    print(f"attnserve: {directory} has no {TOKENIZER_JSON}: building it from {', '.join(slow)} as transformers does "
+    why = f"its {_model_type(directory)} tokenizer changes it on loading" if changed else f"it has no {TOKENIZER_JSON}"
+    print(f"attnserve: {directory}: {why}: building the tokenizer from {', '.join(slow)} as transformers does "
           f"(once, into {built.parent})", file=sys.stderr, flush=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(directory), use_fast=True)
@@ -57,3 +67,12 @@ def tokenizer_json(directory: Path) -> Path:
     tokenizer.backend_tokenizer.save(str(partial))
     os.replace(partial, built)  # whole or not at all, for processes building it together
     return built
+
+
+def _model_type(directory: Path) -> object:
+    """config.json's model_type, or None where there is no readable one (the checkpoint's reader says why)."""
+    try:
+        raw = read_json(directory / "config.json")
+    except CheckpointError:
+        return None
+    return raw.get("model_type") if isinstance(raw, dict) else None

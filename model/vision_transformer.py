@@ -10,6 +10,13 @@ the pooling head's probe -> patch map (SigLIP), and rollout over them. Two tower
   multi-head attention pooling head (a learned probe attends over the patches, then LayerNorm and MLP) pools.
 The image embedding is the pooled output through the checkpoint's projection (clip.py).
 
+SigLIP 2's NaFlex towers (variable_resolution) take each image at its own aspect ratio: the processor resizes it
+to as many patches as it needs (up to its max_num_patches) and flattens them; the tower projects each flattened
+patch with a Linear, and resizes its grid of position embeddings to the image's grid of rows x cols (transformers'
+bilinear, antialiased resize, written as the linear map it is, so it traces into the graph). A batch's images are
+padded to its longest with masked patches: pixel_values (B, N, C * P * P), patch_mask (B, N), spatial_shapes
+(B, 2) rows and cols.
+
 Shapes: B batch, C channels, S image side, P patch side, N = (S / P)^2 patches, T the sequence (N, or N + 1 with
 the class token), H hidden, nh heads, hs head size, F feed-forward size, L layers.
 """
@@ -26,6 +33,7 @@ import torch.nn.functional as F
 
 from .attention import SelfAttention
 from .blocks import GATE_ACTIVATIONS
+from .encoder import MASK_VALUE
 from .value_norms import keep_value_norms, stacked_value_norms
 
 
@@ -64,10 +72,13 @@ class VisionConfig(TowerSizes):
     pre_norm: bool = True  # CLIP's pre_layrnorm
     patch_bias: bool = False  # SigLIP's patch projection has a bias
     attention_pooling: bool = False  # SigLIP's pooling head; else the class token's state
+    # SigLIP 2's NaFlex: images of their own size, patches flattened by the processor; image_size is then the side
+    # of the position embeddings' grid in pixels (its sqrt(num_patches) x P).
+    variable_resolution: bool = False
 
     @property
     def grid(self) -> int:
-        """Patches along a side: S / P."""
+        """Patches along a side: S / P (NaFlex: the position embeddings' grid)."""
         return self.image_size // self.patch_size
 
     @property
@@ -140,18 +151,43 @@ def run_layers(layers: nn.ModuleList, x: torch.Tensor, mask: torch.Tensor, outpu
 class PatchEmbeddings(nn.Module):
     def __init__(self, cfg: VisionConfig):
         super().__init__()
-        H = cfg.hidden_size
-        self.patch_embedding = nn.Conv2d(cfg.num_channels, H, kernel_size=cfg.patch_size, stride=cfg.patch_size,
-                                         bias=cfg.patch_bias)
+        H, P = cfg.hidden_size, cfg.patch_size
+        self.grid = cfg.grid
+        self.patch_embedding: nn.Module = (
+            nn.Linear(cfg.num_channels * P * P, H, bias=cfg.patch_bias) if cfg.variable_resolution else
+            nn.Conv2d(cfg.num_channels, H, kernel_size=P, stride=P, bias=cfg.patch_bias))
         self.class_embedding = nn.Parameter(torch.empty(H)) if cfg.class_token else None
         self.position_embedding = nn.Embedding(cfg.num_patches + int(cfg.class_token), H)
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """(B, C, S, S) -> (B, T, H): patches in row-major order, after the class token where there is one."""
+    def forward(self, pixel_values: torch.Tensor, spatial_shapes: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, C, S, S) -> (B, T, H): patches in row-major order, after the class token where there is one.
+        NaFlex: (B, N, C * P * P) flattened patches and spatial_shapes (B, 2) -> (B, N, H)."""
+        if spatial_shapes is not None:
+            return self.patch_embedding(pixel_values) + self.resized_positions(spatial_shapes, pixel_values.shape[1])
         x = self.patch_embedding(pixel_values).flatten(2).transpose(1, 2)  # (B, H, S/P, S/P) -> (B, N, H)
         if self.class_embedding is not None:
             x = torch.cat([self.class_embedding.expand(x.shape[0], 1, -1), x], dim=1)  # (B, N + 1, H)
         return x + self.position_embedding.weight  # (T, H), broadcast over the batch
+
+    def resized_positions(self, spatial_shapes: torch.Tensor, length: int) -> torch.Tensor:
+        """(B, 2) each image's rows and cols -> its position embeddings (B, N = length, H): the g x g grid resized to
+        rows x cols as F.interpolate(mode="bilinear", align_corners=False, antialias=True) resizes it, in
+        transformers' arithmetic (Siglip2VisionEmbeddings); padding positions take the first patch's."""
+        g = self.grid
+        sizes = spatial_shapes.float()[:, None]  # (B, 1, 2)
+        positions = torch.arange(length, device=spatial_shapes.device, dtype=torch.float32)[None, :, None]  # (1, N, 1)
+        rows = torch.div(positions, sizes[..., 1:], rounding_mode="floor")  # (B, N, 1)
+        index = torch.cat([rows, positions - rows * sizes[..., 1:]], dim=-1)  # (B, N, 2): each patch's row, col
+        index = index * (positions < sizes.prod(-1, keepdim=True))
+        # Each axis's weights over the g source positions: a triangle filter, widened by the scale where it shrinks.
+        scale = g / sizes  # (B, 1, 2)
+        support = scale.clamp(min=1)
+        center = (index + 0.5) * scale - 0.5  # (B, N, 2)
+        source = torch.arange(g, device=spatial_shapes.device, dtype=torch.float32)
+        weights = (1 - (source - center[..., None]).abs().div(support[..., None])).clamp(min=0)  # (B, N, 2, g)
+        weights = weights / weights.sum(-1, keepdim=True)
+        weights = (weights[..., 0, :, None] * weights[..., 1, None, :]).flatten(-2)  # (B, N, g * g)
+        return weights @ self.position_embedding.weight  # (B, N, H)
 
 
 class AttentionPoolingHead(nn.Module):
@@ -174,7 +210,8 @@ class AttentionPoolingHead(nn.Module):
 
 class VisionTransformer(nn.Module):
     """pixel_values (B, C, S, S) -> (last_hidden_state (B, T, H), pooled (B, H), attentions (L, B, nh, T, T) or
-    None). The pooled output is before the checkpoint's projection."""
+    None). The pooled output is before the checkpoint's projection. NaFlex: pixel_values (B, N, C * P * P) with
+    patch_mask (B, N), 1 for an image's patches and 0 for padding, and spatial_shapes (B, 2)."""
 
     def __init__(self, cfg: VisionConfig):
         super().__init__()
@@ -185,18 +222,22 @@ class VisionTransformer(nn.Module):
         self.post_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.head = AttentionPoolingHead(cfg) if cfg.attention_pooling else None
 
-    def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False
+    def forward(self, pixel_values: torch.Tensor, output_attentions: bool = False,
+                patch_mask: torch.Tensor | None = None, spatial_shapes: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         keep_value_norms(self, output_attentions)
-        x = self.embeddings(pixel_values)  # (B, T, H)
+        x = self.embeddings(pixel_values, spatial_shapes)  # (B, T, H)
         if self.pre_layrnorm is not None:
             x = self.pre_layrnorm(x)
-        no_mask = x.new_zeros(1, 1, 1, 1)  # every patch of every image is real: nothing to mask
-        x, attentions = run_layers(self.layers, x, no_mask, output_attentions)
+        if patch_mask is None:  # every patch of every image is real: nothing to mask
+            mask = x.new_zeros(1, 1, 1, 1)
+        else:  # padding patches are keys no position attends to
+            mask = (patch_mask[:, None, None, :] == 0).to(x.dtype) * MASK_VALUE  # (B, 1, 1, N)
+        x, attentions = run_layers(self.layers, x, mask, output_attentions)
         if self.head is None:  # CLIP: the class token's state, normalised (the patches' are left as they are)
             return x, self.post_layernorm(x[:, 0]), attentions
         x = self.post_layernorm(x)
-        pooled, _ = self.head(x, no_mask)
+        pooled, _ = self.head(x, mask)
         return x, pooled, attentions
 
     def value_norms(self) -> torch.Tensor:

@@ -239,6 +239,18 @@ def clip_tokenizer():
     return transformers.CLIPTokenizerFast(vocab=vocab, merges=list(CLIP_MERGES))
 
 
+# The tiny image-text models' towers: 2 layers, hidden 64.
+TINY_TOWER = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+
+
+def siglip_text_config(tokenizer) -> dict:
+    """A tiny SigLIP (or SigLIP 2) text tower over clip_tokenizer's vocabulary: 64 positions every text is padded
+    to, its special tokens the tokenizer's."""
+    return {**TINY_TOWER, "vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.bos_token_id,
+            "max_position_embeddings": 64}
+
+
 def save_tiny_siglip(directory: Path, seed: int = 0, image_size: int = 32, patch_size: int = 8) -> Path:
     """A small random-weight SiglipModel as transformers saves it, with a fast tokenizer (the tiny BPE of
     clip_tokenizer: SigLIP's own is SentencePiece; SigLIP 2's is Gemma's) and SigLIP's image processor (resized to
@@ -248,15 +260,37 @@ def save_tiny_siglip(directory: Path, seed: int = 0, image_size: int = 32, patch
 
     tokenizer = clip_tokenizer()
     torch.manual_seed(seed)
-    tower = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
     config = transformers.SiglipConfig(
-        text_config={**tower, "vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
-                     "eos_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.bos_token_id,
-                     "max_position_embeddings": 64},
-        vision_config={**tower, "image_size": image_size, "patch_size": patch_size})
+        text_config=siglip_text_config(tokenizer),
+        vision_config={**TINY_TOWER, "image_size": image_size, "patch_size": patch_size})
     transformers.SiglipModel(config).eval().save_pretrained(str(directory), safe_serialization=True)
     tokenizer.save_pretrained(str(directory))
     transformers.SiglipImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(str(directory))
+    return directory
+
+
+def save_tiny_siglip2(directory: Path, seed: int = 0, num_patches: int = 16, patch_size: int = 8,
+                      max_num_patches: int = 24) -> Path:
+    """A small random-weight Siglip2Model (SigLIP 2's NaFlex towers) as transformers saves it, with a fast tokenizer
+    (clip_tokenizer's tiny BPE; SigLIP 2's own is Gemma's) and its Siglip2ImageProcessor: each image resized to
+    whole patches of patch_size px, at most max_num_patches of them (more than the num_patches position
+    embeddings, whose 4 x 4 grid is then resized up and down); 2 layers a tower, hidden 64, 64 text positions."""
+    import torch
+    import transformers
+
+    tokenizer = clip_tokenizer()
+    torch.manual_seed(seed)
+    config = transformers.Siglip2Config(
+        text_config=siglip_text_config(tokenizer),
+        vision_config={**TINY_TOWER, "num_patches": num_patches, "patch_size": patch_size})
+    model = transformers.Siglip2Model(config).eval()
+    with torch.no_grad():  # not the init's 0 and 0: the scale and bias are checked too
+        model.logit_scale.fill_(2.3)
+        model.logit_bias.fill_(-1.0)
+    model.save_pretrained(str(directory), safe_serialization=True)
+    tokenizer.save_pretrained(str(directory))
+    transformers.Siglip2ImageProcessor(patch_size=patch_size, max_num_patches=max_num_patches).save_pretrained(
+        str(directory))
     return directory
 
 
@@ -268,11 +302,10 @@ def save_tiny_clip(directory: Path, seed: int = 0, image_size: int = 32, patch_s
 
     tokenizer = clip_tokenizer()
     torch.manual_seed(seed)
-    tower = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
     config = transformers.CLIPConfig(
-        text_config={**tower, "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id,
+        text_config={**TINY_TOWER, "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id,
                      "bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id},
-        vision_config={**tower, "image_size": image_size, "patch_size": patch_size}, projection_dim=32)
+        vision_config={**TINY_TOWER, "image_size": image_size, "patch_size": patch_size}, projection_dim=32)
     transformers.CLIPModel(config).eval().save_pretrained(str(directory), safe_serialization=True)
     processor = transformers.CLIPImageProcessor(size={"shortest_edge": image_size},
                                                 crop_size={"height": image_size, "width": image_size})

@@ -166,12 +166,57 @@ def test_siglip_attention_over_patches_equals_transformers_eager(siglip_models):
     assert (pooled - want.pooler_output).abs().max() <= 1e-4
 
 
+@pytest.fixture(scope="module")
+def siglip2_models(tmp_path_factory):
+    """SigLIP 2's NaFlex base-patch16 (Siglip2Config's defaults: 256 position embeddings, patches of 16 px), random
+    weights: transformers' Siglip2Model and ours."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.Siglip2Model(transformers.Siglip2Config()).eval()
+    with torch.no_grad():
+        model.logit_scale.fill_(2.3)
+        model.logit_bias.fill_(-10.0)
+    directory = _save(model, tmp_path_factory.mktemp("siglip2") / "model")
+    reference = transformers.Siglip2Model.from_pretrained(str(directory), attn_implementation="eager").eval()
+    return reference, load_image_text_model(directory)
+
+
+def test_siglip2_naflex_images_of_every_shape_equal_transformers(siglip2_models):
+    """Images of their own rows x cols in one padded batch (wide, tall, one patch, the full 256 and more: the 16 x 16
+    position grid resized down and up along each axis), with their maps, and texts."""
+    reference, ours = siglip2_models
+    assert ours.config.family == "siglip2" and ours.config.vision.variable_resolution
+    shapes = torch.tensor([[8, 32], [25, 10], [1, 1], [16, 16], [12, 21]])  # rows, cols: at most 256 patches
+    n = int(shapes.prod(-1).max())
+    rng = np.random.default_rng(4)
+    pixels = torch.from_numpy(rng.normal(size=(len(shapes), n, 3 * 16 * 16)).astype(np.float32))
+    mask = (torch.arange(n)[None] < shapes.prod(-1)[:, None]).long()  # (B, N): each image's own patches
+    ids = torch.from_numpy(rng.integers(2, 32000, size=(2, 64)))
+    with torch.no_grad():
+        want = reference(input_ids=ids, pixel_values=pixels, pixel_attention_mask=mask, spatial_shapes=shapes)
+        want_maps = torch.stack(reference.vision_model(pixel_values=pixels, pixel_attention_mask=mask,
+                                                       spatial_shapes=shapes, output_attentions=True).attentions)
+        images = ours.image_features(pixels, mask, shapes)
+        texts = ours.text_features(ids, torch.ones_like(ids))
+        _, _, maps = ours.vision(pixels, output_attentions=True, patch_mask=mask, spatial_shapes=shapes)
+    assert _cosine(images, want.image_embeds).min() >= 0.99999
+    assert _cosine(texts, want.text_embeds).min() >= 0.99999
+    assert torch.allclose(ours.logits_per_image(images, texts), want.logits_per_image, atol=1e-3)
+    assert maps is not None
+    for i, count in enumerate(shapes.prod(-1).tolist()):  # each image's maps over its own patches
+        assert (maps[:, i, :, :count, :count] - want_maps[:, i, :, :count, :count]).abs().max() <= 1e-5
+
+
 @pytest.mark.parametrize(("change", "fragment"), [
     ({"architectures": ["CLIPForImageClassification"]}, "CLIPForImageClassification"),
     ({"vision_config": {"hidden_act": "prelu"}}, "vision_config.hidden_act 'prelu' is not supported"),
     ({"vision_config": {"image_size": 225}}, "must be a multiple of patch_size"),
     ({"text_config": {"num_attention_heads": 7}}, "a multiple of num_attention_heads"),
     ({"text_config": "nope"}, "text_config must be an object"),
+    ({"model_type": "siglip2", "architectures": ["Siglip2Model"], "vision_config": {"num_patches": 250}},
+     "vision_config.num_patches 250 must be a square"),
+    ({"model_type": "siglip3"}, "model_type 'siglip3' is not an image-text model \\(only clip, siglip, siglip2\\)"),
 ])
 def test_configs_the_towers_cannot_reproduce_are_refused_in_one_line(clip_dir, tmp_path, change, fragment):
     import json

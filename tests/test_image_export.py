@@ -16,12 +16,13 @@ from attnserve.export.image_tower import (
     ImageTower,
     export_image_tower,
     graph_names,
+    naflex_feed,
     verify_image_graph,
 )
 from attnserve.model.clip import load_image_text_model
 
 
-@pytest.fixture(scope="module", params=["clip", "siglip"])
+@pytest.fixture(scope="module", params=["clip", "siglip", "siglip2"])
 def exported(request, tmp_path_factory):
     import transformers
 
@@ -32,6 +33,8 @@ def exported(request, tmp_path_factory):
     depth = {"vision_config": {"num_hidden_layers": 2}, "text_config": {"num_hidden_layers": 1}}
     if request.param == "clip":
         reference = transformers.CLIPModel(transformers.CLIPConfig(projection_dim=512, **depth))
+    elif request.param == "siglip2":  # NaFlex base-patch16: 256 position embeddings, images of any shape
+        reference = transformers.Siglip2Model(transformers.Siglip2Config(**depth))
     else:
         reference = transformers.SiglipModel(transformers.SiglipConfig(**depth))
     reference.eval().save_pretrained(str(root / "model"))
@@ -53,27 +56,39 @@ def test_every_graph_is_written_and_holds_its_bar(exported):
     assert parities["image_attention"]["max_abs_attentions"] <= 1e-5
 
 
+def unseen_feed(model, batch: int) -> dict[str, np.ndarray]:
+    """A batch of `batch` images the checks never ran: a NaFlex tower's of rows x cols patches of their own."""
+    cfg = model.config.vision
+    rng = np.random.default_rng(batch)
+    if not cfg.variable_resolution:
+        return {"pixel_values": rng.normal(size=(batch, 3, cfg.image_size, cfg.image_size)).astype(np.float32)}
+    shapes = [(int(r), int(rng.integers(1, cfg.num_patches // r + 1))) for r in rng.integers(1, 17, size=batch)]
+    return naflex_feed(shapes, 3 * cfg.patch_size ** 2, rng)
+
+
 @pytest.mark.parametrize("batch", [3, 7])
 def test_graphs_run_at_unseen_batch_sizes_as_pytorch(exported, batch):
     model, graphs, _ = exported
-    side = model.config.vision.image_size
-    pixels = np.random.default_rng(batch).normal(size=(batch, 3, side, side)).astype(np.float32)
+    feed = unseen_feed(model, batch)
     with torch.no_grad():
-        embeds, hidden, maps, norms = ImageTower(model, True)(torch.from_numpy(pixels))
+        embeds, hidden, maps, norms = ImageTower(model, True)(**{k: torch.from_numpy(v) for k, v in feed.items()})
     session = open_session(graphs / "image_attention.onnx", CPU)
-    got_embeds, got_hidden, got_maps, got_norms = session.run(None, {"pixel_values": pixels})
+    got_embeds, got_hidden, got_maps, got_norms = session.run(None, feed)
     assert np.abs(got_embeds - embeds.numpy()).max() <= 1e-4
-    assert np.abs(got_maps - maps.numpy()).max() <= 1e-5 and got_maps.shape[1] == batch
-    assert np.allclose(got_maps.sum(-1), 1, atol=1e-5)
-    assert np.abs(got_norms - norms.numpy()).max() <= 1e-3 * max(1.0, float(norms.abs().max()))
+    counts = feed["pixel_attention_mask"].sum(1) if "pixel_attention_mask" in feed else [maps.shape[-1]] * batch
+    for i, n in enumerate(counts):  # each image's own positions (a NaFlex batch's padding is no image's)
+        assert np.abs(got_maps[:, i, :, :n, :n] - maps.numpy()[:, i, :, :n, :n]).max() <= 1e-5
+        assert np.allclose(got_maps[:, i, :, :n, :n].sum(-1), 1, atol=1e-5)
+        assert np.abs(got_norms[:, i, :, :n] - norms.numpy()[:, i, :, :n]).max() <= \
+            1e-3 * max(1.0, float(norms.abs().max()))
+    assert got_maps.shape[1] == batch
 
 
 def test_a_graph_off_its_bar_is_refused(exported):
     model, graphs, _ = exported
-    side = model.config.vision.image_size
-    pixels = [np.zeros((1, 3, side, side), dtype=np.float32)]
+    feeds = [unseen_feed(model, 1)]
     with torch.no_grad():
-        embeds, hidden, maps, norms = ImageTower(model, True)(torch.from_numpy(pixels[0]))
+        embeds, hidden, maps, norms = ImageTower(model, True)(**{k: torch.from_numpy(v) for k, v in feeds[0].items()})
     wrong = [(-embeds.numpy(), hidden.numpy(), maps.numpy(), norms.numpy())]  # the opposite direction
     with pytest.raises(ExportVerificationError, match="image_embeds.onnx \\(fp32\\) fails parity with PyTorch"):
-        verify_image_graph(graphs / "image_embeds.onnx", "fp32", pixels, wrong)
+        verify_image_graph(graphs / "image_embeds.onnx", "fp32", feeds, wrong)

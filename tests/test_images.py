@@ -102,6 +102,45 @@ def test_pixels_equal_transformers_image_processor(processors, kind, name):
     assert np.abs(ours - theirs).max() <= 1e-6
 
 
+@pytest.fixture(scope="module")
+def naflex_processors(tmp_path_factory) -> dict[str, Path]:
+    """SigLIP 2's NaFlex processor as transformers saves it, and one of small patches, a low patch budget and
+    another resample filter."""
+    import transformers
+
+    root = tmp_path_factory.mktemp("naflex")
+    for name, processor in {"siglip2": transformers.Siglip2ImageProcessor(),
+                            "siglip2-small": transformers.Siglip2ImageProcessor(patch_size=8, max_num_patches=64,
+                                                                                resample=3)}.items():
+        processor.save_pretrained(str(root / name))
+    return {"siglip2": root / "siglip2", "siglip2-small": root / "siglip2-small"}
+
+
+@pytest.mark.parametrize("kind", ["siglip2", "siglip2-small"])
+@pytest.mark.parametrize("name", list(real_images()))
+def test_naflex_pixels_equal_transformers_image_processor(naflex_processors, kind, name):
+    """Each image at its own aspect ratio in whole patches, as many as fit the budget: the size (spatial_shapes),
+    the patch count and every flattened patch equal to Siglip2ImageProcessor's."""
+    import transformers
+    from PIL import ImageOps
+
+    from attnserve.engine.image_encoder import flat_patches
+
+    data = real_images()[name]
+    processor = read_image_processor(naflex_processors[kind] / "preprocessor_config.json")
+    assert processor.patches is not None
+    ours = processor.pixels(decode_image(data))  # (C, H, W)
+    patch = processor.patches[0]
+    theirs = transformers.AutoImageProcessor.from_pretrained(str(naflex_processors[kind]), backend="pil")(
+        # Its class converts to RGB only when asked (an RGBA image is otherwise refused by its normalize)
+        images=ImageOps.exif_transpose(Image.open(io.BytesIO(data))), return_tensors="np", do_convert_rgb=True)
+    rows, cols = (int(x) for x in theirs["spatial_shapes"][0])
+    assert ours.shape == (3, rows * patch, cols * patch) and rows * cols <= processor.patches[1]
+    count = int(theirs["pixel_attention_mask"][0].sum())
+    assert count == rows * cols
+    assert np.abs(flat_patches(ours, patch) - theirs["pixel_values"][0][:count]).max() <= 1e-6
+
+
 def test_an_exif_rotated_jpeg_is_seen_upright():
     image = decode_image(_exif_rotated_jpeg())
     assert image.size == (90, 160)  # stored 160 x 90, viewed rotated
