@@ -467,7 +467,7 @@ class Engine:
             raise GraphUnavailableError(f"{self.manifest.model} has no image tower")
         started = time.perf_counter()
         out = self.images.run(list(inputs), attention)
-        lengths = np.full(len(inputs), self.images.positions, dtype=np.int64)
+        lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))  # NaFlex: each its own
         batch = BatchOutput(lengths, out["last_hidden_state"], out["image_embeds"], out.get("attentions"),
                             value_norms=out.get("value_norms"))
         batch.run_seconds = time.perf_counter() - started

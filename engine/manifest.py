@@ -131,7 +131,8 @@ class Manifest:
     # text tower being the model above: {"graphs": {name: {"file", "sha256", "precision", "data_files", "parity",
     # "outputs"}}, "processor": {"file", "sha256"}, "image_size", "patch_size", "num_channels", "class_token",
     # "hidden_size", "num_layers", "num_heads", "embedding_size", "logit_scale" (exp'd), "logit_bias" (or None),
-    # "zero_shot" ("softmax" or "sigmoid")}. None: a text model.
+    # "zero_shot" ("softmax" or "sigmoid"), "max_patches" (SigLIP 2's NaFlex: each image at its own size, up to
+    # this many patches; 0: a fixed-size tower)}. None: a text model.
     images: dict | None = None
     # A model whose texts are padded to a fixed length with pad_id, the pads attended to (SigLIP's text tower:
     # engine/tokenizer.py); 0: none. Optional on read, omitted from manifest.json when 0.
@@ -352,5 +353,5 @@ def _images(raw: dict) -> dict:
                                           "num_heads", "embedding_size")},
         "class_token": bool(raw["class_token"]), "logit_scale": float(raw["logit_scale"]),
         "logit_bias": None if raw.get("logit_bias") is None else float(raw["logit_bias"]),
-        "zero_shot": str(raw["zero_shot"]),
+        "zero_shot": str(raw["zero_shot"]), "max_patches": int(raw.get("max_patches", 0)),
     }

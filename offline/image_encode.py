@@ -56,10 +56,12 @@ def encode_images(engine: Engine, images: Sequence[bytes], normalize: bool, on_b
     num_tokens: the tower's positions; truncated: never (an image is resized, not cut)."""
     tower = image_tower(engine)
     start = time.perf_counter()
-    positions = tower.positions  # T
+    positions = tower.positions  # T (NaFlex: the most an image may have)
     batches = plan_batches(np.full(len(images), positions, dtype=np.int64), engine.batch_tokens,
                            engine.config.max_batch_size)
     embeddings = np.empty((len(images), tower.embedding_size), dtype=np.float32)  # (N, D); refused rows dropped below
+    lengths = np.zeros(len(images), dtype=np.int32)  # each image's own positions
+    cells = 0  # positions computed: each batch's longest x its images
     refused: dict[int, str] = {}
     with ThreadPoolExecutor(1, thread_name_prefix="attnserve-decode") as pool:
         def decoding(k: int) -> Future | None:
@@ -75,12 +77,14 @@ def encode_images(engine: Engine, images: Sequence[bytes], normalize: bool, on_b
                 pooled = engine.run(inputs).sentence_embedding  # (b, D): the tower's projected output
                 assert pooled is not None
                 embeddings[kept] = pooled
+                lengths[kept] = [len(x) for x in inputs]
+                cells += max(len(x) for x in inputs) * len(inputs)
                 on_batch(len(inputs))
     keep = np.ones(len(images), dtype=bool)
     keep[list(refused)] = False
-    embeddings = embeddings[keep]  # (n, D), in input order
+    embeddings, lengths = embeddings[keep], lengths[keep]  # (n, D), (n,), in input order
     if normalize:
         embeddings = l2_normalize(embeddings)
     n = len(embeddings)
-    stats = EncodeStats(n, n * positions, n * positions, time.perf_counter() - start)  # no padding: one length
-    return Encoded(embeddings, np.full(n, positions, dtype=np.int32), np.zeros(n, dtype=bool), stats), refused
+    stats = EncodeStats(n, int(lengths.sum()), cells, time.perf_counter() - start)
+    return Encoded(embeddings, lengths, np.zeros(n, dtype=bool), stats), refused

@@ -155,6 +155,20 @@ def siglip_artifacts(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def siglip2_artifacts(tmp_path_factory) -> Path:
+    """A tiny random-weight Siglip2Model (NaFlex: each image at its own size; tests/checkpoints.py), exported."""
+    from attnserve.export.artifacts import build_artifacts
+    from attnserve.model.checkpoint import read_checkpoint
+    from tests.checkpoints import save_tiny_siglip2
+
+    checkpoint = save_tiny_siglip2(tmp_path_factory.mktemp("siglip2") / "tiny-siglip2")
+    out = tmp_path_factory.mktemp("siglip2_artifacts") / "artifacts"
+    build_artifacts(read_checkpoint(checkpoint, "tiny-siglip2"), out, log=lambda m: None,
+                    variants=["embeddings", "attention"])
+    return out
+
+
 @pytest.fixture
 def artifacts_copy(artifacts, tmp_path) -> Path:
     """A private copy for tests that damage files."""

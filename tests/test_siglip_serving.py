@@ -58,14 +58,19 @@ def test_texts_and_images_embed_as_siglip_does(siglip_server, reference):
     assert len(tokens[0]) == 64  # the pads are inputs the tower attends to: every text is 64 tokens
 
 
-def test_zero_shot_is_the_sigmoid_of_each_logit(siglip_server, reference):
-    body = httpx.post(f"{siglip_server.http_url}/v1/zero_shot", timeout=30, json={
-        "images": [base64.b64encode(d).decode() for d in IMAGES], "labels": TEXTS}).json()
+def assert_sigmoid_zero_shot(server, images: list[bytes], labels: list[str], logits_per_image: np.ndarray) -> None:
+    """POST /v1/zero_shot scores each image's labels with the sigmoid of transformers' logits_per_image."""
+    body = httpx.post(f"{server.http_url}/v1/zero_shot", timeout=30, json={
+        "images": [base64.b64encode(d).decode() for d in images], "labels": labels}).json()
     assert body["activation"] == "sigmoid"
-    want = 1 / (1 + np.exp(-reference["logits_per_image"]))
+    want = 1 / (1 + np.exp(-logits_per_image))
     for i, result in enumerate(body["data"]):
         got = {s["label"]: s["score"] for s in result["scores"]}
-        assert np.allclose([got[t] for t in TEXTS], want[i], atol=1e-4)
+        assert np.allclose([got[t] for t in labels], want[i], atol=1e-4)
+
+
+def test_zero_shot_is_the_sigmoid_of_each_logit(siglip_server, reference):
+    assert_sigmoid_zero_shot(siglip_server, IMAGES, TEXTS, reference["logits_per_image"])
 
 
 def test_attention_over_patches_has_no_class_token_and_stretches(siglip_server, reference):

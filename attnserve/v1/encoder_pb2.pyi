@@ -276,20 +276,28 @@ class ImageTower(_message.Message):
     def __init__(self, image_size: _Optional[int] = ..., patch_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ...) -> None: ...
 
 class PatchPositions(_message.Message):
-    __slots__ = ("image_size", "patch_size", "grid", "class_token", "boxes", "fit")
+    __slots__ = ("image_size", "patch_size", "grid", "class_token", "boxes", "fit", "height", "width", "rows", "cols")
     IMAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     GRID_FIELD_NUMBER: _ClassVar[int]
     CLASS_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BOXES_FIELD_NUMBER: _ClassVar[int]
     FIT_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
     image_size: int
     patch_size: int
     grid: int
     class_token: bool
     boxes: _containers.RepeatedScalarFieldContainer[int]
     fit: str
-    def __init__(self, image_size: _Optional[int] = ..., patch_size: _Optional[int] = ..., grid: _Optional[int] = ..., class_token: _Optional[bool] = ..., boxes: _Optional[_Iterable[int]] = ..., fit: _Optional[str] = ...) -> None: ...
+    height: int
+    width: int
+    rows: int
+    cols: int
+    def __init__(self, image_size: _Optional[int] = ..., patch_size: _Optional[int] = ..., grid: _Optional[int] = ..., class_token: _Optional[bool] = ..., boxes: _Optional[_Iterable[int]] = ..., fit: _Optional[str] = ..., height: _Optional[int] = ..., width: _Optional[int] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ...) -> None: ...
 
 class RerankRequest(_message.Message):
     __slots__ = ("query", "texts", "raw_scores", "return_text", "truncate", "truncation_direction", "top_n", "model")

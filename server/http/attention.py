@@ -42,10 +42,12 @@ def render(reply: EncodeReply, base64_format: bool) -> bytes:
             **({"pair_start": item.pair_start} if item.pair_start is not None else {}), "layers": layers,
             "heads": heads}
         if item.layout is not None:  # an image's: where each position (both axes) lies in the image its tower takes
-            entry["image"] = {"size": item.layout.image_size, "patch_size": item.layout.patch_size,
-                              "grid": item.layout.grid, "class_token": item.layout.class_token,
-                              "fit": item.layout.fit,
-                              "boxes": item.layout.boxes().tolist()}
+            layout = item.layout
+            square = layout.height == layout.width  # size and grid: a square image's side (null otherwise)
+            entry["image"] = {"size": layout.height if square else None, "patch_size": layout.patch_size,
+                              "grid": layout.rows if square else None, "height": layout.height,
+                              "width": layout.width, "rows": layout.rows, "cols": layout.cols,
+                              "class_token": layout.class_token, "fit": layout.fit, "boxes": layout.boxes().tolist()}
         if item.attentions is not None:  # unless weights false
             entry |= {"shape": list(item.attentions.shape), "attentions": floats(item.attentions, base64_format)}
         if "rollout" in item.analyses:

@@ -771,13 +771,19 @@ class AttentionBody(_Strict):
 
 
 class PatchPositions(BaseModel):
-    size: int = Field(description="the side of the square image the tower takes (after resize and crop)")
+    size: int | None = Field(description="the side of the square image the tower takes (after resize and crop); "
+                                         "null where it is not square (SigLIP 2's NaFlex: height and width)")
     patch_size: int
-    grid: int = Field(description="patches along a side")
+    grid: int | None = Field(description="patches along a side of a square image; null where it is not square")
+    height: int = Field(description="the image the tower takes, in pixels")
+    width: int
+    rows: int = Field(description="its patches: rows x cols in row-major order")
+    cols: int
     class_token: bool = Field(description="whether the first position is the class token (CLIP), not a patch")
-    fit: Literal["crop", "stretch"] = Field(description="how the picture became the square image: its shortest "
-                                                         "edge resized to size, then the center square (crop: CLIP),"
-                                                         " or resized to size x size (stretch: SigLIP)")
+    fit: Literal["crop", "stretch", "patches"] = Field(
+        description="how the picture became that image: its shortest edge resized to size, then the center square "
+                    "(crop: CLIP), resized to size x size (stretch: SigLIP), or resized to whole patches, its "
+                    "aspect ratio kept as near as they allow (patches: SigLIP 2's NaFlex)")
     boxes: list[list[int]] = Field(description="each position's [top, left, bottom, right] in that image, in the "
                                                "maps' order (the class token's: the whole image)")
 

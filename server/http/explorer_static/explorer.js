@@ -26,7 +26,8 @@
     busy: 0, // operations in flight
     compare: null, // {source}: the right-hand input of the compare tab
     models: [], // the served models, as Api.models gives them
-    image: null, // the shown image: {picture, maps: Float32Array [L, heads, T, T], rollout, T, L, heads, layout}
+    // the shown image: {picture, maps: Float32Array [L, heads, T, T], rollout, T, L, heads, layout, rows, cols}
+    image: null,
     errors: [], // the page's own failures (bugs), never the server's refusals
   };
 
@@ -373,29 +374,34 @@
       analyses: ["rollout"] });
     const item = reply.data[0], T = item.num_tokens;
     state.image = { picture, maps: ns.data.floats(item.attentions), rollout: ns.data.floats(item.rollout), T, L,
-      heads: item.shape[1], layout: item.image, name: file.name };
+      heads: item.shape[1], layout: item.image, ...gridShape(item.image), name: file.name };
     const layerSelect = $("image-layer"), headSelect = $("image-head");
     layerSelect.replaceChildren(...[...Array(L).keys()].map((l) => new Option(`${l}`, String(l))));
     layerSelect.value = String(L - 1);
     headSelect.replaceChildren(new Option("mean of heads", "mean"),
       ...[...Array(state.image.heads).keys()].map((h) => new Option(`${h}`, String(h))));
-    setStatus(`${file.name}: ${item.image.grid} x ${item.image.grid} patches of ${item.image.patch_size} px, ` +
+    setStatus(`${file.name}: ${state.image.rows} x ${state.image.cols} patches of ${item.image.patch_size} px, ` +
       `${L} layers, ${state.image.heads} heads`);
     await switchTab("image");
+  }
+
+  // An image entry's patch grid: rows x cols (an older server's reply has only grid, a square's side).
+  function gridShape(layout) {
+    return layout.rows ? { rows: layout.rows, cols: layout.cols } : { rows: layout.grid, cols: layout.grid };
   }
 
   async function renderImage() {
     const image = state.image;
     if (!image) return;
     const layer = Number($("image-layer").value), head = $("image-head").value;
-    const { T, heads, layout } = image, block = heads * T * T;
+    const { T, heads, layout, rows, cols } = image, block = heads * T * T;
     const grid = ns.patchGrids.layerGrid(image.maps.subarray(layer * block, (layer + 1) * block), heads, T, head,
       layout.class_token);
-    imageViews.map.draw(image.picture, grid, layout.grid, layout.fit, "max");
+    imageViews.map.draw(image.picture, grid, rows, cols, layout.fit, "max");
     $("image-map-caption").textContent = `layer ${layer}, ${head === "mean" ? "mean of heads" : `head ${head}`}: ` +
       (layout.class_token ? "class token → patches" : "attention each patch receives");
     imageViews.rollout.draw(image.picture, ns.patchGrids.patchGrid(image.rollout, T, layout.class_token),
-      layout.grid, layout.fit, "max");
+      rows, cols, layout.fit, "max");
   }
 
   function switchTab(tab) {
@@ -552,7 +558,7 @@
       busy: state.busy, tab: state.tab, tokens: state.overview ? state.overview.tokens : null,
       numLayers: state.overview ? state.overview.numLayers : null,
       heads: state.overview ? state.overview.heads : null, errors: state.errors }),
-    // the image tab: what each of its two pictures shows (grid, side, fit), and a patch's centre on the page
+    // the image tab: what each of its two pictures shows (grid, rows, cols, fit), and a patch's centre on the page
     imageInfo: (name) => imageViews[name].info(),
     imagePatchCenter: (name, row, col) => imageViews[name].patchCenter(row, col),
     open, switchTab, png, svg, standaloneHTML,

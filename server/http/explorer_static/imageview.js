@@ -1,6 +1,7 @@
 // An image's attention over its patches (an image-text model's: CLIP, SigLIP), drawn over the picture: the part the
-// model saw (its center square for CLIP's processor, "crop"; all of it stretched square for SigLIP's, "stretch"),
-// each patch's box filled with its weight's colour, blended with the picture. The grids are read from the maps as
+// model saw (its center square for CLIP's processor, "crop"; all of it stretched square for SigLIP's, "stretch"; all
+// of it stretched to its rows x cols patches for SigLIP 2's NaFlex, "patches", whose grid need not be square), each
+// patch's box filled with its weight's colour, blended with the picture. The grids are read from the maps as
 // engine/patch_attention.py reads them: with a class token (CLIP) its row over the patches, renormalised; without
 // one (SigLIP) the attention each patch receives, averaged over the patches' rows.
 "use strict";
@@ -8,7 +9,7 @@
   const { makeScale, formatValue } = ns.colors;
   const ALPHA = 0.6; // the colours' share of each pixel: the picture stays readable under them
 
-  // (T, T) row-major weights -> the g x g grid (Float64Array, row-major) summing to 1.
+  // (T, T) row-major weights -> the rows x cols grid (Float64Array, row-major) summing to 1.
   function patchGrid(rows, T, classToken) {
     const first = classToken ? 1 : 0, n = T - first;
     const grid = new Float64Array(n);
@@ -39,49 +40,64 @@
       this.canvas = canvas;
       this.hover = hover;
       this.side = side;
-      this.shown = null; // {grid, g, fit, scale}
+      this.shown = null; // {grid, rows, cols, g, fit, scale, width, height}
       canvas.addEventListener("mousemove", (e) => this.onHover(e));
     }
 
-    // picture: a decoded <img>; grid: g x g weights; fit: "crop" or "stretch"; scale: "fixed" (0..1) or "max".
-    draw(picture, grid, g, fit, scaleKind) {
-      const side = this.side, canvas = this.canvas, ctx = canvas.getContext("2d");
-      canvas.width = canvas.height = side;
+    // picture: a decoded <img>; grid: rows x cols weights, row-major; fit: "crop", "stretch" or "patches"; scale:
+    // "fixed" (0..1) or "max". The canvas is the image the model took: square, or rows x cols patches' aspect
+    // ratio (its longer side `side` px).
+    draw(picture, grid, rows, cols, fit, scaleKind) {
+      const canvas = this.canvas, ctx = canvas.getContext("2d");
+      const { width, height } = this.canvasSize(rows, cols);
+      canvas.width = width;
+      canvas.height = height;
       const w = picture.naturalWidth, h = picture.naturalHeight, m = Math.min(w, h);
-      if (fit === "stretch") ctx.drawImage(picture, 0, 0, w, h, 0, 0, side, side);
-      else ctx.drawImage(picture, (w - m) / 2, (h - m) / 2, m, m, 0, 0, side, side);
+      // stretch and patches: the whole picture, resized as the processor resized it; crop: its centre square
+      if (fit === "crop") ctx.drawImage(picture, (w - m) / 2, (h - m) / 2, m, m, 0, 0, width, height);
+      else ctx.drawImage(picture, 0, 0, w, h, 0, 0, width, height);
       let hi = 0;
       for (const v of grid) hi = Math.max(hi, v);
       const scale = makeScale("fixed", scaleKind === "max" ? hi : 1);
-      const cell = side / g;
+      const cellW = width / cols, cellH = height / rows;
       ctx.globalAlpha = ALPHA;
-      for (let i = 0; i < g; i++) {
-        for (let j = 0; j < g; j++) {
-          ctx.fillStyle = scale.hex(grid[i * g + j]);
-          ctx.fillRect(j * cell, i * cell, Math.ceil(cell), Math.ceil(cell));
+      for (let i = 0; i < rows; i++) {
+        for (let j = 0; j < cols; j++) {
+          ctx.fillStyle = scale.hex(grid[i * cols + j]);
+          ctx.fillRect(j * cellW, i * cellH, Math.ceil(cellW), Math.ceil(cellH));
         }
       }
       ctx.globalAlpha = 1;
-      this.shown = { grid: Array.from(grid), g, fit, scale: scaleKind };
+      // g: a square grid's side (null otherwise), as the reply's image.grid
+      this.shown = { grid: Array.from(grid), rows, cols, g: rows === cols ? rows : null, fit, scale: scaleKind,
+        width, height };
+    }
+
+    // The canvas's pixels: `side` along the grid's longer side, the other in proportion (patches are square).
+    canvasSize(rows, cols) {
+      const side = this.side;
+      if (rows === cols) return { width: side, height: side };
+      return rows > cols ? { width: Math.max(1, Math.round((side * cols) / rows)), height: side }
+        : { width: side, height: Math.max(1, Math.round((side * rows) / cols)) };
     }
 
     onHover(e) {
       if (!this.shown || !this.hover) return;
-      const box = this.canvas.getBoundingClientRect(), g = this.shown.g;
-      const col = Math.floor(((e.clientX - box.left) / box.width) * g);
-      const row = Math.floor(((e.clientY - box.top) / box.height) * g);
-      if (row < 0 || col < 0 || row >= g || col >= g) return;
-      this.hover.textContent = `patch ${row},${col}: ${formatValue(this.shown.grid[row * g + col])}`;
+      const box = this.canvas.getBoundingClientRect(), { rows, cols } = this.shown;
+      const col = Math.floor(((e.clientX - box.left) / box.width) * cols);
+      const row = Math.floor(((e.clientY - box.top) / box.height) * rows);
+      if (row < 0 || col < 0 || row >= rows || col >= cols) return;
+      this.hover.textContent = `patch ${row},${col}: ${formatValue(this.shown.grid[row * cols + col])}`;
     }
 
-    // What is drawn, for tests: the grid, its side, the fit, and the canvas's pixel at a patch's centre.
+    // What is drawn, for tests: the grid, its rows and cols (and g, a square's side), the fit, the canvas's size.
     info() {
       return this.shown;
     }
 
     patchCenter(row, col) {
-      const box = this.canvas.getBoundingClientRect(), g = this.shown.g;
-      return { x: box.left + ((col + 0.5) / g) * box.width, y: box.top + ((row + 0.5) / g) * box.height };
+      const box = this.canvas.getBoundingClientRect(), { rows, cols } = this.shown;
+      return { x: box.left + ((col + 0.5) / cols) * box.width, y: box.top + ((row + 0.5) / rows) * box.height };
     }
   }
 
