@@ -55,14 +55,35 @@ Input = str | Sequence[int] | tuple[str, str] | ImageInput
 
 @dataclass(frozen=True)
 class PatchPositions:
-    """Where an image's positions (the maps' axes) lie in the square image its tower takes."""
+    """Where an image's positions (the maps' axes) lie in the height x width image its tower takes (square for
+    CLIP and SigLIP; SigLIP 2's NaFlex keeps each picture's aspect ratio)."""
 
-    image_size: int
+    image_size: int  # a square image's side; 0 where it is not square
     patch_size: int
-    grid: int  # patches along a side
+    grid: int  # patches along a side of a square image; 0 where it is not square
     class_token: bool  # the first position is the class token (CLIP), whose box is the whole image
     boxes: np.ndarray  # (T, 4) int: each position's top, left, bottom, right
-    fit: str = "crop"  # how the picture became the square image: "crop" (CLIP's) or "stretch" (SigLIP's)
+    # How the picture became that image: "crop" (CLIP's), "stretch" (SigLIP's) or "patches" (NaFlex's: resized to
+    # whole patches, its aspect ratio kept as near as they allow).
+    fit: str = "crop"
+    height: int = 0  # px; 0 (unset) only where built by hand with a square's fields alone
+    width: int = 0
+    rows: int = 0  # the patches: rows x cols in row-major order
+    cols: int = 0
+
+    def __post_init__(self):
+        # A square's fields alone (an older server's reply, or built by hand) imply the rest.
+        if not self.rows:
+            object.__setattr__(self, "rows", self.grid)
+            object.__setattr__(self, "cols", self.grid)
+        if not self.height:
+            object.__setattr__(self, "height", self.image_size)
+            object.__setattr__(self, "width", self.image_size)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(rows, cols): the maps' patches as a grid (engine/patch_attention.py's shape)."""
+        return self.rows, self.cols
 
 
 class RequestError(AttnserveError):
@@ -153,6 +174,13 @@ def to_array(tensor: pb.Tensor) -> np.ndarray:
     return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
 
 
+def to_patches(patches: pb.PatchPositions) -> PatchPositions:
+    """rows 0: an older server's reply, whose image is square: PatchPositions fills them from grid, image_size."""
+    return PatchPositions(patches.image_size, patches.patch_size, patches.grid, patches.class_token,
+                          np.array(patches.boxes, dtype=np.int64).reshape(-1, 4), patches.fit or "crop",
+                          patches.height, patches.width, patches.rows, patches.cols)
+
+
 def to_result(embedding: pb.Embedding) -> EmbeddingResult:
     return EmbeddingResult(
         # A reranker's attention reply has none: an empty vector.
@@ -170,11 +198,7 @@ def to_result(embedding: pb.Embedding) -> EmbeddingResult:
         norms=to_array(embedding.analyses.norms) if embedding.analyses.HasField("norms") else None,
         norms_summed=to_array(embedding.analyses.norms_summed) if embedding.analyses.HasField("norms_summed")
         else None,
-        patches=PatchPositions(embedding.patches.image_size, embedding.patches.patch_size, embedding.patches.grid,
-                               embedding.patches.class_token,
-                               np.array(embedding.patches.boxes, dtype=np.int64).reshape(-1, 4),
-                               embedding.patches.fit or "crop")
-        if embedding.HasField("patches") else None,
+        patches=to_patches(embedding.patches) if embedding.HasField("patches") else None,
     )
 
 

@@ -3,9 +3,11 @@ model (CLIP, SigLIP), drawn over the picture (.png, .jpg), or its arrays (.npz, 
 
 Views: heatmap (a layer's map over the patches, the mean of its heads or one --head: CLIP's class token -> patch
 row, SigLIP's attention each patch receives; engine/patch_attention.py), rollout (Abnar & Zuidema's, read the same
-way), model (every layer x head, each a small picture). The maps are drawn over the part of the picture the model
-saw: its center square for CLIP's processor ("crop"), all of it for SigLIP's ("stretch"), at the picture's own
-resolution, the picture upright as the server decoded it (EXIF orientation applied).
+way), model (every layer x head, each a small picture). Each map is the tower's rows x cols patch grid (square but
+for SigLIP 2's NaFlex towers). The maps are drawn over the part of the picture the model saw: its center square for
+CLIP's processor ("crop"), all of it for SigLIP's ("stretch") and NaFlex's ("patches": all of it, stretched to the
+grid's aspect ratio, which is the picture's as near as whole patches allow), at the picture's own resolution, the
+picture upright as the server decoded it (EXIF orientation applied).
 """
 
 from __future__ import annotations
@@ -47,19 +49,35 @@ class ImageAttention:
     patches: PatchPositions
 
     def seen(self) -> Image.Image:
-        """The part of the picture the model saw: the center square (crop) or all of it (stretch)."""
+        """The part of the picture the model saw: the center square (crop), all of it (stretch), or all of it at the
+        grid's aspect ratio (patches: the model saw it resized to rows x cols whole patches)."""
         if self.patches.fit == "stretch":
             return self.picture
+        if self.patches.fit == "patches":
+            return self._at_grid_ratio()
         width, height = self.picture.size
         side = min(width, height)
         left, top = (width - side) // 2, (height - side) // 2
         return self.picture.crop((left, top, left + side, top + side))
 
+    def _at_grid_ratio(self) -> Image.Image:
+        """The whole picture stretched to the patch grid's aspect ratio (cols : rows), its larger side kept, so
+        that each patch's colour falls on the part of the picture that patch saw."""
+        width, height = self.picture.size
+        rows, cols = self.patches.shape
+        if width * rows >= height * cols:  # wider than the grid: keep the width
+            size = (width, max(1, round(width * rows / cols)))
+        else:
+            size = (max(1, round(height * cols / rows)), height)
+        return self.picture if size == self.picture.size else self.picture.resize(size, Image.Resampling.BICUBIC)
+
     def grid(self, view: str, layer: int, head: int | None) -> tuple[np.ndarray, str]:
-        """(g, g) weights summing to 1, and what they are."""
+        """(rows, cols) weights summing to 1, and what they are."""
+        shape = self.patches.shape
         if view == "rollout":
-            return patch_rollout(self.maps, self.patches.class_token), "attention rollout (Abnar & Zuidema, 2020)"
-        grids = patch_maps(self.maps, self.patches.class_token)[layer]  # (nh, g, g)
+            return (patch_rollout(self.maps, self.patches.class_token, shape),
+                    "attention rollout (Abnar & Zuidema, 2020)")
+        grids = patch_maps(self.maps, self.patches.class_token, shape)[layer]  # (nh, rows, cols)
         what = "class token -> patches" if self.patches.class_token else "attention each patch receives"
         if head is None:
             return grids.mean(axis=0), f"layer {layer}, mean of {len(grids)} heads: {what}"
@@ -91,9 +109,12 @@ def fetch_image(client: Client, source: Path, num_layers: int) -> ImageAttention
 def write_image(data: ImageAttention, view: str, path: Path, layer: int, head: int | None) -> str:
     """Write the file; returns what was written, for the command's one line."""
     suffix = path.suffix.lower()
-    arrays = {"attentions": data.maps, "rollout": data.rollout, "boxes": data.patches.boxes,
-              "tokens": np.array(data.tokens), "image_size": np.array(data.patches.image_size),
-              "class_token": np.array(data.patches.class_token)}
+    patches = data.patches
+    # image_size: a square image's side (0 otherwise), as before; height, width, rows, cols: any image's.
+    arrays = {"attentions": data.maps, "rollout": data.rollout, "boxes": patches.boxes,
+              "tokens": np.array(data.tokens), "image_size": np.array(patches.image_size),
+              "height": np.array(patches.height), "width": np.array(patches.width), "rows": np.array(patches.rows),
+              "cols": np.array(patches.cols), "class_token": np.array(patches.class_token)}
     try:
         if suffix == ".npz":
             np.savez_compressed(path, **arrays)  # type: ignore[arg-type]
@@ -118,7 +139,7 @@ def _model_view(data: ImageAttention, path: Path) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    grids = patch_maps(data.maps, data.patches.class_token)  # (L, nh, g, g)
+    grids = patch_maps(data.maps, data.patches.class_token, data.patches.shape)  # (L, nh, rows, cols)
     layers, heads = grids.shape[:2]
     seen = data.seen()
     seen.thumbnail((160, 160))

@@ -693,7 +693,8 @@ def test_the_image_tab_draws_the_class_tokens_map_and_rollout_over_the_picture(b
                                 [0, 1], ["rollout"])
     maps, rollout = as_array(served.attentions), as_array(served.analyses.rollout)  # (L, nh, T, T), (T, T)
     shown = js(browser, "window.explorer.imageInfo('map')")
-    assert shown["g"] == 4 and shown["fit"] == "crop"
+    assert (shown["rows"], shown["cols"], shown["g"], shown["fit"]) == (4, 4, 4, "crop")
+    assert (shown["width"], shown["height"]) == (360, 360)  # the model's centre square
     assert np.allclose(shown["grid"], patch_maps(maps, True)[1].mean(axis=0).ravel(), atol=1e-6)  # the last layer
     assert np.allclose(js(browser, "window.explorer.imageInfo('rollout')")["grid"],
                        patch_rollout(maps, True).ravel(), atol=1e-5)
@@ -711,6 +712,56 @@ def test_the_image_tab_draws_the_class_tokens_map_and_rollout_over_the_picture(b
     point_at(browser, centre["x"], centre["y"])
     assert element(browser, "hover-image-map").text.startswith("patch 1,2: ")
     screenshot(browser, shots, "image", at="tabs")
+    assert page_errors(browser) == []
+
+
+# A NaFlex image's 3 x 5 patches, drawn by the page's own ImageView on a canvas of its own (no served model has a
+# NaFlex tower here, the server's rows and cols are tests/test_image_serving.py's): a black 50 x 20 picture
+# stretched to the grid's 5:3 (360 x 216 px), one bright patch (row 1's last), hovered for its label.
+NAFLEX_DRAW = """
+const done = arguments[arguments.length - 1];
+const ns = window.attnserveExplorer, source = document.createElement("canvas");
+source.width = 50; source.height = 20;
+source.getContext("2d").fillRect(0, 0, 50, 20);
+const picture = new Image();
+picture.src = source.toDataURL("image/png");
+picture.decode().then(() => {
+  const canvas = document.createElement("canvas"), hover = document.createElement("p");
+  canvas.id = "naflex-test"; hover.id = "naflex-test-hover";
+  document.body.append(canvas, hover);
+  const view = new ns.ImageView(canvas, hover);
+  const grid = new Float64Array(15);
+  grid[9] = 1;
+  view.draw(picture, grid, 3, 5, "patches", "max");
+  window.naflexView = view;
+  const ctx = canvas.getContext("2d"), centres = [];
+  for (let r = 0; r < 3; r++) for (let c = 0; c < 5; c++) {
+    const [red, green, blue] = ctx.getImageData((c + 0.5) * 72, (r + 0.5) * 72, 1, 1).data;
+    centres.push(red + green + blue);
+  }
+  done({ info: view.info(), width: canvas.width, height: canvas.height, centres });
+});
+"""
+
+
+def test_the_image_view_draws_a_rows_by_cols_grid(browser, clip_server):
+    open_page(browser, clip_server.http_url)
+    drawn = browser.execute_async_script(NAFLEX_DRAW)
+    info = drawn["info"]
+    assert (info["rows"], info["cols"], info["g"], info["fit"]) == (3, 5, None, "patches")
+    assert (drawn["width"], drawn["height"]) == (info["width"], info["height"]) == (360, 216)  # 5:3, 72 px a patch
+    centres = drawn["centres"]  # each patch's centre, row-major: only patch 9 (row 1, column 4) is bright
+    assert int(np.argmax(centres)) == 9 and len(set(centres[:9] + centres[10:])) == 1
+    js(browser, "arguments[0].scrollIntoView({block: 'center'})", element(browser, "naflex-test"))
+    centre = js(browser, "window.naflexView.patchCenter(1, 4)")
+    point_at(browser, 1, 1)
+    point_at(browser, centre["x"], centre["y"])
+    label, value = element(browser, "naflex-test-hover").text.split(": ")
+    assert label == "patch 1,4" and float(value) == 1.0
+    centre = js(browser, "window.naflexView.patchCenter(2, 0)")
+    point_at(browser, centre["x"], centre["y"])
+    label, value = element(browser, "naflex-test-hover").text.split(": ")
+    assert label == "patch 2,0" and float(value) == 0.0
     assert page_errors(browser) == []
 
 

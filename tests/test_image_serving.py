@@ -288,7 +288,8 @@ def test_attention_over_patches_equals_transformers_on_every_door(clip_server, r
     for i, item in enumerate(reply.json()["data"]):
         assert np.abs(np.array(item["attentions"]) - reference_maps[:, i]).max() < 1e-5
         assert item["tokens"][:2] == ["<class>", "patch 0,0"] and item["num_tokens"] == 17
-        assert item["image"] == {"size": 32, "patch_size": 8, "grid": 4, "class_token": True, "fit": "crop",
+        assert item["image"] == {"size": 32, "patch_size": 8, "grid": 4, "height": 32, "width": 32, "rows": 4,
+                                 "cols": 4, "class_token": True, "fit": "crop",
                                  "boxes": [[0, 0, 32, 32]] + [[r * 8, c * 8, r * 8 + 8, c * 8 + 8]
                                                               for r in range(4) for c in range(4)]}
     with Client(clip_server.target) as client:
@@ -296,6 +297,7 @@ def test_attention_over_patches_equals_transformers_on_every_door(clip_server, r
         assert client.model_info().image_tower.num_layers == 2
     assert np.abs(result.attentions - reference_maps[:, 1]).max() < 1e-5
     assert result.patches is not None and result.patches.grid == 4 and result.patches.boxes.shape == (17, 4)
+    assert (result.patches.rows, result.patches.cols, result.patches.height, result.patches.width) == (4, 4, 32, 32)
     assert result.rollout.shape == (17, 17) and result.norms.shape == (2, 4, 17, 17)
 
 

@@ -1,5 +1,6 @@
 """Attention over image patches (engine/patch_attention.py) from transformers' own vision towers' maps: the class
-token's row for CLIP, the received attention for SigLIP, rollout, and where each patch lies in the image."""
+token's row for CLIP, the received attention for SigLIP, rollout, and where each patch lies in the image; a NaFlex
+image's rows x cols grid, read row-major."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_each_patch_box_is_where_its_token_looks():
     model = towers("clip")
     conv = model.get_input_embeddings()  # the patch embedding: a Conv of stride PATCH
     g = SIDE // PATCH
-    boxes = patch_boxes(g, PATCH)
+    boxes = patch_boxes(g, g, PATCH)
     assert boxes.shape == (g * g, 4) and boxes[-1].tolist() == [SIDE - PATCH, SIDE - PATCH, SIDE, SIDE]
     for k in (0, 3, 6, 13):
         top, left, bottom, right = boxes[k]
@@ -69,6 +70,47 @@ def test_each_patch_box_is_where_its_token_looks():
             tokens = conv(pixels).flatten(2).transpose(1, 2)[0]  # (N, H), as the tower flattens them
         changed = torch.nonzero(tokens.abs().sum(-1) > 1e-6).ravel().tolist()
         assert changed == [k]
+
+
+@pytest.mark.parametrize("class_token", [False, True])
+def test_a_rows_by_cols_grid_is_read_row_major(class_token):
+    """A NaFlex image's 3 x 5 patches: the reads of patch_maps and rollout, reshaped by hand to 3 rows of 5."""
+    rows, cols = 3, 5
+    T = rows * cols + int(class_token)
+    weights = np.random.default_rng(1).random((2, 3, T, T))
+    maps = weights / weights.sum(-1, keepdims=True)  # (L, nh, T, T), rows summing to 1 as softmax's
+    grids = patch_maps(maps, class_token, (rows, cols))
+    assert grids.shape == (2, 3, rows, cols)
+    read = maps[1, 2, 0, 1:] if class_token else maps[1, 2].mean(0)  # (15,): patch k is row k // 5, column k % 5
+    expected = (read / read.sum()).reshape(rows, cols)
+    np.testing.assert_allclose(grids[1, 2], expected, atol=1e-6)
+    assert grids[1, 2, 2, 0] == pytest.approx(read[10] / read.sum(), abs=1e-6)  # row 2, column 0: patch 10
+    flow = rollout(maps)
+    flow_read = flow[0, 1:] if class_token else flow.mean(0)
+    np.testing.assert_allclose(patch_rollout(maps, class_token, (rows, cols)),
+                               (flow_read / flow_read.sum()).reshape(rows, cols), atol=1e-6)
+
+
+def test_a_shape_that_is_not_the_maps_patches_is_refused():
+    maps = np.full((1, 1, 16, 16), 1 / 16)  # a class token and 15 patches
+    with pytest.raises(ValueError, match=r"a 4 x 4 grid is not the 15 patches of 16 tokens \(with a class token\)"):
+        patch_maps(maps, True, (4, 4))
+    with pytest.raises(ValueError, match="a 3 x 5 grid is not the 16 patches of 16 tokens$"):
+        patch_rollout(maps, False, (3, 5))
+    with pytest.raises(ValueError, match="a -3 x -5 grid"):  # 15 patches, but no grid has -3 rows
+        patch_maps(maps[..., 1:, 1:], False, (-3, -5))
+
+
+def test_the_boxes_of_a_rows_by_cols_grid_tile_its_image():
+    """3 x 5 patches of 8 px: a 24 x 40 image, row-major, every pixel in exactly one box."""
+    boxes = patch_boxes(3, 5, PATCH)
+    assert boxes.shape == (15, 4)
+    assert boxes[4].tolist() == [0, 32, 8, 40] and boxes[5].tolist() == [8, 0, 16, 8]  # row 0's last, row 1's first
+    assert boxes[-1].tolist() == [16, 32, 24, 40]
+    covered = np.zeros((3 * PATCH, 5 * PATCH), dtype=int)
+    for top, left, bottom, right in boxes:
+        covered[top:bottom, left:right] += 1
+    assert (covered == 1).all()
 
 
 def test_a_map_that_is_not_a_grid_is_refused():
