@@ -3,6 +3,7 @@ only a slow tokenizer's files (BERT's vocab.txt and tokenizer_config.json, a Sen
 transformers builds from them when sentence-transformers loads the folder (AutoTokenizer's fast tokenizer,
 converted from the slow one), written once into the attnserve cache, never into the checkpoint's folder.
 
+SigLIP's SentencePiece tokenizer, which transformers has no fast form of, is rebuilt as one (siglip_tokenizer.py).
 A checkpoint whose transformers tokenizer class changes its tokenizer.json as it loads it gets the one transformers
 builds too: SigLIP 2's (Siglip2Tokenizer puts a Lowercase normalizer in front of Gemma's, as SigLIP 2 was trained).
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from attnserve.errors import CheckpointError
 
 from .checkpoint_files import read_json
+from .siglip_tokenizer import siglip_tokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
 # The files a slow tokenizer of transformers is built from: WordPiece's vocabulary, a SentencePiece model
@@ -59,12 +61,19 @@ def tokenizer_json(directory: Path) -> Path:
     except Exception as e:  # noqa: BLE001 (transformers raises many kinds; the message is what helps)
         raise CheckpointError(f"{directory} has no {TOKENIZER_JSON}, and transformers could not build one from "
                               f"{', '.join(slow)}: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
-    if not tokenizer.is_fast:
+    backend = tokenizer.backend_tokenizer if tokenizer.is_fast else None
+    if type(tokenizer).__name__ == "SiglipTokenizer":  # no fast form in transformers: rebuilt here
+        try:
+            backend = siglip_tokenizer(tokenizer)
+        except Exception as e:  # noqa: BLE001 (a SentencePiece model tokenizers cannot take: the message helps)
+            raise CheckpointError(f"{directory}: cannot rebuild SiglipTokenizer's SentencePiece model as a tokenizers "
+                                  f"pipeline: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+    if backend is None:
         raise CheckpointError(f"{directory} has no {TOKENIZER_JSON}, and transformers has no fast tokenizer for "
                               f"{type(tokenizer).__name__} to build one from")
     built.parent.mkdir(parents=True, exist_ok=True)
     partial = built.with_name(f".{TOKENIZER_JSON}.{os.getpid()}")
-    tokenizer.backend_tokenizer.save(str(partial))
+    backend.save(str(partial))
     os.replace(partial, built)  # whole or not at all, for processes building it together
     return built
 

@@ -251,14 +251,35 @@ def siglip_text_config(tokenizer) -> dict:
             "max_position_embeddings": 64}
 
 
-def save_tiny_siglip(directory: Path, seed: int = 0, image_size: int = 32, patch_size: int = 8) -> Path:
+def siglip_sentencepiece_tokenizer(directory: Path):
+    """SigLIP's own tokenizer class (transformers' SiglipTokenizer, SentencePiece, no fast form) over a small Unigram
+    model trained here on the sample texts, lowercased as SigLIP's is: its pad and end token "</s>", "<unk>"."""
+    import io
+
+    import sentencepiece
+    import transformers
+
+    texts = (Path(__file__).resolve().parent.parent / "export/data/sample_texts.txt").read_text().splitlines()
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter([t.lower() for t in texts if t.strip()]), model_writer=model, vocab_size=300,
+        model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>",
+        unk_piece="<unk>", minloglevel=2, num_threads=1)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "spiece.model").write_bytes(model.getvalue())
+    return transformers.SiglipTokenizer(vocab_file=str(directory / "spiece.model"))
+
+
+def save_tiny_siglip(directory: Path, seed: int = 0, image_size: int = 32, patch_size: int = 8,
+                     sentencepiece: bool = False) -> Path:
     """A small random-weight SiglipModel as transformers saves it, with a fast tokenizer (the tiny BPE of
-    clip_tokenizer: SigLIP's own is SentencePiece; SigLIP 2's is Gemma's) and SigLIP's image processor (resized to
-    image_size square, no crop): 2 layers a tower, hidden 64, 64 text positions every text is padded to."""
+    clip_tokenizer; SigLIP 2's is Gemma's) or SigLIP's own SentencePiece one (sentencepiece: its spiece.model and
+    no tokenizer.json, as google/siglip-* ship it) and SigLIP's image processor (resized to image_size square, no
+    crop): 2 layers a tower, hidden 64, 64 text positions every text is padded to."""
     import torch
     import transformers
 
-    tokenizer = clip_tokenizer()
+    tokenizer = siglip_sentencepiece_tokenizer(directory) if sentencepiece else clip_tokenizer()
     torch.manual_seed(seed)
     config = transformers.SiglipConfig(
         text_config=siglip_text_config(tokenizer),
