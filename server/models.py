@@ -113,8 +113,9 @@ class ModelInfo:
     # under which int8 and uint8 embeddings need the request's own ranges (the model's are of its own pooling).
     request_poolings: tuple[str, ...] = ("default",)
     ranged_poolings: tuple[str, ...] = ()
-    # An image-text model's image tower: (image_size, patch_size, num_layers, num_heads); None for a text model.
-    image_tower: tuple[int, int, int, int] | None = None
+    # An image-text model's image tower: (image_size, patch_size, num_layers, num_heads, max_patches); image_size 0
+    # and max_patches the most an image has for SigLIP 2's NaFlex (images of their own size); None for a text model.
+    image_tower: tuple[int, int, int, int, int] | None = None
 
 
 def model_outputs(manifest: Manifest) -> tuple[str, ...]:
@@ -134,6 +135,13 @@ def model_outputs(manifest: Manifest) -> tuple[str, ...]:
     # model (CLIP, SigLIP) embeds images too, in its texts' space.
     return ("embed", "attention", "similarity", *(("late_chunking",) if manifest.late_chunkable else ()),
             *(("embed_image",) if manifest.images is not None else ()))
+
+
+def image_tower_info(images: dict) -> tuple[int, int, int, int, int]:
+    """The manifest's images entry -> ModelInfo.image_tower: a NaFlex tower (max_patches) takes no one image size."""
+    max_patches = int(images.get("max_patches", 0))
+    return (0 if max_patches else int(images["image_size"]), int(images["patch_size"]), int(images["num_layers"]),
+            int(images["num_heads"]), max_patches)
 
 
 def physical_cores() -> int:
@@ -198,8 +206,7 @@ class ServedModel:
             request_poolings=poolings, ranged_poolings=ranged_poolings,
             multi_vector_size=int(m.bge_m3["colbert_dim"]) if m.bge_m3 is not None else
             m.embedding_size if m.multi_vector is not None else 0,
-            image_tower=None if m.images is None else tuple(int(m.images[key]) for key in (  # type: ignore[arg-type]
-                "image_size", "patch_size", "num_layers", "num_heads")))
+            image_tower=None if m.images is None else image_tower_info(m.images))
 
     def _batcher(self, engine: Engine, config: ServerConfig) -> Batcher:
         return Batcher(engine.run, BatcherLimits(

@@ -144,6 +144,11 @@ def test_the_grpc_client_and_the_cli_take_a_wide_images_grid(siglip2_server, ref
     rows, cols = reference["shapes"][0]
     with Client(siglip2_server.target) as client:
         result = client.attention(ImageInput(IMAGES[0]), [0, 1], analyses=["rollout"])
+        tower = client.model_info().image_tower
+    assert (tower.image_size, tower.patch_size, tower.max_patches) == (0, 8, 24)  # no one size: up to 24 patches
+    models = httpx.get(f"{siglip2_server.http_url}/v1/models", timeout=30).json()["data"]
+    assert models[0]["image_tower"] == {"image_size": 0, "patch_size": 8, "num_layers": 2, "num_heads": 4,
+                                        "max_patches": 24}
     patches = result.patches
     assert patches is not None and (patches.rows, patches.cols, patches.fit) == (rows, cols, "patches")
     assert patches.grid == 0 and patches.image_size == 0  # not square

@@ -264,16 +264,18 @@ class Embedding(_message.Message):
     def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., pair_start: _Optional[int] = ..., sparse_embedding: _Optional[_Union[SparseEmbedding, _Mapping]] = ..., multi_vector: _Optional[_Union[Tensor, _Mapping]] = ..., analyses: _Optional[_Union[AttentionAnalyses, _Mapping]] = ..., windows: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., patches: _Optional[_Union[PatchPositions, _Mapping]] = ...) -> None: ...
 
 class ImageTower(_message.Message):
-    __slots__ = ("image_size", "patch_size", "num_layers", "num_heads")
+    __slots__ = ("image_size", "patch_size", "num_layers", "num_heads", "max_patches")
     IMAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     NUM_HEADS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PATCHES_FIELD_NUMBER: _ClassVar[int]
     image_size: int
     patch_size: int
     num_layers: int
     num_heads: int
-    def __init__(self, image_size: _Optional[int] = ..., patch_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ...) -> None: ...
+    max_patches: int
+    def __init__(self, image_size: _Optional[int] = ..., patch_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., max_patches: _Optional[int] = ...) -> None: ...
 
 class PatchPositions(_message.Message):
     __slots__ = ("image_size", "patch_size", "grid", "class_token", "boxes", "fit", "height", "width", "rows", "cols")

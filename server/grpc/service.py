@@ -191,7 +191,7 @@ def model_info(info: ModelInfo) -> pb.ModelInfo:
         outputs=info.outputs, embedding_types=info.embedding_types, multi_vector_size=info.multi_vector_size,
         image_tower=None if info.image_tower is None else pb.ImageTower(
             image_size=info.image_tower[0], patch_size=info.image_tower[1], num_layers=info.image_tower[2],
-            num_heads=info.image_tower[3]))
+            num_heads=info.image_tower[3], max_patches=info.image_tower[4]))
 
 
 def classify_to_core(request: pb.ClassifyRequest) -> PredictRequest:

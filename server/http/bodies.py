@@ -251,8 +251,10 @@ class OpenAIModel(BaseModel):
     outputs: list[str] = Field(description="attnserve's: what the model answers (embed, attention, similarity; "
                                            "rerank, predict)")
     image_tower: dict[str, int] | None = Field(None, description="attnserve's, an image-text model's: its image "
-                                                                 "tower's image_size, patch_size, num_layers and "
-                                                                 "num_heads")
+                                                                 "tower's image_size, patch_size, num_layers, "
+                                                                 "num_heads and max_patches (SigLIP 2's NaFlex: each "
+                                                                 "image at its own size, up to that many patches; "
+                                                                 "image_size 0)")
 
 
 class OpenAIModelList(BaseModel):

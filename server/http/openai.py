@@ -113,6 +113,6 @@ class OpenAIRoutes:
     def _model(self, name: str) -> dict:
         info = self._core.model(name).info
         tower = {} if info.image_tower is None else {"image_tower": dict(zip(
-            ("image_size", "patch_size", "num_layers", "num_heads"), info.image_tower, strict=True))}
+            ("image_size", "patch_size", "num_layers", "num_heads", "max_patches"), info.image_tower, strict=True))}
         return {"id": name, "object": "model", "created": self._created, "owned_by": OWNER,
                 "outputs": list(info.outputs), **tower}
