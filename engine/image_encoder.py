@@ -158,7 +158,8 @@ class ImageEncoder:
             image.close()
         if not self.max_patches:
             return ImageInput(pixels, self.positions, layout=self.layout)
-        layout = PatchLayout(pixels.shape[1], pixels.shape[2], self.layout.patch_size, False, "patches")
+        layout = PatchLayout(pixels.shape[1], pixels.shape[2], self.layout.patch_size, self.layout.class_token,
+                             "patches")
         return ImageInput(pixels, layout.positions, layout=layout)
 
     def run(self, inputs: list[ImageInput], attention: bool = False) -> dict[str, np.ndarray]:
