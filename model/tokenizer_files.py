@@ -53,9 +53,10 @@ def tokenizer_json(directory: Path) -> Path:
         raise CheckpointError(f"{directory} has no {TOKENIZER_JSON}, only {', '.join(slow)}: building one needs "
                               "transformers (pip install 'attnserve[export]'), or save it with "
                               "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)") from None
-    why = f"its {_model_type(directory)} tokenizer changes it on loading" if changed else f"it has no {TOKENIZER_JSON}"
-    print(f"attnserve: {directory}: {why}: building the tokenizer from {', '.join(slow)} as transformers does "
-          f"(once, into {built.parent})", file=sys.stderr, flush=True)
+    why = f"'s {_model_type(directory)} tokenizer changes {TOKENIZER_JSON} on loading" if changed else \
+        f" has no {TOKENIZER_JSON}"
+    print(f"attnserve: {directory}{why}: building it from {', '.join(slow)} as transformers does (once, into "
+          f"{built.parent})", file=sys.stderr, flush=True)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(directory), use_fast=True)
     except Exception as e:  # noqa: BLE001 (transformers raises many kinds; the message is what helps)
