@@ -39,7 +39,8 @@ def exported(request, tmp_path_factory):
         reference = transformers.SiglipModel(transformers.SiglipConfig(**depth))
     reference.eval().save_pretrained(str(root / "model"))
     model = load_image_text_model(root / "model")
-    parities = export_image_tower(model, root / "graphs")
+    # NaFlex: checked up to 64 patches an image (the graph is the same at any count; tests/test_clip.py runs 256)
+    parities = export_image_tower(model, root / "graphs", max_patches=64 if request.param == "siglip2" else 0)
     return model, root / "graphs", parities
 
 
