@@ -59,6 +59,16 @@ class PatchLayout:
         return self.width // self.patch_size
 
     @property
+    def side(self) -> int | None:
+        """A square image's side in px; None where it is not square (the wire's size, 0 on gRPC)."""
+        return self.height if self.height == self.width else None
+
+    @property
+    def grid(self) -> int | None:
+        """A square image's patches along a side; None where it is not square (the wire's grid)."""
+        return self.rows if self.side is not None else None
+
+    @property
     def positions(self) -> int:
         return self.rows * self.cols + int(self.class_token)
 

@@ -37,8 +37,8 @@ PROCESSOR_TYPES = ("CLIPImageProcessor", "CLIPImageProcessorFast", "CLIPFeatureE
 FREE_KEYS = {"image_processor_type", "feature_extractor_type", "processor_class", "default_to_square",
              "_valid_processor_keys", "image_seq_length"}
 KNOWN_KEYS = {"do_resize", "size", "resample", "do_center_crop", "crop_size", "do_rescale", "rescale_factor",
-              "do_normalize", "image_mean", "image_std", "do_convert_rgb", "do_pad", "patch_size",
-              "max_num_patches"} | FREE_KEYS
+              "do_normalize", "image_mean", "image_std", "do_convert_rgb", "do_pad"} | FREE_KEYS
+NAFLEX_KEYS = {"patch_size", "max_num_patches"}  # Siglip2ImageProcessor's own: another class's file is refused them
 RESAMPLE = {int(f): f for f in Image.Resampling}  # 0 NEAREST ... 5 LANCZOS, as transformers' PILImageResampling
 
 
@@ -183,12 +183,12 @@ def _processor(raw: dict, path: Path) -> ImageProcessor:
     kind = raw.get("image_processor_type") or raw.get("feature_extractor_type")
     if kind not in PROCESSOR_TYPES:
         raise CheckpointError(f"{path}: cannot reproduce image processor {kind!r} (only {', '.join(PROCESSOR_TYPES)})")
-    unknown = sorted(set(raw) - KNOWN_KEYS)
+    siglip, naflex = kind.startswith("Siglip"), kind.startswith("Siglip2")
+    unknown = sorted(set(raw) - KNOWN_KEYS - (NAFLEX_KEYS if naflex else set()))
     if unknown:
         raise CheckpointError(f"{path}: cannot reproduce the image processor setting {unknown[0]!r}")
     if raw.get("do_pad"):
         raise CheckpointError(f"{path}: cannot reproduce do_pad true")
-    siglip, naflex = kind.startswith("Siglip"), kind.startswith("Siglip2")
     # The class's defaults where the file leaves a setting out (transformers' CLIPImageProcessor,
     # SiglipImageProcessor and Siglip2ImageProcessor).
     defaults: dict[str, Any] = {"do_resize": True, "resample": 2 if naflex else 3, "do_center_crop": not siglip,

@@ -163,7 +163,7 @@ def _trace(module: ImageTower, path: Path, example: Feed, attentions: bool) -> N
     """example: a check batch of two images (the batch axis, and a NaFlex batch's patch axis, traced as such)."""
     outputs = ["image_embeds", "last_hidden_state"] + (["attentions", "value_norms"] if attentions else [])
     inputs = list(example)
-    if len(inputs) == 1:
+    if "spatial_shapes" not in example:  # one image size: only the batch axis varies
         axes = {"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}, "last_hidden_state": {0: "batch"},
                 "attentions": {1: "batch"}, "value_norms": {1: "batch"}}
     else:  # NaFlex: N, the batch's most patches, varies too

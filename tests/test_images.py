@@ -205,6 +205,8 @@ def test_the_pixel_limit_is_the_servers(tmp_path):
     ({"image_std": [0.5, 0.0, 0.5]}, "must be above 0"),
     ({"do_reduce_labels": True}, "do_reduce_labels"),
     ({"resample": 99}, "invalid image processor setting"),
+    ({"max_num_patches": 64}, "setting 'max_num_patches'"),  # SigLIP 2's NaFlex setting, in a CLIP file
+    ({"image_processor_type": "Siglip2ImageProcessor", "do_resize": False}, "do_resize false"),
 ])
 def test_preprocessing_it_cannot_reproduce_is_refused_in_one_line(processors, tmp_path, change, fragment):
     config = json.loads((processors["clip"] / "preprocessor_config.json").read_text())

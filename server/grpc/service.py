@@ -165,10 +165,9 @@ def render(reply: EncodeReply) -> bytes:
             embedding.pair_start = item.pair_start
         if item.layout is not None:  # an image's: where the maps' positions lie
             layout = item.layout
-            square = layout.height == layout.width
             embedding.patches.CopyFrom(pb.PatchPositions(
-                image_size=layout.height if square else 0, patch_size=layout.patch_size,
-                grid=layout.rows if square else 0, class_token=layout.class_token,
+                image_size=layout.side or 0, patch_size=layout.patch_size, grid=layout.grid or 0,
+                class_token=layout.class_token,
                 boxes=layout.boxes().ravel().tolist(), fit=layout.fit, height=layout.height, width=layout.width,
                 rows=layout.rows, cols=layout.cols))
     return out.SerializeToString()

@@ -43,9 +43,8 @@ def render(reply: EncodeReply, base64_format: bool) -> bytes:
             "heads": heads}
         if item.layout is not None:  # an image's: where each position (both axes) lies in the image its tower takes
             layout = item.layout
-            square = layout.height == layout.width  # size and grid: a square image's side (null otherwise)
-            entry["image"] = {"size": layout.height if square else None, "patch_size": layout.patch_size,
-                              "grid": layout.rows if square else None, "height": layout.height,
+            entry["image"] = {"size": layout.side, "patch_size": layout.patch_size, "grid": layout.grid,
+                              "height": layout.height,
                               "width": layout.width, "rows": layout.rows, "cols": layout.cols,
                               "class_token": layout.class_token, "fit": layout.fit, "boxes": layout.boxes().tolist()}
         if item.attentions is not None:  # unless weights false

@@ -374,7 +374,7 @@
       analyses: ["rollout"] });
     const item = reply.data[0], T = item.num_tokens;
     state.image = { picture, maps: ns.data.floats(item.attentions), rollout: ns.data.floats(item.rollout), T, L,
-      heads: item.shape[1], layout: item.image, ...gridShape(item.image), name: file.name };
+      heads: item.shape[1], layout: item.image, rows: item.image.rows, cols: item.image.cols, name: file.name };
     const layerSelect = $("image-layer"), headSelect = $("image-head");
     layerSelect.replaceChildren(...[...Array(L).keys()].map((l) => new Option(`${l}`, String(l))));
     layerSelect.value = String(L - 1);
@@ -383,11 +383,6 @@
     setStatus(`${file.name}: ${state.image.rows} x ${state.image.cols} patches of ${item.image.patch_size} px, ` +
       `${L} layers, ${state.image.heads} heads`);
     await switchTab("image");
-  }
-
-  // An image entry's patch grid: rows x cols (an older server's reply has only grid, a square's side).
-  function gridShape(layout) {
-    return layout.rows ? { rows: layout.rows, cols: layout.cols } : { rows: layout.grid, cols: layout.grid };
   }
 
   async function renderImage() {
