@@ -419,15 +419,7 @@ class Batcher:
         if not any(self._lanes.values()):
             return []
         lane = self._lanes[self._oldest_lane()]
-        now = time.monotonic()
-        candidates = []
-        for entry in list(itertools.islice(lane.values(), PLAN_WINDOW)):
-            deadline = entry.request.deadline
-            if deadline is not None and deadline <= now:
-                self._remove(entry, "deadline")
-                entry.future.set_exception(DeadlineExpiredError("the deadline passed while the request was queued"))
-            else:
-                candidates.append(entry)
+        candidates = self._runnable(list(itertools.islice(lane.values(), PLAN_WINDOW)), time.monotonic())
         if not candidates:
             return []
         lengths = np.fromiter((len(e.input) for e in candidates), dtype=np.int64, count=len(candidates))
@@ -440,6 +432,24 @@ class Batcher:
         self._update_gauges()  # once for the batch
         self.wait.batch_started()
         return taken
+
+    def _runnable(self, entries: list[_Entry], now: float) -> list[_Entry]:
+        """The entries that may still run; the others leave the queue. An entry whose future is done was cancelled
+        (only the owner answers a queued entry, and takes it out first): its done callback (_cancelled), which
+        takes it out, runs one loop turn after the cancel, so the entry may still be queued here, and must neither
+        run nor be answered (a cancelled future takes no exception). An entry whose deadline passed gets
+        DeadlineExpiredError."""
+        runnable = []
+        for entry in entries:
+            deadline = entry.request.deadline
+            if entry.future.done():
+                self._remove(entry, "cancelled")
+            elif deadline is not None and deadline <= now:
+                self._remove(entry, "deadline")
+                entry.future.set_exception(DeadlineExpiredError("the deadline passed while the request was queued"))
+            else:
+                runnable.append(entry)
+        return runnable
 
     def _cancelled(self, entry: _Entry, future: asyncio.Future) -> None:
         """An entry's future is done: if it still waits in the queue, its request was cancelled."""

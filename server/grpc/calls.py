@@ -10,7 +10,7 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from opentelemetry import trace
@@ -45,17 +45,22 @@ class Calls:
         with self._core.in_flight(), self._span(method, context):
             try:
                 reply, tokens = await answer()
+                if call_ended(context):  # grpc's core would refuse the reply, and log that at error
+                    raise asyncio.CancelledError
                 return reply
             except asyncio.CancelledError:
                 code = cancel_code(context)
                 raise
             except Exception as error:
+                if call_ended(context):
+                    code = cancel_code(context)
+                    _dropped(method, error)
                 status = self.status(error, method)
                 code = status.code
                 # Recorded before the status goes out: a client that saw the error then sees it counted.
                 self.record(method, code, start, inputs, tokens, context)
                 recorded = True
-                await abort(context, status)
+                await end_call(context, status)
             finally:
                 if not recorded:
                     self.record(method, code, start, inputs, tokens, context)
@@ -72,7 +77,12 @@ class Calls:
         async def read() -> None:
             try:
                 async for request in requests:
-                    await window.put(asyncio.ensure_future(answer(request)))
+                    answering = asyncio.ensure_future(answer(request))
+                    try:
+                        await window.put(answering)  # waits while the window is full
+                    except BaseException:  # the stream ended meanwhile: nobody takes it from the window
+                        _discard(answering)
+                        raise
                 await window.put(None)
             except Exception as error:  # a message refused (server/grpc/guard.py), or the client's stream broke
                 await window.put(error)
@@ -91,16 +101,21 @@ class Calls:
                     reply, n = await item
                     tokens += n
                     answered += 1
+                    if call_ended(context):  # grpc's core would refuse the write, and log that at error
+                        raise asyncio.CancelledError
                     yield reply
             except asyncio.CancelledError:
                 code = cancel_code(context)
                 raise
             except Exception as error:
+                if call_ended(context):
+                    code = cancel_code(context)
+                    _dropped(method, error)
                 status = self.status(error, method, index)
                 code = status.code
                 self.record(method, code, start, answered, tokens, context)  # before the status goes out
                 recorded = True
-                await abort(context, status)
+                await end_call(context, status)
             finally:
                 reader.cancel()
                 _discard(item)  # the request being awaited when the stream ended early
@@ -126,8 +141,13 @@ class Calls:
         if not window.empty():
             return window.get_nowait()
         get, drain = asyncio.ensure_future(window.get()), asyncio.ensure_future(self._core.draining.wait())
-        await asyncio.wait((get, drain), return_when=asyncio.FIRST_COMPLETED)
-        drain.cancel()
+        try:
+            await asyncio.wait((get, drain), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the stream was cancelled (client gone, deadline passed) while it waited
+            _abandon(get)
+            raise
+        finally:
+            drain.cancel()
         if get.done():
             return get.result()
         get.cancel()
@@ -141,9 +161,12 @@ class Calls:
             if inspect.isawaitable(reply):
                 reply = await reply
         except Exception as error:
+            if call_ended(context):
+                self._metrics.observe_request(self.protocol, method, cancel_code(context).name)
+                _dropped(method, error)
             status = self.status(error, method)
             self._metrics.observe_request(self.protocol, method, status.code.name)
-            await abort(context, status)
+            await end_call(context, status)
         self._metrics.observe_request(self.protocol, method, "OK")
         return reply
 
@@ -159,6 +182,44 @@ class Calls:
             log.debug("request", extra={"fields": {
                 "event": "request", "protocol": self.protocol, "method": method, "code": code.name, "inputs": inputs,
                 "tokens": tokens, "ms": round(seconds * 1e3, 2), "peer": context.peer()}})
+
+
+def call_ended(context: grpc.aio.ServicerContext) -> bool:
+    """Whether grpc has ended the call already: its deadline passed (grpc's core ends the call then, whatever the
+    handler does), its status went out, or it was cancelled. Such a call takes no status and no reply: grpc's core
+    refuses the write (ExecuteBatchError), and grpc logs that at error level, with a traceback."""
+    remaining = context.time_remaining()
+    return context.done() or context.cancelled() or (remaining is not None and remaining <= 0)
+
+
+def _dropped(method: str, error: Exception) -> NoReturn:
+    """The error of a call grpc has ended already (call_ended): nobody can read its status, so it ends as a
+    cancelled call does, logged at debug (grpc logs a handler's CancelledError at debug too). A deadline that
+    passes, or a client that leaves, is no server error."""
+    log.debug("%s: the call had ended (deadline or client gone) before its error could be sent: %s: %s", method,
+              type(error).__name__, error)
+    raise asyncio.CancelledError from error
+
+
+async def end_call(context: grpc.aio.ServicerContext, status: grpc.Status) -> NoReturn:
+    """End the call with status, as abort does; a call grpc ends meanwhile (its deadline passes, its client leaves,
+    between call_ended's look and the write) ends as a cancelled one does, as in _dropped."""
+    try:
+        await abort(context, status)
+    except grpc.aio.InternalError as error:  # grpc's ExecuteBatchError: the core refused the status, the call over
+        log.debug("the call ended before its status %s could be sent: %s", status.code.name, error)
+        raise asyncio.CancelledError from error
+
+
+def _abandon(get: asyncio.Future) -> None:
+    """A window.get() whose stream ended: left pending, it would take the next request's answer from the window and
+    hold it, unawaited, its error unread (asyncio logs that at error: "Task exception was never retrieved"). What
+    it took already is discarded; what is still in the window the stream's end discards."""
+    if get.done():
+        if not get.cancelled():
+            _discard(get.result())
+        return
+    get.cancel()
 
 
 def _discard(item) -> None:
