@@ -301,13 +301,19 @@ def parameter(params: dict, name: str, kind: type[P], where: str = "parameters")
     value = params.get(name)
     if value is None:
         return None
-    if kind is int and type(value) is float and value.is_integer() and abs(value) < 2**63:
-        value = int(value)  # JSON (and its Schema) counts 111.0 an integer
-    if type(value) is not kind:
-        raise InvalidInputError(f"{where}.{name}: must be "
-                                f"{ {bool: 'a boolean', int: 'an integer', str: 'a string'}[kind]}, got "
-                                f"{value!r}", field=f"{where}.{name}")
+    if type(value) is not kind:  # 8.0 is not an integer, on every door (docs/http.md): JSON's 8, gRPC's int64_param
+        problem = (f"must be {({bool: 'a boolean', int: 'an integer', str: 'a string'}[kind])}, got {value!r}"
+                   if not (kind is int and type(value) is float) else not_an_integer(value))
+        raise InvalidInputError(f"{where}.{name}: {problem}", field=f"{where}.{name}")
     return value  # type(value) is kind
+
+
+def not_an_integer(value: float) -> str:
+    """What a float sent for an integer gets, on every door (the HTTP bodies' too): the integer to send, where it is
+    one (8, not 8.0)."""
+    if value.is_integer() and abs(value) < 2**63:
+        return f"must be an integer, written without a fraction or exponent: {int(value)}, not {value!r}"
+    return f"must be an integer, got {value!r}"
 
 
 def _outputs(sig: Signature, requested: Sequence[RequestedOutput] | None, binary_default: bool) -> dict[str, bool]:

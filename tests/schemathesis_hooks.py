@@ -1,16 +1,20 @@
-"""What JSON Schema cannot say about three of attnserve's bodies, told to schemathesis's generator
+"""What JSON Schema cannot say about attnserve's bodies, told to schemathesis's generator
 (tests/test_http_schemathesis.py loads this module through SCHEMATHESIS_HOOKS).
 
 /openapi.json states every other rule the doors hold a body to (non-empty texts, token ids below the vocabulary,
-layers, heads, dimensions, prompt names and tasks the model has, KServe's tensor names, datatypes and shapes). Two
-rules relate one field's length to another field's value, which JSON Schema has no word for; each is said in the
-field's description, and the server refuses a body that breaks it, naming both fields:
+layers, heads, dimensions, prompt names and tasks the model has, KServe's tensor names, datatypes and shapes). The
+rest JSON Schema has no word for; each is said in the description, and the server refuses a body that breaks it,
+naming the field:
+- an integer is a JSON integer, 8 and not 8.0 (JSON Schema's integer admits 8.0, and schemathesis sends it so in a
+  JSON body; the server refuses it on every door, as OpenAI's API does: docs/http.md);
 - a KServe tensor's shape is the count of its data's elements ([N] or [N, 1]);
-- /embed's int8 and uint8 `ranges` have one column per dimension returned (`dimensions`, where it is set), and
-  each column's minimum (first row) is at most its maximum (second row);
+- /embed's int8 and uint8 `ranges` have one column per dimension returned (`dimensions`, where it is set: the
+  description says 1 to the embedding's size, and the two are made equal), and each column's minimum (first row)
+  is at most its maximum (second row);
 - /embed_chunks's `spans` are one list per input, each span [start, stop) inside its text with a token starting
   in it (which the tokenizer decides: a text here is made to start with a letter, and its span to cover it).
-A schema-valid body that schemathesis generates (positive mode only) is made to keep them. Negative cases, which
+A schema-valid body that schemathesis generates (positive mode only) is made to keep them, and stays schema-valid
+(schemathesis validates the body a hook sets again, and counts one that is not as negative). Negative cases, which
 must be refused, are left as generated; every check stays on for every operation.
 """
 
@@ -25,17 +29,16 @@ def map_case(context, case):
     meta = case.meta
     if meta is None or meta.generation.mode is not GenerationMode.POSITIVE or not isinstance(case.body, dict):
         return case
-    body = case.body
+    body = case.body = _integers(case.body)
     for tensor in body.get("inputs") or ():
         if isinstance(tensor, dict) and isinstance(tensor.get("data"), list) and isinstance(tensor.get("shape"), list):
             count = len(tensor["data"])  # each element a text, or a row [text] of a [N, 1] tensor
             tensor["shape"] = [count] if len(tensor["shape"]) == 1 else [count, 1]
     ranges, dimensions = body.get("ranges"), body.get("dimensions")
-    if isinstance(dimensions, float) and dimensions.is_integer():  # 69.0 is JSON Schema's integer 69 too
-        dimensions = int(dimensions)
-    if isinstance(ranges, list) and isinstance(dimensions, int) and not isinstance(dimensions, bool):
-        ranges = body["ranges"] = [row[:dimensions] if isinstance(row, list) else row for row in ranges]
-    if isinstance(ranges, list) and len(ranges) == 2 and all(isinstance(row, list) for row in ranges):
+    if isinstance(ranges, list) and len(ranges) == 2 and all(isinstance(row, list) and row for row in ranges):
+        if isinstance(dimensions, int) and not isinstance(dimensions, bool):  # as many columns as dimensions
+            dimensions = body["dimensions"] = min(dimensions, *map(len, ranges))
+            ranges = [row[:dimensions] for row in ranges]
         pairs = [sorted(pair) if all(isinstance(v, (int, float)) for v in pair) else list(pair)
                  for pair in zip(*ranges, strict=False)]
         body["ranges"] = [[low for low, _ in pairs], [high for _, high in pairs]]
@@ -46,3 +49,15 @@ def map_case(context, case):
             body["inputs"] = texts[0] if isinstance(body["inputs"], str) else texts
             body["spans"] = [[[0, len(text)]] for text in texts]
     return case
+
+
+def _integers(value):
+    """value with every whole float written as an integer (8.0 -> 8): an integer field takes only that spelling, and
+    a number field (ranges) takes either."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:  # exactly an integer
+        return int(value)
+    if isinstance(value, list):
+        return [_integers(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _integers(item) for key, item in value.items()}
+    return value

@@ -105,7 +105,12 @@ def test_errors_arrive_as_the_sdks_typed_exceptions(client):
         "a bad encoding_format": (dict(input="x", encoding_format="int8"), "encoding_format",
                                   "encoding_format: input should be 'float' or 'base64'"),
         "an unknown field": (dict(input="x", extra_body={"temperature": 1}), "temperature",
-                             "temperature: not a field of this route"),
+                             "temperature: not a field of /v1/embeddings; its fields: input, messages, model, "),
+        "TEI's inputs": (dict(input="x", extra_body={"inputs": ["x"]}), "inputs",
+                         "inputs: not a field of /v1/embeddings (it is TEI's name, for /embed): send input"),
+        "dimensions as a float": (dict(input="x", extra_body={"dimensions": 8.0}), "dimensions",
+                                  "dimensions: must be an integer, written without a fraction or exponent: 8, not "
+                                  "8.0"),
         "a mixed input": (dict(input=["x", 5]), "input", "input: must be a string, a list of strings, a list of "
                                                          "token ids, a list of lists of token ids or (an image-text "
                                                          "model's, as Jina's API) a list of"),

@@ -136,7 +136,9 @@ def test_parameters_truncate_normalize_and_dimensions(client, engine):
      "parameters.truncate: must be a boolean, got 'yes'"),
     (lambda c: c.infer(MODEL, [text_input(["a", "b"], True, (1, 2))]), "400",
      "inputs[0].shape: 'text' is [N] or [N, 1], got [1, 2]"),
-], ids=["model", "version", "empty", "output", "parameter", "shape"])
+    (lambda c: c.infer(MODEL, [text_input(["a"], True)], parameters={"dimensions": 8.0}), "400",
+     "parameters.dimensions: must be an integer, written without a fraction or exponent: 8, not 8.0"),
+], ids=["model", "version", "empty", "output", "parameter", "shape", "float-integer"])
 def test_triton_client_errors(client, call, status, message):
     with pytest.raises(InferenceServerException) as error:
         call(client)
@@ -164,8 +166,10 @@ def binary_strings(*items: bytes) -> bytes:
      "binary_data_size is 50, but only 6 bytes follow the JSON"),
     ({"shape": [1], "parameters": {"binary_data_size": 6}}, binary_strings(b"ab"), 100, "but the body holds"),
     ({"shape": [1]}, b"", 0, "give 'text''s elements once, either typed (data, contents) or as raw bytes"),
+    ({"shape": [1.0], "data": ["a"]}, b"", 0,
+     "inputs[0].shape[0]: must be an integer, written without a fraction or exponent: 1, not 1.0"),
 ], ids=["count", "element-type", "datatype", "huge-shape", "element-overrun", "utf8", "trailing", "size-overrun",
-        "header-overrun", "no-data"])
+        "header-overrun", "no-data", "float-shape"])
 def test_hostile_tensors_get_a_clear_400(server, tensor, tail, header_extra, message):
     header = infer_body({"datatype": "BYTES", **tensor})
     status, body = post(server, f"/v2/models/{MODEL}/infer", header + tail,

@@ -166,13 +166,15 @@ def test_async_infer_with_64_requests_in_flight(client, engine):
      "parameters.truncate: must be a boolean, got 'yes'"),
     (lambda c: c.infer(MODEL, [text_input(["a", "b"], (1, 2))]), "INVALID_ARGUMENT",
      "inputs[0].shape: 'text' is [N] or [N, 1], got [1, 2]"),
+    (lambda c: c.infer(MODEL, [text_input(["a"])], parameters={"dimensions": 8.0}), "INVALID_ARGUMENT",
+     "parameters.dimensions: must be an integer, written without a fraction or exponent: 8, not 8.0"),
     (lambda c: c.infer(MODEL, [text_input(["a"], name="input_ids")]), "INVALID_ARGUMENT",
      "inputs[0].name: sentence-transformers/all-MiniLM-L6-v2 takes 'text', not 'input_ids'"),
     (lambda c: c.get_model_metadata("nope"), "NOT_FOUND", "the model 'nope' does not exist here"),
     (lambda c: c.get_model_config(MODEL, "3"), "NOT_FOUND", "has no version '3'"),
     (lambda c: c.get_inference_statistics("nope"), "NOT_FOUND", "the model 'nope' does not exist here"),
-], ids=["model", "version", "empty", "output", "parameter", "shape", "input-name", "metadata", "config",
-        "statistics"])
+], ids=["model", "version", "empty", "output", "parameter", "shape", "float-integer", "input-name", "metadata",
+        "config", "statistics"])
 def test_triton_client_errors_are_typed(client, call, code, message):
     with pytest.raises(InferenceServerException) as error:
         call(client)

@@ -1,21 +1,19 @@
 """The JSON bodies of the HTTP routes, as pydantic models: what parses a request, and what /openapi.json
 describes (openapi.py builds the spec from these same classes, so the description cannot drift from the parser).
 
-Models are strict: a string is not a number, a number is not a boolean. OpenAI's route and attnserve's own
-refuse unknown fields, as OpenAI's API does; TEI's routes ignore them, as TEI does (its clients send fields that
-some routes do not take: tei-client sends `normalize` to /embed_all). The reply models are for the description
-only: replies are written with orjson straight from numpy (replies.py in this package), and the tests check them
-against these.
+Models are strict: a string is not a number, a number is not a boolean, 8.0 is not an integer. OpenAI's route,
+Cohere's and attnserve's own refuse unknown fields, as OpenAI's API does; TEI's routes and KServe's ignore them, as
+TEI and Triton do (their clients send fields that some routes do not take: tei-client sends `normalize` to
+/embed_all). parsing.py reads a body with these and words what is wrong with it. The reply models are for the
+description only: replies are written with orjson straight from numpy (replies.py in this package), and the tests
+check them against these.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema
-from pydantic_core import ErrorDetails
-
-from attnserve.errors import InvalidInputError, MalformedMessageError
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 # What the description says of a field beyond its type, where the server refuses more than the type does: an
 # empty or blank text, an empty list of inputs, a negative token id. Said in the schema only (json_schema_extra):
@@ -32,22 +30,18 @@ def _marked(what: str) -> Field:  # type: ignore[valid-type]
     return Field(json_schema_extra={MODEL_MARK: what})
 
 
-def _integral(value: object) -> object:
-    """JSON Schema counts 40.0 an integer: so does the parser, for every integer of a request (strict pydantic
-    would refuse it); 40.5 stays a float, and is refused."""
-    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2**63 else value
-
-
-Integer = Annotated[int, BeforeValidator(_integral)]  # a request's integer
-Positive = Annotated[int, BeforeValidator(_integral), Field(json_schema_extra={"minimum": 1})]
-TokenId = Annotated[int, BeforeValidator(_integral), Field(json_schema_extra={"minimum": 0, MODEL_MARK: "token_id"})]
-Layer = Annotated[int, BeforeValidator(_integral), _marked("layer")]  # -layers..layers-1
-Head = Annotated[int, BeforeValidator(_integral), _marked("head")]
+# A request's integers are JSON integers, 8 and not 8.0 or 8e0, on every door (strict: a float is refused, naming the
+# integer to send), as OpenAI's API and TEI's serde read them. JSON Schema counts 8.0 an integer and has no word for
+# how a number is written: /openapi.json says the rule in its description (openapi.py), docs/http.md too.
+Positive = Annotated[int, Field(json_schema_extra={"minimum": 1})]
+TokenId = Annotated[int, Field(json_schema_extra={"minimum": 0, MODEL_MARK: "token_id"})]
+Layer = Annotated[int, _marked("layer")]  # -layers..layers-1
+Head = Annotated[int, _marked("head")]
 PromptName = Annotated[str | None, _marked("prompt_name")]
 TaskName = Annotated[str | None, _marked("task")]
-Dimensions = Annotated[Integer | None, _marked("dimensions")]
+Dimensions = Annotated[int | None, _marked("dimensions")]
 Ranges = Annotated[list[list[float]] | None, _marked("ranges")]
-MaxTokens = Annotated[Integer | None, _marked("max_seq_length")]
+MaxTokens = Annotated[int | None, _marked("max_seq_length")]
 Texts = Annotated[list[Text], Field(json_schema_extra={"minItems": 1})]
 TokenIds = Annotated[list[TokenId], Field(json_schema_extra={"minItems": 1})]
 TokenIdLists = Annotated[list[TokenIds], Field(json_schema_extra={"minItems": 1})]
@@ -298,7 +292,9 @@ class TeiEmbedBody(_TeiModelBody):
         "float", description="attnserve's: float, or int8, uint8 (the model's calibrated ranges, or `ranges`), binary "
                              "or ubinary (8 dimensions a byte), as sentence-transformers' quantize_embeddings gives")
     ranges: Ranges = Field(
-        None, description="attnserve's: int8 / uint8 ranges, [minima, maxima] of each dimension returned")
+        None, description="attnserve's: int8 / uint8 ranges, [minima, maxima] of each dimension returned: as many "
+                          "columns as `dimensions` says where it is set, else the embedding's size; each minimum at "
+                          "most its maximum")
     pooling: Annotated[RequestPooling, _marked("pooling")] = Field("default", description=POOLING_DESCRIPTION)
 
 
@@ -405,7 +401,7 @@ Parameters = dict[str, Union[str, int, float, bool]]
 
 class KServeTensor(_TeiBody):
     name: str
-    shape: list[Integer] = Field(description="the tensor's shape; the number of elements is its product")
+    shape: list[int] = Field(description="the tensor's shape; the number of elements is its product")
     datatype: str = Field(description="BYTES for texts")
     parameters: Parameters | None = Field(None, description="binary_data_size: the tensor's bytes follow the JSON "
                                                             "(Triton's binary tensor extension)")
@@ -527,9 +523,14 @@ class TeiEmbedSparseBody(_TeiModelBody):
     return_tokens: bool = Field(False, description="attnserve's: each weight's vocabulary token, as `token`")
 
 
+# /predict's: a text, a pair [a, b], or a batch of texts, [text] and [a, b] lists.
+PredictInputs = Union[Text, Annotated[list[Union[Text, Annotated[list[Text], Field(json_schema_extra={
+    "minItems": 1, "maxItems": 2})]]], Field(json_schema_extra={"minItems": 1})]]
+PREDICT_FORMS = "a text, a pair [a, b], or a list of texts, [text] and [a, b] lists"
+
+
 class TeiPredictBody(_TeiModelBody):
-    inputs: Union[Text, Annotated[list[Union[Text, Annotated[list[Text], Field(json_schema_extra={
-        "minItems": 1, "maxItems": 2})]]], Field(json_schema_extra={"minItems": 1})]] = Field(
+    inputs: PredictInputs = Field(
         description="a text; a pair [a, b]; or a batch: a list of texts, [text] and [a, b] lists (TEI's forms: a "
                     "list of exactly two strings is one pair)")
     raw_scores: bool = Field(False, description="the logits; false: softmax over the labels, or a sigmoid for one "
@@ -615,7 +616,7 @@ class MultiVectorBody(_Strict):
 
 # A chunk of a text: its characters [start, stop), counted in Unicode code points (as JSON indexes a string); the
 # server refuses a span past the text's end, or one no token starts in (engine/late_chunking.py).
-Span = Annotated[list[Annotated[int, BeforeValidator(_integral), Field(json_schema_extra={"minimum": 0})]],
+Span = Annotated[list[Annotated[int, Field(json_schema_extra={"minimum": 0})]],
                  Field(json_schema_extra={"minItems": 2, "maxItems": 2})]
 TextSpans = Annotated[list[Span], Field(json_schema_extra={"minItems": 1})]
 
@@ -690,7 +691,7 @@ class CohereEmbedBody(_Strict):
     truncate: Literal["NONE", "START", "END"] | None = Field(
         None, description="NONE refuses an input over max_seq_length; START cuts its start, END (the default) its "
                           "end")
-    priority: Integer | None = Field(None, description="accepted and ignored")
+    priority: int | None = Field(None, description="accepted and ignored")
 
 
 class ZeroShotBody(_Strict):
@@ -814,37 +815,3 @@ class AttentionReply(BaseModel):
     model: str
     data: list[AttentionMap]
     usage: Usage
-
-
-# --- parsing ----------------------------------------------------------------
-
-_UNION_FORMS: dict[object, str] = {  # keyed by the annotation: typing's union forms
-    Inputs: INPUTS_FORMS, Union[Inputs, MultimodalInputs, None]: OPENAI_INPUTS_FORMS, PairInputs: PAIR_INPUTS_FORMS,
-    Union[PairInputs, MultimodalInputs]: PAIR_INPUTS_FORMS + " or a list of {\"image\": ...} objects",
-    Union[Text, Texts]: "a string or a list of strings",
-    DecodeIds: "a list of token ids or a list of lists of token ids"}
-
-
-def parse(model: type[Body], body: bytes) -> Body:
-    """The body as `model`, or a MalformedMessageError / InvalidInputError naming the field and the problem."""
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as e:
-        raise _error(model, e.errors(include_url=False)[0]) from None
-
-
-def _error(model: type[BaseModel], first: ErrorDetails) -> Exception:
-    kind, loc = first["type"], first["loc"]
-    if kind == "json_invalid":
-        return MalformedMessageError(f"the body is not JSON: {first['msg'].removeprefix('Invalid JSON: ')}")
-    if not loc:
-        return MalformedMessageError("the body must be a JSON object")
-    name = str(loc[0])
-    annotation = model.model_fields[name].annotation if name in model.model_fields else None
-    if annotation in _UNION_FORMS:  # one message for the union, rather than one per form it failed to be
-        field, problem = name, f"must be {_UNION_FORMS[annotation]}"
-    else:
-        field = name + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc[1:])
-        problem = {"missing": "required", "extra_forbidden": "not a field of this route"}.get(
-            kind, first["msg"][0].lower() + first["msg"][1:])
-    return InvalidInputError(f"{field}: {problem}", field=field, description=problem)

@@ -18,6 +18,7 @@ import orjson
 from attnserve.errors import (
     GraphBuildingError,
     InputTooLongError,
+    InvalidInputError,
     MethodNotAllowedError,
     QueueFullError,
     Reason,
@@ -85,6 +86,12 @@ class WireNames:
         return neutral
 
 
+class WireFieldError(InvalidInputError):
+    """A body's error as its parser found it (parsing.parse): its field is already the route's wire name, not the
+    core's neutral one, so it is not renamed (an `inputs` sent to OpenAI's route is TEI's field, not the core's
+    inputs, which that route calls `input`)."""
+
+
 @dataclass(frozen=True)
 class HttpError:
     status: int
@@ -111,7 +118,7 @@ def http_error(error: BaseException, style: str, names: WireNames | None = None)
     if reason == Reason.SHUTTING_DOWN:
         headers["Connection"] = "close"  # a kept-alive client reconnects, to another replica
     field = getattr(error, "field", None) or None
-    wire_field = names(field) if names and field else field
+    wire_field = names(field) if names and field and not isinstance(error, WireFieldError) else field
     if field and message.startswith(f"{field}: "):  # a message that names the field names it as the route does
         message = f"{wire_field}{message[len(field):]}"
     if isinstance(error, InputTooLongError):

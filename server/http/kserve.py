@@ -35,9 +35,9 @@ from .bodies import (
     KServeInferReply,
     KServeRepositoryIndexBody,
     KServeTensor,
-    parse,
 )
 from .errors import KSERVE
+from .parsing import parse
 from .route import Route
 from .wire import JSON_FLOAT_BYTES, BodyReader, InputMarks, deadline, dumps, json_response
 
@@ -188,7 +188,8 @@ class KServeRoutes:
 
     async def repository_index(self, request: web.Request) -> web.Response:
         # tritonclient sends no body at all; one that is sent must be the index request's JSON.
-        await self._bodies.read_bytes(request, lambda body: body and parse(KServeRepositoryIndexBody, body))
+        await self._bodies.read_bytes(request, lambda body: body and parse(KServeRepositoryIndexBody, body,
+                                                                           request.path))
         return json_response(dumps([{"name": model.name, "version": VERSION, "state": "READY"}
                                     for model in self._core.models.all]))
 
@@ -199,7 +200,8 @@ class KServeRoutes:
 
     async def _infer(self, request: web.Request, info: ModelInfo) -> web.Response:
         header_length = _header_length(request)
-        call, id = await self._bodies.read_bytes(request, lambda body: _read_call(body, header_length, info))
+        call, id = await self._bodies.read_bytes(request, lambda body: _read_call(body, header_length, info,
+                                                                                  request.path))
         outputs = call.outputs
         json_header: list[int] = []  # render's: where its JSON ends, for the reply's header
 
@@ -235,12 +237,13 @@ def _header_length(request: web.Request) -> int | None:
     return int(raw)
 
 
-def _read_call(body: bytes, header_length: int | None, info: ModelInfo) -> tuple[oip.Call, str | None]:
-    """The body (JSON, then the binary tensors when header_length is set) -> (the core's request, the reply's id)."""
+def _read_call(body: bytes, header_length: int | None, info: ModelInfo, route: str) -> tuple[oip.Call, str | None]:
+    """The body (JSON, then the binary tensors when header_length is set) -> (the core's request, the reply's id);
+    route: the path it was sent to, as a parse error names it."""
     if header_length is not None and header_length > len(body):
         raise MalformedMessageError(f"{HEADER_LENGTH} is {header_length}, but the body holds {len(body)} bytes")
     split = len(body) if header_length is None else header_length
-    infer = parse(KServeInferBody, body[:split])
+    infer = parse(KServeInferBody, body[:split], route)
     tail = memoryview(body)[split:]
     inputs: list[oip.InputTensor] = []
     for index, tensor in enumerate(infer.inputs):

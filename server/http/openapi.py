@@ -22,6 +22,10 @@ OPENAPI_VERSION = "3.1.0"
 # Each route family's error body (TEI's for the rest).
 _ENVELOPES: dict[str, type[BaseModel]] = {OPENAI: OpenAIError, KSERVE: KServeError}
 _PARAMETER = re.compile(r"\{(\w+)(?::[^}]*)?\}")  # aiohttp's "{id:.+}" is OpenAPI's "{id}"
+# JSON Schema's integer admits 8.0 and has no word for how a number is written; the server holds every door to one
+# rule (bodies.py), said here for every integer of the description.
+INTEGERS = ("Every integer (dimensions, token ids, layers, heads, top_n, a KServe tensor's shape...) is a JSON "
+            "integer: 8, not 8.0 or 8e0, which are refused, as OpenAI's API and TEI refuse them.")
 
 
 def openapi_spec(routes: list[Route], info: ModelInfo, keys_required: bool, outputs: set[str],
@@ -72,7 +76,7 @@ def openapi_spec(routes: list[Route], info: ModelInfo, keys_required: bool, outp
         "openapi": OPENAPI_VERSION,
         "info": {"title": "attnserve", "version": info.version,
                  "description": f"{info.model}: OpenAI- and text-embeddings-inference-compatible embeddings, "
-                                "reranking, and attention weights"},
+                                f"reranking, and attention weights. {INTEGERS}"},
         "paths": paths,
         "components": {"schemas": schemas, "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}}},
     }
@@ -131,6 +135,7 @@ def _model_bounds(schema: object, info: ModelInfo) -> None:
                                           "pooling": {"enum": list(info.ranged_poolings)}},
                            "required": ["embedding_type"] + ([] if "default" in info.ranged_poolings else ["pooling"])},
                     "then": {"required": ["ranges"], "properties": {"ranges": {"type": "array"}}}})
+            schema["allOf"].append(_ranges_width(info.embedding_size))
         elif mark == "cohere_types":  # no ranges in Cohere's body: int8 and uint8 only where the model's serve
             types = [t for t in info.embedding_types
                      if t not in RANGED or "default" not in info.ranged_poolings] + ["base64"]
@@ -143,17 +148,24 @@ def _model_bounds(schema: object, info: ModelInfo) -> None:
         elif mark in ("prompt_name", "task"):
             names = list(info.prompts) if mark == "prompt_name" else list(info.tasks)
             schema["anyOf"] = [*([{"enum": names}] if names else []), {"type": "null"}]
-        elif mark == "ranges":  # [minima, maxima], each of the embedding's size
+        elif mark == "ranges":  # [minima, maxima], each of the dimensions returned (_ranges_width)
             finite = float(np.finfo(np.float32).max)  # the codes are computed in float32
             row = {"type": "array", "items": {"type": "number", "minimum": -finite, "maximum": finite},
-                   "minItems": info.embedding_size,
-                   "maxItems": info.embedding_size}
+                   "minItems": 1, "maxItems": info.embedding_size}
             schema["anyOf"] = [{"type": "array", "items": row, "minItems": 2, "maxItems": 2}, {"type": "null"}]
         for value in schema.values():
             _model_bounds(value, info)
     elif isinstance(schema, list):
         for value in schema:
             _model_bounds(value, info)
+
+
+def _ranges_width(embedding_size: int) -> dict:
+    """ranges has a column per dimension returned: the embedding's size without `dimensions`; with it, as many as it
+    says, which JSON Schema cannot tie to its value (the field's description says it; the server refuses another
+    count, naming both)."""
+    return {"if": {"required": ["dimensions"], "properties": {"dimensions": {"type": "integer"}}},
+            "else": {"properties": {"ranges": {"items": {"minItems": embedding_size}}}}}
 
 
 def _operation_name(path: str) -> str:

@@ -26,7 +26,8 @@ from attnserve.errors import (
 from ..replies import EncodeReply
 from ..requests import Deadline
 from ..sizes import human_size
-from .bodies import Body, parse
+from .bodies import Body
+from .parsing import parse
 
 T = TypeVar("T")
 
@@ -59,8 +60,9 @@ class BodyReader:
         self._executor, self.max_bytes, self.timeout = executor, max_bytes, timeout
 
     async def read(self, request: web.Request, model: type[Body], translate: Callable[[Body], T]) -> T:
-        """The body parsed as `model` and translated by `translate` (the route's JSON -> the core's request)."""
-        return await self.read_bytes(request, lambda body: translate(parse(model, body)))
+        """The body parsed as `model` and translated by `translate` (the route's JSON -> the core's request); its
+        errors name the path it was sent to."""
+        return await self.read_bytes(request, lambda body: translate(parse(model, body, request.path)))
 
     async def read_bytes(self, request: web.Request, translate: Callable[[bytes], T]) -> T:
         """The body's bytes translated by `translate`, for a wire that is not only JSON (KServe's binary tensors)."""
