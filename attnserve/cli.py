@@ -7,9 +7,12 @@ import dataclasses
 import difflib
 import logging
 import os
+import re
+import select
+import signal
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
 from attnserve import __version__
 from attnserve.config import (
@@ -28,7 +31,12 @@ from attnserve.progress import show_on_stderr
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from attnserve.default_model import DEFAULT_MODEL_NAME, checkpoint_artifacts_dir, default_checkpoint_dir
+    from attnserve.default_model import (
+        DEFAULT_MODEL_NAME,
+        checkpoint_artifacts_dir,
+        default_checkpoint_dir,
+        warn_if_pipeline_assumed,
+    )
 
     try:
         from attnserve.export.artifacts import add_variants, all_variants, build_artifacts, same_source
@@ -50,6 +58,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         precision = args.precision if args.precision != "auto" else "fp16" if provider != "CPUExecutionProvider" \
             else "fp32"
         build_artifacts(ckpt, out, variants=names, trace=trace_precision(precision), provider=provider)
+    warn_if_pipeline_assumed(directory, out)
     print(out)
     return 0
 
@@ -64,7 +73,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
     from attnserve.config import MAX_IMAGE_PIXELS_CEILING
     from attnserve.default_model import resolve_artifacts
     from attnserve.engine.images import DEFAULT_MAX_PIXELS
-    from attnserve.offline.checks import check_before_loading
+    from attnserve.offline.checks import check_before_loading, late_chunking_refusal
     from attnserve.offline.image_readers import is_image_folder
     from attnserve.offline.job import EncodeJob, summary_line
     from attnserve.offline.rows import LateChunks, Prompt
@@ -96,6 +105,10 @@ def cmd_encode(args: argparse.Namespace) -> int:
         raise AttnserveError("--model names one of a --server's models; without --server, give --artifacts")
     if args.chunk_tokens is not None and args.late_chunking != "tokens":
         raise AttnserveError("--chunk-tokens goes with --late-chunking tokens")
+    # From the model's files, before it loads: a checkpoint's export and a first start's calibration take a while.
+    if args.late_chunking and not args.server and config.artifacts and (
+            why := late_chunking_refusal(Path(config.artifacts))):
+        raise AttnserveError(why)
     late = LateChunks(args.late_chunking, DEFAULT_CHUNK_TOKENS if args.chunk_tokens is None else args.chunk_tokens
                       ) if args.late_chunking else None
     job = EncodeJob(Path(args.input), Path(args.output), args.normalize, text_column, args.id_column,
@@ -144,9 +157,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
 
     from attnserve.server import logs
+    from attnserve.server.ports import check_ports_free
 
     engine_config, server_config = from_args(EngineConfig, args), from_args(ServerConfig, args)
     logs.configure(args.log_level or "INFO", server_config.log_format)
+    # First of all: --workers auto measures the default model (and on a first start exports it), minutes for a
+    # large one, and a port in use would be found only after that.
+    check_ports_free(server_config)
     if server_config.workers == "auto":
         from attnserve.server.workers.auto import auto_workers
 
@@ -287,12 +304,35 @@ def add_request_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", default=None, help="a raw prompt to put before each text, instead of --prompt-name")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's, whose errors are one line, with the likely fix: argparse's own print the whole usage above them
+    (37 lines for serve), which hides the one line that matters. Its subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}; {_hint(message, self.prog)}\n")
+
+
+# argparse's message for a value not among an argument's choices (the choices quoted or not, as versions differ).
+_INVALID_CHOICE = re.compile(r"invalid choice: '?(?P<given>[^']*?)'? \(choose from (?P<choices>.*)\)$")
+
+
+def _hint(message: str, prog: str) -> str:
+    """The choice closest to an invalid one, or where to read what the command takes."""
+    wrong = _INVALID_CHOICE.search(message)
+    if wrong:
+        choices = [choice.strip().strip("'\"") for choice in wrong["choices"].split(",")]
+        close = difflib.get_close_matches(wrong["given"], choices, n=1, cutoff=0.6)
+        if close:
+            return f"did you mean {close[0]}?"
+    return f"`{prog} --help` lists what it takes"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="attnserve", description="Contextualized embeddings and attention maps from a Transformer encoder.")
     parser.add_argument("--version", action="version", version=f"attnserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)  # the options every command takes; of the subcommands' parser class
     common.add_argument("--log-level", default=None, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                         help="default: INFO for serve, WARNING otherwise")
 
@@ -472,6 +512,33 @@ def _refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace, e
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            # Here, where a reader gone is caught: at the interpreter's exit it would print "Exception ignored".
+            sys.stdout.flush()
+    except BrokenPipeError as e:
+        if not _reader_gone(sys.stdout):
+            print(f"attnserve: error: {e.strerror or e}", file=sys.stderr)
+            return 1
+        # `attnserve embed ... | head`: the reader has what it wanted. Quiet, as tools killed by SIGPIPE are: what is
+        # still buffered goes nowhere, and the status is theirs.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _reader_gone(stream: TextIO) -> bool:
+    """Whether the stream is a pipe whose reading end is closed (poll reports an error on its writing end)."""
+    try:
+        poll = select.poll()
+        poll.register(stream.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (OSError, ValueError):  # no file descriptor (a test's StringIO), or a closed one
+        return False
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:

@@ -124,14 +124,15 @@ def _check_work(max_seq_length: int) -> float:
 
 
 def estimated_seconds(step: str, weight_bytes: int, cores: int = MEASURED_CORES, gpu: bool = False,
-                      max_seq_length: int = MEASURED_LENGTH) -> float:
+                      max_seq_length: int = MEASURED_LENGTH, slowdown: float = 1.0) -> float:
     """About how long a step takes, for a model of weight_bytes of fp32 weights and its max_seq_length, on `cores`
-    CPU cores (and a GPU)."""
+    CPU cores (and a GPU), on a machine `slowdown` times as slow as STEP_SECONDS' now (engine/speed.py measures
+    it: the table is one quiet machine's)."""
     fixed, per_gb = STEP_SECONDS[step]
     scale = MEASURED_CORES / max(1, cores) / (GPU_SPEEDUP if gpu else 1.0)
     if step != "quantization":  # every other step verifies its graph on the check rows
         scale *= _check_work(max_seq_length) / _check_work(MEASURED_LENGTH)
-    return fixed + per_gb * weight_bytes / 1e9 * scale
+    return (fixed + per_gb * weight_bytes / 1e9 * scale) * slowdown
 
 
 # The default graph of each precision (engine/engine.py runs it where nothing else is chosen).

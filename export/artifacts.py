@@ -38,6 +38,7 @@ from attnserve.engine.manifest import MANIFEST, GraphVariant, Manifest, load_man
 from attnserve.engine.openvino_session import openvino_version
 from attnserve.engine.quantize import CALIBRATION_FILE
 from attnserve.engine.session import CPU
+from attnserve.engine.speed import learn, slowdown
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.engine.variants import (
     OPENVINO,
@@ -482,8 +483,10 @@ class _Build:
                                     self.shape.num_layers, self.shape.intermediate_size)  # type: ignore[union-attr]
         cores = this_machine().usable_cpus
         length = self.tokenizer.max_seq_length  # the checkpoint's, or the directory's
-        self.progress.plan([(STEP_TITLES[step], estimated_seconds(step, weights, cores, self.device == "cuda", length))
-                            for step in stages])
+        factor = slowdown()  # this machine now, against the table's (engine/speed.py)
+        plan = [(STEP_TITLES[step], estimated_seconds(step, weights, cores, self.device == "cuda", length, factor))
+                for step in stages]
+        self.progress.plan(plan)
         if self.existing is None:
             # The first build traces in the run's dtype (engine/variants.py trace_precision), or in fp32 where a
             # variant asked for is built from the fp32 plain graph (a reranker's graphs all are).
@@ -499,6 +502,8 @@ class _Build:
         if "quantization" in wanted and self.quantization is None and self.kind == "embedder":
             self._quantization()
             self._commit()
+        # How far the stages ran from their estimates corrects the next build's (engine/speed.py).
+        learn(sum(seconds for _, seconds in plan), self.progress.pace(running=True))
 
     def _trace(self, dtype: str, names: list[str]) -> None:
         """The model traced once in dtype into its plain graph and weights file (recorded in traces); the reference

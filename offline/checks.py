@@ -19,6 +19,11 @@ from .partial import same_file
 from .readers import Record
 
 SKIP_HINT = " (--on-error skip sets such rows aside)"
+# sentence-transformers' legacy Pooling config: a boolean per mode, by the names the manifest gives them (model/
+# pipeline.py reads it whole; this is what late chunking needs of it, read without torch).
+LEGACY_POOLING_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+                        "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                        "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
 
 
 class RowChecks:
@@ -110,3 +115,54 @@ def check_before_loading(input_path: Path, output: Path, *, allow_empty: bool, t
     except OSError as e:
         raise InvalidInputError(f"cannot write output {output}: no file can be made in the folder {folder} "
                                 f"({e.strerror or type(e).__name__})") from None
+
+
+def late_chunking_refusal(directory: Path) -> str | None:
+    """Why `encode --late-chunking` cannot apply to the model in directory, read from its files before it loads
+    (and before a checkpoint's export and a first start's calibration, which take a while): an artifact directory's
+    manifest, a checkpoint's sentence-transformers modules. None where it may apply, or where the files do not say
+    (the model is checked again once loaded: offline/job.py)."""
+    if (directory / "manifest.json").is_file():
+        from attnserve.engine.manifest import load_manifest
+
+        manifest = load_manifest(directory, check_hashes=False)
+        return None if manifest.late_chunkable else _not_pooled(manifest.model, " -> ".join(manifest.modules))
+    try:
+        return _checkpoint_refusal(directory)
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):  # malformed: the export says what is wrong
+        return None
+
+
+def _checkpoint_refusal(directory: Path) -> str | None:
+    """A checkpoint's late-chunking refusal from its modules.json: a pooling of one mode (mean or CLS), then
+    nothing but normalisation, as engine/manifest.py's late_chunkable asks of an exported one."""
+    settings = directory / "config_sentence_transformers.json"
+    model_type = json.loads(settings.read_text()).get("model_type") if settings.is_file() else None
+    if model_type in ("SparseEncoder", "MultiVectorEncoder"):
+        return _not_pooled(directory.name, f"a {model_type}")
+    if not (directory / "modules.json").is_file():
+        return None  # sentence-transformers' default: mean pooling
+    modules = [(entry["type"].rsplit(".", 1)[-1], entry["path"])
+               for entry in json.loads((directory / "modules.json").read_text())]
+    names = [name for name, _ in modules]
+    if "Pooling" not in names:
+        return None
+    at = names.index("Pooling")
+    modes = _pooling_modes(json.loads((directory / modules[at][1] / "config.json").read_text()))
+    if modes not in (["mean"], ["cls"]) or any(name != "Normalize" for name in names[at + 1:]):
+        shown = [f"Pooling({'+'.join(modes)})" if name == "Pooling" else name for name in names]
+        return _not_pooled(directory.name, " -> ".join(shown))
+    return None
+
+
+def _pooling_modes(config: dict) -> list[str]:
+    """A Pooling config's modes: pooling_mode (sentence-transformers 6: a name or a list), else the legacy booleans."""
+    if "pooling_mode" in config:
+        mode = config["pooling_mode"]
+        return [mode] if isinstance(mode, str) else [str(m) for m in mode]
+    return [mode for key, mode in LEGACY_POOLING_MODES.items() if config.get(key)]
+
+
+def _not_pooled(model: str, pipeline: str) -> str:
+    return (f"--late-chunking mean-pools token embeddings, and {model}'s embedding is not a pooling of them (its "
+            f"pipeline is {pipeline})")

@@ -8,19 +8,30 @@ import logging
 import sys
 import time
 
+from attnserve.progress import line_fields, progress_log
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
         line = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
-            **getattr(record, "fields", {}),
+            "message": message,
+            **(getattr(record, "fields", None) or _progress_fields(record.name, message)),
         }
         if record.exc_info:
             line["error"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str)
+
+
+def _progress_fields(logger: str, message: str) -> dict[str, object]:
+    """A progress line's data (an export's stages, a calibration's steps: attnserve/progress.py), read from its
+    text: they come as text, an export's from the child process that runs it."""
+    if logger != progress_log.name and not logger.startswith(progress_log.name + "."):
+        return {}
+    return {"event": "progress", **line_fields(message)}
 
 
 class TextFormatter(logging.Formatter):
@@ -56,6 +67,8 @@ def configure(level: str, fmt: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(logging.WARNING)
     logging.getLogger("attnserve").setLevel(level)
+    # A library's warnings.warn in the log's format too (logger py.warnings): Python writes them as bare lines.
+    logging.captureWarnings(True)
 
 
 class Throttle:

@@ -44,13 +44,14 @@ def model_sources(artifacts: str | None, config: ServerConfig, precision: str = 
     from attnserve.default_model import resolve_artifacts, serving_directory
 
     if artifacts:
-        return [ModelSource(None, serving_directory(Path(artifacts), None, "--artifacts", precision, provider))]
+        return [ModelSource(None, serving_directory(Path(artifacts), "--artifacts", precision, provider))]
     return [ModelSource(None, resolve_artifacts(None, precision, provider))]
 
 
 def _named(spec: str, precision: str, provider: str) -> ModelSource:
-    """--model NAME=DIR: an artifact directory, or a checkpoint exported into the cache as NAME (KServe's
-    --model_name and --model_dir in one flag: `--model={{.Name}}=/mnt/models`)."""
+    """--model NAME=DIR: an artifact directory, or a checkpoint exported into the cache (once, whatever name it is
+    served under), served as NAME (KServe's --model_name and --model_dir in one flag:
+    `--model={{.Name}}=/mnt/models`)."""
     from attnserve.default_model import serving_directory
 
     name, equals, directory = spec.partition("=")
@@ -59,7 +60,7 @@ def _named(spec: str, precision: str, provider: str) -> ModelSource:
     path = Path(directory.strip())
     if not path.is_dir():
         raise ConfigError(f"--model {spec!r}: {path} is not a directory")
-    return ModelSource(name.strip(), serving_directory(path, name.strip(), f"--model {spec!r}", precision, provider))
+    return ModelSource(name.strip(), serving_directory(path, f"--model {spec!r}", precision, provider))
 
 
 def _repository(root: Path) -> list[ModelSource]:
