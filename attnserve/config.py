@@ -104,6 +104,18 @@ class ServerConfig:
         0.0, "ATTNSERVE_MAX_QUEUE_WAIT_MS",
         "a request is refused with RESOURCE_EXHAUSTED when the work queued ahead of it would take longer than "
         "this to run, estimated from measured batch times; 0: no limit but --max-queue-tokens")
+    # A build (the attention graphs, int8 embeddings' ranges) takes seconds for MiniLM and minutes for a large model
+    # on a busy CPU; a model's first such request waits for it rather than fail, as TEI answers every first request.
+    max_build_wait: float = setting(
+        600.0, "ATTNSERVE_MAX_BUILD_WAIT",
+        "seconds a request waits, within its own deadline, while a graph it needs is built (the attention graphs, "
+        "int8 embeddings' ranges: built on a model's first such request); past it the request gets 503 "
+        "graph_building with Retry-After (gRPC UNAVAILABLE); 0 answers that at once")
+    build: tuple[str, ...] = setting(
+        (), "ATTNSERVE_BUILD",
+        "graphs to build at start, in the background once the server serves (after its graphs are timed), so that "
+        "no first call waits for one: attention (the attention graphs), int8 (int8 and uint8 embeddings' ranges), "
+        "or a graph variant's name (repeatable; comma-separated)", env_separator=",")
     # LangChain sends up to 1,000 inputs a request, LlamaIndex 100. The queue is bounded in tokens, so a large
     # request is only more work, not more risk.
     max_inputs_per_request: int = setting(2048, "ATTNSERVE_MAX_INPUTS_PER_REQUEST", "most inputs in one request")
@@ -240,8 +252,11 @@ class ServerConfig:
         if len(ports) != len(set(ports)):
             raise ConfigError(f"port, http_port and metrics_port must differ, got {self.port}, {self.http_port} and "
                               f"{self.metrics_port}")
-        if min(self.max_wait_ms, self.grace_seconds, self.max_queue_wait_ms, self.max_connection_age) < 0:
-            raise ConfigError("max_wait_ms, max_queue_wait_ms, max_connection_age and grace_seconds must be >= 0")
+        if min(self.max_wait_ms, self.grace_seconds, self.max_queue_wait_ms, self.max_connection_age,
+               self.max_build_wait) < 0:
+            raise ConfigError("max_wait_ms, max_queue_wait_ms, max_connection_age, grace_seconds and max_build_wait "
+                              "must be >= 0")
+        self.build = tuple(name.strip() for names in self.build for name in names.split(",") if name.strip())
         if self.max_image_pixels >= MAX_IMAGE_PIXELS_CEILING:
             raise ConfigError(f"max_image_pixels must be below Pillow's bomb limit {MAX_IMAGE_PIXELS_CEILING:,}, got "
                               f"{self.max_image_pixels:,}")

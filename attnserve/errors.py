@@ -145,13 +145,17 @@ class QueueFullError(AttnserveError):
 
 class GraphBuildingError(AttnserveError):
     """A graph the request needs (the attention graph, say) is not built yet and is being built now
-    (engine/builds.py): the same request succeeds once it is, after about `retry_after` seconds."""
+    (engine/builds.py): the same request succeeds once it is, after about `retry_after` seconds. The server's core
+    holds the request until then (server/build_wait.py); a client sees this only past the server's --max-build-wait.
+
+    needs and what: what was required (Engine.require's arguments), so that a waiting request asks again for them
+    alone, without preparing itself again."""
 
     reason = Reason.GRAPH_BUILDING
 
-    def __init__(self, message: str, retry_after: float):
+    def __init__(self, message: str, retry_after: float, needs: tuple[str, ...] = (), what: str = ""):
         super().__init__(message)
-        self.retry_after = retry_after
+        self.retry_after, self.needs, self.what = retry_after, needs, what
 
 
 class GraphUnavailableError(AttnserveError):

@@ -6,11 +6,12 @@ what an export holds goes back to the system when it exits. Its lines come to `l
 - export_in_child(): a new artifact directory, the graph the run needs first (serve and encode on a checkpoint).
 - add_in_child(): variants added to a directory, in the foreground: a --precision whose graph is not built yet.
 - BackgroundBuilds: in a server, a variant a request needs (the attention graphs, the quantized embeddings'
-  ranges) is built in a thread that waits on the child; meanwhile such requests are refused at once with a
-  retryable GraphBuildingError (HTTP 503 with Retry-After, gRPC UNAVAILABLE with RetryInfo), never held: a
-  build takes seconds to minutes, longer than a deadline, and the batcher goes on serving everything else. When it
-  ends, the engine reads the new manifest and the next such request runs. A build that fails is not tried again
-  by this process: its requests get GraphUnavailableError with the build's own message.
+  ranges) is built in a thread that waits on the child, while the batcher goes on serving everything else.
+  require() raises GraphBuildingError until it is built; the server's core holds such a request until then, within
+  its deadline and --max-build-wait (server/build_wait.py), so that a first call is answered, more slowly. When the
+  build ends, the engine reads the new manifest and the held requests run. A build that fails is not tried again
+  by this process: its requests get GraphUnavailableError with the build's own message. serve --build starts the
+  builds it names once the server serves (start()).
 """
 
 from __future__ import annotations
@@ -80,14 +81,17 @@ def has(manifest: Manifest, name: str) -> bool:
 
 
 def estimated_seconds(manifest: Manifest, names: Iterable[str], gpu: bool = False) -> float:
-    """About how long building the variants takes, from the model's size and this machine's cores
-    (engine/variants.py STEP_SECONDS)."""
+    """About how long building the variants takes, from the model's size, this machine's cores and how fast it
+    runs now (engine/variants.py STEP_SECONDS, scaled by engine/speed.py's measure of this machine)."""
+    from .speed import slowdown
+
     weights = fp32_weight_bytes(manifest.vocab_size, manifest.hidden_size, manifest.num_layers,
                                 manifest.intermediate_size)
     table = variants_of(manifest.kind)
     steps = {table[n].step if n in table else n for n in names}
-    cores = this_machine().usable_cpus
-    return START_SECONDS + sum(step_seconds(step, weights, cores, gpu, manifest.max_seq_length) for step in steps)
+    cores, factor = this_machine().usable_cpus, slowdown()
+    return START_SECONDS * factor + sum(step_seconds(step, weights, cores, gpu, manifest.max_seq_length, factor)
+                                        for step in steps)
 
 
 class BackgroundBuilds:
@@ -115,19 +119,32 @@ class BackgroundBuilds:
             if failed:
                 raise GraphUnavailableError(f"{what} of {manifest.model} need {failed[0]}, which this server could "
                                             f"not build: {self._failed[failed[0]]}")
-            if self._running is None:
-                thread = threading.Thread(target=self._build, args=(missing,), daemon=True,
-                                          name=f"attnserve-build-{manifest.model}")
-                self._running = (missing, time.monotonic(), thread)
-                self._log(f"building {', '.join(missing)} for {manifest.model}: {what} were asked for (once: the "
-                          f"artifact directory keeps them)")
-                thread.start()
-            building, started, _ = self._running
+            building, started = self._start(missing, f"{what} were asked for")
         left = estimated_seconds(manifest, building, self._provider != CPU) - (time.monotonic() - started)
         raise GraphBuildingError(
             f"{what} of {manifest.model} need its {', '.join(missing)} graph, which is being built now (once; "
-            f"{'about ' + str(round(left)) + ' s left' if left > 1 else 'finishing'}): retry shortly",
-            retry_after=min(MOST_RETRY_AFTER, max(1.0, left)))
+            f"{'about ' + str(round(left)) + ' s left' if left > 1 else 'finishing'})",
+            retry_after=min(MOST_RETRY_AFTER, max(1.0, left)), needs=missing, what=what)
+
+    def start(self, names: Iterable[str], why: str) -> None:
+        """Build the variants named that the directory lacks, in the background, unless a build runs or failed:
+        serve --build's graphs, once the server serves."""
+        manifest = self._manifest()
+        with self._lock:
+            missing = tuple(n for n in names if not has(manifest, n) and n not in self._failed)
+            if missing and self._running is None:
+                self._start(missing, why)
+
+    def _start(self, missing: tuple[str, ...], why: str) -> tuple[tuple[str, ...], float]:
+        """(what is being built, since when): a build of `missing` started now where none runs. Under the lock."""
+        if self._running is None:
+            model = self._manifest().model
+            thread = threading.Thread(target=self._build, args=(missing,), daemon=True, name=f"attnserve-build-{model}")
+            self._running = (missing, time.monotonic(), thread)
+            self._log(f"building {', '.join(missing)} for {model}: {why} (once: the artifact directory keeps them)")
+            thread.start()
+        building, started, _ = self._running
+        return building, started
 
     def _build(self, names: tuple[str, ...]) -> None:
         manifest = self._manifest()

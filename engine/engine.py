@@ -293,6 +293,34 @@ class Engine:
         """From now on, require() builds what a request needs in the background (a server's engine)."""
         self._builds = BackgroundBuilds(lambda: self.manifest, self.provider, self._log, self.refresh)
 
+    def build_names(self, asked: Sequence[str]) -> tuple[str, ...]:
+        """serve --build's names -> the variants this model lacks of them: attention (attention_variants), int8 or
+        uint8 (the quantized embeddings' ranges, "quantization": an embedder's), or a variant's own name. ConfigError
+        for a name of no variant, or for graphs that cannot be built here (artifacts exported whole)."""
+        table = variants_of(self.manifest.kind)
+        names: list[str] = []
+        for name in asked:
+            if name == "attention":
+                names += self.attention_variants()
+            elif name in ("int8", "uint8"):
+                names += ["quantization"] if self.manifest.kind == "embedder" else []
+            elif name in table:
+                names.append(name)
+            else:
+                raise ConfigError(f"--build {name}: not a graph of {self.manifest.model}; give attention, int8 or one "
+                                  f"of its variants ({', '.join(table)})")
+        missing = tuple(dict.fromkeys(n for n in names if not has(self.manifest, n)))
+        if missing and self.manifest.source is None:
+            raise ConfigError(f"--build: {self.manifest.model}'s artifacts ({self.manifest.directory}) lack "
+                              f"{', '.join(missing)} and were exported whole, before graphs were built as needed: "
+                              "export them again")
+        return missing
+
+    def build_in_background(self, names: Sequence[str], why: str) -> None:
+        """Start building the variants named (build_names), unless a build runs: a server's engine only."""
+        if names and self._builds is not None:
+            self._builds.start(names, why)
+
     def refresh(self) -> None:
         """Read the manifest again, after a build added variants (every file checked as at start)."""
         self.manifest = load_manifest(self.manifest.directory)

@@ -7,7 +7,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +38,7 @@ from .http.door import HttpDoor
 from .metrics import Metrics
 from .model_sources import model_sources
 from .models import Models, ServedModel
+from .ports import check_ports_free
 from .tls import grpc_credentials, http_ssl_context
 
 log = logging.getLogger("attnserve.server")
@@ -54,37 +54,9 @@ STOP_GRACE_SECONDS = 1.0
 IO_THREADS = 4
 
 
-# The ports a server listens on: (field of ServerConfig, what listens there).
-PORTS = (("port", "gRPC"), ("http_port", "HTTP"), ("metrics_port", "metrics"))
-
-
-def _bind_problem(host: str, port: int) -> str | None:
-    """Why host:port cannot be listened on (e.g. "Address already in use"); None when it can."""
-    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        # As grpc, aiohttp and prometheus's server do: a port in TIME_WAIT is no obstacle.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host.strip("[]"), port))
-        except OSError as e:
-            return e.strerror
-    return None
-
-
-def check_ports_free(config: ServerConfig) -> None:
-    """Bind-test every configured port before anything starts (the models load), and name every one that is taken
-    in one line: grpc's own failure is a multi-line core log, and finding them one start at a time is slow."""
-    taken: dict[str, list[str]] = {}  # why -> the ports, as "0.0.0.0:50051 (gRPC, --port)"
-    for name, door in PORTS:
-        port = getattr(config, name)
-        if port > 0 and (why := _bind_problem(config.host, port)):
-            taken.setdefault(why, []).append(f"{config.host}:{port} ({door}, --{name.replace('_', '-')})")
-    if taken:
-        raise ConfigError("cannot listen on " + "; ".join(f"{' and '.join(ports)}: {why}"
-                                                          for why, ports in taken.items()))
-
-
 def _calibrate(models: list[ServedModel], stop: threading.Event) -> None:
+    """Time each model's graphs, then start serve --build's builds: after the timing, which a build beside it would
+    slow and so mislead."""
     for model in models:
         try:
             model.calibrate(stop)
@@ -93,6 +65,8 @@ def _calibrate(models: list[ServedModel], stop: threading.Event) -> None:
             return
         except Exception:  # noqa: BLE001 (the server serves on as it started: the defaults)
             log.exception("calibrating %s failed; it keeps its default graph and batch size", model.name)
+    for model in models:
+        model.start_builds()
 
 
 def warm_up(engine: Engine) -> list[tuple[bool, float, int]]:

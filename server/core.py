@@ -29,6 +29,7 @@ from attnserve.engine.tokenizer import Token
 from attnserve.errors import InvalidInputError, NotServingError, ShuttingDownError
 
 from . import tracing
+from .build_wait import once_built
 from .image_inputs import ImageUrl, UrlPolicy, fetch_image
 from .memory import MemoryReturn
 from .models import ModelInfo, Models, ServedModel
@@ -86,6 +87,7 @@ class Core:
         self.models, self._executor, self.workers = models, executor, workers
         self.limits = RequestLimits(config.max_inputs_per_request, config.max_response_bytes, config.long_inputs,
                                     config.max_image_pixels)
+        self._max_build_wait = config.max_build_wait  # how long a request waits for a graph it needs: build_wait.py
         # Image URLs: fetched only from the hosts the operator allows (none by default: server/image_inputs.py).
         self.url_policy = UrlPolicy(config.allow_image_urls, config.max_image_url_bytes, config.image_url_timeout)
         self._fetcher: aiohttp.ClientSession | None = None
@@ -177,10 +179,9 @@ class Core:
                 engine, batcher = model.for_task(request.task)  # a batcher per task: a batch never mixes adapters
                 batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
                 request = await self._fetch_images(request)
-                preparing = partial(prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
-                                    engine.takes_token_types, engine.multi_vector, engine.require, engine.images)
                 with tracing.span(_TRACER, "tokenize"):  # a small request here, others in the pool (INLINE_*)
-                    prepared = preparing() if light(request) else await loop.run_in_executor(self._executor, preparing)
+                    prepared = await once_built(partial(self._prepare, request, engine, float_bytes), engine.require,
+                                                self._executor, self._max_build_wait, self.draining)
                 tokens = prepared.tokens
                 span.set_attribute("attnserve.tokens", tokens)
                 rows = await batcher.submit(prepared.inputs, prepared.options.attention, _at(deadline),
@@ -192,6 +193,15 @@ class Core:
                 return rendered, tokens
         finally:
             self._memory.done(len(body) if isinstance(body, bytes) else 0)
+
+    async def _prepare(self, request: EncodeRequest, engine, float_bytes: float) -> PreparedRequest:
+        """prepare() on the event loop for a small request (requests.light), in the pool otherwise; it reads the
+        engine's manifest as it is now (a build held for may have changed it: build_wait.once_built)."""
+        preparing = partial(prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
+                            engine.takes_token_types, engine.multi_vector, engine.require, engine.images)
+        if light(request):
+            return preparing()
+        return await asyncio.get_running_loop().run_in_executor(self._executor, preparing)
 
     async def _fetch_images(self, request: EncodeRequest) -> EncodeRequest:
         """The request with each image it names by URL fetched (ImageBytes), where the server allows the host; the

@@ -181,6 +181,9 @@ class ServedModel:
         self.batcher = self._batcher(engine, config)
         self.tasks = {task: (task_engine, self._batcher(task_engine, config))
                       for task, task_engine in (task_engines or {}).items()}
+        # serve --build: what each engine lacks of the graphs named, built once the server serves (start_builds);
+        # a name of no graph fails the start here, before anything serves.
+        self._builds = [(e, e.build_names(config.build)) for e in (engine, *(t for t, _ in self.tasks.values()))]
         m, batch = engine.manifest, self.batcher.limits
         self.pooling = served_pooling(name, m, config.pooling)
         poolings, ranged_poolings = request_poolings(m, self.pooling)
@@ -207,6 +210,12 @@ class ServedModel:
             multi_vector_size=int(m.bge_m3["colbert_dim"]) if m.bge_m3 is not None else
             m.embedding_size if m.multi_vector is not None else 0,
             image_tower=None if m.images is None else image_tower_info(m.images))
+
+    def start_builds(self) -> None:
+        """Start building serve --build's graphs in the background, where the model lacks them: the first calls
+        that need them then wait for less, or not at all (server/build_wait.py)."""
+        for engine, names in self._builds:
+            engine.build_in_background(names, "serve --build named them")
 
     def _batcher(self, engine: Engine, config: ServerConfig) -> Batcher:
         return Batcher(engine.run, BatcherLimits(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import cast
 
@@ -393,7 +393,7 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     _check_sparse(request, manifest)
     normalize = manifest.normalize if request.normalize is None else request.normalize
     types = check_embedding_types(tuple(request.embedding_types))
-    ranges = _ranges(request, types, manifest, pooling, normalize, require)
+    ranges, model_ranges = _ranges(request, types, manifest, pooling, normalize)
     attention = request.attention
     layers = heads = None
     analyses: tuple[str, ...] = ()
@@ -457,9 +457,9 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
             queued[row] = _image_input(images, request.inputs[row], row, limits)
     inputs, windows = _flatten(queued)
     _check_token_types(inputs, takes_token_types, manifest)
-    if options.attention and not image_rows:  # the image tower's attention graph is exported with it
+    needs_attention = options.attention and not image_rows  # the image tower's attention graph is exported with it
+    if needs_attention:
         _check_attention_length(inputs, manifest)
-        require(("attention",), "attention weights")
     chunks = _late_chunks(request, windows) if windows is not None and request.late_chunking is not None else None
     reply_bytes = sum(_reply_bytes(len(x.inputs[0]) if isinstance(x, Windows) else len(x), options, manifest,
                                    float_bytes) for x in queued)
@@ -470,6 +470,14 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
             "", f"the reply would be about {reply_bytes / 2**20:.1f} MiB, over this server's max_response_bytes "
             f"({limits.max_response_bytes / 2**20:.1f} MiB); ask for fewer inputs, fewer attention layers or "
             "average_heads" + (", or fewer chunks" if chunks else ""))
+    # Last, once nothing else can refuse the request: the graphs it needs, which may have to be built first (a
+    # request refused anyway starts no build).
+    needs = {**({"attention": "attention weights"} if needs_attention else {}),
+             **({"quantization": f"{model_ranges} embeddings"} if model_ranges else {})}
+    if needs:
+        manifest = require(tuple(needs), " and ".join(needs.values()))
+        if model_ranges:
+            options = replace(options, ranges=_model_ranges(manifest, request.dimensions, normalize, model_ranges))
     token_states = (options.token_embeddings or options.pooling is not None or options.attention
                     or options.multi_vector is not None or chunks is not None
                     or (options.sparse is not None and manifest.bge_m3 is not None))
@@ -686,25 +694,31 @@ def _tokenize_multi_vector(request: EncodeRequest, tokenizer: MultiVectorTokeniz
 
 
 def _ranges(request: EncodeRequest, types: tuple[str, ...], manifest: Manifest, pooling: str | None,
-            normalize: bool, require: Require) -> np.ndarray | None:
-    """The int8 / uint8 ranges of a request: its own, or the model's calibrated ones (engine/quantize.py)."""
+            normalize: bool) -> tuple[np.ndarray | None, str | None]:
+    """(The int8 / uint8 ranges of a request, its own or the model's calibrated ones (engine/quantize.py), the type
+    that needs them); (None, the type) where the model's must be built first: prepare() requires them last, once
+    nothing else refuses the request."""
     size = request.dimensions or manifest.embedding_size
     ranged = [t for t in types if t in RANGED]
     if request.ranges is not None:
         if not ranged:
             raise _invalid("ranges", "ranges apply to the int8 and uint8 embedding types only, and neither was "
                                      "asked for")
-        return check_ranges(request.ranges, size)
+        return check_ranges(request.ranges, size), None
     if not ranged:
-        return None
+        return None, None
     if pooling is not None:
         raise _invalid("ranges", f"{ranged[0]} embeddings with pooling {pooling} need ranges: the model's are "
                                  "calibrated on its own pooling; pass ranges, or ask for the default pooling")
-    if manifest.source is not None:  # built as needed: PyTorch's embeddings of the verification texts
-        manifest = require(("quantization",), f"{ranged[0]} embeddings")
-    ranges = manifest.quantization_ranges(request.dimensions, normalize)
+    if manifest.source is not None and manifest.quantization is None:  # built as needed: PyTorch's embeddings
+        return None, ranged[0]
+    return _model_ranges(manifest, request.dimensions, normalize, ranged[0]), None
+
+
+def _model_ranges(manifest: Manifest, dimensions: int | None, normalize: bool, ranged: str) -> np.ndarray:
+    ranges = manifest.quantization_ranges(dimensions, normalize)
     if ranges is None:
-        raise _invalid("ranges", f"{ranged[0]} embeddings need per-dimension ranges, and {manifest.model}'s "
+        raise _invalid("ranges", f"{ranged} embeddings need per-dimension ranges, and {manifest.model}'s "
                                  "artifacts hold no calibration embeddings (exported before quantized embeddings): "
                                  "pass ranges, or re-export the model with `attnserve export`")
     return ranges
