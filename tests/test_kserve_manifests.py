@@ -295,8 +295,9 @@ def test_the_runtime_serves_artifacts_where_kserve_puts_them(runtime, services, 
 
 def test_the_runtime_exports_a_checkpoint_once(runtime, services, artifacts, tmp_path, monkeypatch):
     """/mnt/models holding a sentence-transformers checkpoint (the default model's, as its package ships it): the
-    model serve loads (server/models.py, from the runtime's command line) is its export into the cache, named as
-    the InferenceService, and a second start reuses it. The export itself is `attnserve export`'s, tested with it:
+    model serve loads (server/models.py, from the runtime's command line) is its export into the cache, served under
+    the InferenceService's name (the export records the folder's, as any checkpoint's: one export whatever name serves
+    it), and a second start reuses it. The export itself is `attnserve export`'s, tested with it:
     here it hands over the session's export of the same checkpoint."""
     import attnserve.engine.builds
     from attnserve.default_model import default_checkpoint_dir
@@ -315,7 +316,7 @@ def test_the_runtime_exports_a_checkpoint_once(runtime, services, artifacts, tmp
     name = of_checkpoint(services)["metadata"]["name"]
     args = build_parser().parse_args(rendered_args(runtime_container(runtime), name, str(models)))
     (source,) = model_sources(None, from_args(ServerConfig, args))
-    assert exported == [(models, name)]
+    assert exported == [(models, None)]
     assert source.name == name and source.directory.parent == tmp_path / "cache"
     assert (source.directory / MANIFEST).is_file()
     assert model_sources(None, from_args(ServerConfig, args)) == [source] and len(exported) == 1
