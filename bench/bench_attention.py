@@ -6,8 +6,8 @@ one text per Embed request, truncate=True, in three loads:
 
   embeddings     sentence embeddings only: the embeddings graph;
   one_layer      attention { layers: [-1] }: the last layer's weights, every head, [1, nh, T, T] per reply;
-  rollout_only   attention { analyses: ["rollout"] weights: false }: attention rollout (engine/attention_analyses.py),
-                 [T, T] per reply, no weights.
+  rollout_only   attention { analyses: ["rollout"] weights: false }: attention rollout
+                 (attnserve/attention_analyses.py), [T, T] per reply, no weights.
 
 Both attention loads run the last-layer graph (export/attention_last.py) where the artifacts have one, the attention
 graph of every layer otherwise.

@@ -139,8 +139,8 @@ def op_profile(path: Path, arena: bool, outputs: list[str] | None, feeds: list[t
 def post_processing(opened: dict, feeds: list[tuple[dict, list[int]]], layers: int) -> dict[str, float]:
     """ms of the server's work on each graph's outputs over the batches: each row cut from the batch
     (server/batcher.py), then the last layer's weights as a door sends them (RowOutput.layer_maps, tobytes), or
-    rollout (engine/attention_analyses.py from the maps; the last-layer graph's cut and sent)."""
-    from attnserve.engine.attention_analyses import rollout
+    rollout (attnserve/attention_analyses.py from the maps; the last-layer graph's cut and sent)."""
+    from attnserve.attention_analyses import rollout
     from attnserve.server.batcher import RowOutput
 
     out: dict[str, float] = collections.defaultdict(float)

@@ -112,7 +112,7 @@ def write(data: AttentionData, model: str, view: str, path: Path, head: int | No
         _write_text(path, json.dumps(body))
         return "every layer's weights and the analyses"
     if suffix == ".html":
-        from attnserve.server.http.explorer import standalone_html
+        from attnserve.explorer_page import standalone_html
 
         reply = data.reply() | {"model": model}
         _write_text(path, standalone_html(reply))

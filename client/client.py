@@ -82,7 +82,7 @@ class PatchPositions:
 
     @property
     def shape(self) -> tuple[int, int]:
-        """(rows, cols): the maps' patches as a grid (engine/patch_attention.py's shape)."""
+        """(rows, cols): the maps' patches as a grid (attnserve/patch_attention.py's shape)."""
         return self.rows, self.cols
 
 
@@ -126,10 +126,10 @@ class EmbeddingResult:
     patches: PatchPositions | None = None  # an image's, with attention: where its positions lie
 
     def to_html(self, path: str | Path, model: str = "", text: str = "") -> Path:
-        """Write the attention explorer with this result embedded (server/http/explorer.py), a page that opens from
+        """Write the attention explorer with this result embedded (attnserve/explorer_page.py), a page that opens from
         disk with no server. The result must hold every layer's every head, in order: ask
         client.attention(text, layers=range(num_layers)); its analyses are shown where present."""
-        from attnserve.server.http.explorer import standalone_html
+        from attnserve.explorer_page import standalone_html
 
         if self.attentions is None:
             raise AttnserveError("to_html needs the attention weights: ask for them (weights true)")

@@ -2,7 +2,7 @@
 model (CLIP, SigLIP), drawn over the picture (.png, .jpg), or its arrays (.npz, .json).
 
 Views: heatmap (a layer's map over the patches, the mean of its heads or one --head: CLIP's class token -> patch
-row, SigLIP's attention each patch receives; engine/patch_attention.py), rollout (Abnar & Zuidema's, read the same
+row, SigLIP's attention each patch receives; attnserve/patch_attention.py), rollout (Abnar & Zuidema's, read the same
 way), model (every layer x head, each a small picture). Each map is the tower's rows x cols patch grid (square but
 for SigLIP 2's NaFlex towers). The maps are drawn over the part of the picture the model saw: its center square for
 CLIP's processor ("crop"), all of it for SigLIP's ("stretch") and NaFlex's ("patches": all of it, stretched to the
@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from attnserve.engine.images import DEFAULT_MAX_PIXELS, decode_image
-from attnserve.engine.patch_attention import patch_maps, patch_rollout
 from attnserve.errors import AttnserveError
+from attnserve.images import DEFAULT_MAX_PIXELS, decode_image
+from attnserve.patch_attention import patch_maps, patch_rollout
 
 from .client import Client, ImageInput, PatchPositions
 from .image_overlay import overlay

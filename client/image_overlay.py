@@ -1,4 +1,4 @@
-"""An attention grid over a picture: the patch grid (engine/patch_attention.py) stretched over the image and
+"""An attention grid over a picture: the patch grid (attnserve/patch_attention.py) stretched over the image and
 coloured, blended with it, for `attnserve attention` on images and the explorer's still pictures.
 
 The grid, rows x cols patches (square but for SigLIP 2's NaFlex towers), covers the image the model saw: the

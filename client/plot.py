@@ -166,8 +166,8 @@ def draw_grid(maps: np.ndarray, layers: Sequence[int], title: str, path: Path, s
 
 
 def draw_stats(stats: dict[str, np.ndarray], title: str, path: Path) -> None:
-    """Each head statistic (engine/attention_analyses.py) as a layers x heads grid with its values written in."""
-    from attnserve.engine.attention_analyses import HEAD_STATS, PAIR_STATS
+    """Each head statistic (attnserve/attention_analyses.py) as a layers x heads grid with its values written in."""
+    from attnserve.attention_analyses import HEAD_STATS, PAIR_STATS
 
     plt = pyplot()
     order = [*HEAD_STATS, *PAIR_STATS]  # a gRPC map has no order: the definitions' order, the same every time

@@ -1,7 +1,8 @@
 """Graphs built when first needed: the artifact directory a run needs first, and the variants it asks for later.
 
-Every build runs in a child process (export/build_process.py): the engine and the server never import torch, and
-what an export holds goes back to the system when it exits. Its lines come to `log` as they come.
+Every build runs in a child process (export/build_process.py, started by the name attnserve/build_program.py
+declares): the engine and the server never import export or torch, and what an export holds goes back to the system
+when it exits. Its lines come to `log` as they come.
 
 - export_in_child(): a new artifact directory, the graph the run needs first (serve and encode on a checkpoint).
 - add_in_child(): variants added to a directory, in the foreground: a --precision whose graph is not built yet.
@@ -17,12 +18,12 @@ what an export holds goes back to the system when it exits. Its lines come to `l
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from attnserve.build_program import ERROR, command
 from attnserve.errors import ArtifactError, GraphBuildingError, GraphUnavailableError
 
 from .machine import this_machine
@@ -31,8 +32,6 @@ from .session import CPU
 from .variants import estimated_seconds as step_seconds
 from .variants import fp32_weight_bytes, variants_of
 
-BUILD_MODULE = "attnserve.export.build_process"
-ERROR = "error: "  # export/build_process.py's last line when a build fails
 # A child's start, its imports and the checkpoint's read, before the steps (engine/variants.py STEP_SECONDS).
 START_SECONDS = 3.0
 # The most a Retry-After says: a client polling a long build asks again at least this often.
@@ -43,7 +42,7 @@ def run_child(args: list[str], log: Callable[[str], None]) -> None:
     """python -m attnserve.export.build_process ARGS, each line it writes to stderr passed to log; ArtifactError
     with its error line if it fails."""
     try:
-        child = subprocess.Popen([sys.executable, "-m", BUILD_MODULE, *args], stdin=subprocess.DEVNULL,
+        child = subprocess.Popen(command(args), stdin=subprocess.DEVNULL,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
     except OSError as e:
         raise ArtifactError(f"could not start the build: {e.strerror}") from None

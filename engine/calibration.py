@@ -29,12 +29,15 @@ from typing import Any
 
 import numpy as np
 
+from attnserve.cache import cache_root
 from attnserve.config import EngineConfig
 from attnserve.progress import Progress, progress_log
 
 from .machine import this_machine
 from .manifest import MANIFEST, GraphVariant, Manifest
 from .openvino_session import openvino_version
+from .session import Session
+from .token_ids import made_up_token_ids
 
 log = logging.getLogger("attnserve.engine")
 
@@ -58,7 +61,7 @@ class Choice:
     graph: GraphVariant
     how: str  # for the start-up line: how it was chosen
     batch_tokens: int  # the padded-token budget of a batch: max_batch_tokens or less, as timed
-    session: Any = None  # the chosen graph's InferenceSession when calibration opened it; None: open it
+    session: Session | None = None  # the chosen graph's session when calibration opened it; None: open it
 
 
 def budgets(manifest: Manifest, config: EngineConfig) -> list[int]:
@@ -81,8 +84,6 @@ def signature(threads: int) -> str:
 def record_paths(manifest: Manifest) -> tuple[Path, Path]:
     """(beside the artifacts, in the cache): the second for read-only artifact directories, named by the
     manifest's digest so that a copy of the same artifacts elsewhere finds it too."""
-    from attnserve.default_model import cache_root
-
     digest = hashlib.sha256(manifest.path(MANIFEST).read_bytes()).hexdigest()[:16]
     return manifest.path(CALIBRATION), cache_root() / "calibration" / f"{digest}.json"
 
@@ -177,8 +178,6 @@ def _record(manifest: Manifest, sig: str, key: str, entry: dict) -> Path | None:
 def calibration_batches(manifest: Manifest, config: EngineConfig, takes_token_types: bool, budget: int
                         ) -> list[dict[str, np.ndarray]]:
     """Made-up feeds at the shapes the engine runs: (budget // T, T) int64 inputs per length T."""
-    from attnserve.export.token_ids import made_up_token_ids
-
     ids_range = made_up_token_ids(manifest.vocab_size)
     rng = np.random.default_rng(0)
     feeds = []
@@ -196,12 +195,12 @@ class CalibrationStopped(Exception):
     """The timing was stopped (a server draining while it timed its graphs): nothing was chosen or recorded."""
 
 
-def time_runs(runs: dict[Any, tuple[Any, list[dict[str, np.ndarray]]]], outputs: list[str],
+def time_runs(runs: dict[Any, tuple[Session, list[dict[str, np.ndarray]]]], outputs: list[str],
               stop: threading.Event | None = None) -> dict[Any, float]:
     """Seconds per token of each run (a session and its feeds): per feed, the fastest of ROUNDS runs over its
     tokens, summed over the feeds. Runs are interleaved so that a disturbance of the machine falls on all alike.
     stop: checked before each run (CalibrationStopped once set)."""
-    def run(session, feed) -> None:
+    def run(session: Session, feed: dict[str, np.ndarray]) -> None:
         if stop is not None and stop.is_set():
             raise CalibrationStopped
         session.run(outputs, feed)
@@ -237,7 +236,7 @@ def _ratios(seconds: dict[Any, float], chosen: Any) -> str:
 
 
 def calibrated_graph(manifest: Manifest, config: EngineConfig, precision: str, candidates: Sequence[GraphVariant],
-                     open_graph: Callable[[GraphVariant], Any], record_key: str | None = None,
+                     open_graph: Callable[[GraphVariant], Session], record_key: str | None = None,
                      notes: Sequence[str] = ()) -> Choice:
     """The recorded choice for this machine, or the fastest candidate and batch budget timed now (and recorded).
 
@@ -264,7 +263,7 @@ def recorded_choice(manifest: Manifest, config: EngineConfig, precision: str, ca
 
 
 def timed_choice(manifest: Manifest, config: EngineConfig, precision: str, candidates: Sequence[GraphVariant],
-                 open_graph: Callable[[GraphVariant], Any], record_key: str | None = None,
+                 open_graph: Callable[[GraphVariant], Session], record_key: str | None = None,
                  notes: Sequence[str] = (), stop: threading.Event | None = None) -> Choice:
     """The fastest candidate and batch budget, timed now, and recorded (calibrated_graph's arguments). stop: see
     time_runs."""

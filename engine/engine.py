@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from .multi_vector import MultiVectorTokenizer
 from .openvino_session import openvino_available
 from .pooling import l2_normalize
 from .prompts import apply_prompt
-from .session import CPU, CUDA, OPENVINO, open_graph, resolve_provider
+from .session import CPU, CUDA, OPENVINO, Session, open_graph, resolve_provider
 from .tokenizer import TextTokenizer, TokenizedInput
 from .variants import defaults_of, first_of, run_variants, variants_of
 from .windows import Windows
@@ -58,7 +58,7 @@ class BatchOutput:
     attentions: np.ndarray | None = None
     scores: np.ndarray | None = None  # (B, num_labels) a reranker's raw logits
     value_norms: np.ndarray | None = None  # (L, B, nh, T) each head's value norms (model/value_norms.py)
-    rollout: np.ndarray | None = None  # (B, T, T) from the last-layer graph (engine/attention_analyses.py's rollout)
+    rollout: np.ndarray | None = None  # (B, T, T) from the last-layer graph (attnserve/attention_analyses.py's rollout)
     map_layers: tuple[int, ...] | None = None  # the layers `attentions` holds, in order; None: every layer
     # Where run()'s time went, in seconds: building the padded tensors, and the session's run (server/statistics.py).
     feed_seconds: float = 0.0
@@ -275,7 +275,7 @@ class Engine:
         self._session = self.graph_choice.session or self._open_graph(self.embeddings_variant, self.provider)
         # Graphs of families with token types take them (helper fam adds the input to the embedders' graphs).
         self.takes_token_types = "token_type_ids" in {i.name for i in self._session.get_inputs()}
-        self._attention_sessions: dict[str, Any] = {}  # variant name -> its session, opened once
+        self._attention_sessions: dict[str, Session] = {}  # variant name -> its session, opened once
         self._attention_lock = threading.Lock()
         self._builds: BackgroundBuilds | None = None  # the server's: background_builds()
         # An image-text model's image tower (CLIP, SigLIP), at the text graph's precision.
@@ -406,7 +406,7 @@ class Engine:
         return Choice(candidates[0], "not timed on this CPU yet: timed once serving, and recorded"
                       + "".join(f"; {n}" for n in notes), self.config.max_batch_tokens)
 
-    def _timing_session(self, variant: GraphVariant):
+    def _timing_session(self, variant: GraphVariant) -> Session:
         """A session to time a candidate with: the engine's own for the graph it runs (a deferred timing, beside
         the requests it serves: no second copy of the weights), a new one for another."""
         running = getattr(self, "_session", None)
@@ -435,7 +435,7 @@ class Engine:
         key = "auto" if any(v.precision != self.precision for v in candidates) else self.precision
         return key if self.config.backend == "auto" else f"{key} on {self.config.backend}"
 
-    def _open_graph(self, variant: GraphVariant, provider: str, arena: bool = True, prepack: bool = True):
+    def _open_graph(self, variant: GraphVariant, provider: str, arena: bool = True, prepack: bool = True) -> Session:
         return open_graph(self.manifest.path(variant.file), variant.backend, variant.precision, provider,
                           self.config.threads, arena, variant.disabled_optimizers, prepack,
                           spin="on" if self.config.spin_wait == "auto" else self.config.spin_wait)
@@ -455,7 +455,7 @@ class Engine:
         """Whether the graphs an attention request runs on are built (attention_variants)."""
         return all(name in self.manifest.variants for name in self.attention_variants())
 
-    def _open_attention_session(self, name: str = ATTENTION_VARIANT):
+    def _open_attention_session(self, name: str = ATTENTION_VARIANT) -> Session:
         with self._attention_lock:
             if name not in self._attention_sessions:
                 variant = self.manifest.variants.get(name)
@@ -506,7 +506,7 @@ class Engine:
         if self.manifest.kind == "reranker":
             if attention:
                 session = self._open_attention_session()
-                # Graphs exported before value norms have none (the "norms" analysis is then refused: requests.py).
+                # Graphs exported before value norms have none (the "norms" analysis is refused: attention_requests.py).
                 scores, attentions, *norms = session.run(["scores", *MAPS[:len(session.get_outputs()) - 1]], feed)
                 return BatchOutput(lengths, None, None, attentions, scores, norms[0] if norms else None)
             return BatchOutput(lengths, None, None, scores=self._session.run(["scores"], feed)[0])
@@ -517,7 +517,7 @@ class Engine:
                                map_layers=(self.manifest.num_layers - 1,))
         if attention:
             session = self._open_attention_session()
-            # Graphs exported before value norms have none (the "norms" analysis is then refused: requests.py).
+            # Graphs exported before value norms have none (the "norms" analysis is refused: attention_requests.py).
             names = ["last_hidden_state", "sentence_embedding", *MAPS[:len(session.get_outputs()) - 2]]
             hidden, sentence, attentions, *norms = session.run(names, feed)
             return BatchOutput(lengths, hidden, sentence, attentions, value_norms=norms[0] if norms else None)

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
+from attnserve.images import DEFAULT_MAX_PIXELS, decode_image
+from attnserve.patch_attention import patch_boxes
+
 from .image_processor import ImageProcessor, read_image_processor
-from .images import DEFAULT_MAX_PIXELS, decode_image
 from .manifest import Manifest
-from .patch_attention import patch_boxes
-from .session import open_graph
+from .session import Session, open_graph
 
 # The text graph's precision -> the image graph run beside it.
 IMAGE_GRAPHS = {"fp32": "image_embeds", "bf16": "image_embeds_bf16", "int8": "image_embeds_int8",
@@ -39,7 +40,7 @@ IMAGE_ATTENTION = "image_attention"
 class PatchLayout:
     """Where an image tower's positions lie in the height x width image it takes (S x S for a fixed-size tower):
     the class token first where there is one (CLIP; SigLIP has none), then rows x cols patches of P px in row-major
-    order (engine/patch_attention.py)."""
+    order (attnserve/patch_attention.py)."""
 
     height: int  # px: S, or a NaFlex image's rows x P
     width: int
@@ -134,7 +135,7 @@ class ImageEncoder:
             self.graph = "image_embeds"
         self.precision = images["graphs"][self.graph]["precision"]
         self._session = self._open(self.graph) if sessions else None
-        self._attention: Any = None
+        self._attention: Session | None = None
         self._lock = threading.Lock()
 
     @property
@@ -154,13 +155,13 @@ class ImageEncoder:
     def embedding_size(self) -> int:
         return int(self.settings["embedding_size"])
 
-    def _open(self, name: str, arena: bool = True):
+    def _open(self, name: str, arena: bool = True) -> Session:
         graph = self.settings["graphs"][name]
         return open_graph(self.manifest.path(graph["file"]), graph.get("backend", "onnxruntime"), graph["precision"],
                           self.provider, self.threads, arena, spin=self.spin)
 
     def prepare(self, data: bytes, declared: str | None = None, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInput:
-        """An image's bytes -> its ImageInput, or ImageError (engine/images.py) in one line."""
+        """An image's bytes -> its ImageInput, or ImageError (attnserve/images.py) in one line."""
         image = decode_image(data, max_pixels, declared)
         try:
             pixels = self.processor.pixels(image)
@@ -195,7 +196,7 @@ class ImageEncoder:
         shapes = np.array([[x.pixels.shape[1] // P, x.pixels.shape[2] // P] for x in inputs], dtype=np.int64)
         return {"pixel_values": pixels, "pixel_attention_mask": mask, "spatial_shapes": shapes}
 
-    def _attention_session(self):
+    def _attention_session(self) -> Session:
         with self._lock:
             if self._attention is None:  # its intermediates grow with the batch: no arena keeps a burst's peak
                 self._attention = self._open(IMAGE_ATTENTION, arena=False)

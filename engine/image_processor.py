@@ -61,7 +61,7 @@ class ImageProcessor:
         return None if self.patches is not None else self.crop or self.size
 
     def pixels(self, image: Image.Image) -> np.ndarray:
-        """A decoded image (engine/images.py) -> (C, S, S) float32 (NaFlex: (C, H, W), H and W whole patches)."""
+        """A decoded image (attnserve/images.py) -> (C, S, S) float32 (NaFlex: (C, H, W), H and W whole patches)."""
         rgb = to_rgb(image)
         if self.patches is not None:
             height, width = size_for_max_patches(rgb.height, rgb.width, *self.patches)

@@ -15,11 +15,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from attnserve.config import DEFAULT_CHUNK_TOKENS as DEFAULT_CHUNK_TOKENS
+from attnserve.config import LATE_CHUNKERS
 from attnserve.errors import InvalidInputError
 
-CHUNKERS = ("sentences", "tokens")
-# The "tokens" chunker's chunk, unset: the size of the late-chunking paper's fixed-size chunks.
-DEFAULT_CHUNK_TOKENS = 64
+# The chunkers, and the "tokens" chunker's chunk when unset (DEFAULT_CHUNK_TOKENS): declared with encode's settings
+# (attnserve/config.py), whose --late-chunking and --chunk-tokens name them.
+CHUNKERS = LATE_CHUNKERS
 # Why a chunker's text is refused: it makes no chunk of a text the tokenizer keeps nothing of (an empty list of
 # chunks would lose an offline run's row unsaid).
 NO_TOKEN_TO_CHUNK = "no token to chunk: the tokenizer keeps nothing of the text"

@@ -8,6 +8,7 @@ import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from attnserve.errors import ArtifactError
 
@@ -265,55 +266,8 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
         if raw.get("format_version") != FORMAT_VERSION:
             raise ArtifactError(f"{path}: format_version {raw.get('format_version')} is not {FORMAT_VERSION}; "
                                 "re-export")
-        variants = {
-            name: GraphVariant(name, v["file"], v["sha256"], v["precision"], bool(v["fused"]),
-                               tuple(v["outputs"]), dict(v.get("parity", {})),
-                               tuple(str(o) for o in v.get("disabled_optimizers", ())),
-                               {str(f): str(h) for f, h in v.get("data_files", {}).items()},
-                               str(v.get("backend", "onnxruntime")))
-            for name, v in raw["variants"].items()
-        }
-        manifest = Manifest(
-            directory=directory, model=str(raw["model"]), hidden_size=int(raw["hidden_size"]),
-            num_layers=int(raw["num_layers"]), num_heads=int(raw["num_heads"]),
-            intermediate_size=int(raw["intermediate_size"]), vocab_size=int(raw["vocab_size"]),
-            max_seq_length=int(raw["max_seq_length"]), pooling=str(raw["pooling"]), normalize=bool(raw["normalize"]),
-            tokenizer=str(raw["tokenizer"]["file"]), tokenizer_sha256=str(raw["tokenizer"]["sha256"]),
-            variants=variants, tools=dict(raw.get("tools", {})),
-            embedding_size=int(raw.get("embedding_size") or raw["hidden_size"]),
-            modules=tuple(str(m) for m in raw.get("modules", ())),
-            prompts={str(k): str(v) for k, v in raw.get("prompts", {}).items()},
-            default_prompt_name=None if raw.get("default_prompt_name") is None else str(raw["default_prompt_name"]),
-            kind=str(raw.get("kind", "embedder")),
-            num_labels=int(raw.get("num_labels", 0)), score_activation=raw.get("score_activation"),
-            family=str(raw.get("family", "bert")),
-            tasks=tuple(str(t) for t in raw.get("tasks", ())),
-            task=None if raw.get("task") is None else str(raw["task"]),
-            pair_template=None if raw.get("pair_template") is None else {
-                key: str(raw["pair_template"][key]) for key in ("prefix", "body", "suffix", "instruction")},
-            verified_max_length=int(raw.get("verified_max_length", raw["max_seq_length"])),
-            attention_max_length=int(raw.get("attention_max_length", raw["max_seq_length"])),
-            labels=tuple(str(label) for label in raw.get("labels", ())),
-            problem_type=None if raw.get("problem_type") is None else str(raw["problem_type"]),
-            multi_vector=None if raw.get("multi_vector") is None else dict(raw["multi_vector"]),
-            bge_m3=None if raw.get("bge_m3") is None else {
-                "file": str(raw["bge_m3"]["file"]), "sha256": str(raw["bge_m3"]["sha256"]),
-                "colbert_dim": int(raw["bge_m3"]["colbert_dim"]),
-                "unused_ids": [int(i) for i in raw["bge_m3"]["unused_ids"]]},
-            quantization=None if raw.get("quantization") is None else {
-                "file": str(raw["quantization"]["file"]), "sha256": str(raw["quantization"]["sha256"]),
-                "texts": int(raw["quantization"]["texts"])},
-            source=None if raw.get("source") is None else {
-                "checkpoint": str(raw["source"]["checkpoint"]), "fingerprint": str(raw["source"]["fingerprint"])},
-            traces={str(dtype): {"file": str(t["file"]), "sha256": str(t["sha256"]),
-                                 "data_files": {str(f): str(h) for f, h in t["data_files"].items()}}
-                    for dtype, t in raw.get("traces", {}).items()},
-            reference=None if raw.get("reference") is None else {
-                "file": str(raw["reference"]["file"]), "sha256": str(raw["reference"]["sha256"])},
-            refused={str(name): str(why) for name, why in raw.get("refused", {}).items()},
-            images=None if raw.get("images") is None else _images(raw["images"]),
-            pad_to_length=int(raw.get("pad_to_length", 0)), pad_id=int(raw.get("pad_id", 0)),
-        )
+        variants = _variants(raw)
+        manifest = Manifest(directory=directory, **_model_fields(raw), variants=variants, **_other_fields(raw))
         if manifest.kind not in ("embedder", "reranker"):
             raise ArtifactError(f"{path}: kind {manifest.kind!r} is not embedder or reranker; re-export")
     except ArtifactError:
@@ -321,23 +275,91 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise ArtifactError(f"{path} is unreadable or incomplete: {type(e).__name__}: {e}") from None
     if check_hashes:
-        _check_file(directory, manifest.tokenizer, manifest.tokenizer_sha256)
-        checked: set[str] = set()  # a file several variants share is hashed once
-        for v in variants.values():
-            for name, sha in ((v.file, v.sha256), *v.data_files.items()):
+        _check_hashes(directory, manifest)
+    return manifest
+
+
+def _variants(raw: dict) -> dict[str, GraphVariant]:
+    """The manifest's graph variants, their types checked (KeyError, TypeError, ValueError: unreadable)."""
+    return {
+        name: GraphVariant(name, v["file"], v["sha256"], v["precision"], bool(v["fused"]),
+                           tuple(v["outputs"]), dict(v.get("parity", {})),
+                           tuple(str(o) for o in v.get("disabled_optimizers", ())),
+                           {str(f): str(h) for f, h in v.get("data_files", {}).items()},
+                           str(v.get("backend", "onnxruntime")))
+        for name, v in raw["variants"].items()
+    }
+
+
+def _model_fields(raw: dict) -> dict[str, Any]:
+    """The model's shape, pooling and tokenizer: Manifest's fields before its variants, read in their order."""
+    return dict(
+        model=str(raw["model"]), hidden_size=int(raw["hidden_size"]),
+        num_layers=int(raw["num_layers"]), num_heads=int(raw["num_heads"]),
+        intermediate_size=int(raw["intermediate_size"]), vocab_size=int(raw["vocab_size"]),
+        max_seq_length=int(raw["max_seq_length"]), pooling=str(raw["pooling"]), normalize=bool(raw["normalize"]),
+        tokenizer=str(raw["tokenizer"]["file"]), tokenizer_sha256=str(raw["tokenizer"]["sha256"]))
+
+
+def _other_fields(raw: dict) -> dict[str, Any]:
+    """Manifest's fields after its variants, each as the keyword Manifest takes, read in their order (the first
+    missing or mistyped one is the one an unreadable manifest's error names)."""
+    return dict(
+        tools=dict(raw.get("tools", {})),
+        embedding_size=int(raw.get("embedding_size") or raw["hidden_size"]),
+        modules=tuple(str(m) for m in raw.get("modules", ())),
+        prompts={str(k): str(v) for k, v in raw.get("prompts", {}).items()},
+        default_prompt_name=None if raw.get("default_prompt_name") is None else str(raw["default_prompt_name"]),
+        kind=str(raw.get("kind", "embedder")),
+        num_labels=int(raw.get("num_labels", 0)), score_activation=raw.get("score_activation"),
+        family=str(raw.get("family", "bert")),
+        tasks=tuple(str(t) for t in raw.get("tasks", ())),
+        task=None if raw.get("task") is None else str(raw["task"]),
+        pair_template=None if raw.get("pair_template") is None else {
+            key: str(raw["pair_template"][key]) for key in ("prefix", "body", "suffix", "instruction")},
+        verified_max_length=int(raw.get("verified_max_length", raw["max_seq_length"])),
+        attention_max_length=int(raw.get("attention_max_length", raw["max_seq_length"])),
+        labels=tuple(str(label) for label in raw.get("labels", ())),
+        problem_type=None if raw.get("problem_type") is None else str(raw["problem_type"]),
+        multi_vector=None if raw.get("multi_vector") is None else dict(raw["multi_vector"]),
+        bge_m3=None if raw.get("bge_m3") is None else {
+            "file": str(raw["bge_m3"]["file"]), "sha256": str(raw["bge_m3"]["sha256"]),
+            "colbert_dim": int(raw["bge_m3"]["colbert_dim"]),
+            "unused_ids": [int(i) for i in raw["bge_m3"]["unused_ids"]]},
+        quantization=None if raw.get("quantization") is None else {
+            "file": str(raw["quantization"]["file"]), "sha256": str(raw["quantization"]["sha256"]),
+            "texts": int(raw["quantization"]["texts"])},
+        source=None if raw.get("source") is None else {
+            "checkpoint": str(raw["source"]["checkpoint"]), "fingerprint": str(raw["source"]["fingerprint"])},
+        traces={str(dtype): {"file": str(t["file"]), "sha256": str(t["sha256"]),
+                             "data_files": {str(f): str(h) for f, h in t["data_files"].items()}}
+                for dtype, t in raw.get("traces", {}).items()},
+        reference=None if raw.get("reference") is None else {
+            "file": str(raw["reference"]["file"]), "sha256": str(raw["reference"]["sha256"])},
+        refused={str(name): str(why) for name, why in raw.get("refused", {}).items()},
+        images=None if raw.get("images") is None else _images(raw["images"]),
+        pad_to_length=int(raw.get("pad_to_length", 0)), pad_id=int(raw.get("pad_id", 0)),
+    )
+
+
+def _check_hashes(directory: Path, manifest: Manifest) -> None:
+    """The sha256 of every file the manifest lists, each file once however many graphs share it."""
+    _check_file(directory, manifest.tokenizer, manifest.tokenizer_sha256)
+    checked: set[str] = set()  # a file several variants share is hashed once
+    for v in manifest.variants.values():
+        for name, sha in ((v.file, v.sha256), *v.data_files.items()):
+            if name not in checked:
+                _check_file(directory, name, sha)
+                checked.add(name)
+    if manifest.quantization is not None:
+        _check_file(directory, manifest.quantization["file"], manifest.quantization["sha256"])
+    if manifest.images is not None:
+        _check_file(directory, manifest.images["processor"]["file"], manifest.images["processor"]["sha256"])
+        for graph in manifest.images["graphs"].values():
+            for name, sha in ((graph["file"], graph["sha256"]), *graph["data_files"].items()):
                 if name not in checked:
                     _check_file(directory, name, sha)
                     checked.add(name)
-        if manifest.quantization is not None:
-            _check_file(directory, manifest.quantization["file"], manifest.quantization["sha256"])
-        if manifest.images is not None:
-            _check_file(directory, manifest.images["processor"]["file"], manifest.images["processor"]["sha256"])
-            for graph in manifest.images["graphs"].values():
-                for name, sha in ((graph["file"], graph["sha256"]), *graph["data_files"].items()):
-                    if name not in checked:
-                        _check_file(directory, name, sha)
-                        checked.add(name)
-    return manifest
 
 
 def _images(raw: dict) -> dict:

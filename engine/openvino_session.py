@@ -1,4 +1,4 @@
-"""An exported ONNX graph run by the OpenVINO runtime, behind the two methods the engine calls on a session.
+"""An exported ONNX graph run by the OpenVINO runtime, behind the session interface (engine/session.py Session).
 
 Why a second runtime: on CPUs with native bfloat16 (AVX512-BF16, AMX) OpenVINO's CPU plugin runs a graph's
 matrix products in bf16 (its INFERENCE_PRECISION_HINT), 1.9x onnxruntime's fp32 speed on MiniLM at a cosine of
@@ -20,6 +20,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,13 +28,17 @@ from attnserve.errors import ArtifactError, ConfigError
 
 from .machine import this_machine
 
+if TYPE_CHECKING:
+    from .session import Session
+
 # attnserve's precision word -> OpenVINO's INFERENCE_PRECISION_HINT.
 HINTS = {"fp32": "f32", "bf16": "bf16"}
 
 
 @dataclass(frozen=True)
-class GraphInput:
-    """What the engine reads of a session's inputs (onnxruntime's NodeArg has the same .name)."""
+class OpenVINOPort:
+    """A graph's input or output as a session lists them (session.GraphPort: onnxruntime's NodeArg has the same
+    .name)."""
 
     name: str
 
@@ -98,7 +103,8 @@ def _read(core, path: Path):
 
 
 class OpenVINOSession:
-    """onnxruntime's InferenceSession interface as the engine uses it: run(output names, feed) and get_inputs().
+    """onnxruntime's InferenceSession interface as the engine uses it (engine/session.py Session): run(output names,
+    feed), get_inputs() and get_outputs().
 
     One compiled model; each calling thread gets its own infer request (a request is not shared between threads,
     the compiled model is), so run() is safe from several threads as onnxruntime's is."""
@@ -124,14 +130,19 @@ class OpenVINOSession:
             self._compiled = core.compile_model(_read(core, path), "CPU", config)
         except Exception as e:  # OpenVINO raises RuntimeError with multi-line C++ context
             raise ArtifactError(f"OpenVINO could not load {path}: {str(e).strip().splitlines()[0]}") from None
-        self._inputs = [GraphInput(port.get_any_name()) for port in self._compiled.inputs]
+        self._inputs = [OpenVINOPort(port.get_any_name()) for port in self._compiled.inputs]
         # Every name of each output: OpenVINO merges tensors, and a graph output that is also another node's tensor
-        # (Qwen3's last-token pooling) keeps both names, get_any_name() giving either.
+        # (Qwen3's last-token pooling) keeps both names, get_any_name() giving either; run() takes any of them.
         self._outputs = {name: port for port in self._compiled.outputs for name in port.get_names()}
+        self._output_ports = [OpenVINOPort(port.get_any_name()) for port in self._compiled.outputs]
         self._local = threading.local()
 
-    def get_inputs(self) -> list[GraphInput]:
+    def get_inputs(self) -> list[OpenVINOPort]:
         return list(self._inputs)
+
+    def get_outputs(self) -> list[OpenVINOPort]:
+        """One per output, in the graph's order; a merged output's name is any one of its names (run() takes each)."""
+        return list(self._output_ports)
 
     def run(self, output_names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         request = getattr(self._local, "request", None)
@@ -147,3 +158,7 @@ class OpenVINOSession:
         request.infer(feed)
         # The request owns its output buffers and reuses them on the next run: copy what is returned.
         return [np.array(request.get_tensor(self._outputs[n]).data, copy=True) for n in names]
+
+
+if TYPE_CHECKING:  # mypy checks this session against the interface the engine calls
+    _session: type[Session] = OpenVINOSession

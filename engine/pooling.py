@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
-# sentence-transformers' Pooling modes, in the order it concatenates them (and names them in configs).
-POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+from attnserve.pooling_modes import POOLING_MODES
 
 
 def pool(last_hidden_state: np.ndarray, lengths: np.ndarray, mode: str) -> np.ndarray:
-    """(B, T, H) with right padding, (B,) real lengths (>= 1) -> (B, H)."""
+    """(B, T, H) with right padding, (B,) real lengths (>= 1) -> (B, H); mode one of POOLING_MODES."""
+    if mode not in POOLING_MODES:
+        raise ValueError(f"unknown pooling mode {mode!r}")
     T = last_hidden_state.shape[1]
     real = np.arange(T)[None, :] < lengths[:, None]  # (B, T)
     if mode == "cls":
@@ -25,8 +26,6 @@ def pool(last_hidden_state: np.ndarray, lengths: np.ndarray, mode: str) -> np.nd
     if mode == "weightedmean":
         weights = real * np.arange(1, T + 1, dtype=last_hidden_state.dtype)[None, :]  # (B, T): position + 1
         return np.einsum("bth,bt->bh", last_hidden_state, weights) / weights.sum(axis=1, keepdims=True)
-    if mode not in ("mean", "mean_sqrt_len_tokens"):
-        raise ValueError(f"unknown pooling mode {mode!r}")
     summed = np.einsum("bth,bt->bh", last_hidden_state, real.astype(last_hidden_state.dtype))  # (B, H)
     counts = lengths.astype(last_hidden_state.dtype)[:, None]  # (B, 1)
     return summed / (counts if mode == "mean" else np.sqrt(counts))

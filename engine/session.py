@@ -1,8 +1,10 @@
 """The sessions that run a graph: onnxruntime's (CUDA provider where there is one, CPU otherwise), or OpenVINO's.
 
-A session is what the engine, calibration and verification call, and all they call: run(output names, feed) ->
-arrays, and get_inputs() (the names of the graph's inputs), onnxruntime's InferenceSession methods, which the
-OpenVINO session (engine/openvino_session.py) has too. open_graph() opens one for a backend.
+A session (Session, declared here) is what the engine, the image tower, calibration and export's verification call,
+and all they call: run(output names, feed) -> arrays, get_inputs() and get_outputs() (the graph's inputs and
+outputs, each with its name), onnxruntime's InferenceSession methods, which the OpenVINO session
+(engine/openvino_session.py) has too. open_session() and open_graph() return a Session, so mypy checks every call
+on one against what both runtimes have. open_graph() opens one for a backend.
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from attnserve.errors import ArtifactError, ConfigError
+
+if TYPE_CHECKING:  # in annotations only: this module runs without importing numpy
+    import numpy as np
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 # The CUDA provider's options (onnxruntime's CUDA execution provider docs):
@@ -27,6 +33,32 @@ CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
 CUDA_OPTIONS = {"use_tf32": "0", "sdpa_kernel": str(1 | 2 | 4 | 16 | 32 | 64 | 128)}
 ONNXRUNTIME, OPENVINO = "onnxruntime", "openvino"
 BACKENDS = (ONNXRUNTIME, OPENVINO)
+
+
+@runtime_checkable
+class GraphPort(Protocol):
+    """A graph's input or output, as a session lists them (onnxruntime's NodeArg, openvino_session.OpenVINOPort)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+@runtime_checkable
+class Session(Protocol):
+    """A graph opened on its runtime: onnxruntime's InferenceSession (or _ArenaPerRun over one), or
+    openvino_session.OpenVINOSession. Safe to run from several threads at once."""
+
+    def run(self, output_names: Sequence[str] | None, feed: dict[str, np.ndarray], /) -> list[np.ndarray]:
+        """The outputs named (None: every output), in that order, for one feed of the graph's inputs by name."""
+        ...
+
+    def get_inputs(self) -> Sequence[GraphPort]:
+        """The graph's inputs, in order."""
+        ...
+
+    def get_outputs(self) -> Sequence[GraphPort]:
+        """The graph's outputs, in order."""
+        ...
 
 
 def available_providers() -> list[str]:
@@ -78,15 +110,18 @@ class _ArenaPerRun:
         self._options = ort.RunOptions()
         self._options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 
-    def run(self, output_names, feed):
+    def run(self, output_names: Sequence[str] | None, feed: dict[str, np.ndarray], /) -> list[np.ndarray]:
         return self._session.run(output_names, feed, self._options)
 
-    def __getattr__(self, name: str):
-        return getattr(self._session, name)
+    def get_inputs(self) -> Sequence[GraphPort]:
+        return self._session.get_inputs()
+
+    def get_outputs(self) -> Sequence[GraphPort]:
+        return self._session.get_outputs()
 
 
 def open_session(path: Path, provider: str, threads: int = 0, arena: bool | str = True,
-                 disabled_optimizers: Sequence[str] = (), prepack: bool = True, spin: str = "on"):
+                 disabled_optimizers: Sequence[str] = (), prepack: bool = True, spin: str = "on") -> Session:
     """arena False: no onnxruntime CPU memory arena, which otherwise keeps the largest run's memory for good;
     "per_run": an arena emptied after each run (_ArenaPerRun: an export's verification sessions).
     disabled_optimizers: onnxruntime graph transformers not to apply at load (a variant's own, from its manifest).
@@ -127,7 +162,7 @@ def open_session(path: Path, provider: str, threads: int = 0, arena: bool | str 
 
 
 def open_graph(path: Path, backend: str, precision: str, provider: str, threads: int = 0, arena: bool | str = True,
-               disabled_optimizers: Sequence[str] = (), prepack: bool = True, spin: str = "on"):
+               disabled_optimizers: Sequence[str] = (), prepack: bool = True, spin: str = "on") -> Session:
     """A session for a graph variant on its backend. onnxruntime runs every graph on `provider`; OpenVINO runs
     fp32 and bf16 graphs on the CPU (arena, disabled_optimizers, prepack and spin are onnxruntime's, and do not
     apply)."""

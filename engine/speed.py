@@ -22,6 +22,8 @@ import time
 
 import numpy as np
 
+from attnserve.cache import cache_root
+
 log = logging.getLogger("attnserve.engine")
 
 # The probe's seconds on the machine STEP_SECONDS describe: measured beside the default model's first export on a
@@ -75,8 +77,6 @@ def _bounded(factor: float) -> float:
 
 
 def _record_path():
-    from attnserve.default_model import cache_root
-
     return cache_root() / RECORD
 
 

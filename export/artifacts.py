@@ -32,7 +32,7 @@ import torch
 from tokenizers import Tokenizer
 
 from attnserve import __version__
-from attnserve.default_model import build_lock, checkpoint_fingerprint
+from attnserve.cache import build_lock, checkpoint_fingerprint
 from attnserve.engine.machine import this_machine
 from attnserve.engine.manifest import MANIFEST, GraphVariant, Manifest, load_manifest, sha256_of, write_manifest
 from attnserve.engine.openvino_session import openvino_version

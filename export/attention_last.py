@@ -10,7 +10,7 @@ leaves the other layers' maps unkept.
 This graph is built from the attention graph's trace, not traced again: its outputs are the embeddings graph's, then
 
   last_attentions  (B, nh, T, T)  the last layer's softmax, the tensor the attention graph stacks last;
-  rollout          (B, T, T)      engine/attention_analyses.py's rollout, in float32: per layer the heads' mean A,
+  rollout          (B, T, T)      attnserve/attention_analyses.py's rollout, in float32: per layer the heads' mean A,
                                   0.5 A + 0.5 I with its rows re-normalised, multiplied from the first layer to the
                                   last (R = Â_L ... Â_1);
 
@@ -19,7 +19,7 @@ attention graph's stack: torch.stack exports as one Concat of an Unsqueeze per l
 
 A padded batch gives each row's real block exactly: a real query gives a padded key weight 0 (verification checks
 it), so Â[:n, n:] is 0 and (Â R)[:n, :n] = Â[:n, :n] R[:n, :n]; the server cuts each row to [:n, :n] as it cuts the
-maps. export/verify.py compares both outputs with PyTorch's maps (rollout: engine/attention_analyses.py's rollout of
+maps. export/verify.py compares both outputs with PyTorch's maps (rollout: attnserve/attention_analyses.py's rollout of
 them, per row), as it compares every graph.
 """
 

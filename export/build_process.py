@@ -4,13 +4,14 @@ they need a directory or a variant that is not built yet (engine/builds.py start
     python -m attnserve.export.build_process new CHECKPOINT OUT [--name NAME] --run PRECISION [--provider P]
     python -m attnserve.export.build_process add DIRECTORY --variants A,B [--provider P]
 
-`new` builds what a run of PRECISION (auto, fp32, int8, fp16, bf16) on the provider needs first
+`new` builds what a run of PRECISION (one of a run's --precision choices: EngineConfig's) on the provider needs first
 (engine/variants.py run_variants), traced straight into fp16 for fp16 and bf16 (trace_precision).
 
 Why a process: an export holds the model in PyTorch and onnxruntime's tools hold graphs several times over, and
 glibc keeps much of what they free (export/memory.py); in a child all of it goes back when it exits, and the
 server or encoder that asked never imports torch. Its progress lines go to stderr as they come; a failure ends
-with one line, "error: ...", and exit status 2 (engine/builds.py raises it as an ArtifactError).
+with one line, "error: ...", and exit status 2 (engine/builds.py raises it as an ArtifactError): the protocol
+attnserve/build_program.py declares, with this module's name.
 """
 
 from __future__ import annotations
@@ -19,19 +20,19 @@ import argparse
 import sys
 from pathlib import Path
 
+from attnserve.build_program import ERROR, MODULE
+from attnserve.config import EngineConfig, choices
 from attnserve.errors import AttnserveError
-
-ERROR = "error: "
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnserve.export.build_process")
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}")
     sub = parser.add_subparsers(dest="job", required=True)
     new = sub.add_parser("new")
     new.add_argument("checkpoint")
     new.add_argument("out")
     new.add_argument("--name")
-    new.add_argument("--run", default="auto", choices=("auto", "fp32", "int8", "fp16", "bf16"))
+    new.add_argument("--run", default="auto", choices=choices(EngineConfig, "precision"))  # a run's --precision
     new.add_argument("--provider", default="CPUExecutionProvider")
     add = sub.add_parser("add")
     add.add_argument("directory")

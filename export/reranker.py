@@ -19,6 +19,7 @@ import torch
 
 from attnserve.engine.batching import pad, pad_types
 from attnserve.engine.session import CPU, open_session
+from attnserve.engine.token_ids import made_up_token_ids
 from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
 from attnserve.errors import ExportVerificationError
 from attnserve.model.checkpoint import Checkpoint
@@ -29,7 +30,6 @@ from attnserve.model.qwen3_reranker import Qwen3Reranker
 from .external_data import SharedWeights
 from .memory import small_heaps
 from .reranker_int8 import INT8_MEAN_SCORE_ERROR, INT8_MIN_SPEARMAN, score_agreement
-from .token_ids import made_up_token_ids
 from .torch_to_onnx import trace
 from .verify import CALIBRATION_TEXTS, SAMPLE_TEXTS, TEXT_BATCHES, VALUE_NORMS_BAR, LengthCaps, Tolerance
 

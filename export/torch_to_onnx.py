@@ -31,10 +31,10 @@ from pathlib import Path
 import onnx
 import torch
 
+from attnserve.engine.token_ids import made_up_token_ids
 from attnserve.model.encoder import SentenceEncoder
 
 from .external_data import SIZE_THRESHOLD, SharedWeights, TensorWriter, data_file, point_at
-from .token_ids import made_up_token_ids
 
 # Opset 17 has LayerNormalization as one op; every onnxruntime >= 1.14 runs it.
 OPSET = 17

@@ -23,9 +23,10 @@ import numpy as np
 import onnx
 import torch
 
-from attnserve.engine.attention_analyses import rollout_of_means
+from attnserve.attention_analyses import rollout_of_means
 from attnserve.engine.batching import pad, plan_batches
 from attnserve.engine.session import CPU, ONNXRUNTIME, open_graph
+from attnserve.engine.token_ids import made_up_token_ids
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ExportVerificationError
 from attnserve.model.encoder import Encoder
@@ -35,7 +36,6 @@ from attnserve.model.value_norms import keep_value_norms, stacked_value_norms
 
 from .attention_last import LAST_MAPS, ROLLOUT
 from .memory import release_freed_memory, small_heaps
-from .token_ids import made_up_token_ids
 
 SAMPLE_TEXTS = Path(__file__).parent / "data" / "sample_texts.txt"
 BATCH_SIZES = (1, 2, 5, 17)
@@ -105,7 +105,7 @@ TOLERANCES = {
 # tokens, relative to the largest norm (they are sums of squares of the hidden size's terms: fp32 rounding grows
 # with their scale).
 VALUE_NORMS_BAR = 1e-4
-# The last-layer graph's rollout (export/attention_last.py, float32) against engine/attention_analyses.py's rollout
+# The last-layer graph's rollout (export/attention_last.py, float32) against attnserve/attention_analyses.py's rollout
 # (float64) of PyTorch's maps: the largest error over the real tokens. A product of L row-stochastic matrices, its
 # values are at most 1; fp32's bar on the hidden states.
 ROLLOUT_BAR = 1e-4

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnserve.engine.pooling import POOLING_MODES
 from attnserve.errors import CheckpointError
+from attnserve.pooling_modes import POOLING_MODES
 
 from .checkpoint_files import read_json, read_object, tokenizer_lowercases
 from .colbert import EXPANSION_STRATEGIES, SIMILARITIES, Expansion, MultiVector
@@ -398,33 +398,13 @@ def _multi_vector_pipeline(directory: Path, modules_file: Path, max_position_emb
     max_seq_length, length_from, transformer = _transformer(directory, max_position_embeddings,
                                                             MULTI_VECTOR_TRANSFORMER)
     config_file = directory / (next((n for n in TRANSFORMER_CONFIG_FILES if (directory / n).exists()), "-"))
-    lengths = {}
-    for key in ("query_length", "document_length"):
-        value = transformer.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise CheckpointError(f"{config_file}: {key} must be a positive integer, got {value!r}")
-        if value is not None and value > max_position_embeddings:
-            raise _refuse(config_file, f"{key} {value}: the model has only {max_position_embeddings} positions")
-        lengths[key] = value
+    lengths = _multi_vector_lengths(config_file, transformer, max_position_embeddings)
     expansion = _expansion(config_file, transformer.get("query_expansion"), max_position_embeddings)
     size, dense = hidden_size, []
     for _, folder in kinds[1:1 + dense_count]:
         dense.append(_dense(directory, folder, size, on="token_embeddings"))
         size = dense[-1].out_features
-    mask_path = directory / kinds[1 + dense_count][1] / "config.json"
-    mask = read_object(mask_path) if mask_path.exists() else {}
-    unknown = sorted(set(mask) - MULTI_VECTOR_MASK_KEYS)
-    if unknown:
-        raise _refuse(mask_path, f"the MultiVectorMask setting {unknown[0]!r}")
-    if mask.get("keep_only_token_ids") is not None:
-        raise _refuse(mask_path, "keep_only_token_ids (image-patch documents)")
-    words = mask.get("skiplist_words") or []
-    tasks = mask.get("skiplist_tasks", ["document"])
-    tasks = [tasks] if isinstance(tasks, str) else tasks
-    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
-        raise CheckpointError(f"{mask_path}: skiplist_words must be a list of strings, got {words!r}")
-    if not isinstance(tasks, list) or not set(tasks) <= {"query", "document"}:
-        raise _refuse(mask_path, f"skiplist_tasks {tasks!r} (only \"query\" and \"document\")")
+    words, tasks = _skiplist(directory / kinds[1 + dense_count][1] / "config.json")
     normalize = names[-1] == "Normalize"
     if normalize:
         _normalize(directory / kinds[-1][1] / "config.json", on="token_embeddings")
@@ -445,6 +425,38 @@ def _multi_vector_pipeline(directory: Path, modules_file: Path, max_position_emb
     longest = max(query_length, document_length, expansion.length if expansion else 0)
     return Pipeline((), (), False, longest, length_from if longest == max_seq_length else "multi_vector", prompts,
                     None, multi_vector=multi_vector)
+
+
+def _multi_vector_lengths(config_file: Path, transformer: dict, max_position_embeddings: int) -> dict[str, int | None]:
+    """A ColBERT Transformer's query_length and document_length (None where unset), each within the model's
+    positions."""
+    lengths: dict[str, int | None] = {}
+    for key in ("query_length", "document_length"):
+        value = transformer.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise CheckpointError(f"{config_file}: {key} must be a positive integer, got {value!r}")
+        if value is not None and value > max_position_embeddings:
+            raise _refuse(config_file, f"{key} {value}: the model has only {max_position_embeddings} positions")
+        lengths[key] = value
+    return lengths
+
+
+def _skiplist(mask_path: Path) -> tuple[list[str], list[str]]:
+    """A MultiVectorMask's config: its skiplist's words and the input types (tasks) it applies to."""
+    mask = read_object(mask_path) if mask_path.exists() else {}
+    unknown = sorted(set(mask) - MULTI_VECTOR_MASK_KEYS)
+    if unknown:
+        raise _refuse(mask_path, f"the MultiVectorMask setting {unknown[0]!r}")
+    if mask.get("keep_only_token_ids") is not None:
+        raise _refuse(mask_path, "keep_only_token_ids (image-patch documents)")
+    words = mask.get("skiplist_words") or []
+    tasks = mask.get("skiplist_tasks", ["document"])
+    tasks = [tasks] if isinstance(tasks, str) else tasks
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise CheckpointError(f"{mask_path}: skiplist_words must be a list of strings, got {words!r}")
+    if not isinstance(tasks, list) or not set(tasks) <= {"query", "document"}:
+        raise _refuse(mask_path, f"skiplist_tasks {tasks!r} (only \"query\" and \"document\")")
+    return words, tasks
 
 
 def _expansion(path: Path, raw: Any, max_position_embeddings: int) -> Expansion | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from attnserve.engine.pooling import POOLING_MODES
+from attnserve.pooling_modes import POOLING_MODES
 
 
 def pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:

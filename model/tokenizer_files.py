@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from attnserve.cache import cache_root, checkpoint_fingerprint
 from attnserve.errors import CheckpointError
 
 from .checkpoint_files import read_json
@@ -42,8 +43,6 @@ def tokenizer_json(directory: Path) -> Path:
     if not slow:
         raise CheckpointError(f"checkpoint file missing: {own} (and no vocabulary to build it from: one of "
                               f"{', '.join(SLOW_TOKENIZER_FILES)})")
-    from attnserve.default_model import cache_root, checkpoint_fingerprint
-
     built = cache_root() / "tokenizers" / checkpoint_fingerprint(directory) / TOKENIZER_JSON
     if built.is_file():
         return built

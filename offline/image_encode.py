@@ -4,7 +4,7 @@ a chunk of texts: batched, normalised as a text's embedding is, with the images 
 Each image is decoded as its batch comes up, not as its chunk is read: the chunk holds its files' bytes, and pixels
 ((C, S, S) float32, 600 KB an image at 224 px) are held for two batches at a time, the one the engine runs and the
 next, which a thread decodes meanwhile (Pillow's decoders release the GIL, as onnxruntime does). A bad image
-(engine/images.py: corrupt, truncated, SVG, several frames, over the pixel limit) is refused with its one-line
+(attnserve/images.py: corrupt, truncated, SVG, several frames, over the pixel limit) is refused with its one-line
 ImageError, the same words the server answers; the rest of its batch runs.
 
 Every image of a model has the same length (the tower's positions: its patches, and the class token), so the batch
@@ -23,9 +23,9 @@ import numpy as np
 from attnserve.engine.batching import plan_batches
 from attnserve.engine.engine import Encoded, EncodeStats, Engine
 from attnserve.engine.image_encoder import ImageEncoder, ImageInput
-from attnserve.engine.images import ImageError
 from attnserve.engine.pooling import l2_normalize
 from attnserve.errors import ConfigError
+from attnserve.images import ImageError
 
 
 def image_tower(engine: Engine) -> ImageEncoder:

@@ -25,8 +25,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path, PurePath
 
-from attnserve.engine.images import DEFAULT_MAX_PIXELS
 from attnserve.errors import InvalidInputError
+from attnserve.images import DEFAULT_MAX_PIXELS
 
 from .readers import FORMATS, InputFile, Record, _blank, _Invalid, _shown, _strings
 

@@ -36,11 +36,11 @@ import numpy as np
 from attnserve import __version__
 from attnserve.engine.dimensions import check_dimensions, cut_and_normalize
 from attnserve.engine.engine import EncodeStats
-from attnserve.engine.images import DEFAULT_MAX_PIXELS
 from attnserve.engine.late_chunking import CHUNKERS
 from attnserve.engine.multi_vector import INPUT_TYPES
 from attnserve.engine.quantize import RANGED, check_embedding_types, quantize
 from attnserve.errors import ConfigError, InvalidInputError
+from attnserve.images import DEFAULT_MAX_PIXELS
 
 from .checks import RowChecks, bad_row_error, error_line, where_of
 from .image_readers import is_image_folder, open_input
@@ -57,7 +57,11 @@ from .rows import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from tqdm import tqdm
+
+    from .image_readers import ImageFolder
+    from .readers import InputFile
 
 
 @dataclass
@@ -85,7 +89,7 @@ class EncodeJob:
     outputs: tuple[str, ...] = ()
     # Images: a Parquet column of their bytes or paths (an input folder's files are images without it).
     image_column: str | None = None
-    max_image_pixels: int = DEFAULT_MAX_PIXELS  # an image of more is a bad row (engine/images.py), locally and on Ray
+    max_image_pixels: int = DEFAULT_MAX_PIXELS  # more is a bad row (attnserve/images.py), locally and on Ray
 
     @property
     def errors_path(self) -> Path:
@@ -235,33 +239,9 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
             notice: Callable[[str], None] = notice_on_stderr) -> EncodeResult:
     """Encode job.input into job.output, resuming an unfinished run of the same job; returns the totals."""
     source = open_input(job.input, job.text_column, job.id_column, job.image_column, job.max_image_pixels)
-    facts = encoder.facts()
-    if job.images:
-        facts = _image_facts(job, facts)
-    normalize = facts.normalize if job.normalize is None else job.normalize
-    check_dimensions(job.dimensions, facts.embedding_size)  # the same rule as a request's
-    size = job.dimensions or facts.embedding_size
-    _check_sparse(job, facts)
-    _check_multi_vector(job, facts)
-    _check_late_chunking(job, facts)
-    _check_outputs(job, facts)
-    ranges = _ranges(job, facts, normalize)
+    facts, normalize, ranges = _checked_facts(job, encoder)
     errors_path = job.errors_path if job.on_error == "skip" else None
-    # Set only when asked, so that the runs of earlier versions' settings read the same.
-    asked = {key: value for key, value in (("dimensions", job.dimensions), ("prompt_name", job.prompt.name),
-                                           ("prompt", job.prompt.text), ("task", job.task),
-                                           ("embedding_type", None if job.embedding_type == "float"
-                                            else job.embedding_type),
-                                           ("input_type", job.input_type if facts.multi_vector else None),
-                                           ("late_chunking", f"{job.late_chunking.chunker}:"
-                                                             f"{job.late_chunking.chunk_tokens}"
-                                            if job.late_chunking else None),
-                                           ("outputs", list(job.outputs) if job.outputs else None),
-                                           ("image_column", job.image_column),
-                                           # a server decodes within its own limit
-                                           ("max_image_pixels", job.max_image_pixels
-                                            if job.images and facts.server is None else None))
-             if value is not None}
+    asked = _asked(job, facts)
     fingerprint = {"input": str(job.input.resolve()), "text_column": job.text_column, "id_column": job.id_column,
                    "chunk_rows": job.chunk_rows, "normalize": normalize, "model": facts.model,
                    "precision": facts.precision, "graph_sha256": facts.graph_sha256, "server": facts.server,
@@ -277,90 +257,15 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
     with PartialRun(job.output, job.input, errors_path, fingerprint, job.overwrite, notice) as run:
         total = source.count_rows()
         progress.start(total)
-        checks = RowChecks(facts.vocab_size, source.ids_can_repeat)
-        schema = None
-
-        def new_schema():
-            if job.late_chunking is not None:
-                return late_chunks_schema(source.id_type or int, size, metadata)
-            return output_schema(source.id_type or int, size, metadata, job.embedding_type, facts.sparse,
-                                 facts.multi_vector, job.outputs, facts.bge_m3_vector_size)
-
-        def rate() -> float:
-            return result.tokens / max(time.perf_counter() - start, 1e-9)
-
-        def refuse(record: Record, reason: str) -> None:
-            if job.on_error == "fail":
-                raise bad_row_error(source.path, record.where, reason)
-
-        def chunks() -> Iterator[Chunk]:
-            """The chunks to encode; the finished ones are read and checked (ids seen), then passed over."""
-            nonlocal schema
-            for index, records in enumerate(source.chunks(job.chunk_rows)):
-                bad = checks.bad(records)
-                schema = schema or new_schema()
-                digest = input_digest(records)
-                if run.trusts(index, digest):
-                    first = run.first_error(index)
-                    if job.on_error == "fail" and first is not None:  # set aside by a run with --on-error skip
-                        raise bad_row_error(source.path, where_of(first), first["reason"])
-                    result.resumed_rows += len(records)
-                    progress.advance(len(records))
-                    continue
-                if bad and job.on_error == "fail":
-                    raise bad_row_error(source.path, bad[0][0].where, bad[0][1])
-                bad_rows = {r.row for r, _ in bad}
-                good = [r for r in records if r.row not in bad_rows] if bad else records
-                yield Chunk(index, len(records), good, bad, digest)
-
+        parts = _Parts(job, facts, source, run, progress, result, start, normalize, metadata, ranges)
         # With dimensions, the encoder's vectors are cut here and normalised after: the rule every door applies.
         session = Session(chunks_left=max(1, -(-total // job.chunk_rows) - run.chunks_done),
-                          normalize=normalize and job.dimensions is None, on_batch=progress.advance, refuse=refuse,
-                          prompt=job.prompt, task=job.task, input_type=job.input_type, late=job.late_chunking,
-                          outputs=job.outputs, image_pixels=job.max_image_pixels if job.images else None)
-
-        def write(done: EncodedChunk) -> tuple[EncodeStats, int]:
-            """One chunk's rows (and those set aside) as its part, in the writer thread: (its stats, rows set aside)."""
-            chunk = done.chunk
-            kept = chunk.records if not done.refused else \
-                [r for i, r in enumerate(chunk.records) if i not in done.refused]
-            if job.late_chunking is not None:  # the chunks' means: cut and normalised here, as the doors do
-                assert done.chunks is not None
-                table = late_chunks_table(schema, kept, [cut_and_normalize(e, job.dimensions, normalize)
-                                                         for e in done.embeddings], done.chunks)
-            else:
-                embeddings = done.embeddings if job.dimensions is None else \
-                    cut_and_normalize(done.embeddings, job.dimensions, normalize)  # (n, D)
-                if not facts.multi_vector:  # Matryoshka first, then quantization, as sentence-transformers
-                    embeddings = quantize(embeddings, job.embedding_type, ranges)  # (n, D) or (n, D / 8)
-                table = output_table(schema, kept, embeddings, done.num_tokens, done.truncated, done.sparse,
-                                     done.multi_vector)
-            set_aside = chunk.bad + [(chunk.records[i], reason) for i, reason in done.refused.items()]
-            set_aside.sort(key=lambda item: item[0].row)
-            run.write_chunk(chunk.index, table, chunk.rows, [error_line(r, why) for r, why in set_aside],
-                            chunk.digest)
-            return done.stats, len(set_aside)
-
-        def written(part: Future) -> None:
-            stats, set_aside = part.result()  # a write's error is raised here, in this thread
-            result.add(stats)
-            result.skipped += set_aside
-            progress.advance(set_aside, rate())
-
+                          normalize=normalize and job.dimensions is None, on_batch=progress.advance,
+                          refuse=parts.refuse, prompt=job.prompt, task=job.task, input_type=job.input_type,
+                          late=job.late_chunking, outputs=job.outputs,
+                          image_pixels=job.max_image_pixels if job.images else None)
         try:
-            # Each chunk is written (its table built, compressed, recorded) in a thread while the encoder runs the
-            # next: one write at a time, in order, each recorded before the next begins.
-            with ThreadPoolExecutor(1, thread_name_prefix="attnserve-write") as writer, \
-                    closing(encoder.encode(chunks(), session)) as encoded:
-                part: Future | None = None
-                for done in encoded:
-                    if part is not None:
-                        written(part)
-                    part = writer.submit(write, done)
-                if part is not None:
-                    written(part)
-            # An empty input (an empty partition, say) gives an empty output with the same schema.
-            run.finish(schema or new_schema())
+            parts.encode(encoder, session)
         except KeyboardInterrupt:
             raise EncodeInterrupted(f"interrupted after {run.rows_recorded()} of {total} rows; the same command "
                                     "resumes after them") from None
@@ -368,6 +273,131 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
             progress.close()
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _checked_facts(job: EncodeJob, encoder: ChunkEncoder) -> tuple[ModelFacts, bool, np.ndarray | None]:
+    """The model's facts (its image tower's, for images), checked against what the job asks before anything is
+    read: (the facts, whether the run normalises, the int8 / uint8 ranges or None)."""
+    facts = encoder.facts()
+    if job.images:
+        facts = _image_facts(job, facts)
+    normalize = facts.normalize if job.normalize is None else job.normalize
+    check_dimensions(job.dimensions, facts.embedding_size)  # the same rule as a request's
+    _check_sparse(job, facts)
+    _check_multi_vector(job, facts)
+    _check_late_chunking(job, facts)
+    _check_outputs(job, facts)
+    return facts, normalize, _ranges(job, facts, normalize)
+
+
+def _asked(job: EncodeJob, facts: ModelFacts) -> dict:
+    """What the job asks beyond the defaults, for the run's fingerprint and the output's metadata: set only when
+    asked, so that the runs of earlier versions' settings read the same."""
+    late = job.late_chunking
+    return {key: value for key, value in (
+        ("dimensions", job.dimensions), ("prompt_name", job.prompt.name), ("prompt", job.prompt.text),
+        ("task", job.task), ("embedding_type", None if job.embedding_type == "float" else job.embedding_type),
+        ("input_type", job.input_type if facts.multi_vector else None),
+        ("late_chunking", f"{late.chunker}:{late.chunk_tokens}" if late else None),
+        ("outputs", list(job.outputs) if job.outputs else None), ("image_column", job.image_column),
+        # a server decodes within its own limit
+        ("max_image_pixels", job.max_image_pixels if job.images and facts.server is None else None))
+            if value is not None}
+
+
+class _Parts:
+    """One run's chunks inside its PartialRun: those to encode handed to the encoder, each encoded one written as
+    its part in a writer thread while the encoder runs the next, the totals added up in result."""
+
+    def __init__(self, job: EncodeJob, facts: ModelFacts, source: InputFile | ImageFolder, run: PartialRun,
+                 progress: Progress, result: EncodeResult, start: float, normalize: bool, metadata: dict,
+                 ranges: np.ndarray | None):
+        """start: the run's perf_counter() time, from which rate() counts."""
+        self.job, self.facts, self.source, self.run, self.progress = job, facts, source, run, progress
+        self.result, self.start, self.normalize, self.metadata = result, start, normalize, metadata
+        self.ranges = ranges
+        self.size = job.dimensions or facts.embedding_size
+        self.checks = RowChecks(facts.vocab_size, source.ids_can_repeat)
+        self.schema: pa.Schema | None = None  # made with the first chunk read (chunks())
+
+    def encode(self, encoder: ChunkEncoder, session: Session) -> None:
+        """Every chunk encoded and written, then the output assembled."""
+        # Each chunk is written (its table built, compressed, recorded) in a thread while the encoder runs the
+        # next: one write at a time, in order, each recorded before the next begins.
+        with ThreadPoolExecutor(1, thread_name_prefix="attnserve-write") as writer, \
+                closing(encoder.encode(self.chunks(), session)) as encoded:
+            part: Future | None = None
+            for done in encoded:
+                if part is not None:
+                    self.written(part)
+                part = writer.submit(self.write, done)
+            if part is not None:
+                self.written(part)
+        # An empty input (an empty partition, say) gives an empty output with the same schema.
+        self.run.finish(self.schema or self.new_schema())
+
+    def new_schema(self) -> pa.Schema:
+        job, facts = self.job, self.facts
+        if job.late_chunking is not None:
+            return late_chunks_schema(self.source.id_type or int, self.size, self.metadata)
+        return output_schema(self.source.id_type or int, self.size, self.metadata, job.embedding_type, facts.sparse,
+                             facts.multi_vector, job.outputs, facts.bge_m3_vector_size)
+
+    def rate(self) -> float:
+        return self.result.tokens / max(time.perf_counter() - self.start, 1e-9)
+
+    def refuse(self, record: Record, reason: str) -> None:
+        if self.job.on_error == "fail":
+            raise bad_row_error(self.source.path, record.where, reason)
+
+    def chunks(self) -> Iterator[Chunk]:
+        """The chunks to encode; the finished ones are read and checked (ids seen), then passed over."""
+        job, run, source = self.job, self.run, self.source
+        for index, records in enumerate(source.chunks(job.chunk_rows)):
+            bad = self.checks.bad(records)
+            self.schema = self.schema or self.new_schema()
+            digest = input_digest(records)
+            if run.trusts(index, digest):
+                first = run.first_error(index)
+                if job.on_error == "fail" and first is not None:  # set aside by a run with --on-error skip
+                    raise bad_row_error(source.path, where_of(first), first["reason"])
+                self.result.resumed_rows += len(records)
+                self.progress.advance(len(records))
+                continue
+            if bad and job.on_error == "fail":
+                raise bad_row_error(source.path, bad[0][0].where, bad[0][1])
+            bad_rows = {r.row for r, _ in bad}
+            good = [r for r in records if r.row not in bad_rows] if bad else records
+            yield Chunk(index, len(records), good, bad, digest)
+
+    def write(self, done: EncodedChunk) -> tuple[EncodeStats, int]:
+        """One chunk's rows (and those set aside) as its part, in the writer thread: (its stats, rows set aside)."""
+        job, chunk, normalize, schema = self.job, done.chunk, self.normalize, self.schema
+        assert schema is not None, "chunks() makes it before handing out a chunk"
+        kept = chunk.records if not done.refused else \
+            [r for i, r in enumerate(chunk.records) if i not in done.refused]
+        if job.late_chunking is not None:  # the chunks' means: cut and normalised here, as the doors do
+            assert done.chunks is not None
+            table = late_chunks_table(schema, kept, [cut_and_normalize(e, job.dimensions, normalize)
+                                                     for e in done.embeddings], done.chunks)
+        else:
+            embeddings = done.embeddings if job.dimensions is None else \
+                cut_and_normalize(done.embeddings, job.dimensions, normalize)  # (n, D)
+            if not self.facts.multi_vector:  # Matryoshka first, then quantization, as sentence-transformers
+                embeddings = quantize(embeddings, job.embedding_type, self.ranges)  # (n, D) or (n, D / 8)
+            table = output_table(schema, kept, embeddings, done.num_tokens, done.truncated, done.sparse,
+                                 done.multi_vector)
+        set_aside = chunk.bad + [(chunk.records[i], reason) for i, reason in done.refused.items()]
+        set_aside.sort(key=lambda item: item[0].row)
+        self.run.write_chunk(chunk.index, table, chunk.rows, [error_line(r, why) for r, why in set_aside],
+                             chunk.digest)
+        return done.stats, len(set_aside)
+
+    def written(self, part: Future) -> None:
+        stats, set_aside = part.result()  # a write's error is raised here, in this thread
+        self.result.add(stats)
+        self.result.skipped += set_aside
+        self.progress.advance(set_aside, self.rate())
 
 
 def _image_facts(job: EncodeJob, facts: ModelFacts) -> ModelFacts:

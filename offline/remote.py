@@ -189,6 +189,27 @@ class _Stream:
         self._outgoing.put(_END)
 
 
+@dataclass(eq=False)
+class _Flow:
+    """One run's requests on their way: the stream they go on, what is read, sent and answered, and the window."""
+
+    stream: _Stream
+    window: int  # estimated tokens in flight at most: halved by each QUEUE_FULL, grown back by replies
+    full_window: int
+    waiting: deque[_Pending] = field(default_factory=deque)  # read and not yet handed back, in input order
+    # Their rows: bounded to about two chunks and a window, so the next chunk's requests follow the last
+    # ones of this chunk without a pause, and rows of chunks without good rows cannot pile up.
+    waiting_rows: int = 0
+    chunk_rows: int = 0
+    unsent: deque[_Request] = field(default_factory=deque)  # to send (again) first, after the server ended a stream
+    pending: deque[_Request] = field(default_factory=deque)  # sent on the current stream and unanswered, in order
+    in_flight: int = 0  # estimated tokens of pending
+    exhausted: bool = False  # every chunk read
+    failures: int = 0  # QUEUE_FULL in a row
+    sending: bool = True
+    answered: int = 0  # replies on this stream
+
+
 class ServerEncoder:
     def __init__(self, config: ClientConfig, model: str | None = None):
         """model: the served model to use (None: the server's default)."""
@@ -352,88 +373,99 @@ class ServerEncoder:
     def encode(self, chunks: Iterator[Chunk], session: Session) -> Generator[EncodedChunk, None, None]:
         info = self.info
         items = self._requests(chunks, session)
-        waiting: deque[_Pending] = deque()  # read and not yet handed back, in input order
-        # Their rows: bounded to about two chunks and a window, so the next chunk's requests follow the last
-        # ones of this chunk without a pause, and rows of chunks without good rows cannot pile up.
-        waiting_rows, chunk_rows = 0, 0
-        unsent: deque[_Request] = deque()  # to send (again) first, after the server ended a stream
-        pending: deque[_Request] = deque()  # sent on the current stream and unanswered, in order
-        window = full_window = max(info.max_seq_length, (info.limits.max_queue_tokens or 65536) // WINDOW_QUEUE_SHARE)
-        in_flight, exhausted, failures = 0, False, 0
+        window = max(info.max_seq_length, (info.limits.max_queue_tokens or 65536) // WINDOW_QUEUE_SHARE)
+        flow = _Flow(_Stream(self.stub), window, window)
         backoff = Backoff(BACKOFF_SECONDS, BACKOFF_MAX_SECONDS, cap_server_wait=False)
-        stream, sending, answered = _Stream(self.stub), True, 0  # answered: replies on this stream
         try:
             while True:
-                while sending and len(pending) < WINDOW_REQUESTS and (not pending or in_flight < window):
-                    if unsent:
-                        request = unsent.popleft()
-                    elif exhausted or waiting_rows >= 2 * max(chunk_rows, 1) + WINDOW_REQUESTS * REQUEST_INPUTS:
-                        if exhausted:  # all sent: the server answers what it holds, then ends the stream
-                            sending = False
-                            stream.close_sending()
-                        break
-                    else:
-                        item = next(items, None)
-                        if item is None:
-                            exhausted = True
-                            continue
-                        if isinstance(item, _Pending):
-                            waiting.append(item)
-                            waiting_rows += item.chunk.rows
-                            chunk_rows = max(chunk_rows, item.chunk.rows)
-                            continue
-                        request = item
-                    stream.send(request.message)
-                    pending.append(request)
-                    in_flight += request.tokens
-                while waiting and waiting[0].left == 0:
-                    done = waiting.popleft()
-                    waiting_rows -= done.chunk.rows
+                self._send(flow, items)
+                while flow.waiting and flow.waiting[0].left == 0:
+                    done = flow.waiting.popleft()
+                    flow.waiting_rows -= done.chunk.rows
                     yield done.encoded()
-                if not pending:
-                    if exhausted and not unsent:
+                if not flow.pending:
+                    if flow.exhausted and not flow.unsent:
                         break
                     continue
-                try:
-                    reply = stream.receive(self.config.timeout)
-                except TimeoutError:
-                    raise AttnserveError(f"server {self.target} sent no reply for {self.config.timeout:g}s "
-                                         f"(ATTNSERVE_TIMEOUT) with {len(pending)} requests in flight; the same "
-                                         "command resumes") from None
-                except grpc.RpcError as error:
-                    details = error_details(error)
-                    refused = self._refused_input(details, pending[0], answered)
-                    if refused is not None:
-                        self._set_aside(pending, refused, details, session)
-                    elif details.reason == "QUEUE_FULL" and failures < RETRIES:
-                        # Back off, then resend from pending[0] on.
-                        delay = backoff.next(details.retry_delay)
-                        log.info("server queue full; resending %d requests in %.2fs (retry %d of %d): %s",
-                                 len(pending), delay, failures + 1, RETRIES, _one_line(details.message))
-                        time.sleep(delay)
-                        failures += 1
-                        window = max(info.max_seq_length, window // 2)
-                    else:
-                        raise self._error(details, failures, pending[0]) from None
-                    unsent.extendleft(reversed(pending))  # sent before anything in unsent: they go first
-                    pending.clear()
-                    in_flight = 0
-                    stream.cancel()
-                    stream, sending, answered = _Stream(self.stub), True, 0
-                    continue
-                if reply is None:
-                    raise AttnserveError(f"server {self.target} ended the stream with {len(pending)} requests "
-                                         "unanswered; the same command resumes")
-                request = pending.popleft()
-                answered += 1
-                in_flight -= request.tokens
-                failures = 0
-                backoff.reset()
-                window = min(full_window, window + info.max_seq_length)
-                self._take(reply, request, embedding_size(info))
-                session.on_batch(len(request.rows))
+                self._receive(flow, backoff, session)
         finally:
-            stream.cancel()
+            flow.stream.cancel()
+
+    @staticmethod
+    def _send(flow: _Flow, items: Iterator[_Pending | _Request]) -> None:
+        """Send requests (those to send again first) while the window has room, reading ahead of the chunks not
+        yet handed back by a bounded number of rows; once all are sent, close the stream's sending side."""
+        while flow.sending and len(flow.pending) < WINDOW_REQUESTS and (not flow.pending
+                                                                         or flow.in_flight < flow.window):
+            if flow.unsent:
+                request = flow.unsent.popleft()
+            elif flow.exhausted or flow.waiting_rows >= 2 * max(flow.chunk_rows, 1) + WINDOW_REQUESTS * REQUEST_INPUTS:
+                if flow.exhausted:  # all sent: the server answers what it holds, then ends the stream
+                    flow.sending = False
+                    flow.stream.close_sending()
+                break
+            else:
+                item = next(items, None)
+                if item is None:
+                    flow.exhausted = True
+                    continue
+                if isinstance(item, _Pending):
+                    flow.waiting.append(item)
+                    flow.waiting_rows += item.chunk.rows
+                    flow.chunk_rows = max(flow.chunk_rows, item.chunk.rows)
+                    continue
+                request = item
+            flow.stream.send(request.message)
+            flow.pending.append(request)
+            flow.in_flight += request.tokens
+
+    def _receive(self, flow: _Flow, backoff: Backoff, session: Session) -> None:
+        """The next reply, taken into its chunk's rows; or the stream's error, after which a new stream resends
+        what was unanswered (or the run stops)."""
+        info = self.info
+        try:
+            reply = flow.stream.receive(self.config.timeout)
+        except TimeoutError:
+            raise AttnserveError(f"server {self.target} sent no reply for {self.config.timeout:g}s "
+                                 f"(ATTNSERVE_TIMEOUT) with {len(flow.pending)} requests in flight; the same "
+                                 "command resumes") from None
+        except grpc.RpcError as error:
+            self._failed(flow, backoff, error_details(error), session)
+            return
+        if reply is None:
+            raise AttnserveError(f"server {self.target} ended the stream with {len(flow.pending)} requests "
+                                 "unanswered; the same command resumes")
+        request = flow.pending.popleft()
+        flow.answered += 1
+        flow.in_flight -= request.tokens
+        flow.failures = 0
+        backoff.reset()
+        flow.window = min(flow.full_window, flow.window + info.max_seq_length)
+        self._take(reply, request, embedding_size(info))
+        session.on_batch(len(request.rows))
+
+    def _failed(self, flow: _Flow, backoff: Backoff, details: ErrorDetails, session: Session) -> None:
+        """The server ended the stream with an error: a refused input is set aside (or stops the run), a full queue
+        is waited out (RETRIES times in a row at most), anything else stops the run; the requests unanswered go
+        first on a new stream."""
+        refused = self._refused_input(details, flow.pending[0], flow.answered)
+        if refused is not None:
+            self._set_aside(flow.pending, refused, details, session)
+        elif details.reason == "QUEUE_FULL" and flow.failures < RETRIES:
+            # Back off, then resend from pending[0] on.
+            delay = backoff.next(details.retry_delay)
+            log.info("server queue full; resending %d requests in %.2fs (retry %d of %d): %s",
+                     len(flow.pending), delay, flow.failures + 1, RETRIES, _one_line(details.message))
+            time.sleep(delay)
+            flow.failures += 1
+            flow.window = max(self.info.max_seq_length, flow.window // 2)
+        else:
+            raise self._error(details, flow.failures, flow.pending[0]) from None
+        flow.unsent.extendleft(reversed(flow.pending))  # sent before anything in unsent: they go first
+        flow.pending.clear()
+        flow.in_flight = 0
+        flow.stream.cancel()
+        flow.stream, flow.sending, flow.answered = _Stream(self.stub), True, 0
 
     @staticmethod
     def _set_aside(pending: deque[_Request], i: int, details: ErrorDetails, session: Session) -> None:

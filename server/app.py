@@ -7,9 +7,11 @@ import asyncio
 import logging
 import os
 import signal
+import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
@@ -20,9 +22,9 @@ from threadpoolctl import threadpool_limits
 from attnserve.config import EngineConfig, ServerConfig
 from attnserve.engine.calibration import CalibrationStopped
 from attnserve.engine.engine import Engine
+from attnserve.engine.token_ids import made_up_token_ids
 from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import ConfigError
-from attnserve.export.token_ids import made_up_token_ids
 
 from . import tracing
 from .auth import ApiKeys
@@ -40,6 +42,9 @@ from .model_sources import model_sources
 from .models import Models, ServedModel
 from .ports import check_ports_free
 from .tls import grpc_credentials, http_ssl_context
+
+if TYPE_CHECKING:  # a front-door worker's models: named here only, so that one process never imports ZeroMQ
+    from .workers.front import RemoteModels
 
 log = logging.getLogger("attnserve.server")
 
@@ -123,12 +128,15 @@ def start_calibration(models: Models, stop: threading.Event) -> threading.Thread
 class Server:
     """One serving process: started by start(), stopped by stop(); `attnserve serve` runs serve()."""
 
-    def __init__(self, models: Models, config: ServerConfig, metrics: Metrics, worker: bool = False):
+    def __init__(self, models: Models | RemoteModels, config: ServerConfig, metrics: Metrics, worker: bool = False):
         """models: loaded with Models.load(..., metrics), each with its batcher and inference thread; or, worker
         True, one front-door worker of `serve --workers N` (server/workers/): the doors alone, on ports shared with
         the other workers, over the engine process's models (RemoteModels), which owns the batchers, warm-up,
         calibration and the metrics port."""
         self.models, self.config, self.metrics, self.worker = models, config, metrics, worker
+        # The models whose engines, batchers and calibration run in this process; None in a worker (the engine
+        # process's): the doors serve self.models either way, through the core's contract (server/contract.py).
+        self.local = models if isinstance(models, Models) else None
         self._io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="attnserve-io")
         self.health = HealthService()
         self.port = self.metrics_port = self.http_port = None
@@ -147,6 +155,34 @@ class Server:
         credentials, http_ssl, keys = grpc_credentials(config), http_ssl_context(config), ApiKeys(config.api_keys())
         tracing.setup(config.otlp_endpoint)
         self.core = Core(models, config, self._io, IO_THREADS)
+        server = self._grpc_server(self.core, keys)
+        # The server, the service and each model ("attnserve.v1.Encoder/NAME"): SERVING only after warm-up.
+        health_names = self._health_names = ("", SERVICE_NAME,
+                                             *(f"{SERVICE_NAME}/{model.name}" for model in models.all))
+        for service in health_names:
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server)
+        await self._listen(server, self.core, credentials, http_ssl, keys)
+        self._grpc = server
+        await server.start()
+        started = time.perf_counter()
+        if self.local is not None:
+            await start_models(self.local)
+            self._batchers_started = True
+        for service in health_names:
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self.core.warmed_up()
+        if self.local is None:
+            log.info("worker %d serving", os.getpid(), extra={"fields": {"event": "worker_serving"}})
+            return
+        self._log_serving(self.local, credentials is not None, keys, started)
+        self._calibration = start_calibration(self.local, self._stop_calibration)
+
+    def _grpc_server(self, core: Core, keys: ApiKeys) -> grpc.aio.Server:
+        """The gRPC server with every service but health's states and reflection, not yet listening."""
+        config = self.config
         guard = RequestGuard(config.max_request_bytes, self._count_refused)
         # The key is checked first: a call without one is refused before its bytes are parsed.
         server = grpc.aio.server(interceptors=[ApiKeyInterceptor(keys, self._count_refused), guard], options=[
@@ -160,18 +196,16 @@ class Server:
                ("grpc.max_connection_age_grace_ms", int(config.grace_seconds * 1e3))]
               if config.max_connection_age else []),
         ])
-        add_to_server(EncoderService(self.core, self.metrics), server)
-        add_kserve_to_server(InferenceService(self.core, self.metrics), server)
-        add_tei_to_server(self.core, self.metrics, server)  # TEI's gRPC API, for its clients as they are
+        add_to_server(EncoderService(core, self.metrics), server)
+        add_kserve_to_server(InferenceService(core, self.metrics), server)
+        add_tei_to_server(core, self.metrics, server)  # TEI's gRPC API, for its clients as they are
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        # The server, the service and each model ("attnserve.v1.Encoder/NAME"): SERVING only after warm-up.
-        health_names = self._health_names = ("", SERVICE_NAME,
-                                             *(f"{SERVICE_NAME}/{model.name}" for model in models.all))
-        for service in health_names:
-            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            server)
+        return server
+
+    async def _listen(self, server: grpc.aio.Server, core: Core, credentials: grpc.ServerCredentials | None,
+                      http_ssl: ssl.SSLContext | None, keys: ApiKeys) -> None:
+        """Bind every door's port (gRPC, metrics, HTTP), each failure one ConfigError naming its address."""
+        config = self.config
         address = f"{config.host}:{config.port}"
         if not self.worker:  # the supervisor of the workers checked them before any started
             check_ports_free(config)
@@ -193,38 +227,28 @@ class Server:
                     f"cannot serve metrics on {config.host}:{config.metrics_port}: {e.strerror}") from None
             self.metrics_port = self._metrics_http.server_port
         if config.http_port >= 0:
-            self._http = HttpDoor(self.core, self.metrics, keys, config, self._io)
+            self._http = HttpDoor(core, self.metrics, keys, config, self._io)
             try:
                 self.http_port = await self._http.start(config.host, config.http_port, http_ssl, STOP_GRACE_SECONDS,
                                                         reuse_port=self.worker)
             except OSError as e:
                 raise ConfigError(f"cannot listen for HTTP on {config.host}:{config.http_port}: {e.strerror}") from None
-        self._grpc = server
-        await server.start()
-        started = time.perf_counter()
-        if not self.worker:
-            await start_models(models)
-            self._batchers_started = True
-        for service in health_names:
-            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        self.core.warmed_up()
-        if self.worker:
-            log.info("worker %d serving", os.getpid(), extra={"fields": {"event": "worker_serving"}})
-            return
+
+    def _log_serving(self, models: Models, tls: bool, keys: ApiKeys, started: float) -> None:
+        """The line a person looks for: what serves, and where each door is (in JSON, the same as one event)."""
+        config = self.config
         default = models.default.engine
-        addresses = self.addresses(credentials is not None)
+        addresses = self.addresses(tls)
         more = f" and {len(models.all) - 1} more" if len(models.all) > 1 else ""
-        # The line a person looks for: what serves, and where each door is (in JSON, the same as one event).
         log.info("serving %s%s on %s", models.default.name, more,
                  ", ".join(f"{door} {where}" for door, where in addresses.items()), extra={"fields": {
                      "event": "serving", "model": models.default.name, "models": [m.name for m in models.all],
                      "provider": default.provider, "precision": default.precision,
                      "graphs": {m.name: m.engine.describe() for m in models.all},
                      "address": f"{config.host}:{self.port}", "http_port": self.http_port, "addresses": addresses,
-                     "tls": credentials is not None, "mutual_tls": bool(config.tls_client_ca),
+                     "tls": tls, "mutual_tls": bool(config.tls_client_ca),
                      "api_keys": keys.required, "metrics_port": self.metrics_port,
                      "warm_up_ms": round((time.perf_counter() - started) * 1e3)}})
-        self._calibration = start_calibration(models, self._stop_calibration)
 
     async def not_serving(self) -> None:
         """Health NOT_SERVING for the server and every model (a worker whose engine process is gone)."""
@@ -254,8 +278,9 @@ class Server:
         log.info("draining", extra={"fields": {"event": "draining", "grace_seconds": grace}})
         end = time.monotonic() + grace
         await self.health.enter_graceful_shutdown()
-        for model in self.models.all:
-            for batcher in model.batchers:  # none in a worker: the engine process's
+        local = self.local.all if self.local is not None else []  # a worker's batchers are the engine process's
+        for model in local:
+            for batcher in model.batchers:
                 batcher.close()
         if self.core is not None:
             self.core.drain()
@@ -273,7 +298,7 @@ class Server:
         if self._http is not None:
             await self._http.stop()
         if self._batchers_started:
-            for model in self.models.all:
+            for model in local:
                 for batcher in model.batchers:
                     await batcher.join()
         if self.core is not None:
@@ -306,8 +331,8 @@ class Server:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
         self._io.shutdown(wait=False)
-        if not self.worker:
-            for model in self.models.all:
+        if self.local is not None:
+            for model in self.local.all:
                 model.inference.shutdown(wait=True)
 
 

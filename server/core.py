@@ -8,6 +8,9 @@ runs under it and ends with DeadlineExpiredError, on every door), pooling, `dime
 (replies.py), readiness, the count of requests in progress that a drain waits for, and returning memory after
 large replies. Tokenizing, building a reply and the door's serialization of it run in the thread pool, except for
 a small request (requests.light, light_reply), whose work costs less than the hop to a thread and back.
+
+The core reads its models through contract.py's declared contract alone (ModelsContract: models.py's in one process,
+workers/front.py's in a front-door worker of `serve --workers N`), so that mypy checks both for what is read here.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from attnserve.errors import InvalidInputError, NotServingError, ShuttingDownErr
 
 from . import tracing
 from .build_wait import once_built
+from .contract import EngineContract, ModelContract, ModelsContract
+from .embed_requests import prepare
 from .image_inputs import ImageUrl, UrlPolicy, fetch_image
 from .memory import MemoryReturn
-from .models import ModelInfo, Models, ServedModel
+from .models import ModelInfo
 from .replies import (
     EncodeReply,
     PredictReply,
@@ -44,26 +49,17 @@ from .replies import (
     build_rerank_reply,
     build_similarity_reply,
 )
-from .requests import (
-    Deadline,
-    DecodeRequest,
-    EncodeRequest,
+from .requests import Deadline, EncodeRequest, PreparedRequest, RequestLimits, light, light_reply
+from .score_requests import (
     PredictRequest,
-    PreparedRequest,
-    RequestLimits,
     RerankRequest,
     SimilarityRequest,
-    TokenizeRequest,
-    light,
-    light_reply,
-    prepare,
-    prepare_decode,
     prepare_multi_vector_rerank,
     prepare_predict,
     prepare_rerank,
-    prepare_tokenize,
     similarity_error,
 )
+from .token_requests import DecodeRequest, TokenizeRequest, prepare_decode, prepare_tokenize
 from .zero_shot import ZeroShotReply, ZeroShotRequest, build_zero_shot_reply, zero_shot_error
 
 # A reply's float on a binary wire (protobuf, numpy bytes): what the reply size limit counts by default.
@@ -82,7 +78,7 @@ _COUNTING: contextvars.ContextVar[bool] = contextvars.ContextVar("attnserve_coun
 
 
 class Core:
-    def __init__(self, models: Models, config: ServerConfig, executor: Executor, workers: int = 1):
+    def __init__(self, models: ModelsContract, config: ServerConfig, executor: Executor, workers: int = 1):
         """executor: the threads that tokenize and render (`workers` of them, as TEI's /info reports)."""
         self.models, self._executor, self.workers = models, executor, workers
         self.limits = RequestLimits(config.max_inputs_per_request, config.max_response_bytes, config.long_inputs,
@@ -106,7 +102,7 @@ class Core:
 
     # --- what a request may ask for -----------------------------------------
 
-    def model(self, name: str | None) -> ServedModel:
+    def model(self, name: str | None) -> ModelContract:
         """The model a request names (None or "": the default one), or ModelNotFoundError naming those served."""
         return self.models.get(name)
 
@@ -194,7 +190,7 @@ class Core:
         finally:
             self._memory.done(len(body) if isinstance(body, bytes) else 0)
 
-    async def _prepare(self, request: EncodeRequest, engine, float_bytes: float) -> PreparedRequest:
+    async def _prepare(self, request: EncodeRequest, engine: EngineContract, float_bytes: float) -> PreparedRequest:
         """prepare() on the event loop for a small request (requests.light), in the pool otherwise; it reads the
         engine's manifest as it is now (a build held for may have changed it: build_wait.once_built)."""
         preparing = partial(prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
@@ -233,7 +229,7 @@ class Core:
             self._fetcher = None
 
     @staticmethod
-    def _render(rows, prepared: PreparedRequest, model: ServedModel, render: Callable[[EncodeReply], R]) -> R:
+    def _render(rows, prepared: PreparedRequest, model: ModelContract, render: Callable[[EncodeReply], R]) -> R:
         return render(build_reply(rows, prepared.inputs, prepared.options, model.engine.tokenizer, model.name,
                                   model.engine.multi_vector, prepared.windows, prepared.chunks, model.engine.bge_m3))
 
@@ -348,7 +344,7 @@ class Core:
 
 
 @contextmanager
-def _counted(model: ServedModel) -> Iterator[None]:
+def _counted(model: ModelContract) -> Iterator[None]:
     """Around a request that reached its model: its outcome and time in the model's statistics (a failure for any
     error, and for a cancellation: a deadline passed, or the client left). Inside another count (_COUNTING), the
     outer one counts it."""

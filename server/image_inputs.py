@@ -1,9 +1,9 @@
 """An image as a request names it -> its bytes, door-neutral: a data URI, bare base64, or (only where the server
-allows the host) an http(s) URL, fetched under limits. Every refusal is an ImageError (engine/images.py), a 4xx.
+allows the host) an http(s) URL, fetched under limits. Every refusal is an ImageError (attnserve/images.py), a 4xx.
 
 The forms are those clients send today: OpenAI-style and Cohere's image_url / data URIs
 ("data:image/png;base64,...."), Jina's and Infinity's bare base64 or URL strings. The bytes are then decoded by
-engine/images.py, which judges the format by content and holds the declared type to it.
+attnserve/images.py, which judges the format by content and holds the declared type to it.
 
 URLs: a server that fetches what a request names can be made to reach what only it can reach (SSRF: a cloud's
 metadata address, an admin port on localhost). So none is fetched unless the operator lists the host
@@ -22,8 +22,8 @@ from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 
-from attnserve.engine.images import ImageError
 from attnserve.errors import InvalidInputError
+from attnserve.images import ImageError
 
 DATA_URI = re.compile(r"^data:(?P<type>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,",
                       re.IGNORECASE)

@@ -5,6 +5,9 @@ Every request names its model or takes the default one (the first given, or the 
 name); the core resolves the name here, once, for every door. The onnxruntime threads are shared out: each of N
 models gets max(1, T // N) intra-op threads, T being --threads or, at 0, one per physical core, so that models
 running batches at the same time do not oversubscribe the cores. A single model keeps --threads as it is.
+
+ServedModel and Models are the in-process implementation of the contract the core runs on (contract.py
+ModelContract, ModelsContract); a front-door worker of `serve --workers N` has the other (workers/front.py).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from attnserve import __version__
 from attnserve.config import EngineConfig, ServerConfig
@@ -26,6 +30,7 @@ from attnserve.engine.tasks import check_task, task_directory
 from attnserve.errors import ConfigError, ModelNotFoundError
 
 from .batcher import Batcher, BatcherLimits
+from .contract import ModelContract, ModelsContract
 from .metrics import Metrics, ModelMetrics
 from .model_sources import ModelSource
 
@@ -247,14 +252,38 @@ class ServedModel:
         return [self.batcher, *(batcher for _, batcher in self.tasks.values())]
 
 
-class Models:
-    """The served models in order, the default first, found by any of their names."""
+M = TypeVar("M", bound=ModelContract)
 
-    def __init__(self, models: list[ServedModel]):
+
+class NamedModels(Generic[M]):
+    """The served models in order, the default first, found by any of their names: what both implementations of
+    contract.ModelsContract share, Models here and a front-door worker's RemoteModels (workers/front.py)."""
+
+    def __init__(self, models: list[M]):
         assert models, "a server serves at least one model"
         self.all = models
         self.default = models[0]
         self._by_name = {name: model for model in models for name in model.info.names}
+
+    def get(self, name: str | None) -> M:
+        """The model a request names (None or "": the default), or ModelNotFoundError naming those served."""
+        if not name:
+            return self.default
+        model = self._by_name.get(name)
+        if model is None:
+            raise ModelNotFoundError(f"the model {name!r} does not exist here; this server serves "
+                                     + ", ".join(repr(n) for n in self._by_name))
+        return model
+
+    @property
+    def names(self) -> list[str]:
+        """Every name a request may use, each model's in turn."""
+        return list(self._by_name)
+
+
+class Models(NamedModels[ServedModel]):
+    """The models this process serves (contract.ModelsContract in one process, and in the engine process of
+    `serve --workers N`): each its engine, batcher and metrics."""
 
     @classmethod
     def load(cls, sources: list[ModelSource], engine_config: EngineConfig, config: ServerConfig,
@@ -282,21 +311,6 @@ class Models:
         return cls([ServedModel(name, alias, engine, config, metrics, tasks)
                     for name, alias, engine, tasks in zip(names, aliases, engines, task_engines, strict=True)])
 
-    def get(self, name: str | None) -> ServedModel:
-        """The model a request names (None or "": the default), or ModelNotFoundError naming those served."""
-        if not name:
-            return self.default
-        model = self._by_name.get(name)
-        if model is None:
-            raise ModelNotFoundError(f"the model {name!r} does not exist here; this server serves "
-                                     + ", ".join(repr(n) for n in self._by_name))
-        return model
-
-    @property
-    def names(self) -> list[str]:
-        """Every name a request may use, each model's in turn."""
-        return list(self._by_name)
-
     async def statistics(self, name: str, version: str | None) -> dict:
         """Triton's statistics of the model named, or of every model when name is empty (KServe's doors)."""
         return model_statistics(self, name, version)
@@ -316,3 +330,7 @@ def model_statistics(models: Models, name: str, version: str | None) -> dict:
     for model in served:
         check_version(model.info, version)
     return {"model_stats": [model.metrics.statistics.as_dict(model.name, VERSION) for model in served]}
+
+
+if TYPE_CHECKING:  # mypy checks this implementation against the contract the core runs on
+    _contract: type[ModelsContract] = Models

@@ -43,7 +43,8 @@ from attnserve.errors import InvalidInputError
 from .image_inputs import ImageBytes, ImageUrl, image_of
 from .models import VERSION, ModelInfo
 from .replies import EncodeReply, PredictReply, RerankReply
-from .requests import EncodeRequest, Input, PredictRequest, RerankRequest
+from .requests import EncodeRequest, Input
+from .score_requests import PredictRequest, RerankRequest
 
 PLATFORM = "attnserve_onnxruntime"
 TEXT, QUERY, IMAGE = "text", "query", "image"

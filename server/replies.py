@@ -11,7 +11,7 @@ from typing import cast
 
 import numpy as np
 
-from attnserve.engine.attention_analyses import head_stats, norm_weighted, rollout
+from attnserve.attention_analyses import head_stats, norm_weighted, rollout
 from attnserve.engine.bge_m3 import BgeM3Heads
 from attnserve.engine.dimensions import cut_and_normalize
 from attnserve.engine.image_encoder import ImageInput, PatchLayout
@@ -23,7 +23,8 @@ from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
 from attnserve.engine.windows import Windows
 
 from .batcher import RowOutput
-from .requests import PreparedPredict, PreparedRerank, ReplyOptions, TextChunks
+from .requests import ReplyOptions, TextChunks
+from .score_requests import PreparedPredict, PreparedRerank
 
 # A reranker's CrossEncoder activations (model/cross_encoder.py names them in the manifest), on (N,) float32 logits.
 SCORE_ACTIVATIONS = {
@@ -42,8 +43,8 @@ class EncodedInput:
     pair_start: int | None = None  # a pair's index of the first token of segment b; None: not a pair
     sparse: SparseEmbedding | None = None  # a SPLADE model's weights, when sparse embeddings were asked for
     multi_vector: np.ndarray | None = None  # (K, d) float32 a ColBERT model's vectors, when they were asked for
-    # The attention analyses asked for (engine/attention_analyses.py): "rollout" (T, T), "head_stats" {name: (L, nh)},
-    # "norms" (layers, heads, T, T) and "norms_summed" (layers, T, T)
+    # The attention analyses asked for (attnserve/attention_analyses.py): "rollout" (T, T), "head_stats"
+    # {name: (L, nh)}, "norms" (layers, heads, T, T) and "norms_summed" (layers, T, T)
     analyses: dict[str, object] = field(default_factory=dict)
     # The windows of max_seq_length tokens a long text was embedded in (--long-inputs chunk), its embedding their
     # average weighted by the text's tokens in each; 1: the input as it is.
@@ -137,7 +138,7 @@ def build_reply(rows: Sequence[RowOutput], inputs: Sequence[TokenizedInput | Ima
         encoded = [_encoded(row, item, options, tokenizer, multi_vector, bge_m3)
                    for row, item in zip(rows, inputs, strict=True)]
     else:
-        # windows are texts': a request with images is never windowed (requests.prepare)
+        # windows are texts': a request with images is never windowed (embed_requests.prepare)
         sentences, encoded = _windowed(rows, cast(Sequence[TokenizedInput], inputs), sentences, windows, chunks,
                                        options, tokenizer, multi_vector)
     sentences = cut_and_normalize(sentences, options.dimensions, options.normalize)  # (N, D): Matryoshka

@@ -1,4 +1,4 @@
-"""Attention analyses computed in the server (engine/attention_analyses.py), against references written here from
+"""Attention analyses computed in the server (attnserve/attention_analyses.py), against references written here from
 each definition, row by row and token by token, over the weights the same server returns: real MiniLM weights, a
 text and a sentence pair, through gRPC and /v1/attention."""
 

@@ -22,10 +22,11 @@ from attnserve.client import Client, RequestError, error_details
 from attnserve.client.client import make_request
 from attnserve.config import LoadTestConfig, ServerConfig, from_args
 from attnserve.errors import ConfigError, InputTooLongError
+from attnserve.server.embed_requests import prepare
 from attnserve.server.grpc.status import status_for
 from attnserve.server.http import openai as openai_routes
 from attnserve.server.http.errors import KSERVE, OPENAI, TEI, http_error
-from attnserve.server.requests import EncodeRequest, RequestLimits, prepare
+from attnserve.server.requests import EncodeRequest, RequestLimits
 from attnserve.v1 import encoder_pb2 as pb
 from tests.conftest import assert_one_line_error, run_cli
 from tests.serving import ServerProcess, serving

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 from attnserve.engine.image_processor import image_processor_in
-from attnserve.engine.images import decode_image
 from attnserve.errors import CheckpointError
+from attnserve.images import decode_image
 from attnserve.model.clip import image_text_checkpoint, load_image_text_model
 
 

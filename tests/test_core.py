@@ -27,7 +27,8 @@ from attnserve.server.core import Core, Deadline
 from attnserve.server.metrics import Metrics
 from attnserve.server.models import Models, ServedModel
 from attnserve.server.replies import EncodeReply
-from attnserve.server.requests import AttentionOptions, EncodeRequest, RerankRequest
+from attnserve.server.requests import AttentionOptions, EncodeRequest
+from attnserve.server.score_requests import RerankRequest
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "a", "Ünïcödé: naïve café, façade, Straße."]
 QUERY = "what do cats eat"

@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 import pytest
 
-from attnserve.server.http.explorer import standalone_html
+from attnserve.explorer_page import standalone_html
 from attnserve.v1 import encoder_pb2 as pb
 
 from .checkpoints import save_sentence_transformer, save_tiny_bert
@@ -678,7 +678,7 @@ def picture(tmp_path_factory) -> Path:
 
 def test_the_image_tab_draws_the_class_tokens_map_and_rollout_over_the_picture(browser, clip_server, picture,
                                                                                shots):
-    from attnserve.engine.patch_attention import patch_maps, patch_rollout
+    from attnserve.patch_attention import patch_maps, patch_rollout
 
     open_page(browser, clip_server.http_url)
     element(browser, "image-file").send_keys(str(picture))

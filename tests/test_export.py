@@ -96,7 +96,7 @@ def test_the_last_layer_graph_gives_the_attention_graphs_last_layer_and_its_roll
     """export/attention_last.py: the last layer's maps as the attention graph gives them, and each row's rollout as
     the server computes it from every layer's maps, over padded rows of mixed lengths; the other layers' maps are
     never stacked and no value norm is computed."""
-    from attnserve.engine.attention_analyses import rollout
+    from attnserve.attention_analyses import rollout
 
     ops = op_counts(onnx.load(str(artifacts / "attention_last.onnx"), load_external_data=False))
     assert "ReduceL2" not in ops and "Identity" not in ops  # no value norms; outputs written where they are made

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from attnserve.engine.images import ImageError
+from attnserve.images import ImageError
 from attnserve.server.image_inputs import UrlPolicy, fetch_image, image_from_string
 
 PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQ"

@@ -13,8 +13,8 @@ from PIL import Image
 from attnserve.client.client import PatchPositions, to_patches
 from attnserve.client.image_attention import ImageAttention, write_image
 from attnserve.client.image_overlay import overlay
-from attnserve.engine.patch_attention import patch_boxes
 from attnserve.errors import AttnserveError
+from attnserve.patch_attention import patch_boxes
 from attnserve.v1 import encoder_pb2 as pb
 
 

@@ -1,4 +1,4 @@
-"""Images in: decoding under limits (engine/images.py) and the pixels of CLIP's and SigLIP's preprocessing
+"""Images in: decoding under limits (attnserve/images.py) and the pixels of CLIP's and SigLIP's preprocessing
 (engine/image_processor.py), equal to transformers' own image processors (their Pillow backend) after its
 load_image, on real files of every mode, and the hostile ones refused in one line each."""
 
@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 
 from attnserve.engine.image_processor import read_image_processor
-from attnserve.engine.images import ImageError, decode_image
 from attnserve.errors import CheckpointError
+from attnserve.images import ImageError, decode_image
 
 
 def _gradient(width: int, height: int) -> np.ndarray:

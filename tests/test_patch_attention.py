@@ -1,4 +1,4 @@
-"""Attention over image patches (engine/patch_attention.py) from transformers' own vision towers' maps: the class
+"""Attention over image patches (attnserve/patch_attention.py) from transformers' own vision towers' maps: the class
 token's row for CLIP, the received attention for SigLIP, rollout, and where each patch lies in the image; a NaFlex
 image's rows x cols grid, read row-major."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnserve.engine.attention_analyses import rollout
-from attnserve.engine.patch_attention import patch_boxes, patch_grid, patch_maps, patch_rollout
+from attnserve.attention_analyses import rollout
+from attnserve.patch_attention import patch_boxes, patch_grid, patch_maps, patch_rollout
 
 SIDE, PATCH = 32, 8  # a 4 x 4 grid
 

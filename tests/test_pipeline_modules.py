@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from attnserve.engine.engine import Engine
-from attnserve.engine.pooling import POOLING_MODES
 from attnserve.engine.pooling import pool as numpy_pool
 from attnserve.errors import InvalidInputError
 from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import read_checkpoint
 from attnserve.model.pooling import pool as torch_pool
+from attnserve.pooling_modes import POOLING_MODES
 
 from .checkpoints import save_pipeline
 from .conftest import VARIED_TEXTS
@@ -178,7 +178,8 @@ def test_a_server_serves_the_pipelines_embeddings_and_refuses_another_pooling(de
 
 def test_request_time_pooling_is_refused_where_the_model_pools_otherwise(every_pooling, artifacts):
     from attnserve.engine.manifest import load_manifest
-    from attnserve.server.requests import EncodeRequest, RequestLimits, prepare
+    from attnserve.server.embed_requests import prepare
+    from attnserve.server.requests import EncodeRequest, RequestLimits
 
     _, engine = every_pooling
     limits = RequestLimits(max_inputs=8, max_response_bytes=2**20)

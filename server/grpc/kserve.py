@@ -26,7 +26,8 @@ from .. import open_inference as oip
 from ..core import Core
 from ..metrics import Metrics
 from ..models import VERSION, ModelInfo, check_version
-from ..requests import EncodeRequest, PredictRequest, RerankRequest
+from ..requests import EncodeRequest
+from ..score_requests import PredictRequest, RerankRequest
 from .calls import Calls, deadline
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name  # "inference.GRPCInferenceService"

@@ -22,16 +22,8 @@ from ..core import Core, ModelInfo
 from ..image_inputs import ImageBytes, ImageUrl
 from ..metrics import Metrics
 from ..replies import EncodeReply, PredictReply, RerankReply
-from ..requests import (
-    AttentionOptions,
-    EncodeRequest,
-    Input,
-    LateChunking,
-    PredictRequest,
-    RerankRequest,
-    SimilarityRequest,
-    SparseOptions,
-)
+from ..requests import AttentionOptions, EncodeRequest, Input, LateChunking, SparseOptions
+from ..score_requests import PredictRequest, RerankRequest, SimilarityRequest
 from .calls import Calls, deadline
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Encoder"].full_name  # "attnserve.v1.Encoder"

@@ -26,7 +26,9 @@ from ..core import Core
 from ..metrics import Metrics
 from ..models import DTYPE_NAMES
 from ..replies import EncodeReply, PredictReply, RerankReply
-from ..requests import DecodeRequest, EncodeRequest, PredictRequest, RerankRequest, SparseOptions, TokenizeRequest
+from ..requests import EncodeRequest, SparseOptions
+from ..score_requests import PredictRequest, RerankRequest
+from ..token_requests import DecodeRequest, TokenizeRequest
 from .calls import Calls, deadline
 
 PROTOCOL = "tei-grpc"

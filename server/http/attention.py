@@ -13,7 +13,7 @@ from aiohttp import web
 from ..core import Core
 from ..replies import EncodeReply
 from ..requests import AttentionOptions, EncodeRequest
-from .bodies import AttentionBody, AttentionReply
+from .attnserve_bodies import AttentionBody, AttentionReply
 from .errors import OPENAI, WireNames
 from .inputs import inputs_of
 from .route import Route

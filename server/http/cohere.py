@@ -23,7 +23,8 @@ from ..core import Core
 from ..image_inputs import image_of
 from ..replies import EncodeReply
 from ..requests import EncodeRequest, Input
-from .bodies import CohereEmbedBody, CohereEmbedReply, ContentText
+from .bodies import ContentText
+from .cohere_bodies import CohereEmbedBody, CohereEmbedReply
 from .errors import OPENAI, WireNames
 from .route import Route
 from .wire import JSON_FLOAT_BYTES, BodyReader, InputMarks, deadline, dumps, floats, json_response

@@ -13,7 +13,8 @@ from attnserve.errors import InvalidInputError
 
 from ..image_inputs import image_of
 from ..requests import Input
-from .bodies import ChatMessage, ContentImage, ContentText, JinaImage, JinaText
+from .bodies import ContentImage, ContentText, JinaImage, JinaText
+from .openai_bodies import ChatMessage
 
 
 def inputs_of(value: str | list) -> list[Input]:

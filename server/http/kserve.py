@@ -29,14 +29,9 @@ from attnserve.errors import InvalidInputError, MalformedMessageError
 from .. import open_inference as oip
 from ..core import BINARY_FLOAT_BYTES, Core
 from ..models import VERSION, ModelInfo, check_version
-from ..requests import PredictRequest, RerankRequest
-from .bodies import (
-    KServeInferBody,
-    KServeInferReply,
-    KServeRepositoryIndexBody,
-    KServeTensor,
-)
+from ..score_requests import PredictRequest, RerankRequest
 from .errors import KSERVE
+from .kserve_bodies import KServeInferBody, KServeInferReply, KServeRepositoryIndexBody, KServeTensor
 from .parsing import parse
 from .route import Route
 from .wire import JSON_FLOAT_BYTES, BodyReader, InputMarks, deadline, dumps, json_response

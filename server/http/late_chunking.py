@@ -9,7 +9,7 @@ from aiohttp import web
 from ..core import Core
 from ..replies import EncodeReply
 from ..requests import EncodeRequest, LateChunking
-from .bodies import LateChunkingBody
+from .attnserve_bodies import LateChunkingBody
 from .errors import TEI
 from .route import Route
 from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, deadline, dumps, floats, json_response

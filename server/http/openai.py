@@ -21,9 +21,9 @@ from ..core import Core
 from ..image_inputs import image_of
 from ..replies import EncodeReply
 from ..requests import EncodeRequest
-from .bodies import InfinityImagesBody, OpenAIEmbeddingsBody, OpenAIEmbeddingsReply, OpenAIModel, OpenAIModelList
 from .errors import OPENAI, WireNames
 from .inputs import inputs_of, message_input
+from .openai_bodies import InfinityImagesBody, OpenAIEmbeddingsBody, OpenAIEmbeddingsReply, OpenAIModel, OpenAIModelList
 from .route import Route
 from .wire import BASE64_FLOAT_BYTES, JSON_FLOAT_BYTES, BodyReader, InputMarks, deadline, dumps, floats, json_response
 

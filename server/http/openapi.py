@@ -13,10 +13,14 @@ from attnserve.engine.quantize import RANGED
 
 from .. import open_inference as oip
 from ..core import ModelInfo
-from .bodies import MODEL_MARK, TEXT_INPUT_TYPES, KServeError, OpenAIError, TeiError, TeiRank, TeiToken
+from .bodies import MODEL_MARK
+from .cohere_bodies import TEXT_INPUT_TYPES
 from .errors import KSERVE, OPENAI
 from .kserve import infer_body_schema
+from .kserve_bodies import KServeError
+from .openai_bodies import OpenAIError
 from .route import Route
+from .tei_bodies import TeiError, TeiRank, TeiToken
 
 OPENAPI_VERSION = "3.1.0"
 # Each route family's error body (TEI's for the rest).
@@ -98,66 +102,76 @@ def _model_bounds(schema: object, info: ModelInfo) -> None:
     """Each field marked in bodies.py (MODEL_MARK) given what the default model allows, in place."""
     if isinstance(schema, dict):
         mark = schema.pop(MODEL_MARK, None)
-        if mark == "token_id":
-            schema["maximum"] = info.vocab_size - 1
-        elif mark == "max_seq_length":  # JSON Schema's minimum leaves the null of `int | None` valid
-            schema["minimum"] = info.max_seq_length
-        elif mark == "kserve_infer":
-            description = schema.get("description")
-            schema.clear()
-            schema.update(infer_body_schema(info), **({"description": description} if description else {}))
-        elif mark == "images" and "embed_image" not in info.outputs:  # a text model: no image forms
-            schema.clear()
-            schema["not"] = {}
-        elif mark == "nullable_images" and "embed_image" not in info.outputs:  # its null: the field not given
-            schema.clear()
-            schema["type"] = "null"
-        elif mark == "cohere_input_type" and "embed_image" in info.outputs:
-            schema["anyOf"] = [{"enum": [*TEXT_INPUT_TYPES, "image"]}, {"type": "null"}]
-        elif mark == "pairs" and info.default_prompt_name is not None:
-            schema.clear()
-            schema["not"] = {}
-        elif mark == "truncation_direction" and "embed_multi" in info.outputs:
-            schema["enum"] = ["Right", "right"]
-        elif mark == "pooling":
-            schema.pop("enum", None)
-            schema["enum"] = list(info.request_poolings)
-        elif mark == "ranged_pooling":
-            # Without ranges of its own, a request may ask for the types the model serves (int8 and uint8 where
-            # it holds calibration), and those only under its own pooling.
-            no_ranges = {"anyOf": [{"not": {"required": ["ranges"]}}, {"properties": {"ranges": {"type": "null"}}}]}
-            schema.setdefault("allOf", []).append(
-                {"if": no_ranges, "then": {"properties": {"embedding_type": {"enum": list(info.embedding_types)}}}})
-            ranged = [t for t in info.embedding_types if t in RANGED]
-            if info.ranged_poolings and ranged:
-                schema["allOf"].append({
-                    "if": {"properties": {"embedding_type": {"enum": ranged},
-                                          "pooling": {"enum": list(info.ranged_poolings)}},
-                           "required": ["embedding_type"] + ([] if "default" in info.ranged_poolings else ["pooling"])},
-                    "then": {"required": ["ranges"], "properties": {"ranges": {"type": "array"}}}})
-            schema["allOf"].append(_ranges_width(info.embedding_size))
-        elif mark == "cohere_types":  # no ranges in Cohere's body: int8 and uint8 only where the model's serve
-            types = [t for t in info.embedding_types
-                     if t not in RANGED or "default" not in info.ranged_poolings] + ["base64"]
-            schema["anyOf"] = [{"type": "array", "items": {"enum": types}}, {"type": "null"}]
-        elif mark in ("layer", "head"):
-            count = info.num_layers if mark == "layer" else info.num_heads
-            schema.update(minimum=-count, maximum=count - 1)
-        elif mark == "dimensions":
-            schema.update(minimum=1, maximum=info.embedding_size)
-        elif mark in ("prompt_name", "task"):
-            names = list(info.prompts) if mark == "prompt_name" else list(info.tasks)
-            schema["anyOf"] = [*([{"enum": names}] if names else []), {"type": "null"}]
-        elif mark == "ranges":  # [minima, maxima], each of the dimensions returned (_ranges_width)
-            finite = float(np.finfo(np.float32).max)  # the codes are computed in float32
-            row = {"type": "array", "items": {"type": "number", "minimum": -finite, "maximum": finite},
-                   "minItems": 1, "maxItems": info.embedding_size}
-            schema["anyOf"] = [{"type": "array", "items": row, "minItems": 2, "maxItems": 2}, {"type": "null"}]
+        if mark is not None:
+            _bound(schema, mark, info)
         for value in schema.values():
             _model_bounds(value, info)
     elif isinstance(schema, list):
         for value in schema:
             _model_bounds(value, info)
+
+
+def _bound(schema: dict, mark: str, info: ModelInfo) -> None:
+    """A field's schema given what the default model allows of the field its mark names."""
+    if mark == "token_id":
+        schema["maximum"] = info.vocab_size - 1
+    elif mark == "max_seq_length":  # JSON Schema's minimum leaves the null of `int | None` valid
+        schema["minimum"] = info.max_seq_length
+    elif mark == "kserve_infer":
+        description = schema.get("description")
+        schema.clear()
+        schema.update(infer_body_schema(info), **({"description": description} if description else {}))
+    elif mark == "images" and "embed_image" not in info.outputs:  # a text model: no image forms
+        schema.clear()
+        schema["not"] = {}
+    elif mark == "nullable_images" and "embed_image" not in info.outputs:  # its null: the field not given
+        schema.clear()
+        schema["type"] = "null"
+    elif mark == "cohere_input_type" and "embed_image" in info.outputs:
+        schema["anyOf"] = [{"enum": [*TEXT_INPUT_TYPES, "image"]}, {"type": "null"}]
+    elif mark == "pairs" and info.default_prompt_name is not None:
+        schema.clear()
+        schema["not"] = {}
+    elif mark == "truncation_direction" and "embed_multi" in info.outputs:
+        schema["enum"] = ["Right", "right"]
+    elif mark == "pooling":
+        schema.pop("enum", None)
+        schema["enum"] = list(info.request_poolings)
+    elif mark == "ranged_pooling":
+        _ranged_pooling(schema, info)
+    elif mark == "cohere_types":  # no ranges in Cohere's body: int8 and uint8 only where the model's serve
+        types = [t for t in info.embedding_types
+                 if t not in RANGED or "default" not in info.ranged_poolings] + ["base64"]
+        schema["anyOf"] = [{"type": "array", "items": {"enum": types}}, {"type": "null"}]
+    elif mark in ("layer", "head"):
+        count = info.num_layers if mark == "layer" else info.num_heads
+        schema.update(minimum=-count, maximum=count - 1)
+    elif mark == "dimensions":
+        schema.update(minimum=1, maximum=info.embedding_size)
+    elif mark in ("prompt_name", "task"):
+        names = list(info.prompts) if mark == "prompt_name" else list(info.tasks)
+        schema["anyOf"] = [*([{"enum": names}] if names else []), {"type": "null"}]
+    elif mark == "ranges":  # [minima, maxima], each of the dimensions returned (_ranges_width)
+        finite = float(np.finfo(np.float32).max)  # the codes are computed in float32
+        row = {"type": "array", "items": {"type": "number", "minimum": -finite, "maximum": finite},
+               "minItems": 1, "maxItems": info.embedding_size}
+        schema["anyOf"] = [{"type": "array", "items": row, "minItems": 2, "maxItems": 2}, {"type": "null"}]
+
+
+def _ranged_pooling(schema: dict, info: ModelInfo) -> None:
+    """Without ranges of its own, a request may ask for the types the model serves (int8 and uint8 where it holds
+    calibration), and those only under its own pooling."""
+    no_ranges = {"anyOf": [{"not": {"required": ["ranges"]}}, {"properties": {"ranges": {"type": "null"}}}]}
+    schema.setdefault("allOf", []).append(
+        {"if": no_ranges, "then": {"properties": {"embedding_type": {"enum": list(info.embedding_types)}}}})
+    ranged = [t for t in info.embedding_types if t in RANGED]
+    if info.ranged_poolings and ranged:
+        schema["allOf"].append({
+            "if": {"properties": {"embedding_type": {"enum": ranged},
+                                  "pooling": {"enum": list(info.ranged_poolings)}},
+                   "required": ["embedding_type"] + ([] if "default" in info.ranged_poolings else ["pooling"])},
+            "then": {"required": ["ranges"], "properties": {"ranges": {"type": "array"}}}})
+    schema["allOf"].append(_ranges_width(info.embedding_size))
 
 
 def _ranges_width(embedding_size: int) -> dict:

@@ -24,23 +24,14 @@ from pydantic_core import ErrorDetails
 from attnserve.errors import MalformedMessageError
 
 from ..open_inference import not_an_integer
-from .bodies import (
-    INPUTS_FORMS,
-    OPENAI_INPUTS_FORMS,
-    PAIR_INPUTS_FORMS,
+from .attnserve_bodies import AttentionBody, LateChunkingBody, MultiVectorBody
+from .bodies import INPUTS_FORMS, PAIR_INPUTS_FORMS, Body, Inputs, PairInputs
+from .cohere_bodies import CohereEmbedBody, CohereRerankBody, CohereV2RerankBody
+from .errors import WireFieldError
+from .openai_bodies import OPENAI_INPUTS_FORMS, InfinityImagesBody, OpenAIEmbeddingsBody
+from .tei_bodies import (
     PREDICT_FORMS,
-    AttentionBody,
-    Body,
-    CohereEmbedBody,
-    CohereRerankBody,
-    CohereV2RerankBody,
     DecodeIds,
-    InfinityImagesBody,
-    Inputs,
-    LateChunkingBody,
-    MultiVectorBody,
-    OpenAIEmbeddingsBody,
-    PairInputs,
     PredictInputs,
     TeiEmbedAllBody,
     TeiEmbedBody,
@@ -49,7 +40,6 @@ from .bodies import (
     TeiRerankBody,
     TeiTokenizeBody,
 )
-from .errors import WireFieldError
 
 Loc = Sequence[str | int]
 OPENAI_INPUT = "OpenAI's name, for /v1/embeddings"

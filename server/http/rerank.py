@@ -15,10 +15,11 @@ from aiohttp import web
 
 from ..core import Core
 from ..replies import RerankReply
-from ..requests import RerankRequest
-from .bodies import CohereRerankBody, CohereRerankReply, CohereV2RerankBody, CohereV2RerankReply, TeiRerankBody
+from ..score_requests import RerankRequest
+from .cohere_bodies import CohereRerankBody, CohereRerankReply, CohereV2RerankBody, CohereV2RerankReply
 from .errors import OPENAI, TEI, WireNames
 from .route import Route
+from .tei_bodies import TeiRerankBody
 from .wire import BodyReader, deadline, dumps, json_response
 
 COHERE_NAMES = WireNames({"texts": "documents"})

@@ -16,17 +16,14 @@ from ..core import Core
 from ..image_inputs import image_of
 from ..models import DTYPE_NAMES
 from ..replies import EncodeReply, PredictReply
-from ..requests import (
-    DecodeRequest,
-    EncodeRequest,
-    Input,
-    PredictRequest,
-    SimilarityRequest,
-    SparseOptions,
-    TokenizeRequest,
-)
-from .bodies import (
-    JinaImage,
+from ..requests import EncodeRequest, Input, SparseOptions
+from ..score_requests import PredictRequest, SimilarityRequest
+from ..token_requests import DecodeRequest, TokenizeRequest
+from .bodies import JinaImage
+from .errors import TEI, WireNames
+from .inputs import inputs_of
+from .route import Route
+from .tei_bodies import (
     TeiDecodeBody,
     TeiEmbedAllBody,
     TeiEmbedBody,
@@ -36,9 +33,6 @@ from .bodies import (
     TeiSimilarityBody,
     TeiTokenizeBody,
 )
-from .errors import TEI, WireNames
-from .inputs import inputs_of
-from .route import Route
 from .wire import JSON_FLOAT_BYTES, BodyReader, InputMarks, deadline, dumps, floats, json_response
 
 # TEI's /similarity nests its texts under "inputs".

@@ -9,8 +9,8 @@ from aiohttp import web
 from ..core import Core
 from ..image_inputs import image_of
 from ..zero_shot import ZeroShotReply, ZeroShotRequest
-from .bodies import ZeroShotBody
-from .bodies import ZeroShotReply as ZeroShotReplyBody
+from .attnserve_bodies import ZeroShotBody
+from .attnserve_bodies import ZeroShotReply as ZeroShotReplyBody
 from .errors import OPENAI
 from .route import Route
 from .wire import BodyReader, deadline, dumps, json_response

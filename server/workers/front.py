@@ -1,5 +1,7 @@
 """A front-door worker's view of the engine process (`serve --workers N`): the models as the core reads them, with
-their tokenizers and heads here and their batchers there.
+their tokenizers and heads here and their batchers there. RemoteModels is the implementation of the contract the
+core runs on (server/contract.py) across the link, as models.Models is in one process; mypy checks it against the
+contract (the end of this module).
 
 Each worker keeps one ZeroMQ DEALER connection to the engine process (EngineLink). A model's batcher here is a
 RemoteBatcher: submit() sends the request's token ids and awaits its rows; cancelling it (the client left, the
@@ -18,7 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import zmq
 import zmq.asyncio
@@ -26,14 +28,14 @@ from zmq.utils.monitor import recv_monitor_message
 
 from attnserve.config import EngineConfig
 from attnserve.engine.engine import host_parts
-from attnserve.engine.image_encoder import ImageEncoder, ImageInput
+from attnserve.engine.image_encoder import ImageEncoder
 from attnserve.engine.manifest import Manifest, load_manifest
 from attnserve.engine.tasks import check_task
-from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import EngineStoppedError, GraphUnavailableError
 
-from ..batcher import RowOutput
-from ..models import ModelInfo, Models
+from ..batcher import QueuedInput, RowOutput
+from ..contract import ModelsContract
+from ..models import ModelInfo, NamedModels
 from . import wire
 
 log = logging.getLogger("attnserve.server")
@@ -187,7 +189,7 @@ class EngineLink:
 
 
 class RemoteBatcher:
-    """A model's (or task's) batcher in the engine process, as the core submits to it."""
+    """A model's (or task's) batcher in the engine process, as the core submits to it (contract.BatcherContract)."""
 
     def __init__(self, link: EngineLink, model: str, task: str | None):
         self._link, self._model, self._task = link, model, task
@@ -197,7 +199,7 @@ class RemoteBatcher:
         if self._link.lost:
             raise EngineStoppedError("the server's engine process stopped; retry on another replica")
 
-    async def submit(self, inputs: Sequence[TokenizedInput | ImageInput], attention: bool, deadline: float | None,
+    async def submit(self, inputs: Sequence[QueuedInput], attention: bool, deadline: float | None,
                      last_layer: bool = False, token_states: bool = True) -> list[RowOutput]:
         metas, frames = wire.pack_inputs(inputs)
         head, body = await self._link.call({
@@ -207,8 +209,9 @@ class RemoteBatcher:
 
 
 class EngineFront:
-    """What the core reads of a model's engine, in a worker: the manifest, tokenizers and heads; a graph a request
-    needs is required of the engine process, which builds it (GraphBuildingError until then)."""
+    """What the core reads of a model's engine, in a worker (contract.EngineContract): the manifest, tokenizers and
+    heads; a graph a request needs is required of the engine process, which builds it (GraphBuildingError until
+    then)."""
 
     def __init__(self, entry: EngineEntry, link: EngineLink, model: str, task: str | None):
         self.manifest: Manifest = load_manifest(entry.directory)
@@ -233,7 +236,8 @@ class EngineFront:
 
 
 class RemoteStatistics:
-    """A model's statistics as a worker's core records them: each request's outcome, to the engine's."""
+    """A model's statistics as a worker's core records them (contract.StatisticsContract): each request's outcome,
+    to the engine's."""
 
     def __init__(self, link: EngineLink, model: str):
         self._link, self._model = link, model
@@ -242,13 +246,16 @@ class RemoteStatistics:
         self._link.post({"k": "outcome", "model": self._model, "ok": ok, "seconds": seconds})
 
 
-@dataclass
-class _Metrics:
-    statistics: Any
+@dataclass(frozen=True)
+class RemoteMetrics:
+    """What a worker's core records of a model (contract.MetricsContract): its statistics, kept by the engine
+    process, which serves the metrics."""
+
+    statistics: RemoteStatistics
 
 
 class RemoteModel:
-    """One served model in a worker, as ServedModel is to the core."""
+    """One served model in a worker (contract.ModelContract), as ServedModel is in one process."""
 
     def __init__(self, entry: ModelEntry, link: EngineLink):
         self.name, self.info, self.pooling = entry.name, entry.info, entry.pooling
@@ -256,25 +263,26 @@ class RemoteModel:
         self.batcher = RemoteBatcher(link, entry.name, None)
         self.tasks = {task: (EngineFront(e, link, entry.name, task), RemoteBatcher(link, entry.name, task))
                       for task, e in entry.tasks.items()}
-        self.metrics = _Metrics(RemoteStatistics(link, entry.name))
+        self.metrics = RemoteMetrics(RemoteStatistics(link, entry.name))
 
-    def for_task(self, task: str | None):
+    def for_task(self, task: str | None) -> tuple[EngineFront, RemoteBatcher]:
+        """The engine and batcher of a request's task (None: the model's own), as ServedModel.for_task."""
         check_task(self.engine.manifest, task)
         return (self.engine, self.batcher) if task is None else self.tasks[task]
 
-    @property
-    def batchers(self) -> list:
-        return []  # the engine process's own
 
-
-class RemoteModels(Models):
-    """The served models in a worker, the default first."""
+class RemoteModels(NamedModels[RemoteModel]):
+    """The served models in a worker, the default first (contract.ModelsContract)."""
 
     def __init__(self, table: ModelTable, link: EngineLink):
-        super().__init__([RemoteModel(entry, link) for entry in table.models])  # type: ignore[misc]
+        super().__init__([RemoteModel(entry, link) for entry in table.models])
         self._link = link
 
     async def statistics(self, name: str, version: str | None) -> dict:
         """Triton's statistics (open_inference.model_statistics), kept by the engine process for every worker."""
         head, _ = await self._link.call({"k": "stats", "model": name, "version": version})
         return head["stats"]
+
+
+if TYPE_CHECKING:  # mypy checks this implementation against the contract the core runs on
+    _contract: type[ModelsContract] = RemoteModels

@@ -35,6 +35,7 @@ from pathlib import Path
 from threadpoolctl import threadpool_limits
 
 from attnserve.config import EngineConfig, ServerConfig
+from attnserve.engine.engine import Engine
 from attnserve.errors import ConfigError
 
 from ..app import check_ports_free, start_calibration, start_models
@@ -54,7 +55,7 @@ STOP_MARGIN_S = 5.0
 
 
 def model_table(models: Models) -> ModelTable:
-    def entry(engine) -> EngineEntry:
+    def entry(engine: Engine) -> EngineEntry:
         return EngineEntry(engine.manifest.directory, engine.takes_token_types, engine.provider, engine.precision,
                            engine.config)
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import pickle
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import msgspec
 import numpy as np
@@ -147,7 +146,7 @@ def pack_rows(rows: Sequence[RowOutput]) -> tuple[list, list]:
 def unpack_rows(metas: list, frames: Sequence) -> list[RowOutput]:
     rows, i = [], 0
     for arrays, map_layers in metas:
-        values: dict[str, Any] = {}
+        values: dict[str, np.ndarray | None] = {}
         for name, meta in zip(ROW_ARRAYS, arrays, strict=True):
             if meta is None:
                 values[name] = None

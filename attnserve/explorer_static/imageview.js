@@ -2,7 +2,7 @@
 // model saw (its center square for CLIP's processor, "crop"; all of it stretched square for SigLIP's, "stretch"; all
 // of it stretched to its rows x cols patches for SigLIP 2's NaFlex, "patches", whose grid need not be square), each
 // patch's box filled with its weight's colour, blended with the picture. The grids are read from the maps as
-// engine/patch_attention.py reads them: with a class token (CLIP) its row over the patches, renormalised; without
+// attnserve/patch_attention.py reads them: with a class token (CLIP) its row over the patches, renormalised; without
 // one (SigLIP) the attention each patch receives, averaged over the patches' rows.
 "use strict";
 (function (ns) {

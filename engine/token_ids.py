@@ -1,4 +1,5 @@
-"""The token ids of the inputs export makes up: the tracing input and verification's random batches."""
+"""The token ids of made-up inputs: export's tracing input and verification's random batches, and the engine's
+calibration feeds and the server's warm-up input (here, so that serving takes them without importing export)."""
 
 from __future__ import annotations
 
