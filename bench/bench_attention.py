@@ -23,21 +23,17 @@ busy, the seconds per cell computed, the mean batch; and which graphs ran the lo
 from __future__ import annotations
 
 import argparse
-import json
-import signal
 import sys
-from pathlib import Path
 
 try:  # run as a script: bench/ is on sys.path
-    from bench_serve import BenchError, log, served_model_label, serving_round, start_server, stop_server
+    import bench_serve
     from machine import machine_lines
     from report import target_line
 except ImportError:
-    from bench.bench_serve import BenchError, log, served_model_label, serving_round, start_server, stop_server
+    from bench import bench_serve
     from bench.machine import machine_lines
     from bench.report import target_line
 
-from attnserve.errors import AttnserveError
 from attnserve.loadtest.corpus import mixed_length_corpus
 
 LOADS = {"embeddings": "sentence embeddings", "one_layer": "attention, the last layer's weights",
@@ -63,7 +59,7 @@ def graph_counters(server) -> dict[str, float]:
     """Seconds in onnxruntime, batches and inputs batched, summed over the graphs, and each graph's batches
     (bench_serve's scrape reads the embeddings graph's alone)."""
     values = server.metrics()
-    model = served_model_label(values)
+    model = bench_serve.served_model_label(values)
     out = {"inference_s": 0.0, "batches": 0.0, "batch_inputs": 0.0}
     for graph in GRAPHS:
         labels = f'{{graph="{graph}",{model}}}'
@@ -77,7 +73,7 @@ def graph_counters(server) -> dict[str, float]:
 def measured(server, requests: list[bytes], concurrency: int) -> dict:
     """One load, with the inference thread's busy share, its seconds per cell and the mean batch over both graphs."""
     before = graph_counters(server)
-    result = serving_round(server, requests, concurrency, 1)
+    result = bench_serve.serving_round(server, requests, concurrency, 1)
     after = graph_counters(server)
     delta = {k: after[k] - before[k] for k in after}
     result["inference_busy"] = delta["inference_s"] / result["seconds"]
@@ -89,19 +85,8 @@ def measured(server, requests: list[bytes], concurrency: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--texts", type=int, default=600, help="corpus size (default 600)")
-    parser.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of every load; best is kept (default 2)")
-    parser.add_argument("--concurrency", type=int, default=16, help="concurrent clients (default 16)")
-    parser.add_argument("--artifacts", help="artifact directory (default: the default model's, built on first use)")
-    parser.add_argument("--json", help="also write every number to this JSON file")
-    args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        return run(args)
-    except (BenchError, AttnserveError) as e:
-        print(f"bench_attention: error: {e}", file=sys.stderr)
-        return 1
+    bench_serve.load_flags(parser, texts=600, concurrency=16)
+    return bench_serve.bench_main("bench_attention", run, parser.parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,19 +95,15 @@ def run(args: argparse.Namespace) -> int:
     artifacts = resolve_artifacts(args.artifacts)
     texts = mixed_length_corpus(args.texts, args.seed)
     requests = {load: requests_of(texts, load) for load in LOADS}
-    server = start_server(artifacts)
-    rounds: list[dict] = []
+    server = bench_serve.start_server(artifacts)
     try:
         server.wait_serving(timeout=300)
-        log(f"server serving on {server.target}")
-        serving_round(server, requests["one_layer"][:32], args.concurrency, 1)  # warm the attention graph
-        for r in range(args.rounds):
-            rounds.append({load: measured(server, requests[load], args.concurrency) for load in LOADS})
-            log(f"round {r + 1}: " + ", ".join(f"{load} {rounds[-1][load]['tokens_per_s']:.0f} tokens/s"
-                                               for load in LOADS))
+        bench_serve.log(f"server serving on {server.target}")
+        bench_serve.serving_round(server, requests["one_layer"][:32], args.concurrency, 1)  # warm the attention graph
+        rounds, best = bench_serve.best_of_rounds(args.rounds, LOADS,
+                                                  lambda load: measured(server, requests[load], args.concurrency))
     finally:
-        status = stop_server(server)
-    best = {load: max((rnd[load] for rnd in rounds), key=lambda result: result["tokens_per_s"]) for load in LOADS}
+        status = bench_serve.stop_server(server)
     lines = [*machine_lines(), f"artifacts: {artifacts}; {len(texts)} texts, {best['embeddings']['tokens']} tokens, "
              f"{args.concurrency} clients over gRPC, best of {args.rounds} round(s)", "",
              f"{'load':<14} {'tokens/s':>9} {'vs embed':>9} {'busy':>6} {'us/cell':>8} {'batch':>6} {'handler ms':>11}"
@@ -142,9 +123,7 @@ def run(args: argparse.Namespace) -> int:
                                     f"{ratio:.2f}")
         lines.append(line)
         numbers["targets"][f"{load}_vs_embeddings"] = verdict
-    print("\n".join(lines), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(numbers | {"rounds": rounds}, indent=2) + "\n", encoding="utf-8")
+    bench_serve.print_report(lines, numbers | {"rounds": rounds}, args.json)
     return 0 if status == 0 else 1
 
 

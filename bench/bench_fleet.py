@@ -33,19 +33,17 @@ import json
 import os
 import re
 import resource
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 try:
-    from bench_serve import BenchError, log, scrape, start_server  # run as a script: bench/ is on sys.path
+    from bench_serve import BenchError, bench_main, log, scrape, start_server  # run as a script: bench/ on sys.path
     from report import target_line
 except ImportError:
-    from bench.bench_serve import BenchError, log, scrape, start_server  # run as `python -m bench.bench_fleet`
+    from bench.bench_serve import BenchError, bench_main, log, scrape, start_server  # as `python -m bench.bench_fleet`
     from bench.report import target_line
 
-from attnserve.errors import AttnserveError
 from attnserve.server_process import ServerProcess
 
 COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
@@ -150,12 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if any("=" not in item or not item.startswith("ATTNSERVE_") for item in args.set):
         parser.error("--set takes ATTNSERVE_NAME=VALUE")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stops the replicas
-    try:
-        return run(args)
-    except (BenchError, AttnserveError) as e:  # AttnserveError: e.g. a replica did not come up
-        print(f"bench_fleet: error: {e}", file=sys.stderr)
-        return 1
+    return bench_main("bench_fleet", run, args)  # a SIGTERM still stops the replicas
 
 
 def run(args: argparse.Namespace) -> int:

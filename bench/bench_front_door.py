@@ -38,6 +38,7 @@ import numpy as np
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_http_stack import POST_LUA, serve_aiohttp  # noqa: E402
 from bench_serve import cpu_seconds as tree_cpu_seconds  # noqa: E402
 from machine import machine_lines  # noqa: E402
 
@@ -45,7 +46,6 @@ TEXT = "The quick brown fox jumps over the lazy dog."
 DIMENSION = 32
 CONNECTIONS, CHANNELS = 64, 4
 TARGETS = {"http": 3.0, "grpc": 3.0, "workers": 1.5}
-POST_LUA = 'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\nwrk.body = os.getenv("BODY")\n'
 OPENAI_BODY = orjson.dumps({"input": TEXT, "model": "tiny", "encoding_format": "base64"})
 
 
@@ -157,15 +157,7 @@ def serve_bare_http(port: int) -> None:
             "model": body.get("model"), "usage": {"prompt_tokens": 12, "total_tokens": 12}}),
             content_type="application/json")
 
-    async def main() -> None:
-        app = web.Application()
-        app.router.add_post("/v1/embeddings", embeddings)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
+    asyncio.run(serve_aiohttp(embeddings, port))
 
 
 def serve_bare_grpc(port: int) -> None:

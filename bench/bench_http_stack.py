@@ -92,25 +92,31 @@ async def serve_uvicorn(app) -> None:
     await uvicorn.Server(config).serve()
 
 
-async def serve_aiohttp() -> None:
+async def serve_aiohttp(embeddings, port: int = PORT) -> None:
+    """The bare aiohttp stack: embeddings (an aiohttp handler) on POST /v1/embeddings at 127.0.0.1:port, until the
+    process ends (bench_front_door.py's bare HTTP server too)."""
     from aiohttp import web
 
-    async def embeddings(request):
-        body = orjson.loads(await request.read())
-        await hop()
-        return web.Response(body=dumps(reply(body)), content_type="application/json")
     app = web.Application()
     app.router.add_post("/v1/embeddings", embeddings)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", PORT).start()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
     await asyncio.Event().wait()
+
+
+async def aiohttp_embeddings(request):
+    from aiohttp import web
+
+    body = orjson.loads(await request.read())
+    await hop()
+    return web.Response(body=dumps(reply(body)), content_type="application/json")
 
 
 def serve(stack: str) -> None:
     """The server of one stack, on the default asyncio loop (grpc.aio's)."""
     if stack == "aiohttp":
-        asyncio.run(serve_aiohttp())
+        asyncio.run(serve_aiohttp(aiohttp_embeddings))
     elif stack == "starlette":
         asyncio.run(serve_uvicorn(starlette_app()))
     else:

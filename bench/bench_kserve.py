@@ -23,39 +23,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import signal
 import sys
 from pathlib import Path
 
 try:  # run as a script: bench/ is on sys.path
-    from bench_serve import (
-        REQUEST_TIMEOUT_S,
-        BenchError,
-        check_answers,
-        log,
-        measured_load,
-        scrape,
-        start_server,
-        stop_server,
-    )
+    import bench_serve
+    from bench_serve import check_answers, scrape
     from machine import machine_lines
     from report import target_line
 except ImportError:
-    from bench.bench_serve import (
-        REQUEST_TIMEOUT_S,
-        BenchError,
-        check_answers,
-        log,
-        measured_load,
-        scrape,
-        start_server,
-        stop_server,
-    )
+    from bench import bench_serve
+    from bench.bench_serve import check_answers, scrape
     from bench.machine import machine_lines
     from bench.report import target_line
 
-from attnserve.errors import AttnserveError
 from attnserve.loadtest.corpus import mixed_length_corpus
 
 LOADS = {"grpc": "attnserve.v1 Embed, gRPC", "kserve": "KServe v2 ModelInfer, gRPC",
@@ -77,9 +58,11 @@ async def load(server, protocol: str, texts: list[str], concurrency: int) -> dic
     where = server.http_url if protocol == "kserve-http" else server.target
     async with LOAD_TARGETS[protocol](config, ClientConfig(target=where)) as target:
         requests = [target.serialize([text]) for text in texts]  # built before the load: the clients cost little
-        check_answers(await asyncio.gather(*(target.call(requests[i % len(requests)], REQUEST_TIMEOUT_S)
+        timeout = bench_serve.REQUEST_TIMEOUT_S
+        check_answers(await asyncio.gather(*(target.call(requests[i % len(requests)], timeout)
                                              for i in range(concurrency))), "warm-up")
-        return await measured_load(server, target.call, requests, concurrency, http=False, label=LABELS[protocol])
+        return await bench_serve.measured_load(server, target.call, requests, concurrency, http=False,
+                                               label=LABELS[protocol])
 
 
 def big_infer(server, texts: list[str]) -> dict:
@@ -117,20 +100,9 @@ def offline_padding(artifacts: Path, texts: list[str]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--texts", type=int, default=2000, help="corpus size (default 2000)")
+    bench_serve.load_flags(parser, texts=2000, concurrency=64)
     parser.add_argument("--big", type=int, default=1000, help="texts in the one big ModelInfer (default 1000)")
-    parser.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of every load; best is kept (default 2)")
-    parser.add_argument("--concurrency", type=int, default=64, help="concurrent clients (default 64)")
-    parser.add_argument("--artifacts", help="artifact directory (default: the default model's, built on first use)")
-    parser.add_argument("--json", help="also write every number to this JSON file")
-    args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        return run(args)
-    except (BenchError, AttnserveError) as e:
-        print(f"bench_kserve: error: {e}", file=sys.stderr)
-        return 1
+    return bench_serve.bench_main("bench_kserve", run, parser.parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,21 +111,16 @@ def run(args: argparse.Namespace) -> int:
     artifacts = resolve_artifacts(args.artifacts)
     texts = mixed_length_corpus(args.texts, args.seed)
     big_texts = mixed_length_corpus(args.big, args.seed + 1)
-    server = start_server(artifacts)
-    rounds: list[dict] = []
+    server = bench_serve.start_server(artifacts)
     try:
         server.wait_serving(timeout=300)
-        log(f"server serving on {server.target} and {server.http_url}")
-        for r in range(args.rounds):
-            rounds.append({protocol: asyncio.run(load(server, protocol, texts, args.concurrency))
-                           for protocol in LOADS})
-            log(f"round {r + 1}: " + ", ".join(f"{protocol} {rounds[-1][protocol]['tokens_per_s']:.0f} tokens/s"
-                                               for protocol in LOADS))
+        bench_serve.log(f"server serving on {server.target} and {server.http_url}")
+        rounds, best = bench_serve.best_of_rounds(
+            args.rounds, LOADS, lambda protocol: asyncio.run(load(server, protocol, texts, args.concurrency)))
         big = big_infer(server, big_texts)
     finally:
-        status = stop_server(server)
+        status = bench_serve.stop_server(server)
     big["offline_padding"] = offline_padding(artifacts, big_texts)
-    best = {p: max((rnd[p] for rnd in rounds), key=lambda result: result["tokens_per_s"]) for p in LOADS}
     lines = [*machine_lines(), f"artifacts: {artifacts}; {len(texts)} texts, {best['grpc']['tokens']} tokens, one "
              f"per request, {args.concurrency} clients, best of {args.rounds} round(s)", "",
              f"{'load':<12} {'tokens/s':>9} {'vs grpc':>8} {'busy':>6} {'batch':>6} {'handler ms':>11} "
@@ -178,9 +145,7 @@ def run(args: argparse.Namespace) -> int:
     line, numbers["targets"]["big_infer_padding"] = target_line(
         TARGETS, "big infer padding", "big_infer_padding", big["padding"], f"{big['padding']:.1%}")
     lines.append(line)
-    print("\n".join(lines), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(numbers | {"rounds": rounds}, indent=2) + "\n", encoding="utf-8")
+    bench_serve.print_report(lines, numbers | {"rounds": rounds}, args.json)
     return 0 if status == 0 else 1
 
 

@@ -69,6 +69,7 @@ import signal
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +120,52 @@ class BenchError(Exception):
 
 def log(message: str) -> None:
     print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+# --- what every serving benchmark's script shares (bench_attention.py, bench_kserve.py, bench_fleet.py) ------------
+
+
+def load_flags(parser: argparse.ArgumentParser, texts: int, concurrency: int) -> None:
+    """The flags of a benchmark that loads one real server with the mixed-length corpus, a load at a time."""
+    parser.add_argument("--texts", type=int, default=texts, help=f"corpus size (default {texts})")
+    parser.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of every load; best is kept (default 2)")
+    parser.add_argument("--concurrency", type=int, default=concurrency,
+                        help=f"concurrent clients (default {concurrency})")
+    parser.add_argument("--artifacts", help="artifact directory (default: the default model's, built on first use)")
+    parser.add_argument("--json", help="also write every number to this JSON file")
+
+
+def bench_main(name: str, run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """run(args), its exit status; an error (a BenchError, or an AttnserveError: the server did not come up, say)
+    in one line, exit status 1."""
+    # A SIGTERM to the benchmark must still stop the server: SystemExit runs the finally blocks.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return run(args)
+    except (BenchError, AttnserveError) as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 1
+
+
+def best_of_rounds(rounds: int, loads: Iterable[str], measure: Callable[[str], dict]) -> tuple[list[dict], dict]:
+    """Every load measured once a round, the loads alternating within each round so that a disturbance of the
+    machine falls on all of them alike; the rounds, and each load's best round by tokens/s."""
+    loads = list(loads)
+    results: list[dict] = []
+    for r in range(rounds):
+        results.append({load: measure(load) for load in loads})
+        log(f"round {r + 1}: " + ", ".join(f"{load} {results[-1][load]['tokens_per_s']:.0f} tokens/s"
+                                           for load in loads))
+    return results, {load: max((rnd[load] for rnd in results), key=lambda result: result["tokens_per_s"])
+                     for load in loads}
+
+
+def print_report(lines: list[str], numbers: dict, json_path: str | None) -> None:
+    """The report on stdout; with --json, every number in that file too."""
+    print("\n".join(lines), flush=True)
+    if json_path:
+        Path(json_path).write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
 
 
 def tuning_env_names() -> list[str]:
@@ -654,13 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.texts, args.rounds, args.concurrency, args.channels) < 1:
         parser.error("--texts, --rounds, --concurrency and --channels must be positive")
     args.channels = min(args.channels, args.concurrency)
-    # A SIGTERM to the benchmark must still stop the server: SystemExit runs the finally blocks.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        return run(args)
-    except (BenchError, AttnserveError) as e:  # AttnserveError: e.g. the server did not come up
-        print(f"bench_serve: error: {e}", file=sys.stderr)
-        return 1
+    return bench_main("bench_serve", run, args)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -174,13 +174,14 @@ def fuse_attention(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig | Shap
 
     Runs in a child process (export/isolated.py): the optimizer's copies of the graph die with it.
     """
-    return isolated.run("fusing attention", f"{__name__}:_fuse_attention",
-                        {"src": str(src), "dst": str(dst), "shape": _shape(cfg)})
+    return isolated.run("fusing attention", f"{__name__}:_fuse",
+                        {"src": str(src), "dst": str(dst), "shape": _shape(cfg), "skip_layer_norm": False})
 
 
-def _fuse_attention(src: str, dst: str, shape: dict[str, Any]) -> dict[str, int]:
+def _fuse(src: str, dst: str, shape: dict[str, Any], skip_layer_norm: bool) -> dict[str, int]:
+    """The child's side of fuse_attention and fuse_half: the same optimizer pass, SkipLayerNorm fused or not."""
     with quiet(), _graph(Path(src).resolve()) as graph:
-        model = _fused(graph, Path(src).name, shape, skip_layer_norm=False)
+        model = _fused(graph, Path(src).name, shape, skip_layer_norm=skip_layer_norm)
         _save(model, Path(dst).resolve(), Path(src).resolve())
     return op_counts(model.model)
 
@@ -204,15 +205,8 @@ def float_to_integer_casts(model: onnx.ModelProto) -> list[str]:
 def fuse_half(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig | Shape) -> dict[str, int]:
     """A graph traced in fp16 (export/half_precision.py) fused as convert_fp16 fuses the fp32 one, SkipLayerNorm
     too: the same fp16 graph for CUDA, without an fp32 graph to convert. Runs in a child process."""
-    return isolated.run("fusing the fp16 graph", f"{__name__}:_fuse_half",
-                        {"src": str(src), "dst": str(dst), "shape": _shape(cfg)})
-
-
-def _fuse_half(src: str, dst: str, shape: dict[str, Any]) -> dict[str, int]:
-    with quiet(), _graph(Path(src).resolve()) as graph:
-        model = _fused(graph, Path(src).name, shape, skip_layer_norm=True)
-        _save(model, Path(dst).resolve(), Path(src).resolve())
-    return op_counts(model.model)
+    return isolated.run("fusing the fp16 graph", f"{__name__}:_fuse",
+                        {"src": str(src), "dst": str(dst), "shape": _shape(cfg), "skip_layer_norm": True})
 
 
 def convert_fp16(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig | Shape) -> dict[str, int]:

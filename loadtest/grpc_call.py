@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import grpc
 
@@ -32,10 +33,11 @@ def wait_for_target(client: ClientConfig, seconds: float) -> None:
             raise NotServing(f"{error}{hint}", error.status, error.explained) from None
 
 
-def embed_call(channel: grpc.aio.Channel) -> Call:
-    """Embed with the request already serialized, so the generator spends its time waiting, not encoding."""
-    method = channel.unary_unary(EMBED_METHOD, request_serializer=None,
-                                 response_deserializer=pb.EmbedResponse.FromString)
+def serialized_call(channel: grpc.aio.Channel, path: str, reply_type: Any, tokens: Callable[[Any], int]) -> Call:
+    """The unary method at path, with the request already serialized, so the generator spends its time waiting, not
+    encoding; tokens(reply): the tokens a reply counts. A refusal is retryable as its status details say
+    (client/status.py): the same statuses and details over attnserve.v1 and KServe v2 (kserve_call.py)."""
+    method = channel.unary_unary(path, request_serializer=None, response_deserializer=reply_type.FromString)
 
     async def call(request: bytes, timeout: float) -> Answer:
         try:
@@ -43,9 +45,14 @@ def embed_call(channel: grpc.aio.Channel) -> Call:
         except grpc.aio.AioRpcError as error:
             details = error_details(error)
             return Answer(error.code().name, ok=False, refused=details.retryable, retry_after=details.retry_delay)
-        return Answer("OK", ok=True, tokens=sum(e.num_tokens for e in reply.embeddings))
+        return Answer("OK", ok=True, tokens=tokens(reply))
 
     return call
+
+
+def embed_call(channel: grpc.aio.Channel) -> Call:
+    return serialized_call(channel, EMBED_METHOD, pb.EmbedResponse,
+                           lambda reply: sum(e.num_tokens for e in reply.embeddings))
 
 
 @asynccontextmanager

@@ -25,12 +25,12 @@ import orjson
 
 from attnserve.client.client import Input, open_channel
 from attnserve.client.health import NotServing
-from attnserve.client.status import error_details
 from attnserve.config import ClientConfig, LoadTestConfig
 from attnserve.errors import AttnserveError
 from attnserve.kserve import grpc_service_pb2 as pb
 
-from .generator import Answer, Call
+from .generator import Call
+from .grpc_call import serialized_call
 from .http_call import open_sender
 from .target import MODEL_INFO_TIMEOUT_SECONDS, Target
 
@@ -54,20 +54,13 @@ def bytes_tensor(texts: Sequence[str]) -> bytes:
 # --- gRPC ------------------------------------------------------------------------------------------------------
 
 def infer_call(channel: grpc.aio.Channel) -> Call:
-    method = channel.unary_unary(INFER_METHOD, request_serializer=None,
-                                 response_deserializer=pb.ModelInferResponse.FromString)
+    return serialized_call(channel, INFER_METHOD, pb.ModelInferResponse, _num_tokens)
 
-    async def call(request: bytes, timeout: float) -> Answer:
-        try:
-            reply = await method(request, timeout=timeout)
-        except grpc.aio.AioRpcError as error:  # retryable as over attnserve.v1: the same statuses and details
-            details = error_details(error)
-            return Answer(error.code().name, ok=False, refused=details.retryable, retry_after=details.retry_delay)
-        tokens = next((int(np.frombuffer(raw, "<i4").sum()) for output, raw in
-                       zip(reply.outputs, reply.raw_output_contents, strict=False) if output.name == "num_tokens"), 0)
-        return Answer("OK", ok=True, tokens=tokens)
 
-    return call
+def _num_tokens(reply: pb.ModelInferResponse) -> int:
+    """The sum of the num_tokens output; 0 where the server gives none."""
+    return next((int(np.frombuffer(raw, "<i4").sum()) for output, raw in
+                 zip(reply.outputs, reply.raw_output_contents, strict=False) if output.name == "num_tokens"), 0)
 
 
 async def _first_model_when_ready(channel: grpc.aio.Channel, target: str, seconds: float) -> str:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .attention import SelfAttention
 from .encoder import MASK_VALUE
-from .family import ModelConfig
+from .family import ModelConfig, NoTokenTypes
 from .rotary import RotaryEmbedding, RotaryPositions, default_inv_freq, rotate
 
 
@@ -103,13 +103,30 @@ def causal_mask(T: int, device: torch.device, dtype: torch.dtype) -> torch.Tenso
     return (positions[None, :] > positions[:, None]).to(dtype) * MASK_VALUE
 
 
+def window_mask(T: int, half_window: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(T, T) additive: MASK_VALUE where the key is more than half_window positions from the query, on either side."""
+    positions = torch.arange(T, device=device)
+    return ((positions[None, :] - positions[:, None]).abs() > half_window).to(dtype) * MASK_VALUE
+
+
+def windowed_mask(padding: torch.Tensor, outside_window: torch.Tensor) -> torch.Tensor:
+    """The additive mask of a layer that attends within a window (Gemma 3's sliding layers, ModernBERT's local ones):
+    padding (B, 1, 1, T) from padding_mask, outside_window (T, T) -> (B, 1, T, T).
+
+    Padding counts twice: a padded query whose window holds only padding still has the real keys outside it to
+    prefer, so padded keys get exactly 0 weight from every query. A real query's window always holds the query
+    itself, so both kinds of masked keys get exactly 0 there."""
+    return 2 * padding + outside_window
+
+
 # The sizes a Llama-style config must give as positive integers (config_reading.check_positive).
 LLAMA_STYLE_SIZES = ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_size",
                      "intermediate_size", "max_position_embeddings")
 
 
-class LlamaStyleConfig(RotaryPositions):
-    """Base of the Llama-style configs (Qwen3Config, EuroBertConfig, Gemma3Config): the checks they share."""
+class LlamaStyleConfig(RotaryPositions, NoTokenTypes):
+    """Base of the Llama-style configs (Qwen3Config, EuroBertConfig, Gemma3Config): the checks they share; none has
+    token types."""
 
     num_heads: int
     num_kv_heads: int

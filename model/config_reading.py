@@ -1,5 +1,5 @@
 """The checks every family's config.json reader makes, each a one-line CheckpointError naming the setting: the
-architectures, true/false flags, a setting's supported values, plain-rotary rope settings, and sizes."""
+architectures, true/false flags, a setting's supported values, plain-rotary rope settings, layer types, and sizes."""
 
 from __future__ import annotations
 
@@ -70,6 +70,38 @@ def plain_rope_theta(params: Any, legacy: Any, path: Path, name: str = "rope_par
         raise CheckpointError(f"{path}: cannot reproduce {name} {params!r} "
                               "(only rope_type 'default' with its rope_theta)")
     return float(params.get("rope_theta", legacy))
+
+
+def single_rope_theta(raw: dict[str, Any], path: Path, default: float) -> float:
+    """The one rope base of a family with one: rope_parameters (transformers 5), else rope_theta (4.x), else
+    default; any scaling is refused."""
+    refuse_rope_scaling(raw, path)
+    return plain_rope_theta(raw.get("rope_parameters"), raw.get("rope_theta", default), path)
+
+
+def layer_type_rope_theta(raw: dict[str, Any], layer_type: str, legacy: Any, path: Path) -> float:
+    """The rope base of one layer type, in a family with a base per type (Gemma 3, ModernBERT):
+    rope_parameters[layer_type] (transformers 5), else legacy (the 4.x key's value); any scaling is refused
+    (transformers would apply it to the full layers' rotary)."""
+    refuse_rope_scaling(raw, path)
+    rope_parameters = raw.get("rope_parameters")
+    check_object(rope_parameters, path, "rope_parameters")
+    params, name = (rope_parameters or {}).get(layer_type), f"rope_parameters[{layer_type!r}]"
+    check_object(params, path, name)
+    return plain_rope_theta(params, legacy, path, name)
+
+
+def listed_layer_types(raw: dict[str, Any], num_layers: int, kinds: tuple[str, str], path: Path
+                       ) -> tuple[str, ...] | None:
+    """layer_types as transformers 5 saves it, one of kinds per layer; None where the config leaves it out (4.x
+    configs say it another way, each family its own)."""
+    types = raw.get("layer_types")
+    if types is None:
+        return None
+    if not isinstance(types, list) or len(types) != num_layers or any(t not in kinds for t in types):
+        raise CheckpointError(f"{path}: layer_types must list {kinds[0]!r} or {kinds[1]!r} for each of the "
+                              f"{num_layers} layers, got {types!r}")
+    return tuple(types)
 
 
 @contextmanager

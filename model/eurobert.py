@@ -30,8 +30,8 @@ from .config_reading import (
     check_supported,
     flag,
     invalid_config,
-    plain_rope_theta,
     refuse_rope_scaling,
+    single_rope_theta,
 )
 from .family import Family, WeightNames
 
@@ -56,9 +56,6 @@ class EuroBertConfig(LlamaStyleConfig):
     mlp_bias: bool = False
     pad_token_id: int = 0
     family: ClassVar[str] = MODEL_TYPE  # as EncoderConfig.family: config.json's model_type
-    # No token types: the graphs take token_type_ids only where a family has more than one.
-    type_vocab_size: ClassVar[int] = 1
-    has_token_types: ClassVar[bool] = False
 
 
 class EuroBertEncoder(PreNormEncoder):
@@ -111,13 +108,12 @@ def read_config(raw: dict[str, Any], path: Path) -> EuroBertConfig:
 def _rope_theta(raw: dict[str, Any], path: Path) -> float:
     """rope_parameters["rope_theta"] (transformers 5), else rope_theta (4.x). Only plain rotary (rope_type
     "default") is reproduced: EuroBERT's released checkpoints use it."""
-    refuse_rope_scaling(raw, path)
+    refuse_rope_scaling(raw, path)  # before the others: a config with several is refused for its rope_scaling
     if raw.get("partial_rotary_factor") is not None:
         raise CheckpointError(f"{path}: cannot reproduce partial_rotary_factor {raw['partial_rotary_factor']!r} "
                               "(only rotary over the whole head)")
-    params = raw.get("rope_parameters")
-    check_object(params, path, "rope_parameters")
-    return plain_rope_theta(params, raw.get("rope_theta", DEFAULT_ROPE_THETA), path)
+    check_object(raw.get("rope_parameters"), path, "rope_parameters")
+    return single_rope_theta(raw, path, DEFAULT_ROPE_THETA)
 
 
 # Checkpoint names (transformers' EuroBertModel) -> EuroBertEncoder names, per layer, and whether the config's

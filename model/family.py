@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn as nn
@@ -38,6 +38,27 @@ class ModelConfig(Protocol):
     def has_token_types(self) -> bool: ...
     @property
     def usable_positions(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class EncoderSizes:
+    """The sizes every config gives, first among its fields, under the names EncoderConfig uses, so that export and
+    verification read any family's config."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int  # query heads
+    intermediate_size: int
+    max_position_embeddings: int
+
+
+class NoTokenTypes:
+    """Base of the config of a family without token types: the graphs take token_type_ids only where a family has
+    more than one."""
+
+    type_vocab_size: ClassVar[int] = 1
+    has_token_types: ClassVar[bool] = False
 
 
 class EncoderModule(Protocol):

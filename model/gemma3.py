@@ -39,22 +39,24 @@ from .blocks import (
     LlamaStyleConfig,
     PreNormLayer,
     RMSNorm,
+    causal_mask,
     padding_mask,
     run_layers,
+    window_mask,
+    windowed_mask,
 )
 from .config_reading import (
     check_architectures,
-    check_object,
     check_positive,
     check_supported,
     flag,
     invalid_config,
-    plain_rope_theta,
-    refuse_rope_scaling,
+    layer_type_rope_theta,
+    listed_layer_types,
 )
 from .encoder import MASK_VALUE
 from .family import Family, WeightNames
-from .rotary import RotaryEmbedding, default_inv_freq
+from .rotary import global_and_local
 
 MODEL_TYPE = "gemma3_text"
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' names of the two layer types
@@ -82,9 +84,6 @@ class Gemma3Config(LlamaStyleConfig):
     attention_bias: bool = False
     pad_token_id: int = 0
     family: ClassVar[str] = MODEL_TYPE  # as EncoderConfig.family: config.json's model_type
-    # No token types: the graphs take token_type_ids only where a family has more than one.
-    type_vocab_size: ClassVar[int] = 1
-    has_token_types: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -116,30 +115,21 @@ class Gemma3Encoder(nn.Module):
         # sqrt(H) rounded to the weights' dtype, as transformers' Gemma3TextScaledWordEmbedding keeps it.
         self.register_buffer("embed_scale", torch.tensor(cfg.hidden_size ** 0.5, dtype=torch.float32),
                              persistent=False)
-        self.rotary_global = RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.global_rope_theta),
-                                             cfg.max_position_embeddings)
-        self.rotary_local = RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.local_rope_theta),
-                                            cfg.max_position_embeddings)
+        self.rotary_global, self.rotary_local = global_and_local(cfg)
         self.layers = nn.ModuleList(Gemma3Layer(cfg, i) for i in range(cfg.num_layers))
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=True)
 
     def _masks(self, attention_mask: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Additive masks of the full and the sliding layers, each broadcastable to (B, nh, T, T)."""
-        cfg, T = self.config, attention_mask.shape[1]
+        cfg, T, device = self.config, attention_mask.shape[1], attention_mask.device
         padding = padding_mask(attention_mask, dtype)  # (B, 1, 1, T)
-        positions = torch.arange(T, device=attention_mask.device)
-        offset = positions[None, :] - positions[:, None]  # (T, T): key position - query position
         if cfg.bidirectional:
-            full = padding
-            outside_window = (offset.abs() > cfg.sliding_window // 2).to(dtype) * MASK_VALUE  # (T, T)
-        else:
-            future = (offset > 0).to(dtype) * MASK_VALUE  # (T, T)
-            full = padding + future  # (B, 1, T, T)
-            outside_window = future + (offset <= -cfg.sliding_window).to(dtype) * MASK_VALUE  # (T, T)
-        # Padding counts twice in sliding layers: a padded query whose window holds only padding still has the
-        # real keys outside it to prefer, so padded keys get exactly 0 weight from every query. A real query's
-        # window always holds the query itself, so both kinds of masked keys get exactly 0 there.
-        return full, 2 * padding + outside_window  # (B, 1, 1 or T, T), (B, 1, T, T)
+            return padding, windowed_mask(padding, window_mask(T, cfg.sliding_window // 2, device, dtype))
+        future = causal_mask(T, device, dtype)  # (T, T)
+        positions = torch.arange(T, device=device)
+        offset = positions[None, :] - positions[:, None]  # (T, T): key position - query position
+        outside_window = future + (offset <= -cfg.sliding_window).to(dtype) * MASK_VALUE  # (T, T)
+        return padding + future, windowed_mask(padding, outside_window)  # (B, 1, T, T) each
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
@@ -210,27 +200,20 @@ def _layer_types(raw: dict[str, Any], num_layers: int, path: Path) -> tuple[str,
     """layer_types, or transformers' default from sliding_window_pattern: layer i is full when (i + 1) % pattern
     is 0. (transformers reads the key sliding_window_pattern; configs also carry _sliding_window_pattern, which it
     does not read for this.)"""
-    types = raw.get("layer_types")
-    if types is None:
-        pattern = raw.get("sliding_window_pattern", SLIDING_WINDOW_PATTERN)
-        if not isinstance(pattern, int) or pattern < 1:
-            raise CheckpointError(f"{path}: sliding_window_pattern must be a positive integer, got {pattern!r}")
-        return tuple(SLIDING if (i + 1) % pattern else FULL for i in range(num_layers))
-    if not isinstance(types, list) or len(types) != num_layers or any(t not in (FULL, SLIDING) for t in types):
-        raise CheckpointError(f"{path}: layer_types must list {FULL!r} or {SLIDING!r} for each of the "
-                              f"{num_layers} layers, got {types!r}")
-    return tuple(types)
+    listed = listed_layer_types(raw, num_layers, (FULL, SLIDING), path)
+    if listed is not None:
+        return listed
+    pattern = raw.get("sliding_window_pattern", SLIDING_WINDOW_PATTERN)
+    if not isinstance(pattern, int) or pattern < 1:
+        raise CheckpointError(f"{path}: sliding_window_pattern must be a positive integer, got {pattern!r}")
+    return tuple(SLIDING if (i + 1) % pattern else FULL for i in range(num_layers))
 
 
 def _rope_theta(raw: dict[str, Any], layer_type: str, path: Path) -> float:
     """The rope base of one layer type: rope_parameters[layer_type] (transformers 5), else rope_theta or
     rope_local_base_freq (4.x). Only plain rotary (rope_type "default") is reproduced: EmbeddingGemma's."""
-    refuse_rope_scaling(raw, path)  # transformers applies it to the full layers' rotary
-    rope_parameters = raw.get("rope_parameters")
-    check_object(rope_parameters, path, "rope_parameters")
-    params, name = (rope_parameters or {}).get(layer_type), f"rope_parameters[{layer_type!r}]"
-    check_object(params, path, name)
-    return plain_rope_theta(params, raw.get(LEGACY_THETA_KEYS[layer_type], DEFAULT_THETA[layer_type]), path, name)
+    return layer_type_rope_theta(raw, layer_type, raw.get(LEGACY_THETA_KEYS[layer_type], DEFAULT_THETA[layer_type]),
+                                 path)
 
 
 # Checkpoint names (transformers' Gemma3TextModel) -> Gemma3Encoder names, per layer.

@@ -40,7 +40,7 @@ from .config_reading import (
     refuse_rope_scaling,
 )
 from .encoder import ACTIVATIONS
-from .family import Family, WeightNames
+from .family import EncoderSizes, Family, WeightNames
 from .rotary import RotaryPositions, default_inv_freq
 from .rotary_bert import PlainFeedForward, RotaryBertEncoder
 
@@ -51,14 +51,7 @@ DEFAULT_ROPE_THETA = 20000.0  # JinaEmbeddingsV3Config.default_theta
 
 
 @dataclass(frozen=True)
-class JinaV3Config(RotaryPositions):
-    # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    max_position_embeddings: int
+class JinaV3Config(EncoderSizes, RotaryPositions):
     rope_theta: float = DEFAULT_ROPE_THETA
     layer_norm_eps: float = 1e-5
     pad_token_id: int = 1

@@ -1,4 +1,4 @@
-"""ModernBERT, written out in full beside the BERT encoder (encoder.py), and its checkpoints' config and key map.
+"""ModernBERT beside the BERT encoder (encoder.py), and its checkpoints' config and key map.
 
 It differs from BERT in these places, and only these:
 - positions are rotary (RoPE), applied to queries and keys in every layer, with one base (rope_theta) for the
@@ -17,7 +17,6 @@ Shapes: B batch, T sequence, H hidden, nh heads, hs head size (H // nh), F inter
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,33 +27,25 @@ import torch.nn.functional as F
 
 from attnserve.errors import CheckpointError
 
-from .attention import SelfAttention
+from .blocks import padding_mask, run_layers, window_mask, windowed_mask
 from .config_reading import (
     check_architectures,
-    check_object,
     check_positive,
     flag,
     invalid_config,
-    plain_rope_theta,
-    refuse_rope_scaling,
+    layer_type_rope_theta,
+    listed_layer_types,
 )
-from .encoder import MASK_VALUE
-from .family import Family, WeightNames
-from .rotary import RotaryEmbedding, RotaryPositions, default_inv_freq, rotate
+from .family import EncoderSizes, Family, NoTokenTypes, WeightNames
+from .rotary import RotaryPositions, global_and_local
+from .rotary_bert import RotarySelfAttention
 
 MODEL_TYPE = "modernbert"
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' names of the two layer types
 
 
 @dataclass(frozen=True)
-class ModernBertConfig(RotaryPositions):
-    # Encoder sizes under the names EncoderConfig uses, so export and verification read either config.
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    max_position_embeddings: int
+class ModernBertConfig(EncoderSizes, RotaryPositions, NoTokenTypes):
     layer_types: tuple[str, ...]  # GLOBAL or LOCAL, one per layer
     local_attention: int  # the local window's width: local_attention // 2 keys either side of a token
     global_rope_theta: float
@@ -65,9 +56,6 @@ class ModernBertConfig(RotaryPositions):
     mlp_bias: bool = False
     pad_token_id: int = 0
     family: ClassVar[str] = MODEL_TYPE  # as EncoderConfig.family: config.json's model_type
-    # No token types: the graphs take token_type_ids only where a family has more than one.
-    type_vocab_size: ClassVar[int] = 1
-    has_token_types: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         assert self.hidden_size % self.num_heads == 0, "hidden_size must divide evenly into heads"
@@ -82,22 +70,14 @@ class ModernBertConfig(RotaryPositions):
     def half_window(self) -> int:
         return self.local_attention // 2
 
+    # What rotary_bert's attention reads: Wqkv (query, key and value from one projection) and Wo share one bias flag.
+    @property
+    def qkv_bias(self) -> bool:
+        return self.attention_bias
 
-class RotarySelfAttention(SelfAttention):
-    def __init__(self, cfg: ModernBertConfig):
-        super().__init__()
-        self.nh, self.hs, self.divisor = cfg.num_heads, cfg.head_size, math.sqrt(cfg.head_size)
-        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=cfg.attention_bias)  # Wqkv
-        self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.attention_bias)  # W_O
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: (B, T, H); mask: additive, broadcastable to (B, nh, T, T); cos, sin: (T, hs). Returns the output
-        and the maps (attention.py)."""
-        B, T, _ = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.nh, self.hs)  # query, key, value in this order, heads inside each
-        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # (B, nh, T, hs) each
-        return self.attend(rotate(q, cos, sin), rotate(k, cos, sin), v, mask)
+    @property
+    def out_bias(self) -> bool:
+        return self.attention_bias
 
 
 class GeGLU(nn.Module):
@@ -140,10 +120,7 @@ class ModernBertEncoder(nn.Module):
         self.config = cfg
         self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embeddings_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=cfg.norm_bias)
-        self.rotary_global = RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.global_rope_theta),
-                                             cfg.max_position_embeddings)
-        self.rotary_local = RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.local_rope_theta),
-                                            cfg.max_position_embeddings)
+        self.rotary_global, self.rotary_local = global_and_local(cfg)
         self.layers = nn.ModuleList(ModernBertLayer(cfg, i) for i in range(cfg.num_layers))
         self.final_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=cfg.norm_bias)
 
@@ -160,24 +137,12 @@ class ModernBertEncoder(nn.Module):
         assert token_type_ids is None, "ModernBERT has no token types (its graphs take no token_type_ids)"
         T = input_ids.shape[1]
         x = self.embeddings_norm(self.word(input_ids))  # (B, T, H)
-        padding = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * MASK_VALUE  # (B, 1, 1, T)
-        positions = torch.arange(T, device=input_ids.device)
-        distance = (positions[None, :] - positions[:, None]).abs()  # (T, T): |query - key|
-        outside_window = (distance > self.config.half_window).to(x.dtype) * MASK_VALUE  # (T, T)
-        # Padding counts twice in local layers: a padded query whose window holds only padding still has the
-        # real keys outside it to prefer, so padded keys get exactly 0 weight from every query. A real query's
-        # window always holds the query itself, so both kinds of masked keys get exactly 0 there.
-        local_mask = 2 * padding + outside_window  # (B, 1, T, T)
-        global_cos_sin, local_cos_sin = self.rotary_global(T), self.rotary_local(T)
-        attentions = []
-        for layer in self.layers:
-            if layer.is_global:
-                x, probs = layer(x, padding, *global_cos_sin)
-            else:
-                x, probs = layer(x, local_mask, *local_cos_sin)
-            if output_attentions:
-                attentions.append(probs)
-        return self.final_norm(x), (torch.stack(attentions) if output_attentions else None)
+        padding = padding_mask(attention_mask, x.dtype)  # (B, 1, 1, T)
+        local_mask = windowed_mask(padding, window_mask(T, self.config.half_window, x.device, x.dtype))  # (B, 1, T, T)
+        global_inputs, local_inputs = (padding, *self.rotary_global(T)), (local_mask, *self.rotary_local(T))
+        x, attentions = run_layers(self.layers, x, output_attentions,
+                                   lambda layer: global_inputs if layer.is_global else local_inputs)
+        return self.final_norm(x), attentions
 
 
 # The architectures whose encoder output is the checkpoint's own output: the bare model, and the masked-LM
@@ -224,24 +189,18 @@ def read_config(raw: dict[str, Any], path: Path) -> ModernBertConfig:
 
 def _layer_types(raw: dict[str, Any], num_layers: int, path: Path) -> tuple[str, ...]:
     """transformers 5 saves layer_types; 4.x configs give global_attn_every_n_layers (layer 0 is global)."""
-    types = raw.get("layer_types")
-    if types is None:
-        every = int(raw.get("global_attn_every_n_layers", 3))
-        if every < 1:
-            raise CheckpointError(f"{path}: global_attn_every_n_layers must be positive, got {every}")
-        return tuple(LOCAL if i % every else GLOBAL for i in range(num_layers))
-    if not isinstance(types, list) or len(types) != num_layers or any(t not in (GLOBAL, LOCAL) for t in types):
-        raise CheckpointError(f"{path}: layer_types must list {GLOBAL!r} or {LOCAL!r} for each of the "
-                              f"{num_layers} layers, got {types!r}")
-    return tuple(types)
+    listed = listed_layer_types(raw, num_layers, (GLOBAL, LOCAL), path)
+    if listed is not None:
+        return listed
+    every = int(raw.get("global_attn_every_n_layers", 3))
+    if every < 1:
+        raise CheckpointError(f"{path}: global_attn_every_n_layers must be positive, got {every}")
+    return tuple(LOCAL if i % every else GLOBAL for i in range(num_layers))
 
 
 def _rope_theta(raw: dict[str, Any], layer_type: str, legacy_key: str, default: float, path: Path) -> float:
     """The rope base of one layer type: rope_parameters[layer_type] (transformers 5), else the 4.x key."""
-    refuse_rope_scaling(raw, path)
-    params, name = (raw.get("rope_parameters") or {}).get(layer_type), f"rope_parameters[{layer_type!r}]"
-    check_object(params, path, name)
-    return plain_rope_theta(params, raw.get(legacy_key, default), path, name)
+    return layer_type_rope_theta(raw, layer_type, raw.get(legacy_key, default), path)
 
 
 def key_map(cfg: ModernBertConfig) -> dict[str, str]:

@@ -35,8 +35,7 @@ from .config_reading import (
     check_supported,
     flag,
     invalid_config,
-    plain_rope_theta,
-    refuse_rope_scaling,
+    single_rope_theta,
 )
 from .family import Family, WeightNames
 
@@ -62,9 +61,6 @@ class Qwen3Config(LlamaStyleConfig):
     pad_token_id: int = 0
     family: ClassVar[str] = MODEL_TYPE  # as EncoderConfig.family: config.json's model_type
     causal: ClassVar[bool] = True  # padding on either side gives the same real outputs (tokenizer_parity.py)
-    # No token types: the graphs take token_type_ids only where a family has more than one.
-    type_vocab_size: ClassVar[int] = 1
-    has_token_types: ClassVar[bool] = False
 
 
 class Qwen3Encoder(PreNormEncoder):
@@ -112,7 +108,7 @@ def read_config(raw: dict[str, Any], path: Path) -> Qwen3Config:
             head_size=int(raw.get("head_dim") or hidden // heads_count),
             intermediate_size=int(raw["intermediate_size"]),
             max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
-            rope_theta=_rope_theta(raw, path),
+            rope_theta=single_rope_theta(raw, path, 10_000.0),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             hidden_act=act,
             attention_bias=flag(raw, "attention_bias", path),
@@ -120,12 +116,6 @@ def read_config(raw: dict[str, Any], path: Path) -> Qwen3Config:
         )
     check_positive(cfg, path, LLAMA_STYLE_SIZES, "rms_norm_eps and rope_theta", cfg.rms_norm_eps, cfg.rope_theta)
     return cfg
-
-
-def _rope_theta(raw: dict[str, Any], path: Path) -> float:
-    """The rope base: rope_parameters (transformers 5), else rope_theta (4.x); any scaling is refused."""
-    refuse_rope_scaling(raw, path)
-    return plain_rope_theta(raw.get("rope_parameters"), raw.get("rope_theta", 10_000.0), path)
 
 
 def key_map(cfg: Qwen3Config) -> dict[str, str]:

@@ -10,6 +10,8 @@ Shapes: B batch, nh heads, T sequence, P the model's positions, d the rotated si
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn as nn
 
@@ -47,6 +49,25 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, T: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[:T], self.sin[:T]  # (T, d) each
+
+
+class GlobalLocalBases(Protocol):
+    """A config with one rope base for the layers that see every key and another for the windowed ones."""
+
+    @property
+    def head_size(self) -> int: ...
+    @property
+    def max_position_embeddings(self) -> int: ...
+    @property
+    def global_rope_theta(self) -> float: ...
+    @property
+    def local_rope_theta(self) -> float: ...
+
+
+def global_and_local(cfg: GlobalLocalBases) -> tuple[RotaryEmbedding, RotaryEmbedding]:
+    """The rotary tables of the global (full) layers and of the local (sliding) ones: Gemma 3's and ModernBERT's."""
+    return (RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.global_rope_theta), cfg.max_position_embeddings),
+            RotaryEmbedding(default_inv_freq(cfg.head_size, cfg.local_rope_theta), cfg.max_position_embeddings))
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

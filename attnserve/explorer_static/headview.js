@@ -9,6 +9,7 @@
 "use strict";
 (function (ns) {
   const { headColor } = ns.colors;
+  const { sizedCanvas } = ns.canvas;
   const ROW = 18, HEADER = 30, PAD = 10, GAP = 240, MAX_LABEL_PX = 150, FONT = "12px sans-serif";
   const MIN_WEIGHT = 0.01, ALPHA_STEPS = 32;
 
@@ -95,16 +96,7 @@
     draw() {
       const { width, height, leftX, lineStart, lineEnd, rightX } = this.layout;
       const { tokens, values, heads, T, layer } = this.data;
-      const ratio = window.devicePixelRatio || 1;
-      const canvas = this.canvas;
-      canvas.width = Math.round(width * ratio);
-      canvas.height = Math.round(height * ratio);
-      canvas.style.width = `${width}px`;
-      canvas.style.height = `${height}px`;
-      const ctx = canvas.getContext("2d");
-      ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-      ctx.fillStyle = "#ffffff";
-      ctx.fillRect(0, 0, width, height);
+      const ctx = sizedCanvas([this.canvas], width, height);
       ctx.font = "bold " + FONT;
       ctx.fillStyle = "#222222";
       ctx.textBaseline = "middle";

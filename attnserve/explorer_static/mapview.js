@@ -11,6 +11,7 @@
 "use strict";
 (function (ns) {
   const { makeScale, formatValue } = ns.colors;
+  const { sizedCanvas } = ns.canvas;
   const MAP_PX = 640, MAX_CELL = 32, GAP = 6, MAX_LABEL_PX = 120, MAX_LABEL_CHARS = 18, LABEL_PX = 12;
   // TOP_PAD: room above the longest column label, whose glyphs an SVG viewer may draw a little wider
   const FONT = "11px sans-serif", TOP_PAD = 4, BAR_GAP = 16, BAR_WIDTH = 14, BAR_MIN_HEIGHT = 160, TICKS_WIDTH = 92;
@@ -84,19 +85,8 @@
     }
 
     draw() {
-      const { canvas, overlay } = this;
       const { width, height } = this.layout;
-      const ratio = window.devicePixelRatio || 1;
-      for (const c of [canvas, overlay]) {
-        c.width = Math.round(width * ratio);
-        c.height = Math.round(height * ratio);
-        c.style.width = `${width}px`;
-        c.style.height = `${height}px`;
-      }
-      const ctx = canvas.getContext("2d");
-      ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-      ctx.fillStyle = "#ffffff";
-      ctx.fillRect(0, 0, width, height);
+      const ctx = sizedCanvas([this.canvas, this.overlay], width, height);  // the overlay sized alike, left clear
       this.drawCells(ctx);
       this.drawLabels(ctx);
       this.drawBar(ctx);

@@ -41,29 +41,15 @@ class Calls:
     async def unary(self, method: str, inputs: int, context: grpc.aio.ServicerContext,
                     answer: Callable[[], Awaitable[tuple[Any, int]]]) -> Any:
         """One unary call; answer() gives (the reply, the tokens it cost)."""
-        start, code, tokens, recorded = time.perf_counter(), grpc.StatusCode.OK, 0, False
+        call = _Recorded(self, method, inputs, context)
         with self._core.in_flight(), self._span(method, context):
             try:
-                reply, tokens = await answer()
-                if call_ended(context):  # grpc's core would refuse the reply, and log that at error
-                    raise asyncio.CancelledError
-                return reply
-            except asyncio.CancelledError:
-                code = cancel_code(context)
-                raise
-            except Exception as error:
-                if call_ended(context):
-                    code = cancel_code(context)
-                    _dropped(method, error)
-                status = self.status(error, method)
-                code = status.code
-                # Recorded before the status goes out: a client that saw the error then sees it counted.
-                self.record(method, code, start, inputs, tokens, context)
-                recorded = True
-                await end_call(context, status)
+                reply, call.tokens = await answer()
+                return call.deliverable(reply)
+            except (asyncio.CancelledError, Exception) as error:
+                await call.failed(error)
             finally:
-                if not recorded:
-                    self.record(method, code, start, inputs, tokens, context)
+                call.write()
 
     async def stream(self, method: str, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext,
                      answer: Callable[[Any], Awaitable[tuple[Any, int]]]) -> AsyncIterator[Any]:
@@ -71,7 +57,7 @@ class Calls:
         ahead of the replies); replies go back in request order. answer(request) gives (its reply, the tokens it
         cost). An error ends the stream after the replies to the requests before it, naming the request it
         answers; the drain ends an idle stream, and a busy one once its requests are answered."""
-        start, code, answered, tokens, recorded = time.perf_counter(), grpc.StatusCode.OK, 0, 0, False
+        call = _Recorded(self, method, 0, context)  # inputs: the requests answered so far
         window: asyncio.Queue = asyncio.Queue(STREAM_WINDOW)
 
         async def read() -> None:
@@ -89,40 +75,27 @@ class Calls:
 
         with self._core.in_flight(), self._span(method, context):
             reader = asyncio.ensure_future(read())
-            item, index = None, None
+            item = None
             try:
                 while True:
-                    index = None  # draining while the stream is idle answers no request
+                    call.request_index = None  # draining while the stream is idle answers no request
                     if (item := await self._next(window)) is None:
                         break
-                    index = answered  # replies go in order: the item is the answered-th request
+                    call.request_index = call.inputs  # replies go in order: the item is the answered-th request
                     if isinstance(item, BaseException):
                         raise item
                     reply, n = await item
-                    tokens += n
-                    answered += 1
-                    if call_ended(context):  # grpc's core would refuse the write, and log that at error
-                        raise asyncio.CancelledError
-                    yield reply
-            except asyncio.CancelledError:
-                code = cancel_code(context)
-                raise
-            except Exception as error:
-                if call_ended(context):
-                    code = cancel_code(context)
-                    _dropped(method, error)
-                status = self.status(error, method, index)
-                code = status.code
-                self.record(method, code, start, answered, tokens, context)  # before the status goes out
-                recorded = True
-                await end_call(context, status)
+                    call.tokens += n
+                    call.inputs += 1
+                    yield call.deliverable(reply)
+            except (asyncio.CancelledError, Exception) as error:
+                await call.failed(error)
             finally:
                 reader.cancel()
                 _discard(item)  # the request being awaited when the stream ended early
                 while not window.empty():
                     _discard(window.get_nowait())
-                if not recorded:
-                    self.record(method, code, start, answered, tokens, context)
+                call.write()
 
     def _span(self, method: str, context: grpc.aio.ServicerContext):
         """The call's server span, the child of the caller's traceparent (gRPC metadata) if it sent one; none where
@@ -182,6 +155,44 @@ class Calls:
             log.debug("request", extra={"fields": {
                 "event": "request", "protocol": self.protocol, "method": method, "code": code.name, "inputs": inputs,
                 "tokens": tokens, "ms": round(seconds * 1e3, 2), "peer": context.peer()}})
+
+
+class _Recorded:
+    """One timed call's entry in the metrics (Calls.record), written once: before an error's status goes out, so
+    that a client that saw the error then sees it counted, else as the call ends. inputs and tokens are the call's
+    so far; request_index, the stream's request an error answers (None: none)."""
+
+    def __init__(self, calls: Calls, method: str, inputs: int, context: grpc.aio.ServicerContext):
+        self._calls, self._method, self._context = calls, method, context
+        self._start, self._code, self._written = time.perf_counter(), grpc.StatusCode.OK, False
+        self.inputs, self.tokens = inputs, 0
+        self.request_index: int | None = None
+
+    def deliverable(self, reply: Any) -> Any:
+        """reply, unless grpc has ended the call meanwhile (call_ended): its core would refuse the write, and log
+        that at error level; the call then ends cancelled."""
+        if call_ended(self._context):
+            raise asyncio.CancelledError
+        return reply
+
+    async def failed(self, error: Exception | asyncio.CancelledError) -> NoReturn:
+        """End the call with error's status; a cancelled call, or one grpc has ended already (call_ended), ends
+        cancelled, its code CANCELLED or DEADLINE_EXCEEDED."""
+        if isinstance(error, asyncio.CancelledError):
+            self._code = cancel_code(self._context)
+            raise error
+        if call_ended(self._context):
+            self._code = cancel_code(self._context)
+            _dropped(self._method, error)
+        status = self._calls.status(error, self._method, self.request_index)
+        self._code = status.code
+        self.write()
+        await end_call(self._context, status)
+
+    def write(self) -> None:
+        if not self._written:
+            self._written = True
+            self._calls.record(self._method, self._code, self._start, self.inputs, self.tokens, self._context)
 
 
 def call_ended(context: grpc.aio.ServicerContext) -> bool:
