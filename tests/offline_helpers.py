@@ -1,6 +1,90 @@
-"""What the offline tests share: a progress sink that records what the job driver reports."""
+"""What the offline tests share: a progress sink that records what the job driver reports, hostile input rows, and
+the command run on a terminal or stopped part-way."""
 
 from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+
+def interrupted_run(engine, job, monkeypatch, after_chunks: int) -> None:
+    """The job run locally and stopped (as by kill -9) once `after_chunks` chunks are written."""
+    from attnserve.offline.encode import encode_file
+    from attnserve.offline.partial import PartialRun
+
+    write_chunk = PartialRun.write_chunk
+
+    def stop(run, index, *args):
+        if index == after_chunks:
+            raise KeyboardInterrupt
+        write_chunk(run, index, *args)
+
+    monkeypatch.setattr(PartialRun, "write_chunk", stop)
+    with pytest.raises(KeyboardInterrupt):
+        encode_file(engine, job)
+    monkeypatch.undo()
+
+
+def encode_command(*args) -> list[str]:
+    return [sys.executable, "-m", "attnserve.cli", "encode", *map(str, args), "--no-progress"]
+
+
+def on_a_terminal(argv: list[str], *, stdout_too: bool = False, env: dict | None = None) -> tuple[int, bytes, str]:
+    """argv run with its stderr on a terminal of 120 columns (tqdm draws its bar there), its stdout too if asked:
+    (its exit status, what the terminal showed, its stdout where that was a pipe)."""
+    main, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # 0 columns: no bar at all
+    try:
+        process = subprocess.Popen(argv, stdout=secondary if stdout_too else subprocess.PIPE, stderr=secondary,
+                                   text=True, env=env)
+        os.close(secondary)
+        terminal = b""
+        while data := _read(main):
+            terminal += data
+        stdout, _ = process.communicate(timeout=120)
+    finally:
+        os.close(main)
+    return process.returncode, terminal, stdout or ""
+
+
+def _read(fd: int) -> bytes:
+    ready, _, _ = select.select([fd], [], [], 120)
+    try:
+        return os.read(fd, 4096) if ready else b""
+    except OSError:  # the process closed the terminal
+        return b""
+
+
+def start_until_chunks(command: list[str], progress: Path, chunks: int, **popen) -> subprocess.Popen:
+    """The command started, returned once its progress record lists `chunks` written chunks (or it ended, or two
+    minutes passed)."""
+    process = subprocess.Popen(command, **popen)
+    end = time.monotonic() + 120
+    while time.monotonic() < end and process.poll() is None:
+        if progress.exists() and len(json.loads(progress.read_text())["chunks"]) >= chunks:
+            break
+        time.sleep(0.02)
+    return process
+
+
+def as_from_a_terminal() -> None:
+    """The child's SIGINT as a shell gives it to a command it starts, whatever this test process has: a child
+    inherits an ignored SIGINT, and Python then installs no KeyboardInterrupt for it. In the whole suite, something
+    before a test may leave SIGINT ignored, and every run then ignored the Ctrl-C and finished (CI, three times;
+    reproduced by running the test under a parent that ignores SIGINT)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class RecordedProgress:
@@ -22,6 +106,18 @@ class RecordedProgress:
         self.closed = True
 
 
+# Rows the run refuses, each of another kind, between good ones; an id repeated (tests/test_encode_resume.py).
+BAD_JSONL = "\n".join([
+    json.dumps({"id": 10, "text": "a good row"}),
+    "{not json",
+    json.dumps({"id": 11}),
+    json.dumps({"id": 12, "text": "   "}),
+    json.dumps({"id": 10, "text": "the same id again"}),
+    json.dumps({"id": 13, "token_ids": [101, 99999, 102]}),
+    json.dumps({"id": 14, "text": "another good row"}),
+]) + "\n"
+
+
 # Rows that Python's JSON parser, the tokenizer, protobuf or Arrow reject or choke on, each with the reason
 # the run gives for it (a fragment). Lines are bytes: one is not UTF-8 at all.
 HOSTILE_ROWS = [
@@ -41,12 +137,16 @@ HOSTILE_ROWS = [
     (b'{"token_ids": [101, true, 102]}', "'token_ids' must be a list of integers"),
     (b'{"token_ids": [101, 99999999999999999999999, 102]}', "token id 99999999999999999999999 is out of range"),
     (b'{"token_ids": [101, -1, 102]}', "token id -1 is out of range [0, 30522)"),
+    (b'{"token_ids": [101, 30522, 102]}', "token id 30522 is out of range [0, 30522)"),
     (b'{"token_ids": []}', "empty token id list"),
     (b'{"id": true, "text": "x"}', "id must be an integer or a string"),
     (b'{"id": 9223372036854775808, "text": "x"}', "id 9223372036854775808 does not fit in a 64-bit integer"),
     (b'{"text": "x", "text": ""}', "empty text"),  # a repeated key: the last one counts
     (b'{"text": "\\u2003\\u3000\\n\\t"}', "empty text"),  # whitespace only, of several kinds
     (b'{"text": ["a", "b"]}', "'text' must be a string"),
+    (b'{"text": 5}', "'text' must be a string"),
+    (b'{"title": "no text"}', "needs exactly one of 'text' or 'token_ids'"),
+    (b'{"text": "x"', "invalid JSON: Expecting ',' delimiter"),
     (b'"just a string"', "expected a JSON object"),
     (b'{"text": "x"} and more', "invalid JSON: Extra data"),
     (b"\x00", "invalid JSON: Expecting value"),

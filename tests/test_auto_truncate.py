@@ -30,6 +30,7 @@ from attnserve.server.requests import EncodeRequest, RequestLimits
 from attnserve.v1 import encoder_pb2 as pb
 from tests.conftest import assert_one_line_error, run_cli
 from tests.serving import ServerProcess, serving
+from tests.test_kserve import text_input
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 LONG = "The beginning of a long text. " + "filler words " * 150 + "and its very different ending!"
@@ -65,12 +66,6 @@ def openai_client(server) -> openai.OpenAI:
 
 def triton_client(server) -> triton.InferenceServerClient:
     return triton.InferenceServerClient(server.http_url.removeprefix("http://"), network_timeout=60)
-
-
-def text_input(texts: list[str]) -> triton.InferInput:
-    tensor = triton.InferInput("text", [len(texts)], "BYTES")
-    tensor.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_), binary_data=True)
-    return tensor
 
 
 # --- the rule and its words, in process -------------------------------------------------------------------------
@@ -223,7 +218,7 @@ def test_attention_route_cuts_and_marks(server):
 def test_tritonclient_gets_long_texts_cut(server, engine):
     client = triton_client(server)
     try:
-        cut = client.infer(MODEL, [text_input([LONG])])
+        cut = client.infer(MODEL, [text_input([LONG], binary=True)])
         assert cut.as_numpy("num_tokens").tolist() == [256]
         np.testing.assert_allclose(cut.as_numpy("embedding"), engine.encode([LONG]).embeddings, atol=1e-5)
     finally:
@@ -269,11 +264,11 @@ def test_strict_http_doors_name_their_fix(strict):
     client = triton_client(strict)
     try:
         with pytest.raises(InferenceServerException) as refused_kserve:
-            client.infer("minilm", [text_input([LONG])])
+            client.infer("minilm", [text_input([LONG], binary=True)])
         assert refused_kserve.value.status() == "400"
         assert refused_kserve.value.message().startswith(long_error + "to cut it to max_seq_length instead, "
                                                          + KSERVE_FIX)
-        assert client.infer("minilm", [text_input([LONG])], parameters={"truncate": True}
+        assert client.infer("minilm", [text_input([LONG], binary=True)], parameters={"truncate": True}
                             ).as_numpy("num_tokens").tolist() == [256]
     finally:
         client.close()

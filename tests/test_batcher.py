@@ -38,9 +38,10 @@ def item(length: int, token: int = 1000) -> TokenizedInput:
     return TokenizedInput(np.array([101] + [token] * (length - 2) + [102], dtype=np.int64), False)
 
 
-def run(engine, scenario, gate=None, **limits):
-    """scenario(batcher, runner) inside a fresh event loop with a started batcher."""
-    runner = RecordingRunner(engine, gate)
+def run(engine, scenario, gate=None, runner=None, **limits):
+    """scenario(batcher, runner) inside a fresh event loop with a started batcher (a RecordingRunner's unless
+    given another runner)."""
+    runner = runner or RecordingRunner(engine, gate)
     settings = dict(max_batch_tokens=2048, max_batch_size=256, max_queue_tokens=65536, max_wait_s=0.002)
     settings.update(limits)
 
@@ -99,24 +100,16 @@ class OverlapRunner:
 def test_batches_in_flight_run_side_by_side_and_answer_each_their_own_rows(engine):
     """--batches-in-flight 2: a second batch runs while the first does, every row is the input's own, and the
     drain (close, join) waits for both."""
-    runner = OverlapRunner(engine)
     inputs = [item(n, token=1000 + n) for n in (5, 9, 40, 120, 7, 64, 33, 250)]
 
-    async def main():
-        with ThreadPoolExecutor(2) as executor:
-            batcher = Batcher(runner, BatcherLimits(256, 256, 65536, 0.0, in_flight=2), Metrics().for_model("m"),
-                              executor)
-            batcher.start()
-            try:
-                first = asyncio.ensure_future(batcher.submit(inputs[:1], False, None))
-                await asyncio.sleep(0.05)  # the first batch is running, and holds
-                rest = [asyncio.ensure_future(batcher.submit([x], False, None)) for x in inputs[1:]]
-                return [*(await first), *[row for r in await asyncio.gather(*rest) for row in r]]
-            finally:
-                batcher.close()
-                await batcher.join()
+    async def scenario(batcher, runner):
+        first = asyncio.ensure_future(batcher.submit(inputs[:1], False, None))
+        await asyncio.sleep(0.05)  # the first batch is running, and holds
+        rest = [asyncio.ensure_future(batcher.submit([x], False, None)) for x in inputs[1:]]
+        return [*(await first), *[row for r in await asyncio.gather(*rest) for row in r]]
 
-    rows = asyncio.run(main())
+    rows, runner = run(engine, scenario, runner=OverlapRunner(engine), max_batch_tokens=256, max_wait_s=0.0,
+                       in_flight=2)
     assert runner.most == 2 and runner.started >= 2
     for x, row in zip(inputs, rows, strict=True):
         np.testing.assert_allclose(row.sentence_embedding, engine.run([x]).sentence_embedding[0], atol=1e-5)
@@ -150,8 +143,9 @@ def test_a_full_queue_does_not_wait_and_a_small_one_waits_at_most_max_wait_under
         await batcher.submit([item(8)], False, None)
         return full, time.monotonic() - start
 
-    (full, small), _ = run(engine, scenario, max_wait_s=0.5, max_batch_tokens=64)
-    assert full < 0.25 and 0.5 <= small < 1.5
+    # A wait of 1 s, against which a loaded 2-core machine's delays (0.32 s seen for the full batch) stay small.
+    (full, small), _ = run(engine, scenario, max_wait_s=1.0, max_batch_tokens=64)
+    assert full < 0.5 and 1.0 <= small < 3.0
 
 
 def test_an_idle_server_runs_a_lone_request_at_once(engine):

@@ -33,8 +33,15 @@ def test_an_invalid_choice_is_one_line_naming_the_closest():
     assert result.stderr.rstrip().endswith("did you mean chunk?"), result.stderr
 
 
+def test_the_commands_design_promises_exist():
+    assert {"export", "encode", "serve", "embed", "attention", "loadtest", "health"} <= set(commands())
+
+
 @pytest.mark.parametrize("command", commands())
-def test_every_command_says_an_argument_error_in_one_line(command, capsys):
+def test_every_command_has_help_and_says_an_argument_error_in_one_line(command, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0 and "usage: attnserve " + command in capsys.readouterr().out
     for argv, hint in (([command, "--log-level", "LOUD"], f"`attnserve {command} --help` lists what it takes"),
                        ([command, "--log-level", "INF"], "did you mean INFO?")):
         with pytest.raises(SystemExit) as exited:

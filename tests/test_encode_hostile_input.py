@@ -26,24 +26,18 @@ def one_hostile_row(tmp_path, line: bytes):
 
 
 @pytest.mark.parametrize("line, reason", HOSTILE_ROWS, ids=range(len(HOSTILE_ROWS)))
-def test_a_hostile_row_stops_a_local_run_with_one_line_naming_it(engine, tmp_path, line, reason):
-    src = one_hostile_row(tmp_path, line)
-    with pytest.raises(InvalidInputError) as error:
-        encode_file(engine, EncodeJob(src, tmp_path / "o.parquet", progress=False))
-    message = str(error.value)
-    assert message.startswith(f"{src}: line 2: ") and reason in message and "\n" not in message, message
-    assert message.endswith("(--on-error skip sets such rows aside)")
-    assert not (tmp_path / "o.parquet").exists()
-
-
-@pytest.mark.parametrize("line, reason", HOSTILE_ROWS, ids=range(len(HOSTILE_ROWS)))
-def test_a_hostile_row_stops_a_run_through_the_server_with_the_same_line(server, engine, tmp_path, line, reason):
+def test_a_hostile_row_stops_a_run_with_one_line_naming_it_locally_and_through_the_server(server, engine, tmp_path,
+                                                                                          line, reason):
     src = one_hostile_row(tmp_path, line)
     with pytest.raises(InvalidInputError) as local:
         encode_file(engine, EncodeJob(src, tmp_path / "local.parquet", progress=False))
+    message = str(local.value)
+    assert message.startswith(f"{src}: line 2: ") and reason in message and "\n" not in message, message
+    assert message.endswith("(--on-error skip sets such rows aside)")
+    assert not (tmp_path / "local.parquet").exists()
     with pytest.raises(InvalidInputError) as remote:
         encode_file_remote(EncodeJob(src, tmp_path / "o.parquet", progress=False), ClientConfig(target=server.target))
-    assert str(remote.value) == str(local.value)
+    assert str(remote.value) == message
 
 
 def skipped(path) -> list[tuple[int, str]]:

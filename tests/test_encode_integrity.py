@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,38 +24,30 @@ from attnserve.offline.job import EncodeJob
 from attnserve.offline.partial import PartialRun
 
 from .conftest import assert_one_line_error, run_cli
-from .offline_helpers import RecordedProgress
+from .offline_helpers import RecordedProgress, as_from_a_terminal, encode_command, interrupted_run, start_until_chunks
 from .test_server_load import mixed_texts
 
 CHUNK_ROWS = 20
 
 
-def encode_command(*args) -> list[str]:
-    return [sys.executable, "-m", "attnserve.cli", "encode", *map(str, args), "--no-progress"]
-
-
-@pytest.fixture
-def texts_file(tmp_path):
-    source = tmp_path / "texts.txt"
+@pytest.fixture(scope="module")
+def texts_file(artifacts, tmp_path_factory):
+    """The input of the module's runs, beside the output of its clean run (clean.parquet, clean.errors.jsonl)."""
+    source = tmp_path_factory.mktemp("integrity") / "texts.txt"
     lines = mixed_texts(100, seed=21)
     lines[57] = "  "  # a bad row in chunk 2, for the runs that set it aside
     source.write_text("\n".join(lines) + "\n")
+    clean = run_cli("encode", source, "-o", source.parent / "clean.parquet", "--artifacts", artifacts,
+                    "--chunk-rows", CHUNK_ROWS, "--on-error", "skip", "--no-progress")
+    assert clean.returncode == 0, clean.stderr
     return source
 
 
-def interrupted_run(engine, job: EncodeJob, monkeypatch, after_chunks: int) -> None:
-    """A run stopped (as by kill -9) once `after_chunks` chunks are written."""
-    write_chunk = PartialRun.write_chunk
-
-    def stop(run, index, *args):
-        if index == after_chunks:
-            raise KeyboardInterrupt
-        write_chunk(run, index, *args)
-
-    monkeypatch.setattr(PartialRun, "write_chunk", stop)
-    with pytest.raises(KeyboardInterrupt):
-        encode_file(engine, job)
-    monkeypatch.undo()
+def assert_clean(output: Path, texts_file: Path) -> None:
+    """The bytes of the module's clean run, its skipped rows' too."""
+    assert output.read_bytes() == (texts_file.parent / "clean.parquet").read_bytes()
+    skipped = output.with_name(output.stem + ".errors.jsonl")
+    assert skipped.read_bytes() == (texts_file.parent / "clean.errors.jsonl").read_bytes()
 
 
 def flip_one_float(path) -> None:
@@ -91,8 +84,6 @@ def flip_one_byte(path) -> None:
 def test_a_bad_part_is_encoded_again_and_the_output_is_the_clean_runs(artifacts, engine, texts_file, tmp_path,
                                                                        monkeypatch, damage, file, words):
     flags = ["--artifacts", artifacts, "--chunk-rows", CHUNK_ROWS, "--on-error", "skip"]
-    clean = run_cli("encode", texts_file, "-o", tmp_path / "clean.parquet", *flags)
-    assert clean.returncode == 0, clean.stderr
     out = tmp_path / "out.parquet"
     interrupted_run(engine, EncodeJob(texts_file, out, chunk_rows=CHUNK_ROWS, on_error="skip", progress=False),
                     monkeypatch, after_chunks=4)
@@ -103,14 +94,11 @@ def test_a_bad_part_is_encoded_again_and_the_output_is_the_clean_runs(artifacts,
     assert (f"attnserve: chunk {chunk} (from row {chunk * CHUNK_ROWS}): {file} of the unfinished run {words}"
             in resumed.stderr and "it and the chunks after it are encoded again" in resumed.stderr), resumed.stderr
     assert f"(resumed after {chunk * CHUNK_ROWS} rows)" in resumed.stdout
-    assert out.read_bytes() == (tmp_path / "clean.parquet").read_bytes()
-    assert (tmp_path / "out.errors.jsonl").read_bytes() == (tmp_path / "clean.errors.jsonl").read_bytes()
+    assert_clean(out, texts_file)
 
 
 def test_a_part_changed_while_the_run_writes_never_reaches_the_output(engine, texts_file, tmp_path, monkeypatch):
     job = EncodeJob(texts_file, tmp_path / "out.parquet", chunk_rows=CHUNK_ROWS, on_error="skip", progress=False)
-    clean = EncodeJob(texts_file, tmp_path / "clean.parquet", chunk_rows=CHUNK_ROWS, on_error="skip", progress=False)
-    encode_file(engine, clean)
     finish = PartialRun.finish
 
     def damage_then_finish(run, schema):
@@ -126,7 +114,7 @@ def test_a_part_changed_while_the_run_writes_never_reaches_the_output(engine, te
     notices = []
     stats = encode_file(engine, job, notice=notices.append)
     assert stats.resumed_rows == 3 * CHUNK_ROWS and "part-00003.parquet of the unfinished run is damaged" in notices[0]
-    assert job.output.read_bytes() == clean.output.read_bytes()
+    assert_clean(job.output, texts_file)
 
 
 def test_an_unreadable_progress_record_starts_the_run_again(engine, texts_file, tmp_path, monkeypatch):
@@ -141,7 +129,7 @@ def test_an_unreadable_progress_record_starts_the_run_again(engine, texts_file, 
     assert stats.resumed_rows == 0 and stats.texts == 99
 
 
-def test_a_second_run_on_the_same_output_refuses_at_once_naming_the_first(artifacts, engine, texts_file, tmp_path):
+def test_a_second_run_on_the_same_output_refuses_at_once_naming_the_first(artifacts, texts_file, tmp_path):
     out = tmp_path / "out.parquet"
     flags = ["--artifacts", artifacts, "--chunk-rows", CHUNK_ROWS, "--on-error", "skip"]
     first = subprocess.Popen(encode_command(texts_file, "-o", out, *flags), stdout=subprocess.PIPE,
@@ -160,9 +148,7 @@ def test_a_second_run_on_the_same_output_refuses_at_once_naming_the_first(artifa
         first.send_signal(signal.SIGCONT)
     stdout, stderr = first.communicate(timeout=300)
     assert first.returncode == 0, stderr
-    encode_file(engine, EncodeJob(texts_file, tmp_path / "clean.parquet", chunk_rows=CHUNK_ROWS, on_error="skip",
-                                  progress=False))
-    assert out.read_bytes() == (tmp_path / "clean.parquet").read_bytes()
+    assert_clean(out, texts_file)
     assert not lock.exists()  # removed by the run that held it
 
 
@@ -190,14 +176,6 @@ def test_the_skipped_rows_file_is_never_the_input(engine, tmp_path):
     assert source.read_text() == '{"text": "one"}\n'
 
 
-def as_from_a_terminal() -> None:
-    """The child's SIGINT as a shell gives it to a command it starts, whatever this test process has: a child
-    inherits an ignored SIGINT, and Python then installs no KeyboardInterrupt for it. In the whole suite, something
-    before this test leaves SIGINT ignored, and every run here then ignored the Ctrl-C and finished (CI, three
-    times; reproduced by running this test under a parent that ignores SIGINT)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_says_the_same_command_resumes(artifacts, tmp_path):
     source = tmp_path / "texts.txt"
     source.write_text("\n".join(mixed_texts(960, seed=22)) + "\n")
@@ -208,13 +186,8 @@ def test_ctrl_c_says_the_same_command_resumes(artifacts, tmp_path):
     # it sees two chunks done (a loaded CI machine), the run ends first and proves nothing: it is run again.
     for _ in range(3):
         out.unlink(missing_ok=True)
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   preexec_fn=as_from_a_terminal)
-        end = time.monotonic() + 120
-        while time.monotonic() < end and process.poll() is None:
-            if progress.exists() and len(json.loads(progress.read_text())["chunks"]) >= 2:
-                break
-            time.sleep(0.02)
+        process = start_until_chunks(command, progress, 2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=as_from_a_terminal)
         process.send_signal(signal.SIGINT)
         stdout, stderr = process.communicate(timeout=120)
         if not (process.returncode == 0 and stdout.startswith("encoded 960 texts")):

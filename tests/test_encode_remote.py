@@ -8,15 +8,9 @@ the real server that forwards each request and fails the ones it is told to.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import pty
-import select
-import struct
 import subprocess
 import sys
-import termios
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,7 +33,7 @@ from attnserve.server.grpc.status import detailed_status
 from attnserve.v1 import encoder_pb2_grpc
 
 from .conftest import VARIED_TEXTS, assert_one_line_error, run_cli
-from .offline_helpers import RecordedProgress
+from .offline_helpers import RecordedProgress, on_a_terminal
 from .serving import free_port
 from .test_server_load import mixed_texts
 
@@ -127,28 +121,10 @@ def test_unreachable_server_is_one_line(tmp_path):
 def test_progress_bar_on_a_terminal_and_the_summary_line(server, tmp_path):
     src = tmp_path / "texts.txt"
     src.write_text("\n".join(mixed_texts(40, seed=9)) + "\n")
-    main, secondary = pty.openpty()  # stderr a terminal: tqdm draws its bar there
-    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # 0 columns: no bar at all
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "attnserve.cli", "encode", str(src), "-o", str(tmp_path / "o.parquet"),
-             "--server", server.target, "--chunk-rows", "20"],
-            stdout=subprocess.PIPE, stderr=secondary, text=True)
-        os.close(secondary)
-        terminal = b""
-        while True:
-            ready, _, _ = select.select([main], [], [], 60)
-            try:
-                data = os.read(main, 4096) if ready else b""
-            except OSError:  # the process closed the terminal
-                data = b""
-            if not data:
-                break
-            terminal += data
-        stdout, _ = process.communicate(timeout=60)
-    finally:
-        os.close(main)
-    assert process.returncode == 0, terminal.decode(errors="replace")
+    returncode, terminal, stdout = on_a_terminal(
+        [sys.executable, "-m", "attnserve.cli", "encode", str(src), "-o", str(tmp_path / "o.parquet"), "--server",
+         server.target, "--chunk-rows", "20"])
+    assert returncode == 0, terminal.decode(errors="replace")
     assert b"encode: 100%" in terminal and b"40/40" in terminal
     assert stdout.strip().startswith("encoded 40 texts, ") and "tokens/s" in stdout
 
@@ -252,44 +228,31 @@ def test_the_servers_retry_delay_is_waited_for(proxy_factory, small_requests, tm
     assert pq.read_table(tmp_path / "o.parquet").num_rows == 2
 
 
-def test_a_queue_that_stays_full_gives_up_with_one_line(proxy_factory, small_requests, tmp_path):
-    (tmp_path / "in.txt").write_text("one\ntwo\n")
-    proxy = proxy_factory(lambda stream, index, request: queue_full(index))
-    with pytest.raises(AttnserveError, match=r"is overloaded; gave up after 5 retries: request 0: queue full: .*; "
-                                             r"the same command resumes$"):
-        remote.encode_file_remote(remote_job(tmp_path / "in.txt", tmp_path / "o.parquet"),
-                                  ClientConfig(target=proxy.target))
-    assert len(proxy.streams) == remote.RETRIES + 1 and not (tmp_path / "o.parquet").exists()
-
-
-def test_a_message_too_large_is_not_retried(proxy_factory, small_requests, tmp_path):
-    (tmp_path / "in.txt").write_text("one\ntwo\nthree\n")
-    proxy = proxy_factory(lambda stream, index, request: error_status(
-        grpc.StatusCode.RESOURCE_EXHAUSTED, "Received message larger than max (5000000 vs. 4194304)",
-        "MESSAGE_TOO_LARGE", index))
-    with pytest.raises(AttnserveError, match=r"refused a request of 3 rows from line \d on as too large"):
-        remote.encode_file_remote(remote_job(tmp_path / "in.txt", tmp_path / "o.parquet"),
-                                  ClientConfig(target=proxy.target))
-    assert len(proxy.streams) == 1  # never resent
-
-
-def test_a_resource_exhausted_without_details_is_not_retried(proxy_factory, small_requests, tmp_path):
+def details_left_out(index):
     """grpc's own size limit, or a proxy's, carries no reason: only the server's QUEUE_FULL is retried."""
-    (tmp_path / "in.txt").write_text("one\n")
-    proxy = proxy_factory(lambda stream, index, request: rpc_status.to_status(status_pb2.Status(
-        code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], message="request 0: queue full")))
-    with pytest.raises(AttnserveError, match="RESOURCE_EXHAUSTED: request 0: queue full$"):
+    return rpc_status.to_status(status_pb2.Status(code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                                                  message=f"request {index}: queue full"))
+
+
+@pytest.mark.parametrize("failure, message, streams", [
+    (queue_full, r"is overloaded; gave up after 5 retries: request 0: queue full: .*; the same command resumes$",
+     remote.RETRIES + 1),
+    (lambda index: error_status(grpc.StatusCode.RESOURCE_EXHAUSTED, "Received message larger than max (5000000 vs. "
+                                "4194304)", "MESSAGE_TOO_LARGE", index),
+     r"refused a request of 3 rows from line \d on as too large", 1),
+    (details_left_out, "RESOURCE_EXHAUSTED: request 0: queue full$", 1),
+    (lambda index: error_status(grpc.StatusCode.INVALID_ARGUMENT, f"request {index}: pooling 7 is not known",
+                                "INVALID_INPUT", index, field="pooling", description="pooling 7 is not known"),
+     r"refused a request of 3 rows from line \d on: pooling 7 is not known$", 1),
+], ids=["queue full for good", "message too large", "no details", "request refused"])
+def test_a_refusal_that_retrying_cannot_cure_is_one_line(proxy_factory, small_requests, tmp_path, failure, message,
+                                                         streams):
+    (tmp_path / "in.txt").write_text("one\ntwo\nthree\n")
+    proxy = proxy_factory(lambda stream, index, request: failure(index))
+    with pytest.raises(AttnserveError, match=message):
         remote.encode_file_remote(remote_job(tmp_path / "in.txt", tmp_path / "o.parquet"),
                                   ClientConfig(target=proxy.target))
-    assert len(proxy.streams) == 1
-
-
-def refuse_empty_texts(stream, index, request):
-    """As the real server refuses an empty text, for inputs that the client's own row checks let through."""
-    for i, item in enumerate(request.inputs):
-        if item.WhichOneof("content") == "text" and not item.text.strip():
-            return error_status(grpc.StatusCode.INVALID_ARGUMENT, f"request {index}: input {i}: empty text",
-                                "INVALID_INPUT", index, field=f"inputs[{i}]", description="empty text")
+    assert len(proxy.streams) == streams and not (tmp_path / "o.parquet").exists()
 
 
 @pytest.fixture
@@ -298,19 +261,8 @@ def no_client_checks(monkeypatch):
     monkeypatch.setattr(job_module.RowChecks, "error", lambda self, record: None)
 
 
-def test_an_input_the_server_refuses_is_named_by_its_line(proxy_factory, no_client_checks, small_requests,
-                                                          tmp_path):
-    src = tmp_path / "in.txt"
-    src.write_text("".join(f"text number {i}\n" for i in range(30)) + "   \n" + "the last one\n")
-    proxy = proxy_factory(refuse_empty_texts)
-    with pytest.raises(InvalidInputError) as error:
-        remote.encode_file_remote(remote_job(src, tmp_path / "o.parquet", chunk_rows=8),
-                                  ClientConfig(target=proxy.target))
-    assert str(error.value) == f"{src}: line 31: empty text (--on-error skip sets such rows aside)"
-
-
-def test_an_input_the_real_server_refuses_is_named_by_its_line(server, no_client_checks, tmp_path):
-    """Needs the server's structured error details (ErrorInfo, BadRequest): the grpcdoor branch."""
+def test_an_input_the_real_server_refuses_is_named_by_its_line(server, no_client_checks, small_requests, tmp_path):
+    """By the server's structured error details (ErrorInfo, BadRequest), in the fourth request of 8 rows."""
     src = tmp_path / "in.txt"
     src.write_text("".join(f"text number {i}\n" for i in range(30)) + "   \n" + "the last one\n")
     with pytest.raises(InvalidInputError) as error:
@@ -319,16 +271,15 @@ def test_an_input_the_real_server_refuses_is_named_by_its_line(server, no_client
     assert str(error.value) == f"{src}: line 31: empty text (--on-error skip sets such rows aside)"
 
 
-def test_skip_sets_a_refused_input_aside_and_keeps_the_rest(proxy_factory, engine, no_client_checks,
-                                                            small_requests, tmp_path):
+def test_skip_sets_a_refused_input_aside_and_keeps_the_rest(server, engine, no_client_checks, small_requests,
+                                                            tmp_path):
     lines = mixed_texts(30, seed=11)
     lines[5], lines[22] = "", "  "
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n")
-    proxy = proxy_factory(refuse_empty_texts)
     out = tmp_path / "o.parquet"
     stats = remote.encode_file_remote(remote_job(src, out, chunk_rows=10, on_error="skip"),
-                                      ClientConfig(target=proxy.target))
+                                      ClientConfig(target=server.target))
     assert stats.skipped == 2 and stats.texts == 28
     table = pq.read_table(out)
     assert table.column("id").to_pylist() == [i for i in range(30) if i not in (5, 22)]
@@ -336,16 +287,6 @@ def test_skip_sets_a_refused_input_aside_and_keeps_the_rest(proxy_factory, engin
     assert np.abs(read_embeddings(out) - expected).max() <= TOLERANCE
     errors = [json.loads(line) for line in (tmp_path / "o.errors.jsonl").read_text().splitlines()]
     assert [(e["line"], e["reason"]) for e in errors] == [(6, "empty text"), (23, "empty text")]
-
-
-def test_a_request_level_refusal_names_the_rows_of_the_request(proxy_factory, small_requests, tmp_path):
-    (tmp_path / "in.txt").write_text("one\ntwo\n")
-    proxy = proxy_factory(lambda stream, index, request: error_status(
-        grpc.StatusCode.INVALID_ARGUMENT, f"request {index}: pooling 7 is not known", "INVALID_INPUT", index,
-        field="pooling", description="pooling 7 is not known"))
-    with pytest.raises(AttnserveError, match=r"refused a request of 2 rows from line \d on: pooling 7 is not known$"):
-        remote.encode_file_remote(remote_job(tmp_path / "in.txt", tmp_path / "o.parquet"),
-                                  ClientConfig(target=proxy.target))
 
 
 def test_a_run_cut_off_by_a_draining_server_resumes_after_its_written_chunks(proxy_factory, engine, small_requests,

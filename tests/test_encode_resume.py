@@ -3,39 +3,38 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
-import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
+from attnserve.offline.encode import encode_file
+from attnserve.offline.job import EncodeJob
 from tests.conftest import assert_one_line_error, run_cli
+from tests.offline_helpers import BAD_JSONL, encode_command, start_until_chunks
 from tests.test_server_load import mixed_texts
 
 
-def encode_command(*args) -> list[str]:
-    return [sys.executable, "-m", "attnserve.cli", "encode", *map(str, args), "--no-progress"]
+def clean_run(engine, source: Path, chunk_rows: int, **job) -> Path:
+    """The bytes a run with nothing in its way writes (clean.parquet beside the source): the command's, where they
+    share the artifacts' calibration record (tests/test_encode_integrity.py compares the two)."""
+    encode_file(engine, EncodeJob(source, source.with_name("clean.parquet"), chunk_rows=chunk_rows, progress=False,
+                                  **job))
+    return source.with_name("clean.parquet")
 
 
-def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_run(artifacts, tmp_path):
+def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_run(artifacts, engine, tmp_path):
     source = tmp_path / "texts.txt"
     source.write_text("\n".join(mixed_texts(480, seed=3)) + "\n")
     flags = ["--artifacts", artifacts, "--chunk-rows", "40"]
-    clean = run_cli("encode", source, "-o", tmp_path / "clean.parquet", *flags)
-    assert clean.returncode == 0, clean.stderr
 
     out = tmp_path / "resumed.parquet"
     progress = tmp_path / ".resumed.parquet.parts" / "progress.json"
-    process = subprocess.Popen(encode_command(source, "-o", out, *flags), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    end = time.monotonic() + 120
-    while time.monotonic() < end and process.poll() is None:
-        if progress.exists() and len(json.loads(progress.read_text())["chunks"]) >= 3:
-            break
-        time.sleep(0.02)
+    process = start_until_chunks(encode_command(source, "-o", out, *flags), progress, 3, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
     process.send_signal(signal.SIGKILL)
     process.wait()
     done = len(json.loads(progress.read_text())["chunks"])
@@ -45,7 +44,7 @@ def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_run(artifacts, tmp_p
     assert resumed.returncode == 0, resumed.stderr
     assert f"(resumed after {done * 40} rows)" in resumed.stdout
     assert f"encoded {480 - done * 40} texts" in resumed.stdout  # the done chunks were not encoded again
-    assert out.read_bytes() == (tmp_path / "clean.parquet").read_bytes()
+    assert out.read_bytes() == clean_run(engine, source, 40).read_bytes()
     assert not progress.parent.exists()
 
 
@@ -82,63 +81,41 @@ def test_a_failed_first_chunk_leaves_nothing_to_protect(artifacts, tmp_path):
     assert pq.read_table(out).num_rows == 29
 
 
-def test_after_a_bad_row_stopped_the_run_skip_resumes_it(artifacts, tmp_path):
+def test_after_a_bad_row_stopped_the_run_skip_resumes_it(artifacts, engine, tmp_path):
     source = tmp_path / "texts.txt"
     source.write_text("\n".join(texts_with_a_bad_line(100, 90, seed=6)) + "\n")
     flags = ["--artifacts", artifacts, "--chunk-rows", "40", "--on-error", "skip"]
-    clean = run_cli("encode", source, "-o", tmp_path / "clean.parquet", *flags)
-    assert clean.returncode == 0, clean.stderr
     out = tmp_path / "out.parquet"
     assert_one_line_error(run_cli("encode", source, "-o", out, "--artifacts", artifacts, "--chunk-rows", "40"),
                           "line 90: empty text", "--on-error skip sets such rows aside")
     resumed = run_cli("encode", source, "-o", out, *flags)  # as the message suggests
     assert resumed.returncode == 0, resumed.stderr
     assert "(resumed after 80 rows)" in resumed.stdout and "skipped 1 bad rows" in resumed.stdout
-    assert out.read_bytes() == (tmp_path / "clean.parquet").read_bytes()
+    assert out.read_bytes() == clean_run(engine, source, 40, on_error="skip").read_bytes()
     assert (tmp_path / "out.errors.jsonl").read_text() == (tmp_path / "clean.errors.jsonl").read_text()
 
 
-def test_after_a_bad_row_stopped_the_run_fixing_the_file_resumes_it(artifacts, tmp_path):
+@pytest.mark.parametrize("edits, resumed_after", [
+    ({89: "the line, fixed"}, 80),  # the finished chunks' rows did not change
+    ({50: "an edit inside the second finished chunk", 89: "the bad line, fixed"}, 40),
+], ids=["the bad line fixed", "a finished chunk's row changed too"])
+def test_after_a_bad_row_stopped_the_run_fixing_the_file_resumes_it(artifacts, engine, tmp_path, edits,
+                                                                     resumed_after):
     source = tmp_path / "texts.txt"
     lines = texts_with_a_bad_line(100, 90, seed=7)
     source.write_text("\n".join(lines) + "\n")
     out, flags = tmp_path / "out.parquet", ["--artifacts", artifacts, "--chunk-rows", "40"]
     assert_one_line_error(run_cli("encode", source, "-o", out, *flags), "line 90: empty text")
-    lines[89] = "the line, fixed"
+    for index, line in edits.items():
+        lines[index] = line
     source.write_text("\n".join(lines) + "\n")
     resumed = run_cli("encode", source, "-o", out, *flags)
     assert resumed.returncode == 0, resumed.stderr
-    assert "(resumed after 80 rows)" in resumed.stdout  # the finished chunks' rows did not change
-    clean = run_cli("encode", source, "-o", tmp_path / "clean.parquet", *flags)
-    assert out.read_bytes() == (tmp_path / "clean.parquet").read_bytes(), clean.stderr
-
-
-def test_rows_changed_inside_finished_chunks_are_encoded_again(artifacts, tmp_path):
-    source = tmp_path / "texts.txt"
-    lines = texts_with_a_bad_line(100, 90, seed=8)
-    source.write_text("\n".join(lines) + "\n")
-    out, flags = tmp_path / "out.parquet", ["--artifacts", artifacts, "--chunk-rows", "40"]
-    assert_one_line_error(run_cli("encode", source, "-o", out, *flags), "line 90: empty text")
-    lines[50], lines[89] = "an edit inside the second finished chunk", "the bad line, fixed"
-    source.write_text("\n".join(lines) + "\n")
-    resumed = run_cli("encode", source, "-o", out, *flags)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "attnserve: chunk 1 (from row 40): the input rows changed since the unfinished run: they and the rows " \
-           "after them are encoded again" in resumed.stderr
-    assert "(resumed after 40 rows)" in resumed.stdout
-    clean = run_cli("encode", source, "-o", tmp_path / "clean.parquet", *flags)
-    assert out.read_bytes() == (tmp_path / "clean.parquet").read_bytes(), clean.stderr
-
-
-BAD_JSONL = "\n".join([
-    json.dumps({"id": 10, "text": "a good row"}),
-    "{not json",
-    json.dumps({"id": 11}),
-    json.dumps({"id": 12, "text": "   "}),
-    json.dumps({"id": 10, "text": "the same id again"}),
-    json.dumps({"id": 13, "token_ids": [101, 99999, 102]}),
-    json.dumps({"id": 14, "text": "another good row"}),
-]) + "\n"
+    assert f"(resumed after {resumed_after} rows)" in resumed.stdout
+    changed = ("attnserve: chunk 1 (from row 40): the input rows changed since the unfinished run: they and the rows "
+               "after them are encoded again")
+    assert (changed in resumed.stderr) == (resumed_after == 40), resumed.stderr
+    assert out.read_bytes() == clean_run(engine, source, 40).read_bytes()
 
 
 def test_bad_rows_fail_the_run_by_default_naming_the_line(artifacts, tmp_path):
@@ -165,10 +142,8 @@ def test_skip_sets_bad_rows_aside_with_reason_and_line(artifacts, tmp_path):
     assert errors[0]["input"] == "{not json"
 
 
-def test_txt_and_parquet_bad_rows_are_named_too(artifacts, tmp_path):
-    (tmp_path / "in.txt").write_text("fine\n\nalso fine\n")
-    assert_one_line_error(run_cli("encode", tmp_path / "in.txt", "-o", tmp_path / "a.parquet", "--artifacts",
-                                  artifacts), "in.txt: line 2: empty text")
+def test_parquet_bad_rows_are_named_too(artifacts, tmp_path):
+    """A .txt file's: tests/test_cli_encode.py."""
     pq.write_table(pa.table({"text": ["ok", None, "ok too"], "id": ["a", "b", "a"]}), tmp_path / "in.parquet")
     result = run_cli("encode", tmp_path / "in.parquet", "-o", tmp_path / "b.parquet", "--artifacts", artifacts,
                      "--on-error", "skip")
@@ -176,17 +151,3 @@ def test_txt_and_parquet_bad_rows_are_named_too(artifacts, tmp_path):
     errors = [json.loads(line) for line in (tmp_path / "b.errors.jsonl").read_text().splitlines()]
     assert [(e["row"], e["reason"]) for e in errors] == [(1, "missing text (null)"), (2, "duplicate id 'a'")]
     assert pq.read_table(tmp_path / "b.parquet").column("id").to_pylist() == ["a"]
-
-
-def test_an_output_directory_that_cannot_be_written_is_a_clear_error(artifacts, tmp_path):
-    if os.geteuid() == 0:  # root writes anywhere: use a path under a regular file instead
-        blocked = tmp_path / "a-file"
-        blocked.write_text("")
-        out = blocked / "out.parquet"
-    else:
-        blocked = tmp_path / "read-only"
-        blocked.mkdir(mode=0o555)
-        out = blocked / "out.parquet"
-    (tmp_path / "in.txt").write_text("hello\n")
-    assert_one_line_error(run_cli("encode", tmp_path / "in.txt", "-o", out, "--artifacts", artifacts),
-                          "cannot write output")

@@ -99,34 +99,29 @@ def test_overlong_input_without_truncation_is_invalid(engine):
     assert len(x) == 256 and x.truncated
 
 
-def test_missing_artifact_directory(tmp_path):
-    with pytest.raises(ArtifactError, match="not an artifact directory"):
-        load_manifest(tmp_path)
-
-
-def test_missing_artifact_file(artifacts_copy):
-    (artifacts_copy / "embeddings_int8.onnx").unlink()
-    with pytest.raises(ArtifactError, match="artifact file missing: .*embeddings_int8.onnx"):
-        load_manifest(artifacts_copy)
-
-
-def test_tampered_artifact_file(artifacts_copy):
-    with open(artifacts_copy / "embeddings_fused.onnx", "r+b") as f:
+def zero_the_tail(path) -> None:
+    with open(path, "r+b") as f:
         f.seek(-16, 2)
         f.write(b"\x00" * 16)
-    with pytest.raises(ArtifactError, match="sha256 mismatch.*embeddings_fused.onnx"):
-        load_manifest(artifacts_copy)
 
 
-def test_corrupt_manifest(artifacts_copy):
-    (artifacts_copy / "manifest.json").write_text(json.dumps({"format_version": 1, "model": "x"}))
-    with pytest.raises(ArtifactError, match="unreadable or incomplete"):
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "manifest.json").unlink(), "no manifest.json in .*: not an artifact directory"),
+    (lambda d: (d / "embeddings_int8.onnx").unlink(), "artifact file missing: .*embeddings_int8.onnx"),
+    (lambda d: zero_the_tail(d / "embeddings_fused.onnx"), "sha256 mismatch.*embeddings_fused.onnx"),
+    (lambda d: (d / "manifest.json").write_text(json.dumps({"format_version": 1, "model": "x"})),
+     "unreadable or incomplete"),
+], ids=["no manifest", "a file missing", "a file tampered with", "a corrupt manifest"])
+def test_damaged_artifacts_are_refused(artifacts_copy, damage, message):
+    damage(artifacts_copy)
+    with pytest.raises(ArtifactError, match=message):
         load_manifest(artifacts_copy)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8", "fp16"])
 def test_every_precision_runs_on_cpu(artifacts, engine, precision):
-    other = Engine.from_directory(artifacts, EngineConfig(precision=precision, provider="cpu"))
+    # Batches of 256 tokens: the first start on a precision times its graphs at the batch sizes configured.
+    other = Engine.from_directory(artifacts, EngineConfig(precision=precision, provider="cpu", max_batch_tokens=256))
     got = other.encode(VARIED_TEXTS).embeddings
     want = engine.encode(VARIED_TEXTS).embeddings
     assert (got * want).sum(1).min() >= (0.97 if precision == "int8" else 0.999)

@@ -55,18 +55,22 @@ def _float_math_to_index(path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
-def test_fp16_conversion_refuses_float_arithmetic_that_decides_integers(tmp_path):
+@pytest.fixture(scope="module")
+def mpnet(tmp_path_factory):
+    """A tiny random-weight MPNet, saved as a sentence-transformers pipeline."""
+    root = tmp_path_factory.mktemp("mpnet")
+    return read_checkpoint(save_sentence_transformer(save_tiny_family(root / "model", "mpnet"), root / "st", "mean"))
+
+
+def test_fp16_conversion_refuses_float_arithmetic_that_decides_integers(mpnet, tmp_path):
     _float_math_to_index(tmp_path / "index.onnx")
     assert float_to_integer_casts(onnx.load(str(tmp_path / "index.onnx"))) == ["to_index"]
-    cfg = read_checkpoint(save_sentence_transformer(save_tiny_family(tmp_path / "model", "mpnet"), tmp_path / "st",
-                                                    "mean")).config
     with pytest.raises(ExportVerificationError, match="to_index"):
-        convert_fp16(tmp_path / "index.onnx", tmp_path / "index_fp16.onnx", cfg)
+        convert_fp16(tmp_path / "index.onnx", tmp_path / "index_fp16.onnx", mpnet.config)
 
 
-def test_mpnet_graph_finds_buckets_by_integers_alone(tmp_path):
-    ckpt = read_checkpoint(save_sentence_transformer(save_tiny_family(tmp_path / "model", "mpnet"), tmp_path / "st",
-                                                     "mean"))
+def test_mpnet_graph_finds_buckets_by_integers_alone(mpnet, tmp_path):
+    ckpt = mpnet
     export_graph(SentenceEncoder(load_encoder(ckpt), load_head(ckpt.directory, ckpt.pipeline)),
                  tmp_path / "embeddings.onnx")
     model = onnx.load(str(tmp_path / "embeddings.onnx"))

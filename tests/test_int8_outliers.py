@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper
 
 from attnserve.engine.batching import pad
@@ -27,38 +28,42 @@ def _run(path, feed, outputs):
     return session.run(outputs, feed)
 
 
-def test_the_split_graph_computes_what_the_fused_graph_does(artifacts, tmp_path):
-    tokenizer = _tokenizer(artifacts)
-    split = split_outliers(artifacts / "embeddings_fused.onnx", tmp_path / "split.onnx", calibration_feeds(tokenizer))
+@pytest.fixture(scope="module")
+def split(artifacts, tmp_path_factory):
+    """(the calibration feeds, the units split apart per down-projection, the graph written with them apart)."""
+    feeds = calibration_feeds(_tokenizer(artifacts))
+    path = tmp_path_factory.mktemp("outliers") / "split.onnx"
+    return feeds, split_outliers(artifacts / "embeddings_fused.onnx", path, feeds), path
+
+
+def test_the_split_graph_computes_what_the_fused_graph_does(artifacts, split):
+    _, units, path = split
     # MiniLM's massive activations: at least the first layer's, a few units per layer at most.
-    assert FIRST_FFN_DOWN in split and all(1 <= len(units) <= MOST_OUTLIERS for units in split.values())
-    model = onnx.load(str(tmp_path / "split.onnx"))
-    assert {n.name for n in model.graph.node} >= set(side_path_nodes(split))
+    assert FIRST_FFN_DOWN in units and all(1 <= len(u) <= MOST_OUTLIERS for u in units.values())
+    assert {n.name for n in onnx.load(str(path)).graph.node} >= set(side_path_nodes(units))
     # Texts the calibration never saw, in one padded batch: the same sentence embeddings and hidden states.
-    inputs = tokenizer.encode_texts(mixed_length_corpus(48, seed=11))
+    inputs = _tokenizer(artifacts).encode_texts(mixed_length_corpus(48, seed=11))
     ids, mask = pad([x.ids for x in inputs])
     feed = {"input_ids": ids, "attention_mask": mask}
     names = ["last_hidden_state", "sentence_embedding"]
     before = _run(artifacts / "embeddings_fused.onnx", feed, names)
-    after = _run(tmp_path / "split.onnx", feed, names)
+    after = _run(path, feed, names)
     real = mask.astype(bool)
     assert np.abs(before[0][real] - after[0][real]).max() <= 1e-4
     assert np.abs(before[1] - after[1]).max() <= 1e-5
 
 
-def test_the_units_apart_are_switched_off_exactly_in_the_main_path(artifacts, tmp_path):
+def test_the_units_apart_are_switched_off_exactly_in_the_main_path(split, tmp_path):
     """Their GELU output is 0.0 in the main path: the int8 down-projection's input range is the other units'."""
-    tokenizer = _tokenizer(artifacts)
-    feeds = calibration_feeds(tokenizer)
-    split = split_outliers(artifacts / "embeddings_fused.onnx", tmp_path / "split.onnx", feeds)
-    model = onnx.load(str(tmp_path / "split.onnx"))
+    feeds, units_apart, path = split
+    model = onnx.load(str(path))
     downs = {ff.down.name: ff.down.input[0] for ff in feed_forwards(model)}
     model.graph.output.extend(helper.make_tensor_value_info(downs[name], onnx.TensorProto.FLOAT, None)
-                              for name in split)
+                              for name in units_apart)
     onnx.save(model, str(tmp_path / "probe.onnx"))
-    outputs = _run(tmp_path / "probe.onnx", feeds[0], [downs[name] for name in split])
+    outputs = _run(tmp_path / "probe.onnx", feeds[0], [downs[name] for name in units_apart])
     real = feeds[0]["attention_mask"].astype(bool)
-    for units, gelu in zip(split.values(), outputs, strict=True):  # (B, T, F) each
+    for units, gelu in zip(units_apart.values(), outputs, strict=True):  # (B, T, F) each
         assert np.all(gelu[real][:, units] == 0.0)
         others = np.delete(gelu[real], units, axis=1)
         assert np.abs(others).max() > 0.5  # the rest is untouched

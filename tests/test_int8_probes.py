@@ -11,13 +11,11 @@ import pytest
 from attnserve.engine.batching import pad
 from attnserve.export.int8_recipes import Int8Recipe, build, quantizable_nodes
 from attnserve.export.int8_sensitivity import _with_recipe_gelu, one_node_quantized, sentence_embeddings
-from attnserve.export.optimize import fuse_attention, quiet
-from attnserve.export.torch_to_onnx import export_graph
-from attnserve.model.checkpoint import load_encoder, read_checkpoint
-from attnserve.model.encoder import SentenceEncoder
-from attnserve.model.sentence_head import load_head
+from attnserve.export.optimize import quiet
 
-from .checkpoints import save_sentence_transformer, save_tiny_family
+from . import tiny_graphs
+
+fused_graph = tiny_graphs.fused_graph  # the session's fixture, in this module's scope
 
 
 def _feeds(vocab: int) -> list[dict[str, np.ndarray]]:
@@ -30,23 +28,19 @@ def _feeds(vocab: int) -> list[dict[str, np.ndarray]]:
 
 
 @pytest.mark.parametrize("family", ["bert", "mpnet"])
-def test_a_probe_cut_from_the_whole_int8_graph_is_the_quantizers_one_node_graph(family, tmp_path):
-    ckpt = read_checkpoint(save_sentence_transformer(save_tiny_family(tmp_path / "model", family), tmp_path / "st",
-                                                     "mean"))
-    export_graph(SentenceEncoder(load_encoder(ckpt), load_head(ckpt.directory, ckpt.pipeline)),
-                 tmp_path / "plain.onnx")
-    fuse_attention(tmp_path / "plain.onnx", tmp_path / "fused.onnx", ckpt.config)
-    fp32 = onnx.load(str(tmp_path / "fused.onnx"))
+def test_a_probe_cut_from_the_whole_int8_graph_is_the_quantizers_one_node_graph(fused_graph, family, tmp_path):
+    ckpt, fused = fused_graph(family)
+    fp32 = onnx.load(str(fused))
     nodes = quantizable_nodes(fp32)
     # As export's recipe: FastGelu, and a node kept in fp32 (export keeps the outlier side paths so).
     recipe = Int8Recipe("probe", fast_gelu=True, keep_fp32=(nodes[-1],))
     feeds = _feeds(ckpt.config.vocab_size)
     with quiet():
-        build(recipe, tmp_path / "fused.onnx", tmp_path / "whole.onnx")
+        build(recipe, fused, tmp_path / "whole.onnx")
         whole, fp32 = onnx.load(str(tmp_path / "whole.onnx")), _with_recipe_gelu(recipe, fp32)
         assert {"MatMulInteger"} <= {n.op_type for n in whole.graph.node}
         for node in nodes[:-1]:
-            build(recipe, tmp_path / "fused.onnx", tmp_path / "quantizer.onnx", only=[node])
+            build(recipe, fused, tmp_path / "quantizer.onnx", only=[node])
             onnx.save(one_node_quantized(fp32, whole, node), str(tmp_path / "cut.onnx"))
             expected = sentence_embeddings(tmp_path / "quantizer.onnx", feeds)
             assert np.array_equal(sentence_embeddings(tmp_path / "cut.onnx", feeds), expected), node

@@ -14,21 +14,11 @@ from onnxruntime.quantization import onnx_quantizer
 
 from attnserve.export import external_data, int8_recipes
 from attnserve.export.int8_recipes import Int8Recipe, build, quantizable_nodes
-from attnserve.export.optimize import fuse_attention, quiet
-from attnserve.export.torch_to_onnx import export_graph
-from attnserve.model.checkpoint import load_encoder, read_checkpoint
-from attnserve.model.encoder import SentenceEncoder
-from attnserve.model.sentence_head import load_head
+from attnserve.export.optimize import quiet
 
-from .checkpoints import save_sentence_transformer, save_tiny_family
-from .tiny_qwen3 import save_qwen3_embedding, save_tiny_qwen3
+from . import tiny_graphs
 
-
-def _checkpoint(family: str, tmp_path):
-    if family == "qwen3":
-        return read_checkpoint(save_qwen3_embedding(save_tiny_qwen3(tmp_path / "model"), tmp_path / "st"))
-    return read_checkpoint(save_sentence_transformer(save_tiny_family(tmp_path / "model", family), tmp_path / "st",
-                                                     "mean"))
+fused_graph = tiny_graphs.fused_graph  # the session's fixture, in this module's scope
 
 
 def _written(path) -> tuple[bytes, dict[str, bytes]]:
@@ -43,15 +33,10 @@ def _written(path) -> tuple[bytes, dict[str, bytes]]:
 
 @pytest.mark.parametrize("external", [False, True], ids=["weights-in-graph", "external-data"])
 @pytest.mark.parametrize("family", ["bert", "mpnet", "qwen3"])
-def test_the_int8_graph_is_onnxruntimes_own(family, external, tmp_path, monkeypatch):
-    ckpt = _checkpoint(family, tmp_path)
-    export_graph(SentenceEncoder(load_encoder(ckpt), load_head(ckpt.directory, ckpt.pipeline)),
-                 tmp_path / "plain.onnx")
-    with quiet():
-        fuse_attention(tmp_path / "plain.onnx", tmp_path / "fused.onnx", ckpt.config)
+def test_the_int8_graph_is_onnxruntimes_own(fused_graph, family, external, tmp_path, monkeypatch):
     src = tmp_path / "src" / "fused.onnx"
     src.parent.mkdir()
-    external_data.save(onnx.load(str(tmp_path / "fused.onnx")), src, external=external)
+    external_data.save(onnx.load(str(fused_graph(family)[1])), src, external=external)
     nodes = quantizable_nodes(onnx.load(str(src), load_external_data=False))
     recipe = Int8Recipe("as export's", fast_gelu=True, keep_fp32=(nodes[-1],))
     (tmp_path / "ours").mkdir()

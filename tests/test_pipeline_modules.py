@@ -147,12 +147,10 @@ def test_a_server_serves_the_pipelines_embeddings_and_refuses_another_pooling(de
     from attnserve.client.client import make_request, to_result
     from attnserve.v1 import encoder_pb2 as pb
 
-    from .serving import ServerProcess
+    from .serving import ServerProcess, serving
 
     _, engine = dense
-    process = ServerProcess(engine.manifest.directory, log_path=tmp_path / "server.log")
-    try:
-        process.wait_serving()
+    with serving(ServerProcess(engine.manifest.directory, log_path=tmp_path / "server.log")) as process:
         with process.channel() as channel:
             stub = process.stub(channel)
             info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
@@ -172,8 +170,6 @@ def test_a_server_serves_the_pipelines_embeddings_and_refuses_another_pooling(de
                     embed(**options)
                 assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert message in error.value.details(), error.value.details()
-    finally:
-        assert process.terminate() == 0, process.log_tail()
 
 
 def test_request_time_pooling_is_refused_where_the_model_pools_otherwise(every_pooling, artifacts):

@@ -147,15 +147,25 @@ def test_grpc_ranges_of_the_wrong_shape_are_invalid(stub):
     assert "ranges must be two lists of 384 numbers" in raised.value.details()
 
 
-@pytest.mark.parametrize("kind", QUANTIZED)
-def test_offline_precision_out(artifacts, tmp_path, kind):
-    source = tmp_path / "in.txt"
+def encode_cut_to_100(artifacts, source, out, *extra):
+    result = run_cli("encode", str(source), "-o", str(out), "--artifacts", str(artifacts), "--no-progress",
+                     "--dimensions", "100", *extra)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.fixture(scope="module")
+def floats_file(artifacts, tmp_path_factory):
+    """TEXTS (in.txt beside it) encoded in floats, cut to 100 dimensions, by the command."""
+    source = tmp_path_factory.mktemp("precision_out") / "in.txt"
     source.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
-    floats_file, codes_file = tmp_path / "float.parquet", tmp_path / f"{kind}.parquet"
-    for out, extra in ((floats_file, []), (codes_file, ["--precision-out", kind])):
-        result = run_cli("encode", str(source), "-o", str(out), "--artifacts", str(artifacts), "--no-progress",
-                         "--dimensions", "100", *extra)
-        assert result.returncode == 0, result.stderr
+    encode_cut_to_100(artifacts, source, source.parent / "float.parquet")
+    return source.parent / "float.parquet"
+
+
+@pytest.mark.parametrize("kind", QUANTIZED)
+def test_offline_precision_out(artifacts, floats_file, tmp_path, kind):
+    source, codes_file = floats_file.with_name("in.txt"), tmp_path / f"{kind}.parquet"
+    encode_cut_to_100(artifacts, source, codes_file, "--precision-out", kind)
     table = pq.read_table(codes_file)
     meta = json.loads(table.schema.metadata[b"attnserve"])
     assert meta["embedding_type"] == kind
@@ -167,9 +177,8 @@ def test_offline_precision_out(artifacts, tmp_path, kind):
     got, want = read_embeddings(codes_file), st(read_embeddings(floats_file), kind, ranges)
     assert got.dtype == want.dtype and got.tobytes() == want.tobytes()  # the same engine, the same batches
     # The same command again finds the run finished: byte-identical, as resuming keeps it.
-    again = run_cli("encode", str(source), "-o", str(codes_file), "--artifacts", str(artifacts), "--no-progress",
-                    "--dimensions", "100", "--precision-out", kind)
-    assert again.returncode == 0 and read_embeddings(codes_file).tobytes() == got.tobytes()
+    encode_cut_to_100(artifacts, source, codes_file, "--precision-out", kind)
+    assert read_embeddings(codes_file).tobytes() == got.tobytes()
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import select
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,22 +23,12 @@ from attnserve.errors import ArtifactError, AttnserveError, ConfigError, Invalid
 from attnserve.offline import ray_encode
 from attnserve.offline.encode import encode_file
 from attnserve.offline.job import EncodeJob
-from attnserve.offline.partial import PartialRun
 from attnserve.offline.ray_encode import _attnserve_cause, _import_ray, _plan_actors, encode_file_ray
 from attnserve.offline.rows import Prompt
 
 from .conftest import VARIED_TEXTS, assert_one_line_error, run_cli
-from .offline_helpers import RecordedProgress, hostile_jsonl
+from .offline_helpers import BAD_JSONL, RecordedProgress, hostile_jsonl, interrupted_run, on_a_terminal
 from .test_server_load import mixed_texts
-
-BAD_JSONL = "\n".join([
-    json.dumps({"id": "a", "text": "a good row"}),
-    json.dumps({"id": "b", "text": "   "}),
-    "{not json",
-    json.dumps({"id": "a", "text": "the same id again"}),
-    json.dumps({"id": "c", "token_ids": [101, 99999, 102]}),
-    json.dumps({"id": "d", "text": "another good row"}),
-]) + "\n"
 
 
 @pytest.fixture(scope="module")
@@ -88,19 +75,15 @@ def assert_same_output(local: Path, remote: Path) -> None:
     assert not list(remote.parent.glob(".*partial")) and not list(remote.parent.glob(".*parts"))
 
 
-def test_txt_equals_the_local_engine(local_ray, artifacts, engine, tmp_path):
+@pytest.mark.parametrize("options", [{}, {"dimensions": 32, "prompt": Prompt(text="query: ")}],
+                         ids=["as it is", "cut, with a prompt"])
+def test_txt_equals_the_local_engine(local_ray, artifacts, engine, tmp_path, options):
     src = tmp_path / "texts.txt"
     src.write_text("\n".join(VARIED_TEXTS) + "\n", encoding="utf-8")
-    assert_same_output(*_both(artifacts, engine, src, tmp_path))
-    assert pq.read_table(tmp_path / "ray.parquet").column("truncated").to_pylist() == [False] * 6 + [True, True]
-
-
-def test_dimensions_and_a_prompt_equal_the_local_engine(local_ray, artifacts, engine, tmp_path):
-    src = tmp_path / "texts.txt"
-    src.write_text("\n".join(VARIED_TEXTS) + "\n", encoding="utf-8")
-    local, remote = _both(artifacts, engine, src, tmp_path, dimensions=32, prompt=Prompt(text="query: "))
-    assert_same_output(local, remote)
-    assert pq.read_table(remote).schema.field("embedding").type.list_size == 32
+    assert_same_output(*_both(artifacts, engine, src, tmp_path, **options))
+    table = pq.read_table(tmp_path / "ray.parquet")
+    assert table.column("truncated").to_pylist() == [False] * 6 + [True, True]
+    assert table.schema.field("embedding").type.list_size == options.get("dimensions", 384)
 
 
 def test_jsonl_with_ids_and_token_ids_equals_the_local_engine(local_ray, artifacts, engine, tmp_path):
@@ -162,7 +145,7 @@ def test_bad_rows_set_aside_match_the_local_engine(local_ray, artifacts, engine,
     src.write_text(BAD_JSONL)
     assert_same_output(*_both(artifacts, engine, src, tmp_path, on_error="skip", chunk_rows=2))
     assert (tmp_path / "ray.errors.jsonl").read_bytes() == (tmp_path / "local.errors.jsonl").read_bytes()
-    assert pq.read_table(tmp_path / "ray.parquet").column("id").to_pylist() == ["a", "d"]
+    assert pq.read_table(tmp_path / "ray.parquet").column("id").to_pylist() == [10, 14]
 
 
 def test_empty_input_gives_an_empty_output_with_the_schema(local_ray, artifacts, engine, tmp_path):
@@ -182,18 +165,8 @@ def test_ray_resumes_an_interrupted_local_run_with_the_same_bytes(local_ray, art
     clean = tmp_path / "clean.parquet"
     encode_file(engine, EncodeJob(src, clean, chunk_rows=8, progress=False))
 
-    write_chunk = PartialRun.write_chunk
-
-    def die_after_two_chunks(run, index, *args):
-        if index == 2:
-            raise KeyboardInterrupt  # as if killed: two chunks recorded, the rest not
-        write_chunk(run, index, *args)
-
     out = tmp_path / "out.parquet"
-    monkeypatch.setattr(PartialRun, "write_chunk", die_after_two_chunks)
-    with pytest.raises(KeyboardInterrupt):
-        encode_file(engine, EncodeJob(src, out, chunk_rows=8, progress=False))
-    monkeypatch.undo()
+    interrupted_run(engine, EncodeJob(src, out, chunk_rows=8, progress=False), monkeypatch, after_chunks=2)
     stats = encode_file_ray(EncodeJob(src, out, chunk_rows=8, progress=False), EngineConfig(), artifacts)
     assert (stats.resumed_rows, stats.texts) == (16, 24)
     assert out.read_bytes() == clean.read_bytes()
@@ -215,12 +188,12 @@ def test_the_command_prints_its_summary_and_writes_the_local_bytes(local_ray, ar
 
 def test_the_command_names_a_bad_line_in_one_line_as_the_local_engine_does(local_ray, artifacts, engine, tmp_path):
     src = tmp_path / "rows.jsonl"
-    src.write_text(BAD_JSONL.replace('"   "', '"fine"'))  # the first bad row is now line 3
+    src.write_text(BAD_JSONL)
     with pytest.raises(InvalidInputError) as local_failure:
         encode_file(engine, EncodeJob(src, tmp_path / "local.parquet", progress=False))
     result = run_cli("encode", src, "-o", tmp_path / "out.parquet", "--artifacts", artifacts, "--engine", "ray",
                      "--ray-address", local_ray.get_runtime_context().gcs_address)
-    assert_one_line_error(result, "rows.jsonl: line 3: invalid JSON", "--on-error skip")
+    assert_one_line_error(result, "rows.jsonl: line 2: invalid JSON", "--on-error skip")
     assert result.stderr.strip() == f"attnserve encode: error: {local_failure.value}"
     assert not (tmp_path / "out.parquet").exists()
 
@@ -301,30 +274,12 @@ def test_a_run_on_a_terminal_leaves_no_escape_code_behind(artifacts, tmp_path):
     pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
     src = tmp_path / "texts.txt"
     src.write_text("one text\nanother\n")
-    main, secondary = pty.openpty()
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "attnserve.cli", "encode", str(src), "-o", str(tmp_path / "o.parquet"),
-             "--artifacts", str(artifacts), "--no-progress", "--engine", "ray"],
-            stdout=secondary, stderr=secondary, env={**os.environ, "RAY_ADDRESS": ""})
-        os.close(secondary)
-        terminal = b""
-        while data := _read(main):
-            terminal += data
-        process.wait(timeout=60)
-    finally:
-        os.close(main)
-    assert process.returncode == 0, terminal
+    returncode, terminal, _ = on_a_terminal(
+        [sys.executable, "-m", "attnserve.cli", "encode", str(src), "-o", str(tmp_path / "o.parquet"), "--artifacts",
+         str(artifacts), "--no-progress", "--engine", "ray"], stdout_too=True, env={**os.environ, "RAY_ADDRESS": ""})
+    assert returncode == 0, terminal
     assert terminal.startswith(b"encoded 2 texts, ") and terminal.endswith(b"o.parquet\r\n"), terminal
     assert b"\x1b" not in terminal
-
-
-def _read(fd: int) -> bytes:
-    ready, _, _ = select.select([fd], [], [], 120)
-    try:
-        return os.read(fd, 4096) if ready else b""
-    except OSError:  # the process closed the terminal
-        return b""
 
 
 def test_late_chunking_on_ray_writes_the_local_bytes(local_ray, artifacts, engine, tmp_path):

@@ -15,7 +15,7 @@ from attnserve.engine.shortening import exact_shortening
 from attnserve.engine.stable_prefix import FIRST_CHARS_PER_TOKEN, MAX_CHARS_PER_TOKEN, StablePrefix
 from attnserve.engine.tokenizer import TextTokenizer
 
-from .serving import ServerProcess
+from .serving import ServerProcess, serving
 from .text_mix import CJK, EMOJI, MARKS, text_of_length
 from .tiny_tokenizers import modernbert_style, roberta_style, xlmr_style
 
@@ -137,9 +137,8 @@ def test_a_4_mib_text_costs_the_server_what_max_seq_length_allows(artifacts, tmp
              "spaces then words": (" " * ((4 << 20) - 5000) + words[:5000], 256, True),
              "cjk": ("".join(rng.choice(CJK) for _ in range((4 << 20) // 3)), 256, True),
              "one giant word": ("x" * (4 << 20), 3, False)}
-    server = ServerProcess(artifacts, "--max-request-bytes", str(8 << 20), log_path=tmp_path / "server.log")
-    try:
-        server.wait_serving()
+    with serving(ServerProcess(artifacts, "--max-request-bytes", str(8 << 20),
+                               log_path=tmp_path / "server.log")) as server:
         with server.channel() as channel:
             stub = server.stub(channel)
             stub.Embed(make_request(["warm up"] * 8, truncate=True), timeout=60)
@@ -152,5 +151,3 @@ def test_a_4_mib_text_costs_the_server_what_max_seq_length_allows(artifacts, tmp
                       f"{after['VmRSS']:.0f} MB after, peak {after['VmHWM']:.0f} MB")
                 assert after["VmRSS"] <= before["VmRSS"] + SERVER_GROWTH_BOUND_MB
             assert after["VmHWM"] <= before["VmHWM"] + SERVER_GROWTH_BOUND_MB
-    finally:
-        server.terminate()
