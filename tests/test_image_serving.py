@@ -18,9 +18,12 @@ import pytest
 from PIL import Image
 
 from attnserve.v1 import encoder_pb2 as pb
-from tests.serving import ServerProcess, serving
+from tests.test_images import animated_gif, png_header_only
+
+pytest_plugins = ["tests.image_servers"]  # the shared servers
 
 CAPTIONS = ["a photo of the cat", "the dog", "and of the photo"]
+LABELS, TEMPLATE = ["cat", "dog", "photo"], "a photo of the {}"  # zero-shot's
 
 
 def png(seed: int, size: tuple[int, int] = (50, 40), mode: str = "RGB") -> bytes:
@@ -40,34 +43,25 @@ IMAGES = [png(0), png(1, (33, 64), "RGBA"), png(2, (64, 48), "L")]
 
 
 @pytest.fixture(scope="module")
-def clip_server(clip_artifacts, tmp_path_factory):
-    process = ServerProcess(clip_artifacts, log_path=tmp_path_factory.mktemp("clip_server") / "server.log")
-    with serving(process):
-        yield process
-
-
-@pytest.fixture(scope="module")
-def clip_workers(clip_artifacts, tmp_path_factory):
-    """Two front-door workers: images are decoded there, and their pixels cross to the engine process."""
-    process = ServerProcess(clip_artifacts, "--workers", "2",
-                            log_path=tmp_path_factory.mktemp("clip_workers") / "server.log")
-    with serving(process):
-        yield process
-
-
-@pytest.fixture(scope="module")
 def reference(clip_dir):
-    """transformers' own: each image's and caption's embedding (unit length), and logits_per_image."""
+    """transformers' own: each image's and caption's embedding (unit length), logits_per_image, the softmax over
+    LABELS in TEMPLATE of each image (zero-shot's scores), and the image tower's eager attention over each image's
+    patches (maps: (L, I, nh, T, T))."""
     import torch
     import transformers
 
-    model = transformers.CLIPModel.from_pretrained(str(clip_dir)).eval()
+    model = transformers.CLIPModel.from_pretrained(str(clip_dir), attn_implementation="eager").eval()
     processor = transformers.CLIPProcessor.from_pretrained(str(clip_dir))
     pictures = [Image.open(io.BytesIO(data)) for data in IMAGES]
     inputs = processor(text=CAPTIONS, images=pictures, return_tensors="pt", padding=True)
+    labelled = processor(text=[TEMPLATE.format(label) for label in LABELS], images=pictures, return_tensors="pt",
+                         padding=True)
     with torch.no_grad():
         out = model(**inputs)
-    return {"images": out.image_embeds.numpy(), "texts": out.text_embeds.numpy(),
+        zero_shot = model(**labelled).logits_per_image.softmax(dim=-1).numpy()  # (I, L)
+        maps = torch.stack(model.vision_model(pixel_values=inputs["pixel_values"], output_attentions=True).attentions)
+    return {"images": out.image_embeds.numpy(), "texts": out.text_embeds.numpy(), "zero_shot": zero_shot,
+            "maps": maps.numpy(),
             "logits_per_image": out.logits_per_image.numpy(), "scale": float(model.logit_scale.detach().exp())}
 
 
@@ -155,67 +149,29 @@ def test_kserve_v2_image_bytes_tensor_through_tritonclient(clip_server, referenc
     assert_same(vectors[:1], reference["texts"][:1])
 
 
-def test_similarity_is_the_models_logits_and_zero_shot_scores_sum_to_one(clip_server, reference):
+def test_similarity_is_the_models_logits_and_zero_shot_its_softmax(clip_server, reference):
     reply = httpx.post(f"{clip_server.http_url}/similarity", timeout=30, json={
         "inputs": {"source_sentence": {"image": data_uri(IMAGES[0])}, "sentences": CAPTIONS}})
     assert reply.status_code == 200, reply.text
     assert np.allclose(np.array(reply.json()) * reference["scale"], reference["logits_per_image"][0], atol=1e-3)
     reply = httpx.post(f"{clip_server.http_url}/v1/zero_shot", timeout=30, json={
-        "model": "", "images": [data_uri(data) for data in IMAGES], "labels": ["cat", "dog", "photo"],
-        "template": "a photo of the {}"})
+        "model": "", "images": [data_uri(data) for data in IMAGES], "labels": LABELS, "template": TEMPLATE})
     assert reply.status_code == 200, reply.text
     body = reply.json()
     assert body["activation"] == "softmax" and len(body["data"]) == 3
-    for result in body["data"]:
+    for result, want in zip(body["data"], reference["zero_shot"], strict=True):
         scores = [s["score"] for s in result["scores"]]
         assert scores == sorted(scores, reverse=True) and abs(sum(scores) - 1) < 1e-5
-
-
-def test_zero_shot_equals_transformers_softmax(clip_server, clip_dir):
-    import torch
-    import transformers
-
-    model = transformers.CLIPModel.from_pretrained(str(clip_dir)).eval()
-    processor = transformers.CLIPProcessor.from_pretrained(str(clip_dir))
-    labels = ["cat", "dog", "photo"]
-    inputs = processor(text=[f"a photo of the {label}" for label in labels],
-                       images=[Image.open(io.BytesIO(d)) for d in IMAGES], return_tensors="pt", padding=True)
-    with torch.no_grad():
-        want = model(**inputs).logits_per_image.softmax(dim=-1).numpy()  # (I, L)
-    body = httpx.post(f"{clip_server.http_url}/v1/zero_shot", timeout=30, json={
-        "images": [data_uri(d) for d in IMAGES], "labels": labels, "template": "a photo of the {}"}).json()
-    for i, result in enumerate(body["data"]):
         got = {s["label"]: s["score"] for s in result["scores"]}
-        assert np.allclose([got[label] for label in labels], want[i], atol=1e-4), (got, want[i])
-
-
-def _png_header_only(width: int, height: int) -> bytes:
-    """A PNG whose header says width x height, with a few bytes of pixel data: what a decompression bomb's header
-    looks like, without the bomb (the server must refuse it from the header)."""
-    import struct
-    import zlib
-
-    def chunk(kind: bytes, payload: bytes) -> bytes:
-        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit greyscale
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 1024)) + \
-        chunk(b"IEND", b"")
-
-
-def _gif_two_frames() -> bytes:
-    frames = [Image.new("RGB", (8, 8), color) for color in ((255, 0, 0), (0, 0, 255))]
-    buffer = io.BytesIO()
-    frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:])
-    return buffer.getvalue()
+        assert np.allclose([got[label] for label in LABELS], want, atol=1e-4), (got, want)
 
 
 HOSTILE = {
     "corrupt": (b"\x89PNG\r\n\x1a\n" + b"\0" * 64, "cannot be read"),
     "truncated": (IMAGES[0][:len(IMAGES[0]) // 2], "corrupt or truncated"),
-    "20000 x 20000": (_png_header_only(20000, 20000), "over the limit of 25,000,000"),
-    "zero width": (_png_header_only(0, 10), "image"),
-    "two frames": (_gif_two_frames(), "2 frames"),
+    "20000 x 20000": (png_header_only(20000, 20000), "over the limit of 25,000,000"),
+    "zero width": (png_header_only(0, 10), "image"),
+    "three frames": (animated_gif(), "3 frames"),
     "svg": (b'<svg xmlns="http://www.w3.org/2000/svg" width="9" height="9"/>', "SVG"),
     "empty": (b"", "empty"),
 }
@@ -265,20 +221,7 @@ def test_a_text_model_refuses_images_naming_why(server):
     assert reply.status_code in (400, 404), reply.text
 
 
-@pytest.fixture(scope="module")
-def reference_maps(clip_dir):
-    """transformers' eager attention of the image tower over each image's patches: (L, I, nh, T, T)."""
-    import torch
-    import transformers
-
-    model = transformers.CLIPModel.from_pretrained(str(clip_dir), attn_implementation="eager").eval()
-    processor = transformers.CLIPProcessor.from_pretrained(str(clip_dir))
-    pixels = processor(images=[Image.open(io.BytesIO(d)) for d in IMAGES], return_tensors="pt")["pixel_values"]
-    with torch.no_grad():
-        return torch.stack(model.vision_model(pixel_values=pixels, output_attentions=True).attentions).numpy()
-
-
-def test_attention_over_patches_equals_transformers_on_every_door(clip_server, reference_maps):
+def test_attention_over_patches_equals_transformers_on_every_door(clip_server, reference):
     from attnserve.client import Client
     from attnserve.client.client import ImageInput
 
@@ -286,7 +229,7 @@ def test_attention_over_patches_equals_transformers_on_every_door(clip_server, r
         "inputs": [{"image": data_uri(d)} for d in IMAGES], "layers": [0, 1], "analyses": ["rollout"]})
     assert reply.status_code == 200, reply.text
     for i, item in enumerate(reply.json()["data"]):
-        assert np.abs(np.array(item["attentions"]) - reference_maps[:, i]).max() < 1e-5
+        assert np.abs(np.array(item["attentions"]) - reference["maps"][:, i]).max() < 1e-5
         assert item["tokens"][:2] == ["<class>", "patch 0,0"] and item["num_tokens"] == 17
         assert item["image"] == {"size": 32, "patch_size": 8, "grid": 4, "height": 32, "width": 32, "rows": 4,
                                  "cols": 4, "class_token": True, "fit": "crop",
@@ -295,7 +238,7 @@ def test_attention_over_patches_equals_transformers_on_every_door(clip_server, r
     with Client(clip_server.target) as client:
         result = client.attention(ImageInput(IMAGES[1]), [0, 1], analyses=["rollout", "norms"])
         assert client.model_info().image_tower.num_layers == 2
-    assert np.abs(result.attentions - reference_maps[:, 1]).max() < 1e-5
+    assert np.abs(result.attentions - reference["maps"][:, 1]).max() < 1e-5
     assert result.patches is not None and result.patches.grid == 4 and result.patches.boxes.shape == (17, 4)
     assert (result.patches.rows, result.patches.cols, result.patches.height, result.patches.width) == (4, 4, 32, 32)
     assert result.rollout.shape == (17, 17) and result.norms.shape == (2, 4, 17, 17)
@@ -363,49 +306,41 @@ def image_host():
     thread.join(5)
 
 
-@pytest.fixture(scope="module")
-def fetching_server(clip_artifacts, tmp_path_factory):
-    process = ServerProcess(clip_artifacts, "--allow-image-urls", "127.0.0.1", "--max-image-url-bytes", "100000",
-                            "--image-url-timeout", "1",
-                            log_path=tmp_path_factory.mktemp("fetching_server") / "server.log")
-    with serving(process):
-        yield process
-
-
 @pytest.mark.parametrize("path, status, fragment", [
     ("/cat.png", 200, None), ("/here", 200, None),
     ("/away", 400, "does not fetch images from 'localhost'"),
     ("/big.png", 400, "over this server's limit of 100,000 bytes"),
     ("/slow.png", 400, "took over 1 s"),
 ])
-def test_image_urls_are_fetched_only_from_allowed_hosts_within_limits(fetching_server, image_host, reference, path,
+def test_image_urls_are_fetched_only_from_allowed_hosts_within_limits(image_workers, image_host, reference, path,
                                                                      status, fragment):
-    reply = httpx.post(f"{fetching_server.http_url}/embeddings_image", timeout=30, json={
+    reply = httpx.post(f"{image_workers.http_url}/embeddings_image", timeout=30, json={
         "model": "", "input": [image_host + path]})
     assert reply.status_code == status, reply.text
     if status == 200:
         assert_same([reply.json()["data"][0]["embedding"]], reference["images"][:1])
     else:
         assert fragment in reply.json()["error"]["message"]
-    other = httpx.post(f"{fetching_server.http_url}/embeddings_image", timeout=30, json={
+    other = httpx.post(f"{image_workers.http_url}/embeddings_image", timeout=30, json={
         "model": "", "input": ["http://10.0.0.1/cat.png"]})  # a host off the list: never contacted
     assert other.status_code == 400 and "does not fetch images from '10.0.0.1'" in other.json()["error"]["message"]
 
 
-def test_images_through_two_front_door_workers(clip_workers, reference, reference_maps):
+def test_images_through_two_front_door_workers(image_workers, reference):
     """HTTP, gRPC and the maps, through `serve --workers 2`: each worker decodes, the engine process runs."""
-    reply = httpx.post(f"{clip_workers.http_url}/v1/embeddings", timeout=30, json={
+    reply = httpx.post(f"{image_workers.http_url}/v1/embeddings", timeout=30, json={
         "model": "", "input": [{"image": data_uri(d)} for d in IMAGES] + [{"text": c} for c in CAPTIONS]})
     assert reply.status_code == 200, reply.text
     vectors = [d["embedding"] for d in reply.json()["data"]]
     assert_same(vectors[:3], reference["images"])
     assert_same(vectors[3:], reference["texts"])
-    with clip_workers.channel() as channel:
-        embedded = clip_workers.stub(channel).Embed(pb.EmbedRequest(inputs=[pb.Input(image=pb.Image(data=IMAGES[2]))]))
+    with image_workers.channel() as channel:
+        request = pb.EmbedRequest(inputs=[pb.Input(image=pb.Image(data=IMAGES[2]))])
+        embedded = image_workers.stub(channel).Embed(request)
     assert_same([np.frombuffer(embedded.embeddings[0].sentence_embedding.data, np.float32)], reference["images"][2:])
-    maps = httpx.post(f"{clip_workers.http_url}/v1/attention", timeout=30, json={
+    maps = httpx.post(f"{image_workers.http_url}/v1/attention", timeout=30, json={
         "inputs": [{"image": data_uri(IMAGES[0])}], "layers": [0, 1]}).json()["data"][0]
-    assert np.abs(np.array(maps["attentions"]) - reference_maps[:, 0]).max() < 1e-5 and maps["image"]["grid"] == 4
-    refused = httpx.post(f"{clip_workers.http_url}/embeddings_image", timeout=30, json={
+    assert np.abs(np.array(maps["attentions"]) - reference["maps"][:, 0]).max() < 1e-5 and maps["image"]["grid"] == 4
+    refused = httpx.post(f"{image_workers.http_url}/embeddings_image", timeout=30, json={
         "model": "", "input": base64.b64encode(HOSTILE["20000 x 20000"][0]).decode()})
     assert refused.status_code == 400 and "over the limit of" in refused.json()["error"]["message"]

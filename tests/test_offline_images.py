@@ -28,8 +28,9 @@ from attnserve.offline.image_readers import ImageColumn, ImageFolder
 from attnserve.offline.job import EncodeJob
 
 from .conftest import assert_one_line_error, run_cli
-from .serving import ServerProcess, serving
 from .test_encode_integrity import interrupted_run
+
+pytest_plugins = ["tests.image_servers"]  # the shared servers
 
 POSITIONS = 17  # the tiny CLIP's tower: (32 / 8)^2 patches and the class token
 CAPTIONS = ["a photo of the cat", "the dog"]
@@ -288,14 +289,12 @@ def test_a_file_that_is_not_a_regular_file_is_a_bad_row_not_a_hang(photos):
     assert [(r.where, r.error) for r in records if r.where == "pipe.png"] == [("pipe.png", "not a regular file")]
 
 
-def test_through_a_server_the_rows_are_the_local_runs(clip_artifacts, clip_engine, photos, tmp_path):
-    local = tmp_path / "local.parquet"
+def test_through_a_server_the_rows_are_the_local_runs(clip_server, clip_engine, photos, tmp_path):
+    local, remote = tmp_path / "local.parquet", tmp_path / "remote.parquet"
     encode_file(clip_engine, EncodeJob(photos, local, on_error="skip", progress=False, chunk_rows=3))
-    with serving(ServerProcess(clip_artifacts, "--workers", "1", log_path=tmp_path / "server.log")) as server:
-        remote = tmp_path / "remote.parquet"
-        result = run_cli("encode", photos, "-o", remote, "--server", server.target, "--no-progress", "--on-error",
-                         "skip", "--chunk-rows", "3")
-        assert result.returncode == 0, result.stderr
+    result = run_cli("encode", photos, "-o", remote, "--server", clip_server.target, "--no-progress", "--on-error",
+                     "skip", "--chunk-rows", "3")
+    assert result.returncode == 0, result.stderr
     got, want = pq.read_table(remote), pq.read_table(local)
     for column in ("id", "num_tokens", "truncated"):
         assert got.column(column).to_pylist() == want.column(column).to_pylist(), column

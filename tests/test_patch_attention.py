@@ -91,7 +91,7 @@ def test_a_rows_by_cols_grid_is_read_row_major(class_token):
                                (flow_read / flow_read.sum()).reshape(rows, cols), atol=1e-6)
 
 
-def test_a_shape_that_is_not_the_maps_patches_is_refused():
+def test_a_shape_or_map_that_is_not_the_maps_patches_is_refused():
     maps = np.full((1, 1, 16, 16), 1 / 16)  # a class token and 15 patches
     with pytest.raises(ValueError, match=r"a 4 x 4 grid is not the 15 patches of 16 tokens \(with a class token\)"):
         patch_maps(maps, True, (4, 4))
@@ -99,6 +99,10 @@ def test_a_shape_that_is_not_the_maps_patches_is_refused():
         patch_rollout(maps, False, (3, 5))
     with pytest.raises(ValueError, match="a -3 x -5 grid"):  # 15 patches, but no grid has -3 rows
         patch_maps(maps[..., 1:, 1:], False, (-3, -5))
+    with pytest.raises(ValueError, match="not a class token and a square grid"):
+        patch_grid(16, class_token=True)
+    with pytest.raises(ValueError, match="not a square grid"):
+        patch_grid(15, class_token=False)
 
 
 def test_the_boxes_of_a_rows_by_cols_grid_tile_its_image():
@@ -111,10 +115,3 @@ def test_the_boxes_of_a_rows_by_cols_grid_tile_its_image():
     for top, left, bottom, right in boxes:
         covered[top:bottom, left:right] += 1
     assert (covered == 1).all()
-
-
-def test_a_map_that_is_not_a_grid_is_refused():
-    with pytest.raises(ValueError, match="not a class token and a square grid"):
-        patch_grid(16, class_token=True)
-    with pytest.raises(ValueError, match="not a square grid"):
-        patch_grid(15, class_token=False)

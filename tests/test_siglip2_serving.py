@@ -18,6 +18,8 @@ from tests.serving import ServerProcess, serving
 from tests.test_image_serving import assert_same, data_uri, png
 from tests.test_siglip_serving import assert_sigmoid_zero_shot
 
+pytest_plugins = ["tests.image_servers"]  # the shared servers
+
 TEXTS = ["A Photo of the CAT", "the dog", "the photo and the cat of the dog " * 12]  # the last past 64 tokens
 # Wide, tall, square, tiny (upsampled), large (the patch budget, downsampled) and one pixel high: patch counts differ.
 IMAGES = [png(0, (160, 40)), png(1, (33, 64), "RGBA"), png(2, (64, 64), "L"), png(3, (5, 7)), png(4, (300, 200)),
@@ -162,14 +164,12 @@ def test_the_grpc_client_and_the_cli_take_a_wide_images_grid(siglip2_server, ref
         assert picture.width > 2 * picture.height  # the 160 x 40 picture, drawn over as wide as it is
 
 
-def test_through_front_door_workers_images_of_every_shape_embed_alike(siglip2_artifacts, reference, tmp_path):
+def test_through_front_door_workers_images_of_every_shape_embed_alike(image_workers, reference):
     """Decoded in a front-door worker, only the pixels (C, H, W) cross to the engine: each image's shape with them."""
-    process = ServerProcess(siglip2_artifacts, "--workers", "2", log_path=tmp_path / "server.log")
-    with serving(process):
-        reply = httpx.post(f"{process.http_url}/v1/embeddings", timeout=30, json={
-            "model": "", "input": [{"image": data_uri(d)} for d in IMAGES]})
-        assert reply.status_code == 200, reply.text
-        assert_same([d["embedding"] for d in reply.json()["data"]], reference["images"])
-        maps = httpx.post(f"{process.http_url}/v1/attention", timeout=30, json={
-            "inputs": [{"image": data_uri(IMAGES[0])}], "layers": [1]}).json()["data"][0]
-        assert (maps["image"]["rows"], maps["image"]["cols"]) == tuple(reference["shapes"][0])
+    reply = httpx.post(f"{image_workers.http_url}/v1/embeddings", timeout=30, json={
+        "model": "siglip2", "input": [{"image": data_uri(d)} for d in IMAGES]})
+    assert reply.status_code == 200, reply.text
+    assert_same([d["embedding"] for d in reply.json()["data"]], reference["images"])
+    maps = httpx.post(f"{image_workers.http_url}/v1/attention", timeout=30, json={
+        "model": "siglip2", "inputs": [{"image": data_uri(IMAGES[0])}], "layers": [1]}).json()["data"][0]
+    assert (maps["image"]["rows"], maps["image"]["cols"]) == tuple(reference["shapes"][0])
