@@ -17,7 +17,7 @@ engine's batch budget); and a few fixed shapes of 512 padded tokens. Run times a
 summed, each graph running every batch in turn. Then one profiled pass per graph over the corpus batches
 splits its run by op type (onnxruntime's profiler: each kernel's time), into the time outside kernels (allocating,
 scheduling) and the time run() adds to the session's (its outputs copied into numpy arrays). Last, the server's
-Python work on a batch's outputs (server/replies.py, and the bytes a door sends): one layer's weights of each row,
+Python work on a batch's outputs (engine/outputs.py, and the bytes a door sends): one layer's weights of each row,
 and rollout, from each graph.
 
     python bench/profile_attention.py --artifacts /tmp/art [--repeats 3] [--texts 320]
@@ -141,7 +141,7 @@ def post_processing(opened: dict, feeds: list[tuple[dict, list[int]]], layers: i
     (server/batcher.py), then the last layer's weights as a door sends them (RowOutput.layer_maps, tobytes), or
     rollout (attnserve/attention_analyses.py from the maps; the last-layer graph's cut and sent)."""
     from attnserve.attention_analyses import rollout
-    from attnserve.server.batcher import RowOutput
+    from attnserve.engine.rows import RowOutput
 
     out: dict[str, float] = collections.defaultdict(float)
     for feed, lengths in feeds:

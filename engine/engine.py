@@ -17,18 +17,23 @@ from attnserve.config import EngineConfig
 from attnserve.errors import ArtifactError, ConfigError, GraphUnavailableError
 from attnserve.progress import progress_log
 
+from .batch_outputs import Assembled, assemble_batches, object_array
 from .batching import pad, pad_types, plan_batches
 from .bge_m3 import BgeM3Heads
 from .builds import BackgroundBuilds, add_in_child, has
 from .calibration import Choice, budgets, recorded_choice, timed_choice
+from .encoded_inputs import EncodedInput
 from .image_encoder import ImageEncoder, ImageInput
 from .late_chunking import ChunkMeans
 from .machine import this_machine
 from .manifest import GraphVariant, Manifest, load_manifest
 from .multi_vector import MultiVectorTokenizer
 from .openvino_session import openvino_available
-from .pooling import l2_normalize
+from .output_options import OutputHeads, OutputOptions, SparseOptions
+from .outputs import chunk_vectors
 from .prompts import apply_prompt
+from .quantize import quantize
+from .rows import BatchOutput
 from .session import CPU, CUDA, OPENVINO, Session, open_graph, resolve_provider
 from .tokenizer import TextTokenizer, TokenizedInput
 from .variants import defaults_of, first_of, run_variants, variants_of
@@ -45,24 +50,6 @@ LAST_LAYER_VARIANT = "attention_last"
 
 # The attention graph's outputs after the embeddings', in order (export/torch_to_onnx.py MAPS).
 MAPS = ("attentions", "value_norms")
-
-
-@dataclass
-class BatchOutput:
-    """One session run over a padded batch, rows in the order given."""
-
-    lengths: np.ndarray  # (B,) real token counts
-    last_hidden_state: np.ndarray | None  # (B, T, H), padded positions are not meaningful; None for a reranker
-    sentence_embedding: np.ndarray | None  # (B, D), the pipeline before its final normalisation; None: reranker
-    # (L, B, nh, T, T) when the attention graph ran; (1, B, nh, T, T), the last layer's, when the last-layer one did
-    attentions: np.ndarray | None = None
-    scores: np.ndarray | None = None  # (B, num_labels) a reranker's raw logits
-    value_norms: np.ndarray | None = None  # (L, B, nh, T) each head's value norms (model/value_norms.py)
-    rollout: np.ndarray | None = None  # (B, T, T) from the last-layer graph (attnserve/attention_analyses.py's rollout)
-    map_layers: tuple[int, ...] | None = None  # the layers `attentions` holds, in order; None: every layer
-    # Where run()'s time went, in seconds: building the padded tensors, and the session's run (server/statistics.py).
-    feed_seconds: float = 0.0
-    run_seconds: float = 0.0
 
 
 @dataclass
@@ -97,6 +84,11 @@ class Encoded:
     # and (N,) of (T_i - 1, d) ColBERT vectors.
     sparse: np.ndarray | None = None
     multi_vector: np.ndarray | None = None
+
+
+def _pairs(inputs: Sequence[EncodedInput]) -> np.ndarray:
+    """(N,) of ((K_i,) int32 indices, (K_i,) float32 values): each input's sparse weights."""
+    return object_array([(x.sparse.indices, x.sparse.values) for x in inputs if x.sparse is not None])
 
 
 class NotBuiltError(ArtifactError):
@@ -228,17 +220,16 @@ def auto_candidates(manifest: Manifest, provider: str) -> tuple[list[GraphVarian
     return candidates, [f"bf16 not timed: {why}"]
 
 
-def host_parts(manifest: Manifest) -> tuple[TextTokenizer, MultiVectorTokenizer | None, BgeM3Heads | None]:
+def host_parts(manifest: Manifest) -> OutputHeads:
     """What a request's host-side work needs of a model (an engine's, and a front-door worker's of `serve
-    --workers`): its tokenizer; a ColBERT model's query and document inputs (engine/multi_vector.py); bge-m3's
-    sparse and ColBERT heads (engine/bge_m3.py), applied to the last hidden state. None where the model has none."""
+    --workers`): its output heads (engine/output_options.py)."""
     tokenizer = TextTokenizer(manifest.path(manifest.tokenizer), manifest.served_max_length, manifest.vocab_size,
                               positions=manifest.max_seq_length, pad_to=manifest.pad_to_length,
                               pad_id=manifest.pad_id)
     multi_vector = (MultiVectorTokenizer(manifest, manifest.path(manifest.tokenizer))
                     if manifest.multi_vector is not None else None)
     bge_m3 = BgeM3Heads(manifest.directory, manifest.bge_m3) if manifest.bge_m3 is not None else None
-    return tokenizer, multi_vector, bge_m3
+    return OutputHeads(tokenizer, multi_vector, bge_m3)
 
 
 class Engine:
@@ -266,7 +257,9 @@ class Engine:
             config = replace(config, max_batch_tokens=manifest.served_max_length)
         self.manifest, self.config = manifest, config
         self.provider, self.precision, graph = embeddings_graph(manifest, config)
-        self.tokenizer, self.multi_vector, self.bge_m3 = host_parts(manifest)
+        self.heads = host_parts(manifest)
+        self.tokenizer, self.multi_vector, self.bge_m3 = self.heads.tokenizer, self.heads.multi_vector, \
+            self.heads.bge_m3
         self.graph_choice = self._choose_graph(graph)
         self.embeddings_variant = self.graph_choice.graph
         self.precision = self.embeddings_variant.precision  # auto may have timed bf16 faster than fp32
@@ -541,8 +534,35 @@ class Engine:
             raise ValueError(f"{self.manifest.model}'s graph takes no token_type_ids; re-export it to encode pairs")
         return feed
 
-    def _sentence_embeddings(self, inputs: Sequence[TokenizedInput]) -> np.ndarray:
-        return self._session.run(["sentence_embedding"], self._feed(inputs))[0]
+    def _sentence_embeddings(self, inputs: Sequence[TokenizedInput]) -> BatchOutput:
+        """A batch's sentence embeddings alone: what plain embeddings need, without the (B, T, H) token states."""
+        lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
+        return BatchOutput(lengths, None, self._session.run(["sentence_embedding"], self._feed(inputs))[0])
+
+    def output_options(self, normalize: bool | None = None, dimensions: int | None = None,
+                       embedding_type: str = "float", ranges: np.ndarray | None = None) -> OutputOptions:
+        """Plain sentence embeddings' options: normalised as the checkpoint does where normalize is None."""
+        return OutputOptions(None, self.manifest.normalize if normalize is None else normalize, dimensions, False,
+                             None, embedding_types=(embedding_type,), ranges=ranges)
+
+    def _assembled(self, inputs: Sequence[TokenizedInput], options: OutputOptions, token_states: bool,
+                   on_batch: Callable[[int], None] | None) -> tuple[Assembled, Encoded]:
+        """The inputs batched by length, each batch assembled (engine/batch_outputs.py); and the Encoded of their
+        first embedding type, its token counts and stats."""
+        run = self.run if token_states else self._sentence_embeddings
+        done = assemble_batches(run, inputs, options, self.heads, self.batch_tokens, self.config.max_batch_size,
+                                on_batch)
+        stats = EncodeStats(len(inputs), int(done.lengths.sum()), done.cells, done.seconds)
+        truncated = np.fromiter((x.truncated for x in inputs), dtype=bool, count=len(inputs))
+        kind = options.embedding_types[0]
+        if not options.dense:  # a SPLADE model's sparse weights, a ColBERT model's vectors: Encoded's other fields
+            embeddings = np.zeros((len(inputs), 0), np.float32)
+        elif not inputs:  # no batch ran: (0, D) of the type asked all the same
+            embeddings = quantize(np.zeros((0, options.dimensions or self.manifest.embedding_size), np.float32), kind,
+                                  options.ranges)
+        else:
+            embeddings = done.typed[kind]
+        return done, Encoded(embeddings, done.lengths.astype(np.int32), truncated, stats)
 
     def score_tokenized(self, inputs: Sequence[TokenizedInput]) -> np.ndarray:
         """A reranker's raw logits (N, num_labels) for tokenized pairs, batched by length, in input order."""
@@ -553,8 +573,12 @@ class Engine:
         return scores
 
     def encode_tokenized(self, inputs: Sequence[TokenizedInput], normalize: bool | None = None,
-                         on_batch: Callable[[int], None] | None = None) -> Encoded:
-        """Sentence embeddings of many inputs, batched by length; rows come back in input order.
+                         on_batch: Callable[[int], None] | None = None, options: OutputOptions | None = None
+                         ) -> Encoded:
+        """Sentence embeddings of many inputs, batched by length; rows come back in input order, assembled as a
+        server's are (engine/outputs.py). options: dimensions, normalisation, the embedding type (the first of
+        embedding_types) and a SPLADE model's sparse weights (Encoded.sparse); None: float embeddings normalised
+        as `normalize` says (None: as the checkpoint does).
 
         on_batch(n) is called after each batch of n inputs ran: progress for callers that show it."""
         if self.manifest.kind == "reranker":
@@ -563,21 +587,11 @@ class Engine:
         if self.multi_vector is not None:  # its graph's mean of the vectors is no embedding the model gives
             raise ConfigError(f"{self.manifest.model} is a multi-vector (ColBERT) model: it gives a vector per token, "
                               "not one embedding per input (encode_multi_vector)")
-        start = time.perf_counter()
-        lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
-        batches = plan_batches(lengths, self.batch_tokens, self.config.max_batch_size)
-        embeddings = np.empty((len(inputs), self.manifest.embedding_size), dtype=np.float32)
-        cells = 0
-        for batch in batches:
-            embeddings[batch] = self._sentence_embeddings([inputs[i] for i in batch])
-            cells += int(lengths[batch].max()) * len(batch)
-            if on_batch is not None:
-                on_batch(len(batch))
-        if self.manifest.normalize if normalize is None else normalize:  # None: as the checkpoint does
-            embeddings = l2_normalize(embeddings)
-        stats = EncodeStats(len(inputs), int(lengths.sum()), cells, time.perf_counter() - start)
-        truncated = np.fromiter((x.truncated for x in inputs), dtype=bool, count=len(inputs))
-        return Encoded(embeddings, lengths.astype(np.int32), truncated, stats)
+        options = options or self.output_options(normalize)
+        done, encoded = self._assembled(inputs, options, False, on_batch)
+        if options.sparse is not None:
+            encoded.sparse = _pairs(done.inputs)
+        return encoded
 
     def encode_multi_vector(self, inputs: Sequence[TokenizedInput], input_type: str,
                             on_batch: Callable[[int], None] | None = None) -> Encoded:
@@ -585,61 +599,34 @@ class Engine:
         length: Encoded.embeddings is then an (N,) object array of (K_i, d) float32 arrays, in input order."""
         if self.multi_vector is None:
             raise ConfigError(f"{self.manifest.model} is not a multi-vector (ColBERT) model")
-        start = time.perf_counter()
-        lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
-        vectors = np.empty(len(inputs), dtype=object)
-        cells = 0
-        for batch in plan_batches(lengths, self.batch_tokens, self.config.max_batch_size):
-            out = self.run([inputs[i] for i in batch])
-            assert out.last_hidden_state is not None
-            for row, i in enumerate(batch):  # (T_i, d) -> the kept tokens' (K_i, d)
-                x = inputs[i]
-                vectors[i] = out.last_hidden_state[row, :len(x)][self.multi_vector.kept(x.ids, input_type)]
-            cells += int(lengths[batch].max()) * len(batch)
-            if on_batch is not None:
-                on_batch(len(batch))
-        stats = EncodeStats(len(inputs), int(lengths.sum()), cells, time.perf_counter() - start)
-        truncated = np.fromiter((x.truncated for x in inputs), dtype=bool, count=len(inputs))
-        return Encoded(vectors, lengths.astype(np.int32), truncated, stats)
+        options = OutputOptions(None, False, None, False, None, multi_vector=input_type, dense=False)
+        done, encoded = self._assembled(inputs, options, True, on_batch)
+        encoded.embeddings = object_array([x.multi_vector for x in done.inputs])
+        return encoded
 
     def encode_bge_m3(self, inputs: Sequence[TokenizedInput], sparse: bool, multi_vector: bool,
-                      normalize: bool | None = None, on_batch: Callable[[int], None] | None = None) -> Encoded:
+                      normalize: bool | None = None, on_batch: Callable[[int], None] | None = None,
+                      options: OutputOptions | None = None) -> Encoded:
         """bge-m3's dense embeddings and, from the same pass, its sparse weights and ColBERT vectors where asked
-        (engine/bge_m3.py); rows in input order, batched by length."""
-        heads = self.bge_m3
-        if heads is None:
+        (engine/bge_m3.py); rows in input order, batched by length. options: the dense embeddings' (dimensions,
+        normalisation, type); None: float, normalised as `normalize` says."""
+        if self.bge_m3 is None:
             raise ConfigError(f"{self.manifest.model} has no bge-m3 heads (colbert_linear.pt, sparse_linear.pt)")
-        start = time.perf_counter()
-        lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
-        embeddings = np.empty((len(inputs), self.manifest.embedding_size), dtype=np.float32)
-        weights = np.empty(len(inputs), dtype=object) if sparse else None
-        vectors = np.empty(len(inputs), dtype=object) if multi_vector else None
-        cells = 0
-        for batch in plan_batches(lengths, self.batch_tokens, self.config.max_batch_size):
-            out = self.run([inputs[i] for i in batch])
-            assert out.last_hidden_state is not None and out.sentence_embedding is not None
-            embeddings[batch] = out.sentence_embedding
-            for row, i in enumerate(batch):
-                hidden = out.last_hidden_state[row, :len(inputs[i])]  # (T_i, H)
-                if weights is not None:
-                    weights[i] = heads.sparse(inputs[i].ids, hidden)
-                if vectors is not None:
-                    vectors[i] = heads.colbert(hidden)
-            cells += int(lengths[batch].max()) * len(batch)
-            if on_batch is not None:
-                on_batch(len(batch))
-        if self.manifest.normalize if normalize is None else normalize:
-            embeddings = l2_normalize(embeddings)
-        stats = EncodeStats(len(inputs), int(lengths.sum()), cells, time.perf_counter() - start)
-        truncated = np.fromiter((x.truncated for x in inputs), dtype=bool, count=len(inputs))
-        return Encoded(embeddings, lengths.astype(np.int32), truncated, stats, sparse=weights, multi_vector=vectors)
+        options = replace(options or self.output_options(normalize), sparse=SparseOptions() if sparse else None,
+                          multi_vector="document" if multi_vector else None)
+        done, encoded = self._assembled(inputs, options, True, on_batch)
+        encoded.sparse = _pairs(done.inputs) if sparse else None
+        encoded.multi_vector = object_array([x.multi_vector for x in done.inputs]) if multi_vector else None
+        return encoded
 
     def encode_late_chunks(self, windows: Sequence[Windows], ranges: Sequence[Sequence[tuple[int, int]]],
-                           on_batch: Callable[[int], None] | None = None) -> Encoded:
+                           on_batch: Callable[[int], None] | None = None, options: OutputOptions | None = None
+                           ) -> Encoded:
         """Late chunking of many texts (engine/late_chunking.py): every text's windows (TextTokenizer.windows) run
         batched by length with all the others', and each chunk's tokens (ranges: per text, token ranges [a, b))
-        mean-pooled as its windows run. Encoded.embeddings is an (N,) object array of (k_i, H) float32 means, not
-        normalised, in input order; num_tokens, each text's tokens as the model saw them in all its windows.
+        mean-pooled as its windows run. Encoded.embeddings is an (N,) object array of (k_i, D) float32 means, in
+        input order, cut and normalised as options say (engine/outputs.py chunk_vectors, as a server's are; None:
+        (k_i, H), neither); num_tokens, each text's tokens as the model saw them in all its windows.
 
         on_batch(n): n texts had their last window run."""
         if not self.manifest.late_chunkable:
@@ -669,7 +656,7 @@ class Engine:
                 on_batch(finished)
         chunks = np.empty(len(windows), dtype=object)
         for i, m in enumerate(means):
-            chunks[i] = m.means()  # (k_i, H)
+            chunks[i] = m.means() if options is None else chunk_vectors(m, options)  # (k_i, H) or (k_i, D)
         num_tokens = np.fromiter((sum(len(x) for x in w.inputs) for w in windows), dtype=np.int32,
                                  count=len(windows))
         stats = EncodeStats(len(windows), int(lengths.sum()), cells, time.perf_counter() - start)

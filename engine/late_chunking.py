@@ -77,6 +77,10 @@ def token_ranges(spans: Sequence[tuple[int, int]], offsets: np.ndarray, label: s
     return out
 
 
+# A text's late chunks: their character spans [start, stop), and their tokens' ranges [a, b) in the text's tokens.
+TextChunks = tuple[list[tuple[int, int]], list[tuple[int, int]]]
+
+
 class ChunkMeans:
     """A text's chunks' mean token embeddings, summed window by window as the windows run: what is held is the
     chunks' sums, never the text's token embeddings. Each window's share comes from a running sum over its

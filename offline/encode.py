@@ -51,7 +51,7 @@ class LocalEncoder:
         if session.late is not None or session.image_pixels is not None:
             for chunk in chunks:
                 yield self._done(chunk, session, *encode_inputs(
-                    self.engine, inputs_of(chunk.records), session.normalize, session.on_batch, session.prompt,
+                    self.engine, inputs_of(chunk.records), session.options, session.on_batch, session.prompt,
                     session.input_type, session.late, session.outputs, session.image_pixels))
             return
         yield from self._pipelined(chunks, session)
@@ -74,7 +74,7 @@ class LocalEncoder:
                 tokenized = tokens.result()
                 tokens = tokenizing(following) if following is not None else None  # beside this chunk's run
                 yield self._done(current, session, *encode_tokenized_inputs(
-                    self.engine, tokenized, session.normalize, session.on_batch, session.input_type,
+                    self.engine, tokenized, session.options, session.on_batch, session.input_type,
                     session.outputs))
                 if failure is not None:
                     raise failure

@@ -20,10 +20,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from attnserve.engine.batch_outputs import assemble_batch, in_order
 from attnserve.engine.batching import plan_batches
 from attnserve.engine.engine import Encoded, EncodeStats, Engine
 from attnserve.engine.image_encoder import ImageEncoder, ImageInput
-from attnserve.engine.pooling import l2_normalize
+from attnserve.engine.output_options import OutputOptions
 from attnserve.errors import ConfigError
 from attnserve.images import ImageError
 
@@ -48,18 +49,19 @@ def _prepared(tower: ImageEncoder, images: Sequence[bytes], batch: np.ndarray, m
     return kept, inputs, refused
 
 
-def encode_images(engine: Engine, images: Sequence[bytes], normalize: bool, on_batch: Callable[[int], None],
+def encode_images(engine: Engine, images: Sequence[bytes], options: OutputOptions, on_batch: Callable[[int], None],
                   max_pixels: int) -> tuple[Encoded, dict[int, str]]:
     """Image files' bytes -> (their encoded rows, {position: reason} of those refused, left out of the rows).
 
-    normalize: L2-normalise (engine/pooling.py's, as a text's embedding); the driver settles it as for texts.
+    options: the embeddings' dimensions, normalisation and type, assembled as a server's are (engine/outputs.py);
+    the driver settles them as for texts.
     num_tokens: the tower's positions; truncated: never (an image is resized, not cut)."""
     tower = image_tower(engine)
     start = time.perf_counter()
     positions = tower.positions  # T (NaFlex: the most an image may have)
     batches = plan_batches(np.full(len(images), positions, dtype=np.int64), engine.batch_tokens,
                            engine.config.max_batch_size)
-    embeddings = np.empty((len(images), tower.embedding_size), dtype=np.float32)  # (N, D); refused rows dropped below
+    parts: list[tuple[Sequence[int], np.ndarray]] = []  # each batch's kept positions and (b, D) embeddings
     lengths = np.zeros(len(images), dtype=np.int32)  # each image's own positions
     cells = 0  # positions computed: each batch's longest x its images
     refused: dict[int, str] = {}
@@ -74,17 +76,16 @@ def encode_images(engine: Engine, images: Sequence[bytes], normalize: bool, on_b
             upcoming = decoding(k + 1)  # beside this batch's run
             refused.update(bad)
             if inputs:
-                pooled = engine.run(inputs).sentence_embedding  # (b, D): the tower's projected output
-                assert pooled is not None
-                embeddings[kept] = pooled
+                # the tower's projected output, typed as asked: (b, D), or (b, ceil(D / 8)) binary
+                parts.append((kept, assemble_batch(engine.run(inputs), inputs, options, engine.heads).typed[
+                    options.embedding_types[0]]))
                 lengths[kept] = [len(x) for x in inputs]
                 cells += max(len(x) for x in inputs) * len(inputs)
                 on_batch(len(inputs))
     keep = np.ones(len(images), dtype=bool)
     keep[list(refused)] = False
-    embeddings, lengths = embeddings[keep], lengths[keep]  # (n, D), (n,), in input order
-    if normalize:
-        embeddings = l2_normalize(embeddings)
+    embeddings, lengths = in_order(parts, len(images))[keep], lengths[keep]  # (n, D), (n,), in input order
     n = len(embeddings)
     stats = EncodeStats(n, int(lengths.sum()), cells, time.perf_counter() - start)
     return Encoded(embeddings, lengths, np.zeros(n, dtype=bool), stats), refused
+

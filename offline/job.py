@@ -34,11 +34,12 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from attnserve import __version__
-from attnserve.engine.dimensions import check_dimensions, cut_and_normalize
+from attnserve.engine.dimensions import check_dimensions
 from attnserve.engine.engine import EncodeStats
 from attnserve.engine.late_chunking import CHUNKERS
 from attnserve.engine.multi_vector import INPUT_TYPES
-from attnserve.engine.quantize import RANGED, check_embedding_types, quantize
+from attnserve.engine.output_options import OutputOptions, SparseOptions
+from attnserve.engine.quantize import RANGED, check_embedding_types
 from attnserve.errors import ConfigError, InvalidInputError
 from attnserve.images import DEFAULT_MAX_PIXELS
 
@@ -172,7 +173,9 @@ class Session:
     """What the driver hands an encoder for one run."""
 
     chunks_left: int  # about how many chunks there are to encode (for sizing a pool)
-    normalize: bool  # False where the driver normalises after cutting to job.dimensions
+    # The outputs' dimensions, normalisation, embedding type and ranges, which each encoder's rows come back in,
+    # assembled as a server's reply is (engine/outputs.py).
+    options: OutputOptions
     on_batch: Callable[[int], None]  # n rows were encoded: moves the progress bar
     refuse: Callable[[Record, str], None]  # a row the encoder cannot encode: raises (on_error fail) or returns
     prompt: Prompt = field(default_factory=Prompt)  # what goes before every text
@@ -257,10 +260,9 @@ def run_job(job: EncodeJob, encoder: ChunkEncoder, progress: Progress | None = N
     with PartialRun(job.output, job.input, errors_path, fingerprint, job.overwrite, notice) as run:
         total = source.count_rows()
         progress.start(total)
-        parts = _Parts(job, facts, source, run, progress, result, start, normalize, metadata, ranges)
-        # With dimensions, the encoder's vectors are cut here and normalised after: the rule every door applies.
+        parts = _Parts(job, facts, source, run, progress, result, start, metadata)
         session = Session(chunks_left=max(1, -(-total // job.chunk_rows) - run.chunks_done),
-                          normalize=normalize and job.dimensions is None, on_batch=progress.advance,
+                          options=_output_options(job, facts, normalize, ranges), on_batch=progress.advance,
                           refuse=parts.refuse, prompt=job.prompt, task=job.task, input_type=job.input_type,
                           late=job.late_chunking, outputs=job.outputs,
                           image_pixels=job.max_image_pixels if job.images else None)
@@ -310,12 +312,10 @@ class _Parts:
     its part in a writer thread while the encoder runs the next, the totals added up in result."""
 
     def __init__(self, job: EncodeJob, facts: ModelFacts, source: InputFile | ImageFolder, run: PartialRun,
-                 progress: Progress, result: EncodeResult, start: float, normalize: bool, metadata: dict,
-                 ranges: np.ndarray | None):
+                 progress: Progress, result: EncodeResult, start: float, metadata: dict):
         """start: the run's perf_counter() time, from which rate() counts."""
         self.job, self.facts, self.source, self.run, self.progress = job, facts, source, run, progress
-        self.result, self.start, self.normalize, self.metadata = result, start, normalize, metadata
-        self.ranges = ranges
+        self.result, self.start, self.metadata = result, start, metadata
         self.size = job.dimensions or facts.embedding_size
         self.checks = RowChecks(facts.vocab_size, source.ids_can_repeat)
         self.schema: pa.Schema | None = None  # made with the first chunk read (chunks())
@@ -372,20 +372,16 @@ class _Parts:
 
     def write(self, done: EncodedChunk) -> tuple[EncodeStats, int]:
         """One chunk's rows (and those set aside) as its part, in the writer thread: (its stats, rows set aside)."""
-        job, chunk, normalize, schema = self.job, done.chunk, self.normalize, self.schema
+        job, chunk, schema = self.job, done.chunk, self.schema
         assert schema is not None, "chunks() makes it before handing out a chunk"
         kept = chunk.records if not done.refused else \
             [r for i, r in enumerate(chunk.records) if i not in done.refused]
-        if job.late_chunking is not None:  # the chunks' means: cut and normalised here, as the doors do
+        # The encoder's rows are cut, normalised and typed as Session.options asked (engine/outputs.py).
+        if job.late_chunking is not None:
             assert done.chunks is not None
-            table = late_chunks_table(schema, kept, [cut_and_normalize(e, job.dimensions, normalize)
-                                                     for e in done.embeddings], done.chunks)
+            table = late_chunks_table(schema, kept, done.embeddings, done.chunks)
         else:
-            embeddings = done.embeddings if job.dimensions is None else \
-                cut_and_normalize(done.embeddings, job.dimensions, normalize)  # (n, D)
-            if not self.facts.multi_vector:  # Matryoshka first, then quantization, as sentence-transformers
-                embeddings = quantize(embeddings, job.embedding_type, self.ranges)  # (n, D) or (n, D / 8)
-            table = output_table(schema, kept, embeddings, done.num_tokens, done.truncated, done.sparse,
+            table = output_table(schema, kept, done.embeddings, done.num_tokens, done.truncated, done.sparse,
                                  done.multi_vector)
         set_aside = chunk.bad + [(chunk.records[i], reason) for i, reason in done.refused.items()]
         set_aside.sort(key=lambda item: item[0].row)
@@ -477,6 +473,14 @@ def _check_late_chunking(job: EncodeJob, facts: ModelFacts) -> None:
                           "pooling of them")
     if job.embedding_type != "float":
         raise ConfigError("--precision-out does not apply to --late-chunking: its chunks are written as float32")
+
+
+def _output_options(job: EncodeJob, facts: ModelFacts, normalize: bool, ranges: np.ndarray | None
+                    ) -> OutputOptions:
+    """The run's outputs, as a request would ask them: a SPLADE model's sparse weights in place of its vector; a
+    ColBERT model's and bge-m3's other outputs are asked by their engine calls (input_type, outputs)."""
+    return OutputOptions(None, normalize, job.dimensions, False, None, embedding_types=(job.embedding_type,),
+                         ranges=ranges, sparse=SparseOptions() if facts.sparse else None, dense=not facts.sparse)
 
 
 def _ranges(job: EncodeJob, facts: ModelFacts, normalize: bool) -> np.ndarray | None:

@@ -30,6 +30,7 @@ from attnserve.config import EngineConfig
 from attnserve.engine.engine import Engine, embeddings_graph
 from attnserve.engine.image_encoder import ImageEncoder
 from attnserve.engine.manifest import load_manifest
+from attnserve.engine.output_options import OutputOptions
 from attnserve.errors import AttnserveError, ConfigError
 
 from .encode import image_facts
@@ -92,7 +93,7 @@ class RayEncoder:
             count, threads, cpus = _plan_actors(ray, self.config, self.actors, session.chunks_left)
             actor_class = ray.remote(num_cpus=cpus)(_EncoderActor)
             config = dataclasses.replace(self.config, threads=threads)
-            actors = [actor_class.remote(str(self.artifacts_dir), config, session.normalize, session.prompt,
+            actors = [actor_class.remote(str(self.artifacts_dir), config, session.options, session.prompt,
                                          session.input_type, session.late, session.outputs, session.image_pixels)
                       for _ in range(count)]
             _wait_ready(ray, actors)
@@ -225,10 +226,10 @@ def _attnserve_cause(error: BaseException | None) -> AttnserveError | None:
 class _EncoderActor:
     """One engine; a chunk's inputs in, a count per batch and then the chunk's encoded rows out."""
 
-    def __init__(self, artifacts_dir: str, config: EngineConfig, normalize: bool, prompt: Prompt,
+    def __init__(self, artifacts_dir: str, config: EngineConfig, options: OutputOptions, prompt: Prompt,
                  input_type: str = "document", late: LateChunks | None = None, outputs: tuple[str, ...] = (),
                  image_pixels: int | None = None):
-        self.artifacts_dir, self.config, self.normalize, self.prompt = artifacts_dir, config, normalize, prompt
+        self.artifacts_dir, self.config, self.options, self.prompt = artifacts_dir, config, options, prompt
         self.input_type = input_type  # a ColBERT model's: its texts are its documents or its queries
         self.late = late  # late chunking's chunker, where the run asks for it
         self.outputs = outputs  # a bge-m3 model's columns, where the run asks for them
@@ -253,7 +254,7 @@ class _EncoderActor:
 
         def work() -> None:
             try:
-                outcome.append(encode_inputs(engine, inputs, self.normalize, counts.put, self.prompt,
+                outcome.append(encode_inputs(engine, inputs, self.options, counts.put, self.prompt,
                                              self.input_type, self.late, self.outputs, self.image_pixels))
             except BaseException as e:  # handed to the caller below, as if raised there
                 outcome.append(e)

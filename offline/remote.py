@@ -29,7 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 import numpy as np
@@ -39,7 +39,10 @@ from attnserve.client.reach import why_no_grpc
 from attnserve.client.retry import Backoff
 from attnserve.client.status import ErrorDetails, error_details
 from attnserve.config import ClientConfig
+from attnserve.engine.batch_outputs import object_array
 from attnserve.engine.engine import EncodeStats
+from attnserve.engine.output_options import OutputOptions
+from attnserve.engine.outputs import chunk_vectors, sentence_outputs
 from attnserve.errors import AttnserveError
 from attnserve.v1 import encoder_pb2 as pb
 from attnserve.v1 import encoder_pb2_grpc
@@ -107,6 +110,19 @@ def estimate_tokens(record: Record) -> int:
     return 2 + len(item) // 3 if isinstance(item, str) else len(item)
 
 
+def _left_to_do(session: Session, multi_vector: bool) -> OutputOptions | None:
+    """The outputs' assembly left once the server answered (engine/outputs.py, as a local run's): its float vectors
+    cut to the run's dimensions (then normalised), or a late-chunked text's chunk means cut and normalised (the
+    server sends them as they are: _new_message), and typed as the run asks. None: a ColBERT or SPLADE model's
+    outputs, written as the server sent them."""
+    options = session.options
+    if multi_vector or options.sparse is not None:
+        return None
+    if session.late is not None:
+        return options
+    return replace(options, normalize=options.normalize and options.dimensions is not None)
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -125,11 +141,18 @@ class _Pending:
     chunks: np.ndarray | None = None  # late chunking's: (n,) of (k_i, 3) start, stop, tokens (embeddings (k_i, H))
     sparse: np.ndarray | None = None  # bge-m3's, where asked: (n,) of (indices, values)
     multi_vector: np.ndarray | None = None  # bge-m3's, where asked: (n,) of (T_i - 1, d)
+    # What is left to do of the run's outputs once the server answered (_left_to_do); None: nothing.
+    finish: OutputOptions | None = None
 
     def encoded(self) -> EncodedChunk:
         keep = np.ones(len(self.chunk.records), bool)
         keep[list(self.refused)] = False
-        return EncodedChunk(self.chunk, self.embeddings[keep], self.num_tokens[keep], self.truncated[keep],
+        embeddings, finish = self.embeddings[keep], self.finish
+        if finish is not None and self.chunks is not None:  # late chunks' means: (k_i, H) -> (k_i, D) each
+            embeddings = object_array([chunk_vectors(e, finish) for e in embeddings])
+        elif finish is not None:  # (n, H) -> (n, D), typed
+            embeddings = sentence_outputs(embeddings, finish)[1][finish.embedding_types[0]]
+        return EncodedChunk(self.chunk, embeddings, self.num_tokens[keep], self.truncated[keep],
                             self.stats, self.refused, *(None if a is None else a[keep]
                                                          for a in (self.chunks, self.sparse, self.multi_vector)))
 
@@ -296,6 +319,7 @@ class ServerEncoder:
             embeddings = (np.empty(n, dtype=object) if info.pooling == "multi_vector" or late  # (K_i, d) each
                           else np.empty((n, embedding_size(info)), np.float32))
             pending = _Pending(chunk, embeddings, np.empty(n, np.int32), np.empty(n, bool), n,
+                               finish=_left_to_do(session, info.pooling == "multi_vector"),
                                chunks=np.empty(n, dtype=object) if late else None,
                                sparse=np.empty(n, dtype=object) if "sparse_embedding" in session.outputs else None,
                                multi_vector=np.empty(n, dtype=object) if "multi_vector" in session.outputs else None)
@@ -350,7 +374,8 @@ class ServerEncoder:
         if self.info.pooling == "multi_vector":  # a ColBERT model: its vectors of texts of the run's input type
             return pb.EmbedRequest(model=self.model or "", multi_vector=pb.MultiVectorOptions(
                 input_type=pb.INPUT_TYPE_QUERY if session.input_type == "query" else pb.INPUT_TYPE_DOCUMENT))
-        message = pb.EmbedRequest(normalize=session.normalize, model=self.model or "")
+        options = session.options  # full vectors normalised by the server; cut, then normalised, here
+        message = pb.EmbedRequest(normalize=options.normalize and options.dimensions is None, model=self.model or "")
         if "sparse_embedding" in session.outputs:  # bge-m3's other outputs, beside its dense one: one pass
             message.sparse.SetInParent()
         if "multi_vector" in session.outputs:

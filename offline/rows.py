@@ -9,8 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from attnserve.engine.batch_outputs import object_array
 from attnserve.engine.engine import Encoded, Engine
 from attnserve.engine.late_chunking import DEFAULT_CHUNK_TOKENS, NO_TOKEN_TO_CHUNK, chunker_spans, token_ranges
+from attnserve.engine.output_options import OutputOptions
 from attnserve.engine.prompts import prompt_text
 from attnserve.engine.quantize import quantized_size
 from attnserve.engine.tokenizer import TokenizedInput
@@ -103,7 +105,7 @@ def late_chunks_schema(id_type: type, embedding_size: int, metadata: dict) -> pa
     )
 
 
-def late_chunks_table(schema: pa.Schema, records: Sequence[Record], embeddings: Sequence[np.ndarray],
+def late_chunks_table(schema: pa.Schema, records: Sequence[Record], embeddings: Sequence[np.ndarray] | np.ndarray,
                       chunks: Sequence[np.ndarray] | np.ndarray) -> pa.Table:
     """The chunk rows of `records`, in their order: each record's (k_i, D) float32 embeddings and (k_i, 3) start,
     stop and token count."""
@@ -198,13 +200,14 @@ def inputs_of(records: Sequence[Record]) -> list[Input]:
     return [r.input for r in records]
 
 
-def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_batch: Callable[[int], None],
+def encode_inputs(engine: Engine, inputs: Sequence[Input], options: OutputOptions, on_batch: Callable[[int], None],
                   prompt: Prompt = Prompt(), input_type: str = "document", late: LateChunks | None = None,
                   outputs: tuple[str, ...] = (), image_pixels: int | None = None) -> tuple[Encoded, dict[int, str]]:
     """One chunk's inputs through the engine, batched by length: (the encoded rows, {position: reason}).
 
     The refused positions (inputs the tokenizer rejects) are left out of the encoded rows, which keep
-    the order of the rest. Same inputs in, same bits out: local and Ray runs both come through here.
+    the order of the rest. Same inputs in, same bits out: local and Ray runs both come through here. options: the
+    outputs' dimensions, normalisation and embedding type, assembled as a server's are (engine/outputs.py).
     A prompt goes before every text (engine/prompts.py); an unknown prompt name stops the run here, at once.
     A ColBERT model's texts are its queries or documents (input_type; engine/multi_vector.py), with their prompt.
     late: late chunking, Encoded as engine.encode_late_chunks gives it, with each text's chunks. outputs: a bge-m3
@@ -212,10 +215,11 @@ def encode_inputs(engine: Engine, inputs: Sequence[Input], normalize: bool, on_b
     files' bytes, each decoded within this many pixels (offline/image_encode.py); None: texts or token ids.
     """
     if image_pixels is not None:
-        return encode_images(engine, inputs, normalize, on_batch, image_pixels)  # type: ignore[arg-type]
+        return encode_images(engine, inputs, options, on_batch, image_pixels)  # type: ignore[arg-type]
     if late is not None:
-        return _late_chunks(engine, inputs, prompt_text(engine.manifest, prompt.name, prompt.text), late, on_batch)
-    return encode_tokenized_inputs(engine, tokenize_inputs(engine, inputs, prompt, input_type), normalize, on_batch,
+        return _late_chunks(engine, inputs, prompt_text(engine.manifest, prompt.name, prompt.text), late, on_batch,
+                            options)
+    return encode_tokenized_inputs(engine, tokenize_inputs(engine, inputs, prompt, input_type), options, on_batch,
                                    input_type, outputs)
 
 
@@ -252,7 +256,8 @@ def tokenize_inputs(engine: Engine, inputs: Sequence[Input], prompt: Prompt = Pr
     return TokenizedChunk(tokenized, refused)
 
 
-def encode_tokenized_inputs(engine: Engine, chunk: TokenizedChunk, normalize: bool, on_batch: Callable[[int], None],
+def encode_tokenized_inputs(engine: Engine, chunk: TokenizedChunk, options: OutputOptions,
+                            on_batch: Callable[[int], None],
                             input_type: str = "document", outputs: tuple[str, ...] = ()
                             ) -> tuple[Encoded, dict[int, str]]:
     """encode_inputs' second half: the tokenized inputs through the engine, batched by length."""
@@ -260,13 +265,13 @@ def encode_tokenized_inputs(engine: Engine, chunk: TokenizedChunk, normalize: bo
     if engine.multi_vector is not None:
         return engine.encode_multi_vector(tokenized, input_type, on_batch), refused
     if outputs:
-        return engine.encode_bge_m3(tokenized, "sparse_embedding" in outputs, "multi_vector" in outputs, normalize,
-                                    on_batch), refused
-    return engine.encode_tokenized(tokenized, normalize=normalize, on_batch=on_batch), refused
+        return engine.encode_bge_m3(tokenized, "sparse_embedding" in outputs, "multi_vector" in outputs,
+                                    on_batch=on_batch, options=options), refused
+    return engine.encode_tokenized(tokenized, on_batch=on_batch, options=options), refused
 
 
 def _late_chunks(engine: Engine, inputs: Sequence[Input], before: str, late: LateChunks,
-                 on_batch: Callable[[int], None]) -> tuple[Encoded, dict[int, str]]:
+                 on_batch: Callable[[int], None], options: OutputOptions) -> tuple[Encoded, dict[int, str]]:
     """Each text read whole in windows, cut by the chunker, and its chunks' token embeddings mean-pooled; a row of
     token ids, or a text with no token to chunk, is refused (no row goes without an output row unsaid)."""
     refused: dict[int, str] = {}
@@ -291,10 +296,8 @@ def _late_chunks(engine: Engine, inputs: Sequence[Input], before: str, late: Lat
         ranges.append(token_spans)
         spans.append(np.asarray([(a, b, stop - start) for (a, b), (start, stop) in zip(cut, token_spans, strict=True)],
                                 dtype=np.int32).reshape(-1, 3))
-    encoded = engine.encode_late_chunks(kept, ranges, on_batch)
-    encoded.chunks = np.empty(len(spans), dtype=object)
-    for i, text_spans in enumerate(spans):  # one by one: numpy would make arrays of the same shape one array
-        encoded.chunks[i] = text_spans
+    encoded = engine.encode_late_chunks(kept, ranges, on_batch, options)  # (k_i, D) each, cut and normalised
+    encoded.chunks = object_array(spans)
     return encoded, refused
 
 

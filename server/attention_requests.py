@@ -18,7 +18,7 @@ from .requests import AttentionOptions, EncodeRequest, check_embedder, invalid, 
 
 @dataclass(frozen=True)
 class AttentionChoice:
-    """The maps a request asks for, as ReplyOptions holds them; the defaults: none asked."""
+    """The maps a request asks for, as OutputOptions holds them; the defaults: none asked."""
 
     layers: tuple[int, ...] | None = None  # non-negative indices, in the order asked
     heads: tuple[int, ...] | None = None  # non-negative indices, every head when none was asked
@@ -26,7 +26,7 @@ class AttentionChoice:
     average_heads: bool = False
     analyses: tuple[str, ...] = ()  # in ANALYSES order
     weights: bool = True
-    last_layer_only: bool = False  # the last-layer graph answers it (ReplyOptions.last_layer_only)
+    last_layer_only: bool = False  # the last-layer graph answers it (OutputOptions.last_layer_only)
 
 
 def choose_attention(request: EncodeRequest, manifest: Manifest, images: ImageEncoder | None,

@@ -45,9 +45,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from attnserve.engine.batching import plan_batches
-from attnserve.engine.engine import BatchOutput
 from attnserve.engine.image_encoder import ImageInput
-from attnserve.engine.pooling import l2_normalize
+from attnserve.engine.rows import BatchOutput, RowOutput, normalized_rows, row_of
 from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import (
     BatchFailedError,
@@ -85,28 +84,6 @@ class BatcherLimits:
     max_wait_s: float
     max_queue_wait_s: float = 0.0  # 0: no time bound
     in_flight: int = 1  # batches run at once (--batches-in-flight); the executor has as many threads
-
-
-@dataclass
-class RowOutput:
-    """One input's share of a batch: views into the batch's arrays, padding cut off."""
-
-    sentence_embedding: np.ndarray | None  # (D,) the pipeline before its final normalisation; None: reranker
-    token_embeddings: np.ndarray | None  # (T, H); None for a reranker
-    attentions: np.ndarray | None  # (L, nh, T, T) when the attention graph ran; (1, nh, T, T) the last-layer one
-    scores: np.ndarray | None = None  # (num_labels,) a reranker's raw logits
-    value_norms: np.ndarray | None = None  # (L, nh, T) each head's value norms, with attentions (model/value_norms.py)
-    rollout: np.ndarray | None = None  # (T, T) when the last-layer graph ran
-    map_layers: tuple[int, ...] | None = None  # the layers `attentions` holds; None: every layer
-    # (D,) sentence_embedding L2-normalised, with the rest of its batch at once (what most requests return); None
-    # where the batch had no sentence embeddings.
-    normalized: np.ndarray | None = None
-
-    def layer_maps(self, layers: Sequence[int]) -> np.ndarray:
-        """(len(layers), nh, T, T): these layers' maps (non-negative indices, each among those the row holds)."""
-        assert self.attentions is not None
-        held = self.map_layers
-        return self.attentions[list(layers) if held is None else [held.index(layer) for layer in layers]]
 
 
 @dataclass(eq=False)
@@ -539,19 +516,9 @@ class Batcher:
 
     @staticmethod
     def _answer(batch: list[_Entry], out: BatchOutput) -> None:
-        """Each entry's rows of the batch's outputs, to its future."""
-        # The batch's sentence embeddings normalised at once: a reply of normalised full vectors only slices them.
-        normalized = None if out.sentence_embedding is None else l2_normalize(out.sentence_embedding)  # (B, D)
+        """Each entry's rows of the batch's outputs, to its future (engine/rows.py)."""
+        normalized = normalized_rows(out)  # (B, D)
         for row, entry in enumerate(batch):
             if entry.future.done():  # its request was cancelled while the batch ran
                 continue
-            n, states = len(entry.input), entry.request.token_states
-            entry.future.set_result(RowOutput(
-                None if out.sentence_embedding is None else
-                out.sentence_embedding[row] if states else out.sentence_embedding[row].copy(),
-                out.last_hidden_state[row, :n] if out.last_hidden_state is not None and states else None,
-                out.attentions[:, row, :, :n, :n] if out.attentions is not None else None,
-                out.scores[row] if out.scores is not None else None,
-                out.value_norms[:, row, :, :n] if out.value_norms is not None else None,
-                out.rollout[row, :n, :n] if out.rollout is not None else None, out.map_layers,
-                None if normalized is None else normalized[row] if states else normalized[row].copy()))
+            entry.future.set_result(row_of(out, row, len(entry.input), entry.request.token_states, normalized))

@@ -9,6 +9,7 @@ from attnserve.engine.late_chunking import (
     CHUNKERS,
     DEFAULT_CHUNK_TOKENS,
     NO_TOKEN_TO_CHUNK,
+    TextChunks,
     check_spans,
     chunker_spans,
     token_ranges,
@@ -16,7 +17,7 @@ from attnserve.engine.late_chunking import (
 from attnserve.engine.manifest import Manifest
 from attnserve.engine.windows import Windows
 
-from .requests import EncodeRequest, TextChunks, invalid
+from .requests import EncodeRequest, invalid
 
 
 def windowing(request: EncodeRequest, manifest: Manifest, rule: str, image_rows: Sequence[int]) -> str | None:

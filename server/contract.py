@@ -22,13 +22,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from attnserve.engine.bge_m3 import BgeM3Heads
 from attnserve.engine.image_encoder import ImageEncoder
 from attnserve.engine.manifest import Manifest
 from attnserve.engine.multi_vector import MultiVectorTokenizer
+from attnserve.engine.output_options import OutputHeads
+from attnserve.engine.rows import RowOutput
 from attnserve.engine.tokenizer import TextTokenizer
 
-from .batcher import QueuedInput, RowOutput
+from .batcher import QueuedInput
 
 if TYPE_CHECKING:  # models.py's generic base is bound to ModelContract (a run-time import would be circular)
     from .models import ModelInfo
@@ -56,8 +57,9 @@ class EngineContract(Protocol):
         ...
 
     @property
-    def bge_m3(self) -> BgeM3Heads | None:
-        """bge-m3's sparse and ColBERT heads, applied to the rows' token states; None for other models."""
+    def heads(self) -> OutputHeads:
+        """Its output heads, which a reply is assembled with (engine/outputs.py): the tokenizer, a ColBERT model's
+        inputs, bge-m3's sparse and ColBERT heads."""
         ...
 
     @property

@@ -5,7 +5,7 @@ one method here, and translates what comes back, or the error raised, with its o
 happens here once: resolving the model a request names (models.py; None is the default model), validation and
 every limit (requests.py), admission and submission to that model's batcher, the request's deadline (the call
 runs under it and ends with DeadlineExpiredError, on every door), pooling, `dimensions` and normalisation
-(replies.py), readiness, the count of requests in progress that a drain waits for, and returning memory after
+(engine/outputs.py), readiness, the count of requests in progress that a drain waits for, and returning memory after
 large replies. Tokenizing, building a reply and the door's serialization of it run in the thread pool, except for
 a small request (requests.light, light_reply), whose work costs less than the hop to a thread and back.
 
@@ -28,6 +28,17 @@ from typing import TypeVar, cast
 import aiohttp
 
 from attnserve.config import ServerConfig
+from attnserve.engine.output_options import PreparedRequest
+from attnserve.engine.outputs import EncodeReply, build_reply
+from attnserve.engine.scores import (
+    PredictReply,
+    RerankReply,
+    SimilarityReply,
+    build_multi_vector_rerank_reply,
+    build_predict_reply,
+    build_rerank_reply,
+    build_similarity_reply,
+)
 from attnserve.engine.tokenizer import Token
 from attnserve.errors import InvalidInputError, NotServingError, ShuttingDownError
 
@@ -38,18 +49,7 @@ from .embed_requests import prepare
 from .image_inputs import ImageUrl, UrlPolicy, fetch_image
 from .memory import MemoryReturn
 from .models import ModelInfo
-from .replies import (
-    EncodeReply,
-    PredictReply,
-    RerankReply,
-    SimilarityReply,
-    build_multi_vector_rerank_reply,
-    build_predict_reply,
-    build_reply,
-    build_rerank_reply,
-    build_similarity_reply,
-)
-from .requests import Deadline, EncodeRequest, PreparedRequest, RequestLimits, light, light_reply
+from .requests import Deadline, EncodeRequest, RequestLimits, light, light_reply
 from .score_requests import (
     PredictRequest,
     RerankRequest,
@@ -230,8 +230,7 @@ class Core:
 
     @staticmethod
     def _render(rows, prepared: PreparedRequest, model: ModelContract, render: Callable[[EncodeReply], R]) -> R:
-        return render(build_reply(rows, prepared.inputs, prepared.options, model.engine.tokenizer, model.name,
-                                  model.engine.multi_vector, prepared.windows, prepared.chunks, model.engine.bge_m3))
+        return render(build_reply(rows, prepared, model.engine.heads, model.name))
 
     async def rerank(self, request: RerankRequest, deadline: Deadline | None) -> RerankReply:
         """Score (query, text) pairs with a reranker through the same batcher as embeddings, sorted best first.

@@ -12,8 +12,10 @@ import numpy as np
 from attnserve.attention_analyses import HEAD_STATS, PAIR_STATS
 from attnserve.engine.dimensions import check_dimensions
 from attnserve.engine.image_encoder import ImageEncoder, ImageInput
+from attnserve.engine.late_chunking import TextChunks
 from attnserve.engine.manifest import Manifest
 from attnserve.engine.multi_vector import INPUT_TYPES, MultiVectorTokenizer
+from attnserve.engine.output_options import OutputOptions, PreparedRequest
 from attnserve.engine.quantize import RANGED, check_embedding_types, check_ranges, quantized_size
 from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
 from attnserve.engine.windows import Windows
@@ -25,10 +27,7 @@ from .image_requests import check_images, image_input, image_rows
 from .requests import (
     POOLINGS,
     EncodeRequest,
-    PreparedRequest,
-    ReplyOptions,
     RequestLimits,
-    TextChunks,
     check_count,
     check_token_types,
     check_truncation_direction,
@@ -110,8 +109,8 @@ def _check_asked(request: EncodeRequest, manifest: Manifest) -> str | None:
 
 
 def _reply_options(request: EncodeRequest, manifest: Manifest, pooling: str | None, normalize: bool,
-                   types: tuple[str, ...], ranges: np.ndarray | None, attention: AttentionChoice) -> ReplyOptions:
-    return ReplyOptions(
+                   types: tuple[str, ...], ranges: np.ndarray | None, attention: AttentionChoice) -> OutputOptions:
+    return OutputOptions(
         pooling=pooling,
         normalize=normalize,
         dimensions=request.dimensions,
@@ -155,7 +154,7 @@ def _queued(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
 
 
 def _check_reply_size(queued: Sequence[TokenizedInput | Windows | ImageInput], chunks: list[TextChunks] | None,
-                      options: ReplyOptions, manifest: Manifest, limits: RequestLimits, float_bytes: float) -> None:
+                      options: OutputOptions, manifest: Manifest, limits: RequestLimits, float_bytes: float) -> None:
     """The reply's size, counted before it costs compute, against this server's max_response_bytes."""
     reply_bytes = sum(_reply_bytes(len(x.inputs[0]) if isinstance(x, Windows) else len(x), options, manifest,
                                    float_bytes) for x in queued)
@@ -168,7 +167,7 @@ def _check_reply_size(queued: Sequence[TokenizedInput | Windows | ImageInput], c
             "average_heads" + (", or fewer chunks" if chunks else ""))
 
 
-def _token_states(options: ReplyOptions, chunks: list[TextChunks] | None, manifest: Manifest) -> bool:
+def _token_states(options: OutputOptions, chunks: list[TextChunks] | None, manifest: Manifest) -> bool:
     """Whether the reply needs the rows' token states, not only their sentence embeddings (PreparedRequest)."""
     return (options.token_embeddings or options.pooling is not None or options.attention
             or options.multi_vector is not None or chunks is not None
@@ -280,7 +279,7 @@ def _model_ranges(manifest: Manifest, dimensions: int | None, normalize: bool, r
     return ranges
 
 
-def _reply_bytes(tokens: int, options: ReplyOptions, manifest: Manifest, float_bytes: float) -> int:
+def _reply_bytes(tokens: int, options: OutputOptions, manifest: Manifest, float_bytes: float) -> int:
     heads = len(options.attention_heads or ())
     dims = options.dimensions or manifest.embedding_size
     # a code counted as a float

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from attnserve.engine.image_encoder import ImageEncoder, ImageInput
 from attnserve.engine.manifest import Manifest
+from attnserve.engine.output_options import OutputOptions
 from attnserve.images import ImageError
 
 from .image_inputs import ImageBytes, ImageUrl
-from .requests import EncodeRequest, ReplyOptions, RequestLimits, invalid
+from .requests import EncodeRequest, RequestLimits, invalid
 
 
 def image_rows(request: EncodeRequest) -> list[int]:
@@ -16,7 +17,7 @@ def image_rows(request: EncodeRequest) -> list[int]:
     return [row for row, item in enumerate(request.inputs) if isinstance(item, ImageBytes | ImageUrl)]
 
 
-def check_images(request: EncodeRequest, options: ReplyOptions, manifest: Manifest, images: ImageEncoder | None,
+def check_images(request: EncodeRequest, options: OutputOptions, manifest: Manifest, images: ImageEncoder | None,
                  row: int) -> None:
     """What a request with images may ask: an image's embedding (in the model's shared space with its texts), cut
     to `dimensions`, normalised or not, as float or binary, and the image tower's maps over its patches (with

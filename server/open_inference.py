@@ -38,11 +38,12 @@ from typing import TypeVar
 
 import numpy as np
 
+from attnserve.engine.outputs import EncodeReply
+from attnserve.engine.scores import PredictReply, RerankReply
 from attnserve.errors import InvalidInputError
 
 from .image_inputs import ImageBytes, ImageUrl, image_of
 from .models import VERSION, ModelInfo
-from .replies import EncodeReply, PredictReply, RerankReply
 from .requests import EncodeRequest, Input
 from .score_requests import PredictRequest, RerankRequest
 

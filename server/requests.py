@@ -17,10 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
-import numpy as np
-
 from attnserve.engine.image_encoder import ImageInput
 from attnserve.engine.manifest import REQUEST_POOLINGS, Manifest
+from attnserve.engine.output_options import PreparedRequest, SparseOptions
 from attnserve.engine.prompts import prompt_text
 from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, TokenizedInput
 from attnserve.engine.windows import Windows
@@ -59,12 +58,6 @@ class AttentionOptions:
 
 
 @dataclass(frozen=True)
-class SparseOptions:
-    top_k: int | None = None  # keep the k largest weights of each input (sentence-transformers' max_active_dims)
-    return_tokens: bool = False  # name each index's vocabulary token, for inspection
-
-
-@dataclass(frozen=True)
 class LateChunking:
     """Late chunking (engine/late_chunking.py): each text read whole, its chunks' token embeddings mean-pooled. The
     chunks are given (spans) or cut by a built-in chunker, one of the two."""
@@ -72,10 +65,6 @@ class LateChunking:
     spans: Sequence[Sequence[Sequence[int]]] | None = None  # per input, its chunks' [start, stop) character spans
     chunker: str | None = None  # "sentences" or "tokens" (CHUNKERS), where spans are not given
     chunk_tokens: int | None = None  # the "tokens" chunker's chunk size in tokens (unset: DEFAULT_CHUNK_TOKENS)
-
-
-# A text's late chunks: their character spans [start, stop), and their tokens' ranges [a, b) in the text's tokens.
-TextChunks = tuple[list[tuple[int, int]], list[tuple[int, int]]]
 
 
 @dataclass(frozen=True)
@@ -117,56 +106,6 @@ class RequestLimits:
     max_response_bytes: int
     long_inputs: str = "truncate"  # what an over-long input of a request that does not say `truncate` gets
     max_image_pixels: int = DEFAULT_MAX_PIXELS  # an image's width x height (attnserve/images.py)
-
-
-@dataclass(frozen=True)
-class ReplyOptions:
-    pooling: str | None  # None: the model's own, as the graph computes it
-    normalize: bool
-    dimensions: int | None  # None: all of them
-    token_embeddings: bool
-    attention_layers: tuple[int, ...] | None  # non-negative indices, in the order asked; None: no attention
-    attention_heads: tuple[int, ...] | None = None  # non-negative indices, every head when none was asked
-    every_head: bool = True  # attention_heads are all the model's heads in order: nothing to select
-    average_heads: bool = False
-    attention_analyses: tuple[str, ...] = ()  # attnserve/attention_analyses.py's, in ANALYSES order
-    attention_weights: bool = True  # the chosen layers' and heads' weights; False: only the analyses
-    # What was asked needs no map but the last layer's, and rollout: the last-layer graph answers it (engine.py
-    # LAST_LAYER_VARIANT), at about the embeddings graph's cost.
-    last_layer_only: bool = False
-    embedding_types: tuple[str, ...] = ("float",)  # the sentence embedding's types, in the order asked
-    ranges: np.ndarray | None = None  # (2, D) int8 / uint8 ranges, where one of them was asked
-    sparse: SparseOptions | None = None  # (index, value) pairs of a SPLADE model's weights, instead of its vector
-    multi_vector: str | None = None  # a ColBERT model's vectors of inputs of this type, instead of its embedding
-    dense: bool = True  # the sentence embedding is in the reply (not where sparse or multi_vector replace it)
-
-    @property
-    def attention(self) -> bool:
-        return self.attention_layers is not None
-
-    @property
-    def tokens(self) -> bool:
-        """Word pieces label token embeddings and attention maps; plain embeddings go without."""
-        return self.token_embeddings or self.attention
-
-
-@dataclass(frozen=True)
-class PreparedRequest:
-    # What the batcher runs: an input, or each window of a windowed one, in order; an image as its ImageInput.
-    inputs: list[TokenizedInput | ImageInput]
-    options: ReplyOptions
-    # Per request input: its windows (--long-inputs chunk, late chunking), or None where it is inputs' one row.
-    # None: no input is windowed (inputs are the request's, one each).
-    windows: list[Windows | None] | None = None
-    # Per request input, with late chunking: its chunks' character spans and their token ranges in the text.
-    chunks: list[TextChunks] | None = None
-    # The reply needs the rows' token states (the last hidden state), not only their sentence embeddings: token
-    # embeddings, pooling at request time, attention, multi-vector or bge-m3's sparse output, late chunking.
-    token_states: bool = True
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(x) for x in self.inputs)
 
 
 # A request at most this large is prepared, and its reply built, on the event loop: a hop to a thread and back costs

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attnserve.engine.outputs import EncodeReply
 from attnserve.errors import InvalidInputError
 
 from .image_inputs import ImageBytes, ImageUrl
-from .replies import EncodeReply
 from .requests import EncodeRequest, Input
 
 

@@ -31,11 +31,11 @@ import numpy as np
 import pytest
 
 from attnserve.config import ServerConfig
-from attnserve.engine.engine import BatchOutput
+from attnserve.engine.rows import BatchOutput, RowOutput
 from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import DeadlineExpiredError
 from attnserve.server.app import Server
-from attnserve.server.batcher import Batcher, BatcherLimits, QueuedInput, RowOutput
+from attnserve.server.batcher import Batcher, BatcherLimits, QueuedInput
 from attnserve.server.grpc import calls as calls_module
 from attnserve.server.grpc.service import EncoderService
 from attnserve.server.metrics import Metrics

@@ -15,6 +15,7 @@ import pytest
 
 from attnserve.config import ServerConfig
 from attnserve.engine.engine import Engine
+from attnserve.engine.outputs import EncodeReply
 from attnserve.errors import (
     DeadlineExpiredError,
     InvalidInputError,
@@ -26,7 +27,6 @@ from attnserve.errors import (
 from attnserve.server.core import Core, Deadline
 from attnserve.server.metrics import Metrics
 from attnserve.server.models import Models, ServedModel
-from attnserve.server.replies import EncodeReply
 from attnserve.server.requests import AttentionOptions, EncodeRequest
 from attnserve.server.score_requests import RerankRequest
 

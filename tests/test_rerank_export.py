@@ -48,7 +48,7 @@ def test_scores_match_cross_encoder(reranker_artifacts, cross_encoder, precision
     import torch
 
     from attnserve.config import EngineConfig
-    from attnserve.server.replies import SCORE_ACTIVATIONS
+    from attnserve.engine.scores import SCORE_ACTIVATIONS
 
     engine = Engine.from_directory(reranker_artifacts, EngineConfig(provider="cpu", precision=precision))
     logits = engine.score_tokenized(engine.tokenizer.encode_pairs(PAIRS))[:, 0]  # (N,)

@@ -14,6 +14,9 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 import numpy as np
 
+from attnserve.engine.output_options import SparseOptions
+from attnserve.engine.outputs import EncodeReply
+from attnserve.engine.scores import PredictReply, RerankReply
 from attnserve.errors import InvalidInputError
 from attnserve.v1 import encoder_pb2 as pb
 from attnserve.v1 import encoder_pb2_grpc
@@ -21,8 +24,7 @@ from attnserve.v1 import encoder_pb2_grpc
 from ..core import Core, ModelInfo
 from ..image_inputs import ImageBytes, ImageUrl
 from ..metrics import Metrics
-from ..replies import EncodeReply, PredictReply, RerankReply
-from ..requests import AttentionOptions, EncodeRequest, Input, LateChunking, SparseOptions
+from ..requests import AttentionOptions, EncodeRequest, Input, LateChunking
 from ..score_requests import PredictRequest, RerankRequest, SimilarityRequest
 from .calls import Calls, deadline
 

@@ -18,6 +18,9 @@ from typing import TypeVar
 
 import grpc
 
+from attnserve.engine.output_options import SparseOptions
+from attnserve.engine.outputs import EncodeReply
+from attnserve.engine.scores import PredictReply, RerankReply
 from attnserve.errors import InvalidInputError
 from attnserve.tei import tei_pb2 as pb
 from attnserve.tei import tei_pb2_grpc
@@ -25,8 +28,7 @@ from attnserve.tei import tei_pb2_grpc
 from ..core import Core
 from ..metrics import Metrics
 from ..models import DTYPE_NAMES
-from ..replies import EncodeReply, PredictReply, RerankReply
-from ..requests import EncodeRequest, SparseOptions
+from ..requests import EncodeRequest
 from ..score_requests import PredictRequest, RerankRequest
 from ..token_requests import DecodeRequest, TokenizeRequest
 from .calls import Calls, deadline

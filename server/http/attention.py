@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from attnserve.engine.outputs import EncodeReply
+
 from ..core import Core
-from ..replies import EncodeReply
 from ..requests import AttentionOptions, EncodeRequest
 from .attnserve_bodies import AttentionBody, AttentionReply
 from .errors import OPENAI, WireNames

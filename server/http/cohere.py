@@ -17,11 +17,11 @@ import uuid
 
 from aiohttp import web
 
+from attnserve.engine.outputs import EncodeReply
 from attnserve.errors import InvalidInputError
 
 from ..core import Core
 from ..image_inputs import image_of
-from ..replies import EncodeReply
 from ..requests import EncodeRequest, Input
 from .bodies import ContentText
 from .cohere_bodies import CohereEmbedBody, CohereEmbedReply

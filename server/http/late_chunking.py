@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from attnserve.engine.outputs import EncodeReply
+
 from ..core import Core
-from ..replies import EncodeReply
 from ..requests import EncodeRequest, LateChunking
 from .attnserve_bodies import LateChunkingBody
 from .errors import TEI

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from attnserve.engine.outputs import EncodeReply
+
 from ..core import Core
-from ..replies import EncodeReply
 from ..requests import EncodeRequest
 from .attnserve_bodies import MultiVectorBody
 from .errors import TEI

@@ -15,11 +15,11 @@ from typing import TypeVar
 
 from aiohttp import web
 
+from attnserve.engine.outputs import EncodeReply
 from attnserve.errors import InvalidInputError, ModelNotFoundError
 
 from ..core import Core
 from ..image_inputs import image_of
-from ..replies import EncodeReply
 from ..requests import EncodeRequest
 from .errors import OPENAI, WireNames
 from .inputs import inputs_of, message_input

@@ -13,8 +13,9 @@ import uuid
 
 from aiohttp import web
 
+from attnserve.engine.scores import RerankReply
+
 from ..core import Core
-from ..replies import RerankReply
 from ..score_requests import RerankRequest
 from .cohere_bodies import CohereRerankBody, CohereRerankReply, CohereV2RerankBody, CohereV2RerankReply
 from .errors import OPENAI, TEI, WireNames

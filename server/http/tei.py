@@ -10,13 +10,15 @@ import json
 
 from aiohttp import web
 
+from attnserve.engine.output_options import SparseOptions
+from attnserve.engine.outputs import EncodeReply
+from attnserve.engine.scores import PredictReply
 from attnserve.errors import InvalidInputError
 
 from ..core import Core
 from ..image_inputs import image_of
 from ..models import DTYPE_NAMES
-from ..replies import EncodeReply, PredictReply
-from ..requests import EncodeRequest, Input, SparseOptions
+from ..requests import EncodeRequest, Input
 from ..score_requests import PredictRequest, SimilarityRequest
 from ..token_requests import DecodeRequest, TokenizeRequest
 from .bodies import JinaImage

@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from attnserve.engine.outputs import EncodeReply
 from attnserve.errors import (
     InvalidInputError,
     MalformedMessageError,
@@ -23,7 +24,6 @@ from attnserve.errors import (
     RequestTimeoutError,
 )
 
-from ..replies import EncodeReply
 from ..requests import Deadline
 from ..sizes import human_size
 from .bodies import Body

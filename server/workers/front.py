@@ -30,10 +30,11 @@ from attnserve.config import EngineConfig
 from attnserve.engine.engine import host_parts
 from attnserve.engine.image_encoder import ImageEncoder
 from attnserve.engine.manifest import Manifest, load_manifest
+from attnserve.engine.rows import RowOutput
 from attnserve.engine.tasks import check_task
 from attnserve.errors import EngineStoppedError, GraphUnavailableError
 
-from ..batcher import QueuedInput, RowOutput
+from ..batcher import QueuedInput
 from ..contract import ModelsContract
 from ..models import ModelInfo, NamedModels
 from . import wire
@@ -215,7 +216,8 @@ class EngineFront:
 
     def __init__(self, entry: EngineEntry, link: EngineLink, model: str, task: str | None):
         self.manifest: Manifest = load_manifest(entry.directory)
-        self.tokenizer, self.multi_vector, self.bge_m3 = host_parts(self.manifest)
+        self.heads = host_parts(self.manifest)
+        self.tokenizer, self.multi_vector = self.heads.tokenizer, self.heads.multi_vector
         self.takes_token_types, self.provider, self.precision = (entry.takes_token_types, entry.provider,
                                                                  entry.precision)
         # An image-text model's images are decoded and preprocessed here, and run in the engine process.

@@ -26,9 +26,8 @@ import numpy as np
 
 from attnserve import errors
 from attnserve.engine.image_encoder import ImageInput
+from attnserve.engine.rows import RowOutput
 from attnserve.engine.tokenizer import TokenizedInput
-
-from ..batcher import RowOutput
 
 _ENCODE = msgspec.msgpack.Encoder()
 _DECODE = msgspec.msgpack.Decoder()
