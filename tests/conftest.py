@@ -227,6 +227,52 @@ def stub(server):
         yield server.stub(channel)
 
 
+# The shared reranker takes at most this many inputs a request, so that tests/test_server_rerank.py can send one
+# more; the other tests send fewer.
+RERANKER_MAX_INPUTS = 8
+
+
+@pytest.fixture(scope="session")
+def reranker_server(reranker_artifacts, tmp_path_factory):
+    """One `attnserve serve` process of the tiny reranker, shared as `server` is."""
+    from tests.serving import ServerProcess, serving
+
+    process = ServerProcess(reranker_artifacts, env={"ATTNSERVE_MAX_INPUTS_PER_REQUEST": str(RERANKER_MAX_INPUTS)},
+                            log_path=tmp_path_factory.mktemp("reranker_server") / "server.log")
+    with serving(process):
+        yield process
+
+
+@pytest.fixture(scope="session")
+def clip_server(clip_artifacts, tmp_path_factory):
+    """One `attnserve serve` process of the tiny CLIP (texts and images), shared as `server` is."""
+    from tests.serving import ServerProcess, serving
+
+    process = ServerProcess(clip_artifacts, log_path=tmp_path_factory.mktemp("clip_server") / "server.log")
+    with serving(process):
+        yield process
+
+
+# The shared server with a guard and a small queue: a few requests' tokens fill it (RESOURCE_EXHAUSTED, HTTP 429).
+GUARD_KEY = "sk-guarded"
+GUARDED_QUEUE_TOKENS = 1024
+# ... and the names it also answers to, beside the model's own (serve --served-model-name).
+GUARDED_ALIASES = ("minilm", "text-embedding-3-small")
+
+
+@pytest.fixture(scope="session")
+def guarded_server(artifacts, tmp_path_factory):
+    """One `attnserve serve --api-key GUARD_KEY --max-queue-tokens 1024 --served-model-name ...`, shared by the
+    tests of API keys, of a full queue and of aliases; each counts from the metrics as it found them."""
+    from tests.serving import ServerProcess, serving
+
+    aliases = [flag for alias in GUARDED_ALIASES for flag in ("--served-model-name", alias)]
+    process = ServerProcess(artifacts, "--api-key", GUARD_KEY, "--max-queue-tokens", str(GUARDED_QUEUE_TOKENS),
+                            *aliases, log_path=tmp_path_factory.mktemp("guarded_server") / "server.log")
+    with serving(process):
+        yield process
+
+
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto` (pyproject.toml's addopts): a worker per usable CPU, at most 4. The suite's exports and servers
     use both cores of a 2-core machine only in part (tracing, imports and start-ups run on one), so two workers

@@ -19,7 +19,6 @@ from google.protobuf import json_format
 
 from attnserve.client.client import to_result
 from attnserve.v1 import encoder_pb2 as pb
-from tests.serving import ServerProcess
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "grpc.md"
 
@@ -36,16 +35,8 @@ def decode_snippet() -> str:
     return re.search(r"^python - <<'EOF'\n(.*?)^EOF$", PAGE.read_text(), re.MULTILINE | re.DOTALL).group(1)
 
 
-def test_the_grpc_pages_snippet_decodes_a_grpcurl_reply_into_the_servers_arrays(artifacts, tmp_path):
-    request = json_format.Parse(grpcurl_embed_request(), pb.EmbedRequest())
-    server = ServerProcess(artifacts, log_path=tmp_path / "server.log")
-    try:
-        server.wait_serving()
-        with server.channel() as channel:
-            reply = server.stub(channel).Embed(request, timeout=60)
-    finally:
-        code = server.terminate()
-    assert code == 0, server.log_tail()
+def test_the_grpc_pages_snippet_decodes_a_grpcurl_reply_into_the_servers_arrays(stub, tmp_path):
+    reply = stub.Embed(json_format.Parse(grpcurl_embed_request(), pb.EmbedRequest()), timeout=60)
     (tmp_path / "reply.json").write_text(json_format.MessageToJson(reply))
 
     # As a user runs it: `python -` in the folder with reply.json.

@@ -10,8 +10,6 @@ import json
 import httpx
 import pytest
 
-from tests.serving import ServerProcess, serving
-
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 INFER = f"/v2/models/{MODEL}/infer"
 OPENAI_ROUTES = ("/v1/", "/embeddings", "/v2/embed", "/v2/rerank")  # Cohere's routes answer in OpenAI's envelope
@@ -189,14 +187,6 @@ def test_openapi_json_types_integers_and_says_how_they_are_written(server):
 
 
 # --- an image-text model: an image sent to a route of texts ----------------------------------------------------
-
-@pytest.fixture(scope="module")
-def clip_server(clip_artifacts, tmp_path_factory):
-    process = ServerProcess(clip_artifacts, env={"ATTNSERVE_THREADS": "1"},
-                            log_path=tmp_path_factory.mktemp("bodies_clip") / "server.log")
-    with serving(process):
-        yield process
-
 
 @pytest.mark.parametrize("route, inputs, where", [
     ("/embed_all", "list", "inputs[1]"), ("/embed_all", "object", "inputs"), ("/embed", "list", "inputs[1]"),

@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from attnserve.engine.pooling import l2_normalize
-from tests.conftest import VARIED_TEXTS
+from tests.conftest import GUARD_KEY, GUARDED_ALIASES, GUARDED_QUEUE_TOKENS, VARIED_TEXTS
 from tests.test_server_load import mixed_texts
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -63,24 +63,16 @@ def test_token_id_inputs_one_and_many(client, engine):
     assert many.usage.prompt_tokens == len(ids[0]) + len(ids[1]) and one.usage.prompt_tokens == len(ids[1])
 
 
-def test_served_model_aliases_and_the_models_list(artifacts, tmp_path):
-    from tests.serving import ServerProcess
-
-    server = ServerProcess(artifacts, "--served-model-name", "minilm", "--served-model-name", "text-embedding-3-small",
-                           log_path=tmp_path / "server.log")
-    try:
-        server.wait_serving()
-        with openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0) as c:
-            assert [m.id for m in c.models.list()] == [MODEL, "minilm", "text-embedding-3-small"]
-            assert c.models.retrieve(MODEL).id == MODEL and c.models.retrieve("minilm").owned_by == "attnserve"
-            a = c.embeddings.create(input="aliases name one model", model="text-embedding-3-small")
-            b = c.embeddings.create(input="aliases name one model", model=MODEL)
-            assert a.model == "text-embedding-3-small"
-            np.testing.assert_array_equal(vectors(a), vectors(b))
-            with pytest.raises(openai.NotFoundError):
-                c.models.retrieve("gpt-4")
-    finally:
-        assert server.terminate() == 0, server.log_tail()
+def test_served_model_aliases_and_the_models_list(guarded_server):
+    with openai.OpenAI(base_url=f"{guarded_server.http_url}/v1", api_key=GUARD_KEY, max_retries=0) as c:
+        assert [m.id for m in c.models.list()] == [MODEL, *GUARDED_ALIASES]
+        assert c.models.retrieve(MODEL).id == MODEL and c.models.retrieve("minilm").owned_by == "attnserve"
+        a = c.embeddings.create(input="aliases name one model", model="text-embedding-3-small")
+        b = c.embeddings.create(input="aliases name one model", model=MODEL)
+        assert a.model == "text-embedding-3-small"
+        np.testing.assert_array_equal(vectors(a), vectors(b))
+        with pytest.raises(openai.NotFoundError):
+            c.models.retrieve("gpt-4")
 
 
 def test_errors_arrive_as_the_sdks_typed_exceptions(client):
@@ -129,40 +121,26 @@ def test_truncate_is_attnserves_extension(client, engine):
     assert reply.usage.prompt_tokens == 256
 
 
-def test_langchain_embed_documents_on_1000_texts_and_embed_query(server, engine):
-    from langchain_openai import OpenAIEmbeddings
-
-    # check_embedding_ctx_length=False: else LangChain sends tiktoken ids, which a BERT vocabulary cannot read.
-    embeddings = OpenAIEmbeddings(model=MODEL, base_url=f"{server.http_url}/v1", api_key="unused",
-                                  check_embedding_ctx_length=False, max_retries=0)
-    texts = [" ".join(t.split()[:12]) for t in mixed_texts(1000, seed=3)]
-    documents = np.array(embeddings.embed_documents(texts), dtype=np.float32)
-    query = np.array(embeddings.embed_query("what does the fox jump over?"), dtype=np.float32)
-    assert documents.shape == (1000, 384)
-    np.testing.assert_allclose(documents, engine.encode(texts).embeddings, atol=1e-5)
-    np.testing.assert_allclose(query, engine.encode(["what does the fox jump over?"]).embeddings[0], atol=1e-5)
-
-
-def test_langchains_1000_texts_over_the_queues_budget_are_admitted_in_parts(artifacts, engine, tmp_path):
+def test_langchains_1000_texts_over_the_queues_budget_are_admitted_in_parts(guarded_server, engine):
     """LangChain's default batch, 1,000 texts a request, holding several times what the queue holds
-    (--max-queue-tokens 8192): admitted in parts, answered whole and in order (it was a 413), while a small
-    request sent meanwhile is answered too."""
+    (--max-queue-tokens 1024): admitted in parts, answered whole and in order (it was a 413), while a query sent
+    meanwhile is answered too."""
     import threading
 
     from langchain_openai import OpenAIEmbeddings
 
-    from tests.serving import ServerProcess, serving
-
-    texts = mixed_texts(1000, seed=5)
+    texts = [" ".join(t.split()[:12]) for t in mixed_texts(1000, seed=3)]
     tokens = sum(len(ids) for ids in engine.tokenizer.encode_texts(texts))
-    assert tokens > 3 * 8192, tokens
-    with serving(ServerProcess(artifacts, "--max-queue-tokens", "8192", log_path=tmp_path / "server.log")) as server:
-        embeddings = OpenAIEmbeddings(model=MODEL, base_url=f"{server.http_url}/v1", api_key="unused",
-                                      check_embedding_ctx_length=False, max_retries=0, request_timeout=600)
-        small: list[np.ndarray] = []
-        meanwhile = threading.Timer(1.0, lambda: small.append(np.array(embeddings.embed_query("in between"))))
-        meanwhile.start()
-        documents = np.array(embeddings.embed_documents(texts), dtype=np.float32)
-        meanwhile.join()
+    assert tokens > 3 * GUARDED_QUEUE_TOKENS, tokens
+    # check_embedding_ctx_length=False: else LangChain sends tiktoken ids, which a BERT vocabulary cannot read.
+    embeddings = OpenAIEmbeddings(model=MODEL, base_url=f"{guarded_server.http_url}/v1", api_key=GUARD_KEY,
+                                  check_embedding_ctx_length=False, max_retries=0, request_timeout=600)
+    query: list[np.ndarray] = []
+    meanwhile = threading.Timer(
+        0.5, lambda: query.append(np.array(embeddings.embed_query("what does the fox jump over?"), dtype=np.float32)))
+    meanwhile.start()
+    documents = np.array(embeddings.embed_documents(texts), dtype=np.float32)
+    meanwhile.join()
+    assert documents.shape == (1000, 384)
     np.testing.assert_allclose(documents, engine.encode(texts).embeddings, atol=1e-5)
-    np.testing.assert_allclose(small[0], engine.encode(["in between"]).embeddings[0], atol=1e-5)
+    np.testing.assert_allclose(query[0], engine.encode(["what does the fox jump over?"]).embeddings[0], atol=1e-5)

@@ -181,23 +181,16 @@ def test_every_route_answers_as_described(server, spec):
     assert answered == SERVED - NOT_AN_EMBEDDERS
 
 
-def test_rerank_routes_answer_as_described(reranker_artifacts, spec, tmp_path):
-    from tests.serving import ServerProcess
-
-    reranker = ServerProcess(reranker_artifacts, log_path=tmp_path / "server.log")
-    try:
-        reranker.wait_serving()
-        spec = httpx.get(f"{reranker.http_url}/openapi.json", timeout=30).json()  # the reranker's own
-        validate(spec)
-        assert {("post", "/rerank"), ("post", "/v1/rerank"), ("post", "/v2/rerank"), ("post", "/predict"),
-                ("post", "/")} <= listed(spec)
-        assert not {("post", "/embed"), ("post", "/v1/embeddings"), ("post", "/embed_sparse")} & listed(spec)
-        for method, path, body in [*RERANK_CALLS, ("post", "/", {"inputs": "a"})]:  # TEI's / predicts for it
-            reply = call(reranker, method, path, body)
-            assert reply.status_code == 200, (path, reply.text)
-            Draft202012Validator(schema_of(spec, method, path, "200")).validate(reply.json())
-    finally:
-        assert reranker.terminate() == 0, reranker.log_tail()
+def test_rerank_routes_answer_as_described(reranker_server):
+    spec = httpx.get(f"{reranker_server.http_url}/openapi.json", timeout=30).json()  # the reranker's own
+    validate(spec)
+    assert {("post", "/rerank"), ("post", "/v1/rerank"), ("post", "/v2/rerank"), ("post", "/predict"),
+            ("post", "/")} <= listed(spec)
+    assert not {("post", "/embed"), ("post", "/v1/embeddings"), ("post", "/embed_sparse")} & listed(spec)
+    for method, path, body in [*RERANK_CALLS, ("post", "/", {"inputs": "a"})]:  # TEI's / predicts for it
+        reply = call(reranker_server, method, path, body)
+        assert reply.status_code == 200, (path, reply.text)
+        Draft202012Validator(schema_of(spec, method, path, "200")).validate(reply.json())
 
 
 def test_every_error_answers_as_described(server, spec):

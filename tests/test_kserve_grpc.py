@@ -17,9 +17,9 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from attnserve.v1 import encoder_pb2 as pb
-from tests.conftest import VARIED_TEXTS
-from tests.serving import ServerProcess, serving
-from tests.test_server_load import mixed_texts
+from tests.conftest import GUARD_KEY, VARIED_TEXTS
+from tests.serving import ServerProcess
+from tests.test_server_load import arrival_order_padding, mixed_texts
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 TEXTS = [t for t in VARIED_TEXTS if len(t) < 200]
@@ -325,25 +325,27 @@ def test_one_infer_of_500_mixed_texts_is_batched_by_length(server, client, engin
     after = server.metrics()
     np.testing.assert_allclose(reply.as_numpy("embedding"), engine.encode(texts, truncate=True).embeddings, atol=1e-5)
 
-    def grew(name):
-        key = next(k for k in after if k.startswith(name + "{"))
-        return after[key] - before.get(key, 0)
+    def grew(name):  # over every label set: only this request ran
+        return sum(after[k] - before.get(k, 0) for k in after if k.startswith(name + "{"))
 
     real, cells = grew("attnserve_batch_tokens_computed_total"), grew("attnserve_batch_cells_computed_total")
-    assert real == reply.as_numpy("num_tokens").sum()
-    assert (cells - real) / cells <= 0.10, (real, cells)
+    lengths = reply.as_numpy("num_tokens")
+    assert real == lengths.sum()
+    # The bar, as tests/test_server_load.py's: a quarter of what batches of the same mean size taken in arrival
+    # order would pad (0.74 here), from the same texts' token counts; batched by length, this pads 0.05 to 0.10.
+    unsorted = arrival_order_padding(lengths, max(2, round(len(texts) / grew("attnserve_batch_size_count"))))
+    assert (cells - real) / cells <= unsorted / 4, (real, cells, unsorted)
 
 
-def test_api_keys_guard_infer_and_not_the_probes(artifacts, tmp_path):
-    with serving(ServerProcess(artifacts, "--api-key", "secret-key", log_path=tmp_path / "server.log")) as s:
-        client = triton.InferenceServerClient(s.target)
-        assert client.is_server_live() and client.is_server_ready()
-        with pytest.raises(InferenceServerException) as refused:
-            client.infer(MODEL, [text_input(["a"])])
-        assert refused.value.status() == "StatusCode.UNAUTHENTICATED"
-        reply = client.infer(MODEL, [text_input(["a"])], headers={"authorization": "Bearer secret-key"})
-        assert reply.as_numpy("embedding").shape == (1, 384)
-        client.close()
+def test_api_keys_guard_infer_and_not_the_probes(guarded_server):
+    client = triton.InferenceServerClient(guarded_server.target)
+    assert client.is_server_live() and client.is_server_ready()
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer(MODEL, [text_input(["a"])])
+    assert refused.value.status() == "StatusCode.UNAUTHENTICATED"
+    reply = client.infer(MODEL, [text_input(["a"])], headers={"authorization": f"Bearer {GUARD_KEY}"})
+    assert reply.as_numpy("embedding").shape == (1, 384)
+    client.close()
 
 
 def test_drain_turns_server_ready_false_and_answers_every_accepted_infer(artifacts, tmp_path):
@@ -400,13 +402,6 @@ def test_drain_turns_server_ready_false_and_answers_every_accepted_infer(artifac
 QUERY = "what do cats eat"
 DOCUMENTS = ["Cats are obligate carnivores and eat meat.", "The stock market fell on Monday.", "Kittens drink milk.",
              "a", "Ünïcödé naïve café 東京は日本の首都です。"]
-
-
-@pytest.fixture(scope="module")
-def reranker_server(reranker_artifacts, tmp_path_factory):
-    process = ServerProcess(reranker_artifacts, log_path=tmp_path_factory.mktemp("kserve_reranker") / "server.log")
-    with serving(process):
-        yield process
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from attnserve.client.retry import BACKOFF_MAX_S, MAX_TOKENS, Backoff
 from attnserve.loadtest.corpus import mixed_length_corpus
-from tests.conftest import assert_one_line_error, run_cli
+from tests.conftest import GUARD_KEY, assert_one_line_error, run_cli
 from tests.serving import ServerProcess
 
 
@@ -149,23 +149,13 @@ def test_a_bad_http_target_is_one_line(target):
                           f"--target {target!r}", "http(s)://HOST:PORT")
 
 
-API_KEY = "sk-loadtest"
-
-
-def test_over_http_the_api_key_is_a_bearer_token_and_429s_are_retried(artifacts, tmp_path):
+def test_over_http_the_api_key_is_a_bearer_token_and_429s_are_retried(guarded_server):
     """A queue that holds a few requests' tokens: 16 streams overfill it, the server answers 429 with
     Retry-After, and the load backs off and retries, every send counted."""
-    server = ServerProcess(artifacts, "--api-key", API_KEY, "--max-queue-tokens", "1024",
-                           log_path=tmp_path / "server.log")
-    try:
-        server.wait_serving()
-        refused = run_cli("loadtest", "--protocol", "http", "--target", server.http_url, "--requests", 1)
-        assert_one_line_error(refused, "no model info: HTTP 401: no API key")
-        report = report_of(run_cli("loadtest", "--protocol", "http", "--target", server.http_url, "--api-key",
-                                   API_KEY, "--batch-size", 2, "--requests", 120, "--concurrency", 16,
-                                   "--json", "-"))
-    finally:
-        assert server.terminate() == 0, server.log_tail()
+    refused = run_cli("loadtest", "--protocol", "http", "--target", guarded_server.http_url, "--requests", 1)
+    assert_one_line_error(refused, "no model info: HTTP 401: no API key")
+    report = report_of(run_cli("loadtest", "--protocol", "http", "--target", guarded_server.http_url, "--api-key",
+                               GUARD_KEY, "--batch-size", 2, "--requests", 120, "--concurrency", 16, "--json", "-"))
     r, codes = report["requests"], report["codes"]
     assert set(codes) == {"200", "429"} and r["sent"] == r["answered"] == sum(codes.values()), codes
     assert codes["429"] == r["errors"] > 0 and 0 < r["retried"] <= r["errors"], report

@@ -46,8 +46,8 @@ def test_two_strings_stay_two_texts_on_teis_embed(server):
     assert reply.status_code == 200 and len(reply.json()) == 2
 
 
-def test_client_reranks(reranker_server_target):
-    with Client(reranker_server_target) as client:
+def test_client_reranks(reranker_server):
+    with Client(reranker_server.target) as client:
         results = client.rerank("what do cats eat", ["stocks fell", "cats eat meat", "kittens"], top_n=2,
                                 return_text=True)
         assert len(results) == 2 and results[0].score >= results[1].score
@@ -55,11 +55,3 @@ def test_client_reranks(reranker_server_target):
         with pytest.raises(RequestError, match="is a reranker"):
             client.encode([PAIR])
 
-
-@pytest.fixture(scope="module")
-def reranker_server_target(reranker_artifacts, tmp_path_factory):
-    from tests.serving import ServerProcess, serving
-
-    process = ServerProcess(reranker_artifacts, log_path=tmp_path_factory.mktemp("pairs") / "server.log")
-    with serving(process):
-        yield process.target

@@ -11,28 +11,32 @@ import numpy as np
 import pytest
 
 from attnserve.v1 import encoder_pb2 as pb
+from tests.conftest import RERANKER_MAX_INPUTS as MAX_INPUTS
 from tests.serving import ServerProcess, serving
 
 QUERY = "what do cats eat"
 TEXTS = ["Cats are obligate carnivores and eat meat.", "The stock market fell on Monday.", "Kittens drink milk.",
          "Paris is the capital of France.", "a", "Ünïcödé naïve café 東京は日本の首都です。"]
-MAX_INPUTS = 8
 
 
-@pytest.fixture(scope="module", params=["1", "2"], ids=["one process", "two workers"])
-def reranker_server(request, reranker_artifacts, tmp_path_factory):
-    """Every rerank door in one process, and through two front-door workers (serve --workers)."""
-    process = ServerProcess(reranker_artifacts, "--workers", request.param,
+@pytest.fixture(scope="module", params=["one process", "two workers"])
+def rerank_server(request, tmp_path_factory):
+    """Every rerank door in one process (the shared reranker, conftest.py), and through two front-door workers
+    (serve --workers) with the same limit on inputs."""
+    if request.param == "one process":
+        yield request.getfixturevalue("reranker_server")
+        return
+    process = ServerProcess(request.getfixturevalue("reranker_artifacts"), "--workers", "2",
                             env={"ATTNSERVE_MAX_INPUTS_PER_REQUEST": str(MAX_INPUTS)},
-                            log_path=tmp_path_factory.mktemp("reranker_server") / "server.log")
+                            log_path=tmp_path_factory.mktemp("reranker_workers") / "server.log")
     with serving(process):
         yield process
 
 
 @pytest.fixture(scope="module")
-def rerank_stub(reranker_server):
-    with reranker_server.channel() as channel:
-        yield reranker_server.stub(channel)
+def rerank_stub(rerank_server):
+    with rerank_server.channel() as channel:
+        yield rerank_server.stub(channel)
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +74,11 @@ def test_grpc_rerank_matches_cross_encoder(rerank_stub, expected):
     assert len(raw.results) == 2 and [r.text for r in raw.results] == [TEXTS[r.index] for r in raw.results]
 
 
-def test_tei_rerank_through_teis_client(reranker_server, expected):
+def test_tei_rerank_through_teis_client(rerank_server, expected):
     from tei_client import HttpClient
 
     scores, logits = expected
-    client = HttpClient(reranker_server.http_url)
+    client = HttpClient(rerank_server.http_url)
     ranks = client.rerank(QUERY, TEXTS, return_text=True).ranks
     _check_ranking([r.index for r in ranks], [r.score for r in ranks], scores)
     assert [r.text for r in ranks] == [TEXTS[r.index] for r in ranks]
@@ -82,21 +86,21 @@ def test_tei_rerank_through_teis_client(reranker_server, expected):
     _check_ranking([r.index for r in raw], [r.score for r in raw], logits, LOGIT_TOLERANCE)
 
 
-def test_v1_rerank_cohere_style(reranker_server, expected):
+def test_v1_rerank_cohere_style(rerank_server, expected):
     scores, _ = expected
     body = {"model": "tiny-reranker", "query": QUERY, "documents": [TEXTS[0], {"text": TEXTS[1]}, *TEXTS[2:]],
             "top_n": 3, "return_documents": True}
-    reply = httpx.post(f"{reranker_server.http_url}/v1/rerank", json=body, timeout=60).json()
+    reply = httpx.post(f"{rerank_server.http_url}/v1/rerank", json=body, timeout=60).json()
     results = reply["results"]
     _check_ranking([r["index"] for r in results], [r["relevance_score"] for r in results], scores)
     assert len(results) == 3 and reply["model"] == "tiny-reranker" and reply["usage"]["total_tokens"] > 0
     assert [r["document"]["text"] for r in results] == [TEXTS[r["index"]] for r in results]
-    everything = httpx.post(f"{reranker_server.http_url}/v1/rerank", timeout=60,
+    everything = httpx.post(f"{rerank_server.http_url}/v1/rerank", timeout=60,
                             json={"query": QUERY, "documents": TEXTS, "top_n": 100}).json()["results"]
     assert len(everything) == len(TEXTS) and "document" not in everything[0]  # top_n over the count: all, as Cohere
 
 
-def test_cohere_client_v2_reranks_with_its_own_sdk(reranker_server, expected, cross_encoder_dir):
+def test_cohere_client_v2_reranks_with_its_own_sdk(rerank_server, expected, cross_encoder_dir):
     """cohere.ClientV2.rerank posts /v2/rerank: its results best first, as CrossEncoder scores them; top_n; and
     max_tokens_per_doc cuts each document to its first N tokens, as CrossEncoder scores the cut text."""
     import cohere
@@ -104,7 +108,7 @@ def test_cohere_client_v2_reranks_with_its_own_sdk(reranker_server, expected, cr
     from tokenizers import Tokenizer
 
     scores, _ = expected
-    client = cohere.ClientV2(api_key="unused", base_url=reranker_server.http_url)
+    client = cohere.ClientV2(api_key="unused", base_url=rerank_server.http_url)
     reply = client.rerank(model="tiny-reranker", query=QUERY, documents=TEXTS, top_n=3)
     results = reply.results
     _check_ranking([r.index for r in results], [r.relevance_score for r in results], scores)
@@ -158,27 +162,27 @@ HOSTILE_HTTP = [
 
 
 @pytest.mark.parametrize("route,body,message", HOSTILE_HTTP, ids=[f"{r} {m[:30]}" for r, _, m in HOSTILE_HTTP])
-def test_hostile_http_requests_get_one_clear_error(reranker_server, route, body, message):
-    reply = httpx.post(f"{reranker_server.http_url}{route}", json=body, timeout=60)
+def test_hostile_http_requests_get_one_clear_error(rerank_server, route, body, message):
+    reply = httpx.post(f"{rerank_server.http_url}{route}", json=body, timeout=60)
     assert reply.status_code == (404 if "does not exist" in message else 400), reply.text
     error = reply.json()["error"]
     text = error if isinstance(error, str) else error["message"]
     assert message in text, text
 
 
-def test_v1_rerank_truncates_a_huge_query(reranker_server):
+def test_v1_rerank_truncates_a_huge_query(rerank_server):
     body = {"query": "cats " * 10_000, "documents": ["x", "cats"]}
-    reply = httpx.post(f"{reranker_server.http_url}/v1/rerank", json=body, timeout=60)
+    reply = httpx.post(f"{rerank_server.http_url}/v1/rerank", json=body, timeout=60)
     assert reply.status_code == 200 and len(reply.json()["results"]) == 2
     assert reply.json()["usage"]["total_tokens"] == 2 * 64
-    refused = httpx.post(f"{reranker_server.http_url}/v1/rerank", json={**body, "truncate": False}, timeout=60)
+    refused = httpx.post(f"{rerank_server.http_url}/v1/rerank", json={**body, "truncate": False}, timeout=60)
     assert refused.status_code == 400 and refused.json()["error"]["message"].endswith(
         'the request asked not to truncate; to cut it to max_seq_length instead, set "truncate": true in the body')
 
 
-def test_an_unset_truncate_cuts_on_tei_rerank_and_grpc(reranker_server, rerank_stub):
+def test_an_unset_truncate_cuts_on_tei_rerank_and_grpc(rerank_server, rerank_stub):
     """--auto-truncate, on by default: a pair over max_seq_length is cut when the request does not say."""
-    reply = httpx.post(f"{reranker_server.http_url}/rerank", json={"query": "cats " * 10_000, "texts": ["x", "cats"]},
+    reply = httpx.post(f"{rerank_server.http_url}/rerank", json={"query": "cats " * 10_000, "texts": ["x", "cats"]},
                        timeout=60)
     assert reply.status_code == 200 and sorted(r["index"] for r in reply.json()) == [0, 1]
     assert len(rerank_stub.Rerank(pb.RerankRequest(query="cats " * 10_000, texts=["x"]), timeout=60).results) == 1
@@ -209,14 +213,14 @@ def test_model_info_says_a_reranker(rerank_stub, stub):
     assert stub.GetModelInfo(pb.GetModelInfoRequest()).kind == "embedder"
 
 
-def test_a_reranker_asked_to_embed_says_what_it_is(rerank_stub, reranker_server):
+def test_a_reranker_asked_to_embed_says_what_it_is(rerank_stub, rerank_server):
     with pytest.raises(grpc.RpcError) as caught:
         rerank_stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text="hello")]))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert caught.value.details().endswith(
         "tiny-reranker is a reranker (a cross-encoder of one label) and has no embeddings: it scores (query, document) "
         "pairs through rerank (/rerank, /v1/rerank, /v2/rerank, gRPC Rerank)")
-    reply = httpx.post(f"{reranker_server.http_url}/embed", json={"inputs": "hello"}, timeout=60)
+    reply = httpx.post(f"{rerank_server.http_url}/embed", json={"inputs": "hello"}, timeout=60)
     assert reply.status_code == 400 and "is a reranker" in reply.json()["error"]
 
 

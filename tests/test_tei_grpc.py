@@ -121,25 +121,22 @@ def test_teis_client_tokenizes_and_decodes(tei, engine):
     assert tei.decode(ids) == "hello world"
 
 
-def test_teis_stubs_rerank_and_predict_as_the_http_door_does(reranker_artifacts, tmp_path):
-    from tests.serving import ServerProcess, serving
-
+def test_teis_stubs_rerank_and_predict_as_the_http_door_does(reranker_server):
     query, texts = "what do cats eat?", ["cats eat fish", "the train is late", "a cat's diet is meat"]
-    with serving(ServerProcess(reranker_artifacts, log_path=tmp_path / "server.log")) as process:
-        want = requests.post(f"{process.http_url}/rerank", json={"query": query, "texts": texts,
-                                                                  "return_text": True}, timeout=60).json()
-        with grpc.insecure_channel(process.target) as channel:
-            rerank = their_stubs.RerankStub(channel)
-            reply = rerank.Rerank(theirs.RerankRequest(query=query, texts=texts, return_text=True), timeout=60)
-            assert [(r.index, r.text) for r in reply.ranks] == [(w["index"], w["text"]) for w in want]
-            np.testing.assert_allclose([r.score for r in reply.ranks], [w["score"] for w in want], atol=1e-5)
-            streamed = rerank.RerankStream(iter([theirs.RerankStreamRequest(query=query, text=t, return_text=True)
-                                                 for t in texts]), timeout=60)
-            assert [(r.index, r.text) for r in streamed.ranks] == [(r.index, r.text) for r in reply.ranks]
-            info = their_stubs.InfoStub(channel).Info(theirs.InfoRequest(), timeout=10)
-            assert info.model_type == theirs.MODEL_TYPE_RERANKER
-            predicted = their_stubs.PredictStub(channel).PredictPair(
-                theirs.PredictPairRequest(inputs=[query, texts[0]]), timeout=60)
-            score = next(w["score"] for w in want if w["index"] == 0)
-            assert len(predicted.predictions) == 1
-            np.testing.assert_allclose(predicted.predictions[0].score, score, atol=1e-5)
+    want = requests.post(f"{reranker_server.http_url}/rerank",
+                         json={"query": query, "texts": texts, "return_text": True}, timeout=60).json()
+    with grpc.insecure_channel(reranker_server.target) as channel:
+        rerank = their_stubs.RerankStub(channel)
+        reply = rerank.Rerank(theirs.RerankRequest(query=query, texts=texts, return_text=True), timeout=60)
+        assert [(r.index, r.text) for r in reply.ranks] == [(w["index"], w["text"]) for w in want]
+        np.testing.assert_allclose([r.score for r in reply.ranks], [w["score"] for w in want], atol=1e-5)
+        streamed = rerank.RerankStream(iter([theirs.RerankStreamRequest(query=query, text=t, return_text=True)
+                                             for t in texts]), timeout=60)
+        assert [(r.index, r.text) for r in streamed.ranks] == [(r.index, r.text) for r in reply.ranks]
+        info = their_stubs.InfoStub(channel).Info(theirs.InfoRequest(), timeout=10)
+        assert info.model_type == theirs.MODEL_TYPE_RERANKER
+        predicted = their_stubs.PredictStub(channel).PredictPair(
+            theirs.PredictPairRequest(inputs=[query, texts[0]]), timeout=60)
+        score = next(w["score"] for w in want if w["index"] == 0)
+        assert len(predicted.predictions) == 1
+        np.testing.assert_allclose(predicted.predictions[0].score, score, atol=1e-5)

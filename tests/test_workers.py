@@ -58,9 +58,9 @@ def alive(pid: int) -> bool:
         return False
 
 
-def embed(server: ServerProcess, texts: list[str], **options) -> pb.EmbedResponse:
+def embed(server: ServerProcess, texts: list[str], metadata=None, **options) -> pb.EmbedResponse:
     with server.channel() as channel:
-        return server.stub(channel).Embed(make_request(texts, truncate=True, **options), timeout=60)
+        return server.stub(channel).Embed(make_request(texts, truncate=True, **options), timeout=60, metadata=metadata)
 
 
 def vectors(reply: pb.EmbedResponse) -> np.ndarray:
@@ -136,24 +136,34 @@ def test_teis_client_embeds_through_the_workers(two_workers):
     np.testing.assert_allclose(got, vectors(embed(two_workers, TEXTS)), atol=2e-5)
 
 
-def test_api_keys_hold_in_every_worker(artifacts, tmp_path):
-    key = "k-" + "7" * 20
-    server = ServerProcess(artifacts, "--workers", "2", "--api-key", key, log_path=tmp_path / "server.log")
-    with serving(server):
-        workers_of(server, 2)
-        with server.channel() as channel:
-            stub = server.stub(channel)
-            for _ in range(4):  # new connections: either worker
-                with pytest.raises(grpc.RpcError) as refused:
-                    stub.Embed(make_request(TEXTS[:1]), timeout=30)
-                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-                reply = stub.Embed(make_request(TEXTS[:1]), timeout=30, metadata=(("authorization", f"Bearer {key}"),))
-                assert len(reply.embeddings) == 1
-        request = urllib.request.Request(f"{server.http_url}/v1/embeddings", data=json.dumps({"input": "hi"}).encode(),
-                                         headers={"Content-Type": "application/json"})
-        with pytest.raises(urllib.error.HTTPError) as http_refused:
-            urllib.request.urlopen(request, timeout=30)
-        assert http_refused.value.code == 401
+KEY = "k-" + "7" * 20
+AUTH = (("authorization", f"Bearer {KEY}"),)
+
+
+@pytest.fixture(scope="module")
+def guarded_workers(artifacts, tmp_path_factory):
+    """Two workers behind an API key and one queue of 256 tokens."""
+    process = ServerProcess(artifacts, "--workers", "2", "--api-key", KEY, "--max-queue-tokens", "256",
+                            "--max-wait-ms", "50", log_path=tmp_path_factory.mktemp("guarded") / "server.log")
+    with serving(process):
+        workers_of(process, 2)
+        yield process
+
+
+def test_api_keys_hold_in_every_worker(guarded_workers):
+    server = guarded_workers
+    with server.channel() as channel:
+        stub = server.stub(channel)
+        for _ in range(4):  # new connections: either worker
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Embed(make_request(TEXTS[:1]), timeout=30)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert len(stub.Embed(make_request(TEXTS[:1]), timeout=30, metadata=AUTH).embeddings) == 1
+    request = urllib.request.Request(f"{server.http_url}/v1/embeddings", data=json.dumps({"input": "hi"}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as http_refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert http_refused.value.code == 401
 
 
 def test_every_worker_serves_and_every_request_is_counted(two_workers):
@@ -174,31 +184,28 @@ def test_every_worker_serves_and_every_request_is_counted(two_workers):
     assert after_stats["success"]["count"] - before_stats["success"]["count"] == calls
 
 
-def test_the_one_queue_decides_admission(artifacts, tmp_path):
+def test_the_one_queue_decides_admission(guarded_workers):
     """A queue of 256 tokens across both workers: a burst is partly refused with RESOURCE_EXHAUSTED and retry
     advice, the rest answered; nothing else."""
-    server = ServerProcess(artifacts, "--workers", "2", "--max-queue-tokens", "256", "--max-wait-ms", "50",
-                           log_path=tmp_path / "server.log")
-    with serving(server):
-        workers_of(server, 2)
-        long_text = " ".join(["attention"] * 100)
-        codes: Counter = Counter()
-        advice = []
+    server = guarded_workers
+    long_text = " ".join(["attention"] * 100)
+    codes: Counter = Counter()
+    advice = []
 
-        def call(_):
-            try:
-                embed(server, [long_text])
-                return grpc.StatusCode.OK
-            except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    advice.append(error_details(e).retry_delay)
-                return e.code()
+    def call(_):
+        try:
+            embed(server, [long_text], metadata=AUTH)
+            return grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                advice.append(error_details(e).retry_delay)
+            return e.code()
 
-        with ThreadPoolExecutor(24) as pool:
-            codes.update(pool.map(call, range(48)))
-        assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
-        assert codes[grpc.StatusCode.OK] > 0 and codes[grpc.StatusCode.RESOURCE_EXHAUSTED] > 0, codes
-        assert all(delay is not None and delay > 0 for delay in advice)
+    with ThreadPoolExecutor(24) as pool:
+        codes.update(pool.map(call, range(48)))
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    assert codes[grpc.StatusCode.OK] > 0 and codes[grpc.StatusCode.RESOURCE_EXHAUSTED] > 0, codes
+    assert all(delay is not None and delay > 0 for delay in advice)
 
 
 def load(server: ServerProcess, stop: threading.Event, codes: Counter, lock: threading.Lock, clients: int = 8,
@@ -222,26 +229,26 @@ def load(server: ServerProcess, stop: threading.Event, codes: Counter, lock: thr
     return pool, [pool.submit(client, i) for i in range(clients)]
 
 
-def test_a_worker_killed_under_load_is_restarted(artifacts, tmp_path):
-    server = ServerProcess(artifacts, "--workers", "2", log_path=tmp_path / "server.log")
-    with serving(server):
-        victim, survivor = workers_of(server, 2)
-        codes: Counter = Counter()
-        lock, stop = threading.Lock(), threading.Event()
-        pool, clients = load(server, stop, codes, lock)
-        time.sleep(1.5)
-        os.kill(victim, signal.SIGKILL)
-        time.sleep(2.0)
-        stop.set()
-        for c in clients:
-            c.result(timeout=60)  # every call ended: none was left unanswered
-        pool.shutdown()
-        assert set(codes) <= {grpc.StatusCode.OK} | RETRYABLE, codes
-        assert codes[grpc.StatusCode.OK] > 0
-        replacement = [pid for pid in workers_of(server, 2) if pid != survivor]
-        assert replacement and victim not in replacement
-        assert '"worker_died"' in server.log_tail(400)
-        assert len(embed(server, TEXTS).embeddings) == 4
+def test_a_worker_killed_under_load_is_restarted(two_workers):
+    """Last of the tests on two_workers: its server goes on with the replacement, and stops as cleanly."""
+    server = two_workers
+    victim, survivor = workers_of(server, 2)
+    codes: Counter = Counter()
+    lock, stop = threading.Lock(), threading.Event()
+    pool, clients = load(server, stop, codes, lock)
+    time.sleep(1.5)
+    os.kill(victim, signal.SIGKILL)
+    time.sleep(2.0)
+    stop.set()
+    for c in clients:
+        c.result(timeout=60)  # every call ended: none was left unanswered
+    pool.shutdown()
+    assert set(codes) <= {grpc.StatusCode.OK} | RETRYABLE, codes
+    assert codes[grpc.StatusCode.OK] > 0
+    replacement = [pid for pid in workers_of(server, 2) if pid != survivor]
+    assert replacement and victim not in replacement
+    assert '"worker_died"' in server.log_tail(400)
+    assert len(embed(server, TEXTS).embeddings) == 4
 
 
 def test_the_engine_killed_under_load_ends_every_request(artifacts, tmp_path):
