@@ -253,6 +253,23 @@ def clip_server(clip_artifacts, tmp_path_factory):
         yield process
 
 
+# The hosts image_workers fetches image URLs from, and its limits on them.
+URL_LIMITS = ("--allow-image-urls", "127.0.0.1", "--max-image-url-bytes", "100000", "--image-url-timeout", "1")
+
+
+@pytest.fixture(scope="session")
+def image_workers(clip_artifacts, siglip2_artifacts, tmp_path_factory):
+    """The tiny CLIP (the default model) and the tiny SigLIP 2 ("siglip2") behind two front-door workers: images
+    are decoded there, fetched there from URLs (URL_LIMITS), and only their pixels cross to the engine process."""
+    from tests.serving import ServerProcess, serving
+
+    process = ServerProcess(None, "--workers", "2", "--model", f"clip={clip_artifacts}", "--model",
+                            f"siglip2={siglip2_artifacts}", *URL_LIMITS,
+                            log_path=tmp_path_factory.mktemp("image_workers") / "server.log")
+    with serving(process):
+        yield process
+
+
 # The shared server with a guard and a small queue: a few requests' tokens fill it (RESOURCE_EXHAUSTED, HTTP 429).
 GUARD_KEY = "sk-guarded"
 GUARDED_QUEUE_TOKENS = 1024

@@ -20,8 +20,6 @@ from PIL import Image
 from attnserve.v1 import encoder_pb2 as pb
 from tests.test_images import animated_gif, png_header_only
 
-pytest_plugins = ["tests.image_servers"]  # the shared servers
-
 CAPTIONS = ["a photo of the cat", "the dog", "and of the photo"]
 LABELS, TEMPLATE = ["cat", "dog", "photo"], "a photo of the {}"  # zero-shot's
 

@@ -30,8 +30,6 @@ from attnserve.offline.job import EncodeJob
 from .conftest import assert_one_line_error, run_cli
 from .test_encode_integrity import interrupted_run
 
-pytest_plugins = ["tests.image_servers"]  # the shared servers
-
 POSITIONS = 17  # the tiny CLIP's tower: (32 / 8)^2 patches and the class token
 CAPTIONS = ["a photo of the cat", "the dog"]
 

@@ -18,8 +18,6 @@ from tests.serving import ServerProcess, serving
 from tests.test_image_serving import assert_same, data_uri, png
 from tests.test_siglip_serving import assert_sigmoid_zero_shot
 
-pytest_plugins = ["tests.image_servers"]  # the shared servers
-
 TEXTS = ["A Photo of the CAT", "the dog", "the photo and the cat of the dog " * 12]  # the last past 64 tokens
 # Wide, tall, square, tiny (upsampled), large (the patch budget, downsampled) and one pixel high: patch counts differ.
 IMAGES = [png(0, (160, 40)), png(1, (33, 64), "RGBA"), png(2, (64, 64), "L"), png(3, (5, 7)), png(4, (300, 200)),
