@@ -132,9 +132,17 @@ def test_engine_equals_multi_vector_encoder(colbert, input_type):
         assert len(got[2]) == 3
 
 
-def test_the_other_settings_equal_multi_vector_encoder(tmp_path):
-    checkpoint = save_colbert(tmp_path / "ckpt", VARIANT, seed=1)
-    artifacts = export(checkpoint, tmp_path / "artifacts", ["embeddings"])  # the module's export builds them all
+@pytest.fixture(scope="module")
+def other_settings(tmp_path_factory) -> tuple[Path, Path]:
+    """A model of the other settings (VARIANT: meanmaxsim among them), its fp32 graph alone: the module's export of
+    the classic settings builds them all."""
+    base = tmp_path_factory.mktemp("colbert_variant")
+    checkpoint = save_colbert(base / "ckpt", VARIANT, seed=1)
+    return checkpoint, export(checkpoint, base / "artifacts", ["embeddings"])
+
+
+def test_the_other_settings_equal_multi_vector_encoder(other_settings):
+    checkpoint, artifacts = other_settings
     engine = Engine.from_directory(artifacts, EngineConfig())
     manifest = engine.manifest.multi_vector
     assert manifest is not None and manifest["similarity"] == "meanmaxsim" and manifest["document_length"] == 128
@@ -259,11 +267,10 @@ def test_rerank_ranks_by_maxsim_on_every_door(colbert, colbert_server):
     np.testing.assert_allclose([r.score for r in grpc_reply.results], want[order[:3]], rtol=1e-5, atol=1e-4)
 
 
-def test_meanmaxsim_reranking_equals_sentence_transformers_similarity(tmp_path):
+def test_meanmaxsim_reranking_equals_sentence_transformers_similarity(other_settings, tmp_path):
     from sentence_transformers import MultiVectorEncoder
 
-    checkpoint = save_colbert(tmp_path / "ckpt", VARIANT, seed=2)
-    artifacts = export(checkpoint, tmp_path / "artifacts", ["embeddings"])
+    checkpoint, artifacts = other_settings
     with serving(ServerProcess(artifacts, log_path=tmp_path / "server.log")) as s:
         results = requests.post(f"{s.http_url}/v1/rerank", json={"model": "", "query": QUERIES[2],
                                                                   "documents": DOCUMENTS}, timeout=60).json()["results"]

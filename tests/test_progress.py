@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from attnserve.export.artifacts import all_variants, build_artifacts
+from attnserve.export.artifacts import all_variants
 from attnserve.model.checkpoint import read_checkpoint
 from attnserve.progress import Progress
 
@@ -50,24 +50,27 @@ def assert_in_order(said: list[str], expected: list[str]) -> None:
         at = found + 1
 
 
-def test_every_export_step_has_a_line_in_order(tiny_checkpoint_dir, tmp_path):
-    lines: list[str] = []
-    ckpt = read_checkpoint(tiny_checkpoint_dir)
-    build_artifacts(ckpt, tmp_path / "artifacts", log=lines.append)
+@pytest.fixture(scope="module")
+def export_all_said(tiny_checkpoint_dir, tmp_path_factory) -> list[str]:
+    """What `attnserve export --all` printed on stderr: every step of every variant, run once for the tests that
+    read it."""
+    result = run_cli("export", "--all", "--checkpoint", tiny_checkpoint_dir, "--out",
+                     tmp_path_factory.mktemp("export_all") / "out")
+    assert result.returncode == 0, result.stderr
+    return result.stderr.splitlines()
+
+
+def test_every_export_step_has_a_line_in_order(tiny_checkpoint_dir, export_all_said):
+    lines = export_all_said
     assert lines[0].startswith("exporting ") and lines[-1].startswith("wrote ")
     assert_in_order(steps_in(lines), EXPORT_STEPS)
     assert all(STAGE.search(line) for line in lines if "stage " in line and " of 6: " in line), lines
-    assert sum(line.startswith("verified ") for line in lines) == len(all_variants(ckpt))  # each variant's result
+    variants = all_variants(read_checkpoint(tiny_checkpoint_dir))
+    assert sum(line.startswith("verified ") for line in lines) == len(variants)  # each variant's result
     # What reads as a failure is said as what it is: no "0 Attention nodes" for a family whose attention the
     # optimizer does not fuse, and here, a BERT, every layer's attention fused.
     assert not any(" 0 Attention" in line or "error" in line.lower() for line in lines), lines
     assert any("attention fused in all 2 layers" in line for line in lines), lines
-
-
-def test_attnserve_export_prints_its_steps(tiny_checkpoint_dir, tmp_path):
-    result = run_cli("export", "--all", "--checkpoint", tiny_checkpoint_dir, "--out", tmp_path / "out")
-    assert result.returncode == 0, result.stderr
-    assert_in_order(steps_in(result.stderr.splitlines()), EXPORT_STEPS)
 
 
 def test_the_first_export_of_a_run_is_one_stage(tiny_checkpoint_dir, tmp_path):

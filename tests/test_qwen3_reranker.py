@@ -48,6 +48,13 @@ def exported(model_dir, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def served(exported, tmp_path_factory):
+    """One server over the export, for the tests of its routes."""
+    with serving(ServerProcess(exported, log_path=tmp_path_factory.mktemp("qwen3_reranker") / "server.log")) as server:
+        yield server
+
+
 def card_inputs(model_dir: Path, query: str, documents: list[str]) -> dict[str, torch.Tensor]:
     """The model card's process_inputs: the body truncated to what max_length leaves, then prefix and suffix
     tokens around it, padded by the tokenizer (on the left, as its tokenizer_config.json says)."""
@@ -175,21 +182,20 @@ def test_untied_checkpoint_scores_with_its_lm_head(tmp_path, exported):
     assert np.abs(sigmoid(tied.numpy()[:, 0]) - want).max() > 1e-3  # the input embeddings' rows would not do
 
 
-def test_served_through_rerank_routes(model_dir, exported, tmp_path):
+def test_served_through_rerank_routes(model_dir, served):
     want = card_scores(model_dir, QUERY, TEXTS)
     order = list(np.argsort(-want, kind="stable"))
-    with serving(ServerProcess(exported, log_path=tmp_path / "server.log")) as server:
-        with server.channel() as channel:
-            reply = server.stub(channel).Rerank(pb.RerankRequest(query=QUERY, texts=TEXTS), timeout=60)
-        assert [r.index for r in reply.results] == order
-        assert np.abs(np.array([r.score for r in reply.results]) - want[order]).max() <= 1e-5
-        tei = httpx.post(f"{server.http_url}/rerank", json={"query": QUERY, "texts": TEXTS}, timeout=60)
-        assert tei.status_code == 200, tei.text
-        assert [r["index"] for r in tei.json()] == order
-        assert np.abs(np.array([r["score"] for r in tei.json()]) - want[order]).max() <= 1e-5
+    with served.channel() as channel:
+        reply = served.stub(channel).Rerank(pb.RerankRequest(query=QUERY, texts=TEXTS), timeout=60)
+    assert [r.index for r in reply.results] == order
+    assert np.abs(np.array([r.score for r in reply.results]) - want[order]).max() <= 1e-5
+    tei = httpx.post(f"{served.http_url}/rerank", json={"query": QUERY, "texts": TEXTS}, timeout=60)
+    assert tei.status_code == 200, tei.text
+    assert [r["index"] for r in tei.json()] == order
+    assert np.abs(np.array([r["score"] for r in tei.json()]) - want[order]).max() <= 1e-5
 
 
-def test_attention_of_a_templated_pair_is_the_models_own(model_dir, exported, tmp_path):
+def test_attention_of_a_templated_pair_is_the_models_own(model_dir, served):
     """The attention a reranker researcher asks for: the (query, document) pair put through the model card's
     template, every layer's maps equal to transformers' Qwen3ForCausalLM (eager) on the same tokens, the document's
     first token as pair_start; a text that is no pair is refused in one line."""
@@ -200,19 +206,18 @@ def test_attention_of_a_templated_pair_is_the_models_own(model_dir, exported, tm
     model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), attn_implementation="eager")
     with torch.no_grad():
         want = torch.stack(model.eval()(input_ids=ids, output_attentions=True).attentions)[:, 0].numpy()  # (L,nh,T,T)
-    with serving(ServerProcess(exported, log_path=tmp_path / "server.log")) as server:
-        reply = httpx.post(f"{server.http_url}/v1/attention", json={
-            "inputs": [[QUERY, document]], "layers": list(range(want.shape[0])), "analyses": ["head_stats"]},
-            timeout=60)
-        assert reply.status_code == 200, reply.text
-        item = reply.json()["data"][0]
-        got = np.reshape(item["attentions"], item["shape"])
-        assert got.shape == want.shape
-        assert np.abs(got - want).max() <= 1e-4
-        tokens = item["tokens"]
-        assert len(tokens) == ids.shape[1]
-        start = item["pair_start"]
-        # The document's first token (with the space before it, as byte-level BPE joins them) starts segment b.
-        assert "".join(tokens[start - 4:start]).endswith("Document>:") and tokens[start] == "ĠC", tokens[start - 4:]
-        refused = httpx.post(f"{server.http_url}/v1/attention", json={"inputs": "not a pair"}, timeout=60)
-        assert refused.status_code == 400 and "send pairs" in refused.json()["error"]["message"], refused.text
+    reply = httpx.post(f"{served.http_url}/v1/attention", json={
+        "inputs": [[QUERY, document]], "layers": list(range(want.shape[0])), "analyses": ["head_stats"]},
+        timeout=60)
+    assert reply.status_code == 200, reply.text
+    item = reply.json()["data"][0]
+    got = np.reshape(item["attentions"], item["shape"])
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-4
+    tokens = item["tokens"]
+    assert len(tokens) == ids.shape[1]
+    start = item["pair_start"]
+    # The document's first token (with the space before it, as byte-level BPE joins them) starts segment b.
+    assert "".join(tokens[start - 4:start]).endswith("Document>:") and tokens[start] == "ĠC", tokens[start - 4:]
+    refused = httpx.post(f"{served.http_url}/v1/attention", json={"inputs": "not a pair"}, timeout=60)
+    assert refused.status_code == 400 and "send pairs" in refused.json()["error"]["message"], refused.text

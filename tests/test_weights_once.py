@@ -29,16 +29,28 @@ def _bytes(directory: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def grown(tmp_path_factory, checkpoint) -> tuple[Path, Path, int]:
-    """(the first export's directory as a run leaves it, a copy grown by every variant, the checkpoint's weights'
-    bytes), all-MiniLM-L6-v2."""
+def grown(tmp_path_factory, checkpoint, artifacts) -> tuple[Path, Path, int]:
+    """(the first export's directory as a run leaves it, a directory with every variant, the checkpoint's weights'
+    bytes), all-MiniLM-L6-v2. The second is the run's export of every variant (tests/conftest.py `artifacts`), copied
+    so that what a test writes beside its files stays here."""
     root = tmp_path_factory.mktemp("weights_once")
     first = root / "first"
     build_artifacts(checkpoint, first, log=lambda m: None, variants=["embeddings"])
     grown = root / "grown"
-    shutil.copytree(first, grown)
-    add_variants(grown, all_variants(read_checkpoint(checkpoint.directory, checkpoint.name)), log=lambda m: None)
+    shutil.copytree(artifacts, grown)
     return first, grown, (checkpoint.directory / "model.safetensors").stat().st_size
+
+
+def test_a_variant_added_to_the_first_export_reads_the_weights_it_shares_from_its_file(grown, tmp_path):
+    """add_variants on the directory a run left: the fused graph built later reads the weights it did not change
+    from weights.fp32.data and writes only its packed Q, K, V."""
+    first, _, weights = grown
+    added = tmp_path / "added"
+    shutil.copytree(first, added)
+    manifest = add_variants(added, ["embeddings_fused"], log=lambda m: None)
+    assert "weights.fp32.data" in manifest.variants["embeddings_fused"].data_files
+    assert (added / "embeddings_fused.onnx.data").stat().st_size < 0.2 * weights
+    assert (added / "weights.fp32.data").stat().st_mtime_ns == (first / "weights.fp32.data").stat().st_mtime_ns
 
 
 def test_the_first_export_is_the_checkpoints_size(grown):
