@@ -20,8 +20,8 @@ from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 
 from .checkpoints import edit_json
+from .families_table import TEXTS
 from .family_parity import cosines, max_error, padded_batch_with_types, transformers_model
-from .test_gte import TEXTS
 from .tiny_gte import save_tiny_gte
 
 REMOTE = "Alibaba-NLP/new-impl"

@@ -15,8 +15,8 @@ VOCAB_SIZE = 200
 
 def save_tiny_gte(directory: Path, model_class: str = "GteModel", seed: int = 0, **config) -> Path:
     """A 3-layer, hidden-64, 4-head GTE with 128 positions, no token types (as gte-base-en-v1.5) and plain rotary
-    positions (transformers cannot load the NTK-scaled ones: test_gte.py scales a copy), with random weights
-    larger than transformers' initialisation (whose attention would be nearly uniform).
+    positions (transformers cannot load the NTK-scaled ones: test_family_conformance.py scales a copy), with random
+    weights larger than transformers' initialisation (whose attention would be nearly uniform).
     config: GteConfig settings over these."""
     import transformers
 

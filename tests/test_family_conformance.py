@@ -1,0 +1,772 @@
+"""Every model family against code nobody here wrote: transformers' own classes and sentence-transformers, one
+table row a family (tests/families_table.py), then the checks no table holds, named by family.
+
+Each row's tiny random-weight checkpoint is saved by transformers' class, wrapped by sentence-transformers itself, and
+checked the same way: its config read as transformers reads it; last_hidden_state and attention maps equal to
+transformers' (eager and sdpa, on each padding side a tokenizer of the family uses); head checkpoints loaded or
+refused; settings the export cannot run refused in one line before any weight loads; the export verified and its
+graphs equal to PyTorch at sizes never traced; the engine encoding as sentence-transformers (with the family's
+prompts); and one `attnserve serve` over every row's export.
+
+Variants: every row exports its fp32 graphs (embeddings, embeddings_fused); one row per architecture kind, where
+the exporter's graphs differ, exports and verifies every variant (fp16, int8, the attention graphs):
+- absolute-position encoder (BERT-likes, model/encoder.py): the default model, all-MiniLM-L6-v2, whose every
+  variant tests/conftest.py's `artifacts` builds and verifies (MPNet's relative bias: test_real_models.py);
+- rotary encoder (model/rotary_bert.py): NomicBERT, the one with token types into every graph;
+- local/global attention encoder whose attention the optimizer does not fuse: ModernBERT;
+- causal decoder, padded on the left: Qwen3;
+- bidirectional decoder with grouped key/value heads and sliding windows: Gemma 3 (EuroBERT: fp32 only);
+- multi-task LoRA: jina-embeddings-v3, a graph set per task (int8 once, for the model without a task).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attnserve.config import EngineConfig
+from attnserve.engine.engine import Engine
+from attnserve.engine.manifest import load_manifest
+from attnserve.engine.session import CPU, open_session
+from attnserve.engine.tasks import task_directory
+from attnserve.errors import CheckpointError, InvalidInputError
+from attnserve.export.artifacts import add_variants, build_artifacts
+from attnserve.model.checkpoint import load_encoder, read_checkpoint
+from attnserve.model.jina_v3 import TASKS, with_task
+from attnserve.model.pooling import pool
+
+from .checkpoints import edit_json
+from .conftest import assert_one_line_error, run_cli
+from .families_table import BY_NAME, ROWS, TEXTS, Row
+from .family_parity import cosines, max_error, padded_batch, refusal_before_weights_load, transformers_model
+
+LENGTHS = [(1,), (5, 3), (16, 9, 1), (48, 17, 33), (100, 64, 7, 100)]
+UNSEEN = [(3,), (37, 12, 1), (40, 40, 5, 29, 17)]  # batch and sequence sizes no export traced or verified at
+
+
+class Built:
+    """Each row's folders, encoder and export, made once for the module, when a test first asks."""
+
+    def __init__(self, root: Path):
+        self.root, self.made = root, {}
+
+    def _once(self, key, make):
+        if key not in self.made:
+            self.made[key] = make()
+        return self.made[key]
+
+    def model(self, row: Row) -> Path:
+        return self._once(("model", row.name), lambda: row.save(self.root / row.name / "model"))
+
+    def st(self, row: Row) -> Path:
+        return self._once(("st", row.name), lambda: row.pipeline(self.model(row), self.root / row.name / "st"))
+
+    def ours(self, row: Row):
+        return self._once(("ours", row.name), lambda: load_encoder(read_checkpoint(self.model(row))))
+
+    def sentence_transformer(self, row: Row):
+        from sentence_transformers import SentenceTransformer
+
+        return self._once(("stm", row.name), lambda: SentenceTransformer(str(self.st(row)), device="cpu"))
+
+    def exported(self, row: Row) -> tuple[Path, list[str]]:
+        def make():
+            out, lines = self.root / row.name / "artifacts", []
+            build_artifacts(read_checkpoint(self.st(row)), out, log=lines.append, variants=row.variants)
+            add_variants(out, row.extra.get("add_variants", []), log=lines.append)
+            return out, lines
+        return self._once(("exported", row.name), make)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Built:
+    return Built(tmp_path_factory.mktemp("families"))
+
+
+def batch(row: Row, cfg, lengths, seed: int, side: str = "right", types: bool | None = None):
+    """(ids, mask, token types or None): random ids padded on `side`; types (default: the row's) a second segment
+    in each row's second half."""
+    lengths = tuple(min(n, row.positions) for n in lengths)
+    ids, mask = padded_batch(lengths, cfg.vocab_size, cfg.pad_token_id, seed, side, first_id=row.first_id)
+    segment = (torch.arange(max(lengths))[None, :] >= torch.tensor(lengths)[:, None] // 2).long() * mask
+    return ids, mask, segment if (row.token_types if types is None else types) else None
+
+
+def hidden(model, ids, mask, types=None, **kwargs):
+    with torch.no_grad():
+        extra = {} if types is None else {"token_type_ids": types}
+        return model(input_ids=ids, attention_mask=mask, **extra, **kwargs)
+
+
+def by_row(rows=ROWS, **more):
+    return pytest.mark.parametrize("row", rows, ids=[r.name for r in rows], **more)
+
+
+@by_row()
+def test_config_is_read_as_transformers_reads_it(built, row):
+    import transformers
+
+    theirs = transformers.AutoConfig.from_pretrained(str(built.model(row)))
+    cfg = built.ours(row).config
+    assert (cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads) == (
+        theirs.vocab_size, theirs.hidden_size, theirs.num_hidden_layers, theirs.num_attention_heads)
+    assert cfg.intermediate_size == getattr(theirs, "intermediate_size", getattr(theirs, "hidden_dim", None))
+    assert {k: getattr(cfg, k) for k in row.expect} == row.expect
+
+
+PARITY = [(r, i, s) for r in ROWS for i in r.implementations for s in r.sides]
+
+
+@pytest.mark.parametrize("row, implementation, side", PARITY, ids=[f"{r.name}-{i}-{s}" for r, i, s in PARITY])
+def test_last_hidden_state_matches_transformers(built, row, implementation, side):
+    ours, reference = built.ours(row), transformers_model(built.model(row), implementation)
+    for seed, lengths in enumerate(LENGTHS):
+        ids, mask, types = batch(row, ours.config, lengths, seed, side)
+        for token_types in {None, types}:  # with the row's token types, and without
+            got, _ = hidden(ours, ids, mask, token_types)
+            want = hidden(reference, ids, mask, token_types).last_hidden_state
+            assert max_error(got, want, mask) <= 1e-4, (lengths, token_types is None)
+
+
+SIDES = [(r, s) for r in ROWS for s in r.sides]
+
+
+@pytest.mark.parametrize("row, side", SIDES, ids=[f"{r.name}-{s}" for r, s in SIDES])
+def test_attention_maps_match_transformers_and_give_padding_nothing(built, row, side):
+    ours = built.ours(row)
+    ids, mask, types = batch(row, ours.config, (40, 17, 1), seed=3, side=side)
+    _, got = hidden(ours, ids, mask, types, output_attentions=True)  # (L, B, nh, T, T): per query head
+    want = torch.stack(hidden(transformers_model(built.model(row), "eager"), ids, mask, types,
+                              output_attentions=True).attentions)
+    L, nh = ours.config.num_layers, ours.config.num_heads
+    assert got is not None and got.shape == (L, 3, nh, 40, 40)
+    real = mask.bool()
+    rows = (real[:, None, :, None] & real[:, None, None, :]).expand(L, -1, nh, -1, -1)
+    assert float((got - want).abs()[rows].max()) <= 1e-5
+    torch.testing.assert_close(got.sum(-1), torch.ones(L, 3, nh, 40), atol=1e-5, rtol=0)
+    # From every query, padded ones included: padded keys get exactly 0.
+    assert torch.count_nonzero(got[:, ~real[:, None, None, :].expand(-1, nh, 40, -1)]) == 0
+    full = got[:, 0]  # (L, nh, T, T), the 40-token row: no padding
+    offset = torch.arange(40)[None, :] - torch.arange(40)[:, None]  # key - query
+    if row.causal:
+        # No real query sees a later key. With right padding no padded query does either; a padded query before
+        # every real token (left padding) has only padded keys behind it and weighs later real ones.
+        later = got.triu(diagonal=1)
+        assert torch.count_nonzero(later if side == "right" else later[rows]) == 0
+    elif row.window:
+        layers, half = row.window  # a query gives exactly 0 to keys more than `half` away, on either side
+        assert torch.count_nonzero(full[list(layers)][..., offset.abs() > half]) == 0
+        assert bool((full[list(layers)][..., offset.abs() <= half] > 0).all())
+    else:
+        assert bool((full > 0).all())  # bidirectional: every real key, before and after the query
+    if row.wide_weights:  # the random weights make attention peaked, not uniform, and each head its own
+        assert float(full.max()) > 0.5 and float((got[:, :, 0] - got[:, :, 1]).abs().max()) > 0.05
+
+
+HEADS = [r for r in ROWS if r.masked_lm or r.refused_head]
+
+
+@by_row(HEADS)
+def test_head_checkpoints_load_their_encoder_or_are_refused(tmp_path, row):
+    """A masked-LM save prefixes the encoder's keys and adds its head, unused, as transformers' AutoModel (what
+    sentence-transformers loads) leaves it; a head whose output the export would drop is refused, by its
+    architecture and, that renamed away, by its weights."""
+    if row.masked_lm:
+        masked = row.save(tmp_path / "mlm", model_class=row.masked_lm, seed=1)
+        encoder = load_encoder(read_checkpoint(masked))
+        ids, mask, types = batch(row, encoder.config, (12, 7), seed=0)
+        want = hidden(transformers_model(masked, "eager"), ids, mask, types).last_hidden_state
+        assert max_error(hidden(encoder, ids, mask, types)[0], want, mask) <= 1e-4
+    if row.refused_head:
+        head = row.save(tmp_path / "head", model_class=row.refused_head)
+        with pytest.raises(CheckpointError, match=f"cannot reproduce architecture {row.refused_head}"):
+            read_checkpoint(head)
+        if row.head_weights_refused:
+            edit_json(head / "config.json", architectures=[row.refused_head.split("For")[0] + "Model"])
+            with pytest.raises(CheckpointError, match=r"cannot reproduce the head"):
+                read_checkpoint(head)
+
+
+# (family, a change to config.json, what the one-line refusal says); each is refused from config.json alone.
+REFUSED = [
+    ("gte", {"rope_parameters": None, "rope_scaling": {"type": "ntk", "factor": 2.0, "mixed_b": 0.5}},
+     "cannot reproduce rope settings"),
+    ("gte", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "cannot reproduce rope s"),
+    ("gte", {"rope_parameters": {"rope_type": "ntk", "rope_theta": 1e4}}, "rope_type 'ntk' needs a factor"),
+    ("gte", {"rope_scaling": {"type": "ntk", "factor": 2.0}}, "give rope_parameters or rope_scaling, not both"),
+    ("gte", {"rope_parameters": {"rope_type": "ntk", "rope_theta": 1e4, "factor": 0.5}}, "ntk factor must be at le"),
+    ("gte", {"layer_norm_type": "rms_norm"}, "cannot reproduce layer_norm_type 'rms_norm' (only 'layer_norm')"),
+    ("gte", {"logn_attention_scale": True}, "cannot reproduce logn_attention_scale True (only False)"),
+    ("gte", {"logn_attention_clip1": True}, "cannot reproduce logn_attention_clip1 True (only False)"),
+    ("gte", {"pack_qkv": False}, "cannot reproduce pack_qkv False (only True)"),
+    ("gte", {"position_embedding_type": "absolute"}, "cannot reproduce position_embedding_type 'absolute' (only"),
+    ("gte", {"hidden_act": "tanh"}, "hidden_act 'tanh' is not supported"),
+    ("gte", {"architectures": ["GteForTokenClassification"]}, "cannot reproduce architecture GteForTokenClassif"),
+    *[("nomic_bert", {key: value}, f"cannot reproduce {key} {value} (only {only})") for key, value, only in [
+        ("rotary_emb_fraction", 0.5, 1.0), ("rotary_emb_interleaved", True, False),
+        ("rotary_emb_scale_base", 512, None), ("rotary_scaling_factor", 2.0, None), ("qkv_proj_bias", True, False),
+        ("mlp_fc1_bias", True, False), ("mlp_fc2_bias", True, False), ("prenorm", True, False),
+        ("parallel_block", True, False), ("use_rms_norm", True, False), ("causal", True, False),
+        ("scale_attn_weights", False, True)]],
+    ("nomic_bert", {"activation_function": "gelu"}, "activation_function 'gelu' is not supported (only 'swiglu')"),
+    ("nomic_bert", {"hidden_act": "tanh"}, "hidden_act 'tanh' is not supported"),
+    ("nomic_bert", {"hidden_act": "gelu", "activation_function": "swiglu"},
+     "hidden_act 'gelu' and activation_function 'swiglu' disagree"),
+    ("nomic_bert", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0}},
+     "cannot reproduce rope_parameters"),
+    ("nomic_bert", {"rope_parameters": {"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": .5}},
+     "cannot reproduce rope_parameters"),
+    ("nomic_bert", {"rotary_emb_base": 10000}, "rope_parameters.rope_theta 1000.0 and rotary_emb_base 10000 disagree"),
+    ("nomic_bert", {"architectures": ["NomicBertForPreTraining"]}, "cannot reproduce architecture NomicBertForPreT"),
+    ("modernbert", {"hidden_activation": "silu"}, "hidden_activation 'silu' is not supported"),
+    ("modernbert", {"rope_parameters": {"full_attention": {"rope_type": "linear", "rope_theta": 1e3, "factor": 2.0}}},
+     "cannot reproduce rope_parameters['full_attention']"),
+    ("modernbert", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "cannot reproduce rope_scaling"),
+    ("modernbert", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "cannot reproduce rope_scaling"),
+    ("modernbert", {"layer_types": ["full_attention"]}, "layer_types must list"),
+    ("modernbert", {"mlp_bias": "yes"}, "mlp_bias must be true or false"),
+    ("eurobert", {"hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
+    ("eurobert", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "cannot reproduce rope_scaling"),
+    ("eurobert", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1000.0, "factor": 8.0}},
+     "cannot reproduce rope_parameters"),
+    ("eurobert", {"partial_rotary_factor": 0.5}, "cannot reproduce partial_rotary_factor"),
+    ("eurobert", {"mlp_bias": "no"}, "mlp_bias must be true or false"),
+    ("eurobert", {"num_key_value_heads": 3}, "num_attention_heads must be a multiple of num_key_value_heads"),
+    ("eurobert", {"architectures": ["EuroBertForTokenClassification"]}, "cannot reproduce architecture"),
+    ("qwen3", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "cannot reproduce rope_scaling"),
+    ("qwen3", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1000.0, "factor": 2.0}},
+     "cannot reproduce rope_parameters"),
+    ("qwen3", {"layer_types": ["full_attention", "sliding_attention", "full_attention"]}, "cannot reproduce layer_t"),
+    ("qwen3", {"use_bidirectional_attention": True}, "cannot reproduce bidirectional attention"),
+    ("qwen3", {"hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
+    ("qwen3", {"attention_bias": "yes"}, "attention_bias must be true or false"),
+    ("qwen3", {"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
+    ("qwen3", {"architectures": ["Qwen3ForSequenceClassification"]}, "cannot reproduce architecture Qwen3ForSeque"),
+    ("gemma3_text", {"architectures": ["Gemma3ForCausalLM"]}, "cannot reproduce architecture Gemma3ForCausalLM"),
+    ("gemma3_text", {"hidden_activation": "relu"}, "hidden_activation 'relu' is not supported"),
+    ("gemma3_text", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "cannot reproduce rope_scaling"),
+    ("gemma3_text", {"rope_parameters": {"full_attention": {"rope_type": "linear", "rope_theta": 1e3, "factor": 8.}}},
+     "cannot reproduce rope_parameters['full_attention']"),
+    ("gemma3_text", {"layer_types": ["full_attention"]}, "layer_types must list"),
+    ("gemma3_text", {"use_bidirectional_attention": "yes"}, "use_bidirectional_attention must be true or false"),
+    ("gemma3_text", {"num_key_value_heads": 3}, "num_attention_heads must be a multiple of num_key_value_heads"),
+    ("gemma3_text", {"head_dim": 0}, "invalid config: sizes must be positive"),
+    ("jina_embeddings_v3", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e3, "factor": 2.0}},
+     "cannot reproduce rope_param"),
+    ("jina_embeddings_v3", {"lora_adaptations": ["retrieval.query"]},
+     "adapter 'classification' is not in config.json's lora_adaptations"),
+    ("jina_embeddings_v3", {"lora_adaptations": [*TASKS, "summarize"]}, "lora_adaptations names 'summarize'"),
+    ("jina_embeddings_v3", {"hidden_act": "swish"}, "hidden_act 'swish' is not supported"),
+    ("jina_embeddings_v3", {"architectures": ["JinaEmbeddingsV3ForSequenceClassification"]}, "cannot reproduce arch"),
+    *[("jina_embeddings_v3", {"adapters/separation/adapter_config.json": {key: value}}, f"cannot reproduce {key}")
+      for key, value in [("use_dora", True), ("use_rslora", True), ("target_modules", ["dense"]),
+                         ("modules_to_save", ["pooler"])]],
+]
+
+
+@pytest.mark.parametrize("name, change, fragment", REFUSED, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(REFUSED)])
+def test_settings_the_export_cannot_run_are_refused_before_weights_load(built, tmp_path, name, change, fragment):
+    message = refusal_before_weights_load(built.model(BY_NAME[name]), tmp_path / "refused", change)
+    assert fragment in message and "\n" not in message
+
+
+@pytest.mark.parametrize("name, change, fragment", [
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 8}, "cannot reproduce use_sliding_window true"),
+    ("jina_embeddings_v3", {"adapters/separation/adapter_config.json": {"use_dora": True}}, "cannot reproduce use_d")])
+def test_export_refuses_in_one_line_before_reading_weights(built, tmp_path, name, change, fragment):
+    """The refusals above, as `attnserve export` says them: one line, nothing written (the weights are not weights:
+    reading them would fail otherwise)."""
+    assert fragment in refusal_before_weights_load(built.model(BY_NAME[name]), tmp_path / "checkpoint", change)
+    assert_one_line_error(run_cli("export", "--checkpoint", tmp_path / "checkpoint", "--out", tmp_path / "out"),
+                          fragment)
+    assert not (tmp_path / "out").exists()
+
+
+@by_row()
+def test_export_verifies_its_variants(built, row):
+    out, lines = built.exported(row)
+    manifest, model = load_manifest(out), built.sentence_transformer(row)
+    assert manifest.family == row.name and manifest.max_seq_length == row.max_seq_length
+    assert {n: manifest.prompts[n] for n in row.prompts} == {n: model.prompts[n] for n in row.prompts}
+    assert (manifest.pooling, manifest.normalize, manifest.embedding_size) == (
+        model[1].pooling_mode, type(model[-1]).__name__ == "Normalize", model.get_embedding_dimension())
+    graph_inputs = [i.name for i in open_session(out / "embeddings.onnx", CPU).get_inputs()]
+    assert graph_inputs == ["input_ids", "attention_mask"] + ["token_type_ids"] * row.token_types
+    for name, variant in manifest.variants.items():
+        if variant.precision == "fp32":
+            assert variant.parity["max_abs_last_hidden_state"] <= 1e-4, name
+    if row.fused is not None:
+        assert manifest.variants["embeddings_fused"].fused == row.fused
+    if row.fused is False and row.variants is None:  # said as what it is, not as "0 Attention nodes"
+        assert any("fuses no attention of this family" in line for line in lines), lines
+        assert not any("0 Attention nodes" in line for line in lines), lines
+        assert not any(v.fused for v in manifest.variants.values())
+    if row.variants is None or "attention" in row.variants:
+        attention, last = manifest.variants["attention"].parity, manifest.variants["attention_last"].parity
+        # Each head's value norms (model/value_norms.py), and the last layer's maps and rollout in a graph of their
+        # own (export/attention_last.py): verified against the PyTorch encoder. A local layer's out-of-window keys
+        # weigh 0 as padded ones do: rollout's real block is exact all the same.
+        assert attention["max_rel_value_norms"] <= 1e-4 and attention["max_padded_key_weight"] == 0
+        assert last["max_abs_rollout"] <= 1e-4 and last["max_abs_attentions"] <= 1e-4
+        assert last["max_padded_key_weight"] == 0
+        assert manifest.variants["embeddings_fp16"].parity["min_cosine_sentence_embedding"] >= 0.999
+        assert manifest.variants["embeddings_int8"].parity["mean_cosine_sentence_embedding_texts"] >= 0.99
+    else:
+        assert set(manifest.variants) == set(row.variants)
+
+
+@pytest.mark.parametrize("row, side", SIDES, ids=[f"{r.name}-{s}" for r, s in SIDES])
+def test_every_fp32_graph_matches_pytorch_at_unseen_sizes(built, row, side):
+    out, ours = built.exported(row)[0], built.ours(row)
+    manifest = load_manifest(out)
+    for name in (n for n, v in manifest.variants.items() if v.precision == "fp32"):
+        session = open_session(out / manifest.variants[name].file, CPU)
+        for seed, lengths in enumerate(UNSEEN):
+            ids, mask, types = batch(row, ours.config, lengths, seed, side)
+            feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+            outputs = dict(zip([o.name for o in session.get_outputs()],
+                               session.run(None, feed | ({} if types is None else {"token_type_ids": types.numpy()})),
+                               strict=True))
+            want, attentions = hidden(ours, ids, mask, types, output_attentions=True)
+            assert max_error(torch.from_numpy(outputs["last_hidden_state"]), want, mask) <= 1e-4, (name, lengths)
+            if row.name == "qwen3":  # the graph's sentence embedding: lasttoken pooling, not normalised
+                assert np.abs(outputs["sentence_embedding"] - pool(want, mask, "lasttoken").numpy()).max() <= 1e-4
+            if "attentions" in outputs:
+                # Real queries' rows: a left-padded padded query's row is not an output anyone reads.
+                real = mask.bool().numpy()
+                rows = np.broadcast_to(real[None, :, None, :, None] & real[None, :, None, None, :], attentions.shape)
+                assert np.abs(outputs["attentions"] - attentions.numpy())[rows].max() <= 1e-5, (name, lengths)
+
+
+@by_row()
+def test_engine_encodes_as_sentence_transformers(built, row):
+    model, out = built.sentence_transformer(row), built.exported(row)[0]
+    engine = Engine.from_directory(out)
+    for prompt_name in (*row.prompts, None):  # None last: `encoded` below is the texts' own
+        expected = model.encode(TEXTS, prompt_name=prompt_name)
+        encoded = engine.encode(TEXTS, prompt_name=prompt_name)
+        assert cosines(encoded.embeddings, expected).min() >= 0.99999, prompt_name
+        assert np.abs(encoded.embeddings - expected).max() <= 1e-5, prompt_name
+    lengths = [len(model.tokenizer(text)["input_ids"]) for text in TEXTS]
+    assert encoded.truncated.tolist() == [n > row.max_seq_length for n in lengths] and encoded.truncated[4]
+    if row.prompts:  # the prompt reaches the model: it changes every embedding
+        assert cosines(engine.encode(TEXTS[:3], prompt_name=row.prompts[0]).embeddings,
+                       engine.encode(TEXTS[:3]).embeddings).max() < 0.99
+    if "embeddings_int8" in load_manifest(out).variants:
+        int8 = Engine.from_directory(out, EngineConfig(precision="int8")).encode(TEXTS)
+        assert cosines(int8.embeddings, model.encode(TEXTS)).min() >= 0.99
+
+
+ATTENDED = [r for r in ROWS if r.variants is None or "attention" in r.variants]
+
+
+@by_row(ATTENDED)
+def test_engine_attention_maps_over_padding(built, row):
+    engine = Engine.from_directory(built.exported(row)[0], attention=True)
+    inputs = engine.tokenizer.encode_texts(["x", TEXTS[4]])
+    short, T = len(inputs[0]), len(inputs[1])
+    out = engine.run(inputs, attention=True)
+    cfg = built.ours(row).config
+    assert out.attentions is not None and out.attentions.shape == (cfg.num_layers, 2, cfg.num_heads, T, T)
+    np.testing.assert_allclose(out.attentions.sum(-1), 1.0, atol=1e-5)
+    assert np.count_nonzero(out.attentions[:, 0, :, :, short:]) == 0  # the engine pads on the right
+    if row.window:
+        layers, half = row.window
+        distance = np.abs(np.arange(T)[None, :] - np.arange(T)[:, None])
+        assert np.count_nonzero(out.attentions[list(layers), 1][..., distance > half]) == 0
+
+
+def test_one_server_serves_every_family_as_sentence_transformers(built, artifacts, tmp_path):
+    """A real `attnserve serve` over every row's export (jina-embeddings-v3 the default) and the default model:
+    Embed over gRPC with each family's first prompt by name; attention maps where the graphs are built, labelled
+    with the tokenizer's tokens; `task` on every door (gRPC's EmbedRequest.task, the openai client's extra_body,
+    TEI's /embed), an unknown one a bad request on each, and any on a model without adapters."""
+    import grpc
+    import httpx
+    import openai
+
+    from attnserve.client.client import make_request, to_result
+    from attnserve.v1.encoder_pb2 import GetModelInfoRequest
+
+    from .serving import ServerProcess, serving
+
+    jina = built.exported(BY_NAME["jina_embeddings_v3"])[0]
+    tasks = {task: Engine.from_directory(task_directory(load_manifest(jina), task)).encode(TEXTS[:3]).embeddings
+             for task in (None, "retrieval.query", "separation")}
+    assert cosines(tasks["retrieval.query"], tasks[None]).max() < 0.999  # the tasks really differ
+    flags = [f for row in reversed(ROWS) for f in ("--model", f"{row.name}={built.exported(row)[0]}")]
+    with serving(ServerProcess(None, *flags, "--model", f"minilm={artifacts}", log_path=tmp_path / "log")) as server:
+        with server.channel() as channel:
+            stub = server.stub(channel)
+            for row in ROWS:
+                prompt = row.prompts[0] if row.prompts else None
+                request = make_request(TEXTS[:3], truncate=True, prompt_name=prompt, model=row.name)
+                got = np.stack([to_result(e).sentence_embedding for e in stub.Embed(request, timeout=60).embeddings])
+                expected = built.sentence_transformer(row).encode(TEXTS[:3], prompt_name=prompt)
+                assert cosines(got, expected).min() >= 0.99999, row.name
+            for row in ATTENDED:
+                engine = Engine.from_directory(built.exported(row)[0], attention=True)
+                request = make_request(TEXTS[-2:], attention_layers=[0, 1, -1], truncate=True, model=row.name)
+                results = [to_result(e) for e in stub.Embed(request, timeout=60).embeddings]
+                for text, result in zip(TEXTS[-2:], results, strict=True):
+                    inputs = engine.tokenizer.encode_texts([text])
+                    reference = engine.run(inputs, attention=True).attentions[:, 0]  # (L, nh, T, T)
+                    assert result.attentions.shape == (3, *reference.shape[1:]) and len(result.tokens) == len(inputs[0])
+                    np.testing.assert_allclose(result.attentions, reference[[0, 1, -1]], atol=1e-5)
+                assert row.name != "modernbert" or results[0].tokens[::len(results[0].tokens) - 1] == ["[CLS]", "[SEP]"]
+            assert tuple(stub.GetModelInfo(GetModelInfoRequest()).tasks) == TASKS
+            for task in (None, "retrieval.query", "separation"):
+                request = make_request(TEXTS[:3], normalize=True)
+                if task is not None:  # unset on the wire: the model without a task
+                    request.task = task
+                got = np.stack([to_result(e).sentence_embedding for e in stub.Embed(request, timeout=60).embeddings])
+                np.testing.assert_allclose(got, tasks[task], atol=2e-6)
+            for model, task, says in (("", "retrieval", "'retrieval' is not one of"),
+                                      ("minilm", "retrieval.query", "has no task adapters")):
+                request = make_request(TEXTS[:1], model=model)
+                request.task = task
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.Embed(request, timeout=60)
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and says in refused.value.details()
+        client = openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="unused")
+        reply = client.embeddings.create(model="", input=TEXTS[:3], extra_body={"task": "separation"})
+        np.testing.assert_allclose([d.embedding for d in reply.data], tasks["separation"], atol=2e-6)
+        with pytest.raises(openai.BadRequestError, match="not one of"):
+            client.embeddings.create(model="", input=TEXTS[:1], extra_body={"task": "nope"})
+        tei = httpx.post(f"{server.http_url}/embed", json={"inputs": TEXTS[:3], "task": "retrieval.query"})
+        assert tei.status_code == 200, tei.text
+        np.testing.assert_allclose(tei.json(), tasks["retrieval.query"], atol=2e-6)
+        assert httpx.post(f"{server.http_url}/embed", json={"inputs": "x", "task": "nope"}).status_code == 400
+        reply = httpx.post(f"{server.http_url}/v1/embeddings", json={"input": "x", "model": "minilm",
+                                                                     "task": "retrieval.query"})
+        assert reply.status_code == 400 and "has no task adapters" in json.dumps(reply.json())
+
+
+# The checks no table row holds, by family.
+
+def test_bert_a_pair_through_the_graph_matches_transformers_with_the_same_token_types(built):
+    from tokenizers import Tokenizer
+
+    from attnserve.engine.batching import pad
+
+    row = BY_NAME["bert"]
+    out, ckpt = built.exported(row)[0], read_checkpoint(built.st(row))
+    pairs = Tokenizer.from_file(str(ckpt.tokenizer_file)).encode_batch([
+        ("hello world", "a longer second segment, with punctuation!"), ("x", "y"),
+        ("the quick brown fox", "jumps over the lazy dog")])
+    ids, mask = pad([np.asarray(e.ids) for e in pairs])
+    types, _ = pad([np.asarray(e.type_ids) for e in pairs])
+    assert types.any()
+    session = open_session(out / "embeddings_fused.onnx", CPU)
+    got, sentence = session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+    theirs = hidden(transformers_model(built.model(row), "eager"), *map(torch.from_numpy, (ids, mask, types)))
+    theirs = theirs.last_hidden_state
+    assert np.abs(sentence - pool(theirs, torch.from_numpy(mask), "mean").numpy()).max() <= 1e-4
+    assert np.abs(got - theirs.numpy())[mask.astype(bool)].max() <= 1e-4
+    # The same rows without types are another input: the types really reach the graph.
+    without = session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})[1]
+    assert np.abs(without - sentence).max() > 1e-3
+
+
+def test_bert_legacy_gamma_beta_layer_norm_names_load(built, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model = shutil.copytree(built.model(BY_NAME["bert"]), tmp_path / "model")
+    expected = built.ours(BY_NAME["bert"]).state_dict()
+    renamed = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+               for k, v in load_file(model / "model.safetensors").items()}
+    assert sum(k.endswith("gamma") for k in renamed) == 5  # embeddings and two per layer
+    save_file(renamed, model / "model.safetensors", metadata={"format": "pt"})
+    loaded = load_encoder(read_checkpoint(model)).state_dict()
+    assert all((loaded[k] == v).all() for k, v in expected.items())
+
+
+@pytest.mark.parametrize("name, types", [("gte", 1), ("gte", 2), ("nomic_bert", 2)])
+def test_token_types_as_transformers_adds_them_and_they_matter(built, tmp_path, name, types):
+    """GTE with one type (gte-multilingual-base): its row is added to every token, the graphs take no types; two:
+    they matter. NomicBERT: its segments, and its rotary positions (reversed tokens are not reversed outputs)."""
+    row = BY_NAME[name]
+    model = built.model(row) if name == "nomic_bert" else row.save(tmp_path / "typed", seed=1, type_vocab_size=types)
+    encoder = load_encoder(read_checkpoint(model))
+    assert encoder.config.has_token_types == (types == 2)
+    ids, mask, segments = batch(row, encoder.config, (30, 11), seed=0, types=True)
+    segments = segments if types == 2 else None
+    got, _ = hidden(encoder, ids, mask, segments)
+    assert max_error(got, hidden(transformers_model(model, "eager"), ids, mask, segments).last_hidden_state,
+                     mask) <= 1e-4
+    if types == 2:
+        assert max_error(got, hidden(encoder, ids, mask)[0], mask) > 0.05
+    if name == "nomic_bert":
+        plain, reversed_ids = hidden(encoder, ids[:1], mask[:1])[0], hidden(encoder, ids[:1].flip(1), mask[:1])[0]
+        assert float((plain.flip(1) - reversed_ids).abs().max()) > 0.05
+
+
+@pytest.mark.parametrize("form", ["rope_scaling", "rope_parameters"])
+def test_gte_ntk_scaled_rotary_matches_transformers_given_alibabas_frequencies(built, tmp_path, form):
+    """The published form (rope_theta with rope_scaling {"type": "ntk"}) and transformers 5's (rope_parameters with
+    rope_type "ntk"). transformers has no "ntk" rope type, so its GteModel gets Alibaba's frequencies by hand."""
+    from .tiny_gte import alibaba_ntk_inv_freq
+
+    row = BY_NAME["gte"]
+    model_dir = built.model(row)
+    scaled, unscaled = shutil.copytree(model_dir, tmp_path / "s"), shutil.copytree(model_dir, tmp_path / "u")
+    if form == "rope_scaling":
+        edit_json(scaled / "config.json", rope_parameters=None, rope_theta=500_000.0,
+                  rope_scaling={"type": "ntk", "factor": 2.0})
+    else:
+        edit_json(scaled / "config.json", rope_parameters={"rope_type": "ntk", "rope_theta": 500_000.0, "factor": 2.0})
+    edit_json(unscaled / "config.json", rope_parameters={"rope_type": "default", "rope_theta": 500_000.0})
+    encoder = load_encoder(read_checkpoint(scaled))
+    assert (encoder.config.rope_theta, encoder.config.ntk_factor) == (500_000.0, 2.0)
+    reference = transformers_model(model_dir, "eager")
+    reference.rotary_emb.inv_freq.copy_(alibaba_ntk_inv_freq(16, 500_000.0, 2.0))
+    ids, mask, _ = batch(row, encoder.config, (100, 64, 7), seed=5)
+    got = hidden(encoder, ids, mask)[0]
+    assert max_error(got, hidden(reference, ids, mask).last_hidden_state, mask) <= 1e-4
+    without_scaling = hidden(load_encoder(read_checkpoint(unscaled)), ids, mask)[0]
+    assert max_error(got, without_scaling, mask) > 0.05  # the scaling matters
+
+
+def test_nomic_published_config_naming_reads_the_same(built, tmp_path):
+    """nomic-embed-text-v1.5's config.json uses the remote code's names (n_embd, rotary_emb_base, ...)."""
+    from .tiny_nomic import as_published
+
+    published = shutil.copytree(built.model(BY_NAME["nomic_bert"]), tmp_path / "published")
+    as_published(published / "config.json")
+    assert "n_embd" in json.loads((published / "config.json").read_text())
+    assert read_checkpoint(published).config == built.ours(BY_NAME["nomic_bert"]).config
+    edit_json(published / "config.json", rope_parameters={"rope_type": "default", "rope_theta": 1000.0}, hidden_size=64)
+    assert read_checkpoint(published).config == built.ours(BY_NAME["nomic_bert"]).config  # both namings, agreeing
+    edit_json(published / "config.json", hidden_size=32)
+    with pytest.raises(CheckpointError, match="hidden_size 32 and n_embd 64 disagree"):
+        read_checkpoint(published)
+
+
+@pytest.mark.parametrize("name, unwindowed", [("modernbert", {"local_attention": 10_000}),
+                                              ("gemma3_text", {"sliding_window": 10_000})])
+def test_the_window_matters(built, name, unwindowed):
+    """The parity above would hold for a model that ignored the window; this one's outputs change without it."""
+    ours = built.ours(BY_NAME[name])
+    everywhere = type(ours)(dataclasses.replace(ours.config, **unwindowed))
+    everywhere.load_state_dict(ours.state_dict())
+    ids, mask, _ = batch(BY_NAME[name], ours.config, (40, 17), seed=0)
+    assert max_error(hidden(ours, ids, mask)[0], hidden(everywhere, ids, mask)[0], mask) > 0.05
+
+
+def _legacy(config: dict, drop: tuple[str, ...], **add) -> dict:
+    return {k: v for k, v in config.items() if k not in drop} | add
+
+
+@pytest.mark.parametrize("name", ["modernbert", "eurobert", "qwen3", "gemma3_text"])
+def test_the_transformers_4_config_form_reads_as_transformers_reads_it(built, name):
+    """The 4.x form of the same settings (no layer_types or rope_parameters: rope_theta and its kin beside the
+    other keys) reads the same, here and in transformers."""
+    import transformers
+
+    from attnserve.model.families import FAMILIES
+
+    config_file = built.model(BY_NAME[name]) / "config.json"
+    raw, cfg = json.loads(config_file.read_text()), built.ours(BY_NAME[name]).config
+    read = lambda legacy: FAMILIES[name].read_config(legacy, config_file)  # noqa: E731
+    if name == "modernbert":
+        legacy = _legacy(raw, ("layer_types", "rope_parameters"), global_rope_theta=1000.0, local_rope_theta=100.0)
+        theirs = transformers.ModernBertConfig.from_dict(legacy)
+        assert read(legacy) == cfg and tuple(theirs.layer_types) == cfg.layer_types
+        assert theirs.sliding_window == cfg.half_window
+        assert [theirs.rope_parameters[t]["rope_theta"] for t in cfg.layer_types[:2]] == [1000.0, 100.0]
+    elif name == "eurobert":  # no head_dim or key/value heads: the defaults
+        legacy = _legacy(raw, ("rope_parameters", "head_dim", "num_key_value_heads", "pad_token_id"),
+                         rope_theta=500.0, clf_pooling="bos")
+        theirs, mine = transformers.EuroBertConfig.from_dict(legacy), read(legacy)
+        assert (mine.head_size, mine.num_kv_heads, mine.pad_token_id) == (
+            theirs.head_dim, theirs.num_key_value_heads, theirs.pad_token_id) == (16, 4, 128001)
+        assert mine.rope_theta == theirs.rope_parameters["rope_theta"] == 500.0
+    elif name == "qwen3":  # as Qwen3-Embedding's config.json has it
+        legacy = _legacy(raw, ("layer_types", "rope_parameters"), rope_theta=1000.0, rope_scaling=None,
+                         sliding_window=None, use_sliding_window=False)
+        assert read(legacy) == cfg
+        assert transformers.Qwen3Config.from_dict(legacy).rope_parameters["rope_theta"] == 1000.0
+    else:  # layer types from sliding_window_pattern; transformers' bidirectional window is sliding_window // 2 + 1
+        legacy = _legacy(raw, ("layer_types", "rope_parameters"), rope_theta=1000.0, rope_local_base_freq=100.0,
+                         sliding_window_pattern=2)
+        theirs, mine = transformers.Gemma3TextConfig.from_dict(legacy), read(legacy)
+        assert mine == dataclasses.replace(cfg, layer_types=cfg.layer_types[:2] * 2)
+        assert tuple(theirs.layer_types) == mine.layer_types and theirs.sliding_window == 4 + 1
+        assert [theirs.rope_parameters[t]["rope_theta"] for t in mine.layer_types[1::-1]] == [1000.0, 100.0]
+
+
+@pytest.mark.parametrize("name, biases", [("modernbert", 2 + 4 * 6 - 1), ("eurobert", 4 * 7)])
+def test_biases_where_the_config_asks_for_them(tmp_path, name, biases):
+    row = BY_NAME[name]
+    flags = {"attention_bias": True, "mlp_bias": True} | ({"norm_bias": True} if name == "modernbert" else {})
+    model = row.save(tmp_path / "biased", seed=2, **flags)
+    encoder = load_encoder(read_checkpoint(model))
+    assert sum(n.endswith(".bias") for n, _ in encoder.named_parameters()) == biases  # modernbert's layer 0: no norm
+    ids, mask, _ = batch(row, encoder.config, (30, 11), seed=0)
+    assert max_error(hidden(encoder, ids, mask)[0], hidden(transformers_model(model, "eager"), ids, mask)
+                     .last_hidden_state, mask) <= 1e-4
+
+
+def test_modernbert_sequence_classifier_is_a_reranker(tmp_path):
+    """A cross-encoder (tests/test_cross_encoder_families.py), where a token classifier's head is refused."""
+    assert read_checkpoint(BY_NAME["modernbert"].save(tmp_path / "cls", model_class="ModernBertForSequenceClassif"
+                                                      "ication")).kind == "reranker"
+
+
+def test_qwen3_left_and_right_padding_give_the_same_outputs_and_pooling(built):
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    ours = built.ours(BY_NAME["qwen3"])
+    ids, right, _ = batch(BY_NAME["qwen3"], ours.config, (40, 17, 1), seed=4)
+    # The same tokens with their padding moved before them.
+    left_ids = torch.stack([torch.cat((row[~m.bool()], row[m.bool()])) for row, m in zip(ids, right, strict=True)])
+    left = right.flip(1)
+    from_right, from_left = hidden(ours, ids, right)[0], hidden(ours, left_ids, left)[0]
+    assert float((from_right[right.bool()] - from_left[left.bool()]).abs().max()) <= 1e-4
+    for mode in ("lasttoken", "mean"):
+        np.testing.assert_allclose(pool(from_right, right, mode), pool(from_left, left, mode), atol=1e-4)
+    for mask in (right, left):  # lasttoken pooling, as sentence-transformers' on either side
+        theirs = Pooling(64, "lasttoken")({"token_embeddings": from_right, "attention_mask": mask})
+        torch.testing.assert_close(pool(from_right, mask, "lasttoken"), theirs["sentence_embedding"], atol=0, rtol=0)
+    # Every text ends in <|endoftext|>, whose hidden state is the embedding (sentence-transformers pads left).
+    from tokenizers import Tokenizer
+
+    from .tiny_qwen3 import END_OF_TEXT
+
+    engine = Engine.from_directory(built.exported(BY_NAME["qwen3"])[0])
+    end_of_text = Tokenizer.from_file(str(built.st(BY_NAME["qwen3"]) / "tokenizer.json")).token_to_id(END_OF_TEXT)
+    assert engine.tokenizer.encode_texts(["hello world"])[0].ids[-1] == end_of_text
+    assert built.sentence_transformer(BY_NAME["qwen3"]).tokenizer.padding_side == "left"
+
+
+def test_qwen3_causal_lm_checkpoint_loads_its_encoder_and_biases_are_reproduced(tmp_path):
+    """Qwen3ForCausalLM (keys under "model.", lm_head unused) with its sentence-transformers modules: an embedder."""
+    from .tiny_qwen3 import save_qwen3_embedding, save_tiny_qwen3
+
+    model = save_tiny_qwen3(tmp_path / "lm", model_class="Qwen3ForCausalLM", seed=1, attention_bias=True,
+                            tie_word_embeddings=False)
+    ckpt = read_checkpoint(save_qwen3_embedding(model, tmp_path / "st"))
+    assert ckpt.kind == "embedder" and ckpt.modules == ["Transformer(qwen3)", "Pooling(lasttoken)", "Normalize"]
+    encoder = load_encoder(ckpt)
+    assert sum(name.endswith(".bias") for name, _ in encoder.named_parameters()) == 3 * 4
+    ids, mask, _ = batch(BY_NAME["qwen3"], encoder.config, (30, 11), seed=0, side="left")
+    assert max_error(hidden(encoder, ids, mask)[0], hidden(transformers_model(model, "sdpa"), ids, mask)
+                     .last_hidden_state, mask) <= 1e-4
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_gemma3_causal_matches_transformers(tmp_path, implementation):
+    """use_bidirectional_attention false: a decoder, causal in every layer, and the sliding layers see the
+    sliding_window - 1 keys before a query (the window is not halved)."""
+    row = BY_NAME["gemma3_text"]
+    model = row.save(tmp_path / "causal", seed=2, use_bidirectional_attention=False)
+    encoder = load_encoder(read_checkpoint(model))
+    assert not encoder.config.bidirectional
+    reference = transformers_model(model, implementation)
+    for seed, lengths in enumerate(LENGTHS[1:4]):
+        ids, mask, _ = batch(row, encoder.config, lengths, seed)
+        assert max_error(hidden(encoder, ids, mask)[0], hidden(reference, ids, mask).last_hidden_state, mask) <= 1e-4
+    ids, mask, _ = batch(row, encoder.config, (20, 11), seed=0)
+    maps = hidden(encoder, ids, mask, output_attentions=True)[1]
+    offset, sliding = torch.arange(20)[None, :] - torch.arange(20)[:, None], list(row.window[0])  # key - query
+    assert torch.count_nonzero(maps[:, 0][..., offset > 0]) == 0  # lower-triangular
+    assert torch.count_nonzero(maps[sliding, 0][..., offset <= -8]) == 0
+    assert bool((maps[sliding, 0][..., (offset <= 0) & (offset > -8)] > 0).all())
+    assert torch.count_nonzero(maps[:, 1, :, :, 11:]) == 0  # padded keys
+
+
+def test_gemma3_attn_logit_softcapping_is_left_unapplied_as_transformers_does(built, tmp_path):
+    row = BY_NAME["gemma3_text"]
+    capped = shutil.copytree(built.model(row), tmp_path / "capped")
+    edit_json(capped / "config.json", attn_logit_softcapping=0.5, final_logit_softcapping=1.0)
+    encoder, reference = load_encoder(read_checkpoint(capped)), transformers_model(capped, "eager")
+    for seed, lengths in enumerate(LENGTHS[2:4]):
+        ids, mask, _ = batch(row, encoder.config, lengths, seed)
+        assert max_error(hidden(encoder, ids, mask)[0], hidden(reference, ids, mask).last_hidden_state, mask) <= 1e-4
+
+
+def jina(directory: Path, task: str | None):
+    """(ours, transformers' JinaEmbeddingsV3Model) with the task's adapter: merged by us, loaded by transformers'
+    PEFT integration (the one adapter loaded is the active one; PEFT forbids dots in adapter names)."""
+    import transformers
+
+    ckpt = read_checkpoint(directory)
+    models = []
+    for implementation in ("eager", "sdpa"):
+        model = transformers.JinaEmbeddingsV3Model.from_pretrained(str(directory), attn_implementation=implementation)
+        if task is not None:
+            model.load_adapter(str(directory / "adapters" / task), adapter_name=task.replace(".", "_"))
+        models.append(model.eval())
+    return load_encoder(dataclasses.replace(ckpt, config=with_task(ckpt.config, task))), models
+
+
+@pytest.mark.parametrize("task", [None, *TASKS])
+def test_jina_last_hidden_state_and_maps_match_transformers_with_the_tasks_adapter(built, task):
+    row = BY_NAME["jina_embeddings_v3"]
+    encoder, references = jina(built.model(row), task)
+    ids, mask, _ = batch(row, encoder.config, (23, 9, 1), seed=1)
+    got, maps = hidden(encoder, ids, mask, output_attentions=True)
+    for reference in references:
+        want = hidden(reference, ids, mask, output_attentions=reference is references[0])
+        assert max_error(got, want.last_hidden_state, mask) <= 1e-4
+    rows = mask.bool()[:, None, :, None] & mask.bool()[:, None, None, :]
+    for layer, theirs in enumerate(hidden(references[0], ids, mask, output_attentions=True).attentions):
+        assert float((maps[layer] - theirs).abs()[rows.expand_as(theirs)].max()) <= 1e-5
+    if task is not None:  # the adapter matters: the check above could not pass with the base weights
+        assert max_error(got, hidden(built.ours(row), ids, mask)[0], mask) > 0.5
+
+
+@pytest.mark.parametrize("task", [None, *TASKS])
+def test_jina_each_tasks_graphs_are_verified_and_encode_as_sentence_transformers(built, task):
+    """sentence-transformers loads JinaEmbeddingsV3Model without remote code; a task's adapter goes in through
+    transformers' load_adapter on its Transformer module. The task's fp32 graph matches PyTorch with that adapter
+    at sizes the export did not trace or verify with."""
+    from sentence_transformers import SentenceTransformer
+
+    row = BY_NAME["jina_embeddings_v3"]
+    manifest = load_manifest(built.exported(row)[0])
+    assert manifest.tasks == TASKS and manifest.task is None
+    sub = load_manifest(task_directory(manifest, task))  # checks every file's sha256
+    assert sub.task == task and sub.tasks == (() if task else TASKS)
+    for name in ("embeddings", "embeddings_fused", "attention"):
+        assert sub.variants[name].parity["max_abs_last_hidden_state"] <= 1e-4
+    assert sub.variants["attention"].parity["max_padded_key_weight"] == 0
+    assert sub.variants["embeddings_fp16"].parity["min_cosine_sentence_embedding"] >= 0.999
+    engine = Engine.from_directory(task_directory(manifest, task))
+    encoder = jina(built.st(row), task)[0] if task else built.ours(row)
+    for seed, lengths in enumerate(((31,), (7, 38, 2), (13, 13, 13, 1, 29))):
+        ids, mask, _ = batch(row, encoder.config, lengths, seed)
+        got = engine._session.run(["last_hidden_state"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+        assert max_error(torch.from_numpy(got[0]), hidden(encoder, ids, mask)[0], mask) <= 1e-4
+    model = SentenceTransformer(str(built.st(row)), device="cpu")
+    if task is not None:
+        model[0].auto_model.load_adapter(str(built.st(row) / "adapters" / task), adapter_name=task.replace(".", "_"))
+    assert cosines(engine.encode(TEXTS).embeddings, model.encode(TEXTS)).min() >= 0.99999
+
+
+def test_jina_a_task_is_refused_by_a_model_without_adapters_and_an_unknown_one_by_any(built, tmp_path):
+    manifest = load_manifest(built.exported(BY_NAME["jina_embeddings_v3"])[0])
+    with pytest.raises(InvalidInputError, match="has no task adapters") as refused:
+        task_directory(dataclasses.replace(manifest, tasks=()), "retrieval.query")
+    assert "\n" not in str(refused.value)
+    with pytest.raises(InvalidInputError, match="'retrieval' is not one of .*tasks: retrieval.query, "):
+        task_directory(manifest, "retrieval")
+    # `encode --task` writes the task's vectors offline, and refuses an unknown task in one line.
+    import pyarrow.parquet as pq
+
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(TEXTS[:3]) + "\n")
+    result = run_cli("encode", source, "-o", tmp_path / "out.parquet", "--artifacts", manifest.directory, "--task",
+                     "separation", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    np.testing.assert_allclose(np.stack(pq.read_table(tmp_path / "out.parquet")["embedding"].to_numpy(
+        zero_copy_only=False)), Engine.from_directory(task_directory(manifest, "separation")).encode(TEXTS[:3])
+        .embeddings, atol=2e-6)
+    assert_one_line_error(run_cli("encode", source, "-o", tmp_path / "bad.parquet", "--artifacts",
+                                  manifest.directory, "--task", "summarize"), "'summarize' is not one of")
