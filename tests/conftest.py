@@ -299,8 +299,8 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
 # The files that take minutes (their exports, Docker's image), collected first: pytest-xdist hands its workers whole
 # files in collection order, and one of these left to the end ran alone there for five minutes.
-FIRST = ("test_real_models.py", "test_http_schemathesis.py", "test_docker_fleet.py", "test_variants_on_demand.py",
-         "test_jina_v3.py", "test_cross_encoder_families.py", "test_colbert.py", "test_families.py")
+FIRST = ("test_family_conformance.py", "test_real_models.py", "test_http_schemathesis.py", "test_docker_fleet.py",
+         "test_variants_on_demand.py", "test_cross_encoder_families.py", "test_colbert.py")
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:

@@ -140,7 +140,8 @@ def test_engine_over_the_published_folder_encodes_as_sentence_transformers_over_
     folder = save_published(st_dir, tmp_path / "published")
     monkeypatch.setattr("builtins.input", lambda *args: pytest.fail(f"transformers asked: {args}"))
     out = tmp_path / "artifacts"
-    # The fp32 graph, which the comparison reads: the other variants of the family are tests/test_gte.py's.
+    # The fp32 graph, which the comparison reads: the rotary encoder's other variants are held on
+    # tests/test_family_conformance.py's nomic_bert row.
     build_artifacts(read_checkpoint(folder), out, log=lambda line: None, variants=["embeddings"])
     expected = SentenceTransformer(str(st_dir), device="cpu").encode(TEXTS)
     encoded = Engine.from_directory(out).encode(TEXTS)

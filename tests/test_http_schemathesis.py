@@ -26,10 +26,18 @@ EXAMPLES = 30  # per operation and phase; about 3,000 requests for the embedder,
 
 
 def _export(checkpoint: Path, out: Path) -> Path:
-    from attnserve.export.artifacts import build_artifacts
+    """The fp32 graphs the CPU server runs and the attention graphs: no request picks a precision, and fp16's and
+    int8's builds are held to their bars on the default model and one model per kind (tests/test_real_models.py,
+    test_splade.py, test_colbert.py)."""
+    from attnserve.engine.session import ONNXRUNTIME
+    from attnserve.engine.variants import variants_of
+    from attnserve.export.artifacts import all_variants, build_artifacts
     from attnserve.model.checkpoint import read_checkpoint
 
-    build_artifacts(read_checkpoint(checkpoint), out, log=lambda m: None)
+    ckpt = read_checkpoint(checkpoint)
+    kinds = variants_of(ckpt.kind)
+    fp32 = [n for n in all_variants(ckpt) if kinds[n].precision == "fp32" and kinds[n].backend == ONNXRUNTIME]
+    build_artifacts(ckpt, out, log=lambda m: None, variants=fp32)
     return out
 
 
