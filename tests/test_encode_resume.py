@@ -11,22 +11,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from attnserve.offline.encode import encode_file
-from attnserve.offline.job import EncodeJob
 from tests.conftest import assert_one_line_error, run_cli
 from tests.offline_helpers import BAD_JSONL, encode_command, start_until_chunks
 from tests.test_server_load import mixed_texts
 
 
-def clean_run(engine, source: Path, chunk_rows: int, **job) -> Path:
-    """The bytes a run with nothing in its way writes (clean.parquet beside the source): the command's, where they
-    share the artifacts' calibration record (tests/test_encode_integrity.py compares the two)."""
-    encode_file(engine, EncodeJob(source, source.with_name("clean.parquet"), chunk_rows=chunk_rows, progress=False,
-                                  **job))
-    return source.with_name("clean.parquet")
+def clean_run(source: Path, *flags) -> Path:
+    """The bytes the command writes for source with nothing in its way (clean.parquet beside it), with the same
+    flags: the same batches, so the same bytes (an in-process engine of other settings batches otherwise)."""
+    clean = source.with_name("clean.parquet")
+    result = run_cli("encode", source, "-o", clean, *flags)
+    assert result.returncode == 0, result.stderr
+    return clean
 
 
-def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_run(artifacts, engine, tmp_path):
+def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_run(artifacts, tmp_path):
     source = tmp_path / "texts.txt"
     source.write_text("\n".join(mixed_texts(480, seed=3)) + "\n")
     flags = ["--artifacts", artifacts, "--chunk-rows", "40"]
@@ -44,7 +43,7 @@ def test_kill_9_then_resume_gives_the_same_bytes_as_a_clean_run(artifacts, engin
     assert resumed.returncode == 0, resumed.stderr
     assert f"(resumed after {done * 40} rows)" in resumed.stdout
     assert f"encoded {480 - done * 40} texts" in resumed.stdout  # the done chunks were not encoded again
-    assert out.read_bytes() == clean_run(engine, source, 40).read_bytes()
+    assert out.read_bytes() == clean_run(source, *flags).read_bytes()
     assert not progress.parent.exists()
 
 
@@ -81,7 +80,7 @@ def test_a_failed_first_chunk_leaves_nothing_to_protect(artifacts, tmp_path):
     assert pq.read_table(out).num_rows == 29
 
 
-def test_after_a_bad_row_stopped_the_run_skip_resumes_it(artifacts, engine, tmp_path):
+def test_after_a_bad_row_stopped_the_run_skip_resumes_it(artifacts, tmp_path):
     source = tmp_path / "texts.txt"
     source.write_text("\n".join(texts_with_a_bad_line(100, 90, seed=6)) + "\n")
     flags = ["--artifacts", artifacts, "--chunk-rows", "40", "--on-error", "skip"]
@@ -91,7 +90,7 @@ def test_after_a_bad_row_stopped_the_run_skip_resumes_it(artifacts, engine, tmp_
     resumed = run_cli("encode", source, "-o", out, *flags)  # as the message suggests
     assert resumed.returncode == 0, resumed.stderr
     assert "(resumed after 80 rows)" in resumed.stdout and "skipped 1 bad rows" in resumed.stdout
-    assert out.read_bytes() == clean_run(engine, source, 40, on_error="skip").read_bytes()
+    assert out.read_bytes() == clean_run(source, *flags).read_bytes()
     assert (tmp_path / "out.errors.jsonl").read_text() == (tmp_path / "clean.errors.jsonl").read_text()
 
 
@@ -99,7 +98,7 @@ def test_after_a_bad_row_stopped_the_run_skip_resumes_it(artifacts, engine, tmp_
     ({89: "the line, fixed"}, 80),  # the finished chunks' rows did not change
     ({50: "an edit inside the second finished chunk", 89: "the bad line, fixed"}, 40),
 ], ids=["the bad line fixed", "a finished chunk's row changed too"])
-def test_after_a_bad_row_stopped_the_run_fixing_the_file_resumes_it(artifacts, engine, tmp_path, edits,
+def test_after_a_bad_row_stopped_the_run_fixing_the_file_resumes_it(artifacts, tmp_path, edits,
                                                                      resumed_after):
     source = tmp_path / "texts.txt"
     lines = texts_with_a_bad_line(100, 90, seed=7)
@@ -115,7 +114,7 @@ def test_after_a_bad_row_stopped_the_run_fixing_the_file_resumes_it(artifacts, e
     changed = ("attnserve: chunk 1 (from row 40): the input rows changed since the unfinished run: they and the rows "
                "after them are encoded again")
     assert (changed in resumed.stderr) == (resumed_after == 40), resumed.stderr
-    assert out.read_bytes() == clean_run(engine, source, 40).read_bytes()
+    assert out.read_bytes() == clean_run(source, *flags).read_bytes()
 
 
 def test_bad_rows_fail_the_run_by_default_naming_the_line(artifacts, tmp_path):
