@@ -87,8 +87,11 @@ class Encoded:
 
 
 def _pairs(inputs: Sequence[EncodedInput]) -> np.ndarray:
-    """(N,) of ((K_i,) int32 indices, (K_i,) float32 values): each input's sparse weights."""
-    return object_array([(x.sparse.indices, x.sparse.values) for x in inputs if x.sparse is not None])
+    """(N,) of ((K_i,) int32 indices, (K_i,) float32 values): each input's sparse weights, one per input (a filter
+    here would shift every later row onto another's)."""
+    pairs = [(x.sparse.indices, x.sparse.values) for x in inputs if x.sparse is not None]
+    assert len(pairs) == len(inputs), "sparse weights were asked of every input"
+    return object_array(pairs)
 
 
 class NotBuiltError(ArtifactError):
