@@ -63,7 +63,7 @@ from .attention_last import build_attention_last
 from .external_data import SharedWeights, external_files, share, weights_file
 from .half_precision import HALF, Float32Outputs, computed_in_fp32
 from .image_tower import image_artifacts
-from .memory import release_freed_memory, small_heaps
+from .memory import collections_of_its_own, release_freed_memory, small_heaps
 from .optimize import (
     convert_fp16,
     describe_fusions,
@@ -111,7 +111,17 @@ def _claim_destination(out: Path) -> None:
 
 
 class _ExportProgress(Progress):
-    """Progress whose every step starts with the memory the last one freed handed back (export/memory.py)."""
+    """Progress whose every step starts with the memory the last one freed handed back, the collection passing over
+    the objects from before the export (export/memory.py)."""
+
+    def __enter__(self) -> Progress:
+        self._collections = collections_of_its_own()
+        self._collections.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        self._collections.__exit__(*exc)
 
     def step(self, what: str) -> None:
         release_freed_memory()

@@ -23,8 +23,33 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+_frozen_lock = threading.Lock()
+_frozen_depth = 0
+
+
+@contextmanager
+def collections_of_its_own() -> Iterator[None]:
+    """Within the block, Python's cycle collections pass over the objects made before it (gc.freeze): an export
+    collects after each of its ~30 steps a graph set, and a full collection costs by the objects the process holds,
+    not by what the export freed: 0.25 s each in a process with transformers loaded (44 of a 60 s export of a tiny
+    model). What the export makes and drops is collected as before; at the block's end the objects from before it
+    go back to the oldest generation. Nested blocks freeze once."""
+    global _frozen_depth
+    with _frozen_lock:
+        if _frozen_depth == 0:
+            gc.freeze()
+        _frozen_depth += 1
+    try:
+        yield
+    finally:
+        with _frozen_lock:
+            _frozen_depth -= 1
+            if _frozen_depth == 0:
+                gc.unfreeze()
 
 
 def release_freed_memory() -> None:

@@ -433,7 +433,7 @@ class Client:
                 await getattr(self, f"_{kind}")()
                 self._count(grpc.StatusCode.OK)
             except grpc.aio.AioRpcError as error:
-                if kind == "stream_deadline" and own_write_failed(error):
+                if kind in ("stream_deadline", "stream_cancel") and own_write_failed(error):
                     self.codes["own write failed"] = self.codes.get("own write failed", 0) + 1
                     continue
                 self._count(error.code())
@@ -525,7 +525,8 @@ class Client:
 def own_write_failed(error: grpc.aio.AioRpcError) -> bool:
     """The status grpc's aio client gives a stream call itself when writing one of its requests fails, the call
     having ended meanwhile (its deadline passed while the client still wrote): INTERNAL "Internal error from Core"
-    (grpc/aio/_call.py _write, set_internal_error), whatever the server sent or did. No server answered it."""
+    (grpc/aio/_call.py _write, set_internal_error), whatever the server sent or did. No server answered it. It comes
+    too when the client cancelled its own stream while its writer still wrote (grpc/grpc#36066, the fix in #43486)."""
     return (error.code() == grpc.StatusCode.INTERNAL and error.details() == "Internal error from Core"
             and "send_message" in (error.debug_error_string() or ""))
 

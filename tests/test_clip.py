@@ -218,18 +218,14 @@ def test_siglip2_naflex_images_of_every_shape_equal_transformers(siglip2_models)
      "vision_config.num_patches 250 must be a square"),
     ({"model_type": "siglip3"}, "model_type 'siglip3' is not an image-text model \\(only clip, siglip, siglip2\\)"),
 ])
-def test_configs_the_towers_cannot_reproduce_are_refused_in_one_line(clip_dir, tmp_path, change, fragment):
+def test_configs_the_towers_cannot_reproduce_are_refused_in_one_line(clip_dir, change, fragment):
     import json
-    import shutil
 
-    directory = tmp_path / "model"
-    shutil.copytree(clip_dir, directory)
-    raw = json.loads((directory / "config.json").read_text())
+    raw = json.loads((clip_dir / "config.json").read_text())
     for key, value in change.items():
         raw[key] = {**raw[key], **value} if isinstance(value, dict) else value
-    (directory / "config.json").write_text(json.dumps(raw))
     with pytest.raises(CheckpointError, match=fragment):
-        read_config(raw, directory / "config.json")
+        read_config(raw, clip_dir / "config.json")
 
 
 def test_a_checkpoint_with_a_missing_tower_weight_is_refused_naming_it(clip_dir, tmp_path):

@@ -58,6 +58,8 @@ def test_sigterm_under_http_and_grpc_load_drains_and_exits_0(artifacts, tmp_path
                         assert len(reply.json()["data"]) == 4
                     else:
                         assert reply.json()["error"]["code"] == "shutting_down", reply.text
+                except httpx.ConnectError:  # a new connection turned away: nothing was sent, a client retries
+                    code = "refused"
                 except httpx.TransportError as e:  # a request cut off: must not happen
                     code = type(e).__name__
                 with lock:
@@ -97,10 +99,12 @@ def test_sigterm_under_http_and_grpc_load_drains_and_exits_0(artifacts, tmp_path
     assert returncode == 0, server.log_tail()
     assert time.monotonic() - started < 15
     # In flight at SIGTERM: answered. After: refused with 503 (UNAVAILABLE over gRPC). Nothing cut off.
-    assert set(codes) <= {("http", 200), ("http", 503), ("grpc", "OK"), ("grpc", "UNAVAILABLE")}, codes
+    # Over HTTP a reply during the drain closes its connection, so a client's next request may find the port closed.
+    assert set(codes) <= {("http", 200), ("http", 503), ("http", "refused"), ("grpc", "OK"),
+                          ("grpc", "UNAVAILABLE")}, codes
     for i, sequence in answers.items():  # each client's first request went out before SIGTERM
-        ok, refused = (200, 503) if i < 12 else ("OK", "UNAVAILABLE")
-        assert len(sequence) >= 2 and set(sequence[:-1]) == {ok} and sequence[-1] == refused, (i, sequence)
+        ok, refused = (200, {503, "refused"}) if i < 12 else ("OK", {"UNAVAILABLE"})
+        assert len(sequence) >= 2 and set(sequence[:-1]) == {ok} and sequence[-1] in refused, (i, sequence)
     # /health: 503 while warming up, then 200, then 503 from the drain until the port closes.
     changes = [code for i, code in enumerate(health) if i == 0 or code != health[i - 1]]
     assert changes == [503, 200, 503], changes

@@ -159,6 +159,11 @@ class HttpDoor:
             # reply says the connection closes, rather than closing it under the client's next request.
             if response.keep_alive is not False and not await self._bodies.discard(request):
                 response.force_close()
+            if self._core.draining.is_set():
+                # The connection closes with this reply, so that the client's next request goes out on a new one,
+                # which the drain refuses (503) or the closed port turns away before a byte is sent, never on a
+                # kept-alive one that the listener's close cuts under it.
+                response.force_close()
             status = response.status
             return response
         finally:
