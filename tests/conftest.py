@@ -44,6 +44,28 @@ def link_but_data(source: str, destination: str) -> None:
         os.link(source, destination)
 
 
+def shared_by_workers(tmp_path_factory, name: str, build) -> Path:
+    """A directory that build(directory) writes once per test run and the run's pytest-xdist workers share: the
+    first worker to take its lock builds it, the others wait and read it. Each worker gets hard links of it in a
+    directory of its own (link_but_data), where its servers record their graph calibration."""
+    from attnserve.default_model import build_lock
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' base temporary directories share a parent
+        shared = tmp_path_factory.getbasetemp().parent / "shared" / name
+    else:
+        shared = tmp_path_factory.getbasetemp() / "shared" / name
+    built = shared.parent / f"{name}.built"
+    if not built.exists():
+        with build_lock(shared):
+            if not built.exists():
+                shutil.rmtree(shared, ignore_errors=True)
+                build(shared)
+                built.touch()
+    out = tmp_path_factory.mktemp(name) / "artifacts"
+    shutil.copytree(shared, out, copy_function=link_but_data, ignore=shutil.ignore_patterns("calibration.json"))
+    return out
+
+
 @pytest.fixture(scope="session")
 def checkpoint():
     from attnserve.model.checkpoint import read_checkpoint
@@ -116,9 +138,8 @@ def reranker_artifacts(cross_encoder_dir, tmp_path_factory) -> Path:
     from attnserve.export.artifacts import build_artifacts
     from attnserve.model.checkpoint import read_checkpoint
 
-    out = tmp_path_factory.mktemp("reranker") / "artifacts"
-    build_artifacts(read_checkpoint(cross_encoder_dir, "tiny-reranker"), out, log=lambda m: None)
-    return out
+    return shared_by_workers(tmp_path_factory, "reranker", lambda out: build_artifacts(
+        read_checkpoint(cross_encoder_dir, "tiny-reranker"), out, log=lambda m: None))
 
 
 @pytest.fixture(scope="session")
@@ -135,10 +156,9 @@ def clip_artifacts(clip_dir, tmp_path_factory) -> Path:
     from attnserve.export.artifacts import build_artifacts
     from attnserve.model.checkpoint import read_checkpoint
 
-    out = tmp_path_factory.mktemp("clip_artifacts") / "artifacts"
-    build_artifacts(read_checkpoint(clip_dir, "tiny-clip"), out, log=lambda m: None,
-                    variants=["embeddings", "embeddings_int8", "attention"])
-    return out
+    return shared_by_workers(tmp_path_factory, "clip_artifacts", lambda out: build_artifacts(
+        read_checkpoint(clip_dir, "tiny-clip"), out, log=lambda m: None,
+        variants=["embeddings", "embeddings_int8", "attention"]))
 
 
 @pytest.fixture(scope="session")
@@ -149,11 +169,12 @@ def siglip_artifacts(tmp_path_factory) -> Path:
     from attnserve.model.checkpoint import read_checkpoint
     from tests.checkpoints import save_tiny_siglip
 
-    checkpoint = save_tiny_siglip(tmp_path_factory.mktemp("siglip") / "tiny-siglip")
-    out = tmp_path_factory.mktemp("siglip_artifacts") / "artifacts"
-    build_artifacts(read_checkpoint(checkpoint, "tiny-siglip"), out, log=lambda m: None,
-                    variants=["embeddings", "attention"])
-    return out
+    def build(out: Path) -> None:
+        checkpoint = save_tiny_siglip(out.parent / "tiny-siglip")
+        build_artifacts(read_checkpoint(checkpoint, "tiny-siglip"), out, log=lambda m: None,
+                        variants=["embeddings", "attention"])
+
+    return shared_by_workers(tmp_path_factory, "siglip_artifacts", build)
 
 
 @pytest.fixture(scope="session")
@@ -163,11 +184,12 @@ def siglip2_artifacts(tmp_path_factory) -> Path:
     from attnserve.model.checkpoint import read_checkpoint
     from tests.checkpoints import save_tiny_siglip2
 
-    checkpoint = save_tiny_siglip2(tmp_path_factory.mktemp("siglip2") / "tiny-siglip2")
-    out = tmp_path_factory.mktemp("siglip2_artifacts") / "artifacts"
-    build_artifacts(read_checkpoint(checkpoint, "tiny-siglip2"), out, log=lambda m: None,
-                    variants=["embeddings", "attention"])
-    return out
+    def build(out: Path) -> None:
+        checkpoint = save_tiny_siglip2(out.parent / "tiny-siglip2")
+        build_artifacts(read_checkpoint(checkpoint, "tiny-siglip2"), out, log=lambda m: None,
+                        variants=["embeddings", "attention"])
+
+    return shared_by_workers(tmp_path_factory, "siglip2_artifacts", build)
 
 
 @pytest.fixture
