@@ -293,6 +293,8 @@ def quantize_int8(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig | Shape
 def _quantize_int8(src: str, dst: str, family: str) -> dict[str, int]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    from .int8_recipes import u8s8_saturates
+
     model = onnx.load(src, load_external_data=False)
     keep_fp32 = [n.name for n in model.graph.node if n.name in (FIRST_FFN_DOWN, TOKEN_TYPE_LOOKUP, RELATIVE_BIAS_LOOKUP)
                  or (family in FP32_FEED_FORWARD and n.name.startswith("/encoder/layers.")
@@ -303,6 +305,7 @@ def _quantize_int8(src: str, dst: str, family: str) -> dict[str, int]:
     with quiet():
         quantize_dynamic(
             src, dst, weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep_fp32,
+            reduce_range=u8s8_saturates(),
             use_external_data_format=has_external_data(Path(src)),
             # The fused Attention op is from the com.microsoft domain, so shape
             # inference cannot type its output; it is fp32.
@@ -365,7 +368,7 @@ def _quantize_int8_measured(src: str, dst: str, feeds: str, on_stage: Callable[[
 def _measured(src: Path, dst: Path, calibration: list[dict], on_stage: Callable[[str], None]
               ) -> tuple[dict[str, int], list[str], dict, dict[str, list[int]]]:
     from .int8_outliers import side_path_nodes, split_outliers
-    from .int8_recipes import Int8Recipe, build
+    from .int8_recipes import Int8Recipe, build, u8s8_saturates
     from .int8_sensitivity import fewest_fp32_nodes
 
     with quiet(), tempfile.TemporaryDirectory() as tmp:
@@ -374,7 +377,7 @@ def _measured(src: Path, dst: Path, calibration: list[dict], on_stage: Callable[
         split = split_outliers(src, split_graph, calibration)
         on_stage("int8: measuring the int8 graph, and each node's sensitivity if it misses")
         recipe = Int8Recipe("dynamic per-channel s8, FastGelu, outlier units apart", fast_gelu=True,
-                            keep_fp32=tuple(side_path_nodes(split)))
+                            keep_fp32=tuple(side_path_nodes(split)), reduce_range=u8s8_saturates())
         kept, measures = fewest_fp32_nodes(recipe, split_graph, calibration, INT8_COSINE_MEAN + INT8_CHOICE_MARGIN,
                                            INT8_COSINE_P1 + INT8_CHOICE_MARGIN, INT8_MOST_FP32)
         on_stage("int8: writing the chosen int8 graph")

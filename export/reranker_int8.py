@@ -25,7 +25,7 @@ import onnx
 from attnserve.engine.session import CPU, open_session
 
 from .int8_outliers import side_path_nodes, split_outliers
-from .int8_recipes import Int8Recipe, build, quantizable_nodes
+from .int8_recipes import Int8Recipe, build, quantizable_nodes, u8s8_saturates
 from .optimize import INT8_MOST_FP32, op_counts, quiet
 
 # The bars against PyTorch at verification, on the 256 real text pairs (export/reranker.py): the mean error of the
@@ -79,7 +79,8 @@ def quantize_reranker_int8(src: Path, dst: Path, calibration: list[dict[str, np.
         split = split_outliers(src, split_graph, calibration)
         nodes = quantizable_nodes(onnx.load(str(split_graph), load_external_data=False))
         recipe = Int8Recipe("dynamic per-channel s8, FastGelu, outlier units apart, head in fp32", fast_gelu=True,
-                            keep_fp32=tuple(side_path_nodes(split)) + tuple(n for n in nodes if HEAD_NODES in n))
+                            keep_fp32=tuple(side_path_nodes(split)) + tuple(n for n in nodes if HEAD_NODES in n),
+                            reduce_range=u8s8_saturates())
 
         def measured(built: Int8Recipe, only: list[str] | None = None) -> dict[str, float]:
             build(built, split_graph, trial, only=only)
