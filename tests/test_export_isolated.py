@@ -44,3 +44,22 @@ def test_stages_are_told_as_they_start(monkeypatch):
     stages: list[str] = []
     assert isolated.run("a step", f"{__name__}:announcing", {"n": 2, "_on_stage": True}, stages.append) == 2
     assert stages == ["stage 0", "stage 1"]
+
+
+@pytest.mark.parametrize("forks", [True, False], ids=["forked", "fresh-interpreter"])
+def test_both_ways_of_starting_a_child_answer_alike(monkeypatch, forks):
+    """Forked from the zygote, or (where there is no fork) a fresh interpreter: the same answers and failures."""
+    monkeypatch.setattr(isolated, "FORKS", forks)
+    assert isolated.run("parsing", "json:loads", {"s": "[3]"}) == [3]
+    with pytest.raises(ArtifactError) as e:
+        isolated.run("a step", "no_such_module:step", {})
+    assert str(e.value) == ("a step: its child process exited with status 1: "
+                            "ModuleNotFoundError: No module named 'no_such_module'")
+
+
+def test_a_dead_zygote_is_started_again():
+    isolated.run("parsing", "json:loads", {"s": "1"})
+    assert isolated._zygote is not None
+    isolated._zygote.process.kill()
+    isolated._zygote.process.wait()
+    assert isolated.run("parsing", "json:loads", {"s": "2"}) == 2
