@@ -331,7 +331,8 @@ def quantize_int8_measured(src: Path, dst: Path, calibration: list[dict],
     error, not by name (bench/int8_candidates.md).
 
     The recipe is dynamic per-channel: s8 weights against u8 activations, the pair onnxruntime's VNNI/AMX
-    kernels take, no reduce_range (VNNI does not saturate); GELU as onnxruntime's FastGelu. First the outlier
+    kernels take, reduce_range only where those kernels saturate (u8s8_saturates: AVX2 without VNNI); GELU as
+    onnxruntime's FastGelu. First the outlier
     units of each feed-forward, found on the calibration feeds, get an fp32 side path (export/int8_outliers.py).
     If the whole graph then misses INT8_COSINE_MEAN / INT8_COSINE_P1 (plus INT8_CHOICE_MARGIN) against fp32 on
     those feeds, each quantizable node is quantized alone, its cosine drop measured, and the worst are kept in
