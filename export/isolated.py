@@ -126,7 +126,10 @@ def run(what: str, function: str, kwargs: dict[str, Any], on_stage: Callable[[st
         code: int | None = None
         with _child(request) as (replies, exit_status):
             for line in replies:
-                message = json.loads(line)
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    continue  # a line cut short by a child that died writing it: its exit status says why
                 if "stage" in message:
                     on_stage(message["stage"])
                 elif "exit" in message:
