@@ -191,14 +191,14 @@ POSITIONS = "vision.embeddings.position_embedding.weight"  # the initializer's n
 def _quantize_int8(src: str, dst: str) -> dict[str, int]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from .int8_recipes import u8s8_saturates
+    from .int8_recipes import weight_type
 
     # A NaFlex tower's position embeddings are resized by a MatMul of interpolation weights: kept fp32, since
     # an image's positions are what tell its patches apart.
     graph = onnx.load(src, load_external_data=False).graph
     resize = [n.name for n in graph.node if n.op_type == "MatMul" and POSITIONS in n.input]
-    quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"],
-                     use_external_data_format=True, nodes_to_exclude=resize, reduce_range=u8s8_saturates())
+    quantize_dynamic(src, dst, weight_type=getattr(QuantType, weight_type()), per_channel=True,
+                     op_types_to_quantize=["MatMul"], use_external_data_format=True, nodes_to_exclude=resize)
     return {}
 
 

@@ -26,9 +26,7 @@ STATIC_OPS = ("MatMul",)
 
 def u8s8_saturates(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Whether onnxruntime's u8s8 int8 kernels saturate on this CPU: x86 with AVX2 but neither VNNI nor AMX, where
-    they add pairs of u8 x s8 products in int16 (vpmaddubsw). There weights are quantized to 7 bits (reduce_range),
-    as onnxruntime's quantization guide advises; without it a tiny Qwen3's int8 graph measured a mean cosine of
-    0.916 against fp32 on an AVX2-only EPYC. The graph so made runs on every CPU (at slightly less accuracy)."""
+    they add pairs of u8 x s8 products in int16 (vpmaddubsw)."""
     try:
         text = cpuinfo.read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -37,14 +35,25 @@ def u8s8_saturates(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     return "avx2" in flags and not flags & {"avx512_vnni", "avx_vnni", "amx_int8"}
 
 
+def weight_type() -> str:
+    """The int8 weights' type for this CPU's kernels: s8 (QInt8, u8s8 kernels: VNNI, AMX, ARM), or u8 (QUInt8,
+    u8u8 kernels, which widen to int16 before adding and so never saturate) where u8s8 saturates.
+
+    Measured on an AVX2-only EPYC against the fp32 graph, 7 texts, per-channel dynamic, every MatMul quantized:
+    tiny ModernBERT s8 mean cosine 0.930 (saturated), s8 with reduce_range (7-bit weights, onnxruntime's other
+    advice) 0.9945 with a min of 0.983, u8 0.9967 with a min of 0.992; all-MiniLM-L6-v2 s8 0.9873, s8
+    reduce_range 0.9859, u8 0.9879. u8u8 ran 0.9 to 1.2 times as fast as s8 with reduce_range there (MiniLM's
+    fused graph, 32 x 128 tokens). Both kinds of graph run on every CPU."""
+    return "QUInt8" if u8s8_saturates() else "QInt8"
+
+
 @dataclass(frozen=True)
 class Int8Recipe:
     name: str
     static: bool = False  # False: activations quantized at run time (quantize_dynamic)
     per_channel: bool = True  # one weight scale per output channel, not one per tensor
-    # 7-bit weights: avoids u8s8 saturation on AVX2 without VNNI (export's recipes: u8s8_saturates())
-    reduce_range: bool = False
-    weight_type: str = "QInt8"  # QInt8 (u8s8 kernels) or QUInt8 (u8u8)
+    reduce_range: bool = False  # 7-bit weights (bench/bench_int8.py's candidates; export uses weight_type())
+    weight_type: str = "QInt8"  # QInt8 (u8s8 kernels) or QUInt8 (u8u8: export's where u8s8 saturates)
     quant_format: str = "QDQ"  # static only: QDQ (onnxruntime fuses Q/DQ into integer kernels) or QOperator
     calibrate_method: str = "MinMax"  # static only: MinMax, Percentile or Entropy
     op_types: tuple[str, ...] = ()  # () = the mode's default (DYNAMIC_OPS / STATIC_OPS)

@@ -293,7 +293,7 @@ def quantize_int8(src: Path, dst: Path, cfg: EncoderConfig | ModelConfig | Shape
 def _quantize_int8(src: str, dst: str, family: str) -> dict[str, int]:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from .int8_recipes import u8s8_saturates
+    from .int8_recipes import weight_type
 
     model = onnx.load(src, load_external_data=False)
     keep_fp32 = [n.name for n in model.graph.node if n.name in (FIRST_FFN_DOWN, TOKEN_TYPE_LOOKUP, RELATIVE_BIAS_LOOKUP)
@@ -304,8 +304,7 @@ def _quantize_int8(src: str, dst: str, family: str) -> dict[str, int]:
     del model
     with quiet():
         quantize_dynamic(
-            src, dst, weight_type=QuantType.QInt8, per_channel=True, nodes_to_exclude=keep_fp32,
-            reduce_range=u8s8_saturates(),
+            src, dst, weight_type=getattr(QuantType, weight_type()), per_channel=True, nodes_to_exclude=keep_fp32,
             use_external_data_format=has_external_data(Path(src)),
             # The fused Attention op is from the com.microsoft domain, so shape
             # inference cannot type its output; it is fp32.
@@ -331,7 +330,7 @@ def quantize_int8_measured(src: Path, dst: Path, calibration: list[dict],
     error, not by name (bench/int8_candidates.md).
 
     The recipe is dynamic per-channel: s8 weights against u8 activations, the pair onnxruntime's VNNI/AMX
-    kernels take, reduce_range only where those kernels saturate (u8s8_saturates: AVX2 without VNNI); GELU as
+    kernels take, u8 weights where those kernels saturate (int8_recipes.weight_type: AVX2 without VNNI); GELU as
     onnxruntime's FastGelu. First the outlier
     units of each feed-forward, found on the calibration feeds, get an fp32 side path (export/int8_outliers.py).
     If the whole graph then misses INT8_COSINE_MEAN / INT8_COSINE_P1 (plus INT8_CHOICE_MARGIN) against fp32 on
@@ -369,7 +368,7 @@ def _quantize_int8_measured(src: str, dst: str, feeds: str, on_stage: Callable[[
 def _measured(src: Path, dst: Path, calibration: list[dict], on_stage: Callable[[str], None]
               ) -> tuple[dict[str, int], list[str], dict, dict[str, list[int]]]:
     from .int8_outliers import side_path_nodes, split_outliers
-    from .int8_recipes import Int8Recipe, build, u8s8_saturates
+    from .int8_recipes import Int8Recipe, build, weight_type
     from .int8_sensitivity import fewest_fp32_nodes
 
     with quiet(), tempfile.TemporaryDirectory() as tmp:
@@ -377,8 +376,8 @@ def _measured(src: Path, dst: Path, calibration: list[dict], on_stage: Callable[
         on_stage("int8: finding the feed-forwards' outlier units")
         split = split_outliers(src, split_graph, calibration)
         on_stage("int8: measuring the int8 graph, and each node's sensitivity if it misses")
-        recipe = Int8Recipe("dynamic per-channel s8, FastGelu, outlier units apart", fast_gelu=True,
-                            keep_fp32=tuple(side_path_nodes(split)), reduce_range=u8s8_saturates())
+        recipe = Int8Recipe("dynamic per-channel, FastGelu, outlier units apart", fast_gelu=True,
+                            keep_fp32=tuple(side_path_nodes(split)), weight_type=weight_type())
         kept, measures = fewest_fp32_nodes(recipe, split_graph, calibration, INT8_COSINE_MEAN + INT8_CHOICE_MARGIN,
                                            INT8_COSINE_P1 + INT8_CHOICE_MARGIN, INT8_MOST_FP32)
         on_stage("int8: writing the chosen int8 graph")

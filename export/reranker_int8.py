@@ -1,6 +1,6 @@
 """A reranker's int8 graph, and how close its scores stay to fp32's: measured as the embedders' int8 is, on scores.
 
-The recipe is the embedders' (export/optimize.py quantize_int8_measured): dynamic per-channel s8 weights against u8
+The recipe is the embedders' (export/optimize.py quantize_int8_measured): dynamic per-channel s8 (u8 where u8s8 saturates) weights against u8
 activations, GELU as onnxruntime's FastGelu, each feed-forward's outlier units computed apart in fp32 where the
 feed-forward has the BiasGelu shape (export/int8_outliers.py), and the nodes whose quantization costs the most kept
 in fp32, fewest first, until the bar holds. Two things differ, both because the output is a score, not an
@@ -25,7 +25,7 @@ import onnx
 from attnserve.engine.session import CPU, open_session
 
 from .int8_outliers import side_path_nodes, split_outliers
-from .int8_recipes import Int8Recipe, build, quantizable_nodes, u8s8_saturates
+from .int8_recipes import Int8Recipe, build, quantizable_nodes, weight_type
 from .optimize import INT8_MOST_FP32, op_counts, quiet
 
 # The bars against PyTorch at verification, on the 256 real text pairs (export/reranker.py): the mean error of the
@@ -78,9 +78,9 @@ def quantize_reranker_int8(src: Path, dst: Path, calibration: list[dict[str, np.
         split_graph, trial = Path(tmp) / src.name, Path(tmp) / "trial.onnx"
         split = split_outliers(src, split_graph, calibration)
         nodes = quantizable_nodes(onnx.load(str(split_graph), load_external_data=False))
-        recipe = Int8Recipe("dynamic per-channel s8, FastGelu, outlier units apart, head in fp32", fast_gelu=True,
+        recipe = Int8Recipe("dynamic per-channel, FastGelu, outlier units apart, head in fp32", fast_gelu=True,
                             keep_fp32=tuple(side_path_nodes(split)) + tuple(n for n in nodes if HEAD_NODES in n),
-                            reduce_range=u8s8_saturates())
+                            weight_type=weight_type())
 
         def measured(built: Int8Recipe, only: list[str] | None = None) -> dict[str, float]:
             build(built, split_graph, trial, only=only)

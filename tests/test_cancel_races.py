@@ -526,9 +526,12 @@ def own_write_failed(error: grpc.aio.AioRpcError) -> bool:
     """The status grpc's aio client gives a stream call itself when writing one of its requests fails, the call
     having ended meanwhile (its deadline passed while the client still wrote): INTERNAL "Internal error from Core"
     (grpc/aio/_call.py _write, set_internal_error), whatever the server sent or did. No server answered it. It comes
-    too when the client cancelled its own stream while its writer still wrote (grpc/grpc#36066, the fix in #43486)."""
+    too when the client cancelled its own stream while its writer still wrote (grpc/grpc#36066, the fix in #43486).
+    The write's error names the failed operation in either of two forms, by where in the core the batch failed:
+    'Failed "send_message"' or 'Failed "execute_batch": (<...SendMessageOperation object ...>,)'."""
+    where = error.debug_error_string() or ""
     return (error.code() == grpc.StatusCode.INTERNAL and error.details() == "Internal error from Core"
-            and "send_message" in (error.debug_error_string() or ""))
+            and ("send_message" in where or "SendMessageOperation" in where))
 
 
 def embed(texts: list[str]) -> pb.EmbedRequest:

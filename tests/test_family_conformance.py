@@ -37,6 +37,7 @@ from attnserve.engine.session import CPU, open_session
 from attnserve.engine.tasks import task_directory
 from attnserve.errors import CheckpointError, InvalidInputError
 from attnserve.export.artifacts import add_variants, build_artifacts
+from attnserve.export.verify import TOLERANCES
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.jina_v3 import TASKS, with_task
 from attnserve.model.pooling import pool
@@ -359,8 +360,10 @@ def test_engine_encodes_as_sentence_transformers(built, row):
         assert cosines(engine.encode(TEXTS[:3], prompt_name=row.prompts[0]).embeddings,
                        engine.encode(TEXTS[:3]).embeddings).max() < 0.99
     if "embeddings_int8" in load_manifest(out).variants:
-        int8 = Engine.from_directory(out, EngineConfig(precision="int8")).encode(TEXTS)
-        assert cosines(int8.embeddings, model.encode(TEXTS)).min() >= 0.99
+        # The bar export verified the int8 graph by (a mean over texts), here on other texts, through the engine.
+        int8 = cosines(Engine.from_directory(out, EngineConfig(precision="int8")).encode(TEXTS).embeddings,
+                       model.encode(TEXTS))
+        assert int8.mean() >= TOLERANCES["int8"].limit and int8.min() >= 0.95, int8
 
 
 ATTENDED = [r for r in ROWS if r.variants is None or "attention" in r.variants]
