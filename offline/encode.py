@@ -98,4 +98,6 @@ def read_embeddings(path: Path) -> np.ndarray:
     notebooks."""
     table = pq.read_table(path, columns=["embedding"])
     column = table.column("embedding").combine_chunks()
+    if len(table) == 0:  # reshape(0, -1) cannot infer the width: the schema's, where the list has a fixed size
+        return np.zeros((0, getattr(column.type, "list_size", 0)), column.type.value_type.to_pandas_dtype())
     return column.values.to_numpy().reshape(len(table), -1)
