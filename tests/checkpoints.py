@@ -1,11 +1,8 @@
-"""Real checkpoint folders for the export's tests, made with the libraries' own classes.
-
-Tiny random-weight BERTs are saved by transformers (BertModel, BertForMaskedLM,
-BertForSequenceClassification), their WordPiece tokenizers built with `tokenizers`, and so are tiny
-ModernBERTs (ModernBertModel, with a byte-level BPE tokenizer),
-and sentence-transformers pipelines saved by sentence-transformers itself. The
-default checkpoint is copied cheaply: its large files are linked, the small ones
-copied so that a test can change them.
+"""Real checkpoint folders for the tests, made with the libraries' own classes: tiny random-weight models saved by
+transformers with real tokenizers (`tokenizers`' WordPiece here, the other kinds in tiny_tokenizers.py),
+sentence-transformers pipelines and CrossEncoder folders saved by sentence-transformers, and CLIP's and SigLIP's
+image-text models. The default checkpoint is copied cheaply: its large files are linked, the small ones copied so
+that a test can change them.
 """
 
 from __future__ import annotations
@@ -19,6 +16,9 @@ from pathlib import Path
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # Large files that no test changes: linked, not copied (all-MiniLM-L6-v2's weights are 90 MB).
 LINKED = ("model.safetensors", "tokenizer.json", "vocab.txt")
+# The specials of RoBERTa's and XLM-R's tokenizers, as transformers names them.
+ROBERTA_SPECIALS = dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>", mask_token="<mask>",
+                        cls_token="<s>", sep_token="</s>")
 
 
 def tiny_vocab(size: int) -> dict[str, int]:
@@ -31,9 +31,8 @@ def tiny_vocab(size: int) -> dict[str, int]:
     return {t: i for i, t in enumerate(tokens)}
 
 
-def save_tiny_bert(directory: Path, vocab_size: int = 64, model_class: str = "BertModel", seed: int = 0) -> Path:
-    """A 2-layer, hidden-32 BERT with random weights and a lowercasing WordPiece tokenizer of `vocab_size`."""
-    import torch
+def save_wordpiece_tokenizer(directory: Path, vocab_size: int, **options) -> None:
+    """BERT's lowercasing WordPiece over tiny_vocab(vocab_size), saved by transformers (options: its settings)."""
     import transformers
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
@@ -45,22 +44,58 @@ def save_tiny_bert(directory: Path, vocab_size: int = 64, model_class: str = "Be
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
     tokenizer.decoder = decoders.WordPiece()
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+        mask_token="[MASK]", **options).save_pretrained(directory)
+
+
+def save_tiny_bert(directory: Path, vocab_size: int = 64, model_class: str = "BertModel", seed: int = 0) -> Path:
+    """A 2-layer, hidden-32 BERT with random weights and a lowercasing WordPiece tokenizer of `vocab_size`."""
+    import torch
+    import transformers
+
+    save_wordpiece_tokenizer(directory, vocab_size)
     config = transformers.BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2,
                                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
     torch.manual_seed(seed)
     getattr(transformers, model_class)(config).save_pretrained(directory, safe_serialization=True)
-    transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
-        mask_token="[MASK]").save_pretrained(directory)
     return directory
+
+
+def is_norm_weight(name: str) -> bool:
+    return "norm" in name.lower() and name.endswith("weight")
+
+
+def save_model(directory: Path, config, model_class: str, seed: int = 0, spread: float = 0.2, offset: float = 1.0,
+               norm=is_norm_weight) -> None:
+    """transformers' `model_class` over `config`, its weights drawn wider than transformers' initialisation (whose
+    attention would be nearly uniform): norm(name)'s around `offset` (spread 0.3), the rest `spread` around 0, so
+    that every part of the model shows."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(offset + 0.3 * torch.randn_like(param) if norm(name) else spread * torch.randn_like(param))
+    model.save_pretrained(directory, safe_serialization=True)
+
+
+def save_fast_tokenizer(directory: Path, tokenizer_file: Path, **options) -> None:
+    """The tokenizers file as transformers' PreTrainedTokenizerFast saves it, with options (specials, padding side,
+    model_max_length)."""
+    import transformers
+    from tokenizers import Tokenizer
+
+    transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_file(str(tokenizer_file)),
+                                         **options).save_pretrained(directory)
 
 
 def save_tiny_modernbert(directory: Path, model_class: str = "ModernBertModel", seed: int = 0, **config) -> Path:
     """A 4-layer, hidden-64 ModernBERT (layers 0 and 3 global, 1 and 2 local with a window of 8, so that the local
-    attention matters from 5 tokens on) with random weights larger than transformers' initialisation, whose
-    attention would otherwise be nearly uniform, and a byte-level BPE tokenizer as ModernBERT's (tiny_tokenizers.py).
-    config: ModernBertConfig settings over these."""
-    import torch
+    attention matters from 5 tokens on) with wide random weights (save_model) and a byte-level BPE tokenizer as
+    ModernBERT's (tiny_tokenizers.py). config: ModernBertConfig settings over these."""
     import transformers
     from tokenizers import Tokenizer
 
@@ -75,30 +110,92 @@ def save_tiny_modernbert(directory: Path, model_class: str = "ModernBertModel", 
                     local_rope_theta=100.0, pad_token_id=ids["[PAD]"], bos_token_id=ids["[CLS]"],
                     cls_token_id=ids["[CLS]"], eos_token_id=ids["[SEP]"], sep_token_id=ids["[SEP]"])
     config = transformers.ModernBertConfig(**{**settings, **config})
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_class)(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            # LayerNorm weights around 1, everything else a wide spread: every part of the model shows.
-            param.copy_(1 + 0.3 * torch.randn_like(param) if "norm" in name and name.endswith("weight")
-                        else 0.2 * torch.randn_like(param))
-    model.save_pretrained(directory, safe_serialization=True)
-    transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
-        mask_token="[MASK]", model_max_length=config.max_position_embeddings).save_pretrained(directory)
+    save_model(directory, config, model_class, seed)
+    save_fast_tokenizer(directory, directory / "tokenizer.json", unk_token="[UNK]", pad_token="[PAD]",
+                        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
+                        model_max_length=config.max_position_embeddings)
+    return directory
+
+
+def save_rotary_bert(directory: Path, config_class: str, model_class: str, seed: int, **settings) -> Path:
+    """A 3-layer, hidden-64, 4-head model of BERT's layout with 128 positions (GTE, NomicBERT), wide random weights
+    (save_model) and a lowercasing WordPiece tokenizer of 200 pieces; settings: config_class's over these."""
+    import transformers
+
+    save_wordpiece_tokenizer(directory, 200, model_max_length=128)
+    sizes = dict(vocab_size=200, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=96,
+                 max_position_embeddings=128)
+    save_model(directory, getattr(transformers, config_class)(**{**sizes, **settings}), model_class, seed)
+    return directory
+
+
+# (transformers config class, bare model class, config.json's size names) of each family's tiny model.
+TINY_SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+DISTILBERT_SIZES = {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 64}
+FAMILY_CLASSES = {
+    "bert": ("BertConfig", "BertModel", TINY_SIZES),
+    "roberta": ("RobertaConfig", "RobertaModel", {**TINY_SIZES, "type_vocab_size": 1, "layer_norm_eps": 1e-5}),
+    "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel",
+                    {**TINY_SIZES, "type_vocab_size": 1, "layer_norm_eps": 1e-5}),
+    "distilbert": ("DistilBertConfig", "DistilBertModel", DISTILBERT_SIZES),
+    "mpnet": ("MPNetConfig", "MPNetModel", {**TINY_SIZES, "layer_norm_eps": 1e-5}),
+}
+
+
+def save_tiny_family(directory: Path, family: str, model_class: str | None = None, seed: int = 0,
+                     spread: float | None = None, tokenizer: dict | None = None, pairs: bool = False,
+                     **config) -> Path:
+    """A 2-layer, hidden-32 model of `family` with random weights (spread: drawn that wide, save_model), saved by
+    transformers' own class, and a real tokenizer of the family's kind (tokenizer: its settings): WordPiece for BERT
+    and DistilBERT (as save_tiny_bert's), byte-level BPE for RoBERTa and MPNet, Unigram over Metaspace for XLM-R
+    (tiny_tokenizers.py; pairs: bge-reranker-v2-m3's pair template; their <pad> is id 1, as in those families).
+    RoBERTa-style positions start after the padding index: the table has 2 more rows than the 64 positions inputs
+    may use. config: the config class's settings over these."""
+    import torch
+    import transformers
+
+    from .tiny_tokenizers import roberta_style, xlmr_style
+
+    if family in ("bert", "distilbert"):
+        save_wordpiece_tokenizer(directory, 64, **(tokenizer or {}))
+        vocab_size, positions = 64, 64
+    else:
+        directory.mkdir(parents=True)
+        tokenizer_file = xlmr_style(directory / "tokenizer.json", pairs) if family == "xlm-roberta" else \
+            roberta_style(directory / "tokenizer.json")
+        save_fast_tokenizer(directory, tokenizer_file, model_max_length=64, **ROBERTA_SPECIALS, **(tokenizer or {}))
+        vocab_size, positions = len(json.loads(tokenizer_file.read_text())["model"]["vocab"]), 66
+    config_class, bare_class, sizes = FAMILY_CLASSES[family]
+    config = getattr(transformers, config_class)(vocab_size=vocab_size, max_position_embeddings=positions,
+                                                 **sizes, **config)
+    if spread is not None:
+        save_model(directory, config, model_class or bare_class, seed, spread)
+    else:
+        torch.manual_seed(seed)
+        getattr(transformers, model_class or bare_class)(config).save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def as_cross_encoder(directory: Path, save, **options) -> Path:
+    """save(folder) writes a transformers XForSequenceClassification folder; sentence-transformers' CrossEncoder
+    (options: its settings) saves it into `directory` as rerankers are published (modules.json,
+    config_sentence_transformers.json with its activation)."""
+    from sentence_transformers import CrossEncoder
+
+    staging = directory.parent / f"{directory.name}.hf"
+    save(staging)
+    CrossEncoder(str(staging), device="cpu", **options).save(str(directory))
+    shutil.rmtree(staging)
     return directory
 
 
 def save_cross_encoder(directory: Path, tokenizer_dir: Path, seed: int = 0, labels: list[str] | None = None,
                        problem_type: str | None = None) -> Path:
     """A 2-layer, hidden-32 BertForSequenceClassification (one label, or `labels` named in id2label, with
-    `problem_type`) with `tokenizer_dir`'s tokenizer, saved by sentence-transformers' CrossEncoder as it saves
-    rerankers (modules.json, config_sentence_transformers.json with its activation). Its weights are drawn wider
-    than transformers' default initialisation (0.5, not 0.02), so that the scores spread over the sigmoid rather
-    than all sitting at one value."""
+    `problem_type`) with `tokenizer_dir`'s tokenizer, as CrossEncoder saves it. Its weights are drawn wider than
+    transformers' default initialisation (0.5, not 0.02), so that the scores spread over the sigmoid."""
     import torch
     import transformers
-    from sentence_transformers import CrossEncoder
 
     vocab = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
     config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -110,24 +207,11 @@ def save_cross_encoder(directory: Path, tokenizer_dir: Path, seed: int = 0, labe
         config.label2id = {label: i for i, label in enumerate(labels)}
     torch.manual_seed(seed)
     model = transformers.BertForSequenceClassification(config)
-    staging = directory.parent / f"{directory.name}.hf"
-    model.save_pretrained(staging, safe_serialization=True)
-    vocab.save_pretrained(staging)
-    CrossEncoder(str(staging), device="cpu").save(str(directory))
-    shutil.rmtree(staging)
-    return directory
 
-
-def save_sentence_transformer(model_dir: Path, directory: Path, pooling: str = "mean", normalize: bool = True,
-                              max_seq_length: int | None = None) -> Path:
-    """sentence-transformers' own save of Transformer -> Pooling [-> Normalize] over `model_dir`."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-
-    transformer = Transformer(str(model_dir), max_seq_length=max_seq_length)
-    modules = [transformer, Pooling(transformer.get_embedding_dimension(), pooling)]
-    SentenceTransformer(modules=modules + ([Normalize()] if normalize else []), device="cpu").save(str(directory))
-    return directory
+    def save(staging: Path) -> None:
+        model.save_pretrained(staging, safe_serialization=True)
+        vocab.save_pretrained(staging)
+    return as_cross_encoder(directory, save)
 
 
 def save_pipeline(model_dir: Path, directory: Path, after_transformer, max_seq_length: int | None = None,
@@ -141,6 +225,15 @@ def save_pipeline(model_dir: Path, directory: Path, after_transformer, max_seq_l
     modules = [transformer, *after_transformer(transformer.get_embedding_dimension())]
     SentenceTransformer(modules=modules, device="cpu", **model_options).save(str(directory))
     return directory
+
+
+def save_sentence_transformer(model_dir: Path, directory: Path, pooling: str = "mean", normalize: bool = True,
+                              max_seq_length: int | None = None, **model_options) -> Path:
+    """sentence-transformers' own save of Transformer -> Pooling [-> Normalize] over `model_dir`."""
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
+
+    return save_pipeline(model_dir, directory, lambda size: [Pooling(size, pooling)] + [Normalize()] * normalize,
+                         max_seq_length, **model_options)
 
 
 def add_module(ckpt: Path, position: int, folder: str, module) -> None:
@@ -175,51 +268,6 @@ def edit_json(path: Path, **changes) -> None:
         else:
             raw[key] = value
     path.write_text(json.dumps(raw, indent=2), encoding="utf-8")
-
-
-# (transformers config class, bare model class, config.json's size names) of each family's tiny model.
-TINY_SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
-DISTILBERT_SIZES = {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 64}
-FAMILY_CLASSES = {
-    "bert": ("BertConfig", "BertModel", TINY_SIZES),
-    "roberta": ("RobertaConfig", "RobertaModel", {**TINY_SIZES, "type_vocab_size": 1, "layer_norm_eps": 1e-5}),
-    "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel",
-                    {**TINY_SIZES, "type_vocab_size": 1, "layer_norm_eps": 1e-5}),
-    "distilbert": ("DistilBertConfig", "DistilBertModel", DISTILBERT_SIZES),
-    "mpnet": ("MPNetConfig", "MPNetModel", {**TINY_SIZES, "layer_norm_eps": 1e-5}),
-}
-
-
-def save_tiny_family(directory: Path, family: str, model_class: str | None = None, seed: int = 0) -> Path:
-    """A 2-layer, hidden-32 model of `family` with random weights, saved by transformers' own class, and a real
-    tokenizer of the family's kind: WordPiece for BERT and DistilBERT (as save_tiny_bert's), byte-level BPE for
-    RoBERTa and MPNet, Unigram over Metaspace for XLM-R (tiny_tokenizers.py; their <pad> is id 1, as in those
-    families). RoBERTa-style positions start after the padding index: the table has 2 more rows than the 64
-    positions inputs may use."""
-    import torch
-    import transformers
-
-    from .tiny_tokenizers import roberta_style, xlmr_style
-
-    if family in ("bert", "distilbert"):
-        save_tiny_bert(directory, vocab_size=64, seed=seed)  # its tokenizer; the BERT weights are replaced below
-        vocab_size, positions = 64, 64
-    else:
-        directory.mkdir(parents=True)
-        tokenizer_file = (xlmr_style if family == "xlm-roberta" else roberta_style)(directory / "tokenizer.json")
-        transformers.PreTrainedTokenizerFast(
-            tokenizer_file=str(tokenizer_file), bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-            pad_token="<pad>", mask_token="<mask>", cls_token="<s>", sep_token="</s>", model_max_length=64,
-        ).save_pretrained(directory)
-        vocab_size = json.loads(tokenizer_file.read_text())["model"]["vocab"].__len__()
-        positions = 66
-    config_class, bare_class, sizes = FAMILY_CLASSES[family]
-    config = getattr(transformers, config_class)(vocab_size=vocab_size, max_position_embeddings=positions, **sizes)
-    torch.manual_seed(seed)
-    for stale in directory.glob("model*.safetensors"):
-        stale.unlink()
-    getattr(transformers, model_class or bare_class)(config).save_pretrained(directory, safe_serialization=True)
-    return directory
 
 
 # CLIP's tokenizer for a tiny CLIP: its byte-level BPE (each byte's character, and each as a word's end "</w>"), a

@@ -1,4 +1,5 @@
-"""docker-compose.yml as Debian's docker-compose 1.29 reads it: a real parser, which needs no Docker engine."""
+"""docker-compose.yml as Debian's docker-compose 1.29 reads it (a real parser, which needs no Docker engine for
+`config`), and run by it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import yaml
@@ -18,28 +20,28 @@ REPO = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = REPO / "docker-compose.yml"
 
 
-def require_tool(name: str, install: str) -> str:
-    """The tool's path; skipped on a developer machine without it, a failure in CI (.ci/run installs it)."""
-    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
-    if path:
-        return path
-    message = f"{name} is not installed ({install})"
+def unavailable(message: str) -> NoReturn:
+    """Skipped on a developer machine; under CI=true a failure (.ci/run installs every tool the tests need)."""
     if os.environ.get("CI"):
         pytest.fail(f"{message}; CI must have it", pytrace=False)
     pytest.skip(message)
 
 
-def compose_config(*profiles: str, env: dict[str, str] | None = None) -> dict:
-    """`docker-compose config`, parsed: validated, anchors merged, variables interpolated.
+def require_tool(name: str, install: str) -> str:
+    """The tool's path, or unavailable."""
+    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    return path or unavailable(f"{name} is not installed ({install})")
 
-    The file's ${VARIABLES} take their defaults (or env's values), whatever this shell or a .env file sets.
-    """
+
+def compose_config(*profiles: str, env: dict[str, str] | None = None) -> dict:
+    """`docker-compose config`, parsed: validated, anchors merged, the file's ${VARIABLES} at their defaults (or
+    env's values), whatever this shell or a .env file sets."""
     project = ComposeProject("attnserve-config", env or {})
     try:
         done = project.run(*(x for p in profiles for x in ("--profile", p)), "config", timeout=60)
+        return yaml.safe_load(done.stdout)
     finally:
         project.close()
-    return yaml.safe_load(done.stdout)
 
 
 def environment(service: dict) -> dict[str, str]:
@@ -51,35 +53,30 @@ def environment(service: dict) -> dict[str, str]:
 
 
 class ComposeProject:
-    """docker-compose.yml run by docker-compose under a project name of its own, with only the variables given
-    (no .env file, none of this shell's), so that a test neither sees nor touches a user's stack."""
+    """docker-compose.yml under a project name of its own, with only the variables given (no .env file, none of this
+    shell's), so that a test neither sees nor touches a user's stack."""
 
     def __init__(self, name: str, env: dict[str, str]):
         self.name = name
         self.exe = require_tool("docker-compose", "Debian: apt-get install docker-compose")
         variables = set(re.findall(r"\$\{(\w+)", COMPOSE_FILE.read_text()))
-        self.env = {**{k: v for k, v in os.environ.items() if k not in variables and not k.startswith("COMPOSE_")},
-                    **env}
+        self.env = {k: v for k, v in os.environ.items() if k not in variables and not k.startswith("COMPOSE_")} | env
         self._folder = tempfile.TemporaryDirectory()
         self.no_env_file = Path(self._folder.name) / "empty.env"
         self.no_env_file.write_text("")
 
-    def run(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         command = [self.exe, "-f", str(COMPOSE_FILE), "--env-file", str(self.no_env_file), "-p", self.name, *args]
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=self.env)
-        assert not check or done.returncode == 0, f"{shlex.join(command)}: exit {done.returncode}\n{done.stderr}"
+        assert done.returncode == 0, f"{shlex.join(command)}: exit {done.returncode}\n{done.stderr}"
         return done
 
-    def containers(self, service: str | None = None, all_states: bool = True) -> list[str]:
-        """The project's containers (of one service), by name, in the order of their replica number."""
-        labels = [f"label=com.docker.compose.project={self.name}"]
-        if service:
-            labels.append(f"label=com.docker.compose.service={service}")
-        args = ["docker", "ps", "--format", "{{.Names}}", *(["-a"] if all_states else [])]
-        for label in labels:
-            args += ["--filter", label]
-        out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout.split()
-        return sorted(out, key=lambda n: int(n.rsplit("_", 1)[-1]) if n.rsplit("_", 1)[-1].isdigit() else 0)
+    def containers(self, service: str) -> list[str]:
+        """The names of a service's containers, in the order of their replica number."""
+        labels = (f"com.docker.compose.project={self.name}", f"com.docker.compose.service={service}")
+        args = ["docker", "ps", "-a", "--format", "{{.Names}}", *(f"--filter=label={label}" for label in labels)]
+        names = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout.split()
+        return sorted(names, key=lambda n: int(n.rsplit("_", 1)[-1]) if n.rsplit("_", 1)[-1].isdigit() else 0)
 
     def close(self) -> None:
         self._folder.cleanup()

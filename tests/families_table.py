@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import save_pipeline, save_sentence_transformer, save_tiny_family, save_tiny_modernbert
+from .checkpoints import save_sentence_transformer, save_tiny_family, save_tiny_modernbert
 from .tiny_eurobert import save_tiny_eurobert
 from .tiny_gemma3 import save_embedding_gemma, save_tiny_gemma3
 from .tiny_gte import save_tiny_gte
@@ -23,7 +23,7 @@ from .tiny_nomic import save_tiny_nomic
 from .tiny_qwen3 import save_qwen3_embedding, save_tiny_qwen3
 
 # Upper case, accents, pieces outside the tiny vocabularies, whitespace runs, a text past every max_seq_length, and
-# CJK and emoji (several byte-level tokens each). test_gte_published.py reads them too.
+# CJK and emoji (several byte-level tokens each).
 TEXTS = ["hello world", "A LONGER sentence, with punctuation!", "café über naïve 42", "x",
          "the quick brown fox jumps over the lazy dog " * 12, "   spaced    out [MASK] text\t\ttabs  ",
          "東京は日本の首都です。🙂🚀 and some more words after it"]
@@ -36,12 +36,8 @@ JINA_VARIANTS = ("embeddings", "embeddings_fused", "embeddings_fp16", "attention
 
 def _pooled(pooling: str, normalize: bool, max_seq_length: int, prompts: dict | None = None):
     """sentence-transformers' Transformer -> Pooling [-> Normalize] with `prompts`, over a model folder."""
-    def save(model_dir: Path, st_dir: Path) -> Path:
-        from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
-
-        return save_pipeline(model_dir, st_dir, lambda size: [Pooling(size, pooling)] + [Normalize()] * normalize,
-                             max_seq_length=max_seq_length, **({"prompts": prompts} if prompts else {}))
-    return save
+    return partial(save_sentence_transformer, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length,
+                   **({"prompts": prompts} if prompts else {}))
 
 
 def _jina_pipeline(model_dir: Path, st_dir: Path) -> Path:

@@ -1,6 +1,6 @@
-"""Helpers the family tests (test_family_conformance.py, test_gte_published.py, test_fused_attention.py) share:
-padded random batches, transformers' model of a checkpoint folder, the error between two models' hidden states on
-real positions, cosines, and a config's refusal."""
+"""Helpers the family tests (test_family_conformance.py, test_fused_attention.py) share: padded random batches,
+transformers' model of a checkpoint folder, the error between two models' hidden states on real positions, cosines,
+and a config's refusal."""
 
 from __future__ import annotations
 
@@ -26,15 +26,6 @@ def padded_batch(lengths: tuple[int, ...], vocab_size: int, pad_id: int, seed: i
     if side == "left":
         mask = mask.flip(1)
     return ids * mask + pad_id * (1 - mask), mask
-
-
-def padded_batch_with_types(lengths: tuple[int, ...], vocab_size: int, seed: int) -> tuple[torch.Tensor, ...]:
-    """(B, T) ids, mask and token types (a second segment in each row's second half); padding is id 0."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, vocab_size, (len(lengths), max(lengths)), generator=g)
-    mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()
-    types = (torch.arange(max(lengths))[None, :] >= torch.tensor(lengths)[:, None] // 2).long() * mask
-    return ids * mask, mask, types
 
 
 def transformers_model(model_dir: Path, implementation: str):

@@ -1,5 +1,5 @@
-"""What the offline tests share: a progress sink that records what the job driver reports, hostile input rows, and
-the command run on a terminal or stopped part-way."""
+"""What the offline tests share: input files, the driver's progress recorded, bad and hostile rows, and the command
+run, on a terminal or stopped part-way."""
 
 from __future__ import annotations
 
@@ -17,6 +17,33 @@ import time
 from pathlib import Path
 
 import pytest
+
+from .conftest import run_cli
+
+
+def text_file(path: Path, lines) -> Path:
+    """path, holding the lines."""
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def errors_of(path: Path) -> list[dict]:
+    """The rows a run set aside, from its .errors.jsonl."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def encoded(source, out, *flags) -> subprocess.CompletedProcess:
+    """`attnserve encode source -o out flags`, which must succeed."""
+    result = run_cli("encode", source, "-o", out, "--no-progress", *flags)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def clean_run(source: Path, *flags) -> Path:
+    """What the command writes for source with nothing in its way (clean.parquet beside it), with the same flags:
+    the same batches, so the same bytes."""
+    encoded(source, source.with_name("clean.parquet"), *flags)
+    return source.with_name("clean.parquet")
 
 
 def interrupted_run(engine, job, monkeypatch, after_chunks: int) -> None:
@@ -80,10 +107,8 @@ def start_until_chunks(command: list[str], progress: Path, chunks: int, **popen)
 
 
 def as_from_a_terminal() -> None:
-    """The child's SIGINT as a shell gives it to a command it starts, whatever this test process has: a child
-    inherits an ignored SIGINT, and Python then installs no KeyboardInterrupt for it. In the whole suite, something
-    before a test may leave SIGINT ignored, and every run then ignored the Ctrl-C and finished (CI, three times;
-    reproduced by running the test under a parent that ignores SIGINT)."""
+    """The child's SIGINT as a shell gives it: a child inherits an ignored SIGINT (something earlier in the suite
+    may leave it so), and Python then installs no KeyboardInterrupt for it, so the Ctrl-C went unseen in CI."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
@@ -106,7 +131,7 @@ class RecordedProgress:
         self.closed = True
 
 
-# Rows the run refuses, each of another kind, between good ones; an id repeated (tests/test_encode_resume.py).
+# Rows the run refuses, each of another kind, between good ones; an id repeated.
 BAD_JSONL = "\n".join([
     json.dumps({"id": 10, "text": "a good row"}),
     "{not json",

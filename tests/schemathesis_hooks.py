@@ -1,21 +1,13 @@
 """What JSON Schema cannot say about attnserve's bodies, told to schemathesis's generator
 (tests/test_http_schemathesis.py loads this module through SCHEMATHESIS_HOOKS).
 
-/openapi.json states every other rule the doors hold a body to (non-empty texts, token ids below the vocabulary,
-layers, heads, dimensions, prompt names and tasks the model has, KServe's tensor names, datatypes and shapes). The
-rest JSON Schema has no word for; each is said in the description, and the server refuses a body that breaks it,
-naming the field:
-- an integer is a JSON integer, 8 and not 8.0 (JSON Schema's integer admits 8.0, and schemathesis sends it so in a
-  JSON body; the server refuses it on every door, as OpenAI's API does: docs/http.md);
-- a KServe tensor's shape is the count of its data's elements ([N] or [N, 1]);
-- /embed's int8 and uint8 `ranges` have one column per dimension returned (`dimensions`, where it is set: the
-  description says 1 to the embedding's size, and the two are made equal), and each column's minimum (first row)
-  is at most its maximum (second row);
-- /embed_chunks's `spans` are one list per input, each span [start, stop) inside its text with a token starting
-  in it (which the tokenizer decides: a text here is made to start with a letter, and its span to cover it).
-A schema-valid body that schemathesis generates (positive mode only) is made to keep them, and stays schema-valid
-(schemathesis validates the body a hook sets again, and counts one that is not as negative). Negative cases, which
-must be refused, are left as generated; every check stays on for every operation.
+/openapi.json states every other rule; these four it says in words, and the server refuses a body that breaks one,
+naming the field: an integer is a JSON integer, 8 and not 8.0 (JSON Schema's integer admits 8.0); a KServe tensor's
+shape counts its data's elements ([N] or [N, 1]); /embed's int8 and uint8 `ranges` have a column per dimension
+returned, each minimum (first row) at most its maximum (second row); /embed_chunks's `spans` are one list per input,
+each span inside its text with a token starting in it (a text here starts with a letter, its span covers it).
+A schema-valid body schemathesis generates (positive mode only) is made to keep them and stays schema-valid
+(schemathesis validates a body a hook sets again); negative cases, which must be refused, are left as generated.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Attention analyses computed in the server (attnserve/attention_analyses.py), against references written here from
 each definition, row by row and token by token, over the weights the same server returns: real MiniLM weights, a
-text and a sentence pair, through gRPC and /v1/attention."""
+text and a sentence pair, through gRPC, /v1/attention and the Python client."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from attnserve.v1 import encoder_pb2 as pb
 
 TEXT = "The quick brown fox jumps over the lazy dog, then rests."
 PAIR = ("Where does the fox sleep?", "The fox sleeps in a den under the old oak tree.")
+PAIR_INPUT = pb.Input(pair=pb.TextPair(a=PAIR[0], b=PAIR[1]))
 
 
 def as_array(t: pb.Tensor) -> np.ndarray:
@@ -67,15 +68,16 @@ def stats_reference(maps: np.ndarray, special: list[bool], pair_start: int | Non
     return out
 
 
-def all_layers(stub, item: pb.Input, **options) -> pb.Embedding:
-    request = pb.EmbedRequest(inputs=[item], attention=pb.AttentionOptions(layers=list(range(6)), **options))
+def attention(stub, item: pb.Input, **options) -> pb.Embedding:
+    """One input's reply; every layer unless `layers` says otherwise."""
+    options.setdefault("layers", list(range(6)))
+    request = pb.EmbedRequest(inputs=[item], attention=pb.AttentionOptions(**options))
     return stub.Embed(request, timeout=60).embeddings[0]
 
 
-@pytest.mark.parametrize("item", [pb.Input(text=TEXT), pb.Input(pair=pb.TextPair(a=PAIR[0], b=PAIR[1]))],
-                         ids=["text", "pair"])
+@pytest.mark.parametrize("item", [pb.Input(text=TEXT), PAIR_INPUT], ids=["text", "pair"])
 def test_analyses_equal_the_references_written_from_their_definitions(stub, item):
-    reply = all_layers(stub, item, analyses=["rollout", "head_stats"])
+    reply = attention(stub, item, analyses=["rollout", "head_stats"])
     maps = as_array(reply.attentions)  # (L, H, T, T): every layer's every head, as the reply gives them
     assert maps.shape[:2] == (6, 12)
     rollout = as_array(reply.analyses.rollout)
@@ -90,25 +92,19 @@ def test_analyses_equal_the_references_written_from_their_definitions(stub, item
         np.testing.assert_allclose(as_array(reply.analyses.head_stats[name]), grid, atol=1e-5, err_msg=name)
 
 
-def test_analyses_alone_leave_the_weights_out_and_equal_those_with_them(stub):
+def test_analyses_alone_leave_the_weights_out_and_one_layer_asked_still_gives_those_of_all(stub):
     item = pb.Input(text=TEXT)
-    alone = all_layers(stub, item, analyses=["rollout", "head_stats"], weights=False)
+    alone = attention(stub, item, analyses=["rollout", "head_stats"], weights=False)
     assert not alone.HasField("attentions") and list(alone.tokens)  # the tokens still label the analyses
-    both = all_layers(stub, item, analyses=["rollout", "head_stats"])
+    both = attention(stub, item, analyses=["rollout", "head_stats"])
     np.testing.assert_array_equal(as_array(alone.analyses.rollout), as_array(both.analyses.rollout))
     assert alone.ByteSize() < both.ByteSize() / 10  # T x T and a few L x H grids, not L x H x T x T
-    only_rollout = all_layers(stub, item, analyses=["rollout"])
+    only_rollout = attention(stub, item, analyses=["rollout"])
     assert not only_rollout.analyses.head_stats
-
-
-def test_one_layer_asked_still_gives_the_analyses_of_all_of_them(stub):
-    item = pb.Input(text=TEXT)
-    one = stub.Embed(pb.EmbedRequest(inputs=[item], attention=pb.AttentionOptions(
-        layers=[-1], heads=[0], analyses=["rollout"])), timeout=60).embeddings[0]
+    one = attention(stub, item, layers=[-1], heads=[0], analyses=["rollout"])
     assert list(one.attentions.shape)[:2] == [1, 1]  # only the layer and head asked are copied
     # The last-layer graph's rollout (float32, in the graph) against the server's from every layer's maps (numpy).
-    np.testing.assert_allclose(as_array(one.analyses.rollout),
-                               as_array(all_layers(stub, item, analyses=["rollout"]).analyses.rollout), atol=1e-5)
+    np.testing.assert_allclose(as_array(one.analyses.rollout), as_array(only_rollout.analyses.rollout), atol=1e-5)
 
 
 def _batches(server) -> dict[str, float]:
@@ -124,15 +120,12 @@ def _batches(server) -> dict[str, float]:
 def test_the_last_layer_and_rollout_alone_run_the_last_layer_graph_and_equal_the_attention_graphs(server, stub):
     """What most attention requests ask (the default layer; rollout without weights) runs the graph of the last
     layer's maps and rollout alone (export/attention_last.py), and gives what every layer's maps give."""
-    full = all_layers(stub, pb.Input(pair=pb.TextPair(a=PAIR[0], b=PAIR[1])))
+    full = attention(stub, PAIR_INPUT)
     maps = as_array(full.attentions)  # (L, H, T, T), the attention graph's
     before = _batches(server)
-    item = pb.Input(pair=pb.TextPair(a=PAIR[0], b=PAIR[1]))
-    default = stub.Embed(pb.EmbedRequest(inputs=[item], attention=pb.AttentionOptions()), timeout=60).embeddings[0]
-    alone = stub.Embed(pb.EmbedRequest(inputs=[item], attention=pb.AttentionOptions(
-        analyses=["rollout"], weights=False)), timeout=60).embeddings[0]
-    last = stub.Embed(pb.EmbedRequest(inputs=[item], attention=pb.AttentionOptions(
-        layers=[5], average_heads=True, analyses=["rollout"])), timeout=60).embeddings[0]
+    default = attention(stub, PAIR_INPUT, layers=[])
+    alone = attention(stub, PAIR_INPUT, layers=[], analyses=["rollout"], weights=False)
+    last = attention(stub, PAIR_INPUT, layers=[5], average_heads=True, analyses=["rollout"])
     after = _batches(server)
     assert after.get("attention_last", 0) - before.get("attention_last", 0) == 3
     assert after.get("attention", 0) == before.get("attention", 0)
@@ -161,71 +154,52 @@ def test_artifacts_without_the_last_layer_graph_answer_from_the_attention_graph(
     assert out.attentions.shape[:3] == (6, 1, 12)
 
 
-def test_v1_attention_gives_the_same_analyses(server, stub):
+def test_v1_attention_gives_the_same_analyses_and_refuses_them_asked_wrongly_in_words(server, stub):
     reply = requests.post(f"{server.http_url}/v1/attention", json={
         "inputs": [TEXT], "analyses": ["head_stats", "rollout"], "weights": False}, timeout=60)
     assert reply.status_code == 200, reply.text
     data = reply.json()["data"][0]
     assert "attentions" not in data and "shape" not in data
-    grpc_reply = all_layers(stub, pb.Input(text=TEXT), analyses=["rollout", "head_stats"])
+    grpc_reply = attention(stub, pb.Input(text=TEXT), analyses=["rollout", "head_stats"])
     np.testing.assert_allclose(np.array(data["rollout"]), as_array(grpc_reply.analyses.rollout), atol=1e-6)
     for name, grid in data["head_stats"].items():
         np.testing.assert_allclose(np.array(grid), as_array(grpc_reply.analyses.head_stats[name]), atol=1e-6)
-
-
-def test_analyses_asked_wrongly_are_refused_in_words(server, stub):
     for options, words in (({"analyses": ["nope"]}, "'nope' is not one of rollout, head_stats, norms"),
                            ({"weights": False}, "weights false asks for nothing")):
         with pytest.raises(grpc.RpcError) as refused:
-            stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text="x")], attention=pb.AttentionOptions(**options)),
-                       timeout=60)
+            attention(stub, pb.Input(text="x"), layers=[], **options)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in refused.value.details()
     reply = requests.post(f"{server.http_url}/v1/attention", json={"inputs": "x", "analyses": ["flow"]}, timeout=60)
     assert reply.status_code == 400 and "analyses[0]" in reply.json()["error"]["message"]
 
 
-def test_a_rerankers_attention_over_the_pair_it_scores(reranker_artifacts, tmp_path):
-    from tests.serving import ServerProcess, serving
-
-    with serving(ServerProcess(reranker_artifacts, log_path=tmp_path / "server.log")) as server:
-        reply = requests.post(f"{server.http_url}/v1/attention", json={
-            "inputs": [list(PAIR)], "layers": [0, -1], "analyses": ["rollout", "head_stats"]}, timeout=60)
-        assert reply.status_code == 200, reply.text
-        data = reply.json()["data"][0]
-        T = data["num_tokens"]
-        assert data["shape"][0] == 2 and data["shape"][2:] == [T, T] and data["pair_start"] > 1
-        maps = np.array(data["attentions"])
-        np.testing.assert_allclose(maps.sum(axis=-1), 1.0, atol=1e-5)
-        assert {"a_to_b", "b_to_a"} <= set(data["head_stats"])
-        np.testing.assert_allclose(np.array(data["rollout"]).sum(axis=1), 1.0, atol=1e-5)
-        embed = requests.post(f"{server.http_url}/embed", json={"inputs": "x"}, timeout=60)
-        assert embed.status_code == 400 and "reranker" in embed.text
-        norms = requests.post(f"{server.http_url}/v1/attention", json={
-            "inputs": [list(PAIR)], "layers": [0, -1], "analyses": ["norms"]}, timeout=60)
-        assert norms.status_code == 200, norms.text
-        weighted = np.array(norms.json()["data"][0]["norms"])  # (2, nh, T, T): a_ij ||f_h(x_j)||
-        value_norms = weighted.sum(axis=2) / maps.sum(axis=2)  # ||f_h(x_j)||, the same for every query row
-        np.testing.assert_allclose(weighted, maps * value_norms[:, :, None, :], rtol=1e-5, atol=1e-6)
-        assert (value_norms > 0).all()
-        with server.channel() as channel:
-            stub = server.stub(channel)
-            item = stub.Embed(pb.EmbedRequest(inputs=[pb.Input(pair=pb.TextPair(a=PAIR[0], b=PAIR[1]))],
-                                              attention=pb.AttentionOptions(layers=[0, -1])), timeout=60).embeddings[0]
-            assert not item.HasField("sentence_embedding")
-            np.testing.assert_allclose(as_array(item.attentions), maps, atol=1e-6)
-            assert "attention" in stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=60).outputs
-
-
-def test_the_python_client_returns_the_analyses_as_arrays(server, stub):
-    from attnserve.client.client import Client
-
-    with Client(server.target) as client:
-        result = client.attention(TEXT, analyses=["rollout", "head_stats"], weights=False)
-    assert result.attentions is None and result.rollout is not None and result.head_stats is not None
-    want = all_layers(stub, pb.Input(text=TEXT), analyses=["rollout", "head_stats"])
-    np.testing.assert_array_equal(result.rollout, as_array(want.analyses.rollout))
-    assert set(result.head_stats) == set(want.analyses.head_stats)
-    assert result.head_stats["entropy"].shape == (6, 12)
+def test_a_rerankers_attention_over_the_pair_it_scores(reranker_server):
+    url = reranker_server.http_url
+    reply = requests.post(f"{url}/v1/attention", json={
+        "inputs": [list(PAIR)], "layers": [0, -1], "analyses": ["rollout", "head_stats"]}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    data = reply.json()["data"][0]
+    T = data["num_tokens"]
+    assert data["shape"][0] == 2 and data["shape"][2:] == [T, T] and data["pair_start"] > 1
+    maps = np.array(data["attentions"])
+    np.testing.assert_allclose(maps.sum(axis=-1), 1.0, atol=1e-5)
+    assert {"a_to_b", "b_to_a"} <= set(data["head_stats"])
+    np.testing.assert_allclose(np.array(data["rollout"]).sum(axis=1), 1.0, atol=1e-5)
+    embed = requests.post(f"{url}/embed", json={"inputs": "x"}, timeout=60)
+    assert embed.status_code == 400 and "reranker" in embed.text
+    norms = requests.post(f"{url}/v1/attention", json={
+        "inputs": [list(PAIR)], "layers": [0, -1], "analyses": ["norms"]}, timeout=60)
+    assert norms.status_code == 200, norms.text
+    weighted = np.array(norms.json()["data"][0]["norms"])  # (2, nh, T, T): a_ij ||f_h(x_j)||
+    value_norms = weighted.sum(axis=2) / maps.sum(axis=2)  # ||f_h(x_j)||, the same for every query row
+    np.testing.assert_allclose(weighted, maps * value_norms[:, :, None, :], rtol=1e-5, atol=1e-6)
+    assert (value_norms > 0).all()
+    with reranker_server.channel() as channel:
+        stub = reranker_server.stub(channel)
+        item = attention(stub, PAIR_INPUT, layers=[0, -1])
+        assert not item.HasField("sentence_embedding")
+        np.testing.assert_allclose(as_array(item.attentions), maps, atol=1e-6)
+        assert "attention" in stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=60).outputs
 
 
 def transformers_value_norms(text: str) -> np.ndarray:
@@ -256,37 +230,40 @@ def transformers_value_norms(text: str) -> np.ndarray:
 
 
 def test_norm_weighted_attention_uses_the_value_norms_transformers_gives(stub):
-    reply = all_layers(stub, pb.Input(text=TEXT), analyses=["norms"])
+    reply = attention(stub, pb.Input(text=TEXT), analyses=["norms"])
     maps, norms = as_array(reply.attentions), as_array(reply.analyses.norms)  # (L, H, T, T) each
     value_norms = norms.sum(axis=2) / maps.sum(axis=2)  # a_ij ||f(x_j)|| summed over i, over the a_ij: ||f(x_j)||
     np.testing.assert_allclose(value_norms, transformers_value_norms(TEXT), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(norms, maps * value_norms[:, :, None, :], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(as_array(reply.analyses.norms_summed), norms.sum(axis=1), rtol=1e-5, atol=1e-5)
-    one = stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text=TEXT)], attention=pb.AttentionOptions(
-        layers=[2], heads=[5, 1], analyses=["norms"], weights=False)), timeout=60).embeddings[0]
+    one = attention(stub, pb.Input(text=TEXT), layers=[2], heads=[5, 1], analyses=["norms"], weights=False)
     np.testing.assert_allclose(as_array(one.analyses.norms), norms[2:3][:, [5, 1]], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(as_array(one.analyses.norms_summed), norms[2:3].sum(axis=1), rtol=1e-5, atol=1e-5)
 
 
-def test_the_python_clients_result_writes_a_standalone_explorer(server, tmp_path):
+def test_the_python_client_returns_the_analyses_as_arrays_and_writes_a_standalone_explorer(server, stub, tmp_path):
     """tests/test_explorer.py opens such pages in Chromium; here: the client's to_html and what the page carries."""
     import json
     import re
 
     from attnserve.client.client import Client
+    from attnserve.errors import AttnserveError
 
     with Client(server.target) as client:
+        alone = client.attention(TEXT, analyses=["rollout", "head_stats"], weights=False)
         result = client.attention(TEXT, layers=range(6), analyses=["rollout", "head_stats", "norms"])
+        averaged = client.attention(TEXT, layers=range(6), average_heads=True)
+        last = client.attention(TEXT, layers=[-1])
+    assert alone.attentions is None and alone.rollout is not None and alone.head_stats is not None
+    want = attention(stub, pb.Input(text=TEXT), analyses=["rollout", "head_stats"])
+    np.testing.assert_array_equal(alone.rollout, as_array(want.analyses.rollout))
+    assert set(alone.head_stats) == set(want.analyses.head_stats)
+    assert alone.head_stats["entropy"].shape == (6, 12)
     page = result.to_html(tmp_path / "fox.html", model="minilm", text=TEXT).read_text(encoding="utf-8")
     data = json.loads(re.search(r"window\.ATTNSERVE_DATA = (\{.*?\});</script>", page, re.S).group(1))
     item = data["data"][0]
     assert item["tokens"] == result.tokens and item["shape"] == [6, 12, len(result.tokens), len(result.tokens)]
     assert {"rollout", "norms", "norms_summed", "head_stats"} <= set(item) and data["model"] == "minilm"
-    from attnserve.errors import AttnserveError
-
-    with Client(server.target) as client:
-        averaged = client.attention(TEXT, layers=range(6), average_heads=True)
-        last = client.attention(TEXT, layers=[-1])
     with pytest.raises(AttnserveError, match="to_html needs every head's map"):
         averaged.to_html(tmp_path / "no.html")
     with pytest.raises(AttnserveError, match="to_html needs every layer from the first, in order"):

@@ -1,33 +1,39 @@
-"""bge-m3 (issue 34, item 11): dense, sparse and ColBERT outputs from one pass, checked against FlagEmbedding's own
-M3Embedder (BGEM3FlagModel) on a random-weight XLM-R carrying bge-m3's head files (colbert_linear.pt,
-sparse_linear.pt), served on /embed, /embed_sparse, /embed_multi and gRPC (all three in one request), and written
-as three columns by one offline run (locally and through a server).
+"""bge-m3: dense, sparse and ColBERT outputs from one pass, against FlagEmbedding's M3Embedder on a random-weight XLM-R
+with bge-m3's head files, served on /embed, /embed_sparse, /embed_multi and gRPC (all three in one request), and
+written as three columns by one offline run (locally, through a server and on Ray).
 
-FlagEmbedding 1.4.2's package __init__ imports a reranker module written for transformers 4
-(transformers.modeling_attn_mask_utils, gone in 5); its M3 embedder itself runs on 5. So the embedder's module is
-imported with the package's own __init__ files left out (flag_m3); its code is FlagEmbedding's, unchanged.
-"""
+FlagEmbedding 1.4.2's package __init__ imports a reranker module written for transformers 4 (gone in 5); its M3
+embedder runs on 5, so flag_m3 imports that module with the packages' __init__ files left out, its code unchanged."""
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 import types
 from pathlib import Path
 
-import grpc
 import httpx
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from attnserve.config import ClientConfig, EngineConfig
+from attnserve.engine.engine import Engine, embeddings_graph
+from attnserve.engine.manifest import load_manifest
+from attnserve.offline.encode import encode_file
+from attnserve.offline.job import EncodeJob
+from attnserve.offline.remote import encode_file_remote
 from attnserve.v1 import encoder_pb2 as pb
 from tests.checkpoints import save_sentence_transformer, save_tiny_family
+from tests.offline_helpers import text_file
+from tests.output_kinds import export, grpc_refusal
 from tests.serving import ServerProcess, serving
 
 TEXTS = ["The Eiffel Tower stands in Paris.", "a b a b a", "Berlin ist die Hauptstadt von Deutschland.",
          " ".join(["long"] * 80)]  # past max_seq_length (64): cut, as FlagEmbedding cuts it
 MAX = 64
+COLUMNS = ("embedding", "sparse_embedding", "multi_vector")
 
 
 def flag_m3():
@@ -79,26 +85,18 @@ def reference(m3_checkpoint):
 
 @pytest.fixture(scope="module")
 def m3_artifacts(m3_checkpoint, tmp_path_factory) -> Path:
-    from attnserve.export.artifacts import build_artifacts
-    from attnserve.model.checkpoint import read_checkpoint
-
-    out = tmp_path_factory.mktemp("bge_m3_artifacts") / "artifacts"
-    build_artifacts(read_checkpoint(m3_checkpoint), out, log=lambda m: None)
-    return out
+    return export(m3_checkpoint, tmp_path_factory.mktemp("bge_m3_artifacts") / "artifacts")
 
 
 @pytest.fixture(scope="module")
 def served(m3_artifacts, tmp_path_factory):
-    process = ServerProcess(m3_artifacts, log_path=tmp_path_factory.mktemp("bge_m3_served") / "server.log")
-    with serving(process):
+    with serving(ServerProcess(m3_artifacts, log_path=tmp_path_factory.mktemp("bge_m3") / "server.log")) as process:
         yield process
 
 
-def as_dict(indices, values) -> dict[str, float]:
-    return {str(int(i)): float(v) for i, v in zip(indices, values, strict=True)}
-
-
-def assert_same_sparse(got: dict[str, float], expected: dict) -> None:
+def assert_same_sparse(got, expected: dict) -> None:
+    """got: (index, value) pairs as the column and /embed_sparse give them, or a dict as FlagEmbedding's."""
+    got = got if isinstance(got, dict) else {str(x["index"]): x["value"] for x in got}
     assert set(got) == set(expected)
     for key, value in expected.items():
         assert got[key] == pytest.approx(float(value), abs=2e-5), key
@@ -106,16 +104,13 @@ def assert_same_sparse(got: dict[str, float], expected: dict) -> None:
 
 def test_the_http_routes_give_flag_embeddings_three_outputs(served, reference):
     dense, lexical, colbert = reference
-    answer = httpx.post(f"{served.http_url}/embed", json={"inputs": TEXTS}, timeout=60)
-    assert answer.status_code == 200, answer.text
-    np.testing.assert_allclose(np.asarray(answer.json()), dense, atol=2e-5)
-    answer = httpx.post(f"{served.http_url}/embed_sparse", json={"inputs": TEXTS}, timeout=60)
-    assert answer.status_code == 200, answer.text
-    for got, expected in zip(answer.json(), lexical, strict=True):
-        assert_same_sparse({str(x["index"]): x["value"] for x in got}, expected)
-    answer = httpx.post(f"{served.http_url}/embed_multi", json={"inputs": TEXTS}, timeout=60)
-    assert answer.status_code == 200, answer.text
-    for got, expected in zip(answer.json(), colbert, strict=True):
+    answers = [httpx.post(f"{served.http_url}/{route}", json={"inputs": TEXTS}, timeout=60)
+               for route in ("embed", "embed_sparse", "embed_multi")]
+    assert all(answer.status_code == 200 for answer in answers), [answer.text for answer in answers]
+    np.testing.assert_allclose(np.asarray(answers[0].json()), dense, atol=2e-5)
+    for got, expected in zip(answers[1].json(), lexical, strict=True):
+        assert_same_sparse(got, expected)
+    for got, expected in zip(answers[2].json(), colbert, strict=True):
         np.testing.assert_allclose(np.asarray(got), expected, atol=2e-5)  # every token's but CLS, eos included
     info = httpx.get(f"{served.http_url}/info", timeout=10).json()
     assert info["outputs"] == ["embed", "embed_sparse", "embed_multi", "attention", "similarity", "late_chunking"]
@@ -129,7 +124,8 @@ def test_one_grpc_request_gives_all_three_from_one_pass(served, reference):
                                            multi_vector=pb.MultiVectorOptions()), timeout=60)
         for e, d, w, c in zip(reply.embeddings, dense, lexical, colbert, strict=True):
             np.testing.assert_allclose(np.frombuffer(e.sentence_embedding.data, "<f4"), d, atol=2e-5)
-            assert_same_sparse(as_dict(e.sparse_embedding.indices, e.sparse_embedding.values), w)
+            assert_same_sparse({str(int(i)): float(v) for i, v in zip(e.sparse_embedding.indices,
+                                                                      e.sparse_embedding.values, strict=True)}, w)
             vectors = np.frombuffer(e.multi_vector.data, "<f4").reshape(tuple(e.multi_vector.shape))
             np.testing.assert_allclose(vectors, c, atol=2e-5)
         assert [e.truncated for e in reply.embeddings] == [False, False, False, True]
@@ -138,62 +134,42 @@ def test_one_grpc_request_gives_all_three_from_one_pass(served, reference):
                          timeout=60).embeddings[0].sparse_embedding
         best = sorted(lexical[0].items(), key=lambda kv: -kv[1])[:2]
         assert sorted(top.indices) == sorted(int(k) for k, _ in best)
-        with pytest.raises(grpc.RpcError) as refused:
-            stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text="a")], multi_vector=pb.MultiVectorOptions(),
-                                       dimensions=8), timeout=60)
-        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "dimensions does not apply" in refused.value.details()
+        assert "dimensions does not apply" in grpc_refusal(stub.Embed, pb.EmbedRequest(
+            inputs=[pb.Input(text="a")], multi_vector=pb.MultiVectorOptions(), dimensions=8), timeout=60)
 
 
-def test_one_offline_run_writes_all_three_columns_locally_and_through_a_server(m3_artifacts, artifacts, served,
-                                                                               reference, tmp_path):
-    from attnserve.config import ClientConfig, EngineConfig
-    from attnserve.engine.engine import Engine, embeddings_graph
-    from attnserve.engine.manifest import load_manifest
-    from attnserve.offline.encode import encode_file
-    from attnserve.offline.job import EncodeJob
-    from attnserve.offline.remote import encode_file_remote
-
+def test_one_offline_run_writes_all_three_columns_locally_through_a_server_and_on_ray(m3_artifacts, served,
+                                                                                      reference, tmp_path):
+    """A model without the heads refuses --outputs: tests/test_encode.py."""
     dense, lexical, colbert = reference
-    src = tmp_path / "texts.txt"
-    src.write_text("\n".join(TEXTS) + "\n")
-    columns = ("embedding", "sparse_embedding", "multi_vector")
+    src = text_file(tmp_path / "texts.txt", TEXTS)
     local, remote = tmp_path / "local.parquet", tmp_path / "remote.parquet"
     # the graph Ray's actors run (the default one), not the one a calibration here may time faster: same bits
     graph = embeddings_graph(load_manifest(m3_artifacts), EngineConfig())[2].name
     engine = Engine.from_directory(m3_artifacts, EngineConfig(graph=graph))
-    encode_file(engine, EncodeJob(src, local, progress=False, outputs=columns))
-    encode_file_remote(EncodeJob(src, remote, progress=False, outputs=columns), ClientConfig(target=served.target))
+    encode_file(engine, EncodeJob(src, local, progress=False, outputs=COLUMNS))
+    encode_file_remote(EncodeJob(src, remote, progress=False, outputs=COLUMNS), ClientConfig(target=served.target))
     for path in (local, remote):
         table = pq.read_table(path)
-        assert table.column_names == ["id", *columns, "num_tokens", "truncated"]
+        assert table.column_names == ["id", *COLUMNS, "num_tokens", "truncated"]
         np.testing.assert_allclose(np.stack(table.column("embedding").to_pylist()), dense, atol=2e-5)
         for got, expected in zip(table.column("sparse_embedding").to_pylist(), lexical, strict=True):
-            assert_same_sparse({str(x["index"]): x["value"] for x in got}, expected)
+            assert_same_sparse(got, expected)
         for got, expected in zip(table.column("multi_vector").to_pylist(), colbert, strict=True):
             np.testing.assert_allclose(np.asarray(got), expected, atol=2e-5)
         assert table.column("truncated").to_pylist() == [False, False, False, True]
-    # on Ray: the local file, byte for byte
-    pytest.importorskip("ray", reason="the ray extra is not installed")
-    import logging
-
+    only = tmp_path / "sparse.parquet"  # one column alone
+    encode_file(engine, EncodeJob(src, only, progress=False, outputs=("sparse_embedding",)))
+    assert pq.read_table(only).column_names == ["id", "sparse_embedding", "num_tokens", "truncated"]
+    pytest.importorskip("ray", reason="the ray extra is not installed")  # on Ray: the local file, byte for byte
     import ray
 
     from attnserve.offline.ray_encode import encode_file_ray
 
-    on_ray = tmp_path / "ray.parquet"
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     try:
-        encode_file_ray(EncodeJob(src, on_ray, progress=False, outputs=columns), EngineConfig(), m3_artifacts)
+        encode_file_ray(EncodeJob(src, tmp_path / "ray.parquet", progress=False, outputs=COLUMNS), EngineConfig(),
+                        m3_artifacts)
     finally:
         ray.shutdown()
-    assert pq.read_table(on_ray).equals(pq.read_table(local))
-    # one column alone; and a model without the heads refuses the flag in one line
-    only = tmp_path / "sparse.parquet"
-    encode_file(engine, EncodeJob(src, only, progress=False, outputs=("sparse_embedding",)))
-    assert pq.read_table(only).column_names == ["id", "sparse_embedding", "num_tokens", "truncated"]
-    from tests.conftest import assert_one_line_error, run_cli
-
-    assert_one_line_error(run_cli("encode", src, "-o", tmp_path / "x.parquet", "--artifacts", artifacts,
-                                  "--outputs", "sparse_embedding"),  # all-MiniLM-L6-v2's
-                          "--outputs chooses among a bge-m3 model's outputs")
+    assert pq.read_table(tmp_path / "ray.parquet").equals(pq.read_table(local))

@@ -9,58 +9,48 @@ import time
 
 import pytest
 
-from .conftest import assert_one_line_error, run_cli
+from tests.conftest import assert_one_line_error, run_cli
+from tests.serving import free_port
+
+COMMANDS = ["embed", "health", "attention", "loadtest", "encode --server"]
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _commands(target: str, tmp_path) -> dict[str, list]:
+def command(name: str, target: str, tmp_path) -> list:
     (tmp_path / "in.txt").write_text("x\n")
-    return {
-        "encode --server": ["encode", tmp_path / "in.txt", "-o", tmp_path / "out.parquet", "--server", target],
-        "embed": ["embed", "x", "--target", target],
-        "health": ["health", "--target", target],
-        "attention": ["attention", "x", "-o", tmp_path / "m.png", "--target", target],
-        "loadtest": ["loadtest", "--target", target, "--requests", 1],
-    }
+    return {"encode --server": ["encode", tmp_path / "in.txt", "-o", tmp_path / "out.parquet", "--server", target],
+            "embed": ["embed", "x", "--target", target], "health": ["health", "--target", target],
+            "attention": ["attention", "x", "-o", tmp_path / "m.png", "--target", target],
+            "loadtest": ["loadtest", "--target", target, "--requests", 1]}[name]
 
 
-@pytest.mark.parametrize("command", ["embed", "health", "attention", "loadtest", "encode --server"])
-def test_no_server_says_so_and_how_to_start_one(command, tmp_path):
-    target = f"127.0.0.1:{closed_port()}"
-    assert_one_line_error(run_cli(*_commands(target, tmp_path)[command]),
+@pytest.mark.parametrize("name", COMMANDS)
+def test_no_server_says_so_and_how_to_start_one(name, tmp_path):
+    target = f"127.0.0.1:{free_port()}"
+    assert_one_line_error(run_cli(*command(name, target, tmp_path)),
                           f"no attnserve server at {target} (start one with `attnserve serve`)")
     assert not (tmp_path / "out.parquet").exists()
 
 
-def test_no_http_server_says_so_too():
-    port = closed_port()
+def test_loadtest_over_http_names_no_server_and_goes_to_the_http_port_by_default():
+    port = free_port()
     assert_one_line_error(run_cli("loadtest", "--protocol", "http", "--target", f"http://127.0.0.1:{port}",
                                   "--requests", 1), f"no attnserve server at 127.0.0.1:{port}")
+    result = run_cli("loadtest", "--protocol", "http", "--requests", 1, "--json", "-", env={"ATTNSERVE_TARGET": ""})
+    said = result.stdout + result.stderr
+    assert "localhost:8080" in said and "50051" not in said, said
 
 
-@pytest.mark.parametrize("command", ["embed", "health", "attention", "loadtest", "encode --server"])
-def test_grpc_against_the_http_port_names_the_grpc_port(server, command, tmp_path):
+@pytest.mark.parametrize("name", COMMANDS)
+def test_grpc_against_the_http_port_names_the_grpc_port(server, name, tmp_path):
     target = f"127.0.0.1:{server.http_port}"
-    flag = "--server" if command == "encode --server" else "--target"  # the flag that names the server, as typed
-    assert_one_line_error(run_cli(*_commands(target, tmp_path)[command]),
+    flag = "--server" if name == "encode --server" else "--target"  # the flag that names the server, as typed
+    assert_one_line_error(run_cli(*command(name, target, tmp_path)),
                           f"{target} speaks HTTP, not gRPC: the gRPC port is 50051 by default ({flag})")
 
 
 def test_http_against_the_grpc_port_names_the_http_port(server):
     assert_one_line_error(run_cli("loadtest", "--protocol", "http", "--target", server.target, "--requests", 1),
                           f"{server.target} speaks gRPC, not HTTP: the HTTP port is 8080 by default (--target)")
-
-
-def test_loadtest_over_http_goes_to_the_http_port_by_default():
-    result = run_cli("loadtest", "--protocol", "http", "--requests", 1, "--json", "-",
-                     env={"ATTNSERVE_TARGET": ""})
-    said = result.stdout + result.stderr
-    assert "localhost:8080" in said and "50051" not in said, said
 
 
 @pytest.mark.parametrize("payload", [b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",

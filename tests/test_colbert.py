@@ -1,27 +1,33 @@
-"""ColBERT (model/colbert.py, engine/multi_vector.py): sentence-transformers' MultiVectorEncoder pipelines exported and
-served, against MultiVectorEncoder.encode_query / encode_document over the same folder (within 1e-4), on random-weight
-BERTs saved by sentence-transformers itself: POST /embed_multi, gRPC's multi_vector, KServe v2's token_embeddings
-through tritonclient, MaxSim reranking on every rerank door (against MaxSim computed here), and `attnserve encode`'s
-multi_vector column."""
+"""ColBERT (model/colbert.py, engine/multi_vector.py): sentence-transformers' MultiVectorEncoder pipelines on
+random-weight BERTs, exported and served, against its encode_query / encode_document (within 1e-4) on every door:
+/embed_multi, gRPC's multi_vector, KServe v2 through tritonclient, MaxSim reranking, and `encode`'s column."""
 
 from __future__ import annotations
 
 import base64
+import json
+import shutil
 import string
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import requests
+import tritonclient.http as triton
 
 from attnserve.config import EngineConfig
-from attnserve.default_model import default_checkpoint_dir
 from attnserve.engine.engine import Engine
+from attnserve.errors import CheckpointError
+from attnserve.model.checkpoint import read_checkpoint
 from attnserve.v1 import encoder_pb2 as pb
-from tests.conftest import VARIED_TEXTS, run_cli
+from tests import output_kinds
+from tests.conftest import VARIED_TEXTS, assert_one_line_error, run_cli
+from tests.offline_helpers import encoded, text_file
+from tests.output_kinds import export, grpc_refusal
 from tests.serving import ServerProcess, serving
+from tests.test_http_openapi import MULTI_VECTOR_CALLS
+from tests.test_kserve import text_input
 
 QUERIES = ["What is the capital of France?", "a", "Which encoders score each token of a query on its own? " * 3,
            "¿Dónde está la biblioteca?"]
@@ -40,8 +46,8 @@ VARIANT = {"query_length": 24, "document_length": None,
 
 
 def save_colbert(directory: Path, settings: dict, seed: int = 0) -> Path:
-    """A 2-layer, hidden-32 BERT (MiniLM's tokenizer) under MultiVectorEncoder's Transformer -> Dense* ->
-    MultiVectorMask -> Normalize?, saved by sentence-transformers with "[Q] " and "[D] " prompts."""
+    """tiny_bert_config's BERT under MultiVectorEncoder's Transformer -> Dense* -> MultiVectorMask -> Normalize?,
+    saved by sentence-transformers with "[Q] " and "[D] " prompts."""
     import torch
     import transformers
     from sentence_transformers import MultiVectorEncoder
@@ -49,10 +55,7 @@ def save_colbert(directory: Path, settings: dict, seed: int = 0) -> Path:
     from sentence_transformers.base.modules.transformer import Transformer
     from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(default_checkpoint_dir()))
-    config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=128,
-                                     initializer_range=0.2)
+    tokenizer, config = output_kinds.tiny_bert_config()
     torch.manual_seed(seed)
     staging = directory.parent / f"{directory.name}.bert"
     transformers.BertModel(config, add_pooling_layer=False).save_pretrained(staging)
@@ -70,15 +73,6 @@ def save_colbert(directory: Path, settings: dict, seed: int = 0) -> Path:
     MultiVectorEncoder(modules=modules, prompts={"query": "[Q] ", "document": "[D] "}, device="cpu",
                        similarity_fn_name=settings["similarity"]).save(str(directory))
     return directory
-
-
-def export(checkpoint: Path, out: Path, variants: list[str] | None = None) -> Path:
-    """Every variant (None), as `attnserve export --all`, or those named."""
-    from attnserve.export.artifacts import build_artifacts
-    from attnserve.model.checkpoint import read_checkpoint
-
-    build_artifacts(read_checkpoint(checkpoint), out, log=lambda m: None, variants=variants)
-    return out
 
 
 def reference(checkpoint: Path, texts: list[str], input_type: str) -> list[np.ndarray]:
@@ -109,9 +103,20 @@ def colbert(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def colbert_server(colbert, tmp_path_factory):
-    with serving(ServerProcess(colbert[1], log_path=tmp_path_factory.mktemp("colbert") / "server.log")) as server:
-        yield server
+def other_settings(tmp_path_factory) -> tuple[Path, Path]:
+    """A model of VARIANT's settings, its fp32 graph alone: the classic model's export builds them all."""
+    base = tmp_path_factory.mktemp("colbert_variant")
+    checkpoint = save_colbert(base / "ckpt", VARIANT, seed=1)
+    return checkpoint, export(checkpoint, base / "artifacts", ["embeddings"])
+
+
+@pytest.fixture(scope="module")
+def colbert_server(colbert, other_settings, tmp_path_factory):
+    """The classic model (the default) and the other settings' ("variant") in one server."""
+    process = ServerProcess(None, "--model", f"classic={colbert[1]}", "--model", f"variant={other_settings[1]}",
+                            log_path=tmp_path_factory.mktemp("colbert") / "server.log")
+    with serving(process):
+        yield process
 
 
 def engine_vectors(engine: Engine, texts: list[str], input_type: str) -> list[np.ndarray]:
@@ -119,87 +124,52 @@ def engine_vectors(engine: Engine, texts: list[str], input_type: str) -> list[np
     return list(engine.encode_multi_vector(engine.multi_vector.encode(texts, input_type), input_type).embeddings)
 
 
-@pytest.mark.parametrize("input_type", ["query", "document"])
-def test_engine_equals_multi_vector_encoder(colbert, input_type):
-    checkpoint, artifacts = colbert
+@pytest.mark.parametrize("model", ["colbert", "other_settings"])
+def test_engine_equals_multi_vector_encoder(request, model):
+    checkpoint, artifacts = request.getfixturevalue(model)
     engine = Engine.from_directory(artifacts, EngineConfig())
-    texts = QUERIES if input_type == "query" else DOCUMENTS
-    got = engine_vectors(engine, texts, input_type)
-    check_vectors(got, reference(checkpoint, texts, input_type))
-    if input_type == "query":  # every query is exactly the expansion's 16 tokens: [MASK]s fill the short ones
-        assert {len(v) for v in got} == {16}
-    else:  # "!!! ... ???": [CLS], "[", "d", "]" and [SEP] less the skipped punctuation
-        assert len(got[2]) == 3
+    queries = QUERIES if model == "colbert" else [*QUERIES, "word " * 40]  # past the floor, and past query_length
+    got = {kind: engine_vectors(engine, texts, kind) for kind, texts in (("query", queries), ("document", DOCUMENTS))}
+    check_vectors(got["query"], reference(checkpoint, queries, "query"))
+    check_vectors(got["document"], reference(checkpoint, DOCUMENTS, "document"))
+    if model == "colbert":  # every query is exactly the expansion's 16 tokens: [MASK]s fill the short ones
+        assert {len(v) for v in got["query"]} == {16}
+        assert len(got["document"][2]) == 3  # "!!! ... ???": [CLS], "[", "d", "]" and [SEP] less the punctuation
+    else:
+        manifest = engine.manifest.multi_vector
+        assert manifest is not None and manifest["similarity"] == "meanmaxsim" and manifest["document_length"] == 128
 
 
-@pytest.fixture(scope="module")
-def other_settings(tmp_path_factory) -> tuple[Path, Path]:
-    """A model of the other settings (VARIANT: meanmaxsim among them), its fp32 graph alone: the module's export of
-    the classic settings builds them all."""
-    base = tmp_path_factory.mktemp("colbert_variant")
-    checkpoint = save_colbert(base / "ckpt", VARIANT, seed=1)
-    return checkpoint, export(checkpoint, base / "artifacts", ["embeddings"])
-
-
-def test_the_other_settings_equal_multi_vector_encoder(other_settings):
-    checkpoint, artifacts = other_settings
-    engine = Engine.from_directory(artifacts, EngineConfig())
-    manifest = engine.manifest.multi_vector
-    assert manifest is not None and manifest["similarity"] == "meanmaxsim" and manifest["document_length"] == 128
-    queries = [*QUERIES, "word " * 40]  # longer than the floor, and longer than query_length
-    for input_type, texts in (("query", queries), ("document", DOCUMENTS)):
-        check_vectors(engine_vectors(engine, texts, input_type), reference(checkpoint, texts, input_type))
-
-
-def test_pipelines_the_export_cannot_reproduce_are_refused_in_one_line(colbert, tmp_path):
-    import json
-    import shutil
-
-    from attnserve.errors import CheckpointError
-    from attnserve.model.checkpoint import read_checkpoint
-
-    checkpoint, _ = colbert
-    for folder, key, value, words in (("2_MultiVectorMask", "keep_only_token_ids", [5], "keep_only_token_ids"),
-                                      ("2_MultiVectorMask", "skiplist_tasks", ["image"], "skiplist_tasks"),
-                                      ("1_Dense", "module_input_name", "sentence_embedding", "only token_embeddings")):
-        copy = tmp_path / f"{folder}-{key}"
-        shutil.copytree(checkpoint, copy)
-        config = json.loads((copy / folder / "config.json").read_text())
-        (copy / folder / "config.json").write_text(json.dumps({**config, key: value}))
-        with pytest.raises(CheckpointError, match=words):
-            read_checkpoint(copy)
+@pytest.mark.parametrize("folder, key, value, words", [
+    ("2_MultiVectorMask", "keep_only_token_ids", [5], "keep_only_token_ids"),
+    ("2_MultiVectorMask", "skiplist_tasks", ["image"], "skiplist_tasks"),
+    ("1_Dense", "module_input_name", "sentence_embedding", "only token_embeddings"),
+])
+def test_pipelines_the_export_cannot_reproduce_are_refused_in_one_line(colbert, tmp_path, folder, key, value, words):
+    copy = shutil.copytree(colbert[0], tmp_path / "copy")
+    config = json.loads((copy / folder / "config.json").read_text())
+    (copy / folder / "config.json").write_text(json.dumps({**config, key: value}))
+    with pytest.raises(CheckpointError, match=words):
+        read_checkpoint(copy)
 
 
 def test_embed_multi_float_and_base64(colbert, colbert_server):
-    checkpoint, _ = colbert
+    url = f"{colbert_server.http_url}/embed_multi"
     for input_type, texts in (("query", QUERIES), ("document", DOCUMENTS)):
-        want = reference(checkpoint, texts, input_type)
-        reply = requests.post(f"{colbert_server.http_url}/embed_multi",
-                              json={"inputs": texts, "input_type": input_type}, timeout=60)
+        want = reference(colbert[0], texts, input_type)
+        reply = requests.post(url, json={"inputs": texts, "input_type": input_type}, timeout=60)
         assert reply.status_code == 200, reply.text
         check_vectors([np.array(v, np.float32).reshape(-1, 8) for v in reply.json()], want)
-        reply = requests.post(f"{colbert_server.http_url}/embed_multi",
-                              json={"inputs": texts, "input_type": input_type, "encoding_format": "base64"}, timeout=60)
+        reply = requests.post(url, json={"inputs": texts, "input_type": input_type, "encoding_format": "base64"},
+                              timeout=60)
         assert reply.status_code == 200, reply.text
         check_vectors([np.frombuffer(base64.b64decode(v), "<f4").reshape(-1, 8) for v in reply.json()], want)
-    one = requests.post(f"{colbert_server.http_url}/embed_multi", json={"inputs": "a"}, timeout=60)
-    check_vectors([np.array(one.json()[0], np.float32)], reference(checkpoint, ["a"], "document"))
-
-
-def test_embed_multi_answers_as_its_openapi_description_says(colbert_server):
-    from jsonschema import Draft202012Validator
-
-    from tests.test_http_openapi import MULTI_VECTOR_CALLS, call, schema_of
-
-    spec = requests.get(f"{colbert_server.http_url}/openapi.json", timeout=60).json()
-    for method, path, body in MULTI_VECTOR_CALLS:
-        reply = call(colbert_server, method, path, body)
-        assert reply.status_code == 200, reply.text
-        Draft202012Validator(schema_of(spec, method, path, "200")).validate(reply.json())
+    one = requests.post(url, json={"inputs": "a"}, timeout=60)
+    check_vectors([np.array(one.json()[0], np.float32)], reference(colbert[0], ["a"], "document"))
+    output_kinds.assert_answers_as_openapi_says(colbert_server, MULTI_VECTOR_CALLS)
 
 
 def test_grpc_multi_vector_tensors_and_model_info(colbert, colbert_server):
-    checkpoint, _ = colbert
     with colbert_server.channel() as channel:
         stub = colbert_server.stub(channel)
         for input_type, texts in ((pb.INPUT_TYPE_QUERY, QUERIES), (pb.INPUT_TYPE_DOCUMENT, DOCUMENTS)):
@@ -209,48 +179,35 @@ def test_grpc_multi_vector_tensors_and_model_info(colbert, colbert_server):
             for e in reply.embeddings:
                 assert not e.HasField("sentence_embedding") and e.multi_vector.dtype == pb.FLOAT32
                 got.append(np.frombuffer(e.multi_vector.data, "<f4").reshape(tuple(e.multi_vector.shape)))
-            check_vectors(got, reference(checkpoint, texts, "query" if input_type == pb.INPUT_TYPE_QUERY else
+            check_vectors(got, reference(colbert[0], texts, "query" if input_type == pb.INPUT_TYPE_QUERY else
                                          "document"))
         info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=60)
         assert list(info.outputs) == ["embed_multi", "rerank"] and info.embedding_size == 8
         assert info.pooling == "multi_vector"
-        with pytest.raises(grpc.RpcError) as refused:
-            stub.Embed(pb.EmbedRequest(inputs=[pb.Input(text="x")]), timeout=60)
-        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "multi-vector (ColBERT) model" in refused.value.details()
+        assert "multi-vector (ColBERT) model" in grpc_refusal(stub.Embed, pb.EmbedRequest(inputs=[pb.Input(text="x")]),
+                                                              timeout=60)
 
 
 def test_kserve_v2_token_embeddings_through_tritonclient(colbert, colbert_server):
-    import tritonclient.http as triton
-
-    checkpoint, _ = colbert
-    name = colbert_server_model(colbert_server)
+    name = requests.get(f"{colbert_server.http_url}/info", timeout=60).json()["model_id"]
     client = triton.InferenceServerClient(colbert_server.http_url.removeprefix("http://"), network_timeout=60)
     try:
-        metadata = client.get_model_metadata(name)
-        assert [o["name"] for o in metadata["outputs"]] == ["token_embeddings", "num_vectors"]
+        assert [o["name"] for o in client.get_model_metadata(name)["outputs"]] == ["token_embeddings", "num_vectors"]
         for input_type, texts, binary in (("query", QUERIES, True), ("document", DOCUMENTS, False)):
-            tensor = triton.InferInput("text", [len(texts)], "BYTES")
-            tensor.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_), binary_data=binary)
-            reply = client.infer(name, [tensor], parameters={"input_type": input_type}, outputs=[
+            reply = client.infer(name, [text_input(texts, binary)], parameters={"input_type": input_type}, outputs=[
                 triton.InferRequestedOutput(o, binary_data=binary) for o in ("token_embeddings", "num_vectors")])
             padded, counts = reply.as_numpy("token_embeddings"), reply.as_numpy("num_vectors")
             assert padded.shape == (len(texts), counts.max(), 8)
             assert not padded[np.arange(padded.shape[1])[None, :] >= counts[:, None]].any()  # zeros past each count
             check_vectors([row[:n] for row, n in zip(padded, counts, strict=True)],
-                          reference(checkpoint, texts, input_type))
+                          reference(colbert[0], texts, input_type))
     finally:
         client.close()
 
 
-def colbert_server_model(server) -> str:
-    return requests.get(f"{server.http_url}/info", timeout=60).json()["model_id"]
-
-
 def test_rerank_ranks_by_maxsim_on_every_door(colbert, colbert_server):
-    checkpoint, _ = colbert
     query, documents = QUERIES[0], DOCUMENTS
-    want = maxsim_here(reference(checkpoint, [query], "query")[0], reference(checkpoint, documents, "document"))
+    want = maxsim_here(reference(colbert[0], [query], "query")[0], reference(colbert[0], documents, "document"))
     order = np.argsort(-want, kind="stable")
     cohere = requests.post(f"{colbert_server.http_url}/v1/rerank",
                            json={"model": "", "query": query, "documents": documents}, timeout=60).json()
@@ -267,13 +224,12 @@ def test_rerank_ranks_by_maxsim_on_every_door(colbert, colbert_server):
     np.testing.assert_allclose([r.score for r in grpc_reply.results], want[order[:3]], rtol=1e-5, atol=1e-4)
 
 
-def test_meanmaxsim_reranking_equals_sentence_transformers_similarity(other_settings, tmp_path):
+def test_meanmaxsim_reranking_equals_sentence_transformers_similarity(other_settings, colbert_server):
     from sentence_transformers import MultiVectorEncoder
 
-    checkpoint, artifacts = other_settings
-    with serving(ServerProcess(artifacts, log_path=tmp_path / "server.log")) as s:
-        results = requests.post(f"{s.http_url}/v1/rerank", json={"model": "", "query": QUERIES[2],
-                                                                  "documents": DOCUMENTS}, timeout=60).json()["results"]
+    checkpoint, _ = other_settings
+    results = requests.post(f"{colbert_server.http_url}/v1/rerank", json={
+        "model": "variant", "query": QUERIES[2], "documents": DOCUMENTS}, timeout=60).json()["results"]
     model = MultiVectorEncoder(str(checkpoint), device="cpu")
     want = model.similarity(model.encode_query([QUERIES[2]]), model.encode_document(DOCUMENTS))[0].numpy()
     here = maxsim_here(reference(checkpoint, [QUERIES[2]], "query")[0], reference(checkpoint, DOCUMENTS, "document"),
@@ -302,46 +258,19 @@ def read_vectors(path: Path) -> list[np.ndarray]:
     return [np.array(row, np.float32).reshape(-1, 8) for row in pq.read_table(path).column("multi_vector").to_pylist()]
 
 
-def test_offline_multi_vector_column_round_trips_and_resumes(colbert, tmp_path):
+def test_offline_multi_vector_column_round_trips_and_resumes_locally_and_through_a_server(colbert, colbert_server,
+                                                                                          tmp_path):
+    """An input type for a dense model: tests/test_encode.py."""
     checkpoint, artifacts = colbert
-    texts = [*DOCUMENTS, *QUERIES]
-    source = tmp_path / "in.txt"
-    broken = list(texts)
-    broken[6] = "   "  # line 7: stops the run after two chunks of 3 rows
-    source.write_text("\n".join(broken) + "\n", encoding="utf-8")
-    out, clean = tmp_path / "out.parquet", tmp_path / "clean.parquet"
-    args = ("--artifacts", str(artifacts), "--no-progress", "--chunk-rows", "3")
-    stopped = run_cli("encode", str(source), "-o", str(out), *args)
-    assert stopped.returncode != 0 and "line 7: empty text" in stopped.stderr
-    source.write_text("\n".join(texts) + "\n", encoding="utf-8")
-    resumed = run_cli("encode", str(source), "-o", str(out), *args)
-    assert resumed.returncode == 0 and "(resumed after 6 rows)" in resumed.stdout, resumed.stderr
-    assert run_cli("encode", str(source), "-o", str(clean), *args).returncode == 0
-    assert out.read_bytes() == clean.read_bytes()
+    texts, source = [*DOCUMENTS, *QUERIES], tmp_path / "in.txt"
+    out = output_kinds.stopped_then_resumed(source, texts, "--artifacts", artifacts)
     table = pq.read_table(out)
     assert str(table.schema.field("multi_vector").type) == "list<element: fixed_size_list<element: float>[8]>"
     check_vectors(read_vectors(out), reference(checkpoint, texts, "document"))
-    queries = tmp_path / "queries.parquet"
-    assert run_cli("encode", str(source), "-o", str(queries), *args, "--input-type", "query").returncode == 0
-    check_vectors(read_vectors(queries), reference(checkpoint, texts, "query"))
-    refused = run_cli("encode", str(source), "-o", str(tmp_path / "x.parquet"), *args, "--precision-out", "int8")
-    assert refused.returncode != 0 and "--precision-out does not apply" in refused.stderr
-
-
-def test_offline_through_a_server_writes_the_same_vectors(colbert, colbert_server, tmp_path):
-    checkpoint, _ = colbert
-    source = tmp_path / "in.txt"
-    source.write_text("\n".join(QUERIES) + "\n", encoding="utf-8")
-    out = tmp_path / "out.parquet"
-    done = run_cli("encode", str(source), "-o", str(out), "--server", colbert_server.target, "--no-progress",
-                   "--input-type", "query")
-    assert done.returncode == 0, done.stderr
-    check_vectors(read_vectors(out), reference(checkpoint, QUERIES, "query"))
-
-
-def test_a_dense_model_refuses_an_input_type(artifacts, tmp_path):
-    source = tmp_path / "in.txt"
-    source.write_text("x\n", encoding="utf-8")
-    refused = run_cli("encode", str(source), "-o", str(tmp_path / "o.parquet"), "--artifacts", str(artifacts),
-                      "--input-type", "query", "--no-progress")
-    assert refused.returncode != 0 and "applies to multi-vector (ColBERT) models only" in refused.stderr
+    encoded(source, tmp_path / "queries.parquet", "--artifacts", artifacts, "--input-type", "query")
+    check_vectors(read_vectors(tmp_path / "queries.parquet"), reference(checkpoint, texts, "query"))
+    assert_one_line_error(run_cli("encode", source, "-o", tmp_path / "x.parquet", "--artifacts", artifacts,
+                                  "--precision-out", "int8"), "--precision-out does not apply")
+    encoded(text_file(tmp_path / "q.txt", QUERIES), tmp_path / "served.parquet", "--server", colbert_server.target,
+            "--input-type", "query")
+    check_vectors(read_vectors(tmp_path / "served.parquet"), reference(checkpoint, QUERIES, "query"))

@@ -1,5 +1,5 @@
-"""The protocol-neutral core in this process, with no door and no network: real engines and batchers on the
-exported artifacts, called as a door calls them; each error is the neutral one both doors map from."""
+"""The protocol-neutral core in this process, with no door and no network: real engines and batchers, called as a
+door calls them; each error is the neutral one both doors map from."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from attnserve.server.metrics import Metrics
 from attnserve.server.models import Models, ServedModel
 from attnserve.server.requests import AttentionOptions, EncodeRequest
 from attnserve.server.score_requests import RerankRequest
+from tests.test_batcher import until
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "a", "Ünïcödé: naïve café, façade, Straße."]
 QUERY = "what do cats eat"
@@ -56,17 +57,15 @@ async def running(*engines: tuple[str, Engine], warm: bool = True, **settings) -
                 model.inference.shutdown(wait=True)
 
 
-def keep(replies: list[EncodeReply]):
-    """A door's renderer that keeps the neutral reply, for the test to read."""
+async def encode(core: Core, request: EncodeRequest, deadline: Deadline | None = None) -> EncodeReply:
+    """core.encode with a door's renderer that keeps the neutral reply, for the test to read."""
+    replies: list[EncodeReply] = []
+
     def render(reply: EncodeReply) -> bytes:
         replies.append(reply)
         return b"rendered"
-    return render
 
-
-async def encode(core: Core, request: EncodeRequest, deadline: Deadline | None = None) -> EncodeReply:
-    replies: list[EncodeReply] = []
-    body, tokens = await core.encode(request, deadline, keep(replies))
+    body, tokens = await core.encode(request, deadline, render)
     assert body == b"rendered" and tokens == replies[0].tokens
     return replies[0]
 
@@ -86,34 +85,36 @@ class Gated:
         return getattr(self._engine, name)
 
 
-async def until(condition, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, "timed out"
-        await asyncio.sleep(0.005)
-
-
-def test_embed_gives_the_engine_s_normalised_vectors_in_request_order(engine):
+def test_a_core_s_readiness_answers_and_drain(engine):
+    """Not ready until warmed up; the engine's normalised vectors in request order; attention with every head when
+    none is asked, named in the reply so that no door works them out itself; a model not served; then the drain."""
     async def scenario():
-        async with running(("minilm", engine)) as core:
-            return await encode(core, EncodeRequest(TEXTS))
+        async with running(("minilm", engine), warm=False) as core:
+            with pytest.raises(NotServingError, match="warming up"):
+                core.check_ready()
+            core.warmed_up()
+            core.check_ready()
+            replies = (await encode(core, EncodeRequest(TEXTS)),
+                       await encode(core, EncodeRequest(TEXTS[:1], attention=AttentionOptions())),
+                       await encode(core, EncodeRequest(TEXTS[:1], attention=AttentionOptions(heads=[-1, 0]))))
+            with pytest.raises(ModelNotFoundError, match="'nope' does not exist here; this server serves 'minilm'"):
+                await encode(core, EncodeRequest(["x"], model="nope"))
+            with pytest.raises(ModelNotFoundError):
+                await core.rerank(RerankRequest(QUERY, DOCUMENTS, model="nope"), None)
+            core.drain()
+            with pytest.raises(NotServingError, match="shutting down"):
+                core.check_ready()
+            with pytest.raises(ShuttingDownError, match="retry on another replica"):
+                await encode(core, EncodeRequest(["refused"]))
+            with pytest.raises(ShuttingDownError):
+                await core.rerank(RerankRequest(QUERY, DOCUMENTS), None)
+            return replies
 
-    reply = asyncio.run(scenario())
+    reply, every, two = asyncio.run(scenario())
     alone = engine.run(engine.tokenizer.encode_texts(TEXTS)).sentence_embedding
-    expected = alone / np.linalg.norm(alone, axis=1, keepdims=True)
-    np.testing.assert_allclose(reply.embeddings, expected, atol=1e-5)
-    assert reply.model == "minilm" and [x.num_tokens for x in reply.inputs] == [
-        len(x) for x in engine.tokenizer.encode_texts(TEXTS)]
-
-
-def test_attention_resolves_its_default_layer_and_heads(engine):
-    """Every head when none is asked, named in the reply, so that no door works them out itself."""
-    async def scenario():
-        async with running(("minilm", engine)) as core:
-            return (await encode(core, EncodeRequest(TEXTS[:1], attention=AttentionOptions())),
-                    await encode(core, EncodeRequest(TEXTS[:1], attention=AttentionOptions(heads=[-1, 0]))))
-
-    every, two = asyncio.run(scenario())
+    np.testing.assert_allclose(reply.embeddings, alone / np.linalg.norm(alone, axis=1, keepdims=True), atol=1e-5)
+    assert reply.model == "minilm"
+    assert [x.num_tokens for x in reply.inputs] == [len(x) for x in engine.tokenizer.encode_texts(TEXTS)]
     m = engine.manifest
     assert every.options.attention_layers == (m.num_layers - 1,)
     assert every.options.attention_heads == tuple(range(m.num_heads))
@@ -128,8 +129,7 @@ def test_rerank_scores_pairs_best_first_and_a_reranker_does_not_embed(engine, re
 
     async def scenario():
         async with running(("minilm", engine), ("tiny-reranker", reranker)) as core:
-            reply = await core.rerank(RerankRequest(QUERY, DOCUMENTS, return_text=True, model="tiny-reranker"),
-                                      None)
+            reply = await core.rerank(RerankRequest(QUERY, DOCUMENTS, return_text=True, model="tiny-reranker"), None)
             with pytest.raises(InvalidInputError, match="tiny-reranker is a reranker"):
                 await encode(core, EncodeRequest(["x"], model="tiny-reranker"))
             with pytest.raises(InvalidInputError, match="not a reranker"):
@@ -137,69 +137,52 @@ def test_rerank_scores_pairs_best_first_and_a_reranker_does_not_embed(engine, re
             return reply
 
     reply = asyncio.run(scenario())
-    pairs = reranker.tokenizer.encode_pairs([(QUERY, text) for text in DOCUMENTS])
-    logits = reranker.run(pairs).scores[:, 0]
+    logits = reranker.run(reranker.tokenizer.encode_pairs([(QUERY, text) for text in DOCUMENTS])).scores[:, 0]
     order = np.argsort(-logits, kind="stable")
     assert reply.model == "tiny-reranker" and [r.index for r in reply.results] == list(order)
     assert [r.text for r in reply.results] == [DOCUMENTS[i] for i in order]
     np.testing.assert_allclose([r.score for r in reply.results], 1 / (1 + np.exp(-logits[order])), rtol=1e-5)
 
 
-def test_a_model_not_served_is_model_not_found(engine):
-    async def scenario():
-        async with running(("minilm", engine)) as core:
-            with pytest.raises(ModelNotFoundError, match="'nope' does not exist here; this server serves 'minilm'"):
-                await encode(core, EncodeRequest(["x"], model="nope"))
-            with pytest.raises(ModelNotFoundError):
-                await core.rerank(RerankRequest(QUERY, DOCUMENTS, model="nope"), None)
-
-    asyncio.run(scenario())
-
-
 def test_a_deadline_passed_ends_the_call_and_drops_its_queued_inputs(engine):
-    """The core runs the call under its deadline, whatever the door: the error names the deadline as the client
-    set it, and the inputs that waited never cost compute."""
+    """Whatever the door: the error names the deadline as the client set it, and the inputs that waited never cost
+    compute."""
     async def scenario():
         gated = Gated(engine)
         async with running(("minilm", gated)) as core:  # type: ignore[arg-type]
             gated.gate.set()
             with pytest.raises(DeadlineExpiredError, match="the request's deadline passed before it was answered"):
                 await encode(core, EncodeRequest(["x"]), Deadline(time.monotonic() - 1))
-
             gated.gate.clear()
-            batcher = core.models.default.batcher
             ahead = asyncio.ensure_future(encode(core, EncodeRequest(["taken into a batch"])))
             await until(gated.running.is_set)
             start = time.monotonic()
-            with pytest.raises(DeadlineExpiredError, match="the request's X-Test-Timeout passed before it was "
-                                                           "answered"):
+            with pytest.raises(DeadlineExpiredError, match="request's X-Test-Timeout passed before it was answered"):
                 await encode(core, EncodeRequest([LONG] * 4), Deadline(start + 0.2, "X-Test-Timeout"))
             assert 0.15 < time.monotonic() - start < 5
-            assert batcher.queued_tokens == 0  # the inputs queued behind the running batch are gone
+            assert core.models.default.batcher.queued_tokens == 0  # those queued behind the running batch are gone
             gated.gate.set()
             assert (await ahead).embeddings.shape == (1, engine.manifest.embedding_size)
 
     asyncio.run(scenario())
 
 
-def test_a_full_queue_is_queue_full_and_a_request_larger_than_the_queue_never_fits(engine):
+def test_a_full_queue_is_queue_full_and_a_request_larger_than_the_queue_is_admitted_in_parts(engine):
+    """Refused while the queue is full, as any request is; admitted in parts once there is room, answered whole."""
     async def scenario():
         gated = Gated(engine)
         async with running(("minilm", gated), max_queue_tokens=300) as core:  # type: ignore[arg-type]
-            batcher = core.models.default.batcher
             taken = asyncio.ensure_future(encode(core, EncodeRequest([LONG])))  # runs first, held by the gate
             await until(gated.running.is_set)
             queued = asyncio.ensure_future(encode(core, EncodeRequest([LONG])))  # waits in the queue
-            await until(lambda: batcher.queued_tokens > 0)
+            await until(lambda: core.models.default.batcher.queued_tokens > 0)
             with pytest.raises(QueueFullError, match="queue full") as full:
                 await encode(core, EncodeRequest([LONG]))
             assert full.value.retry_after > 0
-            # More tokens than the whole queue holds: refused while the queue is full, as any request is...
             with pytest.raises(QueueFullError, match="queue full"):
                 await encode(core, EncodeRequest([LONG, LONG, LONG]))
             gated.gate.set()
             assert len((await taken).inputs) == len((await queued).inputs) == 1
-            # ...and admitted in parts, answered whole and in order, once there is room.
             big = await encode(core, EncodeRequest([LONG, "short", LONG]))
             want = engine.encode([LONG, "short", LONG], normalize=True).embeddings
             np.testing.assert_allclose(big.embeddings, want, atol=1e-5)
@@ -211,34 +194,14 @@ def test_a_request_admitted_in_parts_is_answered_whole_when_the_drain_starts_bet
     async def scenario():
         gated = Gated(engine)
         async with running(("minilm", gated), max_queue_tokens=300) as core:  # type: ignore[arg-type]
-            batcher = core.models.default.batcher
             texts = [LONG, LONG + "again", LONG + "and again"]  # a part each: 3 x ~200 tokens in a 300-token queue
             big = asyncio.ensure_future(encode(core, EncodeRequest(texts)))
             await until(gated.running.is_set)  # the first part runs, held by the gate; the later ones wait
-            batcher.close()  # the drain's start: no new request, but this one was admitted
+            core.models.default.batcher.close()  # the drain's start: no new request, but this one was admitted
             gated.gate.set()
-            reply = await big
-            np.testing.assert_allclose(reply.embeddings, engine.encode(texts, normalize=True).embeddings, atol=1e-5)
+            np.testing.assert_allclose((await big).embeddings, engine.encode(texts, normalize=True).embeddings,
+                                       atol=1e-5)
             with pytest.raises(ShuttingDownError):
                 await encode(core, EncodeRequest(["after the drain began"]))
-
-    asyncio.run(scenario())
-
-
-def test_readiness_and_the_drain(engine):
-    async def scenario():
-        async with running(("minilm", engine), warm=False) as core:
-            with pytest.raises(NotServingError, match="warming up"):
-                core.check_ready()
-            core.warmed_up()
-            core.check_ready()
-            await encode(core, EncodeRequest(["served"]))
-            core.drain()
-            with pytest.raises(NotServingError, match="shutting down"):
-                core.check_ready()
-            with pytest.raises(ShuttingDownError, match="retry on another replica"):
-                await encode(core, EncodeRequest(["refused"]))
-            with pytest.raises(ShuttingDownError):
-                await core.rerank(RerankRequest(QUERY, DOCUMENTS), None)
 
     asyncio.run(scenario())

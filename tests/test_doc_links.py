@@ -1,7 +1,6 @@
-"""Every relative link in README.md and docs/*.md leads somewhere: the file exists, and a #anchor is a heading of
-that file as GitHub slugs it (lower case; punctuation but hyphens and underscores dropped; spaces to hyphens; a
-repeated heading gets -1, -2, ...). Headings inside fenced code blocks are not headings.
-"""
+"""The pages hold together: every relative link in README.md and docs/*.md leads to a file, and a #anchor to a heading
+of it as GitHub slugs it (headings in fenced code are not headings); docs/development.md's layout names every module,
+so that a new one cannot land unlisted."""
 
 from __future__ import annotations
 
@@ -12,12 +11,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-
 FENCE = re.compile(r"^(```|~~~)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 # [text](target) and ![alt](target), target without spaces; an optional "title" after it.
 LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 INLINE_CODE = re.compile(r"`[^`\n]*`")
+PACKAGES = ("model", "export", "engine", "offline", "server", "server/workers", "server/grpc", "server/http",
+            "client", "loadtest", "attnserve")
 
 
 def prose_lines(text: str) -> list[str]:
@@ -26,25 +26,21 @@ def prose_lines(text: str) -> list[str]:
     for line in text.splitlines():
         if FENCE.match(line.lstrip()):
             fenced = not fenced
-            continue
-        if not fenced:
+        elif not fenced:
             lines.append(line)
     return lines
 
 
 def github_slug(heading: str) -> str:
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading counts by its text
-    text = text.replace("`", "").strip().lower()
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
+    """Lower case; punctuation but hyphens and underscores dropped; spaces to hyphens; a link counts by its text."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "").strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
 def anchors(page: Path) -> set[str]:
+    """The page's headings' slugs; a repeated heading gets -1, -2, ..."""
     seen: dict[str, int] = {}
-    for line in prose_lines(page.read_text(encoding="utf-8")):
-        match = HEADING.match(line)
-        if not match:
-            continue
+    for match in filter(None, map(HEADING.match, prose_lines(page.read_text(encoding="utf-8")))):
         slug = github_slug(match.group(2))
         count = seen.get(slug, 0)
         seen[slug] = count + 1
@@ -54,21 +50,20 @@ def anchors(page: Path) -> set[str]:
 
 
 def relative_links(page: Path) -> list[str]:
-    links = []
-    for line in prose_lines(page.read_text(encoding="utf-8")):
-        for target in LINK.findall(INLINE_CODE.sub("", line)):
-            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):  # http:, https:, mailto: ...
-                continue
-            links.append(target)
-    return links
+    """Its links' targets but those with a scheme (http:, https:, mailto: ...)."""
+    return [target for line in prose_lines(page.read_text(encoding="utf-8"))
+            for target in LINK.findall(INLINE_CODE.sub("", line))
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE)]
 
 
-def test_the_slug_rule_is_githubs():
-    assert github_slug("Health, reflection and grpcurl") == "health-reflection-and-grpcurl"
-    assert github_slug("The graph chosen on the machine that runs") == "the-graph-chosen-on-the-machine-that-runs"
-    assert github_slug("`dimensions`") == "dimensions"
-    assert github_slug("KServe v2") == "kserve-v2"
-    assert github_slug("Probes, HEAD and timeouts") == "probes-head-and-timeouts"
+@pytest.mark.parametrize(("heading", "slug"), [
+    ("Health, reflection and grpcurl", "health-reflection-and-grpcurl"),
+    ("The graph chosen on the machine that runs", "the-graph-chosen-on-the-machine-that-runs"),
+    ("`dimensions`", "dimensions"), ("KServe v2", "kserve-v2"),
+    ("Probes, HEAD and timeouts", "probes-head-and-timeouts"),
+])
+def test_the_slug_rule_is_githubs(heading, slug):
+    assert github_slug(heading) == slug
 
 
 def test_there_are_pages_and_links_to_check():
@@ -85,7 +80,27 @@ def test_every_relative_link_resolves(page):
         if not linked.exists():
             shown = linked.relative_to(REPO) if linked.is_relative_to(REPO) else linked
             broken.append(f"{target}: no such file {shown}")
-            continue
-        if anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
             broken.append(f"{target}: no heading #{anchor} in {linked.relative_to(REPO)}")
     assert not broken, f"{page.relative_to(REPO)}: broken links:\n" + "\n".join(broken)
+
+
+def test_every_module_is_named_in_its_packages_entry_of_the_layout():
+    """An entry: a line of the layout's code block starting with the package's folder, and the indented lines after it;
+    it names each of the package's .py files but __init__."""
+    doc = (REPO / "docs/development.md").read_text(encoding="utf-8")
+    entries: dict[str, str] = {}
+    current = None
+    for line in doc[doc.index("## Layout"):].split("```")[1].splitlines():
+        if head := re.match(r"^(\S+)\s", line):
+            current = head.group(1).rstrip("/")
+            entries[current] = line[len(head.group(1)):]
+        elif current is not None:
+            entries[current] += " " + line
+    missing = []
+    for package in PACKAGES:
+        assert package in entries, f"docs/development.md's layout has no entry for {package}/"
+        missing += [f"{package}/{module.name}" for module in sorted((REPO / package).glob("*.py"))
+                    if module.stem != "__init__"
+                    and not re.search(rf"(?<![\w/]){re.escape(module.stem)}\b", entries[package])]
+    assert not missing, f"docs/development.md's layout does not name {missing}"

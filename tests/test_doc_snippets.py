@@ -1,16 +1,10 @@
-"""Every fenced bash and python snippet in the README and docs/ runs as written, against a real server.
+"""Every fenced bash and python snippet in the README and docs/ runs as written, read from the pages themselves, each in
+a folder of its own (examples/ beside it) against one `attnserve serve` of the default model on the documented ports.
 
-The snippets are read from the pages themselves, so that a page changed is a test changed. Each runs in a folder
-of its own (with the repository's examples/ beside it, as from the repository root) against one `attnserve serve`
-of the default model on the documented ports (gRPC 50051, HTTP 8080, metrics 9000), exported once for the test
-run (tests/conftest.py) and found in the cache the snippets' commands read (ATTNSERVE_CACHE). A snippet's line
-that starts a server (`attnserve serve ...`, which serves until stopped) is run as a server of its own on free
-ports, waited for until it serves, and stopped; the lines after it talk to the test's server on the documented
-ports, as they would to the one the line started.
-
-A snippet this test cannot run says why on the line before its fence, `<!-- not run: REASON -->`, and the reason
-names what it needs (docker, kubernetes, grpcurl, .ci/run's fresh clone, placeholder paths, minutes of export) and
-the test that covers it instead. Synopses (flags in brackets, INPUT and OUTPUT placeholders) are fenced as text.
+A snippet's `attnserve serve ...` line runs as a server of its own on free ports until it serves; the lines after it
+talk to the test's server, as they would to the one the line started. A snippet that cannot run here says why on the
+line before its fence, `<!-- not run: REASON -->`, naming what it needs and the test that covers it instead.
+Synopses (flags in brackets, INPUT and OUTPUT placeholders) are fenced as text.
 """
 
 from __future__ import annotations
@@ -19,7 +13,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -27,7 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from attnserve.config import ServerConfig
 from attnserve.default_model import DEFAULT_MODEL_NAME, artifacts_dir_for
+from attnserve.errors import ConfigError
+from attnserve.server.ports import check_ports_free
 
 from .conftest import link_but_data
 from .serving import ServerProcess, serving
@@ -49,15 +45,10 @@ DOCUMENTED_PORTS = {"port": 50051, "http_port": 8080, "metrics_port": 9000}
 
 @dataclass(frozen=True)
 class Snippet:
-    page: Path
-    line: int
+    name: str  # page:line
     lang: str
     body: str
     not_run: str | None
-
-    @property
-    def name(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
 def snippets() -> list[Snippet]:
@@ -65,10 +56,10 @@ def snippets() -> list[Snippet]:
     for page in PAGES:
         text = page.read_text()
         for m in FENCE.finditer(text):
+            reason = NOT_RUN.search(text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1])
             line = text.count("\n", 0, m.start()) + 1
-            before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
-            reason = NOT_RUN.search(before)
-            found.append(Snippet(page, line, m.group("lang"), m.group("body"), reason and reason.group("reason")))
+            found.append(Snippet(f"{page.relative_to(ROOT)}:{line}", m.group("lang"), m.group("body"),
+                                 reason and reason.group("reason")))
     return found
 
 
@@ -90,67 +81,47 @@ def test_the_pages_fence_commands_as_bash_or_python_and_say_why_a_snippet_is_not
             f"{s.name}: name the test that covers it instead")
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 @pytest.fixture(scope="module")
-def cache(artifacts, tmp_path_factory) -> Path:
-    """A cache that holds the default model's artifacts where `attnserve serve` and `encode` look for them."""
-    root = tmp_path_factory.mktemp("snippet-cache")
+def environment(artifacts, tmp_path_factory) -> dict[str, str]:
+    """A cache with the default model's artifacts where `attnserve serve` and `encode` look for them; `attnserve`,
+    `python` and `pip` of this interpreter first on PATH, as in the README's venv; curl failing on an HTTP error
+    status (with the body said), as a snippet's reader would notice one."""
+    cache = tmp_path_factory.mktemp("snippet-cache")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("ATTNSERVE_CACHE", str(root))
+        patch.setenv("ATTNSERVE_CACHE", str(cache))
         shutil.copytree(artifacts, artifacts_dir_for(DEFAULT_MODEL_NAME), copy_function=link_but_data,
                         ignore=shutil.ignore_patterns("calibration.json"))
-    return root
-
-
-@pytest.fixture(scope="module")
-def environment(cache) -> dict[str, str]:
-    # `attnserve`, `python` and `pip` of this interpreter first on PATH, as in the activated venv the README makes;
-    # curl failing on an HTTP error status (with the body said), as a snippet's reader would notice one.
+    (cache / "curl").mkdir()
+    (cache / "curl" / ".curlrc").write_text("fail-with-body\nsilent\nshow-error\n")
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    curl_home = cache / "curl"
-    curl_home.mkdir(exist_ok=True)
-    (curl_home / ".curlrc").write_text("fail-with-body\nsilent\nshow-error\n")
-    return {**os.environ, "ATTNSERVE_CACHE": str(cache), "PATH": path, "CURL_HOME": str(curl_home)}
+    return {**os.environ, "ATTNSERVE_CACHE": str(cache), "PATH": path, "CURL_HOME": str(cache / "curl")}
 
 
 @pytest.fixture(scope="module")
 def documented_server(environment, tmp_path_factory):
     """The default model served on the ports the pages name."""
-    taken = [port for port in DOCUMENTED_PORTS.values() if not _port_free(port)]
-    if taken:
-        pytest.fail(f"ports {taken} are taken: the snippets talk to a server on the documented ports")
-    process = ServerProcess(None, **DOCUMENTED_PORTS, env={"ATTNSERVE_CACHE": environment["ATTNSERVE_CACHE"]},
-                            log_path=tmp_path_factory.mktemp("documented") / "server.log")
-    with serving(process):
+    try:
+        check_ports_free(ServerConfig(host="127.0.0.1", **DOCUMENTED_PORTS))
+    except ConfigError as e:
+        pytest.fail(f"{e}: the snippets talk to a server on the documented ports")
+    with serving(ServerProcess(None, **DOCUMENTED_PORTS, env={"ATTNSERVE_CACHE": environment["ATTNSERVE_CACHE"]},
+                               log_path=tmp_path_factory.mktemp("documented") / "server.log")) as process:
         yield process
 
 
-def _check_serve_line(flags: str, environment: dict[str, str], folder: Path) -> None:
-    """`attnserve serve FLAGS` started as the line says (ServerProcess gives it free ports), until it serves; then
-    drained."""
-    process = ServerProcess(None, *shlex.split(flags), env={"ATTNSERVE_CACHE": environment["ATTNSERVE_CACHE"]},
-                            log_path=folder / "serve-line.log", cwd=folder)
-    with serving(process):
-        pass
+def run_ok(snippet: Snippet, argv: list[str], environment: dict[str, str], folder: Path) -> None:
+    result = subprocess.run(argv, cwd=folder, env=environment, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{snippet.name}:\n{snippet.body}\n{result.stdout}{result.stderr}"
 
 
 @pytest.mark.parametrize("snippet", RUNNABLE, ids=[s.name for s in RUNNABLE])
 def test_the_snippet_runs_as_written(snippet, documented_server, environment, tmp_path):
     (tmp_path / "examples").symlink_to(ROOT / "examples", target_is_directory=True)
     if snippet.lang == "python":
-        result = subprocess.run([sys.executable, "-c", snippet.body], cwd=tmp_path, env=environment,
-                                capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, f"{snippet.name}:\n{snippet.body}\n{result.stdout}{result.stderr}"
+        run_ok(snippet, [sys.executable, "-c", snippet.body], environment, tmp_path)
         return
-    # The lines before a serve line run first, then the server it starts is checked, then the lines after it.
+    # The lines before a serve line run first, then the server it starts (ServerProcess gives it free ports) is
+    # waited for until it serves and drained, then the lines after it.
     segment: list[str] = []
     for line in [*snippet.body.splitlines(), None]:
         serve = SERVE_LINE.match(line.strip()) if line is not None else None
@@ -158,9 +129,10 @@ def test_the_snippet_runs_as_written(snippet, documented_server, environment, tm
             segment.append(line)
             continue
         if any(s.strip() and not s.strip().startswith("#") for s in segment):
-            result = subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(segment)], cwd=tmp_path,
-                                    env=environment, capture_output=True, text=True, timeout=300)
-            assert result.returncode == 0, f"{snippet.name}:\n{snippet.body}\n{result.stdout}{result.stderr}"
+            run_ok(snippet, ["bash", "-euo", "pipefail", "-c", "\n".join(segment)], environment, tmp_path)
         segment = []
         if serve:
-            _check_serve_line(serve.group("flags"), environment, tmp_path)
+            with serving(ServerProcess(None, *shlex.split(serve.group("flags")), cwd=tmp_path,
+                                       env={"ATTNSERVE_CACHE": environment["ATTNSERVE_CACHE"]},
+                                       log_path=tmp_path / "serve-line.log")):
+                pass

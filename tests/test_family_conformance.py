@@ -1,22 +1,8 @@
-"""Every model family against code nobody here wrote: transformers' own classes and sentence-transformers, one
-table row a family (tests/families_table.py), then the checks no table holds, named by family.
-
-Each row's tiny random-weight checkpoint is saved by transformers' class, wrapped by sentence-transformers itself, and
-checked the same way: its config read as transformers reads it; last_hidden_state and attention maps equal to
-transformers' (eager and sdpa, on each padding side a tokenizer of the family uses); head checkpoints loaded or
-refused; settings the export cannot run refused in one line before any weight loads; the export verified and its
-graphs equal to PyTorch at sizes never traced; the engine encoding as sentence-transformers (with the family's
-prompts); and one `attnserve serve` over every row's export.
-
-Variants: every row exports its fp32 graphs (embeddings, embeddings_fused); one row per architecture kind, where
-the exporter's graphs differ, exports and verifies every variant (fp16, int8, the attention graphs):
-- absolute-position encoder (BERT-likes, model/encoder.py): the default model, all-MiniLM-L6-v2, whose every
-  variant tests/conftest.py's `artifacts` builds and verifies (MPNet's relative bias: test_real_models.py);
-- rotary encoder (model/rotary_bert.py): NomicBERT, the one with token types into every graph;
-- local/global attention encoder whose attention the optimizer does not fuse: ModernBERT;
-- causal decoder, padded on the left: Qwen3;
-- bidirectional decoder with grouped key/value heads and sliding windows: Gemma 3 (EuroBERT: fp32 only);
-- multi-task LoRA: jina-embeddings-v3, a graph set per task (int8 once, for the model without a task).
+"""Every model family against code nobody here wrote, transformers' own classes and sentence-transformers: one
+table row a family (tests/families_table.py: config, hidden states and maps, head checkpoints, refusals before any
+weight loads, the export at unseen sizes, the engine, one server over every row), then the checks no table holds.
+One row per architecture kind exports every variant (NomicBERT, ModernBERT, Qwen3, Gemma 3; jina-embeddings-v3 a
+graph set per task; absolute positions: the default model's, tests/conftest.py); the others their fp32 graphs.
 """
 
 from __future__ import annotations
@@ -46,6 +32,7 @@ from .checkpoints import edit_json
 from .conftest import assert_one_line_error, run_cli
 from .families_table import BY_NAME, ROWS, TEXTS, Row
 from .family_parity import cosines, max_error, padded_batch, refusal_before_weights_load, transformers_model
+from .tiny_gte import alibaba_ntk_inv_freq, save_published
 
 LENGTHS = [(1,), (5, 3), (16, 9, 1), (48, 17, 33), (100, 64, 7, 100)]
 UNSEEN = [(3,), (37, 12, 1), (40, 40, 5, 29, 17)]  # batch and sequence sizes no export traced or verified at
@@ -75,6 +62,10 @@ class Built:
         from sentence_transformers import SentenceTransformer
 
         return self._once(("stm", row.name), lambda: SentenceTransformer(str(self.st(row)), device="cpu"))
+
+    def published(self) -> Path:
+        """The gte row's checkpoint as the Hub publishes GTE v1.5 (tests/tiny_gte.py save_published)."""
+        return self._once(("published",), lambda: save_published(self.model(BY_NAME["gte"]), self.root / "new"))
 
     def exported(self, row: Row) -> tuple[Path, list[str]]:
         def make():
@@ -271,9 +262,22 @@ REFUSED = [
 ]
 
 
+# GTE v1.5 as published (model_type "new"): what is not it.
+REFUSED += [("new", change, fragment) for change, fragment in [
+    ({"auto_map": {"AutoModel": "someone/other-impl--modeling.NewModel"}}, "model_type 'new' is read only as GTE"),
+    ({"auto_map": None}, "model_type 'new' is read only as GTE v1.5, whose auto_map names Alibaba-NLP/new-impl"),
+    ({"architectures": ["NewForSequenceClassification"]}, "cannot reproduce architecture NewForSequenceClassification"),
+    ({"architectures": ["NewForTokenClassification"], "id2label": {"0": "O", "1": "B-PER"}},
+     "cannot reproduce NewForTokenClassification with 2 labels"),
+    ({"rope_theta": None}, "a published GTE config must give rope_theta"),
+    ({"logn_attention_scale": True}, "cannot reproduce logn_attention_scale True (only False)"),
+    ({"rope_scaling": {"type": "ntk", "factor": 2.0, "mixed_b": 0.5}}, "cannot reproduce rope settings")]]
+
+
 @pytest.mark.parametrize("name, change, fragment", REFUSED, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(REFUSED)])
 def test_settings_the_export_cannot_run_are_refused_before_weights_load(built, tmp_path, name, change, fragment):
-    message = refusal_before_weights_load(built.model(BY_NAME[name]), tmp_path / "refused", change)
+    source = built.published() if name == "new" else built.model(BY_NAME[name])
+    message = refusal_before_weights_load(source, tmp_path / "refused", change)
     assert fragment in message and "\n" not in message
 
 
@@ -510,23 +514,24 @@ def test_token_types_as_transformers_adds_them_and_they_matter(built, tmp_path, 
         assert float((plain.flip(1) - reversed_ids).abs().max()) > 0.05
 
 
-@pytest.mark.parametrize("form", ["rope_scaling", "rope_parameters"])
+@pytest.mark.parametrize("form", ["rope_scaling", "rope_parameters", "published"])
 def test_gte_ntk_scaled_rotary_matches_transformers_given_alibabas_frequencies(built, tmp_path, form):
-    """The published form (rope_theta with rope_scaling {"type": "ntk"}) and transformers 5's (rope_parameters with
-    rope_type "ntk"). transformers has no "ntk" rope type, so its GteModel gets Alibaba's frequencies by hand."""
-    from .tiny_gte import alibaba_ntk_inv_freq
-
+    """The published form (rope_theta with rope_scaling {"type": "ntk"}; published: gte-base-en-v1.5's model_type
+    "new" folder) and transformers 5's (rope_parameters with rope_type "ntk"). transformers has no "ntk" rope type,
+    so its GteModel gets Alibaba's frequencies by hand."""
     row = BY_NAME["gte"]
     model_dir = built.model(row)
-    scaled, unscaled = shutil.copytree(model_dir, tmp_path / "s"), shutil.copytree(model_dir, tmp_path / "u")
-    if form == "rope_scaling":
-        edit_json(scaled / "config.json", rope_parameters=None, rope_theta=500_000.0,
-                  rope_scaling={"type": "ntk", "factor": 2.0})
-    else:
+    scaled = shutil.copytree(built.published() if form == "published" else model_dir, tmp_path / "s")
+    unscaled = shutil.copytree(model_dir, tmp_path / "u")
+    if form == "rope_parameters":
         edit_json(scaled / "config.json", rope_parameters={"rope_type": "ntk", "rope_theta": 500_000.0, "factor": 2.0})
+    else:
+        edit_json(scaled / "config.json", rope_parameters=None, rope_theta=500_000 if form == "published" else
+                  500_000.0, rope_scaling={"type": "ntk", "factor": 2.0})
     edit_json(unscaled / "config.json", rope_parameters={"rope_type": "default", "rope_theta": 500_000.0})
     encoder = load_encoder(read_checkpoint(scaled))
     assert (encoder.config.rope_theta, encoder.config.ntk_factor) == (500_000.0, 2.0)
+    assert encoder.config.family == ("new" if form == "published" else "gte")
     reference = transformers_model(model_dir, "eager")
     reference.rotary_emb.inv_freq.copy_(alibaba_ntk_inv_freq(16, 500_000.0, 2.0))
     ids, mask, _ = batch(row, encoder.config, (100, 64, 7), seed=5)
@@ -549,6 +554,41 @@ def test_nomic_published_config_naming_reads_the_same(built, tmp_path):
     edit_json(published / "config.json", hidden_size=32)
     with pytest.raises(CheckpointError, match="hidden_size 32 and n_embd 64 disagree"):
         read_checkpoint(published)
+
+
+def test_gte_published_keys_are_what_transformers_saves(built):
+    """transformers writes the remote code's names back when it saves: the renaming in tests/tiny_gte.py is
+    conversion_mapping's, reversed, or both would disagree."""
+    from safetensors import safe_open
+
+    with safe_open(str(built.model(BY_NAME["gte"]) / "model.safetensors"), "pt") as a, \
+            safe_open(str(built.published() / "model.safetensors"), "pt") as b:
+        assert sorted(a.keys()) == sorted(b.keys())
+        assert all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())
+
+
+@pytest.mark.parametrize("architecture", ["NewModel", "NewForMaskedLM", "NewForTokenClassification"])
+def test_gte_published_checkpoint_matches_transformers_on_the_original(built, tmp_path, architecture):
+    folder = save_published(built.model(BY_NAME["gte"]), tmp_path / "published", architecture)
+    ckpt = read_checkpoint(folder)
+    assert ckpt.config.family == "new"
+    encoder, reference = load_encoder(ckpt), transformers_model(built.model(BY_NAME["gte"]), "eager")
+    for seed, lengths in enumerate(LENGTHS[::2]):
+        ids, mask, _ = batch(BY_NAME["gte"], encoder.config, lengths, seed)
+        assert max_error(hidden(encoder, ids, mask)[0], hidden(reference, ids, mask).last_hidden_state, mask) <= 1e-4
+
+
+def test_gte_engine_over_the_published_folder_encodes_as_sentence_transformers_over_the_original(built, tmp_path,
+                                                                                                  monkeypatch):
+    """Exported without transformers asking whether to run the auto_map's remote code (its tokenizer check). The
+    fp32 graph, which the comparison reads: the rotary encoder's other variants are the nomic_bert row's."""
+    row = BY_NAME["gte"]
+    folder = save_published(built.st(row), tmp_path / "published")
+    monkeypatch.setattr("builtins.input", lambda *args: pytest.fail(f"transformers asked: {args}"))
+    build_artifacts(read_checkpoint(folder), tmp_path / "out", log=lambda line: None, variants=["embeddings"])
+    encoded = Engine.from_directory(tmp_path / "out").encode(TEXTS)
+    assert cosines(encoded.embeddings, built.sentence_transformer(row).encode(TEXTS)).min() >= 0.99999
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["family"] == "new"
 
 
 @pytest.mark.parametrize("name, unwindowed", [("modernbert", {"local_attention": 10_000}),

@@ -1,21 +1,14 @@
-"""The compose topology without Docker: what the `server` and `loadtest` services run, on loopback.
-
-Two `attnserve serve` processes with the compose file's server settings listen
-on the same port at 127.0.0.1 and 127.0.0.2, as two containers would. A DNS
-server answers one name with both addresses, as Docker's embedded DNS answers
-the service name. The compose file's `loadtest` command then runs with its
-target pointed at that name (gRPC's dns resolver, asking our DNS server) and
-round_robin, exactly the path compose uses. Each replica's own metrics must
-show it took a fair share, and every request sent must be answered and
-counted by one of them.
-"""
+"""The compose topology without Docker: two `attnserve serve` processes with the compose file's server settings on
+one port at 127.0.0.1 and 127.0.0.2, as two containers; a DNS server answers one name with both addresses, as
+Docker's embedded DNS answers the service name; and the compose `loadtest` command, its target that name (gRPC's dns
+resolver, round_robin: compose's path). Each replica must take a fair share, and every request be answered and
+counted by one of them."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,12 +16,12 @@ import pytest
 from dnslib.server import DNSLogger, DNSServer
 from dnslib.zoneresolver import ZoneResolver
 
+from attnserve.server_process import CLI
 from tests.compose import compose_config, environment
 from tests.serving import ServerProcess, free_port
 
 REPLICA_HOSTS = ("127.0.0.1", "127.0.0.2")
 SERVICE_NAME = "replicas.attnserve.test"
-REQUESTS = 240
 
 
 @pytest.fixture(scope="module")
@@ -65,50 +58,47 @@ def fleet(artifacts, compose, tmp_path_factory):
     assert codes == [0, 0], [replica.log_tail() for replica in replicas]
 
 
-def embed_answers(replica: ServerProcess, code: str = "", method: str = "Embed") -> int:
-    """Embed requests (or those of another method or HTTP route) the replica answered: with this status code,
-    or whatever their status."""
+def answers(replica: ServerProcess, method: str, code: str = "") -> int:
+    """The requests of a method (or HTTP route) the replica answered: with this status code, or any."""
     return int(sum(v for k, v in replica.metrics().items()
-                   if k.startswith("attnserve_requests_total{") and f'method="{method}"' in k
-                   and f'code="{code}' in k))
+                   if k.startswith("attnserve_requests_total{") and f'method="{method}"' in k and f'code="{code}' in k))
 
 
-def run_loadtest_service(compose: dict, target: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    """The compose `loadtest` command and environment, with the target and report folder of this machine."""
-    service = compose["loadtest"]
-    command = list(service["command"])
-    command[command.index("--target") + 1] = target
+@pytest.mark.parametrize("protocol, requests", [("grpc", 240), ("http", 120)])
+def test_the_compose_loadtest_spreads_over_both_replicas_and_loses_nothing(fleet, dns_server, compose, tmp_path,
+                                                                          protocol, requests):
+    """The compose `loadtest` command and environment, with this machine's target and report folder."""
+    method, port = ("Embed", fleet[0].port) if protocol == "grpc" else ("/v1/embeddings", fleet[0].http_port)
+    command = list(compose["loadtest"]["command"])
+    command[command.index("--target") + 1] = f"dns://127.0.0.1:{dns_server}/{SERVICE_NAME}:{port}"
     for flag in ("--json", "--plot"):
-        command[command.index(flag) + 1] = str(out / Path(command[command.index(flag) + 1]).name)
-    env = {**os.environ, **environment(service)}
-    return subprocess.run([sys.executable, "-m", "attnserve.cli", *command, *extra], capture_output=True,
-                          text=True, env=env, timeout=300)
-
-
-def test_the_compose_loadtest_spreads_over_both_replicas_and_loses_nothing(fleet, dns_server, compose, tmp_path):
-    target = f"dns://127.0.0.1:{dns_server}/{SERVICE_NAME}:{fleet[0].port}"
-    before = [(embed_answers(r), embed_answers(r, "OK")) for r in fleet]
-    done = run_loadtest_service(compose, target, tmp_path, "--requests", str(REQUESTS))
+        command[command.index(flag) + 1] = str(tmp_path / Path(command[command.index(flag) + 1]).name)
+    ok = "OK" if protocol == "grpc" else "200"
+    before = [(answers(r, method), answers(r, method, ok)) for r in fleet]
+    env = {**os.environ, **environment(compose["loadtest"]), "ATTNSERVE_LOADTEST_PROTOCOL": protocol}
+    done = subprocess.run([*CLI, *command, "--requests", str(requests)], capture_output=True, text=True, env=env,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "loadtest.json").read_text())
-    served = [embed_answers(r) - b for r, (b, _) in zip(fleet, before, strict=True)]
-    served_ok = [embed_answers(r, "OK") - b for r, (_, b) in zip(fleet, before, strict=True)]
-
+    served = [answers(r, method) - b for r, (b, _) in zip(fleet, before, strict=True)]
+    served_ok = [answers(r, method, ok) - b for r, (_, b) in zip(fleet, before, strict=True)]
     # Nothing lost: every request sent was answered, and the replicas counted exactly those.
-    sent = report["requests"]["sent"]
-    assert sent == REQUESTS and report["requests"]["answered"] == sent
-    assert sum(report["codes"].values()) == sent
-    assert sum(served) == sent + report["requests"]["warmup"], (served, report["requests"])
+    r = report["requests"]
+    assert r["sent"] == requests and r["answered"] == sum(report["codes"].values()) == requests
+    assert sum(served) == requests + r["warmup"], (served, r)
     # 64 streams overfill the compose fleet's 0.3 s queue bound: replicas shed, and may not fail otherwise.
-    assert set(report["codes"]) <= {"OK", "RESOURCE_EXHAUSTED"}, report["codes"]
-    # How many are shed depends on how fast this machine is; that each replica served some does not.
-    assert report["codes"]["OK"] == sum(served_ok) and min(served_ok) >= 1, (report["codes"], served_ok)
-    # round_robin: each replica was sent about half the requests (the picks alternate, whatever the answers).
-    assert min(served) >= 0.35 * sum(served), served
-    assert report["tokens_per_s"] > 0 and report["latency_ms"]["p99"] >= report["latency_ms"]["p50"] > 0
-
+    assert set(report["codes"]) <= {ok, "RESOURCE_EXHAUSTED" if protocol == "grpc" else "429"}, report["codes"]
+    # round_robin: each replica was sent about half the requests (the picks alternate, whatever the answers). How
+    # many are shed depends on how fast this machine is; that each replica served some does not.
+    if protocol == "grpc":
+        assert report["codes"]["OK"] == sum(served_ok) and min(served_ok) >= 1, (report["codes"], served_ok)
+        assert min(served) >= 0.35 * sum(served), served
+        assert report["tokens_per_s"] > 0 and report["latency_ms"]["p99"] >= report["latency_ms"]["p50"] > 0
+    else:
+        assert report["route"] == f"http (base64), round robin over 2 address(es) of {SERVICE_NAME}"
+        assert min(served) >= 0.4 * sum(served), served
     # The printed table and the picture a user reads.
-    assert f"{sent} sent, {sent} answered" in done.stdout
+    assert f"{requests} sent, {requests} answered" in done.stdout
     assert (tmp_path / "loadtest.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -119,18 +109,16 @@ def test_each_replica_answers_the_compose_healthcheck(fleet, compose):
     for replica in fleet:
         argv = list(check[2:])
         argv[argv.index("--target") + 1] = replica.target
-        done = subprocess.run([sys.executable, "-m", "attnserve.cli", *argv], capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and done.stdout.strip() == f"{replica.target}: SERVING", done
 
 
-def test_an_open_loop_reports_every_request_by_code(fleet, dns_server, tmp_path):
+def test_an_open_loop_reports_every_request_by_code(fleet, dns_server):
     """Open loop over the same path: arrivals on a fixed schedule, each one answered and counted."""
-    target = f"dns://127.0.0.1:{dns_server}/{SERVICE_NAME}:{fleet[0].port}"
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "attnserve.cli", "loadtest", "--target", target, "--rate", "40", "--duration", "3",
-         "--json", "-"], capture_output=True, text=True, timeout=120)
+    target = f"dns://127.0.0.1:{dns_server}/{SERVICE_NAME}:{fleet[0].port}"
+    done = subprocess.run([*CLI, "loadtest", "--target", target, "--rate", "40", "--duration", "3", "--json", "-"],
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["mode"] == "open" and report["rate"] == 40
@@ -141,20 +129,3 @@ def test_an_open_loop_reports_every_request_by_code(fleet, dns_server, tmp_path)
     # loop. sent_per_s counts the retries too, over the time to the last send.
     assert 20 <= report["sent_per_s"] <= requests["sent"] / 2.975 + 0.01, report
     assert time.monotonic() - started < 60
-
-
-def test_over_http_the_compose_loadtest_spreads_over_both_replicas(fleet, dns_server, compose, tmp_path):
-    """The same service over the HTTP door: the name resolved to both addresses, requests to each in turn."""
-    route = "/v1/embeddings"
-    target = f"dns://127.0.0.1:{dns_server}/{SERVICE_NAME}:{fleet[0].http_port}"
-    before = [embed_answers(r, method=route) for r in fleet]
-    done = run_loadtest_service(compose, target, tmp_path, "--requests", "120", "--protocol", "http")
-    assert done.returncode == 0, done.stderr
-    report = json.loads((tmp_path / "loadtest.json").read_text())
-    served = [embed_answers(r, method=route) - b for r, b in zip(fleet, before, strict=True)]
-    r = report["requests"]
-    assert r["sent"] == 120 and r["answered"] == sum(report["codes"].values()) == r["sent"]
-    assert sum(served) == r["sent"] + r["warmup"], (served, r)
-    assert set(report["codes"]) <= {"200", "429"}, report["codes"]
-    assert report["route"] == f"http (base64), round robin over 2 address(es) of {SERVICE_NAME}"
-    assert min(served) >= 0.4 * sum(served), served

@@ -10,9 +10,9 @@ import json
 import httpx
 import pytest
 
-MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+from tests.doors import MODEL, check_envelope, family, message
+
 INFER = f"/v2/models/{MODEL}/infer"
-OPENAI_ROUTES = ("/v1/", "/embeddings", "/v2/embed", "/v2/rerank")  # Cohere's routes answer in OpenAI's envelope
 
 
 def whole(field: str, value: int) -> str:
@@ -130,12 +130,6 @@ IGNORED = [
 ]
 
 
-def family(route: str) -> str:
-    if route.startswith(("/v2/models", "/v2/repository")):
-        return "kserve"
-    return "openai" if route.startswith(OPENAI_ROUTES) else "tei"
-
-
 def post(server, route: str, body: dict | bytes) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     return httpx.post(server.http_url + route, content=content, headers={"Content-Type": "application/json"},
@@ -144,17 +138,11 @@ def post(server, route: str, body: dict | bytes) -> httpx.Response:
 
 def refused(reply: httpx.Response, route: str) -> str:
     """The message of a 400, checked to be one line of JSON in the envelope of the route's family."""
-    assert reply.status_code == 400, (route, reply.text)
     assert "\n" not in reply.text.strip() and "Traceback" not in reply.text, reply.text
-    body = reply.json()
-    kind = family(route)
-    if kind == "openai":
-        error = body["error"]
-        assert set(error) == {"message", "type", "param", "code"} and error["code"] == "invalid_input", body
-        assert error["message"].startswith(f"{error['param']}: "), body  # param names the field the message does
-        return error["message"]
-    assert set(body) == ({"error"} if kind == "kserve" else {"error", "error_type"}), body
-    return body["error"]
+    body = check_envelope(family(route), reply, 400)
+    if family(route) == "openai":  # param names the field the message does
+        assert body["error"]["code"] == "invalid_input" and message(body).startswith(f"{body['error']['param']}: ")
+    return message(body)
 
 
 @pytest.mark.parametrize("route, body, message", FLOATS, ids=[f"{r}-{i}" for i, (r, *_) in enumerate(FLOATS)])

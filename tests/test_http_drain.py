@@ -1,5 +1,6 @@
-"""SIGTERM drains HTTP as it drains gRPC: /health turns 503, new requests get 503, the requests in flight finish,
-and the process exits 0; HTTP and gRPC load share one batcher meanwhile."""
+"""SIGTERM drains every door alike: HTTP's /health and KServe's ServerReady turn, new requests are refused (HTTP 503,
+gRPC UNAVAILABLE), the requests in flight finish, and the process exits 0; HTTP, gRPC and KServe gRPC load share
+one batcher meanwhile. And a request whose deadline passes, or whose client leaves, costs little compute."""
 
 from __future__ import annotations
 
@@ -11,45 +12,56 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import httpx
+import tritonclient.grpc as triton
+from tritonclient.utils import InferenceServerException
 
 from attnserve.client.client import make_request
-from attnserve.default_model import DEFAULT_MODEL_NAME
+from tests.doors import MODEL
 from tests.serving import ServerProcess
+from tests.test_kserve import text_input
 from tests.test_server_load import LONG_TEXTS, deadline_after_tokenizing, dropped_or_computed, mixed_texts
 
-MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-
-# The per-model metrics carry the model served, here the default one.
-MODEL_LABEL = f'model="{DEFAULT_MODEL_NAME}"'
+HTTP, GRPC, KSERVE = range(0, 10), range(10, 13), range(13, 16)  # the clients of each door: 64 texts in flight
 
 
-def poll_health(server: ServerProcess, statuses: list) -> None:
-    """GET /health every 20 ms from before the port opens until it closes; statuses gets each answer."""
+def poll(server: ServerProcess, answers: list, ask) -> None:
+    """ask() every 20 ms from before the port opens until it closes; answers gets each answer."""
     while server.process.poll() is None:
         try:
-            statuses.append(httpx.get(f"{server.http_url}/health", timeout=5).status_code)
-        except httpx.TransportError:
-            if statuses:
+            answers.append(ask())
+        except (httpx.TransportError, InferenceServerException):
+            if answers:
                 return  # the port closed: the process is stopping
         time.sleep(0.02)
 
 
-def test_sigterm_under_http_and_grpc_load_drains_and_exits_0(artifacts, tmp_path):
-    """Every client's requests in flight at SIGTERM are answered, the later ones refused (HTTP 503, gRPC
-    UNAVAILABLE), none cut off; the drain ends within 15 s and the log stays JSON lines."""
+def test_sigterm_under_http_grpc_and_kserve_load_drains_and_exits_0(artifacts, tmp_path):
+    """Every client's requests in flight at SIGTERM are answered, the later ones refused, none cut off; the drain
+    ends within 15 s and the log stays JSON lines."""
     server = ServerProcess(artifacts, log_path=tmp_path / "server.log")
     health: list = []
-    poller = threading.Thread(target=poll_health, args=(server, health))
-    poller.start()  # from before the port opens: 503 while warming up, 200, 503 while draining
+    pollers = [threading.Thread(target=poll, args=(server, health, lambda: httpx.get(
+        f"{server.http_url}/health", timeout=5).status_code))]
+    pollers[0].start()  # from before the port opens: 503 while warming up, 200, 503 while draining
     server.wait_serving()
+    ready: list = []
+    kserve = triton.InferenceServerClient(server.target)
+    pollers.append(threading.Thread(target=poll, args=(server, ready, kserve.is_server_ready)))
+    pollers[1].start()
     codes: Counter = Counter()
     answers: dict = {i: [] for i in range(16)}  # each client's codes, in order
     lock, stop = threading.Lock(), threading.Event()
     texts = mixed_texts(64, seed=2)
 
+    def record(i, door, code) -> bool:
+        with lock:
+            codes[door, code] += 1
+            answers[i].append(code)
+        return code in (200, "OK") and not stop.is_set()
+
     def http_client(i):
         with httpx.Client(base_url=server.http_url, timeout=30) as client:  # one kept-alive connection
-            while not stop.is_set():
+            while True:
                 try:
                     reply = client.post("/v1/embeddings", json={"input": texts[i * 4:(i + 1) * 4], "model": MODEL,
                                                                 "truncate": True})
@@ -62,30 +74,38 @@ def test_sigterm_under_http_and_grpc_load_drains_and_exits_0(artifacts, tmp_path
                     code = "refused"
                 except httpx.TransportError as e:  # a request cut off: must not happen
                     code = type(e).__name__
-                with lock:
-                    codes["http", code] += 1
-                    answers[i].append(code)
-                if code != 200:
+                if not record(i, "http", code):
                     return
 
     def grpc_client(i):
         with server.channel() as channel:
             stub = server.stub(channel)
-            while not stop.is_set():
+            while True:
                 try:
                     stub.Embed(make_request(texts[i * 4:(i + 1) * 4], truncate=True), timeout=30)
                     code = "OK"
                 except grpc.RpcError as e:
                     code = e.code().name
-                with lock:
-                    codes["grpc", code] += 1
-                    answers[i].append(code)
-                if code != "OK":
+                if not record(i, "grpc", code):
                     return
 
+    def kserve_client(i):
+        client = triton.InferenceServerClient(server.target)
+        while True:
+            try:
+                reply = client.infer(MODEL, [text_input(texts[i * 4:(i + 1) * 4], module=triton)],
+                                     parameters={"truncate": True})
+                assert reply.as_numpy("embedding").shape == (4, 384)
+                code = "OK"
+            except InferenceServerException as e:
+                code = e.status()
+            if not record(i, "kserve", code):
+                break
+        client.close()
+
     with ThreadPoolExecutor(16) as pool:
-        clients = [pool.submit(http_client, i) for i in range(12)]
-        clients += [pool.submit(grpc_client, i) for i in range(12, 16)]
+        clients = [pool.submit(door, i) for door, ids in ((http_client, HTTP), (grpc_client, GRPC),
+                                                          (kserve_client, KSERVE)) for i in ids]
         # Every client answered once before SIGTERM, however busy the machine (a fixed 2 s was not always enough).
         until = time.monotonic() + 60
         while not all(answers.values()) and time.monotonic() < until:
@@ -95,19 +115,26 @@ def test_sigterm_under_http_and_grpc_load_drains_and_exits_0(artifacts, tmp_path
         stop.set()
         for c in clients:
             c.result()
-        poller.join(10)
+        for poller in pollers:
+            poller.join(10)
+    drained = time.monotonic() - started
+    kserve.close()
     assert returncode == 0, server.log_tail()
-    assert time.monotonic() - started < 15
+    assert drained < 15, drained
     # In flight at SIGTERM: answered. After: refused with 503 (UNAVAILABLE over gRPC). Nothing cut off.
     # Over HTTP a reply during the drain closes its connection, so a client's next request may find the port closed.
-    assert set(codes) <= {("http", 200), ("http", 503), ("http", "refused"), ("grpc", "OK"),
-                          ("grpc", "UNAVAILABLE")}, codes
+    assert set(codes) <= {("http", 200), ("http", 503), ("http", "refused"), ("grpc", "OK"), ("grpc", "UNAVAILABLE"),
+                          ("kserve", "OK"), ("kserve", "StatusCode.UNAVAILABLE")}, codes
     for i, sequence in answers.items():  # each client's first request went out before SIGTERM
-        ok, refused = (200, {503, "refused"}) if i < 12 else ("OK", {"UNAVAILABLE"})
+        ok, refused = ((200, {503, "refused"}) if i in HTTP else ("OK", {"UNAVAILABLE"}) if i in GRPC
+                       else ("OK", {"OK", "StatusCode.UNAVAILABLE"}))
         assert len(sequence) >= 2 and set(sequence[:-1]) == {ok} and sequence[-1] in refused, (i, sequence)
-    # /health: 503 while warming up, then 200, then 503 from the drain until the port closes.
+    # /health: 503 while warming up, then 200, then 503 from the drain until the port closes; ServerReady turns
+    # false during the drain and stays so.
     changes = [code for i, code in enumerate(health) if i == 0 or code != health[i - 1]]
     assert changes == [503, 200, 503], changes
+    assert ready[0] is True and False in ready, ready
+    assert ready[ready.index(False):] == [False] * (len(ready) - ready.index(False))
     lines = (tmp_path / "server.log").read_text().splitlines()
     for line in lines:
         json.loads(line)
@@ -124,7 +151,6 @@ def test_a_timeout_is_504_and_a_client_gone_drops_its_queued_inputs(server, engi
         "error": "the request's X-Request-Timeout passed before it was answered", "error_type": "Overloaded"}
     dropped, computed = dropped_or_computed(server, before, 64)
     assert dropped + computed == 64 and dropped >= 32, (dropped, computed)  # most never cost compute
-
     before = server.metrics()
     try:
         httpx.post(f"{server.http_url}/embed", json=body, timeout=timeout)  # the client gives up and disconnects

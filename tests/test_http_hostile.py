@@ -1,8 +1,10 @@
-"""The HTTP door under hostile input, on a real server over loopback with raw sockets where a polite client
-cannot say the bytes: nothing answers 5xx or writes a traceback, no key reaches the log, a client's mistakes are
-throttled WARNING lines, every route answers every error in its own family's envelope, a body that lies about its
-encoding is a 400 and the connection says whether it goes on, HEAD answers wherever GET does, and slow clients
-are cut off by the header and body timeouts.
+"""The HTTP door under hostile input and every status of docs/http.md's table, on one real server with API keys,
+small limits and short timeouts: raw sockets where a polite client cannot say the bytes, curl where the table says
+what curl sees. Nothing answers 5xx unasked or writes a traceback, no key reaches the log, every route answers every
+error in its family's envelope, and the server stays healthy.
+
+The one fault injected: a batch holding token id POISON fails in Engine.run as a broken session would (a
+sitecustomize module in the server process), since nothing a user sends makes a real session fail on demand.
 """
 
 from __future__ import annotations
@@ -10,37 +12,66 @@ from __future__ import annotations
 import gzip
 import json
 import socket
+import subprocess
+import textwrap
 import time
 import zlib
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import httpx
+import numpy as np
+import openai
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from attnserve.client import Client, RequestError, error_details
+from attnserve.client.client import make_request
 from attnserve.config import ServerConfig
 from attnserve.errors import ConfigError
+from attnserve.v1 import encoder_pb2 as pb
 from server.logs import Throttle
+from tests.conftest import run_cli
+from tests.doors import MODEL, check_envelope, message
 from tests.serving import ServerProcess, serving
 
-KEY = "hostile-Key-8d1f0c"
+KEY, FILE_KEY = "hostile-Key-8d1f0c", "sk-attnserve-test-2"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-MAX_REQUEST_BYTES = 64 * 1024
+MAX_REQUEST_BYTES, MAX_QUEUE_TOKENS = 64 * 1024, 2048
 HEADER_TIMEOUT, BODY_TIMEOUT = 2.0, 2.0
 EMBED = b'{"input": "hello", "model": ""}'
+POISON = 4242
+FAIL_ON_POISON = f"""
+    import attnserve.engine.engine as engine
+
+    _run = engine.Engine.run
+
+    def run(self, inputs, attention=False, last_layer=False):
+        if any({POISON} in x.ids for x in inputs):
+            raise RuntimeError("injected: this batch's session run failed")
+        return _run(self, inputs, attention, last_layer)
+
+    engine.Engine.run = run
+"""
 
 
 @pytest.fixture(scope="module")
 def server(artifacts, tmp_path_factory):
-    process = ServerProcess(artifacts, "--api-key", KEY, "--max-request-bytes", str(MAX_REQUEST_BYTES),
-                            "--http-header-timeout", str(HEADER_TIMEOUT), "--http-body-timeout", str(BODY_TIMEOUT),
-                            env={"ATTNSERVE_THREADS": "1"},
-                            log_path=tmp_path_factory.mktemp("hostile") / "server.log")
+    folder = tmp_path_factory.mktemp("hostile")
+    (folder / "sitecustomize.py").write_text(textwrap.dedent(FAIL_ON_POISON))
+    (folder / "keys.txt").write_text(f"\n{FILE_KEY}\n\n")
+    process = ServerProcess(
+        artifacts, "--api-key", KEY, "--api-key-file", str(folder / "keys.txt"),
+        "--max-request-bytes", str(MAX_REQUEST_BYTES), "--max-queue-tokens", str(MAX_QUEUE_TOKENS),
+        "--max-batch-tokens", "256", "--http-header-timeout", str(HEADER_TIMEOUT),
+        "--http-body-timeout", str(BODY_TIMEOUT), env={"ATTNSERVE_THREADS": "1", "PYTHONPATH": str(folder)},
+        log_path=folder / "server.log")
     with serving(process):
         yield process
-
-
-@pytest.fixture(scope="module")
-def model(server) -> str:
-    return httpx.get(server.http_url + "/v1/models", headers=AUTH, timeout=30).json()["data"][0]["id"]
+    for line in (folder / "server.log").read_text().splitlines():
+        record = json.loads(line)  # JSON lines only: no raw traceback
+        assert record["level"] != "error" or "injected" in record.get("error", ""), record
 
 
 def server_log(server) -> str:
@@ -59,16 +90,8 @@ def raw_request(method: str, path: str, body: bytes = b"", headers: dict[str, st
             + "\r\n").encode("latin-1") + body
 
 
-class Reply:
-    def __init__(self, status: int, headers: dict[str, str], body: bytes):
-        self.status, self.headers, self.body = status, headers, body
-
-    @property
-    def closes(self) -> bool:
-        return self.headers.get("connection", "").lower() == "close"
-
-    def json(self):
-        return json.loads(self.body)
+def closes(reply: httpx.Response) -> bool:
+    return reply.headers.get("connection", "").lower() == "close"
 
 
 class Connection:
@@ -92,7 +115,7 @@ class Connection:
         self.buffer += chunk
         return bool(chunk)
 
-    def reply(self) -> Reply | None:
+    def reply(self) -> httpx.Response | None:
         """The next reply; None if the server closed the connection first."""
         try:
             while b"\r\n\r\n" not in self.buffer:
@@ -111,7 +134,13 @@ class Connection:
             if not self._fill():
                 break
         body, self.buffer = self.buffer[:length], self.buffer[length:]
-        return Reply(status, headers, body)
+        return httpx.Response(status, headers=headers, content=body)
+
+    def first_status(self) -> int:
+        """The status of the first reply's first line: 100 when a body is invited."""
+        while b"\r\n" not in self.buffer:
+            assert self._fill()
+        return int(self.buffer.split(b" ", 2)[1])
 
     def closed_within(self, seconds: float) -> bool:
         """Whether the server closes the connection within `seconds` (what it still sends is read and dropped)."""
@@ -126,13 +155,37 @@ class Connection:
             return False
 
 
-def exchange(server, data: bytes) -> Reply | None:
+def exchange(server, data: bytes) -> httpx.Response | None:
     with Connection(server) as connection:
         connection.send(data)
         return connection.reply()
 
 
-# --- keys and tracebacks never reach the log ---------------------------------------------------------------------
+def curl(server, path: str, body: dict | bytes | None = None, key: str | None = KEY, method: str | None = None,
+         headers: tuple[str, ...] = ()) -> tuple[int, dict, bytes]:
+    """curl's view of one request: (status, headers in lower case, body)."""
+    args = ["curl", "-s", "-D", "-", f"{server.http_url}{path}", *(["-X", method] if method else [])]
+    args += [f for header in ((f"Authorization: Bearer {key}",) if key is not None else ()) + headers
+             for f in ("-H", header)]
+    if body is not None:
+        args += ["-H", "Content-Type: application/json", "--data-binary", "@-"]
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    out = subprocess.run(args, input=data, capture_output=True, timeout=60, check=True).stdout
+    head, _, payload = out.partition(b"\r\n\r\n")
+    while head.startswith(b"HTTP/1.1 100"):  # curl's Expect: 100-continue on large bodies
+        head, _, payload = payload.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    fields = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), fields, payload
+
+
+def assert_healthy(server) -> None:
+    assert curl(server, "/health", key=None)[0] == 200
+    status, _, body = curl(server, "/v1/embeddings", {"input": "still serving", "model": MODEL})
+    assert status == 200 and len(json.loads(body)["data"]) == 1
+
+
+# --- requests that do not parse -------------------------------------------------------------------------------------
 
 # Requests that aiohttp cannot parse, each with the key in it somewhere, and the other classes of parse error.
 MALFORMED = {
@@ -163,37 +216,29 @@ MALFORMED = {
 }
 
 
-def test_malformed_requests_get_a_4xx_and_no_key_nor_traceback_reaches_the_log(server):
+def test_a_request_that_does_not_parse_is_a_4xx_in_json_quoting_none_of_its_bytes_and_never_logged(server):
+    """aiohttp answers these before any route runs, in text/plain quoting the bad line (the key included): the door
+    answers TEI's envelope instead (the path is unknown), names the kind of problem and closes the connection (the
+    framing past a bad head cannot be trusted); the log gets throttled WARNING lines, no key, no traceback."""
     for name, data in MALFORMED.items():
         reply = exchange(server, data.encode("latin-1"))
-        assert reply is not None and 400 <= reply.status < 500, name
-    # A flood of them: throttled to a few lines, never one a request.
-    for _ in range(30):
-        assert exchange(server, MALFORMED["bad chunk size"].encode()).status == 400
-    # And a good request with the key, for the key's sake.
+        assert reply is not None and 400 <= reply.status_code < 500, name
+        assert reply.headers["content-type"].startswith("application/json"), (name, reply.content)
+        assert check_envelope("tei", reply, reply.status_code)["error_type"] == "Validation" and reply.json()["error"]
+        assert KEY.encode() not in reply.content and b"\\x" not in reply.content, (name, reply.content)
+        assert closes(reply), name
+    for _ in range(30):  # a flood of them: a few lines, never one a request
+        assert exchange(server, MALFORMED["bad chunk size"].encode()).status_code == 400
     assert httpx.post(server.http_url + "/v1/embeddings", content=EMBED, headers=AUTH, timeout=30).status_code == 200
     time.sleep(0.5)  # the last lines reach the file
     log = server_log(server)
-    assert KEY not in log and KEY.encode().hex() not in log
-    assert "Traceback" not in log
+    assert KEY not in log and KEY.encode().hex() not in log and "Traceback" not in log
     lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     assert not [line for line in lines if line["level"] in ("error", "critical")]
     warnings = [line for line in lines if line.get("event") == "bad_http_request"]
     assert warnings and len(warnings) < 30
     assert all(set(w) <= {"time", "level", "logger", "message", "event", "error", "code", "peer", "held_back"}
                for w in warnings)
-
-
-def test_a_request_that_does_not_parse_is_answered_in_json_that_quotes_none_of_its_bytes(server):
-    # aiohttp answers these before any route runs, in text/plain quoting the bad line (the key included): the
-    # door's TEI envelope instead (the path of an unparsed request is unknown), naming the kind of problem.
-    for name, data in MALFORMED.items():
-        reply = exchange(server, data.encode("latin-1"))
-        assert reply is not None and reply.headers["content-type"].startswith("application/json"), (name, reply.body)
-        body = check_envelope("tei", reply, reply.status)
-        assert body["error_type"] == "Validation" and body["error"], name
-        assert KEY.encode() not in reply.body and b"\\x" not in reply.body, (name, reply.body)
-        assert reply.closes, name  # the framing past a bad head cannot be trusted
 
 
 def test_the_throttle_lets_a_few_lines_a_period_through_and_counts_the_rest():
@@ -209,106 +254,95 @@ def test_the_throttle_lets_a_few_lines_a_period_through_and_counts_the_rest():
 
 # --- bodies whose Content-Encoding lies ---------------------------------------------------------------------------
 
-def _routes(model: str) -> dict[str, tuple[str, bytes]]:
-    """A route of each family -> (path, a good body)."""
-    kserve = json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hello"]}]})
-    return {"openai": ("/v1/embeddings", EMBED), "openai-no-v1": ("/embeddings", EMBED),
-            "tei": ("/embed", b'{"inputs": "hello"}'), "kserve": (f"/v2/models/{model}/infer", kserve.encode())}
+INFER = json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hello"]}]}).encode()
+# A route of each family -> (path, a good body).
+ROUTES = {"openai": ("/v1/embeddings", EMBED), "openai-no-v1": ("/embeddings", EMBED),
+          "tei": ("/embed", b'{"inputs": "hello"}'), "kserve": (f"/v2/models/{MODEL}/infer", INFER)}
 
 
-def check_envelope(family: str, reply, status: int) -> dict:
-    """Asserts the status and the envelope of `family`; returns the body. reply: an httpx reply or a Reply."""
-    assert (reply.status_code if hasattr(reply, "status_code") else reply.status) == status
-    body = reply.json()
-    if family.startswith("openai"):
-        assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
-    elif family == "kserve":
-        assert set(body) == {"error"} and isinstance(body["error"], str), body
-    else:
-        assert set(body) == {"error", "error_type"}, body
-    return body
-
-
-def message(body: dict) -> str:
-    return body["error"]["message"] if isinstance(body["error"], dict) else body["error"]
-
-
-@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
-@pytest.mark.parametrize("family", ["openai", "openai-no-v1", "tei", "kserve"])
-def test_a_body_whose_content_encoding_lies_is_a_400_and_the_connection_says_what_follows(server, model,
-                                                                                           family, encoding):
-    path, body = _routes(model)[family]
-    with Connection(server) as connection:
-        connection.send(raw_request("POST", path, body, {"Content-Encoding": encoding}))
-        reply = connection.reply()
-        assert reply is not None
-        assert encoding in message(check_envelope(family, reply, 400))
-        if reply.closes:
-            assert connection.closed_within(15)
-            return
-        connection.send(raw_request("POST", path, body))
-        assert connection.reply().status == 200
-
-
-@pytest.mark.parametrize("family", ["openai", "tei", "kserve"])
-def test_real_gzip_and_deflate_bodies_work_and_keep_the_connection(server, model, family):
-    path, body = _routes(model)[family]
+@pytest.mark.parametrize("family", list(ROUTES))
+def test_a_body_whose_content_encoding_lies_is_a_400_and_a_true_one_is_read(server, family):
+    """A lie is a 400 naming the coding, and the connection says whether it goes on; real gzip and deflate bodies
+    are read, on a connection kept."""
+    path, body = ROUTES[family]
+    for encoding in ("gzip", "deflate", "br"):
+        with Connection(server) as connection:
+            connection.send(raw_request("POST", path, body, {"Content-Encoding": encoding}))
+            reply = connection.reply()
+            assert reply is not None and encoding in message(check_envelope(family, reply, 400))
+            if closes(reply):
+                assert connection.closed_within(15)
+                continue
+            connection.send(raw_request("POST", path, body))
+            assert connection.reply().status_code == 200
     with Connection(server) as connection:
         for encoding, data in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
             connection.send(raw_request("POST", path, data, {"Content-Encoding": encoding}))
             reply = connection.reply()
-            assert reply.status == 200 and not reply.closes, reply.body
+            assert reply.status_code == 200 and not closes(reply), reply.content
 
 
-def test_an_error_answered_before_the_body_is_read_keeps_the_connection(server):
-    # 401 and 404 come before the route reads the body: it is read past, and the next request is answered.
+def test_pipelined_http10_chunked_and_expect_continue_requests_are_answered_and_early_errors_keep_the_connection(
+        server):
     with Connection(server) as connection:
-        connection.send(raw_request("POST", "/v1/embeddings", EMBED, auth=False))
-        assert connection.reply().status == 401
-        connection.send(raw_request("POST", "/v2/models/nope/infer", b'{"inputs": []}'))
-        assert connection.reply().status == 404
-        connection.send(raw_request("POST", "/v1/embeddings", EMBED))
-        assert connection.reply().status == 200
+        connection.send(raw_request("POST", "/v1/embeddings", EMBED) * 3 + raw_request("GET", "/info"))
+        assert [connection.reply().status_code for _ in range(4)] == [200, 200, 200, 200]
+        chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(EMBED), EMBED)
+        connection.send(raw_request("POST", "/v1/embeddings", chunked, {"Transfer-Encoding": "chunked",
+                                                                       "Content-Type": "application/json"}))
+        assert connection.reply().status_code == 200
+        connection.send(raw_request("POST", "/v1/embeddings", headers={
+            "Expect": "100-continue", "Content-Length": str(len(EMBED)), "Content-Type": "application/json"}))
+        time.sleep(0.2)
+        connection.send(EMBED)
+        assert connection.reply().status_code == 200
+        # 401 and 404 come before the route reads the body: it is read past, and the next request is answered.
+        for request, status in ((raw_request("POST", "/v1/embeddings", EMBED, auth=False), 401),
+                                (raw_request("POST", "/v2/models/nope/infer", b'{"inputs": []}'), 404),
+                                (raw_request("POST", "/v1/embeddings", EMBED), 200)):
+            connection.send(request)
+            assert connection.reply().status_code == status
+    http10 = raw_request("POST", "/v1/embeddings", EMBED).replace(b"HTTP/1.1", b"HTTP/1.0", 1)
+    assert exchange(server, http10).status_code == 200
 
 
 # --- HEAD, 405 and GET / -------------------------------------------------------------------------------------------
 
-def _get_routes(model: str) -> list[str]:
-    return ["/", "/health", "/v2/health/live", "/v2/health/ready", "/info", "/v1/models", f"/v1/models/{model}",
-            "/openapi.json", "/v2", f"/v2/models/{model}", f"/v2/models/{model}/ready",
-            f"/v2/models/{model}/versions/1"]
+GETS = ["/", "/health", "/v2/health/live", "/v2/health/ready", "/info", "/v1/models", f"/v1/models/{MODEL}",
+        "/openapi.json", "/v2", f"/v2/models/{MODEL}", f"/v2/models/{MODEL}/ready", f"/v2/models/{MODEL}/versions/1"]
 
 
-def test_head_answers_wherever_get_does_without_a_body(server, model):
-    for path in _get_routes(model):
+def allowed(reply) -> set[str]:
+    return {m.strip() for m in reply.headers["allow"].split(",")}
+
+
+def test_head_answers_wherever_get_does_without_a_body_and_other_methods_get_405_listing_the_routes(server):
+    for path in GETS:
         get = httpx.get(server.http_url + path, headers=AUTH, timeout=30)
         head = httpx.head(server.http_url + path, headers=AUTH, timeout=30)
         assert (get.status_code, head.status_code) == (200, 200), path
         length = get.headers.get("content-length", "0")
         assert head.content == b"" and head.headers.get("content-length", "0") == length, path
     assert httpx.head(server.http_url + "/health", timeout=30).status_code == 200  # open, as GET is
-
-
-def test_a_405_lists_the_methods_the_route_takes(server, model):
-    for path in _get_routes(model)[1:]:  # POST / is TEI's embed
+    for path in GETS[1:]:  # POST / is TEI's embed
         reply = httpx.post(server.http_url + path, headers=AUTH, json={}, timeout=30)
-        assert reply.status_code == 405 and {m.strip() for m in reply.headers["allow"].split(",")} == {"GET", "HEAD"}
-    for path, _ in _routes(model).values():
+        assert reply.status_code == 405 and allowed(reply) == {"GET", "HEAD"}, path
+    for path, _ in ROUTES.values():
         reply = httpx.put(server.http_url + path, headers=AUTH, json={}, timeout=30)
         # (KServe's infer path also matches its model-metadata GET route, a model name holding slashes.)
-        assert reply.status_code == 405 and "POST" in {m.strip() for m in reply.headers["allow"].split(",")}, path
+        assert reply.status_code == 405 and "POST" in allowed(reply), path
 
 
 @pytest.mark.parametrize("method", ["GET", "HEAD"])
-def test_reading_an_infer_path_is_a_405_not_an_unknown_model(server, model, method):
+def test_reading_an_infer_path_is_a_405_not_an_unknown_model(server, method):
     # A model name may hold slashes, but the metadata route takes none ending in a suffixed route's word: GET
     # /v2/models/NAME/infer is the infer route asked with the wrong method, whatever NAME is (as OPTIONS says).
-    for path in (f"/v2/models/{model}/infer", f"/v2/models/{model}/versions/1/infer", "/v2/models/nope/infer"):
+    for path in (f"/v2/models/{MODEL}/infer", f"/v2/models/{MODEL}/versions/1/infer", "/v2/models/nope/infer"):
         reply = httpx.request(method, server.http_url + path, headers=AUTH, timeout=30)
         assert reply.status_code == 405 and reply.headers["allow"] == "POST", (path, reply.text)
         if method == "GET":
             assert "not allowed" in message(check_envelope("kserve", reply, 405))
-    reply = httpx.request("OPTIONS", server.http_url + f"/v2/models/{model}/infer", headers=AUTH, timeout=30)
+    reply = httpx.request("OPTIONS", server.http_url + f"/v2/models/{MODEL}/infer", headers=AUTH, timeout=30)
     assert reply.status_code == 405 and reply.headers["allow"] == "POST"
 
 
@@ -325,65 +359,54 @@ def test_get_root_points_to_the_help(server):
 
 FAMILY_OF = {"/v1/embeddings": "openai", "/embeddings": "openai", "/v1/rerank": "openai", "/v1/attention": "openai",
              "/embed": "tei", "/embed_all": "tei", "/rerank": "tei", "/tokenize": "tei", "/decode": "tei",
-             "/": "tei", "/v2/models/{model}/infer": "kserve"}
+             "/": "tei", f"/v2/models/{MODEL}/infer": "kserve"}
 
 
 @pytest.mark.parametrize("path", list(FAMILY_OF))
-def test_every_error_of_every_route_is_in_its_familys_envelope(server, model, path):
-    family, url = FAMILY_OF[path], server.http_url + path.format(model=model)
-    errors = {
-        401: httpx.post(url, content=b"{}", timeout=30),
-        400: httpx.post(url, content=b"{nope", headers=AUTH, timeout=30),
-        405: httpx.put(url, content=b"{}", headers=AUTH, timeout=30),
-        413: httpx.post(url, content=b" " * (MAX_REQUEST_BYTES + 1), headers=AUTH, timeout=30),
-        # X-Request-Timeout is read by every route that computes: an invalid one is the route's 400.
-    }
-    for status, reply in errors.items():
-        assert reply.status_code == status, (status, reply.text)
-        check_envelope(family, reply, status)
+def test_every_error_of_every_route_is_in_its_familys_envelope(server, path):
+    url = server.http_url + path
+    for status, reply in {401: httpx.post(url, content=b"{}", timeout=30),
+                          400: httpx.post(url, content=b"{nope", headers=AUTH, timeout=30),
+                          405: httpx.put(url, content=b"{}", headers=AUTH, timeout=30),
+                          413: httpx.post(url, content=b" " * (MAX_REQUEST_BYTES + 1), headers=AUTH, timeout=30),
+                          }.items():
+        check_envelope(FAMILY_OF[path], reply, status)
         assert reply.headers["content-type"].startswith("application/json")
 
 
-@pytest.mark.parametrize("path,family", [("/v1/embeddings", "openai"), ("/embeddings", "openai"),
-                                         ("/v1/attention", "openai"), ("/v1/rerank", "openai"),
-                                         ("/v2/models/nope/infer", "kserve")])
-def test_an_unknown_model_is_a_404_in_the_familys_envelope(server, path, family):
-    body = {"/v1/attention": {"model": "nope", "inputs": "a"},
-            "/v1/rerank": {"model": "nope", "query": "q", "documents": ["d"]},
-            "/v2/models/nope/infer": {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}]},
-            }.get(path, {"model": "nope", "input": "a"})
-    reply = httpx.post(server.http_url + path, json=body, headers=AUTH, timeout=30)
-    assert "nope" in message(check_envelope(family, reply, 404))
+UNKNOWN_MODEL = {"/v1/attention": {"model": "nope", "inputs": "a"},
+                 "/v1/rerank": {"model": "nope", "query": "q", "documents": ["d"]},
+                 "/v2/models/nope/infer": json.loads(INFER)}
 
 
-@pytest.mark.parametrize("path,family", [("/v1/nope", "openai"), ("/embeddings/x", "openai"), ("/v2/nope", "kserve"),
-                                         ("/nope", "tei"), ("//v1/embeddings", "openai"),
-                                         ("/v1/%2e%2e/health", "openai"), ("/" + "x" * 8000, "tei")])
-def test_unknown_paths_are_404_in_the_envelope_of_their_prefix(server, path, family):
-    reply = exchange(server, raw_request("GET", path))
-    check_envelope(family, reply, 404)
-
-
-def _first_status(server, head: bytes) -> int:
-    """The status of the first reply to a head sent alone (no body follows): 100 when the body is invited."""
-    with Connection(server) as connection:
-        connection.send(head)
-        while b"\r\n" not in connection.buffer:
-            assert connection._fill()
-        return int(connection.buffer.split(b" ", 2)[1])
+# (path, family, a body naming an unknown model, or None: a GET of an unknown path)
+@pytest.mark.parametrize("path,family", [
+    ("/v1/embeddings", "openai"), ("/embeddings", "openai"), ("/v1/attention", "openai"), ("/v1/rerank", "openai"),
+    ("/v2/models/nope/infer", "kserve"), ("/v1/nope", "openai"), ("/embeddings/x", "openai"), ("/v2/nope", "kserve"),
+    ("/nope", "tei"), ("//v1/embeddings", "openai"), ("/v1/%2e%2e/health", "openai"), ("/" + "x" * 8000, "tei")],
+    ids=lambda value: value[:30])
+def test_an_unknown_model_or_path_is_a_404_in_the_familys_envelope(server, path, family):
+    if path in ("/v1/embeddings", "/embeddings", *UNKNOWN_MODEL):
+        body = UNKNOWN_MODEL.get(path, {"model": "nope", "input": "a"})
+        reply = httpx.post(server.http_url + path, json=body, headers=AUTH, timeout=30)
+        assert "nope" in message(check_envelope(family, reply, 404))
+    else:
+        check_envelope(family, exchange(server, raw_request("GET", path)), 404)
 
 
 @pytest.mark.parametrize("family", ["openai", "tei", "kserve"])
-def test_a_body_that_will_be_refused_is_not_invited_by_100_continue(server, model, family):
-    # 100 Continue starts a client's upload: a body over max_request_bytes, or sent without a valid key, is refused
-    # before a byte of it is sent; a good one is still invited.
-    path, body = _routes(model)[family]
+def test_a_body_that_will_be_refused_is_not_invited_by_100_continue(server, family):
+    """100 Continue starts a client's upload: a body over max_request_bytes, or sent without a valid key, is
+    refused before a byte of it is sent; a good one is still invited; another expectation is ignored (RFC 9110)."""
+    path, body = ROUTES[family]
     expect = {"Expect": "100-continue"}
-    too_large = raw_request("POST", path, headers={**expect, "Content-Length": str(MAX_REQUEST_BYTES + 1)})
-    assert _first_status(server, too_large) == 413
-    for auth in ({}, {"Authorization": "Bearer wrong"}):
-        no_key = raw_request("POST", path, headers={**expect, "Content-Length": str(len(body)), **auth}, auth=False)
-        assert _first_status(server, no_key) == 401
+    heads = [(raw_request("POST", path, headers={**expect, "Content-Length": str(MAX_REQUEST_BYTES + 1)}), 413)]
+    heads += [(raw_request("POST", path, headers={**expect, "Content-Length": str(len(body)), **auth}, auth=False),
+               401) for auth in ({}, {"Authorization": "Bearer wrong"})]
+    for head, status in heads:
+        with Connection(server) as connection:
+            connection.send(head)
+            assert connection.first_status() == status
     with Connection(server) as connection:
         connection.send(raw_request("POST", path, headers={**expect, "Content-Length": str(len(body)),
                                                            "Content-Type": "application/json"}))
@@ -392,29 +415,9 @@ def test_a_body_that_will_be_refused_is_not_invited_by_100_continue(server, mode
         assert connection.buffer.startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
         connection.buffer = b""
         connection.send(body)
-        assert connection.reply().status == 200
-    # An expectation other than 100-continue is ignored (RFC 9110 allows it): the request is answered as any.
+        assert connection.reply().status_code == 200
     check_envelope(family, exchange(server, raw_request("POST", path, b"{}", headers={"Expect": "something-else"})),
                    400)
-
-
-# --- protocol odds that must simply work ---------------------------------------------------------------------------
-
-def test_pipelined_http10_chunked_and_expect_continue_requests_are_answered(server):
-    with Connection(server) as connection:
-        connection.send(raw_request("POST", "/v1/embeddings", EMBED) * 3 + raw_request("GET", "/info"))
-        assert [connection.reply().status for _ in range(4)] == [200, 200, 200, 200]
-        chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(EMBED), EMBED)
-        connection.send(raw_request("POST", "/v1/embeddings", chunked, {"Transfer-Encoding": "chunked",
-                                                                       "Content-Type": "application/json"}))
-        assert connection.reply().status == 200
-        connection.send(raw_request("POST", "/v1/embeddings", headers={
-            "Expect": "100-continue", "Content-Length": str(len(EMBED)), "Content-Type": "application/json"}))
-        time.sleep(0.2)
-        connection.send(EMBED)
-        assert connection.reply().status == 200
-    http10 = raw_request("POST", "/v1/embeddings", EMBED).replace(b"HTTP/1.1", b"HTTP/1.0", 1)
-    assert exchange(server, http10).status == 200
 
 
 # --- slow clients ---------------------------------------------------------------------------------------------------
@@ -428,38 +431,34 @@ def test_slowloris_heads_get_408_and_closed_while_others_are_served(server):
         while time.monotonic() - started < HEADER_TIMEOUT - 0.5:  # a header line now and then, never the end
             for c in clients:
                 c.send(b"X-Slow: 1\r\n")
-            # Others are served meanwhile.
             assert httpx.get(server.http_url + "/info", headers=AUTH, timeout=5).status_code == 200
             time.sleep(0.3)
         for c in clients:
             c.sock.settimeout(HEADER_TIMEOUT + 5)
             reply = c.reply()
-            assert reply is not None and reply.status == 408 and reply.closes
+            assert reply is not None and closes(reply)
             check_envelope("tei", reply, 408)
             assert c.closed_within(5)
         assert time.monotonic() - started < HEADER_TIMEOUT + 5
     finally:
         for c in clients:
             c.sock.close()
-
-
-def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(server):
-    with Connection(server) as connection:
-        connection.sock.settimeout(HEADER_TIMEOUT + 5)
-        reply = connection.reply()
-        assert reply is not None and reply.status == 408 and connection.closed_within(5)
+    with Connection(server) as silent:  # nothing sent at all: closed after the header timeout too
+        silent.sock.settimeout(HEADER_TIMEOUT + 5)
+        reply = silent.reply()
+        assert reply is not None and reply.status_code == 408 and silent.closed_within(5)
 
 
 @pytest.mark.parametrize("family", ["openai", "tei"])
-def test_a_slow_body_gets_408_in_the_routes_envelope_and_the_connection_closes(server, model, family):
-    path, body = _routes(model)[family]
+def test_a_slow_body_gets_408_in_the_routes_envelope_and_the_connection_closes(server, family):
+    path, body = ROUTES[family]
     with Connection(server) as connection:
         started = time.monotonic()
         connection.send(raw_request("POST", path, headers={"Content-Length": str(len(body)),
                                                            "Content-Type": "application/json"}) + body[:5])
         connection.sock.settimeout(BODY_TIMEOUT + 5)
         reply = connection.reply()
-        assert reply is not None and reply.closes
+        assert reply is not None and closes(reply)
         check_envelope(family, reply, 408)
         assert time.monotonic() - started < BODY_TIMEOUT + 5
         assert connection.closed_within(15)  # aiohttp lingers up to 10 s for the rest, then closes
@@ -475,8 +474,7 @@ def test_timeouts_are_settings_that_refuse_nonsense():
 
 def test_a_client_that_leaves_while_sending_its_body_is_logged_once_at_info_and_counted_never_as_an_error(server):
     """A Content-Length longer than the body sent, a chunked body cut mid-chunk, and a crowd of clients dropping
-    mid-body: the client's network trouble is not the server's failure. Each is one INFO line, with no traceback
-    and no `unexpected error`, and a 499 in the request metrics."""
+    mid-body: one INFO line each, no traceback, a 499 in the request metrics."""
     def gone_count() -> float:
         return sum(v for k, v in server.metrics().items()
                    if k.startswith("attnserve_requests_total{") and 'code="499"' in k and 'protocol="http"' in k)
@@ -500,3 +498,164 @@ def test_a_client_that_leaves_while_sending_its_body_is_logged_once_at_info_and_
     lines = [json.loads(line) for line in log.splitlines() if '"client_disconnected"' in line]
     assert len(lines) == sent and {line["level"] for line in lines} == {"info"}
     assert {line["method"] for line in lines} == {"/v1/embeddings", "/embed"}
+
+
+# --- docs/http.md's table of statuses, as curl sees them -------------------------------------------------------
+
+# case: (path, body, key, extra curl arguments, status, the error (OpenAI's "code", or TEI's "error_type"))
+STATUSES = {
+    "bad input": ("/v1/embeddings", {"input": ["ok", ""], "model": MODEL}, KEY, {}, 400, "invalid_input"),
+    "a body that is not JSON": ("/embed", b"{'inputs': 'x'}", KEY, {}, 400, "Validation"),
+    "no API key": ("/v1/embeddings", {"input": "x", "model": MODEL}, None, {}, 401, "invalid_api_key"),
+    "a wrong API key": ("/embed", {"inputs": "x"}, "sk-wrong", {}, 401, "Unauthorized"),
+    "an unknown model": ("/v1/embeddings", {"input": "x", "model": "text-embedding-3-large"}, KEY, {}, 404,
+                         "model_not_found"),
+    "a method the route has not": ("/v1/embeddings", None, KEY, {"method": "PUT"}, 405, "method_not_allowed"),
+    "a body over --max-request-bytes": ("/embed", {"inputs": ["x" * 1000] * 70}, KEY, {}, 413, "Validation"),
+    "a deadline": ("/embed", {"inputs": ["word " * 200] * 4}, KEY, {"headers": ("X-Request-Timeout: 0.000001",)},
+                   504, "Overloaded"),
+    "a failed batch": ("/v1/embeddings", {"input": [[101, POISON, 102]], "model": MODEL}, KEY, {}, 500,
+                       "batch_failed"),
+}
+
+
+@pytest.mark.parametrize("case", list(STATUSES))
+def test_curl_gets_the_status_of_the_table_and_the_server_stays_healthy(server, case):
+    path, body, key, extra, expected, kind = STATUSES[case]
+    status, headers, payload = curl(server, path, body, key, **extra)
+    assert status == expected, payload
+    error = json.loads(payload)["error"]
+    assert (error["code"] if isinstance(error, dict) else json.loads(payload)["error_type"]) == kind, payload
+    if status == 401:
+        assert headers["www-authenticate"] == "Bearer"
+    assert_healthy(server)
+
+
+def test_the_messages_say_what_is_wrong(server):
+    # More tokens than the whole queue holds (2,304 of 2,048): admitted in parts, answered whole.
+    status, _, body = curl(server, "/v1/embeddings", {"input": ["word " * 300] * 9, "model": MODEL, "truncate": True})
+    assert status == 200 and len(json.loads(body)["data"]) == 9
+    _, _, body = curl(server, "/embed", b"{'inputs': 'x'}")
+    assert json.loads(body)["error"] == "the body is not JSON: key must be a string at line 1 column 2"
+    _, _, body = curl(server, "/v1/embeddings", {"input": [[101, POISON, 102]], "model": MODEL})
+    assert json.loads(body)["error"]["message"] == (
+        "the batch this request ran in failed (RuntimeError); the server is still serving, retry the request")
+    status, _, body = curl(server, "/v1/embeddings", {"input": "x", "model": MODEL},
+                           headers=("X-Request-Timeout: soon",))
+    assert status == 400 and json.loads(body)["error"] == {
+        "message": "X-Request-Timeout: 'soon' is not a positive number of seconds", "type": "invalid_request_error",
+        "param": "X-Request-Timeout", "code": "invalid_input"}
+
+
+def test_overload_is_429_with_retry_after_and_the_sdk_raises_rate_limit_error(server):
+    """24 requests of ~1,000 tokens at once into a queue of 2,048: most are refused at once, the rest answered."""
+    body = {"input": [f"load {i} " + "word " * 250 for i in range(4)], "model": MODEL, "truncate": True}
+    with ThreadPoolExecutor(24) as pool:
+        answers = list(pool.map(lambda _: curl(server, "/v1/embeddings", body), range(24)))
+    statuses = Counter(status for status, _, _ in answers)
+    assert set(statuses) == {200, 429} and statuses[429] > 0, statuses
+    for status, headers, payload in answers:
+        if status == 429:
+            assert int(headers["retry-after"]) >= 1 and int(headers["retry-after-ms"]) >= 50, headers
+            assert json.loads(payload)["error"]["code"] == "queue_full"
+    errors: list = []
+    with openai.OpenAI(base_url=f"{server.http_url}/v1", api_key=KEY, max_retries=0) as client:
+        def create(_):
+            try:
+                client.embeddings.create(input=body["input"], model=MODEL, extra_body={"truncate": True})
+                return "ok"
+            except openai.RateLimitError as e:
+                errors.append(e)
+                return "rate limited"
+        outcomes = Counter(ThreadPoolExecutor(24).map(create, range(24)))
+    assert set(outcomes) == {"ok", "rate limited"}, outcomes
+    assert all(e.status_code == 429 and e.response.headers["retry-after"] for e in errors)
+    assert_healthy(server)
+
+
+def test_kserve_routes_take_the_key_and_map_errors_to_the_same_statuses(server):
+    """Probes are open, as /health is; inference needs the key (tritonclient sends it as a header); errors take
+    the statuses of the table in KServe's {"error"} envelope."""
+    import tritonclient.http as triton
+    from tritonclient.utils import InferenceServerException
+
+    for probe in ("/v2/health/live", "/v2/health/ready"):
+        assert curl(server, probe, key=None)[0] == 200
+    infer = json.loads(INFER)
+    tensor = lambda text: {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+    for body, key, extra, expected in [
+            (infer, None, {}, 401), (infer, "sk-wrong", {}, 401), (infer, KEY, {}, 200),
+            (tensor("word " * 200), KEY, {"headers": ("X-Request-Timeout: 0.000001",)}, 504),
+            (tensor("x" * 80_000), KEY, {}, 413)]:
+        status, headers, payload = curl(server, f"/v2/models/{MODEL}/infer", body, key, **extra)
+        assert status == expected, payload
+        assert status == 200 or set(json.loads(payload)) == {"error"}, payload
+    client = triton.InferenceServerClient(server.http_url.removeprefix("http://"))
+    try:
+        text = triton.InferInput("text", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b"keyed"], dtype=np.object_))
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer(MODEL, [text])
+        assert refused.value.status() == "401"
+        assert client.infer(MODEL, [text], headers=AUTH).as_numpy("embedding").shape == (1, 384)
+    finally:
+        client.close()
+    assert_healthy(server)
+
+
+def test_api_keys_on_both_protocols_the_client_and_the_cli(server, tmp_path):
+    # HTTP: every route but /health needs a key; either key (--api-key, --api-key-file) is one.
+    unauthorized = 'attnserve_requests_total{code="401",method="/info",protocol="http"}'
+    before = server.metrics().get(unauthorized, 0)
+    assert curl(server, "/health", key=None)[0] == 200
+    assert curl(server, "/openapi.json", key=None)[0] == 401
+    assert json.loads(curl(server, "/openapi.json", key=FILE_KEY)[2])["security"] == [{"apiKey": []}]
+    for key, status in ((KEY, 200), (FILE_KEY, 200), (KEY + "x", 401), (KEY[:-1], 401), ("", 401)):
+        assert curl(server, "/info", key=key)[0] == status, key
+    with openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="sk-wrong", max_retries=0) as client:
+        with pytest.raises(openai.AuthenticationError):
+            client.embeddings.create(input="x", model=MODEL)
+    # gRPC: the same value in the authorization metadata, on every method but health's.
+    with server.channel() as channel:
+        stub = server.stub(channel)
+        assert health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status == \
+            health_pb2.HealthCheckResponse.SERVING
+        for call in (lambda **kw: stub.Embed(make_request(["x"]), timeout=10, **kw),
+                     lambda **kw: stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10, **kw),
+                     lambda **kw: list(stub.EmbedStream(iter([make_request(["x"])]), timeout=10, **kw))):
+            for metadata in ((), (("authorization", "Bearer sk-wrong"),), (("authorization", KEY),)):
+                with pytest.raises(grpc.RpcError) as error:
+                    call(metadata=metadata)
+                assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                assert error_details(error.value).reason == "UNAUTHENTICATED"
+            assert call(metadata=(("authorization", f"Bearer {FILE_KEY}"),))
+    # The Python client and the CLI send it: the argument, the flag, or ATTNSERVE_API_KEY.
+    with Client(server.target, api_key=KEY) as client:
+        assert client.embed(["with a key"]).shape == (1, 384)
+    with Client(server.target) as client:
+        with pytest.raises(RequestError, match="UNAUTHENTICATED: no API key"):
+            client.embed(["without"])
+    assert run_cli("embed", "x", "--target", server.target, "--api-key", KEY).returncode == 0
+    assert run_cli("embed", "x", "--target", server.target, env={"ATTNSERVE_API_KEY": FILE_KEY}).returncode == 0
+    refused = run_cli("embed", "x", "--target", server.target, env={"ATTNSERVE_API_KEY": "sk-wrong"})
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == "attnserve embed: error: UNAUTHENTICATED: invalid API key"
+    assert run_cli("health", "--target", server.target).returncode == 0  # health needs no key
+    loadtest = run_cli("loadtest", "--target", server.target, "--api-key", KEY, "--requests", "6",
+                       "--concurrency", "2", "--json", "-")
+    assert loadtest.returncode == 0 and json.loads(loadtest.stdout)["codes"] == {"OK": 6}, loadtest.stdout
+    (tmp_path / "in.txt").write_text("one\ntwo\nthree\n")
+    encode = lambda out, *key: run_cli("encode", tmp_path / "in.txt", "-o", tmp_path / out, "--server", server.target,
+                                       "--no-progress", *key)
+    refused = encode("refused.parquet")
+    assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr
+    done = encode("out.parquet", "--api-key", KEY)
+    assert done.returncode == 0, done.stderr
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(tmp_path / "out.parquet").num_rows == 3
+    metrics = server.metrics()
+    assert metrics['attnserve_requests_total{code="UNAUTHENTICATED",method="Embed",protocol="grpc"}'] >= 4
+    assert metrics[unauthorized] - before == 3
+    log = server_log(server)
+    assert KEY not in log and FILE_KEY not in log  # keys are never logged

@@ -11,6 +11,7 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
 
 from attnserve.default_model import default_checkpoint_dir
@@ -18,10 +19,10 @@ from attnserve.engine.engine import Engine
 from attnserve.v1 import encoder_pb2 as pb
 from tests.checkpoints import save_cross_encoder, save_sentence_transformer, save_tiny_bert
 from tests.serving import ServerProcess, serving
+from tests.test_kserve import text_input
 
 TEXTS = ["the cat sat on the mat", "where is the train", "a"]
 QUERY = "what do cats do"
-TOLERANCE = 1e-5
 
 
 def _export(checkpoint, out):
@@ -54,8 +55,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
-    dirs, _ = models
-    flags = [f for name, d in dirs.items() for f in ("--model", f"{name}={d}")]
+    flags = [f for name, d in models[0].items() for f in ("--model", f"{name}={d}")]
     process = ServerProcess(None, *flags, env={"ATTNSERVE_THREADS": "1"},
                             log_path=tmp_path_factory.mktemp("four_models_server") / "server.log")
     with serving(process):
@@ -63,112 +63,104 @@ def server(models, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def offline(models):
-    """Each embedder's sentence embeddings of TEXTS, from its own engine."""
-    dirs, _ = models
-    return {name: Engine.from_directory(dirs[name]).encode(TEXTS).embeddings for name in ("a", "b")}
-
-
-@pytest.fixture(scope="module")
-def cross_scores(models):
-    """Each reranker's scores of (QUERY, text), in TEXTS order, from sentence-transformers' CrossEncoder."""
+def want(models):
+    """Each embedder's sentence embeddings of TEXTS, from its own engine, and its last layer's maps of TEXTS[0];
+    each reranker's scores of (QUERY, text), in TEXTS order, from sentence-transformers' CrossEncoder."""
     from sentence_transformers import CrossEncoder
 
-    _, checkpoints = models
-    return {name: CrossEncoder(str(ckpt), device="cpu").predict([(QUERY, t) for t in TEXTS])
-            for name, ckpt in checkpoints.items()}
+    dirs, checkpoints = models
+    found = {name: CrossEncoder(str(ckpt), device="cpu").predict([(QUERY, t) for t in TEXTS])
+             for name, ckpt in checkpoints.items()}
+    for name in ("a", "b"):
+        engine = Engine.from_directory(dirs[name], attention=True)
+        found[name] = engine.encode(TEXTS).embeddings
+        inputs = engine.tokenizer.encode_texts([TEXTS[0]], truncate=False)
+        found[name, "attention"] = engine.run(inputs, attention=True).attentions[-1, 0]  # (heads, T, T)
+    return found
 
 
-def test_the_models_differ(offline, cross_scores):
+def test_the_models_differ(want):
     # Else every check below would pass with the wrong model.
-    assert offline["a"].shape == offline["b"].shape
-    assert np.abs(offline["a"] - offline["b"]).max() > 0.1
-    assert np.abs(cross_scores["r1"] - cross_scores["r2"]).max() > 1e-3
+    assert want["a"].shape == want["b"].shape
+    assert np.abs(want["a"] - want["b"]).max() > 0.1
+    assert np.abs(want["r1"] - want["r2"]).max() > 1e-3
 
 
-def _close(got, want):
-    np.testing.assert_allclose(np.asarray(got, dtype=np.float32), want, atol=TOLERANCE, rtol=0)
+def post(server, path: str, body: dict) -> dict:
+    return httpx.post(server.http_url + path, json=body, timeout=60).json()
 
 
-@pytest.mark.parametrize("path", ["/v1/embeddings", "/embeddings"])
-@pytest.mark.parametrize("model", ["a", "b"])
-def test_openai_computes_with_the_model_of_the_body(server, offline, path, model):
-    reply = httpx.post(server.http_url + path, json={"input": TEXTS, "model": model}, timeout=60).json()
-    _close([row["embedding"] for row in reply["data"]], offline[model])
-
-
-@pytest.mark.parametrize("versioned", [False, True])
-@pytest.mark.parametrize("model", ["a", "b"])
-def test_kserve_infer_computes_with_the_model_of_the_path(server, offline, model, versioned):
-    path = f"/v2/models/{model}{'/versions/1' if versioned else ''}/infer"
+def kserve_http(server, model: str, versioned: bool = False):
     body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(TEXTS)], "data": TEXTS}]}
-    reply = httpx.post(server.http_url + path, json=body, timeout=60).json()
+    reply = post(server, f"/v2/models/{model}{'/versions/1' if versioned else ''}/infer", body)
     embedding = next(o for o in reply["outputs"] if o["name"] == "embedding")
-    _close(np.reshape(embedding["data"], embedding["shape"]), offline[model])
+    return np.reshape(embedding["data"], embedding["shape"])
 
 
-@pytest.mark.parametrize("model", ["a", "b"])
-def test_kserve_binary_infer_through_tritonclient_computes_with_the_model_named(server, offline, model):
+def tritonclient_http(server, model: str):
     client = triton.InferenceServerClient(server.http_url.removeprefix("http://"))
-    tensor = triton.InferInput("text", [len(TEXTS)], "BYTES")
-    tensor.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=np.object_), binary_data=True)
-    result = client.infer(model, [tensor], outputs=[triton.InferRequestedOutput("embedding", binary_data=True)])
-    _close(result.as_numpy("embedding"), offline[model])
+    result = client.infer(model, [text_input(TEXTS)], outputs=[triton.InferRequestedOutput("embedding",
+                                                                                             binary_data=True)])
+    return result.as_numpy("embedding")
 
 
-@pytest.mark.parametrize("model", ["a", "b", "r1", "r2"])
-def test_kserve_grpc_infer_computes_with_the_model_named(server, offline, cross_scores, model):
-    """KServe v2 over gRPC, through tritonclient.grpc: an embedder's embeddings, a reranker's scores (query and
-    text in, score out), each from the model named."""
-    import tritonclient.grpc as triton_grpc
-
+def kserve_grpc(server, model: str):
+    """KServe v2 over gRPC, through tritonclient.grpc: a reranker's scores take the query beside the texts."""
     client = triton_grpc.InferenceServerClient(server.target)
-    names = ("query", "text") if model.startswith("r") else ("text",)
-    tensors = []
-    for name in names:
-        values = [QUERY] if name == "query" else TEXTS
-        tensor = triton_grpc.InferInput(name, [len(values)], "BYTES")
-        tensor.set_data_from_numpy(np.array([v.encode() for v in values], dtype=np.object_))
-        tensors.append(tensor)
-    result = client.infer(model, tensors)
-    if model.startswith("r"):
-        _close(result.as_numpy("score"), cross_scores[model])
-    else:
-        _close(result.as_numpy("embedding"), offline[model])
+    query = [text_input([QUERY], name="query", module=triton_grpc)] if model.startswith("r") else []
+    result = client.infer(model, [*query, text_input(TEXTS, module=triton_grpc)])
     client.close()
+    return result.as_numpy("score" if model.startswith("r") else "embedding")
 
 
-@pytest.mark.parametrize("model", ["a", "b"])
-def test_attention_computes_with_the_model_of_the_body(server, models, model):
-    dirs, _ = models
-    engine = Engine.from_directory(dirs[model], attention=True)
-    inputs = engine.tokenizer.encode_texts([TEXTS[0]], truncate=False)
-    want = engine.run(inputs, attention=True).attentions[-1, 0]  # (heads, T, T): the last layer, every head
-    reply = httpx.post(server.http_url + "/v1/attention", json={"inputs": TEXTS[0], "model": model},
-                       timeout=60).json()
-    _close(np.reshape(reply["data"][0]["attentions"], reply["data"][0]["shape"])[0], want)
-
-
-@pytest.mark.parametrize("model", ["a", "b"])
-def test_grpc_embed_computes_with_the_model_of_the_message(server, offline, model):
+def grpc_embed(server, model: str):
     with server.channel() as channel:
         reply = server.stub(channel).Embed(pb.EmbedRequest(inputs=[pb.Input(text=t) for t in TEXTS], model=model),
                                            timeout=60)
-    got = [np.frombuffer(e.sentence_embedding.data, "<f4") for e in reply.embeddings]
-    _close(got, offline[model])
+    return [np.frombuffer(e.sentence_embedding.data, "<f4") for e in reply.embeddings]
 
 
-def test_tei_routes_name_no_model_and_compute_with_the_default(server, offline):
-    _close(httpx.post(server.http_url + "/embed", json={"inputs": TEXTS}, timeout=60).json(), offline["a"])
+def rerank_http(server, model: str):
+    reply = post(server, "/v1/rerank", {"model": model, "query": QUERY, "documents": TEXTS})
+    return [r["relevance_score"] for r in sorted(reply["results"], key=lambda r: r["index"])]
 
 
-@pytest.mark.parametrize("model", ["r1", "r2"])
-def test_reranking_computes_with_the_model_named_on_both_doors(server, cross_scores, model):
-    want = cross_scores[model]
-    reply = httpx.post(server.http_url + "/v1/rerank", json={"model": model, "query": QUERY, "documents": TEXTS},
-                       timeout=60).json()
-    _close([r["relevance_score"] for r in sorted(reply["results"], key=lambda r: r["index"])], want)
+def rerank_grpc(server, model: str):
     with server.channel() as channel:
         ranked = server.stub(channel).Rerank(pb.RerankRequest(query=QUERY, texts=TEXTS, model=model), timeout=60)
-    _close([r.score for r in sorted(ranked.results, key=lambda r: r.index)], want)
+    return [r.score for r in sorted(ranked.results, key=lambda r: r.index)]
 
+
+def attention(server, model: str):
+    item = post(server, "/v1/attention", {"inputs": TEXTS[0], "model": model})["data"][0]
+    return np.reshape(item["attentions"], item["shape"])[0]  # the last layer, every head
+
+
+# door: (what it answers for a model, the models it serves)
+DOORS = {
+    "openai /v1/embeddings": (lambda s, m: [r["embedding"] for r in post(s, "/v1/embeddings", {
+        "input": TEXTS, "model": m})["data"]], "ab"),
+    "openai /embeddings": (lambda s, m: [r["embedding"] for r in post(s, "/embeddings", {
+        "input": TEXTS, "model": m})["data"]], "ab"),
+    "kserve infer": (kserve_http, "ab"),
+    "kserve versioned infer": (lambda s, m: kserve_http(s, m, versioned=True), "ab"),
+    "kserve binary infer through tritonclient.http": (tritonclient_http, "ab"),
+    "kserve grpc infer through tritonclient.grpc": (kserve_grpc, ["a", "b", "r1", "r2"]),
+    "grpc Embed": (grpc_embed, "ab"),
+    "attention": (attention, "ab"),
+    "rerank over http": (rerank_http, ["r1", "r2"]),
+    "rerank over grpc": (rerank_grpc, ["r1", "r2"]),
+}
+CASES = [(door, model) for door, (_, models) in DOORS.items() for model in models]
+
+
+@pytest.mark.parametrize("door, model", CASES, ids=[f"{door}-{model}" for door, model in CASES])
+def test_every_door_computes_with_the_model_named(server, want, door, model):
+    expected = want[model, "attention"] if door == "attention" else want[model]
+    np.testing.assert_allclose(np.asarray(DOORS[door][0](server, model), dtype=np.float32), expected, atol=1e-5,
+                               rtol=0)
+
+
+def test_tei_routes_name_no_model_and_compute_with_the_default(server, want):
+    np.testing.assert_allclose(np.asarray(post(server, "/embed", {"inputs": TEXTS}), dtype=np.float32), want["a"],
+                               atol=1e-5, rtol=0)

@@ -3,16 +3,18 @@ OpenAIEmbeddings, against a real `attnserve serve` process; vectors checked agai
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import openai
 import pytest
 
 from attnserve.engine.pooling import l2_normalize
-from tests.conftest import GUARD_KEY, GUARDED_ALIASES, GUARDED_QUEUE_TOKENS, VARIED_TEXTS
+from tests.conftest import GUARD_KEY, GUARDED_ALIASES, GUARDED_QUEUE_TOKENS
+from tests.doors import MODEL, TEXTS
 from tests.test_server_load import mixed_texts
 
-MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-TEXTS = [t for t in VARIED_TEXTS if len(t) < 200]  # within max_seq_length: OpenAI's API does not truncate
+LONG = "word " * 300
 
 
 @pytest.fixture(scope="module")
@@ -26,41 +28,38 @@ def vectors(reply) -> np.ndarray:
     return np.array([d.embedding for d in reply.data], dtype=np.float32)
 
 
+def token_ids(engine, texts):
+    return [x.ids.tolist() for x in engine.tokenizer.encode_texts(texts)]
+
+
+# case: (create's arguments, the offline engine's vectors, the prompt tokens) for the SDK's replies.
+ANSWERS = {
+    "texts": (lambda e: dict(input=TEXTS), lambda e: e.encode(TEXTS, normalize=True).embeddings,
+              lambda e: int(e.encode(TEXTS).num_tokens.sum())),
+    "a single string": (lambda e: dict(input=TEXTS[0]), lambda e: e.encode(TEXTS[:1]).embeddings, lambda e: 12),
+    "dimensions keep the first n, then normalise": (
+        lambda e: dict(input=TEXTS[:3], dimensions=64),
+        lambda e: l2_normalize(e.encode(TEXTS[:3], normalize=False).embeddings[:, :64]), None),
+    "token ids": (lambda e: dict(input=token_ids(e, TEXTS[:2])), lambda e: e.encode(TEXTS[:2]).embeddings,
+                  lambda e: sum(map(len, token_ids(e, TEXTS[:2])))),
+    "one input of token ids": (lambda e: dict(input=token_ids(e, TEXTS[1:2])[0]),
+                               lambda e: e.encode(TEXTS[1:2]).embeddings, lambda e: len(token_ids(e, TEXTS[1:2])[0])),
+    "truncate, attnserve's extension": (lambda e: dict(input=LONG, extra_body={"truncate": True}),
+                                        lambda e: e.encode([LONG]).embeddings, lambda e: 256),
+}
+
+
 @pytest.mark.parametrize("encoding_format", [openai.NOT_GIVEN, "float"])  # the SDK asks for base64 by default
-def test_a_list_of_texts_equals_the_offline_engine_normalised(client, engine, encoding_format):
-    reply = client.embeddings.create(input=TEXTS, model=MODEL, encoding_format=encoding_format)
-    offline = engine.encode(TEXTS, normalize=True)
+@pytest.mark.parametrize("case", list(ANSWERS))
+def test_the_sdks_replies_equal_the_offline_engine(client, engine, case, encoding_format):
+    arguments, offline, tokens = ANSWERS[case]
+    reply = client.embeddings.create(model=MODEL, encoding_format=encoding_format, **arguments(engine))
     got = vectors(reply)
-    np.testing.assert_allclose(got, offline.embeddings, atol=1e-5)
+    np.testing.assert_allclose(got, offline(engine), atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
     assert reply.model == MODEL and reply.object == "list"
-    assert reply.usage.prompt_tokens == reply.usage.total_tokens == int(offline.num_tokens.sum())
-
-
-def test_a_single_string(client, engine):
-    reply = client.embeddings.create(input="The quick brown fox jumps over the lazy dog.", model=MODEL)
-    [offline] = engine.encode(["The quick brown fox jumps over the lazy dog."]).embeddings
-    np.testing.assert_allclose(vectors(reply)[0], offline, atol=1e-5)
-    assert reply.usage.prompt_tokens == 12
-
-
-@pytest.mark.parametrize("encoding_format", [openai.NOT_GIVEN, "float"])
-def test_dimensions_keep_the_first_n_then_normalise(client, engine, encoding_format):
-    reply = client.embeddings.create(input=TEXTS[:3], model=MODEL, dimensions=64, encoding_format=encoding_format)
-    raw = engine.encode(TEXTS[:3], normalize=False).embeddings
-    got = vectors(reply)
-    assert got.shape == (3, 64)
-    np.testing.assert_allclose(got, l2_normalize(raw[:, :64]), atol=1e-5)
-
-
-def test_token_id_inputs_one_and_many(client, engine):
-    ids = [x.ids.tolist() for x in engine.tokenizer.encode_texts(TEXTS[:2])]
-    offline = engine.encode(TEXTS[:2]).embeddings
-    many = client.embeddings.create(input=ids, model=MODEL, encoding_format="float")
-    one = client.embeddings.create(input=ids[1], model=MODEL)
-    np.testing.assert_allclose(vectors(many), offline, atol=1e-5)
-    np.testing.assert_allclose(vectors(one)[0], offline[1], atol=1e-5)
-    assert many.usage.prompt_tokens == len(ids[0]) + len(ids[1]) and one.usage.prompt_tokens == len(ids[1])
+    if tokens is not None:
+        assert reply.usage.prompt_tokens == reply.usage.total_tokens == tokens(engine)
 
 
 def test_served_model_aliases_and_the_models_list(guarded_server):
@@ -75,58 +74,45 @@ def test_served_model_aliases_and_the_models_list(guarded_server):
             c.models.retrieve("gpt-4")
 
 
+# case: (what is sent, param, the message); unknown fields and floats for integers: tests/test_http_bodies.py.
+ERRORS = {
+    "empty text": (dict(input=["fine", "  "]), "input[1]", "input 1: empty text"),
+    "no inputs": (dict(input=[]), "input", "no inputs: send 1 to 2048 inputs"),
+    "too many inputs": (dict(input=["x"] * 2049), "input",
+                        "too many inputs: 2049; this server takes at most 2048 per request"),
+    "token id out of range": (dict(input=[[101, 30522, 102]]), "input[0]",
+                              "input 0: token id 30522 is out of range [0, 30522)"),
+    "over-long with truncate false": (dict(input=[LONG], extra_body={"truncate": False}), "input[0]",
+                                      "input 0: longer than max_seq_length 256 tokens, and the request asked not to "
+                                      "truncate; to cut it to max_seq_length instead, set \"truncate\": true in the "
+                                      "body (the openai SDK: extra_body={\"truncate\": True})"),
+    "dimensions above the hidden size": (dict(input="x", dimensions=385), "dimensions",
+                                         "dimensions 385 is out of range: this model's embeddings have 384 (ask for 1 "
+                                         "to 384)"),
+    "dimensions 0": (dict(input="x", dimensions=0), "dimensions", "dimensions 0 is out of range"),
+    "a bad encoding_format": (dict(input="x", encoding_format="int8"), "encoding_format",
+                              "encoding_format: input should be 'float' or 'base64'"),
+    "a mixed input": (dict(input=["x", 5]), "input", "input: must be a string, a list of strings, a list of token ids, "
+                                                     "a list of lists of token ids or (an image-text model's, as "
+                                                     "Jina's API) a list of"),
+}
+
+
 def test_errors_arrive_as_the_sdks_typed_exceptions(client):
     with pytest.raises(openai.NotFoundError) as error:
         client.embeddings.create(input="x", model="text-embedding-3-small")
     assert error.value.code == "model_not_found" and error.value.param == "model"
-    cases = {  # what is sent: (param, message)
-        "empty text": (dict(input=["fine", "  "]), "input[1]", "input 1: empty text"),
-        "no inputs": (dict(input=[]), "input", "no inputs: send 1 to 2048 inputs"),
-        "too many inputs": (dict(input=["x"] * 2049), "input",
-                            "too many inputs: 2049; this server takes at most 2048 per request"),
-        "token id out of range": (dict(input=[[101, 30522, 102]]), "input[0]",
-                                  "input 0: token id 30522 is out of range [0, 30522)"),
-        "over-long with truncate false": (dict(input=["word " * 300], extra_body={"truncate": False}), "input[0]",
-                                          "input 0: longer than max_seq_length 256 tokens, and the request asked not "
-                                          "to truncate; to cut it to max_seq_length instead, set \"truncate\": true "
-                                          "in the body (the openai SDK: extra_body={\"truncate\": True})"),
-        "dimensions above the hidden size": (dict(input="x", dimensions=385), "dimensions",
-                                             "dimensions 385 is out of range: this model's embeddings have 384 "
-                                             "(ask for 1 to 384)"),
-        "dimensions 0": (dict(input="x", dimensions=0), "dimensions", "dimensions 0 is out of range"),
-        "a bad encoding_format": (dict(input="x", encoding_format="int8"), "encoding_format",
-                                  "encoding_format: input should be 'float' or 'base64'"),
-        "an unknown field": (dict(input="x", extra_body={"temperature": 1}), "temperature",
-                             "temperature: not a field of /v1/embeddings; its fields: input, messages, model, "),
-        "TEI's inputs": (dict(input="x", extra_body={"inputs": ["x"]}), "inputs",
-                         "inputs: not a field of /v1/embeddings (it is TEI's name, for /embed): send input"),
-        "dimensions as a float": (dict(input="x", extra_body={"dimensions": 8.0}), "dimensions",
-                                  "dimensions: must be an integer, written without a fraction or exponent: 8, not "
-                                  "8.0"),
-        "a mixed input": (dict(input=["x", 5]), "input", "input: must be a string, a list of strings, a list of "
-                                                         "token ids, a list of lists of token ids or (an image-text "
-                                                         "model's, as Jina's API) a list of"),
-    }
-    for case, (kwargs, param, message) in cases.items():
+    for case, (kwargs, param, message) in ERRORS.items():
         with pytest.raises(openai.BadRequestError) as error:
             client.embeddings.create(model=MODEL, **kwargs)
-        assert error.value.param == param and error.value.code in ("invalid_input",), case
+        assert error.value.param == param and error.value.code == "invalid_input", case
         assert error.value.body["message"].startswith(message), (case, error.value.body)
-
-
-def test_truncate_is_attnserves_extension(client, engine):
-    long = "word " * 300
-    reply = client.embeddings.create(input=long, model=MODEL, extra_body={"truncate": True})
-    np.testing.assert_allclose(vectors(reply)[0], engine.encode([long]).embeddings[0], atol=1e-5)
-    assert reply.usage.prompt_tokens == 256
 
 
 def test_langchains_1000_texts_over_the_queues_budget_are_admitted_in_parts(guarded_server, engine):
     """LangChain's default batch, 1,000 texts a request, holding several times what the queue holds
     (--max-queue-tokens 1024): admitted in parts, answered whole and in order (it was a 413), while a query sent
     meanwhile is answered too."""
-    import threading
-
     from langchain_openai import OpenAIEmbeddings
 
     texts = [" ".join(t.split()[:12]) for t in mixed_texts(1000, seed=3)]

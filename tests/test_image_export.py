@@ -1,5 +1,6 @@
-"""The image tower's graphs (export/image_tower.py) for CLIP ViT-B/32's and SigLIP's shapes, random weights: each
-verified against PyTorch at export, then run here on batch sizes the export never saw."""
+"""The image tower's graphs (export/image_tower.py) for CLIP ViT-B/32's, SigLIP's and SigLIP 2's shapes, random
+weights: each verified against PyTorch at export, then run here on batch sizes the export never saw; a graph off its
+bar, and a NaFlex processor of other patches than its tower's, refused."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from attnserve.export.image_tower import (
     ImageTower,
     export_image_tower,
     graph_names,
+    image_artifacts,
     naflex_feed,
     verify_image_graph,
 )
@@ -68,7 +70,7 @@ def unseen_feed(model, batch: int) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("batch", [3, 7])
-def test_graphs_run_at_unseen_batch_sizes_as_pytorch(exported, batch):
+def test_graphs_run_at_unseen_batch_sizes_as_pytorch_and_one_off_its_bar_is_refused(exported, batch):
     model, graphs, _ = exported
     feed = unseen_feed(model, batch)
     with torch.no_grad():
@@ -83,13 +85,19 @@ def test_graphs_run_at_unseen_batch_sizes_as_pytorch(exported, batch):
         assert np.abs(got_norms[:, i, :, :n] - norms.numpy()[:, i, :, :n]).max() <= \
             1e-3 * max(1.0, float(norms.abs().max()))
     assert got_maps.shape[1] == batch
-
-
-def test_a_graph_off_its_bar_is_refused(exported):
-    model, graphs, _ = exported
-    feeds = [unseen_feed(model, 1)]
-    with torch.no_grad():
-        embeds, hidden, maps, norms = ImageTower(model, True)(**{k: torch.from_numpy(v) for k, v in feeds[0].items()})
     wrong = [(-embeds.numpy(), hidden.numpy(), maps.numpy(), norms.numpy())]  # the opposite direction
     with pytest.raises(ExportVerificationError, match="image_embeds.onnx \\(fp32\\) fails parity with PyTorch"):
-        verify_image_graph(graphs / "image_embeds.onnx", "fp32", feeds, wrong)
+        verify_image_graph(graphs / "image_embeds.onnx", "fp32", [feed], wrong)
+
+
+def test_a_naflex_processor_of_other_patches_than_the_towers_is_refused_before_any_graph_is_traced(tmp_path):
+    import transformers
+
+    from attnserve.errors import CheckpointError
+    from tests.checkpoints import save_tiny_siglip2
+
+    checkpoint = save_tiny_siglip2(tmp_path / "model")
+    transformers.Siglip2ImageProcessor(patch_size=16, max_num_patches=24).save_pretrained(str(checkpoint))
+    with pytest.raises(CheckpointError, match="takes images in patches of 8 px, and its image processor gives "
+                                              "patches of 16 px"):
+        image_artifacts(checkpoint, tmp_path / "work", log=lambda m: None)

@@ -1,15 +1,13 @@
-"""An image-text model served (a tiny random-weight CLIP exported by `attnserve export`), through every door users send
-images to, with their own clients: openai (Jina's form), vLLM's `messages`, Cohere's SDK (images and inputs),
-Infinity's /embeddings_image, gRPC's Input.image, KServe v2 through tritonclient; /similarity and /v1/zero_shot.
-
-Each embedding is held to transformers' CLIPModel on the same image and text (cosine >= 0.99999), and an image's
-cosine with a caption, times the model's scale, to transformers' logits_per_image. Served in one process, and
-through two front-door workers (the images cross to the engine process)."""
+"""The tiny CLIP, SigLIP and SigLIP 2 (NaFlex) served, through every door users send images to with their own clients
+(openai, vLLM's messages, Cohere, Infinity, gRPC, KServe v2, /similarity, /v1/zero_shot, the maps with the client and
+the CLI), each held to transformers' model on the same texts and images: in one process serving the three, through two
+front-door workers (the images cross to the engine process), and offline."""
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 
 import grpc
 import httpx
@@ -18,10 +16,10 @@ import pytest
 from PIL import Image
 
 from attnserve.v1 import encoder_pb2 as pb
-from tests.test_images import animated_gif, png_header_only
-
-CAPTIONS = ["a photo of the cat", "the dog", "and of the photo"]
-LABELS, TEMPLATE = ["cat", "dog", "photo"], "a photo of the {}"  # zero-shot's
+from tests.conftest import run_cli
+from tests.image_origin import image_origin
+from tests.serving import ServerProcess, serving
+from tests.test_images import HOSTILE
 
 
 def png(seed: int, size: tuple[int, int] = (50, 40), mode: str = "RGB") -> bytes:
@@ -37,30 +35,71 @@ def data_uri(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
+MODELS = ("clip", "siglip", "siglip2")
+SERVED = {"clip": "", "siglip": "siglip", "siglip2": "siglip2"}  # CLIP is the default model: asked as ""
+TEXTS = ["A Photo of the CAT", "the dog", "the photo and the cat of the dog " * 12]  # the last past every tower's
+LABELS, TEMPLATE = ["cat", "dog", "photo"], "a photo of the {}"  # zero-shot's
 IMAGES = [png(0), png(1, (33, 64), "RGBA"), png(2, (64, 48), "L")]
+IMAGES_OF = {"clip": IMAGES, "siglip": IMAGES, "siglip2": [  # wide, tall, square, tiny (upsampled), large (the patch
+    png(0, (160, 40)), png(1, (33, 64), "RGBA"), png(2, (64, 64), "L"), png(3, (5, 7)),  # budget, downsampled) and
+    png(4, (300, 200)), png(5, (3000, 1))]}  # one pixel high: NaFlex's patch counts differ
+# The image tower each describes: a NaFlex tower takes no one image size but up to 24 patches.
+TOWERS = {"clip": (32, 8, 2, 4, 0), "siglip": (32, 8, 2, 4, 0), "siglip2": (0, 8, 2, 4, 24)}
+FIT = {"clip": "crop", "siglip": "stretch", "siglip2": "patches"}
 
 
 @pytest.fixture(scope="module")
-def reference(clip_dir):
-    """transformers' own: each image's and caption's embedding (unit length), logits_per_image, the softmax over
-    LABELS in TEMPLATE of each image (zero-shot's scores), and the image tower's eager attention over each image's
-    patches (maps: (L, I, nh, T, T))."""
+def image_server(clip_artifacts, siglip_artifacts, siglip2_artifacts, tmp_path_factory):
+    models = {"clip": clip_artifacts, "siglip": siglip_artifacts, "siglip2": siglip2_artifacts}
+    process = ServerProcess(None, *(f"--model={name}={folder}" for name, folder in models.items()),
+                            log_path=tmp_path_factory.mktemp("image_server") / "server.log")
+    with serving(process):
+        yield process
+
+
+def tokenized(name: str, tokenizer, texts: list[str]) -> dict:
+    """CLIP's texts padded to the longest with their mask; SigLIP's padded to 64 and taken without one: the pads are
+    inputs the tower attends to (model/clip.py)."""
+    if name == "clip":
+        return dict(tokenizer(texts, padding=True, truncation=True, max_length=77, return_tensors="pt"))
+    return {"input_ids": tokenizer(texts, padding="max_length", max_length=64, truncation=True,
+                                   return_tensors="pt")["input_ids"]}
+
+
+def transformers_reference(name: str, artifacts) -> dict:
+    """transformers' model from the checkpoint the artifacts came from, its tokenizer right-padded (SigLIP 2's class
+    pads on the left by default; big_vision trained it right-padded) and its image processor's pixels (SigLIP 2's
+    patches, masks and spatial shapes): the embeddings, logits, zero-shot scores and the maps (L, I, nh, T, T)."""
     import torch
     import transformers
 
-    model = transformers.CLIPModel.from_pretrained(str(clip_dir), attn_implementation="eager").eval()
-    processor = transformers.CLIPProcessor.from_pretrained(str(clip_dir))
-    pictures = [Image.open(io.BytesIO(data)) for data in IMAGES]
-    inputs = processor(text=CAPTIONS, images=pictures, return_tensors="pt", padding=True)
-    labelled = processor(text=[TEMPLATE.format(label) for label in LABELS], images=pictures, return_tensors="pt",
-                         padding=True)
+    checkpoint = json.loads((artifacts / "manifest.json").read_text())["source"]["checkpoint"]
+    model_class = {"clip": "CLIPModel", "siglip": "SiglipModel", "siglip2": "Siglip2Model"}[name]
+    model = getattr(transformers, model_class).from_pretrained(checkpoint, attn_implementation="eager").eval()
+    if name == "siglip2":  # Siglip2Tokenizer, which lowercases, and pads on the left unless told
+        default = transformers.AutoTokenizer.from_pretrained(checkpoint)
+        assert (type(default).__name__, default.padding_side) == ("Siglip2Tokenizer", "left")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint, padding_side="right")
+    processor = transformers.AutoImageProcessor.from_pretrained(checkpoint, backend="pil")
+    pixels = dict(processor(images=[Image.open(io.BytesIO(d)) for d in IMAGES_OF[name]], return_tensors="pt",
+                            do_convert_rgb=True))
     with torch.no_grad():
-        out = model(**inputs)
-        zero_shot = model(**labelled).logits_per_image.softmax(dim=-1).numpy()  # (I, L)
-        maps = torch.stack(model.vision_model(pixel_values=inputs["pixel_values"], output_attentions=True).attentions)
-    return {"images": out.image_embeds.numpy(), "texts": out.text_embeds.numpy(), "zero_shot": zero_shot,
-            "maps": maps.numpy(),
-            "logits_per_image": out.logits_per_image.numpy(), "scale": float(model.logit_scale.detach().exp())}
+        out = model(**tokenized(name, tokenizer, TEXTS), **pixels)
+        labelled = model(**tokenized(name, tokenizer, [TEMPLATE.format(x) for x in LABELS]), **pixels)
+        maps = torch.stack(model.vision_model(**pixels, output_attentions=True).attentions)
+    activation = labelled.logits_per_image.softmax(-1) if name == "clip" else labelled.logits_per_image.sigmoid()
+    return {"texts": out.text_embeds.numpy(), "images": out.image_embeds.numpy(), "maps": maps.numpy(),
+            "logits_per_image": out.logits_per_image.numpy(), "zero_shot": activation.numpy(),
+            "scale": float(model.logit_scale.detach().exp()),
+            "bias": float(getattr(model, "logit_bias", torch.zeros(1)).detach()),
+            "shapes": pixels["spatial_shapes"].tolist() if "spatial_shapes" in pixels else [[4, 4]] * len(IMAGES),
+            "dog_tokens": tokenized(name, tokenizer, ["the dog"])["input_ids"].shape[1]}
+
+
+@pytest.fixture(scope="module")
+def reference(clip_artifacts, siglip_artifacts, siglip2_artifacts) -> dict[str, dict]:
+    artifacts = {"clip": clip_artifacts, "siglip": siglip_artifacts, "siglip2": siglip2_artifacts}
+    return {name: transformers_reference(name, artifacts[name]) for name in MODELS}
 
 
 def unit(rows) -> np.ndarray:
@@ -73,107 +112,138 @@ def assert_same(got, want, floor: float = 0.99999) -> None:
     assert cosines.min() >= floor, cosines
 
 
-def test_openai_client_embeds_images_and_captions_in_one_space(clip_server, reference):
+def post(server, route: str, body: dict, status: int = 200) -> dict | list:
+    reply = httpx.post(f"{server.http_url}{route}", timeout=30, json=body)
+    assert reply.status_code == status, reply.text
+    return reply.json()
+
+
+def expected_image(name: str, reference: dict, i: int) -> dict:
+    """Where image i's positions lie: a class token's whole square (CLIP), then its patches of 8 px, row-major: a
+    4 x 4 square (CLIP's centre crop, SigLIP's stretched picture), or SigLIP 2's own rows x cols (a square's side
+    and grid only where they are one)."""
+    rows, cols = reference[name]["shapes"][i]
+    boxes = [[r * 8, c * 8, r * 8 + 8, c * 8 + 8] for r in range(rows) for c in range(cols)]
+    return {"size": rows * 8 if rows == cols else None, "patch_size": 8, "grid": rows if rows == cols else None,
+            "height": rows * 8, "width": cols * 8, "rows": rows, "cols": cols, "class_token": name == "clip",
+            "fit": FIT[name], "boxes": ([[0, 0, 32, 32]] if name == "clip" else []) + boxes}
+
+
+def assert_patch_attention(item: dict, name: str, reference: dict, i: int, layers: list[int]) -> None:
+    image = expected_image(name, reference, i)
+    rows, cols, first = image["rows"], image["cols"], int(image["class_token"])
+    n = rows * cols + first
+    assert item["image"] == image
+    assert item["num_tokens"] == n and item["tokens"][first] == "patch 0,0"
+    assert item["tokens"][-1] == f"patch {rows - 1},{cols - 1}" and item["tokens"][:first] == ["<class>"] * first
+    want = reference[name]["maps"][layers, i, :, :n, :n]
+    assert np.abs(np.array(item["attentions"]) - want).max() < 1e-5
+
+
+# --- the doors -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", MODELS)
+def test_openai_client_embeds_texts_and_images_in_one_space(image_server, reference, name):
+    """One space: an image's cosine with a text, times the model's scale (plus SigLIP's bias), is transformers'
+    logits_per_image."""
     import openai
 
-    client = openai.OpenAI(base_url=f"{clip_server.http_url}/v1", api_key="unused")
-    items = [{"image": data_uri(data)} for data in IMAGES] + [{"text": caption} for caption in CAPTIONS]
-    reply = client.embeddings.create(model="", input=items)  # type: ignore[arg-type]  # Jina's form
+    want = reference[name]
+    client = openai.OpenAI(base_url=f"{image_server.http_url}/v1", api_key="unused")
+    items = [{"text": t} for t in TEXTS] + [{"image": data_uri(d)} for d in IMAGES_OF[name]]
+    raw = client.embeddings.with_raw_response.create(model=SERVED[name], input=items)  # type: ignore[arg-type]
+    reply = raw.parse()
     vectors = np.array([d.embedding for d in reply.data])
-    assert_same(vectors[:3], reference["images"])
-    assert_same(vectors[3:], reference["texts"])
-    # One space: an image's cosine with a caption, times the model's scale, is transformers' logits_per_image.
-    logits = unit(vectors[:3]) @ unit(vectors[3:]).T * reference["scale"]
-    assert np.allclose(logits, reference["logits_per_image"], atol=1e-4 * reference["scale"])
+    assert_same(vectors[:3], want["texts"])
+    assert_same(vectors[3:], want["images"])
+    logits = unit(vectors[3:]) @ unit(vectors[:3]).T * want["scale"] + want["bias"]
+    assert np.allclose(logits, want["logits_per_image"], atol=1e-4 * want["scale"])
+    assert raw.headers["X-Truncated-Inputs"] == "2"  # cut at the text tower's positions (77, or SigLIP's 64)
+    # Each image counts its own patches (the batcher's tokens), SigLIP's texts their 64 positions each.
+    if name == "siglip2":
+        assert reply.usage.prompt_tokens == 3 * 64 + sum(rows * cols for rows, cols in want["shapes"])
+    tokens = post(image_server, "/embed_all", {"model": SERVED[name], "inputs": "the dog"})
+    assert len(tokens[0]) == want["dog_tokens"]  # SigLIP's pads are inputs the tower attends to: 64
 
 
-def test_vllm_messages_and_infinity_embeddings_image(clip_server, reference):
-    image_part = {"type": "image_url", "image_url": {"url": data_uri(IMAGES[0])}}
-    reply = httpx.post(f"{clip_server.http_url}/v1/embeddings", timeout=30, json={
-        "model": "", "messages": [{"role": "user", "content": [image_part]}]})
-    assert reply.status_code == 200, reply.text
-    assert_same([reply.json()["data"][0]["embedding"]], reference["images"][:1])
-    # Infinity's route: bare base64 and data URIs alike
-    reply = httpx.post(f"{clip_server.http_url}/embeddings_image", timeout=30, json={
-        "model": "", "input": [base64.b64encode(IMAGES[0]).decode(), data_uri(IMAGES[1]), data_uri(IMAGES[2])]})
-    assert reply.status_code == 200, reply.text
-    assert_same([d["embedding"] for d in reply.json()["data"]], reference["images"])
-    both = httpx.post(f"{clip_server.http_url}/v1/embeddings", timeout=30, json={
-        "model": "", "messages": [{"role": "user", "content": [image_part, {"type": "text", "text": "x"}]}]})
-    assert both.status_code == 400 and "one text or one image" in both.json()["error"]["message"]
+@pytest.mark.parametrize("name", MODELS)
+def test_each_image_embeds_alike_alone_in_vllm_messages_and_batched_in_infinitys_route(image_server, reference,
+                                                                                       name):
+    """An image's embedding does not depend on the images padded into its batch (SigLIP 2's are of other sizes)."""
+    images = IMAGES_OF[name]
+    for i, image in enumerate(images):
+        part = {"type": "image_url", "image_url": {"url": data_uri(image)}}
+        reply = post(image_server, "/v1/embeddings", {"model": SERVED[name], "messages": [
+            {"role": "user", "content": [part]}]})
+        assert_same([reply["data"][0]["embedding"]], reference[name]["images"][i:i + 1])
+    reply = post(image_server, "/embeddings_image", {"model": SERVED[name], "input": [  # bare base64, data URIs
+        base64.b64encode(images[0]).decode(), *(data_uri(d) for d in images[1:])]})
+    assert_same([d["embedding"] for d in reply["data"]], reference[name]["images"])
 
 
-def test_cohere_sdk_embeds_images_and_inputs(clip_server, reference):
+def test_cohere_sdk_embeds_images_and_inputs(image_server, reference):
     import cohere
 
-    client = cohere.ClientV2(base_url=clip_server.http_url, api_key="unused")
+    client = cohere.ClientV2(base_url=image_server.http_url, api_key="unused")
     reply = client.embed(model="", input_type="image", images=[data_uri(data) for data in IMAGES],
                          embedding_types=["float"])
-    assert_same(reply.embeddings.float_, reference["images"])
+    assert_same(reply.embeddings.float_, reference["clip"]["images"])
     reply = client.embed(model="", input_type="search_document", embedding_types=["float"], inputs=[
-        {"content": [{"type": "text", "text": CAPTIONS[0]}]},
+        {"content": [{"type": "text", "text": TEXTS[0]}]},
         {"content": [{"type": "image_url", "image_url": {"url": data_uri(IMAGES[1])}}]}])
-    assert_same(reply.embeddings.float_, [reference["texts"][0], reference["images"][1]])
+    assert_same(reply.embeddings.float_, [reference["clip"]["texts"][0], reference["clip"]["images"][1]])
 
 
-def test_grpc_embeds_image_bytes(clip_server, reference):
-    with clip_server.channel() as channel:
-        reply = clip_server.stub(channel).Embed(pb.EmbedRequest(inputs=[
-            *(pb.Input(image=pb.Image(data=data)) for data in IMAGES), pb.Input(text=CAPTIONS[0])]))
+@pytest.mark.parametrize("name", MODELS)
+def test_grpc_embeds_image_bytes_and_refuses_bytes_of_another_type_than_declared(image_server, reference, name):
+    with image_server.channel() as channel:
+        reply = image_server.stub(channel).Embed(pb.EmbedRequest(model=SERVED[name], inputs=[
+            *(pb.Input(image=pb.Image(data=data)) for data in IMAGES_OF[name]), pb.Input(text=TEXTS[0])]))
+        with pytest.raises(grpc.RpcError) as refused:
+            image_server.stub(channel).Embed(pb.EmbedRequest(model=SERVED[name], inputs=[
+                pb.Input(image=pb.Image(data=IMAGES[0], mime_type="image/jpeg"))]))
     vectors = [np.frombuffer(e.sentence_embedding.data, dtype=np.float32) for e in reply.embeddings]
-    assert_same(vectors[:3], reference["images"])
-    assert_same(vectors[3:], reference["texts"][:1])
-    with clip_server.channel() as channel, pytest.raises(grpc.RpcError) as refused:
-        clip_server.stub(channel).Embed(pb.EmbedRequest(inputs=[pb.Input(image=pb.Image(data=IMAGES[0],
-                                                                                        mime_type="image/jpeg"))]))
+    assert_same(vectors[:-1], reference[name]["images"])
+    assert_same(vectors[-1:], reference[name]["texts"][:1])
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "declared image/jpeg but its bytes are PNG" in refused.value.details()
 
 
-def test_kserve_v2_image_bytes_tensor_through_tritonclient(clip_server, reference):
+def test_kserve_v2_image_bytes_tensor_through_tritonclient(image_server, reference):
     import tritonclient.http as triton
 
-    client = triton.InferenceServerClient(clip_server.http_url.removeprefix("http://"))
-    model = client.get_model_repository_index()[0]["name"]
-    inputs = {spec["name"] for spec in client.get_model_metadata(model)["inputs"]}
-    assert inputs == {"text", "image"}
+    client = triton.InferenceServerClient(image_server.http_url.removeprefix("http://"))
+    assert {m["name"] for m in client.get_model_repository_index()} == set(MODELS)
+    assert {spec["name"] for spec in client.get_model_metadata("clip")["inputs"]} == {"text", "image"}
     text = triton.InferInput("text", [1], "BYTES")
-    text.set_data_from_numpy(np.array([CAPTIONS[0]], dtype=object))
+    text.set_data_from_numpy(np.array([TEXTS[0]], dtype=object))
     image = triton.InferInput("image", [3], "BYTES")
     image.set_data_from_numpy(np.array(IMAGES, dtype=object))
-    result = client.infer(model, [text, image])
-    vectors = result.as_numpy("embedding")  # the texts, then the images
-    assert_same(vectors[1:], reference["images"])
-    assert_same(vectors[:1], reference["texts"][:1])
+    vectors = client.infer("clip", [text, image]).as_numpy("embedding")  # the texts, then the images
+    assert_same(vectors[1:], reference["clip"]["images"])
+    assert_same(vectors[:1], reference["clip"]["texts"][:1])
 
 
-def test_similarity_is_the_models_logits_and_zero_shot_its_softmax(clip_server, reference):
-    reply = httpx.post(f"{clip_server.http_url}/similarity", timeout=30, json={
-        "inputs": {"source_sentence": {"image": data_uri(IMAGES[0])}, "sentences": CAPTIONS}})
-    assert reply.status_code == 200, reply.text
-    assert np.allclose(np.array(reply.json()) * reference["scale"], reference["logits_per_image"][0], atol=1e-3)
-    reply = httpx.post(f"{clip_server.http_url}/v1/zero_shot", timeout=30, json={
-        "model": "", "images": [data_uri(data) for data in IMAGES], "labels": LABELS, "template": TEMPLATE})
-    assert reply.status_code == 200, reply.text
-    body = reply.json()
-    assert body["activation"] == "softmax" and len(body["data"]) == 3
-    for result, want in zip(body["data"], reference["zero_shot"], strict=True):
-        scores = [s["score"] for s in result["scores"]]
-        assert scores == sorted(scores, reverse=True) and abs(sum(scores) - 1) < 1e-5
+@pytest.mark.parametrize("name", MODELS)
+def test_similarity_is_the_models_logits_and_zero_shot_their_softmax_or_sigmoid(image_server, reference, name):
+    """CLIP's zero-shot scores are a softmax over the labels, SigLIP's the sigmoid of each (cosine x scale + bias)."""
+    want = reference[name]
+    similarity = post(image_server, "/similarity", {"model": SERVED[name], "inputs": {
+        "source_sentence": {"image": data_uri(IMAGES_OF[name][0])}, "sentences": TEXTS}})
+    assert np.allclose(np.array(similarity) * want["scale"] + want["bias"], want["logits_per_image"][0], atol=1e-3)
+    body = post(image_server, "/v1/zero_shot", {"model": SERVED[name], "labels": LABELS, "template": TEMPLATE,
+                                                "images": [base64.b64encode(d).decode() for d in IMAGES_OF[name]]})
+    assert body["activation"] == ("softmax" if name == "clip" else "sigmoid")
+    assert len(body["data"]) == len(IMAGES_OF[name])
+    for result, scores in zip(body["data"], want["zero_shot"], strict=True):
+        ranked = [s["score"] for s in result["scores"]]
+        assert ranked == sorted(ranked, reverse=True)
+        assert name != "clip" or abs(sum(ranked) - 1) < 1e-5
         got = {s["label"]: s["score"] for s in result["scores"]}
-        assert np.allclose([got[label] for label in LABELS], want, atol=1e-4), (got, want)
+        assert np.allclose([got[label] for label in LABELS], scores, atol=1e-4), (got, scores)
 
 
-HOSTILE = {
-    "corrupt": (b"\x89PNG\r\n\x1a\n" + b"\0" * 64, "cannot be read"),
-    "truncated": (IMAGES[0][:len(IMAGES[0]) // 2], "corrupt or truncated"),
-    "20000 x 20000": (png_header_only(20000, 20000), "over the limit of 25,000,000"),
-    "zero width": (png_header_only(0, 10), "image"),
-    "three frames": (animated_gif(), "3 frames"),
-    "svg": (b'<svg xmlns="http://www.w3.org/2000/svg" width="9" height="9"/>', "SVG"),
-    "empty": (b"", "empty"),
-}
-
+# --- what is refused -----------------------------------------------------------------------------------------------
 
 def _rss_kb(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
@@ -181,19 +251,20 @@ def _rss_kb(pid: int) -> int:
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_images_get_a_clear_4xx_and_the_server_lives(clip_server, name):
+def test_hostile_images_get_a_clear_4xx_and_the_server_lives(image_server, name):
+    """tests/test_images.py's hostile images, each sent three times."""
     data, fragment = HOSTILE[name]
-    before = _rss_kb(clip_server.process.pid)
+    before = _rss_kb(image_server.process.pid)
     for _ in range(3):
-        reply = httpx.post(f"{clip_server.http_url}/v1/embeddings", timeout=30, json={
-            "model": "", "input": [{"text": "fine"}, {"image": base64.b64encode(data).decode()}]})
-        assert reply.status_code == 400, reply.text
-        message = reply.json()["error"]["message"]
+        body = post(image_server, "/v1/embeddings", {"model": "", "input": [
+            {"text": "fine"}, {"image": base64.b64encode(data).decode()}]}, status=400)
+        message = body["error"]["message"]
         assert message.startswith("input 1: ") and fragment in message and "Traceback" not in message, message
-    assert _rss_kb(clip_server.process.pid) - before < 100 * 1024  # memory bounded by limits, not by the input
-    ok = httpx.post(f"{clip_server.http_url}/embeddings_image", timeout=30, json={"model": "", "input": data_uri(
-        IMAGES[0])})
-    assert ok.status_code == 200
+    assert _rss_kb(image_server.process.pid) - before < 100 * 1024  # memory bounded by limits, not by the input
+    post(image_server, "/embeddings_image", {"model": "", "input": data_uri(IMAGES[0])})
+
+
+IMAGE_PART = {"type": "image_url", "image_url": {"url": data_uri(IMAGES[0])}}
 
 
 @pytest.mark.parametrize("body, fragment", [
@@ -203,142 +274,147 @@ def test_hostile_images_get_a_clear_4xx_and_the_server_lives(clip_server, name):
     ({"input": [{"image": "data:image/png,notbase64"}]}, "must be base64"),
     ({"input": [{"image": "!!!"}]}, "not base64"),
     ({"input": [{"image": data_uri(IMAGES[0])}], "encoding_format": "float", "pooling": "mean"}, "pooling"),
+    ({"messages": [{"role": "user", "content": [IMAGE_PART, {"type": "text", "text": "x"}]}]},
+     "one text or one image"),
 ])
-def test_image_requests_that_cannot_be_served_are_refused_naming_why(clip_server, body, fragment):
-    reply = httpx.post(f"{clip_server.http_url}/v1/embeddings", timeout=30, json={"model": "", **body})
-    assert reply.status_code == 400, reply.text
-    assert fragment in reply.json()["error"]["message"]
+def test_image_requests_that_cannot_be_served_are_refused_naming_why(image_server, body, fragment):
+    assert fragment in post(image_server, "/v1/embeddings", {"model": "", **body}, status=400)["error"]["message"]
 
 
 def test_a_text_model_refuses_images_naming_why(server):
-    reply = httpx.post(f"{server.http_url}/v1/embeddings", timeout=30, json={
-        "model": "", "input": [{"image": data_uri(IMAGES[0])}]})
-    assert reply.status_code == 400 and "is a text model" in reply.json()["error"]["message"], reply.text
+    body = post(server, "/v1/embeddings", {"model": "", "input": [{"image": data_uri(IMAGES[0])}]}, status=400)
+    assert "is a text model" in body["error"]["message"]
     reply = httpx.post(f"{server.http_url}/v1/zero_shot", timeout=30, json={
         "images": [data_uri(IMAGES[0])], "labels": ["x"]})
     assert reply.status_code in (400, 404), reply.text
 
 
-def test_attention_over_patches_equals_transformers_on_every_door(clip_server, reference):
+# --- attention over the patches ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", MODELS)
+def test_attention_over_patches_equals_transformers_and_says_where_each_patch_lies(image_server, reference, name):
+    reply = post(image_server, "/v1/attention", {"model": SERVED[name], "layers": [0, 1], "analyses": ["rollout"],
+                                                 "inputs": [{"image": data_uri(d)} for d in IMAGES_OF[name]]})
+    for i, item in enumerate(reply["data"]):
+        assert_patch_attention(item, name, reference, i, [0, 1])
+    assert name != "siglip2" or reference[name]["shapes"][0][1] > reference[name]["shapes"][0][0]  # wide is wide
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_python_client_gets_the_maps_and_where_each_patch_lies(image_server, reference, name):
     from attnserve.client import Client
     from attnserve.client.client import ImageInput
 
-    reply = httpx.post(f"{clip_server.http_url}/v1/attention", timeout=30, json={
-        "inputs": [{"image": data_uri(d)} for d in IMAGES], "layers": [0, 1], "analyses": ["rollout"]})
-    assert reply.status_code == 200, reply.text
-    for i, item in enumerate(reply.json()["data"]):
-        assert np.abs(np.array(item["attentions"]) - reference["maps"][:, i]).max() < 1e-5
-        assert item["tokens"][:2] == ["<class>", "patch 0,0"] and item["num_tokens"] == 17
-        assert item["image"] == {"size": 32, "patch_size": 8, "grid": 4, "height": 32, "width": 32, "rows": 4,
-                                 "cols": 4, "class_token": True, "fit": "crop",
-                                 "boxes": [[0, 0, 32, 32]] + [[r * 8, c * 8, r * 8 + 8, c * 8 + 8]
-                                                              for r in range(4) for c in range(4)]}
-    with Client(clip_server.target) as client:
-        result = client.attention(ImageInput(IMAGES[1]), [0, 1], analyses=["rollout", "norms"])
-        assert client.model_info().image_tower.num_layers == 2
-    assert np.abs(result.attentions - reference["maps"][:, 1]).max() < 1e-5
-    assert result.patches is not None and result.patches.grid == 4 and result.patches.boxes.shape == (17, 4)
-    assert (result.patches.rows, result.patches.cols, result.patches.height, result.patches.width) == (4, 4, 32, 32)
-    assert result.rollout.shape == (17, 17) and result.norms.shape == (2, 4, 17, 17)
+    with Client(image_server.target, model=SERVED[name] or None) as client:
+        result = client.attention(ImageInput(IMAGES_OF[name][1]), [0, 1], analyses=["rollout", "norms"])
+        tower = client.model_info().image_tower
+    keys = ("image_size", "patch_size", "num_layers", "num_heads", "max_patches")
+    assert tuple(getattr(tower, key) for key in keys) == TOWERS[name]
+    models = {m["id"]: m for m in httpx.get(f"{image_server.http_url}/v1/models", timeout=30).json()["data"]}
+    assert models[name]["image_tower"] == dict(zip(keys, TOWERS[name], strict=True))
+    image, patches = expected_image(name, reference, 1), result.patches
+    n = image["rows"] * image["cols"] + int(image["class_token"])
+    assert patches is not None and patches.boxes.shape == (n, 4)
+    assert (patches.rows, patches.cols, patches.height, patches.width, patches.fit) == tuple(
+        image[k] for k in ("rows", "cols", "height", "width", "fit"))
+    assert (patches.grid, patches.image_size) == (image["grid"] or 0, image["size"] or 0)  # NaFlex's: not square
+    assert np.abs(result.attentions - reference[name]["maps"][:, 1, :, :n, :n]).max() < 1e-5
+    assert result.rollout.shape == (n, n) and result.norms.shape == (2, 4, n, n)
 
 
-def test_the_cli_draws_an_images_attention_over_it(clip_server, tmp_path):
-    from tests.conftest import run_cli
+CLI_PICTURES = {  # a picture, the size its maps are drawn at, the views drawn
+    "clip": (png(3, (90, 60)), (60, 60), ("heatmap", "rollout", "model")),  # over the centre square CLIP saw
+    "siglip2": (IMAGES_OF["siglip2"][0], (160, 40), ("heatmap",)),  # the whole wide picture, at its aspect ratio
+}
 
-    picture = tmp_path / "wide.png"
-    picture.write_bytes(png(3, (90, 60)))
-    for view in ("heatmap", "rollout", "model"):
+
+@pytest.mark.parametrize("name", list(CLI_PICTURES))
+def test_the_cli_draws_an_images_attention_over_it(image_server, reference, tmp_path, name):
+    picture, size, views = CLI_PICTURES[name]
+    path = tmp_path / "picture.png"
+    path.write_bytes(picture)
+    served = ["--target", image_server.target, *(["--model", name] if SERVED[name] else [])]
+    for view in views:
         out = tmp_path / f"{view}.png"
-        done = run_cli("attention", picture, "-o", out, "--view", view, "--target", clip_server.target)
+        done = run_cli("attention", path, "-o", out, "--view", view, *served)
         assert done.returncode == 0, done.stderr
         assert out.is_file() and f"wrote {out}" in done.stdout
-        if view != "model":  # drawn over the centre square the model saw, at the picture's resolution
-            assert Image.open(out).size == (60, 60)
+        if view != "model":
+            assert Image.open(out).size == size
     arrays = tmp_path / "maps.npz"
-    assert run_cli("attention", picture, "-o", arrays, "--target", clip_server.target).returncode == 0
+    assert run_cli("attention", path, "-o", arrays, *served).returncode == 0
     with np.load(arrays) as saved:
-        assert saved["attentions"].shape == (2, 4, 17, 17) and saved["boxes"].shape == (17, 4)
-    refused = run_cli("attention", picture, "-o", tmp_path / "x.png", "--layer", "7", "--target", clip_server.target)
+        rows, cols = reference[name]["shapes"][0]  # CLIP's 4 x 4 for any picture; SigLIP 2's wide one's own
+        assert (int(saved["rows"]), int(saved["cols"])) == (rows, cols)
+        n = rows * cols + (name == "clip")
+        assert saved["attentions"].shape == (2, 4, n, n) and saved["boxes"].shape == (n, 4)
+    refused = run_cli("attention", path, "-o", tmp_path / "x.png", "--layer", "7", *served)
     assert refused.returncode != 0 and "--layer 7 is out of range" in refused.stderr
+
+
+# --- front-door workers, image URLs, offline ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, layers", [("clip", [0, 1]), ("siglip2", [1])])
+def test_images_through_two_front_door_workers(image_workers, reference, name, layers):
+    """HTTP, gRPC and the maps, through `serve --workers 2`: each worker decodes, only the pixels (C, H, W) cross to
+    the engine process, each image's shape with them."""
+    model, images = "" if name == "clip" else name, IMAGES_OF[name]
+    reply = post(image_workers, "/v1/embeddings", {"model": model, "input": [
+        {"image": data_uri(d)} for d in images] + [{"text": t} for t in TEXTS]})
+    vectors = [d["embedding"] for d in reply["data"]]
+    assert_same(vectors[:len(images)], reference[name]["images"])
+    assert_same(vectors[len(images):], reference[name]["texts"])
+    with image_workers.channel() as channel:
+        embedded = image_workers.stub(channel).Embed(pb.EmbedRequest(model=model, inputs=[
+            pb.Input(image=pb.Image(data=images[2]))]))
+    vector = np.frombuffer(embedded.embeddings[0].sentence_embedding.data, np.float32)
+    assert_same([vector], reference[name]["images"][2:3])
+    maps = post(image_workers, "/v1/attention", {"model": model, "inputs": [{"image": data_uri(images[0])}],
+                                                 "layers": layers})
+    assert_patch_attention(maps["data"][0], name, reference, 0, layers)
+    refused = post(image_workers, "/embeddings_image", {"model": model, "input": base64.b64encode(
+        HOSTILE["20,000 x 20,000 png"][0]).decode()}, status=400)
+    assert "over the limit of 25,000,000" in refused["error"]["message"]  # the server's default
 
 
 @pytest.fixture(scope="module")
 def image_host():
-    """A web server on loopback (a thread of its own) with an image, a redirect off the allowed host, one too
-    large and one too slow."""
-    import asyncio
-    import threading
-
-    from aiohttp import web
-
-    async def slow(request):
-        await asyncio.sleep(5)
-        return web.Response(body=IMAGES[0], content_type="image/png")
-
-    def redirect(to: str):
-        async def handler(request):
-            raise web.HTTPFound(to)
-        return handler
-
-    def serve(body: bytes):
-        async def handler(request):
-            return web.Response(body=body, content_type="image/png")
-        return handler
-
-    app = web.Application()
-    app.router.add_get("/cat.png", serve(IMAGES[0]))
-    app.router.add_get("/away", redirect("http://localhost:1/cat.png"))
-    app.router.add_get("/here", redirect("/cat.png"))
-    app.router.add_get("/big.png", serve(png(9, (400, 400))))
-    app.router.add_get("/slow.png", slow)
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{port}"
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
+    with image_origin(IMAGES[0]) as url:
+        yield url
 
 
 @pytest.mark.parametrize("path, status, fragment", [
-    ("/cat.png", 200, None), ("/here", 200, None),
-    ("/away", 400, "does not fetch images from 'localhost'"),
+    ("/ok.png", 200, None), ("/to-ok", 200, None),
+    ("/to-elsewhere", 400, "does not fetch images from 'localhost'"),
     ("/big.png", 400, "over this server's limit of 100,000 bytes"),
-    ("/slow.png", 400, "took over 1 s"),
+    ("/slow", 400, "took over 1 s"),
 ])
 def test_image_urls_are_fetched_only_from_allowed_hosts_within_limits(image_workers, image_host, reference, path,
                                                                      status, fragment):
-    reply = httpx.post(f"{image_workers.http_url}/embeddings_image", timeout=30, json={
-        "model": "", "input": [image_host + path]})
-    assert reply.status_code == status, reply.text
+    body = post(image_workers, "/embeddings_image", {"model": "", "input": [image_host + path]}, status=status)
     if status == 200:
-        assert_same([reply.json()["data"][0]["embedding"]], reference["images"][:1])
+        assert_same([body["data"][0]["embedding"]], reference["clip"]["images"][:1])
     else:
-        assert fragment in reply.json()["error"]["message"]
-    other = httpx.post(f"{image_workers.http_url}/embeddings_image", timeout=30, json={
-        "model": "", "input": ["http://10.0.0.1/cat.png"]})  # a host off the list: never contacted
-    assert other.status_code == 400 and "does not fetch images from '10.0.0.1'" in other.json()["error"]["message"]
+        assert fragment in body["error"]["message"]
+    other = post(image_workers, "/embeddings_image", {"model": "", "input": ["http://10.0.0.1/cat.png"]}, status=400)
+    assert "does not fetch images from '10.0.0.1'" in other["error"]["message"]  # a host off the list: not contacted
 
 
-def test_images_through_two_front_door_workers(image_workers, reference):
-    """HTTP, gRPC and the maps, through `serve --workers 2`: each worker decodes, the engine process runs."""
-    reply = httpx.post(f"{image_workers.http_url}/v1/embeddings", timeout=30, json={
-        "model": "", "input": [{"image": data_uri(d)} for d in IMAGES] + [{"text": c} for c in CAPTIONS]})
-    assert reply.status_code == 200, reply.text
-    vectors = [d["embedding"] for d in reply.json()["data"]]
-    assert_same(vectors[:3], reference["images"])
-    assert_same(vectors[3:], reference["texts"])
-    with image_workers.channel() as channel:
-        request = pb.EmbedRequest(inputs=[pb.Input(image=pb.Image(data=IMAGES[2]))])
-        embedded = image_workers.stub(channel).Embed(request)
-    assert_same([np.frombuffer(embedded.embeddings[0].sentence_embedding.data, np.float32)], reference["images"][2:])
-    maps = httpx.post(f"{image_workers.http_url}/v1/attention", timeout=30, json={
-        "inputs": [{"image": data_uri(IMAGES[0])}], "layers": [0, 1]}).json()["data"][0]
-    assert np.abs(np.array(maps["attentions"]) - reference["maps"][:, 0]).max() < 1e-5 and maps["image"]["grid"] == 4
-    refused = httpx.post(f"{image_workers.http_url}/embeddings_image", timeout=30, json={
-        "model": "", "input": base64.b64encode(HOSTILE["20000 x 20000"][0]).decode()})
-    assert refused.status_code == 400 and "over the limit of" in refused.json()["error"]["message"]
+def test_a_folder_encoded_offline_gives_each_image_its_own_patches(siglip2_artifacts, reference, tmp_path):
+    """`attnserve encode` of a folder of SigLIP 2's images of every shape: transformers' embeddings, each row's
+    num_tokens its own patch count, the padding of its batches counted."""
+    import pyarrow.parquet as pq
+
+    from attnserve.offline.encode import read_embeddings
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i, data in enumerate(IMAGES_OF["siglip2"]):
+        (folder / f"{i}.png").write_bytes(data)
+    out = tmp_path / "out.parquet"
+    result = run_cli("encode", folder, "-o", out, "--artifacts", siglip2_artifacts, "--no-progress")
+    assert result.returncode == 0, result.stderr
+    patches = [rows * cols for rows, cols in reference["siglip2"]["shapes"]]
+    assert pq.read_table(out).column("num_tokens").to_pylist() == patches
+    assert f"encoded {len(patches)} images, {sum(patches)} tokens" in result.stdout
+    assert_same(read_embeddings(out), reference["siglip2"]["images"])

@@ -1,15 +1,20 @@
-"""Images in: decoding under limits (attnserve/images.py) and the pixels of CLIP's and SigLIP's preprocessing
-(engine/image_processor.py), equal to transformers' own image processors (their Pillow backend) after its
-load_image, on real files of every mode, and the hostile ones refused in one line each."""
+"""Images in: how a request names one (server/image_inputs.py: data URIs and base64 under a byte limit, URLs fetched
+only from the hosts the operator allows, from a real HTTP server on loopback), decoding under limits
+(attnserve/images.py), and the pixels of CLIP's, SigLIP's and SigLIP 2's preprocessing (engine/image_processor.py)
+equal to transformers' own image processors (their Pillow backend) on real files of every mode; the hostile ones and
+what it cannot reproduce refused in one line each."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import io
 import json
 import struct
 import zlib
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
 from PIL import Image
@@ -17,6 +22,8 @@ from PIL import Image
 from attnserve.engine.image_processor import read_image_processor
 from attnserve.errors import CheckpointError
 from attnserve.images import ImageError, decode_image
+from attnserve.server.image_inputs import UrlPolicy, fetch_image, image_from_string
+from tests.image_origin import image_origin
 
 
 def _gradient(width: int, height: int) -> np.ndarray:
@@ -35,10 +42,9 @@ def _encoded(image: Image.Image, fmt: str, **options) -> bytes:
 
 def _exif_rotated_jpeg() -> bytes:
     """A 160 x 90 JPEG whose EXIF says "rotate 90 clockwise to view" (orientation 6), as phones save them."""
-    image = Image.fromarray(_gradient(160, 90))
     exif = Image.Exif()
     exif[0x0112] = 6
-    return _encoded(image, "JPEG", exif=exif.tobytes(), quality=95)
+    return _encoded(Image.fromarray(_gradient(160, 90)), "JPEG", exif=exif.tobytes(), quality=95)
 
 
 def real_images() -> dict[str, bytes]:
@@ -62,78 +68,53 @@ def real_images() -> dict[str, bytes]:
     }
 
 
+REAL = real_images()
+
+
 @pytest.fixture(scope="module")
 def processors(tmp_path_factory) -> dict[str, Path]:
-    """preprocessor_config.json as transformers saves each, and a variant with an old file's int sizes and a
-    crop larger than the resize (the padded crop)."""
+    """preprocessor_config.json as transformers saves each: a variant with an old file's int sizes and a crop larger
+    than the resize (the padded crop), and SigLIP 2's NaFlex one with small patches, a low patch budget and another
+    resample filter."""
     import transformers
 
     root = tmp_path_factory.mktemp("processors")
-    out = {}
     for name, processor in {"clip": transformers.CLIPImageProcessor(),
                             "siglip": transformers.SiglipImageProcessor(),
-                            "clip-odd": transformers.CLIPImageProcessor(size=200, crop_size=230, resample=2)}.items():
-        processor.save_pretrained(str(root / name))
-        out[name] = root / name
-    config = json.loads((out["clip-odd"] / "preprocessor_config.json").read_text())
-    config.update(size=200, crop_size=230)  # an old CLIPFeatureExtractor file's ints
-    (out["clip-odd"] / "preprocessor_config.json").write_text(json.dumps(config))
-    return out
-
-
-def _theirs(directory: Path, data: bytes) -> np.ndarray:
-    import transformers
-    from PIL import ImageOps
-
-    # The file opened and turned upright as transformers' load_image does, then given to the processor as it is
-    # (load_image's own convert("RGB") would drop an alpha channel that the processor composites over white).
-    image = ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
-    processor = transformers.AutoImageProcessor.from_pretrained(str(directory), backend="pil")
-    return processor(images=image, return_tensors="np")["pixel_values"][0]
-
-
-@pytest.mark.parametrize("kind", ["clip", "siglip", "clip-odd"])
-@pytest.mark.parametrize("name", list(real_images()))
-def test_pixels_equal_transformers_image_processor(processors, kind, name):
-    data = real_images()[name]
-    ours = read_image_processor(processors[kind] / "preprocessor_config.json").pixels(decode_image(data))
-    theirs = _theirs(processors[kind], data)
-    assert ours.shape == theirs.shape and ours.dtype == np.float32
-    assert np.abs(ours - theirs).max() <= 1e-6
-
-
-@pytest.fixture(scope="module")
-def naflex_processors(tmp_path_factory) -> dict[str, Path]:
-    """SigLIP 2's NaFlex processor as transformers saves it, and one of small patches, a low patch budget and
-    another resample filter."""
-    import transformers
-
-    root = tmp_path_factory.mktemp("naflex")
-    for name, processor in {"siglip2": transformers.Siglip2ImageProcessor(),
+                            "clip-odd": transformers.CLIPImageProcessor(size=200, crop_size=230, resample=2),
+                            "siglip2": transformers.Siglip2ImageProcessor(),
                             "siglip2-small": transformers.Siglip2ImageProcessor(patch_size=8, max_num_patches=64,
                                                                                 resample=3)}.items():
         processor.save_pretrained(str(root / name))
-    return {"siglip2": root / "siglip2", "siglip2-small": root / "siglip2-small"}
+    config = json.loads((root / "clip-odd" / "preprocessor_config.json").read_text())
+    config.update(size=200, crop_size=230)  # an old CLIPFeatureExtractor file's ints
+    (root / "clip-odd" / "preprocessor_config.json").write_text(json.dumps(config))
+    return {name: root / name for name in ("clip", "siglip", "clip-odd", "siglip2", "siglip2-small")}
 
 
-@pytest.mark.parametrize("kind", ["siglip2", "siglip2-small"])
-@pytest.mark.parametrize("name", list(real_images()))
-def test_naflex_pixels_equal_transformers_image_processor(naflex_processors, kind, name):
-    """Each image at its own aspect ratio in whole patches, as many as fit the budget: the size (spatial_shapes),
-    the patch count and every flattened patch equal to Siglip2ImageProcessor's."""
+@pytest.mark.parametrize("kind", ["clip", "siglip", "clip-odd", "siglip2", "siglip2-small"])
+@pytest.mark.parametrize("name", list(REAL))
+def test_pixels_equal_transformers_image_processor(processors, kind, name):
+    """The file opened and turned upright as transformers' load_image does, then given to the processor as it is
+    (load_image's convert("RGB") would drop an alpha channel the processor composites over white; SigLIP 2's class
+    converts only when asked). NaFlex: each image at its own aspect ratio in whole patches, as many as fit the
+    budget: the size (spatial_shapes), the patch count and every flattened patch equal to Siglip2ImageProcessor's."""
     import transformers
     from PIL import ImageOps
 
     from attnserve.engine.image_encoder import flat_patches
 
-    data = real_images()[name]
-    processor = read_image_processor(naflex_processors[kind] / "preprocessor_config.json")
-    assert processor.patches is not None
-    ours = processor.pixels(decode_image(data))  # (C, H, W)
+    processor = read_image_processor(processors[kind] / "preprocessor_config.json")
+    ours = processor.pixels(decode_image(REAL[name]))  # (C, H, W)
+    image = ImageOps.exif_transpose(Image.open(io.BytesIO(REAL[name])))
+    theirs = transformers.AutoImageProcessor.from_pretrained(str(processors[kind]), backend="pil")(
+        images=image, return_tensors="np", **({"do_convert_rgb": True} if processor.patches else {}))
+    assert ours.dtype == np.float32 and (processor.patches is not None) == kind.startswith("siglip2")
+    if processor.patches is None:
+        assert ours.shape == theirs["pixel_values"][0].shape
+        assert np.abs(ours - theirs["pixel_values"][0]).max() <= 1e-6
+        return
     patch = processor.patches[0]
-    theirs = transformers.AutoImageProcessor.from_pretrained(str(naflex_processors[kind]), backend="pil")(
-        # Its class converts to RGB only when asked (an RGBA image is otherwise refused by its normalize)
-        images=ImageOps.exif_transpose(Image.open(io.BytesIO(data))), return_tensors="np", do_convert_rgb=True)
     rows, cols = (int(x) for x in theirs["spatial_shapes"][0])
     assert ours.shape == (3, rows * patch, cols * patch) and rows * cols <= processor.patches[1]
     count = int(theirs["pixel_attention_mask"][0].sum())
@@ -142,8 +123,7 @@ def test_naflex_pixels_equal_transformers_image_processor(naflex_processors, kin
 
 
 def test_an_exif_rotated_jpeg_is_seen_upright():
-    image = decode_image(_exif_rotated_jpeg())
-    assert image.size == (90, 160)  # stored 160 x 90, viewed rotated
+    assert decode_image(_exif_rotated_jpeg()).size == (90, 160)  # stored 160 x 90, viewed rotated
 
 
 def png_header_only(width: int, height: int) -> bytes:
@@ -168,8 +148,8 @@ HOSTILE = {
     "eps (Ghostscript)": (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n", "cannot be read as PNG"),
     "20,000 x 20,000 png": (png_header_only(20_000, 20_000), "over the limit of"),
     "zero-width png": (png_header_only(0, 10), "cannot be read as PNG"),
-    "truncated png": (real_images()["RGB png"][:400], "truncated"),
-    "corrupt png": (real_images()["RGB png"][:60] + bytes(200) + real_images()["RGB png"][260:], "corrupt"),
+    "truncated png": (REAL["RGB png"][:400], "truncated"),
+    "corrupt png": (REAL["RGB png"][:60] + bytes(200) + REAL["RGB png"][260:], "corrupt"),
     "animated gif": (animated_gif(), "3 frames"),
 }
 
@@ -183,15 +163,14 @@ def test_hostile_images_are_refused_in_one_line(name):
 
 
 def test_a_declared_type_must_agree_with_the_bytes_and_the_pixel_limit_is_the_servers():
-    png = real_images()["RGB png"]  # 300 x 200 = 60,000 pixels
+    png = REAL["RGB png"]  # 300 x 200 = 60,000 pixels
     assert decode_image(png, declared="image/png").size == (300, 200)
-    with pytest.raises(ImageError, match="declared image/jpeg but its bytes are PNG"):
-        decode_image(png, declared="image/jpeg")
-    with pytest.raises(ImageError, match="image/svg\\+xml' is not accepted"):
-        decode_image(png, declared="image/svg+xml")
     assert decode_image(png, max_pixels=60_000).size == (300, 200)
-    with pytest.raises(ImageError, match="60,000 pixels, over the limit of 59,999"):
-        decode_image(png, max_pixels=59_999)
+    for options, refusal in (({"declared": "image/jpeg"}, "declared image/jpeg but its bytes are PNG"),
+                             ({"declared": "image/svg+xml"}, "image/svg\\+xml' is not accepted"),
+                             ({"max_pixels": 59_999}, "60,000 pixels, over the limit of 59,999")):
+        with pytest.raises(ImageError, match=refusal):
+            decode_image(png, **options)
 
 
 @pytest.mark.parametrize(("change", "fragment"), [
@@ -206,8 +185,75 @@ def test_a_declared_type_must_agree_with_the_bytes_and_the_pixel_limit_is_the_se
 ])
 def test_preprocessing_it_cannot_reproduce_is_refused_in_one_line(processors, tmp_path, change, fragment):
     config = json.loads((processors["clip"] / "preprocessor_config.json").read_text())
-    config.update(change)
     path = tmp_path / "preprocessor_config.json"
-    path.write_text(json.dumps(config))
+    path.write_text(json.dumps({**config, **change}))
     with pytest.raises(CheckpointError, match=fragment):
         read_image_processor(path)
+
+
+# --- how a request names an image --------------------------------------------------------------------------------
+
+PIXEL = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQ"
+                         "AAAABJRU5ErkJggg==")  # a one-pixel PNG
+ENCODED = base64.b64encode(PIXEL).decode()
+
+
+@pytest.mark.parametrize("value, declared", [
+    (f"data:image/png;base64,{ENCODED}", "image/png"),
+    (ENCODED, None),
+    (ENCODED.rstrip("="), None),  # unpadded
+    (base64.urlsafe_b64encode(PIXEL).decode(), None),
+    ("\n".join(ENCODED[i:i + 20] for i in range(0, len(ENCODED), 20)), None),  # MIME's line breaks
+])
+def test_data_uris_and_base64_forms(value, declared):
+    image = image_from_string(value, 1000)
+    assert (image.data, image.declared) == (PIXEL, declared)
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    ("data:image/png,rawbytes", "must be base64"),
+    ("data:;;;", "malformed"),
+    ("file:///etc/passwd", "http\\(s\\) only, not 'file'"),
+    ("not base64 at all!", "is not base64"),
+    ("QUJD" * 1000, "over this server's limit of 1,000 bytes"),
+])
+def test_malformed_forms_are_refused_in_one_line(value, fragment):
+    with pytest.raises(ImageError, match=fragment):
+        image_from_string(value, 1000)
+
+
+@pytest.fixture(scope="module")
+def origin():
+    with image_origin(PIXEL) as url:
+        yield url
+
+
+def fetch(url: str, policy: UrlPolicy):
+    async def fetched():
+        async with aiohttp.ClientSession() as session:
+            return await fetch_image(url, policy, session)
+    return asyncio.run(fetched())
+
+
+ALLOWED = UrlPolicy(allowed_hosts=("127.0.0.1",), max_bytes=1_000_000, timeout_s=1.0, max_redirects=3)
+
+
+@pytest.mark.parametrize("path", ["/ok.png", "/to-ok"])
+def test_an_allowed_host_is_fetched_and_redirects_within_it_followed(origin, path):
+    fetched = fetch(origin + path, ALLOWED)
+    assert fetched.data == PIXEL and fetched.declared == "image/png"
+
+
+@pytest.mark.parametrize(("path", "policy", "fragment"), [
+    ("/ok.png", UrlPolicy(), "fetches no image URLs"),
+    ("/ok.png", UrlPolicy(allowed_hosts=("example.com",)), "does not fetch images from '127.0.0.1'"),
+    ("/to-elsewhere", ALLOWED, "does not fetch images from 'localhost'"),
+    ("/loop", ALLOWED, "redirected more than 3 times"),
+    ("/big", ALLOWED, "over this server's limit of 1,000,000 bytes"),
+    ("/big.png", ALLOWED, "over this server's limit of 1,000,000 bytes"),
+    ("/slow", ALLOWED, "took over 1 s"),
+    ("/missing", ALLOWED, "answered HTTP 404"),
+])
+def test_urls_off_the_policy_are_refused(origin, path, policy, fragment):
+    with pytest.raises(ImageError, match=fragment):
+        fetch(origin + path, policy)

@@ -1,11 +1,8 @@
-"""deploy/kserve/ read into KServe's own typed models (its Python SDK, `kserve`), strictly: a field that
-V1alpha1ServingRuntime, V1beta1InferenceService or a Kubernetes type inside them does not have, a value of the
-wrong type, or a required field left out fails, naming where.
+"""deploy/kserve/ read strictly into KServe's own typed models (its Python SDK): an unknown field, a value of the
+wrong type or a required field left out fails, naming where.
 
-The SDK cannot be installed beside attnserve: every release pins protobuf below the 7 that attnserve's generated
-code needs (kserve 0.21: protobuf<7, with grpcio-tools, fastapi, pandas, kubernetes). So .ci/run runs this file
-in a venv of its own with only the SDK, pytest and pyyaml (`pytest --noconftest`: no attnserve to import), and the
-suite's own run skips it. The rest of the checks, against attnserve itself, are tests/test_kserve_manifests.py's.
+The SDK pins protobuf below the 7 attnserve needs, so .ci/run runs this file in a venv with only the SDK, pytest and
+pyyaml (`--noconftest`: nothing of attnserve imported), and the suite's own run skips it.
 """
 
 from __future__ import annotations
@@ -25,18 +22,10 @@ PRIMITIVES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool
               "datetime": (str,), "date": (str,)}
 
 
-def model_class(name: str) -> type:
-    """A type the SDK names: KServe's own, else the Kubernetes client's (V1Container, V1ObjectMeta, ...)."""
-    found = getattr(kserve.models, name, None) or getattr(k8s_models, name, None)
-    assert found is not None, f"neither kserve.models nor kubernetes.client has {name}"
-    return found
-
-
 def strict(data, kind: str, where: str):
-    """data as the SDK's type `kind` ("V1alpha1ServingRuntime", "list[V1Container]", "dict(str, str)", "int"...;
-    the Kubernetes client's spell them "List[...]" and "Dict[str, ...]"),
-    built with the SDK's constructors (which refuse a missing required field), every key checked first: the SDK's
-    own ApiClient.deserialize drops unknown keys without a word."""
+    """data as the SDK's type `kind` ("V1alpha1ServingRuntime", "list[V1Container]" or the Kubernetes client's
+    "List[...]", "dict(str, str)" or "Dict[str, ...]", "int"...), every key checked first (the SDK's own
+    ApiClient.deserialize drops unknown ones), built with the SDK's constructors (which refuse a missing field)."""
     if (inner := re.fullmatch(r"[lL]ist\[(.*)\]", kind)) is not None:
         assert isinstance(data, list), f"{where}: a list expected, got {data!r}"
         return [strict(item, inner[1], f"{where}[{i}]") for i, item in enumerate(data)]
@@ -47,7 +36,9 @@ def strict(data, kind: str, where: str):
         assert isinstance(data, PRIMITIVES[kind]) and not (kind in ("int", "float") and isinstance(data, bool)), \
             f"{where}: {kind} expected, got {data!r}"
         return data
-    klass = model_class(kind)
+    # A type the SDK names: KServe's own, else the Kubernetes client's (V1Container, V1ObjectMeta, ...).
+    klass = getattr(kserve.models, kind, None) or getattr(k8s_models, kind, None)
+    assert klass is not None, f"neither kserve.models nor kubernetes.client has {kind}"
     assert isinstance(data, dict), f"{where}: a {kind} object expected, got {data!r}"
     fields = {json_name: attribute for attribute, json_name in klass.attribute_map.items()}
     unknown = sorted(set(data) - set(fields))
@@ -60,38 +51,30 @@ def strict(data, kind: str, where: str):
         pytest.fail(f"{where}: {kind}: {e}")
 
 
-@pytest.fixture(scope="module")
-def found() -> dict[str, dict]:
-    return resources()
-
-
-def test_the_servingruntime_is_a_kserve_servingruntime(found):
-    (runtime,) = of_kind(found, "ServingRuntime")
-    typed = strict(without_kserve(runtime), "V1alpha1ServingRuntime", runtime["_file"])
-    assert isinstance(typed.spec.containers[0], k8s_models.V1Container)
-    assert [f.name for f in typed.spec.supported_model_formats] == ["attnserve"]
-
-
-def test_the_inferenceservices_are_kserve_inferenceservices(found):
+def test_the_servingruntime_and_the_inferenceservices_are_kserves():
+    found = resources()
     (runtime,) = of_kind(found, "ServingRuntime")
     typed_runtime = strict(without_kserve(runtime), "V1alpha1ServingRuntime", runtime["_file"])
+    assert isinstance(typed_runtime.spec.containers[0], k8s_models.V1Container)
+    formats = [f.name for f in typed_runtime.spec.supported_model_formats]
+    assert formats == ["attnserve"]
     services = of_kind(found, "InferenceService")
     assert services
     for service in services:
-        typed = strict(without_kserve(service), "V1beta1InferenceService", service["_file"])
-        model = typed.spec.predictor.model
-        assert model.model_format.name in {f.name for f in typed_runtime.spec.supported_model_formats}
-        assert model.protocol_version in typed_runtime.spec.protocol_versions
+        model = strict(without_kserve(service), "V1beta1InferenceService", service["_file"]).spec.predictor.model
+        assert model.model_format.name in formats and model.protocol_version in typed_runtime.spec.protocol_versions
 
 
-def test_a_mistyped_field_fails():
-    """The check itself: what it must refuse."""
+@pytest.mark.parametrize(("broken", "says"), [
+    ({"protocolVersion": ["v2"]}, "has no field protocolVersion"),
+    ({"containers": [{"image": "i"}]}, "name"),
+    ({"containers": [{"name": "c", "ports": [{"containerPort": "8080"}]}]}, "int expected"),
+    ({"supportedModelFormats": [{"name": "attnserve", "autoselect": True}]}, "autoselect"),
+])
+def test_a_mistyped_field_fails(broken, says):
+    """The check itself: what it must refuse, on a runtime it takes."""
     runtime = {"apiVersion": "serving.kserve.io/v1alpha1", "kind": "ServingRuntime", "metadata": {"name": "x"},
                "spec": {"containers": [{"name": "kserve-container", "image": "i"}]}}
     strict(runtime, "V1alpha1ServingRuntime", "ok")
-    for broken, says in [({"protocolVersion": ["v2"]}, "has no field protocolVersion"),
-                         ({"containers": [{"image": "i"}]}, "name"),
-                         ({"containers": [{"name": "c", "ports": [{"containerPort": "8080"}]}]}, "int expected"),
-                         ({"supportedModelFormats": [{"name": "attnserve", "autoselect": True}]}, "autoselect")]:
-        with pytest.raises((AssertionError, pytest.fail.Exception), match=says):
-            strict(runtime | {"spec": runtime["spec"] | broken}, "V1alpha1ServingRuntime", "broken")
+    with pytest.raises((AssertionError, pytest.fail.Exception), match=says):
+        strict(runtime | {"spec": runtime["spec"] | broken}, "V1alpha1ServingRuntime", "broken")

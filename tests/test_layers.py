@@ -1,20 +1,8 @@
 """The layers import downwards only (docs/development.md, "Layers"): every import of every product module, at the top
-or inside a function, absolute or relative, is read with ast (nothing is imported) and held to the layer order, so
-that an upward import fails here with its file, line, the module it imports and both layers.
-
-    base     attnserve's errors, config, progress, cache, the generated protobuf packages and the few leaves that
-             every side shares (pooling modes, images decoded, attention analyses, the explorer's page)
-    model    the self-written encoder, in torch                                  imports base
-    engine   onnxruntime and numpy: serving's one engine (and default_model)     imports base; never torch
-    client   the thin gRPC client                                                imports base
-    export   torch -> ONNX, verified against the model                           imports model, engine
-    server   the doors, the core, the batcher                                    imports engine
-    offline  `encode`: its job driver, local, on Ray or through a server         imports engine, client
-    top      the CLI, config_docs, server_process, loadtest                      imports anything
-
-model and engine are siblings: the engine serves the graphs export made from the model without importing it (nor
-torch). A module started as a process by its name (`python -m ...`) is the one way a lower layer reaches a higher
-one: PROGRAMS lists each such name, where it is declared, and the test checks that the program is there.
+or in a function, absolute or relative, read with ast (nothing imported), is held to the layer order, and an upward
+one fails with its file, line, the module it imports and both layers. model and engine are siblings: the engine
+serves the graphs export made from the model without importing it, nor torch. A module started as a process by its
+name (`python -m ...`) is the one way a lower layer reaches a higher one: PROGRAMS declares each.
 """
 
 from __future__ import annotations
@@ -28,50 +16,30 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # The folders installed as attnserve.<name> (pyproject.toml's [tool.setuptools.package-dir]).
-FOLDERS = {"attnserve": "attnserve", "model": "attnserve.model", "export": "attnserve.export",
-           "engine": "attnserve.engine", "offline": "attnserve.offline", "server": "attnserve.server",
-           "client": "attnserve.client", "loadtest": "attnserve.loadtest"}
-
-# A module's layer: its own entry, else its package's (the nearest listed). attnserve itself (its __version__) is
-# base; every other module of attnserve/ is listed by name, so that a new one is placed on purpose.
+FOLDERS = {"attnserve": "attnserve", **{name: f"attnserve.{name}" for name in (
+    "model", "export", "engine", "offline", "server", "client", "loadtest")}}
+# A module's layer: its own entry, else its nearest listed package's. attnserve itself (its __version__) is base;
+# every other module of attnserve/ is listed by name, so that a new one is placed on purpose. base holds the leaves
+# every side shares (errors, config, the generated protobuf packages, pooling modes, images, attention analyses,
+# the explorer's page); engine holds default_model too, whose artifacts engine/builds.py exports on first use; top
+# holds the CLI, config_docs, server_process and loadtest.
 LAYERS = {
-    "attnserve": "base", "attnserve.errors": "base", "attnserve.config": "base", "attnserve.progress": "base",
-    "attnserve.cache": "base", "attnserve.pooling_modes": "base", "attnserve.build_program": "base",
-    "attnserve.images": "base", "attnserve.attention_analyses": "base", "attnserve.patch_attention": "base",
-    "attnserve.explorer_page": "base", "attnserve.v1": "base", "attnserve.kserve": "base", "attnserve.tei": "base",
-    "attnserve.model": "model",
-    # The default model's artifact directory, exported on first use through engine/builds.py's child process.
-    "attnserve.engine": "engine", "attnserve.default_model": "engine",
-    "attnserve.client": "client",
-    "attnserve.export": "export",
-    "attnserve.server": "server",
-    "attnserve.offline": "offline",
-    "attnserve.cli": "top", "attnserve.config_docs": "top", "attnserve.server_process": "top",
-    "attnserve.loadtest": "top",
+    **dict.fromkeys([f"attnserve{name}" for name in (
+        "", ".errors", ".config", ".progress", ".cache", ".pooling_modes", ".build_program", ".images",
+        ".attention_analyses", ".patch_attention", ".explorer_page", ".v1", ".kserve", ".tei")], "base"),
+    "attnserve.model": "model", "attnserve.engine": "engine", "attnserve.default_model": "engine",
+    "attnserve.client": "client", "attnserve.export": "export", "attnserve.server": "server",
+    "attnserve.offline": "offline", "attnserve.cli": "top", "attnserve.config_docs": "top",
+    "attnserve.server_process": "top", "attnserve.loadtest": "top",
 }
-ALL = {"base", "model", "engine", "client", "export", "server", "offline", "top"}
-MAY_IMPORT = {
-    "base": {"base"},
-    "model": {"base", "model"},
-    "engine": {"base", "engine"},
-    "client": {"base", "client"},
-    "export": {"base", "model", "engine", "export"},
-    "server": {"base", "engine", "server"},
-    "offline": {"base", "engine", "client", "offline"},
-    "top": ALL,
-}
+MAY_IMPORT = {"base": {"base"}, "model": {"base", "model"}, "engine": {"base", "engine"}, "client": {"base", "client"},
+              "export": {"base", "model", "engine", "export"}, "server": {"base", "engine", "server"},
+              "offline": {"base", "engine", "client", "offline"}, "top": set(LAYERS.values())}
 # What only the layers that build graphs may import: serving, encoding and the client never import torch.
 EXPORT_ONLY = ("torch", "transformers", "safetensors", "sentence_transformers", "onnxscript")
 MAY_IMPORT_EXPORT_ONLY = {"model", "export", "top"}
-
 # Modules started as a process by their name, from below their layer: {the program: the module that names it}.
 PROGRAMS = {"attnserve.export.build_process": "attnserve.build_program"}
-
-
-def module_name(path: Path) -> str:
-    rel = path.relative_to(REPO)
-    parts = FOLDERS[rel.parts[0]].split(".") + list(rel.parts[1:-1])
-    return ".".join(parts if rel.name == "__init__.py" else [*parts, rel.stem])
 
 
 @dataclass(frozen=True)
@@ -88,12 +56,10 @@ class Module:
 
 def read_module(name: str, path: Path, source: str | bytes) -> Module:
     tree = ast.parse(source, filename=str(path))
-    imports, strings = [], []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            imports.append(node)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("attnserve."):
-            strings.append((node.lineno, node.value))
+    nodes = list(ast.walk(tree))
+    imports = [n for n in nodes if isinstance(n, (ast.Import, ast.ImportFrom))]
+    strings = [(n.lineno, n.value) for n in nodes
+               if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("attnserve.")]
     is_program = any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
     return Module(name, path, path.name == "__init__.py", imports, strings, is_program)
 
@@ -101,16 +67,20 @@ def read_module(name: str, path: Path, source: str | bytes) -> Module:
 @cache
 def product() -> dict[str, Module]:
     """{attnserve.x.y: the module}, for every .py file of the product folders."""
-    paths = {module_name(path): path for folder in FOLDERS for path in sorted((REPO / folder).rglob("*.py"))}
-    return {name: read_module(name, path, path.read_bytes()) for name, path in paths.items()}
+    modules = {}
+    for folder in FOLDERS:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            rel = path.relative_to(REPO)
+            parts = [*FOLDERS[rel.parts[0]].split("."), *rel.parts[1:-1]]
+            name = ".".join(parts if rel.name == "__init__.py" else [*parts, rel.stem])
+            modules[name] = read_module(name, path, path.read_bytes())
+    return modules
 
 
 def layer_of(module: str) -> str | None:
     parts = module.split(".")
-    for n in range(len(parts), 1, -1):
-        if ".".join(parts[:n]) in LAYERS:
-            return LAYERS[".".join(parts[:n])]
-    return LAYERS.get(module)  # attnserve alone
+    return next((LAYERS[".".join(parts[:n])] for n in range(len(parts), 1, -1) if ".".join(parts[:n]) in LAYERS),
+                LAYERS.get(module))  # attnserve alone
 
 
 def imports_of(module: Module) -> list[tuple[int, str]]:
@@ -133,21 +103,9 @@ def imports_of(module: Module) -> list[tuple[int, str]]:
 
 def third_party_of(module: Module) -> list[tuple[int, str]]:
     """(line, top-level package) of every absolute import."""
-    found = []
-    for node in module.imports:
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
-        elif not node.level and node.module:
-            found.append((node.lineno, node.module.split(".")[0]))
-    return found
-
-
-def named_modules(module: Module) -> list[tuple[int, str]]:
-    """(line, module) of every string that is a module's name ("attnserve.x.y", or "attnserve.x.y:function"): a
-    module started by its name. Packages are left out (a logger's name is its package's)."""
-    modules = product()
-    return sorted({(line, text.split(":")[0]) for line, text in module.strings
-                   if text.split(":")[0] in modules and not modules[text.split(":")[0]].is_package})
+    return [(node.lineno, name.split(".")[0]) for node in module.imports
+            for name in ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                         else [node.module] if not node.level and node.module else [])]
 
 
 def where(module: Module, line: int) -> str:
@@ -164,21 +122,13 @@ def upward(module: Module, line: int, target: str, how: str = "imports") -> str 
     return None
 
 
-def test_every_module_has_a_layer():
-    assert not [m for m in product() if layer_of(m) is None], "place each in tests/test_layers.py LAYERS"
-
-
-def test_layers_import_downwards_only():
+def test_every_module_has_a_layer_and_imports_downwards_only():
     modules = product()
-    wrong = []
-    for module in modules.values():
-        for line, target in imports_of(module):
-            if target in modules or any(m.startswith(target + ".") for m in modules):
-                complaint = upward(module, line, target)
-            else:
-                complaint = f"{where(module, line)} {target}: no such module of attnserve"
-            if complaint:
-                wrong.append(complaint)
+    assert not [m for m in modules if layer_of(m) is None], "place each in tests/test_layers.py LAYERS"
+    wrong = [upward(module, line, target) if target in modules or any(m.startswith(target + ".") for m in modules)
+             else f"{where(module, line)} {target}: no such module of attnserve"
+             for module in modules.values() for line, target in imports_of(module)]
+    wrong = [complaint for complaint in wrong if complaint]
     assert not wrong, "imports against the layer order (docs/development.md, Layers):\n" + "\n".join(wrong)
 
 
@@ -190,23 +140,23 @@ def test_serving_and_the_client_never_import_torch():
 
 
 def test_a_module_started_by_its_name_is_a_declared_program():
-    """A string that names a module (python -m NAME, importlib, "NAME:function") is an edge no import graph sees:
-    held to the layers as an import is, but for the programs in PROGRAMS, each named where it is declared, and
-    each a program (run as __main__) that imports its declaration, so that both ends meet there."""
-    wrong, seen = [], set()
-    for module in product().values():
-        for line, name in named_modules(module):
+    """A string that names a module (python -m NAME, importlib, "NAME:function"; packages left out: a logger's name is
+    its package's) is an edge no import graph sees: held to the layers as an import is, but for the programs in
+    PROGRAMS, each named where it is declared, and each a program (run as __main__) that imports its declaration."""
+    modules, wrong, seen = product(), [], set()
+    for module in modules.values():
+        for line, name in sorted({(line, text.split(":")[0]) for line, text in module.strings}):
+            if name not in modules or modules[name].is_package:
+                continue
             if PROGRAMS.get(name) == module.name:
                 seen.add(name)
-                continue
-            complaint = upward(module, line, name, "names, to start,")
-            if complaint:
+            elif complaint := upward(module, line, name, "names, to start,"):
                 wrong.append(complaint + ": a program started from below is declared in tests/test_layers.py PROGRAMS")
     assert not wrong, "\n".join(wrong)
     assert seen == set(PROGRAMS), f"PROGRAMS not named where they are declared: {set(PROGRAMS) - seen}"
     for program, declared in PROGRAMS.items():
-        assert product()[program].is_program, f"{program} has no `if __name__ == \"__main__\"`: it is started as one"
-        assert declared in {name for _, name in imports_of(product()[program])}, \
+        assert modules[program].is_program, f"{program} has no `if __name__ == \"__main__\"`: it is started as one"
+        assert declared in {name for _, name in imports_of(modules[program])}, \
             f"{program} does not import {declared}, which declares its name and protocol"
 
 

@@ -20,7 +20,7 @@ from attnserve.errors import ConfigError
 from attnserve.server.model_sources import model_sources
 from attnserve.server.models import thread_share
 from tests.conftest import run_cli
-from tests.serving import ServerProcess
+from tests.serving import ServerProcess, serving
 
 TEXTS = ["The cat sat on the mat.", "Where is the nearest train station?", "a"]
 PROMPTS = {"query": "query: ", "passage": "passage: "}
@@ -43,13 +43,9 @@ def artifacts_with_prompts(artifacts: Path, out: Path) -> Path:
 def two(artifacts, tmp_path_factory):
     """mini (with prompts, the default) and other (the plain export), served together."""
     prompted = artifacts_with_prompts(artifacts, tmp_path_factory.mktemp("models") / "mini")
-    server = ServerProcess(None, "--model", f"mini={prompted}", "--model", f"other={artifacts}",
-                           env={"ATTNSERVE_THREADS": None})
-    try:
-        server.wait_serving()
+    with serving(ServerProcess(None, "--model", f"mini={prompted}", "--model", f"other={artifacts}",
+                               env={"ATTNSERVE_THREADS": None})) as server:
         yield server
-    finally:
-        server.terminate()
 
 
 @pytest.fixture(scope="module")
@@ -58,39 +54,28 @@ def client(two):
         yield c
 
 
-def prompts_kept() -> bool:
-    """Whether this build's manifest keeps prompts (the pipeline branch adds them to engine/manifest.py)."""
-    from attnserve.engine.manifest import Manifest
+def test_each_model_answers_by_name_the_default_when_unnamed_and_replies_name_it(client, two):
+    """On gRPC (Embed, ListModels, GetModelInfo, health per model) and HTTP's attention route."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    return "prompts" in getattr(Manifest, "__dataclass_fields__", {})
+    from attnserve.client.client import make_request
 
-
-def test_each_model_answers_by_name_over_grpc_and_the_default_when_unnamed(client):
     mini, other, default = (client.embed(TEXTS, model=m) for m in ("mini", "other", None))
     np.testing.assert_allclose(mini, other, atol=1e-6)  # the same weights under two names
     np.testing.assert_array_equal(mini, default)
     models = client.list_models()
     assert [m.model for m in models] == ["mini", "other"] and list(models[0].names) == ["mini"]
     assert client.model_info("other").model == "other" and client.model_info().model == "mini"
-
-
-def test_replies_name_the_model_that_answered(two):
-    from attnserve.client.client import make_request
-
     with two.channel() as channel:
-        stub = two.stub(channel)
+        stub, health = two.stub(channel), health_pb2_grpc.HealthStub(channel)
         assert stub.Embed(make_request(TEXTS, model="other")).model == "other"
         assert stub.Embed(make_request(TEXTS)).model == "mini"
-
-
-def test_health_is_serving_for_the_server_and_for_each_model(two):
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with two.channel() as channel:
-        health = health_pb2_grpc.HealthStub(channel)
         for service in ("", "attnserve.v1.Encoder", "attnserve.v1.Encoder/mini", "attnserve.v1.Encoder/other"):
             reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+    reply = httpx.post(f"{two.http_url}/v1/attention", json={"inputs": "hello there", "model": "other"}, timeout=30)
+    assert reply.status_code == 200 and reply.json()["model"] == "other"
+    assert httpx.post(f"{two.http_url}/v1/attention", json={"inputs": "hi"}, timeout=30).json()["model"] == "mini"
 
 
 def test_the_embed_command_takes_a_model_a_prompt_and_dimensions(two, client):
@@ -154,12 +139,6 @@ def test_teis_routes_serve_the_model_a_body_names_and_never_another_silently(two
     assert [t["text"] for t in tokens.json()[0]][1:3] == ["query", ":"]
 
 
-def test_attention_takes_a_model_and_names_it(two):
-    reply = httpx.post(f"{two.http_url}/v1/attention", json={"inputs": "hello there", "model": "other"}, timeout=30)
-    assert reply.status_code == 200 and reply.json()["model"] == "other"
-    assert httpx.post(f"{two.http_url}/v1/attention", json={"inputs": "hi"}, timeout=30).json()["model"] == "mini"
-
-
 def test_each_model_has_its_own_batch_and_queue_metrics(two, client):
     client.embed(TEXTS, model="mini")
     client.embed(TEXTS, model="other")
@@ -184,8 +163,6 @@ def test_a_raw_prompt_equals_prepending_it_on_every_protocol(two, client):
 
 
 def test_a_named_prompt_on_tei_grpc_and_openai(two, client):
-    if not prompts_kept():
-        pytest.skip("engine/manifest.py keeps no prompts yet: the pipeline branch adds them")
     expected = client.embed(["query: " + t for t in TEXTS], model="mini")
     np.testing.assert_allclose(client.embed(TEXTS, prompt_name="query"), expected, atol=1e-6)
     reply = httpx.post(f"{two.http_url}/embed", json={"inputs": TEXTS, "prompt_name": "query"}, timeout=30)

@@ -1,12 +1,6 @@
-"""`attnserve encode` of images: a folder of them, or a Parquet column of their bytes or paths, through the tiny CLIP
-exported by `attnserve export` (tests/conftest.py clip_artifacts), into Parquet.
-
-Each embedding is held to transformers' CLIPModel.get_image_features on the same file (cosine >= 0.99999). A bad
-image is a bad row, as a bad text is: it stops the run naming it, or is set aside with --on-error skip. An
-interrupted run resumed ends with the bytes of a run never stopped; a text model refuses images in one line; an
-image-text model given texts encodes them with its text tower, as before. The same folder through a running server
-and on Ray gives the same rows.
-"""
+"""`attnserve encode` of images (a folder, or a Parquet column of their bytes or paths) through the tiny CLIP, each
+embedding held to transformers' CLIPModel.get_image_features (cosine >= 0.99999). A bad image is a bad row, as a bad
+text is; a resumed run ends with the bytes of one never stopped; a server and Ray give the same rows."""
 
 from __future__ import annotations
 
@@ -22,16 +16,19 @@ import pytest
 from PIL import Image
 
 from attnserve.config import EngineConfig
+from attnserve.engine.engine import Engine, embeddings_graph
+from attnserve.engine.manifest import load_manifest
 from attnserve.offline import image_readers
 from attnserve.offline.encode import encode_file, read_embeddings
 from attnserve.offline.image_readers import ImageColumn, ImageFolder
 from attnserve.offline.job import EncodeJob
 
 from .conftest import assert_one_line_error, run_cli
-from .test_encode_integrity import interrupted_run
+from .offline_helpers import encoded, errors_of, interrupted_run, text_file
 
 POSITIONS = 17  # the tiny CLIP's tower: (32 / 8)^2 patches and the class token
 CAPTIONS = ["a photo of the cat", "the dog"]
+CORRUPTED = "the image is corrupt or truncated (PNG)"
 
 
 def picture(seed: int, size: tuple[int, int], mode: str, fmt: str) -> bytes:
@@ -86,52 +83,35 @@ def reference(clip_dir) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def clip_engine(clip_artifacts):
-    from attnserve.engine.engine import Engine
-
     return Engine.from_directory(clip_artifacts, EngineConfig())
 
 
-def unit(rows) -> np.ndarray:
-    rows = np.asarray(rows, dtype=np.float64)
-    return rows / np.linalg.norm(rows, axis=-1, keepdims=True)
-
-
-def assert_same_as_transformers(path: Path, reference: dict, names: list[str]) -> None:
-    cosines = (unit(read_embeddings(path)) * unit([reference[n] for n in names])).sum(-1)
+def assert_same_as_transformers(path: Path, want) -> None:
+    got, want = (np.asarray(x, dtype=np.float64) for x in (read_embeddings(path), want))
+    cosines = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
     assert cosines.min() >= 0.99999, cosines
-
-
-def encode(*args, artifacts: Path) -> object:
-    return run_cli("encode", *args, "--artifacts", artifacts, "--no-progress")
 
 
 def test_a_folder_is_encoded_in_path_order_as_transformers_does_the_corrupt_image_set_aside(
         clip_artifacts, photos, reference, tmp_path):
     out = tmp_path / "out.parquet"
-    result = encode(photos, "-o", out, "--on-error", "skip", "--normalize", artifacts=clip_artifacts)
-    assert result.returncode == 0, result.stderr
+    result = encoded(photos, out, "--artifacts", clip_artifacts, "--on-error", "skip", "--normalize")
     assert f"encoded 5 images, {5 * POSITIONS} tokens" in result.stdout
     assert f"skipped 1 bad rows -> {tmp_path / 'out.errors.jsonl'}" in result.stdout
     table = pq.read_table(out)
     assert table.column("id").to_pylist() == list(IMAGES)  # nested, any case of suffix; text and SVG files left out
     assert table.column("num_tokens").to_pylist() == [POSITIONS] * 5
     assert table.column("truncated").to_pylist() == [False] * 5
-    assert_same_as_transformers(out, reference, list(IMAGES))
+    assert_same_as_transformers(out, [reference[n] for n in IMAGES])
     assert np.allclose(np.linalg.norm(read_embeddings(out), axis=-1), 1.0, atol=1e-6)  # --normalize
-    [error] = [json.loads(line) for line in (tmp_path / "out.errors.jsonl").read_text().splitlines()]
-    assert error == {"row": 2, "path": CORRUPT, "input": CORRUPT,
-                     "reason": "the image is corrupt or truncated (PNG): image file is truncated"}
+    assert errors_of(tmp_path / "out.errors.jsonl") == [
+        {"row": 2, "path": CORRUPT, "input": CORRUPT, "reason": f"{CORRUPTED}: image file is truncated"}]
     metadata = json.loads(table.schema.metadata[b"attnserve"])
     assert metadata["inputs"] == "images" and metadata["pooling"] == "image_tower"
     assert metadata["normalize"] is True and metadata["max_image_pixels"] == 25_000_000
-
-
-def test_a_corrupt_image_stops_the_run_naming_it(clip_artifacts, photos, tmp_path):
-    out = tmp_path / "out.parquet"
-    result = encode(photos, "-o", out, artifacts=clip_artifacts)
-    assert_one_line_error(result, f"{photos}: {CORRUPT}: the image is corrupt or truncated (PNG)",
-                          "--on-error skip sets such rows aside")
-    assert not out.exists()
+    assert_one_line_error(run_cli("encode", photos, "-o", tmp_path / "stopped.parquet", "--artifacts", clip_artifacts),
+                          f"{photos}: {CORRUPT}: {CORRUPTED}", "--on-error skip sets such rows aside")
+    assert not (tmp_path / "stopped.parquet").exists()
 
 
 def test_parquet_columns_of_bytes_and_of_paths_give_the_folders_rows(clip_artifacts, photos, reference, tmp_path):
@@ -141,84 +121,67 @@ def test_parquet_columns_of_bytes_and_of_paths_give_the_folders_rows(clip_artifa
                    row_group_size=2)
     paths = [f"photos/{n}" for n in names[:-1]] + [str(photos / names[-1]), "photos/missing.png", ""]
     pq.write_table(pa.table({"file": paths}), tmp_path / "paths.parquet")
-
-    result = encode(tmp_path / "bytes.parquet", "-o", tmp_path / "bytes-out.parquet", "--image-column", "picture",
-                    "--on-error", "skip", "--chunk-rows", "3", artifacts=clip_artifacts)
-    assert result.returncode == 0, result.stderr
+    flags = ("--artifacts", clip_artifacts, "--on-error", "skip")
+    encoded(tmp_path / "bytes.parquet", tmp_path / "bytes-out.parquet", *flags, "--image-column", "picture",
+            "--chunk-rows", "3")
     table = pq.read_table(tmp_path / "bytes-out.parquet")
     assert table.column("id").to_pylist() == [f"img-{i}" for i in range(len(names))]
-    assert_same_as_transformers(tmp_path / "bytes-out.parquet", reference, names)
-    errors = [json.loads(line) for line in (tmp_path / "bytes-out.errors.jsonl").read_text().splitlines()]
-    assert [(e["row"], e["reason"].split(":")[0], e["input"]) for e in errors] == [
-        (5, "SVG and other XML images are refused", json.dumps({"picture": "6 bytes", "id": "img-5"})),
-        (6, "missing image (null)", json.dumps({"picture": None, "id": "img-6"}))]
-
-    result = encode(tmp_path / "paths.parquet", "-o", tmp_path / "paths-out.parquet", "--image-column", "file",
-                    "--on-error", "skip", artifacts=clip_artifacts)
-    assert result.returncode == 0, result.stderr
+    assert_same_as_transformers(tmp_path / "bytes-out.parquet", [reference[n] for n in names])
+    assert [(e["row"], e["reason"].split(":")[0], e["input"]) for e in errors_of(tmp_path / "bytes-out.errors.jsonl")
+            ] == [(5, "SVG and other XML images are refused", json.dumps({"picture": "6 bytes", "id": "img-5"})),
+                  (6, "missing image (null)", json.dumps({"picture": None, "id": "img-6"}))]
+    encoded(tmp_path / "paths.parquet", tmp_path / "paths-out.parquet", *flags, "--image-column", "file")
     assert pq.read_table(tmp_path / "paths-out.parquet").column("id").to_pylist() == list(range(len(names)))
-    assert_same_as_transformers(tmp_path / "paths-out.parquet", reference, names)
-    errors = [json.loads(line) for line in (tmp_path / "paths-out.errors.jsonl").read_text().splitlines()]
-    assert [(e["row"], e["reason"]) for e in errors] == [
+    assert_same_as_transformers(tmp_path / "paths-out.parquet", [reference[n] for n in names])
+    assert [(e["row"], e["reason"]) for e in errors_of(tmp_path / "paths-out.errors.jsonl")] == [
         (5, "photos/missing.png: cannot read the file: No such file or directory"), (6, "empty path")]
     # A path row's failure stops a run that does not skip, naming the row and the path
-    assert_one_line_error(encode(tmp_path / "paths.parquet", "-o", tmp_path / "fail.parquet", "--image-column",
-                                 "file", artifacts=clip_artifacts),
+    assert_one_line_error(run_cli("encode", tmp_path / "paths.parquet", "-o", tmp_path / "fail.parquet",
+                                  "--artifacts", clip_artifacts, "--image-column", "file"),
                           "paths.parquet: row 5: photos/missing.png: cannot read the file")
 
 
 def test_an_image_over_the_pixel_limit_is_a_bad_row(clip_artifacts, photos, tmp_path):
     out = tmp_path / "out.parquet"
-    result = encode(photos, "-o", out, "--on-error", "skip", "--max-image-pixels", "2500", artifacts=clip_artifacts)
-    assert result.returncode == 0, result.stderr
-    errors = {e["path"]: e["reason"] for e in map(json.loads, (tmp_path / "out.errors.jsonl").read_text().splitlines())}
+    encoded(photos, out, "--artifacts", clip_artifacts, "--on-error", "skip", "--max-image-pixels", "2500")
+    errors = {e["path"]: e["reason"] for e in errors_of(tmp_path / "out.errors.jsonl")}
     assert errors["nested/c.webp"] == "the image is 64 x 48 = 3,072 pixels, over the limit of 2,500"
     assert sorted(errors) == [CORRUPT, "nested/c.webp"]  # B.JPG's 33 x 64 = 2,112 is within it
     assert pq.read_table(out).column("id").to_pylist() == ["B.JPG", "a.png", "nested/d.PNG", "nested/e.gif"]
 
 
+@pytest.mark.parametrize("changed", [False, True], ids=["as it was", "an image changed inside a finished chunk"])
 def test_an_interrupted_run_resumed_gives_the_bytes_of_a_run_never_stopped(clip_artifacts, clip_engine, photos,
-                                                                           tmp_path, monkeypatch):
-    flags = ["--chunk-rows", "2", "--on-error", "skip"]
-    clean = encode(photos, "-o", tmp_path / "clean.parquet", *flags, artifacts=clip_artifacts)
-    assert clean.returncode == 0, clean.stderr
+                                                                           tmp_path, monkeypatch, changed):
+    flags = ("--artifacts", clip_artifacts, "--chunk-rows", "2", "--on-error", "skip")
     out = tmp_path / "out.parquet"
     interrupted_run(clip_engine, EncodeJob(photos, out, chunk_rows=2, on_error="skip", progress=False), monkeypatch,
                     after_chunks=2)
     assert not out.exists()
-    resumed = encode(photos, "-o", out, *flags, artifacts=clip_artifacts)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "(resumed after 4 rows)" in resumed.stdout and "encoded 2 images" in resumed.stdout
+    if changed:
+        (photos / "a.png").write_bytes(IMAGES["nested/d.PNG"])  # same name, other pixels: row 1, in chunk 0
+    resumed = encoded(photos, out, *flags)
+    changed_words = "chunk 0 (from row 0): the input rows changed since the unfinished run"
+    assert (changed_words in resumed.stderr) == changed, resumed.stderr
+    assert ("(resumed after 4 rows)" in resumed.stdout and "encoded 2 images" in resumed.stdout) != changed
+    encoded(photos, tmp_path / "clean.parquet", *flags)
     assert out.read_bytes() == (tmp_path / "clean.parquet").read_bytes()
     assert (tmp_path / "out.errors.jsonl").read_bytes() == (tmp_path / "clean.errors.jsonl").read_bytes()
-
-
-def test_an_image_changed_inside_a_finished_chunk_is_encoded_again(clip_artifacts, clip_engine, photos, tmp_path,
-                                                                   monkeypatch):
-    out = tmp_path / "out.parquet"
-    interrupted_run(clip_engine, EncodeJob(photos, out, chunk_rows=2, on_error="skip", progress=False), monkeypatch,
-                    after_chunks=2)
-    (photos / "a.png").write_bytes(IMAGES["nested/d.PNG"])  # same name, other pixels: row 1, in chunk 0
-    resumed = encode(photos, "-o", out, "--chunk-rows", "2", "--on-error", "skip", artifacts=clip_artifacts)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "chunk 0 (from row 0): the input rows changed since the unfinished run" in resumed.stderr
     embeddings = read_embeddings(out)
-    assert np.array_equal(embeddings[1], embeddings[3])  # a.png now holds nested/d.PNG's pixels
+    assert np.array_equal(embeddings[1], embeddings[3]) == changed  # a.png holds nested/d.PNG's pixels, if changed
 
 
 def test_an_image_text_model_still_encodes_texts_with_its_text_tower(clip_artifacts, reference, tmp_path):
-    (tmp_path / "captions.txt").write_text("\n".join(CAPTIONS) + "\n")
-    result = encode(tmp_path / "captions.txt", "-o", tmp_path / "out.parquet", artifacts=clip_artifacts)
-    assert result.returncode == 0, result.stderr
+    result = encoded(text_file(tmp_path / "captions.txt", CAPTIONS), tmp_path / "out.parquet", "--artifacts",
+                     clip_artifacts)
     assert "encoded 2 texts" in result.stdout
-    cosines = (unit(read_embeddings(tmp_path / "out.parquet")) * unit(reference["captions"])).sum(-1)
-    assert cosines.min() >= 0.99999, cosines
+    assert_same_as_transformers(tmp_path / "out.parquet", reference["captions"])
     assert "inputs" not in json.loads(pq.read_schema(tmp_path / "out.parquet").metadata[b"attnserve"])
 
 
 def test_a_text_model_refuses_images_in_one_line(artifacts, photos, tmp_path):
     out = tmp_path / "out.parquet"
-    assert_one_line_error(encode(photos, "-o", out, artifacts=artifacts),
+    assert_one_line_error(run_cli("encode", photos, "-o", out, "--artifacts", artifacts),
                           "all-MiniLM-L6-v2 is a text model: it embeds no images")
     assert not out.exists() and not (tmp_path / ".out.parquet.parts").exists()
 
@@ -248,13 +211,13 @@ def test_what_does_not_apply_to_images_is_refused_in_one_line(clip_artifacts, ph
         "column of numbers": ((tmp_path / "numbers.parquet", "--image-column", "picture"),
                               "column 'picture' is int64: give image files' bytes (binary) or their paths (strings)"),
     }[case]
-    assert_one_line_error(encode(*args, "-o", tmp_path / "out.parquet", artifacts=clip_artifacts), fragment)
+    assert_one_line_error(run_cli("encode", *args, "-o", tmp_path / "out.parquet", "--artifacts", clip_artifacts),
+                          fragment)
 
 
 def test_an_empty_folder_with_allow_empty_writes_the_columns(clip_artifacts, tmp_path):
     (tmp_path / "empty").mkdir()
-    result = encode(tmp_path / "empty", "-o", tmp_path / "out.parquet", "--allow-empty", artifacts=clip_artifacts)
-    assert result.returncode == 0, result.stderr
+    encoded(tmp_path / "empty", tmp_path / "out.parquet", "--artifacts", clip_artifacts, "--allow-empty")
     table = pq.read_table(tmp_path / "out.parquet")
     assert table.num_rows == 0 and table.schema.field("id").type == pa.string()
     assert table.schema.field("embedding").type.list_size == 32
@@ -271,12 +234,10 @@ def test_files_are_read_as_their_chunk_is_not_before(photos, tmp_path, monkeypat
 
     monkeypatch.setattr(image_readers, "read_image_file", reading)
     chunks = ImageFolder(photos).chunks(2)
-    first = next(chunks)
-    assert [r.id for r in first] == ["B.JPG", "a.png"] and len(read) == 2
+    assert [r.id for r in next(chunks)] == ["B.JPG", "a.png"] and len(read) == 2
     assert [r.where for r in next(chunks)] == [CORRUPT, "nested/c.webp"] and len(read) == 4
     pq.write_table(pa.table({"file": [str(photos / n) for n in IMAGES]}), tmp_path / "paths.parquet")
-    column = ImageColumn(tmp_path / "paths.parquet", "file").chunks(2)
-    next(column)
+    next(ImageColumn(tmp_path / "paths.parquet", "file").chunks(2))
     assert len(read) == 6  # the column's first chunk's two files, no more
 
 
@@ -287,34 +248,26 @@ def test_a_file_that_is_not_a_regular_file_is_a_bad_row_not_a_hang(photos):
     assert [(r.where, r.error) for r in records if r.where == "pipe.png"] == [("pipe.png", "not a regular file")]
 
 
-def test_through_a_server_the_rows_are_the_local_runs(clip_server, clip_engine, photos, tmp_path):
+def test_through_a_server_and_on_ray_the_rows_are_the_local_runs(clip_server, clip_artifacts, clip_engine, photos,
+                                                                  tmp_path):
     local, remote = tmp_path / "local.parquet", tmp_path / "remote.parquet"
     encode_file(clip_engine, EncodeJob(photos, local, on_error="skip", progress=False, chunk_rows=3))
-    result = run_cli("encode", photos, "-o", remote, "--server", clip_server.target, "--no-progress", "--on-error",
-                     "skip", "--chunk-rows", "3")
-    assert result.returncode == 0, result.stderr
+    encoded(photos, remote, "--server", clip_server.target, "--on-error", "skip", "--chunk-rows", "3")
     got, want = pq.read_table(remote), pq.read_table(local)
     for column in ("id", "num_tokens", "truncated"):
         assert got.column(column).to_pylist() == want.column(column).to_pylist(), column
     assert np.abs(read_embeddings(remote) - read_embeddings(local)).max() <= 1e-5
-    errors = [json.loads(line) for line in (tmp_path / "remote.errors.jsonl").read_text().splitlines()]
-    assert [(e["path"], e["reason"]) for e in errors] == [
-        (CORRUPT, "the image is corrupt or truncated (PNG): image file is truncated")]
-
-
-def test_on_ray_the_output_is_the_local_runs_byte_for_byte(clip_artifacts, clip_engine, photos, tmp_path):
+    assert [(e["path"], e["reason"]) for e in errors_of(tmp_path / "remote.errors.jsonl")] == [
+        (CORRUPT, f"{CORRUPTED}: image file is truncated")]
     pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'attnserve[ray]'")
-    from attnserve.engine.engine import Engine, embeddings_graph
-    from attnserve.engine.manifest import load_manifest
     from attnserve.offline.ray_encode import encode_file_ray
 
-    # The local engine on the graph every Ray actor runs (the default one), as tests/test_ray_encode.py does.
+    # The local engine on the graph every Ray actor runs (the default one), as tests/test_encode_drivers.py's.
     graph = embeddings_graph(load_manifest(clip_artifacts), EngineConfig())[2]
     engine = Engine.from_directory(clip_artifacts, EngineConfig(graph=graph.name))
-    local, ray_out = tmp_path / "local.parquet", tmp_path / "ray.parquet"
+    local, ray_out = tmp_path / "local2.parquet", tmp_path / "ray.parquet"
     encode_file(engine, EncodeJob(photos, local, on_error="skip", progress=False, chunk_rows=2))
     stats = encode_file_ray(EncodeJob(photos, ray_out, on_error="skip", progress=False, chunk_rows=2),
                             EngineConfig(), clip_artifacts, ray_actors=1)
-    assert stats.texts == 5 and stats.skipped == 1
-    assert ray_out.read_bytes() == local.read_bytes()
-    assert (tmp_path / "ray.errors.jsonl").read_bytes() == (tmp_path / "local.errors.jsonl").read_bytes()
+    assert stats.texts == 5 and stats.skipped == 1 and ray_out.read_bytes() == local.read_bytes()
+    assert (tmp_path / "ray.errors.jsonl").read_bytes() == (tmp_path / "local2.errors.jsonl").read_bytes()

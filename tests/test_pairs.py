@@ -1,6 +1,5 @@
-"""Sentence pairs in the tokenizer: the checkpoint's own pair template and token types, longest-first truncation
-as the tokenizers library does it, from bounded prefixes of long texts; and our encoder's token types against
-transformers' BertModel."""
+"""Sentence pairs in the tokenizer: the checkpoint's own pair template and token types, longest-first truncation as
+the tokenizers library does it, from bounded prefixes of long texts; our encoder's token types against BertModel."""
 
 from __future__ import annotations
 
@@ -8,51 +7,45 @@ import random
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from attnserve.default_model import default_checkpoint_dir
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import InvalidInputError
 
 WORDS = "the cat sat on a mat because it was tired and unbelievably hungry , ! naïve café 東京".split()
+TOKENIZER = default_checkpoint_dir() / "tokenizer.json"
 
 
 def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-def _whole_pair(tokenizer_file, max_seq_length: int, a: str, b: str, direction: str = "right"):
+def _whole_pair(max_seq_length: int, a: str, b: str, direction: str = "right"):
     """The tokenizers library's own pair encoding of the whole texts, truncated longest-first."""
-    from tokenizers import Tokenizer
-
-    whole = Tokenizer.from_file(str(tokenizer_file))
+    whole = Tokenizer.from_file(str(TOKENIZER))
     whole.no_padding()
     whole.enable_truncation(max_seq_length, direction=direction)
     return whole.encode(a, b)
 
 
-@pytest.fixture(scope="module")
-def tokenizer_file():
-    return default_checkpoint_dir() / "tokenizer.json"
-
-
-def test_pairs_match_transformers_tokenizer(tokenizer_file):
+def test_pairs_match_transformers_tokenizer():
     """BERT's "[CLS] a [SEP] b [SEP]", type 1 for b, truncated as transformers' tokenizer over the same folder
     does (longest first), at lengths around half of the room (253 tokens: odd) and far past it."""
     import transformers
 
-    ours = TextTokenizer(tokenizer_file, 256, 30522)
+    ours = TextTokenizer(TOKENIZER, 256, 30522)
     theirs = transformers.AutoTokenizer.from_pretrained(str(default_checkpoint_dir()))
     rng = random.Random(0)
     sizes = [1, 7, 60, 125, 126, 127, 128, 200, 300, 2000]
     pairs = [(_text(rng, la), _text(rng, lb)) for la in sizes for lb in sizes]
-    got = ours.encode_pairs(pairs)
     want = theirs([a for a, _ in pairs], [b for _, b in pairs], truncation=True, max_length=256)
-    for x, ids, types, (a, b) in zip(got, want["input_ids"], want["token_type_ids"], pairs, strict=True):
-        assert x.ids.tolist() == ids, (len(a), len(b))
-        assert x.type_ids.tolist() == types
+    for x, ids, types, (a, b) in zip(ours.encode_pairs(pairs), want["input_ids"], want["token_type_ids"], pairs,
+                                     strict=True):
+        assert x.ids.tolist() == ids and x.type_ids.tolist() == types, (len(a), len(b))
         assert x.truncated == (len(theirs(a, b)["input_ids"]) > 256)
-        sep = ids.index(theirs.sep_token_id)
-        assert x.pair_start == sep + 1 and types[x.pair_start] == 1 and types[x.pair_start - 1] == 0
+        assert x.pair_start == ids.index(theirs.sep_token_id) + 1
+        assert types[x.pair_start] == 1 and types[x.pair_start - 1] == 0
 
 
 def _longest_first(la: int, lb: int, room: int) -> tuple[int, int]:
@@ -67,18 +60,15 @@ def _longest_first(la: int, lb: int, room: int) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("max_seq_length", [16, 17])  # room for 13 (odd: the shorter side keeps one less) and 14
-def test_prefixes_give_the_whole_texts_result(tokenizer_file, max_seq_length):
+def test_prefixes_give_the_whole_texts_result(max_seq_length):
     """Long sides are tokenized from bounded prefixes (TextTokenizer._pair); the result is the library's on the
     whole texts, for every combination of short, half-room and long sides, ties and near-ties included. Where
     both sides are long, the library's own pair encoding would build the product of both sides' overflowing
     windows (gigabytes); there the whole sides, tokenized alone, are cut by the library's rule transcribed."""
-    from tokenizers import Tokenizer
-
-    ours = TextTokenizer(tokenizer_file, max_seq_length, 30522)
-    alone = Tokenizer.from_file(str(tokenizer_file))
+    ours = TextTokenizer(TOKENIZER, max_seq_length, 30522)
+    alone = Tokenizer.from_file(str(TOKENIZER))
     alone.no_truncation()
     alone.no_padding()
-    room = max_seq_length - 3
     rng = random.Random(1)
     sizes = [1, 3, 6, 7, 8, 13, 14, 15, 200, 201, 5000]
     for la in sizes:
@@ -86,35 +76,29 @@ def test_prefixes_give_the_whole_texts_result(tokenizer_file, max_seq_length):
             a, b = _text(rng, la), _text(rng, lb)
             x = ours.encode_pairs([(a, b)])[0]
             if la * lb <= 5000 * 15:
-                whole = _whole_pair(tokenizer_file, max_seq_length, a, b)
+                whole = _whole_pair(max_seq_length, a, b)
                 assert x.ids.tolist() == whole.ids and x.type_ids.tolist() == whole.type_ids, (la, lb)
                 assert x.truncated == bool(whole.overflowing)
             ids_a, ids_b = (alone.encode(t, add_special_tokens=False).ids for t in (a, b))
-            keep_a, keep_b = _longest_first(len(ids_a), len(ids_b), room)
+            keep_a, keep_b = _longest_first(len(ids_a), len(ids_b), max_seq_length - 3)
             assert x.ids.tolist() == [101, *ids_a[:keep_a], 102, *ids_b[:keep_b], 102], (la, lb)
-            assert x.truncated == (len(ids_a) + len(ids_b) > room)
+            assert x.truncated == (len(ids_a) + len(ids_b) > max_seq_length - 3)
 
 
-def test_equal_long_sides_keep_the_library_tie_rule(tokenizer_file):
+def test_equal_long_sides_and_left_truncation_keep_the_librarys_rules():
     """Two sides longer than any prefix, whose order only whole tokenization tells: both orders and a tie."""
-    ours = TextTokenizer(tokenizer_file, 16, 30522)
+    ours = TextTokenizer(TOKENIZER, 16, 30522)
     long_a, long_b = "cat " * 300, "cat " * 299
     for a, b in ((long_a, long_b), (long_b, long_a), (long_a, long_a)):
-        whole = _whole_pair(tokenizer_file, 16, a, b)
-        assert ours.encode_pairs([(a, b)])[0].ids.tolist() == whole.ids
-
-
-def test_left_truncation_of_pairs(tokenizer_file):
-    ours = TextTokenizer(tokenizer_file, 16, 30522)
+        assert ours.encode_pairs([(a, b)])[0].ids.tolist() == _whole_pair(16, a, b).ids
     rng = random.Random(2)
     for la, lb in ((30, 4), (4, 30), (40, 40), (3, 3)):
         a, b = _text(rng, la), _text(rng, lb)
-        x = ours.encode_pairs([(a, b)], direction="left")[0]
-        assert x.ids.tolist() == _whole_pair(tokenizer_file, 16, a, b, "left").ids
+        assert ours.encode_pairs([(a, b)], direction="left")[0].ids.tolist() == _whole_pair(16, a, b, "left").ids
 
 
-def test_pair_errors_name_the_input_and_side(tokenizer_file):
-    ours = TextTokenizer(tokenizer_file, 16, 30522)
+def test_pair_errors_name_the_input_and_side():
+    ours = TextTokenizer(TOKENIZER, 16, 30522)
     with pytest.raises(InvalidInputError, match="^input 1: text b: empty text$"):
         ours.encode_pairs([("a", "b"), ("a", "  ")])
     with pytest.raises(InvalidInputError, match="^input 0: the pair is longer than max_seq_length 16 tokens"):
@@ -123,18 +107,18 @@ def test_pair_errors_name_the_input_and_side(tokenizer_file):
         ours.encode_pairs([("a", "b", "c")])  # type: ignore[list-item]
 
 
-def test_long_pair_costs_memory_of_the_limit_not_the_text(tokenizer_file):
+def test_long_pair_costs_memory_of_the_limit_not_the_text():
     """Two sides of 20 MB each are tokenized as prefixes (with an even room, 252 tokens, the order of two long
     sides cannot matter): the peak grows far less than tokenizing 40 MB whole costs (about 70 bytes a
     character), and the result is that of short texts that the cut reaches just as well."""
     import resource
 
-    ours = TextTokenizer(tokenizer_file, 255, 30522)
+    ours = TextTokenizer(TOKENIZER, 255, 30522)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     x = ours.encode_pairs([("cat " * 5_000_000, "a dog sat " * 2_000_000)])[0]
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mib < 200, f"peak grew by {grown_mib:.0f} MiB"
-    short = _whole_pair(tokenizer_file, 255, "cat " * 600, "a dog sat " * 300)
+    short = _whole_pair(255, "cat " * 600, "a dog sat " * 300)
     assert x.ids.tolist() == short.ids and x.type_ids.tolist() == short.type_ids and x.truncated
 
 
@@ -144,6 +128,7 @@ def test_encoder_token_types_match_transformers_bert():
     import transformers
 
     from attnserve.model.encoder import Encoder, EncoderConfig
+    from attnserve.model.families import key_map
 
     config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                      intermediate_size=64, max_position_embeddings=64)
@@ -151,8 +136,6 @@ def test_encoder_token_types_match_transformers_bert():
     theirs = transformers.BertModel(config, add_pooling_layer=False).eval()
     ours = Encoder(EncoderConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                                  max_position_embeddings=64)).eval()
-    from attnserve.model.families import key_map
-
     state = theirs.state_dict()
     ours.load_state_dict({o: state[t] for t, o in key_map(ours.config).items()})
     ids = torch.randint(5, 100, (3, 12))
@@ -162,6 +145,5 @@ def test_encoder_token_types_match_transformers_bert():
     with torch.no_grad():
         want = theirs(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
         got, _ = ours(ids, mask, token_type_ids=types)
-    real = mask.bool()
-    assert float((got - want).abs()[real].max()) <= 1e-5
+    assert float((got - want).abs()[mask.bool()].max()) <= 1e-5
     assert not np.allclose(got.numpy(), ours(ids, mask)[0].detach().numpy(), atol=1e-3)  # types change the output

@@ -1,6 +1,7 @@
-"""Classification (TEI's POST /predict, gRPC Classify) with *ForSequenceClassification checkpoints of several
-labels, against transformers' own pipeline("text-classification"): single-label (softmax) and multi-label
-(sigmoid) as config.json's problem_type says, id2label's names, raw logits; TEI's client reads /predict."""
+"""Classification (TEI's POST /predict, gRPC Classify, KServe's `scores`) with *ForSequenceClassification
+checkpoints of several labels, against transformers' own pipeline("text-classification"): single-label (softmax)
+and multi-label (sigmoid) as config.json's problem_type says, id2label's names, raw logits; TEI's client and
+tritonclient read them."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ PAIRS = [("Is it raining?", "The streets are wet."), ("Who wrote it?", "A cat sa
 
 @pytest.fixture(scope="module", params=["single_label_classification", "multi_label_classification"])
 def classifier(request, tmp_path_factory):
-    """(checkpoint, artifacts, running server) of a 3-label classifier with this problem_type."""
+    """(checkpoint, running server) of a 3-label classifier with this problem_type."""
     from attnserve.export.artifacts import build_artifacts
     from attnserve.model.checkpoint import read_checkpoint
     from tests.checkpoints import save_cross_encoder
@@ -30,10 +31,9 @@ def classifier(request, tmp_path_factory):
     base = tmp_path_factory.mktemp(request.param)
     ckpt = save_cross_encoder(base / "ckpt", default_checkpoint_dir(), seed=3, labels=LABELS,
                               problem_type=request.param)
-    out = base / "artifacts"
-    build_artifacts(read_checkpoint(ckpt, "tiny-classifier"), out, log=lambda m: None)
-    with serving(ServerProcess(out, log_path=base / "server.log")) as server:
-        yield ckpt, out, server
+    build_artifacts(read_checkpoint(ckpt, "tiny-classifier"), base / "artifacts", log=lambda m: None)
+    with serving(ServerProcess(base / "artifacts", log_path=base / "server.log")) as server:
+        yield ckpt, server
 
 
 def reference(ckpt, inputs, raw: bool = False) -> list[list[dict]]:
@@ -52,8 +52,12 @@ def check(got: list[list[dict]], want: list[list[dict]]) -> None:
         np.testing.assert_allclose([s["score"] for s in g], [s["score"] for s in w], atol=1e-5)
 
 
-def test_predict_equals_transformers_pipeline(classifier):
-    ckpt, _, server = classifier
+def scores(predictions) -> list[list[dict]]:
+    return [[{"label": s.label, "score": s.score} for s in p.scores] for p in predictions]
+
+
+def test_predict_over_http_teis_client_and_grpc_equals_transformers_pipeline(classifier):
+    ckpt, server = classifier
     url = f"{server.http_url}/predict"
     batch = requests.post(url, json={"inputs": [[t] for t in TEXTS] + [list(p) for p in PAIRS]}, timeout=60).json()
     check(batch, reference(ckpt, TEXTS + PAIRS))
@@ -63,24 +67,12 @@ def test_predict_equals_transformers_pipeline(classifier):
     check([pair], reference(ckpt, PAIRS[:1]))
     raw = requests.post(url, json={"inputs": TEXTS, "raw_scores": True}, timeout=60).json()
     check(raw, reference(ckpt, TEXTS, raw=True))
-
-
-def test_teis_client_classifies(classifier):
-    ckpt, _, server = classifier
-    tei = HttpClient(server.http_url, timeout=60)
-    got = tei.classify(TEXTS[:2] + [PAIRS[0]])
-    check([[{"label": s.label, "score": s.score} for s in r.scores] for r in got],
+    check(scores(HttpClient(server.http_url, timeout=60).classify(TEXTS[:2] + [PAIRS[0]])),
           reference(ckpt, TEXTS[:2] + [PAIRS[0]]))
-
-
-def test_grpc_classify_and_model_info(classifier):
-    ckpt, _, server = classifier
     with server.channel() as channel:
         stub = server.stub(channel)
         inputs = [pb.Input(text=t) for t in TEXTS] + [pb.Input(pair=pb.TextPair(a=a, b=b)) for a, b in PAIRS]
-        reply = stub.Classify(pb.ClassifyRequest(inputs=inputs))
-        check([[{"label": s.label, "score": s.score} for s in p.scores] for p in reply.predictions],
-              reference(ckpt, TEXTS + PAIRS))
+        check(scores(stub.Classify(pb.ClassifyRequest(inputs=inputs)).predictions), reference(ckpt, TEXTS + PAIRS))
         info = stub.GetModelInfo(pb.GetModelInfoRequest())
         assert list(info.labels) == LABELS and list(info.outputs) == ["predict", "attention"] and info.num_labels == 3
         with pytest.raises(grpc.RpcError) as raised:  # a 3-label classifier does not rerank
@@ -91,12 +83,11 @@ def test_grpc_classify_and_model_info(classifier):
 def test_a_classifier_asked_for_embeddings_is_told_it_predicts_not_that_it_reranks(classifier):
     """A classifier is neither an embedder nor a reranker: every embeddings route says so and points to predict,
     which answers, where rerank (a reranker's) refuses it too."""
-    _, _, server = classifier
+    server = classifier[1]
     want = ("tiny-classifier is a classifier with 3 labels and has no embeddings: it scores texts and pairs through "
             "predict (/predict, gRPC Classify)")
-    for route, body in [("/embed", {"inputs": "a"}), ("/embed_sparse", {"inputs": "a"}),
-                        ("/embed_multi", {"inputs": "a"}), ("/embed_all", {"inputs": "a"})]:
-        reply = requests.post(f"{server.http_url}{route}", json=body, timeout=60)
+    for route in ("/embed", "/embed_sparse", "/embed_multi", "/embed_all"):
+        reply = requests.post(f"{server.http_url}{route}", json={"inputs": "a"}, timeout=60)
         assert reply.status_code == 400 and reply.json()["error"].endswith(want), (route, reply.text)
     rerank = requests.post(f"{server.http_url}/v1/rerank", json={"query": "q", "documents": ["a"]}, timeout=60)
     assert rerank.status_code == 400 and "3 labels" in rerank.json()["error"]["message"]
@@ -115,29 +106,25 @@ def test_an_embedder_asked_to_predict_says_what_it_is(server, stub):
 
 
 def test_kserve_infer_gives_a_classifiers_scores_in_label_order_to_tritonclient(classifier):
-    """A classifier over KServe v2 (HTTP and gRPC, tritonclient): `text` in, `scores` [N, labels] out, each row in
-    the label order of its metadata, equal to transformers' pipeline (probabilities, or logits with raw_scores)."""
+    """`text` in, `scores` [N, labels] out over HTTP and gRPC, each row in the label order of its metadata, equal to
+    transformers' pipeline (probabilities, or logits with raw_scores)."""
     import tritonclient.grpc as triton_grpc
     import tritonclient.http as triton_http
 
-    ckpt, _, server = classifier
-    name = "tiny-classifier"
-    texts = np.array([t.encode() for t in TEXTS], dtype=np.object_)
+    from tests.test_kserve import text_input
+
+    ckpt, server = classifier
 
     def by_label(predictions: list[list[dict]]) -> np.ndarray:
         return np.array([[next(s["score"] for s in p if s["label"] == label) for label in LABELS]
                          for p in predictions], dtype=np.float32)
 
     http = triton_http.InferenceServerClient(server.http_url.removeprefix("http://"))
-    metadata = http.get_model_metadata(name)
+    metadata = http.get_model_metadata("tiny-classifier")
     assert metadata["outputs"] == [{"name": "scores", "datatype": "FP32", "shape": [-1, len(LABELS)]}]
     for raw in (False, True):
-        request = triton_http.InferInput("text", [len(TEXTS)], "BYTES")
-        request.set_data_from_numpy(texts)
-        got = http.infer(name, [request], parameters={"raw_scores": raw}).as_numpy("scores")
-        np.testing.assert_allclose(got, by_label(reference(ckpt, TEXTS, raw=raw)), atol=1e-5)
-    grpc_client = triton_grpc.InferenceServerClient(server.target)
-    request = triton_grpc.InferInput("text", [len(TEXTS)], "BYTES")
-    request.set_data_from_numpy(texts)
-    got = grpc_client.infer(name, [request]).as_numpy("scores")
-    np.testing.assert_allclose(got, by_label(reference(ckpt, TEXTS)), atol=1e-5)
+        got = http.infer("tiny-classifier", [text_input(TEXTS)], parameters={"raw_scores": raw})
+        np.testing.assert_allclose(got.as_numpy("scores"), by_label(reference(ckpt, TEXTS, raw=raw)), atol=1e-5)
+    got = triton_grpc.InferenceServerClient(server.target).infer("tiny-classifier",
+                                                                [text_input(TEXTS, module=triton_grpc)])
+    np.testing.assert_allclose(got.as_numpy("scores"), by_label(reference(ckpt, TEXTS)), atol=1e-5)

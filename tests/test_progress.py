@@ -1,5 +1,5 @@
-"""Progress of the long jobs without a bar: each step of an export, and of a first start's calibration, says when
-it starts; a step that runs long says it still runs, so no one watches a silent terminal for minutes."""
+"""Progress of the long jobs without a bar: each step of an export, and of a first start's calibration, says when it
+starts; a step that runs long says it still runs, so no one watches a silent terminal for minutes."""
 
 from __future__ import annotations
 
@@ -50,18 +50,10 @@ def assert_in_order(said: list[str], expected: list[str]) -> None:
         at = found + 1
 
 
-@pytest.fixture(scope="module")
-def export_all_said(tiny_checkpoint_dir, tmp_path_factory) -> list[str]:
-    """What `attnserve export --all` printed on stderr: every step of every variant, run once for the tests that
-    read it."""
-    result = run_cli("export", "--all", "--checkpoint", tiny_checkpoint_dir, "--out",
-                     tmp_path_factory.mktemp("export_all") / "out")
+def test_every_export_step_has_a_line_in_order(tiny_checkpoint_dir, tmp_path):
+    result = run_cli("export", "--all", "--checkpoint", tiny_checkpoint_dir, "--out", tmp_path / "out")
     assert result.returncode == 0, result.stderr
-    return result.stderr.splitlines()
-
-
-def test_every_export_step_has_a_line_in_order(tiny_checkpoint_dir, export_all_said):
-    lines = export_all_said
+    lines = result.stderr.splitlines()
     assert lines[0].startswith("exporting ") and lines[-1].startswith("wrote ")
     assert_in_order(steps_in(lines), EXPORT_STEPS)
     assert all(STAGE.search(line) for line in lines if "stage " in line and " of 6: " in line), lines
@@ -87,8 +79,7 @@ def test_a_long_step_says_it_still_runs():
         progress.step("waiting")
         time.sleep(2.0)
         progress.log("waited")
-    beats = [line for _, line in stamps if "... still waiting (" in line]
-    assert len(beats) >= 2, stamps
+    assert len([line for _, line in stamps if "... still waiting (" in line]) >= 2, stamps
     gaps = [b - a for (a, _), (b, _) in zip(stamps, stamps[1:], strict=False)]
     assert max(gaps) < 0.4 + 0.6, stamps  # the heartbeat, plus the thread's poll and a busy machine's delay
 

@@ -1,8 +1,9 @@
-"""The server under concurrent load: batching, backpressure, deadlines and draining on SIGTERM."""
+"""The server under concurrent load: batching, backpressure, deadlines, and draining on SIGTERM."""
 
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 from collections import Counter
@@ -12,6 +13,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tokenizers import Tokenizer
 
 from attnserve.client import error_details
@@ -21,9 +23,10 @@ from tests.conftest import GUARD_KEY
 from tests.serving import ServerProcess
 
 SAMPLE_WORDS = (Path(__file__).resolve().parent.parent / "export/data/sample_texts.txt").read_text().split()
-
-# The per-model metrics carry the model served, here the default one.
-MODEL = f'model="{DEFAULT_MODEL_NAME}"'
+MODEL = f'model="{DEFAULT_MODEL_NAME}"'  # the label of the per-model metrics
+EMBEDDED = 'attnserve_batch_size_sum{graph="embeddings",' + MODEL + '}'  # inputs computed
+# 64 x 256 tokens: seconds of compute, most of which a deadline just past their tokenizing spares.
+LONG_TEXTS = ["many words " * 200] * 64
 
 
 def mixed_texts(n: int, seed: int = 0) -> list[str]:
@@ -37,21 +40,20 @@ def mixed_texts(n: int, seed: int = 0) -> list[str]:
     return texts
 
 
-def call_codes(server: ServerProcess, requests: list, clients: int, timeout: float = 120,
-               errors: list | None = None, key: str | None = None) -> Counter:
-    """Send every request from `clients` concurrent callers, each with its own channel; count status codes.
+def call_codes(server: ServerProcess, requests: list, clients: int, errors: list | None = None,
+               key: str | None = None) -> Counter:
+    """Every request sent by `clients` concurrent callers, a channel each; their status codes counted.
     errors: where to put the ErrorDetails of each failed call; key: the API key to send."""
     metadata = (("authorization", f"Bearer {key}"),) if key else None
     codes: Counter = Counter()
     lock = threading.Lock()
-    shares = [requests[i::clients] for i in range(clients)]
 
     def client(share):
         with server.channel() as channel:
             stub = server.stub(channel)
             for request in share:
                 try:
-                    reply = stub.Embed(request, timeout=timeout, metadata=metadata)
+                    reply = stub.Embed(request, timeout=120, metadata=metadata)
                     code = grpc.StatusCode.OK if len(reply.embeddings) == len(request.inputs) else "WRONG_COUNT"
                 except grpc.RpcError as e:
                     code = e.code()
@@ -61,7 +63,7 @@ def call_codes(server: ServerProcess, requests: list, clients: int, timeout: flo
                     codes[code] += 1
 
     with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(client, shares))
+        list(pool.map(client, [requests[i::clients] for i in range(clients)]))
     return codes
 
 
@@ -79,20 +81,17 @@ def arrival_order_padding(lengths: np.ndarray, batch_size: int, seed: int = 0) -
 
 def test_64_concurrent_clients_are_batched_by_length(server, artifacts):
     texts = mixed_texts(640)
-    requests = [make_request([t], truncate=True) for t in texts]
     before = server.metrics()
-    codes = call_codes(server, requests, clients=64)
+    assert call_codes(server, [make_request([t], truncate=True) for t in texts], clients=64) == {
+        grpc.StatusCode.OK: 640}
     after = server.metrics()
-    assert codes == {grpc.StatusCode.OK: 640}
     batches = delta(after, before, 'attnserve_batch_size_count{graph="embeddings",' + MODEL + '}')
-    inputs = delta(after, before, 'attnserve_batch_size_sum{graph="embeddings",' + MODEL + '}')
+    inputs = delta(after, before, EMBEDDED)
     cells = delta(after, before, "attnserve_batch_cells_computed_total{" + MODEL + "}")
     tokens = delta(after, before, "attnserve_batch_tokens_computed_total{" + MODEL + "}")
-    assert inputs == 640
-    assert inputs / batches > 1, f"mean batch size {inputs / batches}"
-    # How small padding gets depends on how many requests wait when a batch is taken, which a shared machine
-    # varies; so the bar is a fraction of what batches of the same mean size taken in arrival order would pad
-    # (0.54 at 4 inputs a batch, 0.65 at 8 for these texts), measured from the same texts' token counts.
+    assert inputs == 640 and inputs / batches > 1, f"mean batch size {inputs / batches}"
+    # How small padding gets depends on how many requests wait when a batch is taken, which a shared machine varies:
+    # the bar is a fraction of what batches of the same mean size taken in arrival order would pad.
     tokenizer = Tokenizer.from_file(str(artifacts / "tokenizer.json"))
     tokenizer.no_truncation()
     tokenizer.no_padding()
@@ -107,27 +106,22 @@ def test_64_concurrent_clients_are_batched_by_length(server, artifacts):
 
 
 def dropped_or_computed(server, before: dict, n: int) -> tuple[float, float]:
-    """Inputs dropped unrun and inputs computed since `before`, once they add up to n (the batch that was
-    running when the request ended finishes first: on a machine of 2 busy cores, once over 30 s)."""
+    """Inputs dropped unrun and inputs computed since `before`, once they add up to n (the batch that was running
+    when the request ended finishes first: on a machine of 2 busy cores, once over 30 s)."""
     end = time.monotonic() + 90
     while True:
         after = server.metrics()
         dropped = sum(delta(after, before, f'attnserve_inputs_dropped_total{{{MODEL},reason="{r}"}}')
                       for r in ("cancelled", "deadline"))
-        computed = delta(after, before, 'attnserve_batch_size_sum{graph="embeddings",' + MODEL + '}')
+        computed = delta(after, before, EMBEDDED)
         if dropped + computed >= n or time.monotonic() > end:
             return dropped, computed
         time.sleep(0.1)
 
 
-# 64 x 256 tokens: seconds of compute, most of which a deadline just past their tokenizing spares.
-LONG_TEXTS = ["many words " * 200] * 64
-
-
 def deadline_after_tokenizing(engine, texts: list[str]) -> float:
     """A deadline that the server's tokenizing of `texts` meets with room and their compute does not: 5x this
-    process's time to tokenize them, 0.3 s at least. A fixed 0.3 s passed, on a busy machine, before the inputs
-    were queued at all (nothing dropped, nothing computed)."""
+    process's time to tokenize them, 0.3 s at least (a fixed 0.3 s once passed before they were queued at all)."""
     started = time.perf_counter()
     engine.tokenizer.encode_texts(texts)
     return max(0.3, 5 * (time.perf_counter() - started))
@@ -146,33 +140,27 @@ def test_deadline_gives_deadline_exceeded_and_drops_the_queued_inputs(server, st
 
 
 def test_overload_is_resource_exhausted_and_every_accepted_request_completes(guarded_server):
-    server = guarded_server  # a queue of 1024 tokens
-    requests = [make_request(["load " * 60] * 4, truncate=True) for _ in range(96)]  # ~250 tokens each
-    errors: list = []
+    """A queue of 1024 tokens: the refused are told why and when to retry (the estimated time until the queued
+    work ahead has run, at least 50 ms)."""
+    server, errors = guarded_server, []
     before = server.metrics()
-    codes = call_codes(server, requests, clients=32, errors=errors, key=GUARD_KEY)
-    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
-    assert sum(codes.values()) == 96  # nothing unanswered
-    assert codes[grpc.StatusCode.RESOURCE_EXHAUSTED] > 0 and codes[grpc.StatusCode.OK] > 0, codes
-    # Queue full, and when to retry: the estimated time until the queued work ahead has run, at least 50 ms.
+    codes = call_codes(server, [make_request(["load " * 60] * 4, truncate=True) for _ in range(96)], clients=32,
+                       errors=errors, key=GUARD_KEY)  # ~250 tokens each
+    ok, full = codes[grpc.StatusCode.OK], codes[grpc.StatusCode.RESOURCE_EXHAUSTED]
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED} and ok + full == 96, codes
+    assert full > 0 and ok > 0, codes
     assert {e.reason for e in errors} == {"QUEUE_FULL"}, errors
     assert all(0.05 <= e.retry_delay < 60 and e.field is None for e in errors), errors
     after = server.metrics()
-    assert delta(after, before, 'attnserve_requests_total{code="OK",method="Embed",protocol="grpc"}') == \
-        codes[grpc.StatusCode.OK]
-    assert delta(after, before, 'attnserve_requests_total{code="RESOURCE_EXHAUSTED",method="Embed",protocol="grpc"}') \
-        == codes[grpc.StatusCode.RESOURCE_EXHAUSTED]
-    assert delta(after, before, 'attnserve_batch_size_sum{graph="embeddings",' + MODEL + '}') == \
-        4 * codes[grpc.StatusCode.OK]
+    requests = 'attnserve_requests_total{{code="{}",method="Embed",protocol="grpc"}}'
+    assert delta(after, before, requests.format("OK")) == ok
+    assert delta(after, before, requests.format("RESOURCE_EXHAUSTED")) == full
+    assert delta(after, before, EMBEDDED) == 4 * ok
 
 
 def test_open_streams_and_health_watchers_do_not_hold_up_shutdown(artifacts, tmp_path):
-    """An idle EmbedStream ends with UNAVAILABLE and a health watcher sees NOT_SERVING, then UNAVAILABLE, well
-    within the grace; both say why in their details, and the log stays JSON lines (no traceback of theirs)."""
-    import queue
-
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+    """An idle EmbedStream ends UNAVAILABLE and a health watcher sees NOT_SERVING, then UNAVAILABLE, well within the
+    grace; both say why, and the log stays JSON lines (no traceback of theirs)."""
     server = ServerProcess(artifacts, log_path=tmp_path / "server.log")
     server.wait_serving()
     seen: list = []
@@ -205,12 +193,9 @@ def test_open_streams_and_health_watchers_do_not_hold_up_shutdown(artifacts, tmp
             t.join(10)
     assert took < 5, f"shutdown took {took:.1f}s with a stream and a watcher open"
     assert "reply" in seen and ("stream", grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN") in seen
-    health = [s for s in seen if s[0] in ("health", "watch")]
-    assert health == [("health", health_pb2.HealthCheckResponse.SERVING),
-                      ("health", health_pb2.HealthCheckResponse.NOT_SERVING),
-                      ("watch", grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN")], seen
+    assert [s for s in seen if s[0] in ("health", "watch")] == [
+        ("health", health_pb2.HealthCheckResponse.SERVING), ("health", health_pb2.HealthCheckResponse.NOT_SERVING),
+        ("watch", grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN")], seen
     lines = (tmp_path / "server.log").read_text().splitlines()
-    for line in lines:
-        json.loads(line)  # every line, or the JSON-lines log is broken
-    assert not any('"level": "error"' in line for line in lines), lines
+    assert not any(json.loads(line)["level"] == "error" for line in lines), lines  # every line JSON
     assert '"event": "stopped"' in lines[-1]

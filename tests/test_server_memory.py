@@ -10,27 +10,20 @@ import sys
 import textwrap
 import time
 
+from attnserve.client.client import make_request
 from attnserve.server.memory import TRIM_DELAYS
-from tests.serving import ServerProcess
+from tests.serving import ServerProcess, serving
 
-# 16 concurrent requests of 8 inputs of 162 tokens, every layer's every head: 58 MiB per reply, the most
-# that the default max_response_bytes (64 MiB) lets 8 such inputs have; 0.9 GiB of replies in all.
+# 16 concurrent requests of 8 inputs of 162 tokens, every layer's every head: 58 MiB a reply, the most the default
+# max_response_bytes (64 MiB) lets 8 such inputs have; 0.9 GiB of replies in all.
 CLIENTS, INPUTS, WORDS = 16, 8, 160
-# Where the server's memory must come back to: 1.2x where it was. Without the trims it stays near the burst's
-# peak (several times that); with a trim before the client took the replies, 1.36x.
+# Where the memory must come back to, relative to the same server's at rest before the burst: without the trims it
+# stays near the burst's peak (several times that); with a trim before the client took the replies, 1.36x.
 ALLOWED_GROWTH = 1.2
-# How long after the client is done the memory may take to come back: past the server's last trim (server/memory.py
-# TRIM_DELAYS: 1, 3, 7, 15 and 31 s idle). The test polls, so it waits only as long as the trims take; a fixed 10 s
-# let a busy machine's timing decide (1.23x once).
-BACK_WITHIN_S = sum(TRIM_DELAYS) + 5
-# The client's process is stopped from when its requests are sent until the server has built every reply and
-# been idle this long: past the first trim (server/memory.py TRIM_DELAYS), with the replies still unsent.
-STOPPED_AFTER_IDLE_S = 2.5
-# ... but never longer than this: grpc's transport ends a connection whose peer leaves a ping (or a settings
-# change) unanswered for its keepalive timeout (20 s by default; grpc#34640), and on a busy machine (CI's workers
-# beside it) building the replies alone took about that long. Stopped at most this long, the client takes the
-# replies built so far late and the rest as they come.
-STOPPED_AT_MOST_S = 12.0
+# The client is stopped from when its requests are sent until the server has built every reply and been idle this
+# long (past the first trim, the replies unsent), but never longer than STOPPED_AT_MOST_S: grpc ends a connection
+# whose peer leaves a ping unanswered for its keepalive timeout (20 s; grpc#34640).
+STOPPED_AFTER_IDLE_S, STOPPED_AT_MOST_S = 2.5, 12.0
 
 BURST = textwrap.dedent(f"""
     import sys
@@ -49,8 +42,8 @@ BURST = textwrap.dedent(f"""
 
 
 def status_mib(pid: int, field: str) -> float:
-    """A memory field of /proc/PID/status in MiB. RssAnon: the process's own memory resident now (VmRSS less
-    the files it maps, which the page cache shares and decides on); VmHWM: the most VmRSS ever was."""
+    """A field of /proc/PID/status in MiB. RssAnon: the process's own memory resident now (VmRSS less the files it
+    maps, which the page cache shares); VmHWM: the most VmRSS ever was."""
     for line in open(f"/proc/{pid}/status"):
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
@@ -63,8 +56,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def wait_idle(pid: int, seconds: float, timeout: float = 300, at_most: float | None = None) -> None:
-    """Until the process has used no CPU for `seconds` (it may tick a little: under 2%), or at_most seconds have
-    passed (where given)."""
+    """Until the process has used no CPU (under 2%) for `seconds`, or at_most seconds have passed (where given)."""
     started = time.monotonic()
     give_up, last, quiet_since = started + timeout, cpu_seconds(pid), started
     while time.monotonic() - quiet_since < seconds:
@@ -78,24 +70,23 @@ def wait_idle(pid: int, seconds: float, timeout: float = 300, at_most: float | N
         last = now
 
 
-def test_rss_after_a_burst_of_large_attention_replies_taken_late_is_back_near_where_it_was(
-        artifacts, tmp_path):
-    server = ServerProcess(artifacts, log_path=tmp_path / "server.log")
-    try:
-        server.wait_serving()
+def test_rss_after_a_burst_of_large_attention_replies_taken_late_is_back_near_where_it_was(artifacts, tmp_path):
+    with serving(ServerProcess(artifacts, log_path=tmp_path / "server.log")) as server:
         pid = server.process.pid
+        # The baseline is the server at rest after its first start's graph timing (engine/calibration.py) and a
+        # first request for maps (the attention session, over 100 MiB for as long as the server runs), so that
+        # what is measured is the replies' memory.
         with server.channel() as channel:
-            server.stub(channel).Embed(make_small_request(), timeout=60)
-        # A first start on this CPU times its graphs once serving (engine/calibration.py), seconds of work that
-        # opens sessions, and the attention graph's session opens at the first request for maps (its weights and
-        # onnxruntime's state for it, over 100 MiB, for as long as the server runs): the baseline is the server at
-        # rest after both, so that what is measured is the replies' memory (CI's fresh artifacts once read 1.53x
-        # with the session opened by the burst itself).
+            server.stub(channel).Embed(make_request(["one small request first"], attention_layers=list(range(6))),
+                                       timeout=60)
         wait_idle(pid, STOPPED_AFTER_IDLE_S)
         before = status_mib(pid, "RssAnon")
         client = subprocess.Popen([sys.executable, "-c", BURST, server.target], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
-        wait_for_requests(pid)
+        start, give_up = cpu_seconds(pid), time.monotonic() + 120
+        while cpu_seconds(pid) - start < 1.0:  # until the server is busy with the burst: its requests are in
+            assert time.monotonic() < give_up, "the burst never reached the server"
+            time.sleep(0.05)
         client.send_signal(signal.SIGSTOP)
         wait_idle(pid, STOPPED_AFTER_IDLE_S, at_most=STOPPED_AT_MOST_S)
         held = status_mib(pid, "RssAnon")
@@ -104,27 +95,11 @@ def test_rss_after_a_burst_of_large_attention_replies_taken_late_is_back_near_wh
         assert client.returncode == 0, err[-3000:]
         right_after, peak, done = status_mib(pid, "RssAnon"), status_mib(pid, "VmHWM"), time.monotonic()
         after = right_after
-        while after > ALLOWED_GROWTH * before and time.monotonic() - done < BACK_WITHIN_S:
+        # Polled until past the server's last trim (TRIM_DELAYS idle); a fixed 10 s let a busy machine decide.
+        while after > ALLOWED_GROWTH * before and time.monotonic() - done < sum(TRIM_DELAYS) + 5:
             time.sleep(0.5)
             after = status_mib(pid, "RssAnon")
         print(f"server RssAnon: {before:.0f} MiB before; {held:.0f} MiB with {CLIENTS} replies of {out.strip()} MiB "
               f"built and unsent; {right_after:.0f} MiB once sent (VmRSS peak {peak:.0f}); {after:.0f} MiB "
               f"{time.monotonic() - done:.1f} s later ({after / before:.2f}x)")
         assert after <= ALLOWED_GROWTH * before, (before, held, right_after, peak, after)
-    finally:
-        assert server.terminate() == 0, server.log_tail()
-
-
-def make_small_request():
-    """One short input with the burst's maps: the graph and session the burst runs, opened before the baseline."""
-    from attnserve.client.client import make_request
-    return make_request(["one small request first"], attention_layers=list(range(6)))
-
-
-def wait_for_requests(pid: int) -> None:
-    """Until the server is busy with the burst: its requests are in, so stopping the client now holds back
-    only the taking of the replies."""
-    start, give_up = cpu_seconds(pid), time.monotonic() + 120
-    while cpu_seconds(pid) - start < 1.0:
-        assert time.monotonic() < give_up, "the burst never reached the server"
-        time.sleep(0.05)

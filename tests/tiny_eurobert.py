@@ -6,34 +6,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken
 
-from .tiny_tokenizers import corpus
+from .checkpoints import save_fast_tokenizer, save_model
+from .tiny_tokenizers import bracketed, byte_level_bpe
 
 BOS, EOS, MASK = "<|begin_of_text|>", "<|end_of_text|>", "<|mask|>"
 
 
 def eurobert_style(out: Path) -> Path:
     """Byte-level BPE (no prefix space, as Llama 3's), the specials first, <|mask|> taking the space before it."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(corpus(), trainers.BpeTrainer(
-        vocab_size=600, special_tokens=[BOS, EOS, AddedToken(MASK, lstrip=True, special=True)],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A {EOS}", pair=f"{BOS} $A {EOS} $B {EOS}",
-        special_tokens=[(BOS, tokenizer.token_to_id(BOS)), (EOS, tokenizer.token_to_id(EOS))])
-    tokenizer.save(str(out))
-    return out
+    return bracketed(byte_level_bpe([BOS, EOS, AddedToken(MASK, lstrip=True, special=True)]), BOS, EOS, out)
 
 
 def save_tiny_eurobert(directory: Path, model_class: str = "EuroBertModel", seed: int = 0, **config) -> Path:
     """A 4-layer, hidden-64 EuroBERT: 4 query heads of size 32 (head_dim given, not hidden / heads) sharing 2
-    key/value heads, rope base 1000, random weights larger than transformers' initialisation (whose attention would
-    be nearly uniform). config: EuroBertConfig settings over these."""
-    import torch
+    key/value heads, rope base 1000, wide random weights (save_model). config: EuroBertConfig settings over these."""
     import transformers
+    from tokenizers import Tokenizer
 
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer.from_file(str(eurobert_style(directory / "tokenizer.json")))
@@ -43,15 +33,7 @@ def save_tiny_eurobert(directory: Path, model_class: str = "EuroBertModel", seed
                     rope_parameters={"rope_type": "default", "rope_theta": 1000.0}, pad_token_id=ids[EOS],
                     bos_token_id=ids[BOS], eos_token_id=ids[EOS], mask_token_id=ids[MASK])
     config = transformers.EuroBertConfig(**{**settings, **config})
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_class)(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            # RMSNorm weights around 1, everything else a wide spread: every part of the model shows.
-            param.copy_(1 + 0.3 * torch.randn_like(param) if "norm" in name and name.endswith("weight")
-                        else 0.2 * torch.randn_like(param))
-    model.save_pretrained(directory, safe_serialization=True)
-    transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, pad_token=EOS, mask_token=MASK,
-        model_max_length=config.max_position_embeddings).save_pretrained(directory)
+    save_model(directory, config, model_class, seed)
+    save_fast_tokenizer(directory, directory / "tokenizer.json", bos_token=BOS, eos_token=EOS, pad_token=EOS,
+                        mask_token=MASK, model_max_length=config.max_position_embeddings)
     return directory

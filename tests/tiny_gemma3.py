@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, trainers
 
-from .tiny_tokenizers import corpus
+from .checkpoints import save_fast_tokenizer, save_model, save_pipeline
+from .tiny_tokenizers import bracketed, corpus
 
 # Gemma's special tokens, with their ids: <pad> 0, <eos> 1, <bos> 2, <unk> 3.
 GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
@@ -27,26 +28,21 @@ def gemma_style(out: Path) -> Path:
     bytes_ = [f"<0x{b:02X}>" for b in range(256)]
     tokenizer.train_from_iterator([text.replace(" ", "▁") for text in corpus()], trainers.BpeTrainer(
         vocab_size=700, special_tokens=GEMMA_SPECIALS + bytes_, max_token_length=8, show_progress=False))
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="<bos> $A <eos>", pair="<bos> $A <eos> $B <eos>",
-        special_tokens=[("<bos>", tokenizer.token_to_id("<bos>")), ("<eos>", tokenizer.token_to_id("<eos>"))])
-    tokenizer.save(str(out))
-    return out
+    return bracketed(tokenizer, "<bos>", "<eos>", out)
 
 
 def save_tiny_gemma3(directory: Path, seed: int = 0, **config) -> Path:
     """A 4-layer, hidden-64 Gemma 3 text model: 4 query heads of size 32 sharing 2 key/value heads, layers 0, 2 and 3
     sliding with a window of 8 (4 keys either side when bidirectional, so that the window matters from 6 tokens on),
     layer 1 full, rotary bases 1000 (full) and 100 (sliding), query_pre_attn_scalar 24 (not head_dim: the scale
-    shows). Random weights larger than transformers' initialisation, whose attention would otherwise be nearly
-    uniform. config: Gemma3TextConfig settings over these."""
-    import torch
+    shows). Wide random weights (save_model; Gemma's norm weights are offsets from 1: a spread around 0).
+    config: Gemma3TextConfig settings over these."""
     import transformers
 
     directory.mkdir(parents=True, exist_ok=True)
-    tokenizer = Tokenizer.from_file(str(gemma_style(directory / "tokenizer.json")))
+    vocab_size = Tokenizer.from_file(str(gemma_style(directory / "tokenizer.json"))).get_vocab_size()
     settings = dict(
-        vocab_size=tokenizer.get_vocab_size(), hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=32, intermediate_size=96, max_position_embeddings=128,
         layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
         sliding_window=8, use_bidirectional_attention=True, query_pre_attn_scalar=24,
@@ -54,16 +50,9 @@ def save_tiny_gemma3(directory: Path, seed: int = 0, **config) -> Path:
                          "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}},
         pad_token_id=0, eos_token_id=1, bos_token_id=2, architectures=["Gemma3TextModel"])
     config = transformers.Gemma3TextConfig(**{**settings, **config})
-    torch.manual_seed(seed)
-    model = transformers.Gemma3TextModel(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            # Gemma's norm weights are offsets from 1: a spread around 0; everything else a wide spread.
-            param.copy_((0.3 if "norm" in name else 0.2) * torch.randn_like(param))
-    model.save_pretrained(directory, safe_serialization=True)
-    transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>",
-        model_max_length=config.max_position_embeddings).save_pretrained(directory)
+    save_model(directory, config, "Gemma3TextModel", seed, offset=0.0)
+    save_fast_tokenizer(directory, directory / "tokenizer.json", bos_token="<bos>", eos_token="<eos>",
+                        unk_token="<unk>", pad_token="<pad>", model_max_length=config.max_position_embeddings)
     return directory
 
 
@@ -72,14 +61,10 @@ def save_embedding_gemma(model_dir: Path, directory: Path, max_seq_length: int |
     -> Dense(H -> 2H, no bias, Identity) -> Dense(2H -> H, no bias, Identity) -> Normalize, with its prompts.
     (The real one goes 768 -> 3072 -> 768.)"""
     import torch
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling
 
-    transformer = Transformer(str(model_dir), max_seq_length=max_seq_length)
-    H = transformer.get_embedding_dimension()
-    torch.manual_seed(1)
-    modules = [transformer, Pooling(H, "mean"),
-               Dense(H, 2 * H, bias=False, activation_function=torch.nn.Identity()),
-               Dense(2 * H, H, bias=False, activation_function=torch.nn.Identity()), Normalize()]
-    SentenceTransformer(modules=modules, device="cpu", prompts=PROMPTS).save(str(directory))
-    return directory
+    def modules(H: int) -> list:
+        torch.manual_seed(1)
+        return [Pooling(H, "mean"), Dense(H, 2 * H, bias=False, activation_function=torch.nn.Identity()),
+                Dense(2 * H, H, bias=False, activation_function=torch.nn.Identity()), Normalize()]
+    return save_pipeline(model_dir, directory, modules, max_seq_length, prompts=PROMPTS)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from attnserve.model.jina_v3 import ADAPTERS, TASKS
 
+from .checkpoints import ROBERTA_SPECIALS, save_fast_tokenizer, save_model
+
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2", "word_embeddings"]
 
 
@@ -29,17 +31,10 @@ def save_tiny_jina(directory: Path, tasks: tuple[str, ...] = TASKS, seed: int = 
         intermediate_size=48, max_position_embeddings=128, pad_token_id=ids["<pad>"], bos_token_id=ids["<s>"],
         eos_token_id=ids["</s>"], rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
         lora_adaptations=list(tasks))
-    torch.manual_seed(seed)
-    model = transformers.JinaEmbeddingsV3Model(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(1 + 0.3 * torch.randn_like(param) if "LayerNorm" in name or "layernorm" in name
-                        and name.endswith("weight") else 0.2 * torch.randn_like(param))
-    model.save_pretrained(directory, safe_serialization=True)
-    transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
-        cls_token="<s>", sep_token="</s>", mask_token="<mask>",
-        model_max_length=config.max_position_embeddings).save_pretrained(directory)
+    # The embeddings' LayerNorm bias is drawn around 1 as well.
+    save_model(directory, config, "JinaEmbeddingsV3Model", seed,
+               norm=lambda name: "LayerNorm" in name or "layernorm" in name and name.endswith("weight"))
+    save_fast_tokenizer(directory, directory / "tokenizer.json", **ROBERTA_SPECIALS, model_max_length=128)
     for number, task in enumerate(tasks):
         base = transformers.JinaEmbeddingsV3Model.from_pretrained(str(directory))
         peft_model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=alpha, target_modules=LORA_TARGETS))

@@ -1,38 +1,18 @@
 """A tiny random-weight NomicBERT saved by transformers itself (NomicBertModel), with a lowercasing WordPiece
-tokenizer as nomic-embed-text's (checkpoints.save_tiny_bert's), and the published checkpoints' config naming."""
+tokenizer as nomic-embed-text's, and the published checkpoints' config naming."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from .checkpoints import save_tiny_bert
-
-VOCAB_SIZE = 200
+from .checkpoints import save_rotary_bert
 
 
 def save_tiny_nomic(directory: Path, model_class: str = "NomicBertModel", seed: int = 0, **config) -> Path:
-    """A 3-layer, hidden-64, 4-head NomicBERT with 128 positions and random weights larger than transformers'
-    initialisation (whose attention would be nearly uniform). config: NomicBertConfig settings over these."""
-    import torch
-    import transformers
-
-    save_tiny_bert(directory, vocab_size=VOCAB_SIZE, seed=seed)  # its tokenizer; the BERT weights are replaced
-    settings = dict(vocab_size=VOCAB_SIZE, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                    intermediate_size=96, max_position_embeddings=128, rope_parameters={
-                        "rope_type": "default", "rope_theta": 1000.0})
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_class)(transformers.NomicBertConfig(**{**settings, **config}))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            # LayerNorm weights around 1, everything else a wide spread: every part of the model shows.
-            param.copy_(1 + 0.3 * torch.randn_like(param) if "norm" in name.lower() and name.endswith("weight")
-                        else 0.2 * torch.randn_like(param))
-    model.save_pretrained(directory, safe_serialization=True)
-    tokenizer = json.loads((directory / "tokenizer_config.json").read_text())
-    tokenizer["model_max_length"] = settings["max_position_embeddings"]
-    (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer))
-    return directory
+    """checkpoints.save_rotary_bert's NomicBERT, rope base 1000. config: NomicBertConfig settings over these."""
+    return save_rotary_bert(directory, "NomicBertConfig", model_class, seed, **{
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000.0}, **config})
 
 
 # transformers 5's config key -> the key nomic-embed-text-v1.5's config.json (nomic's remote code) uses.

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from .checkpoints import save_fast_tokenizer, save_model, save_sentence_transformer
 from .tiny_tokenizers import corpus
 
 # Qwen2/Qwen3's pre-tokenizer pattern (their tokenizer.json's Split).
@@ -52,9 +53,7 @@ def qwen3_tokenizer(out: Path, append_end_of_text: bool = True) -> Path:
 
 def save_tiny_qwen3(directory: Path, model_class: str = "Qwen3Model", seed: int = 0, **config) -> Path:
     """A 3-layer, hidden-64 Qwen3 with 4 query heads and 2 key/value heads of head_dim 32 (not 64 / 4), 128
-    positions, random weights wider than transformers' initialisation (whose attention would be nearly
-    uniform), and the tokenizer above; config: Qwen3Config settings over these."""
-    import torch
+    positions, wide random weights (save_model), and the tokenizer above; config: Qwen3Config settings over these."""
     import transformers
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -66,26 +65,13 @@ def save_tiny_qwen3(directory: Path, model_class: str = "Qwen3Model", seed: int 
                     max_position_embeddings=128, rope_theta=1000.0, rms_norm_eps=1e-6, pad_token_id=pad,
                     bos_token_id=pad, eos_token_id=pad, tie_word_embeddings=reranker)
     qwen_config = transformers.Qwen3Config(**{**settings, **config})
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_class)(qwen_config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            # Norm weights around 1, everything else a wide spread: every part of the model shows.
-            param.copy_(1 + 0.3 * torch.randn_like(param) if "norm" in name else 0.2 * torch.randn_like(param))
-    model.save_pretrained(directory, safe_serialization=True)
-    transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token=END_OF_TEXT, eos_token=END_OF_TEXT,
-        padding_side="left", model_max_length=qwen_config.max_position_embeddings).save_pretrained(directory)
+    save_model(directory, qwen_config, model_class, seed)
+    save_fast_tokenizer(directory, directory / "tokenizer.json", pad_token=END_OF_TEXT, eos_token=END_OF_TEXT,
+                        padding_side="left", model_max_length=qwen_config.max_position_embeddings)
     return directory
 
 
 def save_qwen3_embedding(model_dir: Path, directory: Path, max_seq_length: int | None = None) -> Path:
     """sentence-transformers' own save of Qwen3-Embedding's pipeline over `model_dir`: Transformer ->
     Pooling(lasttoken) -> Normalize, with the model card's prompts."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-
-    transformer = Transformer(str(model_dir), max_seq_length=max_seq_length)
-    modules = [transformer, Pooling(transformer.get_embedding_dimension(), "lasttoken"), Normalize()]
-    SentenceTransformer(modules=modules, device="cpu", prompts=PROMPTS).save(str(directory))
-    return directory
+    return save_sentence_transformer(model_dir, directory, "lasttoken", True, max_seq_length, prompts=PROMPTS)

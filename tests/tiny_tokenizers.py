@@ -20,24 +20,40 @@ def corpus() -> list[str]:
     return [english] + [text_of_length(rng, 400) for _ in range(200)]
 
 
-def roberta_style(out: Path, nfc: bool = False) -> Path:
-    """Byte-level BPE: whitespace becomes tokens ("Ġ"), offsets trimmed, <mask> takes the space before it."""
+def byte_level_bpe(specials: list, nfc: bool = False) -> Tokenizer:
+    """Byte-level BPE of 600 pieces without a prefix space, trained on corpus(): whitespace becomes tokens ("Ġ")."""
     tokenizer = Tokenizer(models.BPE())
     if nfc:
         tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.train_from_iterator(corpus(), trainers.BpeTrainer(
-        vocab_size=600, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=600, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False))
+    return tokenizer
+
+
+def bracketed(tokenizer: Tokenizer, first: str, last: str, out: Path) -> Path:
+    """"first $A last" around a text ("first $A last $B last" around a pair), saved to `out`."""
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{first} $A {last}", pair=f"{first} $A {last} $B {last}",
+        special_tokens=[(first, tokenizer.token_to_id(first)), (last, tokenizer.token_to_id(last))])
+    tokenizer.save(str(out))
+    return out
+
+
+def roberta_style(out: Path, nfc: bool = False) -> Path:
+    """Byte-level BPE: whitespace becomes tokens ("Ġ"), offsets trimmed, <mask> takes the space before it."""
+    tokenizer = byte_level_bpe(SPECIALS, nfc)
     tokenizer.post_processor = processors.RobertaProcessing(
         ("</s>", tokenizer.token_to_id("</s>")), ("<s>", tokenizer.token_to_id("<s>")), trim_offsets=True)
     tokenizer.save(str(out))
     return out
 
 
-def xlmr_style(out: Path) -> Path:
-    """Unigram over Metaspace ("▁word"), NFKC and runs of spaces made one, as XLM-R's tokenizer.json does."""
+def xlmr_style(out: Path, pairs: bool = False) -> Path:
+    """Unigram over Metaspace ("▁word"), NFKC and runs of spaces made one, as XLM-R's tokenizer.json does; pairs:
+    "<s> A </s> </s> B </s>" as bge-reranker-v2-m3's has it (all of type 0)."""
     tokenizer = Tokenizer(models.Unigram())
     tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(" {2,}"), " ")])
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -45,8 +61,8 @@ def xlmr_style(out: Path) -> Path:
     tokenizer.train_from_iterator(corpus(), trainers.UnigramTrainer(
         vocab_size=2000, special_tokens=SPECIALS, unk_token="<unk>", show_progress=False))
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", special_tokens=[("<s>", tokenizer.token_to_id("<s>")),
-                                              ("</s>", tokenizer.token_to_id("</s>"))])
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>" if pairs else None,
+        special_tokens=[("<s>", tokenizer.token_to_id("<s>")), ("</s>", tokenizer.token_to_id("</s>"))])
     tokenizer.save(str(out))
     return out
 
@@ -59,16 +75,6 @@ SPACE_RUNS = [AddedToken(" " * n, normalized=True, special=False) for n in range
 
 def modernbert_style(out: Path) -> Path:
     """Byte-level BPE over NFC, "[CLS] $A [SEP]" around each text, and the added tokens above."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(corpus(), trainers.BpeTrainer(
-        vocab_size=600, special_tokens=MODERNBERT_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False))
+    tokenizer = byte_level_bpe(MODERNBERT_SPECIALS, nfc=True)
     tokenizer.add_tokens(SPACE_RUNS)
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]")), ("[SEP]", tokenizer.token_to_id("[SEP]"))])
-    tokenizer.save(str(out))
-    return out
+    return bracketed(tokenizer, "[CLS]", "[SEP]", out)
