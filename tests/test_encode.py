@@ -84,6 +84,7 @@ def test_allow_empty_writes_an_empty_parquet_file(artifacts, tmp_path, name):
     assert result.stdout.strip().splitlines()[-1].startswith("encoded 0 texts, 0 tokens")
     table = pq.read_table(tmp_path / "o.parquet")
     assert table.num_rows == 0 and table.column_names == ["id", "embedding", "num_tokens", "truncated"]
+    assert read_embeddings(tmp_path / "o.parquet").shape == (0, 384)  # the schema's width, no rows
 
 
 IS_INPUT = "is the input file {t}/in.txt; write it elsewhere"
