@@ -48,6 +48,11 @@ def entry(path: Path, precision: str = "fp32") -> dict:
     return json.loads(path.read_text())["choices"][signature(0)][precision]
 
 
+def write_entry(directory: Path, fp32: dict) -> None:
+    """A record of this CPU's fp32 choice."""
+    (directory / CALIBRATION).write_text(json.dumps({"format_version": 1, "choices": {signature(0): {"fp32": fp32}}}))
+
+
 def test_the_machine_is_described():
     machine = this_machine()
     assert machine.cpu_model and machine.usable_cpus >= 1
@@ -58,9 +63,8 @@ def test_the_machine_is_described():
 
 def test_candidates_are_the_exact_graphs_of_the_precision(artifacts):
     manifest = load_manifest(artifacts, check_hashes=False)
-    assert [v.name for v in candidate_graphs(manifest, "fp32")] == ["embeddings_fused", "embeddings"]
-    assert [v.name for v in candidate_graphs(manifest, "int8")] == ["embeddings_int8",
-                                                                   "embeddings_int8_skip_layer_norm"]
+    assert [[v.name for v in candidate_graphs(manifest, p)] for p in ("fp32", "int8")] == [
+        ["embeddings_fused", "embeddings"], ["embeddings_int8", "embeddings_int8_skip_layer_norm"]]
 
 
 def test_first_start_times_the_candidates_records_the_fastest_and_the_next_start_reuses_it(linked):
@@ -78,17 +82,10 @@ def test_first_start_times_the_candidates_records_the_fastest_and_the_next_start
     assert "recorded in" in second.describe() and "calibrated now" not in second.describe()
     assert entry(linked / CALIBRATION) == written  # not timed again
     np.testing.assert_allclose(second.encode(TEXTS).embeddings, first.encode(TEXTS).embeddings, atol=1e-5)
-
-
-def test_a_recorded_choice_is_what_runs(linked):
-    """A record naming the unfused graph (as the AVX-512 machine may) makes the engine run it, untimed."""
-    manifest = load_manifest(linked, check_hashes=False)
-    candidates = {v.name: v.sha256 for v in candidate_graphs(manifest, "fp32")}
-    (linked / CALIBRATION).write_text(json.dumps({"format_version": 1, "choices": {signature(0): {"fp32": {
-        "graph": "embeddings", "candidates": candidates, "budgets": [256], "batch_tokens": 256}}}}))
+    # A record naming the unfused graph (as the AVX-512 machine may) makes the engine run it, untimed.
+    write_entry(linked, {**written, "graph": "embeddings"})
     engine = Engine.from_directory(linked, EngineConfig(**SMALL))
-    assert engine.embeddings_variant.file == "embeddings.onnx"
-    assert "recorded in" in engine.describe()
+    assert engine.embeddings_variant.file == "embeddings.onnx" and "recorded in" in engine.describe()
 
 
 def test_the_batch_budget_is_timed_below_max_batch_tokens_and_a_recorded_one_is_what_runs(linked):
@@ -102,8 +99,7 @@ def test_the_batch_budget_is_timed_below_max_batch_tokens_and_a_recorded_one_is_
     assert first.batch_tokens == written["batch_tokens"] and f"batches of {first.batch_tokens} tokens" in (
         first.describe())
     # A record that says 256 (as a CPU with a small cache may): batches of at most 256 padded tokens.
-    (linked / CALIBRATION).write_text(json.dumps({"format_version": 1, "choices": {signature(0): {"fp32": {
-        **written, "batch_tokens": 256}}}}))
+    write_entry(linked, {**written, "batch_tokens": 256})
     engine = Engine.from_directory(linked, config)
     assert engine.batch_tokens == 256 and "batches of 256 tokens" in engine.describe()
     sizes: list[int] = []
@@ -117,22 +113,15 @@ def test_the_batch_budget_is_timed_below_max_batch_tokens_and_a_recorded_one_is_
     assert "calibrated now" in again.describe() and entry(linked / CALIBRATION)["budgets"] == [512, 256]
 
 
-def test_a_record_for_other_graphs_is_timed_again(linked):
-    """A re-export changes the graphs' sha256: the old choice does not hold for them."""
-    (linked / CALIBRATION).write_text(json.dumps({"format_version": 1, "choices": {signature(0): {"fp32": {
-        "graph": "embeddings", "candidates": {"embeddings_fused": "0" * 64, "embeddings": "1" * 64}}}}}))
-    engine = Engine.from_directory(linked, EngineConfig(**SMALL))
-    assert "calibrated now" in engine.describe()
-    assert entry(linked / CALIBRATION)["candidates"]["embeddings"] != "1" * 64
-
-
 def test_another_thread_count_reads_the_choice_and_another_cpu_times_its_own(linked):
     """Which graph is fastest and at which batch size does not turn on the thread count (a server of two models
     gives each one thread): the choice of the same CPU is read, saying at which count it was timed. Another CPU (or
     instruction sets, or onnxruntime) times its own."""
-    Engine.from_directory(linked, EngineConfig(**SMALL))
+    first = Engine.from_directory(linked, EngineConfig(**SMALL))
     one = Engine.from_directory(linked, EngineConfig(threads=1, **SMALL))
     assert f"timed at {signature(0).rsplit(' | threads ', 1)[1]} threads" in one.describe()
+    assert "calibrated now" not in one.describe()
+    assert (one.embeddings_variant.name, one.batch_tokens) == (first.embeddings_variant.name, first.batch_tokens)
     assert set(record(linked)["choices"]) == {signature(0)}
     data = record(linked)
     other = "Another CPU | AVX2 | " + signature(1).split(" | onnxruntime ", 1)[1]
@@ -219,26 +208,31 @@ def test_variants_of_one_file_differ_in_the_session_optimizers_they_disable(link
 @pytest.mark.parametrize("content, warned", [
     ("{not json", True), ('{"format_version": 1, "choices": []}', True),
     ('{"format_version": 1, "choices": {"SIGNATURE": ["fp32"]}}', False),  # an entry of another shape: timed anew
-])
-def test_a_corrupt_record_is_ignored_with_a_warning_and_replaced(linked, caplog, content, warned):
+    # A re-export changes the graphs' sha256: the old choice does not hold for them.
+    (json.dumps({"format_version": 1, "choices": {"SIGNATURE": {"fp32": {"graph": "embeddings", "candidates": {
+        "embeddings_fused": "0" * 64, "embeddings": "1" * 64}}}}}), False),
+], ids=["not json", "choices not a table", "an entry of another shape", "a record for other graphs"])
+def test_a_record_that_does_not_hold_is_timed_again_and_replaced(linked, caplog, content, warned):
+    """A corrupt record is ignored with a warning."""
     (linked / CALIBRATION).write_text(content.replace("SIGNATURE", signature(0)))
     with caplog.at_level(logging.WARNING, logger="attnserve.engine"):
         engine = Engine.from_directory(linked, EngineConfig(**SMALL))
     assert "calibrated now" in engine.describe()
     assert warned == any("ignoring the graph calibration record" in r.getMessage() for r in caplog.records)
-    assert entry(linked / CALIBRATION)["graph"] == engine.embeddings_variant.name
+    written = entry(linked / CALIBRATION)
+    assert written["graph"] == engine.embeddings_variant.name and written["candidates"] == {
+        v.name: v.sha256 for v in candidate_graphs(load_manifest(linked, check_hashes=False), "fp32")}
 
 
 @contextlib.contextmanager
 def read_only(directory: Path):
     """Read-only even for root, who ignores permission bits: then the directory is made immutable as well."""
     directory.chmod(0o555)
-    immutable = False
+    root = os.geteuid() == 0
+    immutable = root and subprocess.run(["chattr", "+i", str(directory)], capture_output=True).returncode == 0
     try:
-        if os.geteuid() == 0:
-            immutable = subprocess.run(["chattr", "+i", str(directory)], capture_output=True).returncode == 0
-            if not immutable:
-                pytest.skip("running as root without chattr: no way to make a directory read-only")
+        if root and not immutable:
+            pytest.skip("running as root without chattr: no way to make a directory read-only")
         yield
     finally:
         if immutable:

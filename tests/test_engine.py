@@ -18,7 +18,7 @@ from attnserve.model.pooling import pool
 from .conftest import VARIED_TEXTS
 
 
-def test_engine_equals_pytorch_in_any_batch_composition(engine, encoder):
+def test_engine_equals_pytorch_in_any_batch_composition_and_normalises_as_asked(engine, encoder):
     inputs = engine.tokenizer.encode_texts(VARIED_TEXTS)
     together = engine.encode_tokenized(inputs, normalize=False).embeddings
     for i, x in enumerate(inputs):
@@ -27,11 +27,8 @@ def test_engine_equals_pytorch_in_any_batch_composition(engine, encoder):
         with torch.no_grad():
             hidden, _ = encoder(torch.from_numpy(x.ids[None]), torch.ones(1, len(x), dtype=torch.int64))
         assert np.abs(alone - pool(hidden, torch.ones(1, len(x)), "mean")[0].numpy()).max() <= 1e-4
-
-
-def test_normalisation_follows_the_model_unless_asked(engine):
-    default = engine.encode(["hello world"]).embeddings
-    raw = engine.encode(["hello world"], normalize=False).embeddings
+    # Normalised as the model says, unless asked not to.
+    default, raw = engine.encode(["hello world"]).embeddings, engine.encode(["hello world"], normalize=False).embeddings
     assert np.isclose(np.linalg.norm(default), 1.0, atol=1e-6) and not np.isclose(np.linalg.norm(raw), 1.0)
 
 
@@ -45,28 +42,19 @@ def test_attention_graph_rows_sum_to_one_and_padding_gets_zero(engine):
     assert np.count_nonzero(out.attentions[:, 0, :, :, short:]) == 0
 
 
-def test_plan_batches_respects_budget_and_covers_every_input():
+def test_plan_batches_respects_budget_covers_every_input_and_pads_little():
     rng = np.random.default_rng(0)
-    # The benchmark's mix, 2000 texts: half short, a third medium, the rest long up to max_seq_length.
-    lengths = np.concatenate([rng.integers(6, 23, 1000), rng.integers(23, 80, 700), rng.integers(80, 257, 300)])
-    batches = plan_batches(lengths, max_batch_tokens=2048, max_batch_size=64)
-    assert sorted(np.concatenate(batches).tolist()) == list(range(len(lengths)))
-    cells = 0
-    for batch in batches:
-        assert len(batch) <= 64 and lengths[batch].max() * len(batch) <= 2048
-        cells += lengths[batch].max() * len(batch)
-    assert (cells - lengths.sum()) / cells < 0.05  # sorting keeps padding small
+    # The benchmark's mix, 2000 texts: half short, a third medium, the rest long up to max_seq_length; and 70 short
+    # texts of 6..28 tokens, which fit one budget but as one batch would be 39% padding: each split must save more
+    # padding than a run costs (BATCH_OVERHEAD_CELLS).
+    mix = np.concatenate([rng.integers(6, 23, 1000), rng.integers(23, 80, 700), rng.integers(80, 257, 300)])
+    for lengths, max_batch_size, most_padding in ((mix, 64, 0.05), (np.linspace(6, 28, 70).astype(int), 256, 0.2)):
+        batches = plan_batches(lengths, max_batch_tokens=2048, max_batch_size=max_batch_size)
+        assert sorted(np.concatenate(batches).tolist()) == list(range(len(lengths)))
+        assert all(len(b) <= max_batch_size and lengths[b].max() * len(b) <= 2048 for b in batches)
+        cells = sum(lengths[b].max() * len(b) for b in batches)
+        assert len(batches) > 1 and (cells - lengths.sum()) / cells < most_padding  # sorting keeps padding small
     assert plan_batches([5000, 3], 2048, 8)[0].tolist() == [0]  # over budget alone: a batch of its own
-
-
-def test_plan_batches_splits_a_wide_length_range_when_inputs_are_few():
-    # 70 short texts of 6..28 tokens fit one budget, but as one batch they would be 39% padding;
-    # each split must save more padding than a run costs (BATCH_OVERHEAD_CELLS).
-    lengths = np.linspace(6, 28, 70).astype(int)
-    batches = plan_batches(lengths, max_batch_tokens=2048, max_batch_size=256)
-    cells = sum(lengths[b].max() * len(b) for b in batches)
-    assert len(batches) > 1 and (cells - lengths.sum()) / cells < 0.2
-    assert all(lengths[b].max() * len(b) <= 2048 for b in batches)
     assert plan_batches([], 2048, 8) == []
 
 
@@ -75,26 +63,21 @@ def test_pad_masks_exactly_the_padding():
     assert ids.tolist() == [[1, 2, 3], [4, 0, 0]] and mask.tolist() == [[1, 1, 1], [1, 0, 0]]
 
 
-@pytest.mark.parametrize("text", ["", "   ", "\n\t"])
-def test_empty_text_is_invalid(engine, text):
-    with pytest.raises(InvalidInputError, match="input 1: empty text"):
-        engine.tokenizer.encode_texts(["fine", text])
+@pytest.mark.parametrize("call, message", [
+    *((lambda t, text=text: t.encode_texts(["fine", text]), "input 1: empty text") for text in ("", "   ", "\n\t")),
+    (lambda t: t.encode_ids([[101, 30522, 102]]), r"token id 30522 is out of range \[0, 30522\)"),
+    (lambda t: t.encode_ids([[101, -1, 102]]), "out of range"),
+    (lambda t: t.encode_ids([[]]), "empty token id list"),
+    (lambda t: t.encode_texts(["word " * 300], truncate=False), "longer than max_seq_length 256"),
+    (lambda t: t.encode_ids([[7] * 300], truncate=False), "exceed max_seq_length"),
+], ids=["empty", "spaces", "newline-tab", "id past the vocabulary", "negative id", "no ids", "text too long",
+        "ids too long"])
+def test_invalid_inputs_are_refused(engine, call, message):
+    with pytest.raises(InvalidInputError, match=message):
+        call(engine.tokenizer)
 
 
-def test_token_ids_are_range_checked(engine):
-    with pytest.raises(InvalidInputError, match=r"token id 30522 is out of range \[0, 30522\)"):
-        engine.tokenizer.encode_ids([[101, 30522, 102]])
-    with pytest.raises(InvalidInputError, match="out of range"):
-        engine.tokenizer.encode_ids([[101, -1, 102]])
-    with pytest.raises(InvalidInputError, match="empty token id list"):
-        engine.tokenizer.encode_ids([[]])
-
-
-def test_overlong_input_without_truncation_is_invalid(engine):
-    with pytest.raises(InvalidInputError, match="longer than max_seq_length 256"):
-        engine.tokenizer.encode_texts(["word " * 300], truncate=False)
-    with pytest.raises(InvalidInputError, match="exceed max_seq_length"):
-        engine.tokenizer.encode_ids([[7] * 300], truncate=False)
+def test_overlong_ids_are_truncated_unless_asked_not_to(engine):
     (x,) = engine.tokenizer.encode_ids([[7] * 300])
     assert len(x) == 256 and x.truncated
 

@@ -37,14 +37,17 @@ def test_manifest_records_model_variants_and_parity(artifacts):
     assert {"torch", "onnx", "onnxruntime", "tokenizers"} <= set(manifest["tools"])
 
 
-def test_fused_graph_has_one_attention_node_per_layer(artifacts):
+def feed(session, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+    """MiniLM has token types: zeros, as today (artifacts exported before the graphs took them have none)."""
+    types = {"token_type_ids": np.zeros_like(ids)} if "token_type_ids" in [i.name for i in session.get_inputs()] else {}
+    return {"input_ids": ids, "attention_mask": mask, **types}
+
+
+def test_the_fused_int8_and_fp16_graphs_are_what_they_claim(artifacts):
     counts = op_counts(onnx.load(str(artifacts / "embeddings_fused.onnx"), load_external_data=False))
-    assert counts.get("Attention") == 6
+    assert counts.get("Attention") == 6  # one attention node per layer
     plain = op_counts(onnx.load(str(artifacts / "embeddings.onnx"), load_external_data=False))
     assert "Attention" not in plain and plain.get("Softmax") == 6
-
-
-def test_int8_and_fp16_graphs_are_what_they_claim(artifacts):
     int8 = onnx.load(str(artifacts / "embeddings_int8.onnx"))
     int8_types = {init.data_type for init in int8.graph.initializer}
     assert onnx.TensorProto.INT8 in int8_types
@@ -75,10 +78,7 @@ def test_graphs_run_at_shapes_never_used_in_export(artifacts, encoder, variant):
         lengths = rng.integers(1, seq + 1, size=batch)
         lengths[0] = seq
         ids, mask = pad([rng.integers(1000, 30522, size=n) for n in lengths])
-        feed = {"input_ids": ids, "attention_mask": mask}
-        if "token_type_ids" in [i.name for i in session.get_inputs()]:  # MiniLM has token types: zeros, as today
-            feed["token_type_ids"] = np.zeros_like(ids)
-        outputs = session.run(None, feed)
+        outputs = session.run(None, feed(session, ids, mask))
         with torch.no_grad():
             hidden, _ = encoder(torch.from_numpy(ids), torch.from_numpy(mask))
             sentence = pool(hidden, torch.from_numpy(mask), "mean").numpy()
@@ -105,11 +105,8 @@ def test_the_last_layer_graph_gives_the_attention_graphs_last_layer_and_its_roll
     rng = np.random.default_rng(3)
     lengths = [40, 1, 17, 33, 2]
     ids, mask = pad([rng.integers(1000, 30522, size=n) for n in lengths])
-    feed = {"input_ids": ids, "attention_mask": mask}
-    if "token_type_ids" in [i.name for i in last.get_inputs()]:
-        feed["token_type_ids"] = np.zeros_like(ids)
-    maps = attention.run(["attentions"], feed)[0]  # (L, B, nh, T, T)
-    got_maps, got_rollout = last.run(["last_attentions", "rollout"], feed)  # (B, nh, T, T), (B, T, T)
+    maps = attention.run(["attentions"], feed(attention, ids, mask))[0]  # (L, B, nh, T, T)
+    got_maps, got_rollout = last.run(["last_attentions", "rollout"], feed(last, ids, mask))  # (B,nh,T,T), (B,T,T)
     for row, n in enumerate(lengths):
         np.testing.assert_allclose(got_maps[row, :, :n, :n], maps[-1, row, :, :n, :n], atol=1e-6)
         assert not got_maps[row, :, :, n:].any()  # padded keys: weight 0

@@ -9,27 +9,18 @@ from attnserve.errors import ArtifactError
 from attnserve.export import isolated
 
 
-def test_result_comes_back_as_json():
-    assert isolated.run("parsing", "json:loads", {"s": '{"a": [1, 2.5]}'}) == {"a": [1, 2.5]}
-
-
-def test_value_error_is_raised_as_itself():
+@pytest.mark.parametrize("step, target, kwargs, error, message", [
     # int8's fallback depends on it: quantize_int8_measured raises ValueError when its search misses.
-    with pytest.raises(ValueError, match="does not appear to be an IPv4 or IPv6 address"):
-        isolated.run("reading an address", "ipaddress:ip_address", {"address": "nowhere"})
-
-
-def test_other_errors_name_the_step_in_one_line():
-    with pytest.raises(ArtifactError) as e:
-        isolated.run("fusing attention", "json:loads", {"s": "{"})
-    assert str(e.value).startswith("fusing attention failed: JSONDecodeError: ")
+    ("reading an address", "ipaddress:ip_address", {"address": "nowhere"}, ValueError,
+     "does not appear to be an IPv4 or IPv6 address"),
+    ("fusing attention", "json:loads", {"s": "{"}, ArtifactError, r"^fusing attention failed: JSONDecodeError: "),
+    ("fp16 conversion", "subprocess:call", {"args": ["sh", "-c", "kill -9 $PPID"]}, ArtifactError,
+     r"^fp16 conversion: its child process was killed by SIGKILL \(out of memory\?\)\Z"),
+], ids=["a ValueError is raised as itself", "other errors name the step", "a killed child names the step"])
+def test_a_failing_step_is_one_line(step, target, kwargs, error, message):
+    with pytest.raises(error, match=message) as e:
+        isolated.run(step, target, kwargs)
     assert "\n" not in str(e.value)
-
-
-def test_a_killed_child_is_one_line_naming_the_step():
-    with pytest.raises(ArtifactError) as e:
-        isolated.run("fp16 conversion", "subprocess:call", {"args": ["sh", "-c", "kill -9 $PPID"]})
-    assert str(e.value) == "fp16 conversion: its child process was killed by SIGKILL (out of memory?)"
 
 
 def announcing(on_stage, n):
@@ -48,9 +39,10 @@ def test_stages_are_told_as_they_start(monkeypatch):
 
 @pytest.mark.parametrize("forks", [True, False], ids=["forked", "fresh-interpreter"])
 def test_both_ways_of_starting_a_child_answer_alike(monkeypatch, forks):
-    """Forked from the zygote, or (where there is no fork) a fresh interpreter: the same answers and failures."""
+    """Forked from the zygote, or (where there is no fork) a fresh interpreter: the same answers (the result comes
+    back as JSON) and failures."""
     monkeypatch.setattr(isolated, "FORKS", forks)
-    assert isolated.run("parsing", "json:loads", {"s": "[3]"}) == [3]
+    assert isolated.run("parsing", "json:loads", {"s": '{"a": [1, 2.5]}'}) == {"a": [1, 2.5]}
     with pytest.raises(ArtifactError) as e:
         isolated.run("a step", "no_such_module:step", {})
     assert str(e.value) == ("a step: its child process exited with status 1: "

@@ -1,16 +1,17 @@
-"""Long-context models: verification and attention maps stop at the lengths memory allows, the manifest says
-them, and an attention request past the cap is refused in one line on gRPC and HTTP while embeddings are served
-up to the verified length (past it, one row's attention scores would not fit: Qwen3 at 32,768 tokens needs 68 GB a
-layer), longer inputs truncated or refused as past max_seq_length. Rerankers (bge-reranker-v2-m3 at 8,192 tokens,
-Qwen3-Reranker at 32,768) are capped alike.
-
-A tiny ModernBERT with 8,192 positions stands for ModernBERT-base: its maps are small, so the memory budgets
-(export/verify.py) are scaled down with it, to the caps a real long-context model meets at its own size.
+"""Long-context models (and rerankers alike): verification and attention maps stop at the lengths memory allows (past
+them one row's attention scores would not fit: Qwen3 at 32,768 tokens needs 68 GB a layer), the manifest says them,
+attention past the cap is refused in one line on gRPC and HTTP, and embeddings are served up to the verified length.
+A tiny ModernBERT with 8,192 positions stands for ModernBERT-base, the memory budgets (export/verify.py) scaled down
+with it to the caps a real long-context model meets at its own size.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,12 +19,12 @@ import pytest
 
 from attnserve.client import Client
 from attnserve.client.client import RequestError
+from attnserve.engine.manifest import Manifest, load_manifest
 from attnserve.export import verify
 from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import read_checkpoint
 
 from .checkpoints import save_sentence_transformer, save_tiny_modernbert
-from .memory_peak import rss_growth
 from .serving import ServerProcess, serving
 
 POSITIONS = 8192
@@ -32,9 +33,48 @@ POSITIONS = 8192
 ATTENTION_MAP_BYTES, SCORES_BYTES = 1 * 2**20, 2 * 2**20
 VERIFIED, ATTENTION = 209, 128
 # What the export may add to the process's memory: far from one row's maps at 8,192 (4 GiB), which an uncapped
-# verification would hold. Measured as the growth while it runs (tests/memory_peak.py), not the worker's lifetime
-# peak, which other files' tests in the same xdist worker set.
+# verification would hold. Measured as the growth while it runs (rss_growth), not the worker's lifetime peak
+# (getrusage's ru_maxrss), which other files' tests in the same xdist worker set.
 MOST_GROWTH = 2 * 2**30
+
+
+@contextlib.contextmanager
+def rss_growth() -> Iterator[list[int]]:
+    """growth[0], once the block has run: the most this process's RSS (sampled from /proc every 5 ms) grew in it."""
+    def rss() -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    start, stop, growth = rss(), threading.Event(), [0]
+
+    def sample() -> None:
+        while not stop.wait(0.005):
+            growth[0] = max(growth[0], rss() - start)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield growth
+    finally:
+        stop.set()
+        sampler.join()
+        growth[0] = max(growth[0], rss() - start)
+
+
+def capped_build(checkpoint: Path, name: str, out: Path, variants: list[str]) -> tuple[Manifest, int]:
+    """build_artifacts under the scaled-down budgets: (its manifest, how much it grew the process's memory)."""
+    with pytest.MonkeyPatch.context() as patch, rss_growth() as growth:
+        patch.setattr(verify, "ATTENTION_MAP_BYTES", ATTENTION_MAP_BYTES)
+        patch.setattr(verify, "SCORES_BYTES", SCORES_BYTES)
+        manifest = build_artifacts(read_checkpoint(checkpoint, name), out, log=lambda m: None, variants=variants)
+    return manifest, growth[0]
+
+
+def assert_shapes_checked(manifest: Manifest, full: str) -> None:
+    """`full` ran the grid up to VERIFIED, the attention graph its cases up to ATTENTION (and its own case)."""
+    shapes, past = manifest.variants, sum(1 for _, seq in verify.shape_grid(VERIFIED) if seq > ATTENTION)
+    assert past >= 1 and shapes[full].parity["shapes_checked"] == len(verify.shape_grid(VERIFIED)) + 1
+    assert shapes["attention"].parity["shapes_checked"] == shapes[full].parity["shapes_checked"] - past
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +82,10 @@ def long_context(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("long")
     model = save_tiny_modernbert(root / "model", max_position_embeddings=POSITIONS)
     checkpoint = save_sentence_transformer(model, root / "st", "mean", normalize=True)
-    with pytest.MonkeyPatch.context() as patch, rss_growth() as growth:
-        patch.setattr(verify, "ATTENTION_MAP_BYTES", ATTENTION_MAP_BYTES)
-        patch.setattr(verify, "SCORES_BYTES", SCORES_BYTES)
-        # The graphs whose verification the caps bound, and what the server runs: the fp32 graph and the maps'
-        # The other variants are verified by the same code over the same grid (tests/test_weights_once.py and
-        # the families' tests build them all).
-        build_artifacts(read_checkpoint(checkpoint, "tiny-long"), root / "artifacts", log=lambda m: None,
-                        variants=["embeddings", "attention", "attention_last"])
-    (root / "export_rss_growth").write_text(str(growth.bytes))
+    # The graphs the caps bound and the server runs; the others are verified by the same code over the same grid
+    # (tests/test_weights_once.py and the families' tests build them all).
+    _, growth = capped_build(checkpoint, "tiny-long", root / "artifacts", ["embeddings", "attention", "attention_last"])
+    (root / "export_rss_growth").write_text(str(growth))
     return root / "artifacts"
 
 
@@ -59,12 +94,7 @@ def test_the_manifest_says_the_caps_and_export_stays_small(long_context):
     assert manifest["max_seq_length"] == POSITIONS
     assert (manifest["verified_max_length"], manifest["attention_max_length"]) == (VERIFIED, ATTENTION)
     assert manifest["variants"]["embeddings"]["parity"]["max_abs_last_hidden_state"] <= 1e-4
-    # The attention graph ran the cases up to ATTENTION only: those at VERIFIED left out (its own case at ATTENTION
-    # is in the grid of every graph).
-    shapes = {name: v["parity"]["shapes_checked"] for name, v in manifest["variants"].items()}
-    past = sum(1 for _, seq in verify.shape_grid(VERIFIED) if seq > ATTENTION)
-    assert past >= 1 and shapes["embeddings"] == len(verify.shape_grid(VERIFIED)) + 1
-    assert shapes["attention"] == shapes["embeddings"] - past
+    assert_shapes_checked(load_manifest(long_context), "embeddings")
     # Bounded memory: nothing near what verifying at 8,192 would take (one row's maps: 4 GiB).
     assert int((long_context.parent / "export_rss_growth").read_text()) < MOST_GROWTH
 
@@ -115,17 +145,11 @@ def test_a_long_context_reranker_is_verified_and_served_up_to_the_caps(tmp_path)
     from .tiny_cross_encoders import save_tiny_cross_encoder
 
     checkpoint = save_tiny_cross_encoder(tmp_path / "ce", "modernbert-mean", max_position_embeddings=POSITIONS)
-    with pytest.MonkeyPatch.context() as patch, rss_growth() as growth:
-        patch.setattr(verify, "ATTENTION_MAP_BYTES", ATTENTION_MAP_BYTES)
-        patch.setattr(verify, "SCORES_BYTES", SCORES_BYTES)
-        manifest = build_artifacts(read_checkpoint(checkpoint, "tiny-long-reranker"), tmp_path / "artifacts",
-                                   log=lambda m: None, variants=["scores", "attention"])
+    manifest, growth = capped_build(checkpoint, "tiny-long-reranker", tmp_path / "artifacts", ["scores", "attention"])
     assert (manifest.kind, manifest.verified_max_length, manifest.attention_max_length) == (
         "reranker", VERIFIED, ATTENTION)
-    shapes = {name: v.parity["shapes_checked"] for name, v in manifest.variants.items()}
-    past = sum(1 for _, seq in verify.shape_grid(VERIFIED) if seq > ATTENTION)
-    assert shapes["scores"] == len(verify.shape_grid(VERIFIED)) + 1 and shapes["attention"] == shapes["scores"] - past
-    assert growth.bytes < MOST_GROWTH
+    assert_shapes_checked(manifest, "scores")
+    assert growth < MOST_GROWTH
     pairs = [("what do cats eat", " ".join(["cats eat meat"] * 700)), ("a", "b"),
              ("what do cats eat", " ".join(["cats eat meat"] * 10))]  # past VERIFIED tokens, 4 and about 40
     engine = Engine.from_directory(tmp_path / "artifacts")

@@ -25,10 +25,12 @@ TEXTS = ["hello world", "A LONGER sentence, with punctuation!", "café über na�
          "the quick brown fox jumps over the lazy dog " * 12]
 
 
-def sentence_transformers_encode(checkpoint: Path) -> np.ndarray:
+def encodes_as_sentence_transformers(artifacts: Path, checkpoint: Path):
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(checkpoint), device="cpu").encode(TEXTS)
+    encoded = Engine.from_directory(artifacts).encode(TEXTS)
+    assert np.abs(encoded.embeddings - SentenceTransformer(str(checkpoint), device="cpu").encode(TEXTS)).max() <= 1e-5
+    return encoded
 
 
 def test_vocabulary_of_64_exports_verifies_and_encodes_as_sentence_transformers(tmp_path):
@@ -44,9 +46,7 @@ def test_vocabulary_of_64_exports_verifies_and_encodes_as_sentence_transformers(
     assert (manifest["pooling"], manifest["normalize"]) == ("mean", True)
     assert "verified embeddings_int8.onnx" in result.stderr and "verified attention.onnx" in result.stderr
 
-    encoded = Engine.from_directory(out).encode(TEXTS)
-    assert encoded.truncated.tolist() == [False] * 4 + [True]
-    assert np.abs(encoded.embeddings - sentence_transformers_encode(checkpoint)).max() <= 1e-5
+    assert encodes_as_sentence_transformers(out, checkpoint).truncated.tolist() == [False] * 4 + [True]
 
 
 def test_vocabulary_of_1000_masked_lm_with_cls_pooling_encodes_as_sentence_transformers(tmp_path):
@@ -57,8 +57,7 @@ def test_vocabulary_of_1000_masked_lm_with_cls_pooling_encodes_as_sentence_trans
     ckpt = read_checkpoint(checkpoint)
     assert (ckpt.pooling, ckpt.normalize, ckpt.max_seq_length) == ("cls", False, 40)
     build_artifacts(ckpt, tmp_path / "artifacts", log=lambda m: None, variants=["embeddings"])  # what it reads
-    encoded = Engine.from_directory(tmp_path / "artifacts").encode(TEXTS)
-    assert np.abs(encoded.embeddings - sentence_transformers_encode(checkpoint)).max() <= 1e-5
+    encodes_as_sentence_transformers(tmp_path / "artifacts", checkpoint)
 
 
 def test_every_dense_activation_with_and_without_bias_encodes_as_sentence_transformers(tmp_path):
@@ -77,9 +76,7 @@ def test_every_dense_activation_with_and_without_bias_encodes_as_sentence_transf
     ckpt = read_checkpoint(checkpoint)
     assert [m.split(",")[1].strip(" )") for m in ckpt.modules[2:]] == [a.lower() for a in DENSE_ACTIVATIONS]
     build_artifacts(ckpt, tmp_path / "artifacts", log=lambda m: None, variants=["embeddings"])  # what it reads
-    encoded = Engine.from_directory(tmp_path / "artifacts").encode(TEXTS)
-    assert encoded.embeddings.shape == (len(TEXTS), 48)
-    assert np.abs(encoded.embeddings - sentence_transformers_encode(checkpoint)).max() <= 1e-5
+    assert encodes_as_sentence_transformers(tmp_path / "artifacts", checkpoint).embeddings.shape == (len(TEXTS), 48)
 
 
 def test_a_bare_transformers_save_reads_as_sentence_transformers_loads_it(tmp_path):

@@ -8,23 +8,14 @@ import numpy as np
 import onnx
 import pytest
 
-from attnserve.engine.batching import pad
 from attnserve.export.int8_recipes import Int8Recipe, build, quantizable_nodes
 from attnserve.export.int8_sensitivity import _with_recipe_gelu, one_node_quantized, sentence_embeddings
 from attnserve.export.optimize import quiet
 
 from . import tiny_graphs
+from .test_int8_recipes import feeds
 
 fused_graph = tiny_graphs.fused_graph  # the session's fixture, in this module's scope
-
-
-def _feeds(vocab: int) -> list[dict[str, np.ndarray]]:
-    rng = np.random.default_rng(0)
-    feeds = []
-    for _ in range(3):
-        ids, mask = pad([rng.integers(5, vocab, size=n) for n in rng.integers(3, 40, size=5)])
-        feeds.append({"input_ids": ids, "attention_mask": mask})
-    return feeds
 
 
 @pytest.mark.parametrize("family", ["bert", "mpnet"])
@@ -34,7 +25,7 @@ def test_a_probe_cut_from_the_whole_int8_graph_is_the_quantizers_one_node_graph(
     nodes = quantizable_nodes(fp32)
     # As export's recipe: FastGelu, and a node kept in fp32 (export keeps the outlier side paths so).
     recipe = Int8Recipe("probe", fast_gelu=True, keep_fp32=(nodes[-1],))
-    feeds = _feeds(ckpt.config.vocab_size)
+    batches = feeds(seed=0, n_batches=3, vocab=ckpt.config.vocab_size)
     with quiet():
         build(recipe, fused, tmp_path / "whole.onnx")
         whole, fp32 = onnx.load(str(tmp_path / "whole.onnx")), _with_recipe_gelu(recipe, fp32)
@@ -42,8 +33,8 @@ def test_a_probe_cut_from_the_whole_int8_graph_is_the_quantizers_one_node_graph(
         for node in nodes[:-1]:
             build(recipe, fused, tmp_path / "quantizer.onnx", only=[node])
             onnx.save(one_node_quantized(fp32, whole, node), str(tmp_path / "cut.onnx"))
-            expected = sentence_embeddings(tmp_path / "quantizer.onnx", feeds)
-            assert np.array_equal(sentence_embeddings(tmp_path / "cut.onnx", feeds), expected), node
+            expected = sentence_embeddings(tmp_path / "quantizer.onnx", batches)
+            assert np.array_equal(sentence_embeddings(tmp_path / "cut.onnx", batches), expected), node
             cut = onnx.load(str(tmp_path / "cut.onnx"))
             assert sorted(n.op_type for n in cut.graph.node) == sorted(
                 n.op_type for n in onnx.load(str(tmp_path / "quantizer.onnx")).graph.node), node

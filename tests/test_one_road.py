@@ -1,18 +1,11 @@
 """One road (issue 46): every output a server's core gives and offline `encode` writes is assembled by one module
-(engine/outputs.py), so the same input through both comes back byte for byte the same.
-
-Offered on both roads, and checked against the file `encode` writes: dense embeddings (normalised or not, cut to
-`dimensions`), each quantized type (int8, uint8, binary, ubinary), a SPLADE model's sparse weights, a ColBERT
-model's vectors (queries and documents), bge-m3's dense, sparse and ColBERT outputs of one pass, and late chunks.
-Offered by the server alone: token embeddings, pooling at request time, attention weights and their analyses; for
-those, the server's reply is checked against the engine's batch assembly that offline encoding runs
-(engine/batch_outputs.py), with the options the server resolved. Rerank scores and --long-inputs chunk's windows
-are the server's alone and have no offline counterpart to hold them to (test_core.py and test_long_inputs.py).
-
-Same batches: an input's values depend on the padded batch it ran in (another length pads it otherwise, and the
-kernels' sums go another way: to the float noise, test_splade.py's chunks of 3 rows). So each input runs alone on
-both roads, a request of one input to a server that is otherwise idle, and an offline run of one row a chunk
-(--chunk-rows 1), so that both run it in a batch of its own: the same graph, the same padding.
+(engine/outputs.py), so the same input through both comes back byte for byte the same: dense embeddings (normalised
+or not, cut to `dimensions`, each quantized type), SPLADE's sparse weights, ColBERT's vectors, bge-m3's three outputs
+and late chunks, against the file `encode` writes. The server's own outputs (token embeddings, request-time pooling,
+attention and its analyses) are checked against the engine's batch assembly that offline encoding runs
+(engine/batch_outputs.py). Rerank scores and --long-inputs chunk's windows have no offline counterpart (test_core.py
+and test_long_inputs.py hold them). An input's values depend on the padded batch it ran in, so each runs alone on both
+roads: a request of one input to an otherwise idle server, and an offline run of one row a chunk (--chunk-rows 1).
 """
 
 from __future__ import annotations
@@ -65,6 +58,12 @@ def same(got: np.ndarray, want: np.ndarray) -> None:
 
 def column(table, name: str, dtype) -> list[np.ndarray]:
     return [np.asarray(row, dtype=dtype) for row in table.column(name).to_pylist()]
+
+
+def same_sparse(pairs: list[dict], sparse) -> None:
+    assert sparse is not None
+    same(np.array([p["index"] for p in pairs], np.int32), sparse.indices)
+    same(np.array([p["value"] for p in pairs], np.float32), sparse.values)
 
 
 @pytest.mark.parametrize("asked,job", [
@@ -165,10 +164,7 @@ def test_splade_sparse_weights_are_the_same_bytes_on_both_roads(splade_engine, t
     replies = server_replies(splade_engine, TEXTS, sparse=SparseOptions())
     table = offline_table(splade_engine, TEXTS, tmp_path / "out.parquet")
     for reply, pairs in zip(replies, table.column("sparse_embedding").to_pylist(), strict=True):
-        sparse = reply.inputs[0].sparse
-        assert sparse is not None
-        same(np.array([p["index"] for p in pairs], np.int32), sparse.indices)
-        same(np.array([p["value"] for p in pairs], np.float32), sparse.values)
+        same_sparse(pairs, reply.inputs[0].sparse)
 
 
 @pytest.mark.parametrize("input_type", ["query", "document"])
@@ -186,10 +182,7 @@ def test_bge_m3_three_outputs_are_the_same_bytes_on_both_roads(m3_engine, tmp_pa
                           outputs=("embedding", "sparse_embedding", "multi_vector"))
     dense, vectors = column(table, "embedding", np.float32), column(table, "multi_vector", np.float32)
     for i, reply in enumerate(replies):
-        got = reply.inputs[0]
-        assert got.sparse is not None and got.multi_vector is not None
+        assert reply.inputs[0].multi_vector is not None
         same(dense[i], reply.embeddings[0])
-        same(vectors[i], got.multi_vector)
-        pairs = table.column("sparse_embedding")[i].as_py()
-        same(np.array([p["index"] for p in pairs], np.int32), got.sparse.indices)
-        same(np.array([p["value"] for p in pairs], np.float32), got.sparse.values)
+        same(vectors[i], reply.inputs[0].multi_vector)
+        same_sparse(table.column("sparse_embedding")[i].as_py(), reply.inputs[0].sparse)

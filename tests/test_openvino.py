@@ -1,17 +1,13 @@
 """bf16 and OpenVINO's fp32 (issue 21): the plain embeddings graph run by the OpenVINO runtime, verified at export
-like every variant, and timed beside onnxruntime's graphs by the engine's calibration.
-
-OpenVINO is an optional extra (attnserve[openvino]). The default install has no OpenVINO: there, the last test
-checks that the artifacts have no OpenVINO graph and that bf16 is refused in one line. .ci/run runs this file again
-in a virtual environment with the extra, where the others run. A CPU without native bf16 (AVX2 only) gets no bf16
-graph at export and is refused bf16; the calibration test for such a CPU describes one through /proc/cpuinfo's
-flags without bf16, since no such CPU is at hand where this one has it.
+like every variant, and timed beside onnxruntime's graphs by the engine's calibration. OpenVINO is an optional extra
+(attnserve[openvino]): .ci/run runs this file again in a venv with it; without it, one test checks that there is no
+OpenVINO graph and bf16 is refused in one line. A CPU without native bf16 gets no bf16 graph and is refused bf16;
+its calibration test describes one through /proc/cpuinfo's flags less bf16's.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,9 +22,11 @@ from attnserve.engine.machine import this_machine
 from attnserve.engine.manifest import load_manifest
 from attnserve.engine.openvino_session import openvino_available
 from attnserve.errors import ConfigError
-from tests.conftest import VARIED_TEXTS, link_but_data
+from tests import test_calibration
+from tests.conftest import VARIED_TEXTS
+from tests.test_calibration import SMALL
 
-SMALL = dict(max_batch_tokens=256, max_batch_size=64)
+linked = test_calibration.linked  # the artifacts linked into a directory of the test's own, with a cache of its own
 SAMPLE_TEXTS = Path(__file__).resolve().parent.parent / "export/data/sample_texts.txt"
 
 needs_openvino = pytest.mark.skipif(
@@ -38,15 +36,6 @@ needs_bf16 = pytest.mark.skipif(not this_machine().native_bf16, reason="this CPU
 
 def sample_texts(n: int) -> list[str]:
     return [t for t in SAMPLE_TEXTS.read_text(encoding="utf-8").splitlines() if t.strip()][:n]
-
-
-@pytest.fixture
-def linked(artifacts, tmp_path, monkeypatch) -> Path:
-    """The artifacts in a directory of the test's own (calibration records beside them), with a cache of its own."""
-    monkeypatch.setenv("ATTNSERVE_CACHE", str(tmp_path / "cache"))
-    out = tmp_path / "artifacts"
-    shutil.copytree(artifacts, out, copy_function=link_but_data, ignore=shutil.ignore_patterns(CALIBRATION))
-    return out
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -97,7 +86,7 @@ def test_a_bf16_graph_off_its_bar_is_left_out_and_the_export_goes_on(checkpoint,
 
 
 @needs_openvino
-def test_openvino_fp32_encodes_as_onnxruntime_does(linked):
+def test_openvino_fp32_encodes_as_onnxruntime_does_on_several_threads(linked):
     onnxruntime = Engine.from_directory(linked, EngineConfig(graph="embeddings_fused", **SMALL))
     openvino = Engine.from_directory(linked, EngineConfig(graph="embeddings_openvino", **SMALL))
     assert "OpenVINO" in openvino.describe() and openvino.precision == "fp32"
@@ -107,6 +96,14 @@ def test_openvino_fp32_encodes_as_onnxruntime_does(linked):
     inputs = openvino.tokenizer.encode_texts(VARIED_TEXTS[:3])
     np.testing.assert_allclose(openvino.run(inputs).last_hidden_state, onnxruntime.run(inputs).last_hidden_state,
                                atol=1e-4)
+    # One session serves several threads (the server's inference thread and the attention pool share an engine):
+    # each thread gets its own request.
+    groups = [sample_texts(200)[i::4] for i in range(4)]
+    alone = [openvino.encode(g).embeddings for g in groups]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda g: openvino.encode(g).embeddings, groups * 3))
+    for i, got in enumerate(together):
+        np.testing.assert_allclose(got, alone[i % 4], atol=1e-6)
 
 
 @needs_openvino
@@ -146,18 +143,6 @@ def test_the_server_runs_bf16_on_every_door_and_says_so(linked):
     for got in (over_http, over_grpc):
         cos = cosines(got, fp32)
         assert cos.mean() >= 0.9999 and cos.min() >= 0.999, cos
-
-
-@needs_openvino
-def test_one_openvino_session_serves_several_threads(linked):
-    """The server's inference thread and the attention pool share an engine: each thread gets its own request."""
-    engine = Engine.from_directory(linked, EngineConfig(graph="embeddings_openvino", **SMALL))
-    groups = [sample_texts(200)[i::4] for i in range(4)]
-    alone = [engine.encode(g).embeddings for g in groups]
-    with ThreadPoolExecutor(4) as pool:
-        together = list(pool.map(lambda g: engine.encode(g).embeddings, groups * 3))
-    for i, got in enumerate(together):
-        np.testing.assert_allclose(got, alone[i % 4], atol=1e-6)
 
 
 @needs_openvino

@@ -1,10 +1,7 @@
-"""The sentence-transformers modules after the encoder, exported and checked against sentence-transformers itself.
-
-Real folders saved by sentence-transformers' own classes over all-MiniLM-L6-v2's weights (max_seq_length 32,
-which keeps each export to seconds): every Pooling mode at once, concatenated; Dense layers (random weights,
-saved by Dense.save) with a Normalize between them and one at the end; named and default prompts. Each is
-exported through `build_artifacts` (verified as `attnserve export` verifies) and encodes texts to what
-`SentenceTransformer(folder).encode` gives: cosine >= 0.99999 and max abs <= 1e-4.
+"""The sentence-transformers modules after the encoder, exported and checked against sentence-transformers itself:
+folders saved by its own classes over all-MiniLM-L6-v2's weights (max_seq_length 32: exports of seconds) with every
+Pooling mode concatenated, Dense layers with Normalize between and after, named and default prompts. Each encodes as
+`SentenceTransformer(folder).encode` does: cosine >= 0.99999 and max abs <= 1e-4.
 """
 
 from __future__ import annotations
@@ -12,10 +9,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import grpc
+import httpx
 import numpy as np
 import pytest
 import torch
 
+from attnserve.client.client import make_request, to_result
 from attnserve.engine.engine import Engine
 from attnserve.engine.pooling import pool as numpy_pool
 from attnserve.errors import InvalidInputError
@@ -23,9 +23,11 @@ from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import read_checkpoint
 from attnserve.model.pooling import pool as torch_pool
 from attnserve.pooling_modes import POOLING_MODES
+from attnserve.v1 import encoder_pb2 as pb
 
 from .checkpoints import save_pipeline
-from .conftest import VARIED_TEXTS
+from .conftest import VARIED_TEXTS, run_cli
+from .serving import ServerProcess, serving
 
 # Past 32 tokens (truncated), unicode, one letter: the varied texts, and a few short ones.
 TEXTS = VARIED_TEXTS + ["hello world", "query: already prompted", "A LONGER sentence, with punctuation!"]
@@ -93,27 +95,20 @@ def sentence_transformers(folder: Path):
     return SentenceTransformer(str(folder), device="cpu")
 
 
-def test_every_pooling_mode_concatenated_encodes_as_sentence_transformers(every_pooling):
+def test_every_pooling_mode_concatenated_and_prompts_encode_as_sentence_transformers(every_pooling):
     folder, engine = every_pooling
-    manifest = engine.manifest
+    manifest, model = engine.manifest, sentence_transformers(folder)
     assert (manifest.hidden_size, manifest.embedding_size, manifest.normalize) == (384, 6 * 384, False)
     assert manifest.pooling == "cls+max+mean+mean_sqrt_len_tokens+weightedmean+lasttoken"
     assert manifest.modules == ("Transformer(bert)", f"Pooling({manifest.pooling})")
-    ours = engine.encode(TEXTS).embeddings  # the default prompt, "query: ", before each text
-    theirs = sentence_transformers(folder).encode(TEXTS)
-    for i, mode in enumerate(POOLING_MODES):
-        part = slice(i * 384, (i + 1) * 384)
-        assert_parity(ours[:, part], theirs[:, part]), mode
-
-
-def test_prompts_are_kept_and_applied_as_sentence_transformers_applies_them(every_pooling):
-    folder, engine = every_pooling
-    raw = json.loads((engine.manifest.directory / "manifest.json").read_text())
     # sentence-transformers saves its own empty "document" prompt beside the model's.
+    raw = json.loads((manifest.directory / "manifest.json").read_text())
     assert (raw["prompts"], raw["default_prompt_name"]) == ({**PROMPTS, "document": ""}, "query")
-    model = sentence_transformers(folder)
-    default = engine.encode(TEXTS).embeddings
-    assert_parity(default, model.encode(TEXTS))
+    default = engine.encode(TEXTS).embeddings  # the default prompt, "query: ", before each text
+    theirs = model.encode(TEXTS)
+    assert_parity(default, theirs)
+    for i in range(len(POOLING_MODES)):
+        assert_parity(default[:, i * 384:(i + 1) * 384], theirs[:, i * 384:(i + 1) * 384])
     assert_parity(default, engine.encode(TEXTS, prompt_name="query").embeddings)
     passage = engine.encode(TEXTS, prompt_name="passage").embeddings
     assert_parity(passage, model.encode(TEXTS, prompt_name="passage"))
@@ -142,13 +137,7 @@ def test_dense_layers_and_normalize_in_between_encode_as_sentence_transformers(d
 
 
 def test_a_server_serves_the_pipelines_embeddings_and_refuses_another_pooling(dense, tmp_path):
-    import grpc
-
-    from attnserve.client.client import make_request, to_result
-    from attnserve.v1 import encoder_pb2 as pb
-
-    from .serving import ServerProcess, serving
-
+    """Another pooling is refused on request, and at start (`serve --pooling cls`): the embedding is more than one."""
     _, engine = dense
     with serving(ServerProcess(engine.manifest.directory, log_path=tmp_path / "server.log")) as process:
         with process.channel() as channel:
@@ -170,6 +159,12 @@ def test_a_server_serves_the_pipelines_embeddings_and_refuses_another_pooling(de
                     embed(**options)
                 assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert message in error.value.details(), error.value.details()
+    refused = ServerProcess(engine.manifest.directory, "--pooling", "cls", log_path=tmp_path / "refused.log")
+    assert refused.process.wait(120) != 0
+    log = refused.log_tail()
+    assert ("--pooling cls: model 'st' cannot be pooled otherwise: its pipeline is Transformer(bert) -> "
+            "Pooling(mean) -> Dense(384->256, tanh)") in log, log
+    assert "Traceback" not in log
 
 
 def test_request_time_pooling_is_refused_where_the_model_pools_otherwise(every_pooling, artifacts):
@@ -194,8 +189,6 @@ def test_request_time_pooling_is_refused_where_the_model_pools_otherwise(every_p
 def test_offline_encoding_writes_the_pipelines_size_with_the_default_prompt(every_pooling, tmp_path):
     from attnserve.offline.encode import read_embeddings
 
-    from .conftest import run_cli
-
     folder, engine = every_pooling
     texts = [t for t in TEXTS if "\n" not in t]
     (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
@@ -211,14 +204,8 @@ def test_serve_pooling_cls_on_a_mean_model_equals_sentence_transformers_cls_pool
     """`serve --pooling cls` (TEI's --pooling; its tests run CLS pooling on a mean-pooling model): a request that
     names no pooling gets CLS pooling on every door, equal to sentence-transformers' own Pooling(cls) over the same
     weights; the server says so in its info; a request's own pooling still wins."""
-    import httpx
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-
-    from attnserve.client.client import make_request, to_result
-    from attnserve.v1 import encoder_pb2 as pb
-
-    from .serving import ServerProcess, serving
 
     transformer = Transformer(str(checkpoint.directory), max_seq_length=256)
     cls = SentenceTransformer(modules=[transformer, Pooling(384, "cls"), Normalize()], device="cpu")
@@ -242,15 +229,3 @@ def test_serve_pooling_cls_on_a_mean_model_equals_sentence_transformers_cls_pool
         assert httpx.get(f"{url}/info", timeout=30).json()["model_type"] == {"embedding": {"pooling": "cls"}}
         own = httpx.post(f"{url}/embed", json={"inputs": texts, "pooling": "mean"}, timeout=60).json()
         np.testing.assert_allclose(np.array(own, dtype=np.float32), mean, atol=1e-5)
-
-
-def test_serve_pooling_is_refused_at_start_for_a_model_whose_embedding_is_more_than_a_pooling(dense, tmp_path):
-    from .serving import ServerProcess
-
-    _, engine = dense
-    process = ServerProcess(engine.manifest.directory, "--pooling", "cls", log_path=tmp_path / "server.log")
-    assert process.process.wait(120) != 0
-    log = process.log_tail()
-    assert ("--pooling cls: model 'st' cannot be pooled otherwise: its pipeline is Transformer(bert) -> "
-            "Pooling(mean) -> Dense(384->256, tanh)") in log, log
-    assert "Traceback" not in log

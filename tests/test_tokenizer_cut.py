@@ -16,6 +16,7 @@ from attnserve.engine.stable_prefix import FIRST_CHARS_PER_TOKEN, MAX_CHARS_PER_
 from attnserve.engine.tokenizer import TextTokenizer
 
 from .serving import ServerProcess, serving
+from .test_server_memory import status_mib
 from .text_mix import CJK, EMOJI, MARKS, text_of_length
 from .tiny_tokenizers import modernbert_style, roberta_style, xlmr_style
 
@@ -32,12 +33,18 @@ def tokenizer_files(tmp_path_factory, artifacts) -> dict[str, Path]:
             "unigram": xlmr_style(out / "unigram.json")}
 
 
-def whole(path: Path, max_seq_length: int, text: str) -> tuple[list[int], bool]:
-    """The reference: the whole text through the tokenizer, truncated as the engine truncates."""
+def load(path: Path, max_seq_length: int | None = None) -> Tokenizer:
+    """The tokenizer without padding, truncating (where max_seq_length is given) as the engine truncates."""
     tokenizer = Tokenizer.from_file(str(path))
     tokenizer.no_padding()
-    tokenizer.enable_truncation(max_seq_length)
-    encoding = tokenizer.encode(text)
+    if max_seq_length:
+        tokenizer.enable_truncation(max_seq_length)
+    return tokenizer
+
+
+def whole(path: Path, max_seq_length: int, text: str) -> tuple[list[int], bool]:
+    """The reference: the whole text through the tokenizer, truncated as the engine truncates."""
+    encoding = load(path, max_seq_length).encode(text)
     return encoding.ids, bool(encoding.overflowing)
 
 
@@ -46,12 +53,7 @@ def test_every_prefix_called_stable_gives_the_whole_texts_ids(tokenizer_files, k
     """The rule itself, at every cut: wherever a prefix is called stable, it encodes as the whole text does."""
     path, rng, checked = tokenizer_files[kind], random.Random(0), 0
     for max_seq_length in (4, 8):
-        probe = Tokenizer.from_file(str(path))
-        probe.no_padding()
-        stable = StablePrefix(probe, max_seq_length, None)
-        reference = Tokenizer.from_file(str(path))
-        reference.no_padding()
-        reference.enable_truncation(max_seq_length)
+        stable, reference = StablePrefix(load(path), max_seq_length, None), load(path, max_seq_length)
         for _ in range(12):
             text = text_of_length(rng, 160)
             expected = reference.encode(text)
@@ -105,8 +107,7 @@ def test_minilm_at_its_own_limit(tokenizer_files):
 
 
 def test_shortening_only_where_no_token_id_changes(tokenizer_files):
-    bert = Tokenizer.from_file(str(tokenizer_files["wordpiece"]))
-    bert.no_padding()
+    bert = load(tokenizer_files["wordpiece"])
     shortening = exact_shortening(bert)
     assert shortening.apply(" \t\n\r\xa0\u3000\u2003\u202f") == " "
     for removed in "\x0b\x0c\x1c\x1f\x85":  # control characters to BERT: removed, which joins the words around
@@ -122,8 +123,7 @@ def test_shortening_only_where_no_token_id_changes(tokenizer_files):
 
 
 def memory_mb(pid: int) -> dict[str, float]:
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-    return {k: int(fields[k].split()[0]) / 1024 for k in ("VmRSS", "VmHWM")}
+    return {field: status_mib(pid, field) for field in ("VmRSS", "VmHWM")}
 
 
 SERVER_GROWTH_BOUND_MB = 100

@@ -1,12 +1,7 @@
 """Your own model, serving at once (issue 33): a checkpoint's first run builds the one graph it runs; every other
-variant is built when first needed (a request for attention, a --precision, `attnserve export --all`), verified
-before its first use, and listed in the manifest only then.
-
-A request that needs a graph being built waits for it (tests/test_first_calls.py); with --max-build-wait 0 it is
-refused at once, retryably: HTTP 503 with Retry-After (code graph_building), gRPC UNAVAILABLE with RetryInfo (reason
-GRAPH_BUILDING), while the build runs in the background; the same request then succeeds. One the server cannot
-build gets HTTP 501 / FAILED_PRECONDITION, saying why.
-"""
+variant is built when first needed (attention, a --precision, `export --all`), verified first, and listed only then.
+With --max-build-wait 0 a request for a graph being built is refused retryably (HTTP 503 + Retry-After, gRPC
+UNAVAILABLE + RetryInfo) while it builds; one the server cannot build gets HTTP 501 / FAILED_PRECONDITION."""
 
 from __future__ import annotations
 
@@ -48,35 +43,39 @@ def tiny(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def first_export(tmp_path_factory, checkpoint) -> Path:
-    """all-MiniLM-L6-v2 as a CPU run's first export leaves it: the plain fp32 graph alone."""
-    out = tmp_path_factory.mktemp("first_export") / "artifacts"
-    build_artifacts(checkpoint, out, log=lambda m: None, variants=["embeddings"])
+def first_exports(tmp_path_factory, checkpoint, tiny) -> dict[str, Path]:
+    """As a CPU run's first export leaves them (the plain fp32 graph alone): all-MiniLM-L6-v2's, and the tiny BERT's
+    for the tests that build a variant on demand (the build is what they check)."""
+    out = {"minilm": checkpoint, "tiny": read_checkpoint(tiny)}
+    for name, ckpt in out.items():
+        out[name] = tmp_path_factory.mktemp(f"first_export_{name}") / "artifacts"
+        build_artifacts(ckpt, out[name], log=lambda m: None, variants=["embeddings"])
     return out
 
 
 @pytest.fixture
-def fresh(first_export, tmp_path) -> Path:
-    """A private copy of the first export, for a test that grows it."""
-    copy = tmp_path / "artifacts"
-    shutil.copytree(first_export, copy)
-    return copy
-
-
-@pytest.fixture(scope="module")
-def tiny_first_export(tiny, tmp_path_factory) -> Path:
-    """The tiny BERT's first export (the fp32 graph alone), for the tests that build a variant on demand: the build,
-    not the model, is what they check, and the tiny model's takes seconds."""
-    out = tmp_path_factory.mktemp("tiny_first_export") / "artifacts"
-    build_artifacts(read_checkpoint(tiny), out, log=lambda m: None, variants=["embeddings"])
-    return out
+def fresh(first_exports, tmp_path) -> Path:
+    """A private copy of MiniLM's first export, for a test that grows it."""
+    return Path(shutil.copytree(first_exports["minilm"], tmp_path / "artifacts"))
 
 
 @pytest.fixture
-def fresh_tiny(tiny_first_export, tmp_path) -> Path:
-    copy = tmp_path / "artifacts"
-    shutil.copytree(tiny_first_export, copy)
-    return copy
+def fresh_tiny(first_exports, tmp_path) -> Path:
+    return Path(shutil.copytree(first_exports["tiny"], tmp_path / "artifacts"))
+
+
+def grpc_attention_refused(server) -> grpc.RpcError:
+    with server.channel() as channel, pytest.raises(grpc.RpcError) as refused:
+        server.stub(channel).Embed(pb.EmbedRequest(inputs=[pb.Input(text=TEXT)], attention=pb.AttentionOptions()),
+                                   timeout=30)
+    return refused.value
+
+
+def cosines_to_sentence_transformers(folder: Path, got: np.ndarray, texts: list[str]) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    want = SentenceTransformer(str(folder), device="cpu").encode(texts)
+    return (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
 
 
 def test_a_checkpoint_served_builds_only_the_graph_it_runs(tiny, tmp_path):
@@ -93,6 +92,8 @@ def test_a_checkpoint_served_builds_only_the_graph_it_runs(tiny, tmp_path):
 def test_an_attention_request_is_refused_retryably_until_its_graphs_are_built(fresh_tiny, tiny, tmp_path):
     """--max-build-wait 0: HTTP 503 + Retry-After and gRPC UNAVAILABLE + RetryInfo while the attention graphs build
     in the background; then the same requests answer with maps equal to PyTorch's, and the manifest lists them."""
+    import torch
+
     fresh, model = fresh_tiny, load_manifest(fresh_tiny).model
     with serving(ServerProcess(fresh, "--max-build-wait", "0", log_path=tmp_path / "server.log")) as server:
         first = httpx.post(f"{server.http_url}/v1/attention", json={"inputs": TEXT}, timeout=60)
@@ -100,11 +101,7 @@ def test_an_attention_request_is_refused_retryably_until_its_graphs_are_built(fr
         assert first.json()["error"]["code"] == "graph_building"
         assert 1 <= int(first.headers["Retry-After"]) <= 30 and int(first.headers["retry-after-ms"]) > 0
         assert "being built now" in first.json()["error"]["message"]
-        with server.channel() as channel:
-            with pytest.raises(grpc.RpcError) as refused:
-                server.stub(channel).Embed(pb.EmbedRequest(inputs=[pb.Input(text=TEXT)],
-                                                           attention=pb.AttentionOptions()), timeout=30)
-        details = error_details(refused.value)
+        details = error_details(grpc_attention_refused(server))
         assert details.code == grpc.StatusCode.UNAVAILABLE and details.reason == "GRAPH_BUILDING", details
         assert details.retry_delay is not None and details.retry_delay > 0 and details.retryable
         # Embeddings are served meanwhile, by the graph that was there.
@@ -118,27 +115,22 @@ def test_an_attention_request_is_refused_retryably_until_its_graphs_are_built(fr
             assert reply.status_code == 503, reply.text
             time.sleep(float(reply.headers["retry-after-ms"]) / 1e3)
         assert reply.status_code == 200, server.log_tail()
-        data = reply.json()["data"][0]
-        # The Python client waits on its own while a graph builds (it is built now: one call, the same maps).
-        with Client(server.target) as client:
+        with Client(server.target) as client:  # the client waits on its own; built now: one call, the same maps
             result = client.attention(TEXT)
         log = server.log_tail(50_000)
-    manifest = load_manifest(fresh)
-    assert {"attention", "attention_last"} <= set(manifest.variants)
+    assert {"attention", "attention_last"} <= set(load_manifest(fresh).variants)
     assert "building attention, attention_last" in log and "verified attention.onnx" in log
-    import torch
-
     tokens = Engine.from_directory(fresh, build=False).tokenizer.encode_texts([TEXT])[0]
     ids = torch.from_numpy(np.asarray([tokens.ids]))
     with torch.no_grad():
         _, maps = load_encoder(read_checkpoint(tiny))(ids, torch.ones_like(ids), True)
     want = maps[-1, 0].numpy()  # the last layer (the default), every head
-    np.testing.assert_allclose(np.array(data["attentions"][0], dtype=np.float32), want, atol=1e-5)
+    np.testing.assert_allclose(np.array(reply.json()["data"][0]["attentions"][0], dtype=np.float32), want, atol=1e-5)
     np.testing.assert_allclose(result.attentions[0], want, atol=1e-5)
 
 
 def test_a_client_waits_for_the_build_it_started(fresh_tiny, tmp_path):
-    """Client.attention on a server that has not built the attention graphs: it retries as the server says
+    """Client.attention on a server that has not built the attention graphs retries as the server says
     (build_wait), and answers."""
     with serving(ServerProcess(fresh_tiny, log_path=tmp_path / "server.log")) as server:
         with Client(config=ClientConfig(target=server.target, build_wait=300)) as client:
@@ -149,8 +141,8 @@ def test_a_client_waits_for_the_build_it_started(fresh_tiny, tmp_path):
 
 
 def test_a_graph_that_cannot_be_built_is_a_clear_501(fresh, tmp_path):
-    """Artifacts exported whole before graphs were built as needed (no source): the request is refused at once,
-    not retryably, saying what to do; over gRPC FAILED_PRECONDITION."""
+    """Artifacts exported whole before graphs were built as needed (no source): refused at once, not retryably,
+    saying what to do; over gRPC FAILED_PRECONDITION."""
     manifest = json.loads((fresh / "manifest.json").read_text())
     del manifest["source"]
     (fresh / "manifest.json").write_text(json.dumps(manifest))
@@ -159,12 +151,8 @@ def test_a_graph_that_cannot_be_built_is_a_clear_501(fresh, tmp_path):
         assert reply.status_code == 501, reply.text
         assert reply.json()["error"]["code"] == "graph_unavailable"
         assert "export them again" in reply.json()["error"]["message"]
-        with server.channel() as channel:
-            with pytest.raises(grpc.RpcError) as refused:
-                server.stub(channel).Embed(pb.EmbedRequest(inputs=[pb.Input(text=TEXT)],
-                                                           attention=pb.AttentionOptions()), timeout=30)
-        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert not error_details(refused.value).retryable
+        refused = grpc_attention_refused(server)
+        assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION and not error_details(refused).retryable
 
 
 def test_a_build_that_fails_names_why_and_is_not_retried(fresh, tmp_path):
@@ -186,33 +174,26 @@ def test_a_build_that_fails_names_why_and_is_not_retried(fresh, tmp_path):
 def test_a_precision_not_built_yet_is_built_before_the_run(fresh_tiny, tiny):
     """--precision int8 on a directory that holds fp32 only: the engine builds int8 first (its child's lines said),
     then runs it; it holds its bar against sentence-transformers."""
-    from sentence_transformers import SentenceTransformer
-
     lines: list[str] = []
     engine = Engine.from_directory(fresh_tiny, EngineConfig(precision="int8"), build_log=lines.append)
     assert engine.precision == "int8" and "embeddings_int8" in load_manifest(fresh_tiny).variants
     assert any("int8" in line for line in lines), lines
-    got = engine.encode([TEXT, "another sentence about something else"]).embeddings
-    want = SentenceTransformer(str(tiny), device="cpu").encode(
-        [TEXT, "another sentence about something else"])
-    cosine = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    texts = [TEXT, "another sentence about something else"]
+    cosine = cosines_to_sentence_transformers(tiny, engine.encode(texts).embeddings, texts)
     assert cosine.min() >= 0.99, cosine
 
 
-def test_processes_adding_one_variant_together_build_it_once(tiny, tmp_path):
-    out = tmp_path / "artifacts"
-    build_artifacts(read_checkpoint(tiny), out, log=lambda m: None, variants=["embeddings"])
-    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+def test_processes_adding_one_variant_together_build_it_once(first_exports, tmp_path):
+    out = Path(shutil.copytree(first_exports["tiny"], tmp_path / "artifacts"))
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != "manifest.json"}
     runs = [subprocess.Popen([sys.executable, "-m", "attnserve.export.build_process", "add", str(out), "--variants",
                               "embeddings_fused"], stderr=subprocess.PIPE, text=True) for _ in range(3)]
     said = [run.communicate(timeout=300)[1] for run in runs]
     assert all(run.returncode == 0 for run in runs), said
     assert sum(text.count("optimizing: ") for text in said) == 1, said  # one built it, the others found it
-    manifest = load_manifest(out)
-    assert "embeddings_fused" in manifest.variants
+    assert "embeddings_fused" in load_manifest(out).variants
     # What was listed before is as it was: a listed file is never written again.
-    assert {name: (out / name).stat().st_mtime_ns for name in before if name != "manifest.json"} == \
-        {name: t for name, t in before.items() if name != "manifest.json"}
+    assert {name: (out / name).stat().st_mtime_ns for name in before} == before
 
 
 def test_export_all_on_its_own_directory_adds_what_it_lacks(tiny, tmp_path):
@@ -240,8 +221,7 @@ def test_the_last_layers_maps_are_cut_from_a_listed_attention_graph(tiny, tmp_pa
     assert not [line for line in lines if "tracing" in line], lines
     engine = Engine.from_directory(out, EngineConfig(), attention=True, build=False)
     inputs = engine.tokenizer.encode_texts([TEXT])
-    whole = engine.run(inputs, attention=True)
-    last = engine.run(inputs, attention=True, last_layer=True)
+    whole, last = engine.run(inputs, attention=True), engine.run(inputs, attention=True, last_layer=True)
     assert last.map_layers != whole.map_layers  # the last layer's graph ran
     assert last.attentions is not None and whole.attentions is not None
     np.testing.assert_allclose(last.attentions[-1], whole.attentions[-1], atol=1e-5)
@@ -250,8 +230,6 @@ def test_the_last_layers_maps_are_cut_from_a_listed_attention_graph(tiny, tmp_pa
 def test_export_straight_into_fp16_holds_no_fp32_copy(tiny, tmp_path):
     """A half-precision run's first export traces the model in fp16 (export/half_precision.py): no fp32 weights
     file, the fp16 graph verified against PyTorch's fp32 outputs, and it encodes as sentence-transformers does."""
-    from sentence_transformers import SentenceTransformer
-
     out = tmp_path / "artifacts"
     lines: list[str] = []
     build_artifacts(read_checkpoint(tiny), out, log=lines.append, variants=["embeddings_fp16"], trace="fp16")
@@ -265,8 +243,7 @@ def test_export_straight_into_fp16_holds_no_fp32_copy(tiny, tmp_path):
     assert manifest.variants["embeddings_fp16"].parity["min_cosine_sentence_embedding"] >= 0.999
     texts = ["hello world", "a b c d e f"]
     got = Engine.from_directory(out, EngineConfig(precision="fp16"), build=False).encode(texts).embeddings
-    want = SentenceTransformer(str(tiny), device="cpu").encode(texts)
-    cosine = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    cosine = cosines_to_sentence_transformers(tiny, got, texts)
     assert cosine.min() >= 0.999, cosine
 
 
@@ -276,8 +253,7 @@ def test_a_sharded_checkpoint_exports(tmp_path):
     import transformers
     from sentence_transformers import SentenceTransformer
 
-    plain = save_tiny_bert(tmp_path / "bert", vocab_size=200)
-    sharded = tmp_path / "sharded"
+    plain, sharded = save_tiny_bert(tmp_path / "bert", vocab_size=200), tmp_path / "sharded"
     torch.manual_seed(0)
     transformers.BertModel.from_pretrained(plain).save_pretrained(sharded, max_shard_size="20KB")
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
@@ -285,58 +261,41 @@ def test_a_sharded_checkpoint_exports(tmp_path):
             shutil.copy(plain / name, sharded / name)
     assert (sharded / "model.safetensors.index.json").is_file() and not (sharded / "model.safetensors").exists()
     st = save_sentence_transformer(sharded, tmp_path / "st", "mean", True)
-    out = tmp_path / "artifacts"
-    build_artifacts(read_checkpoint(st), out, log=lambda m: None, variants=["embeddings"])
-    got = Engine.from_directory(out, build=False).encode(["hello world"]).embeddings
-    want = SentenceTransformer(str(st), device="cpu").encode(["hello world"])
-    assert np.abs(got - want).max() <= 1e-5
+    build_artifacts(read_checkpoint(st), tmp_path / "artifacts", log=lambda m: None, variants=["embeddings"])
+    got = Engine.from_directory(tmp_path / "artifacts", build=False).encode(["hello world"]).embeddings
+    assert np.abs(got - SentenceTransformer(str(st), device="cpu").encode(["hello world"])).max() <= 1e-5
 
 
 def test_a_checkpoint_with_only_vocab_txt_gets_the_tokenizer_transformers_builds(tmp_path, checkpoint):
     """No tokenizer.json, but BERT's vocab.txt and tokenizer_config.json: built as transformers' AutoTokenizer
     builds its fast tokenizer (into the cache, the checkpoint's folder untouched), and the export's own tokenizer
     check holds it to sentence-transformers'."""
+    import pyarrow.parquet as pq
     from sentence_transformers import SentenceTransformer
 
-    copy = tmp_path / "checkpoint"
+    copy, texts_file = tmp_path / "checkpoint", Path(__file__).parent.parent / "examples" / "texts.txt"
     shutil.copytree(checkpoint.directory, copy)
     (copy / "tokenizer.json").unlink()
-    result = run_cli("encode", Path(__file__).parent.parent / "examples" / "texts.txt", "-o",
-                     tmp_path / "out.parquet", "--artifacts", copy, env={"ATTNSERVE_CACHE": str(tmp_path / "cache")})
+    result = run_cli("encode", texts_file, "-o", tmp_path / "out.parquet", "--artifacts", copy,
+                     env={"ATTNSERVE_CACHE": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stderr
     assert "has no tokenizer.json: building it from vocab.txt" in result.stderr
     assert not (copy / "tokenizer.json").exists()
-    import pyarrow.parquet as pq
-
     got = np.stack(pq.read_table(tmp_path / "out.parquet")["embedding"].to_numpy(zero_copy_only=False))
-    texts = [line for line in (Path(__file__).parent.parent / "examples" / "texts.txt").read_text().splitlines()
-             if line.strip()]
+    texts = [line for line in texts_file.read_text().splitlines() if line.strip()]
     want = SentenceTransformer(str(checkpoint.directory), device="cpu").encode(texts[:len(got)])
     assert np.abs(got - want).max() <= 1e-5
 
 
-def test_a_mistyped_flag_is_named_by_its_subcommand_with_the_closest(tmp_path):
-    result = run_cli("encode", "in.txt", "-o", tmp_path / "o.parquet", "--precison", "int8")
-    assert_one_line_error(result, "attnserve encode: error: unrecognized argument --precison; did you mean "
-                                  "--precision?")
-
-
-def test_a_missing_artifacts_folder_is_said_to_be_missing(tmp_path):
-    result = run_cli("serve", "--artifacts", tmp_path / "nowhere", "--port", "0", "--http-port", "-1",
-                     "--metrics-port", "-1")
-    assert_one_line_error(result, f"--artifacts: {tmp_path / 'nowhere'} does not exist")
-
-
-def test_calibration_recorded_at_one_thread_count_serves_another(fresh, monkeypatch):
-    """A server of two models gives each model one thread; `encode` runs on all: the record of the same CPU is
-    read at another thread count, and its line says at which it was timed."""
-    monkeypatch.setenv("ATTNSERVE_CACHE", str(fresh.parent / "cache"))
-    small = dict(max_batch_tokens=512)
-    one = Engine.from_directory(fresh, EngineConfig(threads=1, **small), build=False)
-    assert "calibrated now" in one.describe()
-    two = Engine.from_directory(fresh, EngineConfig(threads=2, **small), build=False)
-    assert "timed at 1 threads" in two.describe() and "calibrated now" not in two.describe(), two.describe()
-    assert two.embeddings_variant.name == one.embeddings_variant.name and two.batch_tokens == one.batch_tokens
+@pytest.mark.parametrize("args, message", [
+    (("encode", "in.txt", "-o", "{t}/o.parquet", "--precison", "int8"),
+     "attnserve encode: error: unrecognized argument --precison; did you mean --precision?"),
+    (("serve", "--artifacts", "{t}/nowhere", "--port", "0", "--http-port", "-1", "--metrics-port", "-1"),
+     "--artifacts: {t}/nowhere does not exist"),
+], ids=["a mistyped flag is named by its subcommand with the closest", "a missing artifacts folder"])
+def test_a_command_line_mistake_is_one_line(tmp_path, args, message):
+    result = run_cli(*(a.format(t=tmp_path) for a in args))
+    assert_one_line_error(result, message.format(t=tmp_path))
 
 
 def test_the_build_runs_in_a_process_of_its_own(fresh):
@@ -353,24 +312,23 @@ def test_a_first_start_serves_at_once_and_times_its_graphs_after(fresh, tmp_path
     """No calibration record for this CPU: the server serves on the default graph and batch budget at once, times
     them beside the requests, records the choice (calibration.json) and plans its batches by it from then on; the
     next start reads the record."""
+    def events(process) -> list[dict]:
+        return [json.loads(line) for line in process.log_tail(100_000).splitlines() if line.startswith("{")]
+
     with serving(ServerProcess(fresh, "--log-format", "json", log_path=tmp_path / "server.log")) as server:
         reply = httpx.post(f"{server.http_url}/embed", json={"inputs": [TEXT]}, timeout=60)
         assert reply.status_code == 200, reply.text
         deadline = time.monotonic() + 120
-        while not any(line.startswith("{") and json.loads(line).get("event") == "calibrated"
-                      for line in server.log_tail(100_000).splitlines()) and time.monotonic() < deadline:
+        while not any(e.get("event") == "calibrated" for e in events(server)) and time.monotonic() < deadline:
             assert httpx.post(f"{server.http_url}/embed", json={"inputs": [TEXT]}, timeout=60).status_code == 200
             time.sleep(0.5)
-        events = [json.loads(line) for line in server.log_tail(100_000).splitlines() if line.startswith("{")]
-    serving_event = next(e for e in events if e.get("event") == "serving")
-    assert "not timed on this CPU yet" in serving_event["graphs"][MODEL], serving_event
-    calibrated = next(e for e in events if e.get("event") == "calibrated")
+        first = events(server)
+    assert "not timed on this CPU yet" in next(e for e in first if e.get("event") == "serving")["graphs"][MODEL]
+    calibrated = next(e for e in first if e.get("event") == "calibrated")
     assert calibrated["graph"] == "embeddings" and calibrated["batch_tokens"] in (512, 1024, 2048), calibrated
-    assert "calibrated now" in calibrated["message"]
-    assert (fresh / "calibration.json").is_file()
-    again = ServerProcess(fresh, "--log-format", "json", log_path=tmp_path / "again.log")
-    with serving(again):
+    assert "calibrated now" in calibrated["message"] and (fresh / "calibration.json").is_file()
+    with serving(again := ServerProcess(fresh, "--log-format", "json", log_path=tmp_path / "again.log")):
         pass
-    lines = [json.loads(line) for line in again.log_tail(100_000).splitlines() if line.startswith("{")]
+    lines = events(again)
     assert "calibrated for this CPU" in next(e for e in lines if e.get("event") == "serving")["graphs"][MODEL]
     assert not any(e.get("event") == "calibrated" for e in lines)

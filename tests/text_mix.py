@@ -19,36 +19,31 @@ SPECIAL = ["<|end of text|>", "<|end of", "[SEP]", "[MASK]", "[CLS]", "[UNK]", "
            "[MA", "<ma", "SK]", "[", "<"]
 
 
-def _word(rng: random.Random, length: int) -> str:
-    return "".join(rng.choice(LETTERS) for _ in range(length))
+def _run(rng: random.Random, chars, count: int) -> str:
+    return "".join(rng.choice(chars) for _ in range(count))
+
+
+# (cumulative chance, a kind of piece): piece() draws its kind by these bounds.
+PIECES = [
+    (0.30, lambda rng: _run(rng, LETTERS, rng.randint(1, 12))),
+    (0.40, lambda rng: rng.choice(WHITESPACE) * rng.choice([1, 1, 2, 3, 7, 40, 300])),
+    (0.47, lambda rng: _run(rng, PUNCTUATION, rng.choice([1, 1, 2, 5, 30]))),
+    (0.54, lambda rng: _run(rng, CJK, rng.randint(1, 30))),
+    (0.60, lambda rng: _run(rng, EMOJI, rng.randint(1, 6))),
+    # a letter with its accents: usually a few, sometimes a long combining sequence
+    (0.67, lambda rng: rng.choice(LETTERS) + _run(rng, MARKS, rng.choice([1, 2, 3, 40]))),
+    (0.77, lambda rng: _run(rng, rng.choice(SCRIPTS), rng.randint(1, 10))),
+    (0.81, lambda rng: _run(rng, LETTERS, rng.randint(60, 400))),  # over WordPiece's 100 characters
+    (0.85, lambda rng: str(rng.randint(0, 10 ** rng.randint(1, 12)))),
+    (0.89, lambda rng: rng.choice(CONTROL) * rng.choice([1, 1, 5, 100])),
+    (0.93, lambda rng: rng.choice(SPECIAL)),
+    (1.00, lambda rng: rng.choice(WHITESPACE)),
+]
 
 
 def piece(rng: random.Random) -> str:
     kind = rng.random()
-    if kind < 0.30:
-        return _word(rng, rng.randint(1, 12))
-    if kind < 0.40:
-        return rng.choice(WHITESPACE) * rng.choice([1, 1, 2, 3, 7, 40, 300])
-    if kind < 0.47:
-        return "".join(rng.choice(PUNCTUATION) for _ in range(rng.choice([1, 1, 2, 5, 30])))
-    if kind < 0.54:
-        return "".join(rng.choice(CJK) for _ in range(rng.randint(1, 30)))
-    if kind < 0.60:
-        return "".join(rng.choice(EMOJI) for _ in range(rng.randint(1, 6)))
-    if kind < 0.67:  # a letter with its accents: usually a few, sometimes a long combining sequence
-        return rng.choice(LETTERS) + "".join(rng.choice(MARKS) for _ in range(rng.choice([1, 2, 3, 40])))
-    if kind < 0.77:
-        script = rng.choice(SCRIPTS)
-        return "".join(rng.choice(script) for _ in range(rng.randint(1, 10)))
-    if kind < 0.81:
-        return _word(rng, rng.randint(60, 400))  # over WordPiece's 100 characters
-    if kind < 0.85:
-        return str(rng.randint(0, 10 ** rng.randint(1, 12)))
-    if kind < 0.89:
-        return rng.choice(CONTROL) * rng.choice([1, 1, 5, 100])
-    if kind < 0.93:
-        return rng.choice(SPECIAL)
-    return rng.choice(WHITESPACE)
+    return next(make for bound, make in PIECES if kind < bound)(rng)
 
 
 def text_of_length(rng: random.Random, length: int) -> str:
