@@ -94,7 +94,8 @@ def kind(request) -> str:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(kind, made, request) -> Path:
+def kind_checkpoint(kind, made, request) -> Path:
+    """The kind's checkpoint folder (not conftest's session `checkpoint`, the default model's, which it would hide)."""
     return request.getfixturevalue("cross_encoder_dir") if kind == "bert" else made.checkpoint(kind)
 
 
@@ -104,10 +105,10 @@ def exported(kind, made, request) -> tuple[Path, list[str] | None]:
 
 
 @pytest.fixture(scope="module")
-def cross_encoder(checkpoint):
+def cross_encoder(kind_checkpoint):
     from sentence_transformers import CrossEncoder
 
-    return CrossEncoder(str(checkpoint), device="cpu")
+    return CrossEncoder(str(kind_checkpoint), device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -166,18 +167,18 @@ def int8_engine(out: Path, lines: list[str] | None) -> Engine | None:
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-def test_logits_match_transformers(checkpoint, kind, implementation):
+def test_logits_match_transformers(kind_checkpoint, kind, implementation):
     import transformers
 
     try:
         model = transformers.AutoModelForSequenceClassification.from_pretrained(
-            str(checkpoint), attn_implementation=implementation).eval()
+            str(kind_checkpoint), attn_implementation=implementation).eval()
     except ValueError as e:  # MPNet offers no sdpa path
         assert (kind, implementation) == ("mpnet", "sdpa") and "does not support an attention implementation" in str(e)
         return
-    batch = transformers.AutoTokenizer.from_pretrained(str(checkpoint))(
+    batch = transformers.AutoTokenizer.from_pretrained(str(kind_checkpoint))(
         PAIRS, padding=True, truncation=True, max_length=64, return_tensors="pt")
-    ckpt = read_checkpoint(checkpoint)
+    ckpt = read_checkpoint(kind_checkpoint)
     reranker = load_reranker(ckpt.weights, load_encoder(ckpt), ckpt.head, ckpt.num_labels)
     # BERT's tokenizer gives token types; the other families' give none, and their graphs take none.
     assert ("token_type_ids" in batch) == (kind == "bert")

@@ -12,6 +12,7 @@ import torch
 from attnserve.engine.batching import pad
 from attnserve.engine.session import CPU, open_session
 from attnserve.errors import ExportVerificationError
+from attnserve.export.int8_recipes import weight_type
 from attnserve.export.optimize import FIRST_FFN_DOWN, op_counts
 from attnserve.export.verify import TOLERANCES, Reference, shape_grid, verify
 from attnserve.model.pooling import pool
@@ -49,10 +50,13 @@ def test_the_fused_int8_and_fp16_graphs_are_what_they_claim(artifacts):
     plain = op_counts(onnx.load(str(artifacts / "embeddings.onnx"), load_external_data=False))
     assert "Attention" not in plain and plain.get("Softmax") == 6
     int8 = onnx.load(str(artifacts / "embeddings_int8.onnx"))
-    int8_types = {init.data_type for init in int8.graph.initializer}
-    assert onnx.TensorProto.INT8 in int8_types
     ops = op_counts(int8)
     assert "QAttention" in ops or "DynamicQuantizeMatMul" in ops or "MatMulInteger" in ops
+    # The integer ops' weights: s8, or u8 where this CPU's u8s8 kernels saturate (export/int8_recipes.weight_type).
+    types = {init.name: init.data_type for init in int8.graph.initializer}
+    quantized = {types.get(n.input[1]) for n in int8.graph.node
+                 if n.op_type in ("QAttention", "DynamicQuantizeMatMul", "MatMulInteger")}
+    assert quantized == {getattr(onnx.TensorProto, "UINT8" if weight_type() == "QUInt8" else "INT8")}, quantized
     # MiniLM's first feed-forwards carry outlier units (export/int8_outliers.py): those are computed apart, by
     # fp32 MatMuls on fp32 weights, and the down-projections themselves are int8 (no fp32 MatMul of that name).
     weights = {init.name: init.data_type for init in int8.graph.initializer}

@@ -123,11 +123,15 @@ def test_sigterm_under_http_grpc_and_kserve_load_drains_and_exits_0(artifacts, t
     assert drained < 15, drained
     # In flight at SIGTERM: answered. After: refused with 503 (UNAVAILABLE over gRPC). Nothing cut off.
     # Over HTTP a reply during the drain closes its connection, so a client's next request may find the port closed.
+    # Over gRPC a call that reaches the server only after the drain's quiet (0.5 s with no call: a client this busy
+    # machine kept waiting longer) arrives during grpc's own stop, which cancels it before any handler sees it
+    # (grpc/grpc#41785; server/app.py `stop`): CANCELLED, only ever as a client's last answer.
+    late = {"grpc": "CANCELLED", "kserve": "StatusCode.CANCELLED"}
     assert set(codes) <= {("http", 200), ("http", 503), ("http", "refused"), ("grpc", "OK"), ("grpc", "UNAVAILABLE"),
-                          ("kserve", "OK"), ("kserve", "StatusCode.UNAVAILABLE")}, codes
+                          ("kserve", "OK"), ("kserve", "StatusCode.UNAVAILABLE"), *late.items()}, codes
     for i, sequence in answers.items():  # each client's first request went out before SIGTERM
-        ok, refused = ((200, {503, "refused"}) if i in HTTP else ("OK", {"UNAVAILABLE"}) if i in GRPC
-                       else ("OK", {"OK", "StatusCode.UNAVAILABLE"}))
+        ok, refused = ((200, {503, "refused"}) if i in HTTP else ("OK", {"UNAVAILABLE", late["grpc"]}) if i in GRPC
+                       else ("OK", {"OK", "StatusCode.UNAVAILABLE", late["kserve"]}))
         assert len(sequence) >= 2 and set(sequence[:-1]) == {ok} and sequence[-1] in refused, (i, sequence)
     # /health: 503 while warming up, then 200, then 503 from the drain until the port closes; ServerReady turns
     # false during the drain and stays so.
