@@ -184,10 +184,14 @@ def test_progress_moves_per_engine_batch_or_per_reply(artifacts, request, tmp_pa
     else:
         if where == "local":
             encode_file(engine, job, progress=progress)
+            budget = engine.batch_tokens  # as calibrated here
         else:
             request.getfixturevalue("local_ray")
             encode_file_ray(job, config, artifacts, ray_actors=1, progress=progress)
-        budget = engine.batch_tokens if where == "local" else config.max_batch_tokens  # the local one as calibrated
+            # The actor runs the graph named to it and times its own batch budget (engine/calibration.py: a graph
+            # forced by name keeps its own record), recorded beside the artifacts: an engine here reads it.
+            actors = ray_encode.RayEncoder(config, artifacts, None, 1).config
+            budget = Engine.from_directory(artifacts, actors).batch_tokens
         expected = [len(batch) for chunk in (texts[:30], texts[30:]) for batch in plan_batches(
             [len(t) for t in engine.tokenizer.encode_texts(chunk)], budget, 8)]
         assert len(expected) >= 8
