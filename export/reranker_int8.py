@@ -1,10 +1,10 @@
 """A reranker's int8 graph, and how close its scores stay to fp32's: measured as the embedders' int8 is, on scores.
 
-The recipe is the embedders' (export/optimize.py quantize_int8_measured): dynamic per-channel s8 (u8 where u8s8 saturates) weights against u8
-activations, GELU as onnxruntime's FastGelu, each feed-forward's outlier units computed apart in fp32 where the
-feed-forward has the BiasGelu shape (export/int8_outliers.py), and the nodes whose quantization costs the most kept
-in fp32, fewest first, until the bar holds. Two things differ, both because the output is a score, not an
-embedding:
+The recipe is the embedders' (export/optimize.py quantize_int8_measured): dynamic per-channel s8 weights (u8 where
+u8s8 kernels saturate) against u8 activations, GELU as onnxruntime's FastGelu, each feed-forward's outlier units
+computed apart in fp32 where the feed-forward has the BiasGelu shape (export/int8_outliers.py), and the nodes whose
+quantization costs the most kept in fp32, fewest first, until the bar holds. Two things differ, both because the
+output is a score, not an embedding:
 - the head (dense and out projections) stays in fp32: its products are one row per pair, nothing to gain in
   speed, and the score is its last dot product;
 - the measure is not a cosine (of one number it is only a sign) but what a reranker's user sees: the scores after
