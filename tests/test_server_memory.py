@@ -17,9 +17,12 @@ from tests.serving import ServerProcess, serving
 # 16 concurrent requests of 8 inputs of 162 tokens, every layer's every head: 58 MiB a reply, the most the default
 # max_response_bytes (64 MiB) lets 8 such inputs have; 0.9 GiB of replies in all.
 CLIENTS, INPUTS, WORDS = 16, 8, 160
-# Where the memory must come back to, relative to the same server's at rest before the burst: without the trims it
-# stays near the burst's peak (several times that); with a trim before the client took the replies, 1.36x.
-ALLOWED_GROWTH = 1.2
+# How much of the burst's memory (the most RssAnon held during it less the server's at rest before it, both measured
+# in this run) may still be held once the replies are sent and the trims have run. Without the trims the server stays
+# near its peak (the whole of it held); with them, a CI run kept 0.087 of it (allocator fragments). That run failed
+# the bound this replaced, a fixed ratio to the resting size (1.46x against 1.2x), which a quiet machine met by a few
+# percent; a share of the burst measured in the same run does not depend on how large the server was at rest.
+ALLOWED_LEFT = 0.25
 # The client is stopped from when its requests are sent until the server has built every reply and been idle this
 # long (past the first trim, the replies unsent), but never longer than STOPPED_AT_MOST_S: grpc ends a connection
 # whose peer leaves a ping unanswered for its keepalive timeout (20 s; grpc#34640).
@@ -96,10 +99,14 @@ def test_rss_after_a_burst_of_large_attention_replies_taken_late_is_back_near_wh
         right_after, peak, done = status_mib(pid, "RssAnon"), status_mib(pid, "VmHWM"), time.monotonic()
         after = right_after
         # Polled until past the server's last trim (TRIM_DELAYS idle); a fixed 10 s let a busy machine decide.
-        while after > ALLOWED_GROWTH * before and time.monotonic() - done < sum(TRIM_DELAYS) + 5:
+        burst = max(held, right_after) - before
+        allowed = before + ALLOWED_LEFT * burst
+        while after > allowed and time.monotonic() - done < sum(TRIM_DELAYS) + 5:
             time.sleep(0.5)
             after = status_mib(pid, "RssAnon")
         print(f"server RssAnon: {before:.0f} MiB before; {held:.0f} MiB with {CLIENTS} replies of {out.strip()} MiB "
               f"built and unsent; {right_after:.0f} MiB once sent (VmRSS peak {peak:.0f}); {after:.0f} MiB "
-              f"{time.monotonic() - done:.1f} s later ({after / before:.2f}x)")
-        assert after <= ALLOWED_GROWTH * before, (before, held, right_after, peak, after)
+              f"{time.monotonic() - done:.1f} s later ({(after - before) / burst:.3f} of the burst left)")
+        # The burst must have been a burst for the bound to mean anything: its replies alone are 0.9 GiB.
+        assert burst > 500, (before, held, right_after)
+        assert after <= allowed, (before, held, right_after, peak, after)
