@@ -215,11 +215,11 @@ class Batcher:
     async def _submit_in_parts(self, inputs: Sequence[QueuedInput], attention: bool, deadline: float | None,
                                last_layer: bool, token_states: bool) -> list[RowOutput]:
         """A request of more tokens than the whole queue holds (a client's big batch: LangChain sends 1,000 texts
-        a request): admitted in parts of at most half the queue, in order, each queued once the queue has room
-        for it, so that it never holds the queue alone and other requests still get in between its parts. The
-        first part is refused at once where the queue is full, as any request is; the later ones wait for room
-        (the connection waits with them: backpressure), within the request's deadline. Its memory is its own
-        inputs and rows, whatever its size."""
+        a request): admitted in parts of at most half the queue, in order, each later part queued once the queue
+        is at most half full with it, so that it never crowds out the others: they still get in between its
+        parts. The first part is refused at once where the queue is full, as any request is; the later ones wait
+        for room (the connection waits with them: backpressure), within the request's deadline. Its memory is its
+        own inputs and rows, whatever its size."""
         budget = max(self.limits.max_queue_tokens // 2, max(len(x) for x in inputs))
         parts: list[list[QueuedInput]] = [[]]
         part_tokens = [0]
@@ -246,9 +246,12 @@ class Batcher:
         return await self._rows(entries)
 
     async def _room_for(self, tokens: int, deadline: float | None) -> None:
-        """Until the queue has room for `tokens` (DeadlineExpiredError once the deadline passes). A drain does not
-        end the wait: the request was admitted, and its parts are answered."""
-        while self.queued_tokens + tokens > self.limits.max_queue_tokens:
+        """Until the queue, with this part, is at most half full (DeadlineExpiredError once the deadline passes):
+        the other half stays free for other requests, which would else be refused while a big request's parts
+        filled the queue. A part of one input longer than half the queue waits for an empty queue. A drain does
+        not end the wait: the request was admitted, and its parts are answered."""
+        ceiling = max(self.limits.max_queue_tokens // 2, tokens)
+        while self.queued_tokens + tokens > ceiling:
             self._room.clear()
             timeout = None if deadline is None else deadline - time.monotonic()
             if timeout is not None and timeout <= 0:

@@ -261,6 +261,31 @@ def test_queue_full_is_refused_at_once_and_close_refuses_new_work(engine):
     assert answered == [4, 4, 1]  # everything accepted is answered, even after close
 
 
+def test_a_request_admitted_in_parts_leaves_half_the_queue_to_the_others(engine):
+    """A request of more tokens than the queue holds queues a later part only while the queue stays at most half
+    full with it: a short request sent between its parts is admitted (a CI run once got 429 for a LangChain query
+    sent beside 1,000 texts, the parts having filled the queue), and both are answered whole."""
+    async def scenario(batcher, runner):
+        blocker = submit(batcher, [item(6, 1001)])
+        await until(lambda: len(runner.batches) == 1)  # running, held: what follows stays queued
+        big = [item(20, 1600 + i) for i in range(12)]  # 240 tokens in a 128-token queue: parts of 3 inputs
+        whole = submit(batcher, big)
+        await asyncio.sleep(0.01)
+        assert batcher.queued_tokens == 60  # its first part; the second would make the queue more than half full
+        short = [item(60, 1700)]
+        meanwhile = submit(batcher, short)
+        await asyncio.sleep(0)
+        assert batcher.queued_tokens == 120  # admitted beside the first part
+        runner.release()
+        await blocker
+        return big, await whole, short, await meanwhile
+
+    (big, big_rows, short, short_rows), runner = serve(engine, scenario, held=True, max_queue_tokens=128)
+    assert_rows(big, big_rows, engine)
+    assert_rows(short, short_rows, engine)
+    assert all(sum(len(x) for x in batch) <= 128 for batch in runner.batches)
+
+
 def test_a_batcher_bug_fails_the_queued_requests_instead_of_hanging(engine, monkeypatch):
     import attnserve.server.batcher as batcher_module
 
