@@ -1,8 +1,10 @@
 """What JSON Schema cannot say about attnserve's bodies, told to schemathesis's generator
 (tests/test_http_schemathesis.py loads this module through SCHEMATHESIS_HOOKS).
 
-/openapi.json states every other rule; these four it says in words, and the server refuses a body that breaks one,
-naming the field: an integer is a JSON integer, 8 and not 8.0 (JSON Schema's integer admits 8.0); a KServe tensor's
+/openapi.json states every other rule; these five it says in words, and the server refuses a body that breaks one,
+naming the field: an input longer than the model's max_seq_length tokens is refused where the body asks not to
+truncate (truncate false, Cohere's "NONE", KServe's and TEI's parameters.truncate false: a token count is the
+tokenizer's, past any schema; a tiny model's 16 tokens are a few generated characters); an integer is a JSON integer, 8 and not 8.0 (JSON Schema's integer admits 8.0); a KServe tensor's
 shape counts its data's elements ([N] or [N, 1]); /embed's int8 and uint8 `ranges` have a column per dimension
 returned, each minimum (first row) at most its maximum (second row); /embed_chunks's `spans` are one list per input,
 each span inside its text with a token starting in it (a text here starts with a letter, its span covers it).
@@ -22,6 +24,9 @@ def map_case(context, case):
     if meta is None or meta.generation.mode is not GenerationMode.POSITIVE or not isinstance(case.body, dict):
         return case
     body = case.body = _integers(case.body)
+    for holder in (body, body.get("parameters")):
+        if isinstance(holder, dict) and holder.get("truncate") in (False, "NONE"):
+            holder["truncate"] = True if holder["truncate"] is False else "END"
     for tensor in body.get("inputs") or ():
         if isinstance(tensor, dict) and isinstance(tensor.get("data"), list) and isinstance(tensor.get("shape"), list):
             count = len(tensor["data"])  # each element a text, or a row [text] of a [N, 1] tensor
