@@ -270,8 +270,8 @@ def test_a_byte_order_mark_and_crlf_line_ends_are_not_part_of_the_texts(engine, 
 
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["kill -9", "ctrl-c"])
 def test_a_stopped_run_resumes_to_the_bytes_of_a_clean_run(artifacts, tmp_path, stop):
-    source = text_file(tmp_path / "texts.txt", mixed_texts(960, seed=22))
-    out, flags = tmp_path / "out.parquet", ["--artifacts", artifacts, "--chunk-rows", "40"]
+    source = text_file(tmp_path / "texts.txt", mixed_texts(480, seed=22))
+    out, flags = tmp_path / "out.parquet", ["--artifacts", artifacts, "--chunk-rows", "20"]
     command = offline.encode_command(source, "-o", out, *flags)
     progress = tmp_path / ".out.parquet.parts" / "progress.json"
     # The signal must land mid-run. A run finishes in a few seconds; should this process stall that long before it
@@ -284,16 +284,16 @@ def test_a_stopped_run_resumes_to_the_bytes_of_a_clean_run(artifacts, tmp_path, 
         stdout, stderr = process.communicate(timeout=120)
         if not out.exists():
             break
-    done = len(json.loads(progress.read_text())["chunks"]) * 40
-    assert 80 <= done < 960 and not out.exists()  # stopped part-way; nothing under the final name
+    done = len(json.loads(progress.read_text())["chunks"]) * 20
+    assert 40 <= done < 480 and not out.exists()  # stopped part-way; nothing under the final name
     assert process.returncode == (130 if stop == signal.SIGINT else -signal.SIGKILL), stderr
     if stop == signal.SIGINT:
         assert "Traceback" not in stderr, stderr
-        assert stderr.splitlines()[-1] == (f"attnserve encode: interrupted after {done} of 960 rows; the same "
+        assert stderr.splitlines()[-1] == (f"attnserve encode: interrupted after {done} of 480 rows; the same "
                                            "command resumes after them"), stderr
     resumed = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"(resumed after {done} rows)" in resumed.stdout and f"encoded {960 - done} texts" in resumed.stdout
+    assert f"(resumed after {done} rows)" in resumed.stdout and f"encoded {480 - done} texts" in resumed.stdout
     assert out.read_bytes() == clean_run(source, *flags).read_bytes()
     assert not progress.parent.exists()
 
