@@ -2,12 +2,13 @@
 (tests/test_http_schemathesis.py loads this module through SCHEMATHESIS_HOOKS).
 
 /openapi.json states every other rule; these five it says in words, and the server refuses a body that breaks one,
-naming the field: an input longer than the model's max_seq_length tokens is refused where the body asks not to
-truncate (truncate false, Cohere's "NONE", KServe's and TEI's parameters.truncate false: a token count is the
-tokenizer's, past any schema; a tiny model's 16 tokens are a few generated characters); an integer is a JSON integer, 8 and not 8.0 (JSON Schema's integer admits 8.0); a KServe tensor's
-shape counts its data's elements ([N] or [N, 1]); /embed's int8 and uint8 `ranges` have a column per dimension
-returned, each minimum (first row) at most its maximum (second row); /embed_chunks's `spans` are one list per input,
-each span inside its text with a token starting in it (a text here starts with a letter, its span covers it).
+naming the field: an input longer than the model's max_seq_length tokens is refused where the body asks not to truncate
+(truncate false, Cohere's "NONE", KServe's and TEI's parameters.truncate false: a token count is the tokenizer's, past
+any schema; a tiny model's 16 tokens are a few generated characters); an integer is a JSON integer, 8 and not 8.0 (JSON
+Schema's integer admits 8.0); a KServe tensor's shape counts its data's elements ([N] or [N, 1]); /embed's int8 and
+uint8 `ranges` have a column per dimension returned, each minimum (first row) at most its maximum (second row);
+/embed_chunks's `spans` are one list per input, each span inside its text with a token starting in it (a text here
+starts with a letter, its span covers it).
 A schema-valid body schemathesis generates (positive mode only) is made to keep them and stays schema-valid
 (schemathesis validates a body a hook sets again); negative cases, which must be refused, are left as generated.
 """
