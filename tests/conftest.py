@@ -321,10 +321,23 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(4, cpus + 1))
 
 
-# The files that take minutes (their exports, Docker's image), collected first: pytest-xdist hands its workers whole
-# files in collection order, and one of these left to the end ran alone there for five minutes.
-FIRST = ("test_family_conformance.py", "test_real_models.py", "test_http_schemathesis.py", "test_docker_fleet.py",
-         "test_variants_on_demand.py", "test_cross_encoder_families.py", "test_colbert.py")
+# The files that take longest, collected first, the longest first (seconds of a 2-worker run): pytest-xdist hands its
+# workers whole files in collection order (pyproject.toml's --no-loadscope-reorder; by default it sorts them by their
+# number of tests, which left Docker's image and schemathesis's five servers to the end, running alone). Docker's
+# build leads: it waits on the package index while the others compute.
+FIRST = ("test_docker_fleet.py",  # 346
+         "test_encode.py",  # 213
+         "test_family_conformance.py",  # 157
+         "test_real_models.py",  # 123
+         "test_http_schemathesis.py",  # 122
+         "test_variants_on_demand.py",  # 111
+         "test_first_calls.py",  # 84
+         "test_cross_encoder_families.py",  # 81
+         "test_encode_drivers.py",  # 69
+         "test_doc_snippets.py",  # 65
+         "test_explorer.py",  # 58
+         "test_colbert.py", "test_export_long_context.py", "test_splade.py", "test_http_hostile.py",
+         "test_loadtest.py")  # about 50 each
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
