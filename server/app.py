@@ -277,6 +277,7 @@ class Server:
         grace = self.config.grace_seconds
         log.info("draining", extra={"fields": {"event": "draining", "grace_seconds": grace}})
         end = time.monotonic() + grace
+        self._stop_calibration.set()  # a first start's timing leaves the CPU to the requests in flight
         await self.health.enter_graceful_shutdown()
         local = self.local.all if self.local is not None else []  # a worker's batchers are the engine process's
         for model in local:

@@ -140,9 +140,13 @@ def test_sigterm_under_http_grpc_and_kserve_load_drains_and_exits_0(artifacts, t
     assert ready[0] is True and False in ready, ready
     assert ready[ready.index(False):] == [False] * (len(ready) - ready.index(False))
     lines = (tmp_path / "server.log").read_text().splitlines()
-    for line in lines:
-        json.loads(line)
-    assert '"event": "draining"' in lines[-2] and '"event": "stopped"' in lines[-1]
+    # The drain's log ends with "stopped"; between "draining" and it only notes, such as a first start's
+    # calibration stopped by the drain (server/app.py _calibrate).
+    records = [json.loads(line) for line in lines]
+    events = [r.get("event") for r in records]
+    assert events[-1] == "stopped" and "draining" in events, events
+    after = records[events.index("draining") + 1:-1]
+    assert all(r["level"] == "info" for r in after), after
 
 
 def test_a_timeout_is_504_and_a_client_gone_drops_its_queued_inputs(server, engine):
