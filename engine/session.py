@@ -120,6 +120,13 @@ class _ArenaPerRun:
         return self._session.get_outputs()
 
 
+# The spin of sessions that check or measure a graph (export's verification, int8's searches): they run beside
+# PyTorch, another export, or, building a graph a request asked for, the requests a server answers, so their threads
+# sleep between a run's parallel steps rather than spin on cores the others need. Three exports side by side on 2
+# cores took 81 s instead of 106; alone, MiniLM's `export --all` took about as long either way.
+CHECK_SPIN = "off"
+
+
 def open_session(path: Path, provider: str, threads: int = 0, arena: bool | str = True,
                  disabled_optimizers: Sequence[str] = (), prepack: bool = True, spin: str = "on") -> Session:
     """arena False: no onnxruntime CPU memory arena, which otherwise keeps the largest run's memory for good;

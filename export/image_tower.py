@@ -38,7 +38,7 @@ from attnserve.engine.image_processor import image_processor_in, processor_confi
 from attnserve.engine.machine import this_machine
 from attnserve.engine.manifest import sha256_of
 from attnserve.engine.openvino_session import openvino_available
-from attnserve.engine.session import CPU, OPENVINO, open_graph
+from attnserve.engine.session import CHECK_SPIN, CPU, OPENVINO, open_graph
 from attnserve.errors import CheckpointError, ExportVerificationError
 from attnserve.model.clip import ImageTextModel, load_image_text_model
 from attnserve.model.value_norms import keep_value_norms
@@ -206,7 +206,7 @@ def verify_image_graph(path: Path, precision: str, checks: list[Feed],
                        expected: list[tuple[np.ndarray, ...]], backend: str = "onnxruntime") -> dict[str, float]:
     """The graph's outputs on the check batches against PyTorch's, held to its precision's bar: each image's
     states and maps at its own positions (a NaFlex batch's padding is no image's)."""
-    session = open_graph(path, backend, precision, CPU)
+    session = open_graph(path, backend, precision, CPU, spin=CHECK_SPIN)
     wanted = list(GRAPH_OUTPUTS["image_attention" if path.stem == "image_attention" else "image_embeds"])
     cosines, worst_hidden, worst_maps = [], 0.0, 0.0
     for feed, (embeds, hidden, attentions, _) in zip(checks, expected, strict=True):

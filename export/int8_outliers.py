@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from attnserve.engine.session import CPU, open_session
+from attnserve.engine.session import CHECK_SPIN, CPU, open_session
 
 from . import external_data
 
@@ -78,7 +78,8 @@ def largest_activations(path: Path, layers: list[FeedForward], feeds: list[dict[
     # Beside the graph: a graph with external data names its data file relative to its own folder.
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.stem}-activations-", suffix=".onnx") as probe:
         onnx.save(model, probe.name)
-        session = open_session(Path(probe.name), CPU, arena="per_run")  # engine/session.py _ArenaPerRun
+        # An arena emptied after each run (engine/session.py _ArenaPerRun).
+        session = open_session(Path(probe.name), CPU, arena="per_run", spin=CHECK_SPIN)
         takes_types = "token_type_ids" in {i.name for i in session.get_inputs()}
         largest = [np.zeros(0, dtype=np.float32)] * len(layers)
         for feed in feeds:

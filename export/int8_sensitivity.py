@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 
 from attnserve.engine.machine import this_machine
-from attnserve.engine.session import CPU, open_session
+from attnserve.engine.session import CHECK_SPIN, CPU, open_session
 
 from . import external_data
 from .int8_recipes import ERF_GELU_OPS, Int8Recipe, build, quantizable_nodes
@@ -48,7 +48,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def sentence_embeddings(path: Path, feeds: list[dict[str, np.ndarray]], threads: int = 0) -> np.ndarray:
     """The graph's sentence embeddings for every row of every feed, in feed order: (rows, D). threads: onnxruntime's
     intra-op threads (0: one per core)."""
-    session = open_session(path, CPU, threads)
+    session = open_session(path, CPU, threads, spin=CHECK_SPIN)
     # Graphs of models with token types take token_type_ids: zeros, as the engine feeds single texts.
     types = "token_type_ids" in {i.name for i in session.get_inputs()}
     return np.concatenate([session.run([OUTPUT], {**feed, "token_type_ids": np.zeros_like(feed["input_ids"])}

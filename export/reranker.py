@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from attnserve.engine.batching import pad, pad_types
-from attnserve.engine.session import CPU, open_session
+from attnserve.engine.session import CHECK_SPIN, CPU, open_session
 from attnserve.engine.token_ids import made_up_token_ids
 from attnserve.engine.tokenizer import TextTokenizer, TokenizedInput
 from attnserve.errors import ExportVerificationError
@@ -202,7 +202,8 @@ def measure(path: Path, reference: PairReference, provider: str = CPU,
 def _measure(path: Path, reference: PairReference, provider: str, disabled_optimizers: tuple[str, ...]
              ) -> dict[str, float]:
     # An arena emptied after each run, and no prepacked second copy of the weights (export/verify.py).
-    session = open_session(path, provider, arena="per_run", disabled_optimizers=disabled_optimizers, prepack=False)
+    session = open_session(path, provider, arena="per_run", disabled_optimizers=disabled_optimizers, prepack=False,
+                           spin=CHECK_SPIN)
     names = [o.name for o in session.get_outputs()]
     wants_attention, wants_norms = "attentions" in names, "value_norms" in names
     max_scores = max_attention = max_padded_key_weight = max_norms = 0.0

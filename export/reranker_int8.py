@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from attnserve.engine.session import CPU, open_session
+from attnserve.engine.session import CHECK_SPIN, CPU, open_session
 
 from .int8_outliers import side_path_nodes, split_outliers
 from .int8_recipes import Int8Recipe, build, quantizable_nodes, weight_type
@@ -64,7 +64,7 @@ def score_agreement(got: np.ndarray, want: np.ndarray, activation: str) -> dict[
 
 def graph_scores(path: Path, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:
     """The graph's raw logits for every row of every feed, in feed order: (rows, labels)."""
-    session = open_session(path, CPU)
+    session = open_session(path, CPU, spin=CHECK_SPIN)
     return np.concatenate([session.run(["scores"], feed)[0] for feed in feeds])
 
 

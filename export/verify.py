@@ -25,7 +25,7 @@ import torch
 
 from attnserve.attention_analyses import rollout_of_means
 from attnserve.engine.batching import pad, plan_batches
-from attnserve.engine.session import CPU, ONNXRUNTIME, open_graph
+from attnserve.engine.session import CHECK_SPIN, CPU, ONNXRUNTIME, open_graph
 from attnserve.engine.token_ids import made_up_token_ids
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import ExportVerificationError
@@ -473,7 +473,7 @@ def measure_all(graphs: dict[str, GraphCheck], reference: Reference, provider: s
                 # maps) for the whole export; none at all, each layer's buffers were faulted in anew (engine/session.py
                 # _ArenaPerRun). No prepacked copy of the weights: 0.4 GB of all-mpnet-base-v2's cold start's peak.
                 session = open_graph(path, backend, precision, provider, arena="per_run",
-                                     disabled_optimizers=disabled_optimizers, prepack=False)
+                                     disabled_optimizers=disabled_optimizers, prepack=False, spin=CHECK_SPIN)
                 if ("token_type_ids" in [i.name for i in session.get_inputs()]) != reference.token_types:
                     raise ExportVerificationError(f"{path.name} {'lacks' if reference.token_types else 'has'} "
                                                   "the input token_type_ids that the reference was made for")

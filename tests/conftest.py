@@ -18,6 +18,13 @@ from attnserve.default_model import DEFAULT_MODEL_NAME, default_checkpoint_dir
 # measures each new model on its first start, and may choose two processes for a tiny one (server/workers/auto.py;
 # tests/test_workers_auto.py tests it).
 os.environ.setdefault("ATTNSERVE_WORKERS", "1")
+# The suite runs more processes than the machine has cores (a worker per CPU and one more, and their servers), so
+# no thread waits by spinning on a core another process needs: PyTorch's OpenMP threads sleep once their work is done
+# (read when torch loads, which conftest imports nothing of), and the servers' and encode runs' onnxruntime threads
+# sleep between a run's parallel steps (EngineConfig.spin_wait). Three exports side by side on 2 cores took 92 s
+# with PyTorch's threads sleeping, against 166 s spinning.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("ATTNSERVE_SPIN_WAIT", "off")
 
 # Varied on purpose: unicode in several scripts, punctuation runs, emoji, and
 # texts far past max_seq_length (256) so truncation is exercised.
