@@ -64,7 +64,10 @@ FROM python AS export
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG TORCH_INDEX_URL
-ENV ORT_DISABLE_TELEMETRY=1
+# OMP_WAIT_POLICY: PyTorch's threads sleep once their work is done instead of spinning, which took the cores from
+# whatever builds or runs beside the export (the same export, alone, takes about as long either way).
+ENV ORT_DISABLE_TELEMETRY=1 \
+    OMP_WAIT_POLICY=PASSIVE
 # The dependencies first, in a layer that a change to the code reuses. The export extra pins torch; PyPI
 # resolves that pin to the CUDA build and gigabytes of nvidia-* wheels that an export on CPU never uses, so
 # torch comes from wheelhouse/ or else from TORCH_INDEX_URL, whose CPU build (2.13.0+cpu) pip prefers to
