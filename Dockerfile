@@ -64,10 +64,7 @@ FROM python AS export
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ARG TORCH_INDEX_URL
-# OMP_WAIT_POLICY: PyTorch's threads sleep once their work is done instead of spinning, which took the cores from
-# whatever builds or runs beside the export (the same export, alone, takes about as long either way).
-ENV ORT_DISABLE_TELEMETRY=1 \
-    OMP_WAIT_POLICY=PASSIVE
+ENV ORT_DISABLE_TELEMETRY=1
 # The dependencies first, in a layer that a change to the code reuses. The export extra pins torch; PyPI
 # resolves that pin to the CUDA build and gigabytes of nvidia-* wheels that an export on CPU never uses, so
 # torch comes from wheelhouse/ or else from TORCH_INDEX_URL, whose CPU build (2.13.0+cpu) pip prefers to
@@ -82,6 +79,10 @@ RUN set -- \
     && rm -rf /tmp/wheelhouse /tmp/requirements.txt
 COPY --from=build /wheels /tmp/wheels
 RUN pip install --no-deps "$(echo /tmp/wheels/attnserve-*.whl)[cpu,export]"
+# OMP_WAIT_POLICY: PyTorch's threads sleep once their work is done instead of spinning, which took the cores from
+# whatever builds or runs beside the export (the same export, alone, takes about as long either way). Set here,
+# after the installs, so that their cached layers stay valid.
+ENV OMP_WAIT_POLICY=PASSIVE
 # Every graph (--all): the serving images have no torch to build one a request would need later (attention).
 RUN attnserve export --all --out /artifacts/all-MiniLM-L6-v2
 
