@@ -109,6 +109,13 @@ def window_mask(T: int, half_window: int, device: torch.device, dtype: torch.dty
     return ((positions[None, :] - positions[:, None]).abs() > half_window).to(dtype) * MASK_VALUE
 
 
+def behind_window_mask(T: int, window: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(T, T) additive: MASK_VALUE where the key is window or more positions before the query (transformers'
+    sliding-window causal mask keeps query - key < window)."""
+    positions = torch.arange(T, device=device)
+    return (positions[:, None] - positions[None, :] >= window).to(dtype) * MASK_VALUE
+
+
 def windowed_mask(padding: torch.Tensor, outside_window: torch.Tensor) -> torch.Tensor:
     """The additive mask of a layer that attends within a window (Gemma 3's sliding layers, ModernBERT's local ones):
     padding (B, 1, 1, T) from padding_mask, outside_window (T, T) -> (B, 1, T, T).
@@ -157,16 +164,18 @@ class PreNormLayer(nn.Module):
 
     divisor: the attention scores' (attention.py), sqrt(head size) but for Gemma 3; head_norm: an RMSNorm over
     each query and key head before the rotation (Qwen3, Gemma 3); unit_offset: every norm scales by 1 + weight
-    (Gemma); mlp_bias: biases in the feed-forward (EuroBERT's option)."""
+    (Gemma); mlp_bias: biases in the feed-forward (EuroBERT's and Llama's option); out_bias: W_O's bias where it
+    differs from the queries', keys' and values' (Qwen2: theirs, not W_O's; None: the same)."""
 
     def __init__(self, cfg: LlamaStyleSizes, activation: str, divisor: float, head_norm: bool = False,
-                 mlp_bias: bool = False, unit_offset: bool = False, sandwich: bool = False):
+                 mlp_bias: bool = False, unit_offset: bool = False, sandwich: bool = False,
+                 out_bias: bool | None = None):
         super().__init__()
         H, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.attention_norm = RMSNorm(H, eps, unit_offset)  # input_layernorm
         self.attention = GroupedQueryAttention(
             H, cfg.num_heads, cfg.num_kv_heads, cfg.head_size, cfg.attention_bias, divisor,
-            head_norm=RMSNorm(cfg.head_size, eps, unit_offset) if head_norm else None)
+            head_norm=RMSNorm(cfg.head_size, eps, unit_offset) if head_norm else None, out_bias=out_bias)
         self.post_attention_norm = RMSNorm(H, eps, unit_offset) if sandwich else None
         # post_attention_layernorm (Qwen3, EuroBERT) or pre_feedforward_layernorm (Gemma 3): before the feed-forward
         self.feed_forward_norm = RMSNorm(H, eps, unit_offset)
@@ -203,16 +212,21 @@ class PreNormEncoder(nn.Module):
     base, rope_theta), pre-norm layers and a final RMSNorm; no token types, no position embeddings, no embedding
     norm. The same forward as encoder.Encoder: SentenceEncoder, export and verification take either.
 
-    causal: a token sees itself and the real tokens before it (a decoder used as an encoder), else every real token."""
+    causal: a token sees itself and the real tokens before it (a decoder used as an encoder), else every real token.
+    window: a causal token sees only the keys fewer than this many positions behind it, itself included (Mistral's
+    sliding window, in every layer); None: every earlier key. inv_freq: the rotary frequencies, where they are not
+    the plain ones of rope_theta (Llama 3's scaled ones: rotary.llama3_inv_freq)."""
 
     def __init__(self, cfg: LlamaStyleSizes, rope_theta: float, layer: Callable[[], PreNormLayer], name: str,
-                 causal: bool):
+                 causal: bool, window: int | None = None, inv_freq: torch.Tensor | None = None):
         """layer: builds one layer; name: the family's, for messages."""
         super().__init__()
+        assert window is None or causal, "a sliding window here is a causal one (Mistral's)"
         self.config = cfg
-        self.name, self.causal = name, causal
+        self.name, self.causal, self.window = name, causal, window
         self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.rotary = RotaryEmbedding(default_inv_freq(cfg.head_size, rope_theta), cfg.max_position_embeddings)
+        frequencies = default_inv_freq(cfg.head_size, rope_theta) if inv_freq is None else inv_freq
+        self.rotary = RotaryEmbedding(frequencies, cfg.max_position_embeddings)
         self.layers = nn.ModuleList(layer() for _ in range(cfg.num_layers))
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -235,6 +249,8 @@ class PreNormEncoder(nn.Module):
             # and future real keys, and then prefers the future ones, so padded keys get exactly 0 weight from
             # every query. A real query always sees itself, so both kinds of masked keys get exactly 0 there.
             mask = 2 * padding_mask(attention_mask, x.dtype) + causal_mask(T, x.device, x.dtype)  # (B, 1, T, T)
+            if self.window is not None:  # a real query's window always holds itself: its masked keys still get 0
+                mask = mask + behind_window_mask(T, self.window, x.device, x.dtype)
         else:
             mask = padding_mask(attention_mask, x.dtype)  # (B, 1, 1, T): every query sees every real key
         cos, sin = self.rotary(T)  # (T, hs) each

@@ -11,7 +11,7 @@ from typing import Any
 
 from attnserve.errors import CheckpointError
 
-from . import bert_likes, clip, eurobert, gemma3, gte, jina_v3, modernbert, nomic_bert, qwen3
+from . import bert_likes, clip, eurobert, gemma3, gte, jina_v3, llama, modernbert, nomic_bert, qwen3
 from .family import Family, ModelConfig
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
@@ -24,6 +24,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     gte.PUBLISHED_FAMILY,  # model_type "new": GTE v1.5 as published, for its remote code
     jina_v3.FAMILY,
     qwen3.FAMILY,
+    *llama.FAMILIES,  # llama, mistral, qwen2: decoder embedders
     *clip.FAMILIES,  # clip, siglip: the text tower (the image tower beside it: export/image_tower.py)
 )}
 

@@ -10,6 +10,7 @@ Shapes: B batch, nh heads, T sequence, P the model's positions, d the rotated si
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import torch
@@ -30,6 +31,21 @@ class RotaryPositions:
 def default_inv_freq(dim: int, theta: float) -> torch.Tensor:
     """(d/2,) fp32: the frequencies theta^(-2i/d) of transformers' "default" rope type."""
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def llama3_inv_freq(dim: int, theta: float, factor: float, low_freq_factor: float, high_freq_factor: float,
+                    original_positions: int) -> torch.Tensor:
+    """(d/2,) fp32: transformers' "llama3" rope type (Llama 3.1 and later): the frequencies whose wavelength is
+    longer than the pretraining context over low_freq_factor are divided by factor, those shorter than it over
+    high_freq_factor are kept, and those between are interpolated smoothly."""
+    inv_freq = default_inv_freq(dim, theta)
+    wavelength = 2 * math.pi / inv_freq
+    low_wavelength, high_wavelength = original_positions / low_freq_factor, original_positions / high_freq_factor
+    scaled = torch.where(wavelength > low_wavelength, inv_freq / factor, inv_freq)
+    smooth = (original_positions / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelength < high_wavelength) * ~(wavelength > low_wavelength)
+    return torch.where(medium, smoothed, scaled)
 
 
 class RotaryEmbedding(nn.Module):

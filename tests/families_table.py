@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoints import save_sentence_transformer, save_tiny_family, save_tiny_modernbert
+from .tiny_decoders import save_decoder_embedder, save_tiny_decoder
 from .tiny_eurobert import save_tiny_eurobert
 from .tiny_gemma3 import save_embedding_gemma, save_tiny_gemma3
 from .tiny_gte import save_tiny_gte
@@ -110,6 +111,15 @@ ROWS = [
         prompts=("query", "document"), sides=("right", "left"), causal=True, variants=EVERY,
         expect={"num_kv_heads": 2, "head_size": 32, "rope_theta": 1000.0, "rms_norm_eps": 1e-6,
                 "attention_bias": False, "hidden_act": "silu"}),
+    *[Row(name, partial(save_tiny_decoder, family=name), partial(save_decoder_embedder, family=name,
+                                                                  max_seq_length=40), 40,
+          prompts=prompts, sides=("right", "left"), causal=True, first_id=first_id, masked_lm=f"{title}ForCausalLM",
+          expect={"num_kv_heads": 2, "head_size": 32, "rope_theta": 1000.0, "rms_norm_eps": 1e-6, **expect})
+      for name, title, prompts, first_id, expect in [
+          ("llama", "Llama", (), 2, {"attention_bias": True, "out_bias": True, "mlp_bias": False,
+                                     "sliding_window": None}),
+          ("mistral", "Mistral", ("query",), 2, {"attention_bias": False, "out_bias": False, "sliding_window": 24}),
+          ("qwen2", "Qwen2", (), 4, {"attention_bias": True, "out_bias": False, "mlp_bias": False})]],
     Row("gemma3_text", save_tiny_gemma3, partial(save_embedding_gemma, max_seq_length=40), 40,
         prompts=("query", "document"), window=((0, 2, 3), 4), variants=EVERY,
         expect={"layer_types": ("sliding_attention", "full_attention", "sliding_attention", "sliding_attention"),

@@ -32,6 +32,7 @@ from .checkpoints import edit_json
 from .conftest import assert_one_line_error, run_cli
 from .families_table import BY_NAME, ROWS, TEXTS, Row
 from .family_parity import cosines, max_error, padded_batch, refusal_before_weights_load, transformers_model
+from .tiny_decoders import LLAMA3_ROPE
 from .tiny_gte import alibaba_ntk_inv_freq, save_published
 
 LENGTHS = [(1,), (5, 3), (16, 9, 1), (48, 17, 33), (100, 64, 7, 100)]
@@ -240,6 +241,22 @@ REFUSED = [
     ("qwen3", {"attention_bias": "yes"}, "attention_bias must be true or false"),
     ("qwen3", {"num_key_value_heads": 3}, "multiple of num_key_value_heads"),
     ("qwen3", {"architectures": ["Qwen3ForSequenceClassification"]}, "cannot reproduce architecture Qwen3ForSeque"),
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e3, "factor": 2.0}},
+     "cannot reproduce rope_parameters"),
+    ("llama", {"rope_parameters": None, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+     "cannot reproduce rope_scaling"),
+    ("llama", {"rope_parameters": {**LLAMA3_ROPE, "high_freq_factor": 0.5}}, "high_freq_factor above low_freq_factor"),
+    ("llama", {"attention_bias": "yes"}, "attention_bias must be true or false"),
+    ("llama", {"use_bidirectional_attention": True}, "cannot reproduce bidirectional attention"),
+    ("llama", {"partial_rotary_factor": 0.5}, "cannot reproduce partial_rotary_factor"),
+    ("llama", {"architectures": ["LlamaForSequenceClassification"]}, "cannot reproduce architecture LlamaForSequ"),
+    ("mistral", {"sliding_window": 0}, "sliding_window must be a positive integer or null"),
+    ("mistral", {"rope_parameters": LLAMA3_ROPE}, "cannot reproduce rope_parameters"),
+    ("mistral", {"is_causal": False}, "cannot reproduce bidirectional attention (Mistral attention is causal)"),
+    ("qwen2", {"use_sliding_window": True}, "cannot reproduce use_sliding_window true"),
+    ("qwen2", {"auto_map": {"AutoModel": "modeling_qwen.Qwen2Model"}}, "cannot reproduce auto_map's AutoModel"),
+    ("qwen2", {"layer_types": ["full_attention", "sliding_attention", "full_attention"]}, "cannot reproduce layer_t"),
+    ("qwen2", {"hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
     ("gemma3_text", {"architectures": ["Gemma3ForCausalLM"]}, "cannot reproduce architecture Gemma3ForCausalLM"),
     ("gemma3_text", {"hidden_activation": "relu"}, "hidden_activation 'relu' is not supported"),
     ("gemma3_text", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "cannot reproduce rope_scaling"),
@@ -592,9 +609,11 @@ def test_gte_engine_over_the_published_folder_encodes_as_sentence_transformers_o
 
 
 @pytest.mark.parametrize("name, unwindowed", [("modernbert", {"local_attention": 10_000}),
-                                              ("gemma3_text", {"sliding_window": 10_000})])
+                                              ("gemma3_text", {"sliding_window": 10_000}),
+                                              ("mistral", {"sliding_window": None}), ("llama", {"llama3_rope": None})])
 def test_the_window_matters(built, name, unwindowed):
-    """The parity above would hold for a model that ignored the window; this one's outputs change without it."""
+    """The parity above would hold for a model that ignored the window (or Llama 3's scaled rotary positions); this
+    one's outputs change without it."""
     ours = built.ours(BY_NAME[name])
     everywhere = type(ours)(dataclasses.replace(ours.config, **unwindowed))
     everywhere.load_state_dict(ours.state_dict())
@@ -606,7 +625,7 @@ def _legacy(config: dict, drop: tuple[str, ...], **add) -> dict:
     return {k: v for k, v in config.items() if k not in drop} | add
 
 
-@pytest.mark.parametrize("name", ["modernbert", "eurobert", "qwen3", "gemma3_text"])
+@pytest.mark.parametrize("name", ["modernbert", "eurobert", "qwen3", "gemma3_text", "llama", "mistral"])
 def test_the_transformers_4_config_form_reads_as_transformers_reads_it(built, name):
     """The 4.x form of the same settings (no layer_types or rope_parameters: rope_theta and its kin beside the
     other keys) reads the same, here and in transformers."""
@@ -635,6 +654,17 @@ def test_the_transformers_4_config_form_reads_as_transformers_reads_it(built, na
                          sliding_window=None, use_sliding_window=False)
         assert read(legacy) == cfg
         assert transformers.Qwen3Config.from_dict(legacy).rope_parameters["rope_theta"] == 1000.0
+    elif name == "llama":  # as Llama 3.1's config.json has it: rope_scaling beside rope_theta
+        scaling = {k: v for k, v in LLAMA3_ROPE.items() if k != "rope_theta"}
+        legacy = _legacy(raw, ("rope_parameters",), rope_theta=1000.0, rope_scaling=scaling)
+        theirs = transformers.LlamaConfig.from_dict(legacy)
+        assert read(legacy) == cfg and theirs.rope_parameters["rope_type"] == "llama3"
+        assert theirs.rope_parameters["rope_theta"] == cfg.rope_theta == 1000.0
+    elif name == "mistral":  # no sliding_window key: MistralConfig's 4096
+        legacy = _legacy(raw, ("rope_parameters", "sliding_window", "head_dim"), rope_theta=1000.0)
+        theirs, mine = transformers.MistralConfig.from_dict(legacy), read(legacy)
+        assert (mine.sliding_window, mine.head_size) == (theirs.sliding_window, theirs.head_dim) == (4096, 16)
+        assert mine.rope_theta == theirs.rope_parameters["rope_theta"] == 1000.0
     else:  # layer types from sliding_window_pattern; transformers' bidirectional window is sliding_window // 2 + 1
         legacy = _legacy(raw, ("layer_types", "rope_parameters"), rope_theta=1000.0, rope_local_base_freq=100.0,
                          sliding_window_pattern=2)
@@ -644,7 +674,7 @@ def test_the_transformers_4_config_form_reads_as_transformers_reads_it(built, na
         assert [theirs.rope_parameters[t]["rope_theta"] for t in mine.layer_types[1::-1]] == [1000.0, 100.0]
 
 
-@pytest.mark.parametrize("name, biases", [("modernbert", 2 + 4 * 6 - 1), ("eurobert", 4 * 7)])
+@pytest.mark.parametrize("name, biases", [("modernbert", 2 + 4 * 6 - 1), ("eurobert", 4 * 7), ("llama", 3 * 7)])
 def test_biases_where_the_config_asks_for_them(tmp_path, name, biases):
     row = BY_NAME[name]
     flags = {"attention_bias": True, "mlp_bias": True} | ({"norm_bias": True} if name == "modernbert" else {})
