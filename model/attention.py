@@ -8,7 +8,9 @@ which is the same for all of them:
   divided by sqrt(d), as BERT writes it, since the fusion takes the first Mul above the mask's Add for the mask's
   (a scale multiplied in there left BERT's six layers unfused);
 - outside a trace, a forward that wants no maps may take PyTorch's fused kernel instead (fused_attention.py);
-- each head's value norms are kept where asked (value_norms.py).
+- each head's value norms are kept where asked (value_norms.py);
+- a family may soft-cap the scores before the mask (Gemma 2: softcap * tanh(scores / softcap)), in the same place
+  for every graph and map.
 
 Shapes: B batch, T sequence, nh query heads, nkv key/value heads (dividing nh), hs head size, H hidden.
 """
@@ -39,6 +41,9 @@ class SelfAttention(nn.Module):
     nh: int  # query heads
     divisor: float  # the scores': sqrt(hs), but where a family says otherwise (Gemma 3's query_pre_attn_scalar)
     out: nn.Linear  # W_O: (nh * hs) -> H
+    # Gemma 2's attn_logit_softcapping: the scores become softcap * tanh(scores / softcap) before the mask is added,
+    # as transformers' eager attention does (the fused kernel has no such step: it is not taken then). None: none.
+    softcap: float | None = None
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -48,10 +53,12 @@ class SelfAttention(nn.Module):
         B, nh, T, hs = q.shape
         keys, values = repeat_heads(k, nh), repeat_heads(v, nh)  # (B, nh, T, hs) each
         probs: torch.Tensor | None = None
-        if fused(self):  # the same function, no (T, T) maps held
+        if self.softcap is None and fused(self):  # the same function, no (T, T) maps held
             heads = fused_context(q, keys, values, mask, 1 / self.divisor)  # (B, nh, T, hs)
         else:
             scores = torch.matmul(q, keys.transpose(-1, -2)) / self.divisor  # (B, nh, T, T)
+            if self.softcap is not None:
+                scores = torch.tanh(scores / self.softcap) * self.softcap
             probs = F.softmax(scores + mask, dim=-1)  # (B, nh, T, T), each row sums to 1
             heads = torch.matmul(probs, values)  # (B, nh, T, hs)
         context = heads.transpose(1, 2).reshape(B, T, nh * hs)  # heads concatenated

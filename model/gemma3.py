@@ -98,15 +98,20 @@ class Gemma3Layer(PreNormLayer):
     """Sandwich norms: each sublayer reads a normalised copy and its output is normalised again before the residual
     sum; the residual stream itself is only normalised once, after the last layer."""
 
+    head_norm = True  # each query and key head RMS-normalised before its rotation (Gemma 2 has no such norm)
+
     def __init__(self, cfg: Gemma3Config, index: int):
-        super().__init__(cfg, cfg.activation, cfg.score_divisor, head_norm=True, unit_offset=True, sandwich=True)
+        super().__init__(cfg, cfg.activation, cfg.score_divisor, head_norm=self.head_norm, unit_offset=True,
+                         sandwich=True)
         self.is_sliding = cfg.layer_types[index] == SLIDING
 
 
 class Gemma3Encoder(nn.Module):
-    """The same forward as encoder.Encoder: SentenceEncoder, export and verification take either."""
+    """The same forward as encoder.Encoder: SentenceEncoder, export and verification take either. Gemma 2's encoder
+    is this one with its own layers (gemma2.py)."""
 
     embed_scale: torch.Tensor
+    layer_class: type[Gemma3Layer] = Gemma3Layer  # Gemma 2's: gemma2.Gemma2Layer
 
     def __init__(self, cfg: Gemma3Config):
         super().__init__()
@@ -116,7 +121,7 @@ class Gemma3Encoder(nn.Module):
         self.register_buffer("embed_scale", torch.tensor(cfg.hidden_size ** 0.5, dtype=torch.float32),
                              persistent=False)
         self.rotary_global, self.rotary_local = global_and_local(cfg)
-        self.layers = nn.ModuleList(Gemma3Layer(cfg, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(self.layer_class(cfg, i) for i in range(cfg.num_layers))
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=True)
 
     def _masks(self, attention_mask: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,7 +134,9 @@ class Gemma3Encoder(nn.Module):
         positions = torch.arange(T, device=device)
         offset = positions[None, :] - positions[:, None]  # (T, T): key position - query position
         outside_window = future + (offset <= -cfg.sliding_window).to(dtype) * MASK_VALUE  # (T, T)
-        return padding + future, windowed_mask(padding, outside_window)  # (B, 1, T, T) each
+        # Padding counts twice in the full layers too (as blocks.PreNormEncoder's causal mask): a padded query before
+        # every real token (left padding) then prefers the future real keys, and padded keys get exactly 0 weight.
+        return 2 * padding + future, windowed_mask(padding, outside_window)  # (B, 1, T, T) each
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
@@ -141,7 +148,7 @@ class Gemma3Encoder(nn.Module):
         Returns last_hidden_state (B, T, H) and, if asked, every layer's attention probabilities per query head,
         stacked as (L, B, nh, T, T).
         """
-        assert token_type_ids is None, "Gemma 3 has no token types (its graphs take no token_type_ids)"
+        assert token_type_ids is None, "Gemma has no token types (its graphs take no token_type_ids)"
         T = input_ids.shape[1]
         x = self.word(input_ids) * self.embed_scale  # (B, T, H)
         full_mask, sliding_mask = self._masks(attention_mask, x.dtype)

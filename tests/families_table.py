@@ -17,7 +17,7 @@ from typing import Any
 from .checkpoints import save_sentence_transformer, save_tiny_family, save_tiny_modernbert
 from .tiny_decoders import save_decoder_embedder, save_tiny_decoder
 from .tiny_eurobert import save_tiny_eurobert
-from .tiny_gemma3 import save_embedding_gemma, save_tiny_gemma3
+from .tiny_gemma3 import save_bge_gemma2, save_embedding_gemma, save_tiny_gemma2, save_tiny_gemma3
 from .tiny_gte import save_tiny_gte
 from .tiny_jina import save_tiny_jina
 from .tiny_nomic import save_tiny_nomic
@@ -125,6 +125,12 @@ ROWS = [
         expect={"layer_types": ("sliding_attention", "full_attention", "sliding_attention", "sliding_attention"),
                 "sliding_window": 8, "bidirectional": True, "num_kv_heads": 2, "head_size": 32,
                 "score_divisor": 24 ** 0.5, "global_rope_theta": 1000.0, "local_rope_theta": 100.0}),
+    Row("gemma2", save_tiny_gemma2, partial(save_bge_gemma2, max_seq_length=40), 40, prompts=("query",),
+        sides=("right", "left"), causal=True, implementations=("eager",),  # transformers runs Gemma 2 eager only
+        masked_lm="Gemma2ForCausalLM",
+        expect={"layer_types": ("sliding_attention", "full_attention", "sliding_attention", "full_attention"),
+                "sliding_window": 8, "attn_logit_softcapping": 2.0, "num_kv_heads": 2, "head_size": 32,
+                "score_divisor": 24 ** 0.5, "global_rope_theta": 1000.0, "local_rope_theta": 1000.0}),
     Row("jina_embeddings_v3", save_tiny_jina, _jina_pipeline, 40, variants=JINA_VARIANTS,
         expect={"rope_theta": 1000.0, "task": None}, extra={"add_variants": ["embeddings_int8"]}),
 ]

@@ -257,6 +257,10 @@ REFUSED = [
     ("qwen2", {"auto_map": {"AutoModel": "modeling_qwen.Qwen2Model"}}, "cannot reproduce auto_map's AutoModel"),
     ("qwen2", {"layer_types": ["full_attention", "sliding_attention", "full_attention"]}, "cannot reproduce layer_t"),
     ("qwen2", {"hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
+    ("gemma2", {"use_bidirectional_attention": True}, "cannot reproduce use_bidirectional_attention true"),
+    ("gemma2", {"attn_logit_softcapping": -1.0}, "attn_logit_softcapping must be a positive number or null"),
+    ("gemma2", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e3, "factor": 2.0}}, "cannot reproduce r"),
+    ("gemma2", {"architectures": ["Gemma2ForSequenceClassification"]}, "cannot reproduce architecture Gemma2ForSeq"),
     ("gemma3_text", {"architectures": ["Gemma3ForCausalLM"]}, "cannot reproduce architecture Gemma3ForCausalLM"),
     ("gemma3_text", {"hidden_activation": "relu"}, "hidden_activation 'relu' is not supported"),
     ("gemma3_text", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "cannot reproduce rope_scaling"),
@@ -610,10 +614,12 @@ def test_gte_engine_over_the_published_folder_encodes_as_sentence_transformers_o
 
 @pytest.mark.parametrize("name, unwindowed", [("modernbert", {"local_attention": 10_000}),
                                               ("gemma3_text", {"sliding_window": 10_000}),
-                                              ("mistral", {"sliding_window": None}), ("llama", {"llama3_rope": None})])
+                                              ("mistral", {"sliding_window": None}), ("llama", {"llama3_rope": None}),
+                                              ("gemma2", {"sliding_window": 10_000}),
+                                              ("gemma2", {"attn_logit_softcapping": None})])
 def test_the_window_matters(built, name, unwindowed):
-    """The parity above would hold for a model that ignored the window (or Llama 3's scaled rotary positions); this
-    one's outputs change without it."""
+    """The parity above would hold for a model that ignored the window (or Llama 3's scaled rotary positions, or
+    Gemma 2's soft-capping); this one's outputs change without it."""
     ours = built.ours(BY_NAME[name])
     everywhere = type(ours)(dataclasses.replace(ours.config, **unwindowed))
     everywhere.load_state_dict(ours.state_dict())

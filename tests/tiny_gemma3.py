@@ -68,3 +68,36 @@ def save_embedding_gemma(model_dir: Path, directory: Path, max_seq_length: int |
         return [Pooling(H, "mean"), Dense(H, 2 * H, bias=False, activation_function=torch.nn.Identity()),
                 Dense(2 * H, H, bias=False, activation_function=torch.nn.Identity()), Normalize()]
     return save_pipeline(model_dir, directory, modules, max_seq_length, prompts=PROMPTS)
+
+
+# bge-multilingual-gemma2's query instruction form (its model card).
+GEMMA2_PROMPTS = {"query": "<instruct>Given a web search query, retrieve relevant passages that answer the query.\n"
+                           "<query>", "document": ""}
+
+
+def save_tiny_gemma2(directory: Path, model_class: str = "Gemma2Model", seed: int = 0, **config) -> Path:
+    """A 4-layer, hidden-64 Gemma 2 (bge-multilingual-gemma2's kind): 4 query heads of size 32 sharing 2 key/value
+    heads, layers 0 and 2 sliding with a window of 8, 1 and 3 full (transformers' default order), rope base 1000,
+    query_pre_attn_scalar 24, and attention scores soft-capped at 2 (50 in the real one: with these wide random
+    weights a cap of 2 bites). config: Gemma2Config settings over these."""
+    import transformers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab_size = Tokenizer.from_file(str(gemma_style(directory / "tokenizer.json"))).get_vocab_size()
+    settings = dict(
+        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, intermediate_size=96, max_position_embeddings=128, sliding_window=8, query_pre_attn_scalar=24,
+        attn_logit_softcapping=2.0, rope_theta=1000.0, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    config = transformers.Gemma2Config(**{**settings, **config})
+    save_model(directory, config, model_class, seed, offset=0.0)
+    save_fast_tokenizer(directory, directory / "tokenizer.json", bos_token="<bos>", eos_token="<eos>",
+                        unk_token="<unk>", pad_token="<pad>", model_max_length=config.max_position_embeddings)
+    return directory
+
+
+def save_bge_gemma2(model_dir: Path, directory: Path, max_seq_length: int | None = None) -> Path:
+    """sentence-transformers' own save of bge-multilingual-gemma2's pipeline over `model_dir`: Transformer ->
+    Pooling(lasttoken) -> Normalize, with its query instruction as a prompt."""
+    from .checkpoints import save_sentence_transformer
+
+    return save_sentence_transformer(model_dir, directory, "lasttoken", True, max_seq_length, prompts=GEMMA2_PROMPTS)
