@@ -12,6 +12,7 @@ from __future__ import annotations
 from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import CheckpointError
 from attnserve.model.checkpoint import Checkpoint
+from attnserve.model.rotary import RotaryPositions
 
 from .optimize import quiet
 from .verify import SAMPLE_TEXTS
@@ -42,6 +43,18 @@ def _reference(ckpt: Checkpoint):
                               f"{type(e).__name__}: {first_line}") from None
 
 
+# Pooling modes whose sentence-transformers output is the same on a left-padded batch: they read the real tokens
+# alone, wherever they sit (lasttoken finds the last real one on either side).
+SIDE_FREE_POOLING = {"mean", "max", "mean_sqrt_len_tokens", "lasttoken"}
+
+
+def _padding_side_free(ckpt: Checkpoint) -> bool:
+    """A plain embedder with rotary positions (a shift of every position changes no score) and pooling that reads
+    no fixed position: llama-nemotron-embed's bidirectional Llama, say."""
+    return (isinstance(ckpt.config, RotaryPositions) and ckpt.kind == "embedder" and bool(ckpt.pipeline.pooling)
+            and set(ckpt.pipeline.pooling) <= SIDE_FREE_POOLING)
+
+
 def check_tokenizer(ckpt: Checkpoint) -> None:
     """Refuse unless tokenizer.json, truncated at max_seq_length, gives exactly sentence-transformers' token ids."""
     reference = _reference(ckpt)
@@ -53,10 +66,12 @@ def check_tokenizer(ckpt: Checkpoint) -> None:
             raise CheckpointError(f"{ckpt.directory}: cannot reproduce the tokenizer's length: transformers' "
                                   f"{name} truncates at {theirs}, the export read {ckpt.max_seq_length}")
     for side in ("padding_side", "truncation_side"):
-        # A causal model's real outputs (and its last real token) do not depend on which side is padded; a model
-        # whose texts are padded to a fixed length (SigLIP's, SigLIP 2's) is padded on the right, the pads attended,
-        # as it was trained (model/clip.py), whichever side transformers' tokenizer class pads by default.
-        if side == "padding_side" and (getattr(ckpt.config, "causal", False) or ckpt.pipeline.pad_to):
+        # A causal model's real outputs (and its last real token) do not depend on which side is padded, nor do a
+        # rotary model's, whose scores see only distances, where the pooling reads no fixed position (not cls); a
+        # model whose texts are padded to a fixed length (SigLIP's, SigLIP 2's) is padded on the right, the pads
+        # attended, as it was trained (model/clip.py), whichever side transformers' tokenizer class pads by default.
+        if side == "padding_side" and (getattr(ckpt.config, "causal", False) or ckpt.pipeline.pad_to
+                                       or _padding_side_free(ckpt)):
             continue
         if getattr(reference, side, "right") != "right":
             raise CheckpointError(f"{ckpt.directory}: cannot reproduce {side} {getattr(reference, side)!r} "

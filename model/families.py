@@ -25,7 +25,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     gte.PUBLISHED_FAMILY,  # model_type "new": GTE v1.5 as published, for its remote code
     jina_v3.FAMILY,
     qwen3.FAMILY,
-    *llama.FAMILIES,  # llama, mistral, qwen2: decoder embedders
+    *llama.FAMILIES,  # llama, mistral, qwen2, llama_bidirec: decoder embedders
     *clip.FAMILIES,  # clip, siglip: the text tower (the image tower beside it: export/image_tower.py)
 )}
 

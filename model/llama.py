@@ -13,9 +13,11 @@ attention, a SwiGLU feed-forward and a final RMSNorm, no token types. They diffe
   use_sliding_window says, which is refused.
 Padding: as Qwen3's (qwen3.py), a token's output depends only on the real tokens before it and their distances, so
 right padding (the engine's) and left padding (the tokenizers') give the same real outputs.
-Bidirectional variants (llama-nemotron-embed's, NV-Embed's, gte-Qwen2's) are published as remote code of their own:
-a config whose auto_map names an AutoModel of its own, or that asks for bidirectional attention, is refused here
-rather than run as the causal decoder its code may not be.
+- llama_bidirec: NVIDIA's llama-nemotron-embed, Llama with bidirectional attention (every query sees every real key),
+  as its published modelling code (llama_bidirectional_model.py, its auto_map's AutoModel) runs it.
+Other bidirectional variants (NV-Embed's, gte-Qwen2's) are published as remote code of their own: a config whose
+auto_map names an AutoModel no row follows, or that asks for bidirectional attention, is refused here rather than
+run as the causal decoder its code may not be.
 
 Shapes: as blocks.py's.
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from attnserve.errors import CheckpointError
 
@@ -66,11 +68,13 @@ class LlamaConfig(LlamaStyleConfig):
     mlp_bias: bool = False
     sliding_window: int | None = None  # Mistral's: a query sees keys fewer than this many positions behind it
     pad_token_id: int = 0
-    causal: ClassVar[bool] = True  # padding on either side gives the same real outputs (tokenizer_parity.py)
+    # Causal: padding on either side gives the same real outputs (tokenizer_parity.py). llama_bidirec's is not.
+    causal: bool = True
 
 
 class LlamaEncoder(PreNormEncoder):
-    """Pre-norm layers (blocks.PreNormLayer), causal attention, within Mistral's window where it has one."""
+    """Pre-norm layers (blocks.PreNormLayer), causal attention (within Mistral's window where it has one), or
+    bidirectional (llama_bidirec)."""
 
     def __init__(self, cfg: LlamaConfig):
         rope = cfg.llama3_rope
@@ -82,7 +86,7 @@ class LlamaEncoder(PreNormEncoder):
             else None
         super().__init__(cfg, cfg.rope_theta, lambda: PreNormLayer(
             cfg, cfg.hidden_act, math.sqrt(cfg.head_size), mlp_bias=cfg.mlp_bias, out_bias=cfg.out_bias),
-            name=LAYOUTS[cfg.family].name, causal=True, window=window, inv_freq=inv_freq)
+            name=LAYOUTS[cfg.family].name, causal=cfg.causal, window=window, inv_freq=inv_freq)
 
 
 @dataclass(frozen=True)
@@ -94,12 +98,18 @@ class Layout:
     architectures: tuple[str, ...]  # the bare model, and the causal LM used as an encoder (its lm_head unused)
     default_positions: int
     default_eps: float
+    causal: bool = True
+    remote_code: str | None = None  # the auto_map AutoModel whose published code this row follows
 
 
 LAYOUTS = {layout.model_type: layout for layout in (
     Layout("llama", "Llama", ("LlamaModel", "LlamaForCausalLM"), 2048, 1e-6),
     Layout("mistral", "Mistral", ("MistralModel", "MistralForCausalLM"), 4096 * 32, 1e-6),
     Layout("qwen2", "Qwen2", ("Qwen2Model", "Qwen2ForCausalLM"), 32768, 1e-6),
+    # NVIDIA's llama-nemotron-embed (llama_bidirectional_model.py, published with the model): LlamaModel with every
+    # layer's is_causal false and the padding mask alone (_prepare_4d_attention_mask), on LlamaConfig's settings.
+    Layout("llama_bidirec", "Llama (bidirectional)", ("LlamaBidirectionalModel",), 2048, 1e-6, causal=False,
+           remote_code="llama_bidirectional_model.LlamaBidirectionalModel"),
 )}
 MISTRAL_WINDOW = 4096  # MistralConfig's sliding_window where config.json gives none
 DEFAULT_ROPE_THETA = 10_000.0
@@ -117,10 +127,12 @@ def read_config(raw: dict[str, Any], path: Path) -> LlamaConfig:
     check_architectures(raw, path, layout.architectures, runs=" or ".join(layout.architectures))
     act = check_supported(path, "hidden_act", raw.get("hidden_act", "silu"), GATE_ACTIVATIONS)
     remote = (raw.get("auto_map") or {}).get("AutoModel") if isinstance(raw.get("auto_map"), dict) else None
-    if remote:  # sentence-transformers runs it with trust_remote_code (gte-Qwen2's, say): code this file has not read
+    # sentence-transformers runs remote code with trust_remote_code (gte-Qwen2's, say): only the code a row follows.
+    # A Hub reference is "repo--module.Class"; the module and class are what is compared.
+    if remote and (layout.remote_code is None or str(remote).split("--")[-1] != layout.remote_code):
         raise CheckpointError(f"{path}: cannot reproduce auto_map's AutoModel {remote!r} (remote code; only "
                               f"transformers' own {layout.architectures[0]})")
-    if raw.get("is_causal") is False or raw.get("use_bidirectional_attention"):
+    if layout.causal and (raw.get("is_causal") is False or raw.get("use_bidirectional_attention")):
         raise CheckpointError(f"{path}: cannot reproduce bidirectional attention ({layout.name} attention is causal)")
     if raw.get("partial_rotary_factor") not in (None, 1, 1.0):
         raise CheckpointError(f"{path}: cannot reproduce partial_rotary_factor {raw['partial_rotary_factor']!r} "
@@ -149,6 +161,7 @@ def read_config(raw: dict[str, Any], path: Path) -> LlamaConfig:
             hidden_act=act,
             sliding_window=window,
             pad_token_id=int(raw.get("pad_token_id") or 0),
+            causal=layout.causal,
             **biases,
         )
     check_positive(cfg, path, LLAMA_STYLE_SIZES, "rms_norm_eps and rope_theta", cfg.rms_norm_eps, cfg.rope_theta)
@@ -158,7 +171,7 @@ def read_config(raw: dict[str, Any], path: Path) -> LlamaConfig:
 
 def _biases(raw: dict[str, Any], path: Path, layout: Layout) -> dict[str, bool]:
     """Which linear layers have biases: Llama's two flags, Qwen2's fixed ones, none of Mistral's."""
-    if layout.model_type == "llama":
+    if layout.model_type in ("llama", "llama_bidirec"):
         attention = flag(raw, "attention_bias", path)
         return {"attention_bias": attention, "out_bias": attention, "mlp_bias": flag(raw, "mlp_bias", path)}
     if layout.model_type == "qwen2":
@@ -208,7 +221,8 @@ def _rope(raw: dict[str, Any], path: Path, layout: Layout, positions: int) -> tu
     theta = float(spec.get("rope_theta", legacy_theta))
     if rope_type == "default" and set(spec) <= {"rope_type", "type", "rope_theta"}:
         return theta, None
-    if rope_type == "llama3" and layout.model_type == "llama" and all(k in spec for k in LLAMA3_KEYS):
+    llama = layout.model_type in ("llama", "llama_bidirec")
+    if rope_type == "llama3" and llama and all(k in spec for k in LLAMA3_KEYS):
         rope = Llama3Rope(float(spec["factor"]), float(spec["low_freq_factor"]), float(spec["high_freq_factor"]),
                           int(spec.get("original_max_position_embeddings") or positions))
         if not (rope.factor > 0 and rope.high_freq_factor > rope.low_freq_factor > 0
@@ -216,7 +230,7 @@ def _rope(raw: dict[str, Any], path: Path, layout: Layout, positions: int) -> tu
             raise CheckpointError(f"{path}: {name} {spec!r}: factor, low_freq_factor and original_max_position_"
                                   "embeddings must be positive, high_freq_factor above low_freq_factor")
         return theta, rope
-    also = " or 'llama3' with factor, low_freq_factor and high_freq_factor" if layout.model_type == "llama" else ""
+    also = " or 'llama3' with factor, low_freq_factor and high_freq_factor" if llama else ""
     raise CheckpointError(f"{path}: cannot reproduce {name} {spec!r} (only rope_type 'default'{also})")
 
 

@@ -28,7 +28,7 @@ from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.jina_v3 import TASKS, with_task
 from attnserve.model.pooling import pool
 
-from .checkpoints import edit_json
+from .checkpoints import copy_checkpoint, edit_json
 from .conftest import assert_one_line_error, run_cli
 from .families_table import BY_NAME, ROWS, TEXTS, Row
 from .family_parity import cosines, max_error, padded_batch, refusal_before_weights_load, transformers_model
@@ -690,6 +690,74 @@ def test_biases_where_the_config_asks_for_them(tmp_path, name, biases):
     ids, mask, _ = batch(row, encoder.config, (30, 11), seed=0)
     assert max_error(hidden(encoder, ids, mask)[0], hidden(transformers_model(model, "eager"), ids, mask)
                      .last_hidden_state, mask) <= 1e-4
+
+
+# llama-nemotron-embed's config.json, as its folder has it: its own model_type and its published modelling code.
+NEMOTRON = {"model_type": "llama_bidirec", "architectures": ["LlamaBidirectionalModel"], "pooling": "avg",
+            "temperature": 1.0, "auto_map": {"AutoConfig": "llama_bidirectional_model.LlamaBidirectionalConfig",
+                                             "AutoModel": "llama_bidirectional_model.LlamaBidirectionalModel"}}
+
+
+def test_llama_bidirec_runs_as_its_published_code_every_query_seeing_every_real_key(built, tmp_path):
+    """llama-nemotron-embed's LlamaBidirectionalModel (llama_bidirectional_model.py) is transformers' LlamaModel with
+    every layer's is_causal false and the padding mask alone (_prepare_4d_attention_mask): the reference is LlamaModel
+    over the same weights given that 4D mask. Its export encodes as that, mean-pooled ("avg") and normalised; another
+    remote code is refused."""
+    row = BY_NAME["llama"]
+    folder = copy_checkpoint(built.st(row), tmp_path / "nemotron")  # the llama row's mean + Normalize pipeline
+    edit_json(folder / "config.json", **NEMOTRON)
+    ours = load_encoder(read_checkpoint(folder))
+    assert not ours.config.causal and ours.config.family == "llama_bidirec"
+    reference = transformers_model(built.model(row), "eager")
+    padding_only = lambda mask: (1.0 - mask[:, None, None, :].float()) * torch.finfo(torch.float32).min  # noqa: E731
+    for seed, lengths in enumerate(LENGTHS):
+        for side in ("right", "left"):
+            ids, mask, _ = batch(row, ours.config, lengths, seed, side)
+            want = hidden(reference, ids, padding_only(mask), output_attentions=True)
+            got, maps = hidden(ours, ids, mask, output_attentions=True)
+            assert max_error(got, want.last_hidden_state, mask) <= 1e-4, (lengths, side)
+            real = mask.bool()[:, None, :, None] & mask.bool()[:, None, None, :]  # (B, 1, T, T)
+            assert float((maps - torch.stack(want.attentions)).abs()[:, real.expand(-1, maps.shape[2], -1, -1)]
+                         .max()) <= 1e-5
+    full = hidden(ours, *batch(row, ours.config, (30,), seed=0)[:2], output_attentions=True)[1]
+    assert bool((full > 0).all())  # every key, before and after the query: not causal
+    build_artifacts(read_checkpoint(folder), tmp_path / "out", log=lambda m: None, variants=["embeddings"])
+    encoded = Engine.from_directory(tmp_path / "out").encode(TEXTS)
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.enable_truncation(row.max_seq_length)  # the text cut, its end-of-text token kept
+    for text_tokens, embedding in zip(tokenizer.encode_batch(TEXTS), encoded.embeddings, strict=True):
+        ids = torch.tensor([text_tokens.ids])
+        mask = torch.ones_like(ids)
+        pooled = hidden(reference, ids, padding_only(mask)).last_hidden_state.mean(1)[0].numpy()
+        want = pooled / np.linalg.norm(pooled)
+        assert np.abs(embedding - want).max() <= 1e-5 and cosines(embedding[None], want[None]).min() >= 0.99999
+    edit_json(folder / "config.json", auto_map={"AutoModel": "someone--other_code.LlamaBidirectionalModel"})
+    with pytest.raises(CheckpointError, match="cannot reproduce auto_map's AutoModel"):
+        read_checkpoint(folder)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_a_rotary_models_left_padding_is_taken_where_its_pooling_reads_no_fixed_position(built, tmp_path, pooling):
+    """A tokenizer that pads on the left (llama-nemotron-embed's kind): a rotary model's scores see only distances,
+    so mean pooling gives what sentence-transformers gives on its left-padded batches; CLS pooling would read a pad
+    there, and is refused."""
+    from sentence_transformers import SentenceTransformer
+
+    from .checkpoints import save_sentence_transformer
+
+    st = save_sentence_transformer(built.model(BY_NAME["eurobert"]), tmp_path / "st", pooling, True, 40)
+    edit_json(st / "tokenizer_config.json", padding_side="left")
+    if pooling == "cls":
+        with pytest.raises(CheckpointError, match="cannot reproduce padding_side 'left'"):
+            build_artifacts(read_checkpoint(st), tmp_path / "out", log=lambda m: None, variants=["embeddings"])
+        return
+    build_artifacts(read_checkpoint(st), tmp_path / "out", log=lambda m: None, variants=["embeddings"])
+    model = SentenceTransformer(str(st), device="cpu")
+    assert model.tokenizer.padding_side == "left"
+    got, want = Engine.from_directory(tmp_path / "out").encode(TEXTS).embeddings, model.encode(TEXTS)
+    assert np.abs(got - want).max() <= 1e-5 and cosines(got, want).min() >= 0.99999
 
 
 def test_modernbert_sequence_classifier_is_a_reranker(tmp_path):
