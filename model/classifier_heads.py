@@ -14,7 +14,9 @@ Read from transformers 5.24:
 - DistilBertForSequenceClassification: classifier(relu(pre_classifier(h[:, 0])));
 - ModernBertForSequenceClassification: classifier(norm(act(dense(pool(h))))), pool the first token ("cls") or
   the mean over real tokens ("mean"), act config.classifier_activation, dense's bias config.classifier_bias,
-  norm's eps and bias the encoder's norm_eps and norm_bias; the classifier always has a bias.
+  norm's eps and bias the encoder's norm_eps and norm_bias; the classifier always has a bias;
+- DebertaV2ForSequenceClassification: classifier(act(pooler.dense(h[:, 0]))), its ContextPooler, act
+  config.pooler_hidden_act (pooler_hidden_size must be hidden_size, which the classifier reads).
 """
 
 from __future__ import annotations
@@ -136,6 +138,21 @@ def modernbert_head_keys(options: ModernBertHeadOptions) -> dict[str, str]:
     return keys
 
 
+DEBERTA_HEAD = _linear_keys({"pooler.dense": "dense", "classifier": "out"})
+
+
+def read_deberta_head(raw: dict, path: Path) -> str:
+    """The ContextPooler's activation; its size must be the encoder's."""
+    size, hidden = raw.get("pooler_hidden_size", raw.get("hidden_size")), raw.get("hidden_size")
+    if size != hidden:
+        raise CheckpointError(f"{path}: cannot reproduce pooler_hidden_size {size!r} (only hidden_size, {hidden!r})")
+    activation = raw.get("pooler_hidden_act", "gelu")
+    if activation not in MODERNBERT_ACTIVATIONS:
+        raise CheckpointError(f"{path}: cannot reproduce pooler_hidden_act {activation!r} (only "
+                              f"{', '.join(MODERNBERT_ACTIVATIONS)})")
+    return str(activation)
+
+
 HEADS: dict[str, HeadRow] = {
     "BertForSequenceClassification": HeadRow("bert", _no_options, lambda _: BERT_HEAD, _first_token(torch.tanh)),
     "RobertaForSequenceClassification": HeadRow("roberta", _no_options, lambda _: CLASSIFICATION_HEAD,
@@ -149,6 +166,9 @@ HEADS: dict[str, HeadRow] = {
     "ModernBertForSequenceClassification": HeadRow("modernbert", read_modernbert_head, modernbert_head_keys,
                                                    lambda options, hidden, labels: ModernBertHead(hidden, labels,
                                                                                                   options)),
+    "DebertaV2ForSequenceClassification": HeadRow(
+        "deberta-v2", read_deberta_head, lambda _: DEBERTA_HEAD,
+        lambda activation, hidden, labels: FirstTokenHead(hidden, labels, MODERNBERT_ACTIVATIONS[activation])),
 }
 
 

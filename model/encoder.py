@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 import torch.nn as nn
@@ -135,8 +135,19 @@ class MultiHeadSelfAttention(SelfAttention):
         return self.attend(q, k, v, key_mask)
 
 
+class FeedForwardSizes(Protocol):
+    """What the feed-forward reads of a config (EncoderConfig, deberta_v2.DebertaV2Config)."""
+
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def hidden_act(self) -> str: ...
+
+
 class FeedForward(nn.Module):
-    def __init__(self, cfg: EncoderConfig):
+    def __init__(self, cfg: FeedForwardSizes):
         super().__init__()
         self.up = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size)

@@ -11,12 +11,13 @@ from typing import Any
 
 from attnserve.errors import CheckpointError
 
-from . import bert_likes, clip, eurobert, gemma2, gemma3, gte, jina_v3, llama, modernbert, nomic_bert, qwen3
+from . import bert_likes, clip, deberta_v2, eurobert, gemma2, gemma3, gte, jina_v3, llama, modernbert, nomic_bert, qwen3
 from .family import Family, ModelConfig
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     *bert_likes.FAMILIES,  # bert, roberta, xlm-roberta, distilbert, mpnet
     modernbert.FAMILY,
+    deberta_v2.FAMILY,
     gemma3.FAMILY,
     gemma2.FAMILY,
     eurobert.FAMILY,

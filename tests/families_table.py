@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoints import save_sentence_transformer, save_tiny_family, save_tiny_modernbert
+from .tiny_deberta import save_tiny_deberta
 from .tiny_decoders import save_decoder_embedder, save_tiny_decoder
 from .tiny_eurobert import save_tiny_eurobert
 from .tiny_gemma3 import save_bge_gemma2, save_embedding_gemma, save_tiny_gemma2, save_tiny_gemma3
@@ -101,6 +102,11 @@ ROWS = [
                 "attention_bias": False, "mlp_bias": False},
         masked_lm="ModernBertForMaskedLM", refused_head="ModernBertForTokenClassification",
         head_weights_refused=True, fused=False),
+    Row("deberta-v2", save_tiny_deberta, _pooled("mean", True, 48), 48, masked_lm="DebertaV2ForMaskedLM",
+        implementations=("eager",),  # transformers runs DeBERTa eager only
+        expect={"position_buckets": 16, "max_relative_positions": 64, "span": 16, "position_terms": ("p2c", "c2p"),
+                "norm_relative_embeddings": True, "position_biased_input": False, "type_vocab_size": 0},
+        refused_head="DebertaV2ForTokenClassification"),
     Row("eurobert", save_tiny_eurobert, _pooled("mean", True, 40, {"query": "query: ", "document": "passage: "}), 40,
         prompts=("query",), first_id=3,
         expect={"num_kv_heads": 2, "head_size": 32, "rope_theta": 1000.0, "activation": "silu",

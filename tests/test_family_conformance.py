@@ -257,6 +257,13 @@ REFUSED = [
     ("qwen2", {"auto_map": {"AutoModel": "modeling_qwen.Qwen2Model"}}, "cannot reproduce auto_map's AutoModel"),
     ("qwen2", {"layer_types": ["full_attention", "sliding_attention", "full_attention"]}, "cannot reproduce layer_t"),
     ("qwen2", {"hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
+    ("deberta-v2", {"relative_attention": False}, "cannot reproduce relative_attention false"),
+    ("deberta-v2", {"share_att_key": False}, "cannot reproduce share_att_key false"),
+    ("deberta-v2", {"conv_kernel_size": 3}, "cannot reproduce conv_kernel_size 3"),
+    ("deberta-v2", {"pos_att_type": ["c2p", "p2p"]}, "cannot reproduce pos_att_type ['c2p', 'p2p']"),
+    ("deberta-v2", {"norm_rel_ebd": "batch_norm"}, "cannot reproduce norm_rel_ebd 'batch_norm'"),
+    ("deberta-v2", {"hidden_act": "tanh"}, "hidden_act 'tanh' is not supported"),
+    ("deberta-v2", {"position_buckets": 2}, "position_buckets, where given, at least 4"),
     ("gemma2", {"use_bidirectional_attention": True}, "cannot reproduce use_bidirectional_attention true"),
     ("gemma2", {"attn_logit_softcapping": -1.0}, "attn_logit_softcapping must be a positive number or null"),
     ("gemma2", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e3, "factor": 2.0}}, "cannot reproduce r"),
@@ -758,6 +765,22 @@ def test_a_rotary_models_left_padding_is_taken_where_its_pooling_reads_no_fixed_
     assert model.tokenizer.padding_side == "left"
     got, want = Engine.from_directory(tmp_path / "out").encode(TEXTS).embeddings, model.encode(TEXTS)
     assert np.abs(got - want).max() <= 1e-5 and cosines(got, want).min() >= 0.99999
+
+
+@pytest.mark.parametrize("settings", [
+    {"position_biased_input": True, "type_vocab_size": 2, "embedding_size": 48},  # DeBERTa-v2's, and a projection
+    {"pos_att_type": "c2p", "position_buckets": -1, "max_relative_positions": 24},  # v2's form, no buckets
+    {"pos_att_type": ["p2c"], "norm_rel_ebd": "none"}])
+def test_deberta_settings_v3_leaves_at_their_defaults_match_transformers(tmp_path, settings):
+    """The DeBERTa-v2 options the v3 row does not use: absolute positions beside the relative ones, token types, the
+    embedding projection, one position term alone in either config form, unbucketed distances, no table norm."""
+    row = BY_NAME["deberta-v2"]
+    model = row.save(tmp_path / "deberta", seed=3, **settings)
+    encoder = load_encoder(read_checkpoint(model))
+    types = encoder.config.has_token_types
+    ids, mask, segments = batch(row, encoder.config, (40, 17, 1), seed=0, types=types)
+    want = hidden(transformers_model(model, "eager"), ids, mask, segments).last_hidden_state
+    assert max_error(hidden(encoder, ids, mask, segments)[0], want, mask) <= 1e-4
 
 
 def test_modernbert_sequence_classifier_is_a_reranker(tmp_path):

@@ -2,9 +2,10 @@
 XForSequenceClassification classes and then by sentence-transformers' CrossEncoder, as rerankers are published.
 
 Each has one label (CrossEncoder's Sigmoid activation) and a real tokenizer of its family's kind (checkpoints.py
-save_tiny_family, save_tiny_modernbert): WordPiece for DistilBERT, byte-level BPE for RoBERTa, MPNet and ModernBERT,
-Unigram for XLM-R with bge-reranker-v2-m3's pair template "<s> A </s> </s> B </s>". The tokenizers of families
-without token types name only input_ids and attention_mask as their model inputs, as those families' tokenizers do.
+save_tiny_family, save_tiny_modernbert, tiny_deberta.py): WordPiece for DistilBERT and DeBERTa, byte-level BPE for
+RoBERTa, MPNet and ModernBERT, Unigram for XLM-R with bge-reranker-v2-m3's pair template "<s> A </s> </s> B </s>".
+The tokenizers of families without token types name only input_ids and attention_mask as their model inputs, as those
+families' tokenizers do.
 Weights are drawn wider than transformers' initialisation, so that the scores spread over the sigmoid.
 """
 
@@ -13,9 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .checkpoints import FAMILY_CLASSES, as_cross_encoder, edit_json, save_tiny_family, save_tiny_modernbert
+from .tiny_deberta import save_tiny_deberta
 
 # The architectures these makers cover, with ModernBERT's two poolings (BERT's: checkpoints.save_cross_encoder).
-ALL = ("roberta", "xlm-roberta", "distilbert", "mpnet", "modernbert-cls", "modernbert-mean")
+ALL = ("roberta", "xlm-roberta", "distilbert", "mpnet", "modernbert-cls", "modernbert-mean", "deberta-v2")
 NO_TOKEN_TYPES = ["input_ids", "attention_mask"]
 
 
@@ -27,6 +29,9 @@ def save_tiny_cross_encoder(directory: Path, kind: str, seed: int = 0, **modernb
             save_tiny_modernbert(staging, "ModernBertForSequenceClassification", seed, num_labels=1,
                                  classifier_pooling=kind.removeprefix("modernbert-"), **modernbert_config)
             edit_json(staging / "tokenizer_config.json", model_input_names=NO_TOKEN_TYPES)
+            return
+        if kind == "deberta-v2":  # mxbai-rerank-base/large-v1's architecture, at DeBERTa-v3's settings
+            save_tiny_deberta(staging, "DebertaV2ForSequenceClassification", seed, num_labels=1)
             return
         head = FAMILY_CLASSES[kind][1].replace("Model", "ForSequenceClassification")
         save_tiny_family(staging, kind, head, seed, spread=0.3, tokenizer={"model_input_names": NO_TOKEN_TYPES},
