@@ -103,6 +103,7 @@ ROWS = [
         masked_lm="ModernBertForMaskedLM", refused_head="ModernBertForTokenClassification",
         head_weights_refused=True, fused=False),
     Row("deberta-v2", save_tiny_deberta, _pooled("mean", True, 48), 48, masked_lm="DebertaV2ForMaskedLM",
+        variants=EVERY,  # its own kind: disentangled attention
         implementations=("eager",),  # transformers runs DeBERTa eager only
         expect={"position_buckets": 16, "max_relative_positions": 64, "span": 16, "position_terms": ("p2c", "c2p"),
                 "norm_relative_embeddings": True, "position_biased_input": False, "type_vocab_size": 0},
@@ -133,7 +134,7 @@ ROWS = [
                 "score_divisor": 24 ** 0.5, "global_rope_theta": 1000.0, "local_rope_theta": 100.0}),
     Row("gemma2", save_tiny_gemma2, partial(save_bge_gemma2, max_seq_length=40), 40, prompts=("query",),
         sides=("right", "left"), causal=True, implementations=("eager",),  # transformers runs Gemma 2 eager only
-        masked_lm="Gemma2ForCausalLM",
+        masked_lm="Gemma2ForCausalLM", variants=EVERY,  # its own kind: soft-capped scores
         expect={"layer_types": ("sliding_attention", "full_attention", "sliding_attention", "full_attention"),
                 "sliding_window": 8, "attn_logit_softcapping": 2.0, "num_kv_heads": 2, "head_size": 32,
                 "score_divisor": 24 ** 0.5, "global_rope_theta": 1000.0, "local_rope_theta": 1000.0}),

@@ -1,8 +1,9 @@
 """Every model family against code nobody here wrote, transformers' own classes and sentence-transformers: one
 table row a family (tests/families_table.py: config, hidden states and maps, head checkpoints, refusals before any
 weight loads, the export at unseen sizes, the engine, one server over every row), then the checks no table holds.
-One row per architecture kind exports every variant (NomicBERT, ModernBERT, Qwen3, Gemma 3; jina-embeddings-v3 a
-graph set per task; absolute positions: the default model's, tests/conftest.py); the others their fp32 graphs.
+One row per architecture kind exports every variant (NomicBERT, ModernBERT, Qwen3 for the Llama-style decoders, Gemma 3,
+Gemma 2's soft-capped scores, DeBERTa's disentangled attention; jina-embeddings-v3 a graph set per task; absolute
+positions: the default model's, tests/conftest.py); the others their fp32 graphs.
 """
 
 from __future__ import annotations
