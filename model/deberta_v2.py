@@ -230,9 +230,9 @@ def read_config(raw: dict[str, Any], path: Path) -> DebertaV2Config:
     if not flag(raw, "share_att_key", path):
         raise CheckpointError(f"{path}: cannot reproduce share_att_key false (only position vectors projected by "
                               "the layer's own query and key)")
-    if (raw.get("conv_kernel_size") or 0) > 0:
+    if raw.get("conv_kernel_size") not in (None, 0):
         raise CheckpointError(f"{path}: cannot reproduce conv_kernel_size {raw['conv_kernel_size']!r} (the first "
-                              "layer's convolution, DeBERTa-v2-xlarge's)")
+                              "layer's convolution, DeBERTa-v2-xlarge's; only 0)")
     norms = [x.strip() for x in str(raw.get("norm_rel_ebd") or "none").lower().split("|")]
     if any(n not in ("none", "layer_norm") for n in norms):
         raise CheckpointError(f"{path}: cannot reproduce norm_rel_ebd {raw['norm_rel_ebd']!r} (only layer_norm)")

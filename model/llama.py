@@ -126,7 +126,8 @@ def read_config(raw: dict[str, Any], path: Path) -> LlamaConfig:
     layout = LAYOUTS[raw["model_type"]]
     check_architectures(raw, path, layout.architectures, runs=" or ".join(layout.architectures))
     act = check_supported(path, "hidden_act", raw.get("hidden_act", "silu"), GATE_ACTIVATIONS)
-    remote = (raw.get("auto_map") or {}).get("AutoModel") if isinstance(raw.get("auto_map"), dict) else None
+    check_object(raw.get("auto_map"), path, "auto_map")
+    remote = (raw.get("auto_map") or {}).get("AutoModel")
     # sentence-transformers runs remote code with trust_remote_code (gte-Qwen2's, say): only the code a row follows.
     # A Hub reference is "repo--module.Class"; the module and class are what is compared.
     if remote and (layout.remote_code is None or str(remote).split("--")[-1] != layout.remote_code):
