@@ -256,3 +256,30 @@ class PreNormEncoder(nn.Module):
         cos, sin = self.rotary(T)  # (T, hs) each
         x, attentions = run_layers(self.layers, x, output_attentions, lambda _: (mask, cos, sin))
         return self.final_norm(x), attentions
+
+
+# Checkpoint names (transformers' LlamaModel and the classes written after it: EuroBERT, Mistral, Qwen2) -> PreNormLayer
+# names, per layer, and the config field that gives each a bias (W_O's is out_bias: Qwen2 biases q, k and v alone).
+LLAMA_LAYER_KEYS = {
+    "input_layernorm": ("attention_norm", None),
+    "self_attn.q_proj": ("attention.query", "attention_bias"),
+    "self_attn.k_proj": ("attention.key", "attention_bias"),
+    "self_attn.v_proj": ("attention.value", "attention_bias"),
+    "self_attn.o_proj": ("attention.out", "out_bias"),
+    "post_attention_layernorm": ("feed_forward_norm", None),
+    "mlp.gate_proj": ("feed_forward.gate", "mlp_bias"),
+    "mlp.up_proj": ("feed_forward.up", "mlp_bias"),
+    "mlp.down_proj": ("feed_forward.down", "mlp_bias"),
+}
+
+
+def llama_style_key_map(cfg: ModelConfig) -> dict[str, str]:
+    """Checkpoint key (transformers' LlamaModel naming) -> PreNormEncoder key, biases where the config's
+    attention_bias, out_bias and mlp_bias say."""
+    keys = {"embed_tokens.weight": "word.weight", "norm.weight": "final_norm.weight"}
+    for i in range(cfg.num_layers):
+        for theirs, (ours, bias_flag) in LLAMA_LAYER_KEYS.items():
+            keys[f"layers.{i}.{theirs}.weight"] = f"layers.{i}.{ours}.weight"
+            if bias_flag is not None and getattr(cfg, bias_flag):
+                keys[f"layers.{i}.{theirs}.bias"] = f"layers.{i}.{ours}.bias"
+    return keys

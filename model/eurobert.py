@@ -22,7 +22,14 @@ from typing import Any, ClassVar
 
 from attnserve.errors import CheckpointError
 
-from .blocks import GATE_ACTIVATIONS, LLAMA_STYLE_SIZES, LlamaStyleConfig, PreNormEncoder, PreNormLayer
+from .blocks import (
+    GATE_ACTIVATIONS,
+    LLAMA_STYLE_SIZES,
+    LlamaStyleConfig,
+    PreNormEncoder,
+    PreNormLayer,
+    llama_style_key_map,
+)
 from .config_reading import (
     check_architectures,
     check_object,
@@ -56,6 +63,11 @@ class EuroBertConfig(LlamaStyleConfig):
     mlp_bias: bool = False
     pad_token_id: int = 0
     family: ClassVar[str] = MODEL_TYPE  # as EncoderConfig.family: config.json's model_type
+
+    @property
+    def out_bias(self) -> bool:
+        """W_O's bias: attention_bias's, as for the queries, keys and values (blocks.llama_style_key_map)."""
+        return self.attention_bias
 
 
 class EuroBertEncoder(PreNormEncoder):
@@ -116,31 +128,5 @@ def _rope_theta(raw: dict[str, Any], path: Path) -> float:
     return single_rope_theta(raw, path, DEFAULT_ROPE_THETA)
 
 
-# Checkpoint names (transformers' EuroBertModel) -> EuroBertEncoder names, per layer, and whether the config's
-# attention_bias or mlp_bias gives each a bias.
-LAYER_KEYS = {
-    "input_layernorm": ("attention_norm", None),
-    "self_attn.q_proj": ("attention.query", "attention_bias"),
-    "self_attn.k_proj": ("attention.key", "attention_bias"),
-    "self_attn.v_proj": ("attention.value", "attention_bias"),
-    "self_attn.o_proj": ("attention.out", "attention_bias"),
-    "post_attention_layernorm": ("feed_forward_norm", None),
-    "mlp.gate_proj": ("feed_forward.gate", "mlp_bias"),
-    "mlp.up_proj": ("feed_forward.up", "mlp_bias"),
-    "mlp.down_proj": ("feed_forward.down", "mlp_bias"),
-}
-
-
-def key_map(cfg: EuroBertConfig) -> dict[str, str]:
-    """Checkpoint key (transformers' EuroBertModel naming) -> EuroBertEncoder key."""
-    keys = {"embed_tokens.weight": "word.weight", "norm.weight": "final_norm.weight"}
-    for i in range(cfg.num_layers):
-        for theirs, (ours, bias_flag) in LAYER_KEYS.items():
-            keys[f"layers.{i}.{theirs}.weight"] = f"layers.{i}.{ours}.weight"
-            if bias_flag is not None and getattr(cfg, bias_flag):
-                keys[f"layers.{i}.{theirs}.bias"] = f"layers.{i}.{ours}.bias"
-    return keys
-
-
-FAMILY = Family(MODEL_TYPE, read_config, key_map, EuroBertEncoder,
+FAMILY = Family(MODEL_TYPE, read_config, llama_style_key_map, EuroBertEncoder,
                              WeightNames(TASK_PREFIX, ENCODER_PARTS, UNUSED_HEADS, ()))

@@ -36,7 +36,7 @@ from .config_reading import (
     single_rope_theta,
 )
 from .family import Family, WeightNames
-from .gemma3 import FULL, LAYER_KEYS, PROJECTIONS, SLIDING, Gemma3Config, Gemma3Encoder, Gemma3Layer
+from .gemma3 import FULL, SLIDING, Gemma3Config, Gemma3Encoder, Gemma3Layer, key_map
 
 MODEL_TYPE = "gemma2"
 
@@ -45,13 +45,12 @@ MODEL_TYPE = "gemma2"
 class Gemma2Config(Gemma3Config):
     attn_logit_softcapping: float | None = 50.0  # None: no soft-capping
     family: ClassVar[str] = MODEL_TYPE  # as Gemma3Config.family: config.json's model_type
+    head_norm: ClassVar[bool] = False
     causal: ClassVar[bool] = True  # padding on either side gives the same real outputs (tokenizer_parity.py)
 
 
 class Gemma2Layer(Gemma3Layer):
-    """Gemma 3's layer without the per-head norms, its scores soft-capped."""
-
-    head_norm = False
+    """Gemma 3's layer without the per-head norms (the config's head_norm), its scores soft-capped."""
 
     def __init__(self, cfg: Gemma3Config, index: int):
         super().__init__(cfg, index)
@@ -116,19 +115,6 @@ def _layer_types(raw: dict[str, Any], num_layers: int, path: Path) -> tuple[str,
     """layer_types, or transformers' default: layer i slides when (i + 1) is odd (0, 2, 4, ...), the others full."""
     listed = listed_layer_types(raw, num_layers, (FULL, SLIDING), path)
     return listed if listed is not None else tuple(SLIDING if (i + 1) % 2 else FULL for i in range(num_layers))
-
-
-def key_map(cfg: Gemma2Config) -> dict[str, str]:
-    """Checkpoint key (transformers' Gemma2Model naming) -> Gemma2Encoder key: Gemma 3's without the head norms."""
-    keys = {"embed_tokens.weight": "word.weight", "norm.weight": "final_norm.weight"}
-    for i in range(cfg.num_layers):
-        for theirs, ours in LAYER_KEYS.items():
-            if theirs in ("self_attn.q_norm", "self_attn.k_norm"):
-                continue
-            keys[f"layers.{i}.{theirs}.weight"] = f"layers.{i}.{ours}.weight"
-            if cfg.attention_bias and theirs in PROJECTIONS:
-                keys[f"layers.{i}.{theirs}.bias"] = f"layers.{i}.{ours}.bias"
-    return keys
 
 
 FAMILY = Family(MODEL_TYPE, read_config, key_map, Gemma2Encoder,

@@ -84,6 +84,7 @@ class Gemma3Config(LlamaStyleConfig):
     attention_bias: bool = False
     pad_token_id: int = 0
     family: ClassVar[str] = MODEL_TYPE  # as EncoderConfig.family: config.json's model_type
+    head_norm: ClassVar[bool] = True  # each query and key head RMS-normalised (Gemma 2's config: none)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -98,10 +99,8 @@ class Gemma3Layer(PreNormLayer):
     """Sandwich norms: each sublayer reads a normalised copy and its output is normalised again before the residual
     sum; the residual stream itself is only normalised once, after the last layer."""
 
-    head_norm = True  # each query and key head RMS-normalised before its rotation (Gemma 2 has no such norm)
-
     def __init__(self, cfg: Gemma3Config, index: int):
-        super().__init__(cfg, cfg.activation, cfg.score_divisor, head_norm=self.head_norm, unit_offset=True,
+        super().__init__(cfg, cfg.activation, cfg.score_divisor, head_norm=cfg.head_norm, unit_offset=True,
                          sandwich=True)
         self.is_sliding = cfg.layer_types[index] == SLIDING
 
@@ -240,13 +239,17 @@ LAYER_KEYS = {
     "post_feedforward_layernorm": "post_feed_forward_norm",
 }
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+HEAD_NORMS = ("self_attn.q_norm", "self_attn.k_norm")
 
 
 def key_map(cfg: Gemma3Config) -> dict[str, str]:
-    """Checkpoint key (transformers' Gemma3TextModel naming) -> Gemma3Encoder key."""
+    """Checkpoint key (transformers' Gemma3TextModel or Gemma2Model naming) -> Gemma3Encoder key; the head norms'
+    only where the config has them (Gemma 2's has none)."""
     keys = {"embed_tokens.weight": "word.weight", "norm.weight": "final_norm.weight"}
     for i in range(cfg.num_layers):
         for theirs, ours in LAYER_KEYS.items():
+            if theirs in HEAD_NORMS and not cfg.head_norm:
+                continue
             keys[f"layers.{i}.{theirs}.weight"] = f"layers.{i}.{ours}.weight"
             if cfg.attention_bias and theirs in PROJECTIONS:
                 keys[f"layers.{i}.{theirs}.bias"] = f"layers.{i}.{ours}.bias"

@@ -31,7 +31,14 @@ from typing import Any
 
 from attnserve.errors import CheckpointError
 
-from .blocks import GATE_ACTIVATIONS, LLAMA_STYLE_SIZES, LlamaStyleConfig, PreNormEncoder, PreNormLayer
+from .blocks import (
+    GATE_ACTIVATIONS,
+    LLAMA_STYLE_SIZES,
+    LlamaStyleConfig,
+    PreNormEncoder,
+    PreNormLayer,
+    llama_style_key_map,
+)
 from .config_reading import check_architectures, check_object, check_positive, check_supported, flag, invalid_config
 from .family import Family, WeightNames
 from .rotary import llama3_inv_freq
@@ -235,31 +242,5 @@ def _rope(raw: dict[str, Any], path: Path, layout: Layout, positions: int) -> tu
     raise CheckpointError(f"{path}: cannot reproduce {name} {spec!r} (only rope_type 'default'{also})")
 
 
-# Checkpoint names (transformers' LlamaModel, MistralModel, Qwen2Model) -> LlamaEncoder names, per layer, and the
-# config field that gives each a bias.
-LAYER_KEYS = {
-    "input_layernorm": ("attention_norm", None),
-    "self_attn.q_proj": ("attention.query", "attention_bias"),
-    "self_attn.k_proj": ("attention.key", "attention_bias"),
-    "self_attn.v_proj": ("attention.value", "attention_bias"),
-    "self_attn.o_proj": ("attention.out", "out_bias"),
-    "post_attention_layernorm": ("feed_forward_norm", None),
-    "mlp.gate_proj": ("feed_forward.gate", "mlp_bias"),
-    "mlp.up_proj": ("feed_forward.up", "mlp_bias"),
-    "mlp.down_proj": ("feed_forward.down", "mlp_bias"),
-}
-
-
-def key_map(cfg: LlamaConfig) -> dict[str, str]:
-    """Checkpoint key (transformers' naming) -> LlamaEncoder key."""
-    keys = {"embed_tokens.weight": "word.weight", "norm.weight": "final_norm.weight"}
-    for i in range(cfg.num_layers):
-        for theirs, (ours, bias_flag) in LAYER_KEYS.items():
-            keys[f"layers.{i}.{theirs}.weight"] = f"layers.{i}.{ours}.weight"
-            if bias_flag is not None and getattr(cfg, bias_flag):
-                keys[f"layers.{i}.{theirs}.bias"] = f"layers.{i}.{ours}.bias"
-    return keys
-
-
-FAMILIES = [Family(model_type, read_config, key_map, LlamaEncoder,
+FAMILIES = [Family(model_type, read_config, llama_style_key_map, LlamaEncoder,
                    WeightNames(TASK_PREFIX, ENCODER_PARTS, UNUSED_HEADS, ())) for model_type in LAYOUTS]
