@@ -262,6 +262,11 @@ def read_config(raw: dict[str, Any], path: Path) -> DebertaV2Config:
         assert cfg.hidden_size % cfg.num_heads == 0, "hidden_size must divide evenly into heads"
     sizes = (cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.intermediate_size, positions,
              cfg.embedding_size, cfg.span)
+    # Past half the buckets, a distance's bucket is a logarithm over (max_relative_positions - 1) / that half, which
+    # must exceed 1 (transformers would divide by log(1) = 0 and bucket every long distance as NaN).
+    if cfg.position_buckets > 0 and cfg.max_relative_positions - 1 <= cfg.position_buckets // 2:
+        raise CheckpointError(f"{path}: cannot reproduce max_relative_positions {cfg.max_relative_positions} with "
+                              f"position_buckets {cfg.position_buckets} (it must exceed half the buckets plus one)")
     if min(sizes) < 1 or not cfg.layer_norm_eps > 0 or (cfg.position_buckets > 0 and cfg.position_buckets < 4):
         raise CheckpointError(f"{path}: invalid config: sizes must be positive (position_buckets, where given, at "
                               "least 4) and layer_norm_eps above 0")

@@ -263,6 +263,7 @@ REFUSED = [
     ("deberta-v2", {"conv_kernel_size": 3}, "cannot reproduce conv_kernel_size 3"),
     ("deberta-v2", {"conv_kernel_size": "3"}, "cannot reproduce conv_kernel_size '3'"),
     ("deberta-v2", {"position_buckets": "many"}, "invalid config"),
+    ("deberta-v2", {"max_relative_positions": 9}, "cannot reproduce max_relative_positions 9 with position_buckets 16"),
     ("llama", {"rope_parameters": {**LLAMA3_ROPE, "factor": "eight"}}, "invalid config"),
     ("gemma2", {"attn_logit_softcapping": "fifty"}, "attn_logit_softcapping must be a positive number or null"),
     ("mistral", {"sliding_window": True}, "sliding_window must be a positive integer or null"),
