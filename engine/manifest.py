@@ -139,6 +139,9 @@ class Manifest:
     # engine/tokenizer.py); 0: none. Optional on read, omitted from manifest.json when 0.
     pad_to_length: int = 0
     pad_id: int = 0
+    # Which keys each layer's queries may attend to (model/attention_reach.py): per layer [behind, ahead], None no
+    # bound; what a client draws as masked. None: exported before it was written (clients then mark nothing).
+    attention_reach: tuple[tuple[int | None, int | None], ...] | None = None
 
     def quantization_ranges(self, dimensions: int | None, normalize: bool):
         """(2, D) int8 / uint8 ranges for embeddings cut to `dimensions` and normalised or not; None where the
@@ -221,6 +224,8 @@ class Manifest:
             **({"refused": self.refused} if self.refused else {}),
             **({"images": self.images} if self.images is not None else {}),
             **({"pad_to_length": self.pad_to_length, "pad_id": self.pad_id} if self.pad_to_length else {}),
+            **({"attention_reach": [list(r) for r in self.attention_reach]}
+               if self.attention_reach is not None else {}),
         }
 
 
@@ -270,6 +275,9 @@ def load_manifest(directory: str | Path, check_hashes: bool = True) -> Manifest:
         manifest = Manifest(directory=directory, **_model_fields(raw), variants=variants, **_other_fields(raw))
         if manifest.kind not in ("embedder", "reranker"):
             raise ArtifactError(f"{path}: kind {manifest.kind!r} is not embedder or reranker; re-export")
+        if manifest.attention_reach is not None and len(manifest.attention_reach) != manifest.num_layers:
+            raise ArtifactError(f"{path}: attention_reach has {len(manifest.attention_reach)} layers, not "
+                                f"{manifest.num_layers}; re-export")
     except ArtifactError:
         raise
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
@@ -339,6 +347,7 @@ def _other_fields(raw: dict) -> dict[str, Any]:
         refused={str(name): str(why) for name, why in raw.get("refused", {}).items()},
         images=None if raw.get("images") is None else _images(raw["images"]),
         pad_to_length=int(raw.get("pad_to_length", 0)), pad_id=int(raw.get("pad_id", 0)),
+        attention_reach=None if raw.get("attention_reach") is None else _reach(raw["attention_reach"]),
     )
 
 
@@ -377,3 +386,13 @@ def _images(raw: dict) -> dict:
         "logit_bias": None if raw.get("logit_bias") is None else float(raw["logit_bias"]),
         "zero_shot": str(raw["zero_shot"]), "max_patches": int(raw.get("max_patches", 0)),
     }
+
+
+def _reach(raw: Any) -> tuple[tuple[int | None, int | None], ...]:
+    """attention_reach: a list of [behind, ahead] per layer, each a non-negative integer or null (ValueError)."""
+    def bound(value: Any) -> int | None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"attention_reach bounds are non-negative integers or null, not {value!r}")
+        return value
+
+    return tuple((bound(behind), bound(ahead)) for behind, ahead in raw)

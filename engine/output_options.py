@@ -36,6 +36,9 @@ class OutputOptions:
     # What was asked needs no map but the last layer's, and rollout: the last-layer graph answers it (engine.py
     # LAST_LAYER_VARIANT), at about the embeddings graph's cost.
     last_layer_only: bool = False
+    # The chosen layers' reach, in attention_layers' order (manifest.attention_reach: [behind, ahead], None no bound):
+    # which cells of a map are masked by the model's structure. None: unknown (older artifacts, an image tower's).
+    attention_reach: tuple[tuple[int | None, int | None], ...] | None = None
     embedding_types: tuple[str, ...] = ("float",)  # the sentence embedding's types, in the order asked
     ranges: np.ndarray | None = None  # (2, D) int8 / uint8 ranges, where one of them was asked
     sparse: SparseOptions | None = None  # (index, value) pairs of a SPLADE model's weights, instead of its vector

@@ -50,6 +50,7 @@ from attnserve.engine.variants import (
     variants_of,
 )
 from attnserve.errors import ArtifactError, ExportVerificationError
+from attnserve.model.attention_reach import reach_of
 from attnserve.model.bge_m3 import has_heads, save_heads
 from attnserve.model.checkpoint import Checkpoint, load_encoder, read_checkpoint
 from attnserve.model.clip import ImageTextConfig
@@ -278,6 +279,8 @@ class _Build:
         self.tokenizer = TextTokenizer(work / "tokenizer.json", length, vocab, pad_to=pad_to, pad_id=pad_id)
         self._encoder: Any = None
         self._encoder_dtype: torch.dtype | None = None
+        # Each layer's attention reach, the encoder's declaration (model/attention_reach.py), read when it loads.
+        self.reach = manifest.attention_reach if manifest is not None else None
         self._head: Any = None
         self._module: Any = None  # a reranker's module over the encoder
         self._encode_pairs: Callable | None = None
@@ -308,6 +311,7 @@ class _Build:
             self.progress.step(f"loading the weights{' in fp16' if dtype == HALF else ''}")
             self._encoder, self._encoder_dtype = cast(torch.nn.Module, load_encoder(self.ckpt, dtype)).to(
                 self.device), dtype
+            self.reach = reach_of(self._encoder)
             self._head = (load_head(self.ckpt.directory, self.ckpt.pipeline).to(self.device)
                           if self.kind == "embedder" else None)
             if self._reference is not None:
@@ -711,6 +715,7 @@ class _Build:
                 ckpt.pipeline.multi_vector, ckpt.directory, Tokenizer.from_file(str(work / "tokenizer.json"))),
             bge_m3=self._bge_m3(),
             images=self._images(), pad_to_length=ckpt.pipeline.pad_to, pad_id=ckpt.pipeline.pad_id,
+            attention_reach=self.reach if self.reach is not None else reach_of(self.encoder()),
             source={"checkpoint": str(ckpt.directory.resolve()), "fingerprint": checkpoint_fingerprint(ckpt.directory)},
             reference={"file": reference.name, "sha256": sha256_of(reference)}, traces=dict(self.traces),
             **self.caps,

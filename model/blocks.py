@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import SelfAttention
+from .attention_reach import EVERY_KEY, Reach, causal_within
 from .encoder import MASK_VALUE
 from .family import ModelConfig, NoTokenTypes
 from .rotary import RotaryEmbedding, RotaryPositions, default_inv_freq, rotate
@@ -256,6 +257,10 @@ class PreNormEncoder(nn.Module):
         cos, sin = self.rotary(T)  # (T, hs) each
         x, attentions = run_layers(self.layers, x, output_attentions, lambda _: (mask, cos, sin))
         return self.final_norm(x), attentions
+
+    def attention_reach(self) -> tuple[Reach, ...]:
+        """Every layer alike: causal (within the window, where there is one), else every key."""
+        return (causal_within(self.window) if self.causal else EVERY_KEY,) * len(self.layers)
 
 
 # Checkpoint names (transformers' LlamaModel and the classes written after it: EuroBERT, Mistral, Qwen2) -> PreNormLayer

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from attnserve.errors import CheckpointError
 
+from .attention_reach import CAUSAL, EVERY_KEY, Reach
 from .checkpoint_files import read_json, read_object
 from .config_reading import check_architectures
 from .dense import Dense
@@ -446,6 +447,10 @@ class TextEncoder(nn.Module):
                 token_type_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         hidden, _, attentions = self.text(input_ids, attention_mask, output_attentions)
         return hidden, attentions
+
+    def attention_reach(self) -> tuple[Reach, ...]:
+        """CLIP's text tower is causal in every layer; SigLIP's attends to every key."""
+        return (CAUSAL if self.config.text.causal else EVERY_KEY,) * len(self.text.layers)
 
 
 def text_key_map(cfg: ImageTextConfig) -> dict[str, str]:

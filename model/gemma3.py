@@ -33,6 +33,7 @@ import torch.nn as nn
 
 from attnserve.errors import CheckpointError
 
+from .attention_reach import EVERY_KEY, Reach, causal_within
 from .blocks import (
     GATE_ACTIVATIONS,
     LLAMA_STYLE_SIZES,
@@ -156,6 +157,15 @@ class Gemma3Encoder(nn.Module):
         x, attentions = run_layers(self.layers, x, output_attentions,
                                    lambda layer: sliding if layer.is_sliding else full)
         return self.final_norm(x), attentions
+
+    def attention_reach(self) -> tuple[Reach, ...]:
+        """As _masks builds them: a sliding layer within its window (sliding_window // 2 either side where
+        bidirectional, sliding_window - 1 behind where causal), a full layer every key (every earlier key)."""
+        cfg = self.config
+        if cfg.bidirectional:
+            half = cfg.sliding_window // 2
+            return tuple((half, half) if layer.is_sliding else EVERY_KEY for layer in self.layers)
+        return tuple(causal_within(cfg.sliding_window if layer.is_sliding else None) for layer in self.layers)
 
 
 # The bare text model is EmbeddingGemma's; a causal LM's or a classifier's head would be dropped by the export.

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from attnserve.errors import CheckpointError
 
+from .attention_reach import EVERY_KEY, Reach
 from .blocks import padding_mask, run_layers, window_mask, windowed_mask
 from .config_reading import (
     check_architectures,
@@ -143,6 +144,11 @@ class ModernBertEncoder(nn.Module):
         x, attentions = run_layers(self.layers, x, output_attentions,
                                    lambda layer: global_inputs if layer.is_global else local_inputs)
         return self.final_norm(x), attentions
+
+    def attention_reach(self) -> tuple[Reach, ...]:
+        """A global layer every key; a local one half_window keys either side."""
+        half = self.config.half_window
+        return tuple(EVERY_KEY if layer.is_global else (half, half) for layer in self.layers)
 
 
 # The architectures whose encoder output is the checkpoint's own output: the bare model, and the masked-LM

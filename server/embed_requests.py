@@ -63,8 +63,9 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     types = check_embedding_types(tuple(request.embedding_types))
     ranges, model_ranges = _ranges(request, types, manifest, pooling, normalize)
     rows = image_rows(request)
-    options = _reply_options(request, manifest, pooling, normalize, types, ranges,
-                             choose_attention(request, manifest, images, rows))
+    attention = choose_attention(request, manifest, images, rows)
+    options = _reply_options(request, manifest, pooling, normalize, types, ranges, attention,
+                             None if rows else _reach(manifest, attention.layers))
     if request.late_chunking is not None:
         check_late_chunking(request, manifest)
     if rows:
@@ -88,6 +89,13 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     return PreparedRequest(inputs, options, windows, chunks, _token_states(options, chunks, manifest))
 
 
+def _reach(manifest: Manifest, layers: tuple[int, ...] | None) -> tuple[tuple[int | None, int | None], ...] | None:
+    """The text model's declared reach of each layer asked (None: no attention asked, or none declared)."""
+    if layers is None or manifest.attention_reach is None:
+        return None
+    return tuple(manifest.attention_reach[layer] for layer in layers)
+
+
 def _check_asked(request: EncodeRequest, manifest: Manifest) -> str | None:
     """What the request asks of the model's embedding, checked in turn; the pooling to compute at request time (None:
     the model's own)."""
@@ -109,7 +117,8 @@ def _check_asked(request: EncodeRequest, manifest: Manifest) -> str | None:
 
 
 def _reply_options(request: EncodeRequest, manifest: Manifest, pooling: str | None, normalize: bool,
-                   types: tuple[str, ...], ranges: np.ndarray | None, attention: AttentionChoice) -> OutputOptions:
+                   types: tuple[str, ...], ranges: np.ndarray | None, attention: AttentionChoice,
+                   reach: tuple[tuple[int | None, int | None], ...] | None) -> OutputOptions:
     return OutputOptions(
         pooling=pooling,
         normalize=normalize,
@@ -122,6 +131,7 @@ def _reply_options(request: EncodeRequest, manifest: Manifest, pooling: str | No
         attention_analyses=attention.analyses,
         attention_weights=attention.weights,
         last_layer_only=attention.last_layer_only,
+        attention_reach=reach,
         embedding_types=types,
         ranges=ranges,
         sparse=request.sparse,

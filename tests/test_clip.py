@@ -18,7 +18,8 @@ from PIL import Image
 from attnserve.engine.image_processor import image_processor_in
 from attnserve.errors import CheckpointError
 from attnserve.images import decode_image
-from attnserve.model.clip import image_text_checkpoint, load_image_text_model, read_config
+from attnserve.model.attention_reach import CAUSAL, EVERY_KEY, beyond, reach_of
+from attnserve.model.clip import TextEncoder, image_text_checkpoint, load_image_text_model, read_config
 from tests.checkpoints import TINY_TOWER
 from tests.test_image_serving import IMAGES  # PNGs of several sizes and modes (RGB, RGBA, L)
 
@@ -127,6 +128,13 @@ def test_clip_text_tower_is_causal_and_pools_the_end_of_text(towers):
     assert (hidden - want.last_hidden_state)[mask.bool()].abs().max() <= 1e-4
     assert (pooled - want.pooler_output).abs().max() <= 1e-4
     assert maps is not None and torch.all(maps[..., 0, 1:] == 0)  # the first token sees only itself
+    # The reach TextEncoder declares (the manifest's, drawn as masked by clients) is exactly where the 77-token
+    # text's maps are 0, in every layer; SigLIP's text tower declares every key.
+    reach = reach_of(TextEncoder(ours.config))
+    assert reach == (CAUSAL,) * len(reach) and reach_of(TextEncoder(towers("siglip")[1].config))[0] == EVERY_KEY
+    for layer, layer_reach in enumerate(reach):
+        closed = beyond(layer_reach, 77)
+        assert torch.count_nonzero(maps[layer, 1][:, closed]) == 0 and bool((maps[layer, 1][:, ~closed] > 0).all())
 
 
 def test_clip_config_with_the_legacy_end_of_text_id_pools_the_highest_id(tmp_path):

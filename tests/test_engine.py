@@ -82,6 +82,15 @@ def test_overlong_ids_are_truncated_unless_asked_not_to(engine):
     assert len(x) == 256 and x.truncated
 
 
+def edit_manifest(directory, **fields) -> None:
+    path = directory / "manifest.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+def test_the_manifest_says_every_layer_attends_to_every_key_for_a_bidirectional_model(artifacts):
+    assert load_manifest(artifacts, check_hashes=False).attention_reach == ((None, None),) * 6
+
+
 def zero_the_tail(path) -> None:
     with open(path, "r+b") as f:
         f.seek(-16, 2)
@@ -94,7 +103,12 @@ def zero_the_tail(path) -> None:
     (lambda d: zero_the_tail(d / "embeddings_fused.onnx"), "sha256 mismatch.*embeddings_fused.onnx"),
     (lambda d: (d / "manifest.json").write_text(json.dumps({"format_version": 1, "model": "x"})),
      "unreadable or incomplete"),
-], ids=["no manifest", "a file missing", "a file tampered with", "a corrupt manifest"])
+    (lambda d: edit_manifest(d, attention_reach=[[None, None]] * 5), "attention_reach has 5 layers, not 6"),
+    (lambda d: edit_manifest(d, attention_reach=[[None, -1]] * 6), "unreadable or incomplete.*non-negative"),
+    (lambda d: edit_manifest(d, attention_reach=[["3", 0]] * 6), "unreadable or incomplete.*non-negative"),
+    (lambda d: edit_manifest(d, attention_reach=[[1]] * 6), "unreadable or incomplete"),
+], ids=["no manifest", "a file missing", "a file tampered with", "a corrupt manifest", "reach of too few layers",
+        "a negative reach", "a reach of text", "a reach of one bound"])
 def test_damaged_artifacts_are_refused(artifacts_copy, damage, message):
     damage(artifacts_copy)
     with pytest.raises(ArtifactError, match=message):

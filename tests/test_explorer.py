@@ -608,6 +608,34 @@ def test_a_512_token_map_is_drawn_in_one_image_write_from_two_requests(browser, 
     assert page_errors(browser) == []
 
 
+def test_a_causal_models_masked_cells_are_drawn_hatched_and_said_masked_not_zero(browser, keyed):
+    """CLIP's text tower is causal: the server says each layer's reach ([null, 0]), and the page draws the cells above
+    the diagonal in a grey no scale uses, says "masked" for them, and the served weight for the others."""
+    reply = httpx.post(f"{keyed.http_url}/v1/attention", timeout=60, headers={"Authorization": f"Bearer {API_KEY}"},
+                       json={"model": "clip", "inputs": TEXT, "layers": [-1]}).json()["data"][0]
+    assert reply["reach"] == [[None, 0]]
+    weights = np.asarray(reply["attentions"], dtype=np.float32)[0]  # (heads, T, T)
+    T = len(reply["tokens"])
+    open_with_key(browser, keyed.http_url, "clip")
+    show(browser, TEXT)
+    info = js(browser, "window.explorer.heatmapInfo()")
+    assert info["reach"] == [None, 0] and info["closedCount"] == T * (T - 1) // 2
+    assert "masked (causal: no query sees a later key)" in element(browser, "heatmap-caption").text
+    for row, col in ((0, 1), (2, T - 1), (T - 2, T - 1)):  # above the diagonal
+        point_at_element(browser, "heatmap", "window.explorer.cellCenter(arguments[0], arguments[1])", row, col)
+        box = element(browser, "hover")
+        assert box.get_attribute("data-masked") == "true" and "masked (causal" in box.text, box.text
+        pixel = js(browser, """(() => { const c = document.querySelector('#heatmap canvas');
+            const p = window.explorer.cellCenter(arguments[0], arguments[1]), r = c.getBoundingClientRect();
+            return [...c.getContext('2d').getImageData(p.x - r.left, p.y - r.top, 1, 1).data]; })()""", row, col)
+        assert pixel[0] == pixel[1] == pixel[2] and pixel[0] in (200, 0x8C), pixel  # the grey or its stripe
+    mean = weights.mean(axis=0)  # the heatmap shows the heads' mean until a head is chosen
+    assert_hovers(browser, "heatmap", [(0, 0), (T - 1, 0), (T - 1, T - 1), (3, 2)], mean, abs=1e-6)
+    assert 'fill="url(#closed)"' in js(browser, "window.explorer.svg()")
+    screenshot(browser, "causal")
+    assert page_errors(browser) == []
+
+
 # --- an image's attention over its patches (an image-text model's) ----------------------------------------------
 
 @pytest.fixture(scope="module")

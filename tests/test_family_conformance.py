@@ -25,6 +25,7 @@ from attnserve.engine.tasks import task_directory
 from attnserve.errors import CheckpointError, InvalidInputError
 from attnserve.export.artifacts import add_variants, build_artifacts
 from attnserve.export.verify import TOLERANCES
+from attnserve.model.attention_reach import EVERY_KEY, beyond, reach_of
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.jina_v3 import TASKS, with_task
 from attnserve.model.pooling import pool
@@ -147,18 +148,20 @@ def test_attention_maps_match_transformers_and_give_padding_nothing(built, row, 
     # From every query, padded ones included: padded keys get exactly 0.
     assert torch.count_nonzero(got[:, ~real[:, None, None, :].expand(-1, nh, 40, -1)]) == 0
     full = got[:, 0]  # (L, nh, T, T), the 40-token row: no padding
-    offset = torch.arange(40)[None, :] - torch.arange(40)[:, None]  # key - query
     if row.causal:
         # No real query sees a later key. With right padding no padded query does either; a padded query before
         # every real token (left padding) has only padded keys behind it and weighs later real ones.
         later = got.triu(diagonal=1)
         assert torch.count_nonzero(later if side == "right" else later[rows]) == 0
-    elif row.window:
-        layers, half = row.window  # a query gives exactly 0 to keys more than `half` away, on either side
-        assert torch.count_nonzero(full[list(layers)][..., offset.abs() > half]) == 0
-        assert bool((full[list(layers)][..., offset.abs() <= half] > 0).all())
-    else:
-        assert bool((full > 0).all())  # bidirectional: every real key, before and after the query
+    # The reach the encoder declares (what the manifest tells clients to draw as masked) is exactly where its maps
+    # are 0: every key beyond it gets 0, every key within it more.
+    reach = reach_of(ours)
+    assert all(ahead == 0 for _, ahead in reach) if row.causal else all(
+        r == ((row.window[1],) * 2 if row.window and i in row.window[0] else EVERY_KEY) for i, r in enumerate(reach))
+    for layer, layer_reach in enumerate(reach):
+        closed = beyond(layer_reach, 40)  # (T, T)
+        assert torch.count_nonzero(full[layer][:, closed]) == 0, (layer, layer_reach)
+        assert bool((full[layer][:, ~closed] > 0).all()), (layer, layer_reach)
     if row.wide_weights:  # the random weights make attention peaked, not uniform, and each head its own
         assert float(full.max()) > 0.5 and float((got[:, :, 0] - got[:, :, 1]).abs().max()) > 0.05
 

@@ -120,7 +120,22 @@
     return {
       model, tokens: entry.tokens, numTokens, numLayers, heads: entry.heads, truncated: entry.truncated,
       pairStart: entry.pair_start ?? null, rollout: entry.rollout ? floats(entry.rollout) : null, headStats: stats,
+      rolloutReach: rolloutReach(entry.reach, entry.layers, numLayers),
     };
+  }
+
+  // An entry's reach of its i-th layer, [behind, ahead] (null bounds: none), or null where the reply has none
+  // (artifacts exported before the server said it).
+  function reachAt(entry, i) {
+    return Array.isArray(entry.reach) && Array.isArray(entry.reach[i]) ? entry.reach[i] : null;
+  }
+
+  // Rollout's reach: a product of every layer's 0.5 A + 0.5 I reaches as far as the layers' reaches added up.
+  // null where any layer's is unknown or the entry does not cover every layer.
+  function rolloutReach(reach, layers, numLayers) {
+    if (!Array.isArray(reach) || reach.length !== numLayers || layers.length !== numLayers) return null;
+    const add = (k) => (reach.some((r) => r[k] === null) ? null : reach.reduce((sum, r) => sum + r[k], 0));
+    return [add(0), add(1)];
   }
 
   // One input's maps from the server, each layer fetched when a view first needs it and kept. A layer is one
@@ -147,31 +162,35 @@
       return overviewOf(entry, numLayers, reply.model);
     }
 
-    // Resolves to {layer, values}; index may count from the end (-1: the last), the reply says which it is.
+    // Resolves to {layer, values, reach}; index may count from the end (-1: the last), the reply says which it is.
     async layer(index) {
       if (index < 0) {
         const reply = await this.api.attention({ ...this.base, layers: [index] });
         const entry = reply.data[0], layer = entry.layers[0];
         this.tokens = entry.tokens;
-        if (!this.layers.has(layer)) this.layers.set(layer, Promise.resolve(floats(entry.attentions)));
-        return { layer, values: await this.layers.get(layer) };
+        if (!this.layers.has(layer)) {
+          this.layers.set(layer, Promise.resolve({ values: floats(entry.attentions), reach: reachAt(entry, 0) }));
+        }
+        return { layer, ...(await this.layers.get(layer)) };
       }
       if (!this.layers.has(index)) {
         // the promise is kept, so that views asking for the same layer at once share one request
         const pending = this.api.attention({ ...this.base, layers: [index] }).then((reply) => {
-          this.tokens = reply.data[0].tokens;
-          return floats(reply.data[0].attentions);
+          const entry = reply.data[0];
+          this.tokens = entry.tokens;
+          return { values: floats(entry.attentions), reach: reachAt(entry, 0) };
         });
         pending.catch(() => this.layers.delete(index)); // a failure is shown, and asked again next time
         this.layers.set(index, pending);
       }
-      return { layer: index, values: await this.layers.get(index) };
+      return { layer: index, ...(await this.layers.get(index)) };
     }
 
     layerNorms(layer) {
       if (!this.norms.has(layer)) {
         const pending = this.api.attention({ ...this.base, layers: [layer], analyses: ["norms"], weights: false })
-          .then((reply) => ({ perHead: floats(reply.data[0].norms), summed: floats(reply.data[0].norms_summed) }));
+          .then((reply) => ({ perHead: floats(reply.data[0].norms), summed: floats(reply.data[0].norms_summed),
+            reach: reachAt(reply.data[0], 0) }));
         pending.catch(() => this.norms.delete(layer)); // a refusal is shown, and asked again next time
         this.norms.set(layer, pending);
       }
@@ -217,7 +236,7 @@
       const i = this.layerIndex.get(layer);
       if (i === undefined) throw new ApiError(`layer ${layer} is not in this file (it holds ${this.entry.layers})`);
       const block = this.headCount * this.size;
-      return { layer, values: this.all.subarray(i * block, (i + 1) * block) };
+      return { layer, values: this.all.subarray(i * block, (i + 1) * block), reach: reachAt(this.entry, i) };
     }
 
     async layerNorms(layer) {
@@ -227,6 +246,7 @@
       return {
         perHead: this.normsAll.subarray(i * block, (i + 1) * block),
         summed: this.normsSummedAll.subarray(i * this.size, (i + 1) * this.size),
+        reach: reachAt(this.entry, i),
       };
     }
   }
@@ -238,9 +258,12 @@
     const heads = overview.heads.length;
     const weights = new Float32Array(L * heads * T * T);
     let norms = new Float32Array(L * heads * T * T), summed = new Float32Array(L * T * T);
+    const reach = [];
     for (let layer = 0; layer < L; layer++) {
       onLayer(layer, L);
-      weights.set((await source.layer(layer)).values, layer * heads * T * T);
+      const shown = await source.layer(layer);
+      weights.set(shown.values, layer * heads * T * T);
+      reach.push(shown.reach);
       if (norms) {
         try {
           const n = await source.layerNorms(layer);
@@ -254,7 +277,8 @@
     const entry = {
       index: 0, tokens: overview.tokens, num_tokens: T, truncated: overview.truncated,
       ...(overview.pairStart !== null ? { pair_start: overview.pairStart } : {}),
-      layers: [...Array(L).keys()], heads: overview.heads, shape: [L, heads, T, T], attentions: toBase64(weights),
+      layers: [...Array(L).keys()], heads: overview.heads, ...(reach.every((r) => r) ? { reach } : {}),
+      shape: [L, heads, T, T], attentions: toBase64(weights),
       rollout: toBase64(overview.rollout),
       head_stats: Object.fromEntries(Object.entries(overview.headStats).map(([k, v]) => [k, toBase64(v)])),
       ...(norms ? { norms: toBase64(norms), norms_summed: toBase64(summed) } : {}),

@@ -192,13 +192,14 @@
 
   async function renderHeatmap() {
     const { tokens, heads, pairStart } = state.overview;
-    const { layer, values } = await state.source.layer(state.layer);
+    const { layer, values, reach } = await state.source.layer(state.layer);
     const map = pick(values, heads, state.head, tokens.length);
     views.heatmap.show({ values: map, rowLabels: tokens, colLabels: tokens, scale: scale(map, tokens.length),
-      pairStart });
+      pairStart, reach });
     $("heatmap-caption").textContent = `Layer ${layer}, ${headLabel(state.head)}: row i is query i's attention over `
       + "the keys (columns), each row summing to 1"
-      + (pairStart !== null ? `; segment b starts at token ${pairStart} (white lines).` : ".");
+      + (pairStart !== null ? `; segment b starts at token ${pairStart} (white lines)` : "")
+      + (ns.describeReach(reach) ? `; hatched grey cells are masked (${ns.describeReach(reach)}).` : ".");
     if (state.shownAt !== null) {
       state.drawnMs = performance.now() - state.shownAt;
       state.shownAt = null;
@@ -236,10 +237,10 @@
   }
 
   async function renderRollout() {
-    const { tokens, rollout, pairStart } = state.overview;
+    const { tokens, rollout, pairStart, rolloutReach } = state.overview;
     if (!rollout) throw new ApiError("this reply holds no rollout");
     views.rollout.show({ values: rollout, rowLabels: tokens, colLabels: tokens, scale: scale(rollout, tokens.length),
-      pairStart });
+      pairStart, reach: rolloutReach });
   }
 
   async function renderNorms() {
@@ -251,11 +252,11 @@
     if (one) {
       const map = pick(norms.perHead, heads, state.head, T);
       views["norms-head"].show({ values: map, rowLabels: tokens, colLabels: tokens,
-        scale: scale(map, T, maximum(map)), pairStart });
+        scale: scale(map, T, maximum(map)), pairStart, reach: norms.reach });
       $("norms-head-caption").textContent = `layer ${layer}, head ${state.head}: ‖a_ij f_h(x_j)‖`;
     }
     views["norms-summed"].show({ values: norms.summed, rowLabels: tokens, colLabels: tokens,
-      scale: scale(norms.summed, T, maximum(norms.summed)), pairStart });
+      scale: scale(norms.summed, T, maximum(norms.summed)), pairStart, reach: norms.reach });
     $("norms-summed-caption").textContent = `layer ${layer}, summed over heads`
       + (one ? "" : " (choose a head to see one head's norms beside it)");
   }
@@ -311,9 +312,9 @@
       if (TA === TB) rowA = rowB = rowA.map((m, i) => Math.max(m, rowB[i]));
     }
     views["compare-a"].show({ values: mapA, rowLabels: tokens, colLabels: tokens, scale: { kind, hi: 1, rowMax: rowA },
-      pairStart: state.overview.pairStart });
+      pairStart: state.overview.pairStart, reach: a.reach });
     views["compare-b"].show({ values: mapB, rowLabels: tokensB, colLabels: tokensB,
-      scale: { kind, hi: 1, rowMax: rowB } });
+      scale: { kind, hi: 1, rowMax: rowB }, reach: b.reach });
     const depth = (layer, last) => `layer ${layer} of 0..${last}${layer === last ? " (last)" : ""}`;
     const describe = (source, T, layer, last) => `${source.model || "default model"}: ${JSON.stringify(source.input)} `
       + `(${T} word pieces), ${depth(layer, last)}, ${headLabel(state.head)}`;

@@ -15,9 +15,31 @@
   const MAP_PX = 640, MAX_CELL = 32, GAP = 6, MAX_LABEL_PX = 120, MAX_LABEL_CHARS = 18, LABEL_PX = 12;
   // TOP_PAD: room above the longest column label, whose glyphs an SVG viewer may draw a little wider
   const FONT = "11px sans-serif", TOP_PAD = 4, BAR_GAP = 16, BAR_WIDTH = 14, BAR_MIN_HEIGHT = 160, TICKS_WIDTH = 92;
+  // A closed (masked) cell: a grey no colour scale uses (viridis and RdBu have no neutral grey), striped where cells
+  // are large enough for stripes to show.
+  const CLOSED_GREY = 200, HATCH_COLOR = "#8c8c8c", HATCH_MIN_CELL = 4;
 
   function shortLabel(token) {
     return token.length > MAX_LABEL_CHARS ? token.slice(0, MAX_LABEL_CHARS - 1) + "…" : token;
+  }
+
+  // A layer's reach [behind, ahead] (null bounds: none) -> (row, col) => whether the model's masks close that cell
+  // (the query at row may not attend to the key at col), or null where nothing is closed (no reach, or none bounded).
+  function closedCells(reach) {
+    if (!reach || (reach[0] === null && reach[1] === null)) return null;
+    const [behind, ahead] = reach;
+    return (i, j) => (ahead !== null && j - i > ahead) || (behind !== null && i - j > behind);
+  }
+
+  // What a reach means, in words: a caption's and the hover readout's.
+  function describeReach(reach) {
+    if (!closedCells(reach)) return "";
+    const [behind, ahead] = reach;
+    if (ahead === 0 && behind === null) return "causal: no query sees a later key";
+    if (ahead === 0) return `causal within a window: a query sees itself and the ${behind} keys before it`;
+    if (behind === ahead) return `a local window: a query sees the keys at most ${behind} positions away`;
+    const bound = (n, side) => (n === null ? `every key ${side}` : `${n} keys ${side}`);
+    return `a query sees ${bound(behind, "before it")} and ${bound(ahead, "after it")}`;
   }
 
   function xmlEscape(text) {
@@ -46,11 +68,13 @@
 
     // values: rows * cols numbers, row-major; rowLabels, colLabels: the word pieces; scale: {kind, hi, rowMax}
     // (colors.makeScale); pairStart: where segment b begins, marked on both axes (null: no pair).
-    show({ values, rowLabels, colLabels, scale, pairStart = null }) {
+    // reach: the layer's [behind, ahead] (data.js), whose closed cells are drawn hatched grey, not in the scale's
+    // colours: a masked key, not a weight that came out 0; null: none known.
+    show({ values, rowLabels, colLabels, scale, pairStart = null, reach = null }) {
       const rows = rowLabels.length, cols = colLabels.length;
       if (values.length !== rows * cols) throw new Error(`a map of ${values.length} values for ${rows} x ${cols}`);
       const colors = makeScale(scale.kind, scale.hi, scale.rowMax);
-      this.map = { values, rowLabels, colLabels, rows, cols, colors, pairStart,
+      this.map = { values, rowLabels, colLabels, rows, cols, colors, pairStart, reach, closed: closedCells(reach),
         scale: { kind: scale.kind, hi: scale.hi } }; // what info() reports: two maps compared share one
       if (this.readout) { // the last hovered value was the previous map's
         this.readout.textContent = this.placeholder;
@@ -96,7 +120,7 @@
     // The cells at one pixel each on a canvas of their own, then scaled up without smoothing: one ImageData
     // write for the whole map, fast for 512 x 512 tokens.
     drawCells(ctx) {
-      const { values, rows, cols, colors, pairStart } = this.map;
+      const { values, rows, cols, colors, pairStart, closed } = this.map;
       const { cell, left, top } = this.layout;
       const pixels = document.createElement("canvas");
       pixels.width = cols;
@@ -106,16 +130,22 @@
       const table = colors.table;
       for (let i = 0; i < rows; i++) {
         for (let j = 0; j < cols; j++) {
-          const c = colors.index(values[i * cols + j], i) * 3, k = (i * cols + j) * 4;
-          data[k] = table[c];
-          data[k + 1] = table[c + 1];
-          data[k + 2] = table[c + 2];
+          const k = (i * cols + j) * 4;
+          if (closed && closed(i, j)) {
+            data[k] = data[k + 1] = data[k + 2] = CLOSED_GREY;
+          } else {
+            const c = colors.index(values[i * cols + j], i) * 3;
+            data[k] = table[c];
+            data[k + 1] = table[c + 1];
+            data[k + 2] = table[c + 2];
+          }
           data[k + 3] = 255;
         }
       }
       pixels.getContext("2d").putImageData(image, 0, 0);
       ctx.imageSmoothingEnabled = false;
       ctx.drawImage(pixels, left, top, cols * cell, rows * cell);
+      if (closed && cell >= HATCH_MIN_CELL) this.hatch(ctx);
       if (pairStart !== null && pairStart > 0) {
         ctx.strokeStyle = "#ffffff";
         ctx.lineWidth = 1;
@@ -126,6 +156,32 @@
         ctx.lineTo(left + cols * cell, top + pairStart * cell);
         ctx.stroke();
       }
+    }
+
+    // Stripes over the closed cells, one run of them per row: a masked cell reads as such at any colour scale.
+    hatch(ctx) {
+      const { rows, cols, closed } = this.map;
+      const { cell, left, top } = this.layout;
+      const tile = document.createElement("canvas");
+      tile.width = tile.height = 6;
+      const t = tile.getContext("2d");
+      t.strokeStyle = HATCH_COLOR;
+      t.beginPath();
+      t.moveTo(0, 6);
+      t.lineTo(6, 0);
+      t.stroke();
+      ctx.save();
+      ctx.fillStyle = ctx.createPattern(tile, "repeat");
+      for (let i = 0; i < rows; i++) {
+        for (let j = 0; j < cols;) {
+          if (!closed(i, j)) { j++; continue; }
+          let end = j;
+          while (end < cols && closed(i, end)) end++;
+          ctx.fillRect(left + j * cell, top + i * cell, (end - j) * cell, cell);
+          j = end;
+        }
+      }
+      ctx.restore();
     }
 
     drawLabels(ctx) {
@@ -190,13 +246,14 @@
         return;
       }
       const { row, col } = at;
-      const { values, cols, rowLabels, colLabels } = this.map;
-      const value = values[row * cols + col];
-      const text = formatValue(value);
+      const { values, cols, rowLabels, colLabels, closed, reach } = this.map;
+      const masked = Boolean(closed && closed(row, col));
+      const text = masked ? `masked (${describeReach(reach)})` : formatValue(values[row * cols + col]);
       if (this.readout) {
         this.readout.dataset.row = String(row);
         this.readout.dataset.col = String(col);
         this.readout.dataset.value = text;
+        this.readout.dataset.masked = String(masked);
         this.readout.textContent =
           `${this.names.row} ${row} “${rowLabels[row]}” → ${this.names.col} ${col} “${colLabels[col]}”: ${text}`;
       }
@@ -231,16 +288,19 @@
 
     // The same drawing as SVG: one <rect> per cell, the word pieces as <text>, the colour bar as 64 bands.
     toSVG(title) {
-      const { values, rows, cols, rowLabels, colLabels, colors, pairStart } = this.map;
+      const { values, rows, cols, rowLabels, colLabels, colors, pairStart, closed } = this.map;
       const { cell, stride, left, top, barX, barHeight, width, height } = this.layout;
       const out = [`<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" `
         + `viewBox="0 0 ${width} ${height}" font-family="sans-serif" font-size="11">`,
       `<title>${xmlEscape(title || "attention map")}</title>`, `<rect width="${width}" height="${height}" fill="#fff"/>`,
+      `<defs><pattern id="closed" width="6" height="6" patternUnits="userSpaceOnUse"><rect width="6" height="6" `
+        + `fill="rgb(${CLOSED_GREY},${CLOSED_GREY},${CLOSED_GREY})"/><path d="M0 6L6 0" stroke="${HATCH_COLOR}"/>`
+        + "</pattern></defs>",
       '<g shape-rendering="crispEdges">'];
       for (let i = 0; i < rows; i++) {
         for (let j = 0; j < cols; j++) {
           out.push(`<rect x="${left + j * cell}" y="${top + i * cell}" width="${cell}" height="${cell}" `
-            + `fill="${colors.hex(values[i * cols + j], i)}"/>`);
+            + `fill="${closed && closed(i, j) ? "url(#closed)" : colors.hex(values[i * cols + j], i)}"/>`);
         }
       }
       out.push("</g>");
@@ -274,10 +334,14 @@
 
     info() {
       if (!this.map) return null;
-      const { rows, cols, rowLabels, colLabels, scale } = this.map;
-      return { rows, cols, rowLabels, colLabels, scale, cell: this.layout.cell, drawCount: this.drawCount };
+      const { rows, cols, rowLabels, colLabels, scale, reach, closed } = this.map;
+      let closedCount = 0;
+      for (let i = 0; closed && i < rows; i++) for (let j = 0; j < cols; j++) closedCount += closed(i, j) ? 1 : 0;
+      return { rows, cols, rowLabels, colLabels, scale, reach, closedCount, cell: this.layout.cell,
+        drawCount: this.drawCount };
     }
   }
 
   ns.MapView = MapView;
+  ns.describeReach = describeReach;
 })(window.attnserveExplorer = window.attnserveExplorer || {});

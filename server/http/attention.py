@@ -42,6 +42,8 @@ def render(reply: EncodeReply, base64_format: bool) -> bytes:
             "index": i, "tokens": item.tokens, "num_tokens": item.num_tokens, "truncated": item.truncated,
             **({"pair_start": item.pair_start} if item.pair_start is not None else {}), "layers": layers,
             "heads": heads}
+        if options.attention_reach is not None and item.layout is None:  # a text's: which cells its masks close
+            entry["reach"] = [list(r) for r in options.attention_reach]
         if item.layout is not None:  # an image's: where each position (both axes) lies in the image its tower takes
             layout = item.layout
             entry["image"] = {"size": layout.side, "patch_size": layout.patch_size, "grid": layout.grid,

@@ -84,6 +84,10 @@ class AttentionMap(BaseModel):
     pair_start: int | None = Field(None, description="for a pair: the index of the first token of segment b")
     layers: list[int] = Field(description="the layers returned, as non-negative indices")
     heads: list[int] | None = Field(description="the heads returned or averaged")
+    reach: list[list[int | None]] | None = Field(
+        None, description="a text's: per layer returned, [behind, ahead], how far before and after a query its keys "
+                          "may lie (null: no bound; [null, 0] causal): cells beyond it are masked by the model's "
+                          "structure, not weights that came out 0. Unset where the artifacts predate it")
     shape: list[int] | None = Field(None, description="[layers, heads or 1, tokens, tokens]; each row sums to 1; "
                                                       "unset with weights false")
     attentions: list | str | None = Field(None, description="the weights, unset with weights false")
