@@ -614,6 +614,11 @@ def test_a_causal_models_masked_cells_are_drawn_hatched_and_said_masked_not_zero
     reply = httpx.post(f"{keyed.http_url}/v1/attention", timeout=60, headers={"Authorization": f"Bearer {API_KEY}"},
                        json={"model": "clip", "inputs": TEXT, "layers": [-1]}).json()["data"][0]
     assert reply["reach"] == [[None, 0]]
+    with keyed.channel() as channel:  # gRPC says the same, per layer asked; a bidirectional model bounds nothing
+        causal = grpc_attention(keyed.stub(channel), pb.Input(text=TEXT), [-1, 0], model="clip")
+        every = grpc_attention(keyed.stub(channel), pb.Input(text=TEXT), [0], model="minilm")
+    assert [(r.HasField("behind"), r.HasField("ahead"), r.ahead) for r in causal.reach] == [(False, True, 0)] * 2
+    assert [(r.HasField("behind"), r.HasField("ahead")) for r in every.reach] == [(False, False)]
     weights = np.asarray(reply["attentions"], dtype=np.float32)[0]  # (heads, T, T)
     T = len(reply["tokens"])
     open_with_key(browser, keyed.http_url, "clip")

@@ -62,7 +62,10 @@ def test_the_contract_of_design_md():
         "multi_vector": 9,  # 9: ColBERT (issue 22)
         "analyses": 10,  # 10: attention analyses (issue 23)
         "windows": 11, "chunks": 12,  # 11, 12: long inputs' windows, late chunks (issue 34)
-        "patches": 13}  # 13: where an image's positions lie (issue 36)
+        "patches": 13,  # 13: where an image's positions lie (issue 36)
+        "reach": 14}  # 14: which keys each layer's masks leave a query (issue 47: causal masks drawn as such)
+    assert numbers(pb.LayerReach) == {"behind": 1, "ahead": 2}
+    assert all(f.has_presence for f in pb.LayerReach.DESCRIPTOR.fields)  # unset: no bound, apart from 0
     assert numbers(pb.Input) == {"text": 1, "token_ids": 2, "pair": 3, "image": 4}  # 4: an image-text model's image
     assert numbers(pb.Image) == {"data": 1, "url": 2, "mime_type": 3}
 

@@ -234,7 +234,7 @@ class Tensor(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[_Union[DType, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Embedding(_message.Message):
-    __slots__ = ("sentence_embedding", "token_embeddings", "attentions", "tokens", "num_tokens", "truncated", "pair_start", "sparse_embedding", "multi_vector", "analyses", "windows", "chunks", "patches")
+    __slots__ = ("sentence_embedding", "token_embeddings", "attentions", "tokens", "num_tokens", "truncated", "pair_start", "sparse_embedding", "multi_vector", "analyses", "windows", "chunks", "patches", "reach")
     SENTENCE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     TOKEN_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     ATTENTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -248,6 +248,7 @@ class Embedding(_message.Message):
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     PATCHES_FIELD_NUMBER: _ClassVar[int]
+    REACH_FIELD_NUMBER: _ClassVar[int]
     sentence_embedding: Tensor
     token_embeddings: Tensor
     attentions: Tensor
@@ -261,7 +262,16 @@ class Embedding(_message.Message):
     windows: int
     chunks: _containers.RepeatedCompositeFieldContainer[Chunk]
     patches: PatchPositions
-    def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., pair_start: _Optional[int] = ..., sparse_embedding: _Optional[_Union[SparseEmbedding, _Mapping]] = ..., multi_vector: _Optional[_Union[Tensor, _Mapping]] = ..., analyses: _Optional[_Union[AttentionAnalyses, _Mapping]] = ..., windows: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., patches: _Optional[_Union[PatchPositions, _Mapping]] = ...) -> None: ...
+    reach: _containers.RepeatedCompositeFieldContainer[LayerReach]
+    def __init__(self, sentence_embedding: _Optional[_Union[Tensor, _Mapping]] = ..., token_embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., attentions: _Optional[_Union[Tensor, _Mapping]] = ..., tokens: _Optional[_Iterable[str]] = ..., num_tokens: _Optional[int] = ..., truncated: _Optional[bool] = ..., pair_start: _Optional[int] = ..., sparse_embedding: _Optional[_Union[SparseEmbedding, _Mapping]] = ..., multi_vector: _Optional[_Union[Tensor, _Mapping]] = ..., analyses: _Optional[_Union[AttentionAnalyses, _Mapping]] = ..., windows: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[Chunk, _Mapping]]] = ..., patches: _Optional[_Union[PatchPositions, _Mapping]] = ..., reach: _Optional[_Iterable[_Union[LayerReach, _Mapping]]] = ...) -> None: ...
+
+class LayerReach(_message.Message):
+    __slots__ = ("behind", "ahead")
+    BEHIND_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_FIELD_NUMBER: _ClassVar[int]
+    behind: int
+    ahead: int
+    def __init__(self, behind: _Optional[int] = ..., ahead: _Optional[int] = ...) -> None: ...
 
 class ImageTower(_message.Message):
     __slots__ = ("image_size", "patch_size", "num_layers", "num_heads", "max_patches")

@@ -157,6 +157,9 @@ def render(reply: EncodeReply) -> bytes:
             embedding.tokens.extend(item.tokens)
         if item.pair_start is not None:
             embedding.pair_start = item.pair_start
+        if reply.options.attention_reach is not None and item.layout is None:  # a text's: what its masks close
+            embedding.reach.extend(pb.LayerReach(behind=behind, ahead=ahead)
+                                   for behind, ahead in reply.options.attention_reach)
         if item.layout is not None:  # an image's: where the maps' positions lie
             layout = item.layout
             embedding.patches.CopyFrom(pb.PatchPositions(
