@@ -155,7 +155,8 @@ class UpGateFeedForward(nn.Module):
 
 
 def build(cfg: RotaryBertConfig) -> nn.Module:
-    return RotaryBertEncoder(cfg, UpGateFeedForward, ntk_inv_freq(cfg.head_size, cfg.rope_theta, cfg.ntk_factor))
+    return RotaryBertEncoder(cfg, lambda c, _: UpGateFeedForward(c),
+                             ntk_inv_freq(cfg.head_size, cfg.rope_theta, cfg.ntk_factor))
 
 
 def key_map(cfg: RotaryBertConfig) -> dict[str, str]:

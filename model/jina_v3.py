@@ -81,7 +81,7 @@ class JinaV3Encoder(RotaryBertEncoder):
     """rotary_bert's post-LN encoder with BERT's plain feed-forward (fc1 -> activation -> fc2) and one token type."""
 
     def __init__(self, cfg: JinaV3Config):
-        super().__init__(cfg, lambda c: PlainFeedForward(c.hidden_size, c.intermediate_size, c.hidden_act),
+        super().__init__(cfg, lambda c, _: PlainFeedForward(c.hidden_size, c.intermediate_size, c.hidden_act),
                          default_inv_freq(cfg.head_size, cfg.rope_theta))
 
     def forward(

@@ -127,7 +127,7 @@ class SwiGLU(GatedFeedForward):
 
 
 def build(cfg: RotaryBertConfig) -> nn.Module:
-    return RotaryBertEncoder(cfg, SwiGLU, default_inv_freq(cfg.head_size, cfg.rope_theta))
+    return RotaryBertEncoder(cfg, lambda c, _: SwiGLU(c), default_inv_freq(cfg.head_size, cfg.rope_theta))
 
 
 def key_map(cfg: RotaryBertConfig) -> dict[str, str]:

@@ -1,12 +1,14 @@
 """BERT's post-LayerNorm layout with rotary positions: the shared encoder of NomicBERT (nomic_bert.py), GTE v1.5
-(gte.py) and jina-embeddings-v3 (jina_v3.py: XLM-R with rotary positions and BERT's plain feed-forward).
+(gte.py), nomic-embed-text-v2-moe (nomic_moe.py: a mixture of experts in every other layer) and
+jina-embeddings-v3 (jina_v3.py: XLM-R with rotary positions and BERT's plain feed-forward).
 
 It differs from BERT (encoder.py) in these places, and only these:
 - positions are rotary (RoPE, rotary.py), applied to queries and keys in every layer; there are no position
   embeddings, so an input may use every position;
 - query, key and value come from one projection (Wqkv / qkv_proj), heads inside each;
 - the feed-forward is gated (down(act(gate(x)) * up(x))), its two input projections separate or fused as the
-  family stores them (feed_forward is given by the family's file), or BERT's plain one (PlainFeedForward, jina);
+  family stores them (feed_forward is given by the family's file), or BERT's plain one (PlainFeedForward, jina),
+  or, in nomic-embed-text-v2-moe's every other layer, a mixture of experts (nomic_moe.py);
 - biases are where the family has them (NomicBERT: none in the linear layers; GTE: on qkv, out and down; jina:
   everywhere).
 As in BERT, each sublayer's output is added to its input and the sum is normalised (post-LN), the embeddings
@@ -138,16 +140,17 @@ class PostNormLayer(nn.Module):
 class RotaryBertEncoder(nn.Module):
     """The same forward as encoder.Encoder: SentenceEncoder, export and verification take either."""
 
-    def __init__(self, cfg: RotaryBertSizes, feed_forward: Callable[[Any], nn.Module], inv_freq: torch.Tensor):
-        """feed_forward: the family's feed-forward, built from cfg; inv_freq: (hs/2,) the rotary frequencies,
-        as the family computes them (plain, or NTK-scaled)."""
+    def __init__(self, cfg: RotaryBertSizes, feed_forward: Callable[[Any, int], nn.Module], inv_freq: torch.Tensor):
+        """feed_forward: the family's feed-forward of layer i, built from (cfg, i) (nomic-embed-text-v2-moe's
+        differs by layer); inv_freq: (hs/2,) the rotary frequencies, as the family computes them (plain, or
+        NTK-scaled)."""
         super().__init__()
         self.config = cfg
         self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size) if cfg.type_vocab_size else None
         self.embeddings_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.rotary = RotaryEmbedding(inv_freq, cfg.max_position_embeddings)
-        self.layers = nn.ModuleList(PostNormLayer(cfg, feed_forward(cfg)) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(PostNormLayer(cfg, feed_forward(cfg, i)) for i in range(cfg.num_layers))
 
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, output_attentions: bool = False,
