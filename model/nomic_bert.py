@@ -1,5 +1,6 @@
 """NomicBERT (nomic-embed-text-v1 / v1.5): its config.json, its key map, and the rotary BERT-layout encoder
-(rotary_bert.py) with a SwiGLU feed-forward.
+(rotary_bert.py) with a SwiGLU feed-forward. nomic-embed-text-v2-moe, the same model_type with mixtures of experts,
+is nomic_moe.py's, which read_config, build and key_map hand its config to.
 
 NomicBERT is BERT (post-LayerNorm, two token types, normalised embeddings) with rotary positions instead of
 position embeddings, a SwiGLU feed-forward (silu(fc12(x)) * fc11(x), then fc2), and no bias in any linear layer.
@@ -22,6 +23,7 @@ import torch.nn as nn
 
 from attnserve.errors import CheckpointError
 
+from . import nomic_moe
 from .blocks import GATE_ACTIVATIONS, GatedFeedForward
 from .config_reading import check_architectures, check_settings, invalid_config
 from .family import Family, WeightNames
@@ -64,7 +66,10 @@ DEFAULT_THETA = 1000.0  # transformers' NomicBertConfig.default_theta
 
 def read_config(raw: dict[str, Any], path: Path) -> RotaryBertConfig:
     """config.json of a NomicBERT checkpoint in either naming, or a one-line refusal of what the export does not
-    run; no weight is read."""
+    run; no weight is read. One whose moe_every_n_layers is above 0 (nomic-embed-text-v2-moe) is read by
+    nomic_moe.py, as the remote code then builds mixtures of experts."""
+    if nomic_moe.moe_every_n_layers(raw, path) > 0:
+        return nomic_moe.read_config(raw, path)
     check_architectures(raw, path, ENCODER_ARCHITECTURES)
     check_settings(raw, path, REPRODUCED)
     with invalid_config(path):
@@ -127,11 +132,15 @@ class SwiGLU(GatedFeedForward):
 
 
 def build(cfg: RotaryBertConfig) -> nn.Module:
+    if isinstance(cfg, nomic_moe.NomicMoeConfig):
+        return nomic_moe.build(cfg)
     return RotaryBertEncoder(cfg, lambda c, _: SwiGLU(c), default_inv_freq(cfg.head_size, cfg.rope_theta))
 
 
 def key_map(cfg: RotaryBertConfig) -> dict[str, str]:
     """Checkpoint key (nomic's naming, which transformers also saves) -> RotaryBertEncoder key."""
+    if isinstance(cfg, nomic_moe.NomicMoeConfig):
+        return nomic_moe.key_map(cfg)
     keys = {"embeddings.word_embeddings.weight": "word.weight",
             "emb_ln.weight": "embeddings_norm.weight", "emb_ln.bias": "embeddings_norm.bias"}
     if cfg.type_vocab_size:

@@ -32,13 +32,15 @@ from attnserve.model.pooling import pool
 
 from .checkpoints import copy_checkpoint, edit_json
 from .conftest import assert_one_line_error, run_cli
-from .families_table import BY_NAME, ROWS, TEXTS, Row
+from .families_table import BY_NAME, FP32, ROWS, TEXTS, Row
 from .family_parity import cosines, max_error, padded_batch, refusal_before_weights_load, transformers_model
 from .tiny_decoders import LLAMA3_ROPE
 from .tiny_gte import alibaba_ntk_inv_freq, save_published
+from .tiny_nomic_moe import PROMPTS, reference_model, save_sentence_transformers_files, save_tiny_nomic_moe
 
 LENGTHS = [(1,), (5, 3), (16, 9, 1), (48, 17, 33), (100, 64, 7, 100)]
 UNSEEN = [(3,), (37, 12, 1), (40, 40, 5, 29, 17)]  # batch and sequence sizes no export traced or verified at
+MOE_MAX_SEQ_LENGTH = 48
 
 
 class Built:
@@ -69,6 +71,26 @@ class Built:
     def published(self) -> Path:
         """The gte row's checkpoint as the Hub publishes GTE v1.5 (tests/tiny_gte.py save_published)."""
         return self._once(("published",), lambda: save_published(self.model(BY_NAME["gte"]), self.root / "new"))
+
+    def moe(self) -> Path:
+        """nomic-embed-text-v2-moe's tiny folder, saved by its published code, with sentence-transformers' files."""
+        return self._once(("moe",), lambda: save_sentence_transformers_files(
+            save_tiny_nomic_moe(self.root / "nomic_moe" / "model"), MOE_MAX_SEQ_LENGTH))
+
+    def moe_exported(self) -> Path:
+        def make():
+            out = self.root / "nomic_moe" / "artifacts"
+            build_artifacts(read_checkpoint(self.moe()), out, log=lambda _: None, variants=FP32)
+            return out
+        return self._once(("moe_exported",), make)
+
+    def moe_sentence_transformer(self):
+        """sentence-transformers over the folder, running the modelling code beside it as a user's trust_remote_code
+        runs nomic-embed-text-v2-moe's."""
+        from sentence_transformers import SentenceTransformer
+
+        return self._once(("moe_stm",), lambda: SentenceTransformer(str(self.moe()), device="cpu",
+                                                                    trust_remote_code=True))
 
     def exported(self, row: Row) -> tuple[Path, list[str]]:
         def make():
@@ -447,15 +469,16 @@ def test_one_server_serves_every_family_as_sentence_transformers(built, artifact
              for task in (None, "retrieval.query", "separation")}
     assert cosines(tasks["retrieval.query"], tasks[None]).max() < 0.999  # the tasks really differ
     flags = [f for row in reversed(ROWS) for f in ("--model", f"{row.name}={built.exported(row)[0]}")]
+    flags += ["--model", f"nomic_moe={built.moe_exported()}"]  # nomic-embed-text-v2-moe, its published code's
+    references = [(row.name, row.prompts[0] if row.prompts else None, built.sentence_transformer(row)) for row in ROWS]
+    references.append(("nomic_moe", "query", built.moe_sentence_transformer()))
     with serving(ServerProcess(None, *flags, "--model", f"minilm={artifacts}", log_path=tmp_path / "log")) as server:
         with server.channel() as channel:
             stub = server.stub(channel)
-            for row in ROWS:
-                prompt = row.prompts[0] if row.prompts else None
-                request = make_request(TEXTS[:3], truncate=True, prompt_name=prompt, model=row.name)
+            for name, prompt, model in references:
+                request = make_request(TEXTS[:3], truncate=True, prompt_name=prompt, model=name)
                 got = np.stack([to_result(e).sentence_embedding for e in stub.Embed(request, timeout=60).embeddings])
-                expected = built.sentence_transformer(row).encode(TEXTS[:3], prompt_name=prompt)
-                assert cosines(got, expected).min() >= 0.99999, row.name
+                assert cosines(got, model.encode(TEXTS[:3], prompt_name=prompt)).min() >= 0.99999, name
             for row in ATTENDED:
                 engine = Engine.from_directory(built.exported(row)[0], attention=True)
                 request = make_request(TEXTS[-2:], attention_layers=[0, 1, -1], truncate=True, model=row.name)
@@ -708,6 +731,117 @@ def test_biases_where_the_config_asks_for_them(tmp_path, name, biases):
     ids, mask, _ = batch(row, encoder.config, (30, 11), seed=0)
     assert max_error(hidden(encoder, ids, mask)[0], hidden(transformers_model(model, "eager"), ids, mask)
                      .last_hidden_state, mask) <= 1e-4
+
+
+def test_nomic_moe_runs_as_its_published_code_every_expert_routed_to(built):
+    """nomic-embed-text-v2-moe against its published modelling code (tests/reference/nomic_moe, its own
+    from_pretrained over the folder): mixtures in layers 1 and 3 as the code places them, every weight the code
+    loaded the one ours did, and the hidden states on real positions, over batches whose tokens reach every
+    expert."""
+    from safetensors.torch import load_file
+
+    from attnserve.model.nomic_moe import MixtureOfExperts
+
+    reference, ours = reference_model(built.moe()), load_encoder(read_checkpoint(built.moe()))
+    assert [type(layer.mlp).__name__ for layer in reference.encoder.layers] == [
+        "NomicBertMLP", "NomicMoELayer", "NomicBertMLP", "NomicMoELayer"]
+    assert [isinstance(layer.feed_forward, MixtureOfExperts) for layer in ours.layers] == [False, True, False, True]
+    saved = load_file(built.moe() / "model.safetensors")  # the code loads with strict=False: every weight arrived
+    assert saved.keys() == reference.state_dict().keys()
+    assert all(torch.equal(saved[k], v) for k, v in reference.state_dict().items())
+    chosen: list[torch.Tensor] = []  # each mixture's top-2 experts of every token of each batch
+    hooks = [layer.feed_forward.router.register_forward_hook(lambda _, __, logits: chosen.append(logits.topk(2)[1]))
+             for layer in ours.layers if isinstance(layer.feed_forward, MixtureOfExperts)]
+    for seed, lengths in enumerate(LENGTHS):
+        ids, mask = padded_batch(lengths, 2000, 1, seed, first_id=6)  # the tokenizer's ids, <pad> 1
+        got, _ = hidden(ours, ids, mask)
+        want = hidden(reference, ids, mask).last_hidden_state
+        assert max_error(got, want, mask) <= 1e-5, lengths
+        assert torch.nn.functional.cosine_similarity(got[mask.bool()], want[mask.bool()], dim=-1).min() >= 0.99999
+    for hook in hooks:
+        hook.remove()
+    assert all(len(experts.unique()) == 8 for experts in chosen[-2:])  # the largest batch reaches all 8, both layers
+
+
+def test_nomic_moe_graph_routes_as_the_published_code_at_unseen_sizes(built):
+    """The fp32 graphs (the router's TopK, each expert's tokens found by NonZero and added back by ScatterND)
+    against the published code, at sizes no export traced or verified at; a one-token batch leaves six experts
+    with no token at all."""
+    import onnx
+
+    out = built.moe_exported()
+    manifest, reference = load_manifest(out), reference_model(built.moe())
+    assert manifest.family == "nomic_bert" and set(manifest.variants) == set(FP32)
+    assert all(manifest.prompts[name] == prompt for name, prompt in PROMPTS.items())
+    ops = [n.op_type for n in onnx.load(out / "embeddings.onnx", load_external_data=False).graph.node]
+    assert (ops.count("TopK"), ops.count("NonZero"), ops.count("ScatterND")) == (2, 16, 16)  # 2 mixtures of 8
+    for name in FP32:
+        session = open_session(out / manifest.variants[name].file, CPU)
+        assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask"]  # one token type
+        for seed, lengths in enumerate([(1,), *UNSEEN]):
+            ids, mask = padded_batch(lengths, 2000, 1, seed, first_id=6)
+            got = session.run(["last_hidden_state"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})[0]
+            want = hidden(reference, ids, mask).last_hidden_state
+            assert max_error(torch.from_numpy(got), want, mask) <= 1e-4, (name, lengths)
+
+
+def test_nomic_moe_engine_encodes_as_sentence_transformers_over_its_published_code(built):
+    """The served embeddings, with each of its prompts (search_query: / search_document:) and none, against
+    sentence-transformers running the published code as its users do (trust_remote_code)."""
+    model, engine = built.moe_sentence_transformer(), Engine.from_directory(built.moe_exported())
+    assert type(model[0].auto_model).__module__.endswith("modeling_hf_nomic_bert")  # the published code, not ours
+    for prompt_name in (*PROMPTS, None):
+        expected = model.encode(TEXTS, prompt_name=prompt_name)
+        encoded = engine.encode(TEXTS, prompt_name=prompt_name)
+        assert cosines(encoded.embeddings, expected).min() >= 0.99999, prompt_name
+        assert np.abs(encoded.embeddings - expected).max() <= 1e-5, prompt_name
+    assert encoded.truncated[4]  # the long text cut at max_seq_length, as sentence-transformers cuts it
+    plain = engine.encode(TEXTS[:3]).embeddings  # each prompt reaches the model (0.99999 above tells them apart)
+    assert all(cosines(engine.encode(TEXTS[:3], prompt_name=name).embeddings, plain).min() < 0.995 for name in PROMPTS)
+
+
+# (a change to nomic-embed-text-v2-moe's config.json, what the one-line refusal says): settings its published code
+# would not run as this code does, or that its weights would not match.
+MOE_REFUSED = [
+    ({"moe_normalize_expert_weights": 2.0}, "cannot reproduce moe_normalize_expert_weights 2.0 (only False)"),
+    ({"num_shared_experts": 1}, "cannot reproduce num_shared_experts 1 (only 0)"),
+    ({"expert_choice_router": True}, "cannot reproduce expert_choice_router True (only False)"),
+    ({"activation_function": "swiglu"}, "activation_function 'swiglu' is not supported (only gelu, gelu_new"),
+    ({"moe_top_k": 9}, "moe_top_k from 1 to num_experts, got 8 and 9"),
+    ({"num_experts": 0}, "num_experts must be at least 1"),
+    ({"n_inner": None}, "missing field 'n_inner'"),
+    ({"moe_every_n_layers": "2"}, "moe_every_n_layers must be a whole number, got '2'"),
+    ({"moe_top_k": "two"}, "moe_top_k must be a number, got 'two'"),
+    ({"num_experts": 8.5}, "num_experts must be a whole number, got 8.5"),
+    ({"pad_vocab_size_multiple": -64}, "pad_vocab_size_multiple must be a positive whole number, got -64"),
+    ({"rotary_emb_fraction": None}, "cannot reproduce rotary_emb_fraction 0.0 (only 1.0)"),  # missing: the default
+    ({"prenorm": True}, "cannot reproduce prenorm True (only False)"),
+    ({"mlp_fc1_bias": False}, "cannot reproduce mlp_fc1_bias False (only True)"),
+    ({"n_embd": 30}, "n_embd 30 is not a multiple of n_head 4"),
+    ({"hidden_size": 64}, "n_embd 32 and hidden_size 64 disagree"),
+    ({"auto_map": {"AutoModel": "other--modeling.Model"}}, "cannot reproduce auto_map's AutoModel 'other--modeling"),
+    ({"architectures": ["NomicBertForSequenceClassification"]}, "cannot reproduce architecture NomicBertForSeq"),
+]
+
+
+@pytest.mark.parametrize("change, fragment", MOE_REFUSED, ids=[str(i) for i in range(len(MOE_REFUSED))])
+def test_nomic_moe_settings_its_code_would_not_run_are_refused_before_weights_load(built, tmp_path, change, fragment):
+    message = refusal_before_weights_load(built.moe(), tmp_path / "refused", change)
+    assert fragment in message and "\n" not in message
+
+
+def test_nomic_moe_config_without_its_optional_keys_reads_as_its_code_defaults_them(built, tmp_path):
+    """A missing setting is the published code's default (NomicBertConfig's over GPT2Config's), not transformers'
+    nomic_bert's (layer_norm_epsilon 1e-5, rotary base 10000); hidden_size is GPT2Config's alias of n_embd; what its
+    CPU path ignores (moe_impl) changes nothing; the vocabulary is padded to pad_vocab_size_multiple as it pads it."""
+    folder = copy_checkpoint(built.moe(), tmp_path / "defaults")
+    raw = json.loads((folder / "config.json").read_text())
+    for key in ("layer_norm_epsilon", "rotary_emb_base", "moe_impl", "n_embd"):
+        raw.pop(key)
+    (folder / "config.json").write_text(json.dumps(raw | {"hidden_size": 32}))
+    cfg = read_checkpoint(folder).config
+    assert (cfg.layer_norm_eps, cfg.rope_theta, cfg.hidden_size, cfg.vocab_size) == (1e-5, 10_000.0, 32, 2048)
+    assert (cfg.num_experts, cfg.top_k, cfg.moe_every_n_layers, cfg.qkv_bias) == (8, 2, 2, True)
 
 
 # llama-nemotron-embed's config.json, as its folder has it: its own model_type and its published modelling code.

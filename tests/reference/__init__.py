@@ -1,0 +1,1 @@
+"""Published modelling code the tests run as their reference, vendored (each file says from where)."""
