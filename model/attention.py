@@ -32,6 +32,18 @@ def repeat_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     return x if g == 1 else x[:, :, None].expand(B, nkv, g, T, hs).reshape(B, nkv * g, T, hs)
 
 
+def weighted_values(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                    divisor: float, softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The written-out softmax every attention here runs: q (B, nh, Tq, hs), keys and values (B, nh, Tk, hs), mask
+    additive and broadcastable to (B, nh, Tq, Tk) (None: every key). Returns the heads (B, nh, Tq, hs) and the
+    maps (B, nh, Tq, Tk). Tk differs from Tq in a cross-attention (NV-Embed's latent attention: model/nvembed.py)."""
+    scores = torch.matmul(q, keys.transpose(-1, -2)) / divisor  # (B, nh, Tq, Tk)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    probs = F.softmax(scores if mask is None else scores + mask, dim=-1)  # (B, nh, Tq, Tk), each row sums to 1
+    return torch.matmul(probs, values), probs  # (B, nh, Tq, hs)
+
+
 class SelfAttention(nn.Module):
     """What every family's attention module is: its subclass sets nh, divisor and out (W_O) and calls attend()
     with its queries, keys and values."""
@@ -56,11 +68,7 @@ class SelfAttention(nn.Module):
         if self.softcap is None and fused(self):  # the same function, no (T, T) maps held
             heads = fused_context(q, keys, values, mask, 1 / self.divisor)  # (B, nh, T, hs)
         else:
-            scores = torch.matmul(q, keys.transpose(-1, -2)) / self.divisor  # (B, nh, T, T)
-            if self.softcap is not None:
-                scores = torch.tanh(scores / self.softcap) * self.softcap
-            probs = F.softmax(scores + mask, dim=-1)  # (B, nh, T, T), each row sums to 1
-            heads = torch.matmul(probs, values)  # (B, nh, T, hs)
+            heads, probs = weighted_values(q, keys, values, mask, self.divisor, self.softcap)
         context = heads.transpose(1, 2).reshape(B, T, nh * hs)  # heads concatenated
         self.value_norms = kept_value_norms(self, v, self.out.weight, nh)  # (B, nh, T)
         return self.out(context), probs

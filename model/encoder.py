@@ -251,7 +251,10 @@ class SentenceEncoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None):
         keep_value_norms(cast(nn.Module, self.encoder), self.output_attentions)
-        hidden, attentions = self.encoder(input_ids, attention_mask, self.output_attentions, token_type_ids)
+        # A head that leaves the prompt out of its pooling (include_prompt false) finds the prompt's tokens marked
+        # PROMPT_TOKEN (2) in the mask: the encoder attends to them as to every real token.
+        attended = attention_mask.clamp(max=1) if getattr(self.head, "excludes_prompt", False) else attention_mask
+        hidden, attentions = self.encoder(input_ids, attended, self.output_attentions, token_type_ids)
         sentence = self.head(hidden, attention_mask)  # (B, D), not normalised
         if self.output_attentions:  # with each head's value norms (L, B, nh, T): model/value_norms.py
             return hidden, sentence, attentions, stacked_value_norms(cast(nn.Module, self.encoder))

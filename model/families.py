@@ -11,7 +11,21 @@ from typing import Any
 
 from attnserve.errors import CheckpointError
 
-from . import bert_likes, clip, deberta_v2, eurobert, gemma2, gemma3, gte, jina_v3, llama, modernbert, nomic_bert, qwen3
+from . import (
+    bert_likes,
+    clip,
+    deberta_v2,
+    eurobert,
+    gemma2,
+    gemma3,
+    gte,
+    jina_v3,
+    llama,
+    modernbert,
+    nomic_bert,
+    nvembed,
+    qwen3,
+)
 from .family import Family, ModelConfig
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
@@ -27,6 +41,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     jina_v3.FAMILY,
     qwen3.FAMILY,
     *llama.FAMILIES,  # llama, mistral, qwen2, llama_bidirec: decoder embedders
+    nvembed.FAMILY,  # NV-Embed: a bidirectional Mistral and its latent attention layer
     *clip.FAMILIES,  # clip, siglip: the text tower (the image tower beside it: export/image_tower.py)
 )}
 

@@ -15,9 +15,12 @@ Padding: as Qwen3's (qwen3.py), a token's output depends only on the real tokens
 right padding (the engine's) and left padding (the tokenizers') give the same real outputs.
 - llama_bidirec: NVIDIA's llama-nemotron-embed, Llama with bidirectional attention (every query sees every real key),
   as its published modelling code (llama_bidirectional_model.py, its auto_map's AutoModel) runs it.
-Other bidirectional variants (NV-Embed's, gte-Qwen2's) are published as remote code of their own: a config whose
-auto_map names an AutoModel no row follows, or that asks for bidirectional attention, is refused here rather than
-run as the causal decoder its code may not be.
+- bidir_mistral: NV-Embed's bidirectional Mistral (BidirectionalMistralModel in its modeling_nvembed.py), read only
+  as the text_config of an NV-Embed checkpoint (nvembed.py): every query sees every real key, with no sliding window
+  (its mask is the padding alone, _prepare_4d_attention_mask, under eager attention).
+Other bidirectional variants (gte-Qwen2's) are published as remote code of their own: a config whose auto_map names
+an AutoModel no row follows, or that asks for bidirectional attention, is refused here rather than run as the
+causal decoder its code may not be.
 
 Shapes: as blocks.py's.
 """
@@ -107,6 +110,7 @@ class Layout:
     default_eps: float
     causal: bool = True
     remote_code: str | None = None  # the auto_map AutoModel whose published code this row follows
+    standalone: bool = True  # a family of its own; False: read only inside another family's config (nvembed.py)
 
 
 LAYOUTS = {layout.model_type: layout for layout in (
@@ -117,6 +121,9 @@ LAYOUTS = {layout.model_type: layout for layout in (
     # layer's is_causal false and the padding mask alone (_prepare_4d_attention_mask), on LlamaConfig's settings.
     Layout("llama_bidirec", "Llama (bidirectional)", ("LlamaBidirectionalModel",), 2048, 1e-6, causal=False,
            remote_code="llama_bidirectional_model.LlamaBidirectionalModel"),
+    # NV-Embed's text_config (nvembed.py): MistralModel with every layer's is_causal false and the padding mask alone.
+    Layout("bidir_mistral", "Mistral (bidirectional)", ("MistralModel", "MistralForCausalLM"), 4096 * 32, 1e-6,
+           causal=False, standalone=False),
 )}
 MISTRAL_WINDOW = 4096  # MistralConfig's sliding_window where config.json gives none
 DEFAULT_ROPE_THETA = 10_000.0
@@ -243,4 +250,5 @@ def _rope(raw: dict[str, Any], path: Path, layout: Layout, positions: int) -> tu
 
 
 FAMILIES = [Family(model_type, read_config, llama_style_key_map, LlamaEncoder,
-                   WeightNames(TASK_PREFIX, ENCODER_PARTS, UNUSED_HEADS, ())) for model_type in LAYOUTS]
+                   WeightNames(TASK_PREFIX, ENCODER_PARTS, UNUSED_HEADS, ()))
+            for model_type, layout in LAYOUTS.items() if layout.standalone]

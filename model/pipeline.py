@@ -94,6 +94,10 @@ class Pipeline:
     # 0: none.
     pad_to: int = 0
     pad_id: int = 0
+    # Pooling's include_prompt: False leaves the prompt's tokens out of the pooling (mean alone, and only for a family
+    # whose published code counts them: nvembed.py). The engine marks them in the graph's attention mask (2: attended
+    # to, not pooled: sentence_head.py).
+    include_prompt: bool = True
 
     @property
     def pooling_name(self) -> str:
@@ -129,7 +133,10 @@ def _refuse(path: Path, what: str) -> CheckpointError:
     return CheckpointError(f"{path}: cannot reproduce {what}")
 
 
-def read_pipeline(directory: Path, max_position_embeddings: int, hidden_size: int) -> Pipeline:
+def read_pipeline(directory: Path, max_position_embeddings: int, hidden_size: int, prompt_excludable: bool = False
+                  ) -> Pipeline:
+    """The folder's sentence-transformers pipeline. prompt_excludable: a Pooling with include_prompt false is taken
+    (mean pooling alone), for a family whose code says how many tokens its prompt is (nvembed.py)."""
     modules_file = directory / "modules.json"
     if not modules_file.exists():
         return Pipeline(("mean",), (), False, tokenizer_max_length(directory, max_position_embeddings),
@@ -143,7 +150,7 @@ def read_pipeline(directory: Path, max_position_embeddings: int, hidden_size: in
                                       similarity)
     pooling_folder, after = _modules(modules_file)
     max_seq_length, length_from, _ = _transformer(directory, max_position_embeddings)
-    modes = _pooling(directory / pooling_folder / "config.json")
+    modes, include_prompt = _pooling(directory / pooling_folder / "config.json", prompt_excludable)
     size = len(modes) * hidden_size
     head: list[Dense | Normalize] = []
     for name, folder in after:
@@ -159,7 +166,7 @@ def read_pipeline(directory: Path, max_position_embeddings: int, hidden_size: in
     while trailing < len(head) and isinstance(head[len(head) - 1 - trailing], Normalize):
         trailing += 1
     return Pipeline(modes, tuple(head[:len(head) - trailing]), trailing > 0, max_seq_length, length_from,
-                    prompts, default_prompt_name)
+                    prompts, default_prompt_name, include_prompt=include_prompt)
 
 
 def _model_config(path: Path) -> tuple[dict[str, str], str | None, str, str | None]:
@@ -302,8 +309,9 @@ def tokenizer_max_length(directory: Path, max_position_embeddings: int) -> int:
     return int(min(length, max_position_embeddings))
 
 
-def _pooling(path: Path) -> tuple[str, ...]:
-    """Pooling's config, read as sentence-transformers 6 reads it (pooling_mode, else the legacy booleans)."""
+def _pooling(path: Path, prompt_excludable: bool = False) -> tuple[tuple[str, ...], bool]:
+    """Pooling's config, read as sentence-transformers 6 reads it (pooling_mode, else the legacy booleans): its modes
+    and include_prompt."""
     raw = read_object(path)
     unknown = sorted(set(raw) - POOLING_KEYS)
     if unknown:
@@ -321,10 +329,14 @@ def _pooling(path: Path) -> tuple[str, ...]:
     unknown_modes = [m for m in modes if m not in POOLING_MODES]
     if unknown_modes:
         raise CheckpointError(f"{path}: pooling mode {unknown_modes[0]!r} is not one of {', '.join(POOLING_MODES)}")
-    if raw.get("include_prompt", True) is not True:
-        # The pooling would leave out the prompt's tokens, a count the graph is not given.
-        raise _refuse(path, "include_prompt false (prompt tokens left out of the pooling)")
-    return tuple(modes)
+    include_prompt = raw.get("include_prompt", True)
+    if not isinstance(include_prompt, bool):
+        raise CheckpointError(f"{path}: include_prompt must be true or false, got {include_prompt!r}")
+    if not include_prompt and not (prompt_excludable and modes == ["mean"]):
+        # How many tokens the prompt is, is the family's code's to say (nvembed.py): no other family's is read.
+        raise _refuse(path, "include_prompt false (prompt tokens left out of the pooling)" +
+                      (f" with pooling {'+'.join(modes)} (only mean)" if prompt_excludable else ""))
+    return tuple(modes), include_prompt
 
 
 def _dense(directory: Path, folder: str, in_size: int, on: str = "sentence_embedding") -> Dense:

@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from attnserve.errors import CheckpointError
+from attnserve.pooling_modes import PROMPT_TOKEN
 
 from .checkpoint_files import read_json
 from .colbert import TokenVectors
@@ -56,11 +57,15 @@ class SentenceHead(nn.Module):
 
     def __init__(self, pipeline: Pipeline):
         super().__init__()
+        # include_prompt false: the prompt's tokens are PROMPT_TOKEN in the mask (attended to, left out of the pooling)
+        self.excludes_prompt = not pipeline.include_prompt
         self.pooling = Pooling(pipeline.pooling)
         self.modules_after = nn.ModuleList(DenseLayer(m) if isinstance(m, Dense) else L2Normalize()
                                            for m in pipeline.after_pooling)
 
     def forward(self, last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.excludes_prompt:
+            attention_mask = (attention_mask != PROMPT_TOKEN).to(attention_mask.dtype) * attention_mask  # (B, T) 0/1
         x = self.pooling(last_hidden_state, attention_mask)  # (B, len(modes) * H)
         for module in self.modules_after:
             x = module(x)
