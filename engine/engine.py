@@ -15,6 +15,7 @@ import numpy as np
 
 from attnserve.config import EngineConfig
 from attnserve.errors import ArtifactError, ConfigError, GraphUnavailableError
+from attnserve.pooling_modes import PROMPT_TOKEN
 from attnserve.progress import progress_log
 
 from .batch_outputs import Assembled, assemble_batches, object_array
@@ -31,7 +32,7 @@ from .multi_vector import MultiVectorTokenizer
 from .openvino_session import openvino_available
 from .output_options import OutputHeads, OutputOptions, SparseOptions
 from .outputs import chunk_vectors
-from .prompts import apply_prompt
+from .prompts import prompt_text, unpooled_prompt
 from .quantize import quantize
 from .rows import BatchOutput
 from .session import CPU, CUDA, OPENVINO, Session, open_graph, resolve_provider
@@ -526,6 +527,8 @@ class Engine:
         for row, x in enumerate(inputs):
             if x.attended is not None:  # a ColBERT query's expansion tokens: encoded, not attended to
                 mask[row, x.attended:] = 0
+            if x.unpooled:  # the prompt's tokens where the pooling leaves them out: attended to, not pooled
+                mask[row, :x.unpooled] = PROMPT_TOKEN
         feed = {"input_ids": ids, "attention_mask": mask}
         types = [x.type_ids for x in inputs]
         if self.takes_token_types:
@@ -669,8 +672,10 @@ class Engine:
                prompt_name: str | None = None, prompt: str | None = None) -> Encoded:
         """Sentence embeddings of texts, each after its prompt (engine/prompts.py: the checkpoint's default
         prompt when neither prompt_name nor prompt is given)."""
-        texts = apply_prompt(self.manifest, texts, prompt_name, prompt)
-        return self.encode_tokenized(self.tokenizer.encode_texts(texts, truncate=truncate), normalize)
+        before = prompt_text(self.manifest, prompt_name, prompt)
+        texts = [before + text for text in texts] if before else list(texts)
+        return self.encode_tokenized(self.tokenizer.encode_texts(
+            texts, truncate=truncate, unpooled_prompt=unpooled_prompt(self.manifest, before)), normalize)
 
     def describe(self) -> str:
         provider = "CUDA" if self.provider == CUDA else "CPU" if self.provider == CPU else self.provider

@@ -74,7 +74,8 @@ class Manifest:
         """Whether pooling the token embeddings at request time (mean or cls) gives what the graph would with
         that pooling: its sentence embedding is one such pooling, with nothing after it but normalisation."""
         after = [m for m in self.modules if not m.startswith(("Transformer(", "Pooling("))]
-        return self.pooling in REQUEST_POOLINGS and all(m == "Normalize" for m in after)
+        # A pooling that leaves the prompt out needs the prompt's tokens marked: only the graph's does.
+        return self.pooling in REQUEST_POOLINGS and all(m == "Normalize" for m in after) and self.include_prompt
 
     @property
     def late_chunkable(self) -> bool:
@@ -142,6 +143,10 @@ class Manifest:
     # Which keys each layer's queries may attend to (model/attention_reach.py): per layer [behind, ahead], None no
     # bound; what a client draws as masked. None: exported before it was written (clients then mark nothing).
     attention_reach: tuple[tuple[int | None, int | None], ...] | None = None
+    # Pooling's include_prompt (model/pipeline.py): False, the prompt's first prompt_tokens(prompt) tokens are left
+    # out of the pooling (NV-Embed's instruction), marked PROMPT_TOKEN in the graph's mask (engine/prompts.py).
+    # Optional on read, omitted from manifest.json when true.
+    include_prompt: bool = True
 
     def quantization_ranges(self, dimensions: int | None, normalize: bool):
         """(2, D) int8 / uint8 ranges for embeddings cut to `dimensions` and normalised or not; None where the
@@ -226,6 +231,7 @@ class Manifest:
             **({"pad_to_length": self.pad_to_length, "pad_id": self.pad_id} if self.pad_to_length else {}),
             **({"attention_reach": [list(r) for r in self.attention_reach]}
                if self.attention_reach is not None else {}),
+            **({} if self.include_prompt else {"include_prompt": False}),
         }
 
 
@@ -348,6 +354,7 @@ def _other_fields(raw: dict) -> dict[str, Any]:
         images=None if raw.get("images") is None else _images(raw["images"]),
         pad_to_length=int(raw.get("pad_to_length", 0)), pad_id=int(raw.get("pad_id", 0)),
         attention_reach=None if raw.get("attention_reach") is None else _reach(raw["attention_reach"]),
+        include_prompt=raw.get("include_prompt", True) is not False,
     )
 
 

@@ -35,6 +35,12 @@ def prompt_text(manifest: Manifest, prompt_name: str | None = None, prompt: str 
     return prompts[manifest.default_prompt_name] if manifest.default_prompt_name is not None else ""
 
 
+def unpooled_prompt(manifest: Manifest, before: str) -> str:
+    """The prompt to mark unpooled in each input (TextTokenizer.encode_texts' unpooled_prompt): `before` where the
+    model's pooling leaves its prompt out (Pooling include_prompt false: NV-Embed), else ""."""
+    return "" if manifest.include_prompt else before
+
+
 def apply_prompt(manifest: Manifest, texts: Sequence[str], prompt_name: str | None = None,
                  prompt: str | None = None) -> list[str]:
     """Each text with the chosen prompt before it (see prompt_text)."""

@@ -16,6 +16,9 @@ class TokenizedInput:
     # The encoder attends to the first `attended` tokens only; None: to all. A ColBERT query's expansion tokens
     # after them are encoded, and score, unattended (engine/multi_vector.py).
     attended: int | None = None
+    # The first `unpooled` tokens are the prompt's, attended to but left out of the pooling (Pooling include_prompt
+    # false: NV-Embed's instruction); the engine marks them PROMPT_TOKEN in the graph's mask. 0: every token pooled.
+    unpooled: int = 0
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -73,10 +73,12 @@ class TextTokenizer:
         self._frame: Frame | None = None  # windows()'s special tokens around a text, read once
 
     def encode_texts(self, texts: Sequence[str], truncate: bool = True, labels: Sequence[str] | None = None,
-                     direction: str = "right") -> list[TokenizedInput]:
+                     direction: str = "right", unpooled_prompt: str = "") -> list[TokenizedInput]:
         """labels name each input in errors ("input 3", "line 17"); the batch runs in the tokenizers thread pool.
 
-        direction: which end truncation cuts (TRUNCATION_DIRECTIONS).
+        direction: which end truncation cuts (TRUNCATION_DIRECTIONS). unpooled_prompt: the prompt each text begins
+        with, where the pooling leaves it out (engine/prompts.py unpooled_prompt): each input's first
+        prompt_length(prompt) tokens are marked unpooled.
         """
         labels = labels or [f"input {i}" for i in range(len(texts))]
         check_texts(texts, labels)
@@ -91,7 +93,26 @@ class TextTokenizer:
             if truncated and not truncate:
                 raise InputTooLongError(f"{label}: longer than {self.limit} tokens{self._why}")
             out.append(TokenizedInput(np.asarray(encoding.ids, dtype=np.int64), truncated))
+        if unpooled_prompt:
+            out = self._unpooled(out, unpooled_prompt, labels, direction)
         return self._padded(out)
+
+    def prompt_length(self, prompt: str) -> int:
+        """The prompt's tokens, special tokens left out: what NV-Embed's code leaves out of its pooling
+        (len(tokenizer.tokenize(instruction)), counted from the input's first token, its BOS included)."""
+        return len(self._whole.encode(prompt, add_special_tokens=False).ids)
+
+    def _unpooled(self, inputs: list[TokenizedInput], prompt: str, labels: Sequence[str], direction: str
+                  ) -> list[TokenizedInput]:
+        n = self.prompt_length(prompt)
+        for x, label in zip(inputs, labels, strict=True):
+            if direction == "left" and x.truncated:
+                raise InvalidInputError(f"{label}: truncation from the left cut into the prompt, which this model "
+                                        "leaves out of its pooling by its length: truncate from the right")
+            if n >= len(x):
+                raise InvalidInputError(f"{label}: the prompt's {n} tokens fill the input ({len(x)} tokens within "
+                                        f"{self.limit}): no token of the text is left to pool")
+        return [replace(x, unpooled=n) for x in inputs]
 
     def _padded(self, inputs: list[TokenizedInput]) -> list[TokenizedInput]:
         """Each input padded to pad_to with pad_id, where the model takes its texts so (pad_to)."""
@@ -103,7 +124,7 @@ class TextTokenizer:
             out.append(x if pads <= 0 else TokenizedInput(
                 np.concatenate([x.ids, np.full(pads, self.pad_id, dtype=np.int64)]), x.truncated,
                 None if x.type_ids is None else np.concatenate([x.type_ids, np.zeros(pads, dtype=np.int64)]),
-                x.pair_start, x.attended))
+                x.pair_start, x.attended, x.unpooled))
         return out
 
     def windows(self, texts: Sequence[str], prompt: str = "", labels: Sequence[str] | None = None

@@ -716,6 +716,7 @@ class _Build:
             bge_m3=self._bge_m3(),
             images=self._images(), pad_to_length=ckpt.pipeline.pad_to, pad_id=ckpt.pipeline.pad_id,
             attention_reach=self.reach if self.reach is not None else reach_of(self.encoder()),
+            include_prompt=ckpt.pipeline.include_prompt,
             source={"checkpoint": str(ckpt.directory.resolve()), "fingerprint": checkpoint_fingerprint(ckpt.directory)},
             reference={"file": reference.name, "sha256": sha256_of(reference)}, traces=dict(self.traces),
             **self.caps,

@@ -13,7 +13,7 @@ from attnserve.engine.batch_outputs import object_array
 from attnserve.engine.engine import Encoded, Engine
 from attnserve.engine.late_chunking import DEFAULT_CHUNK_TOKENS, NO_TOKEN_TO_CHUNK, chunker_spans, token_ranges
 from attnserve.engine.output_options import OutputOptions
-from attnserve.engine.prompts import prompt_text
+from attnserve.engine.prompts import prompt_text, unpooled_prompt
 from attnserve.engine.quantize import quantized_size
 from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.engine.windows import Windows
@@ -311,7 +311,8 @@ def _tokenize_multi_vector(engine: Engine, inputs: Sequence[Input], input_type: 
 def _tokenize(engine: Engine, inputs: Sequence[Input], before: str, prompt_asked: bool) -> list[TokenizedInput]:
     """Texts (the prompt `before` each) and token ids through their own paths, back in input order."""
     texts = {i: x for i, x in enumerate(inputs) if isinstance(x, str)}
-    encoded_texts = engine.tokenizer.encode_texts([before + t for t in texts.values()], labels=[LABEL] * len(texts))
+    encoded_texts = engine.tokenizer.encode_texts([before + t for t in texts.values()], labels=[LABEL] * len(texts),
+                                                  unpooled_prompt=unpooled_prompt(engine.manifest, before))
     if len(texts) == len(inputs):
         return encoded_texts
     if prompt_asked:  # token ids are what the model sees: the prompt asked for would be silently left out

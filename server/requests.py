@@ -20,7 +20,7 @@ from functools import partial
 from attnserve.engine.image_encoder import ImageInput
 from attnserve.engine.manifest import REQUEST_POOLINGS, Manifest
 from attnserve.engine.output_options import PreparedRequest, SparseOptions
-from attnserve.engine.prompts import prompt_text
+from attnserve.engine.prompts import prompt_text, unpooled_prompt
 from attnserve.engine.tokenizer import TRUNCATION_DIRECTIONS, TextTokenizer, TokenizedInput
 from attnserve.engine.windows import Windows
 from attnserve.errors import DeadlineExpiredError, InputTooLongError, InvalidInputError
@@ -255,7 +255,11 @@ def tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifes
                                          + ("" if asked else f"; {manifest.model} puts its default prompt "
                                             f"{manifest.default_prompt_name!r} before every text"))
     out: list[TokenizedInput | Windows | None] = [None] * len(request.inputs)
-    encode_texts = (partial(tokenizer.encode_texts, texts) if windowed is None else
+    unpooled = unpooled_prompt(manifest, before)
+    if unpooled and windowed is not None:  # each window would begin with the prompt, a length its pooling needs
+        raise invalid(asked or "inputs", f"{manifest.model} leaves its prompt out of its pooling: its texts are not "
+                                         "encoded in windows with one")
+    encode_texts = (partial(tokenizer.encode_texts, texts, unpooled_prompt=unpooled) if windowed is None else
                     partial(_windowed_texts, tokenizer, raw, texts, before, windowed == "all"))
     for rows, kind, encode in ((text_rows, "text", encode_texts),
                                (id_rows, "token_ids", partial(tokenizer.encode_ids, ids)),

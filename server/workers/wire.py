@@ -85,8 +85,9 @@ def _view(meta: list, frame) -> np.ndarray:
 
 
 def pack_inputs(inputs: Sequence[TokenizedInput | ImageInput]) -> tuple[list, list[np.ndarray]]:
-    """(each input's header, the arrays that follow): ids, then its token types where it has them; an image's
-    header ["image", positions, its pixels' dtype and shape], then its pixels."""
+    """(each input's header [truncated, has token types, pair_start, attended, unpooled], the arrays that follow):
+    ids, then its token types where it has them; an image's header ["image", positions, its pixels' dtype and
+    shape], then its pixels."""
     metas, frames = [], []
     for x in inputs:
         if isinstance(x, ImageInput):
@@ -94,7 +95,7 @@ def pack_inputs(inputs: Sequence[TokenizedInput | ImageInput]) -> tuple[list, li
             frames.append(np.ascontiguousarray(x.pixels))
             continue
         metas.append([bool(x.truncated), x.type_ids is not None, None if x.pair_start is None else int(x.pair_start),
-                      None if x.attended is None else int(x.attended)])
+                      None if x.attended is None else int(x.attended), int(x.unpooled)])
         frames.append(np.ascontiguousarray(x.ids, dtype=np.int64))
         if x.type_ids is not None:
             frames.append(np.ascontiguousarray(x.type_ids, dtype=np.int64))
@@ -109,14 +110,14 @@ def unpack_inputs(metas: list, frames: Sequence) -> list[TokenizedInput | ImageI
             out.append(ImageInput(_view(meta[2], frames[i]), int(meta[1])))
             i += 1
             continue
-        truncated, has_types, pair_start, attended = meta
+        truncated, has_types, pair_start, attended, unpooled = meta
         ids = np.frombuffer(frames[i], dtype=np.int64)
         i += 1
         types = None
         if has_types:
             types = np.frombuffer(frames[i], dtype=np.int64)
             i += 1
-        out.append(TokenizedInput(ids, truncated, types, pair_start, attended))
+        out.append(TokenizedInput(ids, truncated, types, pair_start, attended, unpooled))
     if i != len(frames):
         raise ValueError(f"{len(frames)} input frames for inputs that take {i}")
     return out
