@@ -1085,3 +1085,148 @@ def test_jina_a_task_is_refused_by_a_model_without_adapters_and_an_unknown_one_b
         .embeddings, atol=2e-6)
     assert_one_line_error(run_cli("encode", source, "-o", tmp_path / "bad.parquet", "--artifacts",
                                   manifest.directory, "--task", "summarize"), "'summarize' is not one of")
+
+
+# NV-Embed: its published modelling code is not in this repository (NVIDIA's, CC-BY-NC-4.0); expected.npz holds what
+# it gives over the tiny checkpoint, made by tests/reference/nvembed/make_expected.py, which says how.
+NVEMBED_EXPECTED = Path(__file__).parent / "reference" / "nvembed" / "expected.npz"
+
+
+@pytest.fixture(scope="module")
+def nvembed(tmp_path_factory):
+    """The tiny NV-Embed folder, its fp32 export, and the published code's outputs over it."""
+    from .tiny_nvembed import save_tiny_nvembed, weights
+
+    expected = dict(np.load(NVEMBED_EXPECTED))
+    # The folder drawn here must be the one the expected outputs were made from.
+    assert float(expected["weights_checksum"]) == pytest.approx(sum(float(w.abs().sum()) for w in weights().values()),
+                                                                rel=1e-6)
+    folder = save_tiny_nvembed(tmp_path_factory.mktemp("nvembed") / "NV-Embed-tiny")
+    out = folder.parent / "out"
+    build_artifacts(read_checkpoint(folder), out, log=lambda m: None, variants=list(FP32))
+    return folder, out, expected
+
+
+def _eos(texts):
+    """NVEmbedModel.encode appends the end-of-text token to every text (always_add_eos); a caller of
+    sentence-transformers or attnserve appends it to the text, as the model card's example does."""
+    return [t + "</s>" for t in texts]
+
+
+def test_nvembed_runs_as_its_published_code_the_instruction_left_out_of_the_pooling(nvembed):
+    """NVEmbedModel over the same weights (expected.npz): each token's output of the latent attention layer (the
+    bidirectional Mistral beneath, its sliding_window not applied), in PyTorch and from the exported graph; and
+    encode()'s embeddings, of documents and of queries after the model card's instruction, whose tokens encode leaves
+    out of the pooling: the engine's, with the prompt by name and given raw, cosine >= 0.99999."""
+    from attnserve.server.workers.wire import pack_inputs, unpack_inputs
+
+    from .tiny_nvembed import INSTRUCTION
+
+    folder, out, expected = nvembed
+    engine = Engine.from_directory(out)
+    assert engine.manifest.family == "nvembed" and not engine.manifest.include_prompt
+    assert not engine.manifest.late_chunkable  # the graph alone knows which tokens are the prompt's
+    token_texts = _eos(TEXTS[3:])
+    inputs = engine.tokenizer.encode_texts(token_texts)
+    mask = expected["token_mask"].astype(bool)
+    for row, x in enumerate(inputs):
+        assert x.ids.tolist() == expected["token_ids"][row][mask[row]].tolist()  # the same tokens
+    ids, attention = torch.tensor(expected["token_ids"]), torch.tensor(expected["token_mask"])
+    with torch.no_grad():
+        tokens = load_encoder(read_checkpoint(folder))(ids, attention)[0].numpy()
+    assert np.abs(tokens[mask] - expected["tokens"][mask]).max() <= 1e-4
+    graph = engine.run(inputs).last_hidden_state  # (N, T, H), the engine's right padding
+    assert np.abs(graph[:, :mask.shape[1]][mask] - expected["tokens"][mask]).max() <= 1e-4
+    documents = engine.encode(_eos(TEXTS)).embeddings
+    assert np.abs(documents - expected["documents"]).max() <= 1e-5
+    assert cosines(documents, expected["documents"]).min() >= 0.99999
+    assert engine.tokenizer.prompt_length(INSTRUCTION) == int(expected["instruction_tokens"])
+    marked = engine.tokenizer.encode_texts([INSTRUCTION + t for t in _eos(TEXTS[:2])], unpooled_prompt=INSTRUCTION)
+    unpacked = unpack_inputs(*pack_inputs(marked))  # as a worker process gets them
+    assert [x.unpooled for x in unpacked] == [int(expected["instruction_tokens"])] * 2
+    for asked in ({"prompt_name": "query"}, {"prompt": INSTRUCTION}):
+        queries = engine.encode(_eos(TEXTS), **asked).embeddings
+        assert np.abs(queries - expected["queries"]).max() <= 1e-5
+        assert cosines(queries, expected["queries"]).min() >= 0.99999, asked
+    assert cosines(queries, documents).max() < 0.999  # the instruction changes what is attended to and pooled
+
+
+def test_nvembed_every_door_and_offline_encode_leave_the_instruction_out_as_its_code_does(nvembed, tmp_path):
+    """A real `attnserve serve` over the export: gRPC Embed, OpenAI's client, TEI's /embed, Cohere's /v2/embed
+    (input_type search_query) and KServe's infer, each with the prompt by name, and `attnserve encode
+    --prompt-name`, all give encode()'s query embeddings (expected.npz); a prompt that leaves the text no token,
+    and a prompt with left truncation, are refused in one line."""
+    import httpx
+    import openai
+    import pyarrow.parquet as pq
+
+    from attnserve.client.client import make_request, to_result
+
+    from .serving import ServerProcess, serving
+
+    _, out, expected = nvembed
+    texts, want = _eos(TEXTS), expected["queries"]
+    with serving(ServerProcess(None, "--model", f"nvembed={out}", log_path=tmp_path / "log")) as server:
+        with server.channel() as channel:
+            reply = server.stub(channel).Embed(make_request(texts, truncate=True, prompt_name="query"), timeout=60)
+            got = {"grpc": np.stack([to_result(e).sentence_embedding for e in reply.embeddings])}
+        client = openai.OpenAI(base_url=f"{server.http_url}/v1", api_key="unused")
+        reply = client.embeddings.create(model="nvembed", input=texts, extra_body={"prompt_name": "query"})
+        got["openai"] = np.array([d.embedding for d in reply.data])
+        url = server.http_url
+        got["tei"] = np.array(httpx.post(f"{url}/embed", json={"inputs": texts, "prompt_name": "query"},
+                                         timeout=60).json())
+        cohere = httpx.post(f"{url}/v2/embed", json={"model": "nvembed", "texts": texts, "input_type": "search_query",
+                                                     "embedding_types": ["float"]}, timeout=60)
+        assert cohere.status_code == 200, cohere.text
+        got["cohere"] = np.array(cohere.json()["embeddings"]["float"])
+        kserve = httpx.post(f"{url}/v2/models/nvembed/infer", json={
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}],
+            "parameters": {"prompt_name": "query"}}, timeout=60)
+        assert kserve.status_code == 200, kserve.text
+        embedding = next(o for o in kserve.json()["outputs"] if o["name"] == "embedding")
+        got["kserve"] = np.array(embedding["data"], np.float32).reshape(len(texts), -1)
+        for door, embeddings in got.items():
+            assert np.abs(embeddings - want).max() <= 1e-5 and cosines(embeddings, want).min() >= 0.99999, door
+        filled = httpx.post(f"{url}/embed", json={"inputs": ["x"], "prompt": "word " * 200}, timeout=60)
+        assert filled.status_code in (400, 413) and "no token of the text is left to pool" in filled.text
+        left = httpx.post(f"{url}/embed", json={"inputs": ["word " * 200], "prompt_name": "query",
+                                                "truncation_direction": "Left"}, timeout=60)
+        assert left.status_code in (400, 413) and "truncation from the left cut into the prompt" in left.text
+    source = tmp_path / "texts.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    result = run_cli("encode", source, "-o", tmp_path / "q.parquet", "--artifacts", out, "--prompt-name", "query",
+                     "--no-progress")
+    assert result.returncode == 0, result.stderr
+    offline = np.array(pq.read_table(tmp_path / "q.parquet").column("embedding").to_pylist(), np.float32)
+    assert np.abs(offline - want).max() <= 1e-5 and cosines(offline, want).min() >= 0.99999
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"text_config": {"model_type": "mistral"}}, "cannot reproduce text_config 'mistral'"),
+    ({"latent_attention_config": {"model_type": "latent_attention", "hidden_dim": 32}},
+     "cannot reproduce latent_attention_config hidden_dim 32"),
+    ({"latent_attention_config": {"num_latents_value": 0}}, "sizes must be positive integers"),
+    ({"auto_map": {"AutoModel": "someone--modeling_other.NVEmbedModel"}}, "cannot reproduce auto_map's AutoModel"),
+    ({"architectures": ["NVEmbedForSomething"]}, "cannot reproduce architecture NVEmbedForSomething"),
+    ({"is_mask_instruction": False}, "cannot reproduce include_prompt false with is_mask_instruction"),
+    ({"padding_side": "left"}, "cannot reproduce include_prompt false with is_mask_instruction"),
+    ({"1_Pooling/config.json": {"pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True}},
+     "include_prompt false (prompt tokens left out of the pooling) with pooling cls (only mean)"),
+    ({"1_Pooling/config.json": {"include_prompt": "no"}}, "include_prompt must be true or false"),
+])
+def test_nvembed_refuses_in_one_line_what_its_code_would_not_run_so(tmp_path, change, says):
+    from .tiny_nvembed import save_tiny_nvembed
+
+    folder = save_tiny_nvembed(tmp_path / "nvembed")
+    for key, value in change.items():
+        if "/" in key:
+            edit_json(folder / key, **value)
+        elif key == "text_config":
+            raw = json.loads((folder / "config.json").read_text())
+            edit_json(folder / "config.json", text_config={**raw["text_config"], **value})
+        else:
+            edit_json(folder / "config.json", **{key: value})
+    with pytest.raises(CheckpointError, match="^[^\n]*$") as refused:
+        read_checkpoint(folder)
+    assert says in str(refused.value)
