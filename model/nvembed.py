@@ -1,4 +1,4 @@
-"""NV-Embed (NVIDIA's NV-Embed-v2 and v1): a bidirectional Mistral, then its latent attention layer, as its published
+"""NV-Embed (NVIDIA's NV-Embed-v2): a bidirectional Mistral, then its latent attention layer, as its published
 modelling code (modeling_nvembed.py, config.json's auto_map AutoModel NVEmbedModel) runs them.
 
 - The text model (text_config, model_type "bidir_mistral"): MistralModel with every layer's is_causal false and the
