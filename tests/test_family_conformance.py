@@ -1129,8 +1129,11 @@ def test_nvembed_runs_as_its_published_code_the_instruction_left_out_of_the_pool
     token_texts = _eos(TEXTS[3:])
     inputs = engine.tokenizer.encode_texts(token_texts)
     mask = expected["token_mask"].astype(bool)
-    for row, x in enumerate(inputs):
-        assert x.ids.tolist() == expected["token_ids"][row][mask[row]].tolist()  # the same tokens
+    for name, texts in (("token", token_texts), ("document", _eos(TEXTS)),
+                        ("query", [INSTRUCTION + t for t in _eos(TEXTS)])):  # the same tokens as encode() ran
+        real = expected[f"{name}_mask"].astype(bool)
+        for row, x in enumerate(engine.tokenizer.encode_texts(texts)):
+            assert x.ids.tolist() == expected[f"{name}_ids"][row][real[row]].tolist(), (name, row)
     ids, attention = torch.tensor(expected["token_ids"]), torch.tensor(expected["token_mask"])
     with torch.no_grad():
         tokens = load_encoder(read_checkpoint(folder))(ids, attention)[0].numpy()
