@@ -3,6 +3,8 @@ has the graph's side).
 
 - An input is a query or a document (encode_query / encode_document): the checkpoint's "query" or "document"
   prompt goes before its text ("[Q] ", "[D] "), and it is truncated at the query's or the document's length.
+  A PyLate model's (model/pylate_colbert.py) instead has its text stripped, truncated one token short, and its
+  marker token inserted after the first token ([CLS] [Q] ...), as PyLate's ColBERT.tokenize does.
 - Query expansion: a query shorter than the expansion's length is filled up to it with the expansion token
   ([MASK]), which the encoder does not attend to unless `attend`; those positions score all the same.
 - The vectors kept are the input's tokens (its expansion included), less MultiVectorMask's skip-list tokens
@@ -34,6 +36,8 @@ class MultiVectorSettings:
     skiplist_ids: np.ndarray  # (S,) int64
     skiplist_tasks: tuple[str, ...]
     similarity: str  # "maxsim" or "meanmaxsim"
+    markers: dict[str, int | None]  # each input type's marker id, inserted after the first token; None: none
+    strip: bool  # texts stripped of surrounding whitespace first
 
     @classmethod
     def of(cls, manifest: Manifest) -> MultiVectorSettings:
@@ -41,7 +45,8 @@ class MultiVectorSettings:
         assert raw is not None, f"{manifest.model} is not a multi-vector model"
         return cls(int(raw["dimension"]), int(raw["query_length"]), int(raw["document_length"]), raw["expansion"],
                    np.asarray(raw["skiplist_ids"], dtype=np.int64), tuple(raw["skiplist_tasks"]),
-                   str(raw["similarity"]))
+                   str(raw["similarity"]), {kind: (raw.get("markers") or {}).get(kind) for kind in INPUT_TYPES},
+                   bool(raw.get("strip", False)))
 
 
 class MultiVectorTokenizer:
@@ -50,8 +55,10 @@ class MultiVectorTokenizer:
     def __init__(self, manifest: Manifest, path: Path):
         self.settings = settings = MultiVectorSettings.of(manifest)
         self.prompts = {kind: manifest.prompts.get(kind, "") for kind in INPUT_TYPES}
-        self._tokenizers = {"query": TextTokenizer(path, settings.query_length, manifest.vocab_size),
-                            "document": TextTokenizer(path, settings.document_length, manifest.vocab_size)}
+        # A marker takes one of the input's positions: the tokenizer leaves it room.
+        lengths = {"query": settings.query_length, "document": settings.document_length}
+        self._tokenizers = {kind: TextTokenizer(path, lengths[kind] - (settings.markers[kind] is not None),
+                                                manifest.vocab_size) for kind in INPUT_TYPES}
 
     def tokenizer(self, input_type: str) -> TextTokenizer:
         return self._tokenizers[input_type]
@@ -62,11 +69,24 @@ class MultiVectorTokenizer:
         prompt = self.prompts[input_type]
         labels = labels or [f"input {i}" for i in range(len(texts))]
         check_texts(texts, labels)  # before the prompt is joined: a non-string is named as the caller gave it
-        inputs = self._tokenizers[input_type].encode_texts([prompt + t for t in texts], truncate, labels)
+        texts = [prompt + t for t in texts]
+        if self.settings.strip:
+            texts = [t.strip() for t in texts]
+        inputs = self._tokenizers[input_type].encode_texts(texts, truncate, labels)
+        marker = self.settings.markers[input_type]
+        if marker is not None:
+            inputs = [self._marked(x, marker) for x in inputs]
         expansion = self.settings.expansion
         if input_type != "query" or expansion is None:
             return inputs
         return [self._expanded(x, expansion) for x in inputs]
+
+    @staticmethod
+    def _marked(x: TokenizedInput, marker: int) -> TokenizedInput:
+        """(T,) -> (T + 1,): the marker after the first token, of token type 0 (PyLate's insert_prefix_token)."""
+        ids = np.concatenate([x.ids[:1], np.array([marker], dtype=np.int64), x.ids[1:]])
+        types = None if x.type_ids is None else np.concatenate([x.type_ids[:1], np.zeros(1, np.int64), x.type_ids[1:]])
+        return replace(x, ids=ids, type_ids=types)
 
     @staticmethod
     def _expanded(x: TokenizedInput, expansion: dict) -> TokenizedInput:

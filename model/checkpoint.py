@@ -25,7 +25,7 @@ import torch
 
 from attnserve.errors import CheckpointError
 
-from . import classifier_heads, clip, cross_encoder, qwen3, qwen3_reranker, splade
+from . import classifier_heads, clip, cross_encoder, pylate_colbert, qwen3, qwen3_reranker, splade
 from .checkpoint_files import legacy_renamed, read_json
 from .families import FAMILIES, family_of
 from .family import EncoderModule, ModelConfig, WeightNames
@@ -115,9 +115,15 @@ def _head_keys(keys: list[str], names: WeightNames) -> list[str]:
     return [k for k in keys if not k.startswith(names.unused_heads) and not _owned_by_encoder(k, prefix, names)]
 
 
-def _check_no_head(weights: Weights, names: WeightNames) -> None:
-    """Refuse, from the headers alone, a checkpoint that carries a task head."""
-    head_keys = _head_keys(weights.keys(), names)
+def _projection_keys(pipeline: Pipeline) -> set[str]:
+    """The checkpoint's own keys that a ColBERT's Dense reads (a Stanford-NLP folder's linear.weight)."""
+    return {k for d in pipeline.multi_vector.dense for k in d.checkpoint_keys} if pipeline.multi_vector else set()
+
+
+def _check_no_head(weights: Weights, names: WeightNames, projection: set[str] | None = None) -> None:
+    """Refuse, from the headers alone, a checkpoint that carries a task head (projection: keys the pipeline
+    reads itself)."""
+    head_keys = [k for k in _head_keys(weights.keys(), names) if k not in (projection or set())]
     if head_keys:
         modules = sorted({k.rsplit(".", 1)[0] for k in head_keys})
         raise CheckpointError(f"{weights.name}: cannot reproduce the head "
@@ -151,7 +157,9 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
     raw = read_json(directory / "config.json")
     # A cross-encoder's head is read by the head table; the family then reads the encoder as a bare one.
     head = classifier_heads.head_of(raw, directory / "config.json") if isinstance(raw, dict) else None
-    encoder_raw = {**raw, "architectures": []} if head else raw
+    # A Stanford-NLP ColBERT (HF_ColBERT) is the encoder and its linear.weight (model/pylate_colbert.py).
+    stanford = pylate_colbert.is_stanford(directory)
+    encoder_raw = {**raw, "architectures": []} if head or stanford else raw
     # Each family reads its own config; a ModernBERT config is no BERT config with extra fields.
     family = family_of(raw, directory / "config.json")
     cfg = family.read_config(encoder_raw, directory / "config.json")
@@ -165,7 +173,7 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
         return _read_qwen3_reranker(directory, name, cfg, raw, weights)
     pipeline = (family.pipeline(directory, cfg) if family.pipeline is not None else
                 read_pipeline(directory, cfg.usable_positions, cfg.hidden_size))
-    _check_no_head(weights, FAMILIES[cfg.family].weights)
+    _check_no_head(weights, FAMILIES[cfg.family].weights, _projection_keys(pipeline))
     if pipeline.splade is not None:  # SPLADE over the MLM head (model/splade.py): BERT's only
         if cfg.family != "bert":
             raise CheckpointError(f"{directory}: cannot reproduce a SparseEncoder over {cfg.family}'s masked-LM "
@@ -224,7 +232,8 @@ def load_encoder(ckpt: Checkpoint, dtype: torch.dtype | None = None) -> EncoderM
     family = FAMILIES[ckpt.config.family]
     names = family.weights
     prefix = _encoder_prefix(weights.keys(), names)
-    head_keys = set(ckpt.head.keys) if ckpt.head else set()  # a reranker's head: loaded by cross_encoder.py
+    # A reranker's head (loaded by cross_encoder.py), a Stanford-NLP ColBERT's projection (by sentence_head.py).
+    head_keys = (set(ckpt.head.keys) if ckpt.head else set()) | _projection_keys(ckpt.pipeline)
     stored = {legacy_renamed(k.removeprefix(prefix)): k for k in weights.keys()
               if not k.startswith(names.unused_heads) and k not in head_keys}
     cfg = ckpt.config

@@ -55,6 +55,15 @@ class MultiVector:
     skiplist_words: tuple[str, ...]  # MultiVectorMask's: tokens left out of the vectors of skiplist_tasks
     skiplist_tasks: tuple[str, ...]  # "query" and / or "document" (an input without a task is a document)
     similarity: str  # one of SIMILARITIES: MaxSim, or MaxSim over the query's token count
+    # PyLate's ways (model/pylate_colbert.py), where sentence-transformers 6.2 puts a prompt before the text:
+    # the query's and the document's marker token (its query_prefix / document_prefix), inserted after the first
+    # token (None: no marker), the length counting it.
+    query_marker: str | None = None
+    document_marker: str | None = None
+    strip: bool = False  # each text stripped of surrounding whitespace first (sentence-transformers 5 did)
+    # A skip-list word that is no token: dropped (MultiVectorMask), or the unknown token's id (PyLate resolves
+    # its words with convert_tokens_to_ids, so that it skips unknown tokens then).
+    skiplist_unknown_as_unk: bool = False
 
     def describe(self) -> str:
         return f"MultiVector({self.dimension}, {self.similarity})"
@@ -83,8 +92,13 @@ class TokenVectors(nn.Module):
 def serving_settings(multi_vector: MultiVector, directory: Path, tokenizer: Tokenizer) -> dict:
     """The manifest's "multi_vector": what the engine needs to tokenize and cut as sentence-transformers does, with
     every token resolved to its id here, as sentence-transformers resolves it (convert_tokens_to_ids)."""
-    # MultiVectorMask drops a skip-list word that is no single token of the vocabulary (with a warning).
-    skiplist = sorted({i for i in (tokenizer.token_to_id(w) for w in multi_vector.skiplist_words) if i is not None})
+    # MultiVectorMask drops a skip-list word that is no single token of the vocabulary (with a warning); PyLate
+    # gives it the unknown token's id.
+    unk = _special_id(directory, tokenizer, "unk_token") if multi_vector.skiplist_unknown_as_unk else None
+    ids = (tokenizer.token_to_id(w) for w in multi_vector.skiplist_words)
+    skiplist = sorted({i for i in (unk if i is None else i for i in ids) if i is not None})
+    markers = {kind: _marker_id(directory, tokenizer, kind, token) for kind, token in
+               (("query", multi_vector.query_marker), ("document", multi_vector.document_marker))}
     expansion = None
     if multi_vector.expansion is not None:
         e = multi_vector.expansion
@@ -103,7 +117,19 @@ def serving_settings(multi_vector: MultiVector, directory: Path, tokenizer: Toke
     return {"dimension": multi_vector.dimension,
             "query_length": multi_vector.query_length, "document_length": multi_vector.document_length,
             "expansion": expansion, "skiplist_ids": skiplist, "skiplist_tasks": list(multi_vector.skiplist_tasks),
-            "similarity": multi_vector.similarity}
+            "similarity": multi_vector.similarity, "markers": markers, "strip": multi_vector.strip}
+
+
+def _marker_id(directory: Path, tokenizer: Tokenizer, kind: str, token: str | None) -> int | None:
+    """A PyLate marker's id: a token of the tokenizer (its vocabulary or its added tokens), or refused: PyLate would
+    add it to the tokenizer with a new, untrained row of the embeddings."""
+    if token is None:
+        return None
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise CheckpointError(f"{directory}: the {kind} marker {token!r} is no token of tokenizer.json (PyLate would "
+                              "add it with an untrained embedding)")
+    return token_id
 
 
 def _special_id(directory: Path, tokenizer: Tokenizer, name: str) -> int | None:

@@ -29,6 +29,7 @@ from typing import Any
 from attnserve.errors import CheckpointError
 from attnserve.pooling_modes import POOLING_MODES
 
+from . import pylate_colbert
 from .checkpoint_files import read_json, read_object, tokenizer_lowercases
 from .colbert import EXPANSION_STRATEGIES, SIMILARITIES, Expansion, MultiVector
 from .dense import DENSE_ACTIVATIONS, DENSE_DEFAULT_ACTIVATION, DENSE_KEYS, DENSE_WEIGHTS, Dense, Normalize
@@ -139,10 +140,16 @@ def read_pipeline(directory: Path, max_position_embeddings: int, hidden_size: in
     (mean pooling alone), for a family whose code says how many tokens its prompt is (nvembed.py)."""
     modules_file = directory / "modules.json"
     if not modules_file.exists():
+        if pylate_colbert.is_stanford(directory):
+            multi_vector = pylate_colbert.stanford_multi_vector(directory, hidden_size, max_position_embeddings)
+            return _colbert_pipeline(multi_vector, "")
         return Pipeline(("mean",), (), False, tokenizer_max_length(directory, max_position_embeddings),
                         "tokenizer", {}, None)
-    prompts, default_prompt_name, model_type, similarity = _model_config(
-        directory / "config_sentence_transformers.json")
+    model_config_file = directory / "config_sentence_transformers.json"
+    prompts, default_prompt_name, model_type, similarity = _model_config(model_config_file)
+    if model_type == pylate_colbert.MODEL_TYPE:
+        return _pylate_pipeline(directory, modules_file, read_object(model_config_file), max_position_embeddings,
+                                hidden_size, prompts, default_prompt_name, similarity)
     if model_type == "SparseEncoder":
         return _sparse_pipeline(directory, modules_file, max_position_embeddings, prompts, default_prompt_name)
     if model_type == "MultiVectorEncoder":
@@ -175,10 +182,12 @@ def _model_config(path: Path) -> tuple[dict[str, str], str | None, str, str | No
     if not path.exists():
         return {}, None, "SentenceTransformer", None
     raw = read_object(path)
-    model_type = raw.get("model_type", "SentenceTransformer")
-    if model_type not in ("SentenceTransformer", "SparseEncoder", "MultiVectorEncoder"):
+    # A PyLate save (model/pylate_colbert.py) says model_type "ColBERT", or, before sentence-transformers 5, nothing.
+    model_type = pylate_colbert.MODEL_TYPE if pylate_colbert.is_pylate(raw) else raw.get("model_type",
+                                                                                         "SentenceTransformer")
+    if model_type not in ("SentenceTransformer", "SparseEncoder", "MultiVectorEncoder", pylate_colbert.MODEL_TYPE):
         raise _refuse(path, f"model_type {model_type!r} (only SentenceTransformer embedders, SparseEncoder "
-                            "SPLADE models and MultiVectorEncoder ColBERT models are exported)")
+                            "SPLADE models, and MultiVectorEncoder and PyLate ColBERT models are exported)")
     if raw.get("truncate_dim") is not None:
         # encode() cuts the embeddings after the pipeline's Normalize, leaving them short of unit length.
         raise _refuse(path, f"truncate_dim {raw['truncate_dim']!r}: embeddings cut to fewer dimensions")
@@ -339,9 +348,10 @@ def _pooling(path: Path, prompt_excludable: bool = False) -> tuple[tuple[str, ..
     return tuple(modes), include_prompt
 
 
-def _dense(directory: Path, folder: str, in_size: int, on: str = "sentence_embedding") -> Dense:
+def _dense(directory: Path, folder: str, in_size: int, on: str | None = "sentence_embedding") -> Dense:
     """A Dense module's config, read as sentence-transformers reads it, and its weights file checked. on: the
-    feature it must map in place (a MultiVectorEncoder's: token_embeddings)."""
+    feature it must map in place (a MultiVectorEncoder's: token_embeddings); None: PyLate's Dense, which maps
+    every token's whatever its config names."""
     path = directory / folder / "config.json"
     raw = read_object(path)
     # Keys sentence-transformers does not know it drops (a warning); they cannot change its output.
@@ -355,7 +365,7 @@ def _dense(directory: Path, folder: str, in_size: int, on: str = "sentence_embed
             raise CheckpointError(f"{path}: {key} must be true or false, got {kwargs[key]!r}")
     source = kwargs.get("module_input_name", "sentence_embedding")
     target = kwargs.get("module_output_name") or source
-    if (source, target) != (on, on):
+    if on is not None and (source, target) != (on, on):
         raise _refuse(path, f"a Dense from {source!r} to {target!r} (only {on} in place)")
     if kwargs["in_features"] != in_size:
         raise CheckpointError(f"{path}: in_features {kwargs['in_features']} but the embedding before it has "
@@ -437,6 +447,41 @@ def _multi_vector_pipeline(directory: Path, modules_file: Path, max_position_emb
     longest = max(query_length, document_length, expansion.length if expansion else 0)
     return Pipeline((), (), False, longest, length_from if longest == max_seq_length else "multi_vector", prompts,
                     None, multi_vector=multi_vector)
+
+
+def _pylate_pipeline(directory: Path, modules_file: Path, model_config: dict, max_position_embeddings: int,
+                     hidden_size: int, prompts: dict[str, str], default_prompt_name: str | None,
+                     similarity: str | None) -> Pipeline:
+    """A PyLate save (model/pylate_colbert.py): a Transformer at the root, then Dense modules over every token."""
+    raw = read_json(modules_file)
+    if not isinstance(raw, list) or not raw:
+        raise CheckpointError(f"{modules_file}: expected a non-empty list of modules")
+    kinds = [_module_kind(entry, modules_file, i) for i, entry in enumerate(raw)]
+    names = [name for name, _ in kinds]
+    if (names[0] != "Transformer" or kinds[0][1] != "" or len(names) < 2
+            or any(name not in pylate_colbert.DENSE_TYPES for name in names[1:])):
+        # PyLate itself adds an untrained Dense to a folder without one, and silently drops other modules.
+        raise _refuse(modules_file, f"the PyLate modules {' -> '.join(names)} (only a Transformer at the "
+                                    "checkpoint's root -> Dense+)")
+    _transformer(directory, max_position_embeddings)  # its settings, do_lower_case; PyLate sets the lengths itself
+    size, dense = hidden_size, []
+    for _, folder in kinds[1:]:
+        dense.append(_dense(directory, folder, size, on=None))
+        size = dense[-1].out_features
+    if similarity not in (None, "MaxSim"):
+        raise _refuse(directory / "config_sentence_transformers.json",
+                      f"similarity_fn_name {similarity!r} (a PyLate ColBERT scores by MaxSim)")
+    multi_vector = pylate_colbert.pylate_multi_vector(directory, model_config, dense, max_position_embeddings)
+    # ColBERT.encode puts the default prompt, if any, before queries and documents alike.
+    return _colbert_pipeline(multi_vector, prompts[default_prompt_name] if default_prompt_name else "")
+
+
+def _colbert_pipeline(multi_vector: MultiVector, prompt: str) -> Pipeline:
+    """A PyLate or Stanford-NLP ColBERT's pipeline: `prompt` before both input types; the graphs verified up to
+    the longer of a query's and a document's length."""
+    longest = max(multi_vector.query_length, multi_vector.document_length)
+    return Pipeline((), (), False, longest, "multi_vector", {"query": prompt, "document": prompt}, None,
+                    multi_vector=multi_vector)
 
 
 def _multi_vector_lengths(config_file: Path, transformer: dict, max_position_embeddings: int) -> dict[str, int | None]:
