@@ -139,4 +139,5 @@ def _tokens(directory: Path) -> set[str]:
     model = raw.get("model") or {}
     vocab = model.get("vocab") or {}
     tokens = set(vocab) if isinstance(vocab, dict) else {v[0] for v in vocab if isinstance(v, list) and v}
-    return tokens | {t.get("content") for t in raw.get("added_tokens") or [] if isinstance(t, dict)}
+    added = [t.get("content") for t in raw.get("added_tokens") or [] if isinstance(t, dict)]
+    return tokens | {t for t in added if isinstance(t, str)}
