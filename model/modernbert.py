@@ -104,10 +104,17 @@ class ModernBertLayer(nn.Module):
         self.feed_forward = GeGLU(cfg)
         self.is_global = cfg.layer_types[index] == GLOBAL
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                has_key: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """has_key: (B, T, 1) bool, a local layer's: the query's window holds a real key."""
         # Pre-LN: each sublayer reads a normalised copy; the residual stream itself is never normalised here.
-        attended, probs = self.attention(self.attention_norm(x), mask, cos, sin)
+        attended, probs = self.attention(self.attention_norm(x), mask, cos, sin)  # (B, T, H)
+        if has_key is not None:
+            # A query whose window holds no real key (a ColBERT query's unattended [MASK] far from its text):
+            # transformers' SDPA gives it no attention at all (torch's safe softmax: every weight 0), so W_O's
+            # bias alone.
+            bias = self.attention.out.bias
+            attended = torch.where(has_key, attended, torch.zeros((), dtype=attended.dtype) if bias is None else bias)
         x = x + attended  # (B, T, H)
         x = x + self.feed_forward(self.feed_forward_norm(x))  # (B, T, H)
         return x, probs
@@ -140,7 +147,11 @@ class ModernBertEncoder(nn.Module):
         x = self.embeddings_norm(self.word(input_ids))  # (B, T, H)
         padding = padding_mask(attention_mask, x.dtype)  # (B, 1, 1, T)
         local_mask = windowed_mask(padding, window_mask(T, self.config.half_window, x.device, x.dtype))  # (B, 1, T, T)
-        global_inputs, local_inputs = (padding, *self.rotary_global(T)), (local_mask, *self.rotary_local(T))
+        positions = torch.arange(T, device=x.device)
+        in_window = (positions[None, :] - positions[:, None]).abs() <= self.config.half_window  # (T, T)
+        has_key = (in_window[None] & (attention_mask[:, None, :] > 0)).any(dim=-1, keepdim=True)  # (B, T, 1)
+        global_inputs = (padding, *self.rotary_global(T))
+        local_inputs = (local_mask, *self.rotary_local(T), has_key)
         x, attentions = run_layers(self.layers, x, output_attentions,
                                    lambda layer: global_inputs if layer.is_global else local_inputs)
         return self.final_norm(x), attentions

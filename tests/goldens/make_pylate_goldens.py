@@ -41,9 +41,9 @@ DOCUMENTS = ["paris is the capital of france.", "hello, world!", "!!! ... ???", 
 def gte_moderncolbert(work: Path) -> tuple[Path, dict]:
     """GTE-ModernColBERT-v1's layout: ModernBERT, "[Q] " and "[D] " added to the tokenizer as tokens, a Dense
     without bias to d, query_length 32 (here 12), document_length 300 (here 40), expansion not attended. Its local
-    layers' half window (64 there, 8 here) reaches from the [CLS] to the last of a query's positions, as there:
-    each unattended [MASK] then sees an attended token (a row of no attended key is a case of its own)."""
-    base = save_tiny_modernbert(work / "modernbert", local_attention=16)
+    layers' half window (64 there, 4 here) does not reach from a short query's text to its last [MASK]s here, so
+    those see no attended key in the local layers (transformers' SDPA gives them no attention there)."""
+    base = save_tiny_modernbert(work / "modernbert")
     return base, dict(embedding_size=16, query_prefix="[Q] ", document_prefix="[D] ", query_length=12,
                       document_length=40, attend_to_expansion_tokens=False)
 
