@@ -59,6 +59,9 @@ class MultiVectorTokenizer:
         lengths = {"query": settings.query_length, "document": settings.document_length}
         self._tokenizers = {kind: TextTokenizer(path, lengths[kind] - (settings.markers[kind] is not None),
                                                 manifest.vocab_size) for kind in INPUT_TYPES}
+        for kind in INPUT_TYPES:
+            if settings.markers[kind] is not None:  # a refusal of a too long input names the length, marker included
+                self._tokenizers[kind].limit = f"{kind}_length {lengths[kind]}"
 
     def tokenizer(self, input_type: str) -> TextTokenizer:
         return self._tokenizers[input_type]

@@ -147,9 +147,12 @@ def read_pipeline(directory: Path, max_position_embeddings: int, hidden_size: in
                         "tokenizer", {}, None)
     model_config_file = directory / "config_sentence_transformers.json"
     prompts, default_prompt_name, model_type, similarity = _model_config(model_config_file)
-    if model_type == pylate_colbert.MODEL_TYPE:
-        return _pylate_pipeline(directory, modules_file, read_object(model_config_file), max_position_embeddings,
-                                hidden_size, prompts, default_prompt_name, similarity)
+    # PyLate loads a folder without config_sentence_transformers.json as a ColBERT too.
+    if model_type == pylate_colbert.MODEL_TYPE or (not model_config_file.exists()
+                                                   and pylate_colbert.lists_pylate_module(read_json(modules_file))):
+        model_config = read_object(model_config_file) if model_config_file.exists() else {}
+        return _pylate_pipeline(directory, modules_file, model_config, max_position_embeddings, hidden_size, prompts,
+                                default_prompt_name, similarity)
     if model_type == "SparseEncoder":
         return _sparse_pipeline(directory, modules_file, max_position_embeddings, prompts, default_prompt_name)
     if model_type == "MultiVectorEncoder":

@@ -56,6 +56,12 @@ def is_pylate(model_config: dict) -> bool:
     return model_type == MODEL_TYPE or (model_type is None and any(k in model_config for k in SETTINGS))
 
 
+def lists_pylate_module(modules: Any) -> bool:
+    """modules.json names one of PyLate's own classes (pylate.models.Dense.Dense)."""
+    return isinstance(modules, list) and any(isinstance(m, dict) and str(m.get("type", "")).startswith("pylate.")
+                                             for m in modules)
+
+
 def is_stanford(directory: Path) -> bool:
     """A Stanford-NLP ColBERT folder: no modules.json, config.json's architectures ["HF_ColBERT"]."""
     if (directory / "modules.json").exists():

@@ -176,6 +176,35 @@ def test_pylate_layouts_it_cannot_reproduce_are_refused_in_one_line(tmp_path):
         read_checkpoint(stanford)
 
 
+def test_stanford_folders_it_cannot_reproduce_are_refused_in_one_line(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    folder = copy_of("answerai_colbert_small", tmp_path)
+    edit(folder / "artifact.metadata", query_maxlen="32")
+    with pytest.raises(CheckpointError, match="query_length must be an integer"):
+        read_checkpoint(folder)
+    edit(folder / "artifact.metadata", query_maxlen=16)
+    weights = load_file(folder / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if k != "linear.weight"}, folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"needs linear.weight of shape \(d, 32\), got None"):
+        read_checkpoint(folder)
+
+
+def test_a_folder_pylate_reads_without_its_settings_takes_pylates_defaults(tmp_path):
+    """No config_sentence_transformers.json: PyLate loads a ColBERT still, with document_length 180, beyond this
+    tiny ModernBERT's 128 positions."""
+    folder = copy_of("gte_moderncolbert", tmp_path)
+    (folder / "config_sentence_transformers.json").unlink()
+    with pytest.raises(CheckpointError, match="document_length 180: the model has only 128 positions"):
+        read_checkpoint(folder)
+
+
+def test_too_long_inputs_are_refused_naming_the_length_the_marker_counts_in(pylate_server):
+    reply = requests.post(f"{pylate_server.http_url}/embed_multi", json={
+        "model": "gte_moderncolbert", "inputs": [QUERIES[2]], "input_type": "query", "truncate": False}, timeout=60)
+    assert reply.status_code == 400 and "longer than query_length 12 tokens" in reply.json()["error"], reply.text
+
+
 def test_a_pylate_default_prompt_goes_before_queries_and_documents_alike(tmp_path):
     folder = copy_of("gte_moderncolbert", tmp_path)
     edit(folder / "config_sentence_transformers.json", prompts={"query": "", "document": "", "both": "x: "},
