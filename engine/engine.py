@@ -229,7 +229,7 @@ def host_parts(manifest: Manifest) -> OutputHeads:
     --workers`): its output heads (engine/output_options.py)."""
     tokenizer = TextTokenizer(manifest.path(manifest.tokenizer), manifest.served_max_length, manifest.vocab_size,
                               positions=manifest.max_seq_length, pad_to=manifest.pad_to_length,
-                              pad_id=manifest.pad_id)
+                              pad_id=manifest.pad_id, static=manifest.static)
     multi_vector = (MultiVectorTokenizer(manifest, manifest.path(manifest.tokenizer))
                     if manifest.multi_vector is not None else None)
     bge_m3 = BgeM3Heads(manifest.directory, manifest.bge_m3) if manifest.bge_m3 is not None else None

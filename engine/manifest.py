@@ -147,6 +147,10 @@ class Manifest:
     # out of the pooling (NV-Embed's instruction), marked PROMPT_TOKEN in the graph's mask (engine/prompts.py).
     # Optional on read, omitted from manifest.json when true.
     include_prompt: bool = True
+    # A static model's (model/static_embedding.py: a token table and a mean): {"library": "model2vec" or
+    # "sentence-transformers", "char_limit" (model2vec's cut of each text before tokenizing; 0: none),
+    # "dropped_ids" (model2vec's unknown token, left out of the mean)}, read by engine/tokenizer.py. None: not one.
+    static: dict | None = None
 
     def quantization_ranges(self, dimensions: int | None, normalize: bool):
         """(2, D) int8 / uint8 ranges for embeddings cut to `dimensions` and normalised or not; None where the
@@ -232,6 +236,7 @@ class Manifest:
             **({"attention_reach": [list(r) for r in self.attention_reach]}
                if self.attention_reach is not None else {}),
             **({} if self.include_prompt else {"include_prompt": False}),
+            **({"static": self.static} if self.static is not None else {}),
         }
 
 
@@ -355,6 +360,9 @@ def _other_fields(raw: dict) -> dict[str, Any]:
         pad_to_length=int(raw.get("pad_to_length", 0)), pad_id=int(raw.get("pad_id", 0)),
         attention_reach=None if raw.get("attention_reach") is None else _reach(raw["attention_reach"]),
         include_prompt=raw.get("include_prompt", True) is not False,
+        static=None if raw.get("static") is None else {
+            "library": str(raw["static"]["library"]), "char_limit": int(raw["static"]["char_limit"]),
+            "dropped_ids": [int(i) for i in raw["static"]["dropped_ids"]]},
     )
 
 

@@ -35,13 +35,17 @@ class Token:
 
 class TextTokenizer:
     def __init__(self, path: Path, max_seq_length: int, vocab_size: int, positions: int | None = None,
-                 pad_to: int = 0, pad_id: int = 0):
+                 pad_to: int = 0, pad_id: int = 0, static: dict | None = None):
         """max_seq_length: the longest input served; positions: the model's own, where that is longer (a
         long-context model served up to the length memory allows: engine/manifest.py served_max_length).
         pad_to: every input padded with pad_id to this many tokens, the pads real inputs the model attends to
         (SigLIP's text tower, trained on texts padded to its 64 positions and pooling the last: model/clip.py);
-        0: none (the engine pads batches itself, the pads masked)."""
+        0: none (the engine pads batches itself, the pads masked).
+        static: a static model's manifest entry (model/static_embedding.py): model2vec's `char_limit` (each text
+        cut to it before tokenizing; 0: none) and `dropped_ids` (its unknown token, left out of every input)."""
         self.pad_to, self.pad_id = pad_to, pad_id
+        self.char_limit = int(static["char_limit"]) if static else 0
+        self._dropped = np.asarray(static["dropped_ids"] if static else [], dtype=np.int64)
         try:
             self._tokenizer = Tokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception for a bad file
@@ -82,20 +86,29 @@ class TextTokenizer:
         """
         labels = labels or [f"input {i}" for i in range(len(texts))]
         check_texts(texts, labels)
+        cut = [bool(self.char_limit) and len(text) > self.char_limit for text in texts]
+        if any(cut):  # model2vec's encode cuts max_length x its median token length characters first
+            texts = [text[:self.char_limit] for text in texts]
         if direction == "left":
             shorten = self._shortening.apply if self._shortening else (lambda text: text)
             encodings = self._left.encode_batch([shorten(text) for text in texts])
         else:
             encodings = self._tokenizer.encode_batch([self._prefix.of(text) for text in texts])
         out = []
-        for encoding, label in zip(encodings, labels, strict=True):
-            truncated = bool(encoding.overflowing)
+        for encoding, label, was_cut in zip(encodings, labels, cut, strict=True):
+            truncated = bool(encoding.overflowing) or was_cut
             if truncated and not truncate:
-                raise InputTooLongError(f"{label}: longer than {self.limit} tokens{self._why}")
-            out.append(TokenizedInput(np.asarray(encoding.ids, dtype=np.int64), truncated))
+                raise InputTooLongError(f"{label}: longer than {self.limit} tokens{self._why}" if not was_cut else
+                                        f"{label}: longer than the {self.char_limit} characters this model2vec "
+                                        "model reads (max_length x its median token length)")
+            out.append(TokenizedInput(self._kept(np.asarray(encoding.ids, dtype=np.int64)), truncated))
         if unpooled_prompt:
             out = self._unpooled(out, unpooled_prompt, labels, direction)
         return self._padded(out)
+
+    def _kept(self, ids: np.ndarray) -> np.ndarray:
+        """(T,) ids without the dropped ones (a model2vec model's unknown token): what the model averages."""
+        return ids[~np.isin(ids, self._dropped)] if self._dropped.size else ids
 
     def prompt_length(self, prompt: str) -> int:
         """The prompt's tokens, special tokens left out: what NV-Embed's code leaves out of its pooling
@@ -134,7 +147,7 @@ class TextTokenizer:
         labels = labels or [f"input {i}" for i in range(len(texts))]
         check_texts(texts, labels)
         frame = self._frame = self._frame or Frame.of(self._whole)
-        return [windows_of(self._whole, frame, text, prompt, self.max_seq_length, label)
+        return [windows_of(self._whole, frame, text, prompt, self.max_seq_length, label, self._dropped)
                 for text, label in zip(texts, labels, strict=True)]
 
     def encode_pairs(self, pairs: Sequence[tuple[str, str]], truncate: bool = True,
@@ -257,7 +270,7 @@ class TextTokenizer:
             if truncated and not truncate:
                 raise InputTooLongError(f"{label}: {ids.size} tokens exceed {self.limit}{self._why}")
             kept = ids[-self.max_seq_length:] if direction == "left" else ids[: self.max_seq_length]
-            out.append(TokenizedInput(kept, truncated))
+            out.append(TokenizedInput(self._kept(kept), truncated))
         return self._padded(out)
 
     def _checked_ids(self, seq: Sequence[int], label: str, allow_empty: bool = False) -> np.ndarray:

@@ -51,10 +51,12 @@ class Frame:
         return cls(list(probe.ids[: own[0]]), list(probe.ids[own[-1] + 1:]))
 
 
-def windows_of(whole: Tokenizer, frame: Frame, text: str, prompt: str, max_length: int, label: str) -> Windows:
+def windows_of(whole: Tokenizer, frame: Frame, text: str, prompt: str, max_length: int, label: str,
+               dropped: np.ndarray | None = None) -> Windows:
     """text cut into windows of at most max_length tokens (frame and prompt included), in order.
 
-    whole: the tokenizer without truncation. Its cost grows with the text (bounded by a request's size)."""
+    whole: the tokenizer without truncation. Its cost grows with the text (bounded by a request's size). dropped:
+    ids left out of the text's tokens before it is cut (a model2vec model's unknown token)."""
     encoding = whole.encode(text, add_special_tokens=False)
     prompt_ids = whole.encode(prompt, add_special_tokens=False).ids if prompt else []
     room = max_length - len(frame.prefix) - len(frame.suffix) - len(prompt_ids)
@@ -63,6 +65,9 @@ def windows_of(whole: Tokenizer, frame: Frame, text: str, prompt: str, max_lengt
                                 "holds, leaving none for the text")
     ids = encoding.ids
     offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)  # (n, 2)
+    if dropped is not None and dropped.size:
+        kept = ~np.isin(np.asarray(ids, dtype=np.int64), dropped)
+        ids, offsets = [i for i, keep in zip(ids, kept, strict=True) if keep], offsets[kept]
     head = [*frame.prefix, *prompt_ids]
     # A text whose characters all tokenize to nothing (a normaliser drops them) is one window with weight 1.
     starts = range(0, len(ids), room) if ids else range(1)

@@ -57,6 +57,7 @@ from attnserve.model.clip import ImageTextConfig
 from attnserve.model.colbert import serving_settings
 from attnserve.model.encoder import SentenceEncoder
 from attnserve.model.sentence_head import load_head
+from attnserve.model.static_embedding import STATIC_REFUSED, StaticConfig, serving_tokenizer
 from attnserve.progress import Progress
 
 from . import reranker as rerank
@@ -159,11 +160,13 @@ def _build_new(ckpt: Checkpoint, out: Path, names: list[str], trace: str, provid
     _claim_destination(out)
     start = time.perf_counter()
     task = getattr(ckpt.config, "task", None)  # jina v3's adapter merged into this directory's graphs
+    static = ckpt.config if isinstance(ckpt.config, StaticConfig) else None
     named = f"{ckpt.name} with task {task}" if task else ckpt.name
     progress.log(f"exporting {named} ({ckpt.config.num_layers} layers, hidden {ckpt.config.hidden_size}; "
                  f"{' -> '.join(ckpt.modules)}) to ONNX: {', '.join(names)}")
     progress.step("checking the tokenizer")
-    check_tokenizer(ckpt)  # before any weight is loaded or graph traced: a refusal is quick
+    if static is None:  # a static model's reference tokenizes with `tokenizers` itself, as serving does
+        check_tokenizer(ckpt)  # before any weight is loaded or graph traced: a refusal is quick
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         work = out.parent / f".{out.name}.building-{os.getpid()}"
@@ -172,7 +175,10 @@ def _build_new(ckpt: Checkpoint, out: Path, names: list[str], trace: str, provid
     except OSError as e:
         raise ArtifactError(f"cannot write artifacts under {out.parent}: {e.strerror}") from None
     try:
-        shutil.copyfile(ckpt.tokenizer_file, work / "tokenizer.json")
+        if static is None:
+            shutil.copyfile(ckpt.tokenizer_file, work / "tokenizer.json")
+        else:  # without special tokens, as both static libraries tokenize
+            serving_tokenizer(ckpt.tokenizer_file, work / "tokenizer.json")
         build = _Build(work, ckpt, progress, provider, None, trace)
         build.run(names)
         # jina v3: each task's adapter merged, a whole artifact directory of its own under tasks/<task>/.
@@ -276,7 +282,12 @@ class _Build:
         vocab = ckpt.config.vocab_size if ckpt is not None else manifest.vocab_size  # type: ignore[union-attr]
         pad_to, pad_id = ((ckpt.pipeline.pad_to, ckpt.pipeline.pad_id) if ckpt is not None else
                           (manifest.pad_to_length, manifest.pad_id))  # type: ignore[union-attr]
-        self.tokenizer = TextTokenizer(work / "tokenizer.json", length, vocab, pad_to=pad_to, pad_id=pad_id)
+        static = (ckpt.config.serving() if ckpt is not None and isinstance(ckpt.config, StaticConfig) else
+                  manifest.static if manifest is not None else None)
+        if static is not None:  # no attention graph, no int8 graph: said once, in the manifest
+            self.refused.update(STATIC_REFUSED)
+        self.tokenizer = TextTokenizer(work / "tokenizer.json", length, vocab, pad_to=pad_to, pad_id=pad_id,
+                                       static=static)
         self._encoder: Any = None
         self._encoder_dtype: torch.dtype | None = None
         # Each layer's attention reach, the encoder's declaration (model/attention_reach.py), read when it loads.
@@ -717,6 +728,7 @@ class _Build:
             images=self._images(), pad_to_length=ckpt.pipeline.pad_to, pad_id=ckpt.pipeline.pad_id,
             attention_reach=self.reach if self.reach is not None else reach_of(self.encoder()),
             include_prompt=ckpt.pipeline.include_prompt,
+            static=ckpt.config.serving() if isinstance(ckpt.config, StaticConfig) else None,
             source={"checkpoint": str(ckpt.directory.resolve()), "fingerprint": checkpoint_fingerprint(ckpt.directory)},
             reference={"file": reference.name, "sha256": sha256_of(reference)}, traces=dict(self.traces),
             **self.caps,

@@ -126,14 +126,19 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def attention_max_length(num_layers: int, num_heads: int, max_seq_length: int) -> int:
     """The longest input whose attention maps (one row: num_layers x num_heads x T^2 float32) fit
-    ATTENTION_MAP_BYTES: the attention graph is verified and served up to it."""
+    ATTENTION_MAP_BYTES: the attention graph is verified and served up to it. A model without attention (a static
+    one: no layers) has no maps: max_seq_length."""
+    if not num_layers * num_heads:
+        return max_seq_length
     return min(max_seq_length, int((ATTENTION_MAP_BYTES / (num_layers * num_heads * 4)) ** 0.5))
 
 
 def verified_max_length(num_heads: int, max_seq_length: int) -> int:
     """The longest input verification runs the graphs and PyTorch at: one layer's scores of one row (num_heads x
     T^2 float32, SCORES_COPIES alive) fit SCORES_BYTES. max_seq_length for every model up to a few thousand
-    tokens."""
+    tokens; a model without attention (num_heads 0: a static one) has no scores."""
+    if not num_heads:
+        return max_seq_length
     return min(max_seq_length, int((SCORES_BYTES / (SCORES_COPIES * num_heads * 4)) ** 0.5))
 
 
@@ -196,7 +201,7 @@ class LengthCaps:
 
 
 def _runs(rows: int, per_row: int, budget: int) -> list[slice]:
-    step = max(1, budget // per_row)
+    step = max(1, budget // per_row) if per_row else rows  # per_row 0: no maps nor scores (a static model)
     return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
 
 

@@ -25,7 +25,7 @@ import torch
 
 from attnserve.errors import CheckpointError
 
-from . import classifier_heads, clip, cross_encoder, pylate_colbert, qwen3, qwen3_reranker, splade
+from . import classifier_heads, clip, cross_encoder, pylate_colbert, qwen3, qwen3_reranker, splade, static_embedding
 from .checkpoint_files import legacy_renamed, read_json
 from .families import FAMILIES, family_of
 from .family import EncoderModule, ModelConfig, WeightNames
@@ -73,6 +73,9 @@ class Checkpoint:
     def modules(self) -> list[str]:
         """The whole pipeline in short words, for the manifest and the export's log."""
         family = self.config.family
+        if isinstance(self.config, static_embedding.StaticConfig):
+            return [f"StaticEmbedding({self.config.library})", "Pooling(mean)",
+                    *(["Normalize"] if self.normalize else [])]
         if self.kind == "reranker" and self.pair_template is not None:
             return [f"Transformer({family})", f"LogitScore(yes - no at the last token, {self.score_activation})"]
         if self.head is not None:
@@ -154,6 +157,9 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
         raise CheckpointError(f"checkpoint directory not found: {directory}")
     # A legacy sentence-transformers save of CLIP keeps the checkpoint in its model module's folder (0_CLIPModel).
     name, directory = name or directory.name, clip.module_folder(directory) or directory
+    if static_embedding.is_static(directory):  # a token table and a mean: no config.json model_type to read
+        config, pipeline = static_embedding.read_static(directory)
+        return Checkpoint(directory, name, config, pipeline)
     raw = read_json(directory / "config.json")
     # A cross-encoder's head is read by the head table; the family then reads the encoder as a bare one.
     head = classifier_heads.head_of(raw, directory / "config.json") if isinstance(raw, dict) else None
@@ -226,6 +232,8 @@ def load_encoder(ckpt: Checkpoint, dtype: torch.dtype | None = None) -> EncoderM
     A half-precision dtype (export straight into fp16) keeps the encoder's buffers in float32 (rotary and bucket
     tables): tracing converts them (export/torch_to_onnx.py)."""
     dtype = dtype or torch.float32
+    if isinstance(ckpt.config, static_embedding.StaticConfig):
+        return cast(EncoderModule, static_embedding.load_static(ckpt.directory, ckpt.config, dtype))
     weights = ckpt.weights
     # A masked-LM checkpoint prefixes the encoder's keys ("bert.", "roberta.", ...) and adds its (unused) head;
     # read_checkpoint has refused any other head, so every other key must be the encoder's.

@@ -67,6 +67,10 @@ class Weights:
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self._headers[self._shard[key]][key]["shape"])
 
+    def dtype(self, key: str) -> str:
+        """The tensor's dtype as stored, safetensors' name ("F32", "I64", ...)."""
+        return str(self._headers[self._shard[key]][key]["dtype"])
+
     def nbytes(self) -> int:
         """The tensors' bytes as stored (the checkpoint's own dtypes)."""
         total = 0

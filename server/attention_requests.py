@@ -37,6 +37,9 @@ def choose_attention(request: EncodeRequest, manifest: Manifest, images: ImageEn
     attention = request.attention
     if attention is None:
         return AttentionChoice()
+    if manifest.static is not None and not image_rows:
+        raise invalid("attention", f"{manifest.model} is a static embedding model (a token table and a mean): it has "
+                                   "no attention to show")
     num_layers, num_heads = (manifest.num_layers, manifest.num_heads) if not (image_rows and images) else (
         images.num_layers, images.num_heads)
     if image_rows and len(image_rows) != len(request.inputs):
