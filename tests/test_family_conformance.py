@@ -37,6 +37,7 @@ from .family_parity import cosines, max_error, padded_batch, refusal_before_weig
 from .tiny_decoders import LLAMA3_ROPE
 from .tiny_gte import alibaba_ntk_inv_freq, save_published
 from .tiny_nomic_moe import PROMPTS, reference_model, save_sentence_transformers_files, save_tiny_nomic_moe
+from .tiny_static import save_model2vec, save_static_embedding
 
 LENGTHS = [(1,), (5, 3), (16, 9, 1), (48, 17, 33), (100, 64, 7, 100)]
 UNSEEN = [(3,), (37, 12, 1), (40, 40, 5, 29, 17)]  # batch and sequence sizes no export traced or verified at
@@ -1233,3 +1234,171 @@ def test_nvembed_refuses_in_one_line_what_its_code_would_not_run_so(tmp_path, ch
     with pytest.raises(CheckpointError, match="^[^\n]*$") as refused:
         read_checkpoint(folder)
     assert says in str(refused.value)
+
+
+# Static embeddings (model/static_embedding.py): no transformers class, so no table row. Each folder is held to the
+# library that wrote it (model2vec's StaticModel.encode, sentence-transformers' SentenceTransformer.encode) at max
+# abs 1e-6: unknown words (model2vec drops [UNK]), emoji, a text model2vec cuts by characters, one no tokenizer
+# keeps anything of, and one past the served length that --long-inputs chunk answers whole.
+STATIC_TEXTS = [*TEXTS, "zzqx qq 🙂🙂 unknown", "🙂🚀", "ab cd " * 300, "word " * 4500]
+STATIC_SAVERS = {"model2vec": lambda d: save_model2vec(d),
+                 "model2vec_quantized": lambda d: save_model2vec(d, seed=1, normalize=False, max_length=None,
+                                                                 quantized=True),
+                 "static_embedding": lambda d: save_static_embedding(d, seed=2)}
+
+
+@pytest.fixture(scope="module")
+def statics(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """name -> (the library's folder, its fp32 export)."""
+    root, out = tmp_path_factory.mktemp("static"), {}
+    for name, save in STATIC_SAVERS.items():
+        folder = save(root / name)
+        build_artifacts(read_checkpoint(folder), root / name / "artifacts", log=lambda line: None,
+                        variants=["embeddings"])
+        out[name] = folder, root / name / "artifacts"
+    return out
+
+
+def _static_reference(folder: Path, texts: list[str]) -> np.ndarray:
+    """The library the folder was written by, encoding texts as its users run it."""
+    if (folder / "config_sentence_transformers.json").exists():
+        from sentence_transformers import SentenceTransformer
+
+        return SentenceTransformer(str(folder), device="cpu").encode(texts)
+    from model2vec import StaticModel
+
+    return StaticModel.from_pretrained(folder).encode(texts)
+
+
+def test_static_embeddings_encode_as_the_library_that_wrote_them(statics):
+    from model2vec import StaticModel
+
+    for name, (folder, out) in statics.items():
+        manifest = load_manifest(out)
+        assert manifest.num_layers == 0 and set(manifest.variants) == {"embeddings"}, name
+        encoded = Engine.from_directory(out).encode(STATIC_TEXTS[:-1])
+        assert np.abs(encoded.embeddings - _static_reference(folder, STATIC_TEXTS[:-1])).max() <= 1e-6, name
+        if name.startswith("model2vec"):  # its tokens: cut at its characters and tokens, [UNK] dropped
+            model = StaticModel.from_pretrained(folder)
+            limit = manifest.static["char_limit"] or None  # type: ignore[index]
+            cut = [t[:limit] for t in STATIC_TEXTS[:-1]]
+            assert encoded.num_tokens.tolist() == [min(len(ids), model.max_length or len(ids))
+                                                   for ids in model.tokenize(cut)], name
+    model2vec = Engine.from_directory(statics["model2vec"][1]).encode(STATIC_TEXTS[-4:-1])
+    assert model2vec.num_tokens[1] == 0 and not model2vec.embeddings[1].any()  # only unknown: zeros, as model2vec
+    assert model2vec.truncated.tolist() == [False, False, True]  # "ab cd " * 300: past its 48 characters
+
+
+def test_static_embeddings_offline_and_their_refusals(statics, tmp_path):
+    import pyarrow.parquet as pq
+
+    folder, out = statics["model2vec_quantized"]
+    source = tmp_path / "texts.txt"
+    source.write_text("\n".join(STATIC_TEXTS[:-1]) + "\n")
+    result = run_cli("encode", source, "-o", tmp_path / "out.parquet", "--artifacts", out, "--no-progress")
+    assert result.returncode == 0, result.stderr
+    got = np.stack(pq.read_table(tmp_path / "out.parquet")["embedding"].to_numpy(zero_copy_only=False))
+    assert np.abs(got - _static_reference(folder, STATIC_TEXTS[:-1])).max() <= 1e-6
+    for precision in ("int8", "fp16"):
+        assert_one_line_error(run_cli("encode", source, "-o", tmp_path / "x.parquet", "--artifacts", out,
+                                      "--precision", precision), f"has no {precision} graph", "static")
+    # Malformed folders, refused in one line before anything loads.
+    from safetensors.numpy import load_file, save_file
+
+    def broken(name: str, change) -> Path:
+        copy = copy_checkpoint(statics[name][0], tmp_path / f"broken-{len(list(tmp_path.iterdir()))}")
+        change(copy)
+        return copy
+
+    def tensors(key: str, value):
+        def change(copy: Path) -> None:
+            weights = load_file(copy / "model.safetensors")
+            weights[key] = value(weights[key]) if callable(value) else value
+            if weights[key] is None:
+                del weights[key]
+            save_file(weights, copy / "model.safetensors")
+        return change
+
+    for name, change, says in [
+        ("model2vec_quantized", tensors("mapping", lambda m: m + 40), "mapping points outside the 40 rows"),
+        ("model2vec_quantized", tensors("weights", lambda w: w[:-1]), "weights has shape (199,)"),
+        ("model2vec", tensors("embeddings", lambda e: e[:-1]), "embeddings has 199 rows for 200 tokens"),
+        ("model2vec", tensors("embeddings", lambda e: e[:, :, None]), "must be a (tokens, dimensions) matrix"),
+        ("static_embedding", tensors("embedding.weight", lambda e: e[:10]), "reach 199"),
+        ("static_embedding", tensors("embedding.weight", None), "holds embedding.weight"),
+        ("model2vec", lambda c: edit_json(c / "config.json", max_length=0), "max_length must be a positive"),
+        ("static_embedding", lambda c: (c / "modules.json").write_text(json.dumps(
+            [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.StaticEmbedding"},
+             {"idx": 1, "name": "1", "path": "1_Dense", "type": "sentence_transformers.models.Dense"}])),
+         "StaticEmbedding -> Dense"),
+    ]:
+        assert_one_line_error(run_cli("export", "--checkpoint", broken(name, change), "--out", tmp_path / "none"),
+                              says)
+
+
+def test_static_embeddings_on_every_embedding_door(statics, tmp_path):
+    """One server over the three folders with --long-inputs chunk: gRPC Embed, OpenAI, TEI, Cohere and KServe v2
+    against each library; a text past the 8,192 tokens served at once answered whole (a mean of windows' means,
+    weighted by their tokens, is the mean); attention refused in one line on gRPC and /v1/attention."""
+    import grpc
+    import httpx
+
+    from attnserve.client.client import make_request, to_result
+
+    from .serving import ServerProcess, serving
+
+    texts = STATIC_TEXTS[:3] + STATIC_TEXTS[-4:-2]
+    flags = [f for name, (_, out) in statics.items() for f in ("--model", f"{name}={out}")]
+    with serving(ServerProcess(None, *flags, "--long-inputs", "chunk", log_path=tmp_path / "log")) as server:
+        url = server.http_url
+        with server.channel() as channel:
+            stub = server.stub(channel)
+            for name, (folder, _) in statics.items():
+                expected = _static_reference(folder, texts)
+                # truncate true: cut where the library cuts (model2vec), never chunked
+                reply = stub.Embed(make_request(texts, truncate=True, model=name), timeout=60)
+                got = np.stack([to_result(e).sentence_embedding for e in reply.embeddings])
+                assert np.abs(got - expected).max() <= 1e-6, name
+                openai = httpx.post(f"{url}/v1/embeddings", json={"input": texts, "model": name, "truncate": True,
+                                                                   "encoding_format": "float"}, timeout=60)
+                # OpenAI's and TEI's (normalize unset: true) are unit vectors, whatever the model's pipeline says.
+                unit = expected / np.maximum(np.linalg.norm(expected, axis=1, keepdims=True), 1e-12)
+                assert np.abs(np.array([d["embedding"] for d in openai.json()["data"]]) - unit).max() <= 1e-6
+                tei = httpx.post(f"{url}/embed", json={"inputs": texts, "model": name, "truncate": True}, timeout=60)
+                assert tei.status_code == 200 and np.abs(np.array(tei.json()) - unit).max() <= 1e-6, tei.text
+                cohere = httpx.post(f"{url}/v2/embed", json={"model": name, "texts": texts, "input_type":
+                                                             "search_document", "embedding_types": ["float"]},
+                                    timeout=60)
+                assert cohere.status_code == 200, cohere.text
+                assert np.abs(np.array(cohere.json()["embeddings"]["float"]) - expected).max() <= 1e-6
+                kserve = httpx.post(f"{url}/v2/models/{name}/infer", json={"parameters": {"truncate": True}, "inputs": [
+                    {"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]}, timeout=60)
+                out = next(o for o in kserve.json()["outputs"] if o["name"] == "embedding")
+                assert np.abs(np.array(out["data"]).reshape(out["shape"]) - expected).max() <= 1e-6
+            # Past the served length: chunked exactly where sentence-transformers reads the whole text.
+            folder = statics["static_embedding"][0]
+            reply = stub.Embed(make_request(STATIC_TEXTS[-1:], model="static_embedding"), timeout=60)
+            from tokenizers import Tokenizer
+
+            tokens = len(Tokenizer.from_file(str(folder / "tokenizer.json")).encode(
+                STATIC_TEXTS[-1], add_special_tokens=False).ids)
+            assert reply.embeddings[0].num_tokens == tokens > 2 * 8192 and reply.embeddings[0].windows == 3
+            got = to_result(reply.embeddings[0]).sentence_embedding
+            # The exact mean (float64) of the table's rows: sentence-transformers' own fp32 EmbeddingBag drifts 2e-5
+            # from it over 18,000 tokens, so 1e-6 to the library holds for texts of hundreds of tokens, not this.
+            from safetensors.numpy import load_file
+
+            table = load_file(folder / "model.safetensors")["embedding.weight"].astype(np.float64)
+            exact = table[Tokenizer.from_file(str(folder / "tokenizer.json")).encode(
+                STATIC_TEXTS[-1], add_special_tokens=False).ids].mean(0)
+            exact /= np.linalg.norm(exact)
+            library = _static_reference(folder, STATIC_TEXTS[-1:])[0]
+            print("long text: max abs to the exact mean", np.abs(got - exact).max(), "the library's",
+                  np.abs(library - exact).max())
+            assert np.abs(got - exact).max() <= 2 * max(np.abs(library - exact).max(), 1e-6)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Embed(make_request(texts[:1], attention_layers=[-1], model="model2vec"), timeout=60)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "static embedding model" in refused.value.details() and "\n" not in refused.value.details()
+        attention = httpx.post(f"{url}/v1/attention", json={"inputs": "hello world", "model": "static_embedding"})
+        assert attention.status_code == 400 and "has no attention" in attention.text, attention.text
