@@ -108,7 +108,9 @@ class TextTokenizer:
 
     def _kept(self, ids: np.ndarray) -> np.ndarray:
         """(T,) ids without the dropped ones (a model2vec model's unknown token): what the model averages."""
-        return ids[~np.isin(ids, self._dropped)] if self._dropped.size else ids
+        if not self._dropped.size:
+            return ids
+        return ids[ids != self._dropped[0]] if self._dropped.size == 1 else ids[~np.isin(ids, self._dropped)]
 
     def prompt_length(self, prompt: str) -> int:
         """The prompt's tokens, special tokens left out: what NV-Embed's code leaves out of its pooling

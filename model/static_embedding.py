@@ -82,7 +82,9 @@ class StaticConfig:
 
     @property
     def max_position_embeddings(self) -> int:
-        return self.max_length or SERVED_LENGTH
+        """The longest input served at once: the library's limit, at most SERVED_LENGTH (a config's max_length of
+        10**9 must not size the server's rows; past it, --long-inputs decides, as where the library has none)."""
+        return min(self.max_length or SERVED_LENGTH, SERVED_LENGTH)
 
     @property
     def usable_positions(self) -> int:
@@ -184,7 +186,8 @@ def read_static(directory: Path) -> tuple[StaticConfig, Pipeline]:
 
 def _pipeline(config: StaticConfig, normalize: bool, prompts: dict[str, str], default: str | None) -> Pipeline:
     return Pipeline(("mean",), (), normalize, config.max_position_embeddings,
-                    "static" if config.max_length else "static (served length)", prompts, default)
+                    "static" if config.max_length == config.max_position_embeddings else "static (served length)",
+                    prompts, default)
 
 
 def _modules(directory: Path) -> bool:

@@ -138,7 +138,9 @@ def model_outputs(manifest: Manifest) -> tuple[str, ...]:
         return ("embed", "embed_sparse", "embed_multi", "attention", "similarity", "late_chunking")
     # Late chunking mean-pools token embeddings: where the model's embedding is a pooling of them. An image-text
     # model (CLIP, SigLIP) embeds images too, in its texts' space.
-    return ("embed", "attention", "similarity", *(("late_chunking",) if manifest.late_chunkable else ()),
+    # A static model (a token table and a mean: model/static_embedding.py) has no attention to show.
+    return ("embed", *(("attention",) if manifest.static is None else ()), "similarity",
+            *(("late_chunking",) if manifest.late_chunkable else ()),
             *(("embed_image",) if manifest.images is not None else ()))
 
 

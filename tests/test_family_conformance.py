@@ -1319,6 +1319,9 @@ def test_static_embeddings_offline_and_their_refusals(statics, tmp_path):
             save_file(weights, copy / "model.safetensors")
         return change
 
+    # A max_length past what is served at once sizes nothing: it is served up to 8,192 tokens (then --long-inputs).
+    huge = read_checkpoint(broken("model2vec", lambda c: edit_json(c / "config.json", max_length=10**9)))
+    assert huge.max_seq_length == 8192 and huge.config.char_limit > 10**9  # type: ignore[attr-defined]
     for name, change, says in [
         ("model2vec_quantized", tensors("mapping", lambda m: m + 40), "mapping points outside the 40 rows"),
         ("model2vec_quantized", tensors("weights", lambda w: w[:-1]), "weights has shape (199,)"),
