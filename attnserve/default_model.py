@@ -55,20 +55,22 @@ def resolve_artifacts(artifacts: str | None, precision: str = "auto", provider: 
 def serving_directory(directory: Path, given_as: str, precision: str = "auto", provider: str = "auto") -> Path:
     """The artifact directory to serve for a directory given to serve or encode (--artifacts DIR, --model
     NAME=DIR), as KServe mounts a model at /mnt/models: an artifact directory as it is; a checkpoint (config.json,
-    as sentence-transformers and transformers save one) exported once into the cache, under the folder's name as
-    `attnserve export` records it, later starts reusing it whatever name they serve it under; anything else a
-    one-line ArtifactError."""
+    as sentence-transformers and transformers save one, or modules.json) exported once into the cache, under the
+    folder's name as `attnserve export` records it, later starts reusing it whatever name they serve it under;
+    anything else a one-line ArtifactError."""
     if not directory.exists():
         raise ArtifactError(f"{given_as}: {directory} does not exist")
     if not directory.is_dir():
         raise ArtifactError(f"{given_as}: {directory} is not a directory")
     if (directory / "manifest.json").is_file():
         return directory
-    if not (directory / "config.json").is_file():
+    # A checkpoint: config.json, or modules.json (sentence-transformers' save of a StaticEmbedding has no config.json).
+    if not (directory / "config.json").is_file() and not (directory / "modules.json").is_file():
         held = sorted(p.name + ("/" if p.is_dir() else "") for p in directory.iterdir())
         holds = ", ".join(held[:8]) + (", ..." if len(held) > 8 else "") if held else "nothing"
         raise ArtifactError(f"{given_as}: {directory} is not an artifact directory (no manifest.json, made by "
-                            f"`attnserve export`) nor a checkpoint (no config.json); it holds {holds}")
+                            f"`attnserve export`) nor a checkpoint (no config.json or modules.json); it holds "
+                            f"{holds}")
     # Cached by what the checkpoint is, not by the name it is served under: `--model a=DIR` and `encode --artifacts
     # DIR` share one export. It records the folder's name, as `attnserve export` does; --model serves it as NAME.
     out = checkpoint_artifacts_dir(directory, None)

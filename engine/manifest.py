@@ -73,7 +73,7 @@ class Manifest:
     def poolable_at_request_time(self) -> bool:
         """Whether pooling the token embeddings at request time (mean or cls) gives what the graph would with
         that pooling: its sentence embedding is one such pooling, with nothing after it but normalisation."""
-        after = [m for m in self.modules if not m.startswith(("Transformer(", "Pooling("))]
+        after = [m for m in self.modules if not m.startswith(("Transformer(", "StaticEmbedding(", "Pooling("))]
         # A pooling that leaves the prompt out needs the prompt's tokens marked: only the graph's does.
         return self.pooling in REQUEST_POOLINGS and all(m == "Normalize" for m in after) and self.include_prompt
 

@@ -1340,7 +1340,7 @@ def test_static_embeddings_offline_and_their_refusals(statics, tmp_path):
 
 
 def test_static_embeddings_on_every_embedding_door(statics, tmp_path):
-    """One server over the three folders with --long-inputs chunk: gRPC Embed, OpenAI, TEI, Cohere and KServe v2
+    """One server over the three models with --long-inputs chunk: gRPC Embed, OpenAI, TEI, Cohere and KServe v2
     against each library; a text past the 8,192 tokens served at once answered whole (a mean of windows' means,
     weighted by their tokens, is the mean); attention refused in one line on gRPC and /v1/attention."""
     import grpc
@@ -1351,7 +1351,10 @@ def test_static_embeddings_on_every_embedding_door(statics, tmp_path):
     from .serving import ServerProcess, serving
 
     texts = STATIC_TEXTS[:3] + STATIC_TEXTS[-4:-2]
-    flags = [f for name, (_, out) in statics.items() for f in ("--model", f"{name}={out}")]
+    # The sentence-transformers folder given as it is (a checkpoint with modules.json and no config.json): exported
+    # by the server, once.
+    flags = [f for name, (folder, out) in statics.items()
+             for f in ("--model", f"{name}={folder if name == 'static_embedding' else out}")]
     with serving(ServerProcess(None, *flags, "--long-inputs", "chunk", log_path=tmp_path / "log")) as server:
         url = server.http_url
         with server.channel() as channel:
@@ -1403,5 +1406,15 @@ def test_static_embeddings_on_every_embedding_door(statics, tmp_path):
                 stub.Embed(make_request(texts[:1], attention_layers=[-1], model="model2vec"), timeout=60)
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "static embedding model" in refused.value.details() and "\n" not in refused.value.details()
+        # Late chunking: a chunk's tokens' rows averaged, as the library embeds the chunk's text (no context to add).
+        document = "Hello there. Zzz 🙂 world, again!"
+        chunks = httpx.post(f"{url}/embed_chunks", json={"inputs": [document], "chunker": "sentences",
+                                                         "model": "model2vec"}, timeout=60)
+        assert chunks.status_code == 200, chunks.text
+        spans = [(c["start"], c["stop"]) for c in chunks.json()[0]["chunks"]]
+        assert spans == [(0, 12), (13, len(document))]
+        expected = _static_reference(statics["model2vec"][0], [document[a:b] for a, b in spans])
+        got = np.array([c["embedding"] for c in chunks.json()[0]["chunks"]])
+        assert np.abs(got - expected).max() <= 1e-6
         attention = httpx.post(f"{url}/v1/attention", json={"inputs": "hello world", "model": "static_embedding"})
         assert attention.status_code == 400 and "has no attention" in attention.text, attention.text
