@@ -1319,6 +1319,22 @@ def test_static_embeddings_offline_and_their_refusals(statics, tmp_path):
             save_file(weights, copy / "model.safetensors")
         return change
 
+    # model2vec's int8 table (quantize_to="int8": integers, no scale) is read into the fp32 graph exactly.
+    from model2vec import StaticModel
+    from model2vec.model import quantize_model
+
+    quantize_model(StaticModel.from_pretrained(statics["model2vec"][0]), quantize_to="int8").save_pretrained(
+        tmp_path / "int8")
+    build_artifacts(read_checkpoint(tmp_path / "int8"), tmp_path / "int8-artifacts", log=lambda line: None,
+                    variants=["embeddings"])
+    assert np.abs(Engine.from_directory(tmp_path / "int8-artifacts").encode(STATIC_TEXTS[:-1]).embeddings
+                  - _static_reference(tmp_path / "int8", STATIC_TEXTS[:-1])).max() <= 1e-6
+    # The published potion models' config.json (model_type model2vec, distillation settings, no max_length).
+    potion = broken("model2vec", lambda c: (c / "config.json").write_text(json.dumps({
+        "model_type": "model2vec", "architectures": ["StaticModel"], "tokenizer_name": "baai/bge-base-en-v1.5",
+        "apply_pca": 256, "apply_zipf": True, "hidden_dim": 256, "seq_length": 1000000, "normalize": True})))
+    config = read_checkpoint(potion).config
+    assert (config.library, config.max_length) == ("model2vec", 512)  # type: ignore[attr-defined]
     # A max_length past what is served at once sizes nothing: it is served up to 8,192 tokens (then --long-inputs).
     huge = read_checkpoint(broken("model2vec", lambda c: edit_json(c / "config.json", max_length=10**9)))
     assert huge.max_seq_length == 8192 and huge.config.char_limit > 10**9  # type: ignore[attr-defined]
