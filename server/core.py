@@ -49,7 +49,7 @@ from .embed_requests import prepare
 from .image_inputs import ImageUrl, UrlPolicy, fetch_image
 from .memory import MemoryReturn
 from .models import ModelInfo
-from .requests import Deadline, EncodeRequest, RequestLimits, light, light_reply
+from .requests import Deadline, EncodeRequest, RequestLimits, light, light_reply, text_chars
 from .score_requests import (
     PredictRequest,
     RerankRequest,
@@ -188,7 +188,7 @@ class Core:
                                                                   model, render))
                 return rendered, tokens
         finally:
-            self._memory.done(len(body) if isinstance(body, bytes) else 0)
+            self._memory.done(len(body) if isinstance(body, bytes) else 0, text_chars(request.inputs))
 
     async def _prepare(self, request: EncodeRequest, engine: EngineContract, float_bytes: float) -> PreparedRequest:
         """prepare() on the event loop for a small request (requests.light), in the pool otherwise; it reads the

@@ -140,6 +140,13 @@ def light(request: EncodeRequest) -> bool:
     return True
 
 
+def text_chars(inputs: Sequence[Input]) -> int:
+    """The characters of a request's texts (both of a pair's): what tokenizing them cost the heaps (memory.py)."""
+    return sum(len(item) if isinstance(item, str) else len(item[0]) + len(item[1])
+               if isinstance(item, tuple) and len(item) == 2 and all(isinstance(t, str) for t in item) else 0
+               for item in inputs)
+
+
 def light_reply(prepared: PreparedRequest) -> bool:
     """A reply small enough to build on the event loop: sentence embeddings (or scores) of few inputs, without
     token embeddings, maps, windows or chunks."""
