@@ -142,9 +142,13 @@ def light(request: EncodeRequest) -> bool:
 
 def text_chars(inputs: Sequence[Input]) -> int:
     """The characters of a request's texts (both of a pair's): what tokenizing them cost the heaps (memory.py)."""
-    return sum(len(item) if isinstance(item, str) else len(item[0]) + len(item[1])
-               if isinstance(item, tuple) and len(item) == 2 and all(isinstance(t, str) for t in item) else 0
-               for item in inputs)
+    chars = 0
+    for item in inputs:
+        if isinstance(item, str):
+            chars += len(item)
+        elif isinstance(item, tuple):  # a pair; what is not one prepare() refuses
+            chars += sum(len(part) for part in item if isinstance(part, str))
+    return chars
 
 
 def light_reply(prepared: PreparedRequest) -> bool:
