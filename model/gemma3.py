@@ -86,6 +86,7 @@ class Gemma3Config(LlamaStyleConfig):
     pad_token_id: int = 0
     family: ClassVar[str] = MODEL_TYPE  # as EncoderConfig.family: config.json's model_type
     head_norm: ClassVar[bool] = True  # each query and key head RMS-normalised (Gemma 2's config: none)
+    sandwich: ClassVar[bool] = True  # four norms a layer (Gemma's config: Llama's two)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -102,7 +103,7 @@ class Gemma3Layer(PreNormLayer):
 
     def __init__(self, cfg: Gemma3Config, index: int):
         super().__init__(cfg, cfg.activation, cfg.score_divisor, head_norm=cfg.head_norm, unit_offset=True,
-                         sandwich=True)
+                         sandwich=cfg.sandwich, out_bias=getattr(cfg, "out_bias", None))
         self.is_sliding = cfg.layer_types[index] == SLIDING
 
 

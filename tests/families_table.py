@@ -18,7 +18,7 @@ from .checkpoints import save_sentence_transformer, save_tiny_family, save_tiny_
 from .tiny_deberta import save_tiny_deberta
 from .tiny_decoders import save_decoder_embedder, save_tiny_decoder
 from .tiny_eurobert import save_tiny_eurobert
-from .tiny_gemma3 import save_bge_gemma2, save_embedding_gemma, save_tiny_gemma2, save_tiny_gemma3
+from .tiny_gemma3 import save_bge_gemma2, save_embedding_gemma, save_tiny_gemma, save_tiny_gemma2, save_tiny_gemma3
 from .tiny_gte import save_tiny_gte
 from .tiny_jina import save_tiny_jina
 from .tiny_nomic import save_tiny_nomic
@@ -138,6 +138,13 @@ ROWS = [
         expect={"layer_types": ("sliding_attention", "full_attention", "sliding_attention", "full_attention"),
                 "sliding_window": 8, "attn_logit_softcapping": 2.0, "num_kv_heads": 2, "head_size": 32,
                 "score_divisor": 24 ** 0.5, "global_rope_theta": 1000.0, "local_rope_theta": 1000.0}),
+    # Gemma (v1): no published embedder; the row checks the encoder under bge-reranker-v2-gemma (an LLM reranker,
+    # tests/test_llm_rerankers.py), here pooled as Gemma 2's embedder is.
+    Row("gemma", save_tiny_gemma, _pooled("lasttoken", True, 40), 40, sides=("right", "left"), causal=True,
+        masked_lm="GemmaForCausalLM", refused_head="GemmaForSequenceClassification",
+        expect={"layer_types": ("full_attention",) * 3, "num_kv_heads": 1, "head_size": 32,
+                "score_divisor": 32 ** 0.5, "global_rope_theta": 1000.0, "activation": "gelu_pytorch_tanh",
+                "attention_bias": False, "rms_norm_eps": 1e-6}),
     Row("jina_embeddings_v3", save_tiny_jina, _jina_pipeline, 40, variants=JINA_VARIANTS,
         expect={"rope_theta": 1000.0, "task": None}, extra={"add_variants": ["embeddings_int8"]}),
 ]

@@ -1,12 +1,13 @@
 """A tiny EmbeddingGemma, saved by the libraries' own classes: transformers' Gemma3TextModel with random weights and
 a Gemma-style tokenizer, and sentence-transformers' EmbeddingGemma pipeline over it (mean pooling, two Dense
-layers without bias or activation, Normalize, and the model card's task prompts)."""
+layers without bias or activation, Normalize, and the model card's task prompts); a tiny Gemma 2
+(bge-multilingual-gemma2's kind) and a tiny Gemma (v1: bge-reranker-v2-gemma's)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, processors, trainers
 
 from .checkpoints import save_fast_tokenizer, save_model, save_pipeline
 from .tiny_tokenizers import bracketed, corpus
@@ -18,17 +19,22 @@ PROMPTS = {"query": "task: search result | query: ", "document": "title: none | 
            "Classification": "task: classification | query: ", "STS": "task: sentence similarity | query: "}
 
 
-def gemma_style(out: Path) -> Path:
+def gemma_style(out: Path, eos: bool = True) -> Path:
     """SentencePiece-style BPE as Gemma's tokenizer.json has it: spaces become "▁" in the normalizer (no
     pre-tokenizer, so pieces may span words), unknown characters fall back to bytes, "<bos> $A <eos>" around a text
-    (EmbeddingGemma's tokenizer adds both)."""
+    (EmbeddingGemma's tokenizer adds both; Gemma's, without eos, "<bos> $A")."""
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tokenizer.normalizer = normalizers.Replace(" ", "▁")
     tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
     bytes_ = [f"<0x{b:02X}>" for b in range(256)]
     tokenizer.train_from_iterator([text.replace(" ", "▁") for text in corpus()], trainers.BpeTrainer(
         vocab_size=700, special_tokens=GEMMA_SPECIALS + bytes_, max_token_length=8, show_progress=False))
-    return bracketed(tokenizer, "<bos>", "<eos>", out)
+    if eos:
+        return bracketed(tokenizer, "<bos>", "<eos>", out)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A <bos> $B:1", special_tokens=[("<bos>", tokenizer.token_to_id("<bos>"))])
+    tokenizer.save(str(out))
+    return out
 
 
 def save_tiny_gemma3(directory: Path, seed: int = 0, **config) -> Path:
@@ -101,3 +107,22 @@ def save_bge_gemma2(model_dir: Path, directory: Path, max_seq_length: int | None
     from .checkpoints import save_sentence_transformer
 
     return save_sentence_transformer(model_dir, directory, "lasttoken", True, max_seq_length, prompts=GEMMA2_PROMPTS)
+
+
+def save_tiny_gemma(directory: Path, model_class: str = "GemmaModel", seed: int = 0, **config) -> Path:
+    """A 3-layer, hidden-64 Gemma (v1), bge-reranker-v2-gemma's shape (Gemma 2B's: multi-query attention, head_dim
+    above hidden / heads, GeGLU, tied embeddings) tiny: 4 query heads of size 32 sharing 1 key/value head, rope base
+    1000. config: GemmaConfig settings over these."""
+    import transformers
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab_size = Tokenizer.from_file(str(gemma_style(directory / "tokenizer.json", eos=False))).get_vocab_size()
+    settings = dict(
+        vocab_size=vocab_size, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=32, intermediate_size=96, max_position_embeddings=128, rope_theta=1000.0, pad_token_id=0,
+        eos_token_id=1, bos_token_id=2)
+    config = transformers.GemmaConfig(**{**settings, **config})
+    save_model(directory, config, model_class, seed, offset=0.0)
+    save_fast_tokenizer(directory, directory / "tokenizer.json", bos_token="<bos>", eos_token="<eos>",
+                        unk_token="<unk>", pad_token="<pad>", model_max_length=config.max_position_embeddings)
+    return directory
