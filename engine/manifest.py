@@ -95,9 +95,11 @@ class Manifest:
     # and in such a task directory's own manifest, its task. Optional on read, omitted from manifest.json if unset.
     tasks: tuple[str, ...] = ()
     task: str | None = None
-    # A reranker that scores "{prefix}{body}{suffix}" per pair (Qwen3-Reranker, model/qwen3_reranker.py): the
-    # body's {instruction}, {query} and {document} filled in, only the body truncated. None: the tokenizer's pair.
-    pair_template: dict[str, str] | None = None
+    # An LLM reranker's template (model/llm_reranker.py): "{prefix}{body}{suffix}" per pair (Qwen3-Reranker), the
+    # body's {instruction}, {query} and {document} filled in, only the body truncated; or, with style
+    # "query_document", the query and the document tokenized and cut apart (mxbai-rerank-v2). None: the tokenizer's
+    # pair.
+    pair_template: dict[str, Any] | None = None
     # The longest inputs export verified the graphs at, and the attention graph runs at: max_seq_length but for
     # long-context models, whose attention maps (layers x heads x T^2 a row) would not fit in memory
     # (export/verify.py). 0: max_seq_length (manifests written before the caps, read by load_manifest as such).
@@ -320,6 +322,26 @@ def _model_fields(raw: dict) -> dict[str, Any]:
         tokenizer=str(raw["tokenizer"]["file"]), tokenizer_sha256=str(raw["tokenizer"]["sha256"]))
 
 
+# A "query_document" pair_template's fields and their JSON types (model/llm_reranker.py QueryDocumentTemplate).
+QUERY_DOCUMENT_KEYS: dict[str, type | tuple[type, ...]] = {
+    "prefix": list, "query": str, "sep": str, "document": str, "suffix": list, "query_max_length": int,
+    "document_max_length": int, "document_budget": (int, type(None)), "pair_max_length": int, "prefix_in_pair": bool,
+    "longest": int}
+
+
+def _pair_template(raw: Any) -> dict[str, Any] | None:
+    """The manifest's pair_template: Qwen3-Reranker's four texts, or a "query_document" template's fields, each of
+    its type (a KeyError or TypeError names what is missing or mistyped, as the other fields')."""
+    if raw is None:
+        return None
+    if raw.get("style") != "query_document":
+        return {key: str(raw[key]) for key in ("prefix", "body", "suffix", "instruction")}
+    for key, kind in QUERY_DOCUMENT_KEYS.items():
+        if not isinstance(raw[key], kind) or (kind is int and isinstance(raw[key], bool)):
+            raise TypeError(f"pair_template {key} {raw[key]!r}")
+    return {"style": "query_document", **{key: raw[key] for key in QUERY_DOCUMENT_KEYS}}
+
+
 def _other_fields(raw: dict) -> dict[str, Any]:
     """Manifest's fields after its variants, each as the keyword Manifest takes, read in their order (the first
     missing or mistyped one is the one an unreadable manifest's error names)."""
@@ -334,8 +356,7 @@ def _other_fields(raw: dict) -> dict[str, Any]:
         family=str(raw.get("family", "bert")),
         tasks=tuple(str(t) for t in raw.get("tasks", ())),
         task=None if raw.get("task") is None else str(raw["task"]),
-        pair_template=None if raw.get("pair_template") is None else {
-            key: str(raw["pair_template"][key]) for key in ("prefix", "body", "suffix", "instruction")},
+        pair_template=_pair_template(raw.get("pair_template")),
         verified_max_length=int(raw.get("verified_max_length", raw["max_seq_length"])),
         attention_max_length=int(raw.get("attention_max_length", raw["max_seq_length"])),
         labels=tuple(str(label) for label in raw.get("labels", ())),

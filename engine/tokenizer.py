@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -178,14 +179,17 @@ class TextTokenizer:
                                       np.asarray(encoding.type_ids, dtype=np.int64), _pair_start(encoding)))
         return self._padded(out)
 
-    def encode_templated_pairs(self, pairs: Sequence[tuple[str, str]], template: dict[str, str],
+    def encode_templated_pairs(self, pairs: Sequence[tuple[str, str]], template: dict[str, Any],
                                truncate: bool = True, labels: Sequence[str] | None = None,
                                direction: str = "right") -> list[TokenizedInput]:
-        """(query, document) pairs as one text each, "{prefix}{body}{suffix}" (Qwen3-Reranker's template, the
-        manifest's pair_template): each part tokenized on its own as the model card does, the prefix and suffix
-        without special tokens, and only the body cut, to what max_seq_length leaves it. The body is tokenized
-        whole before it is cut: its cost is bounded by the request's size."""
+        """(query, document) pairs as one text each, as an LLM reranker's template (the manifest's pair_template,
+        model/llm_reranker.py) says: its "body" style, "{prefix}{body}{suffix}" (Qwen3-Reranker's), each part
+        tokenized on its own as the model card does, the prefix and suffix without special tokens, and only the body
+        cut, to what max_seq_length leaves it; or its "query_document" style (_encode_query_document). Each text is
+        tokenized whole before it is cut: the cost is bounded by the request's size."""
         labels = labels or [f"input {i}" for i in range(len(pairs))]
+        if template.get("style") == "query_document":
+            return self._encode_query_document(pairs, template, truncate, labels, direction)
         prefix, suffix = (self._whole.encode(template[part], add_special_tokens=False).ids
                           for part in ("prefix", "suffix"))
         room = self.max_seq_length - len(prefix) - len(suffix)
@@ -210,6 +214,49 @@ class TextTokenizer:
             start = _token_holding(encoding, len(before))
             out.append(TokenizedInput(np.asarray(prefix + encoding.ids + suffix, dtype=np.int64), truncated,
                                       None, len(prefix) + start))
+        return out
+
+    def _encode_query_document(self, pairs: Sequence[tuple[str, str]], template: dict[str, Any], truncate: bool,
+                               labels: Sequence[str], direction: str) -> list[TokenizedInput]:
+        """prefix + query + sep + document + suffix, each part tokenized alone without special tokens, as
+        mxbai-rerank's MxbaiRerankV2.prepare_inputs builds a pair: the query cut at query_max_length tokens, the
+        document at document_max_length (and at document_budget less the query's tokens, where there is one), then
+        sep + document cut from its end so that the pair (the prefix too where prefix_in_pair) holds at most
+        pair_max_length tokens, as transformers' truncation "only_second" cuts (not at all where it would take the
+        whole second part). direction "left" keeps each cut part's last tokens instead of its first."""
+        def ids(text: str) -> list[int]:
+            return self._whole.encode(text, add_special_tokens=False).ids
+
+        def cut(tokens: list[int], most: int) -> list[int]:
+            return tokens[len(tokens) - most:] if direction == "left" else tokens[:most]
+
+        prefix = [i for part in template["prefix"] for i in ids(part)]
+        suffix = [i for part in template["suffix"] for i in ids(part)]
+        sep = ids(template["sep"])
+        counted = len(prefix) if template["prefix_in_pair"] else 0
+        out = []
+        for (query, document), label in zip(pairs, labels, strict=True):
+            whole_query = ids(template["query"].format(query=query))
+            query_ids = cut(whole_query, template["query_max_length"])
+            most = template["document_max_length"]
+            if template["document_budget"] is not None:
+                most = min(most, template["document_budget"] - len(query_ids))
+            whole_document = ids(template["document"].format(document=document))
+            second = sep + cut(whole_document, most)
+            remove = counted + len(query_ids) + len(second) - template["pair_max_length"]
+            if 0 < remove < len(second):
+                second = second[remove:] if direction == "left" else second[:len(second) - remove]
+            truncated = len(query_ids) < len(whole_query) or len(second) < len(sep) + len(whole_document)
+            if truncated and not truncate:
+                raise InputTooLongError(f"{label}: the pair is longer than the reranker's template keeps "
+                                        f"({template['query_max_length']} tokens of the query, "
+                                        f"{template['pair_max_length']} of the query and the document){self._why}")
+            kept = prefix + query_ids + second + suffix
+            if len(kept) > self.max_seq_length:  # served below the template's longest: no other cut is the reference's
+                raise InputTooLongError(f"{label}: the templated pair takes {len(kept)} tokens, over {self.limit}"
+                                        f"{self._why}")
+            out.append(TokenizedInput(np.asarray(kept, dtype=np.int64), truncated, None,
+                                      len(prefix) + len(query_ids) + len(sep)))
         return out
 
     def _pair(self, a: str, b: str, direction: str, whole_lengths: dict[str, int]):

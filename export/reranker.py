@@ -25,7 +25,7 @@ from attnserve.errors import ExportVerificationError
 from attnserve.model.checkpoint import Checkpoint
 from attnserve.model.cross_encoder import Reranker, load_reranker
 from attnserve.model.family import EncoderModule
-from attnserve.model.qwen3_reranker import Qwen3Reranker
+from attnserve.model.llm_reranker import LLMReranker
 
 from .external_data import SharedWeights
 from .memory import small_heaps
@@ -34,7 +34,7 @@ from .torch_to_onnx import trace
 from .verify import CALIBRATION_TEXTS, SAMPLE_TEXTS, TEXT_BATCHES, VALUE_NORMS_BAR, LengthCaps, Tolerance
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-AnyReranker = Reranker | Qwen3Reranker  # a cross-encoder, or Qwen3-Reranker (export/qwen3_reranker.py)
+AnyReranker = Reranker | LLMReranker  # a cross-encoder, or an LLM reranker (export/llm_reranker.py)
 # Largest error of the raw logits allowed against PyTorch, per precision, relative to the largest logit checked
 # (at least 1, so that for logits within +-1 it is absolute): rounding grows with the logits' scale. Measured on
 # the tests' cross-encoder (logits up to about 8.5): fp32 5.5e-5 absolute, 6.5e-6 relative; fp16 0.09 absolute,
@@ -289,11 +289,11 @@ def check_parity(path: Path, precision: str, metrics: dict[str, float]) -> dict[
 
 def load_module(ckpt: Checkpoint, encoder: EncoderModule, tokenizer: TextTokenizer, log: Callable[[str], None]
                 ) -> tuple[AnyReranker, Callable[[list[tuple[str, str]]], list[TokenizedInput]]]:
-    """The reranker module over the loaded encoder (a cross-encoder, or Qwen3-Reranker: a templated reranker,
-    export/qwen3_reranker.py), and how its pairs are tokenized."""
+    """The reranker module over the loaded encoder (a cross-encoder, or an LLM reranker: a templated one,
+    export/llm_reranker.py), and how its pairs are tokenized."""
     assert ckpt.score_activation is not None, "read_checkpoint reads a reranker's activation"
     if ckpt.pair_template is not None:
-        from .qwen3_reranker import load_templated_reranker
+        from .llm_reranker import load_templated_reranker
 
         return load_templated_reranker(ckpt, encoder, tokenizer, log)
     assert ckpt.head is not None, "read_checkpoint reads a cross-encoder's head"

@@ -25,10 +25,12 @@ import torch
 
 from attnserve.errors import CheckpointError
 
-from . import classifier_heads, clip, cross_encoder, pylate_colbert, qwen3, qwen3_reranker, splade, static_embedding
+from . import classifier_heads, clip, cross_encoder, llm_reranker, pylate_colbert, splade, static_embedding
 from .checkpoint_files import legacy_renamed, read_json
 from .families import FAMILIES, family_of
 from .family import EncoderModule, ModelConfig, WeightNames
+from .llm_reranker import Kind as LLMRerankerKind
+from .llm_reranker import PairTemplate, QueryDocumentTemplate
 from .pipeline import Pipeline, read_pipeline, tokenizer_max_length
 from .sentence_head import load_token_vectors
 from .tokenizer_files import tokenizer_json
@@ -76,8 +78,10 @@ class Checkpoint:
         if isinstance(self.config, static_embedding.StaticConfig):
             return [f"StaticEmbedding({self.config.library})", "Pooling(mean)",
                     *(["Normalize"] if self.normalize else [])]
-        if self.kind == "reranker" and self.pair_template is not None:
-            return [f"Transformer({family})", f"LogitScore(yes - no at the last token, {self.score_activation})"]
+        if self.llm_reranker is not None:
+            yes, no = self.llm_reranker.answers
+            return [f"Transformer({family})",
+                    f"LogitScore({yes}{'' if no is None else f' - {no}'} at the last token, {self.score_activation})"]
         if self.head is not None:
             return [f"Transformer({family})",
                     f"Classifier({self.head.architecture}, {self.num_labels}, {self.score_activation})"]
@@ -85,8 +89,10 @@ class Checkpoint:
     kind: str = "embedder"  # or "reranker": a checkpoint with a classification head (cross_encoder.py)
     num_labels: int = 0  # a reranker's classifier outputs
     score_activation: str | None = None  # a reranker's CrossEncoder activation (cross_encoder.ACTIVATIONS)
-    # A reranker that scores one templated text per pair rather than the tokenizer's pair (qwen3_reranker.py).
-    pair_template: qwen3_reranker.PairTemplate | None = None
+    # An LLM reranker (llm_reranker.py): which one, and the one templated text it scores per pair rather than the
+    # tokenizer's pair.
+    llm_reranker: LLMRerankerKind | None = None
+    pair_template: PairTemplate | QueryDocumentTemplate | None = None
     head: classifier_heads.Head | None = None  # a reranker's classification head
     # A classifier's label names in output order (config.json's id2label), and its problem_type
     # ("single_label_classification", "multi_label_classification" or None), which decide how /predict scores.
@@ -175,8 +181,9 @@ def read_checkpoint(directory: str | Path, name: str | None = None) -> Checkpoin
     tokenizer_json(directory)  # its own, or built from a slow tokenizer's files: checked before anything else
     if head is not None:
         return _read_reranker(directory, name, cfg, raw, head, weights)
-    if isinstance(cfg, qwen3.Qwen3Config) and qwen3_reranker.is_reranker(raw, directory):
-        return _read_qwen3_reranker(directory, name, cfg, raw, weights)
+    llm = llm_reranker.recognise(raw, directory)
+    if llm is not None:
+        return _read_llm_reranker(directory, name, cfg, raw, weights, llm)
     pipeline = (family.pipeline(directory, cfg) if family.pipeline is not None else
                 read_pipeline(directory, cfg.usable_positions, cfg.hidden_size))
     _check_no_head(weights, FAMILIES[cfg.family].weights, _projection_keys(pipeline))
@@ -210,16 +217,20 @@ def _read_reranker(directory: Path, name: str | None, cfg: ModelConfig, raw: dic
                       problem_type=cross_encoder.problem_type(raw, directory / "config.json"))
 
 
-def _read_qwen3_reranker(directory: Path, name: str | None, cfg: qwen3.Qwen3Config, raw: dict, weights: Weights
-                         ) -> Checkpoint:
-    """Qwen3-Reranker: the causal LM's yes/no answer after the model card's template (qwen3_reranker.py)."""
+def _read_llm_reranker(directory: Path, name: str | None, cfg: ModelConfig, raw: dict, weights: Weights,
+                       kind: llm_reranker.Kind) -> Checkpoint:
+    """An LLM reranker: the causal LM's answer logits after its reference's template (llm_reranker.py)."""
     _check_no_head(weights, FAMILIES[cfg.family].weights)  # lm_head is its only key outside
-    qwen3_reranker.answer_ids(tokenizer_json(directory))
-    qwen3_reranker.tied_embeddings(raw, directory / "config.json")
-    length = tokenizer_max_length(directory, cfg.usable_positions)
-    pipeline = Pipeline(("lasttoken",), (), False, length, "tokenizer", {}, None)
+    tokenizer = tokenizer_json(directory)
+    llm_reranker.answer_ids(kind, tokenizer)
+    llm_reranker.tied_embeddings(raw, directory / "config.json", kind)
+    template = llm_reranker.pair_template(kind, tokenizer, directory, cfg.usable_positions)
+    # The longest templated pair (the template's own cuts), or the tokenizer's length (Qwen3-Reranker's body cut).
+    length, length_from = (template.longest, "template") if isinstance(template, llm_reranker.QueryDocumentTemplate) \
+        else (tokenizer_max_length(directory, cfg.usable_positions), "tokenizer")
+    pipeline = Pipeline(("lasttoken",), (), False, length, length_from, {}, None)
     return Checkpoint(directory, name or directory.name, cfg, pipeline, kind="reranker", num_labels=1,
-                      score_activation="sigmoid", pair_template=qwen3_reranker.PairTemplate())
+                      score_activation=kind.activation, llm_reranker=kind, pair_template=template)
 
 
 def load_encoder(ckpt: Checkpoint, dtype: torch.dtype | None = None) -> EncoderModule:

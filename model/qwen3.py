@@ -13,7 +13,7 @@ Padding: a token's output depends only on the real tokens before it and their di
 right padding (the engine's) and left padding (Qwen3-Embedding's tokenizer's) give the same real outputs.
 The reference is transformers' Qwen3Model (eager and sdpa paths, transformers 5.x); tests compare against it.
 A Qwen3ForCausalLM checkpoint is read here too: as an encoder its lm_head is unused; as a reranker
-(qwen3_reranker.py) only the rows of "yes" and "no" are.
+(llm_reranker.py) only the rows of "yes" and "no" are.
 
 Shapes: B batch, T sequence, H hidden, nh query heads, nkv key/value heads, hs head size, F intermediate size,
 L layers.

@@ -1,7 +1,7 @@
 """Rerankers against the implementations nobody here wrote. Cross-encoders of every family (model/classifier_heads.py):
 the PyTorch module's logits against transformers' XForSequenceClassification (eager and sdpa where offered), the
 exported graphs' scores against sentence-transformers' CrossEncoder over the same folder. Qwen3-Reranker
-(model/qwen3_reranker.py, export/qwen3_reranker.py): the model card's template, tokenization, left padding and
+(model/llm_reranker.py, export/llm_reranker.py): the model card's template, tokenization, left padding and
 p(yes) with transformers' Qwen3ForCausalLM. Both through the engine and one real server's gRPC Rerank and TEI
 /rerank; int8 held to its bar or refused; what this code does not reproduce refused in one line before any weight
 loads. The checkpoints are tiny random-weight ones saved by transformers and CrossEncoder themselves
@@ -31,9 +31,9 @@ from attnserve.export.reranker import SCORE_TOLERANCE
 from attnserve.export.reranker_int8 import score_agreement
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.cross_encoder import load_reranker
+from attnserve.model.llm_reranker import BODY, INSTRUCTION, PREFIX, SUFFIX
+from attnserve.model.llm_reranker import load_reranker as load_qwen3_reranker
 from attnserve.model.pooling import pool
-from attnserve.model.qwen3_reranker import BODY, INSTRUCTION, PREFIX, SUFFIX
-from attnserve.model.qwen3_reranker import load_reranker as load_qwen3_reranker
 from attnserve.v1 import encoder_pb2 as pb
 
 from .checkpoints import copy_checkpoint, edit_json

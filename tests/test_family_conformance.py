@@ -28,6 +28,7 @@ from attnserve.export.verify import TOLERANCES
 from attnserve.model.attention_reach import EVERY_KEY, beyond, reach_of
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.model.jina_v3 import TASKS, with_task
+from attnserve.model.llm_reranker import KINDS
 from attnserve.model.pooling import pool
 
 from .checkpoints import copy_checkpoint, edit_json
@@ -198,7 +199,10 @@ def test_head_checkpoints_load_their_encoder_or_are_refused(tmp_path, row):
     sentence-transformers loads) leaves it; a head whose output the export would drop is refused, by its
     architecture and, that renamed away, by its weights."""
     if row.masked_lm:
-        masked = row.save(tmp_path / "mlm", model_class=row.masked_lm, seed=1)
+        # A bare causal LM of an LLM reranker's architecture is that reranker (model/llm_reranker.py): given the
+        # positions its template needs, its encoder loads as any causal LM's.
+        room = {"max_position_embeddings": 512} if row.masked_lm in {k.architecture for k in KINDS} else {}
+        masked = row.save(tmp_path / "mlm", model_class=row.masked_lm, seed=1, **room)
         encoder = load_encoder(read_checkpoint(masked))
         ids, mask, types = batch(row, encoder.config, (12, 7), seed=0)
         want = hidden(transformers_model(masked, "eager"), ids, mask, types).last_hidden_state

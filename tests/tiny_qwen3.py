@@ -35,7 +35,7 @@ def qwen3_tokenizer(out: Path, append_end_of_text: bool = True) -> Path:
     tokenizer.decoder = decoders.ByteLevel()
     # "yes" and "no" as often as the answer words of a real corpus, so that each is one token, and the reranker's
     # template, so that it takes tens of tokens rather than hundreds.
-    from attnserve.model.qwen3_reranker import PREFIX, SUFFIX
+    from attnserve.model.llm_reranker import PREFIX, SUFFIX
 
     words = ["yes", "no"] * 50 + [PREFIX, SUFFIX, PROMPTS["query"]] * 20
     tokenizer.train_from_iterator(corpus() + words, trainers.BpeTrainer(
