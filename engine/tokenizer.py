@@ -234,9 +234,12 @@ class TextTokenizer:
         suffix = [i for part in template["suffix"] for i in ids(part)]
         sep = ids(template["sep"])
         counted = len(prefix) if template["prefix_in_pair"] else 0
+        queries: dict[str, list[int]] = {}  # a rerank's one query, tokenized once for all its pairs
         out = []
         for (query, document), label in zip(pairs, labels, strict=True):
-            whole_query = ids(template["query"].format(query=query))
+            if query not in queries:
+                queries[query] = ids(template["query"].format(query=query))
+            whole_query = queries[query]
             query_ids = cut(whole_query, template["query_max_length"])
             most = template["document_max_length"]
             if template["document_budget"] is not None:

@@ -126,7 +126,7 @@ class ModelInfo:
 def model_outputs(manifest: Manifest) -> tuple[str, ...]:
     """What a model answers (ModelInfo.outputs)."""
     if manifest.kind == "reranker":
-        if manifest.pair_template is not None:  # Qwen3-Reranker: a templated (query, document) pair only
+        if manifest.pair_template is not None:  # an LLM reranker: a templated (query, document) pair only
             return ("rerank",)
         # A cross-encoder also shows the attention of the pairs it scores.
         return ("rerank", "predict", "attention") if manifest.num_labels == 1 else ("predict", "attention")

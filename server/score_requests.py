@@ -161,7 +161,7 @@ def prepare_rerank(request: RerankRequest, tokenizer: TextTokenizer, manifest: M
         check_texts(request.texts, labels)  # named as the request names them, not as sides of pairs
         texts = _first_tokens(request.texts, tokenizer, request.max_tokens_per_doc, labels)
         pairs = [(request.query, text) for text in texts]
-        if manifest.pair_template is not None:  # one templated text per pair (Qwen3-Reranker)
+        if manifest.pair_template is not None:  # one templated text per pair (an LLM reranker)
             inputs = tokenizer.encode_templated_pairs(pairs, manifest.pair_template,
                                                       truncates(request.truncate, limits), labels, direction)
         else:

@@ -306,6 +306,10 @@ REFUSED = [
     ("gemma2", {"attn_logit_softcapping": -1.0}, "attn_logit_softcapping must be a positive number or null"),
     ("gemma2", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e3, "factor": 2.0}}, "cannot reproduce r"),
     ("gemma2", {"architectures": ["Gemma2ForSequenceClassification"]}, "cannot reproduce architecture Gemma2ForSeq"),
+    ("gemma", {"use_bidirectional_attention": True}, "cannot reproduce use_bidirectional_attention true"),
+    ("gemma", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e3, "factor": 2.0}}, "cannot reproduce ro"),
+    ("gemma", {"hidden_act": "quick_gelu"}, "hidden_act"),
+    ("gemma", {"attention_bias": "yes"}, "attention_bias"),
     ("gemma3_text", {"architectures": ["Gemma3ForCausalLM"]}, "cannot reproduce architecture Gemma3ForCausalLM"),
     ("gemma3_text", {"hidden_activation": "relu"}, "hidden_activation 'relu' is not supported"),
     ("gemma3_text", {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "cannot reproduce rope_scaling"),
@@ -677,7 +681,7 @@ def _legacy(config: dict, drop: tuple[str, ...], **add) -> dict:
     return {k: v for k, v in config.items() if k not in drop} | add
 
 
-@pytest.mark.parametrize("name", ["modernbert", "eurobert", "qwen3", "gemma3_text", "llama", "mistral"])
+@pytest.mark.parametrize("name", ["modernbert", "eurobert", "qwen3", "gemma3_text", "llama", "mistral", "gemma"])
 def test_the_transformers_4_config_form_reads_as_transformers_reads_it(built, name):
     """The 4.x form of the same settings (no layer_types or rope_parameters: rope_theta and its kin beside the
     other keys) reads the same, here and in transformers."""
@@ -717,6 +721,11 @@ def test_the_transformers_4_config_form_reads_as_transformers_reads_it(built, na
         theirs, mine = transformers.MistralConfig.from_dict(legacy), read(legacy)
         assert (mine.sliding_window, mine.head_size) == (theirs.sliding_window, theirs.head_dim) == (4096, 16)
         assert mine.rope_theta == theirs.rope_parameters["rope_theta"] == 1000.0
+    elif name == "gemma":  # as bge-reranker-v2-gemma's config.json has it: rope_theta, the legacy hidden_act "gelu"
+        legacy = _legacy(raw, ("rope_parameters",), rope_theta=1000.0, rope_scaling=None, hidden_act="gelu")
+        theirs = transformers.GemmaConfig.from_dict(legacy)
+        assert read(legacy) == cfg and theirs.hidden_act == cfg.activation == "gelu_pytorch_tanh"
+        assert theirs.rope_parameters["rope_theta"] == 1000.0
     else:  # layer types from sliding_window_pattern; transformers' bidirectional window is sliding_window // 2 + 1
         legacy = _legacy(raw, ("layer_types", "rope_parameters"), rope_theta=1000.0, rope_local_base_freq=100.0,
                          sliding_window_pattern=2)
