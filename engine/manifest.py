@@ -324,9 +324,8 @@ def _model_fields(raw: dict) -> dict[str, Any]:
 
 # A "query_document" pair_template's fields and their JSON types (model/llm_reranker.py QueryDocumentTemplate).
 QUERY_DOCUMENT_KEYS: dict[str, type | tuple[type, ...]] = {
-    "prefix": list, "query": str, "sep": str, "document": str, "suffix": list, "query_max_length": int,
-    "document_max_length": int, "document_budget": (int, type(None)), "pair_max_length": int, "prefix_in_pair": bool,
-    "longest": int}
+    "prefix": list, "query": str, "sep": str, "document": str, "suffix": list, "max_length": int,
+    "document_budget": (int, type(None)), "pair_extra": int, "prefix_in_pair": bool, "longest": int}
 
 
 def _pair_template(raw: Any) -> dict[str, Any] | None:

@@ -219,11 +219,12 @@ class TextTokenizer:
     def _encode_query_document(self, pairs: Sequence[tuple[str, str]], template: dict[str, Any], truncate: bool,
                                labels: Sequence[str], direction: str) -> list[TokenizedInput]:
         """prefix + query + sep + document + suffix, each part tokenized alone without special tokens, as
-        mxbai-rerank's MxbaiRerankV2.prepare_inputs builds a pair: the query cut at query_max_length tokens, the
-        document at document_max_length (and at document_budget less the query's tokens, where there is one), then
-        sep + document cut from its end so that the pair (the prefix too where prefix_in_pair) holds at most
-        pair_max_length tokens, as transformers' truncation "only_second" cuts (not at all where it would take the
-        whole second part). direction "left" keeps each cut part's last tokens instead of its first."""
+        mxbai-rerank's MxbaiRerankV2.prepare_inputs and FlagLLMReranker.compute_score build a pair, cut by their
+        max_length L: the query at L * 3 // 4 tokens, the document at L (and at document_budget less the query's
+        tokens, where there is one), then sep + document from its end so that the pair (the prefix too where
+        prefix_in_pair) holds at most L + pair_extra tokens, as transformers' truncation "only_second" cuts (not at
+        all where it would take the whole second part). Served below the template's longest pair, L is what fits:
+        the reference run with that max_length. direction "left" keeps each cut part's last tokens instead."""
         def ids(text: str) -> list[int]:
             return self._whole.encode(text, add_special_tokens=False).ids
 
@@ -234,32 +235,34 @@ class TextTokenizer:
         suffix = [i for part in template["suffix"] for i in ids(part)]
         sep = ids(template["sep"])
         counted = len(prefix) if template["prefix_in_pair"] else 0
+        longest = len(prefix) - counted + template["max_length"] + template["pair_extra"] + len(suffix)
+        length = template["max_length"] - max(0, longest - self.max_seq_length)  # L, or what fits the served length
+        if length < 4:
+            raise InvalidInputError(f"{self.limit} leaves no room between the reranker's template's "
+                                    f"{longest - template['max_length']} tokens{self._why}")
+        pair_max = length + template["pair_extra"]
         queries: dict[str, list[int]] = {}  # a rerank's one query, tokenized once for all its pairs
         out = []
         for (query, document), label in zip(pairs, labels, strict=True):
             if query not in queries:
                 queries[query] = ids(template["query"].format(query=query))
             whole_query = queries[query]
-            query_ids = cut(whole_query, template["query_max_length"])
-            most = template["document_max_length"]
+            query_ids = cut(whole_query, length * 3 // 4)
+            most = length
             if template["document_budget"] is not None:
                 most = min(most, template["document_budget"] - len(query_ids))
             whole_document = ids(template["document"].format(document=document))
             second = sep + cut(whole_document, most)
-            remove = counted + len(query_ids) + len(second) - template["pair_max_length"]
+            remove = counted + len(query_ids) + len(second) - pair_max
             if 0 < remove < len(second):
                 second = second[remove:] if direction == "left" else second[:len(second) - remove]
             truncated = len(query_ids) < len(whole_query) or len(second) < len(sep) + len(whole_document)
             if truncated and not truncate:
                 raise InputTooLongError(f"{label}: the pair is longer than the reranker's template keeps "
-                                        f"({template['query_max_length']} tokens of the query, "
-                                        f"{template['pair_max_length']} of the query and the document){self._why}")
-            kept = prefix + query_ids + second + suffix
-            if len(kept) > self.max_seq_length:  # served below the template's longest: no other cut is the reference's
-                raise InputTooLongError(f"{label}: the templated pair takes {len(kept)} tokens, over {self.limit}"
-                                        f"{self._why}")
-            out.append(TokenizedInput(np.asarray(kept, dtype=np.int64), truncated, None,
-                                      len(prefix) + len(query_ids) + len(sep)))
+                                        f"({length * 3 // 4} tokens of the query, {pair_max} of the query and the "
+                                        f"document){self._why}")
+            out.append(TokenizedInput(np.asarray(prefix + query_ids + second + suffix, dtype=np.int64), truncated,
+                                      None, len(prefix) + len(query_ids) + len(sep)))
         return out
 
     def _pair(self, a: str, b: str, direction: str, whole_lengths: dict[str, int]):

@@ -28,13 +28,14 @@ How a pair becomes one text (the template, the manifest's pair_template), per ki
 - "body" (Qwen3-Reranker): "{prefix}{body}{suffix}", the body formatted with the instruction, the query and the
   document; each part tokenized on its own, only the body cut, to what max_seq_length leaves it.
 - "query_document" (mxbai-rerank-v2, bge-reranker-v2-gemma): prefix + query's tokens + sep + document's tokens +
-  suffix, each part tokenized on its own without special tokens; the query cut at query_max_length tokens, the
-  document at min(document_max_length, document_budget - the query's tokens), then sep + document cut from its end
-  so that the query and it (and the prefix where prefix_in_pair) hold at most pair_max_length tokens
-  (transformers' truncation "only_second"). engine/tokenizer.py applies it. mxbai's prefix is its chat template's
-  start, its suffix sep, its task prompt and the chat template's end; FlagLLMReranker's prefix is the tokenizer's
-  bos token (counted in the pair; none where bos is the pad token), its query "A: {query}", its document
-  "B: {document}", its suffix sep and its prompt.
+  suffix, each part tokenized on its own without special tokens, cut by the reference's max_length L: the query at
+  L * 3 // 4 tokens, the document at min(L, document_budget - the query's tokens), then sep + document from its end
+  so that the query and it (and the prefix where prefix_in_pair) hold at most L + pair_extra tokens (transformers'
+  truncation "only_second"). engine/tokenizer.py applies it; served below the template's longest (the export's
+  verified length), L shrinks until the longest pair fits: the reference run with that max_length. mxbai's prefix is
+  its chat template's start, its suffix sep, its task prompt and the chat template's end; FlagLLMReranker's
+  prefix is the tokenizer's bos token (counted in the pair; none where bos is the pad token), its query
+  "A: {query}", its document "B: {document}", its suffix sep and its prompt.
 
 Shapes: B batch, T sequence, H hidden.
 """
@@ -105,12 +106,11 @@ class QueryDocumentTemplate:
     sep: str
     document: str  # with {document}
     suffix: tuple[str, ...]
-    query_max_length: int
-    document_max_length: int
-    document_budget: int | None  # None: no budget beyond document_max_length
-    pair_max_length: int
-    prefix_in_pair: bool  # whether the prefix's tokens count towards pair_max_length
-    longest: int  # the most tokens a pair can take: the manifest's max_seq_length
+    max_length: int  # the reference's max_length L: the query keeps L * 3 // 4 tokens, the document L
+    document_budget: int | None  # None: no budget beyond max_length
+    pair_extra: int  # the query and the document (and the prefix where prefix_in_pair) hold L + pair_extra
+    prefix_in_pair: bool  # whether the prefix's tokens count towards L + pair_extra
+    longest: int  # the most tokens a pair can take (at most the positions): the manifest's max_seq_length
 
     def to_json(self) -> dict[str, Any]:
         return {"style": "query_document", **{k: list(v) if isinstance(v, tuple) else v
@@ -156,8 +156,7 @@ def _mxbai_template(tokenizer, directory: Path, positions: int) -> QueryDocument
                               "positions, leaving no room for a query and a document")
     return QueryDocumentTemplate(
         prefix=(MXBAI_CHAT_PREFIX,), query="query: {query}", sep=MXBAI_SEP, document="document: {document}",
-        suffix=suffix, query_max_length=length * 3 // 4, document_max_length=length,
-        document_budget=positions - predefined, pair_max_length=length, prefix_in_pair=False,
+        suffix=suffix, max_length=length, document_budget=positions - predefined, pair_extra=0, prefix_in_pair=False,
         longest=predefined + length)
 
 
@@ -180,8 +179,7 @@ def _flag_template(tokenizer, directory: Path, positions: int) -> QueryDocumentT
                               "positions, leaving no room for a query and a document")
     return QueryDocumentTemplate(
         prefix=prefix, query="A: {query}", sep=FLAG_SEP, document="B: {document}", suffix=suffix,
-        query_max_length=FLAG_MAX_LENGTH * 3 // 4, document_max_length=FLAG_MAX_LENGTH, document_budget=None,
-        pair_max_length=pair_max, prefix_in_pair=True,
+        max_length=FLAG_MAX_LENGTH, document_budget=None, pair_extra=pair_max - FLAG_MAX_LENGTH, prefix_in_pair=True,
         longest=min(pair_max + sum(count(part) for part in suffix), positions))
 
 

@@ -33,6 +33,7 @@ import torch
 
 from attnserve.engine.engine import Engine
 from attnserve.engine.session import open_session
+from attnserve.engine.tokenizer import TextTokenizer
 from attnserve.errors import CheckpointError
 from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import read_checkpoint
@@ -96,10 +97,11 @@ class Kind:
     reference: Any  # (folder) -> (scores(queries, documents) -> np.ndarray, Recorded)
 
 
-def _mxbai(folder: Path):
+def _mxbai(folder: Path, max_length: int | None = None):
     MxbaiRerankV2 = pytest.importorskip("mxbai_rerank", reason="attnserve[dev] installs mxbai-rerank").MxbaiRerankV2
 
-    model = MxbaiRerankV2(str(folder), device="cpu", torch_dtype=torch.float32)
+    model = MxbaiRerankV2(str(folder), device="cpu", torch_dtype=torch.float32,
+                          **({} if max_length is None else {"max_length": max_length}))
     compat = _flag_module("FlagEmbedding.utils.tokenizer_compat").prepare_for_model_compat
     # Only truncation_side and model_input_names are read with add_special_tokens false; a view, so that the compat
     # function does not find this very attribute and call itself.
@@ -109,9 +111,10 @@ def _mxbai(folder: Path):
     return (lambda queries, documents: model.predict(queries, documents).numpy()), Recorded(model.model)  # raw
 
 
-def _flag(folder: Path):
+def _flag(folder: Path, max_length: int | None = None):
     base = _flag_module("FlagEmbedding.inference.reranker.decoder_only.base")
-    model = base.BaseLLMReranker(str(folder), devices="cpu", batch_size=64)  # FlagLLMReranker; fp32 on the CPU
+    model = base.BaseLLMReranker(str(folder), devices="cpu", batch_size=64,  # FlagLLMReranker; fp32 on the CPU
+                                 **({} if max_length is None else {"max_length": max_length}))
     return (lambda queries, documents: np.asarray(model.compute_score(list(zip(queries, documents, strict=True))))), \
         Recorded(model.model)  # normalize=False: the raw "Yes" logit
 
@@ -212,6 +215,21 @@ def test_engine_tokenizes_as_the_reference(kind, made):
     # FlagLLMReranker sorts its pairs by length before batching them: compared as a multiset.
     assert sorted(x.ids.tolist() for x in ours) == sorted(recorded.rows())
     assert [x.truncated for x in ours] == [False] * 6 + [True] * 3
+
+
+def test_served_below_the_templates_longest_pair_is_the_reference_at_a_shorter_max_length(kind, made):
+    """An export that verifies (and so serves) fewer tokens than the template's longest pair (mxbai-rerank-base-v2's
+    8,192-token max_length past its 3,575 verified tokens) cuts as the reference does with max_length that much
+    shorter."""
+    engine = Engine.from_directory(made.exported(kind))
+    template, served = engine.manifest.pair_template, engine.manifest.max_seq_length - 100
+    tokenizer = TextTokenizer(engine.manifest.path(engine.manifest.tokenizer), served, engine.manifest.vocab_size)
+    pairs = [(QUERY, t) for t in TEXTS] + [(LONG_QUERY, TEXTS[0]), (LONG_QUERY, TEXTS[-1])]
+    ours = tokenizer.encode_templated_pairs(pairs, template)
+    scores, recorded = kind.reference(made.folder(kind), max_length=template["max_length"] - 100)
+    scores([q for q, _ in pairs], [d for _, d in pairs])
+    assert sorted(x.ids.tolist() for x in ours) == sorted(recorded.rows())
+    assert max(len(x) for x in ours) == served
 
 
 def test_every_fp32_graph_takes_the_references_padded_batch(kind, made, want):
