@@ -90,11 +90,13 @@ class TextTokenizer:
         cut = [bool(self.char_limit) and len(text) > self.char_limit for text in texts]
         if any(cut):  # model2vec's encode cuts max_length x its median token length characters first
             texts = [text[:self.char_limit] for text in texts]
+        # encode_batch_fast: the same ids and overflow without each token's character offsets, which nothing here reads
+        # (the tokens and spans that need offsets are tokenized apart); a static model's encode is mostly this call.
         if direction == "left":
             shorten = self._shortening.apply if self._shortening else (lambda text: text)
-            encodings = self._left.encode_batch([shorten(text) for text in texts])
+            encodings = self._left.encode_batch_fast([shorten(text) for text in texts])
         else:
-            encodings = self._tokenizer.encode_batch([self._prefix.of(text) for text in texts])
+            encodings = self._tokenizer.encode_batch_fast([self._prefix.of(text) for text in texts])
         out = []
         for encoding, label, was_cut in zip(encodings, labels, cut, strict=True):
             truncated = bool(encoding.overflowing) or was_cut
