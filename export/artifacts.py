@@ -151,6 +151,10 @@ def build_artifacts(ckpt: Checkpoint, out: Path, log: Callable[[str], None] = _o
     log: each step's line as it starts, its results, and a heartbeat while one runs long (attnserve/progress.py)."""
     out = Path(out).absolute()  # the optimizer's step changes the working directory (optimize.py)
     names = all_variants(ckpt) if variants is None else list(variants)
+    unknown = [n for n in names if n != "quantization" and n not in variants_of(ckpt.kind)]
+    if unknown:  # else silently not built: a reranker's directory asked for "embeddings" held no graph at all
+        raise ArtifactError(f"no variant {unknown[0]!r} for a model of kind {ckpt.kind}; one of "
+                            f"{', '.join(variants_of(ckpt.kind))}")
     with _ExportProgress(log) as progress:
         return _build_new(ckpt, out, names, trace, provider, progress)
 
@@ -213,7 +217,7 @@ def add_variants(directory: Path, names: Iterable[str], log: Callable[[str], Non
             return manifest
         unknown = [n for n in missing if n != "quantization" and n not in variants_of(manifest.kind)]
         if unknown:
-            raise ArtifactError(f"{directory}: no variant {unknown[0]!r} for a {manifest.kind}; one of "
+            raise ArtifactError(f"{directory}: no variant {unknown[0]!r} for a model of kind {manifest.kind}; one of "
                                 f"{', '.join(variants_of(manifest.kind))}")
         if manifest.source is None:
             raise ArtifactError(f"{directory} lacks {', '.join(missing)} and was exported before variants were built "
@@ -520,6 +524,7 @@ class _Build:
             self._trace("fp32" if fp32 else self.first_trace, by_step["trace"])
         elif by_step["trace"]:
             self._trace("fp32", by_step["trace"])
+            self._commit()  # the trace's own graphs, verified over a trace an earlier build made, listed
         for step in STEPS[1:]:
             if by_step[step]:
                 getattr(self, f"_{step}")(by_step[step])

@@ -23,6 +23,7 @@ from attnserve.client.status import error_details
 from attnserve.config import ClientConfig, EngineConfig
 from attnserve.engine.engine import Engine
 from attnserve.engine.manifest import load_manifest
+from attnserve.errors import ArtifactError
 from attnserve.export.artifacts import build_artifacts
 from attnserve.model.checkpoint import load_encoder, read_checkpoint
 from attnserve.v1 import encoder_pb2 as pb
@@ -205,6 +206,22 @@ def test_export_all_on_its_own_directory_adds_what_it_lacks(tiny, tmp_path):
     assert again.returncode == 0, again.stderr
     assert "tracing the graph" not in again.stderr and (out / "embeddings.onnx").stat().st_mtime_ns == traced
     assert {"embeddings_fused", "embeddings_int8", "embeddings_fp16", "attention"} <= set(load_manifest(out).variants)
+
+
+def test_the_traces_own_graph_added_over_an_earlier_trace_is_listed_and_unknown_names_are_refused(tiny, tmp_path):
+    """A first build of the fused graph alone traced the plain one without listing it; adding the plain graph later
+    verifies it and lists it in manifest.json (it was verified and then left out). A variant of another kind's is
+    refused in one line, not silently skipped (a reranker's directory asked for "embeddings" held no graph)."""
+    from attnserve.export.artifacts import add_variants
+
+    out = tmp_path / "artifacts"
+    build_artifacts(read_checkpoint(tiny), out, log=lambda m: None, variants=["embeddings_fused"])
+    assert set(load_manifest(out).variants) == {"embeddings_fused"} and "fp32" in load_manifest(out).traces
+    add_variants(out, ["embeddings"], log=lambda m: None)
+    assert set(load_manifest(out).variants) == {"embeddings", "embeddings_fused"}
+    with pytest.raises(ArtifactError, match="^no variant 'scores' for a model of kind embedder; one of embeddings, "):
+        build_artifacts(read_checkpoint(tiny), tmp_path / "other", log=lambda m: None, variants=["scores"])
+    assert not (tmp_path / "other").exists()
 
 
 def test_the_last_layers_maps_are_cut_from_a_listed_attention_graph(tiny, tmp_path):
