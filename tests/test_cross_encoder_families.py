@@ -211,8 +211,10 @@ def test_manifest_graphs_and_int8(exported, kind, cross_encoder):
     logits = engine.score_tokenized(engine.tokenizer.encode_pairs(PAIRS))
     agreement = score_agreement(logits, cross_encoder.predict(PAIRS, activation_fn=torch.nn.Identity())[:, None],
                                 "sigmoid")
-    # Seven pairs, not the 256 of the export's bar: the error is held to its bar's mean, the order to near-ties.
-    assert agreement["mean_score_error"] <= 0.01 and agreement["spearman"] >= 0.9, agreement
+    # Seven pairs, a sample of what the export's bar held to a mean of 0.01 over 256: their mean may pass 0.01 by
+    # chance (one CI run measured 0.01005 for xlm-roberta), so it is held to twice that, which a broken int8 graph
+    # (errors of 0.1 and more) is far past; the order to near-ties.
+    assert agreement["mean_score_error"] <= 0.02 and agreement["spearman"] >= 0.9, agreement
 
 
 def test_scores_match_cross_encoder(exported, cross_encoder, kind):

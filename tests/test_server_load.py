@@ -26,7 +26,10 @@ SAMPLE_WORDS = (Path(__file__).resolve().parent.parent / "export/data/sample_tex
 MODEL = f'model="{DEFAULT_MODEL_NAME}"'  # the label of the per-model metrics
 EMBEDDED = 'attnserve_batch_size_sum{graph="embeddings",' + MODEL + '}'  # inputs computed
 # 64 x 256 tokens: seconds of compute, most of which a deadline just past their tokenizing spares.
-LONG_TEXTS = ["many words " * 200] * 64
+# Long texts, as many as the queue's token budget takes three quarters of (192 x 256 of its 65,536): the deadline
+# tests give them 0.3 s or more, in which 2 quiet cores computed 40 of 64 (one CI run), so that with 64 "most dropped"
+# was decided by the machine's speed. Of 192, at most a quarter computed leaves more than half dropped.
+LONG_TEXTS = ["many words " * 200] * 192
 
 
 def mixed_texts(n: int, seed: int = 0) -> list[str]:
@@ -133,8 +136,9 @@ def test_deadline_gives_deadline_exceeded_and_drops_the_queued_inputs(server, st
     with pytest.raises(grpc.RpcError) as error:
         stub.Embed(make_request(LONG_TEXTS, truncate=True), timeout=timeout)
     assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    dropped, computed = dropped_or_computed(server, before, 64)
-    assert dropped + computed == 64 and dropped >= 32, (dropped, computed)  # most never cost compute
+    dropped, computed = dropped_or_computed(server, before, len(LONG_TEXTS))
+    n = len(LONG_TEXTS)
+    assert dropped + computed == n and dropped >= n // 2, (dropped, computed)  # most never cost compute
     assert server.metrics()["attnserve_queue_depth_tokens{" + MODEL + "}"] == 0
     assert len(stub.Embed(make_request(["still serving"]), timeout=30).embeddings) == 1
 
