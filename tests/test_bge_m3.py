@@ -3,14 +3,12 @@ with bge-m3's head files, served on /embed, /embed_sparse, /embed_multi and gRPC
 written as three columns by one offline run (locally, through a server and on Ray).
 
 FlagEmbedding 1.4.2's package __init__ imports a reranker module written for transformers 4 (gone in 5); its M3
-embedder runs on 5, so flag_m3 imports that module with the packages' __init__ files left out, its code unchanged."""
+embedder runs on 5, so flag_m3 imports that module with the packages' __init__ files left out, its code unchanged
+(tests/flag_embedding.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
-import types
 from pathlib import Path
 
 import httpx
@@ -26,6 +24,7 @@ from attnserve.offline.job import EncodeJob
 from attnserve.offline.remote import encode_file_remote
 from attnserve.v1 import encoder_pb2 as pb
 from tests.checkpoints import save_sentence_transformer, save_tiny_family
+from tests.flag_embedding import flag_module
 from tests.offline_helpers import text_file
 from tests.output_kinds import export, grpc_refusal
 from tests.serving import ServerProcess, serving
@@ -38,19 +37,7 @@ COLUMNS = ("embedding", "sparse_embedding", "multi_vector")
 
 def flag_m3():
     """FlagEmbedding's M3Embedder, its packages' __init__ files left out (the module docstring says why)."""
-    spec = importlib.util.find_spec("FlagEmbedding")
-    if spec is None or spec.submodule_search_locations is None:
-        pytest.skip("FlagEmbedding is not installed (attnserve[dev] installs it)")
-    root = Path(spec.submodule_search_locations[0])
-    for name in ("FlagEmbedding", "FlagEmbedding.inference", "FlagEmbedding.inference.embedder",
-                 "FlagEmbedding.inference.embedder.encoder_only"):
-        if name not in sys.modules:
-            package = types.ModuleType(name)
-            package.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
-            sys.modules[name] = package
-    from FlagEmbedding.inference.embedder.encoder_only.m3 import M3Embedder
-
-    return M3Embedder
+    return flag_module("FlagEmbedding.inference.embedder.encoder_only.m3").M3Embedder
 
 
 def save_bge_m3(directory: Path, seed: int = 0) -> Path:

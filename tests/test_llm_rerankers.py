@@ -16,11 +16,8 @@ its place (FlagEmbedding's own port of transformers 4's id-level pair preparatio
 from __future__ import annotations
 
 import functools
-import importlib.machinery
-import importlib.util
 import json
 import shutil
-import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +37,7 @@ from attnserve.model.checkpoint import read_checkpoint
 from attnserve.v1 import encoder_pb2 as pb
 
 from .checkpoints import save_sentence_transformer
+from .flag_embedding import flag_module
 from .serving import ServerProcess, serving
 from .tiny_decoders import save_tiny_decoder
 from .tiny_gemma3 import save_tiny_gemma
@@ -51,25 +49,6 @@ TEXTS = ["Cats are obligate carnivores and eat meat.", "The stock market fell on
 LONG_QUERY = "which of these long words answers a long query " * 60  # cut at max_length * 3 // 4 tokens
 TOLERANCE = 1e-4  # the issue's bar for every rerank door
 FP32 = ["scores", "scores_fused"]
-
-
-def _flag_module(name: str):
-    """A FlagEmbedding module, its packages' __init__ files left out (the module docstring says why)."""
-    spec = importlib.util.find_spec("FlagEmbedding")
-    if spec is None or spec.submodule_search_locations is None:
-        pytest.skip("FlagEmbedding is not installed (attnserve[dev] installs it)")
-    root = Path(spec.submodule_search_locations[0])
-    parts = name.split(".")
-    for i in range(1, len(parts)):
-        package_name = ".".join(parts[:i])
-        if package_name not in sys.modules:
-            package = types.ModuleType(package_name)
-            package.__path__ = [str(root.joinpath(*parts[1:i]))]
-            # A spec, so that find_spec finds the package again (a later call, tests/test_bge_m3.py's).
-            package.__spec__ = importlib.machinery.ModuleSpec(package_name, None, is_package=True)
-            package.__spec__.submodule_search_locations = package.__path__
-            sys.modules[package_name] = package
-    return importlib.import_module(name)
 
 
 class Recorded:
@@ -102,7 +81,7 @@ def _mxbai(folder: Path, max_length: int | None = None):
 
     model = MxbaiRerankV2(str(folder), device="cpu", torch_dtype=torch.float32,
                           **({} if max_length is None else {"max_length": max_length}))
-    compat = _flag_module("FlagEmbedding.utils.tokenizer_compat").prepare_for_model_compat
+    compat = flag_module("FlagEmbedding.utils.tokenizer_compat").prepare_for_model_compat
     # Only truncation_side and model_input_names are read with add_special_tokens false; a view, so that the compat
     # function does not find this very attribute and call itself.
     view = types.SimpleNamespace(truncation_side=model.tokenizer.truncation_side,
@@ -112,7 +91,7 @@ def _mxbai(folder: Path, max_length: int | None = None):
 
 
 def _flag(folder: Path, max_length: int | None = None):
-    base = _flag_module("FlagEmbedding.inference.reranker.decoder_only.base")
+    base = flag_module("FlagEmbedding.inference.reranker.decoder_only.base")
     model = base.BaseLLMReranker(str(folder), devices="cpu", batch_size=64,  # FlagLLMReranker; fp32 on the CPU
                                  **({} if max_length is None else {"max_length": max_length}))
     return (lambda queries, documents: np.asarray(model.compute_score(list(zip(queries, documents, strict=True))))), \
