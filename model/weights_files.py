@@ -3,12 +3,16 @@ lists (a model past the 5 GB transformers writes to one file: Qwen3-Embedding-4B
 at a time.
 
 Only safetensors is read: a pickle checkpoint can run code on load. Keys, shapes and dtypes come from the files'
-headers, so a checkpoint is checked before any tensor is read; get() reads one tensor from its file's mapping.
+headers, so a checkpoint is checked before any tensor is read; get() reads one tensor's bytes from its file straight
+into the tensor's own memory. Not through a mapping (safetensors' safe_open): every page a mapping has read counts in
+the process's resident memory until it is closed, so loading a model held its weights twice, the mapped file's and
+the loaded copy (the Qwen3-Embedding-8B shape's 15 GB: 30 GB at the load's end, past a 24 GiB machine).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +26,10 @@ INDEX = "model.safetensors.index.json"
 # safetensors' dtype names -> bytes per element, for the weights' size.
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
                "F8_E4M3": 1, "F8_E5M2": 1}
+# safetensors' dtype names -> torch's attribute names.
+TORCH_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+                "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 
 
 def has_weights(directory: Path) -> bool:
@@ -50,13 +58,17 @@ class Weights:
                     raise CheckpointError(f"{directory / INDEX} names {file.name}, which is not a file in {directory}")
         else:
             raise CheckpointError(f"checkpoint file missing: {directory / SINGLE} (or {INDEX} with its shards)")
-        self._headers: dict[Path, dict[str, Any]] = {file: _header(file) for file in self.files}
+        # Each file's header, and where its tensors' bytes start (after the 8-byte length and the header).
+        self._headers: dict[Path, dict[str, Any]] = {}
+        self._data_start: dict[Path, int] = {}
+        for file in self.files:
+            self._headers[file], self._data_start[file] = _header(file)
+        self._sizes = {file: file.stat().st_size for file in self.files}
         if not self._shard:
             self._shard = {key: self.files[0] for key in self._headers[self.files[0]]}
         for key, file in self._shard.items():
             if key not in self._headers[file]:
                 raise CheckpointError(f"{self.name}: {file.name} lacks {key}, which the index places there")
-        self._open: dict[Path, Any] = {}
 
     def keys(self) -> list[str]:
         return list(self._shard)
@@ -83,23 +95,51 @@ class Weights:
         return total
 
     def get(self, key: str) -> torch.Tensor:
-        """One tensor, in its stored dtype, in memory of its own."""
-        from safetensors import SafetensorError, safe_open
+        """One tensor, in its stored dtype, in memory of its own (read, not mapped: the module docstring)."""
+        import torch
 
         file = self._shard[key]
-        try:
-            if file not in self._open:
-                self._open[file] = safe_open(str(file), framework="pt")
-            return self._open[file].get_tensor(key)
-        except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(f"corrupt weights file {file}: {e}") from None
+        entry = self._headers[file][key]
+        name = TORCH_DTYPES.get(entry["dtype"])
+        if name is None:
+            raise CheckpointError(f"{file}: {key} is stored as {entry['dtype']}, which no model here reads")
+        shape = tuple(entry["shape"])
+        tensor = torch.empty(shape, dtype=getattr(torch, name))
+        begin, end = _data_offsets(entry)
+        size = tensor.numel() * tensor.element_size()
+        start = self._data_start[file] + begin
+        if end - begin != size or start + size > self._sizes[file]:
+            raise CheckpointError(f"corrupt weights file {file}: {key}'s bytes [{begin}, {end}) do not hold a "
+                                  f"{entry['dtype']} tensor of shape {list(shape)} inside the file")
+        if size:
+            view = tensor.view(-1).view(torch.uint8).numpy()  # the tensor's own bytes, read into in place
+            try:
+                with open(file, "rb", buffering=0) as f:
+                    done = 0
+                    while done < size:  # a read may return less than asked (a signal, a network disk)
+                        got = os.preadv(f.fileno(), [memoryview(view)[done:]], start + done)
+                        if got <= 0:
+                            raise OSError(f"the file ended {size - done} bytes before {key}'s end")
+                        done += got
+            except OSError as e:
+                raise CheckpointError(f"corrupt weights file {file}: {e}") from None
+        return tensor
 
     def close(self) -> None:
-        self._open.clear()
+        """Nothing is held open between reads (kept for the callers that end a load with it)."""
 
 
-def _header(path: Path) -> dict[str, Any]:
-    """A safetensors file's header: key -> {"dtype", "shape", "data_offsets"} (its __metadata__ left out)."""
+def _data_offsets(entry: dict[str, Any]) -> tuple[int, int]:
+    offsets = entry.get("data_offsets")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]):
+        raise CheckpointError(f"a tensor's data_offsets are no [begin, end] pair: {offsets!r}")
+    return offsets[0], offsets[1]
+
+
+def _header(path: Path) -> tuple[dict[str, Any], int]:
+    """A safetensors file's header: key -> {"dtype", "shape", "data_offsets"} (its __metadata__ left out), and the
+    offset its tensors' bytes start at."""
     try:
         with open(path, "rb") as f:
             size = int.from_bytes(f.read(8), "little")
@@ -113,6 +153,6 @@ def _header(path: Path) -> dict[str, Any]:
             if not (isinstance(entry, dict) and isinstance(entry.get("dtype"), str)
                     and isinstance(entry.get("shape"), list) and all(isinstance(d, int) for d in entry["shape"])):
                 raise ValueError(f"the header's entry for {key} is no tensor description")
-        return tensors
+        return tensors, 8 + size
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise CheckpointError(f"corrupt weights file {path}: {e}") from None

@@ -6,6 +6,7 @@ the clone); every variant of the default model verified over the grid; the defau
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 from pathlib import Path
 
@@ -165,10 +166,13 @@ BROKEN = [
     (None, "export", ["checkpoint directory not found"]),
     # Found as the weights load (model/checkpoint.py load_encoder), after the checkpoint's files read well.
     (lambda c: (c / "model.safetensors").write_bytes(b"not safetensors at all"), "export", ["corrupt weights"]),
+    # A file cut short: its header reads well, its last tensors' bytes are not there (weights are read, not mapped).
+    (lambda c: os.truncate(c / "model.safetensors", (c / "model.safetensors").stat().st_size // 2), "load",
+     ["corrupt weights file", "do not hold"]),
 ]
 
 
-@pytest.mark.parametrize("broken, where, says", BROKEN, ids=["pickle", "keys", "missing", "corrupt"])
+@pytest.mark.parametrize("broken, where, says", BROKEN, ids=["pickle", "keys", "missing", "corrupt", "truncated"])
 def test_broken_weights_fail_loudly_naming_the_problem(checkpoint, tmp_path, broken, where, says):
     copy = tmp_path / "ckpt"
     if broken is not None:
