@@ -74,6 +74,8 @@ class TextTokenizer:
         self.vocab_size = vocab_size
         # A templated reranker's body tokenizers, truncating at what its template leaves (encode_templated_pairs).
         self._body_tokenizers: dict[tuple[int, str], Tokenizer] = {}
+        # A reranker template's fixed parts (prefix, suffix, sep), tokenized once, not on every request.
+        self._fixed_ids: dict[str, list[int]] = {}
         self._special_ids: np.ndarray | None = None  # special_mask's, read once
         self._frame: Frame | None = None  # windows()'s special tokens around a text, read once
 
@@ -192,8 +194,7 @@ class TextTokenizer:
         labels = labels or [f"input {i}" for i in range(len(pairs))]
         if template.get("style") == "query_document":
             return self._encode_query_document(pairs, template, truncate, labels, direction)
-        prefix, suffix = (self._whole.encode(template[part], add_special_tokens=False).ids
-                          for part in ("prefix", "suffix"))
+        prefix, suffix = (self._template_ids(template[part]) for part in ("prefix", "suffix"))
         room = self.max_seq_length - len(prefix) - len(suffix)
         if room < 1:
             raise InvalidInputError(f"{self.limit} leaves no room between the reranker's "
@@ -218,6 +219,13 @@ class TextTokenizer:
                                       None, len(prefix) + start))
         return out
 
+    def _template_ids(self, text: str) -> list[int]:
+        """A template's fixed text's ids, without special tokens (the same list each time: callers copy it)."""
+        found = self._fixed_ids.get(text)
+        if found is None:
+            found = self._fixed_ids[text] = self._whole.encode(text, add_special_tokens=False).ids
+        return found
+
     def _encode_query_document(self, pairs: Sequence[tuple[str, str]], template: dict[str, Any], truncate: bool,
                                labels: Sequence[str], direction: str) -> list[TokenizedInput]:
         """prefix + query + sep + document + suffix, each part tokenized alone without special tokens, as
@@ -233,9 +241,9 @@ class TextTokenizer:
         def cut(tokens: list[int], most: int) -> list[int]:
             return tokens[len(tokens) - most:] if direction == "left" else tokens[:most]
 
-        prefix = [i for part in template["prefix"] for i in ids(part)]
-        suffix = [i for part in template["suffix"] for i in ids(part)]
-        sep = ids(template["sep"])
+        prefix = [i for part in template["prefix"] for i in self._template_ids(part)]
+        suffix = [i for part in template["suffix"] for i in self._template_ids(part)]
+        sep = self._template_ids(template["sep"])
         counted = len(prefix) if template["prefix_in_pair"] else 0
         longest = len(prefix) - counted + template["max_length"] + template["pair_extra"] + len(suffix)
         length = template["max_length"] - max(0, longest - self.max_seq_length)  # L, or what fits the served length

@@ -242,11 +242,12 @@ class Core:
         multi_vector = self.models.get(request.model).engine.multi_vector
         if multi_vector is not None:  # a ColBERT model: MaxSim of its query's and each document's vectors
             texts = len(request.texts) if isinstance(request.texts, Sequence) else 0  # checked when prepared
-            return await self._scores(request.model, 1 + texts,
+            return await self._scores(request.model, 1 + texts, _rerank_chars(request),
                                       lambda *_: prepare_multi_vector_rerank(request, multi_vector, self.limits),
                                       deadline, lambda rows, prepared, manifest, name: build_multi_vector_rerank_reply(
                                           rows, prepared, multi_vector, name))
-        return await self._scores(request.model, len(request.texts), partial(prepare_rerank, request), deadline,
+        return await self._scores(request.model, len(request.texts), _rerank_chars(request),
+                                  partial(prepare_rerank, request), deadline,
                                   lambda rows, prepared, manifest, name: build_rerank_reply(
                                       rows, prepared, manifest.score_activation, name))
 
@@ -255,15 +256,16 @@ class Core:
         return await _within(self._predict(request, deadline), deadline)
 
     async def _predict(self, request: PredictRequest, deadline: Deadline | None) -> PredictReply:
-        return await self._scores(request.model, len(request.inputs), partial(prepare_predict, request), deadline,
+        return await self._scores(request.model, len(request.inputs), text_chars(request.inputs),
+                                  partial(prepare_predict, request), deadline,
                                   lambda rows, prepared, manifest, name: build_predict_reply(
                                       rows, prepared, manifest.label_names, manifest.problem_type, name))
 
-    async def _scores(self, name: str | None, count: int, prepare_scored: Callable, deadline: Deadline | None,
-                      build: Callable[..., S]) -> S:
+    async def _scores(self, name: str | None, count: int, chars: int, prepare_scored: Callable,
+                      deadline: Deadline | None, build: Callable[..., S]) -> S:
         """A request to a model with a classification head (rerank, predict): admission, tokenizing off the event
         loop (prepare_scored(tokenizer, manifest, limits, takes_token_types)), the batcher, then
-        build(rows, prepared, manifest, the model's name)."""
+        build(rows, prepared, manifest, the model's name). chars: the text it tokenizes, for the heaps' trims."""
         loop = asyncio.get_running_loop()
         self.check_open()
         model = self.models.get(name)
@@ -281,7 +283,7 @@ class Core:
                 with tracing.span(_TRACER, "reply"):
                     return build(rows, prepared, engine.manifest, model.name)
         finally:
-            self._memory.done(0)
+            self._memory.done(0, chars)
 
     async def tokenize(self, request: TokenizeRequest) -> list[list[Token]]:
         self.check_open()
@@ -340,6 +342,12 @@ class Core:
             if since >= quiet:
                 return True
             await asyncio.sleep(min(quiet - since, max(0.0, end - time.monotonic())))
+
+
+def _rerank_chars(request: RerankRequest) -> int:
+    """The characters a rerank tokenizes: each text, and the query once a pair (types are checked later)."""
+    texts = request.texts if isinstance(request.texts, Sequence) and not isinstance(request.texts, str) else []
+    return text_chars([request.query]) * max(1, len(texts)) + text_chars(texts)
 
 
 @contextmanager
