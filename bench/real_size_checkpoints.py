@@ -5,6 +5,9 @@ and saved by sentence-transformers with the model cards' pipelines, for the benc
                         of 128, SwiGLU 3072, vocabulary 151,669; lasttoken pooling, Normalize, its query prompt.
   qwen3-embedding-4b    Qwen3-Embedding-4B's shape: 36 layers, hidden 2560, 32 query and 8 key/value heads, SwiGLU
                         9728, in bf16 (8 GB; save_qwen3_large). qwen3-embedding-8b: hidden 4096, SwiGLU 12,288 (15 GB).
+  e5-mistral-7b         MistralModel as intfloat/e5-mistral-7b-instruct: 32 layers, hidden 4096, 32 query and 8
+                        key/value heads, SwiGLU 14,336, vocabulary 32,000, sliding window 4096; lasttoken pooling,
+                        Normalize, its web-search query prompt; in bf16 (14 GB).
   embeddinggemma-300m   Gemma3TextModel as EmbeddingGemma-300M: 24 layers, hidden 768, 3 query heads and 1
                         key/value head of 256, GeGLU 1152, vocabulary 262,144, bidirectional attention, sliding
                         window 512 with every sixth layer global; mean pooling, Dense 768->3072->768, Normalize.
@@ -122,9 +125,6 @@ def save_qwen3_large(directory: Path, size: str, seed: int = 0) -> Path:
     transformers in 5 GB shards, as published; sentence-transformers' module files written as the model card's
     folder has them (lasttoken pooling, Normalize, the query prompt). Loading it into sentence-transformers to save
     would hold a second copy: 16 GB more for the 8B."""
-    import json
-
-    import torch
     import transformers
 
     tokenizer = byte_level_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|endoftext|>")
@@ -132,21 +132,54 @@ def save_qwen3_large(directory: Path, size: str, seed: int = 0) -> Path:
     config = transformers.Qwen3Config(
         vocab_size=151_665, head_dim=128, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
         pad_token_id=pad, eos_token_id=pad, bos_token_id=pad, **QWEN3_LARGE[size])
+    return _save_large_decoder(directory, transformers.Qwen3Model, config, tokenizer, "<|endoftext|>", 32_768,
+                               {"query": QWEN3_QUERY_PROMPT, "document": ""}, seed)
+
+
+E5_MISTRAL_QUERY_PROMPT = ("Instruct: Given a web search query, retrieve relevant passages that answer the query\n"
+                           "Query: ")
+
+
+def save_e5_mistral(directory: Path, seed: int = 0) -> Path:
+    """intfloat/e5-mistral-7b-instruct's shape (its config.json), weights made in bf16 and saved in 5 GB shards, its
+    sentence-transformers folder as published (lasttoken pooling, Normalize, 4096 tokens, its query prompts)."""
+    import transformers
+
+    tokenizer = byte_level_tokenizer(["<unk>", "<s>", "</s>"], "</s>")
+    eos = tokenizer.token_to_id("</s>")
+    config = transformers.MistralConfig(
+        vocab_size=32_000, hidden_size=4096, intermediate_size=14_336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, max_position_embeddings=32_768, rope_theta=10_000.0, sliding_window=4096,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, pad_token_id=eos, eos_token_id=eos, bos_token_id=1)
+    return _save_large_decoder(directory, transformers.MistralModel, config, tokenizer, "</s>", 4096,
+                               {"web_search_query": E5_MISTRAL_QUERY_PROMPT}, seed)
+
+
+def _save_large_decoder(directory: Path, model_class, config, tokenizer, pad: str, max_seq_length: int,
+                        prompts: dict[str, str], seed: int) -> Path:
+    """A decoder embedder's weights made in bf16 (on the GPU where there is one) and saved by transformers in 5 GB
+    shards, its tokenizer padding on the left, and sentence-transformers' module files: lasttoken pooling,
+    Normalize, the prompts."""
+    import json
+
+    import torch
+    import transformers
+
     torch.manual_seed(seed)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = transformers.Qwen3Model._from_config(config, dtype=torch.bfloat16)
+        model = model_class._from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(directory, max_shard_size="5GB")
     del model
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<|endoftext|>",
-                                         eos_token="<|endoftext|>", padding_side="left").save_pretrained(directory)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=pad,
+                                         eos_token=pad, padding_side="left").save_pretrained(directory)
     files = {
         "modules.json": [
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
             {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}],
-        "sentence_bert_config.json": {"max_seq_length": 32_768, "do_lower_case": False},
-        "config_sentence_transformers.json": {"prompts": {"query": QWEN3_QUERY_PROMPT, "document": ""},
-                                              "default_prompt_name": None, "similarity_fn_name": "cosine"},
+        "sentence_bert_config.json": {"max_seq_length": max_seq_length, "do_lower_case": False},
+        "config_sentence_transformers.json": {"prompts": prompts, "default_prompt_name": None,
+                                              "similarity_fn_name": "cosine"},
         "1_Pooling/config.json": {"word_embedding_dimension": config.hidden_size, "pooling_mode_cls_token": False,
                                   "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
                                   "pooling_mode_mean_sqrt_len_tokens": False,
@@ -161,7 +194,8 @@ def save_qwen3_large(directory: Path, size: str, seed: int = 0) -> Path:
 
 SHAPES = {"qwen3-embedding-0.6b": save_qwen3, "embeddinggemma-300m": save_embeddinggemma,
           "qwen3-embedding-4b": lambda directory, seed=0: save_qwen3_large(directory, "4b", seed),
-          "qwen3-embedding-8b": lambda directory, seed=0: save_qwen3_large(directory, "8b", seed)}
+          "qwen3-embedding-8b": lambda directory, seed=0: save_qwen3_large(directory, "8b", seed),
+          "e5-mistral-7b": save_e5_mistral}
 
 
 def main(argv: list[str] | None = None) -> int:
