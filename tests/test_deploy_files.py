@@ -24,7 +24,9 @@ SERVE_STAGES = ("serve", "serve-gpu")
 CORES = 2  # the defaults are sized for the 2-core machine: replicas x onnxruntime threads must not exceed its cores
 DOCKERFILE = read_dockerfile()
 STAGES = DOCKERFILE.stages
-SCRIPTS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "deploy").rglob("*.sh"))
+# deploy/'s scripts, and bench/gpu_check.sh (shellchecked here: it runs where no second try is cheap).
+SCRIPTS = sorted(p.relative_to(REPO).as_posix() for folder in ("deploy", "bench")
+                 for p in (REPO / folder).rglob("*.sh"))
 USER_SCRIPTS = ("deploy/build-base-image.sh", "deploy/build-images.sh")
 
 
