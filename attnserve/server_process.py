@@ -55,14 +55,23 @@ class ServerProcess:
         port, metrics_port, http_port None: free ones (http_port -1: no HTTP door). launcher: the command that
         runs the attnserve CLI."""
         self.host = host
+        # The ports chosen here, not given: those a start that lost its port to another process picks again.
+        self._chosen = {name for name, given in (("port", port), ("metrics_port", metrics_port),
+                                                  ("http_port", http_port)) if not given}
         self.port, self.metrics_port = port or free_port(host), metrics_port or free_port(host)
-        self.target = f"{'localhost' if host == '127.0.0.1' else host}:{self.port}"
-        self.metrics_url = f"http://{host}:{self.metrics_port}/metrics"
         self.http_port = http_port or free_port(host)
-        self.http_url = f"http://{f'[{host}]' if ':' in host else host}:{self.http_port}"
         self.log_path = log_path
         self._log = open(log_path, "w+b") if log_path else tempfile.TemporaryFile()
         self.served = False  # wait_serving() saw it serve: only then has it a drain to test
+        self._launch = (artifacts, flags, launcher, cwd, env)
+        self._start()
+
+    def _start(self) -> None:
+        artifacts, flags, launcher, cwd, env = self._launch
+        host = self.host
+        self.target = f"{'localhost' if host == '127.0.0.1' else host}:{self.port}"
+        self.metrics_url = f"http://{host}:{self.metrics_port}/metrics"
+        self.http_url = f"http://{f'[{host}]' if ':' in host else host}:{self.http_port}"
         self.command = [*launcher, "serve", *(["--artifacts", str(artifacts)] if artifacts else []), "--host", host,
                         "--port", str(self.port), "--metrics-port", str(self.metrics_port),
                         "--http-port", str(self.http_port), *flags]
@@ -72,16 +81,30 @@ class ServerProcess:
             self.command, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd,
             env={k: v for k, v in environment.items() if v is not None})
 
+    def _lost_a_port(self) -> bool:
+        """It exited because another process took a port chosen here between free_port() and its bind."""
+        return (self.process.poll() is not None and bool(self._chosen)
+                and "Address already in use" in self.log_tail(3) and "cannot listen on" in self.log_tail(3))
+
     def wait_serving(self, credentials: grpc.ChannelCredentials | None = None, timeout: float = 120) -> None:
         """Until its health service says SERVING (only after warm-up); timeout counts from the start.
-        Raises NotServing, with the server's last log lines, if it exits or the time runs out first."""
-        exited = lambda: None if self.process.poll() is None else f"it exited with {self.process.returncode}"
-        with self.channel(credentials) as channel:
-            try:
-                wait_until_serving(channel, self.target, max(0.0, self.started + timeout - time.monotonic()),
-                                   gave_up=exited)
-            except NotServing as error:
-                raise NotServing(f"{error}; its log ends:\n{self.log_tail()}", error.status) from None
+        Raises NotServing, with the server's last log lines, if it exits or the time runs out first. A start
+        that lost a port chosen here to another process (free_port's race) is made again on fresh ports, twice at
+        most: target and the URLs are read after this returns."""
+        for attempt in range(3):
+            exited = lambda: None if self.process.poll() is None else f"it exited with {self.process.returncode}"
+            with self.channel(credentials) as channel:
+                try:
+                    wait_until_serving(channel, self.target, max(0.0, self.started + timeout - time.monotonic()),
+                                       gave_up=exited)
+                    break
+                except NotServing as error:
+                    if attempt < 2 and self._lost_a_port():
+                        for name in self._chosen:
+                            setattr(self, name, free_port(self.host))
+                        self._start()
+                        continue
+                    raise NotServing(f"{error}; its log ends:\n{self.log_tail()}", error.status) from None
         self.served = True
 
     def channel(self, credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:

@@ -12,6 +12,7 @@ the loaded copy (the Qwen3-Embedding-8B shape's 15 GB: 30 GB at the load's end, 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,13 +105,16 @@ class Weights:
         if name is None:
             raise CheckpointError(f"{file}: {key} is stored as {entry['dtype']}, which no model here reads")
         shape = tuple(entry["shape"])
-        tensor = torch.empty(shape, dtype=getattr(torch, name))
-        begin, end = _data_offsets(entry)
-        size = tensor.numel() * tensor.element_size()
-        start = self._data_start[file] + begin
-        if end - begin != size or start + size > self._sizes[file]:
-            raise CheckpointError(f"corrupt weights file {file}: {key}'s bytes [{begin}, {end}) do not hold a "
+        offsets = entry.get("data_offsets")
+        # Checked against the file before any memory is taken: a header may claim any shape.
+        size = math.prod(shape) * DTYPE_BYTES[entry["dtype"]]
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+                and min(shape, default=0) >= 0 and 0 <= offsets[0] and offsets[1] - offsets[0] == size
+                and self._data_start[file] + offsets[1] <= self._sizes[file]):
+            raise CheckpointError(f"corrupt weights file {file}: {key}'s bytes {offsets!r} do not hold a "
                                   f"{entry['dtype']} tensor of shape {list(shape)} inside the file")
+        tensor = torch.empty(shape, dtype=getattr(torch, name))
+        start = self._data_start[file] + offsets[0]
         if size:
             view = tensor.view(-1).view(torch.uint8).numpy()  # the tensor's own bytes, read into in place
             try:
@@ -127,14 +131,6 @@ class Weights:
 
     def close(self) -> None:
         """Nothing is held open between reads (kept for the callers that end a load with it)."""
-
-
-def _data_offsets(entry: dict[str, Any]) -> tuple[int, int]:
-    offsets = entry.get("data_offsets")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
-            and 0 <= offsets[0] <= offsets[1]):
-        raise CheckpointError(f"a tensor's data_offsets are no [begin, end] pair: {offsets!r}")
-    return offsets[0], offsets[1]
 
 
 def _header(path: Path) -> tuple[dict[str, Any], int]:

@@ -6,6 +6,7 @@ the clone); every variant of the default model verified over the grid; the defau
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 from pathlib import Path
@@ -184,6 +185,27 @@ def test_broken_weights_fail_loudly_naming_the_problem(checkpoint, tmp_path, bro
     with pytest.raises(CheckpointError) as e:
         read_checkpoint(copy) if where == "read" else load_encoder(read_checkpoint(copy))
     assert all(fragment in str(e.value) for fragment in says)
+
+
+@pytest.mark.parametrize("entry", [
+    {"dtype": "F32", "shape": [10**6, 10**6], "data_offsets": [0, 16]},  # 4 TB claimed for 16 bytes
+    {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]},
+    {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]},  # past the file's end
+    {"dtype": "F32", "shape": [4], "data_offsets": "0-16"},
+    {"dtype": "F32", "shape": [4], "data_offsets": [-16, 0]},
+    {"dtype": "C64", "shape": [2], "data_offsets": [0, 16]},
+], ids=["huge", "negative", "past-end", "offsets-text", "before-start", "dtype"])
+def test_a_hostile_safetensors_header_is_refused_before_memory_is_taken(tmp_path, entry):
+    """Weights.get checks a tensor's claimed shape and bytes against the file before it allocates: a header that
+    claims 4 TB for a 16-byte file is one CheckpointError, not an allocation (memory depends on the model, not on
+    what a header says)."""
+    from attnserve.model.weights_files import Weights
+
+    header = json.dumps({"w": entry}).encode()
+    (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(16))
+    with pytest.raises(CheckpointError) as e:
+        Weights(tmp_path).get("w")
+    assert "\n" not in str(e.value) and ("corrupt weights file" in str(e.value) or "C64" in str(e.value))
 
 
 @pytest.mark.parametrize("file,key,value", [

@@ -37,7 +37,7 @@ from attnserve.engine.pooling import l2_normalize
 from attnserve.server_process import CLI
 from attnserve.v1 import encoder_pb2 as pb
 from tests.conftest import VARIED_TEXTS, assert_one_line_error, run_cli
-from tests.serving import ServerProcess, free_port
+from tests.serving import ServerProcess, free_port, serving
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -393,6 +393,21 @@ def test_port_in_use_names_every_port_taken_in_one_line_before_the_model_loads(s
         assert_one_line_error(result, named)
         assert f"{free} (gRPC" not in result.stderr
         assert not cache.exists() or not any(cache.iterdir()), "the model was loaded (exported) before the check"
+
+
+def test_a_start_that_lost_its_chosen_port_is_made_again_on_fresh_ports(artifacts, server, monkeypatch, tmp_path):
+    """free_port() picks a port another process may take before the server binds it (a CI run lost one this way:
+    "cannot listen on ...: Address already in use"). ServerProcess starts again on fresh ports; here its first HTTP
+    port is one the fixture's server holds."""
+    import attnserve.server_process as server_process
+
+    picks = iter([free_port(), free_port(), server.http_port])  # gRPC, metrics, then HTTP: taken
+    monkeypatch.setattr(server_process, "free_port", lambda host="127.0.0.1": next(picks, None) or free_port(host))
+    again = ServerProcess(artifacts, "--workers", "1", log_path=tmp_path / "server.log")
+    with serving(again):
+        assert again.http_port != server.http_port
+        assert httpx.get(f"{again.http_url}/health", timeout=30).status_code == 200
+    assert f"cannot listen on 127.0.0.1:{server.http_port}" in (tmp_path / "server.log").read_text()
 
 
 # --- the command line's manners: one line with its likely fix, not the whole usage; quiet into `| head` ----------
