@@ -121,7 +121,7 @@ class Weights:
                 with open(file, "rb", buffering=0) as f:
                     done = 0
                     while done < size:  # a read may return less than asked (a signal, a network disk)
-                        got = os.preadv(f.fileno(), [memoryview(view)[done:]], start + done)
+                        got = os.preadv(f.fileno(), [view.data[done:]], start + done)
                         if got <= 0:
                             raise OSError(f"the file ended {size - done} bytes before {key}'s end")
                         done += got
