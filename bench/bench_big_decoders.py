@@ -18,17 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_export import REPO, Sampler, free_port, machine_line, row, serve_until_answer, weights_bytes  # noqa: E402
+from bench_export import REPO, Sampler, machine_line, row, serve_until_answer, served_embeddings, weights_bytes  # noqa: E402
 
 SHAPES = ("e5-mistral-7b", "qwen3-embedding-8b")
 TEXTS = 16
@@ -67,28 +64,6 @@ def measured(command: list[str], env: dict) -> tuple[float, int, str]:
     if code != 0:
         raise RuntimeError(f"{' '.join(command[:6])} failed:\n{text[-3000:]}")
     return time.monotonic() - start, peak, text
-
-
-def served_embeddings(args: list[str], env: dict, texts: list[str]):
-    import numpy as np
-
-    http = free_port()
-    child = subprocess.Popen([sys.executable, "-m", "attnserve.cli", "serve", *args, "--port", str(free_port()),
-                              "--http-port", str(http), "--metrics-port", "-1"], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(6000):
-            try:
-                reply = httpx.post(f"http://127.0.0.1:{http}/embed", json={"inputs": texts}, timeout=1200)
-                if reply.status_code == 200:
-                    return np.array(reply.json(), dtype=np.float32)
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("the server gave no embeddings")
-    finally:
-        child.send_signal(signal.SIGTERM)
-        child.wait(120)
 
 
 def main() -> int:

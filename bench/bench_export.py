@@ -151,6 +151,30 @@ def serve_until_answer(args: list[str], env: dict, timeout: float = 3600) -> tup
         return seconds, peak, log.read().decode(errors="replace")
 
 
+def served_embeddings(args: list[str], env: dict, texts: list[str], tries: int = 6000):
+    """`attnserve serve ARGS` started; its TEI /embed answer for texts once it gives one, (N, D) float32. The
+    server is stopped after."""
+    import numpy as np
+
+    http = free_port()
+    child = subprocess.Popen([sys.executable, "-m", "attnserve.cli", "serve", *args, "--port", str(free_port()),
+                              "--http-port", str(http), "--metrics-port", "-1"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(tries):
+            try:
+                reply = httpx.post(f"http://127.0.0.1:{http}/embed", json={"inputs": texts}, timeout=1200)
+                if reply.status_code == 200:
+                    return np.array(reply.json(), dtype=np.float32)
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("the server gave no embeddings")
+    finally:
+        child.send_signal(signal.SIGTERM)
+        child.wait(120)
+
+
 def memory_of(pid: int) -> dict[str, int]:
     """A process's resident memory in bytes (/proc/PID/smaps_rollup): Rss, Pss, Anonymous (its own) and the file
     pages among them (Rss_File: the mapped weights, shared with every process mapping the same file)."""
@@ -310,25 +334,9 @@ def qwen3(size: str) -> int:
             if "stage " in line and " of " in line:
                 print(f"  {line.strip()[:140]}")
         # The served embeddings of the texts, from a server started again on the exported directory.
-        http = free_port()
-        child = subprocess.Popen([sys.executable, "-m", "attnserve.cli", "serve", *serve, "--port", str(free_port()),
-                                  "--http-port", str(http), "--metrics-port", "-1"], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            import numpy as np
+        import numpy as np
 
-            for _ in range(3000):
-                try:
-                    reply = httpx.post(f"http://127.0.0.1:{http}/embed", json={"inputs": texts}, timeout=600)
-                    if reply.status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
-            served = np.array(reply.json(), dtype=np.float32)
-        finally:
-            child.send_signal(signal.SIGTERM)
-            child.wait(120)
+        served = served_embeddings(serve, env, texts)
         want = np.load(reference)
         cosine = (served * want).sum(1) / np.linalg.norm(served, axis=1) / np.linalg.norm(want, axis=1)
         row("transformers' fp32 reference (16 texts), seconds", f"{ref_seconds:.0f} s")
