@@ -83,8 +83,10 @@ class ServerProcess:
 
     def _lost_a_port(self) -> bool:
         """It exited because another process took a port chosen here between free_port() and its bind."""
-        return (self.process.poll() is not None and bool(self._chosen)
-                and "Address already in use" in self.log_tail(3) and "cannot listen on" in self.log_tail(3))
+        if self.process.poll() is None or not self._chosen:
+            return False
+        tail = self.log_tail(3)
+        return "cannot listen on" in tail and "Address already in use" in tail
 
     def wait_serving(self, credentials: grpc.ChannelCredentials | None = None, timeout: float = 120) -> None:
         """Until its health service says SERVING (only after warm-up); timeout counts from the start.

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_export import REPO, Sampler, machine_line, row, serve_until_answer, served_embeddings, weights_bytes  # noqa: E402
+from bench_export import REPO, machine_line, measured, row, serve_until_answer, served_embeddings, weights_bytes  # noqa: E402
 
 SHAPES = ("e5-mistral-7b", "qwen3-embedding-8b")
 TEXTS = 16
@@ -49,21 +47,6 @@ def reference(checkpoint: Path, out: Path, texts: list[str]) -> None:
         layer.register_forward_hook(lambda module, args, output: module.to(torch.bfloat16) and None)
     with torch.inference_mode():
         np.save(out, model.encode(texts, normalize_embeddings=True, batch_size=4, convert_to_numpy=True))
-
-
-def measured(command: list[str], env: dict) -> tuple[float, int, str]:
-    """(seconds, peak RSS of the process tree, its stderr) of a command run to its end."""
-    start = time.monotonic()
-    with tempfile.TemporaryFile() as log:
-        child = subprocess.Popen(command, stdout=log, stderr=log, env=env)
-        sampler = Sampler(child.pid)
-        code = child.wait()
-        peak = sampler.stop()
-        log.seek(0)
-        text = log.read().decode(errors="replace")
-    if code != 0:
-        raise RuntimeError(f"{' '.join(command[:6])} failed:\n{text[-3000:]}")
-    return time.monotonic() - start, peak, text
 
 
 def main() -> int:

@@ -221,15 +221,19 @@ def served_memory(args: list[str], env: dict) -> dict[str, int]:
 
 
 def attnserve(args: list[str], env: dict) -> tuple[float, int, str]:
-    """(seconds, peak RSS of its process tree, stderr) of one attnserve command."""
+    """(seconds, peak RSS of its process tree, output) of one attnserve command."""
+    return measured([sys.executable, "-m", "attnserve.cli", *args], env)
+
+
+def measured(command: list[str], env: dict) -> tuple[float, int, str]:
+    """(seconds, peak RSS of its process tree, stdout and stderr) of a command run to its end."""
     start = time.monotonic()
-    child = subprocess.Popen([sys.executable, "-m", "attnserve.cli", *args], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     sampler = Sampler(child.pid)
     out, err = child.communicate()
     peak = sampler.stop()
     if child.returncode != 0:
-        raise RuntimeError(f"attnserve {' '.join(args)} failed: {err[-2000:]}")
+        raise RuntimeError(f"{' '.join(map(str, command[:6]))} failed: {err[-2000:]}")
     return time.monotonic() - start, peak, out + err
 
 

@@ -278,7 +278,6 @@ def load_encoder(ckpt: Checkpoint, dtype: torch.dtype | None = None) -> EncoderM
     # nn.Linear stores (out, in) exactly as HF does, so no transpose is needed.
     for theirs, ours in mapping.items():
         _assign(encoder, ours, weights.get(stored[theirs]), dtype)
-    weights.close()
     if family.after_load is not None:
         family.after_load(cfg, encoder)
     if ckpt.pipeline.multi_vector is not None:  # ColBERT: its token vectors are what the encoder gives

@@ -395,14 +395,11 @@ def load_image_text_model(directory: Path) -> ImageTextModel:
     directory = checkpoint.directory
     cfg = read_config(read_object(directory / "config.json"), directory / "config.json")
     weights = Weights(directory)
-    try:
-        with uninitialised_weights():
-            model = ImageTextModel(cfg)
-        model = load_weights(model, {key: weights.get(key) for key in weights.keys()})
-        model.normalize = checkpoint.normalize
-        return model
-    finally:
-        weights.close()
+    with uninitialised_weights():
+        model = ImageTextModel(cfg)
+    model = load_weights(model, {key: weights.get(key) for key in weights.keys()})
+    model.normalize = checkpoint.normalize
+    return model
 
 
 def load_weights(model: ImageTextModel, tensors: dict[str, torch.Tensor]) -> ImageTextModel:

@@ -88,10 +88,7 @@ def stanford_multi_vector(directory: Path, hidden_size: int, max_position_embedd
     settings = {**DEFAULTS, **STANFORD_DEFAULTS,
                 **{ours: metadata[theirs] for theirs, ours in names.items() if metadata.get(theirs) is not None}}
     weights = Weights(directory)
-    try:
-        shape = weights.shape("linear.weight") if "linear.weight" in weights.keys() else None
-    finally:
-        weights.close()
+    shape = weights.shape("linear.weight") if "linear.weight" in weights.keys() else None
     if shape is None or len(shape) != 2 or shape[1] != hidden_size:
         raise CheckpointError(f"{directory}: a {STANFORD_ARCHITECTURE} checkpoint needs linear.weight of shape "
                               f"(d, {hidden_size}), got {shape}")

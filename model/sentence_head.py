@@ -94,11 +94,8 @@ def load_dense(directory: Path, spec: Dense, layer: nn.Module) -> None:
     path = directory / spec.folder / DENSE_WEIGHTS
     if spec.checkpoint_keys:  # the checkpoint's own weights hold it (CLIP's text_projection)
         weights = Weights(directory)
-        try:
-            tensors = {ours: weights.get(theirs) for ours, theirs in zip(("linear.weight", "linear.bias"),
-                                                                          spec.checkpoint_keys, strict=False)}
-        finally:
-            weights.close()
+        tensors = {ours: weights.get(theirs) for ours, theirs in zip(("linear.weight", "linear.bias"),
+                                                                      spec.checkpoint_keys, strict=False)}
     else:
         try:
             tensors = load_file(str(path))

@@ -260,7 +260,6 @@ def load_static(directory: Path, config: StaticConfig, dtype: torch.dtype = torc
             table = table[weights.get("mapping").long()]  # (V, H)
         if "weights" in weights:
             table = table * weights.get("weights").float()[:, None]
-    weights.close()
     encoder = StaticEncoder(config)
     encoder.table.data = table.to(dtype).contiguous()
     return encoder.eval()

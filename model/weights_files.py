@@ -129,9 +129,6 @@ class Weights:
                 raise CheckpointError(f"corrupt weights file {file}: {e}") from None
         return tensor
 
-    def close(self) -> None:
-        """Nothing is held open between reads (kept for the callers that end a load with it)."""
-
 
 def _header(path: Path) -> tuple[dict[str, Any], int]:
     """A safetensors file's header: key -> {"dtype", "shape", "data_offsets"} (its __metadata__ left out), and the
