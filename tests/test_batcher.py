@@ -338,8 +338,8 @@ def test_the_speed_estimate_follows_full_batches_only():
 
 
 def test_plans_of_alike_lengths_stay_optimal():
-    """plan_batches' shortcut (alike lengths that fit one batch are one batch) is exactly as cheap as an exhaustive
-    search, over random queues of alike and of mixed lengths."""
+    """plan_batches' shortcut (alike lengths that fit one batch are one batch) and its starts (_boundaries) are
+    exactly as cheap as an exhaustive search, over random queues of alike and of mixed lengths."""
     def best(lengths, budget, size_cap):
         s = sorted(lengths.tolist(), reverse=True)
         costs = [0.0] + [float("inf")] * len(s)
@@ -350,8 +350,10 @@ def test_plans_of_alike_lengths_stay_optimal():
         return costs[-1]
 
     rng = np.random.default_rng(0)
-    for _ in range(500):
-        n, base, spread = int(rng.integers(1, 30)), int(rng.integers(1, 200)), int(rng.choice([1, 3, 8, 150]))
+    # 500 short queues, and 40 long ones of repeated lengths (a long queue's, an offline chunk's), where the plan
+    # considers only the starts batching.py's _boundaries keeps: each run's first input, and full batches' starts.
+    for n in [int(n) for n in rng.integers(1, 30, 500)] + [int(n) for n in rng.integers(100, 400, 40)]:
+        base, spread = int(rng.integers(1, 200)), int(rng.choice([1, 3, 8, 150]))
         lengths = base + rng.integers(0, spread, n)
         budget, size_cap = int(rng.choice([256, 512, 2048])), int(rng.choice([4, 16, 256]))
         plan = plan_batches(lengths, budget, size_cap)
