@@ -76,7 +76,7 @@ def _boundaries(sorted_lengths: np.ndarray, room: np.ndarray) -> np.ndarray:
     start[n] = True
     runs = np.flatnonzero(np.diff(sorted_lengths)) + 1  # (R - 1,) where each run but the first starts
     bounds = np.concatenate([[0], runs, [n]])
-    for a, b in zip(bounds[-2::-1], bounds[:0:-1]):  # runs [a, b), last first
+    for a, b in zip(bounds[-2::-1], bounds[:0:-1], strict=True):  # runs [a, b), last first
         a, b, r = int(a), int(b), int(room[a])
         start[a] = True
         seeds = np.flatnonzero(start[b:b + r]) + b  # full batches ending at these start inside the run

@@ -106,14 +106,29 @@ class RayEncoder:
                     ray.kill(actor)
 
 
+# What Ray raises when a node it starts has not registered within its own fixed 30 s (a busy machine).
+NODE_START_TIMEOUT = "timed out during startup"
+
+
 def _start_ray(ray, address: str | None) -> bool:
-    """Join `address`, or start a local Ray; False when this process already has one (it is left running)."""
+    """Join `address`, or start a local Ray; False when this process already has one (it is left running).
+
+    A local Ray whose node did not come up within Ray's own 30 s (it gives up on a loaded machine: two cores busy
+    with other work) is shut down and started once more; a second failure is a one-line error."""
     if ray.is_initialized():
         return False
-    try:
-        ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
-    except ConnectionError as e:
-        raise ConfigError(f"cannot connect to Ray at {address}: {e}") from None
+    for attempt in (1, 2):
+        try:
+            ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+            break
+        except ConnectionError as e:
+            raise ConfigError(f"cannot connect to Ray at {address}: {e}") from None
+        except Exception as e:  # Ray raises a bare Exception for a node that did not start
+            if address is not None or NODE_START_TIMEOUT not in str(e):
+                raise
+            ray.shutdown()  # what the first try started
+            if attempt == 2:
+                raise ConfigError(f"a local Ray did not start (twice): {str(e).splitlines()[0]}") from None
     _undo_colorama()
     return True
 
