@@ -47,7 +47,8 @@ class StablePrefix:
         self._budget = max_seq_length - probe.num_special_tokens_to_add(False)
         # How many first tokens (special tokens not counted) of a text its prefix gives exactly.
         self.stable_tokens = self._budget + 1
-        self._first = FIRST_CHARS_PER_TOKEN * max_seq_length
+        # A text at most this long is tokenized as it is (of() gives it back).
+        self.short = FIRST_CHARS_PER_TOKEN * max_seq_length
         self._max = MAX_CHARS_PER_TOKEN * max_seq_length
         self._margin = max((len(t.content) for t in probe.get_added_tokens_decoder().values()), default=0) \
             + CONTEXT_CHARS
@@ -55,9 +56,9 @@ class StablePrefix:
 
     def of(self, text: str) -> str:
         """The text to tokenize in place of `text`: the same ids and `truncated` under the engine's truncation."""
-        if len(text) <= self._first:
+        if len(text) <= self.short:
             return text
-        size = self._first
+        size = self.short
         while size <= self._max:
             prefix, whole = self._shortened_prefix(text, size)
             if whole or self.is_stable(prefix):

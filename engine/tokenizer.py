@@ -87,29 +87,35 @@ class TextTokenizer:
         with, where the pooling leaves it out (engine/prompts.py unpooled_prompt): each input's first
         prompt_length(prompt) tokens are marked unpooled.
         """
-        labels = labels or [f"input {i}" for i in range(len(texts))]
         check_texts(texts, labels)
-        cut = [bool(self.char_limit) and len(text) > self.char_limit for text in texts]
-        if any(cut):  # model2vec's encode cuts max_length x its median token length characters first
-            texts = [text[:self.char_limit] for text in texts]
+        limit = self.char_limit
+        cut = [len(text) > limit for text in texts] if limit else None
+        if cut is not None and any(cut):  # model2vec cuts max_length x its median token length characters first
+            texts = [text[:limit] for text in texts]
         # encode_batch_fast: the same ids and overflow without each token's character offsets, which nothing here reads
         # (the tokens and spans that need offsets are tokenized apart); a static model's encode is mostly this call.
         if direction == "left":
             shorten = self._shortening.apply if self._shortening else (lambda text: text)
             encodings = self._left.encode_batch_fast([shorten(text) for text in texts])
         else:
-            encodings = self._tokenizer.encode_batch_fast([self._prefix.of(text) for text in texts])
+            prefix = self._prefix
+            encodings = self._tokenizer.encode_batch_fast(
+                [text if len(text) <= prefix.short else prefix.of(text) for text in texts])
+        kept = self._kept if self._dropped.size else None
         out = []
-        for encoding, label, was_cut in zip(encodings, labels, cut, strict=True):
-            truncated = bool(encoding.overflowing) or was_cut
+        for i, encoding in enumerate(encodings):
+            was_cut = cut is not None and cut[i]
+            truncated = was_cut or bool(encoding.overflowing)
             if truncated and not truncate:
+                label = _label(labels, i)
                 raise InputTooLongError(f"{label}: longer than {self.limit} tokens{self._why}" if not was_cut else
                                         f"{label}: longer than the {self.char_limit} characters this model2vec "
                                         "model reads (max_length x its median token length)")
-            out.append(TokenizedInput(self._kept(np.asarray(encoding.ids, dtype=np.int64)), truncated))
+            ids = np.array(encoding.ids, dtype=np.int64)
+            out.append(TokenizedInput(ids if kept is None else kept(ids), truncated))
         if unpooled_prompt:
             out = self._unpooled(out, unpooled_prompt, labels, direction)
-        return self._padded(out)
+        return self._padded(out) if self.pad_to else out
 
     def _kept(self, ids: np.ndarray) -> np.ndarray:
         """(T,) ids without the dropped ones (a model2vec model's unknown token): what the model averages."""
@@ -122,10 +128,11 @@ class TextTokenizer:
         (len(tokenizer.tokenize(instruction)), counted from the input's first token, its BOS included)."""
         return len(self._whole.encode(prompt, add_special_tokens=False).ids)
 
-    def _unpooled(self, inputs: list[TokenizedInput], prompt: str, labels: Sequence[str], direction: str
+    def _unpooled(self, inputs: list[TokenizedInput], prompt: str, labels: Sequence[str] | None, direction: str
                   ) -> list[TokenizedInput]:
         n = self.prompt_length(prompt)
-        for x, label in zip(inputs, labels, strict=True):
+        for i, x in enumerate(inputs):
+            label = _label(labels, i)
             if direction == "left" and x.truncated:
                 raise InvalidInputError(f"{label}: truncation from the left cut into the prompt, which this model "
                                         "leaves out of its pooling by its length: truncate from the right")
@@ -407,9 +414,17 @@ def _pair_start(encoding) -> int:
     return max((i for i, sequence in enumerate(sequences) if sequence == 0), default=0) + 1
 
 
-def check_texts(texts: Sequence[str], labels: Sequence[str]) -> None:
-    for text, label in zip(texts, labels, strict=True):
+def check_texts(texts: Sequence[str], labels: Sequence[str] | None) -> None:
+    """Each text a string with something in it; labels name them in errors (None: "input i")."""
+    if labels is not None and len(labels) != len(texts):
+        raise ValueError(f"{len(labels)} labels for {len(texts)} texts")
+    for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise InvalidInputError(f"{label}: text must be a string, got {type(text).__name__}")
+            raise InvalidInputError(f"{_label(labels, i)}: text must be a string, got {type(text).__name__}")
         if not text or text.isspace():  # not text.strip(): no copy of a long text
-            raise InvalidInputError(f"{label}: empty text")
+            raise InvalidInputError(f"{_label(labels, i)}: empty text")
+
+
+def _label(labels: Sequence[str] | None, i: int) -> str:
+    """How errors name input i: its label, or "input i" where none were given (made only for an error)."""
+    return f"input {i}" if labels is None else labels[i]

@@ -29,6 +29,9 @@ class AttentionChoice:
     last_layer_only: bool = False  # the last-layer graph answers it (OutputOptions.last_layer_only)
 
 
+NO_ATTENTION = AttentionChoice()  # what most requests ask: one, not one made per request
+
+
 def choose_attention(request: EncodeRequest, manifest: Manifest, images: ImageEncoder | None,
                      image_rows: Sequence[int]) -> AttentionChoice:
     """The layers, heads and analyses asked, checked against the tower the inputs go through: the image tower's maps
@@ -36,7 +39,7 @@ def choose_attention(request: EncodeRequest, manifest: Manifest, images: ImageEn
     every head, named in the reply as asked ones are."""
     attention = request.attention
     if attention is None:
-        return AttentionChoice()
+        return NO_ATTENTION
     if manifest.static is not None and not image_rows:
         raise invalid("attention", f"{manifest.model} is a static embedding model (a token table and a mean): it has "
                                    "no attention to show")

@@ -32,7 +32,6 @@ batches, so the bound means the same on a slow CPU and a fast GPU.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import time
@@ -103,19 +102,15 @@ Lane = tuple[bool, bool]  # (attention, image): a batch is taken from one lane
 LANES: tuple[Lane, ...] = ((False, False), (True, False), (False, True), (True, True))
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Entry:
     seq: int  # arrival order
     input: QueuedInput
-    attention: bool
+    lane: Lane  # (attention, an image)
     last_layer: bool  # its request needs no map but the last layer's, and rollout (Engine.run)
     request: _Request
     future: asyncio.Future
-    enqueued: float = field(default_factory=time.monotonic)
-
-    @property
-    def lane(self) -> Lane:
-        return self.attention, isinstance(self.input, ImageInput)
+    enqueued: float  # time.monotonic()
 
 
 # Engine.run(inputs, attention, last_layer): a batch's inputs are all texts or all images (one lane)
@@ -237,8 +232,7 @@ class Batcher:
                 await self._room_for(tokens, deadline)
                 entries += self._enqueue(part, tokens, attention, deadline, last_layer, token_states)
         except BaseException:
-            for entry in entries:  # what has not run of the parts queued must not cost compute
-                entry.future.cancel()
+            self._withdraw(entries)  # what has not run of the parts queued must not cost compute
             raise
         finally:
             self._in_parts -= 1
@@ -280,20 +274,19 @@ class Batcher:
         current = trace.get_current_span().get_span_context() if tracing.enabled() else None
         request = _Request(deadline, len(inputs), current if current is not None and current.is_valid else None,
                            token_states=token_states)
-        entries = [_Entry(next(self._seq), x, attention, attention and last_layer, request, loop.create_future())
-                   for x in inputs]
+        now, last_layer = time.monotonic(), attention and last_layer
+        entries = [_Entry(next(self._seq), x, (attention, isinstance(x, ImageInput)), last_layer, request,
+                          loop.create_future(), now) for x in inputs]
         for entry in entries:
             self._lanes[entry.lane][entry.seq] = entry
             self._lane_tokens[entry.lane] += len(entry.input)
-            entry.future.add_done_callback(functools.partial(self._cancelled, entry))
         self._queued_requests += 1
         self.wait.arrived()
         self._update_gauges()
         self._arrived.set()
         return entries
 
-    @staticmethod
-    async def _rows(entries: list[_Entry]) -> list[RowOutput]:
+    async def _rows(self, entries: list[_Entry]) -> list[RowOutput]:
         """The entries' rows, in order, once all have run."""
         try:
             if len(entries) == 1:  # most requests: one input, no gathering future
@@ -301,9 +294,16 @@ class Batcher:
             return list(await asyncio.gather(*(e.future for e in entries)))
         except BaseException:
             # Cancelled, or one input's batch failed: what has not run yet must not cost compute.
-            for entry in entries:
-                entry.future.cancel()
+            self._withdraw(entries)
             raise
+
+    def _withdraw(self, entries: list[_Entry]) -> None:
+        """A request's entries that will not be awaited (it was cancelled, or failed): each still queued leaves
+        the queue, its future cancelled. The only place a queued entry's future is cancelled, so none is left
+        queued (the owner's _runnable drops one that is, in case)."""
+        for entry in entries:
+            entry.future.cancel()
+            self._remove(entry, "cancelled")
 
     # --- the owner ----------------------------------------------------------
 
@@ -415,10 +415,9 @@ class Batcher:
 
     def _runnable(self, entries: list[_Entry], now: float) -> list[_Entry]:
         """The entries that may still run; the others leave the queue. An entry whose future is done was cancelled
-        (only the owner answers a queued entry, and takes it out first): its done callback (_cancelled), which
-        takes it out, runs one loop turn after the cancel, so the entry may still be queued here, and must neither
-        run nor be answered (a cancelled future takes no exception). An entry whose deadline passed gets
-        DeadlineExpiredError."""
+        (only the owner answers a queued entry, and takes it out first; _withdraw takes out what it cancels, so this
+        is a safeguard): it must neither run nor be answered (a cancelled future takes no exception). An entry
+        whose deadline passed gets DeadlineExpiredError."""
         runnable = []
         for entry in entries:
             deadline = entry.request.deadline
@@ -430,10 +429,6 @@ class Batcher:
             else:
                 runnable.append(entry)
         return runnable
-
-    def _cancelled(self, entry: _Entry, future: asyncio.Future) -> None:
-        """An entry's future is done: if it still waits in the queue, its request was cancelled."""
-        self._remove(entry, "cancelled")
 
     def _remove(self, entry: _Entry, reason: str | None, gauges: bool = True) -> None:
         """Take an entry out of the queue, once; reason is why it will not run, None when it will. gauges False: the

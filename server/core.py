@@ -134,6 +134,8 @@ class Core:
         deadline: None, or when the request must be answered by. float_bytes: what one float of the reply costs
         on the door's wire, for the reply size limit. Returns (the rendered reply, the request's tokens).
         """
+        if deadline is None:  # most requests: no timer
+            return await self._encode(request, deadline, render, float_bytes)
         return await _within(self._encode(request, deadline, render, float_bytes), deadline)
 
     async def similarity(self, request: SimilarityRequest, deadline: Deadline | None) -> SimilarityReply:
@@ -174,10 +176,13 @@ class Core:
                     request = replace(request, pooling=model.pooling)
                 engine, batcher = model.for_task(request.task)  # a batcher per task: a batch never mixes adapters
                 batcher.check_room(len(request.inputs))  # a full queue costs no tokenizing
-                request = await self._fetch_images(request)
+                if any(isinstance(item, ImageUrl) for item in request.inputs):
+                    request = await self._fetch_images(request)
                 with tracing.span(_TRACER, "tokenize"):  # a small request here, others in the pool (INLINE_*)
-                    prepared = await once_built(partial(self._prepare, request, engine, float_bytes), engine.require,
-                                                self._executor, self._max_build_wait, self.draining)
+                    # A small request asks for nothing a graph is built for (requests.light): prepared at once.
+                    prepared = (self._preparing(request, engine, float_bytes)() if light(request) else
+                                await once_built(partial(self._prepare, request, engine, float_bytes),
+                                                 engine.require, self._executor, self._max_build_wait, self.draining))
                 tokens = prepared.tokens
                 span.set_attribute("attnserve.tokens", tokens)
                 rows = await batcher.submit(prepared.inputs, prepared.options.attention, _at(deadline),
@@ -190,14 +195,18 @@ class Core:
         finally:
             self._memory.done(len(body) if isinstance(body, bytes) else 0, text_chars(request.inputs))
 
+    def _preparing(self, request: EncodeRequest, engine: EngineContract, float_bytes: float
+                   ) -> Callable[[], PreparedRequest]:
+        """prepare() of the request, reading the engine's manifest as it is now (a build held for may have changed
+        it: build_wait.once_built)."""
+        return partial(prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
+                       engine.takes_token_types, engine.multi_vector, engine.require, engine.images)
+
     async def _prepare(self, request: EncodeRequest, engine: EngineContract, float_bytes: float) -> PreparedRequest:
-        """prepare() on the event loop for a small request (requests.light), in the pool otherwise; it reads the
-        engine's manifest as it is now (a build held for may have changed it: build_wait.once_built)."""
-        preparing = partial(prepare, request, engine.tokenizer, engine.manifest, self.limits, float_bytes,
-                            engine.takes_token_types, engine.multi_vector, engine.require, engine.images)
-        if light(request):
-            return preparing()
-        return await asyncio.get_running_loop().run_in_executor(self._executor, preparing)
+        """prepare() in the pool: a request too large for the event loop (requests.light), or one that may wait for
+        a graph."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor,
+                                                                self._preparing(request, engine, float_bytes))
 
     async def _fetch_images(self, request: EncodeRequest) -> EncodeRequest:
         """The request with each image it names by URL fetched (ImageBytes), where the server allows the host; the
@@ -350,24 +359,25 @@ def _rerank_chars(request: RerankRequest) -> int:
     return text_chars([request.query]) * max(1, len(texts)) + text_chars(texts)
 
 
-@contextmanager
-def _counted(model: ModelContract) -> Iterator[None]:
+class _counted:
     """Around a request that reached its model: its outcome and time in the model's statistics (a failure for any
     error, and for a cancellation: a deadline passed, or the client left). Inside another count (_COUNTING), the
-    outer one counts it."""
-    if _COUNTING.get():
-        yield
-        return
-    started = time.perf_counter()
-    token = _COUNTING.set(True)
-    try:
-        yield
-    except BaseException:
-        model.metrics.statistics.request(False, time.perf_counter() - started)
-        raise
-    finally:
-        _COUNTING.reset(token)
-    model.metrics.statistics.request(True, time.perf_counter() - started)
+    outer one counts it. A class, not a generator: it is around every request."""
+
+    __slots__ = ("_model", "_started", "_token")
+
+    def __init__(self, model: ModelContract):
+        self._model = model
+
+    def __enter__(self) -> None:
+        self._token = None if _COUNTING.get() else _COUNTING.set(True)
+        self._started = time.perf_counter()
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if self._token is None:
+            return
+        _COUNTING.reset(self._token)
+        self._model.metrics.statistics.request(kind is None, time.perf_counter() - self._started)
 
 
 async def _within(work: Awaitable[T], deadline: Deadline | None) -> T:

@@ -80,8 +80,11 @@ def prepare(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
     _check_reply_size(queued, chunks, options, manifest, limits, float_bytes)
     # Last, once nothing else can refuse the request: the graphs it needs, which may have to be built first (a
     # request refused anyway starts no build).
-    needs = {**({"attention": "attention weights"} if needs_attention else {}),
-             **({"quantization": f"{model_ranges} embeddings"} if model_ranges else {})}
+    needs = {}
+    if needs_attention:
+        needs["attention"] = "attention weights"
+    if model_ranges:
+        needs["quantization"] = f"{model_ranges} embeddings"
     if needs:
         manifest = require(tuple(needs), " and ".join(needs.values()))
         if model_ranges:
@@ -166,8 +169,13 @@ def _queued(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifest
 def _check_reply_size(queued: Sequence[TokenizedInput | Windows | ImageInput], chunks: list[TextChunks] | None,
                       options: OutputOptions, manifest: Manifest, limits: RequestLimits, float_bytes: float) -> None:
     """The reply's size, counted before it costs compute, against this server's max_response_bytes."""
-    reply_bytes = sum(_reply_bytes(len(x.inputs[0]) if isinstance(x, Windows) else len(x), options, manifest,
-                                   float_bytes) for x in queued)
+    fixed, per_token, per_cell = _reply_cost(options, manifest, float_bytes)
+    lengths = [len(x.inputs[0]) if isinstance(x, Windows) else len(x) for x in queued]
+    reply_bytes = int(fixed * len(lengths) + per_token * sum(lengths)
+                      + (per_cell * sum(t * t for t in lengths) if per_cell else 0))
+    if options.sparse is not None and manifest.bge_m3 is not None:  # (index, value) pairs: at most one per token
+        top_k = options.sparse.top_k
+        reply_bytes += int(2 * float_bytes * sum(min(top_k or t, t) for t in lengths))
     reply_bytes += int(sum(len(spans) for spans, _ in chunks or ()) * (
         EMBEDDING_OVERHEAD_BYTES + float_bytes * (options.dimensions or manifest.embedding_size)))
     if reply_bytes > limits.max_response_bytes:
@@ -289,27 +297,27 @@ def _model_ranges(manifest: Manifest, dimensions: int | None, normalize: bool, r
     return ranges
 
 
-def _reply_bytes(tokens: int, options: OutputOptions, manifest: Manifest, float_bytes: float) -> int:
+def _reply_cost(options: OutputOptions, manifest: Manifest, float_bytes: float) -> tuple[float, float, float]:
+    """An input's reply bytes as (fixed, per token, per token squared): a reply of inputs of T_i tokens costs
+    n * fixed + per_token * sum(T_i) + per_cell * sum(T_i^2), counted once for the request, not per input."""
     heads = len(options.attention_heads or ())
     dims = options.dimensions or manifest.embedding_size
-    # a code counted as a float
-    floats = sum(quantized_size(kind, dims) for kind in options.embedding_types) if options.dense else 0
-    if options.sparse is not None:  # (index, value) pairs: at most top_k, one per word of the vocabulary or token
-        most = tokens if manifest.bge_m3 is not None else dims
-        floats += 2 * min(options.sparse.top_k or most, most)
+    fixed = per_token = per_cell = 0.0  # in floats, but for `tokens`' word pieces
+    if options.dense:  # a code counted as a float
+        fixed += sum(quantized_size(kind, dims) for kind in options.embedding_types)
+    if options.sparse is not None and manifest.bge_m3 is None:  # (index, value) pairs: at most top_k, one per word
+        fixed += 2 * min(options.sparse.top_k or dims, dims)  # of the vocabulary (bge-m3's: _check_reply_size)
     if options.multi_vector is not None:  # a vector per token at most
-        floats += tokens * (manifest.bge_m3["colbert_dim"] if manifest.bge_m3 is not None else manifest.embedding_size)
+        per_token += manifest.bge_m3["colbert_dim"] if manifest.bge_m3 is not None else manifest.embedding_size
     if options.token_embeddings:
-        floats += tokens * manifest.hidden_size  # token embeddings are hidden states, whatever the pipeline
+        per_token += manifest.hidden_size  # token embeddings are hidden states, whatever the pipeline
     if options.attention_layers is not None and options.attention_weights:  # spelled so that mypy sees the layers
-        floats += len(options.attention_layers) * (1 if options.average_heads else heads) * tokens * tokens
+        per_cell += len(options.attention_layers) * (1 if options.average_heads else heads)
     if "rollout" in options.attention_analyses:
-        floats += tokens * tokens
+        per_cell += 1
     if "head_stats" in options.attention_analyses:
-        floats += (len(HEAD_STATS) + len(PAIR_STATS)) * manifest.num_layers * manifest.num_heads
+        fixed += (len(HEAD_STATS) + len(PAIR_STATS)) * manifest.num_layers * manifest.num_heads
     if "norms" in options.attention_analyses and options.attention_layers is not None:
-        floats += len(options.attention_layers) * (heads + 1) * tokens * tokens
-    size = EMBEDDING_OVERHEAD_BYTES + float_bytes * floats
-    if options.tokens:
-        size += 8 * tokens  # a word piece and its tag, on average
-    return int(size)
+        per_cell += len(options.attention_layers) * (heads + 1)
+    return (EMBEDDING_OVERHEAD_BYTES + float_bytes * fixed, float_bytes * per_token + (8 if options.tokens else 0),
+            float_bytes * per_cell)  # a word piece and its tag, on average, where tokens are named

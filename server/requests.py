@@ -270,26 +270,30 @@ def tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifes
     if unpooled and windowed is not None:  # each window would begin with the prompt, a length its pooling needs
         raise invalid(asked or "inputs", f"{manifest.model} leaves its prompt out of its pooling: its texts are not "
                                          "encoded in windows with one")
-    encode_texts = (partial(tokenizer.encode_texts, texts, unpooled_prompt=unpooled) if windowed is None else
-                    partial(_windowed_texts, tokenizer, raw, texts, before, windowed == "all"))
-    for rows, kind, encode in ((text_rows, "text", encode_texts),
-                               (id_rows, "token_ids", partial(tokenizer.encode_ids, ids)),
-                               (pair_rows, "pair", partial(tokenizer.encode_pairs, pairs) if manifest.pair_template
-                                is None else partial(tokenizer.encode_templated_pairs, pairs, manifest.pair_template))):
+    for rows, kind in ((text_rows, "text"), (id_rows, "token_ids"), (pair_rows, "pair")):
         if not rows:
             continue
-        labels = [f"input {r}" for r in rows]
+        encode = (partial(tokenizer.encode_texts, texts, unpooled_prompt=unpooled) if kind == "text" and
+                  windowed is None else
+                  partial(_windowed_texts, tokenizer, raw, texts, before, windowed == "all") if kind == "text" else
+                  partial(tokenizer.encode_ids, ids) if kind == "token_ids" else
+                  partial(tokenizer.encode_pairs, pairs) if manifest.pair_template is None else
+                  partial(tokenizer.encode_templated_pairs, pairs, manifest.pair_template))
+        # Each input named by its row in errors; where every input is of this kind, the tokenizer's own "input i"
+        # names it without a label made per input.
+        labels = None if len(rows) == len(request.inputs) else [f"input {r}" for r in rows]
         try:
             encoded = encode(truncate, labels, direction)
         except InvalidInputError as error:
-            raise located(error, labels, [f"inputs[{r}].{kind}" for r in rows], request.truncate is None) from None
+            raise located(error, labels or [f"input {r}" for r in rows], [f"inputs[{r}].{kind}" for r in rows],
+                          request.truncate is None) from None
         for row, x in zip(rows, encoded, strict=True):
             out[row] = x
     return out  # type: ignore[return-value]
 
 
 def _windowed_texts(tokenizer: TextTokenizer, raw: list[str], texts: list[str], prompt: str, every: bool,
-                    truncate: bool, labels: list[str], direction: str) -> list[TokenizedInput | Windows]:
+                    truncate: bool, labels: list[str] | None, direction: str) -> list[TokenizedInput | Windows]:
     """Texts in windows (engine/windows.py): every one (late chunking), or those longer than max_seq_length with
     their prompt (--long-inputs chunk: the others encoded as they are, cut at no point)."""
     if every:
@@ -297,7 +301,7 @@ def _windowed_texts(tokenizer: TextTokenizer, raw: list[str], texts: list[str], 
     encoded: list[TokenizedInput | Windows] = list(tokenizer.encode_texts(texts, True, labels, direction))
     for i, x in enumerate(encoded):
         if isinstance(x, TokenizedInput) and x.truncated:
-            encoded[i] = tokenizer.windows([raw[i]], prompt, [labels[i]])[0]
+            encoded[i] = tokenizer.windows([raw[i]], prompt, [f"input {i}" if labels is None else labels[i]])[0]
     return encoded
 
 

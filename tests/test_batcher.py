@@ -390,7 +390,7 @@ def cancelled_in_the_same_turn_as_the_take(deadline_passed: bool):
         answered = submit_each(batcher, others)
         wait_to_fill = batcher._wait_to_fill
 
-        async def then_cancel() -> None:  # its future cancelled, the done callback that unqueues it not run yet
+        async def then_cancel() -> None:  # its future cancelled, its task not yet resumed to take it out
             await wait_to_fill()
             if not doomed.done():
                 doomed.cancel()
