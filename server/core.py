@@ -18,9 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
-from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from typing import TypeVar, cast
@@ -315,18 +314,19 @@ class Core:
         """Warmed up and not draining: what health checks report."""
         return self._warm and not self.draining.is_set()
 
-    @contextmanager
-    def in_flight(self) -> Iterator[None]:
+    def in_flight(self) -> _InFlight:
         """Around every request a door takes: the drain waits until none is in progress."""
+        return _InFlight(self)
+
+    def _began(self) -> None:
         self._in_flight += 1
         self._last_call = time.monotonic()
         self._idle.clear()
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
+
+    def _ended(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
 
     def drain(self) -> None:
         """Shutdown began: new requests are refused; open gRPC streams answer what they hold, then end."""
@@ -357,6 +357,21 @@ def _rerank_chars(request: RerankRequest) -> int:
     """The characters a rerank tokenizes: each text, and the query once a pair (types are checked later)."""
     texts = request.texts if isinstance(request.texts, Sequence) and not isinstance(request.texts, str) else []
     return text_chars([request.query]) * max(1, len(texts)) + text_chars(texts)
+
+
+class _InFlight:
+    """Core.in_flight's context: a class, not a generator, as it is around every request."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: Core):
+        self._core = core
+
+    def __enter__(self) -> None:
+        self._core._began()
+
+    def __exit__(self, *exc) -> None:
+        self._core._ended()
 
 
 class _counted:

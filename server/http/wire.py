@@ -66,17 +66,14 @@ class BodyReader:
 
     async def read_bytes(self, request: web.Request, translate: Callable[[bytes], T]) -> T:
         """The body's bytes translated by `translate`, for a wire that is not only JSON (KServe's binary tensors)."""
-        too_large = MessageTooLargeError(
-            f"the request body is over this server's max_request_bytes ({human_size(self.max_bytes)}); "
-            "send fewer or shorter inputs per request")
         if (request.content_length or 0) > self.max_bytes:  # said up front: refused before a byte is read
-            raise too_large
+            raise self._too_large()
         try:
             # A body that arrived with its head (most) is read without a timer: wait_for costs a task a request.
             body = await (request.read() if request.content.is_eof() else
                           asyncio.wait_for(request.read(), self.timeout))
         except web.HTTPRequestEntityTooLarge:  # aiohttp stops reading at client_max_size
-            raise too_large from None
+            raise self._too_large() from None
         except asyncio.TimeoutError:
             raise RequestTimeoutError(f"the request body did not arrive within {self.timeout:g} s "
                                       "(the server's http_body_timeout)") from None
@@ -91,6 +88,10 @@ class BodyReader:
         if len(body) > PARSE_OFF_LOOP_BYTES:
             return await asyncio.get_running_loop().run_in_executor(self._executor, parse_and_translate)
         return parse_and_translate()
+
+    def _too_large(self) -> MessageTooLargeError:
+        return MessageTooLargeError(f"the request body is over this server's max_request_bytes "
+                                    f"({human_size(self.max_bytes)}); send fewer or shorter inputs per request")
 
     async def discard(self, request: web.Request) -> bool:
         """Read what is left of a body the route did not read (an error answered first), so that the connection
