@@ -17,8 +17,12 @@ process included) over the requests answered; the ratio to the bare stack's is t
 issue wants at most 3x on each door. `--workers 2 ÷ 1` requests/s is reported with the cores each run used. The
 client shares the machine's cores, so requests/s depends on the client as well; CPU per request does not.
 
+With --granian (granian installed), the same bare handler on Granian's embedded RSGI server is a row too: whether
+a Rust HTTP stack in the process would cost less than aiohttp (issue 48 item 2).
+
     python bench/bench_front_door.py                       # --workers 1, 3 rounds of 5 s
     python bench/bench_front_door.py --workers 1 2 --rounds 2
+    python bench/bench_front_door.py --doors http --rounds 2 --granian
 """
 
 from __future__ import annotations
@@ -160,6 +164,28 @@ def serve_bare_http(port: int) -> None:
     asyncio.run(serve_aiohttp(embeddings, port))
 
 
+def serve_bare_granian(port: int) -> None:
+    """The same bare handler as serve_bare_http's on Granian's embedded server (RSGI, its Rust HTTP stack feeding
+    this process's asyncio loop): the stack issue 48 item 2 asks to try where aiohttp itself is the cost."""
+    import base64
+
+    from granian.constants import HTTPModes, Interfaces
+    from granian.server.embed import Server
+
+    vector = base64.b64encode(np.random.default_rng(0).standard_normal(DIMENSION).astype("<f4").tobytes()).decode()
+    headers = [("content-type", "application/json")]
+
+    async def embeddings(scope, proto) -> None:
+        body = orjson.loads(await proto())
+        await asyncio.sleep(0)  # the hop awaiting a batch takes
+        proto.response_bytes(200, headers, orjson.dumps({
+            "object": "list", "data": [{"object": "embedding", "index": 0, "embedding": vector}],
+            "model": body.get("model"), "usage": {"prompt_tokens": 12, "total_tokens": 12}}))
+
+    asyncio.run(Server(embeddings, address="127.0.0.1", port=port, interface=Interfaces.RSGI, websockets=False,
+                       http=HTTPModes.http1, log_enabled=False).serve())
+
+
 def serve_bare_grpc(port: int) -> None:
     import grpc
 
@@ -290,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--doors", nargs="+", default=["http", "grpc"], choices=["http", "grpc"])
+    parser.add_argument("--granian", action="store_true",
+                        help="also the bare handler on Granian's embedded RSGI server (HTTP; granian installed)")
     args = parser.parse_args(argv)
     for line in machine_lines():
         print(line)
@@ -298,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     artifacts = tiny_model(root)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as lua:
         lua.write(POST_LUA)
-    stacks = ["bare", *(f"attnserve w{n}" for n in args.workers)]
+    stacks = ["bare", *(["bare granian"] if args.granian else []), *(f"attnserve w{n}" for n in args.workers)]
     results: dict[tuple[str, str], list[dict]] = {}
     core_us = min(core_alone(artifacts) for _ in range(args.rounds))
     log(f"the core alone: {core_us:.1f} us of CPU a request")
@@ -306,9 +334,12 @@ def main(argv: list[str] | None = None) -> int:
         for round_ in range(args.rounds):
             for stack in stacks:
                 for door in args.doors:
-                    server = Bare(door) if stack == "bare" else Attnserve(artifacts, int(stack.split("w")[1]))
+                    if stack == "bare granian" and door != "http":
+                        continue
+                    server = (Bare(door) if stack == "bare" else Bare("granian") if stack == "bare granian" else
+                              Attnserve(artifacts, int(stack.split("w")[1])))
                     try:
-                        port = server.port if stack == "bare" or door == "grpc" else server.http_port
+                        port = server.port if stack.startswith("bare") or door == "grpc" else server.http_port
                         load = ((lambda p=port: http_load(p, 1.0, lua.name)) if door == "http"
                                 else (lambda p=port: grpc_load(p, 1.0)))
                         load()  # warm-up
@@ -361,6 +392,8 @@ def report(results: dict, args) -> str:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--bare-http"]:
         serve_bare_http(int(sys.argv[2]))
+    elif sys.argv[1:2] == ["--bare-granian"]:
+        serve_bare_granian(int(sys.argv[2]))
     elif sys.argv[1:2] == ["--bare-grpc"]:
         serve_bare_grpc(int(sys.argv[2]))
     elif sys.argv[1:2] == ["--core-alone"]:
