@@ -399,10 +399,22 @@ async def _within(work: Awaitable[T], deadline: Deadline | None) -> T:
     """Await work; past the deadline, cancel it (its queued inputs are dropped) and raise DeadlineExpiredError."""
     if deadline is None:
         return await work
+    if deadline.at <= time.monotonic():  # passed already: nothing of the work starts
+        if asyncio.iscoroutine(work):
+            work.close()
+        raise deadline.expired()
     try:
-        return await asyncio.wait_for(work, max(0.0, deadline.at - time.monotonic()))
+        if _TIMEOUT_AT is None:  # Python 3.10: wait_for runs the work in a task of its own
+            return await asyncio.wait_for(work, max(0.0, deadline.at - time.monotonic()))
+        # 3.11+: the request's own task is cancelled at the deadline (the loop's clock is time.monotonic()), no
+        # second task and its hand-offs for every request that carries a deadline (gRPC clients mostly do)
+        async with _TIMEOUT_AT(deadline.at):
+            return await work
     except asyncio.TimeoutError:
         raise deadline.expired() from None
+
+
+_TIMEOUT_AT = getattr(asyncio, "timeout_at", None)
 
 
 def _at(deadline: Deadline | None) -> float | None:
