@@ -233,23 +233,7 @@ def tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifes
     windowed: "long", a text longer than max_seq_length in windows (--long-inputs chunk; token ids and pairs are
     cut as truncate cuts them); "all", every input a text in windows (late chunking); None: none.
     images: whether images may be among the inputs (left for prepare() to decode); False: refused, naming the input."""
-    texts, text_rows, ids, id_rows, pairs, pair_rows = [], [], [], [], [], []
-    for row, item in enumerate(request.inputs):
-        if isinstance(item, str):
-            texts.append(item)
-            text_rows.append(row)
-        elif isinstance(item, tuple):
-            pairs.append(item)
-            pair_rows.append(row)
-        elif isinstance(item, ImageBytes | ImageUrl):
-            if not images:
-                raise invalid(f"inputs[{row}]", "an image: this request takes texts", f"input {row}")
-            continue  # prepare() decodes the images
-        elif item is not None:
-            ids.append(item)
-            id_rows.append(row)
-        else:
-            raise invalid(f"inputs[{row}]", "neither text nor token_ids is set", label=f"input {row}")
+    (texts, text_rows), (ids, id_rows), (pairs, pair_rows) = _by_kind(request.inputs, images)
     asked = "prompt" if request.prompt is not None else "prompt_name" if request.prompt_name is not None else None
     if asked and id_rows:  # token ids are what the model sees already; a prompt would be silently left out
         raise invalid(asked, f"a {asked} goes before texts; input {id_rows[0]} is token ids: put the prompt's "
@@ -273,12 +257,14 @@ def tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifes
     for rows, kind in ((text_rows, "text"), (id_rows, "token_ids"), (pair_rows, "pair")):
         if not rows:
             continue
-        encode = (partial(tokenizer.encode_texts, texts, unpooled_prompt=unpooled) if kind == "text" and
-                  windowed is None else
-                  partial(_windowed_texts, tokenizer, raw, texts, before, windowed == "all") if kind == "text" else
-                  partial(tokenizer.encode_ids, ids) if kind == "token_ids" else
-                  partial(tokenizer.encode_pairs, pairs) if manifest.pair_template is None else
-                  partial(tokenizer.encode_templated_pairs, pairs, manifest.pair_template))
+        if kind == "text":
+            encode = (partial(tokenizer.encode_texts, texts, unpooled_prompt=unpooled) if windowed is None else
+                      partial(_windowed_texts, tokenizer, raw, texts, before, windowed == "all"))
+        elif kind == "token_ids":
+            encode = partial(tokenizer.encode_ids, ids)
+        else:
+            encode = (partial(tokenizer.encode_pairs, pairs) if manifest.pair_template is None else
+                      partial(tokenizer.encode_templated_pairs, pairs, manifest.pair_template))
         # Each input named by its row in errors; where every input is of this kind, the tokenizer's own "input i"
         # names it without a label made per input.
         labels = None if len(rows) == len(request.inputs) else [f"input {r}" for r in rows]
@@ -290,6 +276,25 @@ def tokenize(request: EncodeRequest, tokenizer: TextTokenizer, manifest: Manifes
         for row, x in zip(rows, encoded, strict=True):
             out[row] = x
     return out  # type: ignore[return-value]
+
+
+def _by_kind(inputs: Sequence[Input], images: bool) -> tuple[tuple[list, list[int]], ...]:
+    """The request's texts, token ids and pairs, each with their rows; images are passed over (prepare() decodes
+    them), or refused where the request takes none."""
+    texts: tuple[list, list[int]] = ([], [])
+    ids: tuple[list, list[int]] = ([], [])
+    pairs: tuple[list, list[int]] = ([], [])
+    for row, item in enumerate(inputs):
+        if isinstance(item, ImageBytes | ImageUrl):
+            if not images:
+                raise invalid(f"inputs[{row}]", "an image: this request takes texts", f"input {row}")
+            continue
+        if item is None:
+            raise invalid(f"inputs[{row}]", "neither text nor token_ids is set", label=f"input {row}")
+        kind = texts if isinstance(item, str) else pairs if isinstance(item, tuple) else ids
+        kind[0].append(item)
+        kind[1].append(row)
+    return texts, ids, pairs
 
 
 def _windowed_texts(tokenizer: TextTokenizer, raw: list[str], texts: list[str], prompt: str, every: bool,
