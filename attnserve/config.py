@@ -81,18 +81,26 @@ class EngineConfig:
         "between them; run, within a run only, stopping as it returns; off, never (each of a run's parallel steps "
         "wakes them); auto: on in encode, whose batches follow each other, run in serve, whose front door needs the "
         "cores between batches and whose lone requests need fast runs", choices=("auto", "on", "run", "off"))
-    # 2048 measured fastest on a 2-core AVX2 CPU: larger batches fall out of cache (4096: -3%, 16384: -18%). On the
-    # CPU, graph calibration (engine/calibration.py) also times its half and quarter, and batches at the fastest.
+    # 0 is the provider's own (batch_tokens_on). The CPU's 2048 measured fastest on a 2-core AVX2 CPU: larger
+    # batches fall out of cache (4096: -3%, 16384: -18%); graph calibration (engine/calibration.py) also times its half
+    # and quarter, and batches at the fastest.
     max_batch_tokens: int = setting(
-        2048, "ATTNSERVE_MAX_BATCH_TOKENS", "padded-token budget of one batch: longest length x batch size (the "
-        "most; on the CPU, batches are planned at a half or a quarter of it where that was timed faster)")
+        0, "ATTNSERVE_MAX_BATCH_TOKENS", "padded-token budget of one batch: longest length x batch size (the most; on "
+        "the CPU, batches are planned at a half or a quarter of it where that was timed faster); 0: 2048 on the CPU, "
+        "16384 on a GPU")
     max_batch_size: int = setting(256, "ATTNSERVE_MAX_BATCH_SIZE", "most inputs in one batch")
 
     def __post_init__(self) -> None:
         if self.threads < 0:
             raise ConfigError(f"threads must be >= 0, got {self.threads}")
-        if self.max_batch_tokens < 1 or self.max_batch_size < 1:
-            raise ConfigError("max_batch_tokens and max_batch_size must be positive")
+        if self.max_batch_tokens < 0 or self.max_batch_size < 1:
+            raise ConfigError("max_batch_tokens must be 0 (the provider's own) or more, and max_batch_size positive")
+
+    def batch_tokens_on(self, gpu: bool) -> int:
+        """max_batch_tokens, or where it is 0 the provider's own: TEI's 16384 on a GPU, whose batch costs about the
+        same with more texts in it (bench/gpu_check.sh on an H200: a mean batch of 20.9 against 15.7 at 2048, the
+        queue's wait 90 against 145 ms); 2048 on the CPU."""
+        return self.max_batch_tokens or (16384 if gpu else 2048)
 
 
 @dataclass
@@ -111,6 +119,14 @@ class ServerConfig:
         1, "ATTNSERVE_BATCHES_IN_FLIGHT",
         "batches a model runs at once (each in its own inference thread, from the same length-sorted queue): more "
         "than 1 overlaps one batch's host work with another's run on a GPU; on a CPU they share the same cores")
+    # A batch's thread gives the GIL up while onnxruntime runs and needs it back when the run returns: while the
+    # event loop's thread holds it, that can take up to Python's switch interval (5 ms). 0.5 ms: on a 2-core AMD
+    # EPYC, 1 to 4% more tokens/s serving MiniLM in each of three interleaved rounds; on an H200 no difference
+    # (docs/performance.md, "CUDA").
+    gil_switch_interval_ms: float = setting(
+        0.5, "ATTNSERVE_GIL_SWITCH_INTERVAL_MS",
+        "Python's thread switch interval in the server's processes (sys.setswitchinterval): how long a thread "
+        "that finished outside the GIL (a batch's onnxruntime run) can wait for the event loop to let it go")
     # About 8 s of work for MiniLM on a 2-core CPU, and 64 clients x 4 inputs x 256 tokens:
     # legitimate bursts fit, a flood is shed at once instead of queueing for minutes.
     max_queue_tokens: int = setting(
@@ -262,6 +278,9 @@ class ServerConfig:
             if getattr(self, name) < (0 if name == "port" else 1):
                 raise ConfigError(f"{name} must be {'>= 0' if name == 'port' else 'positive'}, "
                                   f"got {getattr(self, name)}")
+        if not 0 < self.gil_switch_interval_ms <= 1000:
+            raise ConfigError("gil_switch_interval_ms must be above 0 and at most 1000, "
+                              f"got {self.gil_switch_interval_ms}")
         if self.workers != "auto" and not (re.fullmatch(r"[0-9]+", self.workers) and int(self.workers) >= 1):
             raise ConfigError(f"workers must be auto or a whole number >= 1, got {self.workers!r}")
         for name in ("metrics_port", "http_port"):

@@ -85,7 +85,8 @@ def main() -> int:
                 run()
                 best[name] = min(best[name], time.perf_counter() - start)
     print(f"{len(texts)} texts, {tokens} tokens (after model2vec's cut, [UNK] dropped), best of {args.rounds}; "
-          f"attnserve's batches: max_batch_tokens {config.max_batch_tokens}, max_batch_size {config.max_batch_size}")
+          f"attnserve's batches: max_batch_tokens {engine.config.max_batch_tokens}, "
+          f"max_batch_size {config.max_batch_size}")
     for name, seconds in best.items():
         print(f"{name:>10}: {tokens / seconds:>12,.0f} tokens/s ({seconds:.2f} s)")
     print(f"ratio attnserve / model2vec: {best['model2vec'] / best['attnserve']:.2f}x (target >= 1x)")

@@ -6,13 +6,19 @@ bench/gpu_check.sh, which installs onnxruntime-gpu first; it can run alone where
 
 Rows, in this order (each measured once, side by side in this run; what the deadline leaves no time for is named
 in the report, not skipped silently):
-  offline ÷ graph    all-MiniLM-L6-v2's fp16 graph (exported and verified on CUDA here): Engine.encode of the mixed
-                     corpus (tokenizing, batching, the reply arrays) ÷ the same batches, already tokenized and
-                     padded, through the session alone; target >= 0.6.
-  serving ÷ offline  `serve --workers auto`, 256 gRPC clients, one text a request, over --channels connections (the
-                     door processes share the port: one connection would reach one of them); target >= 0.7.
-  door processes     requests/s of the same load with --workers 1, 2, 4, 8 and 16.
+  offline ÷ graph    all-MiniLM-L6-v2's fp16 graph (exported and verified on CUDA here; --minilm-files: its own
+                     files with random weights): Engine.encode of the mixed corpus (tokenizing, batching, the reply
+                     arrays) ÷ the same batches, already tokenized and padded, through the session alone, at the
+                     engine's batch budget (target >= 0.6) and at each --offline-budgets; the tokenizer's seconds.
+  serving ÷ offline  `serve --workers auto`, 256 gRPC clients, one text a request, the corpus sent --passes times over
+                     --channels connections (the door processes share the port: one connection would reach one of
+                     them); target >= 0.7. Each serving row also gives where a batch's time went: the event loop's
+                     milliseconds a batch against the batch thread's own (tensors, onnxruntime's run, rows; the
+                     Triton statistics), and the queue's wait. --profile: py-spy records this row's processes.
+  --also FLAGS       the same load with `--workers auto FLAGS` (repeatable), first among the rows below.
+  door processes     requests/s of the same load with --workers 1, 2, 4, 8 and 16 (--door-processes).
   batches in flight  --batches-in-flight 1 against 2 (workers auto).
+  switch interval    --gil-switch-interval-ms 5 (Python's own) and 0.1 (--switch-intervals), against the default.
   8B                 bench/bench_cuda_export.py: the Qwen3-Embedding-8B shape exported straight into fp16, its peak
                      RSS, and the first answer's cosine to sentence-transformers, in the time left.
 """
@@ -23,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -70,23 +77,46 @@ def machine(provider: str) -> str:
             f"{platform.python_version()}; onnxruntime {ort.__version__} {ort.get_available_providers()}")
 
 
-def export(out: Path, precision: str, provider: str, timeout: float) -> float:
-    """The default model's graph for the run, exported and verified on the provider; its seconds."""
+def minilm_checkpoint(files: Path, out: Path, seed: int = 0) -> Path:
+    """all-MiniLM-L6-v2's own config, tokenizer and pipeline files (`files`: the package's folder without its
+    weights) with transformers' seeded initialisation for weights. The lent machine has no network, and the real
+    weights (91 MB) would be two more carried parts; a graph's speed does not depend on its weights' values."""
+    import shutil
+
+    import torch
+    import transformers
+
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(files, out)
+    torch.manual_seed(seed)
+    transformers.BertModel(transformers.BertConfig.from_pretrained(out)).save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def export(out: Path, precision: str, provider: str, timeout: float, checkpoint: Path | None) -> float:
+    """The model's graph for the run (the embedded default where no checkpoint is given), exported and verified on
+    the provider; its seconds."""
     start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "attnserve.cli", "export", "--out", str(out), "--precision", precision,
-                    "--provider", provider], check=True, timeout=timeout)
+    command = [sys.executable, "-m", "attnserve.cli", "export", "--out", str(out), "--precision", precision,
+               "--provider", provider]
+    if checkpoint is not None:
+        command += ["--checkpoint", str(checkpoint)]
+    subprocess.run(command, check=True, timeout=timeout)
     return time.monotonic() - start
 
 
 def offline_over_graph(engine, texts: list[str]) -> dict:
-    """Engine.encode over the corpus, warm, against the graph alone on the same batches (fed before the clock)."""
+    """Engine.encode over the corpus, warm, against the graph alone on the same batches (fed before the clock), and
+    the tokenizer's share."""
     from attnserve.engine.batching import plan_batches
 
     engine.encode(texts, truncate=True)  # warm: every batch shape once
     start = time.perf_counter()
     encoded = engine.encode(texts, truncate=True)
     offline = time.perf_counter() - start
+    start = time.perf_counter()
     tokenized = engine.tokenizer.encode_texts(texts, truncate=True)
+    tokenizing = time.perf_counter() - start
     batches = plan_batches([len(x) for x in tokenized], engine.batch_tokens, engine.config.max_batch_size)
     feeds = [engine._feed([tokenized[i] for i in rows]) for rows in batches]
     session = engine._session
@@ -98,20 +128,74 @@ def offline_over_graph(engine, texts: list[str]) -> dict:
     graph = time.perf_counter() - start
     tokens = encoded.stats.tokens
     return {"tokens": tokens, "offline_tokens_per_s": tokens / offline, "graph_tokens_per_s": tokens / graph,
-            "ratio": graph / offline, "batches": len(batches)}
+            "ratio": graph / offline, "offline_s": offline, "tokenizing_s": tokenizing, "graph_s": graph,
+            "batches": len(batches)}
 
 
-def serving(artifacts: Path, args, requests: list[bytes], flags: tuple[str, ...]) -> dict:
-    """One server with flags, the closed loop of CLIENTS clients over its gRPC door; its numbers."""
+def batch_split(server, before: dict) -> dict:
+    """The model's Triton statistics now (server/statistics.py), and since `before`: per batch, the milliseconds
+    the batch's thread spent building its tensors, in onnxruntime (the GIL taken back included) and cutting rows."""
+    import httpx
+
+    now = httpx.get(f"{server.http_url}/v2/models/stats", timeout=30).json()["model_stats"][0]
+    if not before:
+        return now
+
+    def total(stats: dict, part: str) -> tuple[int, int]:
+        rows = stats.get("batch_stats", [])
+        return sum(r[part]["count"] for r in rows), sum(r[part]["ns"] for r in rows)
+
+    split = {}
+    for part in ("compute_input", "compute_infer", "compute_output"):
+        (n1, ns1), (n0, ns0) = total(now, part), total(before, part)
+        split[part + "_ms"] = (ns1 - ns0) / 1e6 / max(1, n1 - n0)
+    return split
+
+
+def serving(artifacts: Path, args, requests: list[bytes], flags: tuple[str, ...], profile: Path | None = None
+            ) -> dict:
+    """One server with flags, the closed loop of CLIENTS clients over its gRPC door; its numbers, with where a
+    batch's time went. profile: py-spy records every process of the server during the load into this file."""
     server = start_server(artifacts, precision=args.precision, provider=args.provider, flags=flags)
     try:
         server.wait_serving(timeout=args.start_timeout)
-        result = serving_round(server, requests, CLIENTS, args.channels)
+        serving_round(server, requests[:CLIENTS * 4], CLIENTS, args.channels)  # warm: shapes, connections
+        before = batch_split(server, {})
+        spy = start_profile(server.process.pid, profile) if profile is not None else None
+        if profile is not None and spy is None:
+            print("no py-spy on the PATH: the load runs unprofiled", flush=True)
+        try:
+            result = serving_round(server, requests, CLIENTS, args.channels)
+        finally:
+            if spy is not None:
+                stop_profile(spy)
+        result.update(batch_split(server, before))
     finally:
         status = stop_server(server)
     if status != 0:
         raise BenchError(f"the server ({' '.join(flags)}) did not drain and exit 0 on SIGTERM: {status}")
+    result["loop_batch_ms"] = 1e3 * result["inference_s"] / max(1.0, result["batches"])
     return result
+
+
+def start_profile(pid: int, out: Path) -> subprocess.Popen | None:
+    """py-spy (carried by gpu_check.sh) sampling the server and its door processes, native frames included."""
+    import shutil
+
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return None
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--subprocesses", "--native", "--rate", "250",
+                             "--format", "raw", "--output", str(out)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def stop_profile(spy: subprocess.Popen) -> None:
+    spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled on Ctrl-C
+    try:
+        spy.wait(15)
+    except subprocess.TimeoutExpired:
+        spy.kill()
 
 
 def main() -> int:
@@ -125,9 +209,25 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/gpu-check"))
     parser.add_argument("--door-processes", default=",".join(map(str, DOOR_PROCESSES)),
                         help="the --workers counts to measure, comma-separated (default 1,2,4,8,16)")
+    parser.add_argument("--switch-intervals", default="5,0.1",
+                        help="--gil-switch-interval-ms values to serve with beside the default (default 5,0.1: "
+                             "Python's own, and less)")
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy records the --workers auto row's processes (serve_profile.txt by the report)")
+    parser.add_argument("--also", action="append", default=[], metavar="FLAGS",
+                        help="serve flags to measure a row with beside --workers auto (repeatable)")
+    parser.add_argument("--offline-budgets", default="2048",
+                        help="batch token budgets the offline rows are also measured at (default 2048, the CPU's)")
+    parser.add_argument("--passes", type=int, default=3, help="times the corpus is sent in a serving load (default 3)")
     parser.add_argument("--skip-8b", action="store_true", help="leave the 8B shape out")
+    parser.add_argument("--minilm-files", type=Path,
+                        help="all-MiniLM-L6-v2's files without its weights (gpu_check.sh carries them): the model "
+                             "is made from them with random weights; by default the embedded model, real weights")
     args = parser.parse_args()
     args.precision = "fp16" if args.provider == "cuda" else "fp32"
+    args.door_processes = [int(n) for n in args.door_processes.split(",") if n.strip()]
+    args.switch_intervals = [float(n) for n in args.switch_intervals.split(",") if n.strip()]
+    args.offline_budgets = [int(n) for n in args.offline_budgets.split(",") if n.strip()]
     deadline = time.monotonic() + args.budget
     args.report.parent.mkdir(parents=True, exist_ok=True)
     report = Report(args.report)
@@ -137,6 +237,17 @@ def main() -> int:
     except (BenchError, subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
         report.line(f"stopped: {type(e).__name__}: {e}")
         return 1
+
+
+def serving_lines(report: Report, r: dict) -> None:
+    """Where a served request's time went: the batches' sizes and times, as the event loop and the batch's thread
+    saw them, and whose CPU it was (the clients' cores say whether the load, not the server, was the ceiling)."""
+    report.row("  mean batch, padding; server, client cores",
+               f"{r['mean_batch_size'] or 0:.1f}, {r['padding'] or 0:.1%}; {r['server_cores']:.1f}, "
+               f"{r['client_cores']:.1f}")
+    report.row("  ms a batch: loop; thread's input, run, rows; queue ms",
+               f"{r['loop_batch_ms']:.2f}; {r.get('compute_input_ms', 0):.2f}, {r.get('compute_infer_ms', 0):.2f}, "
+               f"{r.get('compute_output_ms', 0):.2f}; {r['mean_queue_ms'] or 0:.0f}")
 
 
 def left(deadline: float) -> float:
@@ -149,39 +260,50 @@ def measure(args, report: Report, deadline: float) -> int:
     from attnserve.loadtest.corpus import mixed_length_corpus
 
     artifacts = args.work / "minilm"
-    seconds = export(artifacts, args.precision, args.provider, max(60.0, left(deadline)))
+    checkpoint = None
+    if args.minilm_files is not None:
+        checkpoint = minilm_checkpoint(args.minilm_files, args.work / "minilm-checkpoint")
+        report.line("all-MiniLM-L6-v2: its config, tokenizer and pipeline, random weights (seed 0)")
+    seconds = export(artifacts, args.precision, args.provider, max(60.0, left(deadline)), checkpoint)
     report.row(f"export all-MiniLM-L6-v2 {args.precision} on {args.provider}, verified", f"{seconds:.0f} s")
     engine = Engine.from_directory(artifacts, EngineConfig(precision=args.precision, provider=args.provider))
     texts = mixed_length_corpus(args.texts, 0)
-    graph = offline_over_graph(engine, texts)
-    report.numbers["offline_over_graph"] = graph
-    report.row(f"offline ({graph['offline_tokens_per_s']:,.0f} tokens/s) ÷ the graph alone "
-               f"({graph['graph_tokens_per_s']:,.0f})", f"{graph['ratio']:.2f}", ">= 0.6",
-               graph["ratio"] >= TARGETS["offline_over_graph"])
+    budget = engine.batch_tokens
+    for tokens in sorted({budget, *args.offline_budgets}, key=lambda t: t != budget):  # the engine's own first
+        engine.batch_tokens = tokens
+        graph = offline_over_graph(engine, texts)
+        report.numbers[f"offline_over_graph at {tokens}"] = graph
+        report.row(f"offline ({graph['offline_tokens_per_s']:,.0f} tokens/s) ÷ the graph alone "
+                   f"({graph['graph_tokens_per_s']:,.0f}), batches of {tokens} tokens", f"{graph['ratio']:.2f}",
+                   ">= 0.6" if tokens == budget else "", graph["ratio"] >= TARGETS["offline_over_graph"]
+                   if tokens == budget else None)
+        report.row("  seconds: offline; tokenizing; the graph alone",
+                   f"{graph['offline_s']:.3f}; {graph['tokenizing_s']:.3f}; {graph['graph_s']:.3f}")
+    engine.batch_tokens = budget
     offline = offline_round(engine, texts, os.getpid())
     del engine
-    requests = [embed_request(t).SerializeToString() for t in texts]
-    auto = serving(artifacts, args, requests, ("--workers", "auto"))
+    requests = [embed_request(t).SerializeToString() for t in texts] * args.passes
+    report.numbers["offline"] = offline
+    auto = serving(artifacts, args, requests, ("--workers", "auto"),
+                   profile=args.report.parent / "serve_profile.txt" if args.profile else None)
     ratio = auto["tokens_per_s"] / offline["tokens_per_s"]
-    report.numbers["serving_auto"], report.numbers["offline"] = auto, offline
+    report.numbers["serving_auto"] = auto
     report.row(f"serving, --workers auto, {CLIENTS} clients ({auto['tokens_per_s']:,.0f} tokens/s) ÷ offline",
                f"{ratio:.2f}", ">= 0.7", ratio >= TARGETS["serving_over_offline"])
-    report.row("  its requests/s, mean batch, padding; server, client cores",
-               f"{auto['requests_per_s']:,.0f}, {auto['mean_batch_size'] or 0:.1f}, {auto['padding'] or 0:.1%}; "
-               f"{auto['server_cores']:.1f}, {auto['client_cores']:.1f}")
-    doors = [int(n) for n in args.door_processes.split(",") if n.strip()]
-    for name, flags in [*((f"--workers {n}", ("--workers", str(n))) for n in doors),
-                        *((f"--batches-in-flight {n}", ("--workers", "auto", "--batches-in-flight", str(n)))
-                          for n in (1, 2))]:
-        if left(deadline) < 60:
+    serving_lines(report, auto)
+    rows = [*((flags, ("--workers", "auto", *flags.split())) for flags in args.also),
+            *((f"--workers {n}", ("--workers", str(n))) for n in args.door_processes),
+            *((f"--batches-in-flight {n}", ("--workers", "auto", "--batches-in-flight", str(n))) for n in (1, 2)),
+            *((f"--gil-switch-interval-ms {ms:g}", ("--workers", "auto", "--gil-switch-interval-ms", str(ms)))
+              for ms in args.switch_intervals)]
+    for name, flags in rows:
+        if left(deadline) < 45:
             report.line(f"not measured, out of time: {name}")
             continue
         result = serving(artifacts, args, requests, flags)
         report.numbers[name] = result
-        # The clients' cores say whether this process, not the server, was the ceiling.
-        report.row(f"{name}: requests/s (tokens/s); server, client cores",
-                   f"{result['requests_per_s']:,.0f} ({result['tokens_per_s']:,.0f}); "
-                   f"{result['server_cores']:.1f}, {result['client_cores']:.1f}")
+        report.row(f"{name}: requests/s (tokens/s)", f"{result['requests_per_s']:,.0f} ({result['tokens_per_s']:,.0f})")
+        serving_lines(report, result)
     if args.skip_8b:
         report.line("the 8B shape: left out (--skip-8b)")
     elif left(deadline) < 120:

@@ -254,6 +254,7 @@ class Engine:
                 raise ArtifactError(f"{missing}: build it with `attnserve export --all`") from None
             add_in_child(manifest.directory, missing.names, resolve_provider(config.provider), self._log)
             manifest = load_manifest(manifest.directory)
+        config = replace(config, max_batch_tokens=config.batch_tokens_on(resolve_provider(config.provider) != CPU))
         if config.max_batch_tokens < manifest.served_max_length:
             # A batch holds at least one input of the longest length served (TEI raises its budget alike).
             log.info("max_batch_tokens %d raised to %d, the longest input %s serves", config.max_batch_tokens,
@@ -470,12 +471,13 @@ class Engine:
                                                                   prepack=False)
         return self._attention_sessions[name]
 
-    def run(self, inputs: Sequence[TokenizedInput | ImageInput], attention: bool = False, last_layer: bool = False
-            ) -> BatchOutput:
+    def run(self, inputs: Sequence[TokenizedInput | ImageInput], attention: bool = False, last_layer: bool = False,
+            token_states: bool = True) -> BatchOutput:
         """One padded batch through one session; safe to call from several threads. last_layer (with attention):
         the batch needs no map but the last layer's, and rollout: the last-layer graph runs where the artifacts
         have one (BatchOutput.map_layers says which layers came back). A batch of images (all ImageInput) runs
-        the image tower's graph: its embeddings are the sentence embeddings, its maps over the patches."""
+        the image tower's graph: its embeddings are the sentence embeddings, its maps over the patches.
+        token_states False (no attention): the sentence embeddings alone are fetched, not the (B, T, H) states."""
         if inputs and isinstance(inputs[0], ImageInput):
             return self._run_images(cast(Sequence[ImageInput], inputs), attention)
         inputs = cast(Sequence[TokenizedInput], inputs)
@@ -483,7 +485,10 @@ class Engine:
         feed = self._feed(inputs)
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
         fed = time.perf_counter()
-        out = self._run(feed, lengths, attention, last_layer)
+        if token_states or attention or self.manifest.kind == "reranker":
+            out = self._run(feed, lengths, attention, last_layer)
+        else:
+            out = BatchOutput(lengths, None, self._session.run(["sentence_embedding"], feed)[0])
         out.feed_seconds, out.run_seconds = fed - started, time.perf_counter() - fed
         return out
 
@@ -542,8 +547,7 @@ class Engine:
 
     def _sentence_embeddings(self, inputs: Sequence[TokenizedInput]) -> BatchOutput:
         """A batch's sentence embeddings alone: what plain embeddings need, without the (B, T, H) token states."""
-        lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
-        return BatchOutput(lengths, None, self._session.run(["sentence_embedding"], self._feed(inputs))[0])
+        return self.run(inputs, token_states=False)
 
     def output_options(self, normalize: bool | None = None, dimensions: int | None = None,
                        embedding_type: str = "float", ranges: np.ndarray | None = None) -> OutputOptions:

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import ssl
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -341,6 +342,7 @@ async def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
     """Serve the models of engine_config.artifacts or config.model / model_repository until SIGTERM or SIGINT,
     then drain and return 0."""
     check_ports_free(config)  # before the models load, which can take minutes on a first run
+    sys.setswitchinterval(config.gil_switch_interval_ms / 1e3)
     # onnxruntime's threads do the serving's heavy work. numpy's BLAS (attention rollout's matrix products, MaxSim)
     # would start threads of its own on the same cores, whose spinning slowed the attention graph's runs beside
     # them by 1.6x (bench/bench_attention.py: rollout-only requests 0.40 of embeddings' tokens/s, 0.63 with one).

@@ -113,8 +113,8 @@ class _Entry:
     enqueued: float  # time.monotonic()
 
 
-# Engine.run(inputs, attention, last_layer): a batch's inputs are all texts or all images (one lane)
-RunBatch = Callable[[Sequence[QueuedInput], bool, bool], BatchOutput]
+# Engine.run(inputs, attention, last_layer, token_states): a batch's inputs are all texts or all images (one lane)
+RunBatch = Callable[[Sequence[QueuedInput], bool, bool, bool], BatchOutput]
 
 
 def _queue_wait_spans(requests) -> None:
@@ -479,7 +479,8 @@ class Batcher:
                 "attnserve.graph": graph})
         try:
             out = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._run_batch, inputs, attention, last_layer)
+                self._executor, self._run_batch, inputs, attention, last_layer,
+                any(e.request.token_states for e in batch))
             rows = out.scores if out.scores is not None else out.sentence_embedding
             if rows is None or len(rows) != len(batch):
                 raise RuntimeError(f"the session returned {0 if rows is None else len(rows)} rows for "

@@ -53,16 +53,17 @@ class Runner:
     POISON fails as a broken session would."""
 
     def __init__(self, engine, held: bool = False):
-        self.engine, self.held, self.batches = engine, held, []
+        self.engine, self.held, self.batches, self.token_states = engine, held, [], []
         self._permits = threading.Semaphore(0)
 
-    def __call__(self, inputs, attention, last_layer=False):
+    def __call__(self, inputs, attention, last_layer=False, token_states=True):
         self.batches.append(list(inputs))
+        self.token_states.append(token_states)
         if self.held:
             assert self._permits.acquire(timeout=30), "the test never let this batch run"
         if any(POISON in x.ids for x in inputs):
             raise RuntimeError("simulated onnxruntime failure")
-        return self.engine.run(inputs, attention, last_layer)
+        return self.engine.run(inputs, attention, last_layer, token_states)
 
     def let(self, batches: int = 1) -> None:
         self._permits.release(batches)
@@ -141,6 +142,40 @@ def test_rows_come_back_in_request_order_and_equal_a_lone_run(engine):
     rows, _ = serve(engine, lambda batcher, runner: batcher.submit(inputs, attention=False, deadline=None))
     assert [row.token_embeddings.shape for row in rows] == [(len(x), 384) for x in inputs]
     assert_rows(inputs, rows, engine, atol=1e-5)
+
+
+def test_a_batch_fetches_token_states_only_where_one_of_its_requests_needs_them(engine):
+    """A batch of plain embeddings runs without the (B, T, H) states (on a GPU, no copy of them to the host); one
+    that holds a request for token embeddings fetches them, and each row gets what its own request asked."""
+    plain, wanting = [item(n, 1100 + n) for n in (5, 40, 9)], [item(n, 1200 + n) for n in (7, 33)]
+
+    async def scenario(batcher, runner):
+        alone = asyncio.ensure_future(batcher.submit(plain, False, None, token_states=False))
+        await until(lambda: len(runner.batches) == 1)
+        runner.let()
+        alone = await alone
+        blocker = asyncio.ensure_future(batcher.submit([item(3, 1300)], False, None, token_states=False))
+        await until(lambda: len(runner.batches) == 2)  # held in the session: the next two requests queue together
+        first = asyncio.ensure_future(batcher.submit(plain, False, None, token_states=False))
+        second = asyncio.ensure_future(batcher.submit(wanting, False, None))
+        await until(lambda: batcher.queued_tokens == sum(len(x) for x in [*plain, *wanting]))
+        runner.release()
+        await blocker
+        return alone, await first, await second
+
+    (alone, first, second), runner = serve(engine, scenario, held=True, max_wait_s=0.0)
+    assert runner.token_states[:2] == [False, False]  # the plain request alone; the blocker
+    # The batches of the two requests (markers 11xx: plain's, 12xx: wanting's), not serve()'s own request after them.
+    later = [(set(m // 100 for m in markers(batch)), states)
+             for batch, states in zip(runner.batches[2:], runner.token_states[2:], strict=True)]
+    ours = [(requests, states) for requests, states in later if requests & {11, 12}]
+    assert {11, 12} in [requests for requests, _ in ours]  # the two requests shared a batch
+    assert all(states == (12 in requests) for requests, states in ours)
+    assert all(row.token_embeddings is None for row in [*alone, *first])
+    assert [row.token_embeddings.shape for row in second] == [(len(x), 384) for x in wanting]
+    assert_rows(plain, alone, engine, atol=1e-5)
+    assert_rows(plain, first, engine, atol=1e-5)
+    assert_rows(wanting, second, engine, atol=1e-5)
 
 
 def test_batches_in_flight_run_side_by_side_and_answer_each_their_own_rows(engine):

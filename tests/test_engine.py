@@ -124,6 +124,22 @@ def test_every_precision_runs_on_cpu(artifacts, engine, precision):
     assert (got * want).sum(1).min() >= (0.97 if precision == "int8" else 0.999)
 
 
+def test_max_batch_tokens_0_is_the_providers_own_budget(engine):
+    """0 (the default): 2048 on the CPU (cache-sized products), TEI's 16384 on a GPU; a number given is kept."""
+    assert EngineConfig().max_batch_tokens == 0 and engine.config.max_batch_tokens == 2048
+    assert EngineConfig().batch_tokens_on(gpu=False) == 2048 and EngineConfig().batch_tokens_on(gpu=True) == 16384
+    assert EngineConfig(max_batch_tokens=4096).batch_tokens_on(gpu=True) == 4096
+    with pytest.raises(ConfigError, match="max_batch_tokens must be 0"):
+        EngineConfig(max_batch_tokens=-1)
+
+
+def test_a_batch_without_token_states_fetches_the_sentence_embeddings_alone(engine):
+    inputs = engine.tokenizer.encode_texts(VARIED_TEXTS)
+    whole, alone = engine.run(inputs), engine.run(inputs, token_states=False)
+    assert alone.last_hidden_state is None and whole.last_hidden_state is not None
+    np.testing.assert_array_equal(alone.sentence_embedding, whole.sentence_embedding)
+
+
 def test_cuda_requested_without_cuda_is_a_config_error(artifacts):
     import onnxruntime
 

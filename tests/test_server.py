@@ -362,6 +362,8 @@ ONE_LINE_ERRORS = [
     ("serve --artifacts {artifacts} --max-queue-tokens 100 --port 0 --http-port -1 --metrics-port -1",
      ["max_queue_tokens 100 cannot hold one input"]),
     ("serve --artifacts {artifacts} --max-wait-ms soon", ["--max-wait-ms: 'soon' is not a valid float"]),
+    ("serve --artifacts {artifacts} --gil-switch-interval-ms 0", ["gil_switch_interval_ms must be above 0"]),
+    ("serve --artifacts {artifacts} --max-batch-tokens -5", ["max_batch_tokens must be 0 (the provider's own)"]),
     ("serve --artifacts {artifacts} --port 0 --http-port -1 --metrics-port -1 --tls-cert {server_cert}",
      ["TLS needs both --tls-cert and --tls-key"]),
     ("serve --artifacts {artifacts} --port 0 --http-port -1 --metrics-port -1 --tls-cert {tmp}/missing.pem "

@@ -104,7 +104,7 @@ def measure(engine, config: EngineConfig) -> Measured:
         orjson.dumps({"embedding": vector, "index": 0}, option=orjson.OPT_SERIALIZE_NUMPY)
     door = (time.process_time() - started) / SAMPLES * DOOR_STACK
     inputs = tokenizer.encode_texts(texts[:BATCH])
-    rows = max(1, min(BATCH, config.max_batch_size, config.max_batch_tokens // max(len(x) for x in inputs)))
+    rows = max(1, min(BATCH, config.max_batch_size, engine.batch_tokens // max(len(x) for x in inputs)))
     batch = inputs[:rows]
     engine.run(batch)  # warm
     walls, cpus = [], []

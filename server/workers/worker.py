@@ -24,6 +24,7 @@ log = logging.getLogger("attnserve.server")
 async def run(config: ServerConfig, link_address: str) -> int:
     # The reply's analyses (attention rollout's products) run here: numpy's BLAS kept to one thread, as in one process.
     threadpool_limits(limits=1, user_api="blas")
+    sys.setswitchinterval(config.gil_switch_interval_ms / 1e3)  # as in the engine process (config.py says why)
     stopping = asyncio.Event()
     server: Server | None = None
 
