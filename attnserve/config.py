@@ -113,12 +113,15 @@ class ServerConfig:
         2.0, "ATTNSERVE_MAX_WAIT_MS",
         "longest wait to fill a batch when the queue holds less than a full one (never when it holds one); "
         "only under load: an idle server runs a lone request at once")
-    # One: on a CPU the graph takes every core, and a second batch would only share them. On a GPU a second one
-    # overlaps a batch's host work (its feeds and copies, pooling, answering) with the other's device time.
+    # 0 is the provider's own (batches_in_flight_on). One on a CPU: the graph takes every core, and a second batch would
+    # only share them. Two on a GPU, where a second overlaps a batch's host work (its feeds and copies, answering) with
+    # the other's device time: 1.13 to 1.23 times the requests/s of one, in each of three runs on an H200
+    # (docs/performance.md, "CUDA").
     batches_in_flight: int = setting(
-        1, "ATTNSERVE_BATCHES_IN_FLIGHT",
+        0, "ATTNSERVE_BATCHES_IN_FLIGHT",
         "batches a model runs at once (each in its own inference thread, from the same length-sorted queue): more "
-        "than 1 overlaps one batch's host work with another's run on a GPU; on a CPU they share the same cores")
+        "than 1 overlaps one batch's host work with another's run on a GPU; on a CPU they share the same cores; 0: 1 "
+        "on the CPU, 2 on a GPU")
     # A batch's thread gives the GIL up while onnxruntime runs and needs it back when the run returns: while the
     # event loop's thread holds it, that can take up to Python's switch interval (5 ms). 0.5 ms: on a 2-core AMD
     # EPYC, 1 to 4% more tokens/s serving MiniLM in each of three interleaved rounds; on an H200 no difference
@@ -275,9 +278,9 @@ class ServerConfig:
     def __post_init__(self) -> None:
         for name in ("port", "batches_in_flight", "max_queue_tokens", "max_inputs_per_request", "max_request_bytes",
                      "max_response_bytes", "max_image_pixels", "max_image_url_bytes"):
-            if getattr(self, name) < (0 if name == "port" else 1):
-                raise ConfigError(f"{name} must be {'>= 0' if name == 'port' else 'positive'}, "
-                                  f"got {getattr(self, name)}")
+            least = 0 if name in ("port", "batches_in_flight") else 1
+            if getattr(self, name) < least:
+                raise ConfigError(f"{name} must be {'>= 0' if least == 0 else 'positive'}, got {getattr(self, name)}")
         if not 0 < self.gil_switch_interval_ms <= 1000:
             raise ConfigError("gil_switch_interval_ms must be above 0 and at most 1000, "
                               f"got {self.gil_switch_interval_ms}")
@@ -318,6 +321,10 @@ class ServerConfig:
             raise ConfigError("give --model NAME=DIR or --model-repository DIR, not both")
         if any(not key.strip() for key in self.api_key):
             raise ConfigError("--api-key must not be empty")
+
+    def batches_in_flight_on(self, gpu: bool) -> int:
+        """batches_in_flight, or where it is 0 the provider's own: 2 on a GPU, 1 on the CPU."""
+        return self.batches_in_flight or (2 if gpu else 1)
 
     def api_keys(self) -> tuple[str, ...]:
         """Every key a request may present: --api-key and the lines of --api-key-file."""

@@ -26,6 +26,7 @@ from attnserve.config import EngineConfig, ServerConfig
 from attnserve.engine.engine import Engine
 from attnserve.engine.manifest import REQUEST_POOLINGS, Manifest
 from attnserve.engine.quantize import EMBEDDING_TYPES, RANGED
+from attnserve.engine.session import CPU
 from attnserve.engine.tasks import check_task, task_directory
 from attnserve.errors import ConfigError, ModelNotFoundError
 
@@ -184,7 +185,8 @@ class ServedModel:
             raise ConfigError(f"max_queue_tokens {config.max_queue_tokens} cannot hold one input of "
                               f"max_seq_length {engine.manifest.served_max_length} (model {name!r})")
         self.metrics: ModelMetrics = metrics.for_model(name)
-        self.inference = ThreadPoolExecutor(config.batches_in_flight, thread_name_prefix=f"attnserve-inference-{name}")
+        self.in_flight = config.batches_in_flight_on(gpu=engine.provider != CPU)
+        self.inference = ThreadPoolExecutor(self.in_flight, thread_name_prefix=f"attnserve-inference-{name}")
         self.batcher = self._batcher(engine, config)
         self.tasks = {task: (task_engine, self._batcher(task_engine, config))
                       for task, task_engine in (task_engines or {}).items()}
@@ -227,7 +229,7 @@ class ServedModel:
     def _batcher(self, engine: Engine, config: ServerConfig) -> Batcher:
         return Batcher(engine.run, BatcherLimits(
             engine.batch_tokens, engine.config.max_batch_size, config.max_queue_tokens,
-            config.max_wait_ms / 1e3, config.max_queue_wait_ms / 1e3, config.batches_in_flight), self.metrics,
+            config.max_wait_ms / 1e3, config.max_queue_wait_ms / 1e3, self.in_flight), self.metrics,
             self.inference)
 
     def for_task(self, task: str | None) -> tuple[Engine, Batcher]:

@@ -236,3 +236,13 @@ def test_threads_are_shared_out_among_the_models():
     assert thread_share(0, 1) == 0 and thread_share(4, 1) == 4  # one model: as configured
     assert thread_share(8, 2) == 4 and thread_share(8, 3) == 2 and thread_share(2, 4) == 1
     assert thread_share(0, 2) >= 1
+
+
+def test_batches_in_flight_0_is_the_providers_own():
+    """0 (the default): one batch at a time on the CPU, whose graph takes every core; two on a GPU, where the second
+    overlaps the first's host work; a number given is kept."""
+    assert ServerConfig().batches_in_flight == 0
+    assert ServerConfig().batches_in_flight_on(gpu=False) == 1 and ServerConfig().batches_in_flight_on(gpu=True) == 2
+    assert ServerConfig(batches_in_flight=3).batches_in_flight_on(gpu=False) == 3
+    with pytest.raises(ConfigError, match="batches_in_flight must be >= 0"):
+        ServerConfig(batches_in_flight=-1)
