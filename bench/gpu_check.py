@@ -288,7 +288,8 @@ def measure(args, report: Report, deadline: float) -> int:
                    profile=args.report.parent / "serve_profile.txt" if args.profile else None)
     ratio = auto["tokens_per_s"] / offline["tokens_per_s"]
     report.numbers["serving_auto"] = auto
-    report.row(f"serving, --workers auto, {CLIENTS} clients ({auto['tokens_per_s']:,.0f} tokens/s) ÷ offline",
+    report.row(f"serving, --workers auto, {CLIENTS} clients ({auto['tokens_per_s']:,.0f} tokens/s, "
+               f"{auto['requests_per_s']:,.0f} requests/s) ÷ offline",
                f"{ratio:.2f}", ">= 0.7", ratio >= TARGETS["serving_over_offline"])
     serving_lines(report, auto)
     rows = [*((flags, ("--workers", "auto", *flags.split())) for flags in args.also),
