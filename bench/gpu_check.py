@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,8 +82,6 @@ def minilm_checkpoint(files: Path, out: Path, seed: int = 0) -> Path:
     """all-MiniLM-L6-v2's own config, tokenizer and pipeline files (`files`: the package's folder without its
     weights) with transformers' seeded initialisation for weights. The lent machine has no network, and the real
     weights (91 MB) would be two more carried parts; a graph's speed does not depend on its weights' values."""
-    import shutil
-
     import torch
     import transformers
 
@@ -132,22 +131,23 @@ def offline_over_graph(engine, texts: list[str]) -> dict:
             "batches": len(batches)}
 
 
-def batch_split(server, before: dict) -> dict:
-    """The model's Triton statistics now (server/statistics.py), and since `before`: per batch, the milliseconds
-    the batch's thread spent building its tensors, in onnxruntime (the GIL taken back included) and cutting rows."""
+def model_stats(server) -> dict:
+    """The served model's Triton statistics (server/statistics.py)."""
     import httpx
 
-    now = httpx.get(f"{server.http_url}/v2/models/stats", timeout=30).json()["model_stats"][0]
-    if not before:
-        return now
+    return httpx.get(f"{server.http_url}/v2/models/stats", timeout=30).json()["model_stats"][0]
 
+
+def batch_split(before: dict, after: dict) -> dict:
+    """Per batch between two statistics: the milliseconds the batch's thread spent building its tensors, in
+    onnxruntime (the GIL taken back included) and cutting rows."""
     def total(stats: dict, part: str) -> tuple[int, int]:
         rows = stats.get("batch_stats", [])
         return sum(r[part]["count"] for r in rows), sum(r[part]["ns"] for r in rows)
 
     split = {}
     for part in ("compute_input", "compute_infer", "compute_output"):
-        (n1, ns1), (n0, ns0) = total(now, part), total(before, part)
+        (n1, ns1), (n0, ns0) = total(after, part), total(before, part)
         split[part + "_ms"] = (ns1 - ns0) / 1e6 / max(1, n1 - n0)
     return split
 
@@ -160,7 +160,7 @@ def serving(artifacts: Path, args, requests: list[bytes], flags: tuple[str, ...]
     try:
         server.wait_serving(timeout=args.start_timeout)
         serving_round(server, requests[:CLIENTS * 4], CLIENTS, args.channels)  # warm: shapes, connections
-        before = batch_split(server, {})
+        before = model_stats(server)
         spy = start_profile(server.process.pid, profile) if profile is not None else None
         if profile is not None and spy is None:
             print("no py-spy on the PATH: the load runs unprofiled", flush=True)
@@ -169,7 +169,7 @@ def serving(artifacts: Path, args, requests: list[bytes], flags: tuple[str, ...]
         finally:
             if spy is not None:
                 stop_profile(spy)
-        result.update(batch_split(server, before))
+        result.update(batch_split(before, model_stats(server)))
     finally:
         status = stop_server(server)
     if status != 0:
@@ -180,8 +180,6 @@ def serving(artifacts: Path, args, requests: list[bytes], flags: tuple[str, ...]
 
 def start_profile(pid: int, out: Path) -> subprocess.Popen | None:
     """py-spy (carried by gpu_check.sh) sampling the server and its door processes, native frames included."""
-    import shutil
-
     spy = shutil.which("py-spy")
     if spy is None:
         return None
