@@ -89,18 +89,32 @@ class EngineConfig:
         "the CPU, batches are planned at a half or a quarter of it where that was timed faster); 0: 2048 on the CPU, "
         "16384 on a GPU")
     max_batch_size: int = setting(256, "ATTNSERVE_MAX_BATCH_SIZE", "most inputs in one batch")
+    # 0 is the provider's own (batch_cost_on). Inputs are cut into batches by length where the padding a cut saves
+    # outweighs what one more run costs: on a GPU a run's fixed cost is worth many more token cells than on a CPU.
+    batch_cost_tokens: int = setting(
+        0, "ATTNSERVE_BATCH_COST_TOKENS", "what one more batch costs, in padded tokens, when inputs are cut into "
+        "batches by length: a cut must save more padding than this; 0: 64 on the CPU, 1024 on a GPU")
 
     def __post_init__(self) -> None:
         if self.threads < 0:
             raise ConfigError(f"threads must be >= 0, got {self.threads}")
         if self.max_batch_tokens < 0 or self.max_batch_size < 1:
             raise ConfigError("max_batch_tokens must be 0 (the provider's own) or more, and max_batch_size positive")
+        if self.batch_cost_tokens < 0:
+            raise ConfigError(f"batch_cost_tokens must be 0 (the provider's own) or more, got {self.batch_cost_tokens}")
 
     def batch_tokens_on(self, gpu: bool) -> int:
         """max_batch_tokens, or where it is 0 the provider's own: TEI's 16384 on a GPU, whose batch costs about the
         same with more texts in it (bench/gpu_check.sh on an H200: a mean batch of 20.9 against 15.7 at 2048, the
         queue's wait 90 against 145 ms); 2048 on the CPU."""
         return self.max_batch_tokens or (16384 if gpu else 2048)
+
+    def batch_cost_on(self, gpu: bool) -> int:
+        """batch_cost_tokens, or where it is 0 the provider's own. The CPU's 64: a run's ~1 ms on a 2-core CPU is
+        ~7 tokens' compute, and batches under ~16 rows run slower per token. A GPU's 1024: on an H200 a small batch's
+        run costs ~0.6 ms where the fp16 graph runs ~2.6 million tokens a second, ~1,500 tokens' compute; at 64
+        the server cut a queue of 256 mixed texts into batches of 19 on average (bench/gpu_check.sh)."""
+        return self.batch_cost_tokens or (1024 if gpu else 64)
 
 
 @dataclass

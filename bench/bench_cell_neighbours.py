@@ -55,7 +55,6 @@ def serving_batches(texts: int) -> tuple[Path, list[dict[str, np.ndarray]], int]
     """The default model's fp32 graph and the corpus's batches as the engine plans and pads them; their cells."""
     from attnserve.config import EngineConfig
     from attnserve.default_model import resolve_artifacts
-    from attnserve.engine.batching import plan_batches
     from attnserve.engine.engine import Engine
     from attnserve.loadtest.corpus import mixed_length_corpus
 
@@ -64,7 +63,7 @@ def serving_batches(texts: int) -> tuple[Path, list[dict[str, np.ndarray]], int]
     inputs = engine.tokenizer.encode_texts(mixed_length_corpus(texts))
     lengths = np.array([len(x) for x in inputs])
     feeds = [engine._feed([inputs[i] for i in batch])
-             for batch in plan_batches(lengths, engine.batch_tokens, engine.config.max_batch_size)]
+             for batch in engine.plan(lengths)]
     return artifacts / engine.embeddings_variant.file, feeds, sum(f["input_ids"].size for f in feeds)
 
 

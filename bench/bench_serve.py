@@ -744,7 +744,6 @@ def run(args: argparse.Namespace) -> int:
 def setup_offline(artifacts: Path, args: argparse.Namespace) -> tuple:
     """The offline engine (warmed up), the corpus, and what the report says about the corpus."""
     from attnserve.config import EngineConfig
-    from attnserve.engine.batching import plan_batches
     from attnserve.engine.engine import Engine
     from attnserve.errors import AttnserveError
 
@@ -763,7 +762,7 @@ def setup_offline(artifacts: Path, args: argparse.Namespace) -> tuple:
               "graph": engine.describe(),
               "short_tokens": len(engine.tokenizer.encode_texts([SHORT_TEXT])[0]),
               # The batches Engine.encode runs, for the mean batch size the server's is compared with.
-              "offline_batches": len(plan_batches(lengths, engine.batch_tokens, engine.config.max_batch_size))}
+              "offline_batches": len(engine.plan(lengths))}
     engine.encode(texts[:8])  # warm-up; the server warms itself up before it says "serving"
     return engine, texts, corpus
 

@@ -43,6 +43,9 @@ from bench_serve import BenchError, embed_request, offline_round, serving_round,
 
 TARGETS = {"offline_over_graph": 0.6, "serving_over_offline": 0.7}
 DOOR_PROCESSES = (1, 2, 4, 8, 16)
+# The offline leads still open (docs/performance.md, "CUDA"): the next chunk tokenized while one runs, with and
+# without encode's intra-op threads (which spin on every core between runs, beside the tokenizer's).
+OFFLINE_VARIANTS = ("overlaps_tokenizing=1", "threads=1 overlaps_tokenizing=1", "threads=1")
 CLIENTS = 256
 
 
@@ -107,7 +110,6 @@ def export(out: Path, precision: str, provider: str, timeout: float, checkpoint:
 def offline_over_graph(engine, texts: list[str]) -> dict:
     """Engine.encode over the corpus, warm, against the graph alone on the same batches (fed before the clock), and
     the tokenizer's share."""
-    from attnserve.engine.batching import plan_batches
 
     engine.encode(texts, truncate=True)  # warm: every batch shape once
     start = time.perf_counter()
@@ -116,7 +118,7 @@ def offline_over_graph(engine, texts: list[str]) -> dict:
     start = time.perf_counter()
     tokenized = engine.tokenizer.encode_texts(texts, truncate=True)
     tokenizing = time.perf_counter() - start
-    batches = plan_batches([len(x) for x in tokenized], engine.batch_tokens, engine.config.max_batch_size)
+    batches = engine.plan([len(x) for x in tokenized])
     feeds = [engine._feed([tokenized[i] for i in rows]) for rows in batches]
     session = engine._session
     for feed in feeds:  # warm, as the engine was
@@ -183,15 +185,15 @@ def start_profile(pid: int, out: Path) -> subprocess.Popen | None:
     spy = shutil.which("py-spy")
     if spy is None:
         return None
-    return subprocess.Popen([spy, "record", "--pid", str(pid), "--subprocesses", "--native", "--rate", "250",
-                             "--format", "raw", "--output", str(out)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    log = open(out.with_suffix(".log"), "wb")  # py-spy's own account (attached, samples, errors)
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--subprocesses", "--rate", "250",
+                             "--format", "raw", "--output", str(out)], stdout=log, stderr=log)
 
 
 def stop_profile(spy: subprocess.Popen) -> None:
     spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled on Ctrl-C
     try:
-        spy.wait(15)
+        spy.wait(120)
     except subprocess.TimeoutExpired:
         spy.kill()
 
@@ -216,6 +218,10 @@ def main() -> int:
                         help="serve flags to measure a row with beside --workers auto (repeatable)")
     parser.add_argument("--offline-budgets", default="2048",
                         help="batch token budgets the offline rows are also measured at (default 2048, the CPU's)")
+    parser.add_argument("--offline-variants", action="append", metavar="K=V ...",
+                        help="engine settings to measure an offline row with (repeatable), EngineConfig fields and "
+                             "overlaps_tokenizing (default: " + "; ".join(OFFLINE_VARIANTS) + ")")
+    parser.add_argument("--no-serving", action="store_true", help="the offline rows alone")
     parser.add_argument("--passes", type=int, default=3, help="times the corpus is sent in a serving load (default 3)")
     parser.add_argument("--skip-8b", action="store_true", help="leave the 8B shape out")
     parser.add_argument("--minilm-files", type=Path,
@@ -223,6 +229,8 @@ def main() -> int:
                              "is made from them with random weights; by default the embedded model, real weights")
     args = parser.parse_args()
     args.precision = "fp16" if args.provider == "cuda" else "fp32"
+    if args.offline_variants is None:
+        args.offline_variants = list(OFFLINE_VARIANTS)
     args.door_processes = [int(n) for n in args.door_processes.split(",") if n.strip()]
     args.switch_intervals = [float(n) for n in args.switch_intervals.split(",") if n.strip()]
     args.offline_budgets = [int(n) for n in args.offline_budgets.split(",") if n.strip()]
@@ -280,6 +288,14 @@ def measure(args, report: Report, deadline: float) -> int:
     engine.batch_tokens = budget
     offline = offline_round(engine, texts, os.getpid())
     del engine
+    for variant in args.offline_variants:
+        graph = offline_over_graph(variant_engine(artifacts, args, variant), texts)
+        report.numbers[f"offline_over_graph {variant}"] = graph
+        report.row(f"offline ÷ the graph alone, {variant}", f"{graph['ratio']:.2f}")
+        report.row("  seconds: offline; tokenizing; the graph alone",
+                   f"{graph['offline_s']:.3f}; {graph['tokenizing_s']:.3f}; {graph['graph_s']:.3f}")
+    if args.no_serving:
+        return 0
     requests = [embed_request(t).SerializeToString() for t in texts] * args.passes
     report.numbers["offline"] = offline
     auto = serving(artifacts, args, requests, ("--workers", "auto"),
@@ -310,6 +326,21 @@ def measure(args, report: Report, deadline: float) -> int:
     else:
         eight_b(args, report, deadline)
     return 0
+
+
+def variant_engine(artifacts: Path, args, variant: str):
+    """An engine with the settings "k=v ..." (EngineConfig's fields; overlaps_tokenizing 0 or 1)."""
+    from attnserve.config import EngineConfig
+    from attnserve.engine.engine import Engine
+
+    settings = dict(item.split("=", 1) for item in variant.split())
+    overlap = settings.pop("overlaps_tokenizing", None)
+    fields = EngineConfig.__dataclass_fields__
+    typed = {k: type(fields[k].default)(v) for k, v in settings.items()}
+    engine = Engine.from_directory(artifacts, EngineConfig(precision=args.precision, provider=args.provider, **typed))
+    if overlap is not None:
+        engine.overlaps_tokenizing = overlap == "1"
+    return engine
 
 
 def eight_b(args, report: Report, deadline: float) -> None:

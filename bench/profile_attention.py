@@ -51,13 +51,12 @@ OWN_LINE = 0.01
 
 def batches(engine, texts: list[str], concurrency: int) -> list[tuple[dict, list[int]]]:
     """(feed, each row's length) of the server's batches of the corpus: groups of `concurrency`, planned."""
-    from attnserve.engine.batching import plan_batches
 
     inputs = engine.tokenizer.encode_texts(texts, truncate=True)
     out = []
     for start in range(0, len(inputs), concurrency):
         group = inputs[start:start + concurrency]
-        for batch in plan_batches([len(x) for x in group], engine.batch_tokens, engine.config.max_batch_size):
+        for batch in engine.plan([len(x) for x in group]):
             rows = [group[i] for i in batch]
             out.append((engine._feed(rows), [len(x) for x in rows]))
     return out

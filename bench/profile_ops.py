@@ -44,7 +44,8 @@ def profile_by_op(artifacts: Path, variant: str, texts: list[str], threads: int,
                                            threads=threads))
     inputs = engine.tokenizer.encode_texts(texts)
     lengths = [len(x) for x in inputs]
-    batches = plan_batches(lengths, batch_tokens or engine.batch_tokens, engine.config.max_batch_size)
+    batches = plan_batches(lengths, batch_tokens or engine.batch_tokens, engine.config.max_batch_size,
+                           engine.config.batch_cost_tokens)
     feeds = [engine._feed([inputs[i] for i in batch]) for batch in batches]
 
     with tempfile.TemporaryDirectory() as tmp:

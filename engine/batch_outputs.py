@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .batching import plan_batches
 from .encoded_inputs import EncodedInput
 from .image_encoder import ImageInput
 from .output_options import OutputHeads, OutputOptions
@@ -31,16 +30,17 @@ class Assembled:
 
 
 def assemble_batches(run: Callable[[list[TokenizedInput]], BatchOutput], inputs: Sequence[TokenizedInput],
-                     options: OutputOptions, heads: OutputHeads, batch_tokens: int, max_batch_size: int,
+                     options: OutputOptions, heads: OutputHeads, plan: Callable[[np.ndarray], list[np.ndarray]],
                      on_batch: Callable[[int], None] | None = None) -> Assembled:
-    """run: one batch through a session (with the token states where the options need them). on_batch(n) is called
-    after each batch of n inputs ran: progress for callers that show it."""
+    """run: one batch through a session (with the token states where the options need them). plan: the inputs'
+    lengths cut into batches (Engine.plan). on_batch(n) is called after each batch of n inputs ran: progress for
+    callers that show it."""
     start = time.perf_counter()
     lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
     encoded: list[EncodedInput | None] = [None] * len(inputs)
     parts: dict[str, list[tuple[Sequence[int] | np.ndarray, np.ndarray]]] = {k: [] for k in options.embedding_types}
     cells = 0
-    for batch in plan_batches(lengths, batch_tokens, max_batch_size):
+    for batch in plan(lengths):
         items = [inputs[i] for i in batch]
         reply = assemble_batch(run(items), items, options, heads)
         for r, i in enumerate(batch):

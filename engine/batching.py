@@ -6,18 +6,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# What one more session run costs, counted in padded token cells: a fixed
-# per-run overhead plus less efficient small matmuls. It is the price a split
-# must beat in saved padding (measured: ~1 ms a run on a 2-core CPU, ~7 tokens'
-# compute, and batches under ~16 rows run visibly slower per token).
+# What one more session run costs, counted in padded token cells, on the CPU: a
+# fixed per-run overhead plus less efficient small matmuls. It is the price a
+# split must beat in saved padding (EngineConfig.batch_cost_on: a GPU's is more).
 BATCH_OVERHEAD_CELLS = 64
 
 
-def plan_batches(lengths: Sequence[int] | np.ndarray, max_batch_tokens: int, max_batch_size: int) -> list[np.ndarray]:
+def plan_batches(lengths: Sequence[int] | np.ndarray, max_batch_tokens: int, max_batch_size: int,
+                 run_cells: int = BATCH_OVERHEAD_CELLS) -> list[np.ndarray]:
     """Indices of each batch, longest inputs first.
 
     Inputs are sorted by length, then cut into contiguous runs that minimise
-    padded cells + BATCH_OVERHEAD_CELLS per batch, subject to the budget
+    padded cells + run_cells per batch, subject to the budget
     (longest x count <= max_batch_tokens) and the batch-size cap. Greedy
     filling would let a batch of short texts span, say, 6 to 28 tokens when
     inputs are few; the optimal cut splits such a batch where padding costs
@@ -33,7 +33,7 @@ def plan_batches(lengths: Sequence[int] | np.ndarray, max_batch_tokens: int, max
     # batch: any plan of k >= 2 batches costs at least min x N + 2 runs, one batch max x N + 1 run. (A server under
     # a load of similar texts plans every batch from such a queue: the loop below costs ~10 us a start considered.)
     longest, shortest = int(sorted_lengths[0]), int(sorted_lengths[-1])
-    if (longest - shortest) * n <= BATCH_OVERHEAD_CELLS and n <= max_batch_size and \
+    if (longest - shortest) * n <= run_cells and n <= max_batch_size and \
             n <= max(1, max_batch_tokens // max(longest, 1)):
         return [order]
     # Most inputs a batch starting at i may take: (N,)
@@ -51,7 +51,7 @@ def plan_batches(lengths: Sequence[int] | np.ndarray, max_batch_tokens: int, max
             first += 1
         starts = ends[first:q]  # candidate first inputs of the last batch
         size = j - starts
-        total = cost[first:q] + sorted_lengths[starts] * size + BATCH_OVERHEAD_CELLS
+        total = cost[first:q] + sorted_lengths[starts] * size + run_cells
         total[size > room[starts]] = np.inf
         best = int(np.argmin(total))
         cost[q], cut[q] = total[best], first + best

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -39,6 +40,9 @@ from .session import CPU, CUDA, OPENVINO, Session, open_graph, resolve_provider
 from .tokenizer import TextTokenizer, TokenizedInput
 from .variants import defaults_of, first_of, run_variants, variants_of
 from .windows import Windows
+
+# Texts a chunk of Engine.encode on a GPU, tokenized while the chunk before runs: a few of the GPU's batches.
+OVERLAPPED_CHUNK = 512
 
 log = logging.getLogger("attnserve.engine")
 
@@ -85,6 +89,18 @@ class Encoded:
     # and (N,) of (T_i - 1, d) ColBERT vectors.
     sparse: np.ndarray | None = None
     multi_vector: np.ndarray | None = None
+
+    @staticmethod
+    def joined(parts: Sequence[Encoded]) -> Encoded:
+        """Consecutive parts' rows as one, in order (their stats summed): dense embeddings, and sparse weights
+        where the parts have them."""
+        stats = EncodeStats()
+        for part in parts:
+            stats.add(part.stats)
+        sparse = [p.sparse for p in parts if p.sparse is not None]
+        return Encoded(np.concatenate([p.embeddings for p in parts]), np.concatenate([p.num_tokens for p in parts]),
+                       np.concatenate([p.truncated for p in parts]), stats,
+                       sparse=object_array([pair for s in sparse for pair in s]) if sparse else None)
 
 
 def _pairs(inputs: Sequence[EncodedInput]) -> np.ndarray:
@@ -254,7 +270,9 @@ class Engine:
                 raise ArtifactError(f"{missing}: build it with `attnserve export --all`") from None
             add_in_child(manifest.directory, missing.names, resolve_provider(config.provider), self._log)
             manifest = load_manifest(manifest.directory)
-        config = replace(config, max_batch_tokens=config.batch_tokens_on(resolve_provider(config.provider) != CPU))
+        gpu = resolve_provider(config.provider) != CPU
+        config = replace(config, max_batch_tokens=config.batch_tokens_on(gpu),
+                         batch_cost_tokens=config.batch_cost_on(gpu))
         if config.max_batch_tokens < manifest.served_max_length:
             # A batch holds at least one input of the longest length served (TEI raises its budget alike).
             log.info("max_batch_tokens %d raised to %d, the longest input %s serves", config.max_batch_tokens,
@@ -262,6 +280,10 @@ class Engine:
             config = replace(config, max_batch_tokens=manifest.served_max_length)
         self.manifest, self.config = manifest, config
         self.provider, self.precision, graph = embeddings_graph(manifest, config)
+        # encode() may tokenize a chunk while the one before runs. Off: on the H200 it made encode slower (2,000
+        # texts in 0.135 s against 0.058 s tokenizing and 0.035 s of graph; encode's intra-op threads spin on 16
+        # cores beside the tokenizer's); bench/gpu_check.py measures it with and without those threads.
+        self.overlaps_tokenizing = False
         self.heads = host_parts(manifest)
         self.tokenizer, self.multi_vector, self.bge_m3 = self.heads.tokenizer, self.heads.multi_vector, \
             self.heads.bge_m3
@@ -549,6 +571,10 @@ class Engine:
         """A batch's sentence embeddings alone: what plain embeddings need, without the (B, T, H) token states."""
         return self.run(inputs, token_states=False)
 
+    def plan(self, lengths: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+        """Inputs of these lengths cut into batches (engine/batching.py) at this engine's budget and run cost."""
+        return plan_batches(lengths, self.batch_tokens, self.config.max_batch_size, self.config.batch_cost_tokens)
+
     def output_options(self, normalize: bool | None = None, dimensions: int | None = None,
                        embedding_type: str = "float", ranges: np.ndarray | None = None) -> OutputOptions:
         """Plain sentence embeddings' options: normalised as the checkpoint does where normalize is None."""
@@ -560,8 +586,7 @@ class Engine:
         """The inputs batched by length, each batch assembled (engine/batch_outputs.py); and the Encoded of their
         first embedding type, its token counts and stats."""
         run = self.run if token_states else self._sentence_embeddings
-        done = assemble_batches(run, inputs, options, self.heads, self.batch_tokens, self.config.max_batch_size,
-                                on_batch)
+        done = assemble_batches(run, inputs, options, self.heads, self.plan, on_batch)
         stats = EncodeStats(len(inputs), int(done.lengths.sum()), done.cells, done.seconds)
         truncated = np.fromiter((x.truncated for x in inputs), dtype=bool, count=len(inputs))
         kind = options.embedding_types[0]
@@ -578,7 +603,7 @@ class Engine:
         """A reranker's raw logits (N, num_labels) for tokenized pairs, batched by length, in input order."""
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
         scores = np.empty((len(inputs), self.manifest.num_labels), dtype=np.float32)
-        for batch in plan_batches(lengths, self.batch_tokens, self.config.max_batch_size):
+        for batch in self.plan(lengths):
             scores[batch] = self._session.run(["scores"], self._feed([inputs[i] for i in batch]))[0]
         return scores
 
@@ -650,7 +675,7 @@ class Engine:
         left = [len(w.inputs) for w in windows]
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
         cells = 0
-        for batch in plan_batches(lengths, self.batch_tokens, self.config.max_batch_size):
+        for batch in self.plan(lengths):
             out = self.run([inputs[k] for k in batch])
             assert out.last_hidden_state is not None
             finished = 0
@@ -678,8 +703,28 @@ class Engine:
         prompt when neither prompt_name nor prompt is given)."""
         before = prompt_text(self.manifest, prompt_name, prompt)
         texts = [before + text for text in texts] if before else list(texts)
-        return self.encode_tokenized(self.tokenizer.encode_texts(
-            texts, truncate=truncate, unpooled_prompt=unpooled_prompt(self.manifest, before)), normalize)
+        tokenize = partial(self.tokenizer.encode_texts, truncate=truncate,
+                           unpooled_prompt=unpooled_prompt(self.manifest, before))
+        if not self.overlaps_tokenizing or len(texts) <= OVERLAPPED_CHUNK:
+            return self.encode_tokenized(tokenize(texts), normalize)
+        # On a GPU, tokenizing is about as long as the graph's runs (bench/gpu_check.sh: 2,000 texts, 0.03 to 0.06 s
+        # each): the next chunk is tokenized (the tokenizers library's threads, the GIL released) while this one's
+        # batches run.
+        starts = range(0, len(texts), OVERLAPPED_CHUNK)
+        parts = []
+
+        def tokenized(start: int) -> list[TokenizedInput]:
+            chunk = texts[start:start + OVERLAPPED_CHUNK]
+            return tokenize(chunk, labels=[f"input {start + i}" for i in range(len(chunk))])
+
+        with ThreadPoolExecutor(1, thread_name_prefix="attnserve-tokenize") as pool:
+            pending = pool.submit(tokenized, starts[0])
+            for start in starts:
+                inputs = pending.result()
+                if start + OVERLAPPED_CHUNK < len(texts):
+                    pending = pool.submit(tokenized, start + OVERLAPPED_CHUNK)
+                parts.append(self.encode_tokenized(inputs, normalize))
+        return Encoded.joined(parts)
 
     def describe(self) -> str:
         provider = "CUDA" if self.provider == CUDA else "CPU" if self.provider == CPU else self.provider

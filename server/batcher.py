@@ -43,7 +43,7 @@ import numpy as np
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from attnserve.engine.batching import plan_batches
+from attnserve.engine.batching import BATCH_OVERHEAD_CELLS, plan_batches
 from attnserve.engine.image_encoder import ImageInput
 from attnserve.engine.rows import BatchOutput, RowOutput, normalized_rows, row_of
 from attnserve.engine.tokenizer import TokenizedInput
@@ -83,6 +83,7 @@ class BatcherLimits:
     max_wait_s: float
     max_queue_wait_s: float = 0.0  # 0: no time bound
     in_flight: int = 1  # batches run at once (--batches-in-flight); the executor has as many threads
+    run_cells: int = BATCH_OVERHEAD_CELLS  # what one more batch costs in padded tokens (EngineConfig.batch_cost_on)
 
 
 @dataclass(eq=False)
@@ -403,7 +404,8 @@ class Batcher:
         if not candidates:
             return []
         lengths = np.fromiter((len(e.input) for e in candidates), dtype=np.int64, count=len(candidates))
-        plan = plan_batches(lengths, self.limits.max_batch_tokens, self.limits.max_batch_size)
+        plan = plan_batches(lengths, self.limits.max_batch_tokens, self.limits.max_batch_size,
+                            self.limits.run_cells)
         # candidates[0] is the oldest: run the batch that holds it.
         chosen = next(batch for batch in plan if 0 in batch)
         taken = [candidates[i] for i in sorted(chosen)]

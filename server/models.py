@@ -229,7 +229,8 @@ class ServedModel:
     def _batcher(self, engine: Engine, config: ServerConfig) -> Batcher:
         return Batcher(engine.run, BatcherLimits(
             engine.batch_tokens, engine.config.max_batch_size, config.max_queue_tokens,
-            config.max_wait_ms / 1e3, config.max_queue_wait_ms / 1e3, self.in_flight), self.metrics,
+            config.max_wait_ms / 1e3, config.max_queue_wait_ms / 1e3, self.in_flight,
+            engine.config.batch_cost_tokens), self.metrics,
             self.inference)
 
     def for_task(self, task: str | None) -> tuple[Engine, Batcher]:

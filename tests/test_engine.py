@@ -133,6 +133,41 @@ def test_max_batch_tokens_0_is_the_providers_own_budget(engine):
         EngineConfig(max_batch_tokens=-1)
 
 
+def test_batch_cost_0_is_the_providers_own_and_a_dearer_run_makes_fewer_larger_batches(engine):
+    """0 (the default): a run costs 64 padded tokens on the CPU, 1024 on a GPU; the planner cuts less where it
+    costs more, and never past the budget."""
+    assert EngineConfig().batch_cost_tokens == 0 and engine.config.batch_cost_tokens == 64
+    assert EngineConfig().batch_cost_on(gpu=True) == 1024 and EngineConfig(batch_cost_tokens=7).batch_cost_on(True) == 7
+    with pytest.raises(ConfigError, match="batch_cost_tokens must be 0"):
+        EngineConfig(batch_cost_tokens=-1)
+    lengths = np.random.default_rng(1).integers(6, 257, 256)
+    cpu, gpu = plan_batches(lengths, 16384, 256), plan_batches(lengths, 16384, 256, run_cells=1024)
+    for plan in (cpu, gpu):
+        assert sorted(np.concatenate(plan).tolist()) == list(range(len(lengths)))
+        assert all(lengths[b].max() * len(b) <= 16384 for b in plan)
+    assert len(gpu) < len(cpu)
+    want = plan_batches(lengths, engine.batch_tokens, 256)
+    assert [b.tolist() for b in engine.plan(lengths)] == [b.tolist() for b in want]
+
+
+def test_encode_overlapping_tokenizing_with_runs_gives_every_row_in_order(engine, monkeypatch):
+    """encode with overlaps_tokenizing (off by default; bench/gpu_check.py measures it on a GPU) tokenizes a chunk
+    while the one before runs: the same rows, in order, as in one go; an error names its input by its place in the
+    whole list."""
+    texts = [f"text {i} " + "more words " * (i % 30) for i in range(1100)]
+    whole = engine.encode(texts)
+    monkeypatch.setattr(engine, "overlaps_tokenizing", True)
+    overlapped = engine.encode(texts)
+    assert overlapped.embeddings.shape == whole.embeddings.shape and overlapped.stats.texts == 1100
+    assert (overlapped.embeddings * whole.embeddings).sum(1).min() >= 0.99999
+    np.testing.assert_array_equal(overlapped.num_tokens, whole.num_tokens)
+    np.testing.assert_array_equal(overlapped.truncated, whole.truncated)
+    assert overlapped.stats.tokens == whole.stats.tokens
+    texts[1030] = "word " * 2000
+    with pytest.raises(InvalidInputError, match="input 1030"):
+        engine.encode(texts, truncate=False)
+
+
 def test_a_batch_without_token_states_fetches_the_sentence_embeddings_alone(engine):
     inputs = engine.tokenizer.encode_texts(VARIED_TEXTS)
     whole, alone = engine.run(inputs), engine.run(inputs, token_states=False)
