@@ -697,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="the server's --workers (default 1)")
     parser.add_argument("--batches-in-flight", type=int, default=1,
                         help="the server's --batches-in-flight (default 1; 2 overlaps batches on a GPU)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="the server's --threads, its onnxruntime intra-op threads (default 0: one per core)")
     args = parser.parse_args(argv)
     if min(args.texts, args.rounds, args.concurrency, args.channels) < 1:
         parser.error("--texts, --rounds, --concurrency and --channels must be positive")
@@ -721,7 +723,7 @@ def run(args: argparse.Namespace) -> int:
     ceilings = Ceilings(engine.manifest.hidden_size, engine.manifest.intermediate_size)
     server = start_server(artifacts, precision=args.precision, provider=args.provider,
                           flags=("--spin-wait", args.spin_wait, "--workers", str(args.workers),
-                                 "--batches-in-flight", str(args.batches_in_flight)))
+                                 "--batches-in-flight", str(args.batches_in_flight), "--threads", str(args.threads)))
     log(f"started `{' '.join(server.command[1:])}`")
     try:
         server.wait_serving(timeout=args.start_timeout)
