@@ -54,6 +54,13 @@ class OutputOptions:
         """Word pieces label token embeddings and attention maps; plain embeddings go without."""
         return self.token_embeddings or self.attention
 
+    @property
+    def sentences_only(self) -> bool:
+        """Nothing is asked of an input but its sentence embedding as the graph pools it: a batch's outputs can be
+        made from its (B, D) array at once, without cutting it into rows (engine/outputs.py batch_reply)."""
+        return (self.pooling is None and not self.tokens and self.sparse is None and self.multi_vector is None
+                and self.dense)
+
 
 @dataclass(frozen=True)
 class PreparedRequest:
