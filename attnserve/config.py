@@ -87,7 +87,7 @@ class EngineConfig:
     max_batch_tokens: int = setting(
         0, "ATTNSERVE_MAX_BATCH_TOKENS", "padded-token budget of one batch: longest length x batch size (the most; on "
         "the CPU, batches are planned at a half or a quarter of it where that was timed faster); 0: 2048 on the CPU, "
-        "16384 on a GPU")
+        "16384 on a GPU and for a static model")
     max_batch_size: int = setting(256, "ATTNSERVE_MAX_BATCH_SIZE", "most inputs in one batch")
     # 0 is the provider's own (batch_cost_on). Inputs are cut into batches by length where the padding a cut saves
     # outweighs what one more run costs: on a GPU a run's fixed cost is worth many more token cells than on a CPU.

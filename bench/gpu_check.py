@@ -110,7 +110,6 @@ def export(out: Path, precision: str, provider: str, timeout: float, checkpoint:
 def offline_over_graph(engine, texts: list[str]) -> dict:
     """Engine.encode over the corpus, warm, against the graph alone on the same batches (fed before the clock), and
     the tokenizer's share."""
-
     engine.encode(texts, truncate=True)  # warm: every batch shape once
     start = time.perf_counter()
     encoded = engine.encode(texts, truncate=True)

@@ -57,7 +57,7 @@ class OutputOptions:
     @property
     def sentences_only(self) -> bool:
         """Nothing is asked of an input but its sentence embedding as the graph pools it: a batch's outputs can be
-        made from its (B, D) array at once, without cutting it into rows (engine/outputs.py batch_reply)."""
+        made from its (B, D) array at once, without cutting it into rows (engine/batch_outputs.py)."""
         return (self.pooling is None and not self.tokens and self.sparse is None and self.multi_vector is None
                 and self.dense)
 
