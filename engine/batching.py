@@ -41,19 +41,20 @@ def plan_batches(lengths: Sequence[int] | np.ndarray, max_batch_tokens: int, max
     window = int(room.max())
     # The plan's batches start only where _boundaries says one may: the cheapest plan over those is the cheapest.
     ends = _boundaries(sorted_lengths, room)  # (P,) ascending, 0 and n included
-    cost = np.full(len(ends), np.inf)  # cost[q]: best plan for the first ends[q] inputs
+    P = len(ends)
+    cost = np.full(P, np.inf)  # cost[q]: best plan for the first ends[q] inputs
     cost[0] = 0.0
-    cut = np.zeros(len(ends), dtype=np.int64)  # cut[q]: the index in ends where the last batch of that plan starts
-    first = 0
-    for q in range(1, len(ends)):
-        j = int(ends[q])
-        while ends[first] < j - window:
-            first += 1
-        starts = ends[first:q]  # candidate first inputs of the last batch
-        size = j - starts
-        total = cost[first:q] + sorted_lengths[starts] * size + run_cells
-        total[size > room[starts]] = np.inf
-        best = int(np.argmin(total))
+    cut = np.zeros(P, dtype=np.int64)  # cut[q]: the index in ends where the last batch of that plan starts
+    # Per boundary, read once rather than gathered again for every q: (P,) each (the last, at N, never starts one).
+    start_length = sorted_lengths[np.minimum(ends, n - 1)].astype(np.float64)
+    start_room = room[np.minimum(ends, n - 1)]
+    firsts = np.searchsorted(ends, ends - window)  # (P,) the first boundary within a window of q's
+    for q in range(1, P):
+        j, first = int(ends[q]), int(firsts[q])
+        size = j - ends[first:q]  # (q - first,) each candidate last batch's inputs
+        total = cost[first:q] + start_length[first:q] * size + run_cells
+        total[size > start_room[first:q]] = np.inf
+        best = int(total.argmin())
         cost[q], cut[q] = total[best], first + best
     batches, q = [], len(ends) - 1
     while q > 0:

@@ -374,14 +374,15 @@ def test_the_speed_estimate_follows_full_batches_only():
 
 def test_plans_of_alike_lengths_stay_optimal():
     """plan_batches' shortcut (alike lengths that fit one batch are one batch) and its starts (_boundaries) are
-    exactly as cheap as an exhaustive search, over random queues of alike and of mixed lengths."""
-    def best(lengths, budget, size_cap):
+    exactly as cheap as an exhaustive search, over random queues of alike and of mixed lengths, at the CPU's run
+    cost and a GPU's."""
+    def best(lengths, budget, size_cap, run_cells):
         s = sorted(lengths.tolist(), reverse=True)
         costs = [0.0] + [float("inf")] * len(s)
         for j in range(1, len(s) + 1):
             for i in range(j):
                 if j - i <= size_cap and (j - i == 1 or s[i] * (j - i) <= budget):
-                    costs[j] = min(costs[j], costs[i] + s[i] * (j - i) + BATCH_OVERHEAD_CELLS)
+                    costs[j] = min(costs[j], costs[i] + s[i] * (j - i) + run_cells)
         return costs[-1]
 
     rng = np.random.default_rng(0)
@@ -391,10 +392,11 @@ def test_plans_of_alike_lengths_stay_optimal():
         base, spread = int(rng.integers(1, 200)), int(rng.choice([1, 3, 8, 150]))
         lengths = base + rng.integers(0, spread, n)
         budget, size_cap = int(rng.choice([256, 512, 2048])), int(rng.choice([4, 16, 256]))
-        plan = plan_batches(lengths, budget, size_cap)
+        run_cells = int(rng.choice([BATCH_OVERHEAD_CELLS, 1024]))
+        plan = plan_batches(lengths, budget, size_cap, run_cells)
         assert sorted(np.concatenate(plan).tolist()) == list(range(n))
-        assert sum(int(lengths[p].max()) * len(p) + BATCH_OVERHEAD_CELLS for p in plan) == best(lengths, budget,
-                                                                                                size_cap)
+        assert sum(int(lengths[p].max()) * len(p) + run_cells for p in plan) == best(lengths, budget, size_cap,
+                                                                                     run_cells)
 
 
 # --- cancels and deadlines raced against it ---------------------------------------------------------------------
