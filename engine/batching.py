@@ -90,13 +90,12 @@ def _boundaries(sorted_lengths: np.ndarray, room: np.ndarray) -> np.ndarray:
 
 def pad(sequences: Sequence[np.ndarray], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Right-pad to the longest: input_ids and attention_mask, both (B, T) int64."""
-    T = max(len(s) for s in sequences)
+    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
+    T = int(lengths.max())
+    real = np.arange(T) < lengths[:, None]  # (B, T)
     ids = np.full((len(sequences), T), pad_id, dtype=np.int64)
-    mask = np.zeros((len(sequences), T), dtype=np.int64)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = seq
-        mask[row, : len(seq)] = 1
-    return ids, mask
+    ids[real] = np.concatenate(sequences)  # row by row, as the mask's True cells run
+    return ids, real.astype(np.int64)
 
 
 def pad_types(type_ids: Sequence[np.ndarray | None], width: int) -> np.ndarray:

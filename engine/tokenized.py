@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__ (0.74 us against 0.15), paid
+# for every input of every request. Nothing mutates one: a changed input is a dataclasses.replace.
+@dataclass(slots=True)
 class TokenizedInput:
     ids: np.ndarray  # (T,) int64, special tokens included
     truncated: bool

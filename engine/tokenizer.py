@@ -101,7 +101,9 @@ class TextTokenizer:
             prefix = self._prefix
             encodings = self._tokenizer.encode_batch_fast(
                 [text if len(text) <= prefix.short else prefix.of(text) for text in texts])
-        kept = self._kept if self._dropped.size else None
+        ids = [np.array(encoding.ids, dtype=np.int64) for encoding in encodings]
+        if self._dropped.size:
+            ids = self._without_dropped(ids)
         out = []
         for i, encoding in enumerate(encodings):
             was_cut = cut is not None and cut[i]
@@ -111,11 +113,23 @@ class TextTokenizer:
                 raise InputTooLongError(f"{label}: longer than {self.limit} tokens{self._why}" if not was_cut else
                                         f"{label}: longer than the {self.char_limit} characters this model2vec "
                                         "model reads (max_length x its median token length)")
-            ids = np.array(encoding.ids, dtype=np.int64)
-            out.append(TokenizedInput(ids if kept is None else kept(ids), truncated))
+            out.append(TokenizedInput(ids[i], truncated))
         if unpooled_prompt:
             out = self._unpooled(out, unpooled_prompt, labels, direction)
         return self._padded(out) if self.pad_to else out
+
+    def _without_dropped(self, ids: list[np.ndarray]) -> list[np.ndarray]:
+        """Each input's (T,) ids without the dropped ones, found in one pass over them all: the few inputs that hold
+        one (a model2vec model's unknown token is rare) are cut, the others kept as they are."""
+        if not ids:
+            return ids
+        flat = np.concatenate(ids)  # (sum T,)
+        hits = np.flatnonzero(flat == self._dropped[0] if self._dropped.size == 1 else np.isin(flat, self._dropped))
+        if hits.size:
+            ends = np.cumsum(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)))  # (N,) each input's end
+            for i in np.unique(np.searchsorted(ends, hits, side="right")):
+                ids[i] = self._kept(ids[i])
+        return ids
 
     def _kept(self, ids: np.ndarray) -> np.ndarray:
         """(T,) ids without the dropped ones (a model2vec model's unknown token): what the model averages."""

@@ -99,6 +99,9 @@ class Pipeline:
     # whose published code counts them: nvembed.py). The engine marks them in the graph's attention mask (2: attended
     # to, not pooled: sentence_head.py).
     include_prompt: bool = True
+    # The encoder's states are zeros at padding (a static model's: static_embedding.py), so the mean sums them as they
+    # are, without multiplying by the mask: the same sums, one (B, T, H) pass less.
+    pads_zeroed: bool = False
 
     @property
     def pooling_name(self) -> str:

@@ -14,8 +14,10 @@ import torch.nn as nn
 from attnserve.pooling_modes import POOLING_MODES
 
 
-def pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """(B, T, H), (B, T) mask 1 for real tokens -> (B, H), padding excluded."""
+def pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor, mode: str, pads_zeroed: bool = False
+         ) -> torch.Tensor:
+    """(B, T, H), (B, T) mask 1 for real tokens -> (B, H), padding excluded. pads_zeroed: the states are zeros at
+    padding (Pipeline.pads_zeroed), so the mean needs no product with the mask."""
     B, T, H = last_hidden_state.shape
     if mode == "cls":
         return last_hidden_state[:, 0]
@@ -32,7 +34,7 @@ def pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor, mode: st
         weights = mask * positions.view(1, T, 1)  # (B, T, 1): position + 1 on real tokens, 0 on padding
         return (last_hidden_state * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
     assert mode in ("mean", "mean_sqrt_len_tokens"), f"unknown pooling mode {mode!r}"
-    summed = (last_hidden_state * mask).sum(dim=1)  # (B, H)
+    summed = (last_hidden_state if pads_zeroed else last_hidden_state * mask).sum(dim=1)  # (B, H)
     counts = mask.sum(dim=1).clamp(min=1e-9)  # (B, 1)
     return summed / (counts if mode == "mean" else counts.sqrt())
 
@@ -40,11 +42,11 @@ def pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor, mode: st
 class Pooling(nn.Module):
     """Several modes' outputs concatenated in the order given: (B, T, H), (B, T) -> (B, len(modes) * H)."""
 
-    def __init__(self, modes: tuple[str, ...]):
+    def __init__(self, modes: tuple[str, ...], pads_zeroed: bool = False):
         super().__init__()
         assert modes and all(m in POOLING_MODES for m in modes), f"pooling modes must be from {POOLING_MODES}"
-        self.modes = modes
+        self.modes, self.pads_zeroed = modes, pads_zeroed
 
     def forward(self, last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        pooled = [pool(last_hidden_state, attention_mask, mode) for mode in self.modes]
+        pooled = [pool(last_hidden_state, attention_mask, mode, self.pads_zeroed) for mode in self.modes]
         return pooled[0] if len(pooled) == 1 else torch.cat(pooled, dim=-1)

@@ -59,7 +59,7 @@ class SentenceHead(nn.Module):
         super().__init__()
         # include_prompt false: the prompt's tokens are PROMPT_TOKEN in the mask (attended to, left out of the pooling)
         self.excludes_prompt = not pipeline.include_prompt
-        self.pooling = Pooling(pipeline.pooling)
+        self.pooling = Pooling(pipeline.pooling, pipeline.pads_zeroed)
         self.modules_after = nn.ModuleList(DenseLayer(m) if isinstance(m, Dense) else L2Normalize()
                                            for m in pipeline.after_pooling)
 
