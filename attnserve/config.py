@@ -136,6 +136,17 @@ class ServerConfig:
         "batches a model runs at once (each in its own inference thread, from the same length-sorted queue): more "
         "than 1 overlaps one batch's host work with another's run on a GPU; on a CPU they share the same cores; 0: 1 "
         "on the CPU, 2 on a GPU")
+    # On a CPU one batch runs on every core: a lone request's shortest wait. Under load the door's work on the same
+    # cores stalls each of the graph's parallel steps (docs/performance.md, "Serving"); two batches at once of half
+    # the threads each are not slowed by it. `on` picks per batch: a batch that runs alone, with nothing more queued,
+    # runs at full width; while another runs or more waits, at half (a second session of the graph: its weights
+    # twice in memory).
+    pair_batches: str = setting(
+        "off", "ATTNSERVE_PAIR_BATCHES",
+        "on a CPU under load, run two batches at once on half the cores each (a second session of the graph, its "
+        "weights held twice), a batch with nothing beside it and nothing queued on every core: the throughput of "
+        "--threads 1 --batches-in-flight 2 at the idle latency of one batch; off: one batch at a time",
+        choices=("off", "on"))
     # A batch's thread gives the GIL up while onnxruntime runs and needs it back when the run returns: while the
     # event loop's thread holds it, that can take up to Python's switch interval (5 ms). 0.5 ms: on a 2-core AMD
     # EPYC, 1 to 4% more tokens/s serving MiniLM in each of three interleaved rounds; on an H200 no difference
@@ -295,6 +306,9 @@ class ServerConfig:
             least = 0 if name in ("port", "batches_in_flight") else 1
             if getattr(self, name) < least:
                 raise ConfigError(f"{name} must be {'>= 0' if least == 0 else 'positive'}, got {getattr(self, name)}")
+        if self.pair_batches == "on" and self.batches_in_flight not in (0, 2):
+            raise ConfigError(f"pair_batches on runs two batches at once; batches_in_flight must be 0 or 2 with it, "
+                              f"got {self.batches_in_flight}")
         if not 0 < self.gil_switch_interval_ms <= 1000:
             raise ConfigError("gil_switch_interval_ms must be above 0 and at most 1000, "
                               f"got {self.gil_switch_interval_ms}")
@@ -337,8 +351,12 @@ class ServerConfig:
             raise ConfigError("--api-key must not be empty")
 
     def batches_in_flight_on(self, gpu: bool) -> int:
-        """batches_in_flight, or where it is 0 the provider's own: 2 on a GPU, 1 on the CPU."""
-        return self.batches_in_flight or (2 if gpu else 1)
+        """batches_in_flight, or where it is 0 the provider's own: 2 on a GPU, 1 on the CPU (2 paired)."""
+        return self.batches_in_flight or (2 if gpu or self.pairs_batches_on(gpu) else 1)
+
+    def pairs_batches_on(self, gpu: bool) -> bool:
+        """Whether batches are paired under load (pair_batches): on a CPU only, where they share its cores."""
+        return self.pair_batches == "on" and not gpu
 
     def api_keys(self) -> tuple[str, ...]:
         """Every key a request may present: --api-key and the lines of --api-key-file."""

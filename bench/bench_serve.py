@@ -695,8 +695,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spin-wait", default="auto", choices=("auto", "on", "run", "off"),
                         help="the server's --spin-wait (default auto: as serve runs; offline spins, as encode does)")
     parser.add_argument("--workers", type=int, default=1, help="the server's --workers (default 1)")
-    parser.add_argument("--batches-in-flight", type=int, default=1,
-                        help="the server's --batches-in-flight (default 1; 2 overlaps batches on a GPU)")
+    parser.add_argument("--batches-in-flight", type=int, default=0,
+                        help="the server's --batches-in-flight (default 0: the server's own, 1 on a CPU, 2 paired or "
+                             "on a GPU)")
+    parser.add_argument("--pair-batches", default="off", choices=("off", "on"),
+                        help="the server's --pair-batches (default off)")
     parser.add_argument("--threads", type=int, default=0,
                         help="the server's --threads, its onnxruntime intra-op threads (default 0: one per core)")
     args = parser.parse_args(argv)
@@ -723,7 +726,8 @@ def run(args: argparse.Namespace) -> int:
     ceilings = Ceilings(engine.manifest.hidden_size, engine.manifest.intermediate_size)
     server = start_server(artifacts, precision=args.precision, provider=args.provider,
                           flags=("--spin-wait", args.spin_wait, "--workers", str(args.workers),
-                                 "--batches-in-flight", str(args.batches_in_flight), "--threads", str(args.threads)))
+                                 "--batches-in-flight", str(args.batches_in_flight), "--threads", str(args.threads),
+                                 "--pair-batches", args.pair_batches))
     log(f"started `{' '.join(server.command[1:])}`")
     try:
         server.wait_serving(timeout=args.start_timeout)

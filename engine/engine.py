@@ -296,6 +296,8 @@ class Engine:
         # The padded-token budget batches are planned with (max_batch_tokens, or less where that ran faster here).
         self.batch_tokens = self.graph_choice.batch_tokens
         self._session = self.graph_choice.session or self._open_graph(self.embeddings_variant, self.provider)
+        # The same graph on half the threads, where the server pairs batches (open_narrow_session); None: not opened.
+        self._narrow: Session | None = None
         # Graphs of families with token types take them (helper fam adds the input to the embedders' graphs).
         self.takes_token_types = "token_type_ids" in {i.name for i in self._session.get_inputs()}
         self._attention_sessions: dict[str, Session] = {}  # variant name -> its session, opened once
@@ -448,6 +450,8 @@ class Engine:
         if choice.graph.name != self.embeddings_variant.name:
             self._session = choice.session or self._open_graph(choice.graph, self.provider)
             self.embeddings_variant, self.precision = choice.graph, choice.graph.precision
+            if self._narrow is not None:  # the pair runs the graph chosen too
+                self._narrow = self._open_graph(choice.graph, self.provider, threads=self.narrow_threads)
         self.graph_choice = replace(choice, session=None)
         self.batch_tokens = choice.batch_tokens
         return choice.how
@@ -458,10 +462,30 @@ class Engine:
         key = "auto" if any(v.precision != self.precision for v in candidates) else self.precision
         return key if self.config.backend == "auto" else f"{key} on {self.config.backend}"
 
-    def _open_graph(self, variant: GraphVariant, provider: str, arena: bool = True, prepack: bool = True) -> Session:
+    def _open_graph(self, variant: GraphVariant, provider: str, arena: bool = True, prepack: bool = True,
+                    threads: int | None = None) -> Session:
+        """threads: intra-op threads (None: the configured ones)."""
         return open_graph(self.manifest.path(variant.file), variant.backend, variant.precision, provider,
-                          self.config.threads, arena, variant.disabled_optimizers, prepack,
-                          spin="on" if self.config.spin_wait == "auto" else self.config.spin_wait)
+                          self.config.threads if threads is None else threads, arena, variant.disabled_optimizers,
+                          prepack, spin="on" if self.config.spin_wait == "auto" else self.config.spin_wait)
+
+    @property
+    def narrow_threads(self) -> int:
+        """A paired batch's intra-op threads: half the configured ones (0: one per usable CPU)."""
+        return max(1, (self.config.threads or this_machine().usable_cpus) // 2)
+
+    @property
+    def has_narrow_session(self) -> bool:
+        return self._narrow is not None
+
+    def open_narrow_session(self) -> None:
+        """Open the embeddings graph a second time on half the threads (narrow_threads): a server that pairs batches
+        (ServerConfig.pair_batches) runs two of them at once under load, each on half the cores, and a lone batch
+        on the full session. Its weights are held twice."""
+        if self.provider != CPU:
+            raise ConfigError("batches are paired on a CPU only")
+        if self._narrow is None:
+            self._narrow = self._open_graph(self.embeddings_variant, self.provider, threads=self.narrow_threads)
 
     @classmethod
     def from_directory(cls, directory: str | Path, config: EngineConfig | None = None, attention: bool = False,
@@ -497,12 +521,14 @@ class Engine:
         return self._attention_sessions[name]
 
     def run(self, inputs: Sequence[TokenizedInput | ImageInput], attention: bool = False, last_layer: bool = False,
-            token_states: bool = True) -> BatchOutput:
+            token_states: bool = True, narrow: bool = False) -> BatchOutput:
         """One padded batch through one session; safe to call from several threads. last_layer (with attention):
         the batch needs no map but the last layer's, and rollout: the last-layer graph runs where the artifacts
         have one (BatchOutput.map_layers says which layers came back). A batch of images (all ImageInput) runs
         the image tower's graph: its embeddings are the sentence embeddings, its maps over the patches.
-        token_states False (no attention): the sentence embeddings alone are fetched, not the (B, T, H) states."""
+        token_states False (no attention): the sentence embeddings alone are fetched, not the (B, T, H) states.
+        narrow: on the half-thread session (open_narrow_session), where it is open; attention and images run on
+        their own sessions whatever it says."""
         if inputs and isinstance(inputs[0], ImageInput):
             return self._run_images(cast(Sequence[ImageInput], inputs), attention)
         inputs = cast(Sequence[TokenizedInput], inputs)
@@ -510,10 +536,11 @@ class Engine:
         feed = self._feed(inputs)
         lengths = np.fromiter((len(x) for x in inputs), dtype=np.int64, count=len(inputs))
         fed = time.perf_counter()
+        session = self._narrow if narrow and self._narrow is not None else self._session
         if token_states or attention or self.manifest.kind == "reranker":
-            out = self._run(feed, lengths, attention, last_layer)
+            out = self._run(feed, lengths, attention, last_layer, session)
         else:
-            out = BatchOutput(lengths, None, self._session.run(["sentence_embedding"], feed)[0])
+            out = BatchOutput(lengths, None, session.run(["sentence_embedding"], feed)[0])
         out.feed_seconds, out.run_seconds = fed - started, time.perf_counter() - fed
         return out
 
@@ -528,15 +555,16 @@ class Engine:
         batch.run_seconds = time.perf_counter() - started
         return batch
 
-    def _run(self, feed: dict[str, np.ndarray], lengths: np.ndarray, attention: bool, last_layer: bool
-             ) -> BatchOutput:
+    def _run(self, feed: dict[str, np.ndarray], lengths: np.ndarray, attention: bool, last_layer: bool,
+             session: Session) -> BatchOutput:
+        """session: the embeddings graph's (the full one or the narrow one), for a batch without attention."""
         if self.manifest.kind == "reranker":
             if attention:
                 session = self._open_attention_session()
                 # Graphs exported before value norms have none (the "norms" analysis is refused: attention_requests.py).
                 scores, attentions, *norms = session.run(["scores", *MAPS[:len(session.get_outputs()) - 1]], feed)
                 return BatchOutput(lengths, None, None, attentions, scores, norms[0] if norms else None)
-            return BatchOutput(lengths, None, None, scores=self._session.run(["scores"], feed)[0])
+            return BatchOutput(lengths, None, None, scores=session.run(["scores"], feed)[0])
         if attention and last_layer and self.has_last_layer_graph:
             names = ["last_hidden_state", "sentence_embedding", "last_attentions", "rollout"]
             hidden, sentence, last, rollout = self._open_attention_session(LAST_LAYER_VARIANT).run(names, feed)
@@ -548,7 +576,7 @@ class Engine:
             names = ["last_hidden_state", "sentence_embedding", *MAPS[:len(session.get_outputs()) - 2]]
             hidden, sentence, attentions, *norms = session.run(names, feed)
             return BatchOutput(lengths, hidden, sentence, attentions, value_norms=norms[0] if norms else None)
-        hidden, sentence = self._session.run(["last_hidden_state", "sentence_embedding"], feed)
+        hidden, sentence = session.run(["last_hidden_state", "sentence_embedding"], feed)
         return BatchOutput(lengths, hidden, sentence)
 
     def _feed(self, inputs: Sequence[TokenizedInput]) -> dict[str, np.ndarray]:

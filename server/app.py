@@ -97,6 +97,8 @@ def warm_up(engine: Engine) -> list[tuple[bool, float, int]]:
             batch = [TokenizedInput(ids[:length], False)] * rows
             if attention and engine.has_last_layer_graph:  # the attention lane's other graph (Engine.run)
                 engine.run(batch, attention=True, last_layer=True)
+            if not attention and engine.has_narrow_session:  # --pair-batches' half-width session
+                engine.run(batch, narrow=True)
             started = time.perf_counter()
             engine.run(batch, attention=attention)
         timings.append((attention, time.perf_counter() - started, rows * length))
@@ -335,7 +337,7 @@ class Server:
         self._io.shutdown(wait=False)
         if self.local is not None:
             for model in self.local.all:
-                model.inference.shutdown(wait=True)
+                model.shutdown()
 
 
 async def serve(engine_config: EngineConfig, config: ServerConfig) -> int:

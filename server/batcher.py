@@ -55,6 +55,7 @@ from attnserve.errors import (
 )
 
 from . import tracing
+from .batch_pairs import BatchPairs
 from .batch_wait import BatchWait
 from .metrics import ModelMetrics
 from .statistics import BatchTimes
@@ -114,8 +115,10 @@ class _Entry:
     enqueued: float  # time.monotonic()
 
 
-# Engine.run(inputs, attention, last_layer, token_states): a batch's inputs are all texts or all images (one lane)
-RunBatch = Callable[[Sequence[QueuedInput], bool, bool, bool], BatchOutput]
+# Engine.run(inputs, attention, last_layer, token_states, narrow): a batch's inputs are all texts or all images (one
+# lane); narrow: on the half-width session (batch_pairs.py)
+RunBatch = Callable[[Sequence[QueuedInput], bool, bool, bool, bool], BatchOutput]
+PLAIN_TEXT: Lane = (False, False)  # the lane whose batches run on the embeddings graph, the one a pair narrows
 
 
 def _queue_wait_spans(requests) -> None:
@@ -131,9 +134,13 @@ def _queue_wait_spans(requests) -> None:
 
 
 class Batcher:
-    def __init__(self, run_batch: RunBatch, limits: BatcherLimits, metrics: ModelMetrics, executor: Executor):
-        """run_batch is Engine.run; it is called in executor, one batch at a time; metrics: its model's."""
+    def __init__(self, run_batch: RunBatch, limits: BatcherLimits, metrics: ModelMetrics, executor: Executor,
+                 pairs: BatchPairs | None = None):
+        """run_batch is Engine.run; it is called in executor, limits.in_flight batches at a time; metrics: its
+        model's. pairs: where the server pairs batches, the model's (batch_pairs.py), which decides each batch's
+        width (in_flight is then 2)."""
         self._run_batch, self.limits, self._metrics, self._executor = run_batch, limits, metrics, executor
+        self._pairs = pairs
         # Per lane (LANES), insertion-ordered: the first entry is the oldest.
         self._lanes: dict[Lane, dict[int, _Entry]] = {lane: {} for lane in LANES}
         self._lane_tokens = dict.fromkeys(LANES, 0)
@@ -337,6 +344,8 @@ class Batcher:
                 await self._slots.acquire()
                 try:
                     await self._wait_to_fill()
+                    if self._pairs is not None:
+                        await self._pairs_allow()
                     taken = self._take_batch()
                 except BaseException:
                     self._slots.release()
@@ -344,7 +353,9 @@ class Batcher:
                 if not taken:
                     self._slots.release()
                 else:  # with one slot, the next acquire waits for this batch as an await of it would
-                    run = asyncio.get_running_loop().create_task(self._run_in_slot(taken))
+                    half = self._pairs is not None and self._pairs.choose(taken[0].lane == PLAIN_TEXT,
+                                                                           any(self._lanes.values()))
+                    run = asyncio.get_running_loop().create_task(self._run_in_slot(taken, half))
                     self._runs.add(run)
                     run.add_done_callback(self._runs.discard)
             except Exception as error:  # a bug here must not leave callers waiting forever
@@ -352,10 +363,19 @@ class Batcher:
                           extra={"fields": {"event": "batcher_error"}})
                 self._fail_queued(BatchFailedError(f"the server's batcher failed ({type(error).__name__}); retry"))
 
-    async def _run_in_slot(self, batch: list[_Entry]) -> None:
-        """A batch in flight; its slot is free again once it has answered."""
+    async def _pairs_allow(self) -> None:
+        """Where batches are paired: wait while a full-width batch runs, and for an idle CPU where the next batch
+        can only run at full width (attention, images)."""
+        assert self._pairs is not None
+        await self._pairs.until_no_full()
+        if any(self._lanes.values()) and self._oldest_lane() != PLAIN_TEXT:
+            await self._pairs.until_idle()
+
+    async def _run_in_slot(self, batch: list[_Entry], half: bool = False) -> None:
+        """A batch in flight; its slot is free again once it has answered. half: on the half-width session, paired
+        (batch_pairs.py)."""
         try:
-            await self._run(batch)
+            await self._run(batch, half)
         except Exception as error:  # a bug: its callers get an error, never silence
             log.error("batcher error; failing the batch", exc_info=error, extra={"fields": {"event": "batcher_error"}})
             failure = BatchFailedError(f"the server's batcher failed ({type(error).__name__}); retry")
@@ -363,6 +383,8 @@ class Batcher:
                 if not entry.future.done():
                     entry.future.set_exception(failure)
         finally:
+            if self._pairs is not None:
+                self._pairs.ended(half)
             self._slots.release()
 
     def _fail_queued(self, error: Exception) -> None:
@@ -460,7 +482,7 @@ class Batcher:
         self._metrics.queue_seconds_estimate.set(self.queued_seconds)
         self._metrics.queue_requests.set(self._queued_requests)
 
-    async def _run(self, batch: list[_Entry]) -> None:
+    async def _run(self, batch: list[_Entry], half: bool = False) -> None:
         attention, image = batch[0].lane
         # The last-layer graph where it answers every input of the batch (and the artifacts have it: Engine.run).
         last_layer = attention and not image and all(e.last_layer for e in batch)
@@ -480,9 +502,10 @@ class Batcher:
                 "attnserve.batch_size": len(batch), "attnserve.tokens": tokens, "attnserve.cells": cells,
                 "attnserve.graph": graph})
         try:
+            executor = self._pairs.executor if half and self._pairs is not None else self._executor
             out = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._run_batch, inputs, attention, last_layer,
-                any(e.request.token_states for e in batch))
+                executor, self._run_batch, inputs, attention, last_layer,
+                any(e.request.token_states for e in batch), half)
             rows = out.scores if out.scores is not None else out.sentence_embedding
             if rows is None or len(rows) != len(batch):
                 raise RuntimeError(f"the session returned {0 if rows is None else len(rows)} rows for "
@@ -507,7 +530,7 @@ class Batcher:
         self.learn_rate(attention, seconds, tokens, cells, image)
         log.debug("batch", extra={"fields": {
             "event": "batch", "graph": graph, "size": len(batch), "tokens": tokens, "cells": cells,
-            "padding": round((cells - tokens) / cells, 4), "ms": round(seconds * 1e3, 2),
+            "padding": round((cells - tokens) / cells, 4), "ms": round(seconds * 1e3, 2), "half": half,
             "queued_tokens": self.queued_tokens}})
         cutting = time.perf_counter()
         self._answer(batch, out)

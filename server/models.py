@@ -30,6 +30,7 @@ from attnserve.engine.session import CPU
 from attnserve.engine.tasks import check_task, task_directory
 from attnserve.errors import ConfigError, ModelNotFoundError
 
+from .batch_pairs import BatchPairs
 from .batcher import Batcher, BatcherLimits
 from .contract import ModelContract, ModelsContract
 from .metrics import Metrics, ModelMetrics
@@ -185,8 +186,17 @@ class ServedModel:
             raise ConfigError(f"max_queue_tokens {config.max_queue_tokens} cannot hold one input of "
                               f"max_seq_length {engine.manifest.served_max_length} (model {name!r})")
         self.metrics: ModelMetrics = metrics.for_model(name)
-        self.in_flight = config.batches_in_flight_on(gpu=engine.provider != CPU)
-        self.inference = ThreadPoolExecutor(self.in_flight, thread_name_prefix=f"attnserve-inference-{name}")
+        gpu = engine.provider != CPU
+        self.in_flight = config.batches_in_flight_on(gpu)
+        # --pair-batches: each engine's graph also on half the threads, run in two threads of their own; the batchers
+        # share one account of the cores (batch_pairs.py), and the full-width batches keep one thread.
+        self.pairs = BatchPairs(ThreadPoolExecutor(2, thread_name_prefix=f"attnserve-half-{name}")
+                                ) if config.pairs_batches_on(gpu) else None
+        self.inference = ThreadPoolExecutor(1 if self.pairs else self.in_flight,
+                                            thread_name_prefix=f"attnserve-inference-{name}")
+        if self.pairs is not None:
+            for each in (engine, *(task_engines or {}).values()):
+                each.open_narrow_session()
         self.batcher = self._batcher(engine, config)
         self.tasks = {task: (task_engine, self._batcher(task_engine, config))
                       for task, task_engine in (task_engines or {}).items()}
@@ -220,6 +230,12 @@ class ServedModel:
             m.embedding_size if m.multi_vector is not None else 0,
             image_tower=None if m.images is None else image_tower_info(m.images))
 
+    def shutdown(self) -> None:
+        """Stop the inference threads, once their batches have ended."""
+        self.inference.shutdown(wait=True)
+        if self.pairs is not None:
+            self.pairs.executor.shutdown(wait=True)
+
     def start_builds(self) -> None:
         """Start building serve --build's graphs in the background, where the model lacks them: the first calls
         that need them then wait for less, or not at all (server/build_wait.py)."""
@@ -231,7 +247,7 @@ class ServedModel:
             engine.batch_tokens, engine.config.max_batch_size, config.max_queue_tokens,
             config.max_wait_ms / 1e3, config.max_queue_wait_ms / 1e3, self.in_flight,
             engine.config.batch_cost_tokens), self.metrics,
-            self.inference)
+            self.inference, self.pairs)
 
     def for_task(self, task: str | None) -> tuple[Engine, Batcher]:
         """The engine and batcher of a request's task (None: the model's own, no adapter), or InvalidInputError

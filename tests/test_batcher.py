@@ -27,6 +27,7 @@ from attnserve.engine.rows import RowOutput
 from attnserve.engine.tokenizer import TokenizedInput
 from attnserve.errors import BatchFailedError, DeadlineExpiredError, QueueFullError, ShuttingDownError
 from attnserve.server.app import Server
+from attnserve.server.batch_pairs import BatchPairs
 from attnserve.server.batch_wait import BatchWait
 from attnserve.server.batcher import Batcher, BatcherLimits
 from attnserve.server.grpc import calls as calls_module
@@ -54,16 +55,28 @@ class Runner:
 
     def __init__(self, engine, held: bool = False):
         self.engine, self.held, self.batches, self.token_states = engine, held, [], []
+        self.widths: list[bool] = []  # each batch's narrow (half width: server/batch_pairs.py)
+        self.running: list[bool] = []  # the widths of the batches running now
+        self.overlaps: list[list[bool]] = []  # at each batch's start, the widths running beside it
         self._permits = threading.Semaphore(0)
+        self._lock = threading.Lock()
 
-    def __call__(self, inputs, attention, last_layer=False, token_states=True):
-        self.batches.append(list(inputs))
-        self.token_states.append(token_states)
-        if self.held:
-            assert self._permits.acquire(timeout=30), "the test never let this batch run"
-        if any(POISON in x.ids for x in inputs):
-            raise RuntimeError("simulated onnxruntime failure")
-        return self.engine.run(inputs, attention, last_layer, token_states)
+    def __call__(self, inputs, attention, last_layer=False, token_states=True, narrow=False):
+        with self._lock:
+            self.batches.append(list(inputs))
+            self.token_states.append(token_states)
+            self.widths.append(narrow)
+            self.overlaps.append(list(self.running))
+            self.running.append(narrow)
+        try:
+            if self.held:
+                assert self._permits.acquire(timeout=30), "the test never let this batch run"
+            if any(POISON in x.ids for x in inputs):
+                raise RuntimeError("simulated onnxruntime failure")
+            return self.engine.run(inputs, attention, last_layer, token_states, narrow)
+        finally:
+            with self._lock:
+                self.running.remove(narrow)
 
     def let(self, batches: int = 1) -> None:
         self._permits.release(batches)
@@ -83,8 +96,11 @@ def serve(engine, scenario, held: bool = False, serves_on: bool = True, **limits
     settings = dict(max_batch_tokens=2048, max_batch_size=256, max_queue_tokens=65536, max_wait_s=0.002) | limits
 
     async def main():
-        with ThreadPoolExecutor(settings.get("in_flight", 1)) as executor:
-            batcher = Batcher(runner, BatcherLimits(**settings), Metrics().for_model("m"), executor)
+        paired = settings.pop("pairs", False)  # --pair-batches: the half-width batches' own two threads
+        with ThreadPoolExecutor(1 if paired else settings.get("in_flight", 1)) as executor, \
+                ThreadPoolExecutor(2) as halves:
+            batcher = Batcher(runner, BatcherLimits(**settings), Metrics().for_model("m"), executor,
+                              BatchPairs(halves) if paired else None)
             batcher.start()
             try:
                 result = await asyncio.wait_for(scenario(batcher, runner), 60)
@@ -193,6 +209,52 @@ def test_batches_in_flight_run_side_by_side_and_answer_each_their_own_rows(engin
 
     rows, _ = serve(engine, scenario, held=True, max_batch_tokens=256, max_wait_s=0.0, in_flight=2)
     assert_rows(inputs, rows, engine, atol=1e-5)
+
+
+def test_paired_batches_run_alone_at_full_width_and_two_at_half_width_under_load(engine):
+    """--pair-batches: a lone request runs on the full session; while a batch runs and more are queued, batches run
+    on the half-width session, two at once; nothing runs beside a full-width batch, an attention batch (its own
+    graph, every core) waits for the half-width ones to end; every row is its input's own."""
+    engine.open_narrow_session()
+    inputs = [item(n, 1000 + n) for n in (5, 9, 40, 120, 7, 64, 33, 250)]
+
+    async def scenario(batcher, runner):
+        lone = submit(batcher, [item(12, 1500)])
+        await until(lambda: len(runner.batches) == 1)
+        runner.let()
+        lone = await lone
+        first = submit(batcher, inputs[:1])
+        await until(lambda: len(runner.batches) == 2)  # alone, nothing queued: full width
+        rest = [submit(batcher, [x]) for x in inputs[1:]]
+        await until(lambda: batcher.queued_tokens == sum(len(x) for x in inputs[1:]))
+        await asyncio.sleep(0.05)
+        assert len(runner.batches) == 2  # nothing starts beside a full-width batch
+        runner.let()
+        await until(lambda: len(runner.batches) == 4)  # the queue's first two batches, at half width, at once
+        assert runner.widths[2:4] == [True, True] and runner.overlaps[3] == [True]
+        attention = asyncio.ensure_future(batcher.submit([item(9, 1600)], True, None))
+        runner.release()
+        return lone, await first, [row for r in await asyncio.gather(*rest) for row in r], await attention
+
+    (lone, first, rest, attention), runner = serve(engine, scenario, held=True, max_batch_tokens=256,
+                                                   max_wait_s=0.0, in_flight=2, pairs=True)
+    assert runner.widths[:2] == [False, False] and runner.overlaps[:2] == [[], []]
+    for narrow, beside in zip(runner.widths, runner.overlaps, strict=True):
+        assert len(beside) <= 1 and (narrow and beside in ([], [True]) or not narrow and beside == [])
+    attention_batch = next(i for i, batch in enumerate(runner.batches) if 1600 in markers(batch))
+    assert runner.widths[attention_batch] is False and runner.overlaps[attention_batch] == []
+    assert_rows([item(12, 1500)], lone, engine, atol=1e-5)
+    assert_rows(inputs, [*first, *rest], engine, atol=1e-5)
+    np.testing.assert_allclose(attention[0].sentence_embedding, engine.run([item(9, 1600)]).sentence_embedding[0],
+                               atol=1e-5)
+
+
+def test_the_half_width_session_gives_the_full_one_s_rows(engine):
+    engine.open_narrow_session()
+    inputs = [item(n, 1000 + n) for n in (3, 17, 64, 200)]
+    full, half = engine.run(inputs), engine.run(inputs, narrow=True)
+    np.testing.assert_allclose(half.sentence_embedding, full.sentence_embedding, atol=1e-5)
+    np.testing.assert_allclose(half.last_hidden_state, full.last_hidden_state, atol=1e-5)
 
 
 def test_concurrent_requests_are_batched_by_length(engine):

@@ -41,10 +41,11 @@ def artifacts_with_prompts(artifacts: Path, out: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def two(artifacts, tmp_path_factory):
-    """mini (with prompts, the default) and other (the plain export), served together."""
+    """mini (with prompts, the default) and other (the plain export), served together, their batches paired under
+    load (--pair-batches on: each graph's second, half-width session; server/batch_pairs.py)."""
     prompted = artifacts_with_prompts(artifacts, tmp_path_factory.mktemp("models") / "mini")
     with serving(ServerProcess(None, "--model", f"mini={prompted}", "--model", f"other={artifacts}",
-                               env={"ATTNSERVE_THREADS": None})) as server:
+                               "--pair-batches", "on", env={"ATTNSERVE_THREADS": None})) as server:
         yield server
 
 
@@ -236,6 +237,32 @@ def test_threads_are_shared_out_among_the_models():
     assert thread_share(0, 1) == 0 and thread_share(4, 1) == 4  # one model: as configured
     assert thread_share(8, 2) == 4 and thread_share(8, 3) == 2 and thread_share(2, 4) == 1
     assert thread_share(0, 2) >= 1
+
+
+def test_paired_batches_answer_concurrent_requests_as_lone_ones(two, client):
+    """Under load, --pair-batches runs batches two at once on the half-width session: every row is the one a lone
+    request gets (the sessions' rows are the same bit for bit), on both models."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = [f"{word} number {i} " * (1 + i % 9) for i, word in enumerate(["cat", "train", "rain", "a"] * 24)]
+
+    def embed(i: int) -> np.ndarray:
+        return client.embed([texts[i]], model=("mini", "other")[i % 2])[0]
+
+    lone = [embed(i) for i in range(len(texts))]  # one at a time: each on the full-width session
+    with ThreadPoolExecutor(32) as pool:
+        busy = list(pool.map(embed, range(len(texts))))
+    np.testing.assert_allclose(np.stack(busy), np.stack(lone), atol=1e-6)
+
+
+def test_pair_batches_pairs_on_a_cpu_with_two_in_flight():
+    assert ServerConfig().pair_batches == "off" and not ServerConfig().pairs_batches_on(gpu=False)
+    paired = ServerConfig(pair_batches="on")
+    assert paired.pairs_batches_on(gpu=False) and paired.batches_in_flight_on(gpu=False) == 2
+    assert not paired.pairs_batches_on(gpu=True)  # a GPU's batches share no cores
+    assert ServerConfig(pair_batches="on", batches_in_flight=2).batches_in_flight_on(gpu=False) == 2
+    with pytest.raises(ConfigError, match="batches_in_flight must be 0 or 2 with it"):
+        ServerConfig(pair_batches="on", batches_in_flight=3)
 
 
 def test_batches_in_flight_0_is_the_providers_own():

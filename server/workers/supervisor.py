@@ -138,7 +138,7 @@ class Supervisor:
                 metrics_http.shutdown()
                 metrics_http.server_close()
             for model in models.all:
-                model.inference.shutdown(wait=True)
+                model.shutdown()
             for sock in self._reserved:
                 sock.close()
             shutil.rmtree(self._directory, ignore_errors=True)
