@@ -5,8 +5,8 @@ cores stalls each of that batch's parallel steps (docs/performance.md, "Serving"
 the graph about half its speed). Two batches at once on half the cores each are not slowed by it. So: a batch that
 would run with nothing beside it and nothing more queued runs at full width (Engine's own session); while another
 batch runs, or more is queued, it runs at half width (Engine.open_narrow_session), two at once. A full-width batch
-never runs beside another: nothing starts while one runs, and one waits for the half-width ones to end. Batches of
-attention or images (their own sessions, on every core) run at full width.
+never runs beside another: nothing starts while one runs. Batches of attention or images (their own sessions, on
+every core) run at full width, once the half-width ones have ended.
 
 One per model, shared by its batchers (a model's tasks share its cores), all on the event loop's thread. The
 half-width batches run in two threads of their own (executor), the full-width ones in the batchers' thread: a
