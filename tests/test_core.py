@@ -76,10 +76,11 @@ class Gated:
     def __init__(self, engine: Engine):
         self._engine, self.gate, self.running = engine, threading.Event(), threading.Event()
 
-    def run(self, inputs, attention: bool = False, last_layer: bool = False, token_states: bool = True):
+    def run(self, inputs, attention: bool = False, last_layer: bool = False, token_states: bool = True,
+            narrow: bool = False):
         self.running.set()
         assert self.gate.wait(30)
-        return self._engine.run(inputs, attention, last_layer, token_states)
+        return self._engine.run(inputs, attention, last_layer, token_states, narrow)
 
     def __getattr__(self, name: str):
         return getattr(self._engine, name)

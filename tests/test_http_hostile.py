@@ -47,10 +47,10 @@ FAIL_ON_POISON = f"""
 
     _run = engine.Engine.run
 
-    def run(self, inputs, attention=False, last_layer=False, token_states=True):
+    def run(self, inputs, attention=False, last_layer=False, token_states=True, narrow=False):
         if any({POISON} in x.ids for x in inputs):
             raise RuntimeError("injected: this batch's session run failed")
-        return _run(self, inputs, attention, last_layer, token_states)
+        return _run(self, inputs, attention, last_layer, token_states, narrow)
 
     engine.Engine.run = run
 """
