@@ -27,6 +27,7 @@ import numpy as np
 from attnserve.errors import ArtifactError, ConfigError
 
 from .machine import this_machine
+from .mapped_pages import external_files, paging_out
 
 if TYPE_CHECKING:
     from .session import Session
@@ -130,6 +131,11 @@ class OpenVINOSession:
             self._compiled = core.compile_model(_read(core, path), "CPU", config)
         except Exception as e:  # OpenVINO raises RuntimeError with multi-line C++ context
             raise ArtifactError(f"OpenVINO could not load {path}: {str(e).strip().splitlines()[0]}") from None
+        # The weight files OpenVINO maps: the first run packs the weights, and what it reads of them is handed back
+        # as it goes (mapped_pages.py: else the weights are held twice).
+        self._weight_files = [path.parent / name for name in external_files(path)]
+        self._packed = False
+        self._first_run = threading.Lock()
         self._inputs = [OpenVINOPort(port.get_any_name()) for port in self._compiled.inputs]
         # Every name of each output: OpenVINO merges tensors, and a graph output that is also another node's tensor
         # (Qwen3's last-token pooling) keeps both names, get_any_name() giving either; run() takes any of them.
@@ -155,7 +161,13 @@ class OpenVINOSession:
         missing = [i.name for i in self._inputs if i.name not in feed]
         if missing:  # OpenVINO would run on the request's stale buffers: refuse as onnxruntime does
             raise ValueError(f"the graph's input {missing[0]!r} is not fed")
-        request.infer(feed)
+        if self._packed:
+            request.infer(feed)
+        else:
+            with self._first_run:  # the run that packs the weights, their mapped pages handed back as it reads them
+                with paging_out([] if self._packed else self._weight_files):  # another thread's first run packed them
+                    request.infer(feed)
+                self._packed = True
         # The request owns its output buffers and reuses them on the next run: copy what is returned.
         return [np.array(request.get_tensor(self._outputs[n]).data, copy=True) for n in names]
 

@@ -26,6 +26,8 @@ from typing import BinaryIO
 import onnx
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
+from attnserve.engine.mapped_pages import external_files as external_files  # where the engine reads it too
+
 # Tensors smaller than this stay inside the graph (onnx's and onnxruntime's default).
 SIZE_THRESHOLD = 1024
 # Tensors of ALIGN_ABOVE bytes or more start at a multiple of ALIGNMENT (onnx's align_offset defaults: 1 MiB and
@@ -43,15 +45,6 @@ def data_file(graph: Path) -> Path:
 def weights_file(directory: Path, precision: str) -> Path:
     """The weights a trace writes, that every graph of the same precision reads: weights.fp32.data, ..."""
     return directory / f"weights.{precision}.data"
-
-
-def external_files(path: Path) -> list[str]:
-    """The file names, relative to the graph's folder, that the graph at path reads its tensors from (sorted;
-    none for a self-contained graph)."""
-    # Initializers only: export's graphs keep no tensor in node attributes outside the graph (save_streamed puts
-    # them inside, as onnx does by default).
-    model = onnx.load(str(path), load_external_data=False)
-    return sorted({ExternalDataInfo(t).location for t in model.graph.initializer if uses_external_data(t)})
 
 
 def has_external_data(path: Path) -> bool:

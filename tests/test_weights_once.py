@@ -5,6 +5,7 @@ and save_streamed, which every step's graph is written with."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -176,3 +177,35 @@ def test_save_streamed_gathers_tensors_and_inlines_attribute_tensors(tmp_path):
     bare = onnx.load(str(out), load_external_data=False)
     assert [uses_external_data(t) for t in bare.graph.initializer] == [True, False]
     assert not uses_external_data(bare.graph.node[0].attribute[0].t)
+
+
+def test_a_mapped_data_files_pages_are_handed_back_and_read_again_alike(grown):
+    """engine/mapped_pages.py: a runtime that packed a graph's weights hands back the data file's mapped pages (the
+    OpenVINO session does, tests/test_openvino.py); they leave the process's resident set and read back the same."""
+    import mmap
+
+    from attnserve.engine import mapped_pages
+
+    if mapped_pages._MADVISE is None:
+        pytest.skip("madvise: Linux only")
+    _, directory, _ = grown
+    data = directory / "weights.fp32.data"
+    with open(data, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        first = hashlib.sha256(mapped).digest()  # every page read: resident
+        assert mapped_pages.mapped_ranges([data]) and resident_bytes(data) >= 0.9 * data.stat().st_size
+        assert mapped_pages.page_out([data]) >= data.stat().st_size
+        assert resident_bytes(data) <= 0.1 * data.stat().st_size
+        assert hashlib.sha256(mapped).digest() == first
+    assert mapped_pages.page_out([data]) == 0  # unmapped: nothing to hand back
+
+
+def resident_bytes(file: Path) -> int:
+    """The bytes of file this process has mapped and resident (/proc/self/smaps: Rss of each of its mappings)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line: range perms offset dev inode [path]
+            inside = len(fields) == 6 and fields[5] == str(file.resolve())
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1]) * 1024
+    return total
