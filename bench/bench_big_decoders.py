@@ -11,7 +11,9 @@ Rows, each a fresh process measured with every process it starts (bench_export.p
   whole model, 2x the weights, does not fit), the residual stream in fp32;
 - `attnserve export --precision bf16`: seconds and peak RSS ÷ the checkpoint's weights as stored (target 1.5x);
 - `attnserve serve --precision bf16` over the export, to its first answer: seconds and peak RSS;
-- the served embeddings of the 16 texts (TEI's /embed) against the reference: min cosine (target 0.999).
+- the served embeddings of the 16 texts (TEI's /embed) against the reference: min cosine (target 0.999);
+- beside them, what bf16 costs transformers itself: its own bf16 (every layer in bf16) against the same reference;
+  and where serve refuses the bf16 graph (the export's bar), that graph run directly, as it would have served.
 """
 
 from __future__ import annotations
@@ -49,13 +51,61 @@ def reference(checkpoint: Path, out: Path, texts: list[str]) -> None:
         np.save(out, model.encode(texts, normalize_embeddings=True, batch_size=4, convert_to_numpy=True))
 
 
+def transformers_bf16(checkpoint: Path, out: Path, texts: list[str]) -> None:
+    """transformers' own bf16 (every layer and activation in bf16, as a bf16 load runs): what the reference's
+    precision costs transformers itself, beside attnserve's bf16; in a process of its own."""
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(checkpoint), device="cpu", model_kwargs={"dtype": torch.bfloat16})
+    with torch.inference_mode():
+        np.save(out, model.encode(texts, normalize_embeddings=True, batch_size=4, convert_to_numpy=True
+                                  ).astype(np.float32))
+
+
+def graph_bf16(checkpoint: Path, graph: Path, out: Path, texts: list[str]) -> None:
+    """attnserve's bf16 graph run directly on OpenVINO (tokenized by the checkpoint's own tokenizer, four texts a
+    batch): where the export's bar refused it, what it would have served; in a process of its own."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from attnserve.engine.openvino_session import OpenVINOSession
+
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    session = OpenVINOSession(graph, "bf16")
+    rows = []
+    for start in range(0, len(texts), 4):
+        batch = tokenizer(texts[start:start + 4], padding=True, return_tensors="np")
+        rows.append(session.run(["sentence_embedding"], {name: batch[name].astype(np.int64)
+                                                         for name in ("input_ids", "attention_mask")})[0])
+    embeddings = np.concatenate(rows)
+    np.save(out, embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True))
+
+
+def cosine_row(label: str, embeddings, expected) -> None:
+    import numpy as np
+
+    cosine = (embeddings * expected).sum(1) / np.linalg.norm(embeddings, axis=1) / np.linalg.norm(expected, axis=1)
+    row(label, f"{cosine.min():.6f} (mean {cosine.mean():.6f})", ">= 0.999", bool(cosine.min() >= 0.999))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("shape", choices=SHAPES)
-    parser.add_argument("--reference", nargs="+", help=argparse.SUPPRESS)  # CHECKPOINT OUT TEXT...: the child's
+    # The children's: CHECKPOINT OUT TEXT... (--reference, --transformers-bf16), CHECKPOINT GRAPH OUT TEXT... (--graph)
+    parser.add_argument("--reference", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--transformers-bf16", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--graph", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.reference:
         reference(Path(args.reference[0]), Path(args.reference[1]), args.reference[2:])
+        return 0
+    if args.transformers_bf16:
+        transformers_bf16(Path(args.transformers_bf16[0]), Path(args.transformers_bf16[1]), args.transformers_bf16[2:])
+        return 0
+    if args.graph:
+        graph_bf16(Path(args.graph[0]), Path(args.graph[1]), Path(args.graph[2]), args.graph[3:])
         return 0
     import numpy as np
 
@@ -74,6 +124,11 @@ def main() -> int:
                                              str(want), *texts], env)
         row("transformers' reference (layers in fp32), seconds", f"{ref_seconds:.0f} s")
         row("  its peak RSS ÷ weights", f"{ref_peak / weights:.2f}x")
+        expected = np.load(want)
+        own = Path(tmp) / "transformers_bf16.npy"
+        measured([sys.executable, __file__, args.shape, "--transformers-bf16", str(checkpoint), str(own), *texts], env)
+        cosine_row(f"transformers' own bf16: cosine to the reference, min over {len(texts)} texts", np.load(own),
+                   expected)
         seconds, peak, log = measured([sys.executable, "-m", "attnserve.cli", "export", "--checkpoint",
                                        str(checkpoint), "--precision", "bf16", "--log-level", "INFO"], env)
         for line in log.splitlines():
@@ -88,11 +143,18 @@ def main() -> int:
         except RuntimeError as e:  # the bf16 graph missed the export's bar: serve says so and exits
             row("serve --precision bf16 over the export", "refused", ">= 0.999", False)
             print(f"  {[line for line in str(e).splitlines() if line.strip()][-1][:300]}")
+            # What the refused graph would have served, beside transformers' own bf16 above.
+            graphs = list(Path(env["ATTNSERVE_CACHE"]).rglob("embeddings_half.onnx"))
+            if graphs:
+                ours = Path(tmp) / "graph_bf16.npy"
+                measured([sys.executable, __file__, args.shape, "--graph", str(checkpoint), str(graphs[0]),
+                          str(ours), *texts], env)
+                cosine_row(f"the refused bf16 graph run directly: cosine to the reference, min over {len(texts)} "
+                           "texts", np.load(ours), expected)
             return 1
         row("serve --precision bf16 over the export, to its first answer", f"{first:.0f} s")
         row("  its peak RSS ÷ weights", f"{serve_peak / weights:.2f}x ({serve_peak / 2**30:.1f} GiB)")
         served = served_embeddings(serve, env, texts)
-        expected = np.load(want)
         cosine = (served * expected).sum(1) / np.linalg.norm(served, axis=1) / np.linalg.norm(expected, axis=1)
         row(f"cosine to transformers, min over {len(texts)} texts", f"{cosine.min():.5f}", ">= 0.999",
             bool(cosine.min() >= 0.999))
