@@ -274,7 +274,6 @@ def test_bf16_on_the_half_trace_keeps_its_weights_fp16(checkpoint, tmp_path):
     assert cosines(again, want).min() >= 0.999
 
 
-
 @needs_openvino
 @needs_bf16
 def test_an_image_towers_bf16_graph_runs_on_openvino_beside_its_text_towers(clip_artifacts):
