@@ -4,9 +4,9 @@ OpenVINO maps a graph's data files (ONNX external data, export/external_data.py)
 each matrix product's weights into a private copy in its own layout. The mapped pages it read stay in the process's
 resident set afterwards, clean and never read again, until memory runs short: a compiled model holds its weights
 twice in RSS. Measured with OpenVINO 2026.4 on 3-layer proxies of the 7B and 8B shapes compiled for bf16 (the half
-trace read as compressed weights, engine/openvino_session.py): 1.50 GB packed beside 1.53 GB mapped, and 1.36 GB
-beside 2.30 GB; MiniLM's fp32 graph 0.10 GB beside 0.15. On a 24 GiB machine, a 7B model's export peaked at 1.72x its
-weights, its pages reclaimed only as memory ran out.
+trace read as compressed weights, engine/openvino_session.py), after one batch: 1.50 GB packed beside 1.53 GB of
+resident file pages, and 1.36 GB beside 2.30 GB; 0.07 GB of file pages each (the libraries') once handed back. On a
+24 GiB machine, a 7B model's export peaked at 1.72x its weights, its pages reclaimed only as memory ran out.
 
 MADV_PAGEOUT (Linux 5.4 and later) asks the kernel to reclaim a mapping's pages now: a clean file page is dropped,
 and read back from the file if it is touched again (an embedding table's rows, gathered per batch), as any mapped
