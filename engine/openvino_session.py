@@ -161,13 +161,17 @@ class OpenVINOSession:
         missing = [i.name for i in self._inputs if i.name not in feed]
         if missing:  # OpenVINO would run on the request's stale buffers: refuse as onnxruntime does
             raise ValueError(f"the graph's input {missing[0]!r} is not fed")
-        if self._packed:
-            request.infer(feed)
-        else:
+        if not self._packed:
             with self._first_run:  # the run that packs the weights, their mapped pages handed back as it reads them
-                with paging_out([] if self._packed else self._weight_files):  # another thread's first run packed them
-                    request.infer(feed)
-                self._packed = True
+                if not self._packed:  # else another thread's first run packed them meanwhile
+                    with paging_out(self._weight_files):
+                        request.infer(feed)
+                    self._packed = True
+                    return self._outputs_of(request, names)
+        request.infer(feed)
+        return self._outputs_of(request, names)
+
+    def _outputs_of(self, request, names: list[str]) -> list[np.ndarray]:
         # The request owns its output buffers and reuses them on the next run: copy what is returned.
         return [np.array(request.get_tensor(self._outputs[n]).data, copy=True) for n in names]
 
